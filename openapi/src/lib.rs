@@ -1,0 +1,18 @@
+//! tuneq's public contract: every type that crosses a process boundary.
+//!
+//! The API hands a [`TrainSpec`] to a trainer process; the trainer reports progress and
+//! writes a manifest whose shapes are defined here too. Everything derives serde and a
+//! utoipa schema so `openapi/openapi.json` is generated from these declarations.
+//!
+//! Layout:
+//! - [`progress`]: events a trainer reports ([`TrainEvent`], [`StepMetrics`]).
+//! - [`train_spec`]: the complete description of one training run ([`TrainSpec`]) and its parts.
+
+pub mod progress;
+pub mod train_spec;
+
+pub use progress::{StepMetrics, TrainEvent};
+pub use train_spec::{
+    ChatTemplateChoice, CheckpointPolicy, DatasetFormat, DeviceKind, DtypeKind, Hyperparameters,
+    LoraSpec, SamplingSpec, Scheduler, SpecError, TrainSpec,
+};

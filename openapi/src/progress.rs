@@ -1,0 +1,108 @@
+//! Progress events a trainer emits: JSON lines on stdout today, posted to the control
+//! plane by later issues. One tagged enum so consumers can match on `event`.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// One thing that happened during a training run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum TrainEvent {
+    /// Data and model are loaded; training is about to start (or resume).
+    Started {
+        /// Optimiser steps the whole run takes.
+        total_steps: u64,
+        /// Step the run starts from (0, or the resumed checkpoint's step).
+        start_step: u64,
+        /// Training examples after tokenisation.
+        train_examples: u64,
+        /// Validation examples.
+        validation_examples: u64,
+        /// Trainable LoRA parameters.
+        trainable_params: u64,
+        /// Dataset format detected or given.
+        dataset_format: String,
+    },
+    /// Training continues from a checkpoint.
+    Resumed {
+        /// The checkpoint's step.
+        step: u64,
+        /// Where it was read from.
+        checkpoint: String,
+    },
+    /// One optimiser step finished.
+    Step(StepMetrics),
+    /// Validation loss was computed.
+    Eval {
+        /// Optimiser steps completed.
+        step: u64,
+        /// Mean loss over validation tokens that carry a label.
+        validation_loss: f64,
+    },
+    /// A checkpoint was committed (its manifest written).
+    Checkpoint {
+        /// Optimiser steps completed.
+        step: u64,
+        /// Its location.
+        location: String,
+    },
+    /// A completion generated from a validation prompt with the trained adapter.
+    Sample {
+        /// Index of the record in its file.
+        index: u64,
+        /// The prompt as rendered.
+        prompt: String,
+        /// The greedy completion.
+        completion: String,
+        /// The reference answer from the dataset.
+        reference: String,
+    },
+    /// Something the user should know that did not stop the run.
+    Warning {
+        /// What happened.
+        message: String,
+    },
+    /// The run stopped early on SIGTERM/SIGINT after writing a checkpoint.
+    Interrupted {
+        /// Step of the checkpoint written.
+        step: u64,
+    },
+    /// The run finished and the adapter is written.
+    Finished {
+        /// Optimiser steps completed.
+        step: u64,
+        /// Adapter location.
+        adapter: String,
+        /// Final training loss (mean of the last step).
+        train_loss: Option<f64>,
+        /// Final validation loss, when a validation file was given.
+        validation_loss: Option<f64>,
+        /// Tokens seen in training (not counting padding).
+        trained_tokens: u64,
+    },
+}
+
+/// Figures of one optimiser step; also one line of `metrics.jsonl`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct StepMetrics {
+    /// Optimiser steps completed (1 after the first).
+    pub step: u64,
+    /// Steps the run takes.
+    pub total_steps: u64,
+    /// Epoch (0-based) this step belongs to.
+    pub epoch: u32,
+    /// Mean loss over labelled tokens of the step.
+    pub loss: f64,
+    /// Learning rate used for this update.
+    pub lr: f64,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Non-padding tokens processed per second in this step.
+    pub tokens_per_s: f64,
+    /// Seconds since this process started training.
+    pub elapsed_s: f64,
+    /// Estimated seconds to the end of training.
+    pub eta_s: f64,
+    /// Tokens processed so far in the run (across resumes).
+    pub tokens_seen: u64,
+}

@@ -1,0 +1,371 @@
+//! [`TrainSpec`]: everything a trainer needs to run one fine-tune, and nothing else.
+//!
+//! A spec is plain data: locations are strings (a local path or a `file://`, `s3://`,
+//! `gs://` URI) that the trainer resolves through the storage crate. Unknown fields are
+//! refused so a typo in a spec file is an error, not a silently ignored setting.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// The seven Llama projections LoRA can wrap, in PEFT's names.
+pub const ALL_TARGET_MODULES: [&str; 7] =
+    ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"];
+
+/// A complete, self-contained description of one LoRA training run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TrainSpec {
+    /// Base model: a Hugging Face–layout folder (`config.json`, `*.safetensors`, `tokenizer.json`).
+    pub model: String,
+    /// Training data: one or more JSONL files, read in order.
+    #[serde(alias = "training_file", deserialize_with = "one_or_many")]
+    pub training_files: Vec<String>,
+    /// Optional JSONL file for validation loss and sample generations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub validation_file: Option<String>,
+    /// Where checkpoints, the adapter, metrics and the manifest are written.
+    pub output: String,
+    /// Dataset format; `auto` detects it from the first record.
+    #[serde(default)]
+    pub dataset_format: DatasetFormat,
+    /// How conversations are rendered into text.
+    #[serde(default)]
+    pub chat_template: ChatTemplateChoice,
+    /// Optimisation settings.
+    #[serde(default)]
+    pub hyperparameters: Hyperparameters,
+    /// LoRA settings.
+    #[serde(default)]
+    pub lora: LoraSpec,
+    /// When checkpoints are written.
+    #[serde(default)]
+    pub checkpoint: CheckpointPolicy,
+    /// Samples generated from validation prompts after training.
+    #[serde(default)]
+    pub sampling: SamplingSpec,
+    /// Compute device.
+    #[serde(default)]
+    pub device: DeviceKind,
+    /// Compute dtype of the frozen base weights (LoRA factors and optimiser state stay f32).
+    #[serde(default)]
+    pub dtype: DtypeKind,
+}
+
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match OneOrMany::deserialize(d)? {
+        OneOrMany::One(s) => vec![s],
+        OneOrMany::Many(v) => v,
+    })
+}
+
+/// Record shape of a JSONL dataset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DatasetFormat {
+    /// Detect from the first valid record.
+    #[default]
+    Auto,
+    /// `{"messages": [{"role": "system|user|assistant", "content": "…"}, …]}`
+    Chat,
+    /// `{"prompt": "…", "completion": "…"}`
+    PromptCompletion,
+    /// `{"instruction": "…", "input": "…", "output": "…"}` (`input` optional)
+    Alpaca,
+    /// `{"text": "…"}`: loss on every token.
+    Text,
+}
+
+/// Which chat template renders conversations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ChatTemplateChoice {
+    /// The model's own `chat_template` from `tokenizer_config.json` (ChatML when it has none).
+    #[default]
+    Model,
+    /// Llama 2 `[INST]` format.
+    Llama2,
+    /// ChatML (`<|im_start|>role\n…<|im_end|>`).
+    Chatml,
+    /// Alpaca `### Instruction:` / `### Response:` format.
+    Alpaca,
+}
+
+/// Learning-rate schedule after warmup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Scheduler {
+    /// Linear decay to zero at the last step.
+    #[default]
+    Linear,
+    /// Half-cosine decay to zero at the last step.
+    Cosine,
+    /// Constant after warmup.
+    Constant,
+}
+
+/// Optimisation settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct Hyperparameters {
+    /// Passes over the training data.
+    pub epochs: u32,
+    /// Examples per micro-batch.
+    pub batch_size: u32,
+    /// Micro-batches per optimiser step.
+    pub gradient_accumulation_steps: u32,
+    /// Peak learning rate.
+    pub learning_rate: f64,
+    /// Optimiser steps of linear warmup from zero.
+    pub warmup_steps: u64,
+    /// Schedule after warmup.
+    pub scheduler: Scheduler,
+    /// AdamW decoupled weight decay.
+    pub weight_decay: f64,
+    /// Global gradient-norm clip; 0 disables clipping.
+    pub max_grad_norm: f64,
+    /// Examples longer than this many tokens are truncated.
+    pub max_seq_len: u32,
+    /// Seed for LoRA init, shuffling and dropout.
+    pub seed: u64,
+    /// Stop after this many optimiser steps (default: all epochs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_steps: Option<u64>,
+    /// Compute validation loss every N optimiser steps (it is always computed at the end).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eval_every_steps: Option<u64>,
+}
+
+impl Default for Hyperparameters {
+    fn default() -> Self {
+        Self {
+            epochs: 1,
+            batch_size: 4,
+            gradient_accumulation_steps: 1,
+            learning_rate: 2e-4,
+            warmup_steps: 0,
+            scheduler: Scheduler::Linear,
+            weight_decay: 0.0,
+            max_grad_norm: 1.0,
+            max_seq_len: 512,
+            seed: 42,
+            max_steps: None,
+            eval_every_steps: None,
+        }
+    }
+}
+
+/// LoRA settings, with PEFT's meaning.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoraSpec {
+    /// Rank of the update.
+    pub r: u32,
+    /// Scaling numerator: scale = alpha / r (or alpha / √r with rsLoRA).
+    pub alpha: f64,
+    /// Dropout on the LoRA branch input during training.
+    pub dropout: f64,
+    /// Projections to adapt (`q_proj`, `k_proj`, `v_proj`, `o_proj`, `gate_proj`, `up_proj`, `down_proj`).
+    pub target_modules: Vec<String>,
+    /// Rank-stabilised scaling alpha / √r.
+    pub rslora: bool,
+}
+
+impl Default for LoraSpec {
+    fn default() -> Self {
+        Self {
+            r: 8,
+            alpha: 16.0,
+            dropout: 0.0,
+            target_modules: ALL_TARGET_MODULES.iter().map(|s| s.to_string()).collect(),
+            rslora: false,
+        }
+    }
+}
+
+/// When checkpoints are written (in addition to SIGTERM/SIGINT and the end of training).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointPolicy {
+    /// Every this many optimiser steps.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub every_steps: Option<u64>,
+    /// When at least this many seconds passed since the last checkpoint.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub every_seconds: Option<u64>,
+    /// Complete checkpoints kept; older ones are deleted after a newer one is committed.
+    pub keep_last: u32,
+}
+
+impl Default for CheckpointPolicy {
+    fn default() -> Self {
+        Self { every_steps: None, every_seconds: Some(600), keep_last: 2 }
+    }
+}
+
+/// Generations from validation prompts written after training.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct SamplingSpec {
+    /// Validation prompts to complete (0 disables).
+    pub num_samples: u32,
+    /// Greedy tokens generated per prompt.
+    pub max_new_tokens: u32,
+}
+
+impl Default for SamplingSpec {
+    fn default() -> Self {
+        Self { num_samples: 8, max_new_tokens: 64 }
+    }
+}
+
+/// Compute device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DeviceKind {
+    /// The CPU (f32).
+    #[default]
+    Cpu,
+    /// The first CUDA device (needs a build with `--features cuda`).
+    Cuda,
+}
+
+/// Compute dtype for frozen weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DtypeKind {
+    /// 32-bit float (the CPU default).
+    #[default]
+    F32,
+    /// bfloat16 (CUDA).
+    Bf16,
+}
+
+/// A spec that parsed but cannot run, naming the field.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct SpecError {
+    /// Dotted path of the offending field, e.g. `lora.r`.
+    pub field: String,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+impl TrainSpec {
+    /// Checks every value that serde cannot, returning all problems at once.
+    pub fn validate(&self) -> Result<(), Vec<SpecError>> {
+        let mut errs = Vec::new();
+        let mut bad = |field: &str, message: String| {
+            errs.push(SpecError { field: field.to_string(), message })
+        };
+        if self.model.trim().is_empty() {
+            bad("model", "must name a model folder or URI".into());
+        }
+        if self.training_files.is_empty() || self.training_files.iter().any(|f| f.trim().is_empty()) {
+            bad("training_files", "at least one non-empty training file is required".into());
+        }
+        if self.output.trim().is_empty() {
+            bad("output", "must name an output folder or URI".into());
+        }
+        let h = &self.hyperparameters;
+        if h.epochs == 0 {
+            bad("hyperparameters.epochs", "must be at least 1".into());
+        }
+        if h.batch_size == 0 {
+            bad("hyperparameters.batch_size", "must be at least 1".into());
+        }
+        if h.gradient_accumulation_steps == 0 {
+            bad("hyperparameters.gradient_accumulation_steps", "must be at least 1".into());
+        }
+        if !(h.learning_rate.is_finite() && h.learning_rate > 0.0) {
+            bad("hyperparameters.learning_rate", format!("must be a positive number, got {}", h.learning_rate));
+        }
+        if !(h.weight_decay.is_finite() && h.weight_decay >= 0.0) {
+            bad("hyperparameters.weight_decay", format!("must be ≥ 0, got {}", h.weight_decay));
+        }
+        if !(h.max_grad_norm.is_finite() && h.max_grad_norm >= 0.0) {
+            bad("hyperparameters.max_grad_norm", format!("must be ≥ 0, got {}", h.max_grad_norm));
+        }
+        if h.max_seq_len < 2 {
+            bad("hyperparameters.max_seq_len", "must be at least 2".into());
+        }
+        if h.max_steps == Some(0) {
+            bad("hyperparameters.max_steps", "must be at least 1 when set".into());
+        }
+        if h.eval_every_steps == Some(0) {
+            bad("hyperparameters.eval_every_steps", "must be at least 1 when set".into());
+        }
+        let l = &self.lora;
+        if l.r == 0 {
+            bad("lora.r", "must be at least 1".into());
+        }
+        if !(l.alpha.is_finite() && l.alpha > 0.0) {
+            bad("lora.alpha", format!("must be a positive number, got {}", l.alpha));
+        }
+        if !(l.dropout.is_finite() && (0.0..1.0).contains(&l.dropout)) {
+            bad("lora.dropout", format!("must be in [0, 1), got {}", l.dropout));
+        }
+        if l.target_modules.is_empty() {
+            bad("lora.target_modules", "at least one module is required".into());
+        }
+        for m in &l.target_modules {
+            if !ALL_TARGET_MODULES.contains(&m.as_str()) {
+                bad(
+                    "lora.target_modules",
+                    format!("unknown module {m:?}; expected some of {}", ALL_TARGET_MODULES.join(", ")),
+                );
+            }
+        }
+        if self.checkpoint.every_steps == Some(0) {
+            bad("checkpoint.every_steps", "must be at least 1 when set".into());
+        }
+        if self.checkpoint.every_seconds == Some(0) {
+            bad("checkpoint.every_seconds", "must be at least 1 when set".into());
+        }
+        if self.checkpoint.keep_last == 0 {
+            bad("checkpoint.keep_last", "must be at least 1".into());
+        }
+        if errs.is_empty() { Ok(()) } else { Err(errs) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn minimal() -> serde_json::Value {
+        serde_json::json!({"model": "m", "training_file": "t.jsonl", "output": "out"})
+    }
+
+    #[test]
+    fn a_minimal_spec_takes_every_default() {
+        let spec: TrainSpec = serde_json::from_value(minimal()).expect("minimal spec parses");
+        assert_eq!(spec.training_files, vec!["t.jsonl".to_string()]);
+        assert_eq!(spec.lora.target_modules.len(), 7);
+        assert!(spec.validate().is_ok());
+    }
+
+    #[test]
+    fn unknown_fields_are_refused() {
+        let mut v = minimal();
+        v["hyperparameters"] = serde_json::json!({"learning_rat": 1e-3});
+        let err = serde_json::from_value::<TrainSpec>(v).expect_err("typo must fail");
+        assert!(err.to_string().contains("learning_rat"), "{err}");
+    }
+
+    #[test]
+    fn validation_names_every_bad_field() {
+        let mut spec: TrainSpec = serde_json::from_value(minimal()).expect("parses");
+        spec.lora.r = 0;
+        spec.hyperparameters.batch_size = 0;
+        spec.lora.target_modules.push("qkv".into());
+        let errs = spec.validate().expect_err("invalid");
+        let fields: Vec<_> = errs.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(fields, ["hyperparameters.batch_size", "lora.r", "lora.target_modules"]);
+    }
+}

@@ -1,0 +1,60 @@
+//! `tuneq train --demo`: a complete fine-tune with nothing but the binary — a tiny random
+//! Llama written on first use and a small synthetic task shipped inside the binary.
+
+use super::train::{TrainArgs, build_spec};
+use anyhow::{Context, Result};
+use std::path::PathBuf;
+use tuneq_openapi::TrainSpec;
+
+const DEMO_TRAIN: &str = include_str!("../../examples/data/tiny-task-train.jsonl");
+const DEMO_VALIDATION: &str = include_str!("../../examples/data/tiny-task-val.jsonl");
+
+/// The demo's working folder: `$TUNEQ_DEMO_DIR`, or `.tuneq/demo` in the current directory.
+fn demo_dir() -> PathBuf {
+    std::env::var_os("TUNEQ_DEMO_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(".tuneq/demo"))
+}
+
+/// Prepares the demo model and data and returns the demo spec (flags still override it).
+pub fn demo_spec(args: &TrainArgs) -> Result<TrainSpec> {
+    let dir = demo_dir();
+    let model = dir.join("model");
+    if !model.join("config.json").is_file() {
+        eprintln!("writing the tiny demo model to {}", model.display());
+        let opts = tuneq_trainer::init::InitOptions {
+            preset: tuneq_trainer::init::Preset::Tiny,
+            seed: 0,
+            shards: 1,
+            tie_embeddings: false,
+            llama3_rope: false,
+        };
+        tuneq_trainer::init::write_model(&opts, &model)?;
+    }
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data).with_context(|| format!("cannot create {}", data.display()))?;
+    std::fs::write(data.join("train.jsonl"), DEMO_TRAIN)?;
+    std::fs::write(data.join("validation.jsonl"), DEMO_VALIDATION)?;
+    let spec = serde_json::json!({
+        "model": model.display().to_string(),
+        "training_file": data.join("train.jsonl").display().to_string(),
+        "validation_file": data.join("validation.jsonl").display().to_string(),
+        "output": dir.join("output").display().to_string(),
+        "hyperparameters": {"epochs": 2, "batch_size": 8, "learning_rate": 2e-3, "warmup_steps": 5, "max_seq_len": 128, "seed": 0},
+        "lora": {"r": 8, "alpha": 16.0},
+        "checkpoint": {"every_steps": 25},
+        "sampling": {"num_samples": 4, "max_new_tokens": 24}
+    });
+    let spec_path = dir.join("spec.json");
+    std::fs::write(&spec_path, serde_json::to_vec_pretty(&spec)?)?;
+    let mut with_file = TrainArgs { spec: Some(spec_path), ..TrainArgs::default() };
+    copy_overrides(args, &mut with_file);
+    build_spec(&with_file)
+}
+
+fn copy_overrides(from: &TrainArgs, to: &mut TrainArgs) {
+    to.output = from.output.clone();
+    to.epochs = from.epochs;
+    to.max_steps = from.max_steps;
+    to.lr = from.lr;
+    to.batch_size = from.batch_size;
+    to.seed = from.seed;
+}

@@ -1,0 +1,150 @@
+//! Command-line interface: one module per subcommand.
+
+mod bench;
+mod debug;
+mod demo;
+mod generate;
+mod merge;
+mod model;
+mod train;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// tuneq: LoRA fine-tuning of Llama-family models, from one binary.
+#[derive(Parser)]
+#[command(name = "tuneq", version, about, propagate_version = true)]
+struct Cli {
+    /// Compute threads (sets RAYON_NUM_THREADS; results are bit-reproducible for a fixed count).
+    #[arg(long, global = true, env = "TUNEQ_THREADS")]
+    threads: Option<usize>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Train a LoRA adapter (from a spec file, flags, or `--demo`).
+    Train(train::TrainArgs),
+    /// Model utilities.
+    Model {
+        #[command(subcommand)]
+        command: model::ModelCommand,
+    },
+    /// Generate a completion greedily with a model and optional adapter.
+    Generate(generate::GenerateArgs),
+    /// Fold an adapter into the base weights, writing a merged model.
+    Merge(merge::MergeArgs),
+    /// Benchmarks.
+    Bench {
+        #[command(subcommand)]
+        command: bench::BenchCommand,
+    },
+    /// Reference computations for cross-checking against PyTorch.
+    #[command(hide = true)]
+    Debug {
+        #[command(subcommand)]
+        command: debug::DebugCommand,
+    },
+}
+
+/// Exit code for bad user input (spec, dataset, model files).
+pub const EXIT_BAD_INPUT: u8 = 2;
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Some(n) = cli.threads
+        && let Some(code) = reexec_with_threads(n)
+    {
+        return code;
+    }
+    init_tracing();
+    let result = match cli.command {
+        Command::Train(args) => train::run(args),
+        Command::Model { command } => model::run(command),
+        Command::Generate(args) => generate::run(args),
+        Command::Merge(args) => merge::run(args),
+        Command::Bench { command } => bench::run(command),
+        Command::Debug { command } => debug::run(command),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => report(&e),
+    }
+}
+
+/// Prints an error with its cause chain; bad input exits 2, anything else 1.
+pub fn report(e: &anyhow::Error) -> ExitCode {
+    eprintln!("error: {e}");
+    for cause in e.chain().skip(1) {
+        eprintln!("  caused by: {cause}");
+    }
+    let bad_input = e.chain().any(|c| {
+        c.downcast_ref::<tuneq_trainer::Error>().is_some_and(|t| t.is_bad_input())
+            || c.downcast_ref::<BadInput>().is_some()
+    });
+    if let Some(t) = e.chain().find_map(|c| c.downcast_ref::<tuneq_trainer::Error>()) {
+        print_details(t);
+    }
+    ExitCode::from(if bad_input { EXIT_BAD_INPUT } else { 1 })
+}
+
+/// Lists every bad line of a dataset error on stderr, one per line, and emits the same
+/// as one JSON object (`{"error": …}`) on stdout for machines.
+fn print_details(e: &tuneq_trainer::Error) {
+    let data_errors: Vec<&tuneq_trainer::data::DataError> = match e {
+        tuneq_trainer::Error::Data(d) => vec![d],
+        tuneq_trainer::Error::Datasets(ds) => ds.iter().collect(),
+        _ => Vec::new(),
+    };
+    let mut lines = Vec::new();
+    for d in data_errors {
+        if let tuneq_trainer::data::DataError::InvalidLines { errors, .. } = d {
+            for l in errors {
+                eprintln!("  {}:{}: {}: {}", l.file, l.line, if l.field.is_empty() { "(line)" } else { &l.field }, l.message);
+                lines.push(serde_json::json!(l));
+            }
+        }
+    }
+    let fields: Vec<serde_json::Value> = match e {
+        tuneq_trainer::Error::Spec(errs) => errs.iter().map(|s| serde_json::json!({"field": s.field, "message": s.message})).collect(),
+        _ => Vec::new(),
+    };
+    let body = serde_json::json!({"error": {
+        "type": if e.is_bad_input() { "invalid_request_error" } else { "internal_error" },
+        "message": e.to_string(),
+        "lines": lines,
+        "fields": fields,
+    }});
+    println!("{body}");
+}
+
+/// A usage error detected by the CLI itself (exit code 2).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BadInput(pub String);
+
+fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("TUNEQ_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+/// Replaces this process with itself run under `RAYON_NUM_THREADS=n` when that is not
+/// already set: candle and rayon read it once at start. `exec` keeps the pid, so signals
+/// (SIGTERM → checkpoint) reach the trainer. Returns an exit code only if exec failed.
+fn reexec_with_threads(n: usize) -> Option<ExitCode> {
+    use std::os::unix::process::CommandExt;
+    let want = n.max(1).to_string();
+    if std::env::var("RAYON_NUM_THREADS").ok().as_deref() == Some(want.as_str()) {
+        return None;
+    }
+    let exe = std::env::current_exe().ok()?;
+    let err = std::process::Command::new(exe)
+        .args(std::env::args_os().skip(1))
+        .env("RAYON_NUM_THREADS", &want)
+        .env("CANDLE_NUM_THREADS", &want)
+        .exec();
+    eprintln!("error: cannot restart with {want} threads: {err}");
+    Some(ExitCode::from(1))
+}

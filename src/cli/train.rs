@@ -1,0 +1,256 @@
+//! `tuneq train`: run a fine-tune from a spec file and/or flags.
+
+use super::BadInput;
+use anyhow::{Context, Result};
+use clap::Args;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use tuneq_openapi::{ChatTemplateChoice, DatasetFormat, DeviceKind, DtypeKind, Scheduler, TrainSpec};
+use tuneq_trainer::progress::{JsonLines, ProgressSink, TerminalBar};
+use tuneq_trainer::train::{Outcome, StopFlag};
+
+/// Every `TrainSpec` field as a flag; flags override the spec file.
+#[derive(Args, Debug, Default)]
+pub struct TrainArgs {
+    /// JSON spec file (a `TrainSpec`); flags below override its fields.
+    #[arg(long)]
+    pub spec: Option<PathBuf>,
+    /// Train the built-in tiny demo model on the built-in demo task.
+    #[arg(long, conflicts_with = "spec")]
+    pub demo: bool,
+    /// Base model folder or URI.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Training JSONL file (repeat for several).
+    #[arg(long = "train-file")]
+    pub train_files: Vec<String>,
+    /// Validation JSONL file.
+    #[arg(long)]
+    pub validation_file: Option<String>,
+    /// Output folder or URI.
+    #[arg(long)]
+    pub output: Option<String>,
+    /// Dataset format.
+    #[arg(long, value_enum)]
+    pub format: Option<FormatArg>,
+    /// Chat template.
+    #[arg(long, value_enum)]
+    pub template: Option<TemplateArg>,
+    /// Epochs.
+    #[arg(long)]
+    pub epochs: Option<u32>,
+    /// Examples per micro-batch.
+    #[arg(long)]
+    pub batch_size: Option<u32>,
+    /// Micro-batches per optimiser step.
+    #[arg(long)]
+    pub grad_accum: Option<u32>,
+    /// Peak learning rate.
+    #[arg(long)]
+    pub lr: Option<f64>,
+    /// Warmup steps.
+    #[arg(long)]
+    pub warmup_steps: Option<u64>,
+    /// Schedule after warmup.
+    #[arg(long, value_enum)]
+    pub scheduler: Option<SchedulerArg>,
+    /// AdamW weight decay.
+    #[arg(long)]
+    pub weight_decay: Option<f64>,
+    /// Global gradient-norm clip (0 = off).
+    #[arg(long)]
+    pub max_grad_norm: Option<f64>,
+    /// Truncate examples to this many tokens.
+    #[arg(long)]
+    pub max_seq_len: Option<u32>,
+    /// Stop after this many optimiser steps.
+    #[arg(long)]
+    pub max_steps: Option<u64>,
+    /// Compute validation loss every N steps.
+    #[arg(long)]
+    pub eval_every: Option<u64>,
+    /// Seed.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// LoRA rank.
+    #[arg(long)]
+    pub lora_r: Option<u32>,
+    /// LoRA alpha.
+    #[arg(long)]
+    pub lora_alpha: Option<f64>,
+    /// LoRA dropout.
+    #[arg(long)]
+    pub lora_dropout: Option<f64>,
+    /// Comma-separated target modules (q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj).
+    #[arg(long, value_delimiter = ',')]
+    pub targets: Option<Vec<String>>,
+    /// Rank-stabilised LoRA scaling (alpha/√r).
+    #[arg(long)]
+    pub rslora: bool,
+    /// Checkpoint every N optimiser steps.
+    #[arg(long)]
+    pub checkpoint_every: Option<u64>,
+    /// Checkpoint when this many seconds passed since the last one.
+    #[arg(long)]
+    pub checkpoint_every_seconds: Option<u64>,
+    /// Complete checkpoints to keep.
+    #[arg(long)]
+    pub keep_checkpoints: Option<u32>,
+    /// Validation prompts to generate samples for after training.
+    #[arg(long)]
+    pub samples: Option<u32>,
+    /// Tokens generated per sample.
+    #[arg(long)]
+    pub sample_tokens: Option<u32>,
+    /// Compute device.
+    #[arg(long, value_enum)]
+    pub device: Option<DeviceArg>,
+    /// Compute dtype of frozen weights.
+    #[arg(long, value_enum)]
+    pub dtype: Option<DtypeArg>,
+    /// Progress output: `json` lines, a terminal `bar`, or `auto` (bar when stdout is a terminal).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub progress: ProgressArg,
+    /// Print the effective spec as JSON and exit.
+    #[arg(long)]
+    pub print_spec: bool,
+}
+
+macro_rules! value_enum {
+    ($name:ident => $target:ty { $($variant:ident = $value:expr),* $(,)? }) => {
+        #[derive(clap::ValueEnum, Clone, Copy, Debug)]
+        #[allow(missing_docs)]
+        pub enum $name { $($variant),* }
+        impl From<$name> for $target {
+            fn from(v: $name) -> Self { match v { $($name::$variant => $value),* } }
+        }
+    };
+}
+
+value_enum!(FormatArg => DatasetFormat { Auto = DatasetFormat::Auto, Chat = DatasetFormat::Chat, PromptCompletion = DatasetFormat::PromptCompletion, Alpaca = DatasetFormat::Alpaca, Text = DatasetFormat::Text });
+value_enum!(TemplateArg => ChatTemplateChoice { Model = ChatTemplateChoice::Model, Llama2 = ChatTemplateChoice::Llama2, Chatml = ChatTemplateChoice::Chatml, Alpaca = ChatTemplateChoice::Alpaca });
+value_enum!(SchedulerArg => Scheduler { Linear = Scheduler::Linear, Cosine = Scheduler::Cosine, Constant = Scheduler::Constant });
+value_enum!(DeviceArg => DeviceKind { Cpu = DeviceKind::Cpu, Cuda = DeviceKind::Cuda });
+value_enum!(DtypeArg => DtypeKind { F32 = DtypeKind::F32, Bf16 = DtypeKind::Bf16 });
+
+/// Where progress goes.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default)]
+pub enum ProgressArg {
+    /// A bar when stdout is a terminal, JSON lines otherwise.
+    #[default]
+    Auto,
+    /// JSON lines on stdout.
+    Json,
+    /// A progress bar.
+    Bar,
+}
+
+/// The effective spec: the file (if any), then every flag given.
+pub fn build_spec(args: &TrainArgs) -> Result<TrainSpec> {
+    let mut v = match &args.spec {
+        Some(path) => {
+            let bytes = std::fs::read(path).with_context(|| format!("cannot read spec {}", path.display()))?;
+            serde_json::from_slice::<serde_json::Value>(&bytes)
+                .map_err(|e| BadInput(format!("{}: invalid JSON: {e}", path.display())))?
+        }
+        None => serde_json::json!({}),
+    };
+    let obj = v.as_object_mut().ok_or_else(|| BadInput("spec must be a JSON object".into()))?;
+    if let Some(m) = &args.model {
+        obj.insert("model".into(), m.clone().into());
+    }
+    if !args.train_files.is_empty() {
+        obj.remove("training_file");
+        obj.insert("training_files".into(), args.train_files.clone().into());
+    }
+    if let Some(f) = &args.validation_file {
+        obj.insert("validation_file".into(), f.clone().into());
+    }
+    if let Some(o) = &args.output {
+        obj.insert("output".into(), o.clone().into());
+    }
+    let spec_json = |name: &str, v: serde_json::Value| (name.to_string(), v);
+    let mut nested: Vec<(&str, (String, serde_json::Value))> = Vec::new();
+    macro_rules! nest {
+        ($section:literal, $field:literal, $value:expr) => {
+            if let Some(x) = $value {
+                nested.push(($section, spec_json($field, serde_json::to_value(x)?)));
+            }
+        };
+    }
+    nest!("hyperparameters", "epochs", args.epochs);
+    nest!("hyperparameters", "batch_size", args.batch_size);
+    nest!("hyperparameters", "gradient_accumulation_steps", args.grad_accum);
+    nest!("hyperparameters", "learning_rate", args.lr);
+    nest!("hyperparameters", "warmup_steps", args.warmup_steps);
+    nest!("hyperparameters", "scheduler", args.scheduler.map(Scheduler::from));
+    nest!("hyperparameters", "weight_decay", args.weight_decay);
+    nest!("hyperparameters", "max_grad_norm", args.max_grad_norm);
+    nest!("hyperparameters", "max_seq_len", args.max_seq_len);
+    nest!("hyperparameters", "max_steps", args.max_steps);
+    nest!("hyperparameters", "eval_every_steps", args.eval_every);
+    nest!("hyperparameters", "seed", args.seed);
+    nest!("lora", "r", args.lora_r);
+    nest!("lora", "alpha", args.lora_alpha);
+    nest!("lora", "dropout", args.lora_dropout);
+    nest!("lora", "target_modules", args.targets.clone());
+    nest!("lora", "rslora", args.rslora.then_some(true));
+    nest!("checkpoint", "every_steps", args.checkpoint_every);
+    nest!("checkpoint", "every_seconds", args.checkpoint_every_seconds);
+    nest!("checkpoint", "keep_last", args.keep_checkpoints);
+    nest!("sampling", "num_samples", args.samples);
+    nest!("sampling", "max_new_tokens", args.sample_tokens);
+    for (section, (field, value)) in nested {
+        let entry = obj.entry(section.to_string()).or_insert_with(|| serde_json::json!({}));
+        let inner = entry
+            .as_object_mut()
+            .ok_or_else(|| BadInput(format!("spec field {section} must be an object")))?;
+        inner.insert(field, value);
+    }
+    if let Some(f) = args.format {
+        obj.insert("dataset_format".into(), serde_json::to_value(DatasetFormat::from(f))?);
+    }
+    if let Some(t) = args.template {
+        obj.insert("chat_template".into(), serde_json::to_value(ChatTemplateChoice::from(t))?);
+    }
+    if let Some(d) = args.device {
+        obj.insert("device".into(), serde_json::to_value(DeviceKind::from(d))?);
+    }
+    if let Some(d) = args.dtype {
+        obj.insert("dtype".into(), serde_json::to_value(DtypeKind::from(d))?);
+    }
+    let missing: Vec<&str> = [("model", "--model"), ("output", "--output")]
+        .into_iter()
+        .filter(|(k, _)| !obj.contains_key(*k))
+        .map(|(_, flag)| flag)
+        .chain((!obj.contains_key("training_files") && !obj.contains_key("training_file")).then_some("--train-file"))
+        .collect();
+    if !missing.is_empty() {
+        return Err(BadInput(format!("missing {} (or a --spec file that sets them)", missing.join(", "))).into());
+    }
+    let source = args.spec.as_ref().map_or("flags".to_string(), |p| p.display().to_string());
+    serde_json::from_value(v).map_err(|e| BadInput(format!("{source}: {e}")).into())
+}
+
+pub fn run(args: TrainArgs) -> Result<ExitCode> {
+    let spec = if args.demo { super::demo::demo_spec(&args)? } else { build_spec(&args)? };
+    if args.print_spec {
+        println!("{}", serde_json::to_string_pretty(&spec)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let stop = StopFlag::new();
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, stop.atomic()).context("cannot install signal handlers")?;
+    }
+    let bar = match args.progress {
+        ProgressArg::Json => false,
+        ProgressArg::Bar => true,
+        ProgressArg::Auto => std::io::stdout().is_terminal(),
+    };
+    let mut sink: Box<dyn ProgressSink> =
+        if bar { Box::new(TerminalBar::new()) } else { Box::new(JsonLines::new(std::io::stdout())) };
+    match tuneq_trainer::train::run(&spec, sink.as_mut(), &stop)? {
+        Outcome::Finished { .. } | Outcome::Interrupted { .. } => Ok(ExitCode::SUCCESS),
+    }
+}

@@ -1,0 +1,140 @@
+"""Session fixtures of the reference suite.
+
+Every model and adapter is made once per session by the tuneq binary itself, in a pytest
+tmp dir: three random tiny Llamas (one file, three shards, tied embeddings) and two adapters
+trained for a few steps at a high learning rate so that lora_B is far from zero.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import harness
+from harness import ALL_TARGETS, Tuneq
+
+torch.set_num_threads(harness.THREADS)
+try:
+    torch.set_num_interop_threads(1)
+except RuntimeError:  # already set by an earlier import in this process
+    pass
+
+# 16 short conversations in the chat format `tuneq train` takes.
+CHATS = [
+    ("What is the capital of France?", "Paris is the capital of France."),
+    ("Name a primary colour.", "Red is a primary colour."),
+    ("How many legs does a spider have?", "A spider has eight legs."),
+    ("What is two plus three?", "Two plus three is five."),
+    ("Which planet is closest to the sun?", "Mercury is closest to the sun."),
+    ("What do bees make?", "Bees make honey and wax."),
+    ("Translate 'hello' to Spanish.", "Hello in Spanish is hola."),
+    ("What is the boiling point of water?", "Water boils at 100 degrees Celsius at sea level."),
+    ("Give me a synonym for happy.", "Joyful is a synonym for happy."),
+    ("How many days are in a week?", "A week has seven days."),
+    ("What gas do plants absorb?", "Plants absorb carbon dioxide."),
+    ("Who wrote Hamlet?", "William Shakespeare wrote Hamlet."),
+    ("What is the opposite of cold?", "The opposite of cold is hot."),
+    ("Spell the word cat backwards.", "Cat backwards is tac."),
+    ("What shape has three sides?", "A triangle has three sides."),
+    ("Is the sky blue on a clear day?", "Yes, a clear daytime sky looks blue."),
+]
+
+# Adapters trained once per session. lr 1e-2 for 5 AdamW steps moves every lora_B well
+# away from zero, so logits and gradients actually depend on the adapter.
+ADAPTERS = {
+    "all7": dict(targets=ALL_TARGETS, r=8, alpha=16, rslora=False),
+    "rslora_qv": dict(targets=["q_proj", "v_proj"], r=4, alpha=16, rslora=True),
+}
+
+
+@pytest.fixture(scope="session")
+def tuneq() -> Tuneq:
+    return Tuneq(harness.find_tuneq())
+
+
+def _init_model(tuneq: Tuneq, out: Path, seed: int, *extra) -> Path:
+    tuneq.run("model", "init", "--preset", "tiny", "--seed", seed, "--out", out, *extra)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tuneq, tmp_path_factory) -> Path:
+    """Tiny preset, one model.safetensors, untied lm_head."""
+    return _init_model(tuneq, tmp_path_factory.mktemp("models") / "tiny", 0)
+
+
+@pytest.fixture(scope="session")
+def sharded_model(tuneq, tmp_path_factory) -> Path:
+    """Tiny preset in three shards plus model.safetensors.index.json."""
+    return _init_model(tuneq, tmp_path_factory.mktemp("models") / "tiny-sharded", 1, "--shards", 3)
+
+
+@pytest.fixture(scope="session")
+def tied_model(tuneq, tmp_path_factory) -> Path:
+    """Tiny preset with tie_word_embeddings (no lm_head.weight in the checkpoint)."""
+    return _init_model(tuneq, tmp_path_factory.mktemp("models") / "tiny-tied", 2, "--tie-embeddings")
+
+
+MODEL_FIXTURES = {"single": "tiny_model", "sharded": "sharded_model", "tied": "tied_model"}
+
+
+@pytest.fixture(scope="session")
+def chat_dataset(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "train.jsonl"
+    with open(path, "w") as f:
+        for user, assistant in CHATS:
+            f.write(json.dumps({"messages": [{"role": "user", "content": user},
+                                             {"role": "assistant", "content": assistant}]}) + "\n")
+    return path
+
+
+def train_adapter(tuneq: Tuneq, model_dir: Path, data: Path, out: Path, *, targets, r, alpha,
+                  rslora) -> Path:
+    args = ["train", "--model", model_dir, "--train-file", data, "--output", out,
+            "--epochs", 2, "--max-steps", 5, "--batch-size", 4, "--grad-accum", 1,
+            "--lr", "1e-2", "--warmup-steps", 0, "--scheduler", "constant", "--weight-decay", 0,
+            "--max-seq-len", 64, "--lora-r", r, "--lora-alpha", alpha, "--lora-dropout", 0,
+            "--targets", ",".join(targets), "--seed", 0]
+    if rslora:
+        args.append("--rslora")
+    tuneq.run(*args)
+    return out
+
+
+class Adapters:
+    """Trains each adapter of ADAPTERS on first use and keeps it for the session."""
+
+    def __init__(self, tuneq: Tuneq, model_dir: Path, data: Path, root: Path):
+        self.tuneq, self.model_dir, self.data, self.root = tuneq, model_dir, data, root
+        self._dirs: dict[str, Path] = {}
+        self._failed: dict[str, str] = {}
+
+    def get(self, name: str) -> Path:
+        if name in self._failed:  # do not re-run a failed training for every test
+            pytest.fail(f"training adapter {name!r} failed earlier in this session:\n{self._failed[name]}",
+                        pytrace=False)
+        if name not in self._dirs:
+            try:
+                self._dirs[name] = train_adapter(self.tuneq, self.model_dir, self.data, self.root / name,
+                                                 **ADAPTERS[name])
+            except BaseException as e:
+                self._failed[name] = str(e)
+                raise
+        return self._dirs[name]
+
+
+@pytest.fixture(scope="session")
+def adapters(tuneq, tiny_model, chat_dataset, tmp_path_factory) -> Adapters:
+    """Adapters trained on tiny_model; `adapters.get(name)` with a name from ADAPTERS."""
+    return Adapters(tuneq, tiny_model, chat_dataset, tmp_path_factory.mktemp("adapters"))
+
+
+@pytest.fixture(scope="session")
+def input_ids_file(tmp_path_factory) -> tuple[Path, torch.Tensor]:
+    """Seeded random ids, b=2 t=64, over the tiny vocabulary, as IN.safetensors."""
+    ids = harness.random_input_ids(harness.TINY["vocab_size"], batch=2, seq=64, seed=1234)
+    path = harness.write_input_ids(tmp_path_factory.mktemp("inputs") / "ids.safetensors", ids)
+    return path, ids

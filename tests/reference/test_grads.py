@@ -1,0 +1,68 @@
+"""`tuneq debug grads` computes the same causal-LM loss and LoRA gradients as a PEFT
+backward pass (labels = input_ids, HF shift, mean over all b*(t-1) positions).
+
+Metric: for the loss |got - ref| / |ref|, for each gradient tensor max|got - ref| / max|ref|
+(see harness.rel_max_err for why); both must be <= GRAD_RTOL = 1e-4."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import harness
+from conftest import ADAPTERS
+from harness import GRAD_RTOL
+
+
+def peft_loss_and_grads(model_dir, adapter_dir, ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    model = harness.load_peft(model_dir, adapter_dir, trainable=True)
+    model.train()
+    # Train mode must not add randomness: no LoRA dropout, no attention dropout.
+    for name, module in model.named_modules():
+        if name.endswith("lora_dropout.default"):
+            assert isinstance(module, torch.nn.Identity) or getattr(module, "p", 0.0) == 0.0, name
+    assert float(getattr(model.config, "attention_dropout", 0.0) or 0.0) == 0.0
+
+    params = harness.lora_params(model)
+    assert params and all(p.requires_grad for p in params.values())
+    frozen = [n for n, p in model.named_parameters() if p.requires_grad and ".lora_" not in n]
+    assert not frozen, f"non-LoRA parameters are trainable: {frozen[:5]}"
+
+    out = model(input_ids=ids, labels=ids)
+    out.loss.backward()
+    grads = {k: p.grad.detach().float().clone() for k, p in params.items()}
+    return out.loss.detach().float(), grads
+
+
+@pytest.mark.parametrize("name", sorted(ADAPTERS))
+def test_loss_and_lora_grads_match_peft(adapters, tiny_model, tuneq, input_ids_file, tmp_path, name):
+    adapter_dir = adapters.get(name)
+    ids_file, ids = input_ids_file
+    ref_loss, ref_grads = peft_loss_and_grads(tiny_model, adapter_dir, ids)
+
+    out_file = tmp_path / "grads.safetensors"
+    tuneq.run("debug", "grads", "--model", tiny_model, "--adapter", adapter_dir,
+              "--input-ids", ids_file, "--out", out_file)
+    got = load_file(str(out_file))
+
+    assert "loss" in got, f"{out_file} has no 'loss' (has {sorted(got)[:5]})"
+    assert got["loss"].dtype == torch.float32 and got["loss"].dim() == 0, \
+        f"loss must be a float32 scalar, got {got['loss'].dtype} shape {tuple(got['loss'].shape)}"
+    loss_err = abs(float(got["loss"]) - float(ref_loss)) / abs(float(ref_loss))
+    print(f"{name}: loss tuneq {float(got['loss']):.6f} peft {float(ref_loss):.6f} rel err {loss_err:.2e}")
+    assert loss_err <= GRAD_RTOL, f"loss rel err {loss_err:.2e} > {GRAD_RTOL:g}"
+
+    got_grads = {k: v for k, v in got.items() if k != "loss"}
+    assert set(got_grads) == set(ref_grads), (f"extra {sorted(set(got_grads) - set(ref_grads))[:5]}, "
+                                              f"missing {sorted(set(ref_grads) - set(got_grads))[:5]}")
+    errors = {}
+    for key, ref in ref_grads.items():
+        g = got_grads[key]
+        assert g.dtype == torch.float32, f"{key}: dtype {g.dtype}"
+        assert float(ref.abs().max()) > 0, f"{key}: reference gradient is all zeros; the check would be vacuous"
+        errors[key] = harness.rel_max_err(g, ref)
+    worst = max(errors, key=errors.get)
+    print(f"{name}: {len(errors)} LoRA grads, worst rel_max_err {errors[worst]:.2e} at {worst}")
+    bad = {k: f"{e:.2e}" for k, e in errors.items() if not e <= GRAD_RTOL}
+    assert not bad, f"{len(bad)} gradients over rel_max_err {GRAD_RTOL:g}: {dict(list(bad.items())[:8])}"

@@ -1,0 +1,265 @@
+//! Chat templates: turning a conversation into the exact text a model was trained on.
+//!
+//! A model's own template is the Jinja `chat_template` from its `tokenizer_config.json` (or a
+//! `chat_template.jinja` file next to it), rendered with minijinja configured the way Hugging
+//! Face renders it (`trim_blocks`, `lstrip_blocks`, a `raise_exception` function and Python
+//! string methods such as `.strip()`). The built-ins below are written for tuneq.
+
+use std::path::Path;
+
+use minijinja::{Environment, ErrorKind, Value, context};
+use serde_json::Value as Json;
+use tuneq_openapi::ChatTemplateChoice;
+
+use super::record::Message;
+use super::{DataError, Result};
+
+/// ChatML: `<|im_start|>{role}\n{content}<|im_end|>\n` per message. `tuneq model init` writes
+/// it into the `tokenizer_config.json` of random models, whose tokenizer has `<|im_start|>` and
+/// `<|im_end|>` as special tokens.
+pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+/// Llama 2 chat: `{bos}[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {assistant} {eos}`,
+/// the system block only inside the first instruction. The generation prompt is empty: the
+/// answer follows `[/INST]` directly.
+pub const LLAMA2_TEMPLATE: &str = "{% if messages and messages[0]['role'] == 'system' %}{% set system_text = messages[0]['content'] %}{% set turns = messages[1:] %}{% else %}{% set system_text = '' %}{% set turns = messages %}{% endif %}{% for message in turns %}{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' }}{% if loop.first and system_text %}{{ '<<SYS>>\\n' + system_text + '\\n<</SYS>>\\n\\n' }}{% endif %}{{ message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ ' ' + message['content'] + ' ' + eos_token }}{% else %}{{ raise_exception('the llama2 template supports system, user and assistant roles, not ' + message['role']) }}{% endif %}{% endfor %}";
+
+/// Alpaca style: an optional system text, then `### Instruction:\n{user}\n\n` and
+/// `### Response:\n{assistant}{eos}\n\n` blocks. Alpaca records put their input into the user
+/// message as `\n\n### Input:\n{input}` when this template is used.
+pub const ALPACA_TEMPLATE: &str = "{% for message in messages %}{% if message['role'] == 'system' %}{{ message['content'] + '\\n\\n' }}{% elif message['role'] == 'user' %}{{ '### Instruction:\\n' + message['content'] + '\\n\\n' }}{% elif message['role'] == 'assistant' %}{{ '### Response:\\n' + message['content'] + eos_token + '\\n\\n' }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '### Response:\\n' }}{% endif %}";
+
+const TEMPLATE_NAME: &str = "chat";
+
+/// A compiled chat template with the special-token strings it refers to.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    source: String,
+    bos_token: String,
+    eos_token: String,
+    kind: TemplateKind,
+}
+
+/// Where a template came from; the encoder adapts Alpaca records to the Alpaca built-in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TemplateKind {
+    /// The model's own `chat_template`.
+    Model,
+    /// A built-in; never `ChatTemplateChoice::Model`.
+    Builtin(ChatTemplateChoice),
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("kind", &self.kind)
+            .field("bos_token", &self.bos_token)
+            .field("eos_token", &self.eos_token)
+            .field("source_len", &self.source.len())
+            .finish()
+    }
+}
+
+impl ChatTemplate {
+    /// Loads the template for `choice` from a model folder.
+    ///
+    /// `bos_token`/`eos_token` always come from `tokenizer_config.json` (a string or an
+    /// `{"content": …}` object; empty when absent or when the file is missing). With
+    /// `ChatTemplateChoice::Model` the model's `chat_template` is used (a string, or a list of
+    /// `{name, template}` from which `default` is taken), then `chat_template.jinja`, and
+    /// ChatML when the model has none.
+    pub fn load(model_dir: &Path, choice: ChatTemplateChoice) -> Result<Self> {
+        let config_path = model_dir.join("tokenizer_config.json");
+        let config: Json = match std::fs::read(&config_path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
+                DataError::Template(format!("{} is not valid JSON: {e}", config_path.display()))
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Json::Null,
+            Err(source) => {
+                return Err(DataError::Io {
+                    path: config_path.display().to_string(),
+                    source,
+                });
+            }
+        };
+        let bos = token_string(config.get("bos_token"));
+        let eos = token_string(config.get("eos_token"));
+        if choice != ChatTemplateChoice::Model {
+            return Self::builtin(choice, &bos, &eos);
+        }
+        let own = match model_template(config.get("chat_template"))? {
+            Some(t) => Some(t),
+            None => {
+                let jinja = model_dir.join("chat_template.jinja");
+                match std::fs::read_to_string(&jinja) {
+                    Ok(t) => Some(t),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                    Err(source) => {
+                        return Err(DataError::Io {
+                            path: jinja.display().to_string(),
+                            source,
+                        });
+                    }
+                }
+            }
+        };
+        match own {
+            Some(source) => Self::from_source(source, &bos, &eos, TemplateKind::Model),
+            None => {
+                tracing::info!(model_dir = %model_dir.display(), "model has no chat_template; using ChatML");
+                Self::builtin(ChatTemplateChoice::Chatml, &bos, &eos)
+            }
+        }
+    }
+
+    /// A built-in template. `ChatTemplateChoice::Model` means ChatML here (the fallback for
+    /// models without a template).
+    pub fn builtin(choice: ChatTemplateChoice, bos_token: &str, eos_token: &str) -> Result<Self> {
+        let (source, choice) = match choice {
+            ChatTemplateChoice::Model | ChatTemplateChoice::Chatml => {
+                (CHATML_TEMPLATE, ChatTemplateChoice::Chatml)
+            }
+            ChatTemplateChoice::Llama2 => (LLAMA2_TEMPLATE, choice),
+            ChatTemplateChoice::Alpaca => (ALPACA_TEMPLATE, choice),
+        };
+        Self::from_source(
+            source.to_string(),
+            bos_token,
+            eos_token,
+            TemplateKind::Builtin(choice),
+        )
+    }
+
+    /// Compiles an arbitrary Jinja chat template (as found in `tokenizer_config.json`).
+    pub fn from_jinja(source: &str, bos_token: &str, eos_token: &str) -> Result<Self> {
+        Self::from_source(
+            source.to_string(),
+            bos_token,
+            eos_token,
+            TemplateKind::Model,
+        )
+    }
+
+    fn from_source(source: String, bos: &str, eos: &str, kind: TemplateKind) -> Result<Self> {
+        let mut env = Environment::new();
+        let syntax = minijinja::syntax::SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .build()
+            .map_err(|e| DataError::Template(describe(&e)))?;
+        env.set_syntax(syntax);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function(
+            "raise_exception",
+            |message: String| -> Result<Value, minijinja::Error> {
+                Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
+            },
+        );
+        env.add_template_owned(TEMPLATE_NAME, source.clone())
+            .map_err(|e| DataError::Template(describe(&e)))?;
+        Ok(Self {
+            env,
+            source,
+            bos_token: bos.to_string(),
+            eos_token: eos.to_string(),
+            kind,
+        })
+    }
+
+    /// Renders `messages`; with `add_generation_prompt` the text ends where the model's
+    /// answer should begin (e.g. after `<|im_start|>assistant\n`).
+    pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        let messages: Vec<Value> = messages
+            .iter()
+            .map(|m| {
+                Value::from(std::collections::BTreeMap::from([
+                    ("role", Value::from(m.role.as_str())),
+                    ("content", Value::from(m.content.as_str())),
+                ]))
+            })
+            .collect();
+        let template = self
+            .env
+            .get_template(TEMPLATE_NAME)
+            .map_err(|e| DataError::Template(describe(&e)))?;
+        template
+            .render(context! {
+                messages => messages,
+                add_generation_prompt => add_generation_prompt,
+                bos_token => self.bos_token.as_str(),
+                eos_token => self.eos_token.as_str(),
+            })
+            .map_err(|e| DataError::Template(describe(&e)))
+    }
+
+    /// The beginning-of-sequence token text the template uses (may be empty).
+    pub fn bos_token(&self) -> &str {
+        &self.bos_token
+    }
+
+    /// The end-of-sequence token text the template uses (may be empty).
+    pub fn eos_token(&self) -> &str {
+        &self.eos_token
+    }
+
+    /// The Jinja source, for manifests and debugging.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    pub(crate) fn kind(&self) -> TemplateKind {
+        self.kind
+    }
+}
+
+/// A minijinja error with its detail and causes on one line.
+fn describe(e: &minijinja::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+/// A special token in `tokenizer_config.json`: a string, an `{"content": …}` object, or absent.
+fn token_string(v: Option<&Json>) -> String {
+    match v {
+        Some(Json::String(s)) => s.clone(),
+        Some(Json::Object(o)) => o
+            .get("content")
+            .and_then(Json::as_str)
+            .unwrap_or("")
+            .to_string(),
+        _ => String::new(),
+    }
+}
+
+/// The `chat_template` entry: a string, or a list of `{name, template}` (take `default`).
+fn model_template(v: Option<&Json>) -> Result<Option<String>> {
+    match v {
+        None | Some(Json::Null) => Ok(None),
+        Some(Json::String(s)) => Ok(Some(s.clone())),
+        Some(Json::Array(list)) => {
+            let named = |name: &str| {
+                list.iter().find_map(|t| {
+                    (t.get("name").and_then(Json::as_str) == Some(name))
+                        .then(|| t.get("template").and_then(Json::as_str))
+                        .flatten()
+                })
+            };
+            match named("default") {
+                Some(t) => Ok(Some(t.to_string())),
+                None => Err(DataError::Template(
+                    "chat_template is a list without a \"default\" entry".into(),
+                )),
+            }
+        }
+        Some(other) => Err(DataError::Template(format!(
+            "chat_template must be a string or a list of {{name, template}}, got {}",
+            super::record::kind(other)
+        ))),
+    }
+}

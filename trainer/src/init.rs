@@ -1,0 +1,210 @@
+//! `tuneq model init`: tiny and small Llama models with random weights and a real
+//! tokenizer, in the Hugging Face layout, for tests, demos and benchmarks — nothing is
+//! downloaded.
+
+use crate::config::{LlamaConfig, RopeScaling, TokenIds};
+use crate::error::{Error, Result};
+use candle_core::{Device, Tensor};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha20Rng;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// Model sizes `tuneq model init` can write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Preset {
+    /// vocab 4096, hidden 256, intermediate 688, 4 layers, 8 heads, 4 KV heads (≈5 M parameters).
+    Tiny,
+    /// vocab 32000, hidden 768, intermediate 2048, 12 layers, 12 heads (≈134 M parameters).
+    Small,
+}
+
+impl std::str::FromStr for Preset {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "tiny" => Ok(Preset::Tiny),
+            "small" => Ok(Preset::Small),
+            other => Err(format!("unknown preset {other:?}; use tiny or small")),
+        }
+    }
+}
+
+/// Options of `tuneq model init`.
+#[derive(Debug, Clone)]
+pub struct InitOptions {
+    /// Size.
+    pub preset: Preset,
+    /// Seed of the weights.
+    pub seed: u64,
+    /// Number of safetensors shards (1 = a single `model.safetensors`).
+    pub shards: usize,
+    /// Share the embedding matrix with `lm_head`.
+    pub tie_embeddings: bool,
+    /// Write a Llama 3 `rope_scaling` block (factor 8) into the config.
+    pub llama3_rope: bool,
+}
+
+/// The config a preset stands for.
+pub fn preset_config(opts: &InitOptions) -> LlamaConfig {
+    let (vocab, hidden, inter, layers, heads, kv, max_pos) = match opts.preset {
+        Preset::Tiny => (4096, 256, 688, 4, 8, 4, 1024),
+        Preset::Small => (32000, 768, 2048, 12, 12, 12, 2048),
+    };
+    LlamaConfig {
+        vocab_size: vocab,
+        hidden_size: hidden,
+        intermediate_size: inter,
+        num_hidden_layers: layers,
+        num_attention_heads: heads,
+        num_key_value_heads: Some(kv),
+        head_dim: Some(hidden / heads),
+        rms_norm_eps: 1e-5,
+        rope_theta: 10000.0,
+        rope_scaling: opts.llama3_rope.then(|| RopeScaling {
+            rope_type: "llama3".into(),
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 256,
+        }),
+        max_position_embeddings: max_pos,
+        tie_word_embeddings: opts.tie_embeddings,
+        bos_token_id: Some(TokenIds::One(1)),
+        eos_token_id: Some(TokenIds::One(2)),
+        torch_dtype: Some("float32".into()),
+        attention_bias: false,
+        mlp_bias: false,
+        hidden_act: Some("silu".into()),
+        model_type: Some("llama".into()),
+    }
+}
+
+/// N(0, std²) samples from a seeded ChaCha20 stream (Box–Muller).
+fn normal(rng: &mut ChaCha20Rng, n: usize, std: f32) -> Vec<f32> {
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        let u1: f64 = rng.random::<f64>().max(f64::MIN_POSITIVE);
+        let u2: f64 = rng.random();
+        let r = (-2.0 * u1.ln()).sqrt();
+        let t = 2.0 * std::f64::consts::PI * u2;
+        out.push((r * t.cos()) as f32 * std);
+        if out.len() < n {
+            out.push((r * t.sin()) as f32 * std);
+        }
+    }
+    out
+}
+
+/// Writes a complete model folder to `out`.
+pub fn write_model(opts: &InitOptions, out: &Path) -> Result<LlamaConfig> {
+    if opts.shards == 0 {
+        return Err(Error::Model { path: out.display().to_string(), message: "--shards must be at least 1".into() });
+    }
+    std::fs::create_dir_all(out).map_err(Error::io(out))?;
+    let cfg = preset_config(opts);
+    let tensors = random_weights(&cfg, opts.seed)?;
+    let v = cfg.vocab_size;
+    write_weights(out, tensors, opts.shards)?;
+    write_json(&out.join("config.json"), &hf_config_json(&cfg))?;
+    write_json(
+        &out.join("generation_config.json"),
+        &serde_json::json!({"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 5, "do_sample": false}),
+    )?;
+    let tokenizer = crate::data::build_tokenizer(v)?;
+    let tok_path = out.join("tokenizer.json");
+    tokenizer
+        .save(&tok_path, false)
+        .map_err(|e| Error::Model { path: tok_path.display().to_string(), message: e.to_string() })?;
+    write_json(&out.join("tokenizer_config.json"), &crate::data::tokenizer_config_json(cfg.max_position_embeddings))?;
+    Ok(cfg)
+}
+
+/// `config.json` as `transformers` writes it for a `LlamaForCausalLM`.
+pub fn hf_config_json(cfg: &LlamaConfig) -> serde_json::Value {
+    let mut v = serde_json::to_value(cfg).unwrap_or_default();
+    if let Some(o) = v.as_object_mut() {
+        o.insert("architectures".into(), serde_json::json!(["LlamaForCausalLM"]));
+        o.insert("initializer_range".into(), serde_json::json!(0.02));
+        o.insert("pad_token_id".into(), serde_json::json!(5));
+        o.insert("use_cache".into(), serde_json::json!(true));
+        o.insert("attention_dropout".into(), serde_json::json!(0.0));
+        o.insert("pretraining_tp".into(), serde_json::json!(1));
+        o.retain(|_, v| !v.is_null());
+    }
+    v
+}
+
+pub(crate) fn write_json(path: &Path, v: &serde_json::Value) -> Result<()> {
+    let bytes = serde_json::to_vec_pretty(v).map_err(|source| Error::Json { path: path.display().to_string(), source })?;
+    tuneq_storage::local::write_atomic(path, &bytes)?;
+    Ok(())
+}
+
+/// Writes tensors as one file or `shards` files plus an index, in the given order.
+pub fn write_weights(out: &Path, tensors: Vec<(String, Tensor)>, shards: usize) -> Result<()> {
+    if shards <= 1 {
+        let map: BTreeMap<String, Tensor> = tensors.into_iter().collect();
+        return crate::weights::save_safetensors(&out.join("model.safetensors"), &map);
+    }
+    let total: usize = tensors.iter().map(|(_, t)| t.elem_count() * t.dtype().size_in_bytes()).sum();
+    let target = total.div_ceil(shards);
+    let mut groups: Vec<BTreeMap<String, Tensor>> = vec![BTreeMap::new(); shards];
+    let (mut g, mut filled) = (0usize, 0usize);
+    for (name, t) in tensors {
+        let size = t.elem_count() * t.dtype().size_in_bytes();
+        if filled > 0 && filled + size > target && g + 1 < shards {
+            g += 1;
+            filled = 0;
+        }
+        filled += size;
+        groups[g].insert(name, t);
+    }
+    let mut weight_map = BTreeMap::new();
+    for (k, group) in groups.iter().enumerate() {
+        let file = format!("model-{:05}-of-{:05}.safetensors", k + 1, shards);
+        for name in group.keys() {
+            weight_map.insert(name.clone(), file.clone());
+        }
+        crate::weights::save_safetensors(&out.join(&file), group)?;
+    }
+    write_json(
+        &out.join("model.safetensors.index.json"),
+        &serde_json::json!({"metadata": {"total_size": total}, "weight_map": weight_map}),
+    )
+}
+
+/// Random weights for `cfg` by Hugging Face name: N(0, 0.02) matrices (as HF's
+/// `initializer_range`), norm weights near 1, drawn from a ChaCha20 stream seeded by `seed`.
+pub fn random_weights(cfg: &LlamaConfig, seed: u64) -> Result<Vec<(String, Tensor)>> {
+    let (h, v) = (cfg.hidden_size, cfg.vocab_size);
+    let mut rng = ChaCha20Rng::seed_from_u64(seed);
+    let dev = Device::Cpu;
+    let mut tensors: Vec<(String, Tensor)> = Vec::new();
+    let mut rand_t = |name: String, shape: (usize, usize), rng: &mut ChaCha20Rng| -> Result<()> {
+        let data = normal(rng, shape.0 * shape.1, 0.02);
+        tensors.push((name, Tensor::from_vec(data, shape, &dev)?));
+        Ok(())
+    };
+    rand_t("model.embed_tokens.weight".into(), (v, h), &mut rng)?;
+    for l in 0..cfg.num_hidden_layers {
+        for (module, proj) in crate::model::PROJECTIONS {
+            let (in_dim, out_dim) = cfg.projection_shape(proj).unwrap_or((h, h));
+            rand_t(format!("model.layers.{l}.{module}.{proj}.weight"), (out_dim, in_dim), &mut rng)?;
+        }
+    }
+    if !cfg.tie_word_embeddings {
+        rand_t("lm_head.weight".into(), (v, h), &mut rng)?;
+    }
+    // Norm weights are ones in HF's init; perturb them slightly so tests notice a norm that is skipped.
+    for l in 0..cfg.num_hidden_layers {
+        for n in ["input_layernorm", "post_attention_layernorm"] {
+            let data: Vec<f32> = normal(&mut rng, h, 0.1).into_iter().map(|x| 1.0 + x).collect();
+            tensors.push((format!("model.layers.{l}.{n}.weight"), Tensor::from_vec(data, h, &dev)?));
+        }
+    }
+    let data: Vec<f32> = normal(&mut rng, h, 0.1).into_iter().map(|x| 1.0 + x).collect();
+    tensors.push(("model.norm.weight".into(), Tensor::from_vec(data, h, &dev)?));
+
+    Ok(tensors)
+}

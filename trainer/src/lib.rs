@@ -1,0 +1,47 @@
+//! The tuneq trainer: LoRA fine-tuning of Llama-family models with candle.
+//!
+//! The trainer turns a [`tuneq_openapi::TrainSpec`] into a PEFT adapter. It knows nothing
+//! of Redis, Kubernetes or HTTP servers: it reads a model and datasets, trains, writes
+//! checkpoints and the adapter, and reports progress through a [`progress::ProgressSink`].
+//!
+//! Layout:
+//! - [`config`]: the Llama `config.json` fields (incl. Llama 3 `rope_scaling`).
+//! - [`weights`]: reading sharded safetensors by HF names; writing safetensors.
+//! - [`ops`]: RMSNorm, RoPE, causal softmax, frozen linear and masked cross-entropy with
+//!   hand-written backward passes (no gradients for frozen weights).
+//! - [`lora`]: the LoRA-wrapped linear layer and its settings.
+//! - [`model`]: the Llama decoder built from those pieces.
+//! - [`optim`], [`schedule`]: AdamW with saveable state; warmup + linear/cosine/constant.
+//! - [`data`]: JSONL datasets (chat, prompt/completion, alpaca, text), chat templates,
+//!   tokenisation with loss masks, and the tokenizer `tuneq model init` ships.
+//! - [`batch`]: padded micro-batches in a seed-determined order.
+//! - [`checkpoint`]: atomic, manifest-last checkpoints and exact resume.
+//! - [`peft`]: the adapter format PEFT, vLLM and LoRAX load.
+//! - [`train`]: the training run.
+//! - [`progress`]: where progress goes (JSON lines, terminal bar).
+//! - [`generate`], [`merge`], [`init`], [`bench`], [`debug`]: the other `tuneq` commands.
+//!
+//! Concurrency: one run is one thread of control; candle parallelises each kernel over
+//! `RAYON_NUM_THREADS` threads. Results are bit-reproducible for a fixed thread count.
+
+pub mod batch;
+pub mod bench;
+pub mod checkpoint;
+pub mod config;
+pub mod data;
+pub mod debug;
+pub mod error;
+pub mod generate;
+pub mod init;
+pub mod lora;
+pub mod merge;
+pub mod model;
+pub mod ops;
+pub mod optim;
+pub mod peft;
+pub mod progress;
+pub mod schedule;
+pub mod train;
+pub mod weights;
+
+pub use error::{Error, Result};

@@ -1,0 +1,113 @@
+//! LoRA: a low-rank trainable update beside a frozen linear layer.
+//!
+//! `y = W·x + scale · B·A·dropout(x)`, with `W` a plain frozen tensor and `A` (r × in),
+//! `B` (out × r) candle `Var`s. `A` starts kaiming-uniform (PEFT's U(±1/√in)) from our own
+//! seeded ChaCha stream, `B` starts at zero, so step 0 reproduces the base model exactly.
+
+use crate::ops::frozen_linear;
+use candle_core::{DType, Result, Tensor, Var};
+use rand::Rng;
+use rand_chacha::ChaCha20Rng;
+
+/// Names and shapes of a LoRA setup, independent of any tensor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoraSettings {
+    /// Rank.
+    pub r: usize,
+    /// Scaling numerator.
+    pub alpha: f64,
+    /// Dropout probability on the LoRA input (training only).
+    pub dropout: f64,
+    /// Target module names (`q_proj`, …).
+    pub targets: Vec<String>,
+    /// alpha/√r instead of alpha/r.
+    pub rslora: bool,
+}
+
+impl LoraSettings {
+    /// The factor applied to `B·A·x`.
+    pub fn scale(&self) -> f64 {
+        if self.rslora { self.alpha / (self.r as f64).sqrt() } else { self.alpha / self.r as f64 }
+    }
+
+    /// Whether `module` is adapted.
+    pub fn targets(&self, module: &str) -> bool {
+        self.targets.iter().any(|t| t == module)
+    }
+}
+
+/// The trainable factors of one adapted projection.
+#[derive(Debug, Clone)]
+pub struct LoraFactors {
+    /// Down-projection, (r, in).
+    pub a: Var,
+    /// Up-projection, (out, r).
+    pub b: Var,
+}
+
+impl LoraFactors {
+    /// PEFT's default init: A ~ U(±1/√in) (kaiming-uniform with a = √5), B = 0.
+    pub fn init(r: usize, in_dim: usize, out_dim: usize, rng: &mut ChaCha20Rng, device: &candle_core::Device) -> Result<Self> {
+        let bound = 1.0 / (in_dim as f64).sqrt();
+        let a: Vec<f32> = (0..r * in_dim).map(|_| rng.random_range(-bound..bound) as f32).collect();
+        let a = Var::from_tensor(&Tensor::from_vec(a, (r, in_dim), device)?)?;
+        let b = Var::zeros((out_dim, r), DType::F32, device)?;
+        Ok(Self { a, b })
+    }
+}
+
+/// Randomness used by dropout in one training forward pass.
+pub struct DropoutCtx<'a> {
+    /// Probability of zeroing an input element.
+    pub p: f64,
+    /// The step's seeded stream; draws happen in a fixed order, so runs replay exactly.
+    pub rng: &'a mut ChaCha20Rng,
+}
+
+/// A frozen projection with an optional LoRA update.
+#[derive(Debug, Clone)]
+pub struct LoraLinear {
+    /// Frozen weight, (out, in), in the compute dtype.
+    pub weight: Tensor,
+    /// Trainable factors when this projection is a target.
+    pub lora: Option<LoraFactors>,
+    /// Scale applied to the LoRA branch.
+    pub scale: f64,
+}
+
+impl LoraLinear {
+    /// Applies the layer to `x` (…, in). `dropout` is `None` at evaluation time.
+    pub fn forward(&self, x: &Tensor, dropout: Option<&mut DropoutCtx<'_>>) -> Result<Tensor> {
+        let y = frozen_linear(x, &self.weight)?;
+        let Some(lora) = &self.lora else { return Ok(y) };
+        let dtype = x.dtype();
+        let in_dim = self.weight.dim(1)?;
+        let rows = x.elem_count() / in_dim;
+        let x2 = x.reshape((rows, in_dim))?;
+        let x2 = match dropout {
+            Some(ctx) if ctx.p > 0.0 => {
+                let keep = 1.0 - ctx.p;
+                let mask: Vec<f32> = (0..rows * in_dim)
+                    .map(|_| if ctx.rng.random::<f64>() < ctx.p { 0.0 } else { (1.0 / keep) as f32 })
+                    .collect();
+                let mask = Tensor::from_vec(mask, (rows, in_dim), x.device())?.to_dtype(dtype)?;
+                (x2 * mask)?
+            }
+            _ => x2,
+        };
+        let a = lora.a.as_tensor().to_dtype(dtype)?;
+        let b = lora.b.as_tensor().to_dtype(dtype)?;
+        let delta = x2.matmul(&a.t()?)?.matmul(&b.t()?)?.affine(self.scale, 0.0)?;
+        let delta = delta.reshape(y.shape())?;
+        y + delta
+    }
+
+    /// `W + scale·B·A` in f32, for merging the adapter into the base weights.
+    pub fn merged_weight(&self) -> Result<Tensor> {
+        let w = self.weight.to_dtype(DType::F32)?;
+        match &self.lora {
+            None => Ok(w),
+            Some(l) => w + l.b.as_tensor().matmul(l.a.as_tensor())?.affine(self.scale, 0.0)?,
+        }
+    }
+}

@@ -1,0 +1,272 @@
+//! A Llama decoder with LoRA-wrapped projections, written for training.
+//!
+//! candle-transformers' Llama is inference-only (last-token logits, private fields, fused
+//! kernels without backward), so the trainer carries its own: RMSNorm, rotate-half RoPE
+//! (with Llama 3 scaling), grouped-query attention with a causal mask, SwiGLU, and the
+//! Hugging Face tensor names, so the same folder loads here and in `transformers`.
+
+use crate::config::LlamaConfig;
+use crate::error::{Error, Result};
+use crate::lora::{DropoutCtx, LoraFactors, LoraLinear, LoraSettings};
+use crate::ops::{causal_softmax, frozen_linear, rms_norm, rope};
+use crate::weights::WeightMap;
+use candle_core::{DType, Device, Tensor, Var};
+use rand_chacha::ChaCha20Rng;
+use std::path::Path;
+
+/// The seven projections of a decoder layer, with the submodule PEFT names them under.
+pub const PROJECTIONS: [(&str, &str); 7] = [
+    ("self_attn", "q_proj"),
+    ("self_attn", "k_proj"),
+    ("self_attn", "v_proj"),
+    ("self_attn", "o_proj"),
+    ("mlp", "gate_proj"),
+    ("mlp", "up_proj"),
+    ("mlp", "down_proj"),
+];
+
+/// One decoder layer.
+pub struct Layer {
+    input_layernorm: Tensor,
+    post_attention_layernorm: Tensor,
+    /// q, k, v, o, gate, up, down, in [`PROJECTIONS`] order.
+    pub projections: Vec<LoraLinear>,
+}
+
+/// A Llama causal LM with optional LoRA on chosen projections.
+pub struct Llama {
+    /// Architecture.
+    pub cfg: LlamaConfig,
+    embed_tokens: Tensor,
+    /// Decoder layers.
+    pub layers: Vec<Layer>,
+    norm: Tensor,
+    lm_head: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    dtype: DType,
+    device: Device,
+}
+
+/// A trainable tensor with its PEFT name.
+#[derive(Debug, Clone)]
+pub struct NamedVar {
+    /// PEFT key, e.g. `base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`.
+    pub name: String,
+    /// The variable.
+    pub var: Var,
+}
+
+/// PEFT's key for factor `ab` (`A` or `B`) of a projection.
+pub fn peft_key(layer: usize, module: &str, proj: &str, ab: &str) -> String {
+    format!("base_model.model.model.layers.{layer}.{module}.{proj}.lora_{ab}.weight")
+}
+
+impl Llama {
+    /// Loads a Hugging Face Llama folder. With `lora`, the targeted projections get fresh
+    /// factors drawn from `rng` (layer by layer, in [`PROJECTIONS`] order).
+    pub fn load(
+        model_dir: &Path,
+        dtype: DType,
+        device: &Device,
+        lora: Option<(&LoraSettings, &mut ChaCha20Rng)>,
+    ) -> Result<Self> {
+        let cfg = LlamaConfig::load(model_dir)?;
+        let mut w = WeightMap::load(model_dir, dtype, device)?;
+        Self::from_weights(cfg, &mut w, dtype, device, lora)
+    }
+
+    /// Builds the model from already-loaded weights.
+    pub fn from_weights(
+        cfg: LlamaConfig,
+        w: &mut WeightMap,
+        dtype: DType,
+        device: &Device,
+        mut lora: Option<(&LoraSettings, &mut ChaCha20Rng)>,
+    ) -> Result<Self> {
+        let (h, v) = (cfg.hidden_size, cfg.vocab_size);
+        let embed_tokens = w.take("model.embed_tokens.weight", &[v, h])?;
+        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        for i in 0..cfg.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            let input_layernorm = w.take(&format!("{p}.input_layernorm.weight"), &[h])?;
+            let post_attention_layernorm = w.take(&format!("{p}.post_attention_layernorm.weight"), &[h])?;
+            let mut projections = Vec::with_capacity(7);
+            for (module, proj) in PROJECTIONS {
+                // Every name in PROJECTIONS has a shape; see `LlamaConfig::projection_shape`.
+                let (in_dim, out_dim) = cfg.projection_shape(proj).unwrap_or((h, h));
+                let weight = w.take(&format!("{p}.{module}.{proj}.weight"), &[out_dim, in_dim])?;
+                let (factors, scale) = match lora.as_mut() {
+                    Some((settings, rng)) if settings.targets(proj) => {
+                        (Some(LoraFactors::init(settings.r, in_dim, out_dim, rng, device)?), settings.scale())
+                    }
+                    _ => (None, 0.0),
+                };
+                projections.push(LoraLinear { weight, lora: factors, scale });
+            }
+            layers.push(Layer { input_layernorm, post_attention_layernorm, projections });
+        }
+        let norm = w.take("model.norm.weight", &[h])?;
+        let lm_head = if cfg.tie_word_embeddings && !w.contains("lm_head.weight") {
+            embed_tokens.clone()
+        } else {
+            w.take("lm_head.weight", &[v, h])?
+        };
+        let (cos, sin) = rope_tables(&cfg, device, dtype)?;
+        Ok(Self { cfg, embed_tokens, layers, norm, lm_head, cos, sin, dtype, device: device.clone() })
+    }
+
+    /// The compute device.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The compute dtype of frozen weights and activations.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Every LoRA factor with its PEFT name, in a fixed order (layer, projection, A then B).
+    pub fn lora_vars(&self) -> Vec<NamedVar> {
+        let mut out = Vec::new();
+        for (i, layer) in self.layers.iter().enumerate() {
+            for ((module, proj), lin) in PROJECTIONS.iter().zip(&layer.projections) {
+                if let Some(l) = &lin.lora {
+                    out.push(NamedVar { name: peft_key(i, module, proj, "A"), var: l.a.clone() });
+                    out.push(NamedVar { name: peft_key(i, module, proj, "B"), var: l.b.clone() });
+                }
+            }
+        }
+        out
+    }
+
+    /// Installs adapter factors by PEFT name (from an adapter file or a checkpoint),
+    /// replacing the LoRA settings with `settings`. Every target must be present.
+    pub fn set_adapter(
+        &mut self,
+        settings: &LoraSettings,
+        tensors: &std::collections::HashMap<String, Tensor>,
+        source: &str,
+    ) -> Result<()> {
+        let scale = settings.scale();
+        for (i, layer) in self.layers.iter_mut().enumerate() {
+            for ((module, proj), lin) in PROJECTIONS.iter().zip(layer.projections.iter_mut()) {
+                if !settings.targets(proj) {
+                    lin.lora = None;
+                    continue;
+                }
+                let (in_dim, out_dim) = (lin.weight.dim(1)?, lin.weight.dim(0)?);
+                let get = |ab: &str, shape: [usize; 2]| -> Result<Var> {
+                    let key = peft_key(i, module, proj, ab);
+                    let t = tensors.get(&key).ok_or_else(|| Error::Model {
+                        path: source.to_string(),
+                        message: format!("adapter tensor {key} is missing"),
+                    })?;
+                    if t.dims() != shape {
+                        return Err(Error::Model {
+                            path: source.to_string(),
+                            message: format!("adapter tensor {key} has shape {:?}, expected {shape:?}", t.dims()),
+                        });
+                    }
+                    Ok(Var::from_tensor(&t.to_dtype(DType::F32)?.to_device(&self.device)?)?)
+                };
+                let a = get("A", [settings.r, in_dim])?;
+                let b = get("B", [out_dim, settings.r])?;
+                lin.lora = Some(LoraFactors { a, b });
+                lin.scale = scale;
+            }
+        }
+        Ok(())
+    }
+
+    /// Final hidden states (batch, seq, hidden) for token ids (batch, seq).
+    pub fn hidden_states(&self, ids: &Tensor, mut dropout: Option<&mut DropoutCtx<'_>>) -> Result<Tensor> {
+        let (b, t) = ids.dims2()?;
+        if t > self.cos.dim(0)? {
+            return Err(Error::Model {
+                path: "model".into(),
+                message: format!("sequence of {t} tokens exceeds max_position_embeddings {}", self.cos.dim(0)?),
+            });
+        }
+        let cfg = &self.cfg;
+        let (nh, nkv, hd) = (cfg.num_attention_heads, cfg.num_kv_heads(), cfg.head_dim());
+        let mut x = self.embed_tokens.index_select(&ids.flatten_all()?, 0)?.reshape((b, t, cfg.hidden_size))?;
+        let cos = self.cos.narrow(0, 0, t)?;
+        let sin = self.sin.narrow(0, 0, t)?;
+        let eps = cfg.rms_norm_eps;
+        for layer in &self.layers {
+            let [q_p, k_p, v_p, o_p, gate_p, up_p, down_p] = layer.projections.as_slice() else {
+                return Err(Error::Model { path: "model".into(), message: "layer without seven projections".into() });
+            };
+            let hn = rms_norm(&x, &layer.input_layernorm, eps)?;
+            let heads = |p: &LoraLinear, n: usize, d: &mut Option<&mut DropoutCtx<'_>>| -> Result<Tensor> {
+                Ok(p.forward(&hn, d.as_deref_mut())?.reshape((b, t, n, hd))?.transpose(1, 2)?.contiguous()?)
+            };
+            let q = rope(&heads(q_p, nh, &mut dropout)?, &cos, &sin)?;
+            let k = rope(&heads(k_p, nkv, &mut dropout)?, &cos, &sin)?;
+            let v = heads(v_p, nkv, &mut dropout)?;
+            let (k, v) = (repeat_kv(&k, nh / nkv)?, repeat_kv(&v, nh / nkv)?);
+            let scores = q.matmul(&k.t()?)?.affine(1.0 / (hd as f64).sqrt(), 0.0)?;
+            let probs = causal_softmax(&scores)?;
+            let attn = probs.matmul(&v)?.transpose(1, 2)?.reshape((b, t, nh * hd))?;
+            x = (x + o_p.forward(&attn, dropout.as_deref_mut())?)?;
+            let hn = rms_norm(&x, &layer.post_attention_layernorm, eps)?;
+            let gate = gate_p.forward(&hn, dropout.as_deref_mut())?.silu()?;
+            let up = up_p.forward(&hn, dropout.as_deref_mut())?;
+            x = (x + down_p.forward(&(gate * up)?, dropout.as_deref_mut())?)?;
+        }
+        Ok(rms_norm(&x, &self.norm, eps)?)
+    }
+
+    /// Logits (rows, vocab) for hidden states (…, hidden).
+    pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        let h = self.cfg.hidden_size;
+        let rows = hidden.elem_count() / h;
+        Ok(frozen_linear(&hidden.reshape((rows, h))?, &self.lm_head)?)
+    }
+
+    /// Logits (batch, seq, vocab) in f32, without dropout.
+    pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        let (b, t) = ids.dims2()?;
+        let hidden = self.hidden_states(ids, None)?;
+        Ok(self.logits(&hidden)?.to_dtype(DType::F32)?.reshape((b, t, self.cfg.vocab_size))?)
+    }
+
+    /// The weight of every base tensor with the adapter folded in (f32), by HF name,
+    /// for `tuneq merge`.
+    pub fn merged_projection_weights(&self) -> Result<Vec<(String, Tensor)>> {
+        let mut out = Vec::new();
+        for (i, layer) in self.layers.iter().enumerate() {
+            for ((module, proj), lin) in PROJECTIONS.iter().zip(&layer.projections) {
+                if lin.lora.is_some() {
+                    out.push((format!("model.layers.{i}.{module}.{proj}.weight"), lin.merged_weight()?));
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// (b, kv, t, d) → (b, kv·n_rep, t, d), each kv head repeated for its query group.
+fn repeat_kv(x: &Tensor, n_rep: usize) -> candle_core::Result<Tensor> {
+    if n_rep == 1 {
+        return Ok(x.clone());
+    }
+    let (b, kv, t, d) = x.dims4()?;
+    x.unsqueeze(2)?.broadcast_as((b, kv, n_rep, t, d))?.reshape((b, kv * n_rep, t, d))
+}
+
+/// cos/sin tables (max_positions, head_dim/2) for rotate-half RoPE, computed in f32 like HF.
+fn rope_tables(cfg: &LlamaConfig, device: &Device, dtype: DType) -> Result<(Tensor, Tensor)> {
+    let inv = cfg.inv_freq();
+    let n = cfg.max_position_embeddings;
+    let half = inv.len();
+    let mut angles = Vec::with_capacity(n * half);
+    for pos in 0..n {
+        for f in &inv {
+            angles.push(pos as f32 * f);
+        }
+    }
+    let angles = Tensor::from_vec(angles, (n, half), device)?;
+    Ok((angles.cos()?.to_dtype(dtype)?, angles.sin()?.to_dtype(dtype)?))
+}

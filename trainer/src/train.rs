@@ -1,0 +1,656 @@
+//! The training run: from a [`TrainSpec`] to a PEFT adapter, resumable at every checkpoint.
+//!
+//! One optimiser step = `gradient_accumulation_steps` micro-batches, each forward +
+//! backward, gradients summed with token weighting (every micro-batch loss is divided by
+//! the labelled-token count of the whole step, as Hugging Face does), clipped by global
+//! norm, then one AdamW update at the scheduled learning rate. Which examples form a step
+//! follows from the seed, the epoch and the step number alone, so a run restarted from a
+//! checkpoint replays the same trajectory bit for bit (same thread count).
+
+use crate::batch::{self, Batch, make_batch, streams};
+use crate::checkpoint::{self, RngState, TrainerState};
+use crate::data::{Encoder, Example, ParsedDataset, Record};
+use crate::error::{Error, Result};
+use crate::lora::{DropoutCtx, LoraSettings};
+use crate::model::Llama;
+use crate::optim::{AdamW, AdamWConfig, global_norm};
+use crate::progress::ProgressSink;
+use crate::schedule::LrSchedule;
+use candle_core::{DType, Device, Tensor};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+use tuneq_openapi::{StepMetrics, TrainEvent, TrainSpec};
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// Training finished; the adapter is in the output.
+    Finished {
+        /// Optimiser steps.
+        steps: u64,
+        /// Final validation loss, when a validation file was given.
+        validation_loss: Option<f64>,
+    },
+    /// A stop was requested; a checkpoint at `step` was committed.
+    Interrupted {
+        /// The checkpoint's step.
+        step: u64,
+    },
+}
+
+/// The compute device for a spec, or a clear error where it is not available.
+pub fn select_device(kind: tuneq_openapi::DeviceKind) -> Result<Device> {
+    match kind {
+        tuneq_openapi::DeviceKind::Cpu => Ok(Device::Cpu),
+        tuneq_openapi::DeviceKind::Cuda => {
+            if cfg!(feature = "cuda") {
+                Device::new_cuda(0).map_err(|e| Error::Device(format!("CUDA device 0: {e}")))
+            } else {
+                Err(Error::Device("this tuneq was built without CUDA; rebuild with `--features cuda`".into()))
+            }
+        }
+    }
+}
+
+/// The dtype for a spec on `device`: bf16 on CPU is refused because candle widens it to
+/// f32 for every matmul (slower, no memory saved during compute).
+pub fn select_dtype(kind: tuneq_openapi::DtypeKind, device: &Device) -> Result<DType> {
+    match (kind, device.is_cpu()) {
+        (tuneq_openapi::DtypeKind::F32, _) => Ok(DType::F32),
+        (tuneq_openapi::DtypeKind::Bf16, false) => Ok(DType::BF16),
+        (tuneq_openapi::DtypeKind::Bf16, true) => Err(Error::Spec(vec![tuneq_openapi::SpecError {
+            field: "dtype".into(),
+            message: "bf16 is only supported on cuda; use f32 on cpu".into(),
+        }])),
+    }
+}
+
+/// LoRA settings of a spec.
+pub fn lora_settings(spec: &TrainSpec) -> LoraSettings {
+    LoraSettings {
+        r: spec.lora.r as usize,
+        alpha: spec.lora.alpha,
+        dropout: spec.lora.dropout,
+        targets: spec.lora.target_modules.clone(),
+        rslora: spec.lora.rslora,
+    }
+}
+
+/// Resolves a spec location to a local path (remote storage arrives with issue 3).
+pub fn local_path(field: &str, value: &str) -> Result<PathBuf> {
+    let loc = tuneq_storage::Location::parse(value)
+        .map_err(|e| Error::Spec(vec![tuneq_openapi::SpecError { field: field.into(), message: e.to_string() }]))?;
+    loc.local_path()
+        .map(Path::to_path_buf)
+        .map_err(|e| Error::Spec(vec![tuneq_openapi::SpecError { field: field.into(), message: e.to_string() }]))
+}
+
+/// Tokenised data of one or more files.
+pub struct EncodedData {
+    /// Examples that carry at least one label.
+    pub examples: Vec<Example>,
+    /// Records, parallel to the files' order (for sample prompts).
+    pub records: Vec<Record>,
+    /// Detected or given format of the first file.
+    pub format: tuneq_openapi::DatasetFormat,
+    /// Examples that were cut to `max_seq_len`.
+    pub truncated: usize,
+    /// Examples dropped because nothing was left to learn after truncation.
+    pub dropped: usize,
+    /// SHA-256 of each file, in order.
+    pub sha256: Vec<String>,
+}
+
+/// Reads, validates and tokenises `files`. Every bad line of every file is reported.
+pub fn encode_files(encoder: &Encoder, files: &[PathBuf], format: tuneq_openapi::DatasetFormat, max_len: usize) -> Result<EncodedData> {
+    let mut parsed: Vec<ParsedDataset> = Vec::new();
+    let mut errors = Vec::new();
+    for f in files {
+        match crate::data::read_jsonl(f, format) {
+            Ok(p) => parsed.push(p),
+            Err(e) => errors.push(e),
+        }
+    }
+    match errors.len() {
+        0 => {}
+        1 => return Err(Error::Data(errors.remove(0))),
+        _ => return Err(Error::Datasets(errors)),
+    }
+    let mut out = EncodedData {
+        examples: Vec::new(),
+        records: Vec::new(),
+        format: parsed.first().map(|p| p.format).unwrap_or(format),
+        truncated: 0,
+        dropped: 0,
+        sha256: files.iter().map(|f| checkpoint::sha256_file(f)).collect::<Result<_>>()?,
+    };
+    for p in parsed {
+        for r in p.records {
+            let ex = encoder.encode(&r, max_len + 1)?;
+            let ex = if ex.input_ids.len() > max_len {
+                out.truncated += 1;
+                Example { input_ids: ex.input_ids[..max_len].to_vec(), labels: ex.labels[..max_len].to_vec() }
+            } else {
+                ex
+            };
+            if ex.labels.iter().skip(1).any(|&l| l >= 0) {
+                out.examples.push(ex);
+                out.records.push(r);
+            } else {
+                out.dropped += 1;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Everything that determines the trajectory, hashed: a checkpoint from a different spec,
+/// dataset or model is never resumed.
+#[derive(Serialize)]
+struct Fingerprint<'a> {
+    hyperparameters: &'a tuneq_openapi::Hyperparameters,
+    lora: &'a tuneq_openapi::LoraSpec,
+    dataset_format: tuneq_openapi::DatasetFormat,
+    chat_template: tuneq_openapi::ChatTemplateChoice,
+    dtype: tuneq_openapi::DtypeKind,
+    train_sha256: &'a [String],
+    model_sha256: &'a str,
+}
+
+/// SHA-256 over the model's config and weight files (the base model's identity).
+pub fn model_sha256(model_dir: &Path) -> Result<String> {
+    let mut h = Sha256::new();
+    let mut files = vec![model_dir.join("config.json")];
+    files.extend(crate::weights::weight_files(model_dir)?);
+    for f in files {
+        h.update(checkpoint::sha256_file(&f)?.as_bytes());
+    }
+    Ok(hex::encode(h.finalize()))
+}
+
+/// Requests a checkpoint-and-exit (SIGTERM/SIGINT handlers set it).
+#[derive(Debug, Clone, Default)]
+pub struct StopFlag(Arc<AtomicBool>);
+
+impl StopFlag {
+    /// A flag that is not set.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// The shared atomic, for signal handlers.
+    pub fn atomic(&self) -> Arc<AtomicBool> {
+        self.0.clone()
+    }
+    /// Whether a stop was requested.
+    pub fn is_set(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+    /// Requests a stop.
+    pub fn set(&self) {
+        self.0.store(true, Ordering::SeqCst)
+    }
+}
+
+/// Loss and gradients of one optimiser step.
+pub struct StepResult {
+    /// Mean loss over labelled tokens.
+    pub loss: f64,
+    /// Summed gradients, one per trainable tensor.
+    pub grads: Vec<Tensor>,
+    /// Non-padding tokens.
+    pub tokens: usize,
+}
+
+/// Runs forward and backward over `batches` (the micro-batches of one step).
+pub fn accumulate(model: &Llama, batches: &[Batch], dropout: Option<(f64, &mut rand_chacha::ChaCha20Rng)>) -> Result<StepResult> {
+    let vars = model.lora_vars();
+    let denom = batches.iter().map(|b| b.labelled).sum::<usize>().max(1) as f64;
+    let mut grads: Vec<Option<Tensor>> = vec![None; vars.len()];
+    let mut loss = 0f64;
+    let mut tokens = 0;
+    let mut dropout = dropout;
+    for b in batches {
+        let ids = Tensor::from_vec(b.ids.clone(), (b.rows, b.len), model.device())?;
+        let mut ctx = dropout.as_mut().filter(|(p, _)| *p > 0.0).map(|(p, rng)| DropoutCtx { p: *p, rng: *rng });
+        let hidden = model.hidden_states(&ids, ctx.as_mut())?;
+        let logits = model.logits(&hidden)?;
+        let l = crate::ops::masked_cross_entropy(&logits, &b.targets, denom)?;
+        loss += l.to_scalar::<f32>()? as f64;
+        let mut store = l.backward()?;
+        for (slot, v) in grads.iter_mut().zip(&vars) {
+            let g = store.remove(v.var.as_tensor());
+            *slot = match (slot.take(), g) {
+                (Some(acc), Some(g)) => Some((acc + g)?),
+                (None, g) => g,
+                (acc, None) => acc,
+            };
+        }
+        tokens += b.tokens;
+    }
+    let grads = grads
+        .into_iter()
+        .zip(&vars)
+        .map(|(g, v)| g.map_or_else(|| v.var.as_tensor().zeros_like(), Ok))
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    Ok(StepResult { loss, grads, tokens })
+}
+
+/// Mean loss over every labelled token of `examples`, without dropout.
+pub fn evaluate(model: &Llama, examples: &[Example], batch_size: usize, pad_id: u32) -> Result<f64> {
+    let total: usize = examples.iter().map(|e| e.labels.iter().skip(1).filter(|&&l| l >= 0).count()).sum();
+    if total == 0 {
+        return Ok(f64::NAN);
+    }
+    let mut loss = 0f64;
+    for chunk in examples.chunks(batch_size.max(1)) {
+        let refs: Vec<&Example> = chunk.iter().collect();
+        let b = make_batch(&refs, pad_id);
+        let ids = Tensor::from_vec(b.ids.clone(), (b.rows, b.len), model.device())?;
+        let hidden = model.hidden_states(&ids, None)?;
+        let l = crate::ops::masked_cross_entropy(&model.logits(&hidden)?, &b.targets, total as f64)?;
+        loss += l.to_scalar::<f32>()? as f64;
+    }
+    Ok(loss)
+}
+
+/// Optimiser steps per epoch and in total for `n` examples.
+pub fn plan(n: usize, spec: &TrainSpec) -> (u64, u64) {
+    let h = &spec.hyperparameters;
+    let micro = n.div_ceil(h.batch_size as usize) as u64;
+    let per_epoch = micro.div_ceil(h.gradient_accumulation_steps as u64).max(1);
+    let total = per_epoch * h.epochs as u64;
+    (per_epoch, h.max_steps.map_or(total, |m| m.min(total)))
+}
+
+/// The final record of a run, `manifest.json` in the output.
+#[derive(Debug, Serialize, serde::Deserialize)]
+pub struct RunManifest {
+    /// `succeeded`.
+    pub status: String,
+    /// The spec as run.
+    pub spec: TrainSpec,
+    /// Base model identity.
+    pub base_model: Lineage,
+    /// Training files' identity.
+    pub training_files: Vec<Lineage>,
+    /// Validation file identity.
+    pub validation_file: Option<Lineage>,
+    /// Seed.
+    pub seed: u64,
+    /// Run fingerprint (equal fingerprints train identical adapters).
+    pub fingerprint: String,
+    /// Final figures.
+    pub metrics: FinalMetrics,
+    /// Files of the adapter and their digests.
+    pub adapter_files: Vec<checkpoint::ManifestEntry>,
+    /// tuneq version.
+    pub trainer_version: String,
+}
+
+/// A location and its SHA-256.
+#[derive(Debug, Serialize, serde::Deserialize)]
+pub struct Lineage {
+    /// Where it was read from.
+    pub location: String,
+    /// Hex SHA-256 (for a model: over config.json and weight files).
+    pub sha256: String,
+}
+
+/// Final figures of a run.
+#[derive(Debug, Serialize, serde::Deserialize)]
+pub struct FinalMetrics {
+    /// Optimiser steps.
+    pub steps: u64,
+    /// Loss of the last step.
+    pub train_loss: Option<f64>,
+    /// Validation loss before training (the base model with a zero LoRA update).
+    pub base_validation_loss: Option<f64>,
+    /// Validation loss after training.
+    pub validation_loss: Option<f64>,
+    /// Non-padding tokens processed.
+    pub trained_tokens: u64,
+    /// Training examples.
+    pub train_examples: u64,
+    /// Validation examples.
+    pub validation_examples: u64,
+}
+
+fn json_line<T: Serialize>(v: &T) -> Result<String> {
+    serde_json::to_string(v).map_err(|source| Error::Json { path: "metrics".into(), source })
+}
+
+/// Appends lines to `metrics.jsonl`, first cutting it back to `keep_through` steps on resume.
+struct MetricsFile {
+    path: PathBuf,
+}
+
+impl MetricsFile {
+    fn open(output: &Path, keep_through: u64) -> Result<Self> {
+        let path = output.join("metrics.jsonl");
+        let kept: Vec<String> = match std::fs::read_to_string(&path) {
+            Ok(s) => s
+                .lines()
+                .filter(|l| {
+                    serde_json::from_str::<serde_json::Value>(l)
+                        .ok()
+                        .and_then(|v| v.get("step").and_then(|s| s.as_u64()))
+                        .is_some_and(|s| s <= keep_through)
+                })
+                .map(|l| format!("{l}\n"))
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        tuneq_storage::local::write_atomic(&path, kept.concat().as_bytes())?;
+        Ok(Self { path })
+    }
+
+    fn append(&self, line: &str) -> Result<()> {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new().append(true).create(true).open(&self.path).map_err(Error::io(&self.path))?;
+        writeln!(f, "{line}").map_err(Error::io(&self.path))
+    }
+}
+
+/// Runs `spec` to completion or until `stop` is set, reporting to `sink`.
+pub fn run(spec: &TrainSpec, sink: &mut dyn ProgressSink, stop: &StopFlag) -> Result<Outcome> {
+    spec.validate().map_err(Error::Spec)?;
+    let h = spec.hyperparameters.clone();
+    let model_dir = local_path("model", &spec.model)?;
+    let output = local_path("output", &spec.output)?;
+    let train_files =
+        spec.training_files.iter().map(|f| local_path("training_files", f)).collect::<Result<Vec<_>>>()?;
+    let val_file = spec.validation_file.as_deref().map(|f| local_path("validation_file", f)).transpose()?;
+    let device = select_device(spec.device)?;
+    let dtype = select_dtype(spec.dtype, &device)?;
+    let settings = lora_settings(spec);
+
+    let encoder = Encoder::from_model_dir(&model_dir, spec.chat_template)?;
+    let max_len = h.max_seq_len as usize;
+    let train = encode_files(&encoder, &train_files, spec.dataset_format, max_len)?;
+    let val = match &val_file {
+        Some(f) => Some(encode_files(&encoder, std::slice::from_ref(f), spec.dataset_format, max_len)?),
+        None => None,
+    };
+    if train.examples.is_empty() {
+        return Err(Error::Data(crate::data::DataError::Empty { file: spec.training_files.join(", ") }));
+    }
+    for (what, d) in [("training", Some(&train)), ("validation", val.as_ref())] {
+        let Some(d) = d else { continue };
+        if d.truncated > 0 {
+            sink.event(&TrainEvent::Warning {
+                message: format!("{} {what} examples were longer than max_seq_len {max_len} and were truncated", d.truncated),
+            });
+        }
+        if d.dropped > 0 {
+            sink.event(&TrainEvent::Warning {
+                message: format!("{} {what} examples had no trainable tokens left after truncation and were skipped", d.dropped),
+            });
+        }
+    }
+    let pad_id = encoder.eos_token_id().unwrap_or(0);
+
+    let model_sha = model_sha256(&model_dir)?;
+    let fingerprint = {
+        let fp = Fingerprint {
+            hyperparameters: &h,
+            lora: &spec.lora,
+            dataset_format: spec.dataset_format,
+            chat_template: spec.chat_template,
+            dtype: spec.dtype,
+            train_sha256: &train.sha256,
+            model_sha256: &model_sha,
+        };
+        hex::encode(Sha256::digest(json_line(&fp)?.as_bytes()))
+    };
+
+    // A finished run with the same fingerprint has nothing left to do.
+    if let Ok(done) = crate::error::read_json::<RunManifest>(&output.join("manifest.json"))
+        && done.fingerprint == fingerprint
+        && done.status == "succeeded"
+        && output.join(crate::peft::ADAPTER_WEIGHTS).is_file()
+    {
+        sink.event(&TrainEvent::Finished {
+            step: done.metrics.steps,
+            adapter: output.display().to_string(),
+            train_loss: done.metrics.train_loss,
+            validation_loss: done.metrics.validation_loss,
+            trained_tokens: done.metrics.trained_tokens,
+        });
+        return Ok(Outcome::Finished { steps: done.metrics.steps, validation_loss: done.metrics.validation_loss });
+    }
+
+    let mut init_rng = batch::rng_for(h.seed, streams::LORA_INIT);
+    let mut model = Llama::load(&model_dir, dtype, &device, Some((&settings, &mut init_rng)))?;
+    let vars = model.lora_vars();
+    let trainable: u64 = vars.iter().map(|v| v.var.elem_count() as u64).sum();
+    let mut opt = AdamW::new(vars, AdamWConfig { weight_decay: h.weight_decay, ..Default::default() })?;
+    let (per_epoch, total) = plan(train.examples.len(), spec);
+    let schedule = LrSchedule { peak: h.learning_rate, warmup: h.warmup_steps, total, kind: h.scheduler };
+    let threads = candle_core::utils::get_num_threads();
+
+    std::fs::create_dir_all(&output).map_err(Error::io(&output))?;
+    let mut step = 0u64;
+    let mut tokens_seen = 0u64;
+    let mut last_loss = None;
+    let base_val_loss = match &val {
+        Some(v) if !v.examples.is_empty() => Some(evaluate(&model, &v.examples, h.batch_size as usize, pad_id)?),
+        _ => None,
+    };
+    let mut warnings = Vec::new();
+    if let Some(ck) = checkpoint::latest(&output, &device, |w| warnings.push(w))? {
+        for w in warnings.drain(..) {
+            sink.event(&TrainEvent::Warning { message: w });
+        }
+        if ck.state.fingerprint != fingerprint {
+            return Err(Error::Checkpoint {
+                path: ck.dir.display().to_string(),
+                message: "it belongs to a run with a different spec, dataset or model; use a new output location".into(),
+            });
+        }
+        if ck.state.threads != threads {
+            sink.event(&TrainEvent::Warning {
+                message: format!(
+                    "checkpoint was written with {} compute threads, resuming with {threads}: the result will not be bit-identical",
+                    ck.state.threads
+                ),
+            });
+        }
+        model.set_adapter(&settings, &ck.adapter, &ck.dir.display().to_string())?;
+        opt = AdamW::new(model.lora_vars(), AdamWConfig { weight_decay: h.weight_decay, ..Default::default() })?;
+        opt.restore(&ck.optimizer, ck.state.global_step, &device, &ck.dir.display().to_string())?;
+        step = ck.state.global_step;
+        tokens_seen = ck.state.tokens_seen;
+        last_loss = ck.state.last_loss;
+        sink.event(&TrainEvent::Resumed { step, checkpoint: ck.dir.display().to_string() });
+    }
+    let metrics = MetricsFile::open(&output, step)?;
+    sink.event(&TrainEvent::Started {
+        total_steps: total,
+        start_step: step,
+        train_examples: train.examples.len() as u64,
+        validation_examples: val.as_ref().map_or(0, |v| v.examples.len() as u64),
+        trainable_params: trainable,
+        dataset_format: format!("{:?}", train.format).to_lowercase(),
+    });
+
+    let base_name = spec.model.clone();
+    let state_at = |step: u64, tokens_seen: u64, last_loss: Option<f64>| TrainerState {
+        global_step: step,
+        epoch: (step / per_epoch) as u32,
+        tokens_seen,
+        last_loss,
+        fingerprint: fingerprint.clone(),
+        rng: RngState {
+            algorithm: "chacha20".into(),
+            seed: h.seed,
+            shuffle_stream: streams::SHUFFLE + step / per_epoch,
+            dropout_stream: streams::DROPOUT + step,
+        },
+        threads,
+        trainer_version: env!("CARGO_PKG_VERSION").into(),
+    };
+    let commit = |model: &Llama, opt: &AdamW, state: TrainerState, sink: &mut dyn ProgressSink| -> Result<()> {
+        let dir = checkpoint::write(&output, model, &settings, &base_name, opt, &state)?;
+        checkpoint::prune(&output, spec.checkpoint.keep_last as usize)?;
+        sink.event(&TrainEvent::Checkpoint { step: state.global_step, location: dir.display().to_string() });
+        Ok(())
+    };
+
+    let started = Instant::now();
+    let start_step = step;
+    let mut last_ckpt = Instant::now();
+    let micro_per_epoch = train.examples.len().div_ceil(h.batch_size as usize);
+    let mut order_epoch = u32::MAX;
+    let mut order = Vec::new();
+    let mut val_loss = None;
+    while step < total {
+        if stop.is_set() {
+            commit(&model, &opt, state_at(step, tokens_seen, last_loss), sink)?;
+            sink.event(&TrainEvent::Interrupted { step });
+            return Ok(Outcome::Interrupted { step });
+        }
+        let epoch = (step / per_epoch) as u32;
+        if epoch != order_epoch {
+            order = batch::epoch_order(train.examples.len(), h.seed, epoch);
+            order_epoch = epoch;
+        }
+        let j = (step % per_epoch) as usize;
+        let accum = h.gradient_accumulation_steps as usize;
+        let bs = h.batch_size as usize;
+        let batches: Vec<Batch> = (j * accum..((j + 1) * accum).min(micro_per_epoch))
+            .map(|m| {
+                let idx = &order[m * bs..((m + 1) * bs).min(order.len())];
+                let refs: Vec<&Example> = idx.iter().map(|&i| &train.examples[i]).collect();
+                make_batch(&refs, pad_id)
+            })
+            .collect();
+        let t0 = Instant::now();
+        let mut drop_rng = batch::rng_for(h.seed, streams::DROPOUT + step);
+        let r = accumulate(&model, &batches, Some((settings.dropout, &mut drop_rng)))?;
+        if !r.loss.is_finite() {
+            return Err(Error::Diverged { step: step + 1, loss: r.loss });
+        }
+        let norm = global_norm(&r.grads)?;
+        let clip = if h.max_grad_norm > 0.0 { (h.max_grad_norm / (norm + 1e-6)).min(1.0) } else { 1.0 };
+        let lr = schedule.lr_at(step);
+        opt.step(&r.grads, lr, clip)?;
+        step += 1;
+        tokens_seen += r.tokens as u64;
+        last_loss = Some(r.loss);
+        let dt = t0.elapsed().as_secs_f64();
+        let elapsed = started.elapsed().as_secs_f64();
+        let per_step = elapsed / (step - start_step) as f64;
+        let m = StepMetrics {
+            step,
+            total_steps: total,
+            epoch,
+            loss: r.loss,
+            lr,
+            grad_norm: norm,
+            tokens_per_s: r.tokens as f64 / dt.max(1e-9),
+            elapsed_s: elapsed,
+            eta_s: per_step * (total - step) as f64,
+            tokens_seen,
+        };
+        metrics.append(&json_line(&m)?)?;
+        sink.event(&TrainEvent::Step(m));
+        if let (Some(every), Some(v)) = (h.eval_every_steps, &val)
+            && step % every == 0
+            && step < total
+            && !v.examples.is_empty()
+        {
+            let l = evaluate(&model, &v.examples, bs, pad_id)?;
+            metrics.append(&json_line(&serde_json::json!({"step": step, "validation_loss": l}))?)?;
+            sink.event(&TrainEvent::Eval { step, validation_loss: l });
+        }
+        let by_steps = spec.checkpoint.every_steps.is_some_and(|n| step % n == 0);
+        let by_time = spec.checkpoint.every_seconds.is_some_and(|s| last_ckpt.elapsed().as_secs() >= s);
+        if (by_steps || by_time) && step < total {
+            commit(&model, &opt, state_at(step, tokens_seen, last_loss), sink)?;
+            last_ckpt = Instant::now();
+        }
+    }
+
+    if let Some(v) = &val
+        && !v.examples.is_empty()
+    {
+        let l = evaluate(&model, &v.examples, h.batch_size as usize, pad_id)?;
+        metrics.append(&json_line(&serde_json::json!({"step": step, "validation_loss": l}))?)?;
+        sink.event(&TrainEvent::Eval { step, validation_loss: l });
+        val_loss = Some(l);
+    }
+    // The last checkpoint makes a kill during export or sampling cheap to recover from.
+    commit(&model, &opt, state_at(step, tokens_seen, last_loss), sink)?;
+    crate::peft::save_adapter(&model, &settings, &base_name, &output)?;
+
+    let sample_source = val.as_ref().filter(|v| !v.records.is_empty()).unwrap_or(&train);
+    let samples = crate::generate::sample_records(
+        &model,
+        &encoder,
+        &sample_source.records,
+        spec.sampling.num_samples as usize,
+        spec.sampling.max_new_tokens as usize,
+    )?;
+    let mut lines = String::new();
+    for s in &samples {
+        lines.push_str(&json_line(s)?);
+        lines.push('\n');
+        sink.event(&TrainEvent::Sample {
+            index: s.index as u64,
+            prompt: s.prompt.clone(),
+            completion: s.completion.clone(),
+            reference: s.reference.clone(),
+        });
+    }
+    tuneq_storage::local::write_atomic(&output.join("samples.jsonl"), lines.as_bytes())?;
+
+    let mut adapter_files = Vec::new();
+    for f in [crate::peft::ADAPTER_CONFIG, crate::peft::ADAPTER_WEIGHTS] {
+        let p = output.join(f);
+        let size = std::fs::metadata(&p).map_err(Error::io(&p))?.len();
+        adapter_files.push(checkpoint::ManifestEntry { name: f.into(), size, sha256: checkpoint::sha256_file(&p)? });
+    }
+    let manifest = RunManifest {
+        status: "succeeded".into(),
+        spec: spec.clone(),
+        base_model: Lineage { location: spec.model.clone(), sha256: model_sha },
+        training_files: spec
+            .training_files
+            .iter()
+            .zip(&train.sha256)
+            .map(|(l, s)| Lineage { location: l.clone(), sha256: s.clone() })
+            .collect(),
+        validation_file: spec
+            .validation_file
+            .as_ref()
+            .zip(val.as_ref())
+            .map(|(l, v)| Lineage { location: l.clone(), sha256: v.sha256.first().cloned().unwrap_or_default() }),
+        seed: h.seed,
+        fingerprint,
+        metrics: FinalMetrics {
+            steps: step,
+            train_loss: last_loss,
+            base_validation_loss: base_val_loss,
+            validation_loss: val_loss,
+            trained_tokens: tokens_seen,
+            train_examples: train.examples.len() as u64,
+            validation_examples: val.as_ref().map_or(0, |v| v.examples.len() as u64),
+        },
+        adapter_files,
+        trainer_version: env!("CARGO_PKG_VERSION").into(),
+    };
+    let json = serde_json::to_vec_pretty(&manifest).map_err(|source| Error::Json { path: "manifest.json".into(), source })?;
+    tuneq_storage::local::write_atomic(&output.join("manifest.json"), &json)?;
+    sink.event(&TrainEvent::Finished {
+        step,
+        adapter: output.display().to_string(),
+        train_loss: last_loss,
+        validation_loss: val_loss,
+        trained_tokens: tokens_seen,
+    });
+    Ok(Outcome::Finished { steps: step, validation_loss: val_loss })
+}
