@@ -23,26 +23,73 @@ fn tiny_model() -> &'static Path {
         .get_or_init(|| {
             let dir = tempfile::tempdir().expect("tempdir");
             let model = dir.path().join("tiny");
-            let out = tuneq(&["model", "init", "--preset", "tiny", "--seed", "1", "--out", model.to_str().expect("utf8")]);
-            assert!(out.status.success(), "model init failed: {}", String::from_utf8_lossy(&out.stderr));
+            let out = tuneq(&[
+                "model",
+                "init",
+                "--preset",
+                "tiny",
+                "--seed",
+                "1",
+                "--out",
+                model.to_str().expect("utf8"),
+            ]);
+            assert!(
+                out.status.success(),
+                "model init failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             (dir, model)
         })
         .1
 }
 
 fn tuneq(args: &[&str]) -> Output {
-    Command::new(BIN).args(args).env("RAYON_NUM_THREADS", "2").output().expect("run tuneq")
+    Command::new(BIN)
+        .args(args)
+        .env("RAYON_NUM_THREADS", "2")
+        .output()
+        .expect("run tuneq")
 }
 
 /// Training flags shared by the resume tests: small, but with dropout, accumulation,
 /// warmup and a cosine schedule so every piece of resumable state matters.
 fn resume_args(output: &Path, train: &Path) -> Vec<String> {
     [
-        "train", "--progress", "json", "--model", tiny_model().to_str().expect("utf8"),
-        "--train-file", train.to_str().expect("utf8"), "--output", output.to_str().expect("utf8"),
-        "--epochs", "2", "--batch-size", "4", "--grad-accum", "2", "--lr", "3e-3", "--warmup-steps", "2",
-        "--scheduler", "cosine", "--lora-dropout", "0.1", "--max-seq-len", "48", "--checkpoint-every", "2",
-        "--weight-decay", "0.01", "--samples", "1", "--sample-tokens", "4", "--seed", "3",
+        "train",
+        "--progress",
+        "json",
+        "--model",
+        tiny_model().to_str().expect("utf8"),
+        "--train-file",
+        train.to_str().expect("utf8"),
+        "--output",
+        output.to_str().expect("utf8"),
+        "--epochs",
+        "2",
+        "--batch-size",
+        "4",
+        "--grad-accum",
+        "2",
+        "--lr",
+        "3e-3",
+        "--warmup-steps",
+        "2",
+        "--scheduler",
+        "cosine",
+        "--lora-dropout",
+        "0.1",
+        "--max-seq-len",
+        "48",
+        "--checkpoint-every",
+        "2",
+        "--weight-decay",
+        "0.01",
+        "--samples",
+        "1",
+        "--sample-tokens",
+        "4",
+        "--seed",
+        "3",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -51,16 +98,29 @@ fn resume_args(output: &Path, train: &Path) -> Vec<String> {
 
 /// The first `n` lines of the shipped training task.
 fn small_train_file(dir: &Path, n: usize) -> PathBuf {
-    let text = std::fs::read_to_string(repo().join("examples/data/tiny-task-train.jsonl")).expect("task file");
-    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).take(n).collect();
+    let text = std::fs::read_to_string(repo().join("examples/data/tiny-task-train.jsonl"))
+        .expect("task file");
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .take(n)
+        .collect();
     let path = dir.join("train.jsonl");
     std::fs::write(&path, lines.join("\n") + "\n").expect("write");
     path
 }
 
 fn run_to_end(args: &[String]) {
-    let out = Command::new(BIN).args(args).env("RAYON_NUM_THREADS", "2").output().expect("run");
-    assert!(out.status.success(), "train failed: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(BIN)
+        .args(args)
+        .env("RAYON_NUM_THREADS", "2")
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "train failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Starts a run and SIGKILLs it as soon as `kill_when` accepts a progress line.
@@ -76,7 +136,9 @@ fn run_and_kill(args: &[String], kill_when: impl Fn(&serde_json::Value) -> bool)
     let mut killed = false;
     for line in BufReader::new(stdout).lines() {
         let Ok(line) = line else { break };
-        let Ok(event) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
+        let Ok(event) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
+        };
         if kill_when(&event) {
             child.kill().expect("SIGKILL");
             killed = true;
@@ -86,6 +148,9 @@ fn run_and_kill(args: &[String], kill_when: impl Fn(&serde_json::Value) -> bool)
     let _ = child.wait();
     assert!(killed, "the run ended before the kill point was reached");
 }
+
+/// Decides, from one progress event, that this is the moment to SIGKILL the trainer.
+type KillPoint = Box<dyn Fn(&serde_json::Value) -> bool>;
 
 fn adapter_bytes(output: &Path) -> Vec<u8> {
     std::fs::read(output.join("adapter_model.safetensors")).expect("adapter written")
@@ -100,8 +165,9 @@ fn a_run_killed_at_any_point_resumes_to_a_byte_identical_adapter() {
     let want = adapter_bytes(&reference);
 
     let step = |n: u64| move |e: &serde_json::Value| e["event"] == "step" && e["step"] == n;
-    let checkpoint = |n: u64| move |e: &serde_json::Value| e["event"] == "checkpoint" && e["step"] == n;
-    let kill_points: [(&str, Box<dyn Fn(&serde_json::Value) -> bool>); 3] = [
+    let checkpoint =
+        |n: u64| move |e: &serde_json::Value| e["event"] == "checkpoint" && e["step"] == n;
+    let kill_points: [(&str, KillPoint); 3] = [
         ("between checkpoints", Box::new(step(3))),
         ("right after a checkpoint", Box::new(checkpoint(4))),
         ("during the last steps", Box::new(step(9))),
@@ -110,9 +176,15 @@ fn a_run_killed_at_any_point_resumes_to_a_byte_identical_adapter() {
         let out = dir.path().join(name.replace(' ', "-"));
         let args = resume_args(&out, &train);
         run_and_kill(&args, kill_when);
-        assert!(!out.join("manifest.json").exists(), "{name}: killed run must not look finished");
+        assert!(
+            !out.join("manifest.json").exists(),
+            "{name}: killed run must not look finished"
+        );
         run_to_end(&args);
-        assert!(adapter_bytes(&out) == want, "{name}: resumed adapter differs from the uninterrupted run");
+        assert!(
+            adapter_bytes(&out) == want,
+            "{name}: resumed adapter differs from the uninterrupted run"
+        );
         let metrics = std::fs::read_to_string(out.join("metrics.jsonl")).expect("metrics");
         let steps: Vec<u64> = metrics
             .lines()
@@ -121,7 +193,10 @@ fn a_run_killed_at_any_point_resumes_to_a_byte_identical_adapter() {
             .filter_map(|v| v["step"].as_u64())
             .collect();
         let expected: Vec<u64> = (1..=steps.len() as u64).collect();
-        assert_eq!(steps, expected, "{name}: metrics.jsonl must have each step once, in order");
+        assert_eq!(
+            steps, expected,
+            "{name}: metrics.jsonl must have each step once, in order"
+        );
     }
 }
 
@@ -131,7 +206,11 @@ fn sigterm_writes_a_checkpoint_and_exits_zero() {
     let train = small_train_file(dir.path(), 40);
     let out = dir.path().join("out");
     let mut args = resume_args(&out, &train);
-    args.extend(["--checkpoint-every".to_string(), "1000".to_string()]);
+    let at = args
+        .iter()
+        .position(|a| a == "--checkpoint-every")
+        .expect("flag present");
+    args[at + 1] = "1000".into();
     let mut child = Command::new(BIN)
         .args(&args)
         .env("RAYON_NUM_THREADS", "2")
@@ -144,7 +223,10 @@ fn sigterm_writes_a_checkpoint_and_exits_zero() {
     for line in lines.by_ref() {
         let line = line.expect("line");
         if line.contains("\"event\":\"step\"") {
-            let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().expect("kill");
+            let status = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status()
+                .expect("kill");
             assert!(status.success());
             break;
         }
@@ -152,8 +234,13 @@ fn sigterm_writes_a_checkpoint_and_exits_zero() {
     let rest: Vec<String> = lines.map_while(Result::ok).collect();
     let status = child.wait().expect("wait");
     assert!(status.success(), "SIGTERM must exit 0, got {status:?}");
-    assert!(rest.iter().any(|l| l.contains("\"event\":\"interrupted\"")), "no interrupted event: {rest:?}");
-    let ckpts = std::fs::read_dir(out.join("checkpoints")).expect("checkpoints").count();
+    assert!(
+        rest.iter().any(|l| l.contains("\"event\":\"interrupted\"")),
+        "no interrupted event: {rest:?}"
+    );
+    let ckpts = std::fs::read_dir(out.join("checkpoints"))
+        .expect("checkpoints")
+        .count();
     assert_eq!(ckpts, 1, "exactly one checkpoint written on SIGTERM");
 }
 
@@ -171,17 +258,36 @@ fn incomplete_checkpoints_are_never_resumed() {
     let good = ck.join("step-00000002");
     let torn = ck.join("step-00000003");
     std::fs::create_dir_all(&torn).expect("mkdir");
-    std::fs::copy(good.join("adapter_model.safetensors"), torn.join("adapter_model.safetensors")).expect("copy");
+    std::fs::copy(
+        good.join("adapter_model.safetensors"),
+        torn.join("adapter_model.safetensors"),
+    )
+    .expect("copy");
     let damaged = ck.join("step-00000004");
     copy_dir(&good, &damaged);
     let f = damaged.join("optimizer.safetensors");
     let len = std::fs::metadata(&f).expect("meta").len();
-    std::fs::OpenOptions::new().write(true).open(&f).expect("open").set_len(len / 2).expect("truncate");
-    let out_run = Command::new(BIN).args(&args).env("RAYON_NUM_THREADS", "2").output().expect("run");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&f)
+        .expect("open")
+        .set_len(len / 2)
+        .expect("truncate");
+    let out_run = Command::new(BIN)
+        .args(&args)
+        .env("RAYON_NUM_THREADS", "2")
+        .output()
+        .expect("run");
     assert!(out_run.status.success());
     let stdout = String::from_utf8_lossy(&out_run.stdout);
-    assert!(stdout.contains("\"event\":\"resumed\",\"step\":2"), "must resume from step 2: {stdout}");
-    assert!(stdout.contains("skipping damaged checkpoint"), "must warn about the damaged one");
+    assert!(
+        stdout.contains("\"event\":\"resumed\",\"step\":2"),
+        "must resume from step 2: {stdout}"
+    );
+    assert!(
+        stdout.contains("skipping damaged checkpoint"),
+        "must warn about the damaged one"
+    );
     assert!(adapter_bytes(&out) == adapter_bytes(&reference));
 }
 
@@ -208,20 +314,44 @@ fn bad_dataset_lines_are_all_listed_with_exit_code_2() {
     )
     .expect("write");
     let out = tuneq(&[
-        "train", "--progress", "json", "--model", tiny_model().to_str().expect("utf8"),
-        "--train-file", bad.to_str().expect("utf8"), "--output", dir.path().join("o").to_str().expect("utf8"),
+        "train",
+        "--progress",
+        "json",
+        "--model",
+        tiny_model().to_str().expect("utf8"),
+        "--train-file",
+        bad.to_str().expect("utf8"),
+        "--output",
+        dir.path().join("o").to_str().expect("utf8"),
     ]);
-    assert_eq!(out.status.code(), Some(2), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
-    for needle in ["bad.jsonl:2", "messages[1].content", "bad.jsonl:3", "bad.jsonl:4", "messages[0].role"] {
-        assert!(stderr.contains(needle), "stderr lacks {needle:?}:\n{stderr}");
+    for needle in [
+        "bad.jsonl:2",
+        "messages[1].content",
+        "bad.jsonl:3",
+        "bad.jsonl:4",
+        "messages[0].role",
+    ] {
+        assert!(
+            stderr.contains(needle),
+            "stderr lacks {needle:?}:\n{stderr}"
+        );
     }
     let json: serde_json::Value = String::from_utf8_lossy(&out.stdout)
         .lines()
         .find_map(|l| serde_json::from_str(l).ok())
         .expect("a JSON error on stdout");
     assert_eq!(json["error"]["lines"].as_array().map(Vec::len), Some(3));
-    assert!(!dir.path().join("o").join("checkpoints").exists(), "bad input must change nothing");
+    assert!(
+        !dir.path().join("o").join("checkpoints").exists(),
+        "bad input must change nothing"
+    );
 }
 
 #[test]
@@ -229,25 +359,50 @@ fn bad_specs_and_missing_models_exit_2_naming_the_problem() {
     let dir = tempfile::tempdir().expect("tempdir");
     let train = small_train_file(dir.path(), 4);
     let spec = dir.path().join("spec.json");
-    std::fs::write(&spec, r#"{"model": "m", "training_file": "t", "output": "o", "lora": {"rank": 8}}"#).expect("write");
+    std::fs::write(
+        &spec,
+        r#"{"model": "m", "training_file": "t", "output": "o", "lora": {"rank": 8}}"#,
+    )
+    .expect("write");
     let out = tuneq(&["train", "--spec", spec.to_str().expect("utf8")]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("rank"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("rank"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     let out = tuneq(&[
-        "train", "--model", dir.path().join("nope").to_str().expect("utf8"), "--train-file",
-        train.to_str().expect("utf8"), "--output", dir.path().join("o").to_str().expect("utf8"),
+        "train",
+        "--model",
+        dir.path().join("nope").to_str().expect("utf8"),
+        "--train-file",
+        train.to_str().expect("utf8"),
+        "--output",
+        dir.path().join("o").to_str().expect("utf8"),
     ]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("config.json"));
 
     let out = tuneq(&[
-        "train", "--model", tiny_model().to_str().expect("utf8"), "--train-file", train.to_str().expect("utf8"),
-        "--output", dir.path().join("o").to_str().expect("utf8"), "--lora-r", "0", "--targets", "q_proj,qkv",
+        "train",
+        "--model",
+        tiny_model().to_str().expect("utf8"),
+        "--train-file",
+        train.to_str().expect("utf8"),
+        "--output",
+        dir.path().join("o").to_str().expect("utf8"),
+        "--lora-r",
+        "0",
+        "--targets",
+        "q_proj,qkv",
     ]);
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("lora.r") && stderr.contains("qkv"), "{stderr}");
+    assert!(
+        stderr.contains("lora.r") && stderr.contains("qkv"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -256,22 +411,61 @@ fn the_tiny_model_learns_the_shipped_task() {
     let out = dir.path().join("out");
     let data = repo().join("examples/data");
     let result = tuneq(&[
-        "train", "--progress", "json", "--model", tiny_model().to_str().expect("utf8"),
-        "--train-file", data.join("tiny-task-train.jsonl").to_str().expect("utf8"),
-        "--validation-file", data.join("tiny-task-val.jsonl").to_str().expect("utf8"),
-        "--output", out.to_str().expect("utf8"), "--epochs", "2", "--batch-size", "8", "--lr", "2e-3",
-        "--warmup-steps", "5", "--max-seq-len", "128", "--samples", "2", "--sample-tokens", "16",
+        "train",
+        "--progress",
+        "json",
+        "--model",
+        tiny_model().to_str().expect("utf8"),
+        "--train-file",
+        data.join("tiny-task-train.jsonl").to_str().expect("utf8"),
+        "--validation-file",
+        data.join("tiny-task-val.jsonl").to_str().expect("utf8"),
+        "--output",
+        out.to_str().expect("utf8"),
+        "--epochs",
+        "2",
+        "--batch-size",
+        "8",
+        "--lr",
+        "2e-3",
+        "--warmup-steps",
+        "5",
+        "--max-seq-len",
+        "128",
+        "--samples",
+        "2",
+        "--sample-tokens",
+        "16",
     ]);
-    assert!(result.status.success(), "{}", String::from_utf8_lossy(&result.stderr));
+    assert!(
+        result.status.success(),
+        "{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
     let manifest: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(out.join("manifest.json")).expect("manifest")).expect("json");
-    let base = manifest["metrics"]["base_validation_loss"].as_f64().expect("base loss");
-    let tuned = manifest["metrics"]["validation_loss"].as_f64().expect("final loss");
-    assert!(tuned <= 0.7 * base, "validation loss {tuned:.4} is not 30% below the base model's {base:.4}");
+        serde_json::from_slice(&std::fs::read(out.join("manifest.json")).expect("manifest"))
+            .expect("json");
+    let base = manifest["metrics"]["base_validation_loss"]
+        .as_f64()
+        .expect("base loss");
+    let tuned = manifest["metrics"]["validation_loss"]
+        .as_f64()
+        .expect("final loss");
+    assert!(
+        tuned <= 0.7 * base,
+        "validation loss {tuned:.4} is not 30% below the base model's {base:.4}"
+    );
     let samples = std::fs::read_to_string(out.join("samples.jsonl")).expect("samples");
     assert_eq!(samples.lines().count(), 2);
-    for f in ["adapter_config.json", "adapter_model.safetensors", "metrics.jsonl"] {
+    for f in [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "metrics.jsonl",
+    ] {
         assert!(out.join(f).is_file(), "{f} missing");
     }
-    assert_eq!(manifest["base_model"]["sha256"].as_str().map(str::len), Some(64));
+    assert_eq!(
+        manifest["base_model"]["sha256"].as_str().map(str::len),
+        Some(64)
+    );
 }

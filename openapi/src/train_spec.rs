@@ -8,8 +8,15 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 /// The seven Llama projections LoRA can wrap, in PEFT's names.
-pub const ALL_TARGET_MODULES: [&str; 7] =
-    ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"];
+pub const ALL_TARGET_MODULES: [&str; 7] = [
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+];
 
 /// A complete, self-contained description of one LoRA training run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -204,7 +211,11 @@ pub struct CheckpointPolicy {
 
 impl Default for CheckpointPolicy {
     fn default() -> Self {
-        Self { every_steps: None, every_seconds: Some(600), keep_last: 2 }
+        Self {
+            every_steps: None,
+            every_seconds: Some(600),
+            keep_last: 2,
+        }
     }
 }
 
@@ -220,7 +231,10 @@ pub struct SamplingSpec {
 
 impl Default for SamplingSpec {
     fn default() -> Self {
-        Self { num_samples: 8, max_new_tokens: 64 }
+        Self {
+            num_samples: 8,
+            max_new_tokens: 64,
+        }
     }
 }
 
@@ -261,13 +275,20 @@ impl TrainSpec {
     pub fn validate(&self) -> Result<(), Vec<SpecError>> {
         let mut errs = Vec::new();
         let mut bad = |field: &str, message: String| {
-            errs.push(SpecError { field: field.to_string(), message })
+            errs.push(SpecError {
+                field: field.to_string(),
+                message,
+            })
         };
         if self.model.trim().is_empty() {
             bad("model", "must name a model folder or URI".into());
         }
-        if self.training_files.is_empty() || self.training_files.iter().any(|f| f.trim().is_empty()) {
-            bad("training_files", "at least one non-empty training file is required".into());
+        if self.training_files.is_empty() || self.training_files.iter().any(|f| f.trim().is_empty())
+        {
+            bad(
+                "training_files",
+                "at least one non-empty training file is required".into(),
+            );
         }
         if self.output.trim().is_empty() {
             bad("output", "must name an output folder or URI".into());
@@ -280,52 +301,88 @@ impl TrainSpec {
             bad("hyperparameters.batch_size", "must be at least 1".into());
         }
         if h.gradient_accumulation_steps == 0 {
-            bad("hyperparameters.gradient_accumulation_steps", "must be at least 1".into());
+            bad(
+                "hyperparameters.gradient_accumulation_steps",
+                "must be at least 1".into(),
+            );
         }
         if !(h.learning_rate.is_finite() && h.learning_rate > 0.0) {
-            bad("hyperparameters.learning_rate", format!("must be a positive number, got {}", h.learning_rate));
+            bad(
+                "hyperparameters.learning_rate",
+                format!("must be a positive number, got {}", h.learning_rate),
+            );
         }
         if !(h.weight_decay.is_finite() && h.weight_decay >= 0.0) {
-            bad("hyperparameters.weight_decay", format!("must be ≥ 0, got {}", h.weight_decay));
+            bad(
+                "hyperparameters.weight_decay",
+                format!("must be ≥ 0, got {}", h.weight_decay),
+            );
         }
         if !(h.max_grad_norm.is_finite() && h.max_grad_norm >= 0.0) {
-            bad("hyperparameters.max_grad_norm", format!("must be ≥ 0, got {}", h.max_grad_norm));
+            bad(
+                "hyperparameters.max_grad_norm",
+                format!("must be ≥ 0, got {}", h.max_grad_norm),
+            );
         }
         if h.max_seq_len < 2 {
             bad("hyperparameters.max_seq_len", "must be at least 2".into());
         }
         if h.max_steps == Some(0) {
-            bad("hyperparameters.max_steps", "must be at least 1 when set".into());
+            bad(
+                "hyperparameters.max_steps",
+                "must be at least 1 when set".into(),
+            );
         }
         if h.eval_every_steps == Some(0) {
-            bad("hyperparameters.eval_every_steps", "must be at least 1 when set".into());
+            bad(
+                "hyperparameters.eval_every_steps",
+                "must be at least 1 when set".into(),
+            );
         }
         let l = &self.lora;
         if l.r == 0 {
             bad("lora.r", "must be at least 1".into());
         }
         if !(l.alpha.is_finite() && l.alpha > 0.0) {
-            bad("lora.alpha", format!("must be a positive number, got {}", l.alpha));
+            bad(
+                "lora.alpha",
+                format!("must be a positive number, got {}", l.alpha),
+            );
         }
         if !(l.dropout.is_finite() && (0.0..1.0).contains(&l.dropout)) {
-            bad("lora.dropout", format!("must be in [0, 1), got {}", l.dropout));
+            bad(
+                "lora.dropout",
+                format!("must be in [0, 1), got {}", l.dropout),
+            );
         }
         if l.target_modules.is_empty() {
-            bad("lora.target_modules", "at least one module is required".into());
+            bad(
+                "lora.target_modules",
+                "at least one module is required".into(),
+            );
         }
         for m in &l.target_modules {
             if !ALL_TARGET_MODULES.contains(&m.as_str()) {
                 bad(
                     "lora.target_modules",
-                    format!("unknown module {m:?}; expected some of {}", ALL_TARGET_MODULES.join(", ")),
+                    format!(
+                        "unknown module {m:?}; expected some of {}",
+                        ALL_TARGET_MODULES.join(", ")
+                    ),
                 );
             }
         }
         if self.checkpoint.every_steps == Some(0) {
-            bad("checkpoint.every_steps", "must be at least 1 when set".into());
+            bad(
+                "checkpoint.every_steps",
+                "must be at least 1 when set".into(),
+            );
         }
         if self.checkpoint.every_seconds == Some(0) {
-            bad("checkpoint.every_seconds", "must be at least 1 when set".into());
+            bad(
+                "checkpoint.every_seconds",
+                "must be at least 1 when set".into(),
+            );
         }
         if self.checkpoint.keep_last == 0 {
             bad("checkpoint.keep_last", "must be at least 1".into());
@@ -366,6 +423,13 @@ mod tests {
         spec.lora.target_modules.push("qkv".into());
         let errs = spec.validate().expect_err("invalid");
         let fields: Vec<_> = errs.iter().map(|e| e.field.as_str()).collect();
-        assert_eq!(fields, ["hyperparameters.batch_size", "lora.r", "lora.target_modules"]);
+        assert_eq!(
+            fields,
+            [
+                "hyperparameters.batch_size",
+                "lora.r",
+                "lora.target_modules"
+            ]
+        );
     }
 }

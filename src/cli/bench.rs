@@ -36,8 +36,24 @@ pub enum BenchCommand {
 
 pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
     match cmd {
-        BenchCommand::Train { preset, batch, seq, steps, warmup, lr, seed } => {
-            let opts = BenchOptions { preset, batch, seq, steps, warmup, lr, seed };
+        BenchCommand::Train {
+            preset,
+            batch,
+            seq,
+            steps,
+            warmup,
+            lr,
+            seed,
+        } => {
+            let opts = BenchOptions {
+                preset,
+                batch,
+                seq,
+                steps,
+                warmup,
+                lr,
+                seed,
+            };
             let r = tuneq_trainer::bench::run(&opts, |line| eprintln!("{line}"))?;
             println!("{}", serde_json::to_string(&r)?);
         }

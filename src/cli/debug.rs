@@ -33,11 +33,21 @@ pub enum DebugCommand {
 
 pub fn run(cmd: DebugCommand) -> Result<ExitCode> {
     match cmd {
-        DebugCommand::Logits { model, adapter, input_ids, out } => {
+        DebugCommand::Logits {
+            model,
+            adapter,
+            input_ids,
+            out,
+        } => {
             let m = tuneq_trainer::debug::load_model(&model, adapter.as_deref())?;
             tuneq_trainer::debug::write_logits(&m, &input_ids, &out)?;
         }
-        DebugCommand::Grads { model, adapter, input_ids, out } => {
+        DebugCommand::Grads {
+            model,
+            adapter,
+            input_ids,
+            out,
+        } => {
             let m = tuneq_trainer::debug::load_model(&model, Some(&adapter))?;
             let loss = tuneq_trainer::debug::write_grads(&m, &input_ids, &out)?;
             println!("{}", serde_json::json!({"loss": loss}));

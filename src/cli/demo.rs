@@ -11,7 +11,9 @@ const DEMO_VALIDATION: &str = include_str!("../../examples/data/tiny-task-val.js
 
 /// The demo's working folder: `$TUNEQ_DEMO_DIR`, or `.tuneq/demo` in the current directory.
 fn demo_dir() -> PathBuf {
-    std::env::var_os("TUNEQ_DEMO_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(".tuneq/demo"))
+    std::env::var_os("TUNEQ_DEMO_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(".tuneq/demo"))
 }
 
 /// Prepares the demo model and data and returns the demo spec (flags still override it).
@@ -45,7 +47,10 @@ pub fn demo_spec(args: &TrainArgs) -> Result<TrainSpec> {
     });
     let spec_path = dir.join("spec.json");
     std::fs::write(&spec_path, serde_json::to_vec_pretty(&spec)?)?;
-    let mut with_file = TrainArgs { spec: Some(spec_path), ..TrainArgs::default() };
+    let mut with_file = TrainArgs {
+        spec: Some(spec_path),
+        ..TrainArgs::default()
+    };
     copy_overrides(args, &mut with_file);
     build_spec(&with_file)
 }

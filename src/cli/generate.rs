@@ -32,7 +32,13 @@ pub fn run(args: GenerateArgs) -> Result<ExitCode> {
     let text = if args.raw {
         args.prompt.clone()
     } else {
-        encoder.template().render(&[Message { role: "user".into(), content: args.prompt.clone() }], true)?
+        encoder.template().render(
+            &[Message {
+                role: "user".into(),
+                content: args.prompt.clone(),
+            }],
+            true,
+        )?
     };
     let ids = encoder
         .tokenizer()

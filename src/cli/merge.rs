@@ -20,6 +20,9 @@ pub struct MergeArgs {
 
 pub fn run(args: MergeArgs) -> Result<ExitCode> {
     let n = tuneq_trainer::merge::merge(&args.model, &args.adapter, &args.out)?;
-    println!("{}", serde_json::json!({"merged_projections": n, "out": args.out.display().to_string()}));
+    println!(
+        "{}",
+        serde_json::json!({"merged_projections": n, "out": args.out.display().to_string()})
+    );
     Ok(ExitCode::SUCCESS)
 }

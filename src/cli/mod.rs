@@ -25,7 +25,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Train a LoRA adapter (from a spec file, flags, or `--demo`).
-    Train(train::TrainArgs),
+    Train(Box<train::TrainArgs>),
     /// Model utilities.
     Model {
         #[command(subcommand)]
@@ -60,7 +60,7 @@ pub fn main() -> ExitCode {
     }
     init_tracing();
     let result = match cli.command {
-        Command::Train(args) => train::run(args),
+        Command::Train(args) => train::run(*args),
         Command::Model { command } => model::run(command),
         Command::Generate(args) => generate::run(args),
         Command::Merge(args) => merge::run(args),
@@ -80,10 +80,14 @@ pub fn report(e: &anyhow::Error) -> ExitCode {
         eprintln!("  caused by: {cause}");
     }
     let bad_input = e.chain().any(|c| {
-        c.downcast_ref::<tuneq_trainer::Error>().is_some_and(|t| t.is_bad_input())
+        c.downcast_ref::<tuneq_trainer::Error>()
+            .is_some_and(|t| t.is_bad_input())
             || c.downcast_ref::<BadInput>().is_some()
     });
-    if let Some(t) = e.chain().find_map(|c| c.downcast_ref::<tuneq_trainer::Error>()) {
+    if let Some(t) = e
+        .chain()
+        .find_map(|c| c.downcast_ref::<tuneq_trainer::Error>())
+    {
         print_details(t);
     }
     ExitCode::from(if bad_input { EXIT_BAD_INPUT } else { 1 })
@@ -101,13 +105,26 @@ fn print_details(e: &tuneq_trainer::Error) {
     for d in data_errors {
         if let tuneq_trainer::data::DataError::InvalidLines { errors, .. } = d {
             for l in errors {
-                eprintln!("  {}:{}: {}: {}", l.file, l.line, if l.field.is_empty() { "(line)" } else { &l.field }, l.message);
+                eprintln!(
+                    "  {}:{}: {}: {}",
+                    l.file,
+                    l.line,
+                    if l.field.is_empty() {
+                        "(line)"
+                    } else {
+                        &l.field
+                    },
+                    l.message
+                );
                 lines.push(serde_json::json!(l));
             }
         }
     }
     let fields: Vec<serde_json::Value> = match e {
-        tuneq_trainer::Error::Spec(errs) => errs.iter().map(|s| serde_json::json!({"field": s.field, "message": s.message})).collect(),
+        tuneq_trainer::Error::Spec(errs) => errs
+            .iter()
+            .map(|s| serde_json::json!({"field": s.field, "message": s.message}))
+            .collect(),
         _ => Vec::new(),
     };
     let body = serde_json::json!({"error": {
@@ -127,7 +144,10 @@ pub struct BadInput(pub String);
 fn init_tracing() {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("TUNEQ_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }
 
 /// Replaces this process with itself run under `RAYON_NUM_THREADS=n` when that is not

@@ -33,8 +33,21 @@ pub enum ModelCommand {
 
 pub fn run(cmd: ModelCommand) -> Result<ExitCode> {
     match cmd {
-        ModelCommand::Init { preset, seed, out, shards, tie_embeddings, llama3_rope } => {
-            let opts = InitOptions { preset, seed, shards, tie_embeddings, llama3_rope };
+        ModelCommand::Init {
+            preset,
+            seed,
+            out,
+            shards,
+            tie_embeddings,
+            llama3_rope,
+        } => {
+            let opts = InitOptions {
+                preset,
+                seed,
+                shards,
+                tie_embeddings,
+                llama3_rope,
+            };
             let cfg = tuneq_trainer::init::write_model(&opts, &out)?;
             println!(
                 "{}",

@@ -6,7 +6,9 @@ use clap::Args;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use tuneq_openapi::{ChatTemplateChoice, DatasetFormat, DeviceKind, DtypeKind, Scheduler, TrainSpec};
+use tuneq_openapi::{
+    ChatTemplateChoice, DatasetFormat, DeviceKind, DtypeKind, Scheduler, TrainSpec,
+};
 use tuneq_trainer::progress::{JsonLines, ProgressSink, TerminalBar};
 use tuneq_trainer::train::{Outcome, StopFlag};
 
@@ -150,13 +152,16 @@ pub enum ProgressArg {
 pub fn build_spec(args: &TrainArgs) -> Result<TrainSpec> {
     let mut v = match &args.spec {
         Some(path) => {
-            let bytes = std::fs::read(path).with_context(|| format!("cannot read spec {}", path.display()))?;
+            let bytes = std::fs::read(path)
+                .with_context(|| format!("cannot read spec {}", path.display()))?;
             serde_json::from_slice::<serde_json::Value>(&bytes)
                 .map_err(|e| BadInput(format!("{}: invalid JSON: {e}", path.display())))?
         }
         None => serde_json::json!({}),
     };
-    let obj = v.as_object_mut().ok_or_else(|| BadInput("spec must be a JSON object".into()))?;
+    let obj = v
+        .as_object_mut()
+        .ok_or_else(|| BadInput("spec must be a JSON object".into()))?;
     if let Some(m) = &args.model {
         obj.insert("model".into(), m.clone().into());
     }
@@ -181,10 +186,18 @@ pub fn build_spec(args: &TrainArgs) -> Result<TrainSpec> {
     }
     nest!("hyperparameters", "epochs", args.epochs);
     nest!("hyperparameters", "batch_size", args.batch_size);
-    nest!("hyperparameters", "gradient_accumulation_steps", args.grad_accum);
+    nest!(
+        "hyperparameters",
+        "gradient_accumulation_steps",
+        args.grad_accum
+    );
     nest!("hyperparameters", "learning_rate", args.lr);
     nest!("hyperparameters", "warmup_steps", args.warmup_steps);
-    nest!("hyperparameters", "scheduler", args.scheduler.map(Scheduler::from));
+    nest!(
+        "hyperparameters",
+        "scheduler",
+        args.scheduler.map(Scheduler::from)
+    );
     nest!("hyperparameters", "weight_decay", args.weight_decay);
     nest!("hyperparameters", "max_grad_norm", args.max_grad_norm);
     nest!("hyperparameters", "max_seq_len", args.max_seq_len);
@@ -202,17 +215,25 @@ pub fn build_spec(args: &TrainArgs) -> Result<TrainSpec> {
     nest!("sampling", "num_samples", args.samples);
     nest!("sampling", "max_new_tokens", args.sample_tokens);
     for (section, (field, value)) in nested {
-        let entry = obj.entry(section.to_string()).or_insert_with(|| serde_json::json!({}));
+        let entry = obj
+            .entry(section.to_string())
+            .or_insert_with(|| serde_json::json!({}));
         let inner = entry
             .as_object_mut()
             .ok_or_else(|| BadInput(format!("spec field {section} must be an object")))?;
         inner.insert(field, value);
     }
     if let Some(f) = args.format {
-        obj.insert("dataset_format".into(), serde_json::to_value(DatasetFormat::from(f))?);
+        obj.insert(
+            "dataset_format".into(),
+            serde_json::to_value(DatasetFormat::from(f))?,
+        );
     }
     if let Some(t) = args.template {
-        obj.insert("chat_template".into(), serde_json::to_value(ChatTemplateChoice::from(t))?);
+        obj.insert(
+            "chat_template".into(),
+            serde_json::to_value(ChatTemplateChoice::from(t))?,
+        );
     }
     if let Some(d) = args.device {
         obj.insert("device".into(), serde_json::to_value(DeviceKind::from(d))?);
@@ -224,32 +245,50 @@ pub fn build_spec(args: &TrainArgs) -> Result<TrainSpec> {
         .into_iter()
         .filter(|(k, _)| !obj.contains_key(*k))
         .map(|(_, flag)| flag)
-        .chain((!obj.contains_key("training_files") && !obj.contains_key("training_file")).then_some("--train-file"))
+        .chain(
+            (!obj.contains_key("training_files") && !obj.contains_key("training_file"))
+                .then_some("--train-file"),
+        )
         .collect();
     if !missing.is_empty() {
-        return Err(BadInput(format!("missing {} (or a --spec file that sets them)", missing.join(", "))).into());
+        return Err(BadInput(format!(
+            "missing {} (or a --spec file that sets them)",
+            missing.join(", ")
+        ))
+        .into());
     }
-    let source = args.spec.as_ref().map_or("flags".to_string(), |p| p.display().to_string());
+    let source = args
+        .spec
+        .as_ref()
+        .map_or("flags".to_string(), |p| p.display().to_string());
     serde_json::from_value(v).map_err(|e| BadInput(format!("{source}: {e}")).into())
 }
 
 pub fn run(args: TrainArgs) -> Result<ExitCode> {
-    let spec = if args.demo { super::demo::demo_spec(&args)? } else { build_spec(&args)? };
+    let spec = if args.demo {
+        super::demo::demo_spec(&args)?
+    } else {
+        build_spec(&args)?
+    };
     if args.print_spec {
         println!("{}", serde_json::to_string_pretty(&spec)?);
         return Ok(ExitCode::SUCCESS);
     }
     let stop = StopFlag::new();
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        signal_hook::flag::register(sig, stop.atomic()).context("cannot install signal handlers")?;
+        signal_hook::flag::register(sig, stop.atomic())
+            .context("cannot install signal handlers")?;
     }
     let bar = match args.progress {
         ProgressArg::Json => false,
         ProgressArg::Bar => true,
         ProgressArg::Auto => std::io::stdout().is_terminal(),
     };
-    let mut sink: Box<dyn ProgressSink> =
-        if bar { Box::new(TerminalBar::new()) } else { Box::new(JsonLines::new(std::io::stdout())) };
+    let mut sink: Box<dyn ProgressSink> = if bar {
+        Box::new(TerminalBar::new())
+    } else {
+        Box::new(JsonLines::new(std::io::stdout()))
+    };
     match tuneq_trainer::train::run(&spec, sink.as_mut(), &stop)? {
         Outcome::Finished { .. } | Outcome::Interrupted { .. } => Ok(ExitCode::SUCCESS),
     }

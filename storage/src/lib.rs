@@ -63,7 +63,9 @@ impl Error {
         match self {
             Error::Io { source, .. } => matches!(
                 source.kind(),
-                std::io::ErrorKind::Interrupted | std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
+                std::io::ErrorKind::Interrupted
+                    | std::io::ErrorKind::TimedOut
+                    | std::io::ErrorKind::WouldBlock
             ),
             _ => false,
         }

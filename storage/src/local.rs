@@ -26,19 +26,28 @@ impl LocalStore {
 
     /// The file path of `key`.
     pub fn path_of(&self, key: &ObjectKey) -> PathBuf {
-        key.as_str().split('/').filter(|s| !s.is_empty()).fold(self.root.clone(), |p, s| p.join(s))
+        key.as_str()
+            .split('/')
+            .filter(|s| !s.is_empty())
+            .fold(self.root.clone(), |p, s| p.join(s))
     }
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
-    move |source| Error::Io { path: path.display().to_string(), source }
+    move |source| Error::Io {
+        path: path.display().to_string(),
+        source,
+    }
 }
 
 /// Writes `data` to `path` atomically: temp file in the same folder, fsync, rename.
 pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
     let dir = path.parent().unwrap_or_else(|| Path::new("."));
     std::fs::create_dir_all(dir).map_err(io_err(dir))?;
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("object");
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("object");
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     let mut f = std::fs::File::create(&tmp).map_err(io_err(&tmp))?;
     f.write_all(data).map_err(io_err(&tmp))?;
@@ -57,17 +66,28 @@ impl ObjectStore for LocalStore {
         let path = self.path_of(key);
         std::fs::read(&path).map_err(|source| match source.kind() {
             std::io::ErrorKind::NotFound => Error::NotFound(key.to_string()),
-            _ => Error::Io { path: path.display().to_string(), source },
+            _ => Error::Io {
+                path: path.display().to_string(),
+                source,
+            },
         })
     }
 
     fn head(&self, key: &ObjectKey) -> Result<ObjectMeta> {
         let path = self.path_of(key);
         match std::fs::metadata(&path) {
-            Ok(m) if m.is_file() => Ok(ObjectMeta { key: key.to_string(), size: m.len() }),
+            Ok(m) if m.is_file() => Ok(ObjectMeta {
+                key: key.to_string(),
+                size: m.len(),
+            }),
             Ok(_) => Err(Error::NotFound(key.to_string())),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::NotFound(key.to_string())),
-            Err(source) => Err(Error::Io { path: path.display().to_string(), source }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Err(Error::NotFound(key.to_string()))
+            }
+            Err(source) => Err(Error::Io {
+                path: path.display().to_string(),
+                source,
+            }),
         }
     }
 
@@ -79,7 +99,12 @@ impl ObjectStore for LocalStore {
             let entries = match std::fs::read_dir(&dir) {
                 Ok(e) => e,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(source) => return Err(Error::Io { path: dir.display().to_string(), source }),
+                Err(source) => {
+                    return Err(Error::Io {
+                        path: dir.display().to_string(),
+                        source,
+                    });
+                }
             };
             for entry in entries {
                 let entry = entry.map_err(io_err(&dir))?;
@@ -89,9 +114,15 @@ impl ObjectStore for LocalStore {
                     stack.push(path);
                 } else if let Ok(rel) = path.strip_prefix(&self.root) {
                     let key = rel.to_string_lossy().replace('\\', "/");
-                    let hidden = rel.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with('.'));
+                    let hidden = rel
+                        .file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with('.'));
                     if !hidden {
-                        out.push(ObjectMeta { key, size: meta.len() });
+                        out.push(ObjectMeta {
+                            key,
+                            size: meta.len(),
+                        });
                     }
                 }
             }
@@ -105,7 +136,10 @@ impl ObjectStore for LocalStore {
         match std::fs::remove_file(&path) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(source) => Err(Error::Io { path: path.display().to_string(), source }),
+            Err(source) => Err(Error::Io {
+                path: path.display().to_string(),
+                source,
+            }),
         }
     }
 }
@@ -126,8 +160,18 @@ mod tests {
         assert!(!store.is_committed(&prefix)?);
         store.commit_manifest(&prefix, b"{}")?;
         assert!(store.is_committed(&prefix)?);
-        let keys: Vec<_> = store.list(&ObjectKey::parse("jobs/j1")?)?.into_iter().map(|m| m.key).collect();
-        assert_eq!(keys, ["jobs/j1/checkpoints/step-1/a.bin", "jobs/j1/checkpoints/step-1/manifest.json"]);
+        let keys: Vec<_> = store
+            .list(&ObjectKey::parse("jobs/j1")?)?
+            .into_iter()
+            .map(|m| m.key)
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "jobs/j1/checkpoints/step-1/a.bin",
+                "jobs/j1/checkpoints/step-1/manifest.json"
+            ]
+        );
         store.delete(&a)?;
         assert!(matches!(store.get(&a), Err(Error::NotFound(_))));
         store.delete(&a)?;

@@ -28,7 +28,10 @@ impl Location {
     /// Parses a URI (`file:///abs`, `s3://b/p`, `gs://b/p`) or a plain path (relative
     /// paths are resolved against the current directory).
     pub fn parse(input: &str) -> Result<Self> {
-        let invalid = |reason: &str| Error::InvalidLocation { input: input.to_string(), reason: reason.to_string() };
+        let invalid = |reason: &str| Error::InvalidLocation {
+            input: input.to_string(),
+            reason: reason.to_string(),
+        };
         if input.trim().is_empty() {
             return Err(invalid("empty"));
         }
@@ -39,25 +42,42 @@ impl Location {
             return match scheme {
                 "file" => {
                     if !rest.starts_with('/') {
-                        return Err(invalid("file:// URIs need an absolute path (file:///abs/dir)"));
+                        return Err(invalid(
+                            "file:// URIs need an absolute path (file:///abs/dir)",
+                        ));
                     }
                     Ok(Location::Local(PathBuf::from(rest)))
                 }
                 "s3" | "gs" => {
                     let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
                     if bucket.is_empty()
-                        || !bucket.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.' || c == '_')
+                        || !bucket.chars().all(|c| {
+                            c.is_ascii_lowercase()
+                                || c.is_ascii_digit()
+                                || c == '-'
+                                || c == '.'
+                                || c == '_'
+                        })
                     {
-                        return Err(invalid("bucket names use lowercase letters, digits, '-', '_' and '.'"));
+                        return Err(invalid(
+                            "bucket names use lowercase letters, digits, '-', '_' and '.'",
+                        ));
                     }
                     let prefix = prefix.trim_end_matches('/').to_string();
                     for seg in prefix.split('/').filter(|s| !s.is_empty()) {
-                        ObjectKey::check_segment(seg).map_err(|_| invalid("prefix has an unsafe segment"))?;
+                        ObjectKey::check_segment(seg)
+                            .map_err(|_| invalid("prefix has an unsafe segment"))?;
                     }
                     let bucket = bucket.to_string();
-                    Ok(if scheme == "s3" { Location::S3 { bucket, prefix } } else { Location::Gcs { bucket, prefix } })
+                    Ok(if scheme == "s3" {
+                        Location::S3 { bucket, prefix }
+                    } else {
+                        Location::Gcs { bucket, prefix }
+                    })
                 }
-                other => Err(invalid(&format!("unknown scheme {other:?}; use file://, s3:// or gs://"))),
+                other => Err(invalid(&format!(
+                    "unknown scheme {other:?}; use file://, s3:// or gs://"
+                ))),
             };
         }
         let path = Path::new(input);
@@ -65,7 +85,10 @@ impl Location {
             path.to_path_buf()
         } else {
             std::env::current_dir()
-                .map_err(|source| Error::Io { path: input.to_string(), source })?
+                .map_err(|source| Error::Io {
+                    path: input.to_string(),
+                    source,
+                })?
                 .join(path)
         };
         Ok(Location::Local(abs))
@@ -75,8 +98,12 @@ impl Location {
     pub fn local_path(&self) -> Result<&Path> {
         match self {
             Location::Local(p) => Ok(p),
-            Location::S3 { .. } => Err(Error::Unsupported { scheme: "s3".into() }),
-            Location::Gcs { .. } => Err(Error::Unsupported { scheme: "gs".into() }),
+            Location::S3 { .. } => Err(Error::Unsupported {
+                scheme: "s3".into(),
+            }),
+            Location::Gcs { .. } => Err(Error::Unsupported {
+                scheme: "gs".into(),
+            }),
         }
     }
 }
@@ -118,7 +145,11 @@ impl ObjectKey {
     /// Appends one checked segment.
     pub fn join(&self, segment: &str) -> Result<Self> {
         Self::check_segment(segment)?;
-        Ok(if self.0.is_empty() { Self(segment.to_string()) } else { Self(format!("{}/{segment}", self.0)) })
+        Ok(if self.0.is_empty() {
+            Self(segment.to_string())
+        } else {
+            Self(format!("{}/{segment}", self.0))
+        })
     }
 
     /// The key as a string.
@@ -127,7 +158,12 @@ impl ObjectKey {
     }
 
     pub(crate) fn check_segment(segment: &str) -> Result<()> {
-        let bad = |reason| Err(Error::InvalidKey { segment: segment.to_string(), reason });
+        let bad = |reason| {
+            Err(Error::InvalidKey {
+                segment: segment.to_string(),
+                reason,
+            })
+        };
         if segment.is_empty() {
             return bad("empty");
         }
@@ -159,18 +195,44 @@ mod tests {
 
     #[test]
     fn parses_every_scheme() {
-        assert_eq!(Location::parse("file:///data/x").ok(), Some(Location::Local("/data/x".into())));
+        assert_eq!(
+            Location::parse("file:///data/x").ok(),
+            Some(Location::Local("/data/x".into()))
+        );
         assert_eq!(
             Location::parse("s3://bucket/a/b/").ok(),
-            Some(Location::S3 { bucket: "bucket".into(), prefix: "a/b".into() })
+            Some(Location::S3 {
+                bucket: "bucket".into(),
+                prefix: "a/b".into()
+            })
         );
-        assert_eq!(Location::parse("gs://b").ok(), Some(Location::Gcs { bucket: "b".into(), prefix: "".into() }));
-        assert!(Location::parse("relative/dir").expect("path").local_path().expect("local").is_absolute());
+        assert_eq!(
+            Location::parse("gs://b").ok(),
+            Some(Location::Gcs {
+                bucket: "b".into(),
+                prefix: "".into()
+            })
+        );
+        assert!(
+            Location::parse("relative/dir")
+                .expect("path")
+                .local_path()
+                .expect("local")
+                .is_absolute()
+        );
     }
 
     #[test]
     fn refuses_bad_locations() {
-        for bad in ["", "ftp://x/y", "file://rel", "s3://", "s3://Bad_Bucket!/x", "s3://b/../etc", "a\u{0}b"] {
+        for bad in [
+            "",
+            "ftp://x/y",
+            "file://rel",
+            "s3://",
+            "s3://Bad_Bucket!/x",
+            "s3://b/../etc",
+            "a\u{0}b",
+        ] {
             assert!(Location::parse(bad).is_err(), "{bad:?} should be refused");
         }
     }

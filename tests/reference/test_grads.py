@@ -2,7 +2,12 @@
 backward pass (labels = input_ids, HF shift, mean over all b*(t-1) positions).
 
 Metric: for the loss |got - ref| / |ref|, for each gradient tensor max|got - ref| / max|ref|
-(see harness.rel_max_err for why); both must be <= GRAD_RTOL = 1e-4."""
+(see harness.rel_max_err for why); both must be <= GRAD_RTOL = 1e-4.
+
+The reference is the same PEFT model run in float64. PyTorch's own fp32 gradients are not
+exact: on these adapters they sit up to ~5e-5 (by this metric) from the float64 ones, so an
+fp32-vs-fp32 comparison would spend half the tolerance on PyTorch's rounding. The test prints
+PyTorch fp32's distance too, as the floor an fp32 implementation can be expected to reach."""
 
 from __future__ import annotations
 
@@ -15,8 +20,9 @@ from conftest import ADAPTERS
 from harness import GRAD_RTOL
 
 
-def peft_loss_and_grads(model_dir, adapter_dir, ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    model = harness.load_peft(model_dir, adapter_dir, trainable=True)
+def peft_loss_and_grads(model_dir, adapter_dir, ids: torch.Tensor,
+                        dtype: torch.dtype) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    model = harness.load_peft(model_dir, adapter_dir, trainable=True).to(dtype)
     model.train()
     # Train mode must not add randomness: no LoRA dropout, no attention dropout.
     for name, module in model.named_modules():
@@ -31,15 +37,17 @@ def peft_loss_and_grads(model_dir, adapter_dir, ids: torch.Tensor) -> tuple[torc
 
     out = model(input_ids=ids, labels=ids)
     out.loss.backward()
-    grads = {k: p.grad.detach().float().clone() for k, p in params.items()}
-    return out.loss.detach().float(), grads
+    grads = {k: p.grad.detach().double().clone() for k, p in params.items()}
+    return out.loss.detach().double(), grads
 
 
 @pytest.mark.parametrize("name", sorted(ADAPTERS))
 def test_loss_and_lora_grads_match_peft(adapters, tiny_model, tuneq, input_ids_file, tmp_path, name):
     adapter_dir = adapters.get(name)
     ids_file, ids = input_ids_file
-    ref_loss, ref_grads = peft_loss_and_grads(tiny_model, adapter_dir, ids)
+    ref_loss, ref_grads = peft_loss_and_grads(tiny_model, adapter_dir, ids, torch.float64)
+    fp32_loss, fp32_grads = peft_loss_and_grads(tiny_model, adapter_dir, ids, torch.float32)
+    torch_floor = max(harness.rel_max_err(fp32_grads[k], ref) for k, ref in ref_grads.items())
 
     out_file = tmp_path / "grads.safetensors"
     tuneq.run("debug", "grads", "--model", tiny_model, "--adapter", adapter_dir,
@@ -50,7 +58,8 @@ def test_loss_and_lora_grads_match_peft(adapters, tiny_model, tuneq, input_ids_f
     assert got["loss"].dtype == torch.float32 and got["loss"].dim() == 0, \
         f"loss must be a float32 scalar, got {got['loss'].dtype} shape {tuple(got['loss'].shape)}"
     loss_err = abs(float(got["loss"]) - float(ref_loss)) / abs(float(ref_loss))
-    print(f"{name}: loss tuneq {float(got['loss']):.6f} peft {float(ref_loss):.6f} rel err {loss_err:.2e}")
+    print(f"{name}: loss tuneq {float(got['loss']):.6f} peft(f64) {float(ref_loss):.6f} rel err {loss_err:.2e}"
+          f" (peft fp32 {float(fp32_loss):.6f})")
     assert loss_err <= GRAD_RTOL, f"loss rel err {loss_err:.2e} > {GRAD_RTOL:g}"
 
     got_grads = {k: v for k, v in got.items() if k != "loss"}
@@ -63,6 +72,7 @@ def test_loss_and_lora_grads_match_peft(adapters, tiny_model, tuneq, input_ids_f
         assert float(ref.abs().max()) > 0, f"{key}: reference gradient is all zeros; the check would be vacuous"
         errors[key] = harness.rel_max_err(g, ref)
     worst = max(errors, key=errors.get)
-    print(f"{name}: {len(errors)} LoRA grads, worst rel_max_err {errors[worst]:.2e} at {worst}")
+    print(f"{name}: {len(errors)} LoRA grads, worst rel_max_err vs float64 {errors[worst]:.2e} at {worst}; "
+          f"PyTorch fp32's own worst {torch_floor:.2e}")
     bad = {k: f"{e:.2e}" for k, e in errors.items() if not e <= GRAD_RTOL}
     assert not bad, f"{len(bad)} gradients over rel_max_err {GRAD_RTOL:g}: {dict(list(bad.items())[:8])}"

@@ -54,7 +54,12 @@ pub struct Batch {
 /// keeps padding out of every real token's attention.
 pub fn make_batch(examples: &[&Example], pad_id: u32) -> Batch {
     let rows = examples.len();
-    let len = examples.iter().map(|e| e.input_ids.len()).max().unwrap_or(0).max(1);
+    let len = examples
+        .iter()
+        .map(|e| e.input_ids.len())
+        .max()
+        .unwrap_or(0)
+        .max(1);
     let mut ids = vec![pad_id; rows * len];
     let mut targets = vec![-100i64; rows * len];
     let mut tokens = 0;
@@ -66,7 +71,14 @@ pub fn make_batch(examples: &[&Example], pad_id: u32) -> Batch {
         }
     }
     let labelled = targets.iter().filter(|&&t| t >= 0).count();
-    Batch { ids, rows, len, targets, tokens, labelled }
+    Batch {
+        ids,
+        rows,
+        len,
+        targets,
+        tokens,
+        labelled,
+    }
 }
 
 #[cfg(test)]
@@ -75,8 +87,14 @@ mod tests {
 
     #[test]
     fn batches_pad_right_and_shift_labels() {
-        let a = Example { input_ids: vec![1, 2, 3], labels: vec![-100, 2, 3] };
-        let b = Example { input_ids: vec![4, 5], labels: vec![-100, 5] };
+        let a = Example {
+            input_ids: vec![1, 2, 3],
+            labels: vec![-100, 2, 3],
+        };
+        let b = Example {
+            input_ids: vec![4, 5],
+            labels: vec![-100, 5],
+        };
         let batch = make_batch(&[&a, &b], 0);
         assert_eq!(batch.ids, vec![1, 2, 3, 4, 5, 0]);
         assert_eq!(batch.targets, vec![2, 3, -100, 5, -100, -100]);

@@ -72,9 +72,11 @@ pub fn peak_rss_mib() -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse::<f64>().ok()))
+            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .and_then(|v| v.parse::<f64>().ok())
+            })
         })
         .map_or(0.0, |kib| kib / 1024.0)
 }
@@ -88,7 +90,13 @@ fn loadavg() -> f64 {
 
 /// Runs the benchmark, reporting each step through `progress`.
 pub fn run(opts: &BenchOptions, mut progress: impl FnMut(&str)) -> Result<BenchResult> {
-    let init = InitOptions { preset: opts.preset, seed: opts.seed, shards: 1, tie_embeddings: false, llama3_rope: false };
+    let init = InitOptions {
+        preset: opts.preset,
+        seed: opts.seed,
+        shards: 1,
+        tie_embeddings: false,
+        llama3_rope: false,
+    };
     let cfg = preset_config(&init);
     let tensors = random_weights(&cfg, opts.seed)?;
     let mut map = crate::weights::WeightMap::from_tensors(tensors, "random");
@@ -96,14 +104,29 @@ pub fn run(opts: &BenchOptions, mut progress: impl FnMut(&str)) -> Result<BenchR
         r: 8,
         alpha: 16.0,
         dropout: 0.0,
-        targets: tuneq_openapi::train_spec::ALL_TARGET_MODULES.iter().map(|s| s.to_string()).collect(),
+        targets: tuneq_openapi::train_spec::ALL_TARGET_MODULES
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
         rslora: false,
     };
     let mut rng = crate::batch::rng_for(opts.seed, crate::batch::streams::LORA_INIT);
-    let model = Llama::from_weights(cfg.clone(), &mut map, DType::F32, &Device::Cpu, Some((&settings, &mut rng)))?;
+    let model = Llama::from_weights(
+        cfg.clone(),
+        &mut map,
+        DType::F32,
+        &Device::Cpu,
+        Some((&settings, &mut rng)),
+    )?;
     let vars = model.lora_vars();
     let trainable = vars.iter().map(|v| v.var.elem_count() as u64).sum();
-    let mut opt = AdamW::new(vars, AdamWConfig { weight_decay: 0.01, ..Default::default() })?;
+    let mut opt = AdamW::new(
+        vars,
+        AdamWConfig {
+            weight_decay: 0.01,
+            ..Default::default()
+        },
+    )?;
     let mut data_rng = rand_chacha::ChaCha20Rng::seed_from_u64(opts.seed + 1);
     let (b, t) = (opts.batch, opts.seq);
     let mut times = Vec::new();
@@ -111,11 +134,21 @@ pub fn run(opts: &BenchOptions, mut progress: impl FnMut(&str)) -> Result<BenchR
     let load_before = loadavg();
     let mut timed_total = 0.0;
     for i in 0..opts.warmup + opts.steps {
-        let ids: Vec<u32> = (0..b * t).map(|_| data_rng.random_range(0..cfg.vocab_size as u32)).collect();
+        let ids: Vec<u32> = (0..b * t)
+            .map(|_| data_rng.random_range(0..cfg.vocab_size as u32))
+            .collect();
         let batch = crate::batch::Batch {
             rows: b,
             len: t,
-            targets: (0..b * t).map(|k| if k % t + 1 < t { ids[k + 1] as i64 } else { -100 }).collect(),
+            targets: (0..b * t)
+                .map(|k| {
+                    if k % t + 1 < t {
+                        ids[k + 1] as i64
+                    } else {
+                        -100
+                    }
+                })
+                .collect(),
             ids,
             tokens: b * t,
             labelled: b * (t - 1),
@@ -125,7 +158,11 @@ pub fn run(opts: &BenchOptions, mut progress: impl FnMut(&str)) -> Result<BenchR
         opt.step(&r.grads, opts.lr, 1.0)?;
         let dt = t0.elapsed().as_secs_f64();
         losses.push(r.loss);
-        let tag = if i < opts.warmup { "warmup step" } else { "step" };
+        let tag = if i < opts.warmup {
+            "warmup step"
+        } else {
+            "step"
+        };
         progress(&format!("{tag} {i}: loss {:.5}  {dt:.3}s", r.loss));
         if i >= opts.warmup {
             times.push(dt);

@@ -128,16 +128,34 @@ pub fn write(
     std::fs::create_dir_all(&tmp).map_err(Error::io(&tmp))?;
     crate::peft::save_adapter(model, settings, base, &tmp)?;
     crate::weights::save_safetensors(&tmp.join(OPTIMIZER_FILE), &optimizer.state_tensors())?;
-    let state_json = serde_json::to_vec_pretty(state).map_err(|source| Error::Json { path: STATE_FILE.into(), source })?;
+    let state_json = serde_json::to_vec_pretty(state).map_err(|source| Error::Json {
+        path: STATE_FILE.into(),
+        source,
+    })?;
     tuneq_storage::local::write_atomic(&tmp.join(STATE_FILE), &state_json)?;
     let mut files = Vec::new();
-    for f in [crate::peft::ADAPTER_CONFIG, crate::peft::ADAPTER_WEIGHTS, OPTIMIZER_FILE, STATE_FILE] {
+    for f in [
+        crate::peft::ADAPTER_CONFIG,
+        crate::peft::ADAPTER_WEIGHTS,
+        OPTIMIZER_FILE,
+        STATE_FILE,
+    ] {
         let p = tmp.join(f);
         let size = std::fs::metadata(&p).map_err(Error::io(&p))?.len();
-        files.push(ManifestEntry { name: f.to_string(), size, sha256: sha256_file(&p)? });
+        files.push(ManifestEntry {
+            name: f.to_string(),
+            size,
+            sha256: sha256_file(&p)?,
+        });
     }
-    let manifest = CheckpointManifest { step: state.global_step, files };
-    let json = serde_json::to_vec_pretty(&manifest).map_err(|source| Error::Json { path: MANIFEST_FILE.into(), source })?;
+    let manifest = CheckpointManifest {
+        step: state.global_step,
+        files,
+    };
+    let json = serde_json::to_vec_pretty(&manifest).map_err(|source| Error::Json {
+        path: MANIFEST_FILE.into(),
+        source,
+    })?;
     tuneq_storage::local::write_atomic(&tmp.join(MANIFEST_FILE), &json)?;
     if final_dir.exists() {
         std::fs::remove_dir_all(&final_dir).map_err(Error::io(&final_dir))?;
@@ -160,18 +178,28 @@ pub fn complete_checkpoints(output: &Path) -> Result<Vec<(u64, PathBuf)>> {
     let entries = match std::fs::read_dir(&root) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(source) => return Err(Error::Io { path: root.display().to_string(), source }),
+        Err(source) => {
+            return Err(Error::Io {
+                path: root.display().to_string(),
+                source,
+            });
+        }
     };
     let mut out = Vec::new();
     for entry in entries {
         let entry = entry.map_err(Error::io(&root))?;
         let name = entry.file_name().to_string_lossy().to_string();
-        let Some(step) = name.strip_prefix("step-").and_then(|s| s.parse::<u64>().ok()) else { continue };
+        let Some(step) = name
+            .strip_prefix("step-")
+            .and_then(|s| s.parse::<u64>().ok())
+        else {
+            continue;
+        };
         if entry.path().join(MANIFEST_FILE).is_file() {
             out.push((step, entry.path()));
         }
     }
-    out.sort_by(|a, b| b.0.cmp(&a.0));
+    out.sort_by_key(|c| std::cmp::Reverse(c.0));
     Ok(out)
 }
 
@@ -181,9 +209,14 @@ fn verify(dir: &Path) -> std::result::Result<CheckpointManifest, String> {
     let manifest: CheckpointManifest = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
     for f in &manifest.files {
         let p = dir.join(&f.name);
-        let size = std::fs::metadata(&p).map_err(|e| format!("{}: {e}", f.name))?.len();
+        let size = std::fs::metadata(&p)
+            .map_err(|e| format!("{}: {e}", f.name))?
+            .len();
         if size != f.size {
-            return Err(format!("{} has {size} bytes, manifest says {}", f.name, f.size));
+            return Err(format!(
+                "{} has {size} bytes, manifest says {}",
+                f.name, f.size
+            ));
         }
         if sha256_file(&p).map_err(|e| e.to_string())? != f.sha256 {
             return Err(format!("{} does not match its SHA-256", f.name));
@@ -194,16 +227,29 @@ fn verify(dir: &Path) -> std::result::Result<CheckpointManifest, String> {
 
 /// The newest checkpoint that is complete and intact. Damaged ones are reported through
 /// `warn` and skipped.
-pub fn latest(output: &Path, device: &Device, mut warn: impl FnMut(String)) -> Result<Option<LoadedCheckpoint>> {
+pub fn latest(
+    output: &Path,
+    device: &Device,
+    mut warn: impl FnMut(String),
+) -> Result<Option<LoadedCheckpoint>> {
     for (_, dir) in complete_checkpoints(output)? {
         if let Err(why) = verify(&dir) {
-            warn(format!("skipping damaged checkpoint {}: {why}", dir.display()));
+            warn(format!(
+                "skipping damaged checkpoint {}: {why}",
+                dir.display()
+            ));
             continue;
         }
         let state: TrainerState = crate::error::read_json(&dir.join(STATE_FILE))?;
-        let adapter = crate::weights::load_safetensors(&dir.join(crate::peft::ADAPTER_WEIGHTS), device)?;
+        let adapter =
+            crate::weights::load_safetensors(&dir.join(crate::peft::ADAPTER_WEIGHTS), device)?;
         let optimizer = crate::weights::load_safetensors(&dir.join(OPTIMIZER_FILE), device)?;
-        return Ok(Some(LoadedCheckpoint { dir, state, adapter, optimizer }));
+        return Ok(Some(LoadedCheckpoint {
+            dir,
+            state,
+            adapter,
+            optimizer,
+        }));
     }
     Ok(None)
 }

@@ -130,21 +130,26 @@ impl LlamaConfig {
             });
         }
         let cfg: Self = crate::error::read_json(&path)?;
-        cfg.check().map_err(|message| Error::Model { path: path.display().to_string(), message })?;
+        cfg.check().map_err(|message| Error::Model {
+            path: path.display().to_string(),
+            message,
+        })?;
         Ok(cfg)
     }
 
     fn check(&self) -> std::result::Result<(), String> {
         if self.num_attention_heads == 0 || self.num_hidden_layers == 0 || self.hidden_size == 0 {
-            return Err("hidden_size, num_attention_heads and num_hidden_layers must be positive".into());
+            return Err(
+                "hidden_size, num_attention_heads and num_hidden_layers must be positive".into(),
+            );
         }
-        if self.head_dim.is_none() && self.hidden_size % self.num_attention_heads != 0 {
+        if self.head_dim.is_none() && !self.hidden_size.is_multiple_of(self.num_attention_heads) {
             return Err("hidden_size must be divisible by num_attention_heads".into());
         }
-        if self.num_attention_heads % self.num_kv_heads() != 0 {
+        if !self.num_attention_heads.is_multiple_of(self.num_kv_heads()) {
             return Err("num_attention_heads must be a multiple of num_key_value_heads".into());
         }
-        if self.head_dim() % 2 != 0 {
+        if !self.head_dim().is_multiple_of(2) {
             return Err("head_dim must be even for rotary embeddings".into());
         }
         if self.attention_bias || self.mlp_bias {
@@ -159,7 +164,10 @@ impl LlamaConfig {
             && rs.rope_type != "llama3"
             && rs.rope_type != "default"
         {
-            return Err(format!("rope_scaling type {:?} is not supported (only llama3)", rs.rope_type));
+            return Err(format!(
+                "rope_scaling type {:?} is not supported (only llama3)",
+                rs.rope_type
+            ));
         }
         Ok(())
     }
@@ -171,7 +179,8 @@ impl LlamaConfig {
 
     /// Per-head width.
     pub fn head_dim(&self) -> usize {
-        self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
+        self.head_dim
+            .unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
     }
 
     /// Input and output width of a target projection, by PEFT module name.
@@ -192,8 +201,14 @@ impl LlamaConfig {
     /// Inverse RoPE frequencies, with Llama 3 scaling when configured.
     pub fn inv_freq(&self) -> Vec<f32> {
         let d = self.head_dim();
-        let base: Vec<f64> = (0..d / 2).map(|i| 1.0 / self.rope_theta.powf((2 * i) as f64 / d as f64)).collect();
-        let Some(rs) = self.rope_scaling.as_ref().filter(|r| r.rope_type == "llama3") else {
+        let base: Vec<f64> = (0..d / 2)
+            .map(|i| 1.0 / self.rope_theta.powf((2 * i) as f64 / d as f64))
+            .collect();
+        let Some(rs) = self
+            .rope_scaling
+            .as_ref()
+            .filter(|r| r.rope_type == "llama3")
+        else {
             return base.into_iter().map(|f| f as f32).collect();
         };
         let old = rs.original_max_position_embeddings as f64;
@@ -207,7 +222,8 @@ impl LlamaConfig {
                 } else if wavelen < high_wavelen {
                     f
                 } else {
-                    let smooth = (old / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
+                    let smooth = (old / wavelen - rs.low_freq_factor)
+                        / (rs.high_freq_factor - rs.low_freq_factor);
                     (1.0 - smooth) * f / rs.factor + smooth * f
                 };
                 scaled as f32

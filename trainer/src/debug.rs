@@ -43,13 +43,24 @@ pub fn write_grads(model: &Llama, input: &Path, out: &Path) -> Result<f64> {
     let batch = crate::batch::Batch {
         rows: b,
         len: t,
-        targets: (0..b * t).map(|i| if i % t + 1 < t { flat[i + 1] as i64 } else { -100 }).collect(),
+        targets: (0..b * t)
+            .map(|i| {
+                if i % t + 1 < t {
+                    flat[i + 1] as i64
+                } else {
+                    -100
+                }
+            })
+            .collect(),
         ids: flat,
         tokens: b * t,
         labelled: b * (t - 1),
     };
     let r = crate::train::accumulate(model, std::slice::from_ref(&batch), None)?;
-    let mut tensors = BTreeMap::from([("loss".to_string(), Tensor::new(r.loss as f32, &Device::Cpu)?)]);
+    let mut tensors = BTreeMap::from([(
+        "loss".to_string(),
+        Tensor::new(r.loss as f32, &Device::Cpu)?,
+    )]);
     for (v, g) in model.lora_vars().into_iter().zip(r.grads) {
         tensors.insert(v.name, g);
     }

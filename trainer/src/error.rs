@@ -80,7 +80,12 @@ impl Error {
     pub fn is_bad_input(&self) -> bool {
         matches!(
             self,
-            Error::Data(_) | Error::Datasets(_) | Error::Spec(_) | Error::Model { .. } | Error::Json { .. } | Error::Checkpoint { .. }
+            Error::Data(_)
+                | Error::Datasets(_)
+                | Error::Spec(_)
+                | Error::Model { .. }
+                | Error::Json { .. }
+                | Error::Checkpoint { .. }
         ) || matches!(self, Error::Storage(e) if !e.is_retryable())
     }
 
@@ -96,5 +101,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Reads and parses a JSON file into `T`, naming the file in errors.
 pub(crate) fn read_json<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> Result<T> {
     let bytes = std::fs::read(path).map_err(Error::io(path))?;
-    serde_json::from_slice(&bytes).map_err(|source| Error::Json { path: path.display().to_string(), source })
+    serde_json::from_slice(&bytes).map_err(|source| Error::Json {
+        path: path.display().to_string(),
+        source,
+    })
 }

@@ -47,24 +47,38 @@ pub fn greedy(model: &Llama, prompt: &[u32], max_new: usize, stop: &[u32]) -> Re
 }
 
 /// Completions for the first `n` records.
-pub fn sample_records(model: &Llama, encoder: &Encoder, records: &[Record], n: usize, max_new: usize) -> Result<Vec<Sample>> {
+pub fn sample_records(
+    model: &Llama,
+    encoder: &Encoder,
+    records: &[Record],
+    n: usize,
+    max_new: usize,
+) -> Result<Vec<Sample>> {
     let stop = stop_ids(model, encoder);
     let mut out = Vec::new();
     for (index, r) in records.iter().enumerate().take(n) {
         let (ids, prompt, reference) = encoder.prompt_for_sampling(r)?;
         let generated = greedy(model, &ids, max_new, &stop)?;
-        out.push(Sample { index, prompt, completion: encoder.decode(&generated)?, reference });
+        out.push(Sample {
+            index,
+            prompt,
+            completion: encoder.decode(&generated)?,
+            reference,
+        });
     }
     Ok(out)
 }
 
-/// Tokens that end a reply: the model's eos ids, the tokenizer's eos and ChatML's `<|im_end|>`.
+/// Tokens that end a reply: the model's configured eos ids and the tokenizer's
+/// end-of-turn tokens (eos, `<|im_end|>`, `<|eot_id|>`, …).
 pub fn stop_ids(model: &Llama, encoder: &Encoder) -> Vec<u32> {
-    let mut ids: Vec<u32> = model.cfg.eos_token_id.as_ref().map(|e| e.ids()).unwrap_or_default();
-    ids.extend(encoder.eos_token_id());
-    for special in ["<|im_end|>", "<|eot_id|>", "</s>"] {
-        ids.extend(encoder.tokenizer().token_to_id(special));
-    }
+    let mut ids: Vec<u32> = model
+        .cfg
+        .eos_token_id
+        .as_ref()
+        .map(|e| e.ids())
+        .unwrap_or_default();
+    ids.extend(encoder.stop_token_ids());
     ids.sort_unstable();
     ids.dedup();
     ids

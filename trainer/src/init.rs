@@ -99,7 +99,10 @@ fn normal(rng: &mut ChaCha20Rng, n: usize, std: f32) -> Vec<f32> {
 /// Writes a complete model folder to `out`.
 pub fn write_model(opts: &InitOptions, out: &Path) -> Result<LlamaConfig> {
     if opts.shards == 0 {
-        return Err(Error::Model { path: out.display().to_string(), message: "--shards must be at least 1".into() });
+        return Err(Error::Model {
+            path: out.display().to_string(),
+            message: "--shards must be at least 1".into(),
+        });
     }
     std::fs::create_dir_all(out).map_err(Error::io(out))?;
     let cfg = preset_config(opts);
@@ -113,10 +116,14 @@ pub fn write_model(opts: &InitOptions, out: &Path) -> Result<LlamaConfig> {
     )?;
     let tokenizer = crate::data::build_tokenizer(v)?;
     let tok_path = out.join("tokenizer.json");
-    tokenizer
-        .save(&tok_path, false)
-        .map_err(|e| Error::Model { path: tok_path.display().to_string(), message: e.to_string() })?;
-    write_json(&out.join("tokenizer_config.json"), &crate::data::tokenizer_config_json(cfg.max_position_embeddings))?;
+    tokenizer.save(&tok_path, false).map_err(|e| Error::Model {
+        path: tok_path.display().to_string(),
+        message: e.to_string(),
+    })?;
+    write_json(
+        &out.join("tokenizer_config.json"),
+        &crate::data::tokenizer_config_json(cfg.max_position_embeddings),
+    )?;
     Ok(cfg)
 }
 
@@ -124,7 +131,10 @@ pub fn write_model(opts: &InitOptions, out: &Path) -> Result<LlamaConfig> {
 pub fn hf_config_json(cfg: &LlamaConfig) -> serde_json::Value {
     let mut v = serde_json::to_value(cfg).unwrap_or_default();
     if let Some(o) = v.as_object_mut() {
-        o.insert("architectures".into(), serde_json::json!(["LlamaForCausalLM"]));
+        o.insert(
+            "architectures".into(),
+            serde_json::json!(["LlamaForCausalLM"]),
+        );
         o.insert("initializer_range".into(), serde_json::json!(0.02));
         o.insert("pad_token_id".into(), serde_json::json!(5));
         o.insert("use_cache".into(), serde_json::json!(true));
@@ -136,7 +146,10 @@ pub fn hf_config_json(cfg: &LlamaConfig) -> serde_json::Value {
 }
 
 pub(crate) fn write_json(path: &Path, v: &serde_json::Value) -> Result<()> {
-    let bytes = serde_json::to_vec_pretty(v).map_err(|source| Error::Json { path: path.display().to_string(), source })?;
+    let bytes = serde_json::to_vec_pretty(v).map_err(|source| Error::Json {
+        path: path.display().to_string(),
+        source,
+    })?;
     tuneq_storage::local::write_atomic(path, &bytes)?;
     Ok(())
 }
@@ -147,7 +160,10 @@ pub fn write_weights(out: &Path, tensors: Vec<(String, Tensor)>, shards: usize) 
         let map: BTreeMap<String, Tensor> = tensors.into_iter().collect();
         return crate::weights::save_safetensors(&out.join("model.safetensors"), &map);
     }
-    let total: usize = tensors.iter().map(|(_, t)| t.elem_count() * t.dtype().size_in_bytes()).sum();
+    let total: usize = tensors
+        .iter()
+        .map(|(_, t)| t.elem_count() * t.dtype().size_in_bytes())
+        .sum();
     let target = total.div_ceil(shards);
     let mut groups: Vec<BTreeMap<String, Tensor>> = vec![BTreeMap::new(); shards];
     let (mut g, mut filled) = (0usize, 0usize);
@@ -190,7 +206,11 @@ pub fn random_weights(cfg: &LlamaConfig, seed: u64) -> Result<Vec<(String, Tenso
     for l in 0..cfg.num_hidden_layers {
         for (module, proj) in crate::model::PROJECTIONS {
             let (in_dim, out_dim) = cfg.projection_shape(proj).unwrap_or((h, h));
-            rand_t(format!("model.layers.{l}.{module}.{proj}.weight"), (out_dim, in_dim), &mut rng)?;
+            rand_t(
+                format!("model.layers.{l}.{module}.{proj}.weight"),
+                (out_dim, in_dim),
+                &mut rng,
+            )?;
         }
     }
     if !cfg.tie_word_embeddings {
@@ -199,11 +219,20 @@ pub fn random_weights(cfg: &LlamaConfig, seed: u64) -> Result<Vec<(String, Tenso
     // Norm weights are ones in HF's init; perturb them slightly so tests notice a norm that is skipped.
     for l in 0..cfg.num_hidden_layers {
         for n in ["input_layernorm", "post_attention_layernorm"] {
-            let data: Vec<f32> = normal(&mut rng, h, 0.1).into_iter().map(|x| 1.0 + x).collect();
-            tensors.push((format!("model.layers.{l}.{n}.weight"), Tensor::from_vec(data, h, &dev)?));
+            let data: Vec<f32> = normal(&mut rng, h, 0.1)
+                .into_iter()
+                .map(|x| 1.0 + x)
+                .collect();
+            tensors.push((
+                format!("model.layers.{l}.{n}.weight"),
+                Tensor::from_vec(data, h, &dev)?,
+            ));
         }
     }
-    let data: Vec<f32> = normal(&mut rng, h, 0.1).into_iter().map(|x| 1.0 + x).collect();
+    let data: Vec<f32> = normal(&mut rng, h, 0.1)
+        .into_iter()
+        .map(|x| 1.0 + x)
+        .collect();
     tensors.push(("model.norm.weight".into(), Tensor::from_vec(data, h, &dev)?));
 
     Ok(tensors)

@@ -27,7 +27,11 @@ pub struct LoraSettings {
 impl LoraSettings {
     /// The factor applied to `B·A·x`.
     pub fn scale(&self) -> f64 {
-        if self.rslora { self.alpha / (self.r as f64).sqrt() } else { self.alpha / self.r as f64 }
+        if self.rslora {
+            self.alpha / (self.r as f64).sqrt()
+        } else {
+            self.alpha / self.r as f64
+        }
     }
 
     /// Whether `module` is adapted.
@@ -47,9 +51,17 @@ pub struct LoraFactors {
 
 impl LoraFactors {
     /// PEFT's default init: A ~ U(±1/√in) (kaiming-uniform with a = √5), B = 0.
-    pub fn init(r: usize, in_dim: usize, out_dim: usize, rng: &mut ChaCha20Rng, device: &candle_core::Device) -> Result<Self> {
+    pub fn init(
+        r: usize,
+        in_dim: usize,
+        out_dim: usize,
+        rng: &mut ChaCha20Rng,
+        device: &candle_core::Device,
+    ) -> Result<Self> {
         let bound = 1.0 / (in_dim as f64).sqrt();
-        let a: Vec<f32> = (0..r * in_dim).map(|_| rng.random_range(-bound..bound) as f32).collect();
+        let a: Vec<f32> = (0..r * in_dim)
+            .map(|_| rng.random_range(-bound..bound) as f32)
+            .collect();
         let a = Var::from_tensor(&Tensor::from_vec(a, (r, in_dim), device)?)?;
         let b = Var::zeros((out_dim, r), DType::F32, device)?;
         Ok(Self { a, b })
@@ -88,7 +100,13 @@ impl LoraLinear {
             Some(ctx) if ctx.p > 0.0 => {
                 let keep = 1.0 - ctx.p;
                 let mask: Vec<f32> = (0..rows * in_dim)
-                    .map(|_| if ctx.rng.random::<f64>() < ctx.p { 0.0 } else { (1.0 / keep) as f32 })
+                    .map(|_| {
+                        if ctx.rng.random::<f64>() < ctx.p {
+                            0.0
+                        } else {
+                            (1.0 / keep) as f32
+                        }
+                    })
                     .collect();
                 let mask = Tensor::from_vec(mask, (rows, in_dim), x.device())?.to_dtype(dtype)?;
                 (x2 * mask)?
@@ -97,7 +115,10 @@ impl LoraLinear {
         };
         let a = lora.a.as_tensor().to_dtype(dtype)?;
         let b = lora.b.as_tensor().to_dtype(dtype)?;
-        let delta = x2.matmul(&a.t()?)?.matmul(&b.t()?)?.affine(self.scale, 0.0)?;
+        let delta = x2
+            .matmul(&a.t()?)?
+            .matmul(&b.t()?)?
+            .affine(self.scale, 0.0)?;
         let delta = delta.reshape(y.shape())?;
         y + delta
     }
@@ -107,7 +128,13 @@ impl LoraLinear {
         let w = self.weight.to_dtype(DType::F32)?;
         match &self.lora {
             None => Ok(w),
-            Some(l) => w + l.b.as_tensor().matmul(l.a.as_tensor())?.affine(self.scale, 0.0)?,
+            Some(l) => {
+                w + l
+                    .b
+                    .as_tensor()
+                    .matmul(l.a.as_tensor())?
+                    .affine(self.scale, 0.0)?
+            }
         }
     }
 }

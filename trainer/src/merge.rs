@@ -28,14 +28,20 @@ pub fn merge(model_dir: &Path, adapter_dir: &Path, out: &Path) -> Result<usize> 
             if !settings.targets(proj) {
                 continue;
             }
-            let (ka, kb) = (peft_key(l, module, proj, "A"), peft_key(l, module, proj, "B"));
+            let (ka, kb) = (
+                peft_key(l, module, proj, "A"),
+                peft_key(l, module, proj, "B"),
+            );
             let (Some(a), Some(b)) = (adapter.get(&ka), adapter.get(&kb)) else {
                 return Err(Error::Model {
                     path: adapter_dir.display().to_string(),
                     message: format!("adapter lacks {ka} or {kb}"),
                 });
             };
-            pending.insert(format!("model.layers.{l}.{module}.{proj}.weight"), (a.clone(), b.clone()));
+            pending.insert(
+                format!("model.layers.{l}.{module}.{proj}.weight"),
+                (a.clone(), b.clone()),
+            );
         }
     }
     std::fs::create_dir_all(out).map_err(Error::io(out))?;
@@ -47,11 +53,18 @@ pub fn merge(model_dir: &Path, adapter_dir: &Path, out: &Path) -> Result<usize> 
             let w = match pending.remove(&name) {
                 Some((a, b)) => {
                     let dtype = w.dtype();
-                    let delta = b.to_dtype(DType::F32)?.matmul(&a.to_dtype(DType::F32)?)?.affine(scale, 0.0)?;
+                    let delta = b
+                        .to_dtype(DType::F32)?
+                        .matmul(&a.to_dtype(DType::F32)?)?
+                        .affine(scale, 0.0)?;
                     if delta.dims() != w.dims() {
                         return Err(Error::Model {
                             path: adapter_dir.display().to_string(),
-                            message: format!("adapter update for {name} has shape {:?}, base has {:?}", delta.dims(), w.dims()),
+                            message: format!(
+                                "adapter update for {name} has shape {:?}, base has {:?}",
+                                delta.dims(),
+                                w.dims()
+                            ),
                         });
                     }
                     merged += 1;
@@ -61,11 +74,17 @@ pub fn merge(model_dir: &Path, adapter_dir: &Path, out: &Path) -> Result<usize> 
             };
             written.insert(name, w);
         }
-        let name = file.file_name().ok_or_else(|| Error::Model { path: file.display().to_string(), message: "no file name".into() })?;
+        let name = file.file_name().ok_or_else(|| Error::Model {
+            path: file.display().to_string(),
+            message: "no file name".into(),
+        })?;
         crate::weights::save_safetensors(&out.join(name), &written)?;
     }
     if let Some(name) = pending.keys().next() {
-        return Err(Error::Model { path: model_dir.display().to_string(), message: format!("base model has no tensor {name}") });
+        return Err(Error::Model {
+            path: model_dir.display().to_string(),
+            message: format!("base model has no tensor {name}"),
+        });
     }
     for f in COPIED {
         let src = model_dir.join(f);

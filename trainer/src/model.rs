@@ -90,21 +90,31 @@ impl Llama {
         for i in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{i}");
             let input_layernorm = w.take(&format!("{p}.input_layernorm.weight"), &[h])?;
-            let post_attention_layernorm = w.take(&format!("{p}.post_attention_layernorm.weight"), &[h])?;
+            let post_attention_layernorm =
+                w.take(&format!("{p}.post_attention_layernorm.weight"), &[h])?;
             let mut projections = Vec::with_capacity(7);
             for (module, proj) in PROJECTIONS {
                 // Every name in PROJECTIONS has a shape; see `LlamaConfig::projection_shape`.
                 let (in_dim, out_dim) = cfg.projection_shape(proj).unwrap_or((h, h));
                 let weight = w.take(&format!("{p}.{module}.{proj}.weight"), &[out_dim, in_dim])?;
                 let (factors, scale) = match lora.as_mut() {
-                    Some((settings, rng)) if settings.targets(proj) => {
-                        (Some(LoraFactors::init(settings.r, in_dim, out_dim, rng, device)?), settings.scale())
-                    }
+                    Some((settings, rng)) if settings.targets(proj) => (
+                        Some(LoraFactors::init(settings.r, in_dim, out_dim, rng, device)?),
+                        settings.scale(),
+                    ),
                     _ => (None, 0.0),
                 };
-                projections.push(LoraLinear { weight, lora: factors, scale });
+                projections.push(LoraLinear {
+                    weight,
+                    lora: factors,
+                    scale,
+                });
             }
-            layers.push(Layer { input_layernorm, post_attention_layernorm, projections });
+            layers.push(Layer {
+                input_layernorm,
+                post_attention_layernorm,
+                projections,
+            });
         }
         let norm = w.take("model.norm.weight", &[h])?;
         let lm_head = if cfg.tie_word_embeddings && !w.contains("lm_head.weight") {
@@ -113,7 +123,17 @@ impl Llama {
             w.take("lm_head.weight", &[v, h])?
         };
         let (cos, sin) = rope_tables(&cfg, device, dtype)?;
-        Ok(Self { cfg, embed_tokens, layers, norm, lm_head, cos, sin, dtype, device: device.clone() })
+        Ok(Self {
+            cfg,
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            cos,
+            sin,
+            dtype,
+            device: device.clone(),
+        })
     }
 
     /// The compute device.
@@ -132,8 +152,14 @@ impl Llama {
         for (i, layer) in self.layers.iter().enumerate() {
             for ((module, proj), lin) in PROJECTIONS.iter().zip(&layer.projections) {
                 if let Some(l) = &lin.lora {
-                    out.push(NamedVar { name: peft_key(i, module, proj, "A"), var: l.a.clone() });
-                    out.push(NamedVar { name: peft_key(i, module, proj, "B"), var: l.b.clone() });
+                    out.push(NamedVar {
+                        name: peft_key(i, module, proj, "A"),
+                        var: l.a.clone(),
+                    });
+                    out.push(NamedVar {
+                        name: peft_key(i, module, proj, "B"),
+                        var: l.b.clone(),
+                    });
                 }
             }
         }
@@ -165,10 +191,15 @@ impl Llama {
                     if t.dims() != shape {
                         return Err(Error::Model {
                             path: source.to_string(),
-                            message: format!("adapter tensor {key} has shape {:?}, expected {shape:?}", t.dims()),
+                            message: format!(
+                                "adapter tensor {key} has shape {:?}, expected {shape:?}",
+                                t.dims()
+                            ),
                         });
                     }
-                    Ok(Var::from_tensor(&t.to_dtype(DType::F32)?.to_device(&self.device)?)?)
+                    Ok(Var::from_tensor(
+                        &t.to_dtype(DType::F32)?.to_device(&self.device)?,
+                    )?)
                 };
                 let a = get("A", [settings.r, in_dim])?;
                 let b = get("B", [out_dim, settings.r])?;
@@ -180,35 +211,55 @@ impl Llama {
     }
 
     /// Final hidden states (batch, seq, hidden) for token ids (batch, seq).
-    pub fn hidden_states(&self, ids: &Tensor, mut dropout: Option<&mut DropoutCtx<'_>>) -> Result<Tensor> {
+    pub fn hidden_states(
+        &self,
+        ids: &Tensor,
+        mut dropout: Option<&mut DropoutCtx<'_>>,
+    ) -> Result<Tensor> {
         let (b, t) = ids.dims2()?;
         if t > self.cos.dim(0)? {
             return Err(Error::Model {
                 path: "model".into(),
-                message: format!("sequence of {t} tokens exceeds max_position_embeddings {}", self.cos.dim(0)?),
+                message: format!(
+                    "sequence of {t} tokens exceeds max_position_embeddings {}",
+                    self.cos.dim(0)?
+                ),
             });
         }
         let cfg = &self.cfg;
         let (nh, nkv, hd) = (cfg.num_attention_heads, cfg.num_kv_heads(), cfg.head_dim());
-        let mut x = self.embed_tokens.index_select(&ids.flatten_all()?, 0)?.reshape((b, t, cfg.hidden_size))?;
+        let mut x = self
+            .embed_tokens
+            .index_select(&ids.flatten_all()?, 0)?
+            .reshape((b, t, cfg.hidden_size))?;
         let cos = self.cos.narrow(0, 0, t)?;
         let sin = self.sin.narrow(0, 0, t)?;
         let eps = cfg.rms_norm_eps;
         for layer in &self.layers {
             let [q_p, k_p, v_p, o_p, gate_p, up_p, down_p] = layer.projections.as_slice() else {
-                return Err(Error::Model { path: "model".into(), message: "layer without seven projections".into() });
+                return Err(Error::Model {
+                    path: "model".into(),
+                    message: "layer without seven projections".into(),
+                });
             };
             let hn = rms_norm(&x, &layer.input_layernorm, eps)?;
-            let heads = |p: &LoraLinear, n: usize, d: &mut Option<&mut DropoutCtx<'_>>| -> Result<Tensor> {
-                Ok(p.forward(&hn, d.as_deref_mut())?.reshape((b, t, n, hd))?.transpose(1, 2)?.contiguous()?)
-            };
+            let heads =
+                |p: &LoraLinear, n: usize, d: &mut Option<&mut DropoutCtx<'_>>| -> Result<Tensor> {
+                    Ok(p.forward(&hn, d.as_deref_mut())?
+                        .reshape((b, t, n, hd))?
+                        .transpose(1, 2)?
+                        .contiguous()?)
+                };
             let q = rope(&heads(q_p, nh, &mut dropout)?, &cos, &sin)?;
             let k = rope(&heads(k_p, nkv, &mut dropout)?, &cos, &sin)?;
             let v = heads(v_p, nkv, &mut dropout)?;
             let (k, v) = (repeat_kv(&k, nh / nkv)?, repeat_kv(&v, nh / nkv)?);
             let scores = q.matmul(&k.t()?)?.affine(1.0 / (hd as f64).sqrt(), 0.0)?;
             let probs = causal_softmax(&scores)?;
-            let attn = probs.matmul(&v)?.transpose(1, 2)?.reshape((b, t, nh * hd))?;
+            let attn = probs
+                .matmul(&v)?
+                .transpose(1, 2)?
+                .reshape((b, t, nh * hd))?;
             x = (x + o_p.forward(&attn, dropout.as_deref_mut())?)?;
             let hn = rms_norm(&x, &layer.post_attention_layernorm, eps)?;
             let gate = gate_p.forward(&hn, dropout.as_deref_mut())?.silu()?;
@@ -229,7 +280,10 @@ impl Llama {
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
         let (b, t) = ids.dims2()?;
         let hidden = self.hidden_states(ids, None)?;
-        Ok(self.logits(&hidden)?.to_dtype(DType::F32)?.reshape((b, t, self.cfg.vocab_size))?)
+        Ok(self
+            .logits(&hidden)?
+            .to_dtype(DType::F32)?
+            .reshape((b, t, self.cfg.vocab_size))?)
     }
 
     /// The weight of every base tensor with the adapter folded in (f32), by HF name,
@@ -239,7 +293,10 @@ impl Llama {
         for (i, layer) in self.layers.iter().enumerate() {
             for ((module, proj), lin) in PROJECTIONS.iter().zip(&layer.projections) {
                 if lin.lora.is_some() {
-                    out.push((format!("model.layers.{i}.{module}.{proj}.weight"), lin.merged_weight()?));
+                    out.push((
+                        format!("model.layers.{i}.{module}.{proj}.weight"),
+                        lin.merged_weight()?,
+                    ));
                 }
             }
         }
@@ -253,7 +310,9 @@ fn repeat_kv(x: &Tensor, n_rep: usize) -> candle_core::Result<Tensor> {
         return Ok(x.clone());
     }
     let (b, kv, t, d) = x.dims4()?;
-    x.unsqueeze(2)?.broadcast_as((b, kv, n_rep, t, d))?.reshape((b, kv * n_rep, t, d))
+    x.unsqueeze(2)?
+        .broadcast_as((b, kv, n_rep, t, d))?
+        .reshape((b, kv * n_rep, t, d))
 }
 
 /// cos/sin tables (max_positions, head_dim/2) for rotate-half RoPE, computed in f32 like HF.
@@ -268,5 +327,8 @@ fn rope_tables(cfg: &LlamaConfig, device: &Device, dtype: DType) -> Result<(Tens
         }
     }
     let angles = Tensor::from_vec(angles, (n, half), device)?;
-    Ok((angles.cos()?.to_dtype(dtype)?, angles.sin()?.to_dtype(dtype)?))
+    Ok((
+        angles.cos()?.to_dtype(dtype)?,
+        angles.sin()?.to_dtype(dtype)?,
+    ))
 }

@@ -44,16 +44,26 @@ impl CustomOp1 for Attached {
         let shape = y.shape().clone();
         let (storage, layout) = y.storage_and_layout();
         let candle_core::Storage::Cpu(cpu) = &*storage else {
-            return Err(candle_core::Error::Msg(format!("{}: result not on the cpu", self.name)));
+            return Err(candle_core::Error::Msg(format!(
+                "{}: result not on the cpu",
+                self.name
+            )));
         };
         // `attach` made the result contiguous; a zero offset means the whole buffer is ours.
-        if layout.start_offset() != 0 || !layout.is_contiguous() || storage_len(cpu) != shape.elem_count() {
-            return Err(candle_core::Error::Msg(format!("{}: result is not a dense tensor", self.name)));
+        if layout.start_offset() != 0
+            || !layout.is_contiguous()
+            || storage_len(cpu) != shape.elem_count()
+        {
+            return Err(candle_core::Error::Msg(format!(
+                "{}: result is not a dense tensor",
+                self.name
+            )));
         }
         Ok((cpu.clone(), shape))
     }
 
-    #[cfg(feature = "cuda")]
+    // Compiled in every build (candle's dummy CUDA backend has the same API), so the GPU
+    // path is type-checked even where CUDA cannot be built.
     fn cuda_fwd(
         &self,
         _storage: &candle_core::CudaStorage,
@@ -64,7 +74,10 @@ impl CustomOp1 for Attached {
         let shape = y.shape().clone();
         let (storage, layout) = y.storage_and_layout();
         let candle_core::Storage::Cuda(cuda) = &*storage else {
-            return Err(candle_core::Error::Msg(format!("{}: result not on the gpu", self.name)));
+            return Err(candle_core::Error::Msg(format!(
+                "{}: result not on the gpu",
+                self.name
+            )));
         };
         Ok((cuda.try_clone(layout)?, shape))
     }
@@ -101,8 +114,16 @@ pub fn attach(
     }
     let result = result.contiguous()?;
     // A contiguous tensor may still be a view at an offset into a larger buffer; copy it then.
-    let result = if result.storage_and_layout().1.start_offset() != 0 { result.copy()? } else { result };
-    x.apply_op1(Attached { name, result: Mutex::new(Some(result)), bwd: Box::new(bwd) })
+    let result = if result.storage_and_layout().1.start_offset() != 0 {
+        result.copy()?
+    } else {
+        result
+    };
+    x.apply_op1(Attached {
+        name,
+        result: Mutex::new(Some(result)),
+        bwd: Box::new(bwd),
+    })
 }
 
 /// `x · Wᵀ` for a frozen `w` of shape (out, in): the backward computes only `dX = dY · W`.
@@ -128,9 +149,17 @@ pub fn frozen_linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
     let dtype = x.dtype();
     let xf = x.detach().to_dtype(DType::F32)?;
-    let inv = xf.sqr()?.mean_keepdim(D::Minus1)?.affine(1.0, eps)?.sqrt()?.recip()?;
+    let inv = xf
+        .sqr()?
+        .mean_keepdim(D::Minus1)?
+        .affine(1.0, eps)?
+        .sqrt()?
+        .recip()?;
     let w32 = w.to_dtype(DType::F32)?;
-    let y = xf.broadcast_mul(&inv)?.to_dtype(dtype)?.broadcast_mul(&w.to_dtype(dtype)?)?;
+    let y = xf
+        .broadcast_mul(&inv)?
+        .to_dtype(dtype)?
+        .broadcast_mul(&w.to_dtype(dtype)?)?;
     attach(x, y, "rms_norm", move |arg, _res, g| {
         // y = x̂·w with x̂ = x·r, r = 1/√(mean(x²)+eps):
         // dx = r · (g·w − x̂ · mean(g·w·x̂))
@@ -138,7 +167,9 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
         let xhat = xf.broadcast_mul(&inv)?;
         let gw = g.to_dtype(DType::F32)?.broadcast_mul(&w32)?;
         let dot = (&gw * &xhat)?.mean_keepdim(D::Minus1)?;
-        let dx = gw.broadcast_sub(&xhat.broadcast_mul(&dot)?)?.broadcast_mul(&inv)?;
+        let dx = gw
+            .broadcast_sub(&xhat.broadcast_mul(&dot)?)?
+            .broadcast_mul(&inv)?;
         dx.to_dtype(arg.dtype())
     })
 }
@@ -172,7 +203,15 @@ pub fn causal_softmax(scores: &Tensor) -> Result<Tensor> {
 pub fn causal_mask(q_len: usize, k_len: usize, device: &candle_core::Device) -> Result<Tensor> {
     let offset = k_len.saturating_sub(q_len);
     let data: Vec<f32> = (0..q_len)
-        .flat_map(|i| (0..k_len).map(move |j| if j <= i + offset { 0.0 } else { f32::NEG_INFINITY }))
+        .flat_map(|i| {
+            (0..k_len).map(move |j| {
+                if j <= i + offset {
+                    0.0
+                } else {
+                    f32::NEG_INFINITY
+                }
+            })
+        })
         .collect();
     Tensor::from_vec(data, (q_len, k_len), device)
 }
@@ -185,14 +224,31 @@ pub fn causal_mask(q_len: usize, k_len: usize, device: &candle_core::Device) -> 
 pub fn masked_cross_entropy(logits: &Tensor, targets: &[i64], denominator: f64) -> Result<Tensor> {
     let (n, vocab) = logits.dims2()?;
     if targets.len() != n {
-        return Err(candle_core::Error::Msg(format!("{} targets for {n} logits rows", targets.len())));
+        return Err(candle_core::Error::Msg(format!(
+            "{} targets for {n} logits rows",
+            targets.len()
+        )));
     }
     let device = logits.device().clone();
-    let ids: Vec<u32> = targets.iter().map(|&t| if t >= 0 { t as u32 } else { 0 }).collect();
+    let ids: Vec<u32> = targets
+        .iter()
+        .map(|&t| if t >= 0 { t as u32 } else { 0 })
+        .collect();
     if ids.iter().any(|&t| t as usize >= vocab) {
-        return Err(candle_core::Error::Msg("target id outside the vocabulary".into()));
+        return Err(candle_core::Error::Msg(
+            "target id outside the vocabulary".into(),
+        ));
     }
-    let weights: Vec<f32> = targets.iter().map(|&t| if t >= 0 { (1.0 / denominator) as f32 } else { 0.0 }).collect();
+    let weights: Vec<f32> = targets
+        .iter()
+        .map(|&t| {
+            if t >= 0 {
+                (1.0 / denominator) as f32
+            } else {
+                0.0
+            }
+        })
+        .collect();
     let ids = Tensor::from_vec(ids, (n, 1), &device)?;
     let weights = Tensor::from_vec(weights, (n, 1), &device)?;
     let lf = logits.detach().to_dtype(DType::F32)?;
@@ -204,7 +260,10 @@ pub fn masked_cross_entropy(logits: &Tensor, targets: &[i64], denominator: f64) 
         let probs = candle_nn::ops::softmax_last_dim(&arg.to_dtype(DType::F32)?)?;
         let row_w = weights.broadcast_mul(g)?;
         let onehot = probs.zeros_like()?.scatter_add(&ids, &row_w, 1)?;
-        probs.broadcast_mul(&row_w)?.sub(&onehot)?.to_dtype(arg.dtype())
+        probs
+            .broadcast_mul(&row_w)?
+            .sub(&onehot)?
+            .to_dtype(arg.dtype())
     })
 }
 
@@ -222,14 +281,28 @@ mod tests {
     }
 
     fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-        (a - b).expect("sub").abs().expect("abs").flatten_all().expect("flat").max(0).expect("max").to_scalar().expect("s")
+        (a - b)
+            .expect("sub")
+            .abs()
+            .expect("abs")
+            .flatten_all()
+            .expect("flat")
+            .max(0)
+            .expect("max")
+            .to_scalar()
+            .expect("s")
     }
 
     /// Gradient of sum(f(x) ⊙ probe) with respect to x, via candle's backward.
     fn grad_of(f: impl Fn(&Tensor) -> Result<Tensor>, x: &Tensor, probe: &Tensor) -> Tensor {
         let v = Var::from_tensor(x).expect("var");
         let y = f(v.as_tensor()).expect("fwd");
-        let grads = (y * probe).expect("mul").sum_all().expect("sum").backward().expect("bwd");
+        let grads = (y * probe)
+            .expect("mul")
+            .sum_all()
+            .expect("sum")
+            .backward()
+            .expect("bwd");
         grads.get(v.as_tensor()).expect("grad present").clone()
     }
 
@@ -239,7 +312,12 @@ mod tests {
         let w = rand(&[6, 8], 2);
         let probe = rand(&[2, 5, 6], 3);
         let composed = |x: &Tensor| x.broadcast_matmul(&w.t()?);
-        assert!(max_diff(&frozen_linear(&x, &w).expect("fwd"), &composed(&x).expect("fwd")) < 1e-6);
+        assert!(
+            max_diff(
+                &frozen_linear(&x, &w).expect("fwd"),
+                &composed(&x).expect("fwd")
+            ) < 1e-6
+        );
         let g1 = grad_of(|x| frozen_linear(x, &w), &x, &probe);
         let g2 = grad_of(composed, &x, &probe);
         assert!(max_diff(&g1, &g2) < 1e-5);
@@ -251,10 +329,20 @@ mod tests {
         let w = rand(&[16], 5);
         let probe = rand(&[2, 3, 16], 6);
         let composed = |x: &Tensor| {
-            let inv = x.sqr()?.mean_keepdim(D::Minus1)?.affine(1.0, 1e-5)?.sqrt()?.recip()?;
+            let inv = x
+                .sqr()?
+                .mean_keepdim(D::Minus1)?
+                .affine(1.0, 1e-5)?
+                .sqrt()?
+                .recip()?;
             x.broadcast_mul(&inv)?.broadcast_mul(&w)
         };
-        assert!(max_diff(&rms_norm(&x, &w, 1e-5).expect("fwd"), &composed(&x).expect("fwd")) < 1e-5);
+        assert!(
+            max_diff(
+                &rms_norm(&x, &w, 1e-5).expect("fwd"),
+                &composed(&x).expect("fwd")
+            ) < 1e-5
+        );
         let g1 = grad_of(|x| rms_norm(x, &w, 1e-5), &x, &probe);
         let g2 = grad_of(composed, &x, &probe);
         assert!(max_diff(&g1, &g2) < 1e-5, "{}", max_diff(&g1, &g2));
@@ -267,7 +355,11 @@ mod tests {
         let sin = rand(&[4, 4], 9);
         let probe = rand(&[1, 2, 4, 8], 10);
         let g1 = grad_of(|x| rope(x, &cos, &sin), &x, &probe);
-        let g2 = grad_of(|x| candle_nn::rotary_emb::rope_slow(x, &cos, &sin), &x, &probe);
+        let g2 = grad_of(
+            |x| candle_nn::rotary_emb::rope_slow(x, &cos, &sin),
+            &x,
+            &probe,
+        );
         assert!(max_diff(&g1, &g2) < 1e-5);
     }
 
@@ -279,7 +371,12 @@ mod tests {
             let m = causal_mask(5, 5, &Device::Cpu)?;
             candle_nn::ops::softmax(&s.broadcast_add(&m)?, D::Minus1)
         };
-        assert!(max_diff(&causal_softmax(&s).expect("fwd"), &composed(&s).expect("fwd")) < 1e-6);
+        assert!(
+            max_diff(
+                &causal_softmax(&s).expect("fwd"),
+                &composed(&s).expect("fwd")
+            ) < 1e-6
+        );
         let g1 = grad_of(causal_softmax, &s, &probe);
         let g2 = grad_of(composed, &s, &probe);
         assert!(max_diff(&g1, &g2) < 1e-5);
@@ -290,7 +387,10 @@ mod tests {
         let logits = rand(&[4, 7], 13);
         let targets = [3i64, -100, 6, 0];
         let loss = masked_cross_entropy(&logits, &targets, 3.0).expect("loss");
-        let lsm = candle_nn::ops::log_softmax(&logits, D::Minus1).expect("lsm").to_vec2::<f32>().expect("vec");
+        let lsm = candle_nn::ops::log_softmax(&logits, D::Minus1)
+            .expect("lsm")
+            .to_vec2::<f32>()
+            .expect("vec");
         let want = -(lsm[0][3] + lsm[2][6] + lsm[3][0]) / 3.0;
         let got: f32 = loss.to_scalar().expect("scalar");
         assert!((got - want).abs() < 1e-6);
@@ -303,11 +403,17 @@ mod tests {
                 let mut v = base.clone();
                 v[r][c] += d;
                 let t = Tensor::new(v, &Device::Cpu).expect("t");
-                masked_cross_entropy(&t, &targets, 3.0).expect("l").to_scalar::<f32>().expect("s")
+                masked_cross_entropy(&t, &targets, 3.0)
+                    .expect("l")
+                    .to_scalar::<f32>()
+                    .expect("s")
             };
             let fd = (bump(eps) - bump(-eps)) / (2.0 * eps);
             let an = g.to_vec2::<f32>().expect("g")[r][c];
-            assert!((fd - an).abs() < 1e-3, "({r},{c}): fd {fd} vs analytic {an}");
+            assert!(
+                (fd - an).abs() < 1e-3,
+                "({r},{c}): fd {fd} vs analytic {an}"
+            );
         }
     }
 }

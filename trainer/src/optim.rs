@@ -25,7 +25,12 @@ pub struct AdamWConfig {
 
 impl Default for AdamWConfig {
     fn default() -> Self {
-        Self { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 }
+        Self {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+        }
     }
 }
 
@@ -41,9 +46,18 @@ pub struct AdamW {
 impl AdamW {
     /// Fresh state (zero moments, step 0) for `params`.
     pub fn new(params: Vec<NamedVar>, cfg: AdamWConfig) -> Result<Self> {
-        let exp_avg = params.iter().map(|p| p.var.as_tensor().zeros_like()).collect::<candle_core::Result<Vec<_>>>()?;
+        let exp_avg = params
+            .iter()
+            .map(|p| p.var.as_tensor().zeros_like())
+            .collect::<candle_core::Result<Vec<_>>>()?;
         let exp_avg_sq = exp_avg.clone();
-        Ok(Self { cfg, params, exp_avg, exp_avg_sq, step: 0 })
+        Ok(Self {
+            cfg,
+            params,
+            exp_avg,
+            exp_avg_sq,
+            step: 0,
+        })
     }
 
     /// Optimiser steps taken (the bias-correction `t`).
@@ -71,7 +85,11 @@ impl AdamW {
             let m = ((&self.exp_avg[i] * c.beta1)? + (&g * (1.0 - c.beta1))?)?;
             let v = ((&self.exp_avg_sq[i] * c.beta2)? + (g.sqr()? * (1.0 - c.beta2))?)?;
             let theta = p.var.as_tensor();
-            let theta = if c.weight_decay != 0.0 { (theta * (1.0 - lr * c.weight_decay))? } else { theta.clone() };
+            let theta = if c.weight_decay != 0.0 {
+                (theta * (1.0 - lr * c.weight_decay))?
+            } else {
+                theta.clone()
+            };
             let denom = ((v.sqrt()? / bc2_sqrt)? + c.eps)?;
             let update = ((&m / denom)? * step_size)?;
             p.var.set(&(theta - update)?)?;
@@ -92,16 +110,28 @@ impl AdamW {
     }
 
     /// Restores moments saved by [`Self::state_tensors`] and the step count.
-    pub fn restore(&mut self, tensors: &HashMap<String, Tensor>, step: u64, device: &Device, source: &str) -> Result<()> {
+    pub fn restore(
+        &mut self,
+        tensors: &HashMap<String, Tensor>,
+        step: u64,
+        device: &Device,
+        source: &str,
+    ) -> Result<()> {
         for (i, p) in self.params.iter().enumerate() {
-            for (prefix, slot) in [("exp_avg", &mut self.exp_avg[i]), ("exp_avg_sq", &mut self.exp_avg_sq[i])] {
+            for (prefix, slot) in [
+                ("exp_avg", &mut self.exp_avg[i]),
+                ("exp_avg_sq", &mut self.exp_avg_sq[i]),
+            ] {
                 let key = format!("{prefix}.{}", p.name);
                 let t = tensors.get(&key).ok_or_else(|| Error::Checkpoint {
                     path: source.to_string(),
                     message: format!("optimiser tensor {key} is missing"),
                 })?;
                 if t.dims() != p.var.dims() {
-                    return Err(Error::Checkpoint { path: source.to_string(), message: format!("{key} has the wrong shape") });
+                    return Err(Error::Checkpoint {
+                        path: source.to_string(),
+                        message: format!("{key} has the wrong shape"),
+                    });
                 }
                 *slot = t.to_device(device)?;
             }
@@ -132,12 +162,21 @@ mod tests {
         // after one step p = [1·(1-0.001) - 0.1, -2·(1-0.001) - 0.1] = [0.899, -2.098]
         let var = Var::new(&[1f32, -2.0], &Device::Cpu)?;
         let mut opt = AdamW::new(
-            vec![NamedVar { name: "p".into(), var: var.clone() }],
-            AdamWConfig { weight_decay: 0.01, ..Default::default() },
+            vec![NamedVar {
+                name: "p".into(),
+                var: var.clone(),
+            }],
+            AdamWConfig {
+                weight_decay: 0.01,
+                ..Default::default()
+            },
         )?;
         opt.step(&[Tensor::new(&[0.5f32, 0.25], &Device::Cpu)?], 0.1, 1.0)?;
         let got = var.as_tensor().to_vec1::<f32>()?;
-        assert!((got[0] - 0.899).abs() < 1e-6 && (got[1] + 2.098).abs() < 1e-6, "{got:?}");
+        assert!(
+            (got[0] - 0.899).abs() < 1e-6 && (got[1] + 2.098).abs() < 1e-6,
+            "{got:?}"
+        );
         Ok(())
     }
 }

@@ -102,7 +102,12 @@ impl AdapterConfig {
 
     /// LoRA settings this adapter implies; refuses features we do not implement.
     pub fn settings(&self, source: &str) -> Result<LoraSettings> {
-        let refuse = |message: String| Err(Error::Model { path: source.to_string(), message });
+        let refuse = |message: String| {
+            Err(Error::Model {
+                path: source.to_string(),
+                message,
+            })
+        };
         if self.peft_type != "LORA" {
             return refuse(format!("peft_type {:?} is not LORA", self.peft_type));
         }
@@ -127,18 +132,30 @@ impl AdapterConfig {
 pub fn save_adapter(model: &Llama, settings: &LoraSettings, base: &str, dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(Error::io(dir))?;
     let cfg = AdapterConfig::new(settings, base);
-    let json = serde_json::to_vec_pretty(&cfg).map_err(|source| Error::Json { path: ADAPTER_CONFIG.into(), source })?;
+    let json = serde_json::to_vec_pretty(&cfg).map_err(|source| Error::Json {
+        path: ADAPTER_CONFIG.into(),
+        source,
+    })?;
     tuneq_storage::local::write_atomic(&dir.join(ADAPTER_CONFIG), &json)?;
-    let tensors: BTreeMap<String, Tensor> =
-        model.lora_vars().into_iter().map(|v| (v.name, v.var.as_tensor().clone())).collect();
+    let tensors: BTreeMap<String, Tensor> = model
+        .lora_vars()
+        .into_iter()
+        .map(|v| (v.name, v.var.as_tensor().clone()))
+        .collect();
     crate::weights::save_safetensors(&dir.join(ADAPTER_WEIGHTS), &tensors)
 }
 
 /// Reads a PEFT adapter folder: its settings and tensors by PEFT key.
-pub fn load_adapter(dir: &Path, device: &Device) -> Result<(LoraSettings, HashMap<String, Tensor>)> {
+pub fn load_adapter(
+    dir: &Path,
+    device: &Device,
+) -> Result<(LoraSettings, HashMap<String, Tensor>)> {
     let cfg_path = dir.join(ADAPTER_CONFIG);
     if !cfg_path.is_file() {
-        return Err(Error::Model { path: dir.display().to_string(), message: format!("{ADAPTER_CONFIG} not found") });
+        return Err(Error::Model {
+            path: dir.display().to_string(),
+            message: format!("{ADAPTER_CONFIG} not found"),
+        });
     }
     let cfg: AdapterConfig = crate::error::read_json(&cfg_path)?;
     let settings = cfg.settings(&cfg_path.display().to_string())?;

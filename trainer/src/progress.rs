@@ -56,7 +56,13 @@ impl Default for TerminalBar {
 impl ProgressSink for TerminalBar {
     fn event(&mut self, event: &TrainEvent) {
         match event {
-            TrainEvent::Started { total_steps, start_step, train_examples, dataset_format, .. } => {
+            TrainEvent::Started {
+                total_steps,
+                start_step,
+                train_examples,
+                dataset_format,
+                ..
+            } => {
                 let bar = indicatif::ProgressBar::new(*total_steps);
                 if let Ok(style) = indicatif::ProgressStyle::with_template(
                     "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} steps  {msg}  ETA {eta}",
@@ -64,24 +70,44 @@ impl ProgressSink for TerminalBar {
                     bar.set_style(style);
                 }
                 bar.set_position(*start_step);
-                bar.println(format!("training on {train_examples} {dataset_format} examples, {total_steps} steps"));
+                bar.println(format!(
+                    "training on {train_examples} {dataset_format} examples, {total_steps} steps"
+                ));
                 self.bar = Some(bar);
             }
             TrainEvent::Step(m) => {
                 if let Some(bar) = &self.bar {
                     bar.set_position(m.step);
-                    bar.set_message(format!("loss {:.4}  lr {:.2e}  {:.0} tok/s", m.loss, m.lr, m.tokens_per_s));
+                    bar.set_message(format!(
+                        "loss {:.4}  lr {:.2e}  {:.0} tok/s",
+                        m.loss, m.lr, m.tokens_per_s
+                    ));
                 }
             }
             other => {
                 let text = match other {
-                    TrainEvent::Resumed { step, checkpoint } => format!("resumed at step {step} from {checkpoint}"),
-                    TrainEvent::Eval { step, validation_loss } => format!("step {step}: validation loss {validation_loss:.4}"),
-                    TrainEvent::Checkpoint { step, location } => format!("checkpoint at step {step}: {location}"),
-                    TrainEvent::Sample { prompt, completion, .. } => format!("sample: {prompt:?} → {completion:?}"),
+                    TrainEvent::Resumed { step, checkpoint } => {
+                        format!("resumed at step {step} from {checkpoint}")
+                    }
+                    TrainEvent::Eval {
+                        step,
+                        validation_loss,
+                    } => format!("step {step}: validation loss {validation_loss:.4}"),
+                    TrainEvent::Checkpoint { step, location } => {
+                        format!("checkpoint at step {step}: {location}")
+                    }
+                    TrainEvent::Sample {
+                        prompt, completion, ..
+                    } => format!("sample: {prompt:?} → {completion:?}"),
                     TrainEvent::Warning { message } => format!("warning: {message}"),
-                    TrainEvent::Interrupted { step } => format!("interrupted; checkpoint at step {step} written"),
-                    TrainEvent::Finished { adapter, validation_loss, .. } => match validation_loss {
+                    TrainEvent::Interrupted { step } => {
+                        format!("interrupted; checkpoint at step {step} written")
+                    }
+                    TrainEvent::Finished {
+                        adapter,
+                        validation_loss,
+                        ..
+                    } => match validation_loss {
                         Some(v) => format!("done: adapter at {adapter} (validation loss {v:.4})"),
                         None => format!("done: adapter at {adapter}"),
                     },
@@ -91,8 +117,10 @@ impl ProgressSink for TerminalBar {
                     Some(bar) => bar.println(text),
                     None => eprintln!("{text}"),
                 }
-                if matches!(other, TrainEvent::Finished { .. } | TrainEvent::Interrupted { .. })
-                    && let Some(bar) = self.bar.take()
+                if matches!(
+                    other,
+                    TrainEvent::Finished { .. } | TrainEvent::Interrupted { .. }
+                ) && let Some(bar) = self.bar.take()
                 {
                     bar.finish_and_clear();
                 }

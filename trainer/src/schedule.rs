@@ -27,7 +27,10 @@ impl LrSchedule {
         match self.kind {
             Scheduler::Constant => self.peak,
             Scheduler::Linear => self.peak * (1.0 - progress).max(0.0),
-            Scheduler::Cosine => self.peak * (0.5 * (1.0 + (std::f64::consts::PI * progress.min(1.0)).cos())).max(0.0),
+            Scheduler::Cosine => {
+                self.peak
+                    * (0.5 * (1.0 + (std::f64::consts::PI * progress.min(1.0)).cos())).max(0.0)
+            }
         }
     }
 }
@@ -38,14 +41,29 @@ mod tests {
 
     #[test]
     fn warmup_then_decay_like_transformers() {
-        let s = LrSchedule { peak: 1.0, warmup: 2, total: 10, kind: Scheduler::Linear };
+        let s = LrSchedule {
+            peak: 1.0,
+            warmup: 2,
+            total: 10,
+            kind: Scheduler::Linear,
+        };
         let lrs: Vec<f64> = (0..10).map(|i| s.lr_at(i)).collect();
         assert_eq!(lrs[0], 0.0);
         assert_eq!(lrs[1], 0.5);
         assert_eq!(lrs[2], 1.0);
         assert!((lrs[6] - 0.5).abs() < 1e-12);
-        let c = LrSchedule { kind: Scheduler::Cosine, ..s };
+        let c = LrSchedule {
+            kind: Scheduler::Cosine,
+            ..s
+        };
         assert!((c.lr_at(6) - 0.5).abs() < 1e-12);
-        assert_eq!(LrSchedule { kind: Scheduler::Constant, ..s }.lr_at(9), 1.0);
+        assert_eq!(
+            LrSchedule {
+                kind: Scheduler::Constant,
+                ..s
+            }
+            .lr_at(9),
+            1.0
+        );
     }
 }

@@ -50,7 +50,9 @@ pub fn select_device(kind: tuneq_openapi::DeviceKind) -> Result<Device> {
             if cfg!(feature = "cuda") {
                 Device::new_cuda(0).map_err(|e| Error::Device(format!("CUDA device 0: {e}")))
             } else {
-                Err(Error::Device("this tuneq was built without CUDA; rebuild with `--features cuda`".into()))
+                Err(Error::Device(
+                    "this tuneq was built without CUDA; rebuild with `--features cuda`".into(),
+                ))
             }
         }
     }
@@ -62,10 +64,12 @@ pub fn select_dtype(kind: tuneq_openapi::DtypeKind, device: &Device) -> Result<D
     match (kind, device.is_cpu()) {
         (tuneq_openapi::DtypeKind::F32, _) => Ok(DType::F32),
         (tuneq_openapi::DtypeKind::Bf16, false) => Ok(DType::BF16),
-        (tuneq_openapi::DtypeKind::Bf16, true) => Err(Error::Spec(vec![tuneq_openapi::SpecError {
-            field: "dtype".into(),
-            message: "bf16 is only supported on cuda; use f32 on cpu".into(),
-        }])),
+        (tuneq_openapi::DtypeKind::Bf16, true) => {
+            Err(Error::Spec(vec![tuneq_openapi::SpecError {
+                field: "dtype".into(),
+                message: "bf16 is only supported on cuda; use f32 on cpu".into(),
+            }]))
+        }
     }
 }
 
@@ -82,11 +86,18 @@ pub fn lora_settings(spec: &TrainSpec) -> LoraSettings {
 
 /// Resolves a spec location to a local path (remote storage arrives with issue 3).
 pub fn local_path(field: &str, value: &str) -> Result<PathBuf> {
-    let loc = tuneq_storage::Location::parse(value)
-        .map_err(|e| Error::Spec(vec![tuneq_openapi::SpecError { field: field.into(), message: e.to_string() }]))?;
-    loc.local_path()
-        .map(Path::to_path_buf)
-        .map_err(|e| Error::Spec(vec![tuneq_openapi::SpecError { field: field.into(), message: e.to_string() }]))
+    let loc = tuneq_storage::Location::parse(value).map_err(|e| {
+        Error::Spec(vec![tuneq_openapi::SpecError {
+            field: field.into(),
+            message: e.to_string(),
+        }])
+    })?;
+    loc.local_path().map(Path::to_path_buf).map_err(|e| {
+        Error::Spec(vec![tuneq_openapi::SpecError {
+            field: field.into(),
+            message: e.to_string(),
+        }])
+    })
 }
 
 /// Tokenised data of one or more files.
@@ -106,7 +117,12 @@ pub struct EncodedData {
 }
 
 /// Reads, validates and tokenises `files`. Every bad line of every file is reported.
-pub fn encode_files(encoder: &Encoder, files: &[PathBuf], format: tuneq_openapi::DatasetFormat, max_len: usize) -> Result<EncodedData> {
+pub fn encode_files(
+    encoder: &Encoder,
+    files: &[PathBuf],
+    format: tuneq_openapi::DatasetFormat,
+    max_len: usize,
+) -> Result<EncodedData> {
     let mut parsed: Vec<ParsedDataset> = Vec::new();
     let mut errors = Vec::new();
     for f in files {
@@ -126,14 +142,20 @@ pub fn encode_files(encoder: &Encoder, files: &[PathBuf], format: tuneq_openapi:
         format: parsed.first().map(|p| p.format).unwrap_or(format),
         truncated: 0,
         dropped: 0,
-        sha256: files.iter().map(|f| checkpoint::sha256_file(f)).collect::<Result<_>>()?,
+        sha256: files
+            .iter()
+            .map(|f| checkpoint::sha256_file(f))
+            .collect::<Result<_>>()?,
     };
     for p in parsed {
         for r in p.records {
             let ex = encoder.encode(&r, max_len + 1)?;
             let ex = if ex.input_ids.len() > max_len {
                 out.truncated += 1;
-                Example { input_ids: ex.input_ids[..max_len].to_vec(), labels: ex.labels[..max_len].to_vec() }
+                Example {
+                    input_ids: ex.input_ids[..max_len].to_vec(),
+                    labels: ex.labels[..max_len].to_vec(),
+                }
             } else {
                 ex
             };
@@ -206,7 +228,11 @@ pub struct StepResult {
 }
 
 /// Runs forward and backward over `batches` (the micro-batches of one step).
-pub fn accumulate(model: &Llama, batches: &[Batch], dropout: Option<(f64, &mut rand_chacha::ChaCha20Rng)>) -> Result<StepResult> {
+pub fn accumulate(
+    model: &Llama,
+    batches: &[Batch],
+    dropout: Option<(f64, &mut rand_chacha::ChaCha20Rng)>,
+) -> Result<StepResult> {
     let vars = model.lora_vars();
     let denom = batches.iter().map(|b| b.labelled).sum::<usize>().max(1) as f64;
     let mut grads: Vec<Option<Tensor>> = vec![None; vars.len()];
@@ -215,7 +241,10 @@ pub fn accumulate(model: &Llama, batches: &[Batch], dropout: Option<(f64, &mut r
     let mut dropout = dropout;
     for b in batches {
         let ids = Tensor::from_vec(b.ids.clone(), (b.rows, b.len), model.device())?;
-        let mut ctx = dropout.as_mut().filter(|(p, _)| *p > 0.0).map(|(p, rng)| DropoutCtx { p: *p, rng: *rng });
+        let mut ctx = dropout
+            .as_mut()
+            .filter(|(p, _)| *p > 0.0)
+            .map(|(p, rng)| DropoutCtx { p: *p, rng });
         let hidden = model.hidden_states(&ids, ctx.as_mut())?;
         let logits = model.logits(&hidden)?;
         let l = crate::ops::masked_cross_entropy(&logits, &b.targets, denom)?;
@@ -236,12 +265,24 @@ pub fn accumulate(model: &Llama, batches: &[Batch], dropout: Option<(f64, &mut r
         .zip(&vars)
         .map(|(g, v)| g.map_or_else(|| v.var.as_tensor().zeros_like(), Ok))
         .collect::<candle_core::Result<Vec<_>>>()?;
-    Ok(StepResult { loss, grads, tokens })
+    Ok(StepResult {
+        loss,
+        grads,
+        tokens,
+    })
 }
 
 /// Mean loss over every labelled token of `examples`, without dropout.
-pub fn evaluate(model: &Llama, examples: &[Example], batch_size: usize, pad_id: u32) -> Result<f64> {
-    let total: usize = examples.iter().map(|e| e.labels.iter().skip(1).filter(|&&l| l >= 0).count()).sum();
+pub fn evaluate(
+    model: &Llama,
+    examples: &[Example],
+    batch_size: usize,
+    pad_id: u32,
+) -> Result<f64> {
+    let total: usize = examples
+        .iter()
+        .map(|e| e.labels.iter().skip(1).filter(|&&l| l >= 0).count())
+        .sum();
     if total == 0 {
         return Ok(f64::NAN);
     }
@@ -251,7 +292,8 @@ pub fn evaluate(model: &Llama, examples: &[Example], batch_size: usize, pad_id: 
         let b = make_batch(&refs, pad_id);
         let ids = Tensor::from_vec(b.ids.clone(), (b.rows, b.len), model.device())?;
         let hidden = model.hidden_states(&ids, None)?;
-        let l = crate::ops::masked_cross_entropy(&model.logits(&hidden)?, &b.targets, total as f64)?;
+        let l =
+            crate::ops::masked_cross_entropy(&model.logits(&hidden)?, &b.targets, total as f64)?;
         loss += l.to_scalar::<f32>()? as f64;
     }
     Ok(loss)
@@ -320,7 +362,10 @@ pub struct FinalMetrics {
 }
 
 fn json_line<T: Serialize>(v: &T) -> Result<String> {
-    serde_json::to_string(v).map_err(|source| Error::Json { path: "metrics".into(), source })
+    serde_json::to_string(v).map_err(|source| Error::Json {
+        path: "metrics".into(),
+        source,
+    })
 }
 
 /// Appends lines to `metrics.jsonl`, first cutting it back to `keep_through` steps on resume.
@@ -350,7 +395,11 @@ impl MetricsFile {
 
     fn append(&self, line: &str) -> Result<()> {
         use std::io::Write;
-        let mut f = std::fs::OpenOptions::new().append(true).create(true).open(&self.path).map_err(Error::io(&self.path))?;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(&self.path)
+            .map_err(Error::io(&self.path))?;
         writeln!(f, "{line}").map_err(Error::io(&self.path))
     }
 }
@@ -361,28 +410,48 @@ pub fn run(spec: &TrainSpec, sink: &mut dyn ProgressSink, stop: &StopFlag) -> Re
     let h = spec.hyperparameters.clone();
     let model_dir = local_path("model", &spec.model)?;
     let output = local_path("output", &spec.output)?;
-    let train_files =
-        spec.training_files.iter().map(|f| local_path("training_files", f)).collect::<Result<Vec<_>>>()?;
-    let val_file = spec.validation_file.as_deref().map(|f| local_path("validation_file", f)).transpose()?;
+    let train_files = spec
+        .training_files
+        .iter()
+        .map(|f| local_path("training_files", f))
+        .collect::<Result<Vec<_>>>()?;
+    let val_file = spec
+        .validation_file
+        .as_deref()
+        .map(|f| local_path("validation_file", f))
+        .transpose()?;
     let device = select_device(spec.device)?;
     let dtype = select_dtype(spec.dtype, &device)?;
     let settings = lora_settings(spec);
 
+    // The model folder is checked before anything else reads from it, so a wrong path
+    // says "config.json not found" rather than naming whichever file was read first.
+    crate::config::LlamaConfig::load(&model_dir)?;
     let encoder = Encoder::from_model_dir(&model_dir, spec.chat_template)?;
     let max_len = h.max_seq_len as usize;
     let train = encode_files(&encoder, &train_files, spec.dataset_format, max_len)?;
     let val = match &val_file {
-        Some(f) => Some(encode_files(&encoder, std::slice::from_ref(f), spec.dataset_format, max_len)?),
+        Some(f) => Some(encode_files(
+            &encoder,
+            std::slice::from_ref(f),
+            spec.dataset_format,
+            max_len,
+        )?),
         None => None,
     };
     if train.examples.is_empty() {
-        return Err(Error::Data(crate::data::DataError::Empty { file: spec.training_files.join(", ") }));
+        return Err(Error::Data(crate::data::DataError::Empty {
+            file: spec.training_files.join(", "),
+        }));
     }
     for (what, d) in [("training", Some(&train)), ("validation", val.as_ref())] {
         let Some(d) = d else { continue };
         if d.truncated > 0 {
             sink.event(&TrainEvent::Warning {
-                message: format!("{} {what} examples were longer than max_seq_len {max_len} and were truncated", d.truncated),
+                message: format!(
+                    "{} {what} examples were longer than max_seq_len {max_len} and were truncated",
+                    d.truncated
+                ),
             });
         }
         if d.dropped > 0 {
@@ -420,16 +489,30 @@ pub fn run(spec: &TrainSpec, sink: &mut dyn ProgressSink, stop: &StopFlag) -> Re
             validation_loss: done.metrics.validation_loss,
             trained_tokens: done.metrics.trained_tokens,
         });
-        return Ok(Outcome::Finished { steps: done.metrics.steps, validation_loss: done.metrics.validation_loss });
+        return Ok(Outcome::Finished {
+            steps: done.metrics.steps,
+            validation_loss: done.metrics.validation_loss,
+        });
     }
 
     let mut init_rng = batch::rng_for(h.seed, streams::LORA_INIT);
     let mut model = Llama::load(&model_dir, dtype, &device, Some((&settings, &mut init_rng)))?;
     let vars = model.lora_vars();
     let trainable: u64 = vars.iter().map(|v| v.var.elem_count() as u64).sum();
-    let mut opt = AdamW::new(vars, AdamWConfig { weight_decay: h.weight_decay, ..Default::default() })?;
+    let mut opt = AdamW::new(
+        vars,
+        AdamWConfig {
+            weight_decay: h.weight_decay,
+            ..Default::default()
+        },
+    )?;
     let (per_epoch, total) = plan(train.examples.len(), spec);
-    let schedule = LrSchedule { peak: h.learning_rate, warmup: h.warmup_steps, total, kind: h.scheduler };
+    let schedule = LrSchedule {
+        peak: h.learning_rate,
+        warmup: h.warmup_steps,
+        total,
+        kind: h.scheduler,
+    };
     let threads = candle_core::utils::get_num_threads();
 
     std::fs::create_dir_all(&output).map_err(Error::io(&output))?;
@@ -437,7 +520,12 @@ pub fn run(spec: &TrainSpec, sink: &mut dyn ProgressSink, stop: &StopFlag) -> Re
     let mut tokens_seen = 0u64;
     let mut last_loss = None;
     let base_val_loss = match &val {
-        Some(v) if !v.examples.is_empty() => Some(evaluate(&model, &v.examples, h.batch_size as usize, pad_id)?),
+        Some(v) if !v.examples.is_empty() => Some(evaluate(
+            &model,
+            &v.examples,
+            h.batch_size as usize,
+            pad_id,
+        )?),
         _ => None,
     };
     let mut warnings = Vec::new();
@@ -460,12 +548,26 @@ pub fn run(spec: &TrainSpec, sink: &mut dyn ProgressSink, stop: &StopFlag) -> Re
             });
         }
         model.set_adapter(&settings, &ck.adapter, &ck.dir.display().to_string())?;
-        opt = AdamW::new(model.lora_vars(), AdamWConfig { weight_decay: h.weight_decay, ..Default::default() })?;
-        opt.restore(&ck.optimizer, ck.state.global_step, &device, &ck.dir.display().to_string())?;
+        opt = AdamW::new(
+            model.lora_vars(),
+            AdamWConfig {
+                weight_decay: h.weight_decay,
+                ..Default::default()
+            },
+        )?;
+        opt.restore(
+            &ck.optimizer,
+            ck.state.global_step,
+            &device,
+            &ck.dir.display().to_string(),
+        )?;
         step = ck.state.global_step;
         tokens_seen = ck.state.tokens_seen;
         last_loss = ck.state.last_loss;
-        sink.event(&TrainEvent::Resumed { step, checkpoint: ck.dir.display().to_string() });
+        sink.event(&TrainEvent::Resumed {
+            step,
+            checkpoint: ck.dir.display().to_string(),
+        });
     }
     let metrics = MetricsFile::open(&output, step)?;
     sink.event(&TrainEvent::Started {
@@ -474,7 +576,10 @@ pub fn run(spec: &TrainSpec, sink: &mut dyn ProgressSink, stop: &StopFlag) -> Re
         train_examples: train.examples.len() as u64,
         validation_examples: val.as_ref().map_or(0, |v| v.examples.len() as u64),
         trainable_params: trainable,
-        dataset_format: format!("{:?}", train.format).to_lowercase(),
+        dataset_format: serde_json::to_value(train.format)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default(),
     });
 
     let base_name = spec.model.clone();
@@ -493,10 +598,17 @@ pub fn run(spec: &TrainSpec, sink: &mut dyn ProgressSink, stop: &StopFlag) -> Re
         threads,
         trainer_version: env!("CARGO_PKG_VERSION").into(),
     };
-    let commit = |model: &Llama, opt: &AdamW, state: TrainerState, sink: &mut dyn ProgressSink| -> Result<()> {
+    let commit = |model: &Llama,
+                  opt: &AdamW,
+                  state: TrainerState,
+                  sink: &mut dyn ProgressSink|
+     -> Result<()> {
         let dir = checkpoint::write(&output, model, &settings, &base_name, opt, &state)?;
         checkpoint::prune(&output, spec.checkpoint.keep_last as usize)?;
-        sink.event(&TrainEvent::Checkpoint { step: state.global_step, location: dir.display().to_string() });
+        sink.event(&TrainEvent::Checkpoint {
+            step: state.global_step,
+            location: dir.display().to_string(),
+        });
         Ok(())
     };
 
@@ -532,10 +644,17 @@ pub fn run(spec: &TrainSpec, sink: &mut dyn ProgressSink, stop: &StopFlag) -> Re
         let mut drop_rng = batch::rng_for(h.seed, streams::DROPOUT + step);
         let r = accumulate(&model, &batches, Some((settings.dropout, &mut drop_rng)))?;
         if !r.loss.is_finite() {
-            return Err(Error::Diverged { step: step + 1, loss: r.loss });
+            return Err(Error::Diverged {
+                step: step + 1,
+                loss: r.loss,
+            });
         }
         let norm = global_norm(&r.grads)?;
-        let clip = if h.max_grad_norm > 0.0 { (h.max_grad_norm / (norm + 1e-6)).min(1.0) } else { 1.0 };
+        let clip = if h.max_grad_norm > 0.0 {
+            (h.max_grad_norm / (norm + 1e-6)).min(1.0)
+        } else {
+            1.0
+        };
         let lr = schedule.lr_at(step);
         opt.step(&r.grads, lr, clip)?;
         step += 1;
@@ -559,16 +678,27 @@ pub fn run(spec: &TrainSpec, sink: &mut dyn ProgressSink, stop: &StopFlag) -> Re
         metrics.append(&json_line(&m)?)?;
         sink.event(&TrainEvent::Step(m));
         if let (Some(every), Some(v)) = (h.eval_every_steps, &val)
-            && step % every == 0
+            && step.is_multiple_of(every)
             && step < total
             && !v.examples.is_empty()
         {
             let l = evaluate(&model, &v.examples, bs, pad_id)?;
-            metrics.append(&json_line(&serde_json::json!({"step": step, "validation_loss": l}))?)?;
-            sink.event(&TrainEvent::Eval { step, validation_loss: l });
+            metrics.append(&json_line(
+                &serde_json::json!({"step": step, "validation_loss": l}),
+            )?)?;
+            sink.event(&TrainEvent::Eval {
+                step,
+                validation_loss: l,
+            });
         }
-        let by_steps = spec.checkpoint.every_steps.is_some_and(|n| step % n == 0);
-        let by_time = spec.checkpoint.every_seconds.is_some_and(|s| last_ckpt.elapsed().as_secs() >= s);
+        let by_steps = spec
+            .checkpoint
+            .every_steps
+            .is_some_and(|n| step.is_multiple_of(n));
+        let by_time = spec
+            .checkpoint
+            .every_seconds
+            .is_some_and(|s| last_ckpt.elapsed().as_secs() >= s);
         if (by_steps || by_time) && step < total {
             commit(&model, &opt, state_at(step, tokens_seen, last_loss), sink)?;
             last_ckpt = Instant::now();
@@ -579,15 +709,23 @@ pub fn run(spec: &TrainSpec, sink: &mut dyn ProgressSink, stop: &StopFlag) -> Re
         && !v.examples.is_empty()
     {
         let l = evaluate(&model, &v.examples, h.batch_size as usize, pad_id)?;
-        metrics.append(&json_line(&serde_json::json!({"step": step, "validation_loss": l}))?)?;
-        sink.event(&TrainEvent::Eval { step, validation_loss: l });
+        metrics.append(&json_line(
+            &serde_json::json!({"step": step, "validation_loss": l}),
+        )?)?;
+        sink.event(&TrainEvent::Eval {
+            step,
+            validation_loss: l,
+        });
         val_loss = Some(l);
     }
     // The last checkpoint makes a kill during export or sampling cheap to recover from.
     commit(&model, &opt, state_at(step, tokens_seen, last_loss), sink)?;
     crate::peft::save_adapter(&model, &settings, &base_name, &output)?;
 
-    let sample_source = val.as_ref().filter(|v| !v.records.is_empty()).unwrap_or(&train);
+    let sample_source = val
+        .as_ref()
+        .filter(|v| !v.records.is_empty())
+        .unwrap_or(&train);
     let samples = crate::generate::sample_records(
         &model,
         &encoder,
@@ -612,23 +750,36 @@ pub fn run(spec: &TrainSpec, sink: &mut dyn ProgressSink, stop: &StopFlag) -> Re
     for f in [crate::peft::ADAPTER_CONFIG, crate::peft::ADAPTER_WEIGHTS] {
         let p = output.join(f);
         let size = std::fs::metadata(&p).map_err(Error::io(&p))?.len();
-        adapter_files.push(checkpoint::ManifestEntry { name: f.into(), size, sha256: checkpoint::sha256_file(&p)? });
+        adapter_files.push(checkpoint::ManifestEntry {
+            name: f.into(),
+            size,
+            sha256: checkpoint::sha256_file(&p)?,
+        });
     }
     let manifest = RunManifest {
         status: "succeeded".into(),
         spec: spec.clone(),
-        base_model: Lineage { location: spec.model.clone(), sha256: model_sha },
+        base_model: Lineage {
+            location: spec.model.clone(),
+            sha256: model_sha,
+        },
         training_files: spec
             .training_files
             .iter()
             .zip(&train.sha256)
-            .map(|(l, s)| Lineage { location: l.clone(), sha256: s.clone() })
+            .map(|(l, s)| Lineage {
+                location: l.clone(),
+                sha256: s.clone(),
+            })
             .collect(),
         validation_file: spec
             .validation_file
             .as_ref()
             .zip(val.as_ref())
-            .map(|(l, v)| Lineage { location: l.clone(), sha256: v.sha256.first().cloned().unwrap_or_default() }),
+            .map(|(l, v)| Lineage {
+                location: l.clone(),
+                sha256: v.sha256.first().cloned().unwrap_or_default(),
+            }),
         seed: h.seed,
         fingerprint,
         metrics: FinalMetrics {
@@ -643,7 +794,10 @@ pub fn run(spec: &TrainSpec, sink: &mut dyn ProgressSink, stop: &StopFlag) -> Re
         adapter_files,
         trainer_version: env!("CARGO_PKG_VERSION").into(),
     };
-    let json = serde_json::to_vec_pretty(&manifest).map_err(|source| Error::Json { path: "manifest.json".into(), source })?;
+    let json = serde_json::to_vec_pretty(&manifest).map_err(|source| Error::Json {
+        path: "manifest.json".into(),
+        source,
+    })?;
     tuneq_storage::local::write_atomic(&output.join("manifest.json"), &json)?;
     sink.event(&TrainEvent::Finished {
         step,
@@ -652,5 +806,8 @@ pub fn run(spec: &TrainSpec, sink: &mut dyn ProgressSink, stop: &StopFlag) -> Re
         validation_loss: val_loss,
         trained_tokens: tokens_seen,
     });
-    Ok(Outcome::Finished { steps: step, validation_loss: val_loss })
+    Ok(Outcome::Finished {
+        steps: step,
+        validation_loss: val_loss,
+    })
 }

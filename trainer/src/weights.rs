@@ -10,21 +10,33 @@ pub fn weight_files(model_dir: &Path) -> Result<Vec<PathBuf>> {
     let index = model_dir.join("model.safetensors.index.json");
     if index.is_file() {
         let v: serde_json::Value = crate::error::read_json(&index)?;
-        let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| Error::Model {
-            path: index.display().to_string(),
-            message: "missing \"weight_map\" object".into(),
-        })?;
-        let mut files: Vec<String> = map.values().filter_map(|f| f.as_str().map(str::to_string)).collect();
+        let map = v
+            .get("weight_map")
+            .and_then(|m| m.as_object())
+            .ok_or_else(|| Error::Model {
+                path: index.display().to_string(),
+                message: "missing \"weight_map\" object".into(),
+            })?;
+        let mut files: Vec<String> = map
+            .values()
+            .filter_map(|f| f.as_str().map(str::to_string))
+            .collect();
         files.sort();
         files.dedup();
         let mut paths = Vec::new();
         for f in files {
             if f.contains('/') || f.contains("..") {
-                return Err(Error::Model { path: index.display().to_string(), message: format!("unsafe shard name {f:?}") });
+                return Err(Error::Model {
+                    path: index.display().to_string(),
+                    message: format!("unsafe shard name {f:?}"),
+                });
             }
             let p = model_dir.join(&f);
             if !p.is_file() {
-                return Err(Error::Model { path: model_dir.display().to_string(), message: format!("shard {f} listed in the index is missing") });
+                return Err(Error::Model {
+                    path: model_dir.display().to_string(),
+                    message: format!("shard {f} listed in the index is missing"),
+                });
             }
             paths.push(p);
         }
@@ -53,24 +65,44 @@ impl WeightMap {
         let mut tensors = HashMap::new();
         let mut origin = HashMap::new();
         for file in weight_files(model_dir)? {
-            let loaded = candle_core::safetensors::load(&file, &Device::Cpu).map_err(|e| Error::Safetensors {
-                path: file.display().to_string(),
-                message: e.to_string(),
+            let loaded = candle_core::safetensors::load(&file, &Device::Cpu).map_err(|e| {
+                Error::Safetensors {
+                    path: file.display().to_string(),
+                    message: e.to_string(),
+                }
             })?;
-            let name = file.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+            let name = file
+                .file_name()
+                .map(|n| n.to_string_lossy().to_string())
+                .unwrap_or_default();
             for (k, t) in loaded {
-                let t = if t.dtype().is_float() { t.to_dtype(dtype)? } else { t };
+                let t = if t.dtype().is_float() {
+                    t.to_dtype(dtype)?
+                } else {
+                    t
+                };
                 origin.insert(k.clone(), name.clone());
                 tensors.insert(k, t.to_device(device)?);
             }
         }
-        Ok(Self { tensors, origin, model_dir: model_dir.to_path_buf() })
+        Ok(Self {
+            tensors,
+            origin,
+            model_dir: model_dir.to_path_buf(),
+        })
     }
 
     /// Wraps tensors already in memory (random models for benchmarks).
     pub fn from_tensors(tensors: Vec<(String, Tensor)>, source: &str) -> Self {
-        let origin = tensors.iter().map(|(k, _)| (k.clone(), source.to_string())).collect();
-        Self { tensors: tensors.into_iter().collect(), origin, model_dir: PathBuf::from(source) }
+        let origin = tensors
+            .iter()
+            .map(|(k, _)| (k.clone(), source.to_string()))
+            .collect();
+        Self {
+            tensors: tensors.into_iter().collect(),
+            origin,
+            model_dir: PathBuf::from(source),
+        }
     }
 
     /// Removes and returns tensor `name`, checking its shape.
@@ -82,7 +114,10 @@ impl WeightMap {
         if t.dims() != shape {
             return Err(Error::Model {
                 path: self.model_dir.display().to_string(),
-                message: format!("tensor {name} has shape {:?}, config.json implies {shape:?}", t.dims()),
+                message: format!(
+                    "tensor {name} has shape {:?}, config.json implies {shape:?}",
+                    t.dims()
+                ),
             });
         }
         Ok(t)
@@ -109,13 +144,19 @@ pub fn save_safetensors(path: &Path, tensors: &BTreeMap<String, Tensor>) -> Resu
         buffers.push((name.clone(), dtype, t.dims().to_vec(), bytes));
     }
     for (name, dtype, shape, bytes) in &buffers {
-        let view = safetensors::tensor::TensorView::new(*dtype, shape.clone(), bytes).map_err(|e| Error::Safetensors {
-            path: path.display().to_string(),
-            message: format!("{name}: {e}"),
-        })?;
+        let view =
+            safetensors::tensor::TensorView::new(*dtype, shape.clone(), bytes).map_err(|e| {
+                Error::Safetensors {
+                    path: path.display().to_string(),
+                    message: format!("{name}: {e}"),
+                }
+            })?;
         views.push((name.clone(), view));
     }
-    let metadata = Some(std::collections::HashMap::from([("format".to_string(), "pt".to_string())]));
+    let metadata = Some(std::collections::HashMap::from([(
+        "format".to_string(),
+        "pt".to_string(),
+    )]));
     let data = safetensors::tensor::serialize(views, metadata).map_err(|e| Error::Safetensors {
         path: path.display().to_string(),
         message: e.to_string(),
@@ -127,18 +168,47 @@ pub fn save_safetensors(path: &Path, tensors: &BTreeMap<String, Tensor>) -> Resu
 fn tensor_bytes(t: &Tensor) -> Result<(safetensors::Dtype, Vec<u8>)> {
     let flat = t.flatten_all()?;
     Ok(match t.dtype() {
-        DType::F32 => (safetensors::Dtype::F32, flat.to_vec1::<f32>()?.iter().flat_map(|v| v.to_le_bytes()).collect()),
+        DType::F32 => (
+            safetensors::Dtype::F32,
+            flat.to_vec1::<f32>()?
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect(),
+        ),
         DType::BF16 => (
             safetensors::Dtype::BF16,
-            flat.to_vec1::<half::bf16>()?.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect(),
+            flat.to_vec1::<half::bf16>()?
+                .iter()
+                .flat_map(|v| v.to_bits().to_le_bytes())
+                .collect(),
         ),
         DType::F16 => (
             safetensors::Dtype::F16,
-            flat.to_vec1::<half::f16>()?.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect(),
+            flat.to_vec1::<half::f16>()?
+                .iter()
+                .flat_map(|v| v.to_bits().to_le_bytes())
+                .collect(),
         ),
-        DType::I64 => (safetensors::Dtype::I64, flat.to_vec1::<i64>()?.iter().flat_map(|v| v.to_le_bytes()).collect()),
-        DType::U32 => (safetensors::Dtype::U32, flat.to_vec1::<u32>()?.iter().flat_map(|v| v.to_le_bytes()).collect()),
-        other => return Err(Error::Safetensors { path: String::new(), message: format!("cannot write dtype {other:?}") }),
+        DType::I64 => (
+            safetensors::Dtype::I64,
+            flat.to_vec1::<i64>()?
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect(),
+        ),
+        DType::U32 => (
+            safetensors::Dtype::U32,
+            flat.to_vec1::<u32>()?
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect(),
+        ),
+        other => {
+            return Err(Error::Safetensors {
+                path: String::new(),
+                message: format!("cannot write dtype {other:?}"),
+            });
+        }
     })
 }
 
@@ -150,6 +220,8 @@ pub fn load_safetensors(path: &Path, device: &Device) -> Result<HashMap<String, 
             source: std::io::Error::new(std::io::ErrorKind::NotFound, "file not found"),
         });
     }
-    candle_core::safetensors::load(path, device)
-        .map_err(|e| Error::Safetensors { path: path.display().to_string(), message: e.to_string() })
+    candle_core::safetensors::load(path, device).map_err(|e| Error::Safetensors {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    })
 }

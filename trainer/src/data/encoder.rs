@@ -109,7 +109,7 @@ impl Encoder {
         record: &Record,
         max_seq_len: usize,
     ) -> Result<(Example, usize)> {
-        let (text, spans, skip_first) = self.render_with_spans(record)?;
+        let Rendered { text, loss } = self.render_with_spans(record)?;
         let encoding = self
             .tokenizer
             .encode(text.as_str(), false)
@@ -120,9 +120,9 @@ impl Encoder {
         let keep = full_len.min(max_seq_len);
         let mut labels = Vec::with_capacity(keep);
         for (i, (&id, &(start, end))) in ids.iter().zip(offsets).take(keep).enumerate() {
-            let trained = match &spans {
-                None => !(skip_first && i == 0),
-                Some(spans) => spans.iter().any(|s| start < s.end && end > s.start),
+            let trained = match &loss {
+                LossOn::AllButFirst => i > 0,
+                LossOn::Spans(spans) => spans.iter().any(|s| start < s.end && end > s.start),
             };
             labels.push(if trained { i64::from(id) } else { IGNORE_INDEX });
         }
@@ -253,22 +253,27 @@ impl Encoder {
         }
     }
 
-    /// The full text of a record and the byte spans that take loss. `None` spans mean "all
-    /// tokens", with `true` to skip the first one.
-    fn render_with_spans(
-        &self,
-        record: &Record,
-    ) -> Result<(String, Option<Vec<Range<usize>>>, bool)> {
+    /// The full text of a record and where it takes loss.
+    fn render_with_spans(&self, record: &Record) -> Result<Rendered> {
         let bos = self.template.bos_token();
         let eos = self.template.eos_token();
         match record {
             Record::PromptCompletion { prompt, completion } => {
                 let start = bos.len() + prompt.len();
                 let text = format!("{bos}{prompt}{completion}{eos}");
-                let end = text.len();
-                Ok((text, Some(vec![start..end]), false))
+                let answer = Range {
+                    start,
+                    end: text.len(),
+                };
+                Ok(Rendered {
+                    text,
+                    loss: LossOn::Spans(vec![answer]),
+                })
             }
-            Record::Text { text } => Ok((format!("{bos}{text}{eos}"), None, true)),
+            Record::Text { text } => Ok(Rendered {
+                text: format!("{bos}{text}{eos}"),
+                loss: LossOn::AllButFirst,
+            }),
             Record::Chat { .. } | Record::Alpaca { .. } => {
                 let messages = self.conversation(record);
                 let full = self.template.render(&messages, false)?;
@@ -291,8 +296,25 @@ impl Encoder {
                         spans.push(before.len()..end);
                     }
                 }
-                Ok((full, Some(spans), false))
+                Ok(Rendered {
+                    text: full,
+                    loss: LossOn::Spans(spans),
+                })
             }
         }
     }
+}
+
+/// A record's full text and the positions that take loss.
+struct Rendered {
+    text: String,
+    loss: LossOn,
+}
+
+/// Which tokens of a rendered text take loss.
+enum LossOn {
+    /// Tokens overlapping any of these byte ranges of the text.
+    Spans(Vec<Range<usize>>),
+    /// Every token but the first.
+    AllButFirst,
 }

@@ -228,7 +228,7 @@ impl Problems {
     }
 
     fn into_error(self) -> Option<DataError> {
-        (self.total > 0).then(|| DataError::InvalidLines {
+        (self.total > 0).then_some(DataError::InvalidLines {
             file: self.file,
             errors: self.listed,
             bad_lines: self.bad_lines,

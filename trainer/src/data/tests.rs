@@ -108,8 +108,7 @@ fn alpaca_input_is_optional() {
 #[test]
 fn every_bad_line_is_reported_with_line_and_field() {
     let err = read_jsonl(&examples_dir().join("bad.jsonl"), DatasetFormat::Auto)
-        .err()
-        .expect("bad.jsonl is invalid");
+        .expect_err("bad.jsonl is invalid");
     assert!(err.to_string().contains("7 invalid line(s)"), "{err}");
     let (errors, bad_lines, total) = invalid_lines(err);
     let got: Vec<(usize, &str)> = errors.iter().map(|e| (e.line, e.field.as_str())).collect();
@@ -152,11 +151,8 @@ fn every_bad_line_is_reported_with_line_and_field() {
 #[test]
 fn several_problems_on_one_line_are_all_listed() {
     let line = br#"{"messages": [{"role": "user", "content": 1, "name": "x"}, {"role": "robot", "content": "y"}, {"role": "system", "content": "late"}]}"#;
-    let (errors, bad_lines, total) = invalid_lines(
-        parse_jsonl("m.jsonl", line, DatasetFormat::Chat)
-            .err()
-            .expect("invalid"),
-    );
+    let (errors, bad_lines, total) =
+        invalid_lines(parse_jsonl("m.jsonl", line, DatasetFormat::Chat).expect_err("invalid"));
     let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
     assert_eq!(
         fields,
@@ -197,9 +193,7 @@ fn chat_rules() {
     ];
     for (line, field, message) in cases {
         let (errors, _, _) = invalid_lines(
-            parse_jsonl("c.jsonl", line.as_bytes(), DatasetFormat::Chat)
-                .err()
-                .expect(line),
+            parse_jsonl("c.jsonl", line.as_bytes(), DatasetFormat::Chat).expect_err(line),
         );
         assert_eq!(
             (errors[0].field.as_str(), errors[0].message.as_str()),
@@ -250,11 +244,8 @@ fn other_format_rules() {
         ),
     ];
     for (format, line, field, message) in cases {
-        let (errors, _, _) = invalid_lines(
-            parse_jsonl("o.jsonl", line.as_bytes(), format)
-                .err()
-                .expect(line),
-        );
+        let (errors, _, _) =
+            invalid_lines(parse_jsonl("o.jsonl", line.as_bytes(), format).expect_err(line));
         assert_eq!(
             (errors[0].field.as_str(), errors[0].message.as_str()),
             (field, message),
@@ -276,11 +267,8 @@ fn blank_lines_crlf_and_bom_are_accepted() {
     );
     // Line numbers still count the blank lines.
     let bytes = b"\n\n{\"text\": 1}\n";
-    let (errors, _, _) = invalid_lines(
-        parse_jsonl("t.jsonl", bytes, DatasetFormat::Auto)
-            .err()
-            .expect("bad"),
-    );
+    let (errors, _, _) =
+        invalid_lines(parse_jsonl("t.jsonl", bytes, DatasetFormat::Auto).expect_err("bad"));
     assert_eq!(errors[0].line, 3);
 }
 
@@ -296,8 +284,7 @@ fn empty_and_unrecognised_files() {
             br#"{"question": "q", "answer": "a"}"#,
             DatasetFormat::Auto,
         )
-        .err()
-        .expect("unrecognised"),
+        .expect_err("unrecognised"),
     );
     assert!(
         errors[0].message.starts_with("unrecognised record"),
@@ -309,9 +296,7 @@ fn empty_and_unrecognised_files() {
 #[test]
 fn explicit_format_is_enforced() {
     let (errors, _, _) = invalid_lines(
-        parse_jsonl("x.jsonl", br#"{"text": "hello"}"#, DatasetFormat::Chat)
-            .err()
-            .expect("mismatch"),
+        parse_jsonl("x.jsonl", br#"{"text": "hello"}"#, DatasetFormat::Chat).expect_err("mismatch"),
     );
     assert_eq!(errors[0].field, "messages");
     assert!(
@@ -325,9 +310,7 @@ fn explicit_format_is_enforced() {
 fn error_list_is_capped_but_counted() {
     let bytes = "{\"text\": 1}\n".repeat(MAX_REPORTED_ERRORS + 500);
     let (errors, bad_lines, total) = invalid_lines(
-        parse_jsonl("big.jsonl", bytes.as_bytes(), DatasetFormat::Text)
-            .err()
-            .expect("bad"),
+        parse_jsonl("big.jsonl", bytes.as_bytes(), DatasetFormat::Text).expect_err("bad"),
     );
     assert_eq!(errors.len(), MAX_REPORTED_ERRORS);
     assert_eq!(
@@ -338,9 +321,7 @@ fn error_list_is_capped_but_counted() {
 
 #[test]
 fn missing_file_is_an_io_error() {
-    let err = read_jsonl(Path::new("/nonexistent/x.jsonl"), DatasetFormat::Auto)
-        .err()
-        .expect("io");
+    let err = read_jsonl(Path::new("/nonexistent/x.jsonl"), DatasetFormat::Auto).expect_err("io");
     assert!(matches!(err, DataError::Io { .. }));
     assert!(!err.is_retryable());
 }
@@ -408,8 +389,7 @@ fn hf_style_template_with_python_methods_and_raise_exception() {
     );
     let err = t
         .render(&[Message::new("system", "x")], false)
-        .err()
-        .expect("raises");
+        .expect_err("raises");
     assert!(err.to_string().contains("bad role system"), "{err}");
 }
 
@@ -799,4 +779,11 @@ fn built_tokenizer_32000_is_exact_and_deterministic() {
         a.to_string(false).expect("json"),
         b.to_string(false).expect("json")
     );
+}
+
+#[test]
+fn encoder_can_be_shared_between_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Encoder>();
+    assert_send_sync::<ChatTemplate>();
 }
