@@ -423,7 +423,7 @@ fn the_tiny_model_learns_the_shipped_task() {
         "--output",
         out.to_str().expect("utf8"),
         "--epochs",
-        "2",
+        "4",
         "--batch-size",
         "8",
         "--lr",

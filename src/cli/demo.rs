@@ -40,7 +40,7 @@ pub fn demo_spec(args: &TrainArgs) -> Result<TrainSpec> {
         "training_file": data.join("train.jsonl").display().to_string(),
         "validation_file": data.join("validation.jsonl").display().to_string(),
         "output": dir.join("output").display().to_string(),
-        "hyperparameters": {"epochs": 2, "batch_size": 8, "learning_rate": 2e-3, "warmup_steps": 5, "max_seq_len": 128, "seed": 0},
+        "hyperparameters": {"epochs": 4, "batch_size": 8, "learning_rate": 2e-3, "warmup_steps": 5, "max_seq_len": 128, "seed": 0},
         "lora": {"r": 8, "alpha": 16.0},
         "checkpoint": {"every_steps": 25},
         "sampling": {"num_samples": 4, "max_new_tokens": 24}
