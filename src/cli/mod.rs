@@ -53,9 +53,7 @@ pub const EXIT_BAD_INPUT: u8 = 2;
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Some(n) = cli.threads
-        && let Some(code) = reexec_with_threads(n)
-    {
+    if let Some(code) = reexec_with_runtime_env(cli.threads) {
         return code;
     }
     init_tracing();
@@ -150,21 +148,37 @@ fn init_tracing() {
         .try_init();
 }
 
-/// Replaces this process with itself run under `RAYON_NUM_THREADS=n` when that is not
-/// already set: candle and rayon read it once at start. `exec` keeps the pid, so signals
-/// (SIGTERM → checkpoint) reach the trainer. Returns an exit code only if exec failed.
-fn reexec_with_threads(n: usize) -> Option<ExitCode> {
+/// Environment the compute runtime reads once at start: `RAYON_NUM_THREADS` for
+/// `--threads` (candle and rayon size their pools from it). (mimalloc's own purge delay,
+/// 1 s by default, already keeps freed tensor memory mapped between steps; setting it to
+/// "never" measured within noise, so it is left alone.)
+fn runtime_env(threads: Option<usize>) -> Vec<(&'static str, String)> {
+    let mut want = Vec::new();
+    if let Some(n) = threads {
+        let n = n.max(1).to_string();
+        want.push(("RAYON_NUM_THREADS", n.clone()));
+        want.push(("CANDLE_NUM_THREADS", n));
+    }
+    want
+}
+
+/// Replaces this process with itself under [`runtime_env`] when any of it is missing.
+/// `exec` keeps the pid, so signals (SIGTERM → checkpoint) still reach the trainer.
+/// Returns an exit code only if exec failed.
+fn reexec_with_runtime_env(threads: Option<usize>) -> Option<ExitCode> {
     use std::os::unix::process::CommandExt;
-    let want = n.max(1).to_string();
-    if std::env::var("RAYON_NUM_THREADS").ok().as_deref() == Some(want.as_str()) {
+    let want = runtime_env(threads);
+    if want
+        .iter()
+        .all(|(k, v)| std::env::var(k).ok().as_deref() == Some(v.as_str()))
+    {
         return None;
     }
     let exe = std::env::current_exe().ok()?;
     let err = std::process::Command::new(exe)
         .args(std::env::args_os().skip(1))
-        .env("RAYON_NUM_THREADS", &want)
-        .env("CANDLE_NUM_THREADS", &want)
+        .envs(want)
         .exec();
-    eprintln!("error: cannot restart with {want} threads: {err}");
+    eprintln!("error: cannot restart with the runtime environment: {err}");
     Some(ExitCode::from(1))
 }

@@ -275,7 +275,10 @@ pub fn run(args: TrainArgs) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let stop = StopFlag::new();
+    // The first SIGTERM/SIGINT asks for "checkpoint, then exit 0"; a second one exits at once.
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register_conditional_shutdown(sig, 1, stop.atomic())
+            .context("cannot install signal handlers")?;
         signal_hook::flag::register(sig, stop.atomic())
             .context("cannot install signal handlers")?;
     }

@@ -569,6 +569,11 @@ pub fn run(spec: &TrainSpec, sink: &mut dyn ProgressSink, stop: &StopFlag) -> Re
             checkpoint: ck.dir.display().to_string(),
         });
     }
+    if stop.is_set() {
+        // Stopped while loading: nothing new to save; the latest checkpoint (if any) stands.
+        sink.event(&TrainEvent::Interrupted { step });
+        return Ok(Outcome::Interrupted { step });
+    }
     let metrics = MetricsFile::open(&output, step)?;
     sink.event(&TrainEvent::Started {
         total_steps: total,
@@ -726,11 +731,17 @@ pub fn run(spec: &TrainSpec, sink: &mut dyn ProgressSink, stop: &StopFlag) -> Re
         .as_ref()
         .filter(|v| !v.records.is_empty())
         .unwrap_or(&train);
+    // Samples are a courtesy: a stop request skips them rather than delaying the exit.
+    let num_samples = if stop.is_set() {
+        0
+    } else {
+        spec.sampling.num_samples as usize
+    };
     let samples = crate::generate::sample_records(
         &model,
         &encoder,
         &sample_source.records,
-        spec.sampling.num_samples as usize,
+        num_samples,
         spec.sampling.max_new_tokens as usize,
     )?;
     let mut lines = String::new();
