@@ -468,4 +468,78 @@ fn the_tiny_model_learns_the_shipped_task() {
         manifest["base_model"]["sha256"].as_str().map(str::len),
         Some(64)
     );
+
+    let generated = tuneq(&[
+        "generate",
+        "--model",
+        tiny_model().to_str().expect("utf8"),
+        "--adapter",
+        out.to_str().expect("utf8"),
+        "--prompt",
+        "Next number after 4?",
+        "--max-new-tokens",
+        "8",
+    ]);
+    assert!(
+        generated.status.success(),
+        "{}",
+        String::from_utf8_lossy(&generated.stderr)
+    );
+}
+
+#[test]
+fn remote_outputs_are_refused_until_their_backends_exist() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let train = small_train_file(dir.path(), 4);
+    let out = tuneq(&[
+        "train",
+        "--model",
+        tiny_model().to_str().expect("utf8"),
+        "--train-file",
+        train.to_str().expect("utf8"),
+        "--output",
+        "s3://bucket/runs/r1",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("output") && stderr.contains("s3://"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn flags_override_the_spec_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spec = dir.path().join("spec.json");
+    std::fs::write(
+        &spec,
+        r#"{"model": "m", "training_file": "t.jsonl", "output": "o",
+            "hyperparameters": {"learning_rate": 0.001, "epochs": 3}, "lora": {"r": 4}}"#,
+    )
+    .expect("write");
+    let out = tuneq(&[
+        "train",
+        "--spec",
+        spec.to_str().expect("utf8"),
+        "--lr",
+        "0.5",
+        "--targets",
+        "q_proj,v_proj",
+        "--print-spec",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let effective: serde_json::Value = serde_json::from_slice(&out.stdout).expect("spec JSON");
+    assert_eq!(effective["hyperparameters"]["learning_rate"], 0.5);
+    assert_eq!(effective["hyperparameters"]["epochs"], 3);
+    assert_eq!(effective["lora"]["r"], 4);
+    assert_eq!(
+        effective["lora"]["target_modules"],
+        serde_json::json!(["q_proj", "v_proj"])
+    );
+    assert_eq!(effective["training_files"], serde_json::json!(["t.jsonl"]));
 }
