@@ -426,8 +426,27 @@ pub fn run(spec: &TrainSpec, sink: &mut dyn ProgressSink, stop: &StopFlag) -> Re
 
     // The model folder is checked before anything else reads from it, so a wrong path
     // says "config.json not found" rather than naming whichever file was read first.
-    crate::config::LlamaConfig::load(&model_dir)?;
+    let cfg = crate::config::LlamaConfig::load(&model_dir)?;
+    if h.max_seq_len as usize > cfg.max_position_embeddings {
+        return Err(Error::Spec(vec![tuneq_openapi::SpecError {
+            field: "hyperparameters.max_seq_len".into(),
+            message: format!(
+                "{} exceeds the model's max_position_embeddings {}",
+                h.max_seq_len, cfg.max_position_embeddings
+            ),
+        }]));
+    }
     let encoder = Encoder::from_model_dir(&model_dir, spec.chat_template)?;
+    let tokenizer_vocab = encoder.tokenizer().get_vocab_size(true);
+    if tokenizer_vocab > cfg.vocab_size {
+        return Err(Error::Model {
+            path: model_dir.display().to_string(),
+            message: format!(
+                "tokenizer.json has {tokenizer_vocab} tokens but config.json vocab_size is {}",
+                cfg.vocab_size
+            ),
+        });
+    }
     let max_len = h.max_seq_len as usize;
     let train = encode_files(&encoder, &train_files, spec.dataset_format, max_len)?;
     let val = match &val_file {
