@@ -129,12 +129,48 @@ impl LlamaConfig {
                 message: "config.json not found (expected a Hugging Face model folder)".into(),
             });
         }
-        let cfg: Self = crate::error::read_json(&path)?;
+        let raw: serde_json::Value = crate::error::read_json(&path)?;
+        let cfg: Self =
+            serde_json::from_value(Self::normalise(raw)).map_err(|source| Error::Json {
+                path: path.display().to_string(),
+                source,
+            })?;
         cfg.check().map_err(|message| Error::Model {
             path: path.display().to_string(),
             message,
         })?;
         Ok(cfg)
+    }
+
+    /// transformers ≥ 5 writes `rope_parameters` (`rope_theta`, `rope_type` and the scaling
+    /// fields together) instead of top-level `rope_theta` + `rope_scaling`; fold it into the
+    /// older layout so a missing `rope_theta` never silently falls back to 10000.
+    fn normalise(mut raw: serde_json::Value) -> serde_json::Value {
+        let Some(obj) = raw.as_object_mut() else {
+            return raw;
+        };
+        let Some(params) = obj
+            .get("rope_parameters")
+            .and_then(|p| p.as_object())
+            .cloned()
+        else {
+            return raw;
+        };
+        if let Some(theta) = params.get("rope_theta")
+            && !obj.contains_key("rope_theta")
+        {
+            obj.insert("rope_theta".into(), theta.clone());
+        }
+        let kind = params
+            .get("rope_type")
+            .and_then(|t| t.as_str())
+            .unwrap_or("default");
+        if kind != "default" && obj.get("rope_scaling").is_none_or(|v| v.is_null()) {
+            let mut scaling = params.clone();
+            scaling.remove("rope_theta");
+            obj.insert("rope_scaling".into(), serde_json::Value::Object(scaling));
+        }
+        raw
     }
 
     fn check(&self) -> std::result::Result<(), String> {
