@@ -107,23 +107,13 @@ pub fn write_model(opts: &InitOptions, out: &Path) -> Result<LlamaConfig> {
     std::fs::create_dir_all(out).map_err(Error::io(out))?;
     let cfg = preset_config(opts);
     let tensors = random_weights(&cfg, opts.seed)?;
-    let v = cfg.vocab_size;
     write_weights(out, tensors, opts.shards)?;
     write_json(&out.join("config.json"), &hf_config_json(&cfg))?;
     write_json(
         &out.join("generation_config.json"),
         &serde_json::json!({"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 5, "do_sample": false}),
     )?;
-    let tokenizer = crate::data::build_tokenizer(v)?;
-    let tok_path = out.join("tokenizer.json");
-    tokenizer.save(&tok_path, false).map_err(|e| Error::Model {
-        path: tok_path.display().to_string(),
-        message: e.to_string(),
-    })?;
-    write_json(
-        &out.join("tokenizer_config.json"),
-        &crate::data::tokenizer_config_json(cfg.max_position_embeddings),
-    )?;
+    crate::data::write_tokenizer_files(out, cfg.vocab_size, cfg.max_position_embeddings)?;
     Ok(cfg)
 }
 

@@ -122,19 +122,4 @@ impl LoraLinear {
         let delta = delta.reshape(y.shape())?;
         y + delta
     }
-
-    /// `W + scale·B·A` in f32, for merging the adapter into the base weights.
-    pub fn merged_weight(&self) -> Result<Tensor> {
-        let w = self.weight.to_dtype(DType::F32)?;
-        match &self.lora {
-            None => Ok(w),
-            Some(l) => {
-                w + l
-                    .b
-                    .as_tensor()
-                    .matmul(l.a.as_tensor())?
-                    .affine(self.scale, 0.0)?
-            }
-        }
-    }
 }

@@ -285,23 +285,6 @@ impl Llama {
             .to_dtype(DType::F32)?
             .reshape((b, t, self.cfg.vocab_size))?)
     }
-
-    /// The weight of every base tensor with the adapter folded in (f32), by HF name,
-    /// for `tuneq merge`.
-    pub fn merged_projection_weights(&self) -> Result<Vec<(String, Tensor)>> {
-        let mut out = Vec::new();
-        for (i, layer) in self.layers.iter().enumerate() {
-            for ((module, proj), lin) in PROJECTIONS.iter().zip(&layer.projections) {
-                if lin.lora.is_some() {
-                    out.push((
-                        format!("model.layers.{i}.{module}.{proj}.weight"),
-                        lin.merged_weight()?,
-                    ));
-                }
-            }
-        }
-        Ok(out)
-    }
 }
 
 /// (b, kv, t, d) → (b, kv·n_rep, t, d), each kv head repeated for its query group.

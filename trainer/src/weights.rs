@@ -52,10 +52,9 @@ pub fn weight_files(model_dir: &Path) -> Result<Vec<PathBuf>> {
     })
 }
 
-/// All tensors of a model, by Hugging Face name, with the file each came from.
+/// All tensors of a model, by Hugging Face name.
 pub struct WeightMap {
     tensors: HashMap<String, Tensor>,
-    origin: HashMap<String, String>,
     model_dir: PathBuf,
 }
 
@@ -63,7 +62,6 @@ impl WeightMap {
     /// Reads every shard of `model_dir` onto `device`, converting floats to `dtype`.
     pub fn load(model_dir: &Path, dtype: DType, device: &Device) -> Result<Self> {
         let mut tensors = HashMap::new();
-        let mut origin = HashMap::new();
         for file in weight_files(model_dir)? {
             let loaded = candle_core::safetensors::load(&file, &Device::Cpu).map_err(|e| {
                 Error::Safetensors {
@@ -71,36 +69,25 @@ impl WeightMap {
                     message: e.to_string(),
                 }
             })?;
-            let name = file
-                .file_name()
-                .map(|n| n.to_string_lossy().to_string())
-                .unwrap_or_default();
             for (k, t) in loaded {
                 let t = if t.dtype().is_float() {
                     t.to_dtype(dtype)?
                 } else {
                     t
                 };
-                origin.insert(k.clone(), name.clone());
                 tensors.insert(k, t.to_device(device)?);
             }
         }
         Ok(Self {
             tensors,
-            origin,
             model_dir: model_dir.to_path_buf(),
         })
     }
 
     /// Wraps tensors already in memory (random models for benchmarks).
     pub fn from_tensors(tensors: Vec<(String, Tensor)>, source: &str) -> Self {
-        let origin = tensors
-            .iter()
-            .map(|(k, _)| (k.clone(), source.to_string()))
-            .collect();
         Self {
             tensors: tensors.into_iter().collect(),
-            origin,
             model_dir: PathBuf::from(source),
         }
     }
@@ -126,11 +113,6 @@ impl WeightMap {
     /// Whether tensor `name` is present.
     pub fn contains(&self, name: &str) -> bool {
         self.tensors.contains_key(name)
-    }
-
-    /// Which shard file held `name` (for writing a merged model with the same layout).
-    pub fn origin(&self) -> &HashMap<String, String> {
-        &self.origin
     }
 }
 
