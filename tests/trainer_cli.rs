@@ -543,3 +543,32 @@ fn flags_override_the_spec_file() {
     );
     assert_eq!(effective["training_files"], serde_json::json!(["t.jsonl"]));
 }
+
+#[test]
+fn unavailable_devices_and_dtypes_exit_2() {
+    if cfg!(feature = "cuda") {
+        return; // a CUDA build may well have the device
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let train = small_train_file(dir.path(), 4);
+    let base = [
+        "train",
+        "--model",
+        tiny_model().to_str().expect("utf8"),
+        "--train-file",
+        train.to_str().expect("utf8"),
+        "--output",
+        dir.path().join("o").to_str().expect("utf8"),
+    ];
+    for (flag, value, needle) in [
+        ("--device", "cuda", "--features cuda"),
+        ("--dtype", "bf16", "dtype"),
+    ] {
+        let mut args = base.to_vec();
+        args.extend([flag, value]);
+        let out = tuneq(&args);
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(needle), "{flag} {value}: {stderr}");
+    }
+}

@@ -76,7 +76,8 @@ pub enum Error {
 }
 
 impl Error {
-    /// Whether the error is the user's input (spec, dataset, model files): exit code 2.
+    /// Whether the error is the user's input (spec, dataset, model files, a device this build
+    /// or machine lacks): retrying unchanged cannot help; the CLI exits 2.
     pub fn is_bad_input(&self) -> bool {
         matches!(
             self,
@@ -86,6 +87,7 @@ impl Error {
                 | Error::Model { .. }
                 | Error::Json { .. }
                 | Error::Checkpoint { .. }
+                | Error::Device(_)
         ) || matches!(self, Error::Storage(e) if !e.is_retryable())
     }
 
