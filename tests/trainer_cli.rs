@@ -551,6 +551,7 @@ fn unavailable_devices_and_dtypes_exit_2() {
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let train = small_train_file(dir.path(), 4);
+    let output = dir.path().join("o");
     let base = [
         "train",
         "--model",
@@ -558,7 +559,7 @@ fn unavailable_devices_and_dtypes_exit_2() {
         "--train-file",
         train.to_str().expect("utf8"),
         "--output",
-        dir.path().join("o").to_str().expect("utf8"),
+        output.to_str().expect("utf8"),
     ];
     for (flag, value, needle) in [
         ("--device", "cuda", "--features cuda"),
