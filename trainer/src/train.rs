@@ -548,10 +548,11 @@ pub fn run(spec: &TrainSpec, sink: &mut dyn ProgressSink, stop: &StopFlag) -> Re
         _ => None,
     };
     let mut warnings = Vec::new();
-    if let Some(ck) = checkpoint::latest(&output, &device, |w| warnings.push(w))? {
-        for w in warnings.drain(..) {
-            sink.event(&TrainEvent::Warning { message: w });
-        }
+    let latest = checkpoint::latest(&output, &device, |w| warnings.push(w))?;
+    for w in warnings {
+        sink.event(&TrainEvent::Warning { message: w });
+    }
+    if let Some(ck) = latest {
         if ck.state.fingerprint != fingerprint {
             return Err(Error::Checkpoint {
                 path: ck.dir.display().to_string(),
