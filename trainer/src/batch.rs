@@ -81,6 +81,28 @@ pub fn make_batch(examples: &[&Example], pad_id: u32) -> Batch {
     }
 }
 
+/// A batch of full rows with every next token as a target (`labels = input_ids`, the
+/// Hugging Face causal-LM convention): for benchmarks and the PyTorch cross-checks.
+pub fn lm_batch(ids: Vec<u32>, rows: usize, len: usize) -> Batch {
+    let targets = (0..rows * len)
+        .map(|k| {
+            if k % len + 1 < len {
+                ids[k + 1] as i64
+            } else {
+                -100
+            }
+        })
+        .collect();
+    Batch {
+        ids,
+        rows,
+        len,
+        targets,
+        tokens: rows * len,
+        labelled: rows * len.saturating_sub(1),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -137,22 +137,7 @@ pub fn run(opts: &BenchOptions, mut progress: impl FnMut(&str)) -> Result<BenchR
         let ids: Vec<u32> = (0..b * t)
             .map(|_| data_rng.random_range(0..cfg.vocab_size as u32))
             .collect();
-        let batch = crate::batch::Batch {
-            rows: b,
-            len: t,
-            targets: (0..b * t)
-                .map(|k| {
-                    if k % t + 1 < t {
-                        ids[k + 1] as i64
-                    } else {
-                        -100
-                    }
-                })
-                .collect(),
-            ids,
-            tokens: b * t,
-            labelled: b * (t - 1),
-        };
+        let batch = crate::batch::lm_batch(ids, b, t);
         let t0 = Instant::now();
         let r = crate::train::accumulate(&model, std::slice::from_ref(&batch), None)?;
         opt.step(&r.grads, opts.lr, 1.0)?;

@@ -40,22 +40,7 @@ pub fn write_grads(model: &Llama, input: &Path, out: &Path) -> Result<f64> {
     let ids = read_input_ids(input)?;
     let (b, t) = ids.dims2()?;
     let flat = ids.flatten_all()?.to_vec1::<u32>()?;
-    let batch = crate::batch::Batch {
-        rows: b,
-        len: t,
-        targets: (0..b * t)
-            .map(|i| {
-                if i % t + 1 < t {
-                    flat[i + 1] as i64
-                } else {
-                    -100
-                }
-            })
-            .collect(),
-        ids: flat,
-        tokens: b * t,
-        labelled: b * (t - 1),
-    };
+    let batch = crate::batch::lm_batch(flat, b, t);
     let r = crate::train::accumulate(model, std::slice::from_ref(&batch), None)?;
     let mut tensors = BTreeMap::from([(
         "loss".to_string(),

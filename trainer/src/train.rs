@@ -404,6 +404,27 @@ impl MetricsFile {
     }
 }
 
+/// Computes validation loss after `step` and records it in `metrics.jsonl` and the progress stream.
+fn validate(
+    model: &Llama,
+    examples: &[Example],
+    batch_size: usize,
+    pad_id: u32,
+    step: u64,
+    metrics: &MetricsFile,
+    sink: &mut dyn ProgressSink,
+) -> Result<f64> {
+    let loss = evaluate(model, examples, batch_size, pad_id)?;
+    metrics.append(&json_line(
+        &serde_json::json!({"step": step, "validation_loss": loss}),
+    )?)?;
+    sink.event(&TrainEvent::Eval {
+        step,
+        validation_loss: loss,
+    });
+    Ok(loss)
+}
+
 /// Runs `spec` to completion or until `stop` is set, reporting to `sink`.
 pub fn run(spec: &TrainSpec, sink: &mut dyn ProgressSink, stop: &StopFlag) -> Result<Outcome> {
     spec.validate().map_err(Error::Spec)?;
@@ -707,14 +728,7 @@ pub fn run(spec: &TrainSpec, sink: &mut dyn ProgressSink, stop: &StopFlag) -> Re
             && step < total
             && !v.examples.is_empty()
         {
-            let l = evaluate(&model, &v.examples, bs, pad_id)?;
-            metrics.append(&json_line(
-                &serde_json::json!({"step": step, "validation_loss": l}),
-            )?)?;
-            sink.event(&TrainEvent::Eval {
-                step,
-                validation_loss: l,
-            });
+            validate(&model, &v.examples, bs, pad_id, step, &metrics, sink)?;
         }
         let by_steps = spec
             .checkpoint
@@ -733,14 +747,15 @@ pub fn run(spec: &TrainSpec, sink: &mut dyn ProgressSink, stop: &StopFlag) -> Re
     if let Some(v) = &val
         && !v.examples.is_empty()
     {
-        let l = evaluate(&model, &v.examples, h.batch_size as usize, pad_id)?;
-        metrics.append(&json_line(
-            &serde_json::json!({"step": step, "validation_loss": l}),
-        )?)?;
-        sink.event(&TrainEvent::Eval {
+        let l = validate(
+            &model,
+            &v.examples,
+            h.batch_size as usize,
+            pad_id,
             step,
-            validation_loss: l,
-        });
+            &metrics,
+            sink,
+        )?;
         val_loss = Some(l);
     }
     // The last checkpoint makes a kill during export or sampling cheap to recover from.
