@@ -241,6 +241,13 @@ pub fn build_spec(args: &TrainArgs) -> Result<TrainSpec> {
     if let Some(d) = args.dtype {
         obj.insert("dtype".into(), serde_json::to_value(DtypeKind::from(d))?);
     }
+    // A CUDA build picks the GPU (and bf16 for the frozen weights) when neither the spec
+    // nor a flag chose a device and a GPU is present; a CPU build never changes the spec.
+    if !obj.contains_key("device") && tuneq_trainer::train::cuda_available() {
+        obj.insert("device".into(), serde_json::to_value(DeviceKind::Cuda)?);
+        obj.entry("dtype")
+            .or_insert(serde_json::to_value(DtypeKind::Bf16)?);
+    }
     let missing: Vec<&str> = [("model", "--model"), ("output", "--output")]
         .into_iter()
         .filter(|(k, _)| !obj.contains_key(*k))

@@ -58,6 +58,11 @@ pub fn select_device(kind: tuneq_openapi::DeviceKind) -> Result<Device> {
     }
 }
 
+/// Whether this build has CUDA support and a CUDA device 0 answers.
+pub fn cuda_available() -> bool {
+    cfg!(feature = "cuda") && Device::new_cuda(0).is_ok()
+}
+
 /// The dtype for a spec on `device`: bf16 on CPU is refused because candle widens it to
 /// f32 for every matmul (slower, no memory saved during compute).
 pub fn select_dtype(kind: tuneq_openapi::DtypeKind, device: &Device) -> Result<DType> {
