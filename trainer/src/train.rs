@@ -154,16 +154,10 @@ pub fn encode_files(
     };
     for p in parsed {
         for r in p.records {
-            let ex = encoder.encode(&r, max_len + 1)?;
-            let ex = if ex.input_ids.len() > max_len {
+            let (ex, full_len) = encoder.encode_with_length(&r, max_len)?;
+            if full_len > max_len {
                 out.truncated += 1;
-                Example {
-                    input_ids: ex.input_ids[..max_len].to_vec(),
-                    labels: ex.labels[..max_len].to_vec(),
-                }
-            } else {
-                ex
-            };
+            }
             if ex.labels.iter().skip(1).any(|&l| l >= 0) {
                 out.examples.push(ex);
                 out.records.push(r);
