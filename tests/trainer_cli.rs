@@ -6,155 +6,11 @@
 //! byte-identical adapter; SIGTERM writes a checkpoint and exits 0; the model learns.
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::sync::OnceLock;
+use std::path::Path;
+use std::process::{Command, Stdio};
 
-const BIN: &str = env!("CARGO_BIN_EXE_tuneq");
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The tiny model, written once per test process.
-fn tiny_model() -> &'static Path {
-    static MODEL: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
-    &MODEL
-        .get_or_init(|| {
-            let dir = tempfile::tempdir().expect("tempdir");
-            let model = dir.path().join("tiny");
-            let out = tuneq(&[
-                "model",
-                "init",
-                "--preset",
-                "tiny",
-                "--seed",
-                "1",
-                "--out",
-                model.to_str().expect("utf8"),
-            ]);
-            assert!(
-                out.status.success(),
-                "model init failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            (dir, model)
-        })
-        .1
-}
-
-fn tuneq(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .env("RAYON_NUM_THREADS", "2")
-        .output()
-        .expect("run tuneq")
-}
-
-/// Training flags shared by the resume tests: small, but with dropout, accumulation,
-/// warmup and a cosine schedule so every piece of resumable state matters.
-fn resume_args(output: &Path, train: &Path) -> Vec<String> {
-    [
-        "train",
-        "--progress",
-        "json",
-        "--model",
-        tiny_model().to_str().expect("utf8"),
-        "--train-file",
-        train.to_str().expect("utf8"),
-        "--output",
-        output.to_str().expect("utf8"),
-        "--epochs",
-        "2",
-        "--batch-size",
-        "4",
-        "--grad-accum",
-        "2",
-        "--lr",
-        "3e-3",
-        "--warmup-steps",
-        "2",
-        "--scheduler",
-        "cosine",
-        "--lora-dropout",
-        "0.1",
-        "--max-seq-len",
-        "48",
-        "--checkpoint-every",
-        "2",
-        "--weight-decay",
-        "0.01",
-        "--samples",
-        "1",
-        "--sample-tokens",
-        "4",
-        "--seed",
-        "3",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
-}
-
-/// The first `n` lines of the shipped training task.
-fn small_train_file(dir: &Path, n: usize) -> PathBuf {
-    let text = std::fs::read_to_string(repo().join("examples/data/tiny-task-train.jsonl"))
-        .expect("task file");
-    let lines: Vec<&str> = text
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .take(n)
-        .collect();
-    let path = dir.join("train.jsonl");
-    std::fs::write(&path, lines.join("\n") + "\n").expect("write");
-    path
-}
-
-fn run_to_end(args: &[String]) {
-    let out = Command::new(BIN)
-        .args(args)
-        .env("RAYON_NUM_THREADS", "2")
-        .output()
-        .expect("run");
-    assert!(
-        out.status.success(),
-        "train failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Starts a run and SIGKILLs it as soon as `kill_when` accepts a progress line.
-fn run_and_kill(args: &[String], kill_when: impl Fn(&serde_json::Value) -> bool) {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .env("RAYON_NUM_THREADS", "2")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn");
-    let stdout = child.stdout.take().expect("stdout");
-    let mut killed = false;
-    for line in BufReader::new(stdout).lines() {
-        let Ok(line) = line else { break };
-        let Ok(event) = serde_json::from_str::<serde_json::Value>(&line) else {
-            continue;
-        };
-        if kill_when(&event) {
-            child.kill().expect("SIGKILL");
-            killed = true;
-            break;
-        }
-    }
-    let _ = child.wait();
-    assert!(killed, "the run ended before the kill point was reached");
-}
-
-/// Decides, from one progress event, that this is the moment to SIGKILL the trainer.
-type KillPoint = Box<dyn Fn(&serde_json::Value) -> bool>;
-
-fn adapter_bytes(output: &Path) -> Vec<u8> {
-    std::fs::read(output.join("adapter_model.safetensors")).expect("adapter written")
-}
+mod common;
+use common::*;
 
 #[test]
 fn a_run_killed_at_any_point_resumes_to_a_byte_identical_adapter() {
@@ -484,27 +340,6 @@ fn the_tiny_model_learns_the_shipped_task() {
         generated.status.success(),
         "{}",
         String::from_utf8_lossy(&generated.stderr)
-    );
-}
-
-#[test]
-fn remote_outputs_are_refused_until_their_backends_exist() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let train = small_train_file(dir.path(), 4);
-    let out = tuneq(&[
-        "train",
-        "--model",
-        tiny_model().to_str().expect("utf8"),
-        "--train-file",
-        train.to_str().expect("utf8"),
-        "--output",
-        "s3://bucket/runs/r1",
-    ]);
-    assert_eq!(out.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("output") && stderr.contains("s3://"),
-        "{stderr}"
     );
 }
 

@@ -117,6 +117,34 @@ pub struct TrainArgs {
     /// Print the effective spec as JSON and exit.
     #[arg(long)]
     pub print_spec: bool,
+    /// Storage settings (TOML: the `[storage]` table of tuneq's config, or its fields at
+    /// the top level): S3 endpoint/region/path-style/profile, GCS endpoint/credentials.
+    /// Unset fields follow the standard AWS environment and `STORAGE_EMULATOR_HOST` /
+    /// application-default credentials.
+    #[arg(long, env = "TUNEQ_STORAGE_CONFIG")]
+    pub storage_config: Option<PathBuf>,
+    /// Where remote models and datasets are cached and remote outputs are staged
+    /// (default: `$TUNEQ_CACHE_DIR`, else `tuneq-cache` in the temp folder).
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+}
+
+/// Reads storage settings from a TOML file: a `[storage]` table, or its fields at the top.
+pub fn load_storage_config(path: &std::path::Path) -> Result<tuneq_storage::StorageConfig> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| BadInput(format!("{}: {e}", path.display())))?;
+    let mut value: toml::Table =
+        toml::from_str(&text).map_err(|e| BadInput(format!("{}: {e}", path.display())))?;
+    let table = match value.remove("storage") {
+        Some(toml::Value::Table(t)) => t,
+        Some(_) => {
+            return Err(BadInput(format!("{}: [storage] must be a table", path.display())).into());
+        }
+        None => value,
+    };
+    table
+        .try_into()
+        .map_err(|e| BadInput(format!("{}: storage: {e}", path.display())).into())
 }
 
 macro_rules! value_enum {
@@ -299,7 +327,16 @@ pub fn run(args: TrainArgs) -> Result<ExitCode> {
     } else {
         Box::new(JsonLines::new(std::io::stdout()))
     };
-    match tuneq_trainer::train::run(&spec, sink.as_mut(), &stop)? {
+    let storage_config = match &args.storage_config {
+        Some(p) => load_storage_config(p)?,
+        None => tuneq_storage::StorageConfig::default(),
+    };
+    let cache = args
+        .cache_dir
+        .clone()
+        .unwrap_or_else(tuneq_trainer::remote::Storage::default_cache_dir);
+    let storage = tuneq_trainer::remote::Storage::new(storage_config, cache)?;
+    match tuneq_trainer::train::run_with(&spec, &storage, sink.as_mut(), &stop)? {
         Outcome::Finished { .. } | Outcome::Interrupted { .. } => Ok(ExitCode::SUCCESS),
     }
 }

@@ -94,16 +94,31 @@ impl Location {
         Ok(Location::Local(abs))
     }
 
-    /// The local path, or [`Error::Unsupported`] for remote locations.
-    pub fn local_path(&self) -> Result<&Path> {
+    /// The local path, for `file://` URIs and plain paths.
+    pub fn as_local(&self) -> Option<&Path> {
         match self {
-            Location::Local(p) => Ok(p),
-            Location::S3 { .. } => Err(Error::Unsupported {
-                scheme: "s3".into(),
-            }),
-            Location::Gcs { .. } => Err(Error::Unsupported {
-                scheme: "gs".into(),
-            }),
+            Location::Local(p) => Some(p),
+            Location::S3 { .. } | Location::Gcs { .. } => None,
+        }
+    }
+
+    /// Whether this names a local folder or file.
+    pub fn is_local(&self) -> bool {
+        self.as_local().is_some()
+    }
+
+    /// The location `key` names below this one.
+    pub fn child(&self, key: &ObjectKey) -> Location {
+        match self {
+            Location::Local(p) => Location::Local(key.segments().fold(p.clone(), |p, s| p.join(s))),
+            Location::S3 { bucket, prefix } => Location::S3 {
+                bucket: bucket.clone(),
+                prefix: crate::full_key(prefix, key),
+            },
+            Location::Gcs { bucket, prefix } => Location::Gcs {
+                bucket: bucket.clone(),
+                prefix: crate::full_key(prefix, key),
+            },
         }
     }
 }
@@ -155,6 +170,41 @@ impl ObjectKey {
     /// The key as a string.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// Whether this is the root (empty) key.
+    pub fn is_root(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The checked segments, in order.
+    pub fn segments(&self) -> impl Iterator<Item = &str> {
+        self.0.split('/').filter(|s| !s.is_empty())
+    }
+
+    /// The last segment (empty for the root).
+    pub fn file_name(&self) -> &str {
+        self.0.rsplit('/').next().unwrap_or("")
+    }
+
+    /// Appends every segment of `other`.
+    pub fn join_key(&self, other: &ObjectKey) -> ObjectKey {
+        match (self.is_root(), other.is_root()) {
+            (true, _) => other.clone(),
+            (false, true) => self.clone(),
+            (false, false) => Self(format!("{}/{}", self.0, other.0)),
+        }
+    }
+
+    /// The rest of this key below `prefix`, if it lies below it.
+    pub fn strip_prefix(&self, prefix: &ObjectKey) -> Option<ObjectKey> {
+        if prefix.is_root() {
+            return Some(self.clone());
+        }
+        self.0
+            .strip_prefix(prefix.as_str())
+            .and_then(|rest| rest.strip_prefix('/'))
+            .map(|rest| Self(rest.to_string()))
     }
 
     pub(crate) fn check_segment(segment: &str) -> Result<()> {
@@ -216,7 +266,7 @@ mod tests {
         assert!(
             Location::parse("relative/dir")
                 .expect("path")
-                .local_path()
+                .as_local()
                 .expect("local")
                 .is_absolute()
         );

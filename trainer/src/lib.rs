@@ -17,6 +17,7 @@
 //! - [`batch`]: padded micro-batches in a seed-determined order.
 //! - [`checkpoint`]: atomic, manifest-last checkpoints and exact resume.
 //! - [`peft`]: the adapter format PEFT, vLLM and LoRAX load.
+//! - [`remote`]: models and datasets staged from S3/GCS, outputs mirrored back, manifest last.
 //! - [`train`]: the training run.
 //! - [`progress`]: where progress goes (JSON lines, terminal bar).
 //! - [`generate`], [`merge`], [`init`], [`bench`], [`debug`]: the other `tuneq` commands.
@@ -40,6 +41,7 @@ pub mod ops;
 pub mod optim;
 pub mod peft;
 pub mod progress;
+pub mod remote;
 pub mod schedule;
 pub mod train;
 pub mod weights;

@@ -15,6 +15,7 @@ use crate::lora::{DropoutCtx, LoraSettings};
 use crate::model::Llama;
 use crate::optim::{AdamW, AdamWConfig, global_norm};
 use crate::progress::ProgressSink;
+use crate::remote::Storage;
 use crate::schedule::LrSchedule;
 use candle_core::{DType, Device, Tensor};
 use serde::Serialize;
@@ -87,22 +88,6 @@ pub fn lora_settings(spec: &TrainSpec) -> LoraSettings {
         targets: spec.lora.target_modules.clone(),
         rslora: spec.lora.rslora,
     }
-}
-
-/// Resolves a spec location to a local path (remote storage arrives with issue 3).
-pub fn local_path(field: &str, value: &str) -> Result<PathBuf> {
-    let loc = tuneq_storage::Location::parse(value).map_err(|e| {
-        Error::Spec(vec![tuneq_openapi::SpecError {
-            field: field.into(),
-            message: e.to_string(),
-        }])
-    })?;
-    loc.local_path().map(Path::to_path_buf).map_err(|e| {
-        Error::Spec(vec![tuneq_openapi::SpecError {
-            field: field.into(),
-            message: e.to_string(),
-        }])
-    })
 }
 
 /// Tokenised data of one or more files.
@@ -424,21 +409,38 @@ fn validate(
     Ok(loss)
 }
 
-/// Runs `spec` to completion or until `stop` is set, reporting to `sink`.
+/// Runs `spec` with local files and the default storage settings (see [`run_with`]).
 pub fn run(spec: &TrainSpec, sink: &mut dyn ProgressSink, stop: &StopFlag) -> Result<Outcome> {
+    let storage = Storage::new(
+        tuneq_storage::StorageConfig::default(),
+        Storage::default_cache_dir(),
+    )?;
+    run_with(spec, &storage, sink, stop)
+}
+
+/// Runs `spec` to completion or until `stop` is set, reporting to `sink`. Remote
+/// (`s3://`, `gs://`) models and datasets are staged through `storage`, and a remote
+/// output is mirrored there as checkpoints and the adapter are committed.
+pub fn run_with(
+    spec: &TrainSpec,
+    storage: &Storage,
+    sink: &mut dyn ProgressSink,
+    stop: &StopFlag,
+) -> Result<Outcome> {
     spec.validate().map_err(Error::Spec)?;
     let h = spec.hyperparameters.clone();
-    let model_dir = local_path("model", &spec.model)?;
-    let output = local_path("output", &spec.output)?;
+    let model_dir = storage.input_dir("model", &spec.model)?;
+    let out = storage.output("output", &spec.output)?;
+    let output = out.local.clone();
     let train_files = spec
         .training_files
         .iter()
-        .map(|f| local_path("training_files", f))
+        .map(|f| storage.input_file("training_files", f))
         .collect::<Result<Vec<_>>>()?;
     let val_file = spec
         .validation_file
         .as_deref()
-        .map(|f| local_path("validation_file", f))
+        .map(|f| storage.input_file("validation_file", f))
         .transpose()?;
     let device = select_device(spec.device)?;
     let dtype = select_dtype(spec.dtype, &device)?;
@@ -515,6 +517,11 @@ pub fn run(spec: &TrainSpec, sink: &mut dyn ProgressSink, stop: &StopFlag) -> Re
         hex::encode(Sha256::digest(json_line(&fp)?.as_bytes()))
     };
 
+    // A replacement machine starts from what earlier attempts committed remotely.
+    for note in out.restore()? {
+        tracing::info!(output = %out.display(""), "{note}");
+    }
+
     // A finished run with the same fingerprint has nothing left to do.
     if let Ok(done) = crate::error::read_json::<RunManifest>(&output.join("manifest.json"))
         && done.fingerprint == fingerprint
@@ -523,7 +530,7 @@ pub fn run(spec: &TrainSpec, sink: &mut dyn ProgressSink, stop: &StopFlag) -> Re
     {
         sink.event(&TrainEvent::Finished {
             step: done.metrics.steps,
-            adapter: output.display().to_string(),
+            adapter: out.display(""),
             train_loss: done.metrics.train_loss,
             validation_loss: done.metrics.validation_loss,
             trained_tokens: done.metrics.trained_tokens,
@@ -650,9 +657,14 @@ pub fn run(spec: &TrainSpec, sink: &mut dyn ProgressSink, stop: &StopFlag) -> Re
      -> Result<()> {
         let dir = checkpoint::write(&output, model, &settings, &base_name, opt, &state)?;
         checkpoint::prune(&output, spec.checkpoint.keep_last as usize)?;
+        out.push_checkpoint(&dir, spec.checkpoint.keep_last as usize)?;
+        let name = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_default();
         sink.event(&TrainEvent::Checkpoint {
             step: state.global_step,
-            location: dir.display().to_string(),
+            location: out.display(&format!("{}/{name}", checkpoint::CHECKPOINTS_DIR)),
         });
         Ok(())
     };
@@ -844,9 +856,10 @@ pub fn run(spec: &TrainSpec, sink: &mut dyn ProgressSink, stop: &StopFlag) -> Re
         source,
     })?;
     tuneq_storage::local::write_atomic(&output.join("manifest.json"), &json)?;
+    out.push_final()?;
     sink.event(&TrainEvent::Finished {
         step,
-        adapter: output.display().to_string(),
+        adapter: out.display(""),
         train_loss: last_loss,
         validation_loss: val_loss,
         trained_tokens: tokens_seen,

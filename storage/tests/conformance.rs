@@ -1,0 +1,456 @@
+//! One conformance suite, run against every backend: a local folder, S3 (moto's
+//! server) and GCS (fake-gcs-server), the servers started by the harness on free ports.
+
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use sha2::{Digest, Sha256};
+use std::sync::Arc;
+use std::time::Duration;
+use tuneq_storage::testing::{self, TEST_BUCKET};
+use tuneq_storage::{
+    ByteStream, Error, GetRange, ObjectKey, ObjectStore, PresignMethod, PutMode, Result,
+};
+
+/// A store under a fresh prefix, plus whatever must live as long as it.
+struct Fixture {
+    store: Arc<dyn ObjectStore>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+async fn local(_name: &str) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    Fixture {
+        store: Arc::new(tuneq_storage::LocalStore::new(dir.path())),
+        _dir: Some(dir),
+    }
+}
+
+async fn s3(name: &str) -> Fixture {
+    let server = testing::moto();
+    let store = tuneq_storage::s3::S3Store::connect(
+        &testing::s3_config(server),
+        TEST_BUCKET,
+        &testing::unique_prefix(name),
+    )
+    .await
+    .unwrap();
+    Fixture {
+        store: Arc::new(store),
+        _dir: None,
+    }
+}
+
+async fn gcs(name: &str) -> Fixture {
+    let server = testing::fake_gcs();
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = testing::gcs_config(server);
+    config.credentials_file = Some(service_account_key(dir.path()));
+    let store =
+        tuneq_storage::gcs::GcsStore::connect(&config, TEST_BUCKET, &testing::unique_prefix(name))
+            .await
+            .unwrap();
+    Fixture {
+        store: Arc::new(store),
+        _dir: Some(dir),
+    }
+}
+
+/// A throwaway service-account key (RSA, PKCS#8) so GCS URLs can be signed in tests.
+fn service_account_key(dir: &std::path::Path) -> std::path::PathBuf {
+    let pem = dir.join("key.pem");
+    let status = std::process::Command::new("openssl")
+        .args([
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+            "-out",
+        ])
+        .arg(&pem)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("openssl is needed to make a test service-account key (apt-get install openssl)");
+    assert!(status.success());
+    let key = serde_json::json!({
+        "type": "service_account",
+        "project_id": "tuneq-test",
+        "private_key_id": "test-key",
+        "private_key": std::fs::read_to_string(&pem).unwrap(),
+        "client_email": "tuneq-test@tuneq-test.iam.gserviceaccount.com",
+        "client_id": "1",
+        "token_uri": "http://127.0.0.1:9/token",
+    });
+    let path = dir.join("service-account.json");
+    std::fs::write(&path, key.to_string()).unwrap();
+    path
+}
+
+fn key(k: &str) -> ObjectKey {
+    ObjectKey::parse(k).unwrap()
+}
+
+/// Deterministic pseudo-random bytes, produced chunk by chunk, with their SHA-256.
+fn pattern_stream(total: usize, chunk: usize) -> (ByteStream, String) {
+    let mut hasher = Sha256::new();
+    let mut chunks = Vec::new();
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut left = total;
+    while left > 0 {
+        let n = left.min(chunk);
+        let mut c = vec![0u8; n];
+        for b in c.iter_mut() {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            *b = state as u8;
+        }
+        hasher.update(&c);
+        chunks.push(Ok(Bytes::from(c)));
+        left -= n;
+    }
+    (
+        futures::stream::iter(chunks).boxed(),
+        hex::encode(hasher.finalize()),
+    )
+}
+
+async fn sha256_of(stream: ByteStream) -> (String, u64) {
+    let mut hasher = Sha256::new();
+    let mut n = 0u64;
+    let mut stream = stream;
+    while let Some(chunk) = stream.try_next().await.unwrap() {
+        n += chunk.len() as u64;
+        hasher.update(&chunk);
+    }
+    (hex::encode(hasher.finalize()), n)
+}
+
+async fn small_round_trip(store: Arc<dyn ObjectStore>) {
+    let k = key("files/a.jsonl");
+    let meta = store
+        .put(&k, Bytes::from_static(b"hello"), PutMode::Overwrite)
+        .await
+        .unwrap();
+    assert_eq!(meta.size, 5);
+    assert_eq!(meta.key, k);
+    assert!(meta.etag.is_some());
+    assert_eq!(&store.get_bytes(&k).await.unwrap()[..], b"hello");
+    let head = store.head(&k).await.unwrap();
+    assert_eq!(head.size, 5);
+    assert!(head.modified.is_some());
+    // An empty object is an object too.
+    let empty = key("files/empty");
+    store
+        .put(&empty, Bytes::new(), PutMode::Overwrite)
+        .await
+        .unwrap();
+    assert_eq!(store.head(&empty).await.unwrap().size, 0);
+    assert!(store.get_bytes(&empty).await.unwrap().is_empty());
+}
+
+async fn multi_part_round_trip(store: Arc<dyn ObjectStore>) {
+    // 20 MiB in odd-sized chunks: more than two S3 parts / GCS resumable chunks.
+    let k = key("big/object.bin");
+    let (stream, digest) = pattern_stream(20 * 1024 * 1024 + 12_345, 1_000_003);
+    let meta = store
+        .put_stream(&k, stream, PutMode::Overwrite)
+        .await
+        .unwrap();
+    assert_eq!(meta.size, 20 * 1024 * 1024 + 12_345);
+    let got = store.get(&k, None).await.unwrap();
+    assert_eq!(got.meta.size, meta.size);
+    assert_eq!(sha256_of(got.body).await, (digest, meta.size));
+}
+
+async fn create_only_writes(store: Arc<dyn ObjectStore>) {
+    let k = key("once/manifest.json");
+    store
+        .put(&k, Bytes::from_static(b"first"), PutMode::Create)
+        .await
+        .unwrap();
+    let again = store
+        .put(&k, Bytes::from_static(b"second"), PutMode::Create)
+        .await;
+    assert!(
+        matches!(again, Err(Error::PreconditionFailed { .. })),
+        "{again:?}"
+    );
+    assert_eq!(&store.get_bytes(&k).await.unwrap()[..], b"first");
+}
+
+async fn ranged_reads(store: Arc<dyn ObjectStore>) {
+    let k = key("ranges/r.bin");
+    let data: Vec<u8> = (0..1000u32).map(|i| (i % 251) as u8).collect();
+    store
+        .put(&k, Bytes::from(data.clone()), PutMode::Overwrite)
+        .await
+        .unwrap();
+    for (range, want) in [
+        (GetRange::Bounded { start: 0, end: 10 }, &data[0..10]),
+        (
+            GetRange::Bounded {
+                start: 990,
+                end: 1000,
+            },
+            &data[990..],
+        ),
+        (
+            GetRange::Bounded {
+                start: 995,
+                end: 5000,
+            },
+            &data[995..],
+        ),
+        (GetRange::From(500), &data[500..]),
+        (GetRange::Bounded { start: 7, end: 7 }, &data[7..7]),
+    ] {
+        let got = store.get(&k, Some(range)).await.unwrap();
+        assert_eq!(got.meta.size, 1000, "{range:?}: size is the whole object's");
+        let bytes = tuneq_storage::collect(got.body).await.unwrap();
+        assert_eq!(&bytes[..], want, "{range:?}");
+    }
+    let past = store.get(&k, Some(GetRange::From(1000))).await;
+    assert!(
+        matches!(past, Err(Error::InvalidRange { size: 1000, .. })),
+        "{past:?}"
+    );
+}
+
+async fn overwrite_replaces(store: Arc<dyn ObjectStore>) {
+    let k = key("o/v");
+    let first = store
+        .put(&k, Bytes::from_static(b"one"), PutMode::Overwrite)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let second = store
+        .put(
+            &k,
+            Bytes::from_static(b"second version"),
+            PutMode::Overwrite,
+        )
+        .await
+        .unwrap();
+    assert_eq!(&store.get_bytes(&k).await.unwrap()[..], b"second version");
+    assert_eq!(second.size, 14);
+    assert_ne!(first.etag, second.etag);
+}
+
+async fn delete_and_not_found(store: Arc<dyn ObjectStore>) {
+    let k = key("d/x");
+    store
+        .put(&k, Bytes::from_static(b"x"), PutMode::Overwrite)
+        .await
+        .unwrap();
+    store.delete(&k).await.unwrap();
+    assert!(matches!(store.head(&k).await, Err(Error::NotFound { .. })));
+    assert!(matches!(
+        store.get(&k, None).await,
+        Err(Error::NotFound { .. })
+    ));
+    // Deleting what is gone is not an error.
+    store.delete(&k).await.unwrap();
+    let missing = store.copy(&key("d/none"), &key("d/y")).await;
+    assert!(
+        matches!(missing, Err(Error::NotFound { .. })),
+        "{missing:?}"
+    );
+}
+
+async fn copy_inside_the_store(store: Arc<dyn ObjectStore>) {
+    let (from, to) = (key("c/src.bin"), key("c/sub/dst.bin"));
+    store
+        .put(&from, Bytes::from_static(b"copy me"), PutMode::Overwrite)
+        .await
+        .unwrap();
+    let meta = store.copy(&from, &to).await.unwrap();
+    assert_eq!(meta.size, 7);
+    assert_eq!(&store.get_bytes(&to).await.unwrap()[..], b"copy me");
+    assert_eq!(&store.get_bytes(&from).await.unwrap()[..], b"copy me");
+}
+
+async fn listing_paginates_in_key_order(store: Arc<dyn ObjectStore>) {
+    const N: usize = 1100;
+    futures::stream::iter(0..N)
+        .map(|i| {
+            let store = store.clone();
+            async move {
+                store
+                    .put(
+                        &key(&format!("many/{i:05}")),
+                        Bytes::from(i.to_string()),
+                        PutMode::Overwrite,
+                    )
+                    .await
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<_>>()
+        .await
+        .unwrap();
+    // A sibling that shares the name's first characters is not "under" it.
+    store
+        .put(
+            &key("many-not/x"),
+            Bytes::from_static(b"x"),
+            PutMode::Overwrite,
+        )
+        .await
+        .unwrap();
+    let listed: Vec<_> = store.list(&key("many")).try_collect().await.unwrap();
+    assert_eq!(listed.len(), N);
+    let names: Vec<String> = listed.iter().map(|m| m.key.to_string()).collect();
+    let mut sorted = names.clone();
+    sorted.sort();
+    assert_eq!(names, sorted);
+    assert_eq!(names[0], "many/00000");
+    assert_eq!(listed[N - 1].size, (N - 1).to_string().len() as u64);
+    // The whole store lists everything, the sibling included.
+    let all = store
+        .list(&ObjectKey::root())
+        .try_collect::<Vec<_>>()
+        .await
+        .unwrap();
+    assert_eq!(all.len(), N + 1);
+    assert!(store.list(&key("nothing-here")).next().await.is_none());
+}
+
+async fn failed_upload_leaves_nothing(store: Arc<dyn ObjectStore>) {
+    // The producer fails after 10 MiB: the object must not appear, not even partly.
+    let k = key("broken/upload.bin");
+    let (good, _) = pattern_stream(10 * 1024 * 1024, 1024 * 1024);
+    let failing = good
+        .chain(futures::stream::once(async {
+            Err(Error::Io {
+                path: "producer".into(),
+                source: std::io::Error::other("producer died"),
+            })
+        }))
+        .boxed();
+    assert!(
+        store
+            .put_stream(&k, failing, PutMode::Overwrite)
+            .await
+            .is_err()
+    );
+    assert!(matches!(store.head(&k).await, Err(Error::NotFound { .. })));
+}
+
+async fn manifest_commit_visibility(store: Arc<dyn ObjectStore>) {
+    let prefix = key("jobs/j1/checkpoints/step-00000010");
+    store
+        .put(
+            &prefix.join("adapter.safetensors").unwrap(),
+            Bytes::from_static(b"w"),
+            PutMode::Overwrite,
+        )
+        .await
+        .unwrap();
+    assert!(!store.is_committed(&prefix).await.unwrap());
+    store
+        .commit_manifest(&prefix, Bytes::from_static(br#"{"step":10}"#))
+        .await
+        .unwrap();
+    assert!(store.is_committed(&prefix).await.unwrap());
+    let keys: Vec<String> = store
+        .list(&prefix)
+        .map_ok(|m| m.key.file_name().to_string())
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(keys, ["adapter.safetensors", "manifest.json"]);
+    assert!(
+        !store
+            .is_committed(&key("jobs/j1/checkpoints/step-00000020"))
+            .await
+            .unwrap()
+    );
+}
+
+async fn presigned_put_then_get(store: Arc<dyn ObjectStore>) {
+    let k = key("presigned/data.bin");
+    let put = match store
+        .presign(&k, PresignMethod::Put, Duration::from_secs(300))
+        .await
+    {
+        Err(Error::Unsupported { .. }) if store.backend() == "local" => return,
+        other => other.unwrap(),
+    };
+    let http = reqwest::Client::new();
+    let mut req = http.put(&put.url).body("uploaded without credentials");
+    for (name, value) in &put.headers {
+        req = req.header(name, value);
+    }
+    let answer = req.send().await.unwrap();
+    assert!(
+        answer.status().is_success(),
+        "{}: {}",
+        answer.status(),
+        answer.text().await.unwrap()
+    );
+    assert_eq!(
+        &store.get_bytes(&k).await.unwrap()[..],
+        b"uploaded without credentials"
+    );
+    let get = store
+        .presign(&k, PresignMethod::Get, Duration::from_secs(300))
+        .await
+        .unwrap();
+    let body = http.get(&get.url).send().await.unwrap();
+    assert!(body.status().is_success());
+    assert_eq!(
+        &body.bytes().await.unwrap()[..],
+        b"uploaded without credentials"
+    );
+}
+
+async fn unsafe_keys_never_reach_a_backend(_store: Arc<dyn ObjectStore>) {
+    for bad in ["../escape", "a/../../b", "/abs"] {
+        let parsed = ObjectKey::parse(bad);
+        assert!(
+            parsed.is_err() || !parsed.as_ref().unwrap().as_str().contains(".."),
+            "{bad:?}"
+        );
+    }
+}
+
+macro_rules! conformance {
+    ($backend:ident) => {
+        mod $backend {
+            conformance!(@cases $backend:
+                small_round_trip, multi_part_round_trip, create_only_writes, ranged_reads,
+                overwrite_replaces, delete_and_not_found, copy_inside_the_store,
+                listing_paginates_in_key_order, failed_upload_leaves_nothing,
+                manifest_commit_visibility, presigned_put_then_get,
+                unsafe_keys_never_reach_a_backend);
+        }
+    };
+    (@cases $backend:ident: $($case:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let fixture = super::$backend(stringify!($case)).await;
+                super::$case(fixture.store.clone()).await;
+            }
+        )*
+    };
+}
+
+conformance!(local);
+conformance!(s3);
+conformance!(gcs);
+
+#[tokio::test]
+async fn s3_errors_are_typed() -> Result<()> {
+    let server = testing::moto();
+    let store =
+        tuneq_storage::s3::S3Store::connect(&testing::s3_config(server), "no-such-bucket-xyz", "")
+            .await?;
+    let err = store.head(&key("x")).await.unwrap_err();
+    assert!(err.is_not_found(), "{err:?}");
+    assert!(!err.is_retryable());
+    Ok(())
+}
