@@ -408,3 +408,36 @@ fn unavailable_devices_and_dtypes_exit_2() {
         assert!(stderr.contains(needle), "{flag} {value}: {stderr}");
     }
 }
+
+#[test]
+fn storage_config_files_are_checked_field_by_field() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let train = small_train_file(dir.path(), 4);
+    let config = dir.path().join("tuneq.toml");
+    std::fs::write(
+        &config,
+        "[storage.s3]\nendpiont = \"http://127.0.0.1:9000\"\n",
+    )
+    .expect("write");
+    let out = tuneq(&[
+        "train",
+        "--model",
+        tiny_model().to_str().expect("utf8"),
+        "--train-file",
+        train.to_str().expect("utf8"),
+        "--output",
+        dir.path().join("out").to_str().expect("utf8"),
+        "--storage-config",
+        config.to_str().expect("utf8"),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("tuneq.toml") && stderr.contains("endpiont"),
+        "{stderr}"
+    );
+    assert!(
+        !dir.path().join("out").exists(),
+        "bad input changes nothing"
+    );
+}

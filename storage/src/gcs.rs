@@ -474,6 +474,78 @@ impl GcsStore {
         }
     }
 
+    /// A V4 signed URL as of `now` (what [`ObjectStore::presign`] does with the current
+    /// time); a fixed instant makes signatures reproducible, e.g. to compare them with
+    /// Google's own client libraries.
+    pub async fn presign_at(
+        &self,
+        key: &ObjectKey,
+        method: PresignMethod,
+        expires_in: Duration,
+        now: SystemTime,
+    ) -> Result<PresignedRequest> {
+        if expires_in.is_zero() || expires_in > MAX_SIGNED_URL_LIFETIME {
+            return Err(Error::Config(format!(
+                "GCS signed URLs live between 1 second and 7 days, not {expires_in:?}"
+            )));
+        }
+        let signer = self.signer().await?;
+        let sign_err = |e: &dyn std::fmt::Display| Error::Backend {
+            uri: self.uri(key),
+            message: format!("signing the URL: {e}"),
+            retryable: false,
+        };
+        let email = signer.client_email().await.map_err(|e| sign_err(&e))?;
+        let endpoint = url::Url::parse(&self.endpoint)
+            .map_err(|e| Error::Config(format!("GCS endpoint: {e}")))?;
+        let host = match (endpoint.host_str(), endpoint.port()) {
+            (Some(h), Some(p)) => format!("{h}:{p}"),
+            (Some(h), None) => h.to_string(),
+            (None, _) => return Err(Error::Config("GCS endpoint has no host".into())),
+        };
+        let path = format!(
+            "/{}/{}",
+            encode(&self.bucket),
+            self.full(key)
+                .split('/')
+                .map(encode)
+                .collect::<Vec<_>>()
+                .join("/")
+        );
+        let (date, datetime) = signing_dates(now);
+        let credential = format!("{email}/{date}/auto/storage/goog4_request");
+        let verb = match method {
+            PresignMethod::Get => "GET",
+            PresignMethod::Put => "PUT",
+        };
+        let (request, query) = canonical_request(
+            verb,
+            &host,
+            &path,
+            &credential,
+            &datetime,
+            expires_in.as_secs().max(1),
+        );
+        let string_to_sign = format!(
+            "GOOG4-RSA-SHA256\n{datetime}\n{date}/auto/storage/goog4_request\n{}",
+            hex::encode(Sha256::digest(request.as_bytes()))
+        );
+        let signature = signer
+            .sign(string_to_sign.as_bytes())
+            .await
+            .map_err(|e| sign_err(&e))?;
+        Ok(PresignedRequest {
+            method,
+            url: format!(
+                "{}://{host}{path}?{query}&X-Goog-Signature={}",
+                endpoint.scheme(),
+                hex::encode(signature)
+            ),
+            headers: Vec::new(),
+            expires_at: now + expires_in,
+        })
+    }
+
     async fn signer(&self) -> Result<&Signer> {
         self.signer
             .get_or_try_init(|| async {
@@ -754,67 +826,8 @@ impl ObjectStore for GcsStore {
         method: PresignMethod,
         expires_in: Duration,
     ) -> Result<PresignedRequest> {
-        if expires_in.is_zero() || expires_in > MAX_SIGNED_URL_LIFETIME {
-            return Err(Error::Config(format!(
-                "GCS signed URLs live between 1 second and 7 days, not {expires_in:?}"
-            )));
-        }
-        let signer = self.signer().await?;
-        let sign_err = |e: &dyn std::fmt::Display| Error::Backend {
-            uri: self.uri(key),
-            message: format!("signing the URL: {e}"),
-            retryable: false,
-        };
-        let email = signer.client_email().await.map_err(|e| sign_err(&e))?;
-        let endpoint = url::Url::parse(&self.endpoint)
-            .map_err(|e| Error::Config(format!("GCS endpoint: {e}")))?;
-        let host = match (endpoint.host_str(), endpoint.port()) {
-            (Some(h), Some(p)) => format!("{h}:{p}"),
-            (Some(h), None) => h.to_string(),
-            (None, _) => return Err(Error::Config("GCS endpoint has no host".into())),
-        };
-        let path = format!(
-            "/{}/{}",
-            encode(&self.bucket),
-            self.full(key)
-                .split('/')
-                .map(encode)
-                .collect::<Vec<_>>()
-                .join("/")
-        );
-        let now = SystemTime::now();
-        let (date, datetime) = signing_dates(now);
-        let credential = format!("{email}/{date}/auto/storage/goog4_request");
-        let verb = match method {
-            PresignMethod::Get => "GET",
-            PresignMethod::Put => "PUT",
-        };
-        let (request, query) = canonical_request(
-            verb,
-            &host,
-            &path,
-            &credential,
-            &datetime,
-            expires_in.as_secs().max(1),
-        );
-        let string_to_sign = format!(
-            "GOOG4-RSA-SHA256\n{datetime}\n{date}/auto/storage/goog4_request\n{}",
-            hex::encode(Sha256::digest(request.as_bytes()))
-        );
-        let signature = signer
-            .sign(string_to_sign.as_bytes())
+        self.presign_at(key, method, expires_in, SystemTime::now())
             .await
-            .map_err(|e| sign_err(&e))?;
-        Ok(PresignedRequest {
-            method,
-            url: format!(
-                "{}://{host}{path}?{query}&X-Goog-Signature={}",
-                endpoint.scheme(),
-                hex::encode(signature)
-            ),
-            headers: Vec::new(),
-            expires_at: now + expires_in,
-        })
     }
 }
 

