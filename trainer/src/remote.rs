@@ -414,27 +414,35 @@ impl Output {
                     .await?;
                 }
             }
-            tuneq_storage::transfer::upload_file(
-                store,
-                &self.local.join(MANIFEST),
-                &key(MANIFEST)?,
-                PutMode::Overwrite,
-            )
-            .await?;
-            Ok(())
+            commit_from_file(store, &ObjectKey::root(), &self.local.join(MANIFEST)).await
         })
     }
 }
 
-/// Uploads every file of a local folder under `prefix`, `manifest.json` last.
+/// Uploads every file of a local folder under `prefix`, then commits the prefix with the
+/// folder's `manifest.json` ([`ObjectStore::commit_manifest`]).
 async fn upload_committed(store: &dyn ObjectStore, dir: &Path, prefix: &ObjectKey) -> Result<()> {
-    let files = tuneq_storage::transfer::local_files(dir)?;
-    let (manifest, rest): (Vec<_>, Vec<_>) = files.into_iter().partition(|f| f == MANIFEST);
-    for rel in rest.iter().chain(manifest.iter()) {
-        let target = prefix.join_key(&ObjectKey::parse(rel)?);
-        tuneq_storage::transfer::upload_file(store, &dir.join(rel), &target, PutMode::Overwrite)
+    for rel in tuneq_storage::transfer::local_files(dir)? {
+        if rel == MANIFEST {
+            continue;
+        }
+        let target = prefix.join_key(&ObjectKey::parse(&rel)?);
+        tuneq_storage::transfer::upload_file(store, &dir.join(&rel), &target, PutMode::Overwrite)
             .await?;
     }
+    commit_from_file(store, prefix, &dir.join(MANIFEST)).await
+}
+
+/// Commits `prefix` with the manifest stored in a local file.
+async fn commit_from_file(
+    store: &dyn ObjectStore,
+    prefix: &ObjectKey,
+    manifest: &Path,
+) -> Result<()> {
+    let bytes = tokio::fs::read(manifest)
+        .await
+        .map_err(Error::io(manifest))?;
+    store.commit_manifest(prefix, bytes.into()).await?;
     Ok(())
 }
 
