@@ -1,0 +1,120 @@
+-- Shared by every tuneq queue script. KEYS[1] is the domain's meta hash
+-- ("tq:{D}:meta"), which routes the call to the domain's slot on Redis Cluster;
+-- ARGV[1] is the key prefix ("tq:{D}:"), so every key a script touches shares the
+-- {D} hash tag. Status codes: 0 ok, 1 nothing to do / duplicate, -1 missing job,
+-- -3 wrong state, -6 stale token, -7 over quota or capacity, -9 unknown pool.
+local P = ARGV[1]
+local META = KEYS[1]
+local function k(s) return P .. s end
+local function jk(id) return P .. 'job:' .. id end
+
+-- Milliseconds from Redis TIME, plus the test clock offset, never going backwards.
+local function now_ms()
+  local t = redis.call('TIME')
+  local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  ms = ms + tonumber(redis.call('HGET', META, 'clock_offset') or '0')
+  local hwm = tonumber(redis.call('HGET', META, 'clock') or '0')
+  if ms < hwm then ms = hwm end
+  redis.call('HSET', META, 'clock', ms)
+  return ms
+end
+
+local function meta_num(field, default)
+  return tonumber(redis.call('HGET', META, field) or default)
+end
+
+-- Appends one event to the job's log (capped), numbered by the job's event_seq.
+local function event(id, now, kind, message)
+  local seq = redis.call('HINCRBY', jk(id), 'event_seq', 1)
+  local key = k('events:' .. id)
+  local n = redis.call('RPUSH', key, cjson.encode({seq = seq, at_ms = now, kind = kind, message = message}))
+  local cap = meta_num('max_events_per_job', '200')
+  if n > cap then redis.call('LTRIM', key, -cap, -1) end
+end
+
+-- Puts a job in its tenant's ready set (aged score: rank + (9 - prio) * horizon;
+-- ties fall back to the zero-padded id, i.e. FIFO) and activates the tenant, which
+-- starts no earlier than the global virtual clock (idle tenants bank no credit).
+local function add_ready(id, tenant, rank_ms, prio)
+  local horizon = meta_num('aging_horizon_ms', '7200000')
+  redis.call('ZADD', k('ready:' .. tenant), rank_ms + (9 - prio) * horizon, id)
+  redis.call('HINCRBY', k('tenant:' .. tenant), 'waiting', 1)
+  if not redis.call('ZSCORE', k('tenants'), tenant) then
+    local vt = tonumber(redis.call('HGET', k('tenant:' .. tenant), 'vtime') or '0')
+    local vclock = tonumber(redis.call('GET', k('vclock')) or '0')
+    if vt < vclock then vt = vclock end
+    redis.call('HSET', k('tenant:' .. tenant), 'vtime', vt)
+    redis.call('ZADD', k('tenants'), vt, tenant)
+  end
+end
+
+-- Takes a job out of its tenant's ready set; deactivates the tenant when it empties.
+local function remove_ready(id, tenant)
+  local ready = k('ready:' .. tenant)
+  if redis.call('ZREM', ready, id) == 1 then
+    redis.call('HINCRBY', k('tenant:' .. tenant), 'waiting', -1)
+  end
+  if redis.call('ZCARD', ready) == 0 then redis.call('ZREM', k('tenants'), tenant) end
+end
+
+-- Gives back the capacity a lease reserved and forgets the lease.
+local function release(id)
+  local j = jk(id)
+  local pool, gpus, tenant = unpack(redis.call('HMGET', j, 'pool', 'gpus', 'tenant'))
+  if pool and pool ~= '' then
+    redis.call('HINCRBY', k('pool:' .. pool), 'used', -tonumber(gpus))
+    redis.call('HINCRBY', k('tenant:' .. tenant), 'running', -tonumber(gpus))
+  end
+  redis.call('HDEL', j, 'pool', 'owner', 'deadline')
+  redis.call('ZREM', k('leases'), id)
+  redis.call('ZREM', k('suspect'), id)
+end
+
+-- Moves up to `batch` delayed jobs whose retry time has come back to ready.
+local function promote_due(now, batch)
+  local due = redis.call('ZRANGEBYSCORE', k('delayed'), '-inf', now, 'LIMIT', 0, batch)
+  for _, id in ipairs(due) do
+    redis.call('ZREM', k('delayed'), id)
+    local tenant, prio, rank = unpack(redis.call('HMGET', jk(id), 'tenant', 'prio', 'rank_ms'))
+    redis.call('HSET', jk(id), 'state', 'queued')
+    redis.call('HINCRBY', k('tenant:' .. tenant), 'waiting', -1)
+    add_ready(id, tenant, tonumber(rank), tonumber(prio))
+  end
+end
+
+-- Marks a job finished and files it for retention.
+local function finish(id, now, state, index)
+  redis.call('HSET', jk(id), 'state', state, 'finished_ms', now)
+  redis.call('ZADD', k(index), now, id)
+end
+
+-- Deletes finished jobs older than the retention age or beyond the retention count,
+-- at most `batch` per call, so memory stays bounded without long-running scripts.
+local function trim(now, batch)
+  local removed = 0
+  local max_age = meta_num('retention_ms', '604800000')
+  local max_count = meta_num('retention_count', '100000')
+  for _, index in ipairs({'done', 'dead'}) do
+    local old = redis.call('ZRANGEBYSCORE', k(index), '-inf', now - max_age, 'LIMIT', 0, batch)
+    local excess = redis.call('ZCARD', k(index)) - #old - max_count
+    if excess > 0 then
+      local more = redis.call('ZRANGE', k(index), #old, #old + math.min(excess, batch) - 1)
+      for _, id in ipairs(more) do table.insert(old, id) end
+    end
+    for _, id in ipairs(old) do
+      redis.call('ZREM', k(index), id)
+      redis.call('DEL', jk(id), k('events:' .. id))
+      removed = removed + 1
+    end
+  end
+  return removed
+end
+
+-- Whether the caller holds the job's current lease.
+local function holds(j, token, states)
+  local state, epoch = unpack(redis.call('HMGET', j, 'state', 'epoch'))
+  if not state then return -1, nil end
+  if epoch ~= token then return -6, state end
+  for _, s in ipairs(states) do if s == state then return 0, state end end
+  return -3, state
+end

@@ -1,0 +1,670 @@
+//! The Redis backend. Every transition is one Lua script (`queue/lua/*.lua`, prefixed
+//! by `prelude.lua`), sent with EVALSHA and re-loaded on NOSCRIPT. All keys of a
+//! scheduling domain share the hash tag `{domain}`, so the scripts run on Redis Cluster.
+//! Time comes from Redis `TIME` (plus a test offset), kept monotonic by a high-water mark.
+//!
+//! A lost connection or a timeout is an *unknown outcome* ([`QueueError::Unavailable`]):
+//! the call may or may not have happened. Enqueue with an idempotency key and claim
+//! with a request id are safe to retry as they are; token-carrying calls are fenced.
+
+use crate::model::*;
+use crate::{QueueConfig, QueueError, Result, validate};
+use async_trait::async_trait;
+use redis::aio::ConnectionManager;
+use redis::{Script, Value};
+
+const PRELUDE: &str = include_str!("../lua/prelude.lua");
+
+/// The scripts, each with the prelude in front.
+struct Scripts {
+    enqueue: Script,
+    claim: Script,
+    start: Script,
+    heartbeat: Script,
+    complete: Script,
+    fail: Script,
+    preempt: Script,
+    cancel: Script,
+    confirm_cancelled: Script,
+    expire_leases: Script,
+    resolve_suspect: Script,
+    position: Script,
+    trim: Script,
+}
+
+fn script(body: &str) -> Script {
+    Script::new(&format!("{PRELUDE}\n{body}"))
+}
+
+impl Scripts {
+    fn load() -> Self {
+        Self {
+            enqueue: script(include_str!("../lua/enqueue.lua")),
+            claim: script(include_str!("../lua/claim.lua")),
+            start: script(include_str!("../lua/start.lua")),
+            heartbeat: script(include_str!("../lua/heartbeat.lua")),
+            complete: script(include_str!("../lua/complete.lua")),
+            fail: script(include_str!("../lua/fail.lua")),
+            preempt: script(include_str!("../lua/preempt.lua")),
+            cancel: script(include_str!("../lua/cancel.lua")),
+            confirm_cancelled: script(include_str!("../lua/confirm_cancelled.lua")),
+            expire_leases: script(include_str!("../lua/expire_leases.lua")),
+            resolve_suspect: script(include_str!("../lua/resolve_suspect.lua")),
+            position: script(include_str!("../lua/position.lua")),
+            trim: script(include_str!("../lua/trim.lua")),
+        }
+    }
+}
+
+/// The queue of one scheduling domain on one Redis (or Redis Cluster slot).
+#[derive(Clone)]
+pub struct RedisQueue {
+    conn: ConnectionManager,
+    prefix: String,
+    meta: String,
+    scripts: std::sync::Arc<Scripts>,
+    config: QueueConfig,
+}
+
+impl std::fmt::Debug for RedisQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisQueue")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+fn unavailable(e: redis::RedisError) -> QueueError {
+    QueueError::Unavailable(e.to_string())
+}
+
+fn int(v: Option<&Value>) -> Result<i64> {
+    match v {
+        Some(Value::Int(i)) => Ok(*i),
+        Some(Value::BulkString(b)) => std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse::<f64>().ok())
+            .map(|f| f as i64)
+            .ok_or_else(|| QueueError::Protocol(format!("not a number: {b:?}"))),
+        other => Err(QueueError::Protocol(format!(
+            "expected a number, got {other:?}"
+        ))),
+    }
+}
+
+fn text(v: Option<&Value>) -> Result<String> {
+    match v {
+        Some(Value::BulkString(b)) => Ok(String::from_utf8_lossy(b).into_owned()),
+        Some(Value::SimpleString(s)) => Ok(s.clone()),
+        Some(Value::Int(i)) => Ok(i.to_string()),
+        other => Err(QueueError::Protocol(format!(
+            "expected a string, got {other:?}"
+        ))),
+    }
+}
+
+fn unsigned(v: Option<&Value>) -> Result<u64> {
+    Ok(u64::try_from(int(v)?.max(0)).unwrap_or_default())
+}
+
+impl RedisQueue {
+    /// Connects to `url` (`redis://host:port/db`) for scheduling domain `domain` and
+    /// stores `config`'s server-side settings (aging, retention) in the domain.
+    pub async fn connect(url: &str, domain: &str, config: QueueConfig) -> Result<Self> {
+        if domain.is_empty() || domain.contains(['{', '}', ':']) {
+            return Err(QueueError::Invalid {
+                field: "domain",
+                message: "must be non-empty without '{', '}' or ':'".into(),
+            });
+        }
+        let client = redis::Client::open(url).map_err(|e| QueueError::Invalid {
+            field: "redis_url",
+            message: e.to_string(),
+        })?;
+        let manager_config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(std::time::Duration::from_secs(5)))
+            .set_response_timeout(Some(std::time::Duration::from_secs(10)));
+        let conn = ConnectionManager::new_with_config(client, manager_config)
+            .await
+            .map_err(unavailable)?;
+        let prefix = format!("tq:{{{domain}}}:");
+        let queue = Self {
+            conn,
+            meta: format!("{prefix}meta"),
+            prefix,
+            scripts: std::sync::Arc::new(Scripts::load()),
+            config,
+        };
+        queue.store_settings().await?;
+        Ok(queue)
+    }
+
+    /// The key prefix of this domain (`tq:{domain}:`).
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    async fn store_settings(&self) -> Result<()> {
+        let c = &self.config;
+        let mut conn = self.conn.clone();
+        redis::cmd("HSET")
+            .arg(&self.meta)
+            .arg("aging_horizon_ms")
+            .arg(c.aging_horizon_ms)
+            .arg("retention_ms")
+            .arg(c.retention_ms)
+            .arg("retention_count")
+            .arg(c.retention_count)
+            .arg("max_events_per_job")
+            .arg(c.max_events_per_job)
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(unavailable)
+    }
+
+    async fn call(&self, script: &Script, args: &[String]) -> Result<Vec<Value>> {
+        let mut invocation = script.key(&self.meta);
+        invocation.arg(&self.prefix);
+        for a in args {
+            invocation.arg(a);
+        }
+        let mut conn = self.conn.clone();
+        invocation
+            .invoke_async::<Vec<Value>>(&mut conn)
+            .await
+            .map_err(unavailable)
+    }
+
+    /// Maps a script's failure status to an error.
+    fn status_error(id: &str, reply: &[Value], operation: &'static str) -> QueueError {
+        match int(reply.first()) {
+            Ok(-1) => QueueError::NotFound(id.to_string()),
+            Ok(-6) => QueueError::StaleToken(id.to_string()),
+            Ok(-3) | Ok(1) => QueueError::WrongState {
+                id: id.to_string(),
+                state: text(reply.get(1)).unwrap_or_default(),
+                operation,
+            },
+            other => QueueError::Protocol(format!("{operation}: status {other:?}")),
+        }
+    }
+
+    async fn token_call(
+        &self,
+        script: &Script,
+        id: &str,
+        token: u64,
+        extra: &[String],
+        operation: &'static str,
+    ) -> Result<Vec<Value>> {
+        let mut args = vec![id.to_string(), token.to_string()];
+        args.extend_from_slice(extra);
+        let reply = self.call(script, &args).await?;
+        match int(reply.first())? {
+            0 => Ok(reply),
+            _ => Err(Self::status_error(id, &reply, operation)),
+        }
+    }
+
+    /// Moves the queue clock forward by `ms` (tests use it to expire leases and age jobs).
+    pub async fn advance_clock(&self, ms: u64) -> Result<()> {
+        let mut conn = self.conn.clone();
+        redis::cmd("HINCRBY")
+            .arg(&self.meta)
+            .arg("clock_offset")
+            .arg(ms)
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(unavailable)
+    }
+
+    /// Deletes every key of this domain (tests; never in production).
+    pub async fn destroy(&self) -> Result<()> {
+        let mut conn = self.conn.clone();
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("tq:{{{}}}:*", self.domain()))
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        for chunk in keys.chunks(500) {
+            redis::cmd("DEL")
+                .arg(chunk)
+                .query_async::<()>(&mut conn)
+                .await
+                .map_err(unavailable)?;
+        }
+        Ok(())
+    }
+
+    fn domain(&self) -> &str {
+        self.prefix
+            .trim_start_matches("tq:{")
+            .trim_end_matches("}:")
+    }
+
+    /// The raw connection, for tests that inspect the keys directly.
+    pub fn connection(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+}
+
+/// The queue's operations; every backend passes the same conformance suite.
+#[async_trait]
+pub trait JobQueue: Send + Sync {
+    /// Accepts a job; with an idempotency key seen before (same tenant), returns that job.
+    async fn enqueue(&self, job: &NewJob) -> Result<Enqueued>;
+    /// Claims the best job that fits `pool` for `owner`. `request_id` makes a retried
+    /// claim (after a lost reply) return the same lease.
+    async fn claim(&self, pool: &str, owner: &str, request_id: &str) -> Result<Option<Lease>>;
+    /// The attempt was started: leased → running.
+    async fn start(&self, id: &str, token: u64) -> Result<()>;
+    /// Renews the lease and records progress (JSON).
+    async fn heartbeat(&self, id: &str, token: u64, progress: Option<&str>) -> Result<u64>;
+    /// The attempt succeeded.
+    async fn complete(&self, id: &str, token: u64, result: &str) -> Result<()>;
+    /// The attempt failed; returns when it will be retried, or None if the job failed for good.
+    async fn fail(
+        &self,
+        id: &str,
+        token: u64,
+        reason: &str,
+        retryable: bool,
+    ) -> Result<Option<u64>>;
+    /// The attempt's machine was taken away: requeue in place, attempts unchanged.
+    async fn preempt(&self, id: &str, token: u64, reason: &str) -> Result<()>;
+    /// Cancels: at once when waiting, else asks the live attempt to stop.
+    async fn cancel(&self, id: &str) -> Result<JobState>;
+    /// The cancelled attempt is gone; its capacity is released.
+    async fn confirm_cancelled(&self, id: &str) -> Result<()>;
+    /// Marks jobs whose lease ran out as suspect; returns them.
+    async fn expire_leases(&self, batch: u32) -> Result<Vec<JobId>>;
+    /// Settles a suspect job.
+    async fn resolve_suspect(
+        &self,
+        id: &str,
+        epoch: u64,
+        verdict: SuspectVerdict,
+    ) -> Result<JobState>;
+    /// The job, or None.
+    async fn get(&self, id: &str) -> Result<Option<JobRecord>>;
+    /// Events after `after` (a `seq`), oldest first, or newest first with `newest_first`.
+    async fn events(
+        &self,
+        id: &str,
+        after: Option<u64>,
+        limit: usize,
+        newest_first: bool,
+    ) -> Result<Vec<JobEvent>>;
+    /// Where a queued job stands.
+    async fn position(&self, id: &str) -> Result<Position>;
+    /// Creates or resizes a node pool.
+    async fn set_pool(&self, pool: &str, capacity: u32) -> Result<()>;
+    /// A pool's capacity and usage.
+    async fn pool_usage(&self, pool: &str) -> Result<PoolUsage>;
+    /// Sets a tenant's weight and quotas.
+    async fn set_tenant(&self, tenant: &str, settings: &TenantSettings) -> Result<()>;
+    /// Deletes up to `batch` finished jobs past retention; returns how many.
+    async fn trim(&self, batch: u32) -> Result<u64>;
+}
+
+#[async_trait]
+impl JobQueue for RedisQueue {
+    async fn enqueue(&self, job: &NewJob) -> Result<Enqueued> {
+        validate(job)?;
+        let reply = self
+            .call(
+                &self.scripts.enqueue,
+                &[
+                    job.idempotency_key.clone().unwrap_or_default(),
+                    self.config.idempotency_ttl_ms.to_string(),
+                    job.tenant.clone(),
+                    job.priority.to_string(),
+                    job.pools.join(","),
+                    job.gpus.to_string(),
+                    job.estimated_seconds.to_string(),
+                    job.max_attempts.to_string(),
+                    job.payload.clone(),
+                ],
+            )
+            .await?;
+        match int(reply.first())? {
+            0 => Ok(Enqueued {
+                id: text(reply.get(1))?,
+                duplicate: false,
+            }),
+            1 => Ok(Enqueued {
+                id: text(reply.get(1))?,
+                duplicate: true,
+            }),
+            -7 => Err(QueueError::OverQuota(job.tenant.clone())),
+            s => Err(QueueError::Protocol(format!("enqueue: status {s}"))),
+        }
+    }
+
+    async fn claim(&self, pool: &str, owner: &str, request_id: &str) -> Result<Option<Lease>> {
+        let c = &self.config;
+        let reply = self
+            .call(
+                &self.scripts.claim,
+                &[
+                    pool.to_string(),
+                    owner.to_string(),
+                    c.lease_ms.to_string(),
+                    request_id.to_string(),
+                    c.scan_tenants.to_string(),
+                    c.scan_depth.to_string(),
+                    c.quantum_seconds.to_string(),
+                ],
+            )
+            .await?;
+        match int(reply.first())? {
+            0 => Ok(Some(Lease {
+                id: text(reply.get(1))?,
+                token: unsigned(reply.get(2))?,
+                tenant: text(reply.get(3))?,
+                payload: text(reply.get(4))?,
+                attempts: u32::try_from(unsigned(reply.get(5))?).unwrap_or(u32::MAX),
+                preemptions: u32::try_from(unsigned(reply.get(6))?).unwrap_or(u32::MAX),
+                deadline_ms: unsigned(reply.get(7))?,
+            })),
+            1 => Ok(None),
+            -9 => Err(QueueError::UnknownPool(pool.to_string())),
+            s => Err(QueueError::Protocol(format!("claim: status {s}"))),
+        }
+    }
+
+    async fn start(&self, id: &str, token: u64) -> Result<()> {
+        let lease = self.config.lease_ms.to_string();
+        self.token_call(&self.scripts.start, id, token, &[lease], "start")
+            .await
+            .map(|_| ())
+    }
+
+    async fn heartbeat(&self, id: &str, token: u64, progress: Option<&str>) -> Result<u64> {
+        let args = [
+            self.config.lease_ms.to_string(),
+            progress.unwrap_or_default().to_string(),
+        ];
+        let reply = self
+            .token_call(&self.scripts.heartbeat, id, token, &args, "heartbeat")
+            .await?;
+        unsigned(reply.get(1))
+    }
+
+    async fn complete(&self, id: &str, token: u64, result: &str) -> Result<()> {
+        self.token_call(
+            &self.scripts.complete,
+            id,
+            token,
+            &[result.to_string()],
+            "complete",
+        )
+        .await
+        .map(|_| ())
+    }
+
+    async fn fail(
+        &self,
+        id: &str,
+        token: u64,
+        reason: &str,
+        retryable: bool,
+    ) -> Result<Option<u64>> {
+        let c = &self.config;
+        let jitter: f64 = rand::random::<f64>() * 0.25;
+        let args = vec![
+            id.to_string(),
+            token.to_string(),
+            reason.to_string(),
+            if retryable { "1" } else { "0" }.to_string(),
+            c.retry_base_ms.to_string(),
+            c.retry_max_ms.to_string(),
+            format!("{jitter:.4}"),
+        ];
+        let reply = self.call(&self.scripts.fail, &args).await?;
+        match int(reply.first())? {
+            0 => Ok(Some(unsigned(reply.get(1))?)),
+            1 => Ok(None),
+            _ => Err(Self::status_error(id, &reply, "fail")),
+        }
+    }
+
+    async fn preempt(&self, id: &str, token: u64, reason: &str) -> Result<()> {
+        self.token_call(
+            &self.scripts.preempt,
+            id,
+            token,
+            &[reason.to_string()],
+            "preempt",
+        )
+        .await
+        .map(|_| ())
+    }
+
+    async fn cancel(&self, id: &str) -> Result<JobState> {
+        let reply = self.call(&self.scripts.cancel, &[id.to_string()]).await?;
+        match int(reply.first())? {
+            0 | 1 => {
+                let state = text(reply.get(1))?;
+                JobState::parse(&state)
+                    .ok_or_else(|| QueueError::Protocol(format!("unknown state {state}")))
+            }
+            _ => Err(Self::status_error(id, &reply, "cancel")),
+        }
+    }
+
+    async fn confirm_cancelled(&self, id: &str) -> Result<()> {
+        let reply = self
+            .call(&self.scripts.confirm_cancelled, &[id.to_string()])
+            .await?;
+        match int(reply.first())? {
+            0 => Ok(()),
+            _ => Err(Self::status_error(id, &reply, "confirm_cancelled")),
+        }
+    }
+
+    async fn expire_leases(&self, batch: u32) -> Result<Vec<JobId>> {
+        let reply = self
+            .call(&self.scripts.expire_leases, &[batch.to_string()])
+            .await?;
+        reply.iter().map(|v| text(Some(v))).collect()
+    }
+
+    async fn resolve_suspect(
+        &self,
+        id: &str,
+        epoch: u64,
+        verdict: SuspectVerdict,
+    ) -> Result<JobState> {
+        let verdict = match verdict {
+            SuspectVerdict::Adopt => "adopt",
+            SuspectVerdict::Requeue => "requeue",
+        };
+        let args = [
+            verdict.to_string(),
+            self.config.lease_ms.to_string(),
+            self.config.max_stalls.to_string(),
+        ];
+        let reply = self
+            .token_call(
+                &self.scripts.resolve_suspect,
+                id,
+                epoch,
+                &args,
+                "resolve_suspect",
+            )
+            .await?;
+        let state = text(reply.get(1))?;
+        JobState::parse(&state)
+            .ok_or_else(|| QueueError::Protocol(format!("unknown state {state}")))
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<JobRecord>> {
+        let mut conn = self.conn.clone();
+        let fields: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+            .arg(format!("{}job:{id}", self.prefix))
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        if fields.is_empty() {
+            return Ok(None);
+        }
+        let num = |f: &str| {
+            fields
+                .get(f)
+                .and_then(|v| v.parse::<f64>().ok())
+                .map(|v| v as u64)
+        };
+        let opt = |f: &str| fields.get(f).filter(|v| !v.is_empty()).cloned();
+        let state = fields.get("state").cloned().unwrap_or_default();
+        Ok(Some(JobRecord {
+            id: id.to_string(),
+            tenant: fields.get("tenant").cloned().unwrap_or_default(),
+            state: JobState::parse(&state).ok_or_else(|| {
+                QueueError::Protocol(format!("job {id} has unknown state {state:?}"))
+            })?,
+            priority: u8::try_from(num("prio").unwrap_or(0)).unwrap_or(0),
+            pools: fields
+                .get("pools")
+                .map(|p| {
+                    p.split(',')
+                        .filter(|s| !s.is_empty())
+                        .map(str::to_string)
+                        .collect()
+                })
+                .unwrap_or_default(),
+            gpus: u32::try_from(num("gpus").unwrap_or(1)).unwrap_or(1),
+            payload: fields.get("payload").cloned().unwrap_or_default(),
+            attempts: u32::try_from(num("attempts").unwrap_or(0)).unwrap_or(0),
+            max_attempts: u32::try_from(num("max_attempts").unwrap_or(1)).unwrap_or(1),
+            preemptions: u32::try_from(num("preemptions").unwrap_or(0)).unwrap_or(0),
+            stalls: u32::try_from(num("stalls").unwrap_or(0)).unwrap_or(0),
+            epoch: num("epoch").unwrap_or(0),
+            pool: opt("pool"),
+            enqueued_ms: num("enq_ms").unwrap_or(0),
+            finished_ms: num("finished_ms"),
+            due_ms: num("due_ms"),
+            progress: opt("progress"),
+            result: opt("result"),
+            error: opt("error"),
+        }))
+    }
+
+    async fn events(
+        &self,
+        id: &str,
+        after: Option<u64>,
+        limit: usize,
+        newest_first: bool,
+    ) -> Result<Vec<JobEvent>> {
+        let mut conn = self.conn.clone();
+        let raw: Vec<String> = redis::cmd("LRANGE")
+            .arg(format!("{}events:{id}", self.prefix))
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        let mut events = raw
+            .iter()
+            .map(|line| {
+                serde_json::from_str::<JobEvent>(line)
+                    .map_err(|e| QueueError::Protocol(format!("event of {id}: {e}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if newest_first {
+            events.reverse();
+            events.retain(|e| after.is_none_or(|a| e.seq < a));
+        } else {
+            events.retain(|e| after.is_none_or(|a| e.seq > a));
+        }
+        events.truncate(limit);
+        Ok(events)
+    }
+
+    async fn position(&self, id: &str) -> Result<Position> {
+        let reply = self.call(&self.scripts.position, &[id.to_string()]).await?;
+        match int(reply.first())? {
+            0 => Ok(Position {
+                ahead_in_tenant: unsigned(reply.get(1))?,
+                ahead: unsigned(reply.get(2))?,
+            }),
+            _ => Err(Self::status_error(id, &reply, "position")),
+        }
+    }
+
+    async fn set_pool(&self, pool: &str, capacity: u32) -> Result<()> {
+        if pool.is_empty() || pool.contains(',') {
+            return Err(QueueError::Invalid {
+                field: "pool",
+                message: "names are non-empty without ','".into(),
+            });
+        }
+        let mut conn = self.conn.clone();
+        redis::cmd("HSET")
+            .arg(format!("{}pool:{pool}", self.prefix))
+            .arg("capacity")
+            .arg(capacity)
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(unavailable)
+    }
+
+    async fn pool_usage(&self, pool: &str) -> Result<PoolUsage> {
+        let mut conn = self.conn.clone();
+        let (capacity, used): (Option<u32>, Option<i64>) = redis::cmd("HMGET")
+            .arg(format!("{}pool:{pool}", self.prefix))
+            .arg("capacity")
+            .arg("used")
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        let capacity = capacity.ok_or_else(|| QueueError::UnknownPool(pool.to_string()))?;
+        Ok(PoolUsage {
+            capacity,
+            used: u32::try_from(used.unwrap_or(0)).map_err(|_| {
+                QueueError::Protocol(format!("pool {pool} has negative usage {used:?}"))
+            })?,
+        })
+    }
+
+    async fn set_tenant(&self, tenant: &str, settings: &TenantSettings) -> Result<()> {
+        if !(settings.weight.is_finite() && settings.weight > 0.0) {
+            return Err(QueueError::Invalid {
+                field: "weight",
+                message: "must be a positive number".into(),
+            });
+        }
+        let key = format!("{}tenant:{tenant}", self.prefix);
+        let mut conn = self.conn.clone();
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .cmd("HSET")
+            .arg(&key)
+            .arg("weight")
+            .arg(settings.weight);
+        for (field, value) in [
+            ("max_running", settings.max_running),
+            ("max_waiting", settings.max_waiting),
+        ] {
+            match value {
+                Some(v) => pipe.cmd("HSET").arg(&key).arg(field).arg(v),
+                None => pipe.cmd("HDEL").arg(&key).arg(field),
+            };
+        }
+        pipe.query_async::<()>(&mut conn).await.map_err(unavailable)
+    }
+
+    async fn trim(&self, batch: u32) -> Result<u64> {
+        let reply: i64 = {
+            let mut invocation = self.scripts.trim.key(&self.meta);
+            invocation.arg(&self.prefix).arg(batch);
+            let mut conn = self.conn.clone();
+            invocation
+                .invoke_async(&mut conn)
+                .await
+                .map_err(unavailable)?
+        };
+        Ok(u64::try_from(reply).unwrap_or(0))
+    }
+}

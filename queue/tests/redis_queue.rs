@@ -1,0 +1,758 @@
+//! The queue against a real redis-server started by the harness: lifecycle, priorities
+//! and aging, tenant fairness, capacity and quotas, fencing, retries, preemption,
+//! cancel, events, retention, idempotency, concurrent claimers, randomised sequences
+//! with the invariants checked after every step, and a SIGKILLed server restarted from
+//! its append-only file.
+
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use rand::{Rng, SeedableRng};
+use std::collections::{HashMap, HashSet};
+use tuneq_queue::redis::{JobQueue, RedisQueue};
+use tuneq_queue::testing;
+use tuneq_queue::*;
+
+async fn queue(name: &str, config: QueueConfig) -> RedisQueue {
+    RedisQueue::connect(testing::shared(), &testing::unique_domain(name), config)
+        .await
+        .unwrap()
+}
+
+fn job(tenant: &str, priority: u8) -> NewJob {
+    NewJob {
+        tenant: tenant.into(),
+        priority,
+        pools: vec![],
+        gpus: 1,
+        estimated_seconds: 0,
+        max_attempts: 3,
+        payload: format!("{{\"tenant\":\"{tenant}\"}}"),
+        idempotency_key: None,
+    }
+}
+
+async fn kinds(q: &RedisQueue, id: &str) -> Vec<String> {
+    q.events(id, None, 100, false)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect()
+}
+
+/// Reads every key of the domain and checks the invariants of queue-design.md B7 that
+/// can be seen from storage: each job's state matches the one index it is in, pool
+/// usage equals what live attempts hold, and active tenants are exactly those with
+/// waiting jobs.
+async fn check_invariants(q: &RedisQueue, pools: &[&str]) {
+    let mut conn = q.connection();
+    let p = q.prefix().to_string();
+    let keys: Vec<String> = ::redis::cmd("KEYS")
+        .arg(format!("{p}job:*"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let zset = |name: String| {
+        let mut conn = q.connection();
+        async move {
+            let members: Vec<String> = ::redis::cmd("ZRANGE")
+                .arg(name)
+                .arg(0)
+                .arg(-1)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            members.into_iter().collect::<HashSet<_>>()
+        }
+    };
+    let leases = zset(format!("{p}leases")).await;
+    let suspect = zset(format!("{p}suspect")).await;
+    let delayed = zset(format!("{p}delayed")).await;
+    let done = zset(format!("{p}done")).await;
+    let dead = zset(format!("{p}dead")).await;
+    let tenants = zset(format!("{p}tenants")).await;
+    let mut used: HashMap<String, u64> = HashMap::new();
+    let mut with_ready = HashSet::new();
+    for key in keys {
+        let id = key.trim_start_matches(&format!("{p}job:")).to_string();
+        let record = q.get(&id).await.unwrap().unwrap();
+        let ready = zset(format!("{p}ready:{}", record.tenant)).await;
+        if !ready.is_empty() {
+            with_ready.insert(record.tenant.clone());
+        }
+        let index = [
+            ("ready", ready.contains(&id)),
+            ("delayed", delayed.contains(&id)),
+            ("leases", leases.contains(&id)),
+            ("suspect", suspect.contains(&id)),
+            ("done", done.contains(&id)),
+            ("dead", dead.contains(&id)),
+        ];
+        let member_of: Vec<&str> = index.iter().filter(|i| i.1).map(|i| i.0).collect();
+        let expected: &[&str] = match record.state {
+            JobState::Queued => &["ready"],
+            JobState::Delayed => &["delayed"],
+            JobState::Leased | JobState::Running => &["leases"],
+            JobState::Suspect => &["suspect"],
+            JobState::CancelRequested => &[],
+            JobState::Succeeded | JobState::Cancelled => &["done"],
+            JobState::Failed => &["dead"],
+        };
+        assert_eq!(member_of, expected, "job {id} in state {:?}", record.state);
+        if matches!(
+            record.state,
+            JobState::Leased | JobState::Running | JobState::Suspect | JobState::CancelRequested
+        ) {
+            *used.entry(record.pool.clone().unwrap()).or_default() += u64::from(record.gpus);
+        } else {
+            assert!(
+                record.pool.is_none(),
+                "job {id} {:?} holds a pool",
+                record.state
+            );
+        }
+    }
+    for pool in pools {
+        let usage = q.pool_usage(pool).await.unwrap();
+        assert_eq!(
+            u64::from(usage.used),
+            used.get(*pool).copied().unwrap_or(0),
+            "pool {pool} usage"
+        );
+        assert!(usage.used <= usage.capacity, "pool {pool} over capacity");
+    }
+    assert_eq!(
+        tenants, with_ready,
+        "active tenants are exactly those with waiting jobs"
+    );
+}
+
+#[tokio::test]
+async fn a_job_goes_from_queued_to_succeeded() {
+    let q = queue("life", QueueConfig::default()).await;
+    q.set_pool("cpu", 1).await.unwrap();
+    let id = q.enqueue(&job("acme", 5)).await.unwrap().id;
+    assert_eq!(
+        q.get(&id).await.unwrap().unwrap().state.public_status(),
+        "queued"
+    );
+    let lease = q.claim("cpu", "d1", "").await.unwrap().unwrap();
+    assert_eq!(lease.id, id);
+    assert_eq!(lease.tenant, "acme");
+    check_invariants(&q, &["cpu"]).await;
+    q.start(&id, lease.token).await.unwrap();
+    q.heartbeat(&id, lease.token, Some(r#"{"step":3}"#))
+        .await
+        .unwrap();
+    let running = q.get(&id).await.unwrap().unwrap();
+    assert_eq!(running.state, JobState::Running);
+    assert_eq!(running.progress.as_deref(), Some(r#"{"step":3}"#));
+    q.complete(&id, lease.token, r#"{"adapter":"s3://b/a"}"#)
+        .await
+        .unwrap();
+    let done = q.get(&id).await.unwrap().unwrap();
+    assert_eq!(done.state, JobState::Succeeded);
+    assert_eq!(done.result.as_deref(), Some(r#"{"adapter":"s3://b/a"}"#));
+    assert_eq!(q.pool_usage("cpu").await.unwrap().used, 0);
+    assert_eq!(
+        kinds(&q, &id).await,
+        ["queued", "leased", "started", "succeeded"]
+    );
+    check_invariants(&q, &["cpu"]).await;
+    q.destroy().await.unwrap();
+}
+
+#[tokio::test]
+async fn idempotency_keys_return_the_same_job_per_tenant() {
+    let q = queue("idem", QueueConfig::default()).await;
+    let mut a = job("acme", 5);
+    a.idempotency_key = Some("req-1".into());
+    let first = q.enqueue(&a).await.unwrap();
+    let again = q.enqueue(&a).await.unwrap();
+    assert!(!first.duplicate);
+    assert!(again.duplicate);
+    assert_eq!(first.id, again.id);
+    let mut other_tenant = a.clone();
+    other_tenant.tenant = "globex".into();
+    assert_ne!(q.enqueue(&other_tenant).await.unwrap().id, first.id);
+    q.destroy().await.unwrap();
+}
+
+#[tokio::test]
+async fn priority_then_fifo_within_a_tenant_and_aging_prevents_starvation() {
+    let config = QueueConfig {
+        aging_horizon_ms: 1_000,
+        ..QueueConfig::default()
+    };
+    let q = queue("prio", config).await;
+    q.set_pool("cpu", 100).await.unwrap();
+    let a = q.enqueue(&job("t", 5)).await.unwrap().id;
+    let b = q.enqueue(&job("t", 5)).await.unwrap().id;
+    let urgent = q.enqueue(&job("t", 9)).await.unwrap().id;
+    let mut order = vec![];
+    for _ in 0..3 {
+        order.push(q.claim("cpu", "d", "").await.unwrap().unwrap().id);
+    }
+    assert_eq!(order, [urgent, a, b]);
+    // A priority-0 job that waited 9 horizons ties with a fresh priority-9 job and,
+    // being older, goes first.
+    let old_low = q.enqueue(&job("t", 0)).await.unwrap().id;
+    q.advance_clock(9_500).await.unwrap();
+    let fresh_high = q.enqueue(&job("t", 9)).await.unwrap().id;
+    assert_eq!(q.claim("cpu", "d", "").await.unwrap().unwrap().id, old_low);
+    assert_eq!(
+        q.claim("cpu", "d", "").await.unwrap().unwrap().id,
+        fresh_high
+    );
+    q.destroy().await.unwrap();
+}
+
+#[tokio::test]
+async fn backlogged_tenants_share_by_weight_and_a_flood_cannot_starve_others() {
+    let q = queue("fair", QueueConfig::default()).await;
+    q.set_pool("gpu", 1).await.unwrap();
+    q.set_tenant(
+        "big",
+        &TenantSettings {
+            weight: 2.0,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    // The flooding tenant arrives first with far more work.
+    for _ in 0..300 {
+        q.enqueue(&job("big", 5)).await.unwrap();
+    }
+    for t in ["small-a", "small-b"] {
+        for _ in 0..100 {
+            q.enqueue(&job(t, 5)).await.unwrap();
+        }
+    }
+    let mut served: HashMap<String, u32> = HashMap::new();
+    for _ in 0..200 {
+        let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
+        *served.entry(lease.tenant.clone()).or_default() += 1;
+        q.complete(&lease.id, lease.token, "{}").await.unwrap();
+    }
+    // Weights 2:1:1 over 200 dispatches: 100, 50, 50, each within ±10%.
+    for (tenant, want) in [("big", 100.0), ("small-a", 50.0), ("small-b", 50.0)] {
+        let got = f64::from(served[tenant]);
+        assert!(
+            (got - want).abs() <= want * 0.1,
+            "{tenant}: {got} of 200, want {want}: {served:?}"
+        );
+    }
+    check_invariants(&q, &["gpu"]).await;
+    q.destroy().await.unwrap();
+}
+
+#[tokio::test]
+async fn capacity_and_tenant_quotas_are_reserved_with_the_lease() {
+    let q = queue("capacity", QueueConfig::default()).await;
+    q.set_pool("gpu", 3).await.unwrap();
+    q.set_tenant(
+        "capped",
+        &TenantSettings {
+            max_running: Some(1),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let mut two = job("wide", 5);
+    two.gpus = 2;
+    q.enqueue(&two).await.unwrap();
+    q.enqueue(&two).await.unwrap();
+    q.enqueue(&job("capped", 5)).await.unwrap();
+    q.enqueue(&job("capped", 5)).await.unwrap();
+    let mut pinned = job("wide", 9);
+    pinned.pools = vec!["other".into()];
+    q.enqueue(&pinned).await.unwrap();
+    let l1 = q.claim("gpu", "d", "").await.unwrap().unwrap();
+    let l2 = q.claim("gpu", "d", "").await.unwrap().unwrap();
+    // 3 GPUs: one 2-GPU job and one capped job fit; the capped tenant's second job
+    // exceeds its quota, the other 2-GPU job exceeds the pool.
+    assert_eq!(q.pool_usage("gpu").await.unwrap().used, 3);
+    assert!(q.claim("gpu", "d", "").await.unwrap().is_none());
+    check_invariants(&q, &["gpu"]).await;
+    let capped = if l1.tenant == "capped" { &l1 } else { &l2 };
+    q.complete(&capped.id, capped.token, "{}").await.unwrap();
+    let l3 = q.claim("gpu", "d", "").await.unwrap().unwrap();
+    assert_eq!(l3.tenant, "capped");
+    assert!(matches!(
+        q.claim("nowhere", "d", "").await,
+        Err(QueueError::UnknownPool(_))
+    ));
+    check_invariants(&q, &["gpu"]).await;
+    q.destroy().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_expired_lease_is_suspect_and_stale_tokens_change_nothing() {
+    let q = queue(
+        "fence",
+        QueueConfig {
+            lease_ms: 1_000,
+            ..QueueConfig::default()
+        },
+    )
+    .await;
+    q.set_pool("gpu", 1).await.unwrap();
+    let id = q.enqueue(&job("t", 5)).await.unwrap().id;
+    let first = q.claim("gpu", "d1", "").await.unwrap().unwrap();
+    q.start(&id, first.token).await.unwrap();
+    q.advance_clock(1_500).await.unwrap();
+    assert_eq!(q.expire_leases(100).await.unwrap(), vec![id.clone()]);
+    assert_eq!(q.get(&id).await.unwrap().unwrap().state, JobState::Suspect);
+    // Never re-dispatched on its own.
+    assert!(q.claim("gpu", "d2", "").await.unwrap().is_none());
+    check_invariants(&q, &["gpu"]).await;
+    // The dispatcher finds the attempt gone and requeues it; the new attempt gets a new token.
+    assert_eq!(
+        q.resolve_suspect(&id, first.token, SuspectVerdict::Requeue)
+            .await
+            .unwrap(),
+        JobState::Queued
+    );
+    let second = q.claim("gpu", "d2", "").await.unwrap().unwrap();
+    assert!(second.token > first.token);
+    let before = q.get(&id).await.unwrap().unwrap();
+    for stale in [
+        q.complete(&id, first.token, "{}").await,
+        q.heartbeat(&id, first.token, None).await.map(|_| ()),
+        q.preempt(&id, first.token, "x").await,
+        q.fail(&id, first.token, "x", true).await.map(|_| ()),
+        q.start(&id, first.token).await,
+    ] {
+        assert!(matches!(stale, Err(QueueError::StaleToken(_))), "{stale:?}");
+    }
+    let after = q.get(&id).await.unwrap().unwrap();
+    assert_eq!(before, after, "stale calls changed the job");
+    assert_eq!(after.stalls, 1);
+    q.complete(&id, second.token, "{}").await.unwrap();
+    check_invariants(&q, &["gpu"]).await;
+    q.destroy().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_suspect_attempt_that_is_alive_is_adopted() {
+    let q = queue(
+        "adopt",
+        QueueConfig {
+            lease_ms: 1_000,
+            ..QueueConfig::default()
+        },
+    )
+    .await;
+    q.set_pool("gpu", 1).await.unwrap();
+    let id = q.enqueue(&job("t", 5)).await.unwrap().id;
+    let lease = q.claim("gpu", "d1", "").await.unwrap().unwrap();
+    q.advance_clock(2_000).await.unwrap();
+    q.expire_leases(10).await.unwrap();
+    assert_eq!(
+        q.resolve_suspect(&id, lease.token, SuspectVerdict::Adopt)
+            .await
+            .unwrap(),
+        JobState::Running
+    );
+    q.complete(&id, lease.token, "{}").await.unwrap();
+    check_invariants(&q, &["gpu"]).await;
+    q.destroy().await.unwrap();
+}
+
+#[tokio::test]
+async fn failures_retry_with_backoff_then_fail_for_good() {
+    let config = QueueConfig {
+        retry_base_ms: 1_000,
+        retry_max_ms: 60_000,
+        ..QueueConfig::default()
+    };
+    let q = queue("retry", config).await;
+    q.set_pool("gpu", 1).await.unwrap();
+    let mut j = job("t", 5);
+    j.max_attempts = 2;
+    let id = q.enqueue(&j).await.unwrap().id;
+    let first = q.claim("gpu", "d", "").await.unwrap().unwrap();
+    let due = q
+        .fail(&id, first.token, "OOM", true)
+        .await
+        .unwrap()
+        .unwrap();
+    let record = q.get(&id).await.unwrap().unwrap();
+    assert_eq!(record.state, JobState::Delayed);
+    assert_eq!(record.state.public_status(), "queued");
+    assert_eq!(record.attempts, 1);
+    assert!(
+        due >= record.enqueued_ms + 1_000,
+        "backoff of at least the base"
+    );
+    assert!(
+        q.claim("gpu", "d", "").await.unwrap().is_none(),
+        "not before its time"
+    );
+    q.advance_clock(1_300).await.unwrap();
+    let second = q.claim("gpu", "d", "").await.unwrap().unwrap();
+    assert_eq!(second.attempts, 1);
+    assert_eq!(
+        q.fail(&id, second.token, "OOM again", true).await.unwrap(),
+        None
+    );
+    let failed = q.get(&id).await.unwrap().unwrap();
+    assert_eq!(failed.state, JobState::Failed);
+    assert_eq!(failed.error.as_deref(), Some("OOM again"));
+    // A non-retryable failure ends at once.
+    let other = q.enqueue(&job("t", 5)).await.unwrap().id;
+    let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
+    assert_eq!(
+        q.fail(&other, lease.token, "bad dataset", false)
+            .await
+            .unwrap(),
+        None
+    );
+    check_invariants(&q, &["gpu"]).await;
+    q.destroy().await.unwrap();
+}
+
+#[tokio::test]
+async fn preemption_keeps_the_place_in_line_and_the_retry_budget() {
+    let q = queue("preempt", QueueConfig::default()).await;
+    q.set_pool("spot", 1).await.unwrap();
+    let first = q.enqueue(&job("t", 5)).await.unwrap().id;
+    let second = q.enqueue(&job("t", 5)).await.unwrap().id;
+    let lease = q.claim("spot", "d", "").await.unwrap().unwrap();
+    assert_eq!(lease.id, first);
+    q.start(&first, lease.token).await.unwrap();
+    q.preempt(&first, lease.token, "spot node reclaimed")
+        .await
+        .unwrap();
+    let record = q.get(&first).await.unwrap().unwrap();
+    assert_eq!(
+        (record.state, record.preemptions, record.attempts),
+        (JobState::Queued, 1, 0)
+    );
+    let again = q.claim("spot", "d", "").await.unwrap().unwrap();
+    assert_eq!(
+        again.id, first,
+        "the preempted job goes before later arrivals"
+    );
+    assert_eq!(again.preemptions, 1);
+    q.complete(&first, again.token, "{}").await.unwrap();
+    assert_eq!(q.claim("spot", "d", "").await.unwrap().unwrap().id, second);
+    check_invariants(&q, &["spot"]).await;
+    q.destroy().await.unwrap();
+}
+
+#[tokio::test]
+async fn cancel_is_immediate_when_waiting_and_holds_capacity_until_the_attempt_is_gone() {
+    let q = queue("cancel", QueueConfig::default()).await;
+    q.set_pool("gpu", 1).await.unwrap();
+    let waiting = q.enqueue(&job("t", 9)).await.unwrap().id;
+    assert_eq!(q.cancel(&waiting).await.unwrap(), JobState::Cancelled);
+    let running = q.enqueue(&job("t", 5)).await.unwrap().id;
+    let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
+    assert_eq!(lease.id, running, "a cancelled job is never dispatched");
+    assert_eq!(q.cancel(&running).await.unwrap(), JobState::CancelRequested);
+    assert!(matches!(
+        q.heartbeat(&running, lease.token, None).await,
+        Err(QueueError::StaleToken(_))
+    ));
+    q.enqueue(&job("t", 5)).await.unwrap();
+    assert!(
+        q.claim("gpu", "d", "").await.unwrap().is_none(),
+        "capacity still held"
+    );
+    check_invariants(&q, &["gpu"]).await;
+    q.confirm_cancelled(&running).await.unwrap();
+    assert_eq!(
+        q.get(&running).await.unwrap().unwrap().state,
+        JobState::Cancelled
+    );
+    assert!(q.claim("gpu", "d", "").await.unwrap().is_some());
+    assert_eq!(
+        q.cancel(&waiting).await.unwrap(),
+        JobState::Cancelled,
+        "idempotent"
+    );
+    assert!(matches!(
+        q.cancel("j999999999999").await,
+        Err(QueueError::NotFound(_))
+    ));
+    check_invariants(&q, &["gpu"]).await;
+    q.destroy().await.unwrap();
+}
+
+#[tokio::test]
+async fn events_page_by_cursor_both_ways_and_positions_count_who_is_ahead() {
+    let q = queue("events", QueueConfig::default()).await;
+    q.set_pool("gpu", 1).await.unwrap();
+    let id = q.enqueue(&job("t", 5)).await.unwrap().id;
+    let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
+    q.start(&id, lease.token).await.unwrap();
+    q.preempt(&id, lease.token, "spot").await.unwrap();
+    let all = q.events(&id, None, 10, false).await.unwrap();
+    assert_eq!(all.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2, 3, 4]);
+    assert_eq!(all[3].message, "spot");
+    let page = q.events(&id, Some(2), 1, false).await.unwrap();
+    assert_eq!(page[0].seq, 3);
+    let newest = q.events(&id, None, 2, true).await.unwrap();
+    assert_eq!(newest.iter().map(|e| e.seq).collect::<Vec<_>>(), [4, 3]);
+    let older = q.events(&id, Some(3), 10, true).await.unwrap();
+    assert_eq!(older.iter().map(|e| e.seq).collect::<Vec<_>>(), [2, 1]);
+
+    let second = q.enqueue(&job("t", 5)).await.unwrap().id;
+    for _ in 0..3 {
+        q.enqueue(&job("other", 5)).await.unwrap();
+    }
+    let pos = q.position(&second).await.unwrap();
+    assert_eq!(pos.ahead_in_tenant, 1, "the preempted job is ahead");
+    assert_eq!(
+        pos.ahead,
+        1 + 2,
+        "and, at equal weights, two of the other tenant's"
+    );
+    q.destroy().await.unwrap();
+}
+
+#[tokio::test]
+async fn retention_bounds_finished_jobs() {
+    let config = QueueConfig {
+        retention_count: 5,
+        ..QueueConfig::default()
+    };
+    let q = queue("retention", config).await;
+    q.set_pool("gpu", 1).await.unwrap();
+    let mut ids = vec![];
+    for _ in 0..30 {
+        let id = q.enqueue(&job("t", 5)).await.unwrap().id;
+        let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
+        q.complete(&id, lease.token, "{}").await.unwrap();
+        ids.push(id);
+    }
+    q.trim(100).await.unwrap();
+    let mut conn = q.connection();
+    let kept: Vec<String> = ::redis::cmd("KEYS")
+        .arg(format!("{}job:*", q.prefix()))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(kept.len(), 5);
+    assert!(
+        q.get(&ids[0]).await.unwrap().is_none(),
+        "the oldest went first"
+    );
+    assert!(q.get(&ids[29]).await.unwrap().is_some());
+    q.destroy().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_retried_claim_returns_the_same_lease() {
+    let q = queue("claimreq", QueueConfig::default()).await;
+    q.set_pool("gpu", 2).await.unwrap();
+    q.enqueue(&job("t", 5)).await.unwrap();
+    q.enqueue(&job("t", 5)).await.unwrap();
+    let first = q.claim("gpu", "d1", "req-7").await.unwrap().unwrap();
+    let retried = q.claim("gpu", "d1", "req-7").await.unwrap().unwrap();
+    assert_eq!(first, retried);
+    assert_eq!(q.pool_usage("gpu").await.unwrap().used, 1, "charged once");
+    q.destroy().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_claimers_never_double_lease() {
+    let q = queue("race", QueueConfig::default()).await;
+    q.set_pool("gpu", 4).await.unwrap();
+    for i in 0..400 {
+        q.enqueue(&job(&format!("t{}", i % 5), (i % 10) as u8))
+            .await
+            .unwrap();
+    }
+    let mut tasks = vec![];
+    for w in 0..8 {
+        let q = q.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut mine = vec![];
+            loop {
+                match q.claim("gpu", &format!("w{w}"), "").await.unwrap() {
+                    Some(lease) => {
+                        q.start(&lease.id, lease.token).await.unwrap();
+                        q.complete(&lease.id, lease.token, "{}").await.unwrap();
+                        mine.push(lease.id);
+                    }
+                    None if q.pool_usage("gpu").await.unwrap().used == 0 => {
+                        let left = q.claim("gpu", "probe", "").await.unwrap();
+                        if let Some(l) = left {
+                            q.complete(&l.id, l.token, "{}").await.unwrap();
+                            mine.push(l.id);
+                            continue;
+                        }
+                        return mine;
+                    }
+                    None => tokio::task::yield_now().await,
+                }
+            }
+        }));
+    }
+    let mut seen = HashSet::new();
+    for t in tasks {
+        for id in t.await.unwrap() {
+            assert!(seen.insert(id.clone()), "{id} was leased twice");
+        }
+    }
+    assert_eq!(seen.len(), 400);
+    check_invariants(&q, &["gpu"]).await;
+    q.destroy().await.unwrap();
+}
+
+/// Random operations from several dispatchers, with the invariants checked after each
+/// step and a model of which token is live for which job: at most one live token per
+/// job, stale tokens always refused, cancelled jobs never dispatched again.
+#[tokio::test]
+async fn random_sequences_keep_every_invariant() {
+    for seed in 0..4u64 {
+        let q = queue(
+            &format!("random{seed}"),
+            QueueConfig {
+                lease_ms: 1_000,
+                ..QueueConfig::default()
+            },
+        )
+        .await;
+        q.set_pool("a", 2).await.unwrap();
+        q.set_pool("b", 1).await.unwrap();
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let mut live: HashMap<String, u64> = HashMap::new(); // job -> live token
+        let mut stale: Vec<(String, u64)> = vec![];
+        let mut cancelled: HashSet<String> = HashSet::new();
+        let mut ids: Vec<String> = vec![];
+        for step in 0..120 {
+            let op = rng.random_range(0..10);
+            let ctx = format!("seed {seed} step {step} op {op}");
+            match op {
+                0 | 1 => {
+                    let mut j = job(
+                        ["x", "y", "z"][rng.random_range(0..3)],
+                        rng.random_range(0..10),
+                    );
+                    j.pools = match rng.random_range(0..3) {
+                        0 => vec![],
+                        1 => vec!["a".into()],
+                        _ => vec!["b".into()],
+                    };
+                    ids.push(q.enqueue(&j).await.unwrap().id);
+                }
+                2 | 3 => {
+                    let pool = if rng.random_bool(0.5) { "a" } else { "b" };
+                    if let Some(lease) = q.claim(pool, "d", "").await.unwrap() {
+                        assert!(
+                            !cancelled.contains(&lease.id),
+                            "{ctx}: cancelled job dispatched"
+                        );
+                        assert!(!live.contains_key(&lease.id), "{ctx}: second live lease");
+                        live.insert(lease.id, lease.token);
+                    }
+                }
+                4 | 5 => {
+                    if let Some((id, token)) = live.iter().next().map(|(i, t)| (i.clone(), *t)) {
+                        live.remove(&id);
+                        stale.push((id.clone(), token));
+                        match rng.random_range(0..3) {
+                            0 => q.complete(&id, token, "{}").await.unwrap(),
+                            1 => {
+                                q.fail(&id, token, "x", true).await.unwrap();
+                            }
+                            _ => q.preempt(&id, token, "spot").await.unwrap(),
+                        }
+                    }
+                }
+                6 => {
+                    if let Some(id) = ids.get(rng.random_range(0..ids.len().max(1))).cloned() {
+                        let state = q.cancel(&id).await.unwrap();
+                        if let Some(t) = live.remove(&id) {
+                            stale.push((id.clone(), t));
+                        }
+                        if state == JobState::CancelRequested {
+                            q.confirm_cancelled(&id).await.unwrap();
+                        }
+                        let now = q.get(&id).await.unwrap().unwrap().state;
+                        if now == JobState::Cancelled {
+                            cancelled.insert(id);
+                        }
+                    }
+                }
+                7 => {
+                    q.advance_clock(rng.random_range(0..2_000)).await.unwrap();
+                    for id in q.expire_leases(50).await.unwrap() {
+                        let token = live.remove(&id).unwrap();
+                        let verdict = if rng.random_bool(0.5) {
+                            SuspectVerdict::Adopt
+                        } else {
+                            SuspectVerdict::Requeue
+                        };
+                        let state = q.resolve_suspect(&id, token, verdict).await.unwrap();
+                        if state == JobState::Running {
+                            live.insert(id, token);
+                        } else {
+                            stale.push((id, token));
+                        }
+                    }
+                }
+                _ => {
+                    if let Some((id, token)) =
+                        stale.get(rng.random_range(0..stale.len().max(1))).cloned()
+                    {
+                        let before = q.get(&id).await.unwrap();
+                        let outcome = q.complete(&id, token, "{}").await;
+                        assert!(
+                            matches!(
+                                outcome,
+                                Err(QueueError::StaleToken(_)) | Err(QueueError::WrongState { .. })
+                            ),
+                            "{ctx}: stale token accepted: {outcome:?}"
+                        );
+                        assert_eq!(
+                            before,
+                            q.get(&id).await.unwrap(),
+                            "{ctx}: stale call changed the job"
+                        );
+                    }
+                }
+            }
+            check_invariants(&q, &["a", "b"]).await;
+        }
+        q.destroy().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_sigkilled_redis_with_aof_always_loses_no_acknowledged_job() {
+    let dir = testing::scratch_dir();
+    let mut server = testing::RedisServer::start(&dir, true);
+    let q = RedisQueue::connect(&server.url, "aof", QueueConfig::default())
+        .await
+        .unwrap();
+    let mut acknowledged = vec![];
+    for i in 0..300 {
+        acknowledged.push(q.enqueue(&job(&format!("t{}", i % 3), 5)).await.unwrap().id);
+    }
+    q.set_pool("gpu", 1).await.unwrap();
+    let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
+    server.kill();
+    server.restart();
+    let q = RedisQueue::connect(&server.url, "aof", QueueConfig::default())
+        .await
+        .unwrap();
+    for id in &acknowledged {
+        assert!(
+            q.get(id).await.unwrap().is_some(),
+            "acknowledged job {id} lost"
+        );
+    }
+    let record = q.get(&lease.id).await.unwrap().unwrap();
+    assert_eq!(record.state, JobState::Leased);
+    assert_eq!(record.epoch, lease.token, "the fence survived the restart");
+    let next = q.claim("gpu", "d", "").await.unwrap();
+    assert!(next.is_none(), "capacity accounting survived the restart");
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
