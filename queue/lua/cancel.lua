@@ -22,6 +22,6 @@ elseif state == 'leased' or state == 'running' or state == 'suspect' then
 else
   return {1, state}
 end
-finish(id, now, 'cancelled', 'done')
 event(id, now, 'cancelled', '')
+finish(id, now, 'cancelled', 'done')
 return {0, 'cancelled'}

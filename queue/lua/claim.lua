@@ -8,8 +8,9 @@ local now = now_ms()
 promote_due(now, 100)
 
 local function lease_reply(id)
-  local r = redis.call('HMGET', jk(id), 'epoch', 'tenant', 'payload', 'attempts', 'preemptions', 'deadline')
-  return {0, id, r[1], r[2], r[3], r[4], r[5], r[6]}
+  local r = redis.call('HMGET', jk(id), 'epoch', 'tenant', 'attempts', 'preemptions', 'deadline')
+  local payload = redis.call('GET', k('payload:' .. id)) or ''
+  return {0, id, r[1], r[2], payload, r[3], r[4], r[5]}
 end
 
 if req ~= '' then

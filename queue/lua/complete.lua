@@ -5,7 +5,7 @@ local s = holds(jk(id), token, {'leased', 'running', 'suspect'})
 if s ~= 0 then return {s} end
 release(id)
 redis.call('HSET', jk(id), 'result', result)
-finish(id, now, 'succeeded', 'done')
 event(id, now, 'succeeded', '')
+finish(id, now, 'succeeded', 'done')
 trim(now, 4)
 return {0}

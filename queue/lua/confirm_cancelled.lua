@@ -6,6 +6,6 @@ if not state then return {-1} end
 if state ~= 'cancel_requested' then return {-3, state} end
 release(id)
 redis.call('SREM', k('cancelling'), id)
-finish(id, now, 'cancelled', 'done')
 event(id, now, 'cancelled', '')
+finish(id, now, 'cancelled', 'done')
 return {0}

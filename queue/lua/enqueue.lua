@@ -18,9 +18,12 @@ if idem ~= '' then
   redis.call('SET', k('idem:' .. tenant .. ':' .. idem), id, 'PX', idem_ttl)
 end
 redis.call('HSET', jk(id), 'tenant', tenant, 'prio', prio, 'pools', pools, 'gpus', gpus,
-  'est_s', est_s, 'max_attempts', max_attempts, 'payload', payload, 'state', 'queued',
+  'est_s', est_s, 'max_attempts', max_attempts, 'state', 'queued',
   'enq_ms', now, 'rank_ms', now, 'attempts', 0, 'preemptions', 0, 'stalls', 0, 'epoch', 0,
   'event_seq', 0, 'idem', idem)
+-- The payload has its own key so the job hash stays small enough for Redis's compact
+-- (listpack) encoding.
+redis.call('SET', k('payload:' .. id), payload)
 add_ready(id, tenant, now, prio)
 event(id, now, 'queued', '')
 return {0, id}

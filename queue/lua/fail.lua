@@ -21,6 +21,6 @@ if retryable and attempts < max_attempts then
   event(id, now, 'retry_scheduled', reason)
   return {0, due}
 end
-finish(id, now, 'failed', 'dead')
 event(id, now, 'failed', reason)
+finish(id, now, 'failed', 'dead')
 return {1}

@@ -8,19 +8,24 @@ local META = KEYS[1]
 local function k(s) return P .. s end
 local function jk(id) return P .. 'job:' .. id end
 
--- Milliseconds from Redis TIME, plus the test clock offset, never going backwards.
-local function now_ms()
-  local t = redis.call('TIME')
-  local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  ms = ms + tonumber(redis.call('HGET', META, 'clock_offset') or '0')
-  local hwm = tonumber(redis.call('HGET', META, 'clock') or '0')
-  if ms < hwm then ms = hwm end
-  redis.call('HSET', META, 'clock', ms)
-  return ms
-end
+-- Settings stored in the meta hash, read once per script by now_ms().
+local CFG = {}
 
-local function meta_num(field, default)
-  return tonumber(redis.call('HGET', META, field) or default)
+-- Milliseconds from Redis TIME, plus the test clock offset, never going backwards.
+-- Also loads the domain's settings into CFG (one HMGET for both).
+local function now_ms()
+  local m = redis.call('HMGET', META, 'clock_offset', 'clock', 'max_events_per_job',
+    'aging_horizon_ms', 'retention_ms', 'retention_count')
+  CFG.max_events = tonumber(m[3] or '200')
+  CFG.horizon = tonumber(m[4] or '7200000')
+  CFG.retention_ms = tonumber(m[5] or '604800000')
+  CFG.retention_count = tonumber(m[6] or '100000')
+  local t = redis.call('TIME')
+  local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(m[1] or '0')
+  local hwm = tonumber(m[2] or '0')
+  if ms < hwm then return hwm end
+  if ms > hwm then redis.call('HSET', META, 'clock', ms) end
+  return ms
 end
 
 -- Appends one event to the job's log (capped), numbered by the job's event_seq.
@@ -28,16 +33,14 @@ local function event(id, now, kind, message)
   local seq = redis.call('HINCRBY', jk(id), 'event_seq', 1)
   local key = k('events:' .. id)
   local n = redis.call('RPUSH', key, cjson.encode({seq = seq, at_ms = now, kind = kind, message = message}))
-  local cap = meta_num('max_events_per_job', '200')
-  if n > cap then redis.call('LTRIM', key, -cap, -1) end
+  if n > CFG.max_events then redis.call('LTRIM', key, -CFG.max_events, -1) end
 end
 
 -- Puts a job in its tenant's ready set (aged score: rank + (9 - prio) * horizon;
 -- ties fall back to the zero-padded id, i.e. FIFO) and activates the tenant, which
 -- starts no earlier than the global virtual clock (idle tenants bank no credit).
 local function add_ready(id, tenant, rank_ms, prio)
-  local horizon = meta_num('aging_horizon_ms', '7200000')
-  redis.call('ZADD', k('ready:' .. tenant), rank_ms + (9 - prio) * horizon, id)
+  redis.call('ZADD', k('ready:' .. tenant), rank_ms + (9 - prio) * CFG.horizon, id)
   redis.call('HINCRBY', k('tenant:' .. tenant), 'waiting', 1)
   if not redis.call('ZSCORE', k('tenants'), tenant) then
     local vt = tonumber(redis.call('HGET', k('tenant:' .. tenant), 'vtime') or '0')
@@ -82,8 +85,18 @@ local function promote_due(now, batch)
   end
 end
 
--- Marks a job finished and files it for retention.
+-- Deletes everything a job owns.
+local function forget(id)
+  redis.call('DEL', jk(id), k('payload:' .. id), k('events:' .. id))
+end
+
+-- Marks a job finished and files it for retention; with a retention count of 0 it
+-- is deleted at once (like BullMQ's removeOnComplete).
 local function finish(id, now, state, index)
+  if CFG.retention_count <= 0 then
+    forget(id)
+    return
+  end
   redis.call('HSET', jk(id), 'state', state, 'finished_ms', now)
   redis.call('ZADD', k(index), now, id)
 end
@@ -92,19 +105,25 @@ end
 -- at most `batch` per call, so memory stays bounded without long-running scripts.
 local function trim(now, batch)
   local removed = 0
-  local max_age = meta_num('retention_ms', '604800000')
-  local max_count = meta_num('retention_count', '100000')
   for _, index in ipairs({'done', 'dead'}) do
-    local old = redis.call('ZRANGEBYSCORE', k(index), '-inf', now - max_age, 'LIMIT', 0, batch)
-    local excess = redis.call('ZCARD', k(index)) - #old - max_count
-    if excess > 0 then
-      local more = redis.call('ZRANGE', k(index), #old, #old + math.min(excess, batch) - 1)
-      for _, id in ipairs(more) do table.insert(old, id) end
-    end
-    for _, id in ipairs(old) do
-      redis.call('ZREM', k(index), id)
-      redis.call('DEL', jk(id), k('events:' .. id))
-      removed = removed + 1
+    local key = k(index)
+    local count = redis.call('ZCARD', key)
+    if count > 0 then
+      local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+      local excess = count - CFG.retention_count
+      if excess > 0 or tonumber(oldest[2]) < now - CFG.retention_ms then
+        local old = redis.call('ZRANGEBYSCORE', key, '-inf', now - CFG.retention_ms, 'LIMIT', 0, batch)
+        excess = excess - #old
+        if excess > 0 then
+          local more = redis.call('ZRANGE', key, #old, #old + math.min(excess, batch) - 1)
+          for _, id in ipairs(more) do table.insert(old, id) end
+        end
+        for _, id in ipairs(old) do
+          redis.call('ZREM', key, id)
+          forget(id)
+          removed = removed + 1
+        end
+      end
     end
   end
   return removed

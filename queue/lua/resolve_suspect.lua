@@ -18,8 +18,8 @@ release(id)
 local stalls = redis.call('HINCRBY', j, 'stalls', 1)
 if stalls >= max_stalls then
   redis.call('HSET', j, 'error', 'stalled ' .. stalls .. ' times')
-  finish(id, now, 'failed', 'dead')
   event(id, now, 'failed', 'stalled ' .. stalls .. ' times')
+  finish(id, now, 'failed', 'dead')
   return {0, 'failed'}
 end
 -- A new epoch fences the lost attempt should it ever report back.

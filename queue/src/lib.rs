@@ -11,9 +11,11 @@
 //! Layout:
 //! - [`model`]: the job record, states (and their public OpenAI names), leases, events.
 //! - [`redis`]: the Redis backend; every transition is one Lua script in `queue/lua/`.
+//! - [`bench`]: `tuneq bench queue`, the BullMQ kit's workload on our queue.
 //!
 //! The design and its invariants are in `../shared/research/queue-design.md` (B1–B7).
 
+pub mod bench;
 pub mod model;
 pub mod redis;
 #[cfg(feature = "testing")]

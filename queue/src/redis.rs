@@ -501,11 +501,15 @@ impl JobQueue for RedisQueue {
 
     async fn get(&self, id: &str) -> Result<Option<JobRecord>> {
         let mut conn = self.conn.clone();
-        let fields: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
-            .arg(format!("{}job:{id}", self.prefix))
-            .query_async(&mut conn)
-            .await
-            .map_err(unavailable)?;
+        let (fields, payload): (std::collections::HashMap<String, String>, Option<String>) =
+            redis::pipe()
+                .cmd("HGETALL")
+                .arg(format!("{}job:{id}", self.prefix))
+                .cmd("GET")
+                .arg(format!("{}payload:{id}", self.prefix))
+                .query_async(&mut conn)
+                .await
+                .map_err(unavailable)?;
         if fields.is_empty() {
             return Ok(None);
         }
@@ -534,7 +538,7 @@ impl JobQueue for RedisQueue {
                 })
                 .unwrap_or_default(),
             gpus: u32::try_from(num("gpus").unwrap_or(1)).unwrap_or(1),
-            payload: fields.get("payload").cloned().unwrap_or_default(),
+            payload: payload.unwrap_or_default(),
             attempts: u32::try_from(num("attempts").unwrap_or(0)).unwrap_or(0),
             max_attempts: u32::try_from(num("max_attempts").unwrap_or(1)).unwrap_or(1),
             preemptions: u32::try_from(num("preemptions").unwrap_or(0)).unwrap_or(0),

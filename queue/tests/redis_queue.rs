@@ -756,3 +756,34 @@ async fn a_sigkilled_redis_with_aof_always_loses_no_acknowledged_job() {
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn delete_on_completion_leaves_no_keys_behind() {
+    let q = queue(
+        "remove",
+        QueueConfig {
+            retention_count: 0,
+            ..QueueConfig::default()
+        },
+    )
+    .await;
+    q.set_pool("gpu", 1).await.unwrap();
+    for _ in 0..10 {
+        let id = q.enqueue(&job("t", 5)).await.unwrap().id;
+        let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
+        q.complete(&id, lease.token, "{}").await.unwrap();
+        assert!(q.get(&id).await.unwrap().is_none());
+    }
+    let mut conn = q.connection();
+    let left: Vec<String> = ::redis::cmd("KEYS")
+        .arg(format!("{}*", q.prefix()))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let per_job: Vec<&String> = left
+        .iter()
+        .filter(|k| k.contains(":job:") || k.contains(":payload:") || k.contains(":events:"))
+        .collect();
+    assert!(per_job.is_empty(), "{per_job:?}");
+    q.destroy().await.unwrap();
+}

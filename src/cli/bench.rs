@@ -32,6 +32,34 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
+    /// Queue throughput and memory on a redis-server, with the BullMQ kit's workload
+    /// and JSON keys (compare with ../shared/bench/bullmq; scripts/bench-queue runs both).
+    Queue {
+        /// The redis-server to use (the same one BullMQ is measured on).
+        #[arg(long, env = "REDIS_URL")]
+        redis: String,
+        /// Jobs per phase.
+        #[arg(long, default_value_t = 100_000)]
+        n: usize,
+        /// Concurrent workers for the processing phases (comma-separated).
+        #[arg(long, value_delimiter = ',', default_value = "1,8")]
+        workers: Vec<usize>,
+        /// Producers in flight while enqueueing.
+        #[arg(long, default_value_t = 8)]
+        producers: usize,
+        /// Workload seed (mulberry32, as in the BullMQ kit).
+        #[arg(long, default_value_t = 42)]
+        seed: u32,
+        /// Tenants.
+        #[arg(long, default_value_t = 32)]
+        tenants: u32,
+        /// Payload bytes.
+        #[arg(long, default_value_t = 200)]
+        payload_bytes: usize,
+        /// Untimed warm-up jobs.
+        #[arg(long, default_value_t = 2000)]
+        warmup: usize,
+    },
 }
 
 pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
@@ -55,6 +83,32 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
                 seed,
             };
             let r = tuneq_trainer::bench::run(&opts, |line| eprintln!("{line}"))?;
+            println!("{}", serde_json::to_string(&r)?);
+        }
+        BenchCommand::Queue {
+            redis,
+            n,
+            workers,
+            producers,
+            seed,
+            tenants,
+            payload_bytes,
+            warmup,
+        } => {
+            let opts = tuneq_queue::bench::QueueBenchOptions {
+                redis_url: redis,
+                n,
+                workers,
+                producers,
+                seed,
+                tenants,
+                payload_bytes,
+                warmup,
+            };
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            let r = runtime.block_on(tuneq_queue::bench::run(&opts, |line| eprintln!("{line}")))?;
             println!("{}", serde_json::to_string(&r)?);
         }
     }
