@@ -1,4 +1,4 @@
--- ARGV: prefix, idem_key, idem_ttl_ms, tenant, prio, pools, gpus, est_s, max_attempts, payload
+-- ARGV: prefix, idem_key, idem_ttl_ms, tenant, prio, pools, gpus, est_s, max_attempts, payload, notify
 -- Returns {0, id} for a new job, {1, id} for a duplicate idempotency key, {-7} over quota.
 local idem, idem_ttl, tenant = ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local prio, pools, gpus, est_s, max_attempts, payload =
@@ -20,7 +20,7 @@ end
 redis.call('HSET', jk(id), 'tenant', tenant, 'prio', prio, 'pools', pools, 'gpus', gpus,
   'est_s', est_s, 'max_attempts', max_attempts, 'state', 'queued',
   'enq_ms', now, 'rank_ms', now, 'attempts', 0, 'preemptions', 0, 'stalls', 0, 'epoch', 0,
-  'event_seq', 0, 'idem', idem)
+  'event_seq', 0, 'idem', idem, 'notify', ARGV[11])
 -- The payload has its own key so the job hash stays small enough for Redis's compact
 -- (listpack) encoding.
 redis.call('SET', k('payload:' .. id), payload)

@@ -93,6 +93,12 @@ end
 -- Marks a job finished and files it for retention; with a retention count of 0 it
 -- is deleted at once (like BullMQ's removeOnComplete).
 local function finish(id, now, state, index)
+  -- Jobs that asked to be notified get an outbox entry (the webhook sender's work
+  -- list), carrying what the notice needs even if retention deletes the job first.
+  local notify, tenant = unpack(redis.call('HMGET', jk(id), 'notify', 'tenant'))
+  if notify == '1' then
+    redis.call('ZADD', k('outbox'), now, id .. '|' .. state .. '|' .. tenant)
+  end
   if CFG.retention_count <= 0 then
     forget(id)
     return

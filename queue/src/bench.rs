@@ -84,6 +84,7 @@ pub fn workload(n: usize, seed: u32, tenants: u32, payload_bytes: usize) -> Vec<
                 estimated_seconds: 0,
                 max_attempts: 3,
                 idempotency_key: None,
+                notify: false,
             }
         })
         .collect()

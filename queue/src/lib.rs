@@ -22,7 +22,7 @@ pub mod redis;
 pub mod testing;
 
 pub use model::{
-    Enqueued, JobEvent, JobId, JobRecord, JobState, Lease, NewJob, PoolUsage, Position,
+    Delivery, Enqueued, JobEvent, JobId, JobRecord, JobState, Lease, NewJob, PoolUsage, Position,
     SuspectVerdict, TenantSettings,
 };
 

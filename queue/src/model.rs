@@ -98,6 +98,28 @@ pub struct NewJob {
     pub payload: String,
     /// A retried request with the same key (per tenant) returns the same job.
     pub idempotency_key: Option<String>,
+    /// Put a delivery in the outbox when the job finishes (the API sets it for jobs
+    /// with a webhook).
+    pub notify: bool,
+}
+
+/// A notice waiting in the outbox: job `job_id` reached `state`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    /// The job.
+    pub job_id: JobId,
+    /// The state it reached (`succeeded`, `failed`, `cancelled`).
+    pub state: String,
+    /// Its tenant.
+    pub tenant: String,
+    /// When it is (next) due, queue clock (ms).
+    pub due_ms: u64,
+}
+
+impl Delivery {
+    pub(crate) fn member(&self) -> String {
+        format!("{}|{}|{}", self.job_id, self.state, self.tenant)
+    }
 }
 
 /// Answer to an enqueue.

@@ -30,6 +30,7 @@ struct Scripts {
     resolve_suspect: Script,
     position: Script,
     trim: Script,
+    outbox: Script,
 }
 
 fn script(body: &str) -> Script {
@@ -52,6 +53,7 @@ impl Scripts {
             resolve_suspect: script(include_str!("../lua/resolve_suspect.lua")),
             position: script(include_str!("../lua/position.lua")),
             trim: script(include_str!("../lua/trim.lua")),
+            outbox: script(include_str!("../lua/outbox.lua")),
         }
     }
 }
@@ -305,6 +307,12 @@ pub trait JobQueue: Send + Sync {
     async fn set_tenant(&self, tenant: &str, settings: &TenantSettings) -> Result<()>;
     /// Deletes up to `batch` finished jobs past retention; returns how many.
     async fn trim(&self, batch: u32) -> Result<u64>;
+    /// Outbox deliveries whose time has come (they stay until acknowledged).
+    async fn due_deliveries(&self, limit: u32) -> Result<Vec<Delivery>>;
+    /// A delivery was made.
+    async fn ack_delivery(&self, delivery: &Delivery) -> Result<()>;
+    /// A delivery failed; try again after `delay_ms`.
+    async fn retry_delivery(&self, delivery: &Delivery, delay_ms: u64) -> Result<()>;
 }
 
 #[async_trait]
@@ -324,6 +332,7 @@ impl JobQueue for RedisQueue {
                     job.estimated_seconds.to_string(),
                     job.max_attempts.to_string(),
                     job.payload.clone(),
+                    if job.notify { "1" } else { "0" }.to_string(),
                 ],
             )
             .await?;
@@ -657,6 +666,59 @@ impl JobQueue for RedisQueue {
             };
         }
         pipe.query_async::<()>(&mut conn).await.map_err(unavailable)
+    }
+
+    async fn due_deliveries(&self, limit: u32) -> Result<Vec<Delivery>> {
+        let reply = self
+            .call(&self.scripts.outbox, &["due".into(), limit.to_string()])
+            .await?;
+        reply
+            .chunks(2)
+            .map(|pair| {
+                let member = text(pair.first())?;
+                let mut parts = member.splitn(3, '|');
+                let (Some(job_id), Some(state), Some(tenant)) =
+                    (parts.next(), parts.next(), parts.next())
+                else {
+                    return Err(QueueError::Protocol(format!("outbox entry {member:?}")));
+                };
+                Ok(Delivery {
+                    job_id: job_id.to_string(),
+                    state: state.to_string(),
+                    tenant: tenant.to_string(),
+                    due_ms: unsigned(pair.get(1))?,
+                })
+            })
+            .collect()
+    }
+
+    async fn ack_delivery(&self, delivery: &Delivery) -> Result<()> {
+        let mut invocation = self.scripts.outbox.key(&self.meta);
+        invocation
+            .arg(&self.prefix)
+            .arg("ack")
+            .arg(delivery.member());
+        let mut conn = self.conn.clone();
+        invocation
+            .invoke_async::<i64>(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn retry_delivery(&self, delivery: &Delivery, delay_ms: u64) -> Result<()> {
+        let mut invocation = self.scripts.outbox.key(&self.meta);
+        invocation
+            .arg(&self.prefix)
+            .arg("retry")
+            .arg(delivery.member())
+            .arg(delay_ms);
+        let mut conn = self.conn.clone();
+        invocation
+            .invoke_async::<i64>(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        Ok(())
     }
 
     async fn trim(&self, batch: u32) -> Result<u64> {

@@ -23,6 +23,7 @@ fn job(i: usize) -> NewJob {
         max_attempts: 3,
         payload: "{}".into(),
         idempotency_key: None,
+        notify: false,
     }
 }
 

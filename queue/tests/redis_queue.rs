@@ -28,6 +28,7 @@ fn job(tenant: &str, priority: u8) -> NewJob {
         max_attempts: 3,
         payload: format!("{{\"tenant\":\"{tenant}\"}}"),
         idempotency_key: None,
+        notify: false,
     }
 }
 
@@ -785,5 +786,57 @@ async fn delete_on_completion_leaves_no_keys_behind() {
         .filter(|k| k.contains(":job:") || k.contains(":payload:") || k.contains(":events:"))
         .collect();
     assert!(per_job.is_empty(), "{per_job:?}");
+    q.destroy().await.unwrap();
+}
+
+#[tokio::test]
+async fn finished_jobs_that_asked_for_notice_wait_in_the_outbox_until_acknowledged() {
+    let q = queue(
+        "outbox",
+        QueueConfig {
+            retention_count: 0,
+            ..QueueConfig::default()
+        },
+    )
+    .await;
+    q.set_pool("gpu", 1).await.unwrap();
+    let mut noisy = job("acme", 5);
+    noisy.notify = true;
+    let done = q.enqueue(&noisy).await.unwrap().id;
+    let quiet = q.enqueue(&job("acme", 5)).await.unwrap().id;
+    let cancelled = q.enqueue(&noisy).await.unwrap().id;
+    let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
+    assert_eq!(lease.id, done);
+    q.complete(&done, lease.token, "{}").await.unwrap();
+    q.cancel(&cancelled).await.unwrap();
+    let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
+    q.complete(&quiet, lease.token, "{}").await.unwrap();
+
+    // Deleted at completion (retention 0), yet the notices carry what they need.
+    let due = q.due_deliveries(10).await.unwrap();
+    let seen: Vec<(&str, &str, &str)> = due
+        .iter()
+        .map(|d| (d.job_id.as_str(), d.state.as_str(), d.tenant.as_str()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (done.as_str(), "succeeded", "acme"),
+            (cancelled.as_str(), "cancelled", "acme")
+        ]
+    );
+    q.retry_delivery(&due[0], 5_000).await.unwrap();
+    q.ack_delivery(&due[1]).await.unwrap();
+    assert!(
+        q.due_deliveries(10).await.unwrap().is_empty(),
+        "not before its retry time"
+    );
+    q.advance_clock(5_001).await.unwrap();
+    let again = q.due_deliveries(10).await.unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].job_id, done);
+    q.ack_delivery(&again[0]).await.unwrap();
+    q.advance_clock(60_000).await.unwrap();
+    assert!(q.due_deliveries(10).await.unwrap().is_empty());
     q.destroy().await.unwrap();
 }
