@@ -143,3 +143,35 @@ local function holds(j, token, states)
   for _, s in ipairs(states) do if s == state then return 0, state end end
   return -3, state
 end
+
+-- Accepts one job (the body of enqueue and enqueue_bulk). `a` holds, from index `i`:
+-- idem_key, tenant, prio, pools, gpus, est_s, max_attempts, payload, notify.
+-- Returns status, id: 0 new, 1 duplicate idempotency key, -7 over the tenant's quota.
+local function enqueue_one(now, idem_ttl, a, i)
+  local idem, tenant, prio, pools = a[i], a[i + 1], tonumber(a[i + 2]), a[i + 3]
+  local gpus, est_s, max_attempts, payload, notify =
+    tonumber(a[i + 4]), tonumber(a[i + 5]), tonumber(a[i + 6]), a[i + 7], a[i + 8]
+  if idem ~= '' then
+    local existing = redis.call('GET', k('idem:' .. tenant .. ':' .. idem))
+    if existing then return 1, existing end
+  end
+  local th = k('tenant:' .. tenant)
+  local max_waiting = tonumber(redis.call('HGET', th, 'max_waiting') or '-1')
+  if max_waiting >= 0 and tonumber(redis.call('HGET', th, 'waiting') or '0') >= max_waiting then
+    return -7, ''
+  end
+  local id = string.format('j%012d', redis.call('INCR', k('seq')))
+  if idem ~= '' then
+    redis.call('SET', k('idem:' .. tenant .. ':' .. idem), id, 'PX', idem_ttl)
+  end
+  redis.call('HSET', jk(id), 'tenant', tenant, 'prio', prio, 'pools', pools, 'gpus', gpus,
+    'est_s', est_s, 'max_attempts', max_attempts, 'state', 'queued',
+    'enq_ms', now, 'rank_ms', now, 'attempts', 0, 'preemptions', 0, 'stalls', 0, 'epoch', 0,
+    'event_seq', 0, 'idem', idem, 'notify', notify)
+  -- The payload has its own key so the job hash stays small enough for Redis's compact
+  -- (listpack) encoding.
+  redis.call('SET', k('payload:' .. id), payload)
+  add_ready(id, tenant, now, prio)
+  event(id, now, 'queued', '')
+  return 0, id
+end

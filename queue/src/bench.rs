@@ -31,6 +31,10 @@ pub struct QueueBenchOptions {
     pub payload_bytes: usize,
     /// Untimed warm-up jobs (loads the scripts).
     pub warmup: usize,
+    /// Jobs per bulk-enqueue call (the kit's `addBulk` batches).
+    pub batch: usize,
+    /// Queue depths at which claim latency is measured (empty: skip).
+    pub latency_depths: Vec<usize>,
 }
 
 /// One processing phase's figures.
@@ -174,6 +178,34 @@ async fn drain(queue: &RedisQueue, n: usize, workers: usize) -> Result<f64> {
     Ok(started.elapsed().as_secs_f64())
 }
 
+async fn enqueue_bulk_all(queue: &RedisQueue, jobs: &[NewJob], batch: usize) -> Result<f64> {
+    let started = Instant::now();
+    for chunk in jobs.chunks(batch.max(1)) {
+        for r in queue.enqueue_bulk(chunk).await? {
+            r?;
+        }
+    }
+    Ok(started.elapsed().as_secs_f64())
+}
+
+/// Claim latency with `depth` jobs queued: `samples` claims (each then completed,
+/// untimed), percentiles in microseconds.
+async fn claim_latency(queue: &RedisQueue, samples: usize) -> Result<(f64, f64)> {
+    let mut micros = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let t = Instant::now();
+        let lease = queue
+            .claim("bench", "latency", "")
+            .await?
+            .ok_or_else(|| QueueError::Protocol("queue ran dry while measuring latency".into()))?;
+        micros.push(t.elapsed().as_secs_f64() * 1e6);
+        queue.complete(&lease.id, lease.token, "{}").await?;
+    }
+    micros.sort_by(f64::total_cmp);
+    let pct = |p: f64| micros[((micros.len() - 1) as f64 * p).round() as usize];
+    Ok((pct(0.5), pct(0.99)))
+}
+
 fn domain(tag: &str) -> String {
     format!("bench-{tag}-{:08x}", rand::random::<u32>())
 }
@@ -227,7 +259,6 @@ pub async fn run(opts: &QueueBenchOptions, log: impl Fn(&str)) -> Result<serde_j
         "tenants": opts.tenants,
         "versions": {"tuneq": env!("CARGO_PKG_VERSION"), "redis": version},
         "host": {"cpus": std::thread::available_parallelism().map_or(1, |n| n.get())},
-        "enqueue_addbulk_jobs_per_s": null,
     });
 
     // Enqueue, 8 in flight, and memory per waiting job.
@@ -247,6 +278,19 @@ pub async fn run(opts: &QueueBenchOptions, log: impl Fn(&str)) -> Result<serde_j
         log(&format!(
             "enqueue: {} jobs/s, {} B per waiting job",
             out["enqueue_add_jobs_per_s"], out["mem_bytes_per_waiting_job"]
+        ));
+        q.destroy().await?;
+    }
+
+    // Bulk enqueue, one batch in flight.
+    {
+        let q = RedisQueue::connect(&opts.redis_url, &domain("bulk"), config(0)).await?;
+        let seconds = enqueue_bulk_all(&q, &jobs, opts.batch).await?;
+        out["enqueue_addbulk_jobs_per_s"] =
+            serde_json::json!((opts.n as f64 / seconds).round() as u64);
+        log(&format!(
+            "bulk enqueue: {} jobs/s",
+            out["enqueue_addbulk_jobs_per_s"]
         ));
         q.destroy().await?;
     }
@@ -282,6 +326,36 @@ pub async fn run(opts: &QueueBenchOptions, log: impl Fn(&str)) -> Result<serde_j
     }
     out["process"] =
         serde_json::to_value(&figures).map_err(|e| QueueError::Protocol(e.to_string()))?;
+
+    // Claim latency as the queue grows: it must stay flat (sorted sets are O(log n)).
+    let mut latency = Vec::new();
+    for &depth in &opts.latency_depths {
+        let q = RedisQueue::connect(&opts.redis_url, &domain("latency"), config(0)).await?;
+        q.set_pool("bench", u32::MAX).await?;
+        let samples = 2_000.min(depth.max(1));
+        let fill = workload(
+            depth + samples,
+            opts.seed.wrapping_add(7),
+            opts.tenants,
+            opts.payload_bytes,
+        );
+        enqueue_bulk_all(&q, &fill, 1_000).await?;
+        let (p50, p99) = claim_latency(&q, samples).await?;
+        log(&format!(
+            "claim latency at {depth} queued: p50 {p50:.0} µs, p99 {p99:.0} µs"
+        ));
+        latency.push(
+            serde_json::json!({"queued": depth, "p50_us": p50.round(), "p99_us": p99.round()}),
+        );
+        q.destroy().await?;
+    }
+    if let (Some(first), Some(last)) = (latency.first(), latency.last()) {
+        let ratio = last["p50_us"].as_f64().unwrap_or(0.0)
+            / first["p50_us"].as_f64().unwrap_or(1.0).max(1.0);
+        out["claim_latency_p50_ratio_deepest_vs_shallowest"] =
+            serde_json::json!((ratio * 100.0).round() / 100.0);
+    }
+    out["claim_latency"] = serde_json::Value::Array(latency);
     admin.destroy().await?;
     Ok(out)
 }

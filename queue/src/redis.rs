@@ -18,6 +18,7 @@ const PRELUDE: &str = include_str!("../lua/prelude.lua");
 /// The scripts, each with the prelude in front.
 struct Scripts {
     enqueue: Script,
+    enqueue_bulk: Script,
     claim: Script,
     start: Script,
     heartbeat: Script,
@@ -41,6 +42,7 @@ impl Scripts {
     fn load() -> Self {
         Self {
             enqueue: script(include_str!("../lua/enqueue.lua")),
+            enqueue_bulk: script(include_str!("../lua/enqueue_bulk.lua")),
             claim: script(include_str!("../lua/claim.lua")),
             start: script(include_str!("../lua/start.lua")),
             heartbeat: script(include_str!("../lua/heartbeat.lua")),
@@ -107,6 +109,40 @@ fn text(v: Option<&Value>) -> Result<String> {
 
 fn unsigned(v: Option<&Value>) -> Result<u64> {
     Ok(u64::try_from(int(v)?.max(0)).unwrap_or_default())
+}
+
+/// Jobs per bulk-enqueue script call.
+const BULK_BATCH: usize = 500;
+
+/// The nine per-job script arguments of enqueue and enqueue_bulk.
+fn job_args(job: &NewJob) -> [String; 9] {
+    [
+        job.idempotency_key.clone().unwrap_or_default(),
+        job.tenant.clone(),
+        job.priority.to_string(),
+        job.pools.join(","),
+        job.gpus.to_string(),
+        job.estimated_seconds.to_string(),
+        job.max_attempts.to_string(),
+        job.payload.clone(),
+        if job.notify { "1" } else { "0" }.to_string(),
+    ]
+}
+
+/// Reads one job's enqueue status and id.
+fn enqueued(job: &NewJob, status: Option<&Value>, id: Option<&Value>) -> Result<Enqueued> {
+    match int(status)? {
+        0 => Ok(Enqueued {
+            id: text(id)?,
+            duplicate: false,
+        }),
+        1 => Ok(Enqueued {
+            id: text(id)?,
+            duplicate: true,
+        }),
+        -7 => Err(QueueError::OverQuota(job.tenant.clone())),
+        s => Err(QueueError::Protocol(format!("enqueue: status {s}"))),
+    }
 }
 
 impl RedisQueue {
@@ -255,6 +291,8 @@ impl RedisQueue {
 pub trait JobQueue: Send + Sync {
     /// Accepts a job; with an idempotency key seen before (same tenant), returns that job.
     async fn enqueue(&self, job: &NewJob) -> Result<Enqueued>;
+    /// Accepts many jobs in few round trips; each is accepted or refused on its own.
+    async fn enqueue_bulk(&self, jobs: &[NewJob]) -> Result<Vec<Result<Enqueued>>>;
     /// Claims the best job that fits `pool` for `owner`. `request_id` makes a retried
     /// claim (after a lost reply) return the same lease.
     async fn claim(&self, pool: &str, owner: &str, request_id: &str) -> Result<Option<Lease>>;
@@ -319,35 +357,47 @@ pub trait JobQueue: Send + Sync {
 impl JobQueue for RedisQueue {
     async fn enqueue(&self, job: &NewJob) -> Result<Enqueued> {
         validate(job)?;
-        let reply = self
-            .call(
-                &self.scripts.enqueue,
-                &[
-                    job.idempotency_key.clone().unwrap_or_default(),
-                    self.config.idempotency_ttl_ms.to_string(),
-                    job.tenant.clone(),
-                    job.priority.to_string(),
-                    job.pools.join(","),
-                    job.gpus.to_string(),
-                    job.estimated_seconds.to_string(),
-                    job.max_attempts.to_string(),
-                    job.payload.clone(),
-                    if job.notify { "1" } else { "0" }.to_string(),
-                ],
-            )
-            .await?;
-        match int(reply.first())? {
-            0 => Ok(Enqueued {
-                id: text(reply.get(1))?,
-                duplicate: false,
-            }),
-            1 => Ok(Enqueued {
-                id: text(reply.get(1))?,
-                duplicate: true,
-            }),
-            -7 => Err(QueueError::OverQuota(job.tenant.clone())),
-            s => Err(QueueError::Protocol(format!("enqueue: status {s}"))),
+        let mut args = vec![self.config.idempotency_ttl_ms.to_string()];
+        args.extend(job_args(job));
+        let reply = self.call(&self.scripts.enqueue, &args).await?;
+        enqueued(job, reply.first(), reply.get(1))
+    }
+
+    async fn enqueue_bulk(&self, jobs: &[NewJob]) -> Result<Vec<Result<Enqueued>>> {
+        let mut out = Vec::with_capacity(jobs.len());
+        // Bounded batches: a script blocks Redis while it runs.
+        for batch in jobs.chunks(BULK_BATCH) {
+            let mut args = vec![self.config.idempotency_ttl_ms.to_string()];
+            let mut valid = Vec::new();
+            let mut refused = std::collections::HashMap::new();
+            for (i, job) in batch.iter().enumerate() {
+                match validate(job) {
+                    Ok(()) => {
+                        args.extend(job_args(job));
+                        valid.push(i);
+                    }
+                    Err(e) => {
+                        refused.insert(i, e);
+                    }
+                }
+            }
+            let reply = if valid.is_empty() {
+                Vec::new()
+            } else {
+                self.call(&self.scripts.enqueue_bulk, &args).await?
+            };
+            let mut answers = reply.chunks(2);
+            for (i, job) in batch.iter().enumerate() {
+                match refused.remove(&i) {
+                    Some(e) => out.push(Err(e)),
+                    None => {
+                        let pair = answers.next().unwrap_or(&[]);
+                        out.push(enqueued(job, pair.first(), pair.get(1)));
+                    }
+                }
+            }
         }
+        Ok(out)
     }
 
     async fn claim(&self, pool: &str, owner: &str, request_id: &str) -> Result<Option<Lease>> {

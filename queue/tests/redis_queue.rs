@@ -840,3 +840,55 @@ async fn finished_jobs_that_asked_for_notice_wait_in_the_outbox_until_acknowledg
     assert!(q.due_deliveries(10).await.unwrap().is_empty());
     q.destroy().await.unwrap();
 }
+
+#[tokio::test]
+async fn bulk_enqueue_accepts_or_refuses_each_job_on_its_own() {
+    let q = queue("bulk", QueueConfig::default()).await;
+    q.set_pool("gpu", 1).await.unwrap();
+    q.set_tenant(
+        "capped",
+        &TenantSettings {
+            max_waiting: Some(2),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let mut jobs: Vec<NewJob> = (0..1200)
+        .map(|i| job(&format!("t{}", i % 7), (i % 10) as u8))
+        .collect();
+    jobs[10].priority = 12; // invalid
+    jobs[20].idempotency_key = Some("k".into());
+    jobs[30].idempotency_key = Some("k".into());
+    jobs[30].tenant = jobs[20].tenant.clone();
+    for i in [600, 601, 602] {
+        jobs[i].tenant = "capped".into();
+    }
+    let out = q.enqueue_bulk(&jobs).await.unwrap();
+    assert_eq!(out.len(), 1200);
+    assert!(matches!(
+        out[10],
+        Err(QueueError::Invalid {
+            field: "priority",
+            ..
+        })
+    ));
+    let first = out[20].as_ref().unwrap();
+    let dup = out[30].as_ref().unwrap();
+    assert!(!first.duplicate && dup.duplicate && first.id == dup.id);
+    assert!(out[600].is_ok() && out[601].is_ok());
+    assert!(matches!(out[602], Err(QueueError::OverQuota(_))));
+    assert_eq!(
+        out.iter()
+            .filter(|r| r.as_ref().is_ok_and(|e| !e.duplicate))
+            .count(),
+        1200 - 3
+    );
+    // Bulk-enqueued jobs are served like any others: tenants by fair share (all at zero
+    // virtual time, so by name: "capped" first), then by priority within the tenant.
+    let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
+    assert_eq!(lease.tenant, "capped");
+    assert_eq!(q.get(&lease.id).await.unwrap().unwrap().priority, 1);
+    check_invariants(&q, &["gpu"]).await;
+    q.destroy().await.unwrap();
+}

@@ -59,6 +59,12 @@ pub enum BenchCommand {
         /// Untimed warm-up jobs.
         #[arg(long, default_value_t = 2000)]
         warmup: usize,
+        /// Jobs per bulk-enqueue call.
+        #[arg(long, default_value_t = 1000)]
+        batch: usize,
+        /// Queue depths at which claim latency is measured (comma-separated; empty skips).
+        #[arg(long, value_delimiter = ',', default_value = "1000,1000000")]
+        latency_at: Vec<usize>,
     },
 }
 
@@ -94,6 +100,8 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
             tenants,
             payload_bytes,
             warmup,
+            batch,
+            latency_at,
         } => {
             let opts = tuneq_queue::bench::QueueBenchOptions {
                 redis_url: redis,
@@ -104,6 +112,8 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
                 tenants,
                 payload_bytes,
                 warmup,
+                batch,
+                latency_depths: latency_at,
             };
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
