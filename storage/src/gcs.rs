@@ -673,24 +673,7 @@ impl ObjectStore for GcsStore {
         let object = self.object(key).await?;
         let generation = object.generation.clone();
         let meta = self.to_meta(object)?;
-        let (start, end) = match range {
-            None => (0, meta.size),
-            Some(r) => {
-                let start = r.start();
-                if start > meta.size || (start == meta.size && meta.size > 0) {
-                    return Err(Error::InvalidRange {
-                        uri,
-                        start,
-                        size: meta.size,
-                    });
-                }
-                let end = match r {
-                    GetRange::Bounded { end, .. } => end.min(meta.size),
-                    GetRange::From(_) => meta.size,
-                };
-                (start, end.max(start))
-            }
-        };
+        let (start, end) = GetRange::resolve(range, meta.size, &self.uri(key))?;
         if start == end {
             return Ok(GetObject {
                 meta,

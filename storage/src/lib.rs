@@ -234,6 +234,27 @@ impl GetRange {
             GetRange::Bounded { start, .. } | GetRange::From(start) => start,
         }
     }
+
+    /// The byte span `start..end` this range selects from an object of `size` bytes
+    /// (HTTP semantics: the end is clamped; a start past the last byte is an error).
+    pub fn resolve(range: Option<Self>, size: u64, uri: &str) -> Result<(u64, u64)> {
+        let Some(r) = range else {
+            return Ok((0, size));
+        };
+        let start = r.start();
+        if start > size || (start == size && size > 0) {
+            return Err(Error::InvalidRange {
+                uri: uri.to_string(),
+                start,
+                size,
+            });
+        }
+        let end = match r {
+            GetRange::Bounded { end, .. } => end.min(size),
+            GetRange::From(_) => size,
+        };
+        Ok((start, end.max(start)))
+    }
 }
 
 /// The answer to a get: the object's metadata and a stream of the requested bytes.

@@ -192,24 +192,7 @@ impl ObjectStore for LocalStore {
             return Err(self.not_found(key));
         }
         let meta = meta_of(key, &m);
-        let (start, end) = match range {
-            None => (0, meta.size),
-            Some(r) => {
-                let start = r.start();
-                if start >= meta.size && meta.size > 0 || start > meta.size {
-                    return Err(Error::InvalidRange {
-                        uri: self.uri(key),
-                        start,
-                        size: meta.size,
-                    });
-                }
-                let end = match r {
-                    GetRange::Bounded { end, .. } => end.min(meta.size),
-                    GetRange::From(_) => meta.size,
-                };
-                (start, end.max(start))
-            }
-        };
+        let (start, end) = GetRange::resolve(range, meta.size, &self.uri(key))?;
         file.seek(std::io::SeekFrom::Start(start))
             .await
             .map_err(Error::io(path.display()))?;
