@@ -1,8 +1,11 @@
--- ARGV: prefix, id. {0, ahead_in_tenant, ahead_estimate} for a queued job: jobs of its
--- own tenant in front of it, plus what other active tenants get first under their weights.
+-- ARGV: prefix, id. {0, ahead_in_tenant, ahead, estimated_start_ms or -1} for a queued
+-- job: jobs of its own tenant in front of it, plus what other active tenants get first
+-- under their weights; the start estimate spreads those over the capacity of the pools
+-- the job may use, at their average run time (unknown until one job has finished).
 local id = ARGV[2]
+local now = now_ms()
 local j = jk(id)
-local state, tenant = unpack(redis.call('HMGET', j, 'state', 'tenant'))
+local state, tenant, pools = unpack(redis.call('HMGET', j, 'state', 'tenant', 'pools'))
 if not state then return {-1} end
 if state ~= 'queued' then return {-3, state} end
 local rank = redis.call('ZRANK', k('ready:' .. tenant), id)
@@ -15,4 +18,25 @@ for _, other in ipairs(redis.call('ZRANGE', k('tenants'), 0, 63)) do
     ahead = ahead + math.min(n, math.ceil((rank + 1) * w / own_weight))
   end
 end
-return {0, rank, ahead}
+local names = {}
+if pools == '' then
+  names = redis.call('SMEMBERS', k('pools'))
+else
+  for p in string.gmatch(pools, '[^,]+') do table.insert(names, p) end
+end
+local capacity, weighted, known = 0, 0, 0
+for _, p in ipairs(names) do
+  local cap, avg = unpack(redis.call('HMGET', k('pool:' .. p), 'capacity', 'avg_run_ms'))
+  if cap and avg then
+    capacity = capacity + tonumber(cap)
+    weighted = weighted + tonumber(cap) * tonumber(avg)
+    known = known + 1
+  end
+end
+local eta = -1
+if known > 0 and capacity > 0 then
+  local avg = weighted / capacity
+  -- Everyone ahead runs in waves of `capacity`; this job starts after the waves before it.
+  eta = now + math.floor(math.floor(ahead / capacity) * avg)
+end
+return {0, rank, ahead, eta}

@@ -223,6 +223,9 @@ pub struct Position {
     pub ahead_in_tenant: u64,
     /// Estimated jobs ahead of it overall, given other tenants' weights.
     pub ahead: u64,
+    /// When it should start (queue clock, ms), from the capacity and average run time
+    /// of the pools it may use; None until a job has finished on one of them.
+    pub estimated_start_ms: Option<u64>,
 }
 
 /// Per-tenant settings.

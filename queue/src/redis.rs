@@ -651,6 +651,7 @@ impl JobQueue for RedisQueue {
             0 => Ok(Position {
                 ahead_in_tenant: unsigned(reply.get(1))?,
                 ahead: unsigned(reply.get(2))?,
+                estimated_start_ms: u64::try_from(int(reply.get(3))?).ok(),
             }),
             _ => Err(Self::status_error(id, &reply, "position")),
         }
@@ -664,10 +665,15 @@ impl JobQueue for RedisQueue {
             });
         }
         let mut conn = self.conn.clone();
-        redis::cmd("HSET")
+        redis::pipe()
+            .atomic()
+            .cmd("HSET")
             .arg(format!("{}pool:{pool}", self.prefix))
             .arg("capacity")
             .arg(capacity)
+            .cmd("SADD")
+            .arg(format!("{}pools", self.prefix))
+            .arg(pool)
             .query_async::<()>(&mut conn)
             .await
             .map_err(unavailable)

@@ -512,6 +512,22 @@ async fn events_page_by_cursor_both_ways_and_positions_count_who_is_ahead() {
         1 + 2,
         "and, at equal weights, two of the other tenant's"
     );
+    assert_eq!(pos.estimated_start_ms, None, "no run time known yet");
+    // The other tenant's job runs for 10 s on the 1-slot pool (fair share: tenant "t"
+    // already had a turn); still 1 + 2 ahead, at 10 s each.
+    let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
+    q.start(&lease.id, lease.token).await.unwrap();
+    q.advance_clock(10_000).await.unwrap();
+    q.complete(&lease.id, lease.token, "{}").await.unwrap();
+    let pos = q.position(&second).await.unwrap();
+    assert_eq!(lease.tenant, "other");
+    assert_eq!(pos.ahead, 3);
+    let now = q.get(&second).await.unwrap().unwrap().enqueued_ms + 10_000;
+    let wait = pos.estimated_start_ms.unwrap() - now;
+    assert!(
+        (30_000..=30_500).contains(&wait),
+        "three runs of 10 s ahead: {wait} ms"
+    );
     q.destroy().await.unwrap();
 }
 
