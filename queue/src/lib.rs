@@ -22,8 +22,8 @@ pub mod redis;
 pub mod testing;
 
 pub use model::{
-    Delivery, Enqueued, JobEvent, JobId, JobRecord, JobState, Lease, NewJob, PoolUsage, Position,
-    SuspectVerdict, TenantSettings,
+    Delivery, Enqueued, Inspection, JobEvent, JobId, JobRecord, JobState, Lease, NewJob, PoolUsage,
+    Position, SuspectVerdict, TenantSettings,
 };
 
 /// Errors from the queue.

@@ -257,3 +257,18 @@ pub struct PoolUsage {
     /// Accelerators held by leases (including attempts being cancelled).
     pub used: u32,
 }
+
+/// Everything a backend holds, for invariant checks in tests and for operators'
+/// diagnostics. Reads the whole domain: never on a hot path.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Inspection {
+    /// Every stored job, with the indexes it is a member of (`ready`, `delayed`,
+    /// `leases`, `suspect`, `cancelling`, `done`, `dead`).
+    pub jobs: Vec<(JobRecord, Vec<&'static str>)>,
+    /// Every configured pool.
+    pub pools: Vec<(String, PoolUsage)>,
+    /// Tenants the scheduler currently serves (those it believes have waiting jobs).
+    pub active_tenants: std::collections::BTreeSet<String>,
+    /// Tenants that really have a job in their waiting line.
+    pub tenants_with_waiting: std::collections::BTreeSet<String>,
+}

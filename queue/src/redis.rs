@@ -345,6 +345,8 @@ pub trait JobQueue: Send + Sync {
     async fn set_tenant(&self, tenant: &str, settings: &TenantSettings) -> Result<()>;
     /// Deletes up to `batch` finished jobs past retention; returns how many.
     async fn trim(&self, batch: u32) -> Result<u64>;
+    /// Reads the whole domain (tests check the invariants on it; operators debug with it).
+    async fn inspect(&self) -> Result<Inspection>;
     /// Outbox deliveries whose time has come (they stay until acknowledged).
     async fn due_deliveries(&self, limit: u32) -> Result<Vec<Delivery>>;
     /// A delivery was made.
@@ -722,6 +724,92 @@ impl JobQueue for RedisQueue {
             };
         }
         pipe.query_async::<()>(&mut conn).await.map_err(unavailable)
+    }
+
+    async fn inspect(&self) -> Result<Inspection> {
+        let mut conn = self.conn.clone();
+        let p = &self.prefix;
+        let mut ids = Vec::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(format!("{p}job:*"))
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await
+                .map_err(unavailable)?;
+            ids.extend(keys.iter().map(|k| k[p.len() + 4..].to_string()));
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        let members = |key: String| {
+            let mut conn = self.conn.clone();
+            async move {
+                let kind = if key.ends_with("cancelling") {
+                    "SMEMBERS"
+                } else {
+                    "ZRANGE"
+                };
+                let mut cmd = redis::cmd(kind);
+                cmd.arg(&key);
+                if kind == "ZRANGE" {
+                    cmd.arg(0).arg(-1);
+                }
+                cmd.query_async::<Vec<String>>(&mut conn)
+                    .await
+                    .map(|v| v.into_iter().collect::<std::collections::HashSet<_>>())
+                    .map_err(unavailable)
+            }
+        };
+        let mut indexes = Vec::new();
+        for name in ["delayed", "leases", "suspect", "cancelling", "done", "dead"] {
+            indexes.push((name, members(format!("{p}{name}")).await?));
+        }
+        let active_tenants = members(format!("{p}tenants")).await?.into_iter().collect();
+        let mut ready_of = std::collections::HashMap::new();
+        let mut out = Inspection {
+            active_tenants,
+            ..Inspection::default()
+        };
+        ids.sort();
+        for id in ids {
+            let Some(record) = self.get(&id).await? else {
+                continue;
+            };
+            if !ready_of.contains_key(&record.tenant) {
+                let ready = members(format!("{p}ready:{}", record.tenant)).await?;
+                if !ready.is_empty() {
+                    out.tenants_with_waiting.insert(record.tenant.clone());
+                }
+                ready_of.insert(record.tenant.clone(), ready);
+            }
+            let mut member_of = Vec::new();
+            if ready_of[&record.tenant].contains(&id) {
+                member_of.push("ready");
+            }
+            for (name, set) in &indexes {
+                if set.contains(&id) {
+                    member_of.push(*name);
+                }
+            }
+            out.jobs.push((record, member_of));
+        }
+        let pools: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(format!("{p}pools"))
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        for pool in pools {
+            let usage = self.pool_usage(&pool).await?;
+            out.pools.push((pool, usage));
+        }
+        out.pools.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
     }
 
     async fn due_deliveries(&self, limit: u32) -> Result<Vec<Delivery>> {

@@ -41,65 +41,30 @@ async fn kinds(q: &RedisQueue, id: &str) -> Vec<String> {
         .collect()
 }
 
-/// Reads every key of the domain and checks the invariants of queue-design.md B7 that
-/// can be seen from storage: each job's state matches the one index it is in, pool
-/// usage equals what live attempts hold, and active tenants are exactly those with
-/// waiting jobs.
-async fn check_invariants(q: &RedisQueue, pools: &[&str]) {
-    let mut conn = q.connection();
-    let p = q.prefix().to_string();
-    let keys: Vec<String> = ::redis::cmd("KEYS")
-        .arg(format!("{p}job:*"))
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let zset = |name: String| {
-        let mut conn = q.connection();
-        async move {
-            let members: Vec<String> = ::redis::cmd("ZRANGE")
-                .arg(name)
-                .arg(0)
-                .arg(-1)
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-            members.into_iter().collect::<HashSet<_>>()
-        }
-    };
-    let leases = zset(format!("{p}leases")).await;
-    let suspect = zset(format!("{p}suspect")).await;
-    let delayed = zset(format!("{p}delayed")).await;
-    let done = zset(format!("{p}done")).await;
-    let dead = zset(format!("{p}dead")).await;
-    let tenants = zset(format!("{p}tenants")).await;
+/// Checks the invariants of queue-design.md B7 that can be seen from what a backend
+/// holds ([`JobQueue::inspect`], so the check works for every backend): each job's
+/// state matches the one index it is in, pool usage equals what live attempts hold and
+/// never exceeds capacity, and active tenants are exactly those with waiting jobs.
+async fn check_invariants(q: &dyn JobQueue, pools: &[&str]) {
+    let seen = q.inspect().await.unwrap();
     let mut used: HashMap<String, u64> = HashMap::new();
-    let mut with_ready = HashSet::new();
-    for key in keys {
-        let id = key.trim_start_matches(&format!("{p}job:")).to_string();
-        let record = q.get(&id).await.unwrap().unwrap();
-        let ready = zset(format!("{p}ready:{}", record.tenant)).await;
-        if !ready.is_empty() {
-            with_ready.insert(record.tenant.clone());
-        }
-        let index = [
-            ("ready", ready.contains(&id)),
-            ("delayed", delayed.contains(&id)),
-            ("leases", leases.contains(&id)),
-            ("suspect", suspect.contains(&id)),
-            ("done", done.contains(&id)),
-            ("dead", dead.contains(&id)),
-        ];
-        let member_of: Vec<&str> = index.iter().filter(|i| i.1).map(|i| i.0).collect();
+    for (record, member_of) in &seen.jobs {
         let expected: &[&str] = match record.state {
             JobState::Queued => &["ready"],
             JobState::Delayed => &["delayed"],
             JobState::Leased | JobState::Running => &["leases"],
             JobState::Suspect => &["suspect"],
-            JobState::CancelRequested => &[],
+            JobState::CancelRequested => &["cancelling"],
             JobState::Succeeded | JobState::Cancelled => &["done"],
             JobState::Failed => &["dead"],
         };
-        assert_eq!(member_of, expected, "job {id} in state {:?}", record.state);
+        assert_eq!(
+            member_of.as_slice(),
+            expected,
+            "job {} in state {:?}",
+            record.id,
+            record.state
+        );
         if matches!(
             record.state,
             JobState::Leased | JobState::Running | JobState::Suspect | JobState::CancelRequested
@@ -108,13 +73,14 @@ async fn check_invariants(q: &RedisQueue, pools: &[&str]) {
         } else {
             assert!(
                 record.pool.is_none(),
-                "job {id} {:?} holds a pool",
+                "job {} {:?} holds a pool",
+                record.id,
                 record.state
             );
         }
     }
     for pool in pools {
-        let usage = q.pool_usage(pool).await.unwrap();
+        let (_, usage) = seen.pools.iter().find(|(p, _)| p == pool).unwrap();
         assert_eq!(
             u64::from(usage.used),
             used.get(*pool).copied().unwrap_or(0),
@@ -123,7 +89,7 @@ async fn check_invariants(q: &RedisQueue, pools: &[&str]) {
         assert!(usage.used <= usage.capacity, "pool {pool} over capacity");
     }
     assert_eq!(
-        tenants, with_ready,
+        seen.active_tenants, seen.tenants_with_waiting,
         "active tenants are exactly those with waiting jobs"
     );
 }
