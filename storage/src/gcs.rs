@@ -382,22 +382,33 @@ impl GcsStore {
                 message: "resumable upload started without a session URL".into(),
                 retryable: false,
             })?;
-        let mut offset: u64 = 0;
-        let mut ended = false;
-        loop {
-            if !ended {
-                ended = fill(body, buf, self.chunk_size).await?;
-            }
-            // Send whole chunks while more data follows; the last piece carries the total.
-            let last = ended && buf.len() <= self.chunk_size;
-            let take = if last { buf.len() } else { self.chunk_size };
-            let chunk = buf.split_to(take).freeze();
-            let total = last.then_some(offset + chunk.len() as u64);
-            offset = self.put_chunk(&session, &uri, offset, chunk, total).await?;
-            if last {
-                return Ok(());
+        let uploaded = async {
+            let mut offset: u64 = 0;
+            let mut ended = false;
+            loop {
+                if !ended {
+                    ended = fill(body, buf, self.chunk_size).await?;
+                }
+                // Send whole chunks while more data follows; the last piece carries the total.
+                let last = ended && buf.len() <= self.chunk_size;
+                let take = if last { buf.len() } else { self.chunk_size };
+                let chunk = buf.split_to(take).freeze();
+                let total = last.then_some(offset + chunk.len() as u64);
+                offset = self.put_chunk(&session, &uri, offset, chunk, total).await?;
+                if last {
+                    return Ok(());
+                }
             }
         }
+        .await;
+        if uploaded.is_err() {
+            // Nothing was committed; cancel the session rather than leave it for GCS's
+            // one-week expiry. Best effort: the upload's own error is what matters.
+            if let Ok(req) = self.authorise(self.http.delete(&session)).await {
+                let _ = req.send().await;
+            }
+        }
+        uploaded
     }
 
     /// Uploads one chunk at `offset`; returns the new offset. After a transient failure
