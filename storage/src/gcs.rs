@@ -19,7 +19,7 @@ use crate::config::GcsConfig;
 use crate::retry::{RetryPolicy, error_for_status};
 use crate::{
     ByteStream, Error, GetObject, GetRange, ObjectKey, ObjectMeta, ObjectStore, PresignMethod,
-    PresignedRequest, PutMode, Result, full_key, list_prefix, relative_key,
+    PresignedRequest, PutMode, Result, fill_past, full_key, list_prefix, relative_key,
 };
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
@@ -387,7 +387,7 @@ impl GcsStore {
             let mut ended = false;
             loop {
                 if !ended {
-                    ended = fill(body, buf, self.chunk_size).await?;
+                    ended = fill_past(body, buf, self.chunk_size).await?;
                 }
                 // Send whole chunks while more data follows; the last piece carries the total.
                 let last = ended && buf.len() <= self.chunk_size;
@@ -607,17 +607,6 @@ fn read_key_file(path: &std::path::Path) -> Result<serde_json::Value> {
         .map_err(|e| Error::Config(format!("{} is not a JSON key file: {e}", path.display())))
 }
 
-/// Reads from `body` into `buf` until it holds more than `want` bytes; true when the stream ended.
-async fn fill(body: &mut ByteStream, buf: &mut BytesMut, want: usize) -> Result<bool> {
-    while buf.len() <= want {
-        match body.next().await {
-            Some(chunk) => buf.extend_from_slice(&chunk?),
-            None => return Ok(true),
-        }
-    }
-    Ok(false)
-}
-
 /// `YYYYMMDD` and `YYYYMMDDTHHMMSSZ` for a UTC instant.
 fn signing_dates(now: SystemTime) -> (String, String) {
     let stamp: String = humantime::format_rfc3339_seconds(now)
@@ -670,7 +659,7 @@ impl ObjectStore for GcsStore {
         mode: PutMode,
     ) -> Result<ObjectMeta> {
         let mut buf = BytesMut::new();
-        let ended = fill(&mut body, &mut buf, self.chunk_size).await?;
+        let ended = fill_past(&mut body, &mut buf, self.chunk_size).await?;
         if ended {
             self.put_single(key, buf.freeze(), mode).await?;
         } else {
@@ -684,7 +673,7 @@ impl ObjectStore for GcsStore {
         let object = self.object(key).await?;
         let generation = object.generation.clone();
         let meta = self.to_meta(object)?;
-        let (start, end) = GetRange::resolve(range, meta.size, &self.uri(key))?;
+        let (start, end) = GetRange::resolve(range, meta.size, &uri)?;
         if start == end {
             return Ok(GetObject {
                 meta,

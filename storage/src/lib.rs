@@ -182,6 +182,23 @@ pub async fn collect(stream: ByteStream) -> Result<Bytes> {
     })
 }
 
+/// Reads from `body` into `buf` until it holds more than `limit` bytes; true when the
+/// stream ended first. Uploaders call it with their part size: an ended stream fits in
+/// one request, otherwise whole parts can go out while the rest follows.
+pub(crate) async fn fill_past(
+    body: &mut ByteStream,
+    buf: &mut bytes::BytesMut,
+    limit: usize,
+) -> Result<bool> {
+    while buf.len() <= limit {
+        match body.next().await {
+            Some(chunk) => buf.extend_from_slice(&chunk?),
+            None => return Ok(true),
+        }
+    }
+    Ok(false)
+}
+
 /// Metadata of one stored object.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectMeta {

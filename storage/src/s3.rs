@@ -8,7 +8,7 @@
 use crate::config::S3Config;
 use crate::{
     ByteStream, Error, GetObject, GetRange, ObjectKey, ObjectMeta, ObjectStore, PresignMethod,
-    PresignedRequest, PutMode, Result, full_key, list_prefix, relative_key,
+    PresignedRequest, PutMode, Result, fill_past, full_key, list_prefix, relative_key,
 };
 use async_trait::async_trait;
 use aws_sdk_s3::config::http::HttpResponse;
@@ -200,7 +200,7 @@ impl S3Store {
             if ended {
                 break;
             }
-            ended = fill(body, buf, self.part_size).await?;
+            ended = fill_past(body, buf, self.part_size).await?;
         }
         let mut complete = self
             .client
@@ -219,17 +219,6 @@ impl S3Store {
         complete.send().await.map_err(|e| map_err(e, &uri))?;
         Ok(())
     }
-}
-
-/// Reads from `body` into `buf` until it holds at least `want` bytes; true when the stream ended.
-async fn fill(body: &mut ByteStream, buf: &mut BytesMut, want: usize) -> Result<bool> {
-    while buf.len() < want {
-        match body.next().await {
-            Some(chunk) => buf.extend_from_slice(&chunk?),
-            None => return Ok(true),
-        }
-    }
-    Ok(false)
 }
 
 /// Maps an SDK failure to a typed error.
@@ -303,7 +292,7 @@ impl ObjectStore for S3Store {
         mode: PutMode,
     ) -> Result<ObjectMeta> {
         let mut buf = BytesMut::new();
-        let ended = fill(&mut body, &mut buf, self.part_size).await?;
+        let ended = fill_past(&mut body, &mut buf, self.part_size).await?;
         if ended {
             self.put_single(key, buf.freeze(), mode).await?;
         } else {

@@ -121,31 +121,58 @@ pub async fn download_file(store: &dyn ObjectStore, key: &ObjectKey, path: &Path
     result
 }
 
-/// Downloads every object under `prefix` into `dir`, keeping relative paths; returns
-/// how many objects were fetched. Objects whose local copy already has the same size
-/// are skipped when `skip_same_size` is set (a cache of immutable inputs).
+/// [`download_file`] for an optional object: `Ok(None)` when it does not exist.
+pub async fn download_file_if_present(
+    store: &dyn ObjectStore,
+    key: &ObjectKey,
+    path: &Path,
+) -> Result<Option<u64>> {
+    match download_file(store, key, path).await {
+        Ok(n) => Ok(Some(n)),
+        Err(e) if e.is_not_found() => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// What identifies an object's content for caching: size and etag.
+pub fn cache_tag(meta: &ObjectMeta) -> String {
+    format!("{}:{}", meta.size, meta.etag.as_deref().unwrap_or(""))
+}
+
+/// File in a mirrored folder that records the [`cache_tag`] of each object downloaded.
+pub const CACHE_TAGS: &str = ".tuneq-etags.json";
+
+/// Mirrors every object under `prefix` into `dir`, keeping relative paths. Objects
+/// whose size and etag match the previous download (recorded in `dir/.tuneq-etags.json`)
+/// and whose file is still there are not fetched again. Returns how many objects the
+/// prefix holds.
 pub async fn download_dir(
     store: &dyn ObjectStore,
     prefix: &ObjectKey,
     dir: &Path,
-    skip_same_size: bool,
 ) -> Result<usize> {
+    let tags_path = dir.join(CACHE_TAGS);
+    let mut tags: std::collections::BTreeMap<String, String> = std::fs::read(&tags_path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
     let objects: Vec<ObjectMeta> = store.list(prefix).try_collect().await?;
-    let mut fetched = 0;
-    for meta in objects {
+    for meta in &objects {
         let Some(rel) = meta.key.strip_prefix(prefix) else {
             continue;
         };
         let path = rel.segments().fold(dir.to_path_buf(), |p, s| p.join(s));
-        if skip_same_size
-            && tokio::fs::metadata(&path)
-                .await
-                .is_ok_and(|m| m.len() == meta.size)
-        {
+        let tag = cache_tag(meta);
+        if tags.get(rel.as_str()) == Some(&tag) && path.is_file() {
             continue;
         }
         download_file(store, &meta.key, &path).await?;
-        fetched += 1;
+        tags.insert(rel.as_str().to_string(), tag);
     }
-    Ok(fetched)
+    let json = serde_json::to_vec(&tags).map_err(|e| Error::Io {
+        path: tags_path.display().to_string(),
+        source: std::io::Error::other(e),
+    })?;
+    crate::local::write_atomic(&tags_path, &json)?;
+    Ok(objects.len())
 }

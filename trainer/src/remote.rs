@@ -11,7 +11,6 @@
 
 use crate::error::{Error, Result};
 use futures::TryStreamExt;
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tuneq_storage::{Location, ObjectKey, ObjectMeta, ObjectStore, PutMode, StorageConfig};
@@ -115,7 +114,13 @@ impl Storage {
         }
         let store = self.open(&location)?;
         let dir = self.cache.join("inputs").join(cache_name(value));
-        let listed = self.runtime.block_on(sync_down(store.as_ref(), &dir))?;
+        let listed = self
+            .runtime
+            .block_on(tuneq_storage::transfer::download_dir(
+                store.as_ref(),
+                &ObjectKey::root(),
+                &dir,
+            ))?;
         if listed == 0 {
             return Err(spec_error(field, format!("no objects under {value}")));
         }
@@ -143,7 +148,7 @@ impl Storage {
                 other => Error::Storage(other),
             })?;
             let tag_file = dir.join(".etag");
-            let tag = tag_of(&meta);
+            let tag = tuneq_storage::transfer::cache_tag(&meta);
             let cached = std::fs::read_to_string(&tag_file).ok();
             if cached.as_deref() != Some(tag.as_str()) || !path.is_file() {
                 tuneq_storage::transfer::download_file(store.as_ref(), &key, &path).await?;
@@ -173,41 +178,6 @@ impl Storage {
             }),
         })
     }
-}
-
-fn tag_of(meta: &ObjectMeta) -> String {
-    format!("{}:{}", meta.size, meta.etag.as_deref().unwrap_or(""))
-}
-
-/// Downloads every object of `store` into `dir`, skipping those whose size and etag
-/// match the previous download (recorded in `dir/.tuneq-etags.json`); returns how many
-/// objects the store holds.
-async fn sync_down(store: &dyn ObjectStore, dir: &Path) -> Result<usize> {
-    let tags_path = dir.join(".tuneq-etags.json");
-    let mut tags: BTreeMap<String, String> = std::fs::read(&tags_path)
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default();
-    let objects: Vec<ObjectMeta> = store.list(&ObjectKey::root()).try_collect().await?;
-    for meta in &objects {
-        let rel = meta.key.as_str().to_string();
-        let path = meta
-            .key
-            .segments()
-            .fold(dir.to_path_buf(), |p, s| p.join(s));
-        let tag = tag_of(meta);
-        if tags.get(&rel) == Some(&tag) && path.is_file() {
-            continue;
-        }
-        tuneq_storage::transfer::download_file(store, &meta.key, &path).await?;
-        tags.insert(rel, tag);
-    }
-    let json = serde_json::to_vec(&tags).map_err(|source| Error::Json {
-        path: tags_path.display().to_string(),
-        source,
-    })?;
-    tuneq_storage::local::write_atomic(&tags_path, &json)?;
-    Ok(objects.len())
 }
 
 /// Where a run writes: always a local folder, plus a remote mirror for s3:// and gs://.
@@ -288,17 +258,12 @@ impl Output {
                     "samples.jsonl",
                     MANIFEST,
                 ] {
-                    match tuneq_storage::transfer::download_file(
+                    tuneq_storage::transfer::download_file_if_present(
                         store,
                         &key(f)?,
                         &self.local.join(f),
                     )
-                    .await
-                    {
-                        Ok(_) => {}
-                        Err(e) if e.is_not_found() => {}
-                        Err(e) => return Err(e.into()),
-                    }
+                    .await?;
                 }
                 notes.push(format!("restored the finished run from {}", m.uri));
                 return Ok(notes);
@@ -335,17 +300,12 @@ impl Output {
             }
             let _ = std::fs::remove_dir_all(&dir);
             std::fs::rename(&tmp, &dir).map_err(Error::io(&dir))?;
-            match tuneq_storage::transfer::download_file(
+            tuneq_storage::transfer::download_file_if_present(
                 store,
                 &key("metrics.jsonl")?,
                 &self.local.join("metrics.jsonl"),
             )
-            .await
-            {
-                Ok(_) => {}
-                Err(e) if e.is_not_found() => {}
-                Err(e) => return Err(e.into()),
-            }
+            .await?;
             notes.push(format!(
                 "restored checkpoint step {step} from {}/{}",
                 m.uri,
