@@ -94,25 +94,42 @@ pub fn workload(n: usize, seed: u32, tenants: u32, payload_bytes: usize) -> Vec<
         .collect()
 }
 
-async fn info_field(
+/// One section of redis-server's `INFO`.
+async fn info(conn: &mut redis::aio::ConnectionManager, section: &str) -> Result<String> {
+    redis::cmd("INFO")
+        .arg(section)
+        .query_async(conn)
+        .await
+        .map_err(|e| QueueError::Unavailable(e.to_string()))
+}
+
+/// The value of `field` in an `INFO` text.
+fn info_value<'a>(text: &'a str, field: &str) -> Option<&'a str> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .map(str::trim)
+}
+
+/// A numeric `INFO` field.
+async fn info_number(
     conn: &mut redis::aio::ConnectionManager,
     section: &str,
     field: &str,
 ) -> Result<f64> {
-    let text: String = redis::cmd("INFO")
-        .arg(section)
-        .query_async(conn)
-        .await
-        .map_err(|e| QueueError::Unavailable(e.to_string()))?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")))
-        .and_then(|v| v.trim().parse().ok())
+    info_value(&info(conn, section).await?, field)
+        .and_then(|v| v.parse().ok())
         .ok_or_else(|| QueueError::Protocol(format!("INFO {section} has no {field}")))
 }
 
+/// CPU seconds redis-server used so far (user + system), from one `INFO cpu`.
 async fn redis_cpu_s(conn: &mut redis::aio::ConnectionManager) -> Result<f64> {
-    Ok(info_field(conn, "cpu", "used_cpu_user").await?
-        + info_field(conn, "cpu", "used_cpu_sys").await?)
+    let text = info(conn, "cpu").await?;
+    let seconds = |field| {
+        info_value(&text, field)
+            .and_then(|v| v.parse::<f64>().ok())
+            .ok_or_else(|| QueueError::Protocol(format!("INFO cpu has no {field}")))
+    };
+    Ok(seconds("used_cpu_user")? + seconds("used_cpu_sys")?)
 }
 
 /// CPU seconds this process used (user + system), from /proc/self/stat.
@@ -221,18 +238,10 @@ pub async fn run(opts: &QueueBenchOptions, log: impl Fn(&str)) -> Result<serde_j
     };
     let admin = RedisQueue::connect(&opts.redis_url, &domain("admin"), config(0)).await?;
     let mut conn = admin.connection();
-    let version: String = {
-        let text: String = redis::cmd("INFO")
-            .arg("server")
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| QueueError::Unavailable(e.to_string()))?;
-        text.lines()
-            .find_map(|l| l.strip_prefix("redis_version:"))
-            .unwrap_or("unknown")
-            .trim()
-            .to_string()
-    };
+    let server = info(&mut conn, "server").await?;
+    let version = info_value(&server, "redis_version")
+        .unwrap_or("unknown")
+        .to_string();
 
     if opts.warmup > 0 {
         let q = RedisQueue::connect(&opts.redis_url, &domain("warmup"), config(0)).await?;
@@ -264,11 +273,11 @@ pub async fn run(opts: &QueueBenchOptions, log: impl Fn(&str)) -> Result<serde_j
     // Enqueue, 8 in flight, and memory per waiting job.
     {
         let q = RedisQueue::connect(&opts.redis_url, &domain("add"), config(0)).await?;
-        let before = info_field(&mut conn, "memory", "used_memory").await?;
+        let before = info_number(&mut conn, "memory", "used_memory").await?;
         let (r0, c0) = (redis_cpu_s(&mut conn).await?, own_cpu_s());
         let seconds = enqueue_all(&q, &jobs, opts.producers).await?;
         let (r1, c1) = (redis_cpu_s(&mut conn).await?, own_cpu_s());
-        let after = info_field(&mut conn, "memory", "used_memory").await?;
+        let after = info_number(&mut conn, "memory", "used_memory").await?;
         let n = opts.n as f64;
         out["enqueue_add_jobs_per_s"] = serde_json::json!((n / seconds).round() as u64);
         out["enqueue_add_seconds"] = serde_json::json!((seconds * 1000.0).round() / 1000.0);

@@ -200,7 +200,17 @@ impl RedisQueue {
             .map_err(unavailable)
     }
 
+    /// Runs `script` with the domain's meta key, its prefix and `args` (a status table).
     async fn call(&self, script: &Script, args: &[String]) -> Result<Vec<Value>> {
+        self.call_as(script, args).await
+    }
+
+    /// [`Self::call`] for scripts that answer something other than a status table.
+    async fn call_as<T: redis::FromRedisValue>(
+        &self,
+        script: &Script,
+        args: &[String],
+    ) -> Result<T> {
         let mut invocation = script.key(&self.meta);
         invocation.arg(&self.prefix);
         for a in args {
@@ -208,7 +218,7 @@ impl RedisQueue {
         }
         let mut conn = self.conn.clone();
         invocation
-            .invoke_async::<Vec<Value>>(&mut conn)
+            .invoke_async::<T>(&mut conn)
             .await
             .map_err(unavailable)
     }
@@ -837,44 +847,21 @@ impl JobQueue for RedisQueue {
     }
 
     async fn ack_delivery(&self, delivery: &Delivery) -> Result<()> {
-        let mut invocation = self.scripts.outbox.key(&self.meta);
-        invocation
-            .arg(&self.prefix)
-            .arg("ack")
-            .arg(delivery.member());
-        let mut conn = self.conn.clone();
-        invocation
-            .invoke_async::<i64>(&mut conn)
-            .await
-            .map_err(unavailable)?;
+        let args = ["ack".to_string(), delivery.member()];
+        self.call_as::<i64>(&self.scripts.outbox, &args).await?;
         Ok(())
     }
 
     async fn retry_delivery(&self, delivery: &Delivery, delay_ms: u64) -> Result<()> {
-        let mut invocation = self.scripts.outbox.key(&self.meta);
-        invocation
-            .arg(&self.prefix)
-            .arg("retry")
-            .arg(delivery.member())
-            .arg(delay_ms);
-        let mut conn = self.conn.clone();
-        invocation
-            .invoke_async::<i64>(&mut conn)
-            .await
-            .map_err(unavailable)?;
+        let args = ["retry".to_string(), delivery.member(), delay_ms.to_string()];
+        self.call_as::<i64>(&self.scripts.outbox, &args).await?;
         Ok(())
     }
 
     async fn trim(&self, batch: u32) -> Result<u64> {
-        let reply: i64 = {
-            let mut invocation = self.scripts.trim.key(&self.meta);
-            invocation.arg(&self.prefix).arg(batch);
-            let mut conn = self.conn.clone();
-            invocation
-                .invoke_async(&mut conn)
-                .await
-                .map_err(unavailable)?
-        };
-        Ok(u64::try_from(reply).unwrap_or(0))
+        let removed: i64 = self
+            .call_as(&self.scripts.trim, &[batch.to_string()])
+            .await?;
+        Ok(u64::try_from(removed).unwrap_or(0))
     }
 }
