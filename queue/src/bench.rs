@@ -7,7 +7,7 @@
 //! beforehand. A processed job costs the whole protocol: claim (capacity, quota and
 //! fair-share charged, lease and fencing token issued), start, and complete.
 
-use crate::redis::{JobQueue, RedisQueue};
+use crate::{JobQueue, Queue};
 use crate::{NewJob, QueueConfig, QueueError, Result};
 use serde::Serialize;
 use std::time::Instant;
@@ -147,7 +147,7 @@ fn own_cpu_s() -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
-async fn enqueue_all(queue: &RedisQueue, jobs: &[NewJob], producers: usize) -> Result<f64> {
+async fn enqueue_all(queue: &Queue, jobs: &[NewJob], producers: usize) -> Result<f64> {
     let started = Instant::now();
     let chunk = jobs.len().div_ceil(producers.max(1));
     let mut tasks = Vec::new();
@@ -167,7 +167,7 @@ async fn enqueue_all(queue: &RedisQueue, jobs: &[NewJob], producers: usize) -> R
     Ok(started.elapsed().as_secs_f64())
 }
 
-async fn drain(queue: &RedisQueue, n: usize, workers: usize) -> Result<f64> {
+async fn drain(queue: &Queue, n: usize, workers: usize) -> Result<f64> {
     let started = Instant::now();
     let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut tasks = Vec::new();
@@ -195,7 +195,7 @@ async fn drain(queue: &RedisQueue, n: usize, workers: usize) -> Result<f64> {
     Ok(started.elapsed().as_secs_f64())
 }
 
-async fn enqueue_bulk_all(queue: &RedisQueue, jobs: &[NewJob], batch: usize) -> Result<f64> {
+async fn enqueue_bulk_all(queue: &Queue, jobs: &[NewJob], batch: usize) -> Result<f64> {
     let started = Instant::now();
     for chunk in jobs.chunks(batch.max(1)) {
         for r in queue.enqueue_bulk(chunk).await? {
@@ -207,7 +207,7 @@ async fn enqueue_bulk_all(queue: &RedisQueue, jobs: &[NewJob], batch: usize) -> 
 
 /// Claim latency with `depth` jobs queued: `samples` claims (each then completed,
 /// untimed), percentiles in microseconds.
-async fn claim_latency(queue: &RedisQueue, samples: usize) -> Result<(f64, f64)> {
+async fn claim_latency(queue: &Queue, samples: usize) -> Result<(f64, f64)> {
     let mut micros = Vec::with_capacity(samples);
     for _ in 0..samples {
         let t = Instant::now();
@@ -236,15 +236,20 @@ pub async fn run(opts: &QueueBenchOptions, log: impl Fn(&str)) -> Result<serde_j
         retention_count,
         ..QueueConfig::default()
     };
-    let admin = RedisQueue::connect(&opts.redis_url, &domain("admin"), config(0)).await?;
-    let mut conn = admin.connection();
+    let admin = Queue::connect(&opts.redis_url, &domain("admin"), config(0)).await?;
+    let Some(mut conn) = admin.redis_connection() else {
+        return Err(QueueError::Invalid {
+            field: "redis",
+            message: "the benchmark needs a Redis server".into(),
+        });
+    };
     let server = info(&mut conn, "server").await?;
     let version = info_value(&server, "redis_version")
         .unwrap_or("unknown")
         .to_string();
 
     if opts.warmup > 0 {
-        let q = RedisQueue::connect(&opts.redis_url, &domain("warmup"), config(0)).await?;
+        let q = Queue::connect(&opts.redis_url, &domain("warmup"), config(0)).await?;
         q.set_pool("bench", u32::MAX).await?;
         let warm = workload(
             opts.warmup,
@@ -272,7 +277,7 @@ pub async fn run(opts: &QueueBenchOptions, log: impl Fn(&str)) -> Result<serde_j
 
     // Enqueue, 8 in flight, and memory per waiting job.
     {
-        let q = RedisQueue::connect(&opts.redis_url, &domain("add"), config(0)).await?;
+        let q = Queue::connect(&opts.redis_url, &domain("add"), config(0)).await?;
         let before = info_number(&mut conn, "memory", "used_memory").await?;
         let (r0, c0) = (redis_cpu_s(&mut conn).await?, own_cpu_s());
         let seconds = enqueue_all(&q, &jobs, opts.producers).await?;
@@ -293,7 +298,7 @@ pub async fn run(opts: &QueueBenchOptions, log: impl Fn(&str)) -> Result<serde_j
 
     // Bulk enqueue, one batch in flight.
     {
-        let q = RedisQueue::connect(&opts.redis_url, &domain("bulk"), config(0)).await?;
+        let q = Queue::connect(&opts.redis_url, &domain("bulk"), config(0)).await?;
         let seconds = enqueue_bulk_all(&q, &jobs, opts.batch).await?;
         out["enqueue_addbulk_jobs_per_s"] =
             serde_json::json!((opts.n as f64 / seconds).round() as u64);
@@ -308,7 +313,7 @@ pub async fn run(opts: &QueueBenchOptions, log: impl Fn(&str)) -> Result<serde_j
     let mut figures = Vec::new();
     for (label, keep) in [("remove", 0u64), ("keep1000", 1000)] {
         for &workers in &opts.workers {
-            let q = RedisQueue::connect(&opts.redis_url, &domain("proc"), config(keep)).await?;
+            let q = Queue::connect(&opts.redis_url, &domain("proc"), config(keep)).await?;
             q.set_pool("bench", u32::MAX).await?;
             enqueue_all(&q, &jobs, opts.producers).await?;
             let (r0, c0) = (redis_cpu_s(&mut conn).await?, own_cpu_s());
@@ -339,7 +344,7 @@ pub async fn run(opts: &QueueBenchOptions, log: impl Fn(&str)) -> Result<serde_j
     // Claim latency as the queue grows: it must stay flat (sorted sets are O(log n)).
     let mut latency = Vec::new();
     for &depth in &opts.latency_depths {
-        let q = RedisQueue::connect(&opts.redis_url, &domain("latency"), config(0)).await?;
+        let q = Queue::connect(&opts.redis_url, &domain("latency"), config(0)).await?;
         q.set_pool("bench", u32::MAX).await?;
         let samples = 2_000.min(depth.max(1));
         let fill = workload(

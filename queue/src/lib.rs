@@ -10,16 +10,23 @@
 //!
 //! Layout:
 //! - [`model`]: the job record, states (and their public OpenAI names), leases, events.
-//! - [`redis`]: the Redis backend; every transition is one Lua script in `queue/lua/`.
+//! - [`scripted`]: [`Queue`], written once: every transition is one Lua script in
+//!   `queue/lua/`, run by Redis or by the embedded store.
+//! - [`embedded`]: the single-file store for `tuneq up` (an in-memory keyspace, the same
+//!   scripts in an embedded Lua, and an append-only log synced per operation).
 //! - [`bench`]: `tuneq bench queue`, the BullMQ kit's workload on our queue.
 //!
 //! The design and its invariants are in `../shared/research/queue-design.md` (B1–B7).
 
+mod backend;
 pub mod bench;
+pub mod embedded;
 pub mod model;
-pub mod redis;
+pub mod scripted;
 #[cfg(feature = "testing")]
 pub mod testing;
+
+pub use scripted::{JobQueue, Queue};
 
 pub use model::{
     Delivery, Enqueued, Inspection, JobEvent, JobId, JobRecord, JobState, Lease, NewJob, PoolUsage,

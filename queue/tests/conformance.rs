@@ -1,21 +1,36 @@
-//! The queue against a real redis-server started by the harness: lifecycle, priorities
-//! and aging, tenant fairness, capacity and quotas, fencing, retries, preemption,
-//! cancel, events, retention, idempotency, concurrent claimers, randomised sequences
-//! with the invariants checked after every step, and a SIGKILLed server restarted from
-//! its append-only file.
+//! The conformance suite, run against every backend: a real redis-server started by the
+//! harness, and the embedded single-file store. Lifecycle, priorities and aging, tenant
+//! fairness, capacity and quotas, fencing, retries, preemption, cancel, events,
+//! retention, idempotency, concurrent claimers, and randomised sequences with the
+//! invariants checked after every step. Each test is written once, as
+//! `async fn name(backend: Backend)`; `conformance!` at the end instantiates it per
+//! backend.
 
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use rand::{Rng, SeedableRng};
 use std::collections::{HashMap, HashSet};
-use tuneq_queue::redis::{JobQueue, RedisQueue};
 use tuneq_queue::testing;
 use tuneq_queue::*;
+use tuneq_queue::{JobQueue, Queue};
 
-async fn queue(name: &str, config: QueueConfig) -> RedisQueue {
-    RedisQueue::connect(testing::shared(), &testing::unique_domain(name), config)
-        .await
-        .unwrap()
+#[derive(Debug, Clone, Copy)]
+enum Backend {
+    Redis,
+    Embedded,
+}
+
+/// A fresh domain on `backend`: on the shared redis-server, or in its own file.
+async fn queue(backend: Backend, name: &str, config: QueueConfig) -> Queue {
+    let domain = testing::unique_domain(name);
+    match backend {
+        Backend::Redis => Queue::connect(testing::shared(), &domain, config).await,
+        Backend::Embedded => {
+            let file = testing::scratch_dir().join("queue.db");
+            Queue::open_embedded(&file, &domain, config).await
+        }
+    }
+    .unwrap()
 }
 
 fn job(tenant: &str, priority: u8) -> NewJob {
@@ -32,7 +47,7 @@ fn job(tenant: &str, priority: u8) -> NewJob {
     }
 }
 
-async fn kinds(q: &RedisQueue, id: &str) -> Vec<String> {
+async fn kinds(q: &Queue, id: &str) -> Vec<String> {
     q.events(id, None, 100, false)
         .await
         .unwrap()
@@ -94,9 +109,8 @@ async fn check_invariants(q: &dyn JobQueue, pools: &[&str]) {
     );
 }
 
-#[tokio::test]
-async fn a_job_goes_from_queued_to_succeeded() {
-    let q = queue("life", QueueConfig::default()).await;
+async fn a_job_goes_from_queued_to_succeeded(backend: Backend) {
+    let q = queue(backend, "life", QueueConfig::default()).await;
     q.set_pool("cpu", 1).await.unwrap();
     let id = q.enqueue(&job("acme", 5)).await.unwrap().id;
     assert_eq!(
@@ -129,9 +143,8 @@ async fn a_job_goes_from_queued_to_succeeded() {
     q.destroy().await.unwrap();
 }
 
-#[tokio::test]
-async fn idempotency_keys_return_the_same_job_per_tenant() {
-    let q = queue("idem", QueueConfig::default()).await;
+async fn idempotency_keys_return_the_same_job_per_tenant(backend: Backend) {
+    let q = queue(backend, "idem", QueueConfig::default()).await;
     let mut a = job("acme", 5);
     a.idempotency_key = Some("req-1".into());
     let first = q.enqueue(&a).await.unwrap();
@@ -145,13 +158,12 @@ async fn idempotency_keys_return_the_same_job_per_tenant() {
     q.destroy().await.unwrap();
 }
 
-#[tokio::test]
-async fn priority_then_fifo_within_a_tenant_and_aging_prevents_starvation() {
+async fn priority_then_fifo_within_a_tenant_and_aging_prevents_starvation(backend: Backend) {
     let config = QueueConfig {
         aging_horizon_ms: 1_000,
         ..QueueConfig::default()
     };
-    let q = queue("prio", config).await;
+    let q = queue(backend, "prio", config).await;
     q.set_pool("cpu", 100).await.unwrap();
     let a = q.enqueue(&job("t", 5)).await.unwrap().id;
     let b = q.enqueue(&job("t", 5)).await.unwrap().id;
@@ -174,9 +186,8 @@ async fn priority_then_fifo_within_a_tenant_and_aging_prevents_starvation() {
     q.destroy().await.unwrap();
 }
 
-#[tokio::test]
-async fn backlogged_tenants_share_by_weight_and_a_flood_cannot_starve_others() {
-    let q = queue("fair", QueueConfig::default()).await;
+async fn backlogged_tenants_share_by_weight_and_a_flood_cannot_starve_others(backend: Backend) {
+    let q = queue(backend, "fair", QueueConfig::default()).await;
     q.set_pool("gpu", 1).await.unwrap();
     q.set_tenant(
         "big",
@@ -214,9 +225,8 @@ async fn backlogged_tenants_share_by_weight_and_a_flood_cannot_starve_others() {
     q.destroy().await.unwrap();
 }
 
-#[tokio::test]
-async fn capacity_and_tenant_quotas_are_reserved_with_the_lease() {
-    let q = queue("capacity", QueueConfig::default()).await;
+async fn capacity_and_tenant_quotas_are_reserved_with_the_lease(backend: Backend) {
+    let q = queue(backend, "capacity", QueueConfig::default()).await;
     q.set_pool("gpu", 3).await.unwrap();
     q.set_tenant(
         "capped",
@@ -255,9 +265,9 @@ async fn capacity_and_tenant_quotas_are_reserved_with_the_lease() {
     q.destroy().await.unwrap();
 }
 
-#[tokio::test]
-async fn an_expired_lease_is_suspect_and_stale_tokens_change_nothing() {
+async fn an_expired_lease_is_suspect_and_stale_tokens_change_nothing(backend: Backend) {
     let q = queue(
+        backend,
         "fence",
         QueueConfig {
             lease_ms: 1_000,
@@ -302,9 +312,9 @@ async fn an_expired_lease_is_suspect_and_stale_tokens_change_nothing() {
     q.destroy().await.unwrap();
 }
 
-#[tokio::test]
-async fn a_suspect_attempt_that_is_alive_is_adopted() {
+async fn a_suspect_attempt_that_is_alive_is_adopted(backend: Backend) {
     let q = queue(
+        backend,
         "adopt",
         QueueConfig {
             lease_ms: 1_000,
@@ -328,14 +338,13 @@ async fn a_suspect_attempt_that_is_alive_is_adopted() {
     q.destroy().await.unwrap();
 }
 
-#[tokio::test]
-async fn failures_retry_with_backoff_then_fail_for_good() {
+async fn failures_retry_with_backoff_then_fail_for_good(backend: Backend) {
     let config = QueueConfig {
         retry_base_ms: 1_000,
         retry_max_ms: 60_000,
         ..QueueConfig::default()
     };
-    let q = queue("retry", config).await;
+    let q = queue(backend, "retry", config).await;
     q.set_pool("gpu", 1).await.unwrap();
     let mut j = job("t", 5);
     j.max_attempts = 2;
@@ -381,9 +390,8 @@ async fn failures_retry_with_backoff_then_fail_for_good() {
     q.destroy().await.unwrap();
 }
 
-#[tokio::test]
-async fn preemption_keeps_the_place_in_line_and_the_retry_budget() {
-    let q = queue("preempt", QueueConfig::default()).await;
+async fn preemption_keeps_the_place_in_line_and_the_retry_budget(backend: Backend) {
+    let q = queue(backend, "preempt", QueueConfig::default()).await;
     q.set_pool("spot", 1).await.unwrap();
     let first = q.enqueue(&job("t", 5)).await.unwrap().id;
     let second = q.enqueue(&job("t", 5)).await.unwrap().id;
@@ -410,9 +418,10 @@ async fn preemption_keeps_the_place_in_line_and_the_retry_budget() {
     q.destroy().await.unwrap();
 }
 
-#[tokio::test]
-async fn cancel_is_immediate_when_waiting_and_holds_capacity_until_the_attempt_is_gone() {
-    let q = queue("cancel", QueueConfig::default()).await;
+async fn cancel_is_immediate_when_waiting_and_holds_capacity_until_the_attempt_is_gone(
+    backend: Backend,
+) {
+    let q = queue(backend, "cancel", QueueConfig::default()).await;
     q.set_pool("gpu", 1).await.unwrap();
     let waiting = q.enqueue(&job("t", 9)).await.unwrap().id;
     assert_eq!(q.cancel(&waiting).await.unwrap(), JobState::Cancelled);
@@ -449,9 +458,8 @@ async fn cancel_is_immediate_when_waiting_and_holds_capacity_until_the_attempt_i
     q.destroy().await.unwrap();
 }
 
-#[tokio::test]
-async fn events_page_by_cursor_both_ways_and_positions_count_who_is_ahead() {
-    let q = queue("events", QueueConfig::default()).await;
+async fn events_page_by_cursor_both_ways_and_positions_count_who_is_ahead(backend: Backend) {
+    let q = queue(backend, "events", QueueConfig::default()).await;
     q.set_pool("gpu", 1).await.unwrap();
     let id = q.enqueue(&job("t", 5)).await.unwrap().id;
     let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
@@ -497,13 +505,12 @@ async fn events_page_by_cursor_both_ways_and_positions_count_who_is_ahead() {
     q.destroy().await.unwrap();
 }
 
-#[tokio::test]
-async fn retention_bounds_finished_jobs() {
+async fn retention_bounds_finished_jobs(backend: Backend) {
     let config = QueueConfig {
         retention_count: 5,
         ..QueueConfig::default()
     };
-    let q = queue("retention", config).await;
+    let q = queue(backend, "retention", config).await;
     q.set_pool("gpu", 1).await.unwrap();
     let mut ids = vec![];
     for _ in 0..30 {
@@ -513,12 +520,13 @@ async fn retention_bounds_finished_jobs() {
         ids.push(id);
     }
     q.trim(100).await.unwrap();
-    let mut conn = q.connection();
-    let kept: Vec<String> = ::redis::cmd("KEYS")
-        .arg(format!("{}job:*", q.prefix()))
-        .query_async(&mut conn)
+    let kept: Vec<String> = q
+        .keys()
         .await
-        .unwrap();
+        .unwrap()
+        .into_iter()
+        .filter(|k| k.contains(":job:"))
+        .collect();
     assert_eq!(kept.len(), 5);
     assert!(
         q.get(&ids[0]).await.unwrap().is_none(),
@@ -528,9 +536,8 @@ async fn retention_bounds_finished_jobs() {
     q.destroy().await.unwrap();
 }
 
-#[tokio::test]
-async fn a_retried_claim_returns_the_same_lease() {
-    let q = queue("claimreq", QueueConfig::default()).await;
+async fn a_retried_claim_returns_the_same_lease(backend: Backend) {
+    let q = queue(backend, "claimreq", QueueConfig::default()).await;
     q.set_pool("gpu", 2).await.unwrap();
     q.enqueue(&job("t", 5)).await.unwrap();
     q.enqueue(&job("t", 5)).await.unwrap();
@@ -541,9 +548,8 @@ async fn a_retried_claim_returns_the_same_lease() {
     q.destroy().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn concurrent_claimers_never_double_lease() {
-    let q = queue("race", QueueConfig::default()).await;
+async fn concurrent_claimers_never_double_lease(backend: Backend) {
+    let q = queue(backend, "race", QueueConfig::default()).await;
     q.set_pool("gpu", 4).await.unwrap();
     for i in 0..400 {
         q.enqueue(&job(&format!("t{}", i % 5), (i % 10) as u8))
@@ -590,10 +596,10 @@ async fn concurrent_claimers_never_double_lease() {
 /// Random operations from several dispatchers, with the invariants checked after each
 /// step and a model of which token is live for which job: at most one live token per
 /// job, stale tokens always refused, cancelled jobs never dispatched again.
-#[tokio::test]
-async fn random_sequences_keep_every_invariant() {
+async fn random_sequences_keep_every_invariant(backend: Backend) {
     for seed in 0..4u64 {
         let q = queue(
+            backend,
             &format!("random{seed}"),
             QueueConfig {
                 lease_ms: 1_000,
@@ -707,42 +713,9 @@ async fn random_sequences_keep_every_invariant() {
     }
 }
 
-#[tokio::test]
-async fn a_sigkilled_redis_with_aof_always_loses_no_acknowledged_job() {
-    let dir = testing::scratch_dir();
-    let mut server = testing::RedisServer::start(&dir, true);
-    let q = RedisQueue::connect(&server.url, "aof", QueueConfig::default())
-        .await
-        .unwrap();
-    let mut acknowledged = vec![];
-    for i in 0..300 {
-        acknowledged.push(q.enqueue(&job(&format!("t{}", i % 3), 5)).await.unwrap().id);
-    }
-    q.set_pool("gpu", 1).await.unwrap();
-    let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
-    server.kill();
-    server.restart();
-    let q = RedisQueue::connect(&server.url, "aof", QueueConfig::default())
-        .await
-        .unwrap();
-    for id in &acknowledged {
-        assert!(
-            q.get(id).await.unwrap().is_some(),
-            "acknowledged job {id} lost"
-        );
-    }
-    let record = q.get(&lease.id).await.unwrap().unwrap();
-    assert_eq!(record.state, JobState::Leased);
-    assert_eq!(record.epoch, lease.token, "the fence survived the restart");
-    let next = q.claim("gpu", "d", "").await.unwrap();
-    assert!(next.is_none(), "capacity accounting survived the restart");
-    drop(server);
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
-#[tokio::test]
-async fn delete_on_completion_leaves_no_keys_behind() {
+async fn delete_on_completion_leaves_no_keys_behind(backend: Backend) {
     let q = queue(
+        backend,
         "remove",
         QueueConfig {
             retention_count: 0,
@@ -757,12 +730,7 @@ async fn delete_on_completion_leaves_no_keys_behind() {
         q.complete(&id, lease.token, "{}").await.unwrap();
         assert!(q.get(&id).await.unwrap().is_none());
     }
-    let mut conn = q.connection();
-    let left: Vec<String> = ::redis::cmd("KEYS")
-        .arg(format!("{}*", q.prefix()))
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let left = q.keys().await.unwrap();
     let per_job: Vec<&String> = left
         .iter()
         .filter(|k| k.contains(":job:") || k.contains(":payload:") || k.contains(":events:"))
@@ -771,9 +739,11 @@ async fn delete_on_completion_leaves_no_keys_behind() {
     q.destroy().await.unwrap();
 }
 
-#[tokio::test]
-async fn finished_jobs_that_asked_for_notice_wait_in_the_outbox_until_acknowledged() {
+async fn finished_jobs_that_asked_for_notice_wait_in_the_outbox_until_acknowledged(
+    backend: Backend,
+) {
     let q = queue(
+        backend,
         "outbox",
         QueueConfig {
             retention_count: 0,
@@ -823,9 +793,8 @@ async fn finished_jobs_that_asked_for_notice_wait_in_the_outbox_until_acknowledg
     q.destroy().await.unwrap();
 }
 
-#[tokio::test]
-async fn bulk_enqueue_accepts_or_refuses_each_job_on_its_own() {
-    let q = queue("bulk", QueueConfig::default()).await;
+async fn bulk_enqueue_accepts_or_refuses_each_job_on_its_own(backend: Backend) {
+    let q = queue(backend, "bulk", QueueConfig::default()).await;
     q.set_pool("gpu", 1).await.unwrap();
     q.set_tenant(
         "capped",
@@ -873,4 +842,38 @@ async fn bulk_enqueue_accepts_or_refuses_each_job_on_its_own() {
     assert_eq!(q.get(&lease.id).await.unwrap().unwrap().priority, 1);
     check_invariants(&q, &["gpu"]).await;
     q.destroy().await.unwrap();
+}
+
+/// Instantiates each conformance test once per backend, as `redis::name` and
+/// `embedded::name`.
+macro_rules! conformance {
+    ($($(#[$attr:meta])* $name:ident),* $(,)?) => {
+        mod redis {
+            $( $(#[$attr])* async fn $name() { super::$name(super::Backend::Redis).await } )*
+        }
+        mod embedded {
+            $( $(#[$attr])* async fn $name() { super::$name(super::Backend::Embedded).await } )*
+        }
+    };
+}
+
+conformance! {
+    #[tokio::test] a_job_goes_from_queued_to_succeeded,
+    #[tokio::test] idempotency_keys_return_the_same_job_per_tenant,
+    #[tokio::test] priority_then_fifo_within_a_tenant_and_aging_prevents_starvation,
+    #[tokio::test] backlogged_tenants_share_by_weight_and_a_flood_cannot_starve_others,
+    #[tokio::test] capacity_and_tenant_quotas_are_reserved_with_the_lease,
+    #[tokio::test] an_expired_lease_is_suspect_and_stale_tokens_change_nothing,
+    #[tokio::test] a_suspect_attempt_that_is_alive_is_adopted,
+    #[tokio::test] failures_retry_with_backoff_then_fail_for_good,
+    #[tokio::test] preemption_keeps_the_place_in_line_and_the_retry_budget,
+    #[tokio::test] cancel_is_immediate_when_waiting_and_holds_capacity_until_the_attempt_is_gone,
+    #[tokio::test] events_page_by_cursor_both_ways_and_positions_count_who_is_ahead,
+    #[tokio::test] retention_bounds_finished_jobs,
+    #[tokio::test] a_retried_claim_returns_the_same_lease,
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)] concurrent_claimers_never_double_lease,
+    #[tokio::test] random_sequences_keep_every_invariant,
+    #[tokio::test] delete_on_completion_leaves_no_keys_behind,
+    #[tokio::test] finished_jobs_that_asked_for_notice_wait_in_the_outbox_until_acknowledged,
+    #[tokio::test] bulk_enqueue_accepts_or_refuses_each_job_on_its_own,
 }

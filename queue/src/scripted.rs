@@ -1,41 +1,46 @@
-//! The Redis backend. Every transition is one Lua script (`queue/lua/*.lua`, prefixed
-//! by `prelude.lua`), sent with EVALSHA and re-loaded on NOSCRIPT. All keys of a
-//! scheduling domain share the hash tag `{domain}`, so the scripts run on Redis Cluster.
-//! Time comes from Redis `TIME` (plus a test offset), kept monotonic by a high-water mark.
+//! The queue, written once over a [`Backend`]: Redis or the embedded single-file store.
+//! Every transition is one Lua script (`queue/lua/*.lua`, prefixed by `prelude.lua`):
+//! on Redis sent with EVALSHA and re-loaded on NOSCRIPT, embedded run by the same Lua.
+//! All keys of a scheduling domain share the hash tag `{domain}`, so the scripts run on
+//! Redis Cluster. Time comes from the backend's `TIME` (plus a test offset), kept
+//! monotonic by a high-water mark.
 //!
 //! A lost connection or a timeout is an *unknown outcome* ([`QueueError::Unavailable`]):
 //! the call may or may not have happened. Enqueue with an idempotency key and claim
 //! with a request id are safe to retry as they are; token-carrying calls are fenced.
 
+use crate::backend::{Backend, LuaScript, unavailable};
+use crate::embedded::Store;
 use crate::model::*;
 use crate::{QueueConfig, QueueError, Result, validate};
 use async_trait::async_trait;
+use redis::Value;
 use redis::aio::ConnectionManager;
-use redis::{Script, Value};
+use std::sync::Arc;
 
 const PRELUDE: &str = include_str!("../lua/prelude.lua");
 
 /// The scripts, each with the prelude in front.
 struct Scripts {
-    enqueue: Script,
-    enqueue_bulk: Script,
-    claim: Script,
-    start: Script,
-    heartbeat: Script,
-    complete: Script,
-    fail: Script,
-    preempt: Script,
-    cancel: Script,
-    confirm_cancelled: Script,
-    expire_leases: Script,
-    resolve_suspect: Script,
-    position: Script,
-    trim: Script,
-    outbox: Script,
+    enqueue: LuaScript,
+    enqueue_bulk: LuaScript,
+    claim: LuaScript,
+    start: LuaScript,
+    heartbeat: LuaScript,
+    complete: LuaScript,
+    fail: LuaScript,
+    preempt: LuaScript,
+    cancel: LuaScript,
+    confirm_cancelled: LuaScript,
+    expire_leases: LuaScript,
+    resolve_suspect: LuaScript,
+    position: LuaScript,
+    trim: LuaScript,
+    outbox: LuaScript,
 }
 
-fn script(body: &str) -> Script {
-    Script::new(&format!("{PRELUDE}\n{body}"))
+fn script(body: &str) -> LuaScript {
+    LuaScript::new(format!("{PRELUDE}\n{body}"))
 }
 
 impl Scripts {
@@ -60,26 +65,28 @@ impl Scripts {
     }
 }
 
-/// The queue of one scheduling domain on one Redis (or Redis Cluster slot).
+/// The queue of one scheduling domain, on Redis (one server or a Cluster slot) or in
+/// the embedded file.
 #[derive(Clone)]
-pub struct RedisQueue {
-    conn: ConnectionManager,
+pub struct Queue {
+    backend: Backend,
     prefix: String,
     meta: String,
-    scripts: std::sync::Arc<Scripts>,
+    scripts: Arc<Scripts>,
     config: QueueConfig,
 }
 
-impl std::fmt::Debug for RedisQueue {
+impl std::fmt::Debug for Queue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisQueue")
+        let backend = match &self.backend {
+            Backend::Redis(_) => "redis".to_string(),
+            Backend::Embedded(store) => store.path().display().to_string(),
+        };
+        f.debug_struct("Queue")
+            .field("backend", &backend)
             .field("prefix", &self.prefix)
             .finish_non_exhaustive()
     }
-}
-
-fn unavailable(e: redis::RedisError) -> QueueError {
-    QueueError::Unavailable(e.to_string())
 }
 
 fn int(v: Option<&Value>) -> Result<i64> {
@@ -145,16 +152,22 @@ fn enqueued(job: &NewJob, status: Option<&Value>, id: Option<&Value>) -> Result<
     }
 }
 
-impl RedisQueue {
+/// Refuses domain names that would break the key layout or the hash tag.
+fn check_domain(domain: &str) -> Result<()> {
+    if domain.is_empty() || domain.contains(['{', '}', ':', '*', '?', '[', ']', '\\']) {
+        return Err(QueueError::Invalid {
+            field: "domain",
+            message: "must be non-empty without '{', '}', ':' or glob characters".into(),
+        });
+    }
+    Ok(())
+}
+
+impl Queue {
     /// Connects to `url` (`redis://host:port/db`) for scheduling domain `domain` and
     /// stores `config`'s server-side settings (aging, retention) in the domain.
     pub async fn connect(url: &str, domain: &str, config: QueueConfig) -> Result<Self> {
-        if domain.is_empty() || domain.contains(['{', '}', ':']) {
-            return Err(QueueError::Invalid {
-                field: "domain",
-                message: "must be non-empty without '{', '}' or ':'".into(),
-            });
-        }
+        check_domain(domain)?;
         let client = redis::Client::open(url).map_err(|e| QueueError::Invalid {
             field: "redis_url",
             message: e.to_string(),
@@ -165,16 +178,43 @@ impl RedisQueue {
         let conn = ConnectionManager::new_with_config(client, manager_config)
             .await
             .map_err(unavailable)?;
+        Self::with_backend(Backend::Redis(conn), domain, config).await
+    }
+
+    /// Opens (or creates) the embedded queue file at `path` for scheduling domain
+    /// `domain`: no server, every acknowledged change synced to the file, and a restart
+    /// replays it. Only one process may have the file open.
+    pub async fn open_embedded(
+        path: &std::path::Path,
+        domain: &str,
+        config: QueueConfig,
+    ) -> Result<Self> {
+        check_domain(domain)?;
+        let path = path.to_path_buf();
+        let store = tokio::task::spawn_blocking(move || Store::open(&path))
+            .await
+            .map_err(|e| QueueError::Unavailable(format!("embedded store task: {e}")))?
+            .map_err(|e| QueueError::Unavailable(e.to_string()))?;
+        Self::with_backend(Backend::Embedded(Arc::new(store)), domain, config).await
+    }
+
+    async fn with_backend(backend: Backend, domain: &str, config: QueueConfig) -> Result<Self> {
         let prefix = format!("tq:{{{domain}}}:");
         let queue = Self {
-            conn,
+            backend,
             meta: format!("{prefix}meta"),
             prefix,
-            scripts: std::sync::Arc::new(Scripts::load()),
+            scripts: Arc::new(Scripts::load()),
             config,
         };
         queue.store_settings().await?;
         Ok(queue)
+    }
+
+    /// Another scheduling domain on the same backend (same server or same file).
+    pub async fn domain_queue(&self, domain: &str, config: QueueConfig) -> Result<Self> {
+        check_domain(domain)?;
+        Self::with_backend(self.backend.clone(), domain, config).await
     }
 
     /// The key prefix of this domain (`tq:{domain}:`).
@@ -184,9 +224,8 @@ impl RedisQueue {
 
     async fn store_settings(&self) -> Result<()> {
         let c = &self.config;
-        let mut conn = self.conn.clone();
-        redis::cmd("HSET")
-            .arg(&self.meta)
+        let mut cmd = redis::cmd("HSET");
+        cmd.arg(&self.meta)
             .arg("aging_horizon_ms")
             .arg(c.aging_horizon_ms)
             .arg("retention_ms")
@@ -194,33 +233,25 @@ impl RedisQueue {
             .arg("retention_count")
             .arg(c.retention_count)
             .arg("max_events_per_job")
-            .arg(c.max_events_per_job)
-            .query_async::<()>(&mut conn)
-            .await
-            .map_err(unavailable)
+            .arg(c.max_events_per_job);
+        self.backend.query(&cmd).await
     }
 
     /// Runs `script` with the domain's meta key, its prefix and `args` (a status table).
-    async fn call(&self, script: &Script, args: &[String]) -> Result<Vec<Value>> {
+    async fn call(&self, script: &LuaScript, args: &[String]) -> Result<Vec<Value>> {
         self.call_as(script, args).await
     }
 
     /// [`Self::call`] for scripts that answer something other than a status table.
     async fn call_as<T: redis::FromRedisValue>(
         &self,
-        script: &Script,
+        script: &LuaScript,
         args: &[String],
     ) -> Result<T> {
-        let mut invocation = script.key(&self.meta);
-        invocation.arg(&self.prefix);
-        for a in args {
-            invocation.arg(a);
-        }
-        let mut conn = self.conn.clone();
-        invocation
-            .invoke_async::<T>(&mut conn)
-            .await
-            .map_err(unavailable)
+        let mut all: Vec<&str> = Vec::with_capacity(args.len() + 1);
+        all.push(&self.prefix);
+        all.extend(args.iter().map(String::as_str));
+        self.backend.invoke(script, &self.meta, &all).await
     }
 
     /// Maps a script's failure status to an error.
@@ -239,7 +270,7 @@ impl RedisQueue {
 
     async fn token_call(
         &self,
-        script: &Script,
+        script: &LuaScript,
         id: &str,
         token: u64,
         extra: &[String],
@@ -256,43 +287,37 @@ impl RedisQueue {
 
     /// Moves the queue clock forward by `ms` (tests use it to expire leases and age jobs).
     pub async fn advance_clock(&self, ms: u64) -> Result<()> {
-        let mut conn = self.conn.clone();
-        redis::cmd("HINCRBY")
-            .arg(&self.meta)
-            .arg("clock_offset")
-            .arg(ms)
-            .query_async::<()>(&mut conn)
-            .await
-            .map_err(unavailable)
+        let mut cmd = redis::cmd("HINCRBY");
+        cmd.arg(&self.meta).arg("clock_offset").arg(ms);
+        self.backend.query(&cmd).await
+    }
+
+    /// Every key of this domain, sorted (tests check what operations leave behind).
+    pub async fn keys(&self) -> Result<Vec<String>> {
+        let mut cmd = redis::cmd("KEYS");
+        cmd.arg(format!("{}*", self.prefix));
+        let mut keys: Vec<String> = self.backend.query(&cmd).await?;
+        keys.sort();
+        Ok(keys)
     }
 
     /// Deletes every key of this domain (tests; never in production).
     pub async fn destroy(&self) -> Result<()> {
-        let mut conn = self.conn.clone();
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg(format!("tq:{{{}}}:*", self.domain()))
-            .query_async(&mut conn)
-            .await
-            .map_err(unavailable)?;
+        let keys = self.keys().await?;
         for chunk in keys.chunks(500) {
-            redis::cmd("DEL")
-                .arg(chunk)
-                .query_async::<()>(&mut conn)
-                .await
-                .map_err(unavailable)?;
+            let mut cmd = redis::cmd("DEL");
+            cmd.arg(chunk);
+            self.backend.query::<()>(&cmd).await?;
         }
         Ok(())
     }
 
-    fn domain(&self) -> &str {
-        self.prefix
-            .trim_start_matches("tq:{")
-            .trim_end_matches("}:")
-    }
-
-    /// The raw connection, for tests that inspect the keys directly.
-    pub fn connection(&self) -> ConnectionManager {
-        self.conn.clone()
+    /// The Redis connection (the benchmark reads server statistics); None when embedded.
+    pub fn redis_connection(&self) -> Option<ConnectionManager> {
+        match &self.backend {
+            Backend::Redis(conn) => Some(conn.clone()),
+            Backend::Embedded(_) => None,
+        }
     }
 }
 
@@ -366,7 +391,7 @@ pub trait JobQueue: Send + Sync {
 }
 
 #[async_trait]
-impl JobQueue for RedisQueue {
+impl JobQueue for Queue {
     async fn enqueue(&self, job: &NewJob) -> Result<Enqueued> {
         validate(job)?;
         let mut args = vec![self.config.idempotency_ttl_ms.to_string()];
@@ -571,16 +596,13 @@ impl JobQueue for RedisQueue {
     }
 
     async fn get(&self, id: &str) -> Result<Option<JobRecord>> {
-        let mut conn = self.conn.clone();
+        let mut pipe = redis::pipe();
+        pipe.cmd("HGETALL")
+            .arg(format!("{}job:{id}", self.prefix))
+            .cmd("GET")
+            .arg(format!("{}payload:{id}", self.prefix));
         let (fields, payload): (std::collections::HashMap<String, String>, Option<String>) =
-            redis::pipe()
-                .cmd("HGETALL")
-                .arg(format!("{}job:{id}", self.prefix))
-                .cmd("GET")
-                .arg(format!("{}payload:{id}", self.prefix))
-                .query_async(&mut conn)
-                .await
-                .map_err(unavailable)?;
+            self.backend.pipeline(&pipe).await?;
         if fields.is_empty() {
             return Ok(None);
         }
@@ -632,14 +654,11 @@ impl JobQueue for RedisQueue {
         limit: usize,
         newest_first: bool,
     ) -> Result<Vec<JobEvent>> {
-        let mut conn = self.conn.clone();
-        let raw: Vec<String> = redis::cmd("LRANGE")
-            .arg(format!("{}events:{id}", self.prefix))
+        let mut cmd = redis::cmd("LRANGE");
+        cmd.arg(format!("{}events:{id}", self.prefix))
             .arg(0)
-            .arg(-1)
-            .query_async(&mut conn)
-            .await
-            .map_err(unavailable)?;
+            .arg(-1);
+        let raw: Vec<String> = self.backend.query(&cmd).await?;
         let mut events = raw
             .iter()
             .map(|line| {
@@ -676,30 +695,24 @@ impl JobQueue for RedisQueue {
                 message: "names are non-empty without ','".into(),
             });
         }
-        let mut conn = self.conn.clone();
-        redis::pipe()
-            .atomic()
+        let mut pipe = redis::pipe();
+        pipe.atomic()
             .cmd("HSET")
             .arg(format!("{}pool:{pool}", self.prefix))
             .arg("capacity")
             .arg(capacity)
             .cmd("SADD")
             .arg(format!("{}pools", self.prefix))
-            .arg(pool)
-            .query_async::<()>(&mut conn)
-            .await
-            .map_err(unavailable)
+            .arg(pool);
+        self.backend.pipeline(&pipe).await
     }
 
     async fn pool_usage(&self, pool: &str) -> Result<PoolUsage> {
-        let mut conn = self.conn.clone();
-        let (capacity, used): (Option<u32>, Option<i64>) = redis::cmd("HMGET")
-            .arg(format!("{}pool:{pool}", self.prefix))
+        let mut cmd = redis::cmd("HMGET");
+        cmd.arg(format!("{}pool:{pool}", self.prefix))
             .arg("capacity")
-            .arg("used")
-            .query_async(&mut conn)
-            .await
-            .map_err(unavailable)?;
+            .arg("used");
+        let (capacity, used): (Option<u32>, Option<i64>) = self.backend.query(&cmd).await?;
         let capacity = capacity.ok_or_else(|| QueueError::UnknownPool(pool.to_string()))?;
         Ok(PoolUsage {
             capacity,
@@ -717,7 +730,6 @@ impl JobQueue for RedisQueue {
             });
         }
         let key = format!("{}tenant:{tenant}", self.prefix);
-        let mut conn = self.conn.clone();
         let mut pipe = redis::pipe();
         pipe.atomic()
             .cmd("HSET")
@@ -733,24 +745,21 @@ impl JobQueue for RedisQueue {
                 None => pipe.cmd("HDEL").arg(&key).arg(field),
             };
         }
-        pipe.query_async::<()>(&mut conn).await.map_err(unavailable)
+        self.backend.pipeline(&pipe).await
     }
 
     async fn inspect(&self) -> Result<Inspection> {
-        let mut conn = self.conn.clone();
         let p = &self.prefix;
         let mut ids = Vec::new();
         let mut cursor: u64 = 0;
         loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
+            let mut scan = redis::cmd("SCAN");
+            scan.arg(cursor)
                 .arg("MATCH")
                 .arg(format!("{p}job:*"))
                 .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
-                .await
-                .map_err(unavailable)?;
+                .arg(1000);
+            let (next, keys): (u64, Vec<String>) = self.backend.query(&scan).await?;
             ids.extend(keys.iter().map(|k| k[p.len() + 4..].to_string()));
             if next == 0 {
                 break;
@@ -758,7 +767,7 @@ impl JobQueue for RedisQueue {
             cursor = next;
         }
         let members = |key: String| {
-            let mut conn = self.conn.clone();
+            let backend = self.backend.clone();
             async move {
                 let kind = if key.ends_with("cancelling") {
                     "SMEMBERS"
@@ -770,10 +779,10 @@ impl JobQueue for RedisQueue {
                 if kind == "ZRANGE" {
                     cmd.arg(0).arg(-1);
                 }
-                cmd.query_async::<Vec<String>>(&mut conn)
+                backend
+                    .query::<Vec<String>>(&cmd)
                     .await
                     .map(|v| v.into_iter().collect::<std::collections::HashSet<_>>())
-                    .map_err(unavailable)
             }
         };
         let mut indexes = Vec::new();
@@ -809,11 +818,9 @@ impl JobQueue for RedisQueue {
             }
             out.jobs.push((record, member_of));
         }
-        let pools: Vec<String> = redis::cmd("SMEMBERS")
-            .arg(format!("{p}pools"))
-            .query_async(&mut conn)
-            .await
-            .map_err(unavailable)?;
+        let mut cmd = redis::cmd("SMEMBERS");
+        cmd.arg(format!("{p}pools"));
+        let pools: Vec<String> = self.backend.query(&cmd).await?;
         for pool in pools {
             let usage = self.pool_usage(&pool).await?;
             out.pools.push((pool, usage));

@@ -1,6 +1,7 @@
-//! Claimers in separate OS processes, against a real redis-server: several processes
-//! racing never lease one job twice, and a claimer SIGKILLed between claim and start
-//! leaves a job that comes back exactly once (lease expiry → suspect → requeue).
+//! Faults around a real redis-server: claimers in separate OS processes racing never
+//! lease one job twice; a claimer SIGKILLed between claim and start leaves a job that
+//! comes back exactly once (lease expiry → suspect → requeue); and redis-server itself
+//! SIGKILLed under `appendfsync always` loses no acknowledged job.
 //!
 //! The child processes are this test binary itself, re-run with `--exact` on the
 //! ignored `child_claimer` test and told what to do through environment variables.
@@ -10,8 +11,8 @@
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use tuneq_queue::redis::{JobQueue, RedisQueue};
 use tuneq_queue::*;
+use tuneq_queue::{JobQueue, Queue};
 
 fn job(i: usize) -> NewJob {
     NewJob {
@@ -60,7 +61,7 @@ async fn child_claimer() {
     ) else {
         return;
     };
-    let q = RedisQueue::connect(&url, &domain, QueueConfig::default())
+    let q = Queue::connect(&url, &domain, QueueConfig::default())
         .await
         .unwrap();
     let me = format!("pid-{}", std::process::id());
@@ -93,9 +94,9 @@ trait AnyWaiting {
     async fn position_any(&self) -> bool;
 }
 
-impl AnyWaiting for RedisQueue {
+impl AnyWaiting for Queue {
     async fn position_any(&self) -> bool {
-        let mut conn = self.connection();
+        let mut conn = self.redis_connection().unwrap();
         let n: u64 = ::redis::cmd("ZCARD")
             .arg(format!("{}tenants", self.prefix()))
             .query_async(&mut conn)
@@ -123,7 +124,7 @@ fn claimed_lines(child: &mut Child) -> Vec<(String, u64)> {
 async fn claimers_in_separate_processes_never_double_lease() {
     let url = testing::shared();
     let domain = testing::unique_domain("procs");
-    let q = RedisQueue::connect(url, &domain, QueueConfig::default())
+    let q = Queue::connect(url, &domain, QueueConfig::default())
         .await
         .unwrap();
     q.set_pool("gpu", 3).await.unwrap();
@@ -147,7 +148,7 @@ async fn claimers_in_separate_processes_never_double_lease() {
 async fn a_claimer_killed_between_claim_and_start_gives_the_job_back_exactly_once() {
     let url = testing::shared();
     let domain = testing::unique_domain("killed");
-    let q = RedisQueue::connect(url, &domain, QueueConfig::default())
+    let q = Queue::connect(url, &domain, QueueConfig::default())
         .await
         .unwrap();
     q.set_pool("gpu", 1).await.unwrap();
@@ -202,3 +203,36 @@ async fn a_claimer_killed_between_claim_and_start_gives_the_job_back_exactly_onc
 }
 
 use tuneq_queue::testing;
+
+#[tokio::test]
+async fn a_sigkilled_redis_with_aof_always_loses_no_acknowledged_job() {
+    let dir = testing::scratch_dir();
+    let mut server = testing::RedisServer::start(&dir, true);
+    let q = Queue::connect(&server.url, "aof", QueueConfig::default())
+        .await
+        .unwrap();
+    let mut acknowledged = vec![];
+    for i in 0..300 {
+        acknowledged.push(q.enqueue(&job(i)).await.unwrap().id);
+    }
+    q.set_pool("gpu", 1).await.unwrap();
+    let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
+    server.kill();
+    server.restart();
+    let q = Queue::connect(&server.url, "aof", QueueConfig::default())
+        .await
+        .unwrap();
+    for id in &acknowledged {
+        assert!(
+            q.get(id).await.unwrap().is_some(),
+            "acknowledged job {id} lost"
+        );
+    }
+    let record = q.get(&lease.id).await.unwrap().unwrap();
+    assert_eq!(record.state, JobState::Leased);
+    assert_eq!(record.epoch, lease.token, "the fence survived the restart");
+    let next = q.claim("gpu", "d", "").await.unwrap();
+    assert!(next.is_none(), "capacity accounting survived the restart");
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,136 @@
+//! Where the queue's keys live: a Redis server (or Cluster slot), or the embedded
+//! single-file store. Both take the same commands and scripts and answer with the same
+//! reply shapes, so [`crate::Queue`] is written once.
+
+use crate::embedded::{Store, StoreError};
+use crate::{QueueError, Result};
+use redis::aio::ConnectionManager;
+use redis::{Cmd, FromRedisValue, Pipeline, Value};
+use std::sync::Arc;
+
+/// One of the queue's Lua scripts: its source (for the embedded engine) and the
+/// `redis::Script` that sends it with EVALSHA (reloading it on NOSCRIPT).
+pub(crate) struct LuaScript {
+    source: Arc<str>,
+    script: redis::Script,
+}
+
+impl LuaScript {
+    pub(crate) fn new(source: String) -> Self {
+        let script = redis::Script::new(&source);
+        Self {
+            source: source.into(),
+            script,
+        }
+    }
+}
+
+/// The connection to wherever the keys live.
+#[derive(Clone)]
+pub(crate) enum Backend {
+    Redis(ConnectionManager),
+    Embedded(Arc<Store>),
+}
+
+pub(crate) fn unavailable(e: redis::RedisError) -> QueueError {
+    QueueError::Unavailable(e.to_string())
+}
+
+fn store_error(e: StoreError) -> QueueError {
+    match e {
+        StoreError::Command(message) => QueueError::Protocol(message),
+        other => QueueError::Unavailable(other.to_string()),
+    }
+}
+
+fn parse<T: FromRedisValue>(value: Value) -> Result<T> {
+    T::from_redis_value(value).map_err(|e| QueueError::Protocol(e.to_string()))
+}
+
+fn command_args(cmd: &Cmd) -> Result<Vec<Vec<u8>>> {
+    cmd.args_iter()
+        .map(|a| match a {
+            redis::Arg::Simple(bytes) => Ok(bytes.to_vec()),
+            _ => Err(QueueError::Protocol(
+                "cursor arguments are not supported by the embedded store".into(),
+            )),
+        })
+        .collect()
+}
+
+impl Backend {
+    /// Runs `work` on the embedded store off the async threads (it syncs a file).
+    async fn on_store<T: Send + 'static>(
+        store: &Arc<Store>,
+        work: impl FnOnce(&Store) -> std::result::Result<T, StoreError> + Send + 'static,
+    ) -> Result<T> {
+        let store = Arc::clone(store);
+        tokio::task::spawn_blocking(move || work(&store))
+            .await
+            .map_err(|e| QueueError::Unavailable(format!("embedded store task: {e}")))?
+            .map_err(store_error)
+    }
+
+    /// Sends one command.
+    pub(crate) async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T> {
+        match self {
+            Backend::Redis(conn) => cmd
+                .query_async(&mut conn.clone())
+                .await
+                .map_err(unavailable),
+            Backend::Embedded(store) => {
+                let command = command_args(cmd)?;
+                let mut replies = Self::on_store(store, move |s| s.execute(&[command])).await?;
+                parse(replies.pop().unwrap_or(Value::Nil))
+            }
+        }
+    }
+
+    /// Sends a pipeline; an atomic one runs as one unit on both backends.
+    pub(crate) async fn pipeline<T: FromRedisValue>(&self, pipe: &Pipeline) -> Result<T> {
+        match self {
+            Backend::Redis(conn) => pipe
+                .query_async(&mut conn.clone())
+                .await
+                .map_err(unavailable),
+            Backend::Embedded(store) => {
+                let commands = pipe
+                    .cmd_iter()
+                    .map(command_args)
+                    .collect::<Result<Vec<_>>>()?;
+                let replies = Self::on_store(store, move |s| s.execute(&commands)).await?;
+                parse(Value::Array(replies))
+            }
+        }
+    }
+
+    /// Runs `script` with one key and `args`.
+    pub(crate) async fn invoke<T: FromRedisValue>(
+        &self,
+        script: &LuaScript,
+        key: &str,
+        args: &[&str],
+    ) -> Result<T> {
+        match self {
+            Backend::Redis(conn) => {
+                let mut invocation = script.script.key(key);
+                for a in args {
+                    invocation.arg(*a);
+                }
+                invocation
+                    .invoke_async(&mut conn.clone())
+                    .await
+                    .map_err(unavailable)
+            }
+            Backend::Embedded(store) => {
+                let sha = script.script.get_hash().to_string();
+                let source = Arc::clone(&script.source);
+                let keys = vec![key.as_bytes().to_vec()];
+                let args: Vec<Vec<u8>> = args.iter().map(|a| a.as_bytes().to_vec()).collect();
+                let reply =
+                    Self::on_store(store, move |s| s.eval(&sha, &source, &keys, &args)).await?;
+                parse(reply)
+            }
+        }
+    }
+}

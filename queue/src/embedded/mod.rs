@@ -1,0 +1,541 @@
+//! The embedded backend: the queue in one durable file, for `tuneq up` and tests, with
+//! no server to run.
+//!
+//! It runs the *same* Lua scripts as Redis, in an embedded Lua 5.1 (the version Redis
+//! embeds) against an in-memory keyspace ([`db`]) that answers the commands the
+//! scripts use with Redis's reply shapes. The transition logic therefore exists once,
+//! and one conformance suite checks both backends.
+//!
+//! Durability is by an append-only log of *effects* ([`log`]): every operation's
+//! changes are written as one record and synced before the operation is acknowledged;
+//! opening the file replays them. Operations run one at a time, as on Redis.
+
+mod db;
+mod log;
+
+pub use db::Db;
+pub use log::LogError;
+
+use db::{Command, CommandError, format_score};
+use log::Log;
+use mlua::{Function, Lua, LuaOptions, StdLib, Table, Variadic};
+use redis::Value;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// Why an embedded operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The file could not be opened, read or written.
+    #[error(transparent)]
+    Log(#[from] LogError),
+    /// A command or script was refused (its error reply).
+    #[error("{0}")]
+    Command(String),
+    /// An earlier write to the file failed, so memory is ahead of the disk; the store
+    /// refuses everything until it is reopened (which replays what the disk holds).
+    #[error("queue file {path} failed earlier and must be reopened: {cause}")]
+    Broken {
+        /// The file.
+        path: PathBuf,
+        /// The first failure.
+        cause: String,
+    },
+    /// The Lua engine failed to start.
+    #[error("embedded Lua: {0}")]
+    Lua(String),
+}
+
+impl From<CommandError> for StoreError {
+    fn from(e: CommandError) -> Self {
+        StoreError::Command(e.0)
+    }
+}
+
+fn lua_error(e: mlua::Error) -> StoreError {
+    StoreError::Lua(e.to_string())
+}
+
+/// The keyspace, the Lua engine that scripts it, and the file that keeps it.
+pub struct Store {
+    path: PathBuf,
+    inner: Mutex<Inner>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    /// Owns the keyspace (as app data), so `redis.call` inside a script reaches it.
+    lua: Lua,
+    /// Compiled scripts by their SHA-1 (the name EVALSHA uses).
+    compiled: HashMap<String, Function>,
+    log: Log,
+    broken: Option<String>,
+}
+
+impl Store {
+    /// Opens (or creates) the store at `path`, replaying what it holds. A record torn
+    /// by a crash mid-write (never acknowledged) is dropped.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let opened = Log::open(path)?;
+        if opened.truncated_bytes > 0 {
+            tracing::warn!(
+                path = %path.display(),
+                bytes = opened.truncated_bytes,
+                "dropped the torn last record of the queue file (a crash mid-write; it was never acknowledged)"
+            );
+        }
+        let mut keyspace = Db::default();
+        for (n, batch) in opened.batches.iter().enumerate() {
+            for command in batch {
+                keyspace.execute(command).map_err(|e| {
+                    StoreError::Command(format!(
+                        "queue file {} record {n} does not replay: {e}",
+                        path.display()
+                    ))
+                })?;
+            }
+        }
+        keyspace.clear_changes();
+        let lua = scripting_engine().map_err(lua_error)?;
+        lua.set_app_data(keyspace);
+        tracing::debug!(path = %path.display(), records = opened.batches.len(), "queue file opened");
+        Ok(Self {
+            path: path.to_path_buf(),
+            inner: Mutex::new(Inner {
+                lua,
+                compiled: HashMap::new(),
+                log: opened.log,
+                broken: None,
+            }),
+        })
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Inner>, StoreError> {
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        match &inner.broken {
+            Some(cause) => Err(StoreError::Broken {
+                path: self.path.clone(),
+                cause: cause.clone(),
+            }),
+            None => Ok(inner),
+        }
+    }
+
+    /// Runs `commands` as one atomic unit (like MULTI/EXEC) and returns their replies.
+    /// The first refused command ends the unit with its error; what ran before it is
+    /// kept, as on Redis.
+    pub fn execute(&self, commands: &[Command]) -> Result<Vec<Value>, StoreError> {
+        let mut inner = self.lock()?;
+        let outcome = {
+            let mut keyspace = keyspace(&inner.lua)?;
+            commands
+                .iter()
+                .map(|c| keyspace.execute(c))
+                .collect::<Result<Vec<_>, CommandError>>()
+        };
+        inner.commit()?;
+        Ok(outcome?)
+    }
+
+    /// Runs a script (`source`, known by its SHA-1 `sha`) with `keys` and `args`, as
+    /// EVALSHA would, and returns its reply.
+    pub fn eval(
+        &self,
+        sha: &str,
+        source: &str,
+        keys: &[Vec<u8>],
+        args: &[Vec<u8>],
+    ) -> Result<Value, StoreError> {
+        let mut inner = self.lock()?;
+        let outcome = inner.run_script(sha, source, keys, args);
+        inner.commit()?;
+        outcome
+    }
+}
+
+/// The keyspace, borrowed from the engine.
+fn keyspace(lua: &Lua) -> Result<mlua::AppDataRefMut<'_, Db>, StoreError> {
+    lua.app_data_mut::<Db>()
+        .ok_or_else(|| StoreError::Lua("the keyspace is missing".into()))
+}
+
+impl Inner {
+    fn run_script(
+        &mut self,
+        sha: &str,
+        source: &str,
+        keys: &[Vec<u8>],
+        args: &[Vec<u8>],
+    ) -> Result<Value, StoreError> {
+        let function = match self.compiled.get(sha) {
+            Some(f) => f.clone(),
+            None => {
+                let f = self
+                    .lua
+                    .load(source)
+                    .set_name(format!("@user_script:{sha}"))
+                    .into_function()
+                    .map_err(|e| StoreError::Command(format!("ERR compiling script: {e}")))?;
+                self.compiled.insert(sha.to_string(), f.clone());
+                f
+            }
+        };
+        let lua = &self.lua;
+        let strings = |items: &[Vec<u8>]| -> mlua::Result<Table> {
+            lua.create_sequence_from(
+                items
+                    .iter()
+                    .map(|i| lua.create_string(i))
+                    .collect::<mlua::Result<Vec<_>>>()?,
+            )
+        };
+        let globals = lua.globals();
+        globals
+            .set("KEYS", strings(keys).map_err(lua_error)?)
+            .map_err(lua_error)?;
+        globals
+            .set("ARGV", strings(args).map_err(lua_error)?)
+            .map_err(lua_error)?;
+        let returned: mlua::Value = function
+            .call(())
+            .map_err(|e| StoreError::Command(format!("ERR script failed: {e}")))?;
+        script_reply(&returned)
+    }
+
+    /// Writes what the last operation changed as one synced record; compacts the file
+    /// when it has grown enough. A failed write breaks the store (see
+    /// [`StoreError::Broken`]).
+    fn commit(&mut self) -> Result<(), StoreError> {
+        let changes = keyspace(&self.lua)?.take_changes();
+        if changes.is_empty() {
+            return Ok(());
+        }
+        if let Err(e) = self.log.append(&changes) {
+            self.broken = Some(e.to_string());
+            return Err(e.into());
+        }
+        if self.log.wants_compaction() {
+            let snapshot = keyspace(&self.lua)?.dump();
+            if let Err(e) = self.log.compact(&snapshot) {
+                self.broken = Some(e.to_string());
+                return Err(e.into());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A Lua 5.1 with the libraries Redis gives scripts (base, table, string, math), the
+/// `redis` table (call, pcall, error_reply, status_reply) and `cjson`.
+fn scripting_engine() -> mlua::Result<Lua> {
+    let lua = Lua::new_with(
+        StdLib::TABLE | StdLib::STRING | StdLib::MATH,
+        LuaOptions::default(),
+    )?;
+    let redis = lua.create_table()?;
+    redis.set(
+        "call",
+        lua.create_function(|lua, args: Variadic<mlua::Value>| redis_call(lua, &args, true))?,
+    )?;
+    redis.set(
+        "pcall",
+        lua.create_function(|lua, args: Variadic<mlua::Value>| redis_call(lua, &args, false))?,
+    )?;
+    redis.set(
+        "error_reply",
+        lua.create_function(|lua, message: mlua::LuaString| reply_table(lua, "err", message))?,
+    )?;
+    redis.set(
+        "status_reply",
+        lua.create_function(|lua, status: mlua::LuaString| reply_table(lua, "ok", status))?,
+    )?;
+    lua.globals().set("redis", redis)?;
+    let cjson = lua.create_table()?;
+    cjson.set(
+        "encode",
+        lua.create_function(|_, value: mlua::Value| {
+            serde_json::to_string(&to_json(&value, 0)?).map_err(mlua::Error::external)
+        })?,
+    )?;
+    cjson.set(
+        "decode",
+        lua.create_function(|lua, text: mlua::LuaString| {
+            let parsed: serde_json::Value =
+                serde_json::from_slice(&text.as_bytes()).map_err(mlua::Error::external)?;
+            from_json(lua, &parsed)
+        })?,
+    )?;
+    lua.globals().set("cjson", cjson)?;
+    Ok(lua)
+}
+
+fn reply_table(lua: &Lua, field: &str, text: mlua::LuaString) -> mlua::Result<Table> {
+    let t = lua.create_table()?;
+    t.set(field, text)?;
+    Ok(t)
+}
+
+/// Formats a Lua number as Redis does when a script passes one to a command: integral
+/// values as plain digits, others in their shortest exact form.
+fn number_arg(n: f64) -> String {
+    if n.fract() == 0.0 && n.abs() < 1e17 {
+        format!("{}", n as i64)
+    } else {
+        format_score(n)
+    }
+}
+
+/// `redis.call` (errors raise) and `redis.pcall` (errors come back as `{err=…}`).
+fn redis_call(lua: &Lua, args: &[mlua::Value], raise: bool) -> mlua::Result<mlua::Value> {
+    let command = args
+        .iter()
+        .map(|a| match a {
+            mlua::Value::String(s) => Ok(s.as_bytes().to_vec()),
+            mlua::Value::Integer(i) => Ok(i.to_string().into_bytes()),
+            mlua::Value::Number(n) => Ok(number_arg(*n).into_bytes()),
+            _ => Err(mlua::Error::runtime(
+                "Lua redis lib command arguments must be strings or integers",
+            )),
+        })
+        .collect::<mlua::Result<Command>>()?;
+    let outcome = {
+        let mut keyspace = lua
+            .app_data_mut::<Db>()
+            .ok_or_else(|| mlua::Error::runtime("the keyspace is missing"))?;
+        keyspace.execute(&command)
+    };
+    match outcome {
+        Ok(reply) => to_lua(lua, &reply),
+        Err(e) if raise => Err(mlua::Error::runtime(e.0)),
+        Err(e) => reply_table(lua, "err", lua.create_string(&e.0)?).map(mlua::Value::Table),
+    }
+}
+
+/// A command's reply as Redis hands it to a script.
+fn to_lua(lua: &Lua, reply: &Value) -> mlua::Result<mlua::Value> {
+    Ok(match reply {
+        Value::Nil => mlua::Value::Boolean(false),
+        Value::Int(i) => mlua::Value::Number(*i as f64),
+        Value::BulkString(b) => mlua::Value::String(lua.create_string(b)?),
+        Value::Okay => mlua::Value::Table(reply_table(lua, "ok", lua.create_string("OK")?)?),
+        Value::SimpleString(s) => {
+            mlua::Value::Table(reply_table(lua, "ok", lua.create_string(s)?)?)
+        }
+        Value::Array(items) => {
+            let t = lua.create_table()?;
+            for (i, item) in items.iter().enumerate() {
+                t.raw_set(i + 1, to_lua(lua, item)?)?;
+            }
+            mlua::Value::Table(t)
+        }
+        other => return Err(mlua::Error::runtime(format!("unexpected reply {other:?}"))),
+    })
+}
+
+/// A script's return value as the reply Redis would send.
+fn script_reply(value: &mlua::Value) -> Result<Value, StoreError> {
+    Ok(match value {
+        mlua::Value::Nil | mlua::Value::Boolean(false) => Value::Nil,
+        mlua::Value::Boolean(true) => Value::Int(1),
+        mlua::Value::Integer(i) => Value::Int(*i),
+        mlua::Value::Number(n) => Value::Int(*n as i64),
+        mlua::Value::String(s) => Value::BulkString(s.as_bytes().to_vec()),
+        mlua::Value::Table(t) => {
+            if let Ok(mlua::Value::String(e)) = t.raw_get::<mlua::Value>("err") {
+                return Err(StoreError::Command(e.to_string_lossy()));
+            }
+            if let Ok(mlua::Value::String(s)) = t.raw_get::<mlua::Value>("ok") {
+                return Ok(Value::SimpleString(s.to_string_lossy()));
+            }
+            let mut items = Vec::new();
+            for i in 1.. {
+                match t.raw_get::<mlua::Value>(i).map_err(lua_error)? {
+                    mlua::Value::Nil => break,
+                    item => items.push(script_reply(&item)?),
+                }
+            }
+            Value::Array(items)
+        }
+        _ => Value::Nil,
+    })
+}
+
+/// `cjson.encode`'s view of a Lua value: a table with keys 1..n is an array, any other
+/// table an object (an empty one encodes as `{}`, like Redis's cjson).
+fn to_json(value: &mlua::Value, depth: usize) -> mlua::Result<serde_json::Value> {
+    if depth > 100 {
+        return Err(mlua::Error::runtime("cjson: nesting too deep"));
+    }
+    Ok(match value {
+        mlua::Value::Nil => serde_json::Value::Null,
+        mlua::Value::Boolean(b) => serde_json::Value::Bool(*b),
+        mlua::Value::Integer(i) => serde_json::Value::from(*i),
+        mlua::Value::Number(n) if n.fract() == 0.0 && n.abs() < 9.007e15 => {
+            serde_json::Value::from(*n as i64)
+        }
+        mlua::Value::Number(n) => serde_json::Number::from_f64(*n)
+            .map(serde_json::Value::Number)
+            .ok_or_else(|| mlua::Error::runtime("cjson: cannot encode a non-finite number"))?,
+        mlua::Value::String(s) => serde_json::Value::String(s.to_string_lossy()),
+        mlua::Value::Table(t) => {
+            let len = t.raw_len();
+            let pairs = t.clone().pairs::<mlua::Value, mlua::Value>().count();
+            if len > 0 && len == pairs {
+                let items = (1..=len)
+                    .map(|i| to_json(&t.raw_get::<mlua::Value>(i)?, depth + 1))
+                    .collect::<mlua::Result<Vec<_>>>()?;
+                serde_json::Value::Array(items)
+            } else {
+                let mut object = serde_json::Map::new();
+                for pair in t.clone().pairs::<mlua::Value, mlua::Value>() {
+                    let (k, v) = pair?;
+                    let key = match &k {
+                        mlua::Value::String(s) => s.to_string_lossy(),
+                        mlua::Value::Integer(i) => i.to_string(),
+                        mlua::Value::Number(n) => number_arg(*n),
+                        _ => {
+                            return Err(mlua::Error::runtime(
+                                "cjson: table key must be a string or number",
+                            ));
+                        }
+                    };
+                    object.insert(key, to_json(&v, depth + 1)?);
+                }
+                serde_json::Value::Object(object)
+            }
+        }
+        _ => return Err(mlua::Error::runtime("cjson: cannot encode this type")),
+    })
+}
+
+fn from_json(lua: &Lua, value: &serde_json::Value) -> mlua::Result<mlua::Value> {
+    Ok(match value {
+        serde_json::Value::Null => mlua::Value::Nil,
+        serde_json::Value::Bool(b) => mlua::Value::Boolean(*b),
+        serde_json::Value::Number(n) => mlua::Value::Number(n.as_f64().unwrap_or_default()),
+        serde_json::Value::String(s) => mlua::Value::String(lua.create_string(s)?),
+        serde_json::Value::Array(items) => {
+            let t = lua.create_table()?;
+            for (i, item) in items.iter().enumerate() {
+                t.raw_set(i + 1, from_json(lua, item)?)?;
+            }
+            mlua::Value::Table(t)
+        }
+        serde_json::Value::Object(map) => {
+            let t = lua.create_table()?;
+            for (k, v) in map {
+                t.raw_set(k.as_str(), from_json(lua, v)?)?;
+            }
+            mlua::Value::Table(t)
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn bytes(items: &[&str]) -> Vec<Vec<u8>> {
+        items.iter().map(|s| s.as_bytes().to_vec()).collect()
+    }
+
+    fn temp_file(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "tuneq-store-{name}-{}-{}",
+            std::process::id(),
+            db::wall_clock_us()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir.join("queue.db")
+    }
+
+    #[test]
+    fn scripts_see_redis_reply_shapes_and_numbers_pass_as_redis_formats_them() {
+        let store = Store::open(&temp_file("shapes")).unwrap();
+        let script = r#"
+            redis.call('HSET', KEYS[1], 'big', 1764484135000, 'half', 0.5)
+            local missing = redis.call('GET', 'nothing')
+            local ok = redis.call('SET', 'k', 'v')
+            local err = redis.pcall('HGET', 'k', 'f')
+            return {redis.call('HGET', KEYS[1], 'big'), redis.call('HGET', KEYS[1], 'half'),
+                    tostring(missing), ok.ok, err.err ~= nil and 1 or 0, 7.9,
+                    cjson.encode({seq = 3, kind = 'queued'})}
+        "#;
+        let reply = store.eval("s1", script, &bytes(&["h"]), &[]).unwrap();
+        let Value::Array(items) = reply else { panic!() };
+        assert_eq!(items[0], Value::BulkString(b"1764484135000".to_vec()));
+        assert_eq!(items[1], Value::BulkString(b"0.5".to_vec()));
+        assert_eq!(items[2], Value::BulkString(b"false".to_vec()));
+        assert_eq!(items[3], Value::BulkString(b"OK".to_vec()));
+        assert_eq!(items[4], Value::Int(1));
+        assert_eq!(items[5], Value::Int(7), "numbers are truncated to integers");
+        assert_eq!(
+            items[6],
+            Value::BulkString(br#"{"kind":"queued","seq":3}"#.to_vec())
+        );
+    }
+
+    #[test]
+    fn script_errors_are_error_replies_and_keep_earlier_writes_like_redis() {
+        let path = temp_file("errors");
+        let store = Store::open(&path).unwrap();
+        let failing = "redis.call('SET', 'a', '1'); return redis.call('HGET', 'a', 'f')";
+        let e = store.eval("s2", failing, &[], &[]).unwrap_err();
+        assert!(e.to_string().contains("WRONGTYPE"), "{e}");
+        let refusing = "return redis.error_reply('no such job')";
+        let e = store.eval("s3", refusing, &[], &[]).unwrap_err();
+        assert_eq!(e.to_string(), "no such job");
+        drop(store);
+        let reopened = Store::open(&path).unwrap();
+        let got = reopened.execute(&[bytes(&["GET", "a"])]).unwrap();
+        assert_eq!(got, vec![Value::BulkString(b"1".to_vec())]);
+    }
+
+    #[test]
+    fn a_reopened_store_has_every_acknowledged_change_and_compaction_keeps_them() {
+        let path = temp_file("reopen");
+        let store = Store::open(&path).unwrap();
+        for i in 0..50 {
+            let script = "redis.call('INCR', KEYS[1]); redis.call('ZADD', 'z', ARGV[1], ARGV[1])";
+            store
+                .eval("s4", script, &bytes(&["n"]), &bytes(&[&i.to_string()]))
+                .unwrap();
+        }
+        let mut inner = store.lock().unwrap();
+        let snapshot = keyspace(&inner.lua).unwrap().dump();
+        assert!(inner.log.compact(&snapshot).unwrap());
+        drop(inner);
+        store.execute(&[bytes(&["HSET", "h", "f", "v"])]).unwrap();
+        drop(store);
+        let reopened = Store::open(&path).unwrap();
+        let got = reopened
+            .execute(&[
+                bytes(&["GET", "n"]),
+                bytes(&["ZCARD", "z"]),
+                bytes(&["HGET", "h", "f"]),
+            ])
+            .unwrap();
+        assert_eq!(
+            got,
+            vec![
+                Value::BulkString(b"50".to_vec()),
+                Value::Int(50),
+                Value::BulkString(b"v".to_vec())
+            ]
+        );
+    }
+}
