@@ -11,14 +11,21 @@ use std::sync::Arc;
 /// One of the queue's Lua scripts: its source (for the embedded engine) and the
 /// `redis::Script` that sends it with EVALSHA (reloading it on NOSCRIPT).
 pub(crate) struct LuaScript {
+    name: &'static str,
     source: Arc<str>,
     script: redis::Script,
 }
 
 impl LuaScript {
-    pub(crate) fn new(source: String) -> Self {
+    /// The script's name (its file's), for logs.
+    pub(crate) fn name(&self) -> &'static str {
+        self.name
+    }
+
+    pub(crate) fn new(name: &'static str, source: String) -> Self {
         let script = redis::Script::new(&source);
         Self {
+            name,
             source: source.into(),
             script,
         }
@@ -32,8 +39,14 @@ pub(crate) enum Backend {
     Embedded(Arc<Store>),
 }
 
+/// A Redis error as the queue sees it: a lost connection, a timeout or a server that
+/// cannot answer yet is an unknown outcome ([`QueueError::Unavailable`], worth a retry
+/// by whoever can retry safely); anything else is a definite refusal.
 pub(crate) fn unavailable(e: redis::RedisError) -> QueueError {
-    QueueError::Unavailable(e.to_string())
+    match e.retry_method() {
+        redis::RetryMethod::NoRetry => QueueError::Protocol(e.to_string()),
+        _ => QueueError::Unavailable(e.to_string()),
+    }
 }
 
 fn store_error(e: StoreError) -> QueueError {
@@ -102,6 +115,20 @@ impl Backend {
                 parse(Value::Array(replies))
             }
         }
+    }
+
+    /// Loads `scripts` into Redis's script cache, so their first use does not pay a
+    /// NOSCRIPT round trip (nothing to do for the embedded store, which compiles on use).
+    pub(crate) async fn preload(&self, scripts: &[&LuaScript]) -> Result<()> {
+        if let Backend::Redis(conn) = self {
+            for s in scripts {
+                s.script
+                    .load_async(&mut conn.clone())
+                    .await
+                    .map_err(unavailable)?;
+            }
+        }
+        Ok(())
     }
 
     /// Runs `script` with one key and `args`.

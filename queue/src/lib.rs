@@ -21,6 +21,8 @@
 mod backend;
 pub mod bench;
 pub mod embedded;
+#[cfg(feature = "testing")]
+pub mod fault_proxy;
 pub mod model;
 pub mod scripted;
 #[cfg(feature = "testing")]
@@ -113,6 +115,11 @@ pub struct QueueConfig {
     pub retention_count: u64,
     /// Events kept per job (the oldest go first).
     pub max_events_per_job: u32,
+    /// How long to wait for Redis's answer before the outcome counts as unknown (ms).
+    pub response_timeout_ms: u64,
+    /// Retries of a call whose outcome is unknown (a lost reply, a timeout), for the
+    /// calls that are safe to repeat; see [`JobQueue`] for which those are.
+    pub unknown_outcome_retries: u32,
 }
 
 impl Default for QueueConfig {
@@ -130,6 +137,8 @@ impl Default for QueueConfig {
             retention_ms: 7 * 24 * 3600 * 1000,
             retention_count: 100_000,
             max_events_per_job: 200,
+            response_timeout_ms: 10_000,
+            unknown_outcome_retries: 4,
         }
     }
 }

@@ -39,28 +39,54 @@ struct Scripts {
     outbox: LuaScript,
 }
 
-fn script(body: &str) -> LuaScript {
-    LuaScript::new(format!("{PRELUDE}\n{body}"))
+fn script(name: &'static str, body: &str) -> LuaScript {
+    LuaScript::new(name, format!("{PRELUDE}\n{body}"))
 }
 
 impl Scripts {
+    fn all(&self) -> Vec<&LuaScript> {
+        vec![
+            &self.enqueue,
+            &self.enqueue_bulk,
+            &self.claim,
+            &self.start,
+            &self.heartbeat,
+            &self.complete,
+            &self.fail,
+            &self.preempt,
+            &self.cancel,
+            &self.confirm_cancelled,
+            &self.expire_leases,
+            &self.resolve_suspect,
+            &self.position,
+            &self.trim,
+            &self.outbox,
+        ]
+    }
+
     fn load() -> Self {
         Self {
-            enqueue: script(include_str!("../lua/enqueue.lua")),
-            enqueue_bulk: script(include_str!("../lua/enqueue_bulk.lua")),
-            claim: script(include_str!("../lua/claim.lua")),
-            start: script(include_str!("../lua/start.lua")),
-            heartbeat: script(include_str!("../lua/heartbeat.lua")),
-            complete: script(include_str!("../lua/complete.lua")),
-            fail: script(include_str!("../lua/fail.lua")),
-            preempt: script(include_str!("../lua/preempt.lua")),
-            cancel: script(include_str!("../lua/cancel.lua")),
-            confirm_cancelled: script(include_str!("../lua/confirm_cancelled.lua")),
-            expire_leases: script(include_str!("../lua/expire_leases.lua")),
-            resolve_suspect: script(include_str!("../lua/resolve_suspect.lua")),
-            position: script(include_str!("../lua/position.lua")),
-            trim: script(include_str!("../lua/trim.lua")),
-            outbox: script(include_str!("../lua/outbox.lua")),
+            enqueue: script("enqueue", include_str!("../lua/enqueue.lua")),
+            enqueue_bulk: script("enqueue_bulk", include_str!("../lua/enqueue_bulk.lua")),
+            claim: script("claim", include_str!("../lua/claim.lua")),
+            start: script("start", include_str!("../lua/start.lua")),
+            heartbeat: script("heartbeat", include_str!("../lua/heartbeat.lua")),
+            complete: script("complete", include_str!("../lua/complete.lua")),
+            fail: script("fail", include_str!("../lua/fail.lua")),
+            preempt: script("preempt", include_str!("../lua/preempt.lua")),
+            cancel: script("cancel", include_str!("../lua/cancel.lua")),
+            confirm_cancelled: script(
+                "confirm_cancelled",
+                include_str!("../lua/confirm_cancelled.lua"),
+            ),
+            expire_leases: script("expire_leases", include_str!("../lua/expire_leases.lua")),
+            resolve_suspect: script(
+                "resolve_suspect",
+                include_str!("../lua/resolve_suspect.lua"),
+            ),
+            position: script("position", include_str!("../lua/position.lua")),
+            trim: script("trim", include_str!("../lua/trim.lua")),
+            outbox: script("outbox", include_str!("../lua/outbox.lua")),
         }
     }
 }
@@ -152,6 +178,16 @@ fn enqueued(job: &NewJob, status: Option<&Value>, id: Option<&Value>) -> Result<
     }
 }
 
+/// Where a transition leaves its job, so a repeat after a lost reply can recognise
+/// that its own earlier try already made it.
+#[derive(Debug, Clone, Copy)]
+struct Done {
+    /// The states the transition ends in.
+    states: &'static [JobState],
+    /// Whether retention may have deleted the job at once (a finishing transition).
+    or_deleted: bool,
+}
+
 /// Refuses domain names that would break the key layout or the hash tag.
 fn check_domain(domain: &str) -> Result<()> {
     if domain.is_empty() || domain.contains(['{', '}', ':', '*', '?', '[', ']', '\\']) {
@@ -174,7 +210,9 @@ impl Queue {
         })?;
         let manager_config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(std::time::Duration::from_secs(5)))
-            .set_response_timeout(Some(std::time::Duration::from_secs(10)));
+            .set_response_timeout(Some(std::time::Duration::from_millis(
+                config.response_timeout_ms,
+            )));
         let conn = ConnectionManager::new_with_config(client, manager_config)
             .await
             .map_err(unavailable)?;
@@ -208,6 +246,7 @@ impl Queue {
             config,
         };
         queue.store_settings().await?;
+        queue.backend.preload(&queue.scripts.all()).await?;
         Ok(queue)
     }
 
@@ -234,10 +273,11 @@ impl Queue {
             .arg(c.retention_count)
             .arg("max_events_per_job")
             .arg(c.max_events_per_job);
-        self.backend.query(&cmd).await
+        self.query(&cmd).await
     }
 
     /// Runs `script` with the domain's meta key, its prefix and `args` (a status table).
+    /// Repeating it is safe: a lost reply is retried.
     async fn call(&self, script: &LuaScript, args: &[String]) -> Result<Vec<Value>> {
         self.call_as(script, args).await
     }
@@ -248,10 +288,98 @@ impl Queue {
         script: &LuaScript,
         args: &[String],
     ) -> Result<T> {
+        self.run_script(script, args, true).await.0
+    }
+
+    /// Runs `script`; when `repeatable`, a lost reply is retried. Also says whether a
+    /// try whose outcome is unknown came before the answer (so the caller can tell
+    /// "someone else did it" from "my own lost try did it").
+    async fn run_script<T: redis::FromRedisValue>(
+        &self,
+        script: &LuaScript,
+        args: &[String],
+        repeatable: bool,
+    ) -> (Result<T>, bool) {
         let mut all: Vec<&str> = Vec::with_capacity(args.len() + 1);
         all.push(&self.prefix);
         all.extend(args.iter().map(String::as_str));
-        self.backend.invoke(script, &self.meta, &all).await
+        let all = &all;
+        self.retrying(script.name(), repeatable, || {
+            self.backend.invoke(script, &self.meta, all)
+        })
+        .await
+    }
+
+    /// Runs `attempt` again while its outcome is unknown (lost reply, timeout, server
+    /// restarting), up to [`QueueConfig::unknown_outcome_retries`] times with growing,
+    /// jittered pauses, but only when `repeatable`: otherwise the unknown outcome goes
+    /// to the caller. The flag says whether an unknown outcome came before the answer.
+    async fn retrying<T, F, Fut>(
+        &self,
+        operation: &str,
+        repeatable: bool,
+        mut attempt: F,
+    ) -> (Result<T>, bool)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        let mut lost = 0u32;
+        loop {
+            match attempt().await {
+                Err(e)
+                    if repeatable
+                        && e.is_retryable()
+                        && lost < self.config.unknown_outcome_retries =>
+                {
+                    lost += 1;
+                    let pause = (50u64 << lost.min(5)).min(1_000);
+                    let pause = pause + rand::random_range(0..=pause / 2);
+                    tracing::warn!(operation, retry = lost, error = %e, "queue call outcome unknown; retrying");
+                    tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+                }
+                outcome => return (outcome, lost > 0),
+            }
+        }
+    }
+
+    /// A read or an idempotent write, retried while its outcome is unknown.
+    async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T> {
+        self.retrying("query", true, || self.backend.query(cmd))
+            .await
+            .0
+    }
+
+    /// [`Self::query`] for a pipeline.
+    async fn pipeline<T: redis::FromRedisValue>(&self, pipe: &redis::Pipeline) -> Result<T> {
+        self.retrying("pipeline", true, || self.backend.pipeline(pipe))
+            .await
+            .0
+    }
+
+    /// After an unknown outcome was retried, whether `error` only reports what that
+    /// earlier try of the same attempt did: the job is now where `done` says and `token`
+    /// is still its epoch.
+    async fn own_earlier_try(
+        &self,
+        error: &QueueError,
+        id: &str,
+        token: Option<u64>,
+        done: Done,
+    ) -> bool {
+        if !matches!(
+            error,
+            QueueError::WrongState { .. } | QueueError::NotFound(_)
+        ) {
+            return false;
+        }
+        match self.get(id).await {
+            Ok(Some(record)) => {
+                done.states.contains(&record.state) && token.is_none_or(|t| record.epoch == t)
+            }
+            Ok(None) => done.or_deleted,
+            Err(_) => false,
+        }
     }
 
     /// Maps a script's failure status to an error.
@@ -276,12 +404,45 @@ impl Queue {
         extra: &[String],
         operation: &'static str,
     ) -> Result<Vec<Value>> {
+        self.fenced_call(script, id, token, extra, operation)
+            .await
+            .0
+    }
+
+    /// [`Self::token_call`], also saying whether a lost try came before the answer.
+    async fn fenced_call(
+        &self,
+        script: &LuaScript,
+        id: &str,
+        token: u64,
+        extra: &[String],
+        operation: &'static str,
+    ) -> (Result<Vec<Value>>, bool) {
         let mut args = vec![id.to_string(), token.to_string()];
         args.extend_from_slice(extra);
-        let reply = self.call(script, &args).await?;
-        match int(reply.first())? {
+        let (reply, retried) = self.run_script::<Vec<Value>>(script, &args, true).await;
+        let outcome = reply.and_then(|reply| match int(reply.first())? {
             0 => Ok(reply),
             _ => Err(Self::status_error(id, &reply, operation)),
+        });
+        (outcome, retried)
+    }
+
+    /// A fenced transition that moves the job to one of `done`: a repeat after a lost
+    /// reply finds it already there and counts as success.
+    async fn fenced_transition(
+        &self,
+        script: &LuaScript,
+        id: &str,
+        token: u64,
+        extra: &[String],
+        operation: &'static str,
+        done: Done,
+    ) -> Result<()> {
+        match self.fenced_call(script, id, token, extra, operation).await {
+            (Ok(_), _) => Ok(()),
+            (Err(e), true) if self.own_earlier_try(&e, id, Some(token), done).await => Ok(()),
+            (Err(e), _) => Err(e),
         }
     }
 
@@ -289,14 +450,14 @@ impl Queue {
     pub async fn advance_clock(&self, ms: u64) -> Result<()> {
         let mut cmd = redis::cmd("HINCRBY");
         cmd.arg(&self.meta).arg("clock_offset").arg(ms);
-        self.backend.query(&cmd).await
+        self.query(&cmd).await
     }
 
     /// Every key of this domain, sorted (tests check what operations leave behind).
     pub async fn keys(&self) -> Result<Vec<String>> {
         let mut cmd = redis::cmd("KEYS");
         cmd.arg(format!("{}*", self.prefix));
-        let mut keys: Vec<String> = self.backend.query(&cmd).await?;
+        let mut keys: Vec<String> = self.query(&cmd).await?;
         keys.sort();
         Ok(keys)
     }
@@ -307,7 +468,7 @@ impl Queue {
         for chunk in keys.chunks(500) {
             let mut cmd = redis::cmd("DEL");
             cmd.arg(chunk);
-            self.backend.query::<()>(&cmd).await?;
+            self.query::<()>(&cmd).await?;
         }
         Ok(())
     }
@@ -322,14 +483,23 @@ impl Queue {
 }
 
 /// The queue's operations; every backend passes the same conformance suite.
+///
+/// **Unknown outcomes.** When a reply is lost (connection dropped, timeout, server
+/// restarting) the call may or may not have happened. Calls that are safe to repeat are
+/// retried inside the queue ([`QueueConfig::unknown_outcome_retries`]): reads; enqueue
+/// with an idempotency key; claim with a request id; every fenced call (a repeat of
+/// complete, fail, preempt or confirm_cancelled that finds its own earlier try already
+/// done counts as success; start and heartbeat are repeatable as they are); cancel and
+/// the settings. Only enqueue without an idempotency key and claim without a request id
+/// hand [`QueueError::Unavailable`] to the caller, who cannot know whether they happened.
 #[async_trait]
 pub trait JobQueue: Send + Sync {
     /// Accepts a job; with an idempotency key seen before (same tenant), returns that job.
     async fn enqueue(&self, job: &NewJob) -> Result<Enqueued>;
     /// Accepts many jobs in few round trips; each is accepted or refused on its own.
     async fn enqueue_bulk(&self, jobs: &[NewJob]) -> Result<Vec<Result<Enqueued>>>;
-    /// Claims the best job that fits `pool` for `owner`. `request_id` makes a retried
-    /// claim (after a lost reply) return the same lease.
+    /// Claims the best job that fits `pool` for `owner`. `request_id` makes a repeated
+    /// claim (after a lost reply) return the same lease instead of a second one.
     async fn claim(&self, pool: &str, owner: &str, request_id: &str) -> Result<Option<Lease>>;
     /// The attempt was started: leased → running.
     async fn start(&self, id: &str, token: u64) -> Result<()>;
@@ -351,8 +521,11 @@ pub trait JobQueue: Send + Sync {
     async fn cancel(&self, id: &str) -> Result<JobState>;
     /// The cancelled attempt is gone; its capacity is released.
     async fn confirm_cancelled(&self, id: &str) -> Result<()>;
-    /// Marks jobs whose lease ran out as suspect; returns them.
+    /// Marks jobs whose lease ran out as suspect; returns the ones it marked.
     async fn expire_leases(&self, batch: u32) -> Result<Vec<JobId>>;
+    /// Jobs waiting for a verdict (suspect), longest waiting first: what a dispatcher
+    /// settles, including any whose [`Self::expire_leases`] reply was lost.
+    async fn suspects(&self, limit: u32) -> Result<Vec<JobId>>;
     /// Settles a suspect job.
     async fn resolve_suspect(
         &self,
@@ -396,7 +569,12 @@ impl JobQueue for Queue {
         validate(job)?;
         let mut args = vec![self.config.idempotency_ttl_ms.to_string()];
         args.extend(job_args(job));
-        let reply = self.call(&self.scripts.enqueue, &args).await?;
+        // Only a job with an idempotency key can be sent again without risking a twin.
+        let repeatable = job.idempotency_key.is_some();
+        let (reply, _) = self
+            .run_script::<Vec<Value>>(&self.scripts.enqueue, &args, repeatable)
+            .await;
+        let reply = reply?;
         enqueued(job, reply.first(), reply.get(1))
     }
 
@@ -418,10 +596,13 @@ impl JobQueue for Queue {
                     }
                 }
             }
+            let repeatable = valid.iter().all(|&i| batch[i].idempotency_key.is_some());
             let reply = if valid.is_empty() {
                 Vec::new()
             } else {
-                self.call(&self.scripts.enqueue_bulk, &args).await?
+                self.run_script(&self.scripts.enqueue_bulk, &args, repeatable)
+                    .await
+                    .0?
             };
             let mut answers = reply.chunks(2);
             for (i, job) in batch.iter().enumerate() {
@@ -439,20 +620,21 @@ impl JobQueue for Queue {
 
     async fn claim(&self, pool: &str, owner: &str, request_id: &str) -> Result<Option<Lease>> {
         let c = &self.config;
-        let reply = self
-            .call(
-                &self.scripts.claim,
-                &[
-                    pool.to_string(),
-                    owner.to_string(),
-                    c.lease_ms.to_string(),
-                    request_id.to_string(),
-                    c.scan_tenants.to_string(),
-                    c.scan_depth.to_string(),
-                    c.quantum_seconds.to_string(),
-                ],
-            )
-            .await?;
+        let args = [
+            pool.to_string(),
+            owner.to_string(),
+            c.lease_ms.to_string(),
+            request_id.to_string(),
+            c.scan_tenants.to_string(),
+            c.scan_depth.to_string(),
+            c.quantum_seconds.to_string(),
+        ];
+        // A claim request id makes a repeat return the same lease instead of a second.
+        let repeatable = !request_id.is_empty();
+        let reply: Vec<Value> = self
+            .run_script(&self.scripts.claim, &args, repeatable)
+            .await
+            .0?;
         match int(reply.first())? {
             0 => Ok(Some(Lease {
                 id: text(reply.get(1))?,
@@ -488,15 +670,18 @@ impl JobQueue for Queue {
     }
 
     async fn complete(&self, id: &str, token: u64, result: &str) -> Result<()> {
-        self.token_call(
+        self.fenced_transition(
             &self.scripts.complete,
             id,
             token,
             &[result.to_string()],
             "complete",
+            Done {
+                states: &[JobState::Succeeded],
+                or_deleted: true,
+            },
         )
         .await
-        .map(|_| ())
     }
 
     async fn fail(
@@ -517,24 +702,41 @@ impl JobQueue for Queue {
             c.retry_max_ms.to_string(),
             format!("{jitter:.4}"),
         ];
-        let reply = self.call(&self.scripts.fail, &args).await?;
+        let (reply, retried) = self
+            .run_script::<Vec<Value>>(&self.scripts.fail, &args, true)
+            .await;
+        let reply = reply?;
         match int(reply.first())? {
             0 => Ok(Some(unsigned(reply.get(1))?)),
             1 => Ok(None),
-            _ => Err(Self::status_error(id, &reply, "fail")),
+            _ => {
+                let e = Self::status_error(id, &reply, "fail");
+                let done = Done {
+                    states: &[JobState::Delayed, JobState::Failed],
+                    or_deleted: true,
+                };
+                if retried && self.own_earlier_try(&e, id, Some(token), done).await {
+                    let record = self.get(id).await?;
+                    return Ok(record.and_then(|r| r.due_ms));
+                }
+                Err(e)
+            }
         }
     }
 
     async fn preempt(&self, id: &str, token: u64, reason: &str) -> Result<()> {
-        self.token_call(
+        self.fenced_transition(
             &self.scripts.preempt,
             id,
             token,
             &[reason.to_string()],
             "preempt",
+            Done {
+                states: &[JobState::Queued],
+                or_deleted: false,
+            },
         )
         .await
-        .map(|_| ())
     }
 
     async fn cancel(&self, id: &str) -> Result<JobState> {
@@ -550,12 +752,23 @@ impl JobQueue for Queue {
     }
 
     async fn confirm_cancelled(&self, id: &str) -> Result<()> {
-        let reply = self
-            .call(&self.scripts.confirm_cancelled, &[id.to_string()])
-            .await?;
+        let (reply, retried) = self
+            .run_script::<Vec<Value>>(&self.scripts.confirm_cancelled, &[id.to_string()], true)
+            .await;
+        let reply = reply?;
         match int(reply.first())? {
             0 => Ok(()),
-            _ => Err(Self::status_error(id, &reply, "confirm_cancelled")),
+            _ => {
+                let e = Self::status_error(id, &reply, "confirm_cancelled");
+                let done = Done {
+                    states: &[JobState::Cancelled],
+                    or_deleted: true,
+                };
+                if retried && self.own_earlier_try(&e, id, None, done).await {
+                    return Ok(());
+                }
+                Err(e)
+            }
         }
     }
 
@@ -564,6 +777,17 @@ impl JobQueue for Queue {
             .call(&self.scripts.expire_leases, &[batch.to_string()])
             .await?;
         reply.iter().map(|v| text(Some(v))).collect()
+    }
+
+    async fn suspects(&self, limit: u32) -> Result<Vec<JobId>> {
+        if limit == 0 {
+            return Ok(vec![]);
+        }
+        let mut cmd = redis::cmd("ZRANGE");
+        cmd.arg(format!("{}suspect", self.prefix))
+            .arg(0)
+            .arg(i64::from(limit) - 1);
+        self.query(&cmd).await
     }
 
     async fn resolve_suspect(
@@ -602,7 +826,7 @@ impl JobQueue for Queue {
             .cmd("GET")
             .arg(format!("{}payload:{id}", self.prefix));
         let (fields, payload): (std::collections::HashMap<String, String>, Option<String>) =
-            self.backend.pipeline(&pipe).await?;
+            self.pipeline(&pipe).await?;
         if fields.is_empty() {
             return Ok(None);
         }
@@ -658,7 +882,7 @@ impl JobQueue for Queue {
         cmd.arg(format!("{}events:{id}", self.prefix))
             .arg(0)
             .arg(-1);
-        let raw: Vec<String> = self.backend.query(&cmd).await?;
+        let raw: Vec<String> = self.query(&cmd).await?;
         let mut events = raw
             .iter()
             .map(|line| {
@@ -704,7 +928,7 @@ impl JobQueue for Queue {
             .cmd("SADD")
             .arg(format!("{}pools", self.prefix))
             .arg(pool);
-        self.backend.pipeline(&pipe).await
+        self.pipeline(&pipe).await
     }
 
     async fn pool_usage(&self, pool: &str) -> Result<PoolUsage> {
@@ -712,7 +936,7 @@ impl JobQueue for Queue {
         cmd.arg(format!("{}pool:{pool}", self.prefix))
             .arg("capacity")
             .arg("used");
-        let (capacity, used): (Option<u32>, Option<i64>) = self.backend.query(&cmd).await?;
+        let (capacity, used): (Option<u32>, Option<i64>) = self.query(&cmd).await?;
         let capacity = capacity.ok_or_else(|| QueueError::UnknownPool(pool.to_string()))?;
         Ok(PoolUsage {
             capacity,
@@ -745,7 +969,7 @@ impl JobQueue for Queue {
                 None => pipe.cmd("HDEL").arg(&key).arg(field),
             };
         }
-        self.backend.pipeline(&pipe).await
+        self.pipeline(&pipe).await
     }
 
     async fn inspect(&self) -> Result<Inspection> {
@@ -759,7 +983,7 @@ impl JobQueue for Queue {
                 .arg(format!("{p}job:*"))
                 .arg("COUNT")
                 .arg(1000);
-            let (next, keys): (u64, Vec<String>) = self.backend.query(&scan).await?;
+            let (next, keys): (u64, Vec<String>) = self.query(&scan).await?;
             ids.extend(keys.iter().map(|k| k[p.len() + 4..].to_string()));
             if next == 0 {
                 break;
@@ -820,7 +1044,7 @@ impl JobQueue for Queue {
         }
         let mut cmd = redis::cmd("SMEMBERS");
         cmd.arg(format!("{p}pools"));
-        let pools: Vec<String> = self.backend.query(&cmd).await?;
+        let pools: Vec<String> = self.query(&cmd).await?;
         for pool in pools {
             let usage = self.pool_usage(&pool).await?;
             out.pools.push((pool, usage));
