@@ -12,6 +12,8 @@
 //! - [`model`]: the job record, states (and their public OpenAI names), leases, events.
 //! - [`scripted`]: [`Queue`], written once: every transition is one Lua script in
 //!   `queue/lua/`, run by Redis or by the embedded store.
+//! - [`catalog`]: files, API keys, fine-tune records and models, kept beyond a job's
+//!   life in the queue, on the same backend.
 //! - [`embedded`]: the single-file store for `tuneq up` (an in-memory keyspace, the same
 //!   scripts in an embedded Lua, and an append-only log synced per operation).
 //! - [`bench`]: `tuneq bench queue`, the BullMQ kit's workload on our queue.
@@ -20,6 +22,7 @@
 
 mod backend;
 pub mod bench;
+pub mod catalog;
 pub mod embedded;
 #[cfg(feature = "testing")]
 pub mod fault_proxy;
@@ -28,6 +31,7 @@ pub mod scripted;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+pub use catalog::{Catalog, Entry, Page};
 pub use scripted::{JobQueue, Queue};
 
 pub use model::{

@@ -37,6 +37,7 @@ struct Scripts {
     position: LuaScript,
     trim: LuaScript,
     outbox: LuaScript,
+    catalog: LuaScript,
 }
 
 fn script(name: &'static str, body: &str) -> LuaScript {
@@ -61,6 +62,7 @@ impl Scripts {
             &self.position,
             &self.trim,
             &self.outbox,
+            &self.catalog,
         ]
     }
 
@@ -87,6 +89,7 @@ impl Scripts {
             position: script("position", include_str!("../lua/position.lua")),
             trim: script("trim", include_str!("../lua/trim.lua")),
             outbox: script("outbox", include_str!("../lua/outbox.lua")),
+            catalog: script("catalog", include_str!("../lua/catalog.lua")),
         }
     }
 }
@@ -444,6 +447,24 @@ impl Queue {
             (Err(e), true) if self.own_earlier_try(&e, id, Some(token), done).await => Ok(()),
             (Err(e), _) => Err(e),
         }
+    }
+
+    /// Runs the catalog script (see [`crate::catalog`]).
+    pub(crate) async fn catalog_script(&self, args: &[String]) -> Result<Vec<Value>> {
+        self.call(&self.scripts.catalog, args).await
+    }
+
+    /// The key of one catalog entry (its parts are checked identifiers).
+    pub(crate) fn catalog_key(&self, kind: &str, owner: &str, id: &str) -> String {
+        format!("{}cat:{kind}:{owner}:{id}", self.prefix)
+    }
+
+    /// [`Self::query`] for the crate's other modules.
+    pub(crate) async fn query_command<T: redis::FromRedisValue>(
+        &self,
+        cmd: &redis::Cmd,
+    ) -> Result<T> {
+        self.query(cmd).await
     }
 
     /// Moves the queue clock forward by `ms` (tests use it to expire leases and age jobs).

@@ -991,6 +991,101 @@ async fn bulk_enqueue_accepts_or_refuses_each_job_on_its_own(backend: Backend) {
     q.destroy().await.unwrap();
 }
 
+async fn the_catalog_keeps_entries_per_owner_and_pages_newest_first(backend: Backend) {
+    let q = queue(backend, "catalog", QueueConfig::default()).await;
+    for i in 0..7 {
+        let created = q
+            .create_entry(
+                "file",
+                "acme",
+                &format!("file-{i}"),
+                &format!("{{\"n\":{i}}}"),
+            )
+            .await
+            .unwrap();
+        assert!(created);
+    }
+    assert!(
+        !q.create_entry("file", "acme", "file-3", "{}")
+            .await
+            .unwrap(),
+        "ids are unique"
+    );
+    q.create_entry("file", "other", "file-9", "{}")
+        .await
+        .unwrap();
+    assert_eq!(q.count_entries("file", "acme").await.unwrap(), 7);
+
+    let first = q.list_entries("file", "acme", None, 3).await.unwrap();
+    let ids: Vec<&str> = first.entries.iter().map(|e| e.id.as_str()).collect();
+    assert_eq!(ids, ["file-6", "file-5", "file-4"]);
+    assert!(first.has_more);
+    let mut all = ids.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let mut after = first.entries.last().map(|e| e.id.clone());
+    loop {
+        let page = q
+            .list_entries("file", "acme", after.as_deref(), 3)
+            .await
+            .unwrap();
+        all.extend(page.entries.iter().map(|e| e.id.clone()));
+        after = page.entries.last().map(|e| e.id.clone());
+        if !page.has_more {
+            break;
+        }
+    }
+    assert_eq!(
+        all,
+        (0..7)
+            .rev()
+            .map(|i| format!("file-{i}"))
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        !all.contains(&"file-9".to_string()),
+        "another owner's entries never show"
+    );
+
+    let entry = q
+        .get_entry("file", "acme", "file-2")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(entry.body, r#"{"n":2}"#);
+    assert!(entry.created_ms > 0);
+    assert!(
+        q.get_entry("file", "other", "file-2")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        q.update_entry("file", "acme", "file-2", "{}")
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        q.get_entry("file", "acme", "file-2")
+            .await
+            .unwrap()
+            .unwrap()
+            .body,
+        "{}"
+    );
+    assert!(!q.update_entry("file", "acme", "nope", "{}").await.unwrap());
+    assert!(q.delete_entry("file", "acme", "file-2").await.unwrap());
+    assert!(!q.delete_entry("file", "acme", "file-2").await.unwrap());
+    assert_eq!(q.count_entries("file", "acme").await.unwrap(), 6);
+    assert!(matches!(
+        q.list_entries("file", "acme", Some("file-2"), 3).await,
+        Err(QueueError::Invalid { field: "after", .. })
+    ));
+    assert!(matches!(
+        q.create_entry("file", "acme:x", "f", "{}").await,
+        Err(QueueError::Invalid { field: "owner", .. })
+    ));
+    q.destroy().await.unwrap();
+}
+
 /// Instantiates each conformance test once per backend, as `redis::name` and
 /// `embedded::name`.
 macro_rules! conformance {
@@ -1005,6 +1100,7 @@ macro_rules! conformance {
 }
 
 conformance! {
+    #[tokio::test] the_catalog_keeps_entries_per_owner_and_pages_newest_first,
     #[tokio::test] a_job_goes_from_queued_to_succeeded,
     #[tokio::test] idempotency_keys_return_the_same_job_per_tenant,
     #[tokio::test] priority_then_fifo_within_a_tenant_and_aging_prevents_starvation,

@@ -783,6 +783,31 @@ impl Db {
                     .take(limit);
                 Ok(Value::Array(scored(picked, with_scores)))
             }
+            "ZREVRANGEBYSCORE" => {
+                arity(3, 1)?;
+                let ((max, max_open), (min, min_open)) = (bound(&args[1])?, bound(&args[2])?);
+                let (mut offset, mut limit) = (0usize, usize::MAX);
+                match &args[3..] {
+                    [] => {}
+                    [l, o, c] if l.eq_ignore_ascii_case(b"LIMIT") => {
+                        offset = usize::try_from(integer(o)?).unwrap_or(usize::MAX);
+                        limit = usize::try_from(integer(c)?).unwrap_or(usize::MAX);
+                    }
+                    _ => return err("ERR syntax error"),
+                }
+                let Some(z) = self.zset(&args[0])? else {
+                    return Ok(Value::Array(vec![]));
+                };
+                let picked = z
+                    .order
+                    .iter()
+                    .rev()
+                    .skip_while(|(s, _)| s.0 > max || (max_open && s.0 == max))
+                    .take_while(|(s, _)| s.0 > min || (!min_open && s.0 == min))
+                    .skip(offset)
+                    .take(limit);
+                Ok(Value::Array(scored(picked, false)))
+            }
             "KEYS" => {
                 arity(1, 1)?;
                 Ok(Value::Array(self.matching(&args[0])))
@@ -873,6 +898,14 @@ mod tests {
         assert_eq!(
             strings(run(&mut db, "ZRANGEBYSCORE z -inf +inf LIMIT 1 2").unwrap()),
             ["a", "b"]
+        );
+        assert_eq!(
+            strings(run(&mut db, "ZREVRANGEBYSCORE z (3 -inf LIMIT 0 2").unwrap()),
+            ["b", "a"]
+        );
+        assert_eq!(
+            strings(run(&mut db, "ZREVRANGEBYSCORE z +inf (2").unwrap()),
+            ["d"]
         );
         assert_eq!(run(&mut db, "ZRANK z b").unwrap(), Value::Int(2));
         assert_eq!(run(&mut db, "ZSCORE z d").unwrap(), bulk(b"3"));
