@@ -1,5 +1,8 @@
 //! Datasets: from JSONL files to tokenized training examples with loss masks.
 //!
+//! A crate of its own (no candle), so the API validates uploads with the same rules the
+//! trainer applies, and the trainer re-exports it as `tuneq_trainer::data`.
+//!
 //! The path of one training example:
 //! JSONL line → [`Record`] (validated, format detected) → conversation rendered by a
 //! [`ChatTemplate`] (or raw text for prompt/completion and text records) → token ids from the

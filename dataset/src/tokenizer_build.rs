@@ -18,7 +18,7 @@ use super::template::CHATML_TEMPLATE;
 use super::{DataError, Result};
 
 /// The training corpus, embedded so the tokenizer is the same wherever tuneq runs.
-const CORPUS: &str = include_str!("../../assets/corpus.txt");
+const CORPUS: &str = include_str!("../assets/corpus.txt");
 
 /// Special tokens with their ids 0..=5: unk, bos, eos, ChatML turn markers, padding.
 pub const SPECIAL_TOKENS: [&str; 6] = [

@@ -29,7 +29,8 @@ pub mod batch;
 pub mod bench;
 pub mod checkpoint;
 pub mod config;
-pub mod data;
+/// Datasets live in their own crate, so the API can validate uploads without candle.
+pub use tuneq_dataset as data;
 pub mod debug;
 pub mod error;
 pub mod generate;
