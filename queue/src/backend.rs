@@ -5,6 +5,8 @@
 use crate::embedded::{Store, StoreError};
 use crate::{QueueError, Result};
 use redis::aio::ConnectionManager;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Cmd, FromRedisValue, Pipeline, Value};
 use std::sync::Arc;
 
@@ -30,12 +32,32 @@ impl LuaScript {
             script,
         }
     }
+
+    /// Sends the script with EVALSHA over a Redis connection, loading it on NOSCRIPT.
+    async fn send<T: FromRedisValue>(
+        &self,
+        conn: &mut impl redis::aio::ConnectionLike,
+        key: &str,
+        args: &[&str],
+    ) -> Result<T> {
+        let mut invocation = self.script.key(key);
+        for a in args {
+            invocation.arg(*a);
+        }
+        invocation.invoke_async(conn).await.map_err(unavailable)
+    }
 }
 
 /// The connection to wherever the keys live.
 #[derive(Clone)]
 pub(crate) enum Backend {
+    /// One redis-server.
     Redis(ConnectionManager),
+    /// A Redis Cluster. Every command, pipeline and script of a domain names keys with
+    /// the domain's hash tag, so the client routes each one to the node that owns that
+    /// one slot; only keyspace scans need an explicit route ([`Backend::scan_query`]).
+    Cluster(ClusterConnection),
+    /// The embedded single-file store.
     Embedded(Arc<Store>),
 }
 
@@ -91,6 +113,10 @@ impl Backend {
                 .query_async(&mut conn.clone())
                 .await
                 .map_err(unavailable),
+            Backend::Cluster(conn) => cmd
+                .query_async(&mut conn.clone())
+                .await
+                .map_err(unavailable),
             Backend::Embedded(store) => {
                 let command = command_args(cmd)?;
                 let mut replies = Self::on_store(store, move |s| s.execute(&[command])).await?;
@@ -99,10 +125,34 @@ impl Backend {
         }
     }
 
+    /// Sends a command that reads the keyspace (`KEYS`, `SCAN`) for keys of `key`'s slot.
+    /// Each Cluster node sees only its own keys, and the client would send `KEYS` to every
+    /// primary and `SCAN` to a random node, so on a Cluster it goes to the primary that owns
+    /// `key`'s slot (a domain's keys all share it). Elsewhere it is [`Backend::query`].
+    pub(crate) async fn scan_query<T: FromRedisValue>(&self, cmd: &Cmd, key: &str) -> Result<T> {
+        match self {
+            Backend::Cluster(conn) => {
+                let route = Route::with_key(key, SlotAddr::Master);
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                let reply = conn
+                    .clone()
+                    .route_command(cmd.clone(), routing)
+                    .await
+                    .map_err(unavailable)?;
+                parse(reply)
+            }
+            Backend::Redis(_) | Backend::Embedded(_) => self.query(cmd).await,
+        }
+    }
+
     /// Sends a pipeline; an atomic one runs as one unit on both backends.
     pub(crate) async fn pipeline<T: FromRedisValue>(&self, pipe: &Pipeline) -> Result<T> {
         match self {
             Backend::Redis(conn) => pipe
+                .query_async(&mut conn.clone())
+                .await
+                .map_err(unavailable),
+            Backend::Cluster(conn) => pipe
                 .query_async(&mut conn.clone())
                 .await
                 .map_err(unavailable),
@@ -139,16 +189,10 @@ impl Backend {
         args: &[&str],
     ) -> Result<T> {
         match self {
-            Backend::Redis(conn) => {
-                let mut invocation = script.script.key(key);
-                for a in args {
-                    invocation.arg(*a);
-                }
-                invocation
-                    .invoke_async(&mut conn.clone())
-                    .await
-                    .map_err(unavailable)
-            }
+            Backend::Redis(conn) => script.send(&mut conn.clone(), key, args).await,
+            // EVALSHA is routed by its one key (the meta key with the domain's hash tag);
+            // a NOSCRIPT reload (SCRIPT LOAD) goes to every primary.
+            Backend::Cluster(conn) => script.send(&mut conn.clone(), key, args).await,
             Backend::Embedded(store) => {
                 let sha = script.script.get_hash().to_string();
                 let source = Arc::clone(&script.source);

@@ -11,7 +11,7 @@
 //! Layout:
 //! - [`model`]: the job record, states (and their public OpenAI names), leases, events.
 //! - [`scripted`]: [`Queue`], written once: every transition is one Lua script in
-//!   `queue/lua/`, run by Redis or by the embedded store.
+//!   `queue/lua/`, run by Redis (one server or a Cluster) or by the embedded store.
 //! - [`catalog`]: files, API keys, fine-tune records and models, kept beyond a job's
 //!   life in the queue, on the same backend.
 //! - [`embedded`]: the single-file store for `tuneq up` (an in-memory keyspace, the same

@@ -94,8 +94,8 @@ impl Scripts {
     }
 }
 
-/// The queue of one scheduling domain, on Redis (one server or a Cluster slot) or in
-/// the embedded file.
+/// The queue of one scheduling domain, on Redis (one server or one slot of a Cluster)
+/// or in the embedded file.
 #[derive(Clone)]
 pub struct Queue {
     backend: Backend,
@@ -109,6 +109,7 @@ impl std::fmt::Debug for Queue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let backend = match &self.backend {
             Backend::Redis(_) => "redis".to_string(),
+            Backend::Cluster(_) => "redis cluster".to_string(),
             Backend::Embedded(store) => store.path().display().to_string(),
         };
         f.debug_struct("Queue")
@@ -222,6 +223,33 @@ impl Queue {
         Self::with_backend(Backend::Redis(conn), domain, config).await
     }
 
+    /// Connects to a Redis Cluster through any of its nodes `urls` (`redis://host:port`;
+    /// the client discovers the rest) for scheduling domain `domain`, and stores `config`'s
+    /// server-side settings in the domain. All of a domain's keys carry the hash tag
+    /// `{domain}`, so the whole domain lives in one slot: its scripts run atomically on
+    /// the node owning that slot, and domains spread over the nodes by their names.
+    ///
+    /// The cluster client re-sends a call after a redirect (MOVED, ASK), TRYAGAIN or a
+    /// lost connection. A re-sent call is a retry of an unknown outcome, so the module's
+    /// rules apply: enqueue with an idempotency key and claim with a request id.
+    pub async fn connect_cluster(
+        urls: &[impl AsRef<str>],
+        domain: &str,
+        config: QueueConfig,
+    ) -> Result<Self> {
+        check_domain(domain)?;
+        let client = redis::cluster::ClusterClient::builder(urls.iter().map(AsRef::as_ref))
+            .connection_timeout(std::time::Duration::from_secs(5))
+            .response_timeout(std::time::Duration::from_secs(10))
+            .build()
+            .map_err(|e| QueueError::Invalid {
+                field: "redis_url",
+                message: e.to_string(),
+            })?;
+        let conn = client.get_async_connection().await.map_err(unavailable)?;
+        Self::with_backend(Backend::Cluster(conn), domain, config).await
+    }
+
     /// Opens (or creates) the embedded queue file at `path` for scheduling domain
     /// `domain`: no server, every acknowledged change synced to the file, and a restart
     /// replays it. Only one process may have the file open.
@@ -253,7 +281,8 @@ impl Queue {
         Ok(queue)
     }
 
-    /// Another scheduling domain on the same backend (same server or same file).
+    /// Another scheduling domain on the same backend (same server, same Cluster, or same
+    /// file).
     pub async fn domain_queue(&self, domain: &str, config: QueueConfig) -> Result<Self> {
         check_domain(domain)?;
         Self::with_backend(self.backend.clone(), domain, config).await
@@ -474,11 +503,15 @@ impl Queue {
         self.query(&cmd).await
     }
 
-    /// Every key of this domain, sorted (tests check what operations leave behind).
+    /// Every key of this domain, sorted (tests check what operations leave behind). On a
+    /// Cluster it asks the node owning the domain's slot.
     pub async fn keys(&self) -> Result<Vec<String>> {
         let mut cmd = redis::cmd("KEYS");
         cmd.arg(format!("{}*", self.prefix));
-        let mut keys: Vec<String> = self.query(&cmd).await?;
+        let mut keys: Vec<String> = self
+            .retrying("keys", true, || self.backend.scan_query(&cmd, &self.meta))
+            .await
+            .0?;
         keys.sort();
         Ok(keys)
     }
@@ -494,11 +527,12 @@ impl Queue {
         Ok(())
     }
 
-    /// The Redis connection (the benchmark reads server statistics); None when embedded.
+    /// The Redis connection (the benchmark reads server statistics); None when embedded
+    /// or on a Cluster (whose statistics are per node).
     pub fn redis_connection(&self) -> Option<ConnectionManager> {
         match &self.backend {
             Backend::Redis(conn) => Some(conn.clone()),
-            Backend::Embedded(_) => None,
+            Backend::Cluster(_) | Backend::Embedded(_) => None,
         }
     }
 }
@@ -1004,7 +1038,10 @@ impl JobQueue for Queue {
                 .arg(format!("{p}job:*"))
                 .arg("COUNT")
                 .arg(1000);
-            let (next, keys): (u64, Vec<String>) = self.query(&scan).await?;
+            let (next, keys): (u64, Vec<String>) = self
+                .retrying("scan", true, || self.backend.scan_query(&scan, &self.meta))
+                .await
+                .0?;
             ids.extend(keys.iter().map(|k| k[p.len() + 4..].to_string()));
             if next == 0 {
                 break;

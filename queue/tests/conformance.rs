@@ -1,5 +1,6 @@
 //! The conformance suite, run against every backend: a real redis-server started by the
-//! harness, and the embedded single-file store. Lifecycle, priorities and aging, tenant
+//! harness, a real three-node Redis Cluster started by the harness, and the embedded
+//! single-file store. Lifecycle, priorities and aging, tenant
 //! fairness, capacity and quotas, fencing, retries, preemption, cancel, events,
 //! retention, idempotency, concurrent claimers, and randomised sequences with the
 //! invariants checked after every step. Each test is written once, as
@@ -16,14 +17,20 @@ use tuneq_queue::{JobQueue, Queue};
 #[derive(Debug, Clone, Copy)]
 enum Backend {
     Redis,
+    Cluster,
     Embedded,
 }
 
-/// A fresh domain on `backend`: on the shared redis-server, or in its own file.
+/// A fresh domain on `backend`: on the shared redis-server, on the shared Redis Cluster
+/// (the random domain name picks the slot, so the tests spread over the three nodes), or
+/// in its own file.
 async fn queue(backend: Backend, name: &str, config: QueueConfig) -> Queue {
     let domain = testing::unique_domain(name);
     match backend {
         Backend::Redis => Queue::connect(testing::shared(), &domain, config).await,
+        Backend::Cluster => {
+            Queue::connect_cluster(&testing::shared_cluster().urls, &domain, config).await
+        }
         Backend::Embedded => {
             let file = testing::scratch_dir().join("queue.db");
             Queue::open_embedded(&file, &domain, config).await
@@ -1086,12 +1093,15 @@ async fn the_catalog_keeps_entries_per_owner_and_pages_newest_first(backend: Bac
     q.destroy().await.unwrap();
 }
 
-/// Instantiates each conformance test once per backend, as `redis::name` and
-/// `embedded::name`.
+/// Instantiates each conformance test once per backend, as `redis::name`,
+/// `cluster::name` and `embedded::name`.
 macro_rules! conformance {
     ($($(#[$attr:meta])* $name:ident),* $(,)?) => {
         mod redis {
             $( $(#[$attr])* async fn $name() { super::$name(super::Backend::Redis).await } )*
+        }
+        mod cluster {
+            $( $(#[$attr])* async fn $name() { super::$name(super::Backend::Cluster).await } )*
         }
         mod embedded {
             $( $(#[$attr])* async fn $name() { super::$name(super::Backend::Embedded).await } )*
