@@ -229,9 +229,11 @@ impl Queue {
     /// `{domain}`, so the whole domain lives in one slot: its scripts run atomically on
     /// the node owning that slot, and domains spread over the nodes by their names.
     ///
-    /// The cluster client re-sends a call after a redirect (MOVED, ASK), TRYAGAIN or a
-    /// lost connection. A re-sent call is a retry of an unknown outcome, so the module's
-    /// rules apply: enqueue with an idempotency key and claim with a request id.
+    /// The cluster client itself re-sends a call after a redirect (MOVED, ASK), TRYAGAIN,
+    /// a lost connection or a timeout, so a call may run twice even before this queue's
+    /// own retries ([`JobQueue`]'s rules on unknown outcomes). Fenced calls recognise
+    /// their own earlier run; only an enqueue without an idempotency key could be
+    /// accepted twice, so on a Cluster always send one.
     pub async fn connect_cluster(
         urls: &[impl AsRef<str>],
         domain: &str,
@@ -240,7 +242,7 @@ impl Queue {
         check_domain(domain)?;
         let client = redis::cluster::ClusterClient::builder(urls.iter().map(AsRef::as_ref))
             .connection_timeout(std::time::Duration::from_secs(5))
-            .response_timeout(std::time::Duration::from_secs(10))
+            .response_timeout(std::time::Duration::from_millis(config.response_timeout_ms))
             .build()
             .map_err(|e| QueueError::Invalid {
                 field: "redis_url",
@@ -389,15 +391,18 @@ impl Queue {
             .0
     }
 
-    /// After an unknown outcome was retried, whether `error` only reports what that
-    /// earlier try of the same attempt did: the job is now where `done` says and `token`
-    /// is still its epoch.
+    /// Whether `error` only reports what an earlier try of this same call did: the job
+    /// is now where `done` says with `token` still its epoch (nobody else holds that
+    /// token, so the earlier try was this attempt's own, whoever repeated it: this
+    /// queue, the Cluster client or the caller), or — only when this call itself retried
+    /// (`retried`) — it finished and retention deleted it at once.
     async fn own_earlier_try(
         &self,
         error: &QueueError,
         id: &str,
         token: Option<u64>,
         done: Done,
+        retried: bool,
     ) -> bool {
         if !matches!(
             error,
@@ -409,7 +414,7 @@ impl Queue {
             Ok(Some(record)) => {
                 done.states.contains(&record.state) && token.is_none_or(|t| record.epoch == t)
             }
-            Ok(None) => done.or_deleted,
+            Ok(None) => retried && done.or_deleted,
             Err(_) => false,
         }
     }
@@ -473,7 +478,13 @@ impl Queue {
     ) -> Result<()> {
         match self.fenced_call(script, id, token, extra, operation).await {
             (Ok(_), _) => Ok(()),
-            (Err(e), true) if self.own_earlier_try(&e, id, Some(token), done).await => Ok(()),
+            (Err(e), retried)
+                if self
+                    .own_earlier_try(&e, id, Some(token), done, retried)
+                    .await =>
+            {
+                Ok(())
+            }
             (Err(e), _) => Err(e),
         }
     }
@@ -770,7 +781,10 @@ impl JobQueue for Queue {
                     states: &[JobState::Delayed, JobState::Failed],
                     or_deleted: true,
                 };
-                if retried && self.own_earlier_try(&e, id, Some(token), done).await {
+                if self
+                    .own_earlier_try(&e, id, Some(token), done, retried)
+                    .await
+                {
                     let record = self.get(id).await?;
                     return Ok(record.and_then(|r| r.due_ms));
                 }
@@ -819,7 +833,7 @@ impl JobQueue for Queue {
                     states: &[JobState::Cancelled],
                     or_deleted: true,
                 };
-                if retried && self.own_earlier_try(&e, id, None, done).await {
+                if self.own_earlier_try(&e, id, None, done, retried).await {
                     return Ok(());
                 }
                 Err(e)
