@@ -639,10 +639,25 @@ async fn random_sequences_keep_every_invariant() {
                     if let Some((id, token)) = live.iter().next().map(|(i, t)| (i.clone(), *t)) {
                         live.remove(&id);
                         stale.push((id.clone(), token));
-                        match rng.random_range(0..3) {
+                        match rng.random_range(0..4) {
                             0 => q.complete(&id, token, "{}").await.unwrap(),
                             1 => {
                                 q.fail(&id, token, "x", true).await.unwrap();
+                            }
+                            2 => {
+                                let pool = if rng.random_bool(0.5) { "a" } else { "b" };
+                                let next = q.complete_and_claim(&id, token, "{}", pool, "d");
+                                if let Some(lease) = next.await.unwrap() {
+                                    assert!(
+                                        !cancelled.contains(&lease.id),
+                                        "{ctx}: cancelled job dispatched"
+                                    );
+                                    assert!(
+                                        !live.contains_key(&lease.id),
+                                        "{ctx}: second live lease"
+                                    );
+                                    live.insert(lease.id, lease.token);
+                                }
                             }
                             _ => q.preempt(&id, token, "spot").await.unwrap(),
                         }
@@ -871,6 +886,221 @@ async fn bulk_enqueue_accepts_or_refuses_each_job_on_its_own() {
     let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
     assert_eq!(lease.tenant, "capped");
     assert_eq!(q.get(&lease.id).await.unwrap().unwrap().priority, 1);
+    check_invariants(&q, &["gpu"]).await;
+    q.destroy().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_worker_that_completes_and_claims_runs_each_job_through_every_step() {
+    let q = queue("chain", QueueConfig::default()).await;
+    q.set_pool("gpu", 1).await.unwrap();
+    let a = q.enqueue(&job("t", 5)).await.unwrap().id;
+    let b = q.enqueue(&job("t", 5)).await.unwrap().id;
+    let first = q.claim_started("gpu", "w", "req-1").await.unwrap().unwrap();
+    assert_eq!(first.id, a);
+    assert_eq!(q.get(&a).await.unwrap().unwrap().state, JobState::Running);
+    assert_eq!(
+        q.claim_started("gpu", "w", "req-1").await.unwrap(),
+        Some(first.clone()),
+        "a retried claim returns the same lease"
+    );
+    check_invariants(&q, &["gpu"]).await;
+    let second = q
+        .complete_and_claim(&a, first.token, r#"{"ok":1}"#, "gpu", "w")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(second.id, b);
+    assert!(second.token > first.token);
+    let done = q.get(&a).await.unwrap().unwrap();
+    assert_eq!(done.state, JobState::Succeeded);
+    assert_eq!(done.result.as_deref(), Some(r#"{"ok":1}"#));
+    assert_eq!(q.get(&b).await.unwrap().unwrap().state, JobState::Running);
+    assert_eq!(q.pool_usage("gpu").await.unwrap().used, 1);
+    check_invariants(&q, &["gpu"]).await;
+    assert!(
+        q.complete_and_claim(&b, second.token, "{}", "gpu", "w")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    for id in [&a, &b] {
+        assert_eq!(
+            kinds(&q, id).await,
+            ["queued", "leased", "started", "succeeded"]
+        );
+        let seqs: Vec<u64> = q
+            .events(id, None, 10, false)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.seq)
+            .collect();
+        assert_eq!(seqs, [1, 2, 3, 4]);
+    }
+    assert_eq!(q.pool_usage("gpu").await.unwrap().used, 0);
+    check_invariants(&q, &["gpu"]).await;
+    q.destroy().await.unwrap();
+}
+
+#[tokio::test]
+async fn complete_and_claim_with_a_stale_token_or_unknown_pool_changes_nothing() {
+    let q = queue(
+        "chainfence",
+        QueueConfig {
+            lease_ms: 1_000,
+            ..QueueConfig::default()
+        },
+    )
+    .await;
+    q.set_pool("gpu", 2).await.unwrap();
+    let id = q.enqueue(&job("t", 5)).await.unwrap().id;
+    let waiting = q.enqueue(&job("t", 5)).await.unwrap().id;
+    let first = q.claim_started("gpu", "w1", "").await.unwrap().unwrap();
+    assert_eq!(first.id, id);
+    q.advance_clock(1_500).await.unwrap();
+    q.expire_leases(10).await.unwrap();
+    q.resolve_suspect(&id, first.token, SuspectVerdict::Requeue)
+        .await
+        .unwrap();
+    let second = q.claim("gpu", "w2", "").await.unwrap().unwrap();
+    assert_eq!(second.id, id, "the requeued job keeps its place in line");
+    let before = (q.get(&id).await.unwrap(), q.get(&waiting).await.unwrap());
+    let stale = q
+        .complete_and_claim(&id, first.token, "{}", "gpu", "w1")
+        .await;
+    assert!(matches!(stale, Err(QueueError::StaleToken(_))), "{stale:?}");
+    let unknown = q
+        .complete_and_claim(&id, second.token, "{}", "nowhere", "w2")
+        .await;
+    assert!(
+        matches!(unknown, Err(QueueError::UnknownPool(_))),
+        "{unknown:?}"
+    );
+    let after = (q.get(&id).await.unwrap(), q.get(&waiting).await.unwrap());
+    assert_eq!(before, after, "refused calls changed a job");
+    assert_eq!(q.pool_usage("gpu").await.unwrap().used, 1);
+    check_invariants(&q, &["gpu"]).await;
+    let next = q
+        .complete_and_claim(&id, second.token, "{}", "gpu", "w2")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(next.id, waiting);
+    let again = q
+        .complete_and_claim(&id, second.token, "{}", "gpu", "w2")
+        .await;
+    assert!(
+        matches!(again, Err(QueueError::WrongState { .. })),
+        "{again:?}"
+    );
+    check_invariants(&q, &["gpu"]).await;
+    q.destroy().await.unwrap();
+}
+
+#[tokio::test]
+async fn complete_and_claim_charges_capacity_and_quotas_exactly() {
+    let q = queue("chaincap", QueueConfig::default()).await;
+    q.set_pool("gpu", 3).await.unwrap();
+    q.set_tenant(
+        "capped",
+        &TenantSettings {
+            max_running: Some(1),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let mut wide = job("wide", 9);
+    wide.gpus = 3;
+    // Tenant order at equal virtual time is by name: capped, then wide.
+    let c1 = q.enqueue(&job("capped", 5)).await.unwrap().id;
+    let c2 = q.enqueue(&job("capped", 5)).await.unwrap().id;
+    let w = q.enqueue(&wide).await.unwrap().id;
+    let held = q.claim_started("gpu", "other", "").await.unwrap().unwrap();
+    assert_eq!(held.id, c1);
+    let mut small = job("small", 5);
+    small.pools = vec!["other".into()];
+    q.enqueue(&small).await.unwrap();
+    // While the first capped job runs, the second is over the tenant's quota and the
+    // 3-GPU job does not fit beside it; the small job is pinned to another pool.
+    assert!(q.claim_started("gpu", "w", "").await.unwrap().is_none());
+    // Completing the capped job gives its GPU back in the same step that claims: the
+    // 3-GPU job (its tenant now has the lower virtual time) fits exactly.
+    let next = q
+        .complete_and_claim(&c1, held.token, "{}", "gpu", "other")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(next.id, w);
+    assert_eq!(q.pool_usage("gpu").await.unwrap().used, 3);
+    check_invariants(&q, &["gpu"]).await;
+    // The capped tenant's quota was given back too: its second job runs next.
+    let last = q
+        .complete_and_claim(&w, next.token, "{}", "gpu", "other")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(last.id, c2);
+    assert_eq!(q.pool_usage("gpu").await.unwrap().used, 1);
+    check_invariants(&q, &["gpu"]).await;
+    assert!(
+        q.complete_and_claim(&c2, last.token, "{}", "gpu", "other")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(q.pool_usage("gpu").await.unwrap().used, 0);
+    check_invariants(&q, &["gpu"]).await;
+    q.destroy().await.unwrap();
+}
+
+#[tokio::test]
+async fn tenants_share_by_weight_when_workers_complete_and_claim() {
+    let q = queue("chainfair", QueueConfig::default()).await;
+    q.set_pool("gpu", 2).await.unwrap();
+    q.set_tenant(
+        "big",
+        &TenantSettings {
+            weight: 2.0,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    for _ in 0..300 {
+        q.enqueue(&job("big", 5)).await.unwrap();
+    }
+    for t in ["small-a", "small-b"] {
+        for _ in 0..100 {
+            q.enqueue(&job(t, 5)).await.unwrap();
+        }
+    }
+    // Two workers, each handing its finished job back and taking the next in one call.
+    let mut served: HashMap<String, u32> = HashMap::new();
+    let mut held = vec![];
+    for w in ["w1", "w2"] {
+        held.push(q.claim_started("gpu", w, "").await.unwrap().unwrap());
+    }
+    for round in 0..200 {
+        let w = ["w1", "w2"][round % 2];
+        let lease = held.remove(0);
+        *served.entry(lease.tenant.clone()).or_default() += 1;
+        let next = q
+            .complete_and_claim(&lease.id, lease.token, "{}", "gpu", w)
+            .await
+            .unwrap()
+            .unwrap();
+        held.push(next);
+    }
+    for (tenant, want) in [("big", 100.0), ("small-a", 50.0), ("small-b", 50.0)] {
+        let got = f64::from(served[tenant]);
+        assert!(
+            (got - want).abs() <= want * 0.1,
+            "{tenant}: {got} of 200, want {want}: {served:?}"
+        );
+    }
+    assert_eq!(q.pool_usage("gpu").await.unwrap().used, 2);
     check_invariants(&q, &["gpu"]).await;
     q.destroy().await.unwrap();
 }
