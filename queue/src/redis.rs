@@ -541,7 +541,7 @@ impl JobQueue for RedisQueue {
         ];
         args.extend(self.claim_settings());
         let reply = self.call(&self.scripts.complete_and_claim, &args).await?;
-        claimed(&reply, pool, id, "complete")
+        claimed(&reply, pool, id, "complete_and_claim")
     }
 
     async fn start(&self, id: &str, token: u64) -> Result<()> {
