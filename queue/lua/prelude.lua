@@ -135,7 +135,7 @@ local function trim(now, batch)
   for _, index in ipairs({'done', 'dead'}) do
     local key = k(index)
     local count = redis.call('ZCARD', key)
-    if count > 0 then
+    if count > 0 and batch > 0 then
       local excess = count - CFG.retention_count
       local head = redis.call('ZRANGE', key, 0, math.min(math.max(excess, 1), batch) - 1, 'WITHSCORES')
       local old = {}
@@ -210,6 +210,7 @@ local function load_pool(name)
     used = tonumber(used or '0'), avg = tonumber(avg or '-1'), changed = false}
 end
 
+-- Writes back what claim and complete changed in a load_pool table.
 local function save_pool(p)
   if not p.changed then return end
   if p.avg >= 0 then
