@@ -28,12 +28,29 @@ local function now_ms()
   return ms
 end
 
+-- One event as the JSON line the log keeps, written by hand because every transition
+-- writes one: only a message with quotes, backslashes or control characters needs
+-- cjson to escape it.
+local function event_json(seq, now, kind, message)
+  if string.find(message, '[%c"\\]') then
+    message = cjson.encode(message)
+  else
+    message = '"' .. message .. '"'
+  end
+  return '{"seq":' .. seq .. ',"at_ms":' .. now .. ',"kind":"' .. kind .. '","message":' .. message .. '}'
+end
+
+-- Appends event lines to a job's log, keeping the newest max_events_per_job.
+local function push_events(id, lines)
+  local key = k('events:' .. id)
+  local n = redis.call('RPUSH', key, unpack(lines))
+  if n > CFG.max_events then redis.call('LTRIM', key, -CFG.max_events, -1) end
+end
+
 -- Appends one event to the job's log (capped), numbered by the job's event_seq.
 local function event(id, now, kind, message)
   local seq = redis.call('HINCRBY', jk(id), 'event_seq', 1)
-  local key = k('events:' .. id)
-  local n = redis.call('RPUSH', key, cjson.encode({seq = seq, at_ms = now, kind = kind, message = message}))
-  if n > CFG.max_events then redis.call('LTRIM', key, -CFG.max_events, -1) end
+  push_events(id, {event_json(seq, now, kind, message)})
 end
 
 -- Puts a job in its tenant's ready set (aged score: rank + (9 - prio) * horizon;
@@ -108,28 +125,34 @@ local function finish(id, now, state, index)
 end
 
 -- Deletes finished jobs older than the retention age or beyond the retention count,
--- at most `batch` per call, so memory stays bounded without long-running scripts.
+-- at most `batch` per index per call, so memory stays bounded without long-running
+-- scripts. Both rules take from the oldest end of an index, so the jobs to delete are
+-- a prefix of it: the ones over the count, then the ones past the age. Reading that
+-- prefix (or just the oldest job, to check its age) costs one ZRANGE.
 local function trim(now, batch)
   local removed = 0
+  local cutoff = now - CFG.retention_ms
   for _, index in ipairs({'done', 'dead'}) do
     local key = k(index)
     local count = redis.call('ZCARD', key)
-    if count > 0 then
-      local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+    if count > 0 and batch > 0 then
       local excess = count - CFG.retention_count
-      if excess > 0 or tonumber(oldest[2]) < now - CFG.retention_ms then
-        local old = redis.call('ZRANGEBYSCORE', key, '-inf', now - CFG.retention_ms, 'LIMIT', 0, batch)
-        excess = excess - #old
-        if excess > 0 then
-          local more = redis.call('ZRANGE', key, #old, #old + math.min(excess, batch) - 1)
-          for _, id in ipairs(more) do table.insert(old, id) end
-        end
-        for _, id in ipairs(old) do
-          redis.call('ZREM', key, id)
-          forget(id)
-          removed = removed + 1
-        end
+      local head = redis.call('ZRANGE', key, 0, math.min(math.max(excess, 1), batch) - 1, 'WITHSCORES')
+      local old = {}
+      for i = 1, #head, 2 do
+        if #old >= excess and tonumber(head[i + 1]) > cutoff then break end
+        table.insert(old, head[i])
       end
+      -- Everything read was past the age and the batch has room: more may be too.
+      if #old == #head / 2 and #old < batch and tonumber(head[#head]) <= cutoff then
+        local more = redis.call('ZRANGEBYSCORE', key, '-inf', cutoff, 'LIMIT', #old, batch - #old)
+        for _, id in ipairs(more) do table.insert(old, id) end
+      end
+      for _, id in ipairs(old) do
+        redis.call('ZREM', key, id)
+        forget(id)
+      end
+      removed = removed + #old
     end
   end
   return removed
@@ -174,4 +197,173 @@ local function enqueue_one(now, idem_ttl, a, i)
   add_ready(id, tenant, now, prio)
   event(id, now, 'queued', '')
   return 0, id
+end
+
+-- A node pool's hash as claim and complete use it, read with one HMGET: they change
+-- `used` and `avg` in the table and save_pool writes both back with one HSET, so a
+-- script that gives capacity back and takes it again touches the hash twice, not six
+-- times. `capacity` is -1 for an unknown pool, `avg` -1 while no run time is known.
+local function load_pool(name)
+  local key = k('pool:' .. name)
+  local capacity, used, avg = unpack(redis.call('HMGET', key, 'capacity', 'used', 'avg_run_ms'))
+  return {name = name, key = key, capacity = tonumber(capacity or '-1'),
+    used = tonumber(used or '0'), avg = tonumber(avg or '-1'), changed = false}
+end
+
+-- Writes back what claim and complete changed in a load_pool table.
+local function save_pool(p)
+  if not p.changed then return end
+  if p.avg >= 0 then
+    redis.call('HSET', p.key, 'used', p.used, 'avg_run_ms', p.avg)
+  else
+    redis.call('HSET', p.key, 'used', p.used)
+  end
+end
+
+-- Whether a job that may run on `pools` (comma-separated, '' for any) may run on `pool`.
+local function allowed(pools, pool)
+  if pools == '' then return true end
+  for p in string.gmatch(pools, '[^,]+') do if p == pool then return true end end
+  return false
+end
+
+-- Leases job `id` of `tenant` (its ready set is `ready`) on pool `p` for `owner`, with
+-- a new fencing token; with `start` the attempt is running at once. `job` holds the
+-- job's gpus, est_s, attempts, preemptions and event_seq; `t` the tenant's weight,
+-- running, waiting and virtual time `vt`; `empties` says whether the job is the last
+-- one the tenant has waiting. Charges the pool (in `p`), the tenant's quota and its
+-- fair share. Returns the claim reply.
+local function lease(now, p, owner, lease_ms, quantum, start, id, tenant, ready, job, t, empties)
+  redis.call('ZREM', ready, id)
+  local token = redis.call('INCR', k('fence'))
+  local deadline = now + lease_ms
+  local seq = tonumber(job.seq or '0')
+  local lines = {event_json(seq + 1, now, 'leased', p.name)}
+  local state = 'leased'
+  if start then
+    state = 'running'
+    lines[2] = event_json(seq + 2, now, 'started', '')
+  end
+  local fields = {'state', state, 'epoch', token, 'owner', owner, 'deadline', deadline,
+    'pool', p.name, 'cancel_req', 0, 'event_seq', seq + #lines}
+  if start then
+    table.insert(fields, 'started_ms')
+    table.insert(fields, now)
+  end
+  redis.call('HSET', jk(id), unpack(fields))
+  redis.call('ZADD', k('leases'), deadline, id)
+  p.used = p.used + job.gpus
+  p.changed = true
+  -- Weighted fair queueing on GPU-time: charge the tenant's virtual time.
+  local vclock = tonumber(redis.call('GET', k('vclock')) or '0')
+  if t.vt > vclock then redis.call('SET', k('vclock'), t.vt) end
+  local est = tonumber(job.est)
+  if est <= 0 then est = quantum end
+  local next_vt = t.vt + job.gpus * est / t.weight
+  redis.call('HSET', k('tenant:' .. tenant), 'running', t.running + job.gpus,
+    'waiting', t.waiting - 1, 'vtime', next_vt)
+  if empties then
+    redis.call('ZREM', k('tenants'), tenant)
+  else
+    redis.call('ZADD', k('tenants'), next_vt, tenant)
+  end
+  push_events(id, lines)
+  local payload = redis.call('GET', k('payload:' .. id)) or ''
+  return {0, id, token, tenant, payload, job.attempts, job.preemptions, deadline}
+end
+
+-- Claims the best job that fits pool `p` (a load_pool table; the caller saves it) for
+-- `owner` and returns the claim reply, or nil when nothing fits. It looks at up to
+-- `scan_tenants` active tenants, lowest virtual time first, and at up to `scan_depth`
+-- of each one's best-ranked jobs. Both lists are read a few entries at a time, since
+-- the first candidate nearly always fits; the first read takes two jobs, so that
+-- taking the first tells whether the tenant runs dry.
+local function claim_next(now, p, owner, lease_ms, scan_tenants, scan_depth, quantum, start)
+  if p.used >= p.capacity then return nil end
+  local tenants = redis.call('ZRANGE', k('tenants'), 0, 0, 'WITHSCORES')
+  local i = 1
+  while i < #tenants do
+    local tenant = tenants[i]
+    local th = k('tenant:' .. tenant)
+    local weight, max_running, running, waiting =
+      unpack(redis.call('HMGET', th, 'weight', 'max_running', 'running', 'waiting'))
+    local t = {vt = tonumber(tenants[i + 1]), weight = tonumber(weight or '1'),
+      running = tonumber(running or '0'), waiting = tonumber(waiting or '0')}
+    max_running = tonumber(max_running or '-1')
+    -- Every job takes at least one GPU: a tenant at its quota has nothing that fits.
+    if max_running < 0 or t.running < max_running then
+      local ready = k('ready:' .. tenant)
+      local heads = redis.call('ZRANGE', ready, 0, 1)
+      local alone = #heads == 1
+      local n = 1
+      while n <= #heads and n <= scan_depth do
+        local id = heads[n]
+        local pools, gpus, est, attempts, preemptions, seq = unpack(redis.call('HMGET', jk(id),
+          'pools', 'gpus', 'est_s', 'attempts', 'preemptions', 'event_seq'))
+        gpus = tonumber(gpus)
+        if allowed(pools, p.name) and p.used + gpus <= p.capacity
+           and (max_running < 0 or t.running + gpus <= max_running) then
+          local job = {gpus = gpus, est = est, attempts = attempts, preemptions = preemptions, seq = seq}
+          return lease(now, p, owner, lease_ms, quantum, start, id, tenant, ready, job, t, alone)
+        end
+        if n == 2 and scan_depth > 2 then
+          for _, more in ipairs(redis.call('ZRANGE', ready, 2, scan_depth - 1)) do
+            table.insert(heads, more)
+          end
+        end
+        n = n + 1
+      end
+    end
+    if i == 1 and scan_tenants > 1 then
+      for _, v in ipairs(redis.call('ZRANGE', k('tenants'), 1, scan_tenants - 1, 'WITHSCORES')) do
+        table.insert(tenants, v)
+      end
+    end
+    i = i + 2
+  end
+  return nil
+end
+
+-- Completes the attempt on job `id` that holds `token`: keeps the pool's moving average
+-- of run times (queued jobs' estimated start uses it), gives the capacity back and files
+-- the job as succeeded. `p`, when given, is a load_pool table the caller saves: if the
+-- job ran on that pool, the release is made in it rather than with writes of its own.
+-- Returns 0, or a failure status and the job's state (nothing changed).
+local function complete_job(now, id, token, result, p)
+  local j = jk(id)
+  local state, epoch, pool, started, gpus, tenant, notify, seq = unpack(redis.call('HMGET', j,
+    'state', 'epoch', 'pool', 'started_ms', 'gpus', 'tenant', 'notify', 'event_seq'))
+  if not state then return -1 end
+  if epoch ~= token then return -6, state end
+  if state ~= 'leased' and state ~= 'running' and state ~= 'suspect' then return -3, state end
+  if pool and pool ~= '' then
+    local ran_on = p
+    if not (p and p.name == pool) then ran_on = load_pool(pool) end
+    if started then
+      local took = now - tonumber(started)
+      if ran_on.avg < 0 then ran_on.avg = took else ran_on.avg = math.floor(0.8 * ran_on.avg + 0.2 * took) end
+    end
+    ran_on.used = ran_on.used - tonumber(gpus)
+    ran_on.changed = true
+    if ran_on ~= p then save_pool(ran_on) end
+    redis.call('HINCRBY', k('tenant:' .. tenant), 'running', -tonumber(gpus))
+  end
+  redis.call('ZREM', k('leases'), id)
+  if state == 'suspect' then redis.call('ZREM', k('suspect'), id) end
+  -- Jobs that asked to be notified get an outbox entry (see finish).
+  if notify == '1' then
+    redis.call('ZADD', k('outbox'), now, id .. '|succeeded|' .. tenant)
+  end
+  if CFG.retention_count <= 0 then
+    -- Deleted at once, so its result and last event are not written at all.
+    forget(id)
+  else
+    seq = tonumber(seq or '0') + 1
+    redis.call('HSET', j, 'state', 'succeeded', 'finished_ms', now, 'result', result, 'event_seq', seq)
+    redis.call('HDEL', j, 'pool', 'owner', 'deadline')
+    push_events(id, {event_json(seq, now, 'succeeded', '')})
+    redis.call('ZADD', k('done'), now, id)
+  end
+  trim(now, 4)
+  return 0
 end

@@ -5,7 +5,10 @@
 //! tenants (32) and priorities (0–9, 9 first), same warm-up (2 000), 8 producers in
 //! flight for enqueue, and 1 and 8 concurrent no-op workers for processing N jobs queued
 //! beforehand. A processed job costs the whole protocol: claim (capacity, quota and
-//! fair-share charged, lease and fencing token issued), start, and complete.
+//! fair-share charged, lease and fencing token issued), start, and complete. Workers
+//! run it as a synchronous runtime would: `claim_started` when idle, then
+//! `complete_and_claim`, which completes a job and hands over the next one, started
+//! (one script per job, as BullMQ's moveToFinished fetches the next job).
 
 use crate::{JobQueue, Queue};
 use crate::{NewJob, QueueConfig, QueueError, Result};
@@ -176,11 +179,18 @@ async fn drain(queue: &Queue, n: usize, workers: usize) -> Result<f64> {
         let done = done.clone();
         tasks.push(tokio::spawn(async move {
             let owner = format!("bench-worker-{w}");
+            // The lease the last completion handed over, already started.
+            let mut next = None;
             while done.load(std::sync::atomic::Ordering::Relaxed) < n {
-                match queue.claim("bench", &owner, "").await? {
+                let lease = match next.take() {
+                    Some(lease) => Some(lease),
+                    None => queue.claim_started("bench", &owner, "").await?,
+                };
+                match lease {
                     Some(lease) => {
-                        queue.start(&lease.id, lease.token).await?;
-                        queue.complete(&lease.id, lease.token, "{}").await?;
+                        next = queue
+                            .complete_and_claim(&lease.id, lease.token, "{}", "bench", &owner)
+                            .await?;
                         done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
                     None => tokio::task::yield_now().await,

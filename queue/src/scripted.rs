@@ -28,6 +28,7 @@ struct Scripts {
     start: LuaScript,
     heartbeat: LuaScript,
     complete: LuaScript,
+    complete_and_claim: LuaScript,
     fail: LuaScript,
     preempt: LuaScript,
     cancel: LuaScript,
@@ -53,6 +54,7 @@ impl Scripts {
             &self.start,
             &self.heartbeat,
             &self.complete,
+            &self.complete_and_claim,
             &self.fail,
             &self.preempt,
             &self.cancel,
@@ -74,6 +76,10 @@ impl Scripts {
             start: script("start", include_str!("../lua/start.lua")),
             heartbeat: script("heartbeat", include_str!("../lua/heartbeat.lua")),
             complete: script("complete", include_str!("../lua/complete.lua")),
+            complete_and_claim: script(
+                "complete_and_claim",
+                include_str!("../lua/complete_and_claim.lua"),
+            ),
             fail: script("fail", include_str!("../lua/fail.lua")),
             preempt: script("preempt", include_str!("../lua/preempt.lua")),
             cancel: script("cancel", include_str!("../lua/cancel.lua")),
@@ -179,6 +185,30 @@ fn enqueued(job: &NewJob, status: Option<&Value>, id: Option<&Value>) -> Result<
         }),
         -7 => Err(QueueError::OverQuota(job.tenant.clone())),
         s => Err(QueueError::Protocol(format!("enqueue: status {s}"))),
+    }
+}
+
+/// Reads a claim script's reply (claim.lua, complete_and_claim.lua): a lease, `None`
+/// when nothing fits `pool`, or the error its status stands for.
+fn claimed(
+    reply: &[Value],
+    pool: &str,
+    id: &str,
+    operation: &'static str,
+) -> Result<Option<Lease>> {
+    match int(reply.first())? {
+        0 => Ok(Some(Lease {
+            id: text(reply.get(1))?,
+            token: unsigned(reply.get(2))?,
+            tenant: text(reply.get(3))?,
+            payload: text(reply.get(4))?,
+            attempts: u32::try_from(unsigned(reply.get(5))?).unwrap_or(u32::MAX),
+            preemptions: u32::try_from(unsigned(reply.get(6))?).unwrap_or(u32::MAX),
+            deadline_ms: unsigned(reply.get(7))?,
+        })),
+        1 => Ok(None),
+        -9 => Err(QueueError::UnknownPool(pool.to_string())),
+        _ => Err(Queue::status_error(id, reply, operation)),
     }
 }
 
@@ -507,6 +537,17 @@ impl Queue {
         self.query(cmd).await
     }
 
+    /// The arguments a claim script takes after its own: lease length and scan settings.
+    fn claim_settings(&self) -> [String; 4] {
+        let c = &self.config;
+        [
+            c.lease_ms.to_string(),
+            c.scan_tenants.to_string(),
+            c.scan_depth.to_string(),
+            c.quantum_seconds.to_string(),
+        ]
+    }
+
     /// Moves the queue clock forward by `ms` (tests use it to expire leases and age jobs).
     pub async fn advance_clock(&self, ms: u64) -> Result<()> {
         let mut cmd = redis::cmd("HINCRBY");
@@ -569,6 +610,28 @@ pub trait JobQueue: Send + Sync {
     async fn claim(&self, pool: &str, owner: &str, request_id: &str) -> Result<Option<Lease>>;
     /// The attempt was started: leased → running.
     async fn start(&self, id: &str, token: u64) -> Result<()>;
+    /// [`Self::claim`] and [`Self::start`] in one step: the attempt is running as soon
+    /// as it is leased, for workers that start a job the moment they hold it.
+    async fn claim_started(
+        &self,
+        pool: &str,
+        owner: &str,
+        request_id: &str,
+    ) -> Result<Option<Lease>>;
+    /// [`Self::complete`] and then [`Self::claim_started`] for the same worker, in one
+    /// step, so a busy worker makes one call per job (BullMQ's worker fetches its next
+    /// job in moveToFinished the same way). With a stale token, a wrong state or an
+    /// unknown pool nothing changes, as with `complete` and `claim`. It takes no claim
+    /// request id: if the reply is lost, the next job's lease runs out and the job
+    /// becomes suspect, like any attempt whose worker vanished.
+    async fn complete_and_claim(
+        &self,
+        id: &str,
+        token: u64,
+        result: &str,
+        pool: &str,
+        owner: &str,
+    ) -> Result<Option<Lease>>;
     /// Renews the lease and records progress (JSON).
     async fn heartbeat(&self, id: &str, token: u64, progress: Option<&str>) -> Result<u64>;
     /// The attempt succeeded.
@@ -701,20 +764,57 @@ impl JobQueue for Queue {
             .run_script(&self.scripts.claim, &args, repeatable)
             .await
             .0?;
-        match int(reply.first())? {
-            0 => Ok(Some(Lease {
-                id: text(reply.get(1))?,
-                token: unsigned(reply.get(2))?,
-                tenant: text(reply.get(3))?,
-                payload: text(reply.get(4))?,
-                attempts: u32::try_from(unsigned(reply.get(5))?).unwrap_or(u32::MAX),
-                preemptions: u32::try_from(unsigned(reply.get(6))?).unwrap_or(u32::MAX),
-                deadline_ms: unsigned(reply.get(7))?,
-            })),
-            1 => Ok(None),
-            -9 => Err(QueueError::UnknownPool(pool.to_string())),
-            s => Err(QueueError::Protocol(format!("claim: status {s}"))),
-        }
+        claimed(&reply, pool, "", "claim")
+    }
+
+    async fn claim_started(
+        &self,
+        pool: &str,
+        owner: &str,
+        request_id: &str,
+    ) -> Result<Option<Lease>> {
+        let [lease_ms, scan_tenants, scan_depth, quantum] = self.claim_settings();
+        let args = [
+            pool.to_string(),
+            owner.to_string(),
+            lease_ms,
+            request_id.to_string(),
+            scan_tenants,
+            scan_depth,
+            quantum,
+            "1".to_string(),
+        ];
+        let repeatable = !request_id.is_empty();
+        let reply: Vec<Value> = self
+            .run_script(&self.scripts.claim, &args, repeatable)
+            .await
+            .0?;
+        claimed(&reply, pool, "", "claim")
+    }
+
+    async fn complete_and_claim(
+        &self,
+        id: &str,
+        token: u64,
+        result: &str,
+        pool: &str,
+        owner: &str,
+    ) -> Result<Option<Lease>> {
+        let mut args = vec![
+            id.to_string(),
+            token.to_string(),
+            result.to_string(),
+            pool.to_string(),
+            owner.to_string(),
+        ];
+        args.extend(self.claim_settings());
+        // Not repeated after a lost reply: a repeat would find the job already done and
+        // claim nothing, orphaning the first try's lease until it expires.
+        let reply: Vec<Value> = self
+            .run_script(&self.scripts.complete_and_claim, &args, false)
+            .await
+            .0?;
+        claimed(&reply, pool, id, "complete_and_claim")
     }
 
     async fn start(&self, id: &str, token: u64) -> Result<()> {

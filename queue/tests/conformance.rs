@@ -613,7 +613,8 @@ enum Op {
     Claim {
         pool_a: bool,
     },
-    /// Ends a live attempt: complete, fail (retryable) or preempt.
+    /// Ends a live attempt: complete, fail (retryable), preempt, or complete and
+    /// claim the next job in one step.
     Finish {
         pick: usize,
         how: u8,
@@ -642,7 +643,7 @@ fn op() -> impl proptest::strategy::Strategy<Value = Op> {
             |(tenant, priority, pools, key)| Op::Enqueue { tenant, priority, pools, key }
         ),
         3 => any::<bool>().prop_map(|pool_a| Op::Claim { pool_a }),
-        2 => (any::<usize>(), 0..3u8).prop_map(|(pick, how)| Op::Finish { pick, how }),
+        2 => (any::<usize>(), 0..4u8).prop_map(|(pick, how)| Op::Finish { pick, how }),
         1 => any::<usize>().prop_map(|pick| Op::Heartbeat { pick }),
         1 => any::<usize>().prop_map(|pick| Op::Cancel { pick }),
         1 => (0..2_500u64, any::<bool>()).prop_map(|(advance_ms, adopt)| Op::Expire { advance_ms, adopt }),
@@ -757,7 +758,22 @@ async fn run_ops(backend: Backend, ops: Vec<Op>) {
                         1 => {
                             q.fail(&id, token, "x", true).await.unwrap();
                         }
-                        _ => q.preempt(&id, token, "spot").await.unwrap(),
+                        2 => q.preempt(&id, token, "spot").await.unwrap(),
+                        _ => {
+                            let pool = if n % 2 == 0 { "a" } else { "b" };
+                            let next = q.complete_and_claim(&id, token, "{}", pool, "d");
+                            if let Some(lease) = next.await.unwrap() {
+                                assert!(
+                                    !m.cancelled.contains(&lease.id),
+                                    "{ctx}: cancelled job dispatched"
+                                );
+                                assert!(
+                                    !m.live.contains_key(&lease.id),
+                                    "{ctx}: second live lease"
+                                );
+                                m.live.insert(lease.id, lease.token);
+                            }
+                        }
                     }
                 }
             }
@@ -1098,6 +1114,218 @@ async fn the_catalog_keeps_entries_per_owner_and_pages_newest_first(backend: Bac
     q.destroy().await.unwrap();
 }
 
+async fn a_worker_that_completes_and_claims_runs_each_job_through_every_step(backend: Backend) {
+    let q = queue(backend, "chain", QueueConfig::default()).await;
+    q.set_pool("gpu", 1).await.unwrap();
+    let a = q.enqueue(&job("t", 5)).await.unwrap().id;
+    let b = q.enqueue(&job("t", 5)).await.unwrap().id;
+    let first = q.claim_started("gpu", "w", "req-1").await.unwrap().unwrap();
+    assert_eq!(first.id, a);
+    assert_eq!(q.get(&a).await.unwrap().unwrap().state, JobState::Running);
+    assert_eq!(
+        q.claim_started("gpu", "w", "req-1").await.unwrap(),
+        Some(first.clone()),
+        "a retried claim returns the same lease"
+    );
+    check_invariants(&q, &["gpu"]).await;
+    let second = q
+        .complete_and_claim(&a, first.token, r#"{"ok":1}"#, "gpu", "w")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(second.id, b);
+    assert!(second.token > first.token);
+    let done = q.get(&a).await.unwrap().unwrap();
+    assert_eq!(done.state, JobState::Succeeded);
+    assert_eq!(done.result.as_deref(), Some(r#"{"ok":1}"#));
+    assert_eq!(q.get(&b).await.unwrap().unwrap().state, JobState::Running);
+    assert_eq!(q.pool_usage("gpu").await.unwrap().used, 1);
+    check_invariants(&q, &["gpu"]).await;
+    assert!(
+        q.complete_and_claim(&b, second.token, "{}", "gpu", "w")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    for id in [&a, &b] {
+        assert_eq!(
+            kinds(&q, id).await,
+            ["queued", "leased", "started", "succeeded"]
+        );
+        let seqs: Vec<u64> = q
+            .events(id, None, 10, false)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.seq)
+            .collect();
+        assert_eq!(seqs, [1, 2, 3, 4]);
+    }
+    assert_eq!(q.pool_usage("gpu").await.unwrap().used, 0);
+    check_invariants(&q, &["gpu"]).await;
+    q.destroy().await.unwrap();
+}
+
+async fn complete_and_claim_with_a_stale_token_or_unknown_pool_changes_nothing(backend: Backend) {
+    let q = queue(
+        backend,
+        "chainfence",
+        QueueConfig {
+            lease_ms: 1_000,
+            ..QueueConfig::default()
+        },
+    )
+    .await;
+    q.set_pool("gpu", 2).await.unwrap();
+    let id = q.enqueue(&job("t", 5)).await.unwrap().id;
+    let waiting = q.enqueue(&job("t", 5)).await.unwrap().id;
+    let first = q.claim_started("gpu", "w1", "").await.unwrap().unwrap();
+    assert_eq!(first.id, id);
+    q.advance_clock(1_500).await.unwrap();
+    q.expire_leases(10).await.unwrap();
+    q.resolve_suspect(&id, first.token, SuspectVerdict::Requeue)
+        .await
+        .unwrap();
+    let second = q.claim("gpu", "w2", "").await.unwrap().unwrap();
+    assert_eq!(second.id, id, "the requeued job keeps its place in line");
+    let before = (q.get(&id).await.unwrap(), q.get(&waiting).await.unwrap());
+    let stale = q
+        .complete_and_claim(&id, first.token, "{}", "gpu", "w1")
+        .await;
+    assert!(matches!(stale, Err(QueueError::StaleToken(_))), "{stale:?}");
+    let unknown = q
+        .complete_and_claim(&id, second.token, "{}", "nowhere", "w2")
+        .await;
+    assert!(
+        matches!(unknown, Err(QueueError::UnknownPool(_))),
+        "{unknown:?}"
+    );
+    let after = (q.get(&id).await.unwrap(), q.get(&waiting).await.unwrap());
+    assert_eq!(before, after, "refused calls changed a job");
+    assert_eq!(q.pool_usage("gpu").await.unwrap().used, 1);
+    check_invariants(&q, &["gpu"]).await;
+    let next = q
+        .complete_and_claim(&id, second.token, "{}", "gpu", "w2")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(next.id, waiting);
+    let again = q
+        .complete_and_claim(&id, second.token, "{}", "gpu", "w2")
+        .await;
+    assert!(
+        matches!(again, Err(QueueError::WrongState { .. })),
+        "{again:?}"
+    );
+    check_invariants(&q, &["gpu"]).await;
+    q.destroy().await.unwrap();
+}
+
+async fn complete_and_claim_charges_capacity_and_quotas_exactly(backend: Backend) {
+    let q = queue(backend, "chaincap", QueueConfig::default()).await;
+    q.set_pool("gpu", 3).await.unwrap();
+    q.set_tenant(
+        "capped",
+        &TenantSettings {
+            max_running: Some(1),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let mut wide = job("wide", 9);
+    wide.gpus = 3;
+    // Tenant order at equal virtual time is by name: capped, then wide.
+    let c1 = q.enqueue(&job("capped", 5)).await.unwrap().id;
+    let c2 = q.enqueue(&job("capped", 5)).await.unwrap().id;
+    let w = q.enqueue(&wide).await.unwrap().id;
+    let held = q.claim_started("gpu", "other", "").await.unwrap().unwrap();
+    assert_eq!(held.id, c1);
+    let mut small = job("small", 5);
+    small.pools = vec!["other".into()];
+    q.enqueue(&small).await.unwrap();
+    // While the first capped job runs, the second is over the tenant's quota and the
+    // 3-GPU job does not fit beside it; the small job is pinned to another pool.
+    assert!(q.claim_started("gpu", "w", "").await.unwrap().is_none());
+    // Completing the capped job gives its GPU back in the same step that claims: the
+    // 3-GPU job (its tenant now has the lower virtual time) fits exactly.
+    let next = q
+        .complete_and_claim(&c1, held.token, "{}", "gpu", "other")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(next.id, w);
+    assert_eq!(q.pool_usage("gpu").await.unwrap().used, 3);
+    check_invariants(&q, &["gpu"]).await;
+    // The capped tenant's quota was given back too: its second job runs next.
+    let last = q
+        .complete_and_claim(&w, next.token, "{}", "gpu", "other")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(last.id, c2);
+    assert_eq!(q.pool_usage("gpu").await.unwrap().used, 1);
+    check_invariants(&q, &["gpu"]).await;
+    assert!(
+        q.complete_and_claim(&c2, last.token, "{}", "gpu", "other")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(q.pool_usage("gpu").await.unwrap().used, 0);
+    check_invariants(&q, &["gpu"]).await;
+    q.destroy().await.unwrap();
+}
+
+async fn tenants_share_by_weight_when_workers_complete_and_claim(backend: Backend) {
+    let q = queue(backend, "chainfair", QueueConfig::default()).await;
+    q.set_pool("gpu", 2).await.unwrap();
+    q.set_tenant(
+        "big",
+        &TenantSettings {
+            weight: 2.0,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    for _ in 0..300 {
+        q.enqueue(&job("big", 5)).await.unwrap();
+    }
+    for t in ["small-a", "small-b"] {
+        for _ in 0..100 {
+            q.enqueue(&job(t, 5)).await.unwrap();
+        }
+    }
+    // Two workers, each handing its finished job back and taking the next in one call.
+    let mut served: HashMap<String, u32> = HashMap::new();
+    let mut held = vec![];
+    for w in ["w1", "w2"] {
+        held.push(q.claim_started("gpu", w, "").await.unwrap().unwrap());
+    }
+    for round in 0..200 {
+        let w = ["w1", "w2"][round % 2];
+        let lease = held.remove(0);
+        *served.entry(lease.tenant.clone()).or_default() += 1;
+        let next = q
+            .complete_and_claim(&lease.id, lease.token, "{}", "gpu", w)
+            .await
+            .unwrap()
+            .unwrap();
+        held.push(next);
+    }
+    for (tenant, want) in [("big", 100.0), ("small-a", 50.0), ("small-b", 50.0)] {
+        let got = f64::from(served[tenant]);
+        assert!(
+            (got - want).abs() <= want * 0.1,
+            "{tenant}: {got} of 200, want {want}: {served:?}"
+        );
+    }
+    assert_eq!(q.pool_usage("gpu").await.unwrap().used, 2);
+    check_invariants(&q, &["gpu"]).await;
+    q.destroy().await.unwrap();
+}
+
 /// Instantiates each conformance test once per backend, as `redis::name`,
 /// `cluster::name` and `embedded::name`.
 macro_rules! conformance {
@@ -1115,6 +1343,10 @@ macro_rules! conformance {
 }
 
 conformance! {
+    #[tokio::test] a_worker_that_completes_and_claims_runs_each_job_through_every_step,
+    #[tokio::test] complete_and_claim_with_a_stale_token_or_unknown_pool_changes_nothing,
+    #[tokio::test] complete_and_claim_charges_capacity_and_quotas_exactly,
+    #[tokio::test] tenants_share_by_weight_when_workers_complete_and_claim,
     #[tokio::test] the_catalog_keeps_entries_per_owner_and_pages_newest_first,
     #[tokio::test] a_job_goes_from_queued_to_succeeded,
     #[tokio::test] idempotency_keys_return_the_same_job_per_tenant,
