@@ -1,4 +1,80 @@
-//! The REST service: native routes, OpenAI-compatible routes, tenants and the OpenAPI spec.
+//! The REST service: native routes, OpenAI-compatible routes, tenants and API keys.
 //!
-//! Not built yet (issue 5). It will serve `/files`, `/finetunes`, `/v1/files`,
-//! `/v1/fine_tuning/jobs`, SSE event streams, `/metrics` and `/openapi.json`.
+//! Layout:
+//! - `state`: what handlers share (queue + catalog, object store, settings).
+//! - `error`: every error as OpenAI's error body, with a 4xx that names the field.
+//! - `auth`: API keys (stored hashed) → tenants; the admin key.
+//! - `files`: dataset upload with validation, list, retrieve, download, delete.
+//! - `admin`: tenants and keys. `health`: liveness and readiness.
+//!
+//! Fine-tunes, events, checkpoints, models, metrics and the OpenAPI document come next
+//! (issue 5 continues).
+
+pub mod admin;
+pub mod auth;
+pub mod error;
+pub mod files;
+pub mod health;
+pub mod state;
+
+pub use error::{ApiError, ApiResult};
+pub use state::{ApiConfig, AppState};
+
+use actix_web::{App, HttpServer, web};
+
+/// Every route, for `App::configure`.
+pub fn configure(state: AppState) -> impl FnOnce(&mut web::ServiceConfig) {
+    move |cfg| {
+        let json_limit = state.config.max_json_bytes;
+        cfg.app_data(web::Data::new(state))
+            .app_data(
+                web::JsonConfig::default()
+                    .limit(json_limit)
+                    .error_handler(|e, _| {
+                        ApiError::invalid(
+                            "body",
+                            "invalid_json",
+                            format!("The JSON body is invalid: {e}"),
+                        )
+                        .into()
+                    }),
+            )
+            .app_data(web::QueryConfig::default().error_handler(|e, _| {
+                ApiError::invalid(
+                    "query",
+                    "invalid_query",
+                    format!("The query is invalid: {e}"),
+                )
+                .into()
+            }))
+            .app_data(web::PathConfig::default().error_handler(|e, _| {
+                ApiError::invalid("path", "invalid_path", e.to_string()).into()
+            }))
+            .service(health::healthz)
+            .service(health::readyz)
+            .configure(files::routes)
+            .configure(admin::routes)
+            .default_service(web::to(|| async {
+                Err::<actix_web::HttpResponse, _>(ApiError::new(
+                    actix_web::http::StatusCode::NOT_FOUND,
+                    "invalid_request_error",
+                    "unknown_route",
+                    "No such route.",
+                ))
+            }));
+    }
+}
+
+/// Serves the API on `listener` until the returned server is stopped.
+pub fn serve(
+    listener: std::net::TcpListener,
+    state: AppState,
+) -> std::io::Result<actix_web::dev::Server> {
+    Ok(HttpServer::new(move || {
+        App::new()
+            .wrap(actix_web::middleware::Logger::new("%r %s %Dms").log_target("tuneq::access"))
+            .configure(configure(state.clone()))
+    })
+    .listen(listener)?
+    .run())
+}

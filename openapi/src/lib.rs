@@ -8,9 +8,13 @@
 //! - [`progress`]: events a trainer reports ([`TrainEvent`], [`StepMetrics`]).
 //! - [`train_spec`]: the complete description of one training run ([`TrainSpec`]) and its parts.
 
+pub mod files;
 pub mod progress;
 pub mod train_spec;
 
+pub use files::{
+    Deleted, ErrorBody, ErrorDetail, FileList, FileObject, FileValidation, LineProblem,
+};
 pub use progress::{StepMetrics, TrainEvent};
 pub use train_spec::{
     ChatTemplateChoice, CheckpointPolicy, DatasetFormat, DeviceKind, DtypeKind, Hyperparameters,

@@ -1,0 +1,188 @@
+//! Tenants and API keys. A key (`tq_` + 40 hex characters) is shown once, when it is
+//! created; only its SHA-256 is stored, in the catalog. Every route but health and the
+//! spec needs `Authorization: Bearer <key>`; the key decides the tenant, and every
+//! object a handler touches is looked up under that tenant.
+
+use crate::error::{ApiError, ApiResult};
+use crate::state::AppState;
+use actix_web::{FromRequest, HttpRequest, web};
+use futures::future::LocalBoxFuture;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tuneq_queue::{Catalog, catalog::check_identifier};
+
+/// Catalog kind and owner of API keys (their id is the key's SHA-256).
+const KEYS: (&str, &str) = ("apikey", "keys");
+/// Catalog kind and owner of tenants.
+const TENANTS: (&str, &str) = ("tenant", "tenants");
+
+/// What the catalog keeps about a key.
+#[derive(Debug, Serialize, Deserialize)]
+struct KeyRecord {
+    tenant: String,
+}
+
+/// A tenant.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TenantRecord {
+    /// Its id (`[A-Za-z0-9._-]{1,128}`).
+    pub id: String,
+    /// A display name.
+    pub name: String,
+}
+
+/// The SHA-256 of a key, hex: what is stored and looked up.
+pub fn key_hash(key: &str) -> String {
+    hex::encode(Sha256::digest(key.as_bytes()))
+}
+
+/// A new random key.
+pub fn new_key() -> String {
+    format!("tq_{}", hex::encode(rand::random::<[u8; 20]>()))
+}
+
+/// Creates a tenant (idempotent: an existing one is returned as it is).
+pub async fn create_tenant(state: &AppState, id: &str, name: &str) -> ApiResult<TenantRecord> {
+    check_identifier("tenant", id).map_err(ApiError::from)?;
+    let record = TenantRecord {
+        id: id.to_string(),
+        name: name.to_string(),
+    };
+    let body = serde_json::to_string(&record).map_err(|e| ApiError::internal(e.to_string()))?;
+    if !state
+        .queue
+        .create_entry(TENANTS.0, TENANTS.1, id, &body)
+        .await?
+    {
+        return tenant(state, id)
+            .await?
+            .ok_or_else(|| ApiError::internal("tenant vanished while being created"));
+    }
+    tracing::info!(tenant = id, "tenant created");
+    Ok(record)
+}
+
+/// The tenant, if it exists.
+pub async fn tenant(state: &AppState, id: &str) -> ApiResult<Option<TenantRecord>> {
+    let Some(entry) = state.queue.get_entry(TENANTS.0, TENANTS.1, id).await? else {
+        return Ok(None);
+    };
+    serde_json::from_str(&entry.body)
+        .map(Some)
+        .map_err(|e| ApiError::internal(format!("tenant {id} record: {e}")))
+}
+
+/// Registers `key` (given, or new when None) for `tenant` and returns it. The key is
+/// stored only as its hash.
+pub async fn add_key(state: &AppState, tenant_id: &str, key: Option<&str>) -> ApiResult<String> {
+    if tenant(state, tenant_id).await?.is_none() {
+        return Err(ApiError::not_found("tenant", tenant_id));
+    }
+    let key = key.map_or_else(new_key, str::to_string);
+    if key.len() < 16 {
+        return Err(ApiError::invalid(
+            "api_key",
+            "key_too_short",
+            "API keys must be at least 16 characters.",
+        ));
+    }
+    let body = serde_json::to_string(&KeyRecord {
+        tenant: tenant_id.to_string(),
+    })
+    .map_err(|e| ApiError::internal(e.to_string()))?;
+    let hash = key_hash(&key);
+    if !state
+        .queue
+        .create_entry(KEYS.0, KEYS.1, &hash, &body)
+        .await?
+    {
+        let owner = owner_of(state, &hash).await?;
+        if owner.as_deref() != Some(tenant_id) {
+            return Err(ApiError::invalid(
+                "api_key",
+                "key_in_use",
+                "This API key already belongs to another tenant.",
+            ));
+        }
+    }
+    Ok(key)
+}
+
+async fn owner_of(state: &AppState, hash: &str) -> ApiResult<Option<String>> {
+    let Some(entry) = state.queue.get_entry(KEYS.0, KEYS.1, hash).await? else {
+        return Ok(None);
+    };
+    let record: KeyRecord = serde_json::from_str(&entry.body)
+        .map_err(|e| ApiError::internal(format!("key record: {e}")))?;
+    Ok(Some(record.tenant))
+}
+
+fn bearer(req: &HttpRequest) -> ApiResult<String> {
+    let header = req
+        .headers()
+        .get(actix_web::http::header::AUTHORIZATION)
+        .ok_or_else(|| {
+            ApiError::unauthenticated(
+                "You didn't provide an API key. Send it as `Authorization: Bearer <key>`.",
+            )
+        })?;
+    let value = header
+        .to_str()
+        .map_err(|_| ApiError::unauthenticated("The Authorization header is not valid text."))?;
+    let key = value
+        .strip_prefix("Bearer ")
+        .or_else(|| value.strip_prefix("bearer "))
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        .ok_or_else(|| {
+            ApiError::unauthenticated("The Authorization header must be `Bearer <key>`.")
+        })?;
+    Ok(key.to_string())
+}
+
+/// The tenant a request acts for, from its API key.
+#[derive(Debug, Clone)]
+pub struct Tenant(pub String);
+
+impl FromRequest for Tenant {
+    type Error = ApiError;
+    type Future = LocalBoxFuture<'static, Result<Self, Self::Error>>;
+
+    fn from_request(req: &HttpRequest, _: &mut actix_web::dev::Payload) -> Self::Future {
+        let state = req.app_data::<web::Data<AppState>>().cloned();
+        let key = bearer(req);
+        Box::pin(async move {
+            let state = state.ok_or_else(|| ApiError::internal("no application state"))?;
+            let hash = key_hash(&key?);
+            match owner_of(&state, &hash).await? {
+                Some(tenant) => Ok(Tenant(tenant)),
+                None => Err(ApiError::unauthenticated(
+                    "Incorrect API key provided. Keys are created with `tuneq up` or the admin API.",
+                )),
+            }
+        })
+    }
+}
+
+/// An operator: the request carries the admin key from the configuration.
+#[derive(Debug, Clone, Copy)]
+pub struct Admin;
+
+impl FromRequest for Admin {
+    type Error = ApiError;
+    type Future = std::future::Ready<Result<Self, Self::Error>>;
+
+    fn from_request(req: &HttpRequest, _: &mut actix_web::dev::Payload) -> Self::Future {
+        let expected = req
+            .app_data::<web::Data<AppState>>()
+            .and_then(|s| s.config.admin_key_hash.clone());
+        std::future::ready(match (bearer(req), expected) {
+            (Err(e), _) => Err(e),
+            (Ok(_), None) => Err(ApiError::forbidden(
+                "The admin API is disabled: start the server with an admin key.",
+            )),
+            (Ok(key), Some(hash)) if key_hash(&key) == hash => Ok(Admin),
+            (Ok(_), Some(_)) => Err(ApiError::forbidden("This key is not the admin key.")),
+        })
+    }
+}

@@ -1,0 +1,440 @@
+//! Datasets: upload (multipart, as OpenAI's SDKs send it, or a raw body), list,
+//! retrieve, download, delete — `/v1/files…` and the same handlers at `/files…`.
+//!
+//! An upload is spooled to disk (bounded by the size limit), validated with the
+//! trainer's own rules (`tuneq-dataset`), and refused with every bad line listed if any
+//! line is wrong; nothing is stored then. A valid file goes to
+//! `tenants/<tenant>/files/<file>/content.jsonl` and its record to the catalog. Keys
+//! are built from checked ids only; the client's filename is display text.
+
+use crate::auth::Tenant;
+use crate::error::{ApiError, ApiResult};
+use crate::state::AppState;
+use actix_web::http::header;
+use actix_web::{HttpRequest, HttpResponse, web};
+use futures::{StreamExt, TryStreamExt};
+use serde::Deserialize;
+use std::io::Write;
+use tuneq_dataset::{DataError, Record, parse_jsonl};
+use tuneq_openapi::{DatasetFormat, Deleted, FileList, FileObject, FileValidation, LineProblem};
+use tuneq_queue::Catalog;
+use tuneq_storage::layout::{self, Id};
+use tuneq_storage::{ObjectKey, PutMode};
+
+/// Catalog kind of files.
+const KIND: &str = "file";
+/// The only purpose a file can have here.
+const PURPOSE: &str = "fine-tune";
+
+/// Routes, under both prefixes.
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    for prefix in ["/v1/files", "/files"] {
+        cfg.service(
+            web::resource(prefix)
+                .route(web::post().to(upload))
+                .route(web::get().to(list)),
+        )
+        .service(
+            web::resource(format!("{prefix}/{{id}}"))
+                .route(web::get().to(retrieve))
+                .route(web::delete().to(delete)),
+        )
+        .service(web::resource(format!("{prefix}/{{id}}/content")).route(web::get().to(content)));
+    }
+}
+
+fn new_file_id() -> String {
+    format!("file-{}", hex::encode(rand::random::<[u8; 12]>()))
+}
+
+/// The storage key of a file's bytes.
+fn content_key(tenant: &str, file: &str) -> ApiResult<ObjectKey> {
+    let tenant =
+        Id::parse(tenant).map_err(|_| ApiError::internal("tenant id is not a storage id"))?;
+    let file = Id::parse(file).map_err(|_| ApiError::not_found("file", file))?;
+    layout::tenant_file(&tenant, &file)
+        .join("content.jsonl")
+        .map_err(|e| ApiError::internal(e.to_string()))
+}
+
+/// A display name: no control characters, at most 255 bytes.
+fn clean_filename(name: &str) -> String {
+    let mut cleaned: String = name.chars().filter(|c| !c.is_control()).collect();
+    while cleaned.len() > 255 {
+        cleaned.pop();
+    }
+    if cleaned.trim().is_empty() {
+        "upload.jsonl".into()
+    } else {
+        cleaned
+    }
+}
+
+/// Query of a raw-body upload (`POST /files?filename=train.jsonl`).
+#[derive(Debug, Deserialize)]
+struct RawUpload {
+    filename: Option<String>,
+    purpose: Option<String>,
+}
+
+/// An upload spooled to disk.
+struct Spooled {
+    file: tempfile::NamedTempFile,
+    bytes: u64,
+    filename: String,
+    purpose: Option<String>,
+}
+
+/// Writes `chunks` to a new spool file, refusing more than `limit` bytes.
+async fn spool<S, E>(state: &AppState, mut chunks: S) -> ApiResult<(tempfile::NamedTempFile, u64)>
+where
+    S: futures::Stream<Item = Result<bytes::Bytes, E>> + Unpin,
+    E: std::fmt::Display,
+{
+    let limit = state.config.max_upload_bytes;
+    let mut file = tempfile::NamedTempFile::new_in(&state.config.spool_dir)
+        .map_err(|e| ApiError::internal(format!("cannot spool the upload: {e}")))?;
+    let mut bytes = 0u64;
+    while let Some(chunk) = chunks.next().await {
+        let chunk = chunk.map_err(|e| {
+            ApiError::invalid(
+                "file",
+                "upload_interrupted",
+                format!("The upload broke off: {e}"),
+            )
+        })?;
+        bytes += chunk.len() as u64;
+        if bytes > limit {
+            return Err(ApiError::too_large(limit));
+        }
+        file.write_all(&chunk)
+            .map_err(|e| ApiError::internal(format!("cannot spool the upload: {e}")))?;
+    }
+    Ok((file, bytes))
+}
+
+async fn receive(state: &AppState, req: &HttpRequest, payload: web::Payload) -> ApiResult<Spooled> {
+    let is_multipart = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("multipart/form-data"));
+    if !is_multipart {
+        let query = web::Query::<RawUpload>::from_query(req.query_string())
+            .map_err(|e| ApiError::invalid("filename", "invalid_query", e.to_string()))?;
+        let (file, bytes) = spool(state, payload).await?;
+        return Ok(Spooled {
+            file,
+            bytes,
+            filename: clean_filename(query.filename.as_deref().unwrap_or("upload.jsonl")),
+            purpose: query.purpose.clone(),
+        });
+    }
+    let mut form = actix_multipart::Multipart::new(req.headers(), payload);
+    let mut purpose = None;
+    let mut spooled = None;
+    while let Some(field) = form.next().await {
+        let mut field =
+            field.map_err(|e| ApiError::invalid("file", "invalid_multipart", e.to_string()))?;
+        let name = field.name().unwrap_or_default().to_string();
+        match name.as_str() {
+            "purpose" => {
+                let mut text = Vec::new();
+                while let Some(chunk) = field.next().await {
+                    let chunk = chunk.map_err(|e| {
+                        ApiError::invalid("purpose", "invalid_multipart", e.to_string())
+                    })?;
+                    text.extend_from_slice(&chunk);
+                    if text.len() > 64 {
+                        return Err(ApiError::invalid(
+                            "purpose",
+                            "invalid_value",
+                            "purpose is too long",
+                        ));
+                    }
+                }
+                purpose = Some(String::from_utf8_lossy(&text).trim().to_string());
+            }
+            "file" => {
+                let filename = field
+                    .content_disposition()
+                    .and_then(|d| d.get_filename())
+                    .map(clean_filename)
+                    .unwrap_or_else(|| "upload.jsonl".into());
+                let (file, bytes) = spool(state, field.map_err(|e| e.to_string())).await?;
+                spooled = Some((file, bytes, filename));
+            }
+            // Unknown fields are drained and ignored, as OpenAI does.
+            _ => while field.next().await.is_some() {},
+        }
+    }
+    let (file, bytes, filename) = spooled.ok_or_else(|| {
+        ApiError::invalid(
+            "file",
+            "missing_file",
+            "The form has no `file` field with the dataset.",
+        )
+    })?;
+    Ok(Spooled {
+        file,
+        bytes,
+        filename,
+        purpose,
+    })
+}
+
+fn characters(record: &Record) -> usize {
+    match record {
+        Record::Chat { messages } => messages.iter().map(|m| m.content.chars().count()).sum(),
+        Record::PromptCompletion { prompt, completion } => {
+            prompt.chars().count() + completion.chars().count()
+        }
+        Record::Alpaca {
+            instruction,
+            input,
+            output,
+        } => instruction.chars().count() + input.chars().count() + output.chars().count(),
+        Record::Text { text } => text.chars().count(),
+    }
+}
+
+fn format_name(format: DatasetFormat) -> String {
+    serde_json::to_value(format)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// Validates the spooled file with the trainer's rules.
+async fn validate(path: std::path::PathBuf, filename: String) -> ApiResult<FileValidation> {
+    let parsed = tokio::task::spawn_blocking(move || {
+        let bytes = std::fs::read(&path).map_err(|e| DataError::Io {
+            path: filename.clone(),
+            source: e,
+        })?;
+        parse_jsonl(&filename, &bytes, DatasetFormat::Auto)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("validation task: {e}")))?;
+    match parsed {
+        Ok(dataset) => Ok(FileValidation {
+            format: format_name(dataset.format),
+            examples: dataset.records.len() as u64,
+            characters: dataset.records.iter().map(characters).sum::<usize>() as u64,
+        }),
+        Err(DataError::InvalidLines {
+            errors,
+            bad_lines,
+            total,
+            ..
+        }) => {
+            let lines: Vec<LineProblem> = errors
+                .into_iter()
+                .map(|e| LineProblem {
+                    line: e.line as u64,
+                    field: e.field,
+                    message: e.message,
+                })
+                .collect();
+            let first = lines
+                .first()
+                .map(|l| {
+                    let field = if l.field.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" {}", l.field)
+                    };
+                    format!(" First: line {}{}: {}.", l.line, field, l.message)
+                })
+                .unwrap_or_default();
+            Err(ApiError::bad_lines(
+                format!(
+                    "The file has {bad_lines} invalid line(s) ({total} problem(s)); `error.lines` lists them.{first}"
+                ),
+                lines,
+            ))
+        }
+        Err(DataError::Empty { .. }) => Err(ApiError::invalid(
+            "file",
+            "empty_file",
+            "The file has no examples: it is empty or only blank lines.",
+        )),
+        Err(other) => Err(ApiError::internal(format!("validation failed: {other}"))),
+    }
+}
+
+/// `POST /v1/files`, `POST /files`.
+async fn upload(
+    state: web::Data<AppState>,
+    tenant: Tenant,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> ApiResult<HttpResponse> {
+    let spooled = receive(&state, &req, payload).await?;
+    match spooled.purpose.as_deref() {
+        Some(PURPOSE) | None => {}
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "purpose",
+                "invalid_value",
+                format!("purpose must be \"{PURPOSE}\", not {other:?}."),
+            ));
+        }
+    }
+    let validation = validate(spooled.file.path().to_path_buf(), spooled.filename.clone()).await?;
+    let id = new_file_id();
+    let key = content_key(&tenant.0, &id)?;
+    tuneq_storage::transfer::upload_file(&*state.store, spooled.file.path(), &key, PutMode::Create)
+        .await?;
+    let object = FileObject {
+        id: id.clone(),
+        object: "file".into(),
+        bytes: spooled.bytes,
+        created_at: now_seconds(),
+        filename: spooled.filename,
+        purpose: PURPOSE.into(),
+        status: "processed".into(),
+        validation,
+    };
+    let body = serde_json::to_string(&object).map_err(|e| ApiError::internal(e.to_string()))?;
+    if let Err(e) = state.queue.create_entry(KIND, &tenant.0, &id, &body).await {
+        if let Err(cleanup) = state.store.delete(&key).await {
+            tracing::warn!(error = %cleanup, file = %id, "could not delete an unrecorded upload");
+        }
+        return Err(e.into());
+    }
+    tracing::info!(tenant = %tenant.0, file = %id, bytes = object.bytes, examples = object.validation.examples, "file uploaded");
+    Ok(HttpResponse::Ok().json(object))
+}
+
+fn now_seconds() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default()
+}
+
+/// Query of a list.
+#[derive(Debug, Deserialize)]
+struct ListQuery {
+    after: Option<String>,
+    limit: Option<u32>,
+    order: Option<String>,
+    purpose: Option<String>,
+}
+
+/// `GET /v1/files`: newest first, `after` = the last id of the previous page.
+async fn list(
+    state: web::Data<AppState>,
+    tenant: Tenant,
+    query: web::Query<ListQuery>,
+) -> ApiResult<HttpResponse> {
+    if query.order.as_deref().is_some_and(|o| o != "desc") {
+        return Err(ApiError::invalid(
+            "order",
+            "invalid_value",
+            "Only order=desc is supported.",
+        ));
+    }
+    let limit = query.limit.unwrap_or(100);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::invalid(
+            "limit",
+            "invalid_value",
+            "limit must be 1 to 1000.",
+        ));
+    }
+    if query.purpose.as_deref().is_some_and(|p| p != PURPOSE) {
+        return Ok(HttpResponse::Ok().json(FileList {
+            object: "list".into(),
+            data: vec![],
+            has_more: false,
+            first_id: None,
+            last_id: None,
+        }));
+    }
+    let page = state
+        .queue
+        .list_entries(KIND, &tenant.0, query.after.as_deref(), limit)
+        .await?;
+    let data = page
+        .entries
+        .iter()
+        .map(|e| serde_json::from_str::<FileObject>(&e.body))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| ApiError::internal(format!("file record: {e}")))?;
+    Ok(HttpResponse::Ok().json(FileList {
+        object: "list".into(),
+        first_id: data.first().map(|f| f.id.clone()),
+        last_id: data.last().map(|f| f.id.clone()),
+        data,
+        has_more: page.has_more,
+    }))
+}
+
+/// The tenant's file, or 404 (also for another tenant's id or a malformed one).
+async fn find(state: &AppState, tenant: &Tenant, id: &str) -> ApiResult<FileObject> {
+    if tuneq_queue::catalog::check_identifier("id", id).is_err() {
+        return Err(ApiError::not_found("file", id));
+    }
+    let entry = state
+        .queue
+        .get_entry(KIND, &tenant.0, id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("file", id))?;
+    serde_json::from_str(&entry.body).map_err(|e| ApiError::internal(format!("file record: {e}")))
+}
+
+/// `GET /v1/files/{id}`.
+async fn retrieve(
+    state: web::Data<AppState>,
+    tenant: Tenant,
+    id: web::Path<String>,
+) -> ApiResult<HttpResponse> {
+    Ok(HttpResponse::Ok().json(find(&state, &tenant, &id).await?))
+}
+
+/// `GET /v1/files/{id}/content`: the bytes as uploaded, streamed.
+async fn content(
+    state: web::Data<AppState>,
+    tenant: Tenant,
+    id: web::Path<String>,
+) -> ApiResult<HttpResponse> {
+    let file = find(&state, &tenant, &id).await?;
+    let object = state
+        .store
+        .get(&content_key(&tenant.0, &file.id)?, None)
+        .await?;
+    Ok(HttpResponse::Ok()
+        .content_type("application/jsonl")
+        .no_chunking(object.meta.size)
+        .insert_header((
+            header::CONTENT_DISPOSITION,
+            format!("attachment; filename=\"{}.jsonl\"", file.id),
+        ))
+        .streaming(object.body.map_err(|e| {
+            tracing::warn!(error = %e, "file download broke off");
+            actix_web::error::ErrorInternalServerError("download broke off")
+        })))
+}
+
+/// `DELETE /v1/files/{id}`.
+async fn delete(
+    state: web::Data<AppState>,
+    tenant: Tenant,
+    id: web::Path<String>,
+) -> ApiResult<HttpResponse> {
+    let file = find(&state, &tenant, &id).await?;
+    match state.store.delete(&content_key(&tenant.0, &file.id)?).await {
+        Ok(()) => {}
+        Err(e) if e.is_not_found() => {}
+        Err(e) => return Err(e.into()),
+    }
+    state.queue.delete_entry(KIND, &tenant.0, &file.id).await?;
+    tracing::info!(tenant = %tenant.0, file = %file.id, "file deleted");
+    Ok(HttpResponse::Ok().json(Deleted {
+        id: file.id,
+        object: "file".into(),
+        deleted: true,
+    }))
+}

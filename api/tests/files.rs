@@ -1,0 +1,396 @@
+//! The files API over real HTTP: a server on a free port with the embedded queue and a
+//! local object store in a temp dir, driven with reqwest the way SDKs call it
+//! (multipart), plus the raw-body form, tenant isolation, auth and limits.
+
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use reqwest::StatusCode;
+use serde_json::Value;
+use std::path::PathBuf;
+use std::sync::Arc;
+use tuneq_api::{ApiConfig, AppState, auth};
+use tuneq_queue::{Queue, QueueConfig};
+use tuneq_storage::LocalStore;
+
+const ADMIN_KEY: &str = "admin-key-for-tests-0123456789";
+
+struct Server {
+    url: String,
+    dir: PathBuf,
+    acme: String,
+    other: String,
+    _handle: actix_web::dev::ServerHandle,
+}
+
+async fn start(max_upload_bytes: u64) -> Server {
+    let dir = std::env::temp_dir().join(format!(
+        "tuneq-api-{}-{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let queue = Queue::open_embedded(&dir.join("queue.db"), "tuneq", QueueConfig::default())
+        .await
+        .unwrap();
+    let state = AppState {
+        queue,
+        store: Arc::new(LocalStore::new(dir.join("objects"))),
+        config: ApiConfig {
+            max_upload_bytes,
+            admin_key_hash: Some(auth::key_hash(ADMIN_KEY)),
+            spool_dir: dir.clone(),
+            ..ApiConfig::default()
+        },
+    };
+    auth::create_tenant(&state, "acme", "Acme").await.unwrap();
+    auth::create_tenant(&state, "other", "Other").await.unwrap();
+    let acme = auth::add_key(&state, "acme", None).await.unwrap();
+    let other = auth::add_key(&state, "other", None).await.unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server = tuneq_api::serve(listener, state).unwrap();
+    let handle = server.handle();
+    tokio::spawn(server);
+    Server {
+        url,
+        dir,
+        acme,
+        other,
+        _handle: handle,
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn chat_lines(n: usize) -> String {
+    (0..n)
+        .map(|i| {
+            format!(
+                r#"{{"messages":[{{"role":"user","content":"question {i}"}},{{"role":"assistant","content":"answer {i}"}}]}}"#
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n"
+}
+
+async fn upload(s: &Server, key: &str, name: &str, body: &str) -> reqwest::Response {
+    let form = reqwest::multipart::Form::new()
+        .text("purpose", "fine-tune")
+        .part(
+            "file",
+            reqwest::multipart::Part::bytes(body.as_bytes().to_vec()).file_name(name.to_string()),
+        );
+    reqwest::Client::new()
+        .post(format!("{}/v1/files", s.url))
+        .bearer_auth(key)
+        .multipart(form)
+        .send()
+        .await
+        .unwrap()
+}
+
+fn stored_files(s: &Server) -> usize {
+    fn count(p: &std::path::Path) -> usize {
+        std::fs::read_dir(p).map_or(0, |entries| {
+            entries
+                .map_while(Result::ok)
+                .map(|e| {
+                    let p = e.path();
+                    if p.is_dir() { count(&p) } else { 1 }
+                })
+                .sum()
+        })
+    }
+    count(&s.dir.join("objects/tenants"))
+}
+
+#[tokio::test]
+async fn a_valid_dataset_is_stored_listed_downloaded_and_deleted_by_its_tenant_only() {
+    let s = start(1 << 20).await;
+    let http = reqwest::Client::new();
+    let data = chat_lines(5);
+    let response = upload(&s, &s.acme, "train.jsonl", &data).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let file: Value = response.json().await.unwrap();
+    let id = file["id"].as_str().unwrap().to_string();
+    assert!(id.starts_with("file-"));
+    assert_eq!(file["object"], "file");
+    assert_eq!(file["bytes"], data.len());
+    assert_eq!(file["filename"], "train.jsonl");
+    assert_eq!(file["purpose"], "fine-tune");
+    assert_eq!(file["status"], "processed");
+    assert_eq!(file["validation"]["format"], "chat");
+    assert_eq!(file["validation"]["examples"], 5);
+
+    let list: Value = http
+        .get(format!("{}/v1/files", s.url))
+        .bearer_auth(&s.acme)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(list["object"], "list");
+    assert_eq!(list["data"][0]["id"], id.as_str());
+    assert_eq!(list["has_more"], false);
+
+    let got: Value = http
+        .get(format!("{}/files/{id}", s.url))
+        .bearer_auth(&s.acme)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(got, file, "native and OpenAI routes serve the same object");
+    let content = http
+        .get(format!("{}/v1/files/{id}/content", s.url))
+        .bearer_auth(&s.acme)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(content.status(), StatusCode::OK);
+    assert_eq!(content.text().await.unwrap(), data);
+
+    // Another tenant sees nothing of it.
+    for path in [format!("/v1/files/{id}"), format!("/v1/files/{id}/content")] {
+        let r = http
+            .get(format!("{}{path}", s.url))
+            .bearer_auth(&s.other)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::NOT_FOUND, "{path}");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["error"]["type"], "invalid_request_error");
+    }
+    let theirs: Value = http
+        .get(format!("{}/v1/files", s.url))
+        .bearer_auth(&s.other)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(theirs["data"].as_array().unwrap().len(), 0);
+    let r = http
+        .delete(format!("{}/v1/files/{id}", s.url))
+        .bearer_auth(&s.other)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+
+    let deleted: Value = http
+        .delete(format!("{}/v1/files/{id}", s.url))
+        .bearer_auth(&s.acme)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(deleted["deleted"], true);
+    assert_eq!(stored_files(&s), 0);
+    let r = http
+        .get(format!("{}/v1/files/{id}", s.url))
+        .bearer_auth(&s.acme)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn a_dataset_with_bad_lines_is_refused_with_every_line_and_field_named() {
+    let s = start(1 << 20).await;
+    let data = [
+        r#"{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"hello"}]}"#,
+        r#"{"messages":[{"role":"wizard","content":"hi"}]}"#,
+        r#"not json"#,
+        r#"{"messages":[{"role":"user","content":"ok"},{"role":"assistant","content":"fine"}]}"#,
+        r#"{"messages":[{"role":"user","content":5}]}"#,
+    ]
+    .join("\n");
+    let r = upload(&s, &s.acme, "bad.jsonl", &data).await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let body: Value = r.json().await.unwrap();
+    let error = &body["error"];
+    assert_eq!(error["type"], "invalid_request_error");
+    assert_eq!(error["code"], "invalid_jsonl");
+    assert_eq!(error["param"], "file");
+    let lines: Vec<u64> = error["lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["line"].as_u64().unwrap())
+        .collect();
+    assert!(
+        lines.contains(&2) && lines.contains(&3) && lines.contains(&5),
+        "{error}"
+    );
+    assert!(!lines.contains(&1) && !lines.contains(&4));
+    let fields: Vec<&str> = error["lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["line"] == 2)
+        .map(|l| l["field"].as_str().unwrap())
+        .collect();
+    assert!(fields.iter().any(|f| f.contains("role")), "{fields:?}");
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("3 invalid line")
+    );
+    assert_eq!(stored_files(&s), 0, "a refused upload stores nothing");
+
+    let empty = upload(&s, &s.acme, "empty.jsonl", "\n\n").await;
+    assert_eq!(empty.status(), StatusCode::BAD_REQUEST);
+    let body: Value = empty.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "empty_file");
+}
+
+#[tokio::test]
+async fn keys_sizes_and_purposes_are_checked() {
+    let s = start(2_000).await;
+    let http = reqwest::Client::new();
+    let r = http
+        .get(format!("{}/v1/files", s.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "authentication_error");
+    let r = http
+        .get(format!("{}/v1/files", s.url))
+        .bearer_auth("tq_not-a-real-key-at-all")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+
+    let big = upload(&s, &s.acme, "big.jsonl", &chat_lines(100)).await;
+    assert_eq!(big.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let body: Value = big.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "file_too_large");
+    assert_eq!(stored_files(&s), 0);
+
+    let form = reqwest::multipart::Form::new()
+        .text("purpose", "assistants")
+        .part(
+            "file",
+            reqwest::multipart::Part::bytes(chat_lines(1).into_bytes()),
+        );
+    let r = http
+        .post(format!("{}/v1/files", s.url))
+        .bearer_auth(&s.acme)
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["param"], "purpose");
+
+    // The raw-body form of the native route.
+    let r = http
+        .post(format!("{}/files?filename=raw.jsonl", s.url))
+        .bearer_auth(&s.acme)
+        .header("content-type", "application/jsonl")
+        .body(r#"{"text":"just text"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let file: Value = r.json().await.unwrap();
+    assert_eq!(file["filename"], "raw.jsonl");
+    assert_eq!(file["validation"]["format"], "text");
+
+    let r = http.get(format!("{}/nowhere", s.url)).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "unknown_route");
+}
+
+#[tokio::test]
+async fn operators_create_tenants_and_keys_with_the_admin_key() {
+    let s = start(1 << 20).await;
+    let http = reqwest::Client::new();
+    let r = http
+        .post(format!("{}/admin/tenants", s.url))
+        .bearer_auth(&s.acme)
+        .json(&serde_json::json!({"id": "newco"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        StatusCode::FORBIDDEN,
+        "a tenant key is not an admin key"
+    );
+    let r = http
+        .post(format!("{}/admin/tenants", s.url))
+        .bearer_auth(ADMIN_KEY)
+        .json(&serde_json::json!({"id": "NewCo!"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["param"], "id");
+    let r = http
+        .post(format!("{}/admin/tenants", s.url))
+        .bearer_auth(ADMIN_KEY)
+        .json(&serde_json::json!({"id": "newco", "name": "New Co"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let key: Value = http
+        .post(format!("{}/admin/tenants/newco/keys", s.url))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let new_key = key["api_key"].as_str().unwrap();
+    assert!(new_key.starts_with("tq_"));
+    let r = http
+        .get(format!("{}/v1/files", s.url))
+        .bearer_auth(new_key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let r = http
+        .post(format!("{}/admin/tenants/ghost/keys", s.url))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    let r = http
+        .post(format!("{}/admin/tenants", s.url))
+        .bearer_auth(ADMIN_KEY)
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "invalid_json");
+}

@@ -1,0 +1,99 @@
+//! Uploaded files and the API's error body: the shapes OpenAI's fine-tuning API uses
+//! (`../shared/research/openai-compat.md`), with tuneq's validation report added.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// An uploaded dataset (OpenAI's `file` object plus `validation`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct FileObject {
+    /// `file-…`.
+    pub id: String,
+    /// Always `file`.
+    pub object: String,
+    /// Size in bytes.
+    pub bytes: u64,
+    /// Upload time, Unix seconds.
+    pub created_at: u64,
+    /// The name the client gave (display only; never part of a storage key).
+    pub filename: String,
+    /// Always `fine-tune`.
+    pub purpose: String,
+    /// `processed`: validated and stored.
+    pub status: String,
+    /// What was found when the file was validated at upload.
+    pub validation: FileValidation,
+}
+
+/// What validating an upload found (a file with any bad line is refused instead).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct FileValidation {
+    /// `chat`, `prompt_completion`, `alpaca` or `text`.
+    pub format: String,
+    /// Number of examples (non-blank lines).
+    pub examples: u64,
+    /// Characters over all examples' text fields, a size hint before tokenization.
+    pub characters: u64,
+}
+
+/// One bad line of a refused upload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct LineProblem {
+    /// 1-based line number.
+    pub line: u64,
+    /// The offending field, e.g. `messages[2].role`; empty for the whole line.
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// A page of files, newest first (OpenAI's list shape).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct FileList {
+    /// Always `list`.
+    pub object: String,
+    /// The files.
+    pub data: Vec<FileObject>,
+    /// Whether more follow; ask again with `after` = the last id.
+    pub has_more: bool,
+    /// The first id on this page.
+    pub first_id: Option<String>,
+    /// The last id on this page.
+    pub last_id: Option<String>,
+}
+
+/// The answer to a delete.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Deleted {
+    /// The id.
+    pub id: String,
+    /// The kind of object deleted (`file`).
+    pub object: String,
+    /// Always true.
+    pub deleted: bool,
+}
+
+/// Every error answer: `{"error": {...}}`, as OpenAI's SDKs expect.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ErrorBody {
+    /// The error.
+    pub error: ErrorDetail,
+}
+
+/// What went wrong, for people (`message`) and programs (`type`, `code`, `param`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ErrorDetail {
+    /// A sentence saying what is wrong and how to fix it.
+    pub message: String,
+    /// The class: `invalid_request_error`, `authentication_error`, `not_found_error`,
+    /// `rate_limit_error`, `server_error`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The request field at fault, if one is.
+    pub param: Option<String>,
+    /// A stable machine-readable code, e.g. `invalid_jsonl`, `file_too_large`.
+    pub code: Option<String>,
+    /// For a refused dataset: every bad line (at most 1 000; `message` gives the totals).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lines: Vec<LineProblem>,
+}
