@@ -7,6 +7,7 @@ mod generate;
 mod merge;
 mod model;
 mod train;
+mod up;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -24,6 +25,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the service on this machine: API, embedded queue, local object store.
+    Up(up::UpArgs),
     /// Train a LoRA adapter (from a spec file, flags, or `--demo`).
     Train(Box<train::TrainArgs>),
     /// Model utilities.
@@ -58,6 +61,7 @@ pub fn main() -> ExitCode {
     }
     init_tracing();
     let result = match cli.command {
+        Command::Up(args) => up::run(args),
         Command::Train(args) => train::run(*args),
         Command::Model { command } => model::run(command),
         Command::Generate(args) => generate::run(args),

@@ -1,0 +1,79 @@
+"""A real `tuneq up` per test session, in a temp data dir on a free port, for the
+client suite: the official `openai` SDK (and, later, generated OpenAPI clients) talk to
+it exactly as they would to a deployment."""
+
+from __future__ import annotations
+
+import os
+import queue
+import secrets
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def tuneq_bin() -> Path:
+    raw = os.environ.get("TUNEQ_BIN", "target/debug/tuneq")
+    path = Path(raw) if os.path.isabs(raw) else REPO_ROOT / raw
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"tuneq binary not found at {path} (TUNEQ_BIN={raw!r}); build it with `cargo build`.",
+                    pytrace=False)
+    return path
+
+
+class Service:
+    """A running `tuneq up`."""
+
+    def __init__(self, data_dir: Path):
+        self.api_key = "tq_" + secrets.token_hex(20)
+        self.data_dir = data_dir
+        self.proc = subprocess.Popen(
+            [str(tuneq_bin()), "up", "--port", "0", "--data-dir", str(data_dir),
+             "--api-key", self.api_key],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        lines: queue.Queue[str] = queue.Queue()
+        self.output: list[str] = []
+
+        def pump() -> None:
+            assert self.proc.stdout is not None
+            for line in self.proc.stdout:
+                self.output.append(line)
+                lines.put(line)
+
+        threading.Thread(target=pump, daemon=True).start()
+        self.url = ""
+        while not self.url:
+            try:
+                line = lines.get(timeout=30)
+            except queue.Empty:
+                self.stop()
+                pytest.fail("tuneq up did not print its URL within 30 s:\n" + "".join(self.output),
+                            pytrace=False)
+            if line.startswith("tuneq is up at "):
+                self.url = line.removeprefix("tuneq is up at ").strip()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+@pytest.fixture(scope="session")
+def service(tmp_path_factory: pytest.TempPathFactory):
+    svc = Service(tmp_path_factory.mktemp("tuneq-up"))
+    yield svc
+    svc.stop()
+
+
+@pytest.fixture(scope="session")
+def client(service: Service):
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{service.url}/v1", api_key=service.api_key, max_retries=0)
