@@ -164,8 +164,16 @@ async fn receive(state: &AppState, req: &HttpRequest, payload: web::Payload) -> 
                 let (file, bytes) = spool(state, field.map_err(|e| e.to_string())).await?;
                 spooled = Some((file, bytes, filename));
             }
-            // Unknown fields are drained and ignored, as OpenAI does.
-            _ => while field.next().await.is_some() {},
+            // Unknown fields are drained and ignored, as OpenAI does, within the limit.
+            _ => {
+                let mut drained = 0u64;
+                while let Some(chunk) = field.next().await {
+                    drained += chunk.map_or(0, |c| c.len() as u64);
+                    if drained > state.config.max_upload_bytes {
+                        return Err(ApiError::too_large(state.config.max_upload_bytes));
+                    }
+                }
+            }
         }
     }
     let (file, bytes, filename) = spooled.ok_or_else(|| {
