@@ -6,7 +6,7 @@
 //! Kinds, owners and ids are checked identifiers, never free text: they become parts of
 //! key names.
 
-use crate::scripted::Queue;
+use crate::scripted::{Queue, int, text, unsigned};
 use crate::{QueueError, Result};
 use async_trait::async_trait;
 use redis::Value;
@@ -80,29 +80,6 @@ fn check(kind: &str, owner: &str, id: &str) -> Result<()> {
     check_identifier("id", id)
 }
 
-fn status(reply: &[Value]) -> Result<i64> {
-    match reply.first() {
-        Some(Value::Int(i)) => Ok(*i),
-        other => Err(QueueError::Protocol(format!("catalog: status {other:?}"))),
-    }
-}
-
-fn text(v: Option<&Value>) -> Result<String> {
-    match v {
-        Some(Value::BulkString(b)) => Ok(String::from_utf8_lossy(b).into_owned()),
-        other => Err(QueueError::Protocol(format!(
-            "catalog: expected text, got {other:?}"
-        ))),
-    }
-}
-
-fn millis(v: Option<&Value>) -> Result<u64> {
-    text(v)?
-        .parse::<f64>()
-        .map(|f| f as u64)
-        .map_err(|e| QueueError::Protocol(format!("catalog: created_ms: {e}")))
-}
-
 impl Queue {
     async fn catalog_call(
         &self,
@@ -132,7 +109,7 @@ impl Catalog for Queue {
         let reply = self
             .catalog_call("create", kind, owner, id, &[body])
             .await?;
-        Ok(status(&reply)? == 0)
+        Ok(int(reply.first())? == 0)
     }
 
     async fn get_entry(&self, kind: &str, owner: &str, id: &str) -> Result<Option<Entry>> {
@@ -141,7 +118,7 @@ impl Catalog for Queue {
         cmd.arg(self.catalog_key(kind, owner, id))
             .arg("body")
             .arg("created_ms");
-        let (body, created): (Option<String>, Option<String>) = self.query_command(&cmd).await?;
+        let (body, created): (Option<String>, Option<String>) = self.query(&cmd).await?;
         match (body, created) {
             (Some(body), Some(created)) => Ok(Some(Entry {
                 id: id.to_string(),
@@ -157,13 +134,13 @@ impl Catalog for Queue {
         let reply = self
             .catalog_call("update", kind, owner, id, &[body])
             .await?;
-        Ok(status(&reply)? == 0)
+        Ok(int(reply.first())? == 0)
     }
 
     async fn delete_entry(&self, kind: &str, owner: &str, id: &str) -> Result<bool> {
         check(kind, owner, id)?;
         let reply = self.catalog_call("delete", kind, owner, id, &[]).await?;
-        Ok(status(&reply)? == 0)
+        Ok(int(reply.first())? == 0)
     }
 
     async fn list_entries(
@@ -188,7 +165,7 @@ impl Catalog for Queue {
                 &[after.unwrap_or_default(), &limit],
             )
             .await?;
-        if status(&reply)? != 0 {
+        if int(reply.first())? != 0 {
             return Err(QueueError::Invalid {
                 field: "after",
                 message: format!(
@@ -204,7 +181,7 @@ impl Catalog for Queue {
                 Ok(Entry {
                     id: text(c.first())?,
                     body: text(c.get(1))?,
-                    created_ms: millis(c.get(2))?,
+                    created_ms: unsigned(c.get(2))?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;

@@ -125,7 +125,7 @@ impl std::fmt::Debug for Queue {
     }
 }
 
-fn int(v: Option<&Value>) -> Result<i64> {
+pub(crate) fn int(v: Option<&Value>) -> Result<i64> {
     match v {
         Some(Value::Int(i)) => Ok(*i),
         Some(Value::BulkString(b)) => std::str::from_utf8(b)
@@ -139,7 +139,7 @@ fn int(v: Option<&Value>) -> Result<i64> {
     }
 }
 
-fn text(v: Option<&Value>) -> Result<String> {
+pub(crate) fn text(v: Option<&Value>) -> Result<String> {
     match v {
         Some(Value::BulkString(b)) => Ok(String::from_utf8_lossy(b).into_owned()),
         Some(Value::SimpleString(s)) => Ok(s.clone()),
@@ -150,7 +150,7 @@ fn text(v: Option<&Value>) -> Result<String> {
     }
 }
 
-fn unsigned(v: Option<&Value>) -> Result<u64> {
+pub(crate) fn unsigned(v: Option<&Value>) -> Result<u64> {
     Ok(u64::try_from(int(v)?.max(0)).unwrap_or_default())
 }
 
@@ -408,7 +408,7 @@ impl Queue {
     }
 
     /// A read or an idempotent write, retried while its outcome is unknown.
-    async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T> {
+    pub(crate) async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T> {
         self.retrying("query", true, || self.backend.query(cmd))
             .await
             .0
@@ -527,14 +527,6 @@ impl Queue {
     /// The key of one catalog entry (its parts are checked identifiers).
     pub(crate) fn catalog_key(&self, kind: &str, owner: &str, id: &str) -> String {
         format!("{}cat:{kind}:{owner}:{id}", self.prefix)
-    }
-
-    /// [`Self::query`] for the crate's other modules.
-    pub(crate) async fn query_command<T: redis::FromRedisValue>(
-        &self,
-        cmd: &redis::Cmd,
-    ) -> Result<T> {
-        self.query(cmd).await
     }
 
     /// The arguments a claim script takes after its own: lease length and scan settings.
