@@ -1,10 +1,14 @@
--- ARGV: prefix, id, token, lease_ms, progress_json ('' for none).
--- Extends the lease (a suspect attempt that reports in is running again) and returns
--- {0, deadline}. A stale token gets -6: that attempt must stop.
-local id, token, lease_ms, progress = ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
+-- ARGV: prefix, id, token, lease_ms, progress_json ('' for none), report_seq ('' for a
+-- plain heartbeat), then event kind, message pairs to append to the job's log.
+-- Extends the lease (a suspect attempt that reports in is running again), records the
+-- progress and events, and returns {0, deadline}. A stale token gets -6: that attempt
+-- must stop. Reports are numbered per attempt: a repeated report (after a lost reply)
+-- renews the lease but appends nothing twice.
+local id, token, lease_ms, progress, report = ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6]
 local now = now_ms()
-local s, state = holds(jk(id), token, {'leased', 'running', 'suspect'})
-if s ~= 0 then return {s} end
+local j = jk(id)
+local s, state = holds(j, token, {'leased', 'running', 'suspect'})
+if s ~= 0 then return {s, state} end
 local deadline = now + lease_ms
 local next_state = state
 if state == 'suspect' then
@@ -12,7 +16,32 @@ if state == 'suspect' then
   redis.call('ZREM', k('suspect'), id)
   event(id, now, 'lease_recovered', '')
 end
-redis.call('HSET', jk(id), 'state', next_state, 'deadline', deadline)
-if progress ~= '' then redis.call('HSET', jk(id), 'progress', progress) end
+local fields = {'state', next_state, 'deadline', deadline}
+local fresh = true
+if report and report ~= '' then
+  local last = redis.call('HGET', j, 'report_seq')
+  local seen_token, seen = string.match(last or '', '^(%d+):(%d+)$')
+  if seen_token == token and tonumber(seen) >= tonumber(report) then fresh = false end
+  table.insert(fields, 'report_seq')
+  table.insert(fields, token .. ':' .. report)
+end
+if fresh then
+  if progress and progress ~= '' then
+    table.insert(fields, 'progress')
+    table.insert(fields, progress)
+  end
+  if #ARGV >= 8 then
+    local seq = tonumber(redis.call('HGET', j, 'event_seq') or '0')
+    local lines = {}
+    for i = 7, #ARGV - 1, 2 do
+      seq = seq + 1
+      table.insert(lines, event_json(seq, now, ARGV[i], ARGV[i + 1]))
+    end
+    table.insert(fields, 'event_seq')
+    table.insert(fields, seq)
+    push_events(id, lines)
+  end
+end
+redis.call('HSET', j, unpack(fields))
 redis.call('ZADD', k('leases'), deadline, id)
 return {0, deadline}

@@ -16,10 +16,12 @@
 //!   life in the queue, on the same backend.
 //! - [`embedded`]: the single-file store for `tuneq up` (an in-memory keyspace, the same
 //!   scripts in an embedded Lua, and an append-only log synced per operation).
+//! - [`attempt`]: signed credentials a trainer reports its attempt's progress with.
 //! - [`bench`]: `tuneq bench queue`, the BullMQ kit's workload on our queue.
 //!
 //! The design and its invariants are in `../shared/research/queue-design.md` (B1–B7).
 
+pub mod attempt;
 mod backend;
 pub mod bench;
 pub mod catalog;
@@ -31,6 +33,7 @@ pub mod scripted;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+pub use attempt::AttemptSigner;
 pub use catalog::{Catalog, Entry, Page};
 pub use scripted::{JobQueue, Queue};
 

@@ -626,6 +626,17 @@ pub trait JobQueue: Send + Sync {
     ) -> Result<Option<Lease>>;
     /// Renews the lease and records progress (JSON).
     async fn heartbeat(&self, id: &str, token: u64, progress: Option<&str>) -> Result<u64>;
+    /// [`Self::heartbeat`] that also appends `events` (kind, message) to the job's log.
+    /// Reports are numbered per attempt (`report_seq`, growing): a repeated report renews
+    /// the lease but records nothing twice, so a lost reply is retried safely.
+    async fn report(
+        &self,
+        id: &str,
+        token: u64,
+        report_seq: u64,
+        progress: Option<&str>,
+        events: &[(&str, &str)],
+    ) -> Result<u64>;
     /// The attempt succeeded.
     async fn complete(&self, id: &str, token: u64, result: &str) -> Result<()>;
     /// The attempt failed; returns when it will be retried, or None if the job failed for good.
@@ -820,9 +831,33 @@ impl JobQueue for Queue {
         let args = [
             self.config.lease_ms.to_string(),
             progress.unwrap_or_default().to_string(),
+            String::new(),
         ];
         let reply = self
             .token_call(&self.scripts.heartbeat, id, token, &args, "heartbeat")
+            .await?;
+        unsigned(reply.get(1))
+    }
+
+    async fn report(
+        &self,
+        id: &str,
+        token: u64,
+        report_seq: u64,
+        progress: Option<&str>,
+        events: &[(&str, &str)],
+    ) -> Result<u64> {
+        let mut args = vec![
+            self.config.lease_ms.to_string(),
+            progress.unwrap_or_default().to_string(),
+            report_seq.to_string(),
+        ];
+        for (kind, message) in events {
+            args.push(kind.to_string());
+            args.push(message.to_string());
+        }
+        let reply = self
+            .token_call(&self.scripts.heartbeat, id, token, &args, "report")
             .await?;
         unsigned(reply.get(1))
     }

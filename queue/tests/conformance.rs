@@ -1328,6 +1328,76 @@ async fn tenants_share_by_weight_when_workers_complete_and_claim(backend: Backen
 
 /// Instantiates each conformance test once per backend, as `redis::name`,
 /// `cluster::name` and `embedded::name`.
+async fn attempt_reports_append_events_once_and_stale_reports_change_nothing(backend: Backend) {
+    let q = queue(backend, "report", QueueConfig::default()).await;
+    q.set_pool("cpu", 1).await.unwrap();
+    let id = q.enqueue(&job("acme", 5)).await.unwrap().id;
+    let lease = q.claim_started("cpu", "d1", "").await.unwrap().unwrap();
+    let step = [("metrics", r#"{"step":1}"#), ("checkpoint", "step 1")];
+    q.report(&id, lease.token, 1, Some(r#"{"step":1}"#), &step)
+        .await
+        .unwrap();
+    // The same report again (as after a lost reply) records nothing twice.
+    q.report(&id, lease.token, 1, Some(r#"{"step":99}"#), &step)
+        .await
+        .unwrap();
+    q.report(
+        &id,
+        lease.token,
+        2,
+        Some(r#"{"step":2}"#),
+        &[("warning", "a \"quoted\" word")],
+    )
+    .await
+    .unwrap();
+    let events = q.events(&id, None, 100, false).await.unwrap();
+    let seen: Vec<(&str, &str)> = events
+        .iter()
+        .map(|e| (e.kind.as_str(), e.message.as_str()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("queued", ""),
+            ("leased", "cpu"),
+            ("started", ""),
+            ("metrics", r#"{"step":1}"#),
+            ("checkpoint", "step 1"),
+            ("warning", "a \"quoted\" word"),
+        ]
+    );
+    assert!(events.windows(2).all(|w| w[1].seq == w[0].seq + 1));
+    let record = q.get(&id).await.unwrap().unwrap();
+    assert_eq!(record.progress.as_deref(), Some(r#"{"step":2}"#));
+
+    // A newer attempt makes the old one's reports stale: refused, nothing recorded.
+    q.preempt(&id, lease.token, "spot reclaimed").await.unwrap();
+    let second = q.claim_started("cpu", "d1", "").await.unwrap().unwrap();
+    let stale = q
+        .report(
+            &id,
+            lease.token,
+            3,
+            Some(r#"{"step":50}"#),
+            &[("metrics", "late")],
+        )
+        .await;
+    assert!(matches!(stale, Err(QueueError::StaleToken(_))), "{stale:?}");
+    // The new attempt numbers its reports from 1 again.
+    q.report(&id, second.token, 1, None, &[("metrics", r#"{"step":3}"#)])
+        .await
+        .unwrap();
+    let events = q.events(&id, None, 100, false).await.unwrap();
+    assert_eq!(events.iter().filter(|e| e.kind == "metrics").count(), 2);
+    assert!(!events.iter().any(|e| e.message == "late"));
+    assert_eq!(
+        q.get(&id).await.unwrap().unwrap().progress.as_deref(),
+        Some(r#"{"step":2}"#)
+    );
+    check_invariants(&q, &["cpu"]).await;
+    q.destroy().await.unwrap();
+}
+
 macro_rules! conformance {
     ($($(#[$attr:meta])* $name:ident),* $(,)?) => {
         mod redis {
@@ -1349,6 +1419,7 @@ conformance! {
     #[tokio::test] tenants_share_by_weight_when_workers_complete_and_claim,
     #[tokio::test] the_catalog_keeps_entries_per_owner_and_pages_newest_first,
     #[tokio::test] a_job_goes_from_queued_to_succeeded,
+    #[tokio::test] attempt_reports_append_events_once_and_stale_reports_change_nothing,
     #[tokio::test] idempotency_keys_return_the_same_job_per_tenant,
     #[tokio::test] priority_then_fifo_within_a_tenant_and_aging_prevents_starvation,
     #[tokio::test] backlogged_tenants_share_by_weight_and_a_flood_cannot_starve_others,
