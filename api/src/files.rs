@@ -48,7 +48,7 @@ fn new_file_id() -> String {
 }
 
 /// The storage key of a file's bytes.
-fn content_key(tenant: &str, file: &str) -> ApiResult<ObjectKey> {
+pub(crate) fn content_key(tenant: &str, file: &str) -> ApiResult<ObjectKey> {
     let tenant =
         Id::parse(tenant).map_err(|_| ApiError::internal("tenant id is not a storage id"))?;
     let file = Id::parse(file).map_err(|_| ApiError::not_found("file", file))?;
@@ -315,7 +315,7 @@ async fn upload(
     Ok(HttpResponse::Ok().json(object))
 }
 
-fn now_seconds() -> u64 {
+pub(crate) fn now_seconds() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -381,7 +381,7 @@ async fn list(
 }
 
 /// The tenant's file, or 404 (also for another tenant's id or a malformed one).
-async fn find(state: &AppState, tenant: &Tenant, id: &str) -> ApiResult<FileObject> {
+pub(crate) async fn find(state: &AppState, tenant: &Tenant, id: &str) -> ApiResult<FileObject> {
     if tuneq_queue::catalog::check_identifier("id", id).is_err() {
         return Err(ApiError::not_found("file", id));
     }

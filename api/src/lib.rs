@@ -5,20 +5,27 @@
 //! - `error`: every error as OpenAI's error body, with a 4xx that names the field.
 //! - `auth`: API keys (stored hashed) → tenants; the admin key.
 //! - `files`: dataset upload with validation, list, retrieve, download, delete.
+//! - `finetunes`: fine-tuning jobs, their events, checkpoints and adapter; `settle`
+//!   files each finished job's outcome.
+//! - `models`: registered base models and the tenant's fine-tuned ones.
+//! - `internal`: where trainers report progress, fenced by their attempt's credential.
 //! - `admin`: tenants and keys. `health`: liveness and readiness.
 //!
-//! Fine-tunes, events, checkpoints, models, metrics and the OpenAPI document come next
-//! (issue 5 continues).
+//! Metrics, server-sent events and the OpenAPI document come next (issue 5 continues).
 
 pub mod admin;
 pub mod auth;
 pub mod error;
 pub mod files;
+pub mod finetunes;
 pub mod health;
+pub mod internal;
+pub mod models;
 pub mod state;
+mod tar;
 
 pub use error::{ApiError, ApiResult};
-pub use state::{ApiConfig, AppState};
+pub use state::{ApiConfig, AppState, PoolInfo};
 
 use actix_web::{App, HttpServer, web};
 
@@ -53,6 +60,9 @@ pub fn configure(state: AppState) -> impl FnOnce(&mut web::ServiceConfig) {
             .service(health::healthz)
             .service(health::readyz)
             .configure(files::routes)
+            .configure(finetunes::routes)
+            .configure(models::routes)
+            .configure(internal::routes)
             .configure(admin::routes)
             .default_service(web::to(|| async {
                 Err::<actix_web::HttpResponse, _>(ApiError::new(
@@ -65,7 +75,8 @@ pub fn configure(state: AppState) -> impl FnOnce(&mut web::ServiceConfig) {
     }
 }
 
-/// Serves the API on `listener` until the returned server is stopped.
+/// Serves the API on `listener` until the returned server is stopped (through its
+/// handle: signals are left to the caller, which may have work to finish first).
 pub fn serve(
     listener: std::net::TcpListener,
     state: AppState,
@@ -75,6 +86,7 @@ pub fn serve(
             .wrap(actix_web::middleware::Logger::new("%r %s %Dms").log_target("tuneq::access"))
             .configure(configure(state.clone()))
     })
+    .disable_signals()
     .listen(listener)?
     .run())
 }

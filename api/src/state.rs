@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use tuneq_queue::Queue;
+use tuneq_queue::{AttemptSigner, Queue};
 use tuneq_storage::ObjectStore;
 
 /// The server's settings.
@@ -17,6 +17,19 @@ pub struct ApiConfig {
     pub admin_key_hash: Option<String>,
     /// Where uploads are spooled while they are validated.
     pub spool_dir: PathBuf,
+    /// Node pools jobs can be placed on (a request for hardware none offers is refused).
+    pub pools: Vec<PoolInfo>,
+    /// Checks the credentials trainers report progress with (shared with the dispatcher).
+    pub attempt_signer: AttemptSigner,
+}
+
+/// A node pool as the API sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolInfo {
+    /// Its name in the queue.
+    pub name: String,
+    /// The hardware class it offers (`cpu`, `gpu`, `spot-gpu`, …).
+    pub hardware: String,
 }
 
 impl Default for ApiConfig {
@@ -26,6 +39,8 @@ impl Default for ApiConfig {
             max_json_bytes: 1 << 20,
             admin_key_hash: None,
             spool_dir: std::env::temp_dir(),
+            pools: Vec::new(),
+            attempt_signer: AttemptSigner::new(rand::random::<[u8; 32]>().to_vec()),
         }
     }
 }

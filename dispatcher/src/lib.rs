@@ -1,6 +1,441 @@
-//! The dispatcher: the control loop between the queue and the runtimes.
+//! The dispatcher: the control loop between the queue and a runtime.
 //!
-//! Not built yet (issue 5 and later). It will claim jobs with a lease, place them on a
-//! node pool (spot GPU, on-demand GPU, Xeon CPU), start attempts as local processes or
-//! Kubernetes Jobs, detect preemption, requeue and resume from the last checkpoint, and
-//! deliver signed webhooks.
+//! One dispatcher serves one node pool. Each tick it
+//! 1. reaps attempts whose process ended and reports how (completed by the trainer's own
+//!    report, failed — retried with back-off or not, preempted when it was stopped
+//!    for a shutdown, confirmed cancelled);
+//! 2. heartbeats live attempts; a refused heartbeat means the attempt was cancelled
+//!    (stop it, then confirm) or superseded (kill it at once: another attempt owns the
+//!    job's output now);
+//! 3. marks expired leases suspect and settles suspects of its pool: an attempt it is
+//!    still running is adopted, anything else is requeued;
+//! 4. claims jobs while it has free slots and starts their attempts.
+//!
+//! It keeps a journal of its live attempts. After a restart (or a crash) it kills any
+//! attempt process left over and preempts those attempts, so their jobs go back to their
+//! place in line at once and resume from their last checkpoint, instead of waiting for
+//! their leases to run out.
+//!
+//! Layout: [`local`] runs attempts as `tuneq train` child processes; [`journal`] keeps
+//! the live attempts on disk. Kubernetes Jobs come as a second runtime (a later issue).
+
+pub mod journal;
+pub mod local;
+
+use journal::{Journal, JournalEntry};
+use local::{Exit, LocalRuntime, Process};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+use tuneq_openapi::JobPayload;
+use tuneq_queue::{AttemptSigner, JobQueue, JobState, Queue, QueueError, SuspectVerdict};
+
+/// Errors of the dispatcher.
+#[derive(Debug, thiserror::Error)]
+pub enum DispatchError {
+    /// The queue failed.
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+    /// An attempt could not be started or watched.
+    #[error("runtime: {0}")]
+    Runtime(String),
+    /// The journal could not be read or written.
+    #[error("journal: {0}")]
+    Journal(String),
+}
+
+/// Settings of one dispatcher.
+#[derive(Debug, Clone)]
+pub struct DispatcherConfig {
+    /// The node pool it serves (created with `slots` capacity).
+    pub pool: String,
+    /// Attempts it runs at once.
+    pub slots: u32,
+    /// Its name as a lease owner (unique among dispatchers).
+    pub owner: String,
+    /// How often it looks at the queue and its attempts.
+    pub tick: Duration,
+    /// How often a live attempt's lease is renewed.
+    pub heartbeat: Duration,
+    /// How long a stopping attempt gets to checkpoint before it is killed.
+    pub stop_grace: Duration,
+}
+
+impl DispatcherConfig {
+    /// Defaults for `pool`: one slot, a tick of half a second, heartbeats every 5 s.
+    pub fn new(pool: &str, owner: &str) -> Self {
+        Self {
+            pool: pool.to_string(),
+            slots: 1,
+            owner: owner.to_string(),
+            tick: Duration::from_millis(500),
+            heartbeat: Duration::from_secs(5),
+            stop_grace: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Why an attempt is being stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stopping {
+    /// The job was cancelled: confirm once the process is gone.
+    Cancel,
+    /// Another attempt owns the job: nothing to report.
+    Superseded,
+    /// The dispatcher is shutting down: preempt, so the job resumes elsewhere.
+    Shutdown,
+}
+
+/// One attempt this dispatcher runs.
+struct Attempt {
+    token: u64,
+    process: Process,
+    last_heartbeat: Instant,
+    stopping: Option<(Stopping, Instant)>,
+}
+
+/// The control loop for one pool.
+pub struct Dispatcher {
+    queue: Queue,
+    config: DispatcherConfig,
+    runtime: LocalRuntime,
+    signer: AttemptSigner,
+    journal: Journal,
+    attempts: HashMap<String, Attempt>,
+}
+
+impl Dispatcher {
+    /// A dispatcher; `journal` is the file that keeps its live attempts.
+    pub fn new(
+        queue: Queue,
+        config: DispatcherConfig,
+        runtime: LocalRuntime,
+        signer: AttemptSigner,
+        journal: std::path::PathBuf,
+    ) -> Self {
+        Self {
+            queue,
+            config,
+            runtime,
+            signer,
+            journal: Journal::new(journal),
+            attempts: HashMap::new(),
+        }
+    }
+
+    /// Runs until `shutdown` turns true, then stops every attempt (each checkpoints and
+    /// its job is preempted, keeping its place in line).
+    pub async fn run(
+        mut self,
+        mut shutdown: tokio::sync::watch::Receiver<bool>,
+    ) -> Result<(), DispatchError> {
+        self.queue
+            .set_pool(&self.config.pool, self.config.slots)
+            .await?;
+        self.recover().await?;
+        tracing::info!(pool = %self.config.pool, slots = self.config.slots, "dispatcher running");
+        while !*shutdown.borrow() {
+            if let Err(e) = self.tick().await {
+                tracing::warn!(error = %e, "dispatcher tick failed; retrying");
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(self.config.tick) => {}
+                _ = shutdown.changed() => {}
+            }
+        }
+        self.stop_all().await;
+        Ok(())
+    }
+
+    /// Kills what a previous run left behind and preempts its attempts.
+    async fn recover(&mut self) -> Result<(), DispatchError> {
+        let entries = self.journal.read().unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "unreadable journal; leftover attempts will be found when their leases run out");
+            Vec::new()
+        });
+        for entry in entries {
+            if let Some(pid) = entry.pid
+                && local::is_trainer_of(pid, &entry.job)
+            {
+                tracing::warn!(job = %entry.job, pid, "killing an attempt left by an earlier run");
+                local::signal(pid, "KILL");
+            }
+            match self
+                .queue
+                .preempt(&entry.job, entry.token, "the dispatcher restarted")
+                .await
+            {
+                Ok(()) => {
+                    tracing::info!(job = %entry.job, "attempt of an earlier run preempted; the job resumes")
+                }
+                // Cancelled meanwhile: its process is gone now, so the cancel is done.
+                Err(QueueError::StaleToken(_) | QueueError::WrongState { .. }) => {
+                    if let Some(r) = self.queue.get(&entry.job).await?
+                        && r.state == JobState::CancelRequested
+                    {
+                        self.queue.confirm_cancelled(&entry.job).await?;
+                    }
+                }
+                Err(QueueError::NotFound(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        self.save_journal()
+    }
+
+    fn save_journal(&self) -> Result<(), DispatchError> {
+        let entries: Vec<JournalEntry> = self
+            .attempts
+            .iter()
+            .map(|(job, a)| JournalEntry {
+                job: job.clone(),
+                token: a.token,
+                pid: a.process.child.id(),
+            })
+            .collect();
+        self.journal.write(&entries)
+    }
+
+    /// One pass of the loop.
+    async fn tick(&mut self) -> Result<(), DispatchError> {
+        self.reap().await?;
+        self.heartbeat().await?;
+        self.settle_suspects().await?;
+        self.claim().await
+    }
+
+    /// Reports attempts whose process has ended.
+    async fn reap(&mut self) -> Result<(), DispatchError> {
+        let mut ended = Vec::new();
+        for (job, attempt) in &mut self.attempts {
+            match attempt.process.child.try_wait() {
+                Ok(Some(status)) => {
+                    ended.push((job.clone(), local::classify(status, &attempt.process.dir)))
+                }
+                Ok(None) => {
+                    if let Some((_, since)) = attempt.stopping
+                        && since.elapsed() > self.config.stop_grace
+                    {
+                        let _ = attempt.process.child.start_kill();
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(job = %job, error = %e, "cannot watch an attempt");
+                }
+            }
+        }
+        for (job, exit) in ended {
+            let Some(attempt) = self.attempts.remove(&job) else {
+                continue;
+            };
+            self.report_exit(&job, &attempt, exit).await;
+        }
+        self.save_journal()
+    }
+
+    async fn report_exit(&self, job: &str, attempt: &Attempt, exit: Exit) {
+        let token = attempt.token;
+        let stopping = attempt.stopping.map(|(why, _)| why);
+        let outcome = match (stopping, &exit) {
+            (Some(Stopping::Cancel), _) => self.queue.confirm_cancelled(job).await,
+            // A cancel revokes the attempt's token, so the trainer learns of it as
+            // "superseded": the queue's state tells the two apart.
+            (Some(Stopping::Superseded), _) | (_, Exit::Superseded) => {
+                match self.queue.get(job).await {
+                    Ok(Some(r)) if r.state == JobState::CancelRequested => {
+                        self.queue.confirm_cancelled(job).await
+                    }
+                    Ok(_) => Ok(()),
+                    Err(e) => Err(e),
+                }
+            }
+            (Some(Stopping::Shutdown), _) => {
+                self.queue
+                    .preempt(job, token, "the service is shutting down")
+                    .await
+            }
+            (None, Exit::Success) => match self.queue.get(job).await {
+                // The trainer's final report completed the job.
+                Ok(Some(record)) if record.state.is_terminal() || record.epoch != token => Ok(()),
+                Ok(_) => self
+                    .queue
+                    .fail(
+                        job,
+                        token,
+                        "the trainer ended without delivering its result",
+                        true,
+                    )
+                    .await
+                    .map(|_| ()),
+                Err(e) => Err(e),
+            },
+            (None, Exit::BadInput(why)) => {
+                self.queue.fail(job, token, why, false).await.map(|_| ())
+            }
+            (None, Exit::Failed(why)) => self.queue.fail(job, token, why, true).await.map(|_| ()),
+        };
+        match outcome {
+            Ok(()) => tracing::info!(job, token, ?exit, ?stopping, "attempt ended"),
+            Err(QueueError::StaleToken(_) | QueueError::WrongState { .. }) => {
+                tracing::info!(job, token, ?exit, "attempt ended after the job moved on")
+            }
+            Err(e) => tracing::warn!(job, token, error = %e, "cannot report an attempt's end"),
+        }
+    }
+
+    /// Renews live attempts' leases; stops the ones the queue no longer backs.
+    async fn heartbeat(&mut self) -> Result<(), DispatchError> {
+        let due: Vec<(String, u64)> = self
+            .attempts
+            .iter()
+            .filter(|(_, a)| {
+                a.stopping.is_none() && a.last_heartbeat.elapsed() >= self.config.heartbeat
+            })
+            .map(|(job, a)| (job.clone(), a.token))
+            .collect();
+        for (job, token) in due {
+            let stop = match self.queue.heartbeat(&job, token, None).await {
+                Ok(_) => None,
+                Err(QueueError::WrongState { state, .. }) if state == "cancel_requested" => {
+                    Some(Stopping::Cancel)
+                }
+                Err(QueueError::WrongState { .. }) => None,
+                Err(QueueError::StaleToken(_)) => match self.queue.get(&job).await? {
+                    Some(r) if r.state == JobState::CancelRequested => Some(Stopping::Cancel),
+                    _ => Some(Stopping::Superseded),
+                },
+                Err(QueueError::NotFound(_)) => Some(Stopping::Superseded),
+                Err(e) => return Err(e.into()),
+            };
+            let Some(attempt) = self.attempts.get_mut(&job) else {
+                continue;
+            };
+            attempt.last_heartbeat = Instant::now();
+            if let Some(why) = stop {
+                tracing::info!(job, token, ?why, "stopping an attempt");
+                // Neither a cancelled nor a superseded attempt may write anything more.
+                let _ = attempt.process.child.start_kill();
+                attempt.stopping = Some((why, Instant::now()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks expired leases suspect and settles this pool's suspects.
+    async fn settle_suspects(&mut self) -> Result<(), DispatchError> {
+        self.queue.expire_leases(100).await?;
+        for job in self.queue.suspects(100).await? {
+            let Some(record) = self.queue.get(&job).await? else {
+                continue;
+            };
+            if record.state != JobState::Suspect
+                || record.pool.as_deref() != Some(self.config.pool.as_str())
+            {
+                continue;
+            }
+            let alive = self
+                .attempts
+                .get(&job)
+                .is_some_and(|a| a.token == record.epoch && a.stopping.is_none());
+            let verdict = if alive {
+                SuspectVerdict::Adopt
+            } else {
+                SuspectVerdict::Requeue
+            };
+            match self
+                .queue
+                .resolve_suspect(&job, record.epoch, verdict)
+                .await
+            {
+                Ok(state) => tracing::info!(job, ?verdict, ?state, "suspect attempt settled"),
+                Err(QueueError::StaleToken(_) | QueueError::WrongState { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Claims and starts jobs while slots are free.
+    async fn claim(&mut self) -> Result<(), DispatchError> {
+        while self.attempts.len() < self.config.slots as usize {
+            let request = format!("{}-{:016x}", self.config.owner, rand::random::<u64>());
+            let Some(lease) = self
+                .queue
+                .claim(&self.config.pool, &self.config.owner, &request)
+                .await?
+            else {
+                return Ok(());
+            };
+            let span = tracing::info_span!("attempt", job = %lease.id, token = lease.token);
+            let _enter = span.enter();
+            let payload: JobPayload = match serde_json::from_str(&lease.payload) {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::error!(error = %e, "job payload is not a fine-tune");
+                    self.queue
+                        .fail(
+                            &lease.id,
+                            lease.token,
+                            &format!("unreadable job: {e}"),
+                            false,
+                        )
+                        .await?;
+                    continue;
+                }
+            };
+            let credential = self.signer.sign(&lease.id, lease.token);
+            match self
+                .runtime
+                .start(&lease.id, lease.token, &payload.spec, &credential)
+                .await
+            {
+                Ok(process) => {
+                    self.queue.start(&lease.id, lease.token).await?;
+                    tracing::info!(finetune = %payload.finetune, pid = ?process.child.id(), "attempt started");
+                    self.attempts.insert(
+                        lease.id.clone(),
+                        Attempt {
+                            token: lease.token,
+                            process,
+                            last_heartbeat: Instant::now(),
+                            stopping: None,
+                        },
+                    );
+                    self.save_journal()?;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot start the attempt");
+                    self.queue
+                        .fail(&lease.id, lease.token, &e.to_string(), true)
+                        .await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Asks every attempt to checkpoint and stop, waits for them, and preempts their jobs.
+    async fn stop_all(&mut self) {
+        for (job, attempt) in &mut self.attempts {
+            if attempt.stopping.is_none() {
+                if let Some(pid) = attempt.process.child.id() {
+                    tracing::info!(job = %job, "stopping the attempt for shutdown (it checkpoints first)");
+                    local::signal(pid, "TERM");
+                }
+                attempt.stopping = Some((Stopping::Shutdown, Instant::now()));
+            }
+        }
+        let deadline = Instant::now() + self.config.stop_grace;
+        while !self.attempts.is_empty() {
+            if Instant::now() > deadline {
+                for attempt in self.attempts.values_mut() {
+                    let _ = attempt.process.child.start_kill();
+                }
+            }
+            if let Err(e) = self.reap().await {
+                tracing::warn!(error = %e, "cannot report stopped attempts");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}

@@ -5,15 +5,24 @@
 //! utoipa schema so `openapi/openapi.json` is generated from these declarations.
 //!
 //! Layout:
+//! - [`files`], [`finetunes`]: the REST API's objects (OpenAI's shapes plus tuneq's fields).
 //! - [`progress`]: events a trainer reports ([`TrainEvent`], [`StepMetrics`]).
 //! - [`train_spec`]: the complete description of one training run ([`TrainSpec`]) and its parts.
 
 pub mod files;
+pub mod finetunes;
 pub mod progress;
 pub mod train_spec;
 
 pub use files::{
     Deleted, ErrorBody, ErrorDetail, FileList, FileObject, FileValidation, LineProblem,
+};
+pub use finetunes::{
+    AdapterInfo, AttemptReport, Auto, AutoOrInt, AutoOrNumber, CheckpointMetrics,
+    FineTuneCheckpoint, FineTuneCheckpointList, FineTuneCreate, FineTuneEvent, FineTuneEventList,
+    FineTuneJob, FineTuneList, Hyperparameters as JobHyperparameters, HyperparametersRequest,
+    JobError, JobPayload, Method, MethodRequest, Model, ModelList, Progress, QueueStanding,
+    SupervisedMethod, SupervisedSettings,
 };
 pub use progress::{StepMetrics, TrainEvent};
 pub use train_spec::{

@@ -59,7 +59,12 @@ pub fn main() -> ExitCode {
     if let Some(code) = reexec_with_runtime_env(cli.threads) {
         return code;
     }
-    init_tracing();
+    // The service logs what it does; one-shot commands only what went wrong.
+    init_tracing(if matches!(cli.command, Command::Up(_)) {
+        "info,tuneq::access=warn"
+    } else {
+        "warn"
+    });
     let result = match cli.command {
         Command::Up(args) => up::run(args),
         Command::Train(args) => train::run(*args),
@@ -143,9 +148,10 @@ fn print_details(e: &tuneq_trainer::Error) {
 #[error("{0}")]
 pub struct BadInput(pub String);
 
-fn init_tracing() {
+/// Logs to stderr, filtered by `TUNEQ_LOG` (e.g. `debug`, `tuneq_api=debug`), else `default`.
+fn init_tracing(default: &str) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("TUNEQ_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
+    let filter = EnvFilter::try_from_env("TUNEQ_LOG").unwrap_or_else(|_| EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

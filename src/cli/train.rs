@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use tuneq_openapi::{
     ChatTemplateChoice, DatasetFormat, DeviceKind, DtypeKind, Scheduler, TrainSpec,
 };
-use tuneq_trainer::progress::{JsonLines, ProgressSink, TerminalBar};
+use tuneq_trainer::progress::{JsonLines, ProgressSink, Tee, TerminalBar};
 use tuneq_trainer::train::{Outcome, StopFlag};
 
 /// Every `TrainSpec` field as a flag; flags override the spec file.
@@ -117,6 +117,13 @@ pub struct TrainArgs {
     /// Print the effective spec as JSON and exit.
     #[arg(long)]
     pub print_spec: bool,
+    /// Also post progress to this control-plane URL (a dispatcher passes it, with the
+    /// attempt's credential in `TUNEQ_REPORT_CREDENTIAL`).
+    #[arg(long, env = "TUNEQ_REPORT_URL", requires = "report_credential")]
+    pub report_url: Option<String>,
+    /// The attempt's credential for `--report-url` (kept out of the process list).
+    #[arg(long, env = "TUNEQ_REPORT_CREDENTIAL", hide_env_values = true)]
+    pub report_credential: Option<String>,
     /// Storage settings (TOML: the `[storage]` table of tuneq's config, or its fields at
     /// the top level): S3 endpoint/region/path-style/profile, GCS endpoint/credentials.
     /// Unset fields follow the standard AWS environment and `STORAGE_EMULATOR_HOST` /
@@ -327,6 +334,11 @@ pub fn run(args: TrainArgs) -> Result<ExitCode> {
     } else {
         Box::new(JsonLines::new(std::io::stdout()))
     };
+    if let (Some(url), Some(credential)) = (&args.report_url, &args.report_credential) {
+        let reporter = tuneq_trainer::report::Reporter::new(url.clone(), credential.clone())
+            .context("cannot start the progress reporter")?;
+        sink = Box::new(Tee(vec![sink, Box::new(reporter)]));
+    }
     let storage_config = match &args.storage_config {
         Some(p) => load_storage_config(p)?,
         None => tuneq_storage::StorageConfig::default(),

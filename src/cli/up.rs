@@ -1,8 +1,11 @@
 //! `tuneq up`: the service on one machine with nothing else installed — the API, the
-//! embedded queue (one file) and a local-directory object store under `--data-dir`.
+//! embedded queue (one file), a local-directory object store, and a dispatcher whose
+//! local runtime runs each attempt as a `tuneq train` child process, all under
+//! `--data-dir`. A tiny demo base model (`tuneq-tiny-demo`) is generated and registered
+//! at first start, so a fine-tune works at once with nothing downloaded.
 //!
-//! Today it serves tenants, keys and files; fine-tunes, the dispatcher and its local
-//! runtime join it as issue 5 lands.
+//! Ctrl-C (or SIGTERM) stops it gracefully: running attempts checkpoint and their jobs
+//! go back in line; the next start resumes them from that checkpoint.
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -12,6 +15,10 @@ use std::sync::Arc;
 
 /// The tenant `tuneq up` creates for its printed key.
 const DEFAULT_TENANT: &str = "default";
+/// The base model `tuneq up` generates and registers.
+const DEMO_MODEL: &str = "tuneq-tiny-demo";
+/// The node pool of the local runtime.
+const LOCAL_POOL: &str = "local";
 
 #[derive(Debug, Args)]
 pub struct UpArgs {
@@ -34,6 +41,53 @@ pub struct UpArgs {
     /// Largest accepted upload, in MiB.
     #[arg(long, default_value_t = 512)]
     max_upload_mib: u64,
+    /// Fine-tunes trained at once (each is a `tuneq train` process).
+    #[arg(long, default_value_t = 1, env = "TUNEQ_SLOTS")]
+    slots: u32,
+    /// Device the local trainers use (`cuda` needs a build with `--features cuda`).
+    #[arg(long, value_enum, default_value = "cpu")]
+    device: super::train::DeviceArg,
+}
+
+/// Generates the tiny demo model once and registers it.
+async fn register_demo_model(state: &tuneq_api::AppState, data_dir: &Path) -> Result<()> {
+    let dir = data_dir.join("models").join(DEMO_MODEL);
+    if !dir.join("config.json").is_file() {
+        let opts = tuneq_trainer::init::InitOptions {
+            preset: tuneq_trainer::init::Preset::Tiny,
+            seed: 0,
+            shards: 1,
+            tie_embeddings: false,
+            llama3_rope: false,
+        };
+        tuneq_trainer::init::write_model(&opts, &dir)
+            .with_context(|| format!("cannot write the demo model to {}", dir.display()))?;
+    }
+    let location = std::fs::canonicalize(&dir)?.display().to_string();
+    tuneq_api::models::register_base(
+        state,
+        &tuneq_api::models::BaseModel {
+            id: DEMO_MODEL.into(),
+            location,
+            // A tiny randomly initialised model learns at a rate a real one would not.
+            base_learning_rate: 2e-3,
+            created: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or_default(),
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{}", e.detail.message))
+}
+
+/// Resolves on the first Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+    }
 }
 
 /// The default tenant's key: the one given, the one kept from an earlier start, or a
@@ -84,9 +138,12 @@ pub fn run(args: UpArgs) -> Result<ExitCode> {
 }
 
 async fn serve(args: UpArgs) -> Result<()> {
-    let data_dir = &args.data_dir;
-    std::fs::create_dir_all(data_dir.join("spool"))
-        .with_context(|| format!("cannot create the data dir {}", data_dir.display()))?;
+    let data_dir = &std::path::absolute(&args.data_dir)
+        .with_context(|| format!("bad data dir {}", args.data_dir.display()))?;
+    for sub in ["spool", "attempts", "cache", "models"] {
+        std::fs::create_dir_all(data_dir.join(sub))
+            .with_context(|| format!("cannot create the data dir {}", data_dir.display()))?;
+    }
     let queue = tuneq_queue::Queue::open_embedded(
         &data_dir.join("queue.db"),
         "tuneq",
@@ -94,13 +151,24 @@ async fn serve(args: UpArgs) -> Result<()> {
     )
     .await
     .context("cannot open the queue file")?;
+    let device: tuneq_openapi::DeviceKind = args.device.into();
+    let hardware = match device {
+        tuneq_openapi::DeviceKind::Cpu => "cpu",
+        tuneq_openapi::DeviceKind::Cuda => "gpu",
+    };
+    let signer = tuneq_queue::AttemptSigner::new(rand_secret());
     let state = tuneq_api::AppState {
-        queue,
+        queue: queue.clone(),
         store: Arc::new(tuneq_storage::LocalStore::new(data_dir.join("objects"))),
         config: tuneq_api::ApiConfig {
             max_upload_bytes: args.max_upload_mib.saturating_mul(1 << 20),
             admin_key_hash: args.admin_key.as_deref().map(tuneq_api::auth::key_hash),
             spool_dir: data_dir.join("spool"),
+            pools: vec![tuneq_api::PoolInfo {
+                name: LOCAL_POOL.into(),
+                hardware: hardware.into(),
+            }],
+            attempt_signer: signer.clone(),
             ..tuneq_api::ApiConfig::default()
         },
     };
@@ -108,13 +176,88 @@ async fn serve(args: UpArgs) -> Result<()> {
         .await
         .map_err(|e| anyhow::anyhow!("{}", e.detail.message))?;
     let key = default_key(&state, args.api_key.as_deref(), data_dir).await?;
+    register_demo_model(&state, data_dir).await?;
     let listener = std::net::TcpListener::bind((args.host.as_str(), args.port))
         .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
-    let url = format!("http://{}", listener.local_addr()?);
-    let server = tuneq_api::serve(listener, state)?;
+    let address = listener.local_addr()?;
+    let url = format!("http://{address}");
+    // Trainers on this machine report to the loopback address even when the API
+    // listens on all interfaces.
+    let report_url = if address.ip().is_unspecified() {
+        format!("http://127.0.0.1:{}", address.port())
+    } else {
+        url.clone()
+    };
+    let server = tuneq_api::serve(listener, state.clone())?;
+    let server_handle = server.handle();
+    let server_task = tokio::spawn(server);
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let runtime = tuneq_dispatcher::local::LocalRuntime {
+        exe: std::env::current_exe().context("cannot find the tuneq binary")?,
+        work_dir: data_dir.join("attempts"),
+        report_base_url: report_url,
+        device,
+        cache_dir: data_dir.join("cache"),
+    };
+    let mut config = tuneq_dispatcher::DispatcherConfig::new(LOCAL_POOL, "local");
+    config.slots = args.slots.max(1);
+    let dispatcher = tuneq_dispatcher::Dispatcher::new(
+        queue,
+        config,
+        runtime,
+        signer,
+        data_dir.join("attempts.json"),
+    );
+    let dispatcher_task = tokio::spawn(dispatcher.run(stop_rx.clone()));
+    let settler_task = tokio::spawn(settle_loop(state, stop_rx));
+
     println!("tuneq is up at {url}");
     println!("  API key (tenant \"{DEFAULT_TENANT}\"): {key}");
+    println!("  base model: {DEMO_MODEL}");
     println!("  data: {}", data_dir.display());
-    println!("  try:  curl -H \"Authorization: Bearer {key}\" {url}/v1/files");
-    server.await.context("the server stopped with an error")
+    println!("  try:  curl -H \"Authorization: Bearer {key}\" {url}/v1/models");
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+
+    shutdown_signal().await;
+    eprintln!(
+        "stopping: running fine-tunes checkpoint and go back in line (Ctrl-C again to force)"
+    );
+    let _ = stop_tx.send(true);
+    let forced = tokio::spawn(async {
+        shutdown_signal().await;
+        eprintln!("forced stop");
+        std::process::exit(130);
+    });
+    match dispatcher_task.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => eprintln!("dispatcher: {e}"),
+        Err(e) => eprintln!("dispatcher: {e}"),
+    }
+    let _ = settler_task.await;
+    server_handle.stop(true).await;
+    let _ = server_task.await;
+    forced.abort();
+    Ok(())
+}
+
+/// Files finished jobs' outcomes (see `tuneq_api::finetunes::settle`) until stopped.
+async fn settle_loop(state: tuneq_api::AppState, mut stop: tokio::sync::watch::Receiver<bool>) {
+    while !*stop.borrow() {
+        if let Err(e) = tuneq_api::finetunes::settle(&state, 100).await {
+            tracing::warn!(error = %e, "cannot file finished jobs; retrying");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(std::time::Duration::from_millis(500)) => {}
+            _ = stop.changed() => {}
+        }
+    }
+    let _ = tuneq_api::finetunes::settle(&state, 100).await;
+}
+
+/// A fresh secret for attempt credentials (trainers of an earlier run are stopped at
+/// start, so it need not outlive this process).
+fn rand_secret() -> Vec<u8> {
+    rand::random::<[u8; 32]>().to_vec()
 }

@@ -28,8 +28,8 @@ def tuneq_bin() -> Path:
 class Service:
     """A running `tuneq up`."""
 
-    def __init__(self, data_dir: Path):
-        self.api_key = "tq_" + secrets.token_hex(20)
+    def __init__(self, data_dir: Path, api_key: str | None = None):
+        self.api_key = api_key or "tq_" + secrets.token_hex(20)
         self.data_dir = data_dir
         self.proc = subprocess.Popen(
             [str(tuneq_bin()), "up", "--port", "0", "--data-dir", str(data_dir),
@@ -58,11 +58,21 @@ class Service:
                 self.url = line.removeprefix("tuneq is up at ").strip()
 
     def stop(self) -> None:
+        """Stops it as an operator would (SIGTERM: running attempts checkpoint first)."""
         self.proc.terminate()
         try:
-            self.proc.wait(timeout=10)
+            self.proc.wait(timeout=90)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+            self.proc.wait()
+
+    def crash(self) -> None:
+        """Kills it without warning (SIGKILL): its trainers are left running."""
+        self.proc.kill()
+        self.proc.wait()
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"}
 
 
 @pytest.fixture(scope="session")

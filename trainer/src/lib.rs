@@ -43,6 +43,7 @@ pub mod optim;
 pub mod peft;
 pub mod progress;
 pub mod remote;
+pub mod report;
 pub mod schedule;
 pub mod train;
 pub mod weights;

@@ -1,0 +1,1227 @@
+//! Fine-tuning jobs: create, list, retrieve, cancel, events, checkpoints and the adapter
+//! — at `/v1/fine_tuning/jobs…` (OpenAI's shapes) and `/finetunes…` (the same handlers).
+//!
+//! A fine-tune is two records. The catalog keeps what was asked (and, once the job has
+//! finished, its outcome, because the queue trims finished jobs); the queue job is the
+//! source of truth for where the job is. Its payload is the complete [`TrainSpec`], so a
+//! dispatcher needs nothing else to run it. A request that can never run (unknown model,
+//! missing file, no pool with the hardware, values out of range) is refused before
+//! anything is written.
+
+use crate::auth::Tenant;
+use crate::error::{ApiError, ApiResult};
+use crate::files;
+use crate::models;
+use crate::state::AppState;
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse, web};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use tuneq_openapi::{
+    AdapterInfo, AutoOrInt, AutoOrNumber, CheckpointMetrics, CheckpointPolicy, FineTuneCheckpoint,
+    FineTuneCheckpointList, FineTuneCreate, FineTuneEvent, FineTuneEventList, FineTuneJob,
+    FineTuneList, HyperparametersRequest, JobError, JobHyperparameters, JobPayload, LoraSpec,
+    Method, Model, Progress, QueueStanding, SamplingSpec, SupervisedSettings, TrainSpec,
+};
+use tuneq_queue::{Catalog, JobQueue, JobRecord, JobState, NewJob, QueueError};
+use tuneq_storage::layout::{self, Id};
+
+/// Catalog kind of fine-tune records.
+const KIND: &str = "finetune";
+/// Attempts before a job fails for good (preemptions do not count).
+const MAX_ATTEMPTS: u32 = 3;
+
+/// What the catalog keeps about a fine-tune.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct FineTuneRecord {
+    id: String,
+    tenant: String,
+    created_at: u64,
+    model: String,
+    training_file: String,
+    validation_file: Option<String>,
+    hyperparameters: JobHyperparameters,
+    learning_rate: f64,
+    lora: LoraSpec,
+    seed: u64,
+    suffix: Option<String>,
+    metadata: Option<BTreeMap<String, String>>,
+    priority: u8,
+    hardware: String,
+    /// The queue job.
+    job_id: String,
+    /// SHA-256 of the create request, to tell a retry from a reused idempotency key.
+    request_hash: String,
+    /// Set once the job has finished (see [`settle`]).
+    #[serde(default)]
+    outcome: Option<Outcome>,
+}
+
+/// A finished job, as the catalog keeps it after the queue has forgotten the job.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Outcome {
+    status: String,
+    finished_at: u64,
+    error: Option<JobError>,
+    trained_tokens: Option<u64>,
+    adapter: Option<String>,
+    progress: Option<Progress>,
+    attempts: u32,
+    preemptions: u32,
+}
+
+/// A succeeded attempt's result, as the queue job keeps it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct AttemptResult {
+    /// Where the adapter was written.
+    pub adapter: String,
+    /// Tokens trained on.
+    pub trained_tokens: u64,
+    /// Steps done.
+    pub step: u64,
+    /// Final training loss.
+    pub train_loss: Option<f64>,
+    /// Final validation loss.
+    pub validation_loss: Option<f64>,
+}
+
+/// Routes, under both prefixes.
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    for prefix in ["/v1/fine_tuning/jobs", "/finetunes"] {
+        cfg.service(
+            web::resource(prefix)
+                .route(web::post().to(create))
+                .route(web::get().to(list)),
+        )
+        .service(web::resource(format!("{prefix}/{{id}}")).route(web::get().to(retrieve)))
+        .service(web::resource(format!("{prefix}/{{id}}/cancel")).route(web::post().to(cancel)))
+        .service(web::resource(format!("{prefix}/{{id}}/events")).route(web::get().to(events)))
+        .service(
+            web::resource(format!("{prefix}/{{id}}/checkpoints")).route(web::get().to(checkpoints)),
+        )
+        .service(web::resource(format!("{prefix}/{{id}}/adapter")).route(web::get().to(adapter)));
+    }
+}
+
+fn new_id() -> String {
+    format!("ftjob-{}", hex::encode(rand::random::<[u8; 12]>()))
+}
+
+/// The id a request with `Idempotency-Key` gets: the same key (per tenant) always maps
+/// to the same job.
+fn idempotent_id(tenant: &str, key: &str) -> String {
+    let digest = Sha256::digest(format!("{tenant}\0{key}").as_bytes());
+    format!("ftjob-{}", &hex::encode(digest)[..24])
+}
+
+fn idempotency_key(req: &HttpRequest) -> ApiResult<Option<String>> {
+    let Some(value) = req.headers().get("idempotency-key") else {
+        return Ok(None);
+    };
+    let key = value
+        .to_str()
+        .ok()
+        .map(str::trim)
+        .filter(|k| !k.is_empty() && k.len() <= 255)
+        .ok_or_else(|| {
+            ApiError::invalid(
+                "Idempotency-Key",
+                "invalid_value",
+                "Idempotency-Key must be 1 to 255 visible ASCII characters.",
+            )
+        })?;
+    Ok(Some(key.to_string()))
+}
+
+/// Everything decided about a valid create request.
+struct Plan {
+    record: FineTuneRecord,
+    spec: TrainSpec,
+    pools: Vec<String>,
+}
+
+/// The hyperparameters a request gives, from `method.supervised` or the older place.
+fn requested_hyperparameters(body: &FineTuneCreate) -> ApiResult<HyperparametersRequest> {
+    if let Some(method) = &body.method {
+        if method.kind != "supervised" || method.dpo.is_some() || method.reinforcement.is_some() {
+            return Err(ApiError::invalid(
+                "method.type",
+                "unsupported_method",
+                format!(
+                    "Only the supervised method is offered, not `{}`.",
+                    method.kind
+                ),
+            ));
+        }
+        if let Some(h) = method
+            .supervised
+            .as_ref()
+            .and_then(|s| s.hyperparameters.clone())
+        {
+            if body.hyperparameters.is_some() {
+                return Err(ApiError::invalid(
+                    "hyperparameters",
+                    "conflicting_values",
+                    "Give hyperparameters either at the top level or in method.supervised, not both.",
+                ));
+            }
+            return Ok(h);
+        }
+    }
+    Ok(body.hyperparameters.clone().unwrap_or_default())
+}
+
+/// OpenAI's "auto" epochs: 3, moved so the run sees 100 to 25 000 examples, within 1–25.
+fn auto_epochs(examples: u64) -> u64 {
+    let examples = examples.max(1);
+    let mut epochs = 3u64;
+    if epochs * examples < 100 {
+        epochs = 100u64.div_ceil(examples);
+    }
+    if epochs * examples > 25_000 {
+        epochs = 25_000 / examples;
+    }
+    epochs.clamp(1, 25)
+}
+
+fn check_range<T: PartialOrd + std::fmt::Display>(
+    param: &str,
+    value: T,
+    low: T,
+    high: T,
+) -> ApiResult<T> {
+    if value < low || value > high {
+        return Err(ApiError::invalid(
+            param,
+            "invalid_value",
+            format!("{param} must be {low} to {high}, not {value}."),
+        ));
+    }
+    Ok(value)
+}
+
+fn check_suffix(suffix: &str) -> ApiResult<()> {
+    let ok = !suffix.is_empty()
+        && suffix.len() <= 64
+        && suffix
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if !ok {
+        return Err(ApiError::invalid(
+            "suffix",
+            "invalid_value",
+            "suffix must be 1 to 64 letters, digits, '-', '_' or '.'.",
+        ));
+    }
+    Ok(())
+}
+
+fn check_metadata(metadata: &BTreeMap<String, String>) -> ApiResult<()> {
+    if metadata.len() > 16 {
+        return Err(ApiError::invalid(
+            "metadata",
+            "invalid_value",
+            "metadata holds at most 16 pairs.",
+        ));
+    }
+    for (key, value) in metadata {
+        if key.is_empty() || key.chars().count() > 64 {
+            return Err(ApiError::invalid(
+                "metadata",
+                "invalid_value",
+                "metadata keys must be 1 to 64 characters.",
+            ));
+        }
+        if value.chars().count() > 512 {
+            return Err(ApiError::invalid(
+                &format!("metadata.{key}"),
+                "invalid_value",
+                "metadata values must be at most 512 characters.",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The tenant's uploaded file `id`, or a 400 naming `param`.
+async fn dataset(
+    state: &AppState,
+    tenant: &Tenant,
+    param: &str,
+    id: &str,
+) -> ApiResult<tuneq_openapi::FileObject> {
+    files::find(state, tenant, id).await.map_err(|e| {
+        if e.status == StatusCode::NOT_FOUND {
+            ApiError::invalid(
+                param,
+                "file_not_found",
+                format!("No uploaded file `{id}`: upload it with POST /v1/files first."),
+            )
+        } else {
+            e
+        }
+    })
+}
+
+/// Decides everything about a create request, refusing one that can never run.
+async fn plan(
+    state: &AppState,
+    tenant: &Tenant,
+    id: &str,
+    body: &FineTuneCreate,
+) -> ApiResult<Plan> {
+    let base = models::base(state, &body.model).await?.ok_or_else(|| {
+        ApiError::invalid(
+            "model",
+            "model_not_found",
+            format!(
+                "No base model `{}`: GET /v1/models lists the ones you can fine-tune.",
+                body.model
+            ),
+        )
+    })?;
+    let training = dataset(state, tenant, "training_file", &body.training_file).await?;
+    let validation = match &body.validation_file {
+        Some(v) if v == &body.training_file => {
+            return Err(ApiError::invalid(
+                "validation_file",
+                "invalid_value",
+                "The validation file must not be the training file.",
+            ));
+        }
+        Some(v) => Some(dataset(state, tenant, "validation_file", v).await?),
+        None => None,
+    };
+    if body.integrations.as_ref().is_some_and(|i| !i.is_empty()) {
+        return Err(ApiError::invalid(
+            "integrations",
+            "unsupported_integration",
+            "Integrations are not offered; follow a job with its events instead.",
+        ));
+    }
+    let hardware = body.hardware.clone().unwrap_or_else(|| "any".into());
+    let pools: Vec<String> = state
+        .config
+        .pools
+        .iter()
+        .filter(|p| hardware == "any" || p.hardware == hardware)
+        .map(|p| p.name.clone())
+        .collect();
+    if pools.is_empty() {
+        let offered: Vec<&str> = state
+            .config
+            .pools
+            .iter()
+            .map(|p| p.hardware.as_str())
+            .collect();
+        return Err(ApiError::invalid(
+            "hardware",
+            "no_pool_fits",
+            format!(
+                "No node pool offers hardware `{hardware}`; this service has: {}.",
+                if offered.is_empty() {
+                    "none".to_string()
+                } else {
+                    offered.join(", ")
+                }
+            ),
+        ));
+    }
+    let priority = check_range("priority", body.priority.unwrap_or(5), 0, 9)?;
+    if let Some(suffix) = &body.suffix {
+        check_suffix(suffix)?;
+    }
+    if let Some(metadata) = &body.metadata {
+        check_metadata(metadata)?;
+    }
+    let h = requested_hyperparameters(body)?;
+    let examples = training.validation.examples;
+    let n_epochs = match h.n_epochs {
+        None | Some(AutoOrInt::Auto(_)) => auto_epochs(examples),
+        Some(AutoOrInt::Value(n)) => check_range("hyperparameters.n_epochs", n, 1, 50)?,
+    };
+    let batch_size = match h.batch_size {
+        None | Some(AutoOrInt::Auto(_)) => examples.clamp(1, 8),
+        Some(AutoOrInt::Value(n)) => check_range("hyperparameters.batch_size", n, 1, 256)?,
+    };
+    let multiplier = match h.learning_rate_multiplier {
+        None | Some(AutoOrNumber::Auto(_)) => 1.0,
+        Some(AutoOrNumber::Value(m)) if m > 0.0 && m <= 10.0 => m,
+        Some(AutoOrNumber::Value(m)) => {
+            return Err(ApiError::invalid(
+                "hyperparameters.learning_rate_multiplier",
+                "invalid_value",
+                format!("learning_rate_multiplier must be above 0 and at most 10, not {m}."),
+            ));
+        }
+    };
+    let learning_rate = h
+        .learning_rate
+        .unwrap_or(base.base_learning_rate * multiplier);
+    let seed = body
+        .seed
+        .unwrap_or_else(|| u64::from(rand::random::<u32>()));
+    let lora = body.lora.clone().unwrap_or_default();
+
+    let tenant_id = Id::parse(&tenant.0).map_err(|_| ApiError::internal("tenant id"))?;
+    let job_key = Id::parse(id).map_err(|_| ApiError::internal("job id"))?;
+    let steps_per_epoch = examples.div_ceil(batch_size).max(1);
+    let mut spec = TrainSpec {
+        model: base.location.clone(),
+        training_files: vec![
+            state
+                .store
+                .uri(&files::content_key(&tenant.0, &training.id)?),
+        ],
+        validation_file: match &validation {
+            Some(v) => Some(state.store.uri(&files::content_key(&tenant.0, &v.id)?)),
+            None => None,
+        },
+        output: state.store.uri(&layout::job_output(&tenant_id, &job_key)),
+        dataset_format: Default::default(),
+        chat_template: Default::default(),
+        hyperparameters: Default::default(),
+        lora: lora.clone(),
+        // Checkpoints about ten times per run (and every five minutes) bound what a
+        // preemption can cost.
+        checkpoint: CheckpointPolicy {
+            every_steps: Some((steps_per_epoch * n_epochs / 10).max(1)),
+            every_seconds: Some(300),
+            keep_last: 2,
+        },
+        sampling: SamplingSpec {
+            num_samples: 0,
+            ..SamplingSpec::default()
+        },
+        device: Default::default(),
+        dtype: Default::default(),
+    };
+    let hp = &mut spec.hyperparameters;
+    hp.epochs = u32::try_from(n_epochs).unwrap_or(u32::MAX);
+    hp.batch_size = u32::try_from(batch_size).unwrap_or(u32::MAX);
+    hp.learning_rate = learning_rate;
+    hp.seed = seed;
+    if let Some(len) = h.max_seq_len {
+        hp.max_seq_len = check_range("hyperparameters.max_seq_len", len, 8, 32_768)?;
+    }
+    if let Some(warmup) = h.warmup_steps {
+        hp.warmup_steps = warmup;
+    }
+    if validation.is_some() {
+        hp.eval_every_steps = spec.checkpoint.every_steps;
+    }
+    if let Err(problems) = spec.validate() {
+        let first = &problems[0];
+        let param = first
+            .field
+            .replace("hyperparameters.epochs", "hyperparameters.n_epochs");
+        return Err(ApiError::invalid(
+            &param,
+            "invalid_value",
+            problems
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; "),
+        ));
+    }
+    let record = FineTuneRecord {
+        id: id.to_string(),
+        tenant: tenant.0.clone(),
+        created_at: files::now_seconds(),
+        model: body.model.clone(),
+        training_file: training.id,
+        validation_file: validation.map(|v| v.id),
+        hyperparameters: JobHyperparameters {
+            batch_size,
+            learning_rate_multiplier: multiplier,
+            n_epochs,
+        },
+        learning_rate,
+        lora,
+        seed,
+        suffix: body.suffix.clone(),
+        metadata: body.metadata.clone(),
+        priority,
+        hardware,
+        job_id: String::new(),
+        request_hash: request_hash(body),
+        outcome: None,
+    };
+    Ok(Plan {
+        record,
+        spec,
+        pools,
+    })
+}
+
+fn request_hash(body: &FineTuneCreate) -> String {
+    let canonical = serde_json::to_string(body).unwrap_or_default();
+    hex::encode(Sha256::digest(canonical.as_bytes()))
+}
+
+async fn load(state: &AppState, tenant: &str, id: &str) -> ApiResult<Option<FineTuneRecord>> {
+    if tuneq_queue::catalog::check_identifier("id", id).is_err() {
+        return Ok(None);
+    }
+    let Some(entry) = state.queue.get_entry(KIND, tenant, id).await? else {
+        return Ok(None);
+    };
+    serde_json::from_str(&entry.body)
+        .map(Some)
+        .map_err(|e| ApiError::internal(format!("fine-tune record: {e}")))
+}
+
+async fn find(state: &AppState, tenant: &Tenant, id: &str) -> ApiResult<FineTuneRecord> {
+    load(state, &tenant.0, id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("fine-tuning job", id))
+}
+
+/// `POST /v1/fine_tuning/jobs`.
+#[tracing::instrument(skip_all, fields(tenant = %tenant.0))]
+async fn create(
+    state: web::Data<AppState>,
+    tenant: Tenant,
+    req: HttpRequest,
+    body: web::Json<FineTuneCreate>,
+) -> ApiResult<HttpResponse> {
+    let key = idempotency_key(&req)?;
+    let id = match &key {
+        Some(key) => idempotent_id(&tenant.0, key),
+        None => new_id(),
+    };
+    // A retry of a request that was accepted answers with its job.
+    if let Some(existing) = load(&state, &tenant.0, &id).await? {
+        return same_request(&state, existing, &body).await;
+    }
+    let mut plan = plan(&state, &tenant, &id, &body).await?;
+    let payload = serde_json::to_string(&JobPayload {
+        finetune: id.clone(),
+        spec: plan.spec,
+    })
+    .map_err(|e| ApiError::internal(e.to_string()))?;
+    // The fine-tune id is the queue's idempotency key: a request that died between
+    // enqueue and record, retried, finds the same queue job.
+    let enqueued = state
+        .queue
+        .enqueue(&NewJob {
+            tenant: tenant.0.clone(),
+            priority: plan.record.priority,
+            pools: plan.pools,
+            gpus: 1,
+            estimated_seconds: 0,
+            max_attempts: MAX_ATTEMPTS,
+            payload,
+            idempotency_key: Some(id.clone()),
+            notify: true,
+        })
+        .await
+        .map_err(|e| match e {
+            QueueError::OverQuota(_) => ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                "too_many_queued_jobs",
+                "You have too many fine-tuning jobs waiting; wait for some to start.",
+            ),
+            other => other.into(),
+        })?;
+    plan.record.job_id = enqueued.id;
+    let body_json =
+        serde_json::to_string(&plan.record).map_err(|e| ApiError::internal(e.to_string()))?;
+    if !state
+        .queue
+        .create_entry(KIND, &tenant.0, &id, &body_json)
+        .await?
+    {
+        // A concurrent identical request won the race.
+        let existing = find(&state, &tenant, &id).await?;
+        return same_request(&state, existing, &body).await;
+    }
+    tracing::info!(finetune = %id, job = %plan.record.job_id, model = %plan.record.model, "fine-tune queued");
+    Ok(HttpResponse::Ok().json(view(&state, plan.record).await?))
+}
+
+async fn same_request(
+    state: &AppState,
+    existing: FineTuneRecord,
+    body: &FineTuneCreate,
+) -> ApiResult<HttpResponse> {
+    if existing.request_hash != request_hash(body) {
+        return Err(ApiError::invalid(
+            "Idempotency-Key",
+            "idempotency_key_reused",
+            "This Idempotency-Key was used for a different request; use a new key.",
+        ));
+    }
+    Ok(HttpResponse::Ok().json(view(state, existing).await?))
+}
+
+fn ms_to_seconds(ms: u64) -> u64 {
+    ms / 1000
+}
+
+/// The fine-tuned model's name, OpenAI-style.
+fn fine_tuned_model_name(record: &FineTuneRecord) -> String {
+    format!(
+        "ft:{}:{}:{}:{}",
+        record.model,
+        record.tenant,
+        record.suffix.as_deref().unwrap_or(""),
+        record.id.trim_start_matches("ftjob-")
+    )
+}
+
+fn progress_of(job: &JobRecord) -> Option<Progress> {
+    job.progress
+        .as_deref()
+        .and_then(|p| serde_json::from_str(p).ok())
+}
+
+/// The outcome of a finished queue job.
+fn outcome_of(job: &JobRecord) -> Outcome {
+    let result: Option<AttemptResult> = job
+        .result
+        .as_deref()
+        .and_then(|r| serde_json::from_str(r).ok());
+    let error = (job.state == JobState::Failed).then(|| JobError {
+        code: "training_failed".into(),
+        message: job
+            .error
+            .clone()
+            .unwrap_or_else(|| "The job failed.".into()),
+        param: None,
+    });
+    Outcome {
+        status: job.state.public_status().to_string(),
+        finished_at: ms_to_seconds(job.finished_ms.unwrap_or(job.enqueued_ms)),
+        error,
+        trained_tokens: result.as_ref().map(|r| r.trained_tokens),
+        adapter: result.map(|r| r.adapter),
+        progress: progress_of(job),
+        attempts: job.attempts,
+        preemptions: job.preemptions,
+    }
+}
+
+/// The job as clients see it: the catalog record, with live state from the queue.
+async fn view(state: &AppState, record: FineTuneRecord) -> ApiResult<FineTuneJob> {
+    let mut status = "queued".to_string();
+    let mut progress = None;
+    let mut queue = None;
+    let mut attempts = 0;
+    let mut preemptions = 0;
+    let mut outcome = record.outcome.clone();
+    if outcome.is_none() {
+        match state.queue.get(&record.job_id).await? {
+            Some(job) if job.state.is_terminal() => outcome = Some(outcome_of(&job)),
+            Some(job) => {
+                status = job.state.public_status().to_string();
+                progress = progress_of(&job);
+                attempts = job.attempts;
+                preemptions = job.preemptions;
+                if matches!(job.state, JobState::Queued) {
+                    queue = match state.queue.position(&job.id).await {
+                        Ok(p) => Some(QueueStanding {
+                            ahead: p.ahead,
+                            ahead_in_tenant: p.ahead_in_tenant,
+                            estimated_start: p.estimated_start_ms.map(ms_to_seconds),
+                        }),
+                        Err(e) => {
+                            tracing::debug!(error = %e, "no queue position");
+                            None
+                        }
+                    };
+                }
+            }
+            None => {
+                outcome = Some(Outcome {
+                    status: "failed".into(),
+                    finished_at: record.created_at,
+                    error: Some(JobError {
+                        code: "job_lost".into(),
+                        message: "The job's queue record is gone.".into(),
+                        param: None,
+                    }),
+                    trained_tokens: None,
+                    adapter: None,
+                    progress: None,
+                    attempts: 0,
+                    preemptions: 0,
+                })
+            }
+        }
+    }
+    let mut finished_at = None;
+    let mut error = None;
+    let mut trained_tokens = None;
+    let mut adapter = None;
+    if let Some(o) = outcome {
+        status = o.status;
+        finished_at = Some(o.finished_at);
+        error = o.error;
+        trained_tokens = o.trained_tokens;
+        progress = o.progress;
+        attempts = o.attempts;
+        preemptions = o.preemptions;
+        adapter = o.adapter.filter(|_| status == "succeeded");
+    }
+    let estimated_finish = progress
+        .as_ref()
+        .filter(|_| status == "running")
+        .and_then(|p| p.eta_seconds)
+        .map(|eta| files::now_seconds() + eta.max(0.0) as u64);
+    let hyperparameters = record.hyperparameters.clone();
+    Ok(FineTuneJob {
+        fine_tuned_model: adapter.is_some().then(|| fine_tuned_model_name(&record)),
+        adapter: adapter.map(|location| AdapterInfo {
+            location,
+            download_url: format!("/v1/fine_tuning/jobs/{}/adapter", record.id),
+        }),
+        id: record.id,
+        object: "fine_tuning.job".into(),
+        created_at: record.created_at,
+        model: record.model,
+        organization_id: record.tenant,
+        status,
+        training_file: record.training_file,
+        validation_file: record.validation_file,
+        method: Method {
+            kind: "supervised".into(),
+            supervised: SupervisedSettings {
+                hyperparameters: hyperparameters.clone(),
+            },
+        },
+        hyperparameters,
+        finished_at,
+        error,
+        result_files: Vec::new(),
+        trained_tokens,
+        seed: record.seed,
+        estimated_finish,
+        integrations: None,
+        metadata: record.metadata,
+        user_provided_suffix: record.suffix,
+        priority: record.priority,
+        hardware: record.hardware,
+        lora: record.lora,
+        learning_rate: record.learning_rate,
+        progress,
+        queue,
+        attempts,
+        preemptions,
+    })
+}
+
+/// Query of the job list.
+#[derive(Debug, Deserialize)]
+struct ListQuery {
+    after: Option<String>,
+    limit: Option<u32>,
+    status: Option<String>,
+}
+
+/// `GET /v1/fine_tuning/jobs`: newest first; `status=` and `metadata[key]=value` filter.
+async fn list(
+    state: web::Data<AppState>,
+    tenant: Tenant,
+    req: HttpRequest,
+    query: web::Query<ListQuery>,
+) -> ApiResult<HttpResponse> {
+    let limit = check_range("limit", query.limit.unwrap_or(20), 1, 100)? as usize;
+    const STATUSES: [&str; 6] = [
+        "validating_files",
+        "queued",
+        "running",
+        "succeeded",
+        "failed",
+        "cancelled",
+    ];
+    if let Some(status) = &query.status
+        && !STATUSES.contains(&status.as_str())
+    {
+        return Err(ApiError::invalid(
+            "status",
+            "invalid_value",
+            format!("status must be one of {}.", STATUSES.join(", ")),
+        ));
+    }
+    let metadata = metadata_filter(req.query_string())?;
+    let mut after = query.after.clone();
+    if let Some(a) = &after
+        && load(&state, &tenant.0, a).await?.is_none()
+    {
+        return Err(ApiError::invalid(
+            "after",
+            "invalid_cursor",
+            format!("`{a}` is not one of your fine-tuning jobs."),
+        ));
+    }
+    // Filters are applied to pages read from the catalog until `limit` jobs match.
+    let mut data = Vec::new();
+    let mut has_more = false;
+    'pages: loop {
+        let page = state
+            .queue
+            .list_entries(KIND, &tenant.0, after.as_deref(), 100)
+            .await?;
+        for entry in &page.entries {
+            let record: FineTuneRecord = serde_json::from_str(&entry.body)
+                .map_err(|e| ApiError::internal(format!("fine-tune record: {e}")))?;
+            let meta = record.metadata.clone().unwrap_or_default();
+            if !metadata.iter().all(|(k, v)| meta.get(k) == Some(v)) {
+                continue;
+            }
+            let job = view(&state, record).await?;
+            if query.status.as_ref().is_some_and(|s| *s != job.status) {
+                continue;
+            }
+            if data.len() == limit {
+                has_more = true;
+                break 'pages;
+            }
+            data.push(job);
+        }
+        if !page.has_more {
+            break;
+        }
+        after = page.entries.last().map(|e| e.id.clone());
+    }
+    Ok(HttpResponse::Ok().json(FineTuneList {
+        object: "list".into(),
+        first_id: data.first().map(|j| j.id.clone()),
+        last_id: data.last().map(|j| j.id.clone()),
+        data,
+        has_more,
+    }))
+}
+
+/// `metadata[key]=value` pairs of a query string.
+fn metadata_filter(query: &str) -> ApiResult<Vec<(String, String)>> {
+    let pairs: Vec<(String, String)> = serde_urlencoded_pairs(query);
+    Ok(pairs
+        .into_iter()
+        .filter_map(|(k, v)| {
+            k.strip_prefix("metadata[")
+                .and_then(|rest| rest.strip_suffix(']'))
+                .map(|key| (key.to_string(), v))
+        })
+        .collect())
+}
+
+fn serde_urlencoded_pairs(query: &str) -> Vec<(String, String)> {
+    web::Query::<Vec<(String, String)>>::from_query(query)
+        .map(|q| q.into_inner())
+        .unwrap_or_default()
+}
+
+/// `GET /v1/fine_tuning/jobs/{id}`.
+async fn retrieve(
+    state: web::Data<AppState>,
+    tenant: Tenant,
+    id: web::Path<String>,
+) -> ApiResult<HttpResponse> {
+    let record = find(&state, &tenant, &id).await?;
+    Ok(HttpResponse::Ok().json(view(&state, record).await?))
+}
+
+/// `POST /v1/fine_tuning/jobs/{id}/cancel`: a waiting job is cancelled at once; a
+/// running one is asked to stop (it shows `running` until its attempt is gone). A
+/// finished job is refused with 400 (not 409, which SDKs retry).
+#[tracing::instrument(skip_all, fields(tenant = %tenant.0, finetune = %id))]
+async fn cancel(
+    state: web::Data<AppState>,
+    tenant: Tenant,
+    id: web::Path<String>,
+) -> ApiResult<HttpResponse> {
+    let record = find(&state, &tenant, &id).await?;
+    if let Some(outcome) = &record.outcome {
+        return Err(already_finished(&outcome.status));
+    }
+    // The queue's cancel is repeatable (a finished job answers its state), so a job
+    // that had already finished is told apart by reading it first.
+    if let Some(job) = state.queue.get(&record.job_id).await?
+        && job.state.is_terminal()
+    {
+        return Err(already_finished(job.state.public_status()));
+    }
+    state.queue.cancel(&record.job_id).await?;
+    tracing::info!("fine-tune cancel requested");
+    Ok(HttpResponse::Ok().json(view(&state, record).await?))
+}
+
+fn already_finished(status: &str) -> ApiError {
+    ApiError::invalid(
+        "id",
+        "job_already_finished",
+        format!("The job has already {status}; there is nothing to cancel."),
+    )
+}
+
+/// Query of the events list.
+#[derive(Debug, Deserialize)]
+struct EventsQuery {
+    after: Option<String>,
+    limit: Option<u32>,
+}
+
+/// An event's id: the job's id and the event's place in its log.
+fn event_id(finetune: &str, seq: u64) -> String {
+    format!("ftevent-{}-{seq}", finetune.trim_start_matches("ftjob-"))
+}
+
+fn event_seq(finetune: &str, id: &str) -> ApiResult<u64> {
+    let bad = || {
+        ApiError::invalid(
+            "after",
+            "invalid_cursor",
+            format!("`{id}` is not an event of this job."),
+        )
+    };
+    let rest = id.strip_prefix("ftevent-").ok_or_else(bad)?;
+    let (job, seq) = rest.rsplit_once('-').ok_or_else(bad)?;
+    if job != finetune.trim_start_matches("ftjob-") {
+        return Err(bad());
+    }
+    seq.parse().map_err(|_| bad())
+}
+
+/// The client's view of one queue event.
+fn render_event(record: &FineTuneRecord, event: &tuneq_queue::JobEvent) -> FineTuneEvent {
+    let mut level = "info";
+    let mut kind = "message";
+    let mut data = None;
+    let message = match event.kind.as_str() {
+        "queued" => format!("Created fine-tuning job: {}", record.id),
+        "leased" => format!("Placed on node pool {}", event.message),
+        "started" => "Fine-tuning job started".into(),
+        "training_started" => {
+            data = serde_json::from_str(&event.message).ok();
+            "Training started".into()
+        }
+        "metrics" => {
+            kind = "metrics";
+            let value: serde_json::Value = serde_json::from_str(&event.message).unwrap_or_default();
+            let text = format!(
+                "Step {}/{}: training loss={}",
+                value["step"],
+                value["total_steps"],
+                value["train_loss"]
+                    .as_f64()
+                    .map_or("n/a".into(), |l| format!("{l:.4}"))
+            );
+            data = Some(value);
+            text
+        }
+        "eval" => {
+            kind = "metrics";
+            let value: serde_json::Value = serde_json::from_str(&event.message).unwrap_or_default();
+            let text = format!(
+                "Step {}: validation loss={}",
+                value["step"],
+                value["valid_loss"]
+                    .as_f64()
+                    .map_or("n/a".into(), |l| format!("{l:.4}"))
+            );
+            data = Some(value);
+            text
+        }
+        "checkpoint" => {
+            let value: serde_json::Value = serde_json::from_str(&event.message).unwrap_or_default();
+            let text = format!("Checkpoint saved at step {}", value["step"]);
+            data = Some(value);
+            text
+        }
+        "resumed" => {
+            let value: serde_json::Value = serde_json::from_str(&event.message).unwrap_or_default();
+            let text = format!("Resumed from the checkpoint at step {}", value["step"]);
+            data = Some(value);
+            text
+        }
+        "warning" => {
+            level = "warn";
+            event.message.clone()
+        }
+        "preempted" => {
+            level = "warn";
+            format!(
+                "The attempt stopped ({}); the job resumes from its last checkpoint",
+                event.message
+            )
+        }
+        "lease_expired" => {
+            level = "warn";
+            "The attempt stopped reporting; checking whether it is alive".into()
+        }
+        "lease_recovered" | "adopted" => "The attempt is alive and continues".into(),
+        "requeued" => {
+            level = "warn";
+            "The attempt was lost; the job is back in line".into()
+        }
+        "retry_scheduled" => {
+            level = "warn";
+            format!("The attempt failed ({}); it will be retried", event.message)
+        }
+        "failed" => {
+            level = "error";
+            format!("The job failed: {}", event.message)
+        }
+        "cancel_requested" => "Cancelling: stopping the running attempt".into(),
+        "cancelled" => "The job was cancelled".into(),
+        "succeeded" => "The job has successfully completed".into(),
+        other => format!("{other}: {}", event.message),
+    };
+    FineTuneEvent {
+        id: event_id(&record.id, event.seq),
+        object: "fine_tuning.job.event".into(),
+        created_at: ms_to_seconds(event.at_ms),
+        level: level.into(),
+        message,
+        kind: kind.into(),
+        data,
+    }
+}
+
+/// `GET /v1/fine_tuning/jobs/{id}/events`: newest first; `after` = the last id seen.
+async fn events(
+    state: web::Data<AppState>,
+    tenant: Tenant,
+    id: web::Path<String>,
+    query: web::Query<EventsQuery>,
+) -> ApiResult<HttpResponse> {
+    let record = find(&state, &tenant, &id).await?;
+    let limit = check_range("limit", query.limit.unwrap_or(20), 1, 1000)? as usize;
+    let after = match &query.after {
+        Some(a) => Some(event_seq(&record.id, a)?),
+        None => None,
+    };
+    let mut events = state
+        .queue
+        .events(&record.job_id, after, limit + 1, true)
+        .await?;
+    let has_more = events.len() > limit;
+    events.truncate(limit);
+    Ok(HttpResponse::Ok().json(FineTuneEventList {
+        object: "list".into(),
+        data: events.iter().map(|e| render_event(&record, e)).collect(),
+        has_more,
+    }))
+}
+
+/// `GET /v1/fine_tuning/jobs/{id}/checkpoints`: newest first.
+async fn checkpoints(
+    state: web::Data<AppState>,
+    tenant: Tenant,
+    id: web::Path<String>,
+    query: web::Query<EventsQuery>,
+) -> ApiResult<HttpResponse> {
+    let record = find(&state, &tenant, &id).await?;
+    let limit = check_range("limit", query.limit.unwrap_or(10), 1, 100)? as usize;
+    let events = state
+        .queue
+        .events(&record.job_id, None, 10_000, true)
+        .await?;
+    let mut last_loss = None;
+    let mut all = Vec::new();
+    // Oldest first, to know each checkpoint's latest losses.
+    let mut valid_loss = None;
+    for event in events.iter().rev() {
+        let value: serde_json::Value = serde_json::from_str(&event.message).unwrap_or_default();
+        match event.kind.as_str() {
+            "metrics" => last_loss = value["train_loss"].as_f64(),
+            "eval" => valid_loss = value["valid_loss"].as_f64(),
+            "checkpoint" => {
+                let step = value["step"].as_u64().unwrap_or_default();
+                all.push(FineTuneCheckpoint {
+                    id: format!("ftckpt-{}-{step}", record.id.trim_start_matches("ftjob-")),
+                    object: "fine_tuning.job.checkpoint".into(),
+                    created_at: ms_to_seconds(event.at_ms),
+                    fine_tuned_model_checkpoint: format!(
+                        "{}:ckpt-step-{step}",
+                        fine_tuned_model_name(&record)
+                    ),
+                    fine_tuning_job_id: record.id.clone(),
+                    step_number: step,
+                    metrics: CheckpointMetrics {
+                        step,
+                        train_loss: last_loss,
+                        valid_loss,
+                    },
+                    location: value["location"].as_str().unwrap_or_default().to_string(),
+                });
+            }
+            _ => {}
+        }
+    }
+    all.reverse();
+    let start = match &query.after {
+        Some(a) => {
+            all.iter().position(|c| &c.id == a).ok_or_else(|| {
+                ApiError::invalid(
+                    "after",
+                    "invalid_cursor",
+                    format!("`{a}` is not a checkpoint of this job."),
+                )
+            })? + 1
+        }
+        None => 0,
+    };
+    let page: Vec<_> = all.iter().skip(start).take(limit).cloned().collect();
+    Ok(HttpResponse::Ok().json(FineTuneCheckpointList {
+        object: "list".into(),
+        has_more: start + page.len() < all.len(),
+        first_id: page.first().map(|c| c.id.clone()),
+        last_id: page.last().map(|c| c.id.clone()),
+        data: page,
+    }))
+}
+
+/// The PEFT files an adapter download holds.
+const ADAPTER_FILES: [&str; 2] = ["adapter_config.json", "adapter_model.safetensors"];
+
+/// `GET /v1/fine_tuning/jobs/{id}/adapter`: the PEFT adapter as a tar archive.
+async fn adapter(
+    state: web::Data<AppState>,
+    tenant: Tenant,
+    id: web::Path<String>,
+) -> ApiResult<HttpResponse> {
+    let record = find(&state, &tenant, &id).await?;
+    let job = view(&state, record.clone()).await?;
+    if job.adapter.is_none() {
+        return Err(ApiError::invalid(
+            "id",
+            "adapter_not_ready",
+            format!(
+                "The job is {}; its adapter exists once it has succeeded.",
+                job.status
+            ),
+        ));
+    }
+    let tenant_id = Id::parse(&tenant.0).map_err(|_| ApiError::internal("tenant id"))?;
+    let job_key = Id::parse(&record.id).map_err(|_| ApiError::internal("job id"))?;
+    let output = layout::job_output(&tenant_id, &job_key);
+    let mut archive = Vec::new();
+    for name in ADAPTER_FILES {
+        let key = output
+            .join(name)
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+        let bytes = state.store.get_bytes(&key).await?;
+        crate::tar::append(&mut archive, name, &bytes)
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+    }
+    crate::tar::finish(&mut archive);
+    Ok(HttpResponse::Ok()
+        .content_type("application/x-tar")
+        .insert_header((
+            actix_web::http::header::CONTENT_DISPOSITION,
+            format!("attachment; filename=\"{}-adapter.tar\"", record.id),
+        ))
+        .body(archive))
+}
+
+/// The tenant's fine-tuned models (jobs that succeeded), newest first.
+pub(crate) async fn fine_tuned_models(state: &AppState, tenant: &str) -> ApiResult<Vec<Model>> {
+    let mut models = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page = state
+            .queue
+            .list_entries(KIND, tenant, after.as_deref(), 100)
+            .await?;
+        for entry in &page.entries {
+            let record: FineTuneRecord = serde_json::from_str(&entry.body)
+                .map_err(|e| ApiError::internal(format!("fine-tune record: {e}")))?;
+            // A job that has just finished may not have its outcome filed yet.
+            let outcome = match record.outcome.clone() {
+                Some(o) => Some(o),
+                None => state
+                    .queue
+                    .get(&record.job_id)
+                    .await?
+                    .filter(|job| job.state.is_terminal())
+                    .map(|job| outcome_of(&job)),
+            };
+            if let Some(outcome) = outcome.filter(|o| o.status == "succeeded") {
+                models.push(Model {
+                    id: fine_tuned_model_name(&record),
+                    object: "model".into(),
+                    created: outcome.finished_at,
+                    owned_by: record.tenant.clone(),
+                    kind: "fine-tuned".into(),
+                    base_model: Some(record.model.clone()),
+                    fine_tuning_job_id: Some(record.id.clone()),
+                });
+            }
+        }
+        if !page.has_more {
+            break;
+        }
+        after = page.entries.last().map(|e| e.id.clone());
+    }
+    Ok(models)
+}
+
+/// Files the outcome of finished jobs in their fine-tune records (the queue's outbox
+/// lists each finished job until this acknowledges it), so a record outlives the queue's
+/// retention. Returns how many were settled.
+pub async fn settle(state: &AppState, batch: u32) -> ApiResult<usize> {
+    let due = state.queue.due_deliveries(batch).await?;
+    for delivery in &due {
+        match state.queue.get(&delivery.job_id).await? {
+            Some(job) => {
+                if let Ok(payload) = serde_json::from_str::<JobPayload>(&job.payload)
+                    && let Some(mut record) =
+                        load(state, &delivery.tenant, &payload.finetune).await?
+                    && record.outcome.is_none()
+                {
+                    record.outcome = Some(outcome_of(&job));
+                    let body = serde_json::to_string(&record)
+                        .map_err(|e| ApiError::internal(e.to_string()))?;
+                    state
+                        .queue
+                        .update_entry(KIND, &record.tenant, &record.id, &body)
+                        .await?;
+                    tracing::info!(finetune = %record.id, status = %delivery.state, "fine-tune finished");
+                }
+            }
+            None => {
+                tracing::warn!(job = %delivery.job_id, "a finished job was trimmed before its outcome was filed")
+            }
+        }
+        state.queue.ack_delivery(delivery).await?;
+    }
+    Ok(due.len())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_epochs_follow_openais_rule() {
+        assert_eq!(auto_epochs(10), 10);
+        assert_eq!(auto_epochs(1), 25);
+        assert_eq!(auto_epochs(50), 3);
+        assert_eq!(auto_epochs(1_000), 3);
+        assert_eq!(auto_epochs(10_000), 2);
+        assert_eq!(auto_epochs(100_000), 1);
+    }
+
+    #[test]
+    fn event_cursors_round_trip_and_refuse_other_jobs() {
+        let id = event_id("ftjob-abc", 7);
+        assert_eq!(event_seq("ftjob-abc", &id).unwrap(), 7);
+        assert!(event_seq("ftjob-abd", &id).is_err());
+        assert!(event_seq("ftjob-abc", "ftevent-abc-x").is_err());
+        assert!(event_seq("ftjob-abc", "nonsense").is_err());
+    }
+
+    #[test]
+    fn idempotency_keys_map_to_one_id_per_tenant() {
+        assert_eq!(idempotent_id("a", "k"), idempotent_id("a", "k"));
+        assert_ne!(idempotent_id("a", "k"), idempotent_id("b", "k"));
+        assert!(Id::parse(&idempotent_id("a", "k")).is_ok());
+    }
+}

@@ -1,0 +1,239 @@
+//! The trainers' side door: `POST /internal/attempts/{job}/report`.
+//!
+//! A trainer reports its progress with the credential its attempt was started with
+//! (`Authorization: Bearer <credential>`, see [`tuneq_queue::AttemptSigner`]). Each
+//! report renews the attempt's lease and is fenced by the queue: a report from an
+//! attempt that was superseded, preempted or cancelled is refused with 410 and changes
+//! nothing, which tells that trainer to stop. A `finished` event completes the job.
+
+use crate::error::{ApiError, ApiResult};
+use crate::finetunes::AttemptResult;
+use crate::state::AppState;
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse, web};
+use serde_json::json;
+use tuneq_openapi::{AttemptReport, Progress, TrainEvent};
+use tuneq_queue::{JobQueue, QueueError};
+
+/// Routes.
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.route("/internal/attempts/{job}/report", web::post().to(report));
+}
+
+fn gone(code: &str, message: &str) -> ApiError {
+    ApiError::new(StatusCode::GONE, "invalid_request_error", code, message)
+}
+
+/// Metrics events kept per run: enough to plot the loss, few enough that the job's
+/// capped event log keeps its first events too.
+const METRICS_EVENTS_PER_RUN: u64 = 50;
+
+/// Folds `events` into the job's progress and picks the ones its log records.
+fn apply(progress: &mut Progress, events: &[TrainEvent]) -> Vec<(String, String)> {
+    let mut log = Vec::new();
+    for event in events {
+        match event {
+            TrainEvent::Started {
+                total_steps,
+                start_step,
+                train_examples,
+                validation_examples,
+                trainable_params,
+                dataset_format,
+            } => {
+                progress.total_steps = *total_steps;
+                progress.step = *start_step;
+                log.push((
+                    "training_started".into(),
+                    json!({"total_steps": total_steps, "start_step": start_step,
+                        "train_examples": train_examples, "validation_examples": validation_examples,
+                        "trainable_params": trainable_params, "dataset_format": dataset_format})
+                    .to_string(),
+                ));
+            }
+            TrainEvent::Resumed { step, checkpoint } => {
+                progress.step = *step;
+                progress.checkpoint_step = Some(*step);
+                log.push((
+                    "resumed".into(),
+                    json!({"step": step, "location": checkpoint}).to_string(),
+                ));
+            }
+            TrainEvent::Step(m) => {
+                progress.step = m.step;
+                progress.total_steps = m.total_steps;
+                progress.loss = Some(m.loss);
+                progress.learning_rate = Some(m.lr);
+                progress.eta_seconds = Some(m.eta_s);
+                progress.tokens_seen = m.tokens_seen;
+                let every = (m.total_steps / METRICS_EVENTS_PER_RUN).max(1);
+                if m.step == 1 || m.step % every == 0 || m.step == m.total_steps {
+                    log.push((
+                        "metrics".into(),
+                        json!({"step": m.step, "total_steps": m.total_steps, "train_loss": m.loss,
+                            "learning_rate": m.lr, "tokens_per_s": m.tokens_per_s,
+                            "eta_s": m.eta_s, "tokens_seen": m.tokens_seen})
+                        .to_string(),
+                    ));
+                }
+            }
+            TrainEvent::Eval {
+                step,
+                validation_loss,
+            } => {
+                progress.validation_loss = Some(*validation_loss);
+                log.push((
+                    "eval".into(),
+                    json!({"step": step, "valid_loss": validation_loss}).to_string(),
+                ));
+            }
+            TrainEvent::Checkpoint { step, location } => {
+                progress.checkpoint_step = Some(*step);
+                log.push((
+                    "checkpoint".into(),
+                    json!({"step": step, "location": location}).to_string(),
+                ));
+            }
+            TrainEvent::Warning { message } => log.push(("warning".into(), message.clone())),
+            TrainEvent::Finished {
+                step,
+                validation_loss,
+                ..
+            } => {
+                progress.step = *step;
+                progress.eta_seconds = Some(0.0);
+                if validation_loss.is_some() {
+                    progress.validation_loss = *validation_loss;
+                }
+            }
+            TrainEvent::Sample { .. } | TrainEvent::Interrupted { .. } => {}
+        }
+    }
+    if progress.total_steps > 0 {
+        progress.percent =
+            (progress.step as f64 * 100.0 / progress.total_steps as f64).clamp(0.0, 100.0);
+    }
+    log
+}
+
+/// `POST /internal/attempts/{job}/report`.
+#[tracing::instrument(skip_all, fields(job = %job))]
+async fn report(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    job: web::Path<String>,
+    body: web::Json<AttemptReport>,
+) -> ApiResult<HttpResponse> {
+    let credential = req
+        .headers()
+        .get(actix_web::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .ok_or_else(|| ApiError::unauthenticated("An attempt credential is required."))?;
+    let (id, token) = state
+        .config
+        .attempt_signer
+        .verify(credential.trim())
+        .filter(|(id, _)| id == job.as_str())
+        .ok_or_else(|| ApiError::unauthenticated("This is not a credential for this attempt."))?;
+    let record = state
+        .queue
+        .get(&id)
+        .await?
+        .ok_or_else(|| gone("job_gone", "The job no longer exists."))?;
+    let mut progress: Progress = record
+        .progress
+        .as_deref()
+        .and_then(|p| serde_json::from_str(p).ok())
+        .unwrap_or_default();
+    let log = apply(&mut progress, &body.events);
+    let progress_json =
+        serde_json::to_string(&progress).map_err(|e| ApiError::internal(e.to_string()))?;
+    let log_refs: Vec<(&str, &str)> = log.iter().map(|(k, m)| (k.as_str(), m.as_str())).collect();
+    let refused = |e: QueueError| match e {
+        QueueError::StaleToken(_) => gone(
+            "attempt_superseded",
+            "This attempt is no longer the job's live attempt: stop.",
+        ),
+        QueueError::WrongState { state, .. } => gone(
+            "attempt_stopped",
+            &format!("The job is {state}: stop this attempt."),
+        ),
+        QueueError::NotFound(_) => gone("job_gone", "The job no longer exists."),
+        other => other.into(),
+    };
+    state
+        .queue
+        .report(&id, token, body.seq, Some(&progress_json), &log_refs)
+        .await
+        .map_err(refused)?;
+    for event in &body.events {
+        if let TrainEvent::Finished {
+            step,
+            adapter,
+            train_loss,
+            validation_loss,
+            trained_tokens,
+        } = event
+        {
+            let result = serde_json::to_string(&AttemptResult {
+                adapter: adapter.clone(),
+                trained_tokens: *trained_tokens,
+                step: *step,
+                train_loss: *train_loss,
+                validation_loss: *validation_loss,
+            })
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+            state
+                .queue
+                .complete(&id, token, &result)
+                .await
+                .map_err(refused)?;
+            tracing::info!(token, step, "attempt finished; job succeeded");
+        }
+    }
+    Ok(HttpResponse::NoContent().finish())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use tuneq_openapi::StepMetrics;
+
+    fn step(step: u64, total: u64) -> TrainEvent {
+        TrainEvent::Step(StepMetrics {
+            step,
+            total_steps: total,
+            epoch: 0,
+            loss: 1.0 / step as f64,
+            lr: 1e-3,
+            grad_norm: 1.0,
+            tokens_per_s: 100.0,
+            elapsed_s: 1.0,
+            eta_s: (total - step) as f64,
+            tokens_seen: step * 10,
+        })
+    }
+
+    #[test]
+    fn progress_follows_steps_and_the_log_samples_metrics() {
+        let mut progress = Progress::default();
+        let events: Vec<TrainEvent> = (1..=200).map(|s| step(s, 200)).collect();
+        let log = apply(&mut progress, &events);
+        assert_eq!(progress.step, 200);
+        assert_eq!(progress.percent, 100.0);
+        assert_eq!(progress.tokens_seen, 2000);
+        // Step 1, then every 4th step: 1 + 50.
+        assert_eq!(log.len(), 51);
+        let log = apply(
+            &mut progress,
+            &[TrainEvent::Checkpoint {
+                step: 200,
+                location: "file:///x".into(),
+            }],
+        );
+        assert_eq!(log[0].0, "checkpoint");
+        assert_eq!(progress.checkpoint_step, Some(200));
+    }
+}

@@ -1,0 +1,272 @@
+//! The trainers' report endpoint over real HTTP, with the queue's fencing behind it: a
+//! fine-tune is created through the API, claimed as a dispatcher would, and reported on
+//! with its attempt's credential — progress, events, completion — while forged
+//! credentials, another attempt's reports and another tenant's reads are refused.
+
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use tuneq_api::models::{BaseModel, register_base};
+use tuneq_api::{ApiConfig, AppState, PoolInfo, auth};
+use tuneq_queue::{AttemptSigner, JobQueue, Queue, QueueConfig};
+use tuneq_storage::LocalStore;
+
+struct Server {
+    url: String,
+    queue: Queue,
+    signer: AttemptSigner,
+    acme: String,
+    other: String,
+    _dir: tempfile::TempDir,
+    _handle: actix_web::dev::ServerHandle,
+}
+
+async fn start() -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let queue = Queue::open_embedded(
+        &dir.path().join("queue.db"),
+        "tuneq",
+        QueueConfig::default(),
+    )
+    .await
+    .unwrap();
+    queue.set_pool("local", 1).await.unwrap();
+    let signer = AttemptSigner::new(b"test secret for attempt credentials".to_vec());
+    let state = AppState {
+        queue: queue.clone(),
+        store: Arc::new(LocalStore::new(dir.path().join("objects"))),
+        config: ApiConfig {
+            spool_dir: dir.path().to_path_buf(),
+            pools: vec![PoolInfo {
+                name: "local".into(),
+                hardware: "cpu".into(),
+            }],
+            attempt_signer: signer.clone(),
+            ..ApiConfig::default()
+        },
+    };
+    auth::create_tenant(&state, "acme", "Acme").await.unwrap();
+    auth::create_tenant(&state, "other", "Other").await.unwrap();
+    let acme = auth::add_key(&state, "acme", None).await.unwrap();
+    let other = auth::add_key(&state, "other", None).await.unwrap();
+    register_base(
+        &state,
+        &BaseModel {
+            id: "base".into(),
+            location: "/models/base".into(),
+            base_learning_rate: 1e-3,
+            created: 0,
+        },
+    )
+    .await
+    .unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server = tuneq_api::serve(listener, state).unwrap();
+    let handle = server.handle();
+    tokio::spawn(server);
+    Server {
+        url,
+        queue,
+        signer,
+        acme,
+        other,
+        _dir: dir,
+        _handle: handle,
+    }
+}
+
+async fn create_job(s: &Server) -> Value {
+    let http = reqwest::Client::new();
+    let data = (0..8)
+        .map(|i| format!(r#"{{"prompt":"p{i}","completion":"c{i}"}}"#))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let file: Value = http
+        .post(format!("{}/files?filename=d.jsonl", s.url))
+        .bearer_auth(&s.acme)
+        .body(data)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let response = http
+        .post(format!("{}/finetunes", s.url))
+        .bearer_auth(&s.acme)
+        .json(&json!({"model": "base", "training_file": file["id"], "hyperparameters": {"n_epochs": 2}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    response.json().await.unwrap()
+}
+
+async fn report(s: &Server, job: &str, credential: &str, body: Value) -> StatusCode {
+    reqwest::Client::new()
+        .post(format!("{}/internal/attempts/{job}/report", s.url))
+        .bearer_auth(credential)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .status()
+}
+
+fn step(step: u64, total: u64, loss: f64) -> Value {
+    json!({"event": "step", "step": step, "total_steps": total, "epoch": 0, "loss": loss,
+        "lr": 1e-3, "grad_norm": 1.0, "tokens_per_s": 10.0, "elapsed_s": 1.0,
+        "eta_s": 5.0, "tokens_seen": step * 100})
+}
+
+async fn get(s: &Server, key: &str, path: &str) -> (StatusCode, Value) {
+    let response = reqwest::Client::new()
+        .get(format!("{}{path}", s.url))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn reports_move_a_job_to_succeeded_and_stale_or_forged_ones_change_nothing() {
+    let s = start().await;
+    let created = create_job(&s).await;
+    let id = created["id"].as_str().unwrap();
+    assert_eq!(created["status"], "queued");
+    assert_eq!(created["hyperparameters"]["n_epochs"], 2);
+
+    // A dispatcher claims it; the first attempt's credential is refused once preempted.
+    let first = s
+        .queue
+        .claim_started("local", "test", "")
+        .await
+        .unwrap()
+        .unwrap();
+    let first_credential = s.signer.sign(&first.id, first.token);
+    s.queue
+        .preempt(&first.id, first.token, "spot reclaimed")
+        .await
+        .unwrap();
+    let lease = s
+        .queue
+        .claim_started("local", "test", "")
+        .await
+        .unwrap()
+        .unwrap();
+    let credential = s.signer.sign(&lease.id, lease.token);
+
+    let started = json!({"seq": 1, "events": [
+        {"event": "started", "total_steps": 4, "start_step": 0, "train_examples": 8,
+         "validation_examples": 0, "trainable_params": 10, "dataset_format": "prompt_completion"},
+        step(1, 4, 2.0), step(2, 4, 1.5),
+        {"event": "checkpoint", "step": 2, "location": "file:///out/checkpoints/step-00000002"}]});
+    assert_eq!(
+        report(&s, &lease.id, &credential, started.clone()).await,
+        StatusCode::NO_CONTENT
+    );
+    // The same report again (a retry after a lost reply) records nothing twice.
+    assert_eq!(
+        report(&s, &lease.id, &credential, started).await,
+        StatusCode::NO_CONTENT
+    );
+    // The superseded attempt is told to stop (410) and changes nothing.
+    let late = json!({"seq": 9, "events": [step(3, 4, 9.0)]});
+    assert_eq!(
+        report(&s, &lease.id, &first_credential, late).await,
+        StatusCode::GONE
+    );
+    // A forged or foreign credential is not a credential.
+    let forged = format!("{}.{}.{}", lease.id, lease.token, "00".repeat(32));
+    let body = json!({"seq": 2, "events": []});
+    assert_eq!(
+        report(&s, &lease.id, &forged, body.clone()).await,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        report(&s, "j000000000999", &credential, body).await,
+        StatusCode::UNAUTHORIZED
+    );
+
+    let (status, job) = get(&s, &s.acme, &format!("/finetunes/{id}")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(job["status"], "running");
+    assert_eq!(job["preemptions"], 1);
+    assert_eq!(job["progress"]["step"], 2);
+    assert_eq!(job["progress"]["total_steps"], 4);
+    assert_eq!(job["progress"]["percent"], 50.0);
+    assert_eq!(job["progress"]["loss"], 1.5);
+    assert_eq!(job["progress"]["checkpoint_step"], 2);
+    let (_, checkpoints) = get(&s, &s.acme, &format!("/finetunes/{id}/checkpoints")).await;
+    assert_eq!(checkpoints["data"].as_array().unwrap().len(), 1);
+    assert_eq!(checkpoints["data"][0]["step_number"], 2);
+    assert_eq!(checkpoints["data"][0]["metrics"]["train_loss"], 1.5);
+
+    let finished = json!({"seq": 2, "events": [step(3, 4, 1.2), step(4, 4, 1.0),
+        {"event": "finished", "step": 4, "adapter": "file:///out", "train_loss": 1.0,
+         "validation_loss": null, "trained_tokens": 400}]});
+    assert_eq!(
+        report(&s, &lease.id, &credential, finished).await,
+        StatusCode::NO_CONTENT
+    );
+    let (_, job) = get(&s, &s.acme, &format!("/v1/fine_tuning/jobs/{id}")).await;
+    assert_eq!(job["status"], "succeeded");
+    assert_eq!(job["trained_tokens"], 400);
+    assert!(
+        job["fine_tuned_model"]
+            .as_str()
+            .unwrap()
+            .starts_with("ft:base:acme::")
+    );
+    // After the end, the attempt's credential is refused too.
+    let after = json!({"seq": 3, "events": [step(5, 4, 0.1)]});
+    assert_eq!(
+        report(&s, &lease.id, &credential, after).await,
+        StatusCode::GONE
+    );
+
+    let (_, events) = get(
+        &s,
+        &s.acme,
+        &format!("/v1/fine_tuning/jobs/{id}/events?limit=100"),
+    )
+    .await;
+    let messages: Vec<&str> = events["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["message"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        messages.first(),
+        Some(&"The job has successfully completed")
+    );
+    assert_eq!(
+        messages.last().copied(),
+        Some(format!("Created fine-tuning job: {id}").as_str())
+    );
+    assert_eq!(
+        messages.iter().filter(|m| m.starts_with("Step ")).count(),
+        4,
+        "every step of a 4-step run is a metrics event, and each once: {messages:?}"
+    );
+    assert!(!messages.iter().any(|m| m.contains("9.0")));
+
+    // Another tenant sees nothing of it.
+    for path in [
+        format!("/finetunes/{id}"),
+        format!("/finetunes/{id}/events"),
+        format!("/finetunes/{id}/checkpoints"),
+        format!("/finetunes/{id}/adapter"),
+    ] {
+        let (status, body) = get(&s, &s.other, &path).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{path}: {body}");
+    }
+    let (_, list) = get(&s, &s.other, "/v1/fine_tuning/jobs").await;
+    assert_eq!(list["data"].as_array().unwrap().len(), 0);
+}

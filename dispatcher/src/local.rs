@@ -1,0 +1,158 @@
+//! The local runtime: each attempt is a `tuneq train` child process on this machine.
+//!
+//! The child gets the job's [`TrainSpec`] in a file, the report URL and its attempt's
+//! credential in its environment, and writes its own output to the job's output
+//! location (where the next attempt resumes from the last checkpoint). Its stdout
+//! (JSON progress lines) and stderr go to files in the attempt's folder; the tail of
+//! stderr becomes the failure reason when it exits badly.
+
+use crate::DispatchError;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use tuneq_openapi::{DeviceKind, TrainSpec};
+
+/// Exit status of `tuneq train` for input that can never work (bad data, bad spec).
+pub const EXIT_BAD_INPUT: i32 = 2;
+/// Exit status of a trainer told its attempt was superseded.
+pub const EXIT_SUPERSEDED: i32 = 75;
+
+/// How attempts are started.
+#[derive(Debug, Clone)]
+pub struct LocalRuntime {
+    /// The `tuneq` binary.
+    pub exe: PathBuf,
+    /// Attempt folders go under it.
+    pub work_dir: PathBuf,
+    /// Where trainers post progress (`…/internal/attempts/{job}/report` is appended).
+    pub report_base_url: String,
+    /// Device the trainers use.
+    pub device: DeviceKind,
+    /// Cache of remote models and datasets, shared by attempts.
+    pub cache_dir: PathBuf,
+}
+
+/// A started attempt's process.
+#[derive(Debug)]
+pub struct Process {
+    /// The child.
+    pub child: tokio::process::Child,
+    /// Its folder (spec, stdout, stderr).
+    pub dir: PathBuf,
+}
+
+/// How a child ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Exit {
+    /// Exit status 0.
+    Success,
+    /// Bad input: retrying cannot help.
+    BadInput(String),
+    /// It was told its attempt is no longer live.
+    Superseded,
+    /// Anything else (crash, kill, error): worth another attempt.
+    Failed(String),
+}
+
+impl LocalRuntime {
+    /// Starts attempt `token` of `job` running `spec`.
+    pub async fn start(
+        &self,
+        job: &str,
+        token: u64,
+        spec: &TrainSpec,
+        credential: &str,
+    ) -> Result<Process, DispatchError> {
+        let dir = self.work_dir.join(job).join(format!("attempt-{token}"));
+        tokio::fs::create_dir_all(&dir)
+            .await
+            .map_err(|e| DispatchError::Runtime(format!("{}: {e}", dir.display())))?;
+        let mut spec = spec.clone();
+        spec.device = self.device;
+        let spec_path = dir.join("spec.json");
+        let text =
+            serde_json::to_vec_pretty(&spec).map_err(|e| DispatchError::Runtime(e.to_string()))?;
+        tokio::fs::write(&spec_path, text)
+            .await
+            .map_err(|e| DispatchError::Runtime(format!("{}: {e}", spec_path.display())))?;
+        let open = |name: &str| {
+            std::fs::File::create(dir.join(name))
+                .map_err(|e| DispatchError::Runtime(format!("{}: {e}", dir.join(name).display())))
+        };
+        let child = tokio::process::Command::new(&self.exe)
+            .arg("train")
+            .arg("--spec")
+            .arg(&spec_path)
+            .arg("--progress")
+            .arg("json")
+            .env(
+                "TUNEQ_REPORT_URL",
+                format!(
+                    "{}/internal/attempts/{job}/report",
+                    self.report_base_url.trim_end_matches('/')
+                ),
+            )
+            .env("TUNEQ_REPORT_CREDENTIAL", credential)
+            .env("TUNEQ_CACHE_DIR", &self.cache_dir)
+            .stdin(Stdio::null())
+            .stdout(open("stdout.jsonl")?)
+            .stderr(open("stderr.log")?)
+            .spawn()
+            .map_err(|e| {
+                DispatchError::Runtime(format!("cannot start {}: {e}", self.exe.display()))
+            })?;
+        Ok(Process { child, dir })
+    }
+}
+
+/// What a finished child's status means.
+pub fn classify(status: std::process::ExitStatus, dir: &Path) -> Exit {
+    match status.code() {
+        Some(0) => Exit::Success,
+        Some(EXIT_SUPERSEDED) => Exit::Superseded,
+        Some(EXIT_BAD_INPUT) => Exit::BadInput(stderr_tail(dir)),
+        Some(code) => Exit::Failed(format!(
+            "trainer exited with status {code}: {}",
+            stderr_tail(dir)
+        )),
+        None => Exit::Failed("trainer was killed by a signal".into()),
+    }
+}
+
+/// The last lines of an attempt's stderr (its error message), at most 1 000 bytes.
+fn stderr_tail(dir: &Path) -> String {
+    let text = std::fs::read_to_string(dir.join("stderr.log")).unwrap_or_default();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with("tuneq-report:"))
+        .collect();
+    let mut tail = lines[lines.len().saturating_sub(6)..].join(" | ");
+    while tail.len() > 1000 {
+        tail.remove(0);
+    }
+    if tail.is_empty() {
+        "no error output".into()
+    } else {
+        tail
+    }
+}
+
+/// Sends `signal` (`TERM`, `KILL`) to process `pid`.
+pub fn signal(pid: u32, signal: &str) {
+    let _ = std::process::Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// Whether process `pid` is a trainer of `job` (its command line names the job's
+/// attempt folder), so a recycled pid is never killed by mistake.
+pub fn is_trainer_of(pid: u32, job: &str) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|cmdline| {
+            let text = String::from_utf8_lossy(&cmdline);
+            text.contains("train") && text.contains(&format!("/{job}/attempt-"))
+        })
+        .unwrap_or(false)
+}

@@ -1,0 +1,413 @@
+//! Fine-tuning jobs, their events and checkpoints, and models: OpenAI's object shapes
+//! (`../shared/research/openai-compat.md`, B.2–B.6) with tuneq's extra fields, which
+//! OpenAI's SDKs accept and keep.
+
+use crate::progress::TrainEvent;
+use crate::train_spec::{LoraSpec, TrainSpec};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use utoipa::ToSchema;
+
+/// The literal `"auto"`: let the service choose from the dataset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Auto {
+    /// Chosen by the service.
+    Auto,
+}
+
+/// A whole number, or `"auto"`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum AutoOrInt {
+    /// `"auto"`.
+    Auto(Auto),
+    /// The value.
+    Value(u64),
+}
+
+/// A number, or `"auto"`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum AutoOrNumber {
+    /// `"auto"`.
+    Auto(Auto),
+    /// The value.
+    Value(f64),
+}
+
+/// Training settings of a create request: OpenAI's three (each a value or `"auto"`)
+/// and tuneq's finer ones.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HyperparametersRequest {
+    /// Examples per optimiser step (1–256), or `"auto"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_size: Option<AutoOrInt>,
+    /// Scales the base learning rate (0 < x ≤ 10), or `"auto"` (1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub learning_rate_multiplier: Option<AutoOrNumber>,
+    /// Passes over the training data (1–50), or `"auto"` (from the dataset's size).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n_epochs: Option<AutoOrInt>,
+    /// Peak learning rate, instead of a multiplier of the base one (tuneq).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub learning_rate: Option<f64>,
+    /// Longest example in tokens; longer ones are truncated (tuneq, 8–32 768).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_seq_len: Option<u32>,
+    /// Warmup steps (tuneq).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warmup_steps: Option<u64>,
+}
+
+/// OpenAI's `method.supervised`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct SupervisedMethod {
+    /// Its hyperparameters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hyperparameters: Option<HyperparametersRequest>,
+}
+
+/// OpenAI's `method`: only `supervised` is offered.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct MethodRequest {
+    /// `supervised` (`dpo` and `reinforcement` are refused).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Settings of the supervised method.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub supervised: Option<SupervisedMethod>,
+    /// Not offered; present only to refuse it by name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dpo: Option<serde_json::Value>,
+    /// Not offered; present only to refuse it by name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reinforcement: Option<serde_json::Value>,
+}
+
+/// `POST /finetunes` and `POST /v1/fine_tuning/jobs`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FineTuneCreate {
+    /// Base model id (see `GET /v1/models`).
+    pub model: String,
+    /// Id of an uploaded training file.
+    pub training_file: String,
+    /// Id of an uploaded validation file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub validation_file: Option<String>,
+    /// Training settings (OpenAI's older place for them; `method` is the newer one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hyperparameters: Option<HyperparametersRequest>,
+    /// `{"type": "supervised", "supervised": {"hyperparameters": {…}}}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<MethodRequest>,
+    /// Up to 64 characters (letters, digits, `-`, `_`, `.`) in the fine-tuned model's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suffix: Option<String>,
+    /// Seed (random when absent; echoed on the job).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    /// Up to 16 pairs; keys ≤ 64 characters, values ≤ 512.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<BTreeMap<String, String>>,
+    /// Not offered (must be absent or empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub integrations: Option<Vec<serde_json::Value>>,
+    /// LoRA settings (tuneq; defaults: r 8, alpha 16, all seven projections).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<LoraSpec>,
+    /// 0 (lowest) to 9 (most urgent); default 5 (tuneq).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<u8>,
+    /// Hardware class a node pool must offer: `cpu`, `gpu`, `spot-gpu` (tuneq; default:
+    /// any pool).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hardware: Option<String>,
+}
+
+/// Hyperparameters as the job runs them (`"auto"` resolved).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Hyperparameters {
+    /// Examples per optimiser step.
+    pub batch_size: u64,
+    /// Multiplier of the base learning rate.
+    pub learning_rate_multiplier: f64,
+    /// Passes over the training data.
+    pub n_epochs: u64,
+}
+
+/// OpenAI's `method` on a job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Method {
+    /// `supervised`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Its settings.
+    pub supervised: SupervisedSettings,
+}
+
+/// `method.supervised` on a job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct SupervisedSettings {
+    /// As run.
+    pub hyperparameters: Hyperparameters,
+}
+
+/// Why a job failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct JobError {
+    /// Stable code, e.g. `training_failed`, `invalid_training_file`.
+    pub code: String,
+    /// What happened.
+    pub message: String,
+    /// The request field at fault, if one is.
+    pub param: Option<String>,
+}
+
+/// How far a running job has got (tuneq).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Progress {
+    /// Optimiser steps done.
+    pub step: u64,
+    /// Steps the run takes (0 until training has started).
+    pub total_steps: u64,
+    /// `step / total_steps` in percent.
+    pub percent: f64,
+    /// Latest training loss.
+    pub loss: Option<f64>,
+    /// Latest validation loss.
+    pub validation_loss: Option<f64>,
+    /// Learning rate of the latest step.
+    pub learning_rate: Option<f64>,
+    /// Estimated seconds to the end.
+    pub eta_seconds: Option<f64>,
+    /// Tokens trained on so far.
+    pub tokens_seen: u64,
+    /// Step of the latest checkpoint (where a new attempt resumes).
+    pub checkpoint_step: Option<u64>,
+}
+
+/// Where a queued job stands (tuneq).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct QueueStanding {
+    /// Jobs likely to start before it, all tenants counted by weight.
+    pub ahead: u64,
+    /// Jobs of the same tenant ahead of it.
+    pub ahead_in_tenant: u64,
+    /// Estimated start, Unix seconds; null until run times are known.
+    pub estimated_start: Option<u64>,
+}
+
+/// The trained adapter (tuneq).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct AdapterInfo {
+    /// Where it was written (a `file://`, `s3://` or `gs://` URI).
+    pub location: String,
+    /// Download it: a tar archive of the PEFT folder.
+    pub download_url: String,
+}
+
+/// A fine-tuning job (OpenAI's `fine_tuning.job` plus tuneq's fields).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct FineTuneJob {
+    /// `ftjob-…`.
+    pub id: String,
+    /// Always `fine_tuning.job`.
+    pub object: String,
+    /// Unix seconds.
+    pub created_at: u64,
+    /// Base model.
+    pub model: String,
+    /// The tenant.
+    pub organization_id: String,
+    /// `validating_files`, `queued`, `running`, `succeeded`, `failed` or `cancelled`.
+    pub status: String,
+    /// Training file id.
+    pub training_file: String,
+    /// Validation file id.
+    pub validation_file: Option<String>,
+    /// As run.
+    pub hyperparameters: Hyperparameters,
+    /// As run.
+    pub method: Method,
+    /// `ft:<base>:<tenant>:<suffix>:<id>` once succeeded.
+    pub fine_tuned_model: Option<String>,
+    /// Unix seconds, once finished.
+    pub finished_at: Option<u64>,
+    /// Why it failed.
+    pub error: Option<JobError>,
+    /// Result file ids (none yet).
+    pub result_files: Vec<String>,
+    /// Tokens trained on, once succeeded.
+    pub trained_tokens: Option<u64>,
+    /// Seed.
+    pub seed: u64,
+    /// Estimated end while running, Unix seconds.
+    pub estimated_finish: Option<u64>,
+    /// Always null (no integrations are offered).
+    pub integrations: Option<Vec<serde_json::Value>>,
+    /// The caller's metadata.
+    pub metadata: Option<BTreeMap<String, String>>,
+    /// The suffix asked for.
+    pub user_provided_suffix: Option<String>,
+    /// Priority, 0–9 (tuneq).
+    pub priority: u8,
+    /// Hardware class asked for, or `any` (tuneq).
+    pub hardware: String,
+    /// LoRA settings as run (tuneq).
+    pub lora: LoraSpec,
+    /// Peak learning rate as run (tuneq).
+    pub learning_rate: f64,
+    /// Progress while running and after (tuneq).
+    pub progress: Option<Progress>,
+    /// Standing while queued (tuneq).
+    pub queue: Option<QueueStanding>,
+    /// Attempts that failed and were retried (tuneq).
+    pub attempts: u32,
+    /// Times its machine was taken away and it resumed (tuneq).
+    pub preemptions: u32,
+    /// The adapter, once succeeded (tuneq).
+    pub adapter: Option<AdapterInfo>,
+}
+
+/// A page of jobs, newest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct FineTuneList {
+    /// Always `list`.
+    pub object: String,
+    /// The jobs.
+    pub data: Vec<FineTuneJob>,
+    /// Whether more follow; ask again with `after` = the last id.
+    pub has_more: bool,
+    /// The first id on this page.
+    pub first_id: Option<String>,
+    /// The last id on this page.
+    pub last_id: Option<String>,
+}
+
+/// One event of a job (OpenAI's `fine_tuning.job.event`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct FineTuneEvent {
+    /// `ftevent-…`: the cursor.
+    pub id: String,
+    /// Always `fine_tuning.job.event`.
+    pub object: String,
+    /// Unix seconds.
+    pub created_at: u64,
+    /// `info`, `warn` or `error`.
+    pub level: String,
+    /// What happened.
+    pub message: String,
+    /// `message` or `metrics`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Figures of a `metrics` event (`step`, `total_steps`, `train_loss`, …).
+    pub data: Option<serde_json::Value>,
+}
+
+/// A page of events, newest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct FineTuneEventList {
+    /// Always `list`.
+    pub object: String,
+    /// The events.
+    pub data: Vec<FineTuneEvent>,
+    /// Whether older ones follow; ask again with `after` = the last id.
+    pub has_more: bool,
+}
+
+/// Figures at a checkpoint.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct CheckpointMetrics {
+    /// Its step.
+    pub step: u64,
+    /// Training loss of the step.
+    pub train_loss: Option<f64>,
+    /// Latest validation loss.
+    pub valid_loss: Option<f64>,
+}
+
+/// A checkpoint (OpenAI's `fine_tuning.job.checkpoint`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct FineTuneCheckpoint {
+    /// `ftckpt-…`.
+    pub id: String,
+    /// Always `fine_tuning.job.checkpoint`.
+    pub object: String,
+    /// Unix seconds.
+    pub created_at: u64,
+    /// `ft:…:ckpt-step-<N>`.
+    pub fine_tuned_model_checkpoint: String,
+    /// The job.
+    pub fine_tuning_job_id: String,
+    /// Its step.
+    pub step_number: u64,
+    /// Figures at that step.
+    pub metrics: CheckpointMetrics,
+    /// Where it was written (tuneq).
+    pub location: String,
+}
+
+/// A page of checkpoints, newest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct FineTuneCheckpointList {
+    /// Always `list`.
+    pub object: String,
+    /// The checkpoints.
+    pub data: Vec<FineTuneCheckpoint>,
+    /// Whether older ones follow.
+    pub has_more: bool,
+    /// The first id on this page.
+    pub first_id: Option<String>,
+    /// The last id on this page.
+    pub last_id: Option<String>,
+}
+
+/// A model (OpenAI's `model` plus tuneq's fields).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Model {
+    /// The name to fine-tune from, or `ft:…` for an adapter.
+    pub id: String,
+    /// Always `model`.
+    pub object: String,
+    /// Unix seconds.
+    pub created: u64,
+    /// `tuneq` for base models, the tenant for fine-tuned ones.
+    pub owned_by: String,
+    /// `base` or `fine-tuned` (tuneq).
+    pub kind: String,
+    /// A fine-tuned model's base (tuneq).
+    pub base_model: Option<String>,
+    /// A fine-tuned model's job (tuneq).
+    pub fine_tuning_job_id: Option<String>,
+}
+
+/// All models the caller can use.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ModelList {
+    /// Always `list`.
+    pub object: String,
+    /// The models.
+    pub data: Vec<Model>,
+}
+
+/// What a trainer posts to `/internal/attempts/{job}/report` with its attempt's token.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct AttemptReport {
+    /// Numbers the attempt's reports from 1: a repeated report is recorded once.
+    pub seq: u64,
+    /// Events since the previous report, in order.
+    pub events: Vec<TrainEvent>,
+}
+
+/// What a fine-tune's queue job carries from the API to a dispatcher: everything an
+/// attempt needs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct JobPayload {
+    /// The fine-tune (`ftjob-…`).
+    pub finetune: String,
+    /// The run.
+    pub spec: TrainSpec,
+}

@@ -1,0 +1,237 @@
+"""Fine-tuning through the official `openai` Python SDK against a real `tuneq up`: the
+whole job life (upload, create, watch, events, checkpoints, models, cancel), refusals,
+idempotency, the adapter loaded with PEFT, and restarts in the middle of a job."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import openai
+import pytest
+
+from conftest import REPO_ROOT, Service
+
+DEMO_MODEL = "tuneq-tiny-demo"
+TRAIN = (REPO_ROOT / "examples/data/tiny-task-train.jsonl").read_text().splitlines()
+VALID = (REPO_ROOT / "examples/data/tiny-task-val.jsonl").read_text().splitlines()
+
+
+def upload(client, lines: list[str], name: str) -> str:
+    data = ("\n".join(lines) + "\n").encode()
+    return client.files.create(file=(name, data), purpose="fine-tune").id
+
+
+def wait_for(client, job_id: str, done, timeout: float = 300.0, what: str = "terminal"):
+    deadline = time.monotonic() + timeout
+    while True:
+        job = client.fine_tuning.jobs.retrieve(job_id)
+        if done(job):
+            return job
+        if job.status in ("succeeded", "failed", "cancelled") and not done(job):
+            pytest.fail(f"job ended {job.status} while waiting for {what}: {job.error}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"job {job_id} not {what} after {timeout} s: {job.status} {job.model_extra}")
+        time.sleep(0.5)
+
+
+def terminal(job) -> bool:
+    return job.status in ("succeeded", "failed", "cancelled")
+
+
+def step_of(job) -> int:
+    progress = (job.model_extra or {}).get("progress") or {}
+    return int(progress.get("step") or 0)
+
+
+def http_get(service: Service, path: str) -> bytes:
+    request = urllib.request.Request(service.url + path, headers=service.headers())
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return response.read()
+
+
+def test_a_fine_tune_runs_to_an_adapter_that_peft_loads(client, service, tmp_path):
+    train = upload(client, TRAIN[:96], "train.jsonl")
+    valid = upload(client, VALID[:16], "valid.jsonl")
+    job = client.fine_tuning.jobs.create(
+        model=DEMO_MODEL,
+        training_file=train,
+        validation_file=valid,
+        suffix="sdk-e2e",
+        seed=7,
+        metadata={"team": "search"},
+        method={"type": "supervised",
+                "supervised": {"hyperparameters": {"n_epochs": 2, "batch_size": 8}}},
+    )
+    assert job.object == "fine_tuning.job"
+    assert job.id.startswith("ftjob-")
+    assert job.status in ("queued", "running")
+    assert job.model == DEMO_MODEL
+    assert job.training_file == train and job.validation_file == valid
+    assert job.hyperparameters.n_epochs == 2 and job.hyperparameters.batch_size == 8
+    assert job.seed == 7 and job.metadata == {"team": "search"}
+    assert job.fine_tuned_model is None and job.finished_at is None
+
+    done = wait_for(client, job.id, terminal)
+    assert done.status == "succeeded", done.error
+    assert done.fine_tuned_model == f"ft:{DEMO_MODEL}:default:sdk-e2e:{job.id.removeprefix('ftjob-')}"
+    assert done.trained_tokens and done.trained_tokens > 0
+    assert done.finished_at >= done.created_at
+    extra = done.model_extra or {}
+    assert extra["progress"]["step"] == extra["progress"]["total_steps"] == 24
+    assert extra["progress"]["validation_loss"] is not None
+
+    # Events: newest first, paged by `after`; the SDK's auto-pagination walks them all.
+    events = list(client.fine_tuning.jobs.list_events(job.id, limit=5))
+    assert len({e.id for e in events}) == len(events) > 10
+    assert [e.created_at for e in events] == sorted((e.created_at for e in events), reverse=True)
+    assert events[0].message == "The job has successfully completed"
+    assert events[-1].message == f"Created fine-tuning job: {job.id}"
+    metrics = [e for e in events if e.type == "metrics" and "train_loss" in (e.data or {})]
+    assert metrics and all(e.message.startswith("Step ") for e in metrics)
+    first_page = client.fine_tuning.jobs.list_events(job.id, limit=3)
+    assert first_page.has_more and len(first_page.data) == 3
+
+    checkpoints = list(client.fine_tuning.jobs.checkpoints.list(job.id))
+    assert checkpoints, "the run checkpoints about ten times"
+    steps = [c.step_number for c in checkpoints]
+    assert steps == sorted(steps, reverse=True) and steps[0] == 24
+    assert checkpoints[0].fine_tuned_model_checkpoint.endswith(":ckpt-step-24")
+
+    models = [m.id for m in client.models.list()]
+    assert DEMO_MODEL in models and done.fine_tuned_model in models
+
+    # The adapter download is a tar of the PEFT folder; PEFT loads it on the base model.
+    archive = http_get(service, extra["adapter"]["download_url"])
+    adapter_dir = tmp_path / "adapter"
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        assert sorted(tar.getnames()) == ["adapter_config.json", "adapter_model.safetensors"]
+        tar.extractall(adapter_dir, filter="data")
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base_dir = service.data_dir / "models" / DEMO_MODEL
+    base = AutoModelForCausalLM.from_pretrained(base_dir, torch_dtype=torch.float32)
+    ids = torch.tensor([[1, 5, 9, 42, 7]])
+    with torch.no_grad():
+        before = base(ids).logits.clone()
+        tuned = PeftModel.from_pretrained(base, adapter_dir)
+        after = tuned(ids).logits
+    config = json.loads((adapter_dir / "adapter_config.json").read_text())
+    assert config["peft_type"] == "LORA" and config["r"] == 8
+    assert not torch.allclose(before, after), "a trained adapter changes the model's output"
+
+
+def test_requests_that_can_never_run_are_refused_and_change_nothing(client):
+    train = upload(client, TRAIN[:16], "small.jsonl")
+    before = len(list(client.fine_tuning.jobs.list()))
+    cases = [
+        (dict(model="no-such-model", training_file=train), "model", "model_not_found"),
+        (dict(model=DEMO_MODEL, training_file="file-doesnotexist"), "training_file", "file_not_found"),
+        (dict(model=DEMO_MODEL, training_file=train, hyperparameters={"n_epochs": 0}),
+         "hyperparameters.n_epochs", "invalid_value"),
+        (dict(model=DEMO_MODEL, training_file=train, suffix="bad suffix!"), "suffix", "invalid_value"),
+        (dict(model=DEMO_MODEL, training_file=train, method={"type": "dpo"}), "method.type",
+         "unsupported_method"),
+        (dict(model=DEMO_MODEL, training_file=train, extra_body={"hardware": "gpu"}), "hardware",
+         "no_pool_fits"),
+        (dict(model=DEMO_MODEL, training_file=train, extra_body={"priority": 12}), "priority",
+         "invalid_value"),
+    ]
+    for kwargs, param, code in cases:
+        with pytest.raises(openai.BadRequestError) as err:
+            client.fine_tuning.jobs.create(**kwargs)
+        assert err.value.param == param, (kwargs, err.value.body)
+        assert err.value.code == code, (kwargs, err.value.body)
+    assert len(list(client.fine_tuning.jobs.list())) == before
+
+
+def test_idempotency_keys_list_filters_and_cancel(client):
+    train = upload(client, TRAIN[:16], "small.jsonl")
+    tag = uuid.uuid4().hex
+    key = {"Idempotency-Key": f"create-{tag}"}
+    first = client.fine_tuning.jobs.create(model=DEMO_MODEL, training_file=train,
+                                           metadata={"batch": tag}, extra_headers=key)
+    again = client.fine_tuning.jobs.create(model=DEMO_MODEL, training_file=train,
+                                           metadata={"batch": tag}, extra_headers=key)
+    assert again.id == first.id
+    with pytest.raises(openai.BadRequestError) as err:
+        client.fine_tuning.jobs.create(model=DEMO_MODEL, training_file=train, suffix="other",
+                                       metadata={"batch": tag}, extra_headers=key)
+    assert err.value.code == "idempotency_key_reused"
+    others = [client.fine_tuning.jobs.create(model=DEMO_MODEL, training_file=train,
+                                             metadata={"batch": tag}).id for _ in range(2)]
+    ids = [first.id, *others]
+    for job_id in ids:
+        client.fine_tuning.jobs.cancel(job_id)
+    for job_id in ids:
+        assert wait_for(client, job_id, terminal).status == "cancelled"
+    # A finished job cannot be cancelled again: 400 (never 409, which SDKs retry).
+    with pytest.raises(openai.BadRequestError) as err:
+        client.fine_tuning.jobs.cancel(first.id)
+    assert err.value.code == "job_already_finished"
+
+    page = client.fine_tuning.jobs.list(limit=2, metadata={"batch": tag})
+    assert len(page.data) == 2 and page.has_more
+    listed = [j.id for j in client.fine_tuning.jobs.list(limit=2, metadata={"batch": tag})]
+    assert listed == list(reversed(ids)), "newest first, filtered by metadata"
+    cancelled = [j.id for j in client.fine_tuning.jobs.list(extra_query={"status": "cancelled"})]
+    assert set(ids) <= set(cancelled)
+    with pytest.raises(openai.NotFoundError):
+        client.fine_tuning.jobs.retrieve("ftjob-000000000000000000000000")
+
+
+def test_a_running_job_is_cancelled_and_its_trainer_stops(client):
+    train = upload(client, TRAIN, "train.jsonl")
+    job = client.fine_tuning.jobs.create(model=DEMO_MODEL, training_file=train,
+                                         hyperparameters={"n_epochs": 5})
+    wait_for(client, job.id, lambda j: step_of(j) >= 3, what="training")
+    answer = client.fine_tuning.jobs.cancel(job.id)
+    assert answer.status in ("running", "cancelled")
+    done = wait_for(client, job.id, terminal, timeout=120)
+    assert done.status == "cancelled"
+    messages = [e.message for e in client.fine_tuning.jobs.list_events(job.id, limit=100)]
+    assert "The job was cancelled" in messages
+
+
+def test_restarts_mid_job_resume_from_the_last_checkpoint(tmp_path):
+    """Stopped gracefully, then killed outright: the job resumes both times from a
+    checkpoint and succeeds; nothing is lost."""
+    from openai import OpenAI
+
+    service = Service(tmp_path / "data")
+    api_key = service.api_key
+    try:
+        client = OpenAI(base_url=f"{service.url}/v1", api_key=api_key, max_retries=0)
+        train = upload(client, TRAIN, "train.jsonl")
+        job = client.fine_tuning.jobs.create(model=DEMO_MODEL, training_file=train,
+                                             hyperparameters={"n_epochs": 2, "batch_size": 8})
+        wait_for(client, job.id, lambda j: step_of(j) >= 20, what="training")
+        service.stop()  # SIGTERM: the attempt checkpoints and the job goes back in line
+
+        service = Service(tmp_path / "data", api_key=api_key)
+        client = OpenAI(base_url=f"{service.url}/v1", api_key=api_key, max_retries=0)
+        resumed = wait_for(client, job.id, lambda j: step_of(j) >= 60, what="training again")
+        assert resumed.model_extra["preemptions"] == 1
+        service.crash()  # SIGKILL: the trainer is orphaned; the next start kills it
+
+        service = Service(tmp_path / "data", api_key=api_key)
+        client = OpenAI(base_url=f"{service.url}/v1", api_key=api_key, max_retries=0)
+        done = wait_for(client, job.id, terminal)
+        assert done.status == "succeeded", done.error
+        assert done.model_extra["preemptions"] == 2
+        assert done.model_extra["progress"]["step"] == 150
+        events = list(client.fine_tuning.jobs.list_events(job.id, limit=100))
+        resumes = [e for e in events if e.message.startswith("Resumed from the checkpoint")]
+        assert len(resumes) == 2, [e.message for e in events]
+        assert all(e.data["step"] > 0 for e in resumes)
+        stops = [e for e in events if e.message.startswith("The attempt stopped (")]
+        assert len(stops) == 2
+    finally:
+        service.stop()
