@@ -8,20 +8,37 @@ use serde::{Deserialize, Serialize};
 
 /// Routes.
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.service(web::resource("/admin/tenants").route(web::post().to(create_tenant)))
-        .service(web::resource("/admin/tenants/{id}/keys").route(web::post().to(create_key)));
+    cfg.service(crate::resource("/admin/tenants", "POST").route(web::post().to(create_tenant)))
+        .service(
+            crate::resource("/admin/tenants/{id}/keys", "POST").route(web::post().to(create_key)),
+        )
+        .service(
+            crate::resource("/admin/tenants/{id}/limits", "PUT").route(web::put().to(set_limits)),
+        );
 }
 
 /// `POST /admin/tenants` body.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct NewTenant {
+pub(crate) struct NewTenant {
+    /// 1 to 64 characters of a-z, 0-9, '-' and '_'.
     id: String,
+    /// Display name (default: the id).
     #[serde(default)]
     name: Option<String>,
 }
 
-async fn create_tenant(
+/// Creates a tenant (admin key only).
+#[utoipa::path(post, path = "/admin/tenants", tag = "admin", operation_id = "create_tenant",
+    request_body = NewTenant,
+    security(("admin_key" = [])),
+    responses(
+        (status = 201, description = "Created (or already there)", body = crate::auth::TenantRecord),
+        (status = 400, description = "Invalid id", body = tuneq_openapi::ErrorBody),
+        (status = 401, description = "No key", body = tuneq_openapi::ErrorBody),
+        (status = 403, description = "Not the admin key, or admin routes disabled", body = tuneq_openapi::ErrorBody),
+    ))]
+pub(crate) async fn create_tenant(
     state: web::Data<AppState>,
     _: Admin,
     body: web::Json<NewTenant>,
@@ -39,13 +56,26 @@ async fn create_tenant(
 }
 
 /// A new key, shown once.
-#[derive(Debug, Serialize)]
-struct NewKey {
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(crate) struct NewKey {
+    /// Its tenant.
     tenant: String,
+    /// The key (only its hash is kept).
     api_key: String,
 }
 
-async fn create_key(
+/// Creates an API key for a tenant (admin key only); the key is shown once.
+#[utoipa::path(post, path = "/admin/tenants/{id}/keys", tag = "admin", operation_id = "create_api_key",
+    params(("id" = String, Path, description = "The tenant")),
+    security(("admin_key" = [])),
+    responses(
+        (status = 201, description = "The new key", body = NewKey),
+        (status = 400, description = "Invalid request", body = tuneq_openapi::ErrorBody),
+        (status = 401, description = "No key", body = tuneq_openapi::ErrorBody),
+        (status = 403, description = "Not the admin key, or admin routes disabled", body = tuneq_openapi::ErrorBody),
+        (status = 404, description = "No such tenant", body = tuneq_openapi::ErrorBody),
+    ))]
+pub(crate) async fn create_key(
     state: web::Data<AppState>,
     _: Admin,
     tenant: web::Path<String>,
@@ -56,4 +86,27 @@ async fn create_key(
         tenant: tenant.into_inner(),
         api_key,
     }))
+}
+
+/// Sets a tenant's limits (admin key only): jobs waiting (429 beyond), jobs running at
+/// once (the rest wait), largest upload (413 beyond), and fair-share weight.
+#[utoipa::path(put, path = "/admin/tenants/{id}/limits", tag = "admin", operation_id = "set_tenant_limits",
+    params(("id" = String, Path, description = "The tenant")),
+    request_body = auth::TenantLimits,
+    security(("admin_key" = [])),
+    responses(
+        (status = 200, description = "The tenant with its limits", body = crate::auth::TenantRecord),
+        (status = 400, description = "Invalid limits", body = tuneq_openapi::ErrorBody),
+        (status = 401, description = "No key", body = tuneq_openapi::ErrorBody),
+        (status = 403, description = "Not the admin key, or admin routes disabled", body = tuneq_openapi::ErrorBody),
+        (status = 404, description = "No such tenant", body = tuneq_openapi::ErrorBody),
+    ))]
+pub(crate) async fn set_limits(
+    state: web::Data<AppState>,
+    _: Admin,
+    tenant: web::Path<String>,
+    body: web::Json<auth::TenantLimits>,
+) -> ApiResult<HttpResponse> {
+    let record = auth::set_limits(&state, &tenant, body.into_inner()).await?;
+    Ok(HttpResponse::Ok().json(record))
 }

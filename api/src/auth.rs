@@ -9,7 +9,7 @@ use actix_web::{FromRequest, HttpRequest, web};
 use futures::future::LocalBoxFuture;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use tuneq_queue::{Catalog, catalog::check_identifier};
+use tuneq_queue::{Catalog, JobQueue, catalog::check_identifier};
 
 /// Catalog kind and owner of API keys (their id is the key's SHA-256).
 const KEYS: (&str, &str) = ("apikey", "keys");
@@ -23,12 +23,33 @@ struct KeyRecord {
 }
 
 /// A tenant.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct TenantRecord {
     /// Its id (`[A-Za-z0-9._-]{1,128}`).
     pub id: String,
     /// A display name.
     pub name: String,
+    /// Its limits (none by default).
+    #[serde(default)]
+    pub limits: TenantLimits,
+}
+
+/// What one tenant may use. Unset limits do not apply.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TenantLimits {
+    /// Jobs it may have waiting; creating one more answers 429 with `retry-after`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_queued: Option<u32>,
+    /// Jobs (accelerators) it may run at once; the rest wait in line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_running: Option<u32>,
+    /// Largest upload in bytes (at most the server's limit); larger ones answer 413.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_upload_bytes: Option<u64>,
+    /// Its share of capacity against other tenants' (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<f64>,
 }
 
 /// The SHA-256 of a key, hex: what is stored and looked up.
@@ -47,6 +68,7 @@ pub async fn create_tenant(state: &AppState, id: &str, name: &str) -> ApiResult<
     let record = TenantRecord {
         id: id.to_string(),
         name: name.to_string(),
+        limits: TenantLimits::default(),
     };
     let body = serde_json::to_string(&record).map_err(|e| ApiError::internal(e.to_string()))?;
     if !state
@@ -70,6 +92,46 @@ pub async fn tenant(state: &AppState, id: &str) -> ApiResult<Option<TenantRecord
     serde_json::from_str(&entry.body)
         .map(Some)
         .map_err(|e| ApiError::internal(format!("tenant {id} record: {e}")))
+}
+
+/// Sets a tenant's limits: kept in its record and given to the queue, which enforces
+/// the queued and running ones atomically with enqueue and claim.
+pub async fn set_limits(
+    state: &AppState,
+    id: &str,
+    limits: TenantLimits,
+) -> ApiResult<TenantRecord> {
+    let mut record = tenant(state, id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("tenant", id))?;
+    if let Some(w) = limits.weight
+        && !(w > 0.0 && w <= 1000.0)
+    {
+        return Err(ApiError::invalid(
+            "weight",
+            "invalid_value",
+            "weight must be above 0 and at most 1000.",
+        ));
+    }
+    state
+        .queue
+        .set_tenant(
+            id,
+            &tuneq_queue::TenantSettings {
+                weight: limits.weight.unwrap_or(1.0),
+                max_running: limits.max_running,
+                max_waiting: limits.max_queued,
+            },
+        )
+        .await?;
+    record.limits = limits;
+    let body = serde_json::to_string(&record).map_err(|e| ApiError::internal(e.to_string()))?;
+    state
+        .queue
+        .update_entry(TENANTS.0, TENANTS.1, id, &body)
+        .await?;
+    tracing::info!(tenant = id, limits = ?record.limits, "tenant limits set");
+    Ok(record)
 }
 
 /// Registers `key` (given, or new when None) for `tenant` and returns it. The key is

@@ -14,6 +14,8 @@ pub struct ApiError {
     pub status: StatusCode,
     /// The body's `error` object (boxed: errors travel in every handler's `Result`).
     pub detail: Box<ErrorDetail>,
+    /// Seconds to wait before trying again (sent as `retry-after`), for 429s.
+    pub retry_after: Option<u64>,
 }
 
 impl std::fmt::Display for ApiError {
@@ -34,7 +36,20 @@ impl ApiError {
                 code: Some(code.to_string()),
                 lines: Vec::new(),
             }),
+            retry_after: None,
         }
+    }
+
+    /// 429: a limit of the tenant's is reached; try again after `retry_after` seconds.
+    pub fn too_many(code: &str, message: impl Into<String>, retry_after: u64) -> Self {
+        let mut e = Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            code,
+            message,
+        );
+        e.retry_after = Some(retry_after);
+        e
     }
 
     /// 400: the request is wrong; `param` names the field.
@@ -125,7 +140,11 @@ impl ResponseError for ApiError {
     }
 
     fn error_response(&self) -> HttpResponse {
-        HttpResponse::build(self.status).json(ErrorBody {
+        let mut response = HttpResponse::build(self.status);
+        if let Some(seconds) = self.retry_after {
+            response.insert_header((actix_web::http::header::RETRY_AFTER, seconds.to_string()));
+        }
+        response.json(ErrorBody {
             error: (*self.detail).clone(),
         })
     }

@@ -16,6 +16,7 @@ use futures::{StreamExt, TryStreamExt};
 use serde::Deserialize;
 use std::io::Write;
 use tuneq_dataset::{DataError, Record, parse_jsonl};
+use tuneq_openapi::ErrorBody;
 use tuneq_openapi::{DatasetFormat, Deleted, FileList, FileObject, FileValidation, LineProblem};
 use tuneq_queue::Catalog;
 use tuneq_storage::layout::{self, Id};
@@ -30,16 +31,19 @@ const PURPOSE: &str = "fine-tune";
 pub fn routes(cfg: &mut web::ServiceConfig) {
     for prefix in ["/v1/files", "/files"] {
         cfg.service(
-            web::resource(prefix)
+            crate::resource(prefix, "GET, POST")
                 .route(web::post().to(upload))
                 .route(web::get().to(list)),
         )
         .service(
-            web::resource(format!("{prefix}/{{id}}"))
+            crate::resource(format!("{prefix}/{{id}}"), "GET, DELETE")
                 .route(web::get().to(retrieve))
                 .route(web::delete().to(delete)),
         )
-        .service(web::resource(format!("{prefix}/{{id}}/content")).route(web::get().to(content)));
+        .service(
+            crate::resource(format!("{prefix}/{{id}}/content"), "GET")
+                .route(web::get().to(content)),
+        );
     }
 }
 
@@ -71,9 +75,29 @@ fn clean_filename(name: &str) -> String {
 }
 
 /// Query of a raw-body upload (`POST /files?filename=train.jsonl`).
-#[derive(Debug, Deserialize)]
-struct RawUpload {
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct RawUpload {
+    /// The file's name (raw-body uploads only; display text).
     filename: Option<String>,
+    /// `fine-tune` (raw-body uploads only).
+    purpose: Option<String>,
+}
+
+/// A raw-body upload: the JSONL bytes themselves.
+#[derive(utoipa::ToSchema)]
+#[schema(value_type = String, format = Binary)]
+#[allow(dead_code)]
+pub(crate) struct RawDataset(Vec<u8>);
+
+/// The multipart form of an upload, as OpenAI's SDKs send it.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct UploadForm {
+    /// The JSONL dataset.
+    #[schema(value_type = String, format = Binary)]
+    file: Vec<u8>,
+    /// `fine-tune`.
     purpose: Option<String>,
 }
 
@@ -86,12 +110,15 @@ struct Spooled {
 }
 
 /// Writes `chunks` to a new spool file, refusing more than `limit` bytes.
-async fn spool<S, E>(state: &AppState, mut chunks: S) -> ApiResult<(tempfile::NamedTempFile, u64)>
+async fn spool<S, E>(
+    state: &AppState,
+    limit: u64,
+    mut chunks: S,
+) -> ApiResult<(tempfile::NamedTempFile, u64)>
 where
     S: futures::Stream<Item = Result<bytes::Bytes, E>> + Unpin,
     E: std::fmt::Display,
 {
-    let limit = state.config.max_upload_bytes;
     let mut file = tempfile::NamedTempFile::new_in(&state.config.spool_dir)
         .map_err(|e| ApiError::internal(format!("cannot spool the upload: {e}")))?;
     let mut bytes = 0u64;
@@ -113,7 +140,13 @@ where
     Ok((file, bytes))
 }
 
-async fn receive(state: &AppState, req: &HttpRequest, payload: web::Payload) -> ApiResult<Spooled> {
+/// Receives an upload of at most `limit` bytes.
+async fn receive(
+    state: &AppState,
+    limit: u64,
+    req: &HttpRequest,
+    payload: web::Payload,
+) -> ApiResult<Spooled> {
     let is_multipart = req
         .headers()
         .get(header::CONTENT_TYPE)
@@ -122,7 +155,7 @@ async fn receive(state: &AppState, req: &HttpRequest, payload: web::Payload) -> 
     if !is_multipart {
         let query = web::Query::<RawUpload>::from_query(req.query_string())
             .map_err(|e| ApiError::invalid("filename", "invalid_query", e.to_string()))?;
-        let (file, bytes) = spool(state, payload).await?;
+        let (file, bytes) = spool(state, limit, payload).await?;
         return Ok(Spooled {
             file,
             bytes,
@@ -161,7 +194,7 @@ async fn receive(state: &AppState, req: &HttpRequest, payload: web::Payload) -> 
                     .and_then(|d| d.get_filename())
                     .map(clean_filename)
                     .unwrap_or_else(|| "upload.jsonl".into());
-                let (file, bytes) = spool(state, field.map_err(|e| e.to_string())).await?;
+                let (file, bytes) = spool(state, limit, field.map_err(|e| e.to_string())).await?;
                 spooled = Some((file, bytes, filename));
             }
             // Unknown fields are drained and ignored, as OpenAI does, within the limit.
@@ -169,8 +202,8 @@ async fn receive(state: &AppState, req: &HttpRequest, payload: web::Payload) -> 
                 let mut drained = 0u64;
                 while let Some(chunk) = field.next().await {
                     drained += chunk.map_or(0, |c| c.len() as u64);
-                    if drained > state.config.max_upload_bytes {
-                        return Err(ApiError::too_large(state.config.max_upload_bytes));
+                    if drained > limit {
+                        return Err(ApiError::too_large(limit));
                     }
                 }
             }
@@ -271,14 +304,35 @@ async fn validate(path: std::path::PathBuf, filename: String) -> ApiResult<FileV
     }
 }
 
-/// `POST /v1/files`, `POST /files`.
-async fn upload(
+/// Uploads a JSONL dataset (multipart with `file` and `purpose`, or the raw body). It is
+/// validated at once: a file with any bad line is refused with every line listed in
+/// `error.lines`, and nothing is stored.
+#[utoipa::path(post, path = "/v1/files", tag = "files", operation_id = "upload_file",
+    params(RawUpload),
+    request_body(content(
+        (UploadForm = "multipart/form-data"),
+        (RawDataset = "application/octet-stream"),
+    )),
+    responses(
+        (status = 200, description = "Stored and validated", body = FileObject),
+        (status = 400, description = "Invalid dataset or form", body = ErrorBody),
+        (status = 401, description = "No or unknown API key", body = ErrorBody),
+        (status = 413, description = "Over the size limit", body = ErrorBody),
+    ))]
+pub(crate) async fn upload(
     state: web::Data<AppState>,
     tenant: Tenant,
     req: HttpRequest,
     payload: web::Payload,
 ) -> ApiResult<HttpResponse> {
-    let spooled = receive(&state, &req, payload).await?;
+    // The tenant's own limit, when it has one, within the server's.
+    let tenant_limit = crate::auth::tenant(&state, &tenant.0)
+        .await?
+        .and_then(|t| t.limits.max_upload_bytes);
+    let limit = tenant_limit.map_or(state.config.max_upload_bytes, |l| {
+        l.min(state.config.max_upload_bytes)
+    });
+    let spooled = receive(&state, limit, &req, payload).await?;
     match spooled.purpose.as_deref() {
         Some(PURPOSE) | None => {}
         Some(other) => {
@@ -323,16 +377,28 @@ pub(crate) fn now_seconds() -> u64 {
 }
 
 /// Query of a list.
-#[derive(Debug, Deserialize)]
-struct ListQuery {
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct ListQuery {
+    /// The last id of the previous page.
     after: Option<String>,
+    /// Page size, 1 to 1 000 (default 100).
     limit: Option<u32>,
+    /// `desc` (newest first; the only order).
     order: Option<String>,
+    /// `fine-tune` (other purposes list nothing).
     purpose: Option<String>,
 }
 
-/// `GET /v1/files`: newest first, `after` = the last id of the previous page.
-async fn list(
+/// Lists the tenant's files, newest first; `after` = the last id of the previous page.
+#[utoipa::path(get, path = "/v1/files", tag = "files", operation_id = "list_files",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page of files", body = FileList),
+        (status = 400, description = "Invalid query", body = ErrorBody),
+        (status = 401, description = "No or unknown API key", body = ErrorBody),
+    ))]
+pub(crate) async fn list(
     state: web::Data<AppState>,
     tenant: Tenant,
     query: web::Query<ListQuery>,
@@ -393,8 +459,15 @@ pub(crate) async fn find(state: &AppState, tenant: &Tenant, id: &str) -> ApiResu
     serde_json::from_str(&entry.body).map_err(|e| ApiError::internal(format!("file record: {e}")))
 }
 
-/// `GET /v1/files/{id}`.
-async fn retrieve(
+/// A file.
+#[utoipa::path(get, path = "/v1/files/{id}", tag = "files", operation_id = "retrieve_file",
+    params(("id" = String, Path, description = "`file-…`")),
+    responses(
+        (status = 200, description = "The file", body = FileObject),
+        (status = 401, description = "No or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such file for this tenant", body = ErrorBody),
+    ))]
+pub(crate) async fn retrieve(
     state: web::Data<AppState>,
     tenant: Tenant,
     id: web::Path<String>,
@@ -402,8 +475,15 @@ async fn retrieve(
     Ok(HttpResponse::Ok().json(find(&state, &tenant, &id).await?))
 }
 
-/// `GET /v1/files/{id}/content`: the bytes as uploaded, streamed.
-async fn content(
+/// The file's bytes as uploaded, streamed.
+#[utoipa::path(get, path = "/v1/files/{id}/content", tag = "files", operation_id = "download_file",
+    params(("id" = String, Path, description = "`file-…`")),
+    responses(
+        (status = 200, description = "The JSONL bytes", content_type = "application/jsonl", body = String),
+        (status = 401, description = "No or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such file for this tenant", body = ErrorBody),
+    ))]
+pub(crate) async fn content(
     state: web::Data<AppState>,
     tenant: Tenant,
     id: web::Path<String>,
@@ -426,8 +506,15 @@ async fn content(
         })))
 }
 
-/// `DELETE /v1/files/{id}`.
-async fn delete(
+/// Deletes a file.
+#[utoipa::path(delete, path = "/v1/files/{id}", tag = "files", operation_id = "delete_file",
+    params(("id" = String, Path, description = "`file-…`")),
+    responses(
+        (status = 200, description = "Deleted", body = Deleted),
+        (status = 401, description = "No or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such file for this tenant", body = ErrorBody),
+    ))]
+pub(crate) async fn delete(
     state: web::Data<AppState>,
     tenant: Tenant,
     id: web::Path<String>,

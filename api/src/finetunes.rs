@@ -18,6 +18,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
+use tuneq_openapi::ErrorBody;
 use tuneq_openapi::{
     AdapterInfo, AutoOrInt, AutoOrNumber, CheckpointMetrics, CheckpointPolicy, FineTuneCheckpoint,
     FineTuneCheckpointList, FineTuneCreate, FineTuneEvent, FineTuneEventList, FineTuneJob,
@@ -31,6 +32,8 @@ use tuneq_storage::layout::{self, Id};
 const KIND: &str = "finetune";
 /// Attempts before a job fails for good (preemptions do not count).
 const MAX_ATTEMPTS: u32 = 3;
+/// `retry-after` of a create refused for the tenant's queued-jobs limit.
+const QUEUED_RETRY_AFTER_S: u64 = 30;
 
 /// What the catalog keeps about a fine-tune.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -90,17 +93,26 @@ pub struct AttemptResult {
 pub fn routes(cfg: &mut web::ServiceConfig) {
     for prefix in ["/v1/fine_tuning/jobs", "/finetunes"] {
         cfg.service(
-            web::resource(prefix)
+            crate::resource(prefix, "GET, POST")
                 .route(web::post().to(create))
                 .route(web::get().to(list)),
         )
-        .service(web::resource(format!("{prefix}/{{id}}")).route(web::get().to(retrieve)))
-        .service(web::resource(format!("{prefix}/{{id}}/cancel")).route(web::post().to(cancel)))
-        .service(web::resource(format!("{prefix}/{{id}}/events")).route(web::get().to(events)))
+        .service(crate::resource(format!("{prefix}/{{id}}"), "GET").route(web::get().to(retrieve)))
         .service(
-            web::resource(format!("{prefix}/{{id}}/checkpoints")).route(web::get().to(checkpoints)),
+            crate::resource(format!("{prefix}/{{id}}/cancel"), "POST")
+                .route(web::post().to(cancel)),
         )
-        .service(web::resource(format!("{prefix}/{{id}}/adapter")).route(web::get().to(adapter)));
+        .service(
+            crate::resource(format!("{prefix}/{{id}}/events"), "GET").route(web::get().to(events)),
+        )
+        .service(
+            crate::resource(format!("{prefix}/{{id}}/checkpoints"), "GET")
+                .route(web::get().to(checkpoints)),
+        )
+        .service(
+            crate::resource(format!("{prefix}/{{id}}/adapter"), "GET")
+                .route(web::get().to(adapter)),
+        );
     }
 }
 
@@ -479,9 +491,21 @@ async fn find(state: &AppState, tenant: &Tenant, id: &str) -> ApiResult<FineTune
         .ok_or_else(|| ApiError::not_found("fine-tuning job", id))
 }
 
-/// `POST /v1/fine_tuning/jobs`.
+/// Creates a fine-tuning job. A request that can never run (unknown model, missing
+/// file, hardware no pool offers, values out of range) is refused with 400 naming the
+/// field, and nothing is created. With `Idempotency-Key`, a retried request returns the
+/// job it created.
+#[utoipa::path(post, path = "/v1/fine_tuning/jobs", tag = "fine-tuning", operation_id = "create_fine_tuning_job",
+    params(("Idempotency-Key" = Option<String>, Header, description = "Makes a retried create return the same job")),
+    request_body = FineTuneCreate,
+    responses(
+        (status = 200, description = "The job, queued", body = FineTuneJob),
+        (status = 400, description = "The request can never run; `param` names the field", body = ErrorBody),
+        (status = 401, description = "No or unknown API key", body = ErrorBody),
+        (status = 429, description = "Too many jobs waiting", body = ErrorBody),
+    ))]
 #[tracing::instrument(skip_all, fields(tenant = %tenant.0))]
-async fn create(
+pub(crate) async fn create(
     state: web::Data<AppState>,
     tenant: Tenant,
     req: HttpRequest,
@@ -519,11 +543,10 @@ async fn create(
         })
         .await
         .map_err(|e| match e {
-            QueueError::OverQuota(_) => ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "rate_limit_error",
+            QueueError::OverQuota(_) => ApiError::too_many(
                 "too_many_queued_jobs",
-                "You have too many fine-tuning jobs waiting; wait for some to start.",
+                "You have as many fine-tuning jobs waiting as your limit allows; try again once some have started.",
+                QUEUED_RETRY_AFTER_S,
             ),
             other => other.into(),
         })?;
@@ -715,15 +738,26 @@ async fn view(state: &AppState, record: FineTuneRecord) -> ApiResult<FineTuneJob
 }
 
 /// Query of the job list.
-#[derive(Debug, Deserialize)]
-struct ListQuery {
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct ListQuery {
+    /// The last id of the previous page.
     after: Option<String>,
+    /// Page size, 1 to 100 (default 20).
     limit: Option<u32>,
+    /// Only jobs with this status.
     status: Option<String>,
 }
 
-/// `GET /v1/fine_tuning/jobs`: newest first; `status=` and `metadata[key]=value` filter.
-async fn list(
+/// Lists the tenant's jobs, newest first; `status=` and `metadata[key]=value` filter.
+#[utoipa::path(get, path = "/v1/fine_tuning/jobs", tag = "fine-tuning", operation_id = "list_fine_tuning_jobs",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page of jobs", body = FineTuneList),
+        (status = 400, description = "Invalid query", body = ErrorBody),
+        (status = 401, description = "No or unknown API key", body = ErrorBody),
+    ))]
+pub(crate) async fn list(
     state: web::Data<AppState>,
     tenant: Tenant,
     req: HttpRequest,
@@ -816,8 +850,15 @@ fn serde_urlencoded_pairs(query: &str) -> Vec<(String, String)> {
         .unwrap_or_default()
 }
 
-/// `GET /v1/fine_tuning/jobs/{id}`.
-async fn retrieve(
+/// A job: status, progress, queue standing, attempts, the adapter once succeeded.
+#[utoipa::path(get, path = "/v1/fine_tuning/jobs/{id}", tag = "fine-tuning", operation_id = "retrieve_fine_tuning_job",
+    params(("id" = String, Path, description = "`ftjob-…`")),
+    responses(
+        (status = 200, description = "The job", body = FineTuneJob),
+        (status = 401, description = "No or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such job for this tenant", body = ErrorBody),
+    ))]
+pub(crate) async fn retrieve(
     state: web::Data<AppState>,
     tenant: Tenant,
     id: web::Path<String>,
@@ -829,8 +870,16 @@ async fn retrieve(
 /// `POST /v1/fine_tuning/jobs/{id}/cancel`: a waiting job is cancelled at once; a
 /// running one is asked to stop (it shows `running` until its attempt is gone). A
 /// finished job is refused with 400 (not 409, which SDKs retry).
+#[utoipa::path(post, path = "/v1/fine_tuning/jobs/{id}/cancel", tag = "fine-tuning", operation_id = "cancel_fine_tuning_job",
+    params(("id" = String, Path, description = "`ftjob-…`")),
+    responses(
+        (status = 200, description = "The job, cancelled or being cancelled", body = FineTuneJob),
+        (status = 400, description = "The job has already finished", body = ErrorBody),
+        (status = 401, description = "No or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such job for this tenant", body = ErrorBody),
+    ))]
 #[tracing::instrument(skip_all, fields(tenant = %tenant.0, finetune = %id))]
-async fn cancel(
+pub(crate) async fn cancel(
     state: web::Data<AppState>,
     tenant: Tenant,
     id: web::Path<String>,
@@ -859,11 +908,26 @@ fn already_finished(status: &str) -> ApiError {
     )
 }
 
-/// Query of the events list.
-#[derive(Debug, Deserialize)]
-struct EventsQuery {
+/// Query of the checkpoints list.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct PageQuery {
+    /// The last id of the previous page.
     after: Option<String>,
+    /// Page size, 1 to 100 (default 10).
     limit: Option<u32>,
+}
+
+/// Query of the events list.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct EventsQuery {
+    /// The last id of the previous page (with `stream`: stream what came after it).
+    after: Option<String>,
+    /// Page size, 1 to 1 000 (default 20).
+    limit: Option<u32>,
+    /// Stream the events as server-sent events, oldest first, until the job ends.
+    stream: Option<bool>,
 }
 
 /// An event's id: the job's id and the event's place in its log.
@@ -983,19 +1047,43 @@ fn render_event(record: &FineTuneRecord, event: &tuneq_queue::JobEvent) -> FineT
     }
 }
 
-/// `GET /v1/fine_tuning/jobs/{id}/events`: newest first; `after` = the last id seen.
-async fn events(
+/// The job's events, newest first; `after` = the last id seen. With `stream=true`,
+/// server-sent events instead: every event oldest first (after `after` or
+/// `Last-Event-ID`), then each new one as it happens, until the job has ended.
+#[utoipa::path(get, path = "/v1/fine_tuning/jobs/{id}/events", tag = "fine-tuning", operation_id = "list_fine_tuning_events",
+    params(("id" = String, Path, description = "`ftjob-…`"), EventsQuery,
+        ("Last-Event-ID" = Option<String>, Header, description = "With `stream`: resume after this event")),
+    responses(
+        (status = 200, description = "A page of events, or (with `stream`) server-sent events: \
+`event` is the type, `id` the event's id, `data` the event object; a last `done` event carries the job", content(
+            (FineTuneEventList = "application/json"),
+            (String = "text/event-stream"),
+        )),
+        (status = 400, description = "Invalid query", body = ErrorBody),
+        (status = 401, description = "No or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such job for this tenant", body = ErrorBody),
+    ))]
+pub(crate) async fn events(
     state: web::Data<AppState>,
     tenant: Tenant,
+    req: HttpRequest,
     id: web::Path<String>,
     query: web::Query<EventsQuery>,
 ) -> ApiResult<HttpResponse> {
     let record = find(&state, &tenant, &id).await?;
     let limit = check_range("limit", query.limit.unwrap_or(20), 1, 1000)? as usize;
-    let after = match &query.after {
+    let last_event_id = req
+        .headers()
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let after = match query.after.as_ref().or(last_event_id.as_ref()) {
         Some(a) => Some(event_seq(&record.id, a)?),
         None => None,
     };
+    if query.stream == Some(true) {
+        return Ok(stream_events(state.into_inner(), record, after));
+    }
     let mut events = state
         .queue
         .events(&record.job_id, after, limit + 1, true)
@@ -1009,12 +1097,116 @@ async fn events(
     }))
 }
 
-/// `GET /v1/fine_tuning/jobs/{id}/checkpoints`: newest first.
-async fn checkpoints(
+/// How often a stream looks for new events.
+const STREAM_POLL: std::time::Duration = std::time::Duration::from_millis(500);
+/// A comment line this often keeps proxies from closing a quiet stream.
+const STREAM_KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// One server-sent event.
+fn sse(event: &str, id: Option<&str>, data: &str) -> bytes::Bytes {
+    let mut text = String::new();
+    if let Some(id) = id {
+        text.push_str(&format!("id: {id}\n"));
+    }
+    text.push_str(&format!("event: {event}\ndata: {data}\n\n"));
+    bytes::Bytes::from(text)
+}
+
+/// Server-sent events of a job: what it logged after `after`, then new events as they
+/// come, until it has ended (a last `done` event carries the job).
+fn stream_events(
+    state: std::sync::Arc<AppState>,
+    record: FineTuneRecord,
+    after: Option<u64>,
+) -> HttpResponse {
+    struct Cursor {
+        state: std::sync::Arc<AppState>,
+        record: FineTuneRecord,
+        last: Option<u64>,
+        pending: std::collections::VecDeque<bytes::Bytes>,
+        quiet_since: std::time::Instant,
+        done: bool,
+    }
+    let cursor = Cursor {
+        state,
+        record,
+        last: after,
+        pending: Default::default(),
+        quiet_since: std::time::Instant::now(),
+        done: false,
+    };
+    let stream = futures::stream::unfold(cursor, |mut c| async move {
+        loop {
+            if let Some(chunk) = c.pending.pop_front() {
+                return Some((Ok::<_, actix_web::Error>(chunk), c));
+            }
+            if c.done {
+                return None;
+            }
+            let ended = match c.state.queue.get(&c.record.job_id).await {
+                Ok(job) => job.is_none_or(|j| j.state.is_terminal()),
+                Err(e) => {
+                    tracing::warn!(error = %e, "event stream: job store unavailable");
+                    false
+                }
+            };
+            match c
+                .state
+                .queue
+                .events(&c.record.job_id, c.last, 1000, false)
+                .await
+            {
+                Ok(events) if !events.is_empty() => {
+                    for e in &events {
+                        let rendered = render_event(&c.record, e);
+                        let data = serde_json::to_string(&rendered).unwrap_or_default();
+                        c.pending
+                            .push_back(sse(&rendered.kind, Some(&rendered.id), &data));
+                        c.last = Some(e.seq);
+                    }
+                    c.quiet_since = std::time::Instant::now();
+                    continue;
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "event stream: cannot read events"),
+            }
+            if ended {
+                let job = match view(&c.state, c.record.clone()).await {
+                    Ok(job) => serde_json::to_string(&job).unwrap_or_default(),
+                    Err(_) => "{}".into(),
+                };
+                c.pending.push_back(sse("done", None, &job));
+                c.done = true;
+                continue;
+            }
+            if c.quiet_since.elapsed() >= STREAM_KEEPALIVE {
+                c.quiet_since = std::time::Instant::now();
+                return Some((Ok(bytes::Bytes::from_static(b": keep-alive\n\n")), c));
+            }
+            tokio::time::sleep(STREAM_POLL).await;
+        }
+    });
+    HttpResponse::Ok()
+        .content_type("text/event-stream")
+        .insert_header((actix_web::http::header::CACHE_CONTROL, "no-cache"))
+        .insert_header(("x-accel-buffering", "no"))
+        .streaming(stream)
+}
+
+/// The job's checkpoints, newest first.
+#[utoipa::path(get, path = "/v1/fine_tuning/jobs/{id}/checkpoints", tag = "fine-tuning", operation_id = "list_fine_tuning_checkpoints",
+    params(("id" = String, Path, description = "`ftjob-…`"), PageQuery),
+    responses(
+        (status = 200, description = "A page of checkpoints", body = FineTuneCheckpointList),
+        (status = 400, description = "Invalid query", body = ErrorBody),
+        (status = 401, description = "No or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such job for this tenant", body = ErrorBody),
+    ))]
+pub(crate) async fn checkpoints(
     state: web::Data<AppState>,
     tenant: Tenant,
     id: web::Path<String>,
-    query: web::Query<EventsQuery>,
+    query: web::Query<PageQuery>,
 ) -> ApiResult<HttpResponse> {
     let record = find(&state, &tenant, &id).await?;
     let limit = check_range("limit", query.limit.unwrap_or(10), 1, 100)? as usize;
@@ -1080,8 +1272,17 @@ async fn checkpoints(
 /// The PEFT files an adapter download holds.
 const ADAPTER_FILES: [&str; 2] = ["adapter_config.json", "adapter_model.safetensors"];
 
-/// `GET /v1/fine_tuning/jobs/{id}/adapter`: the PEFT adapter as a tar archive.
-async fn adapter(
+/// The trained PEFT adapter (`adapter_config.json`, `adapter_model.safetensors`) as a
+/// tar archive.
+#[utoipa::path(get, path = "/v1/fine_tuning/jobs/{id}/adapter", tag = "fine-tuning", operation_id = "download_adapter",
+    params(("id" = String, Path, description = "`ftjob-…`")),
+    responses(
+        (status = 200, description = "The adapter", content_type = "application/x-tar", body = Vec<u8>),
+        (status = 400, description = "The job has not succeeded", body = ErrorBody),
+        (status = 401, description = "No or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such job for this tenant", body = ErrorBody),
+    ))]
+pub(crate) async fn adapter(
     state: web::Data<AppState>,
     tenant: Tenant,
     id: web::Path<String>,

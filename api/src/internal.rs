@@ -17,7 +17,9 @@ use tuneq_queue::{JobQueue, QueueError};
 
 /// Routes.
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route("/internal/attempts/{job}/report", web::post().to(report));
+    cfg.service(
+        crate::resource("/internal/attempts/{job}/report", "POST").route(web::post().to(report)),
+    );
 }
 
 fn gone(code: &str, message: &str) -> ApiError {

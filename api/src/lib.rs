@@ -10,8 +10,10 @@
 //! - `models`: registered base models and the tenant's fine-tuned ones.
 //! - `internal`: where trainers report progress, fenced by their attempt's credential.
 //! - `admin`: tenants and keys. `health`: liveness and readiness.
+//! - `spec`: the OpenAPI document (`/openapi.json`, committed as `openapi/openapi.json`)
+//!   and its page (`/docs`).
 //!
-//! Metrics, server-sent events and the OpenAPI document come next (issue 5 continues).
+//! - `metrics`: Prometheus counters at `/metrics`.
 
 pub mod admin;
 pub mod auth;
@@ -20,7 +22,9 @@ pub mod files;
 pub mod finetunes;
 pub mod health;
 pub mod internal;
+pub mod metrics;
 pub mod models;
+pub mod spec;
 pub mod state;
 mod tar;
 
@@ -57,12 +61,13 @@ pub fn configure(state: AppState) -> impl FnOnce(&mut web::ServiceConfig) {
             .app_data(web::PathConfig::default().error_handler(|e, _| {
                 ApiError::invalid("path", "invalid_path", e.to_string()).into()
             }))
-            .service(health::healthz)
-            .service(health::readyz)
+            .configure(health::routes)
             .configure(files::routes)
             .configure(finetunes::routes)
             .configure(models::routes)
             .configure(internal::routes)
+            .configure(spec::routes)
+            .configure(metrics::routes)
             .configure(admin::routes)
             .default_service(web::to(|| async {
                 Err::<actix_web::HttpResponse, _>(ApiError::new(
@@ -75,6 +80,26 @@ pub fn configure(state: AppState) -> impl FnOnce(&mut web::ServiceConfig) {
     }
 }
 
+/// A route's resource: a method it does not serve (`allow` lists those it does)
+/// answers 405 with an `Allow` header and the error body.
+pub(crate) fn resource(path: impl Into<String>, allow: &'static str) -> actix_web::Resource {
+    let path: String = path.into();
+    web::resource(path).default_service(web::to(move || async move {
+        let error = ApiError::new(
+            actix_web::http::StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_request_error",
+            "method_not_allowed",
+            format!("This route serves {allow} only."),
+        );
+        let mut response = actix_web::ResponseError::error_response(&error);
+        response.headers_mut().insert(
+            actix_web::http::header::ALLOW,
+            actix_web::http::header::HeaderValue::from_static(allow),
+        );
+        response
+    }))
+}
+
 /// Serves the API on `listener` until the returned server is stopped (through its
 /// handle: signals are left to the caller, which may have work to finish first).
 pub fn serve(
@@ -84,6 +109,29 @@ pub fn serve(
     Ok(HttpServer::new(move || {
         App::new()
             .wrap(actix_web::middleware::Logger::new("%r %s %Dms").log_target("tuneq::access"))
+            .wrap_fn(|req, srv| {
+                use actix_web::dev::Service;
+                use tracing::Instrument;
+                let started = std::time::Instant::now();
+                let method = req.method().to_string();
+                let span = tracing::info_span!("request", method = %method, path = %req.path());
+                let answer = srv.call(req);
+                async move {
+                    let response = answer.await?;
+                    let route = response
+                        .request()
+                        .match_pattern()
+                        .unwrap_or_else(|| "unmatched".into());
+                    metrics::observe(
+                        &method,
+                        &route,
+                        response.status().as_u16(),
+                        started.elapsed(),
+                    );
+                    Ok(response)
+                }
+                .instrument(span)
+            })
             .configure(configure(state.clone()))
     })
     .disable_signals()

@@ -61,12 +61,17 @@ pub async fn base(state: &AppState, id: &str) -> ApiResult<Option<BaseModel>> {
 
 /// Routes, under both prefixes.
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route("/v1/models", web::get().to(list))
-        .route("/models", web::get().to(list));
+    cfg.service(crate::resource("/v1/models", "GET").route(web::get().to(list)))
+        .service(crate::resource("/models", "GET").route(web::get().to(list)));
 }
 
-/// `GET /v1/models`: every base model, then the tenant's fine-tuned models.
-async fn list(state: web::Data<AppState>, tenant: Tenant) -> ApiResult<HttpResponse> {
+/// Every base model, then the tenant's fine-tuned models.
+#[utoipa::path(get, path = "/v1/models", tag = "models", operation_id = "list_models",
+    responses(
+        (status = 200, description = "The models", body = ModelList),
+        (status = 401, description = "No or unknown API key", body = tuneq_openapi::ErrorBody),
+    ))]
+pub(crate) async fn list(state: web::Data<AppState>, tenant: Tenant) -> ApiResult<HttpResponse> {
     let mut data = Vec::new();
     let mut after: Option<String> = None;
     loop {

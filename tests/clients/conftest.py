@@ -30,10 +30,12 @@ class Service:
 
     def __init__(self, data_dir: Path, api_key: str | None = None):
         self.api_key = api_key or "tq_" + secrets.token_hex(20)
+        self.admin_key = "tq_admin_" + secrets.token_hex(20)
         self.data_dir = data_dir
         self.proc = subprocess.Popen(
             [str(tuneq_bin()), "up", "--port", "0", "--data-dir", str(data_dir),
              "--api-key", self.api_key],
+            env={**os.environ, "TUNEQ_ADMIN_KEY": self.admin_key},
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         lines: queue.Queue[str] = queue.Queue()
@@ -73,6 +75,19 @@ class Service:
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"}
+
+    def admin(self, method: str, path: str, body: dict | None = None) -> dict:
+        """Calls an admin route with the admin key."""
+        import json
+        import urllib.request
+
+        request = urllib.request.Request(
+            self.url + path, method=method,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Authorization": f"Bearer {self.admin_key}",
+                     "Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read())
 
 
 @pytest.fixture(scope="session")

@@ -55,6 +55,33 @@ def http_get(service: Service, path: str) -> bytes:
         return response.read()
 
 
+def watch(service: Service, job_id: str, last_event_id: str | None = None):
+    """Reads the job's server-sent events until the stream ends: (event, id, data)."""
+    headers = dict(service.headers())
+    if last_event_id:
+        headers["Last-Event-ID"] = last_event_id
+    request = urllib.request.Request(
+        f"{service.url}/v1/fine_tuning/jobs/{job_id}/events?stream=true", headers=headers)
+    events, kind, event_id, data = [], None, None, []
+    with urllib.request.urlopen(request, timeout=300) as response:
+        assert response.headers["Content-Type"].startswith("text/event-stream")
+        for raw in response:
+            line = raw.decode().rstrip("\n")
+            if line.startswith(":"):
+                continue
+            if line == "":
+                if kind:
+                    events.append((kind, event_id, "\n".join(data)))
+                kind, event_id, data = None, None, []
+            elif line.startswith("event: "):
+                kind = line.removeprefix("event: ")
+            elif line.startswith("id: "):
+                event_id = line.removeprefix("id: ")
+            elif line.startswith("data: "):
+                data.append(line.removeprefix("data: "))
+    return events
+
+
 def test_a_fine_tune_runs_to_an_adapter_that_peft_loads(client, service, tmp_path):
     train = upload(client, TRAIN[:96], "train.jsonl")
     valid = upload(client, VALID[:16], "valid.jsonl")
@@ -77,7 +104,22 @@ def test_a_fine_tune_runs_to_an_adapter_that_peft_loads(client, service, tmp_pat
     assert job.seed == 7 and job.metadata == {"team": "search"}
     assert job.fine_tuned_model is None and job.finished_at is None
 
-    done = wait_for(client, job.id, terminal)
+    # Watch it as server-sent events until it is done.
+    streamed = watch(service, job.id)
+    assert streamed[-1][0] == "done"
+    assert json.loads(streamed[-1][2])["status"] == "succeeded"
+    kinds = [kind for kind, _, _ in streamed]
+    assert "metrics" in kinds and kinds.count("done") == 1
+    ids = [event_id for _, event_id, _ in streamed[:-1]]
+    assert len(set(ids)) == len(ids), "each event is sent once"
+    messages = [json.loads(data)["message"] for _, _, data in streamed[:-1]]
+    assert messages[0] == f"Created fine-tuning job: {job.id}"
+    assert messages[-1] == "The job has successfully completed"
+    # Reconnecting with Last-Event-ID resumes after that event.
+    again = watch(service, job.id, last_event_id=ids[-2])
+    assert [e[1] for e in again[:-1]] == ids[-1:]
+
+    done = client.fine_tuning.jobs.retrieve(job.id)
     assert done.status == "succeeded", done.error
     assert done.fine_tuned_model == f"ft:{DEMO_MODEL}:default:sdk-e2e:{job.id.removeprefix('ftjob-')}"
     assert done.trained_tokens and done.trained_tokens > 0
@@ -235,3 +277,44 @@ def test_restarts_mid_job_resume_from_the_last_checkpoint(tmp_path):
         assert len(stops) == 2
     finally:
         service.stop()
+
+
+def test_tenant_limits_answer_429_with_retry_after_and_413(service):
+    from openai import OpenAI
+
+    tenant = "limited-" + uuid.uuid4().hex[:8]
+    service.admin("POST", "/admin/tenants", {"id": tenant})
+    key = service.admin("POST", f"/admin/tenants/{tenant}/keys")["api_key"]
+    # Nothing of this tenant may run, so its jobs stay queued; one may wait.
+    limits = {"max_queued": 1, "max_running": 0, "max_upload_bytes": 4096}
+    record = service.admin("PUT", f"/admin/tenants/{tenant}/limits", limits)
+    assert record["limits"] == limits
+    client = OpenAI(base_url=f"{service.url}/v1", api_key=key, max_retries=0)
+
+    with pytest.raises(openai.APIStatusError) as err:
+        upload(client, TRAIN[:200], "big.jsonl")
+    assert err.value.status_code == 413 and err.value.code == "file_too_large"
+    train = upload(client, TRAIN[:8], "small.jsonl")
+
+    first = client.fine_tuning.jobs.create(model=DEMO_MODEL, training_file=train)
+    with pytest.raises(openai.RateLimitError) as err:
+        client.fine_tuning.jobs.create(model=DEMO_MODEL, training_file=train)
+    assert err.value.code == "too_many_queued_jobs"
+    assert err.value.response.headers["retry-after"] == "30"
+    time.sleep(1.5)
+    assert client.fine_tuning.jobs.retrieve(first.id).status == "queued"
+    assert len(list(client.fine_tuning.jobs.list())) == 1, "the refused job was not created"
+    # Other tenants are not limited by it.
+    other = upload(service_client(service), TRAIN[:8], "other.jsonl")
+    assert other.startswith("file-")
+    client.fine_tuning.jobs.cancel(first.id)
+    assert client.fine_tuning.jobs.retrieve(first.id).status == "cancelled"
+    # With room again, a new job is accepted.
+    second = client.fine_tuning.jobs.create(model=DEMO_MODEL, training_file=train)
+    client.fine_tuning.jobs.cancel(second.id)
+
+
+def service_client(service: Service):
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{service.url}/v1", api_key=service.api_key, max_retries=0)

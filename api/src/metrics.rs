@@ -1,0 +1,168 @@
+//! `GET /metrics`: Prometheus text exposition of the process's counters.
+//!
+//! - `tuneq_http_requests_total{method,route,status}` and
+//!   `tuneq_http_request_duration_seconds{method,route}` (histogram), labelled by route
+//!   pattern (`/v1/fine_tuning/jobs/{id}`), never by raw path, so ids cannot blow up
+//!   the label space;
+//! - `tuneq_pool_capacity{pool}` and `tuneq_pool_used{pool}` for the configured pools;
+//! - `tuneq_build_info{version}`.
+//!
+//! The registry is process-wide, like Prometheus clients' default registry.
+
+use crate::state::AppState;
+use actix_web::{HttpResponse, web};
+use std::collections::BTreeMap;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+use tuneq_queue::JobQueue;
+
+/// Upper bounds of the latency histogram's buckets, in seconds.
+const BUCKETS: [f64; 12] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+];
+
+#[derive(Default)]
+struct Histogram {
+    counts: [u64; BUCKETS.len()],
+    count: u64,
+    sum: f64,
+}
+
+#[derive(Default)]
+struct Registry {
+    requests: BTreeMap<(String, String, u16), u64>,
+    latency: BTreeMap<(String, String), Histogram>,
+}
+
+fn registry() -> &'static Mutex<Registry> {
+    static REGISTRY: OnceLock<Mutex<Registry>> = OnceLock::new();
+    REGISTRY.get_or_init(Default::default)
+}
+
+/// Records one answered request.
+pub fn observe(method: &str, route: &str, status: u16, took: Duration) {
+    let Ok(mut r) = registry().lock() else {
+        return;
+    };
+    *r.requests
+        .entry((method.to_string(), route.to_string(), status))
+        .or_default() += 1;
+    let h = r
+        .latency
+        .entry((method.to_string(), route.to_string()))
+        .or_default();
+    let seconds = took.as_secs_f64();
+    for (i, bound) in BUCKETS.iter().enumerate() {
+        if seconds <= *bound {
+            h.counts[i] += 1;
+        }
+    }
+    h.count += 1;
+    h.sum += seconds;
+}
+
+/// A label value with `\`, `"` and newlines escaped.
+fn label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// The exposition text.
+async fn render(state: &AppState) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(out, "# HELP tuneq_build_info The running version.");
+    let _ = writeln!(out, "# TYPE tuneq_build_info gauge");
+    let _ = writeln!(
+        out,
+        "tuneq_build_info{{version=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION")
+    );
+    if let Ok(r) = registry().lock() {
+        let _ = writeln!(out, "# HELP tuneq_http_requests_total Requests answered.");
+        let _ = writeln!(out, "# TYPE tuneq_http_requests_total counter");
+        for ((method, route, status), n) in &r.requests {
+            let _ = writeln!(
+                out,
+                "tuneq_http_requests_total{{method=\"{}\",route=\"{}\",status=\"{status}\"}} {n}",
+                label(method),
+                label(route)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP tuneq_http_request_duration_seconds Time to answer."
+        );
+        let _ = writeln!(out, "# TYPE tuneq_http_request_duration_seconds histogram");
+        for ((method, route), h) in &r.latency {
+            let labels = format!("method=\"{}\",route=\"{}\"", label(method), label(route));
+            for (bound, n) in BUCKETS.iter().zip(h.counts) {
+                let _ = writeln!(
+                    out,
+                    "tuneq_http_request_duration_seconds_bucket{{{labels},le=\"{bound}\"}} {n}"
+                );
+            }
+            let _ = writeln!(
+                out,
+                "tuneq_http_request_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {}",
+                h.count
+            );
+            let _ = writeln!(
+                out,
+                "tuneq_http_request_duration_seconds_sum{{{labels}}} {}",
+                h.sum
+            );
+            let _ = writeln!(
+                out,
+                "tuneq_http_request_duration_seconds_count{{{labels}}} {}",
+                h.count
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP tuneq_pool_capacity Accelerators (or slots) in a node pool."
+    );
+    let _ = writeln!(out, "# TYPE tuneq_pool_capacity gauge");
+    let _ = writeln!(out, "# HELP tuneq_pool_used Accelerators held by leases.");
+    let _ = writeln!(out, "# TYPE tuneq_pool_used gauge");
+    for pool in &state.config.pools {
+        if let Ok(usage) = state.queue.pool_usage(&pool.name).await {
+            let name = label(&pool.name);
+            let _ = writeln!(
+                out,
+                "tuneq_pool_capacity{{pool=\"{name}\"}} {}",
+                usage.capacity
+            );
+            let _ = writeln!(out, "tuneq_pool_used{{pool=\"{name}\"}} {}", usage.used);
+        }
+    }
+    out
+}
+
+/// Routes.
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.service(crate::resource("/metrics", "GET").route(web::get().to(metrics)));
+}
+
+/// Prometheus metrics (no key: scrape from inside the network).
+#[utoipa::path(get, path = "/metrics", tag = "health", operation_id = "metrics",
+    security(()),
+    responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String)))]
+pub(crate) async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4")
+        .body(render(&state).await)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_are_escaped() {
+        assert_eq!(label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}

@@ -1,0 +1,131 @@
+//! The OpenAPI document, generated from the handlers' annotations and the contract
+//! types (`tuneq-openapi`). `openapi/openapi.json` is this document committed; a test
+//! fails when they drift. Served at `GET /openapi.json`, and read by people at `/docs`
+//! (a self-contained page: no CDN, works offline).
+
+use crate::{admin, files, finetunes, health, metrics, models};
+use actix_web::{HttpResponse, web};
+use utoipa::OpenApi;
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+
+/// The API's description.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "tuneq",
+        description = "Self-hostable LoRA fine-tuning with an OpenAI-compatible API. Every route \
+under /v1/files and /v1/fine_tuning/jobs is also served under /files and /finetunes.",
+        license(name = "Apache-2.0")
+    ),
+    paths(
+        files::upload, files::list, files::retrieve, files::content, files::delete,
+        finetunes::create, finetunes::list, finetunes::retrieve, finetunes::cancel,
+        finetunes::events, finetunes::checkpoints, finetunes::adapter,
+        models::list,
+        admin::create_tenant, admin::create_key, admin::set_limits,
+        health::healthz, health::readyz, metrics::metrics,
+    ),
+    components(schemas(tuneq_openapi::ErrorDetail, tuneq_openapi::LineProblem)),
+    modifiers(&Security),
+    security(("api_key" = [])),
+    tags(
+        (name = "files", description = "Datasets: upload (validated at once), list, download, delete"),
+        (name = "fine-tuning", description = "Fine-tuning jobs, their events, checkpoints and adapter"),
+        (name = "models", description = "Base models and fine-tuned adapters"),
+        (name = "admin", description = "Tenants and API keys (admin key)"),
+        (name = "health", description = "Liveness and readiness"),
+    )
+)]
+struct ApiDoc;
+
+/// Declares the bearer schemes: tenants' API keys and the admin key.
+struct Security;
+
+impl utoipa::Modify for Security {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        for name in ["api_key", "admin_key"] {
+            components.add_security_scheme(
+                name,
+                SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
+            );
+        }
+    }
+}
+
+/// The native prefixes each OpenAI-compatible prefix is also served under.
+const ALIASES: [(&str, &str); 3] = [
+    ("/v1/files", "/files"),
+    ("/v1/fine_tuning/jobs", "/finetunes"),
+    ("/v1/models", "/models"),
+];
+
+/// The whole document, native aliases included.
+pub fn document() -> utoipa::openapi::OpenApi {
+    let mut doc = ApiDoc::openapi();
+    doc.info.version = env!("CARGO_PKG_VERSION").to_string();
+    // Health routes need no key.
+    for path in ["/healthz", "/readyz"] {
+        if let Some(op) = doc
+            .paths
+            .paths
+            .get_mut(path)
+            .and_then(|item| item.get.as_mut())
+        {
+            op.security = Some(vec![
+                utoipa::openapi::security::SecurityRequirement::default(),
+            ]);
+        }
+    }
+    let mut native = Vec::new();
+    for (path, item) in &doc.paths.paths {
+        for (openai, alias) in ALIASES {
+            if let Some(rest) = path.strip_prefix(openai) {
+                let mut item = item.clone();
+                for op in [item.get.as_mut(), item.post.as_mut(), item.delete.as_mut()]
+                    .into_iter()
+                    .flatten()
+                {
+                    op.operation_id = op.operation_id.as_ref().map(|id| format!("{id}_native"));
+                }
+                native.push((format!("{alias}{rest}"), item));
+            }
+        }
+    }
+    doc.paths.paths.extend(native);
+    doc
+}
+
+/// The document as the committed `openapi/openapi.json` holds it.
+pub fn document_json() -> String {
+    let mut text = document()
+        .to_pretty_json()
+        .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+    text.push('\n');
+    text
+}
+
+/// Routes: the document and its human-readable page.
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    let json = document_json();
+    cfg.service(
+        crate::resource("/openapi.json", "GET").route(web::get().to(move || {
+            let json = json.clone();
+            async move {
+                HttpResponse::Ok()
+                    .content_type("application/json")
+                    .body(json)
+            }
+        })),
+    )
+    .service(
+        crate::resource("/docs", "GET").route(web::get().to(|| async {
+            HttpResponse::Ok()
+                .content_type("text/html; charset=utf-8")
+                .body(DOCS_PAGE)
+        })),
+    );
+}
+
+/// `/docs`: renders `/openapi.json` in the browser with nothing fetched from elsewhere.
+const DOCS_PAGE: &str = include_str!("docs.html");
