@@ -32,6 +32,22 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
+    /// API request rate and p99 on the Redis backend, beside an actix-web hello-world
+    /// in the same run (scripts/bench-api starts a redis-server for it).
+    Api {
+        /// The redis-server the queue uses.
+        #[arg(long, env = "REDIS_URL")]
+        redis: String,
+        /// Seconds per phase.
+        #[arg(long, default_value_t = 10.0)]
+        seconds: f64,
+        /// Concurrent connections.
+        #[arg(long, default_value_t = 32)]
+        connections: usize,
+        /// Server worker threads (both servers; default: the machine's cores).
+        #[arg(long)]
+        workers: Option<usize>,
+    },
     /// Queue throughput and memory on a redis-server, with the BullMQ kit's workload
     /// and JSON keys (compare with ../shared/bench/bullmq; scripts/bench-queue runs both).
     Queue {
@@ -89,6 +105,25 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
                 seed,
             };
             let r = tuneq_trainer::bench::run(&opts, |line| eprintln!("{line}"))?;
+            println!("{}", serde_json::to_string(&r)?);
+        }
+        BenchCommand::Api {
+            redis,
+            seconds,
+            connections,
+            workers,
+        } => {
+            let opts = super::bench_api::ApiBenchOptions {
+                redis_url: redis,
+                seconds,
+                connections,
+                workers: workers
+                    .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from)),
+            };
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            let r = runtime.block_on(super::bench_api::run(&opts, |line| eprintln!("{line}")))?;
             println!("{}", serde_json::to_string(&r)?);
         }
         BenchCommand::Queue {

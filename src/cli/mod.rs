@@ -1,11 +1,15 @@
 //! Command-line interface: one module per subcommand.
 
+mod api;
 mod bench;
+mod bench_api;
 mod debug;
 mod demo;
+mod dispatcher;
 mod generate;
 mod merge;
 mod model;
+mod service;
 mod train;
 mod up;
 
@@ -25,8 +29,13 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the service on this machine: API, embedded queue, local object store.
+    /// Run the whole service on this machine: API, queue (embedded or Redis), local
+    /// object store and a dispatcher training on this machine.
     Up(up::UpArgs),
+    /// Run the REST API alone (queue on Redis, objects on S3/GCS/a shared folder).
+    Api(api::ApiArgs),
+    /// Run a dispatcher: claim jobs for one node pool from Redis and train them here.
+    Dispatcher(dispatcher::DispatcherArgs),
     /// Train a LoRA adapter (from a spec file, flags, or `--demo`).
     Train(Box<train::TrainArgs>),
     /// Model utilities.
@@ -60,13 +69,20 @@ pub fn main() -> ExitCode {
         return code;
     }
     // The service logs what it does; one-shot commands only what went wrong.
-    init_tracing(if matches!(cli.command, Command::Up(_)) {
-        "info,tuneq::access=warn"
-    } else {
-        "warn"
-    });
+    init_tracing(
+        if matches!(
+            cli.command,
+            Command::Up(_) | Command::Api(_) | Command::Dispatcher(_)
+        ) {
+            "info,tuneq::access=warn"
+        } else {
+            "warn"
+        },
+    );
     let result = match cli.command {
         Command::Up(args) => up::run(args),
+        Command::Api(args) => api::run(args),
+        Command::Dispatcher(args) => dispatcher::run(args),
         Command::Train(args) => train::run(*args),
         Command::Model { command } => model::run(command),
         Command::Generate(args) => generate::run(args),

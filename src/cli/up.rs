@@ -7,6 +7,7 @@
 //! Ctrl-C (or SIGTERM) stops it gracefully: running attempts checkpoint and their jobs
 //! go back in line; the next start resumes them from that checkpoint.
 
+use super::service;
 use anyhow::{Context, Result};
 use clap::Args;
 use std::path::{Path, PathBuf};
@@ -47,6 +48,10 @@ pub struct UpArgs {
     /// Device the local trainers use (`cuda` needs a build with `--features cuda`).
     #[arg(long, value_enum, default_value = "cpu")]
     device: super::train::DeviceArg,
+    /// Keep the queue on this Redis (`redis://…`; comma-separated seeds for a Cluster)
+    /// instead of the embedded file.
+    #[arg(long, env = "TUNEQ_REDIS_URL", hide_env_values = true)]
+    redis: Option<String>,
 }
 
 /// Generates the tiny demo model once and registers it.
@@ -79,15 +84,6 @@ async fn register_demo_model(state: &tuneq_api::AppState, data_dir: &Path) -> Re
     )
     .await
     .map_err(|e| anyhow::anyhow!("{}", e.detail.message))
-}
-
-/// Resolves on the first Ctrl-C or SIGTERM.
-async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
-    }
 }
 
 /// The default tenant's key: the one given, the one kept from an earlier start, or a
@@ -129,34 +125,26 @@ fn write_private(path: &Path, text: &str) -> Result<()> {
 }
 
 pub fn run(args: UpArgs) -> Result<ExitCode> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
-    runtime.block_on(serve(args))?;
+    service::runtime()?.block_on(serve(args))?;
     Ok(ExitCode::SUCCESS)
 }
 
 async fn serve(args: UpArgs) -> Result<()> {
     let data_dir = &std::path::absolute(&args.data_dir)
         .with_context(|| format!("bad data dir {}", args.data_dir.display()))?;
-    for sub in ["spool", "attempts", "cache", "models"] {
+    for sub in ["spool", "models"] {
         std::fs::create_dir_all(data_dir.join(sub))
             .with_context(|| format!("cannot create the data dir {}", data_dir.display()))?;
     }
-    let queue = tuneq_queue::Queue::open_embedded(
-        &data_dir.join("queue.db"),
-        "tuneq",
-        tuneq_queue::QueueConfig::default(),
-    )
-    .await
-    .context("cannot open the queue file")?;
+    let queue = service::open_queue(args.redis.as_deref(), &data_dir.join("queue.db")).await?;
     let device: tuneq_openapi::DeviceKind = args.device.into();
     let hardware = match device {
         tuneq_openapi::DeviceKind::Cpu => "cpu",
         tuneq_openapi::DeviceKind::Cuda => "gpu",
     };
-    let signer = tuneq_queue::AttemptSigner::new(rand_secret());
+    // The API and the dispatcher live in this process: a fresh secret per start will do
+    // (trainers of an earlier run are stopped at start).
+    let signer = service::attempt_signer(None)?;
     let state = tuneq_api::AppState {
         queue: queue.clone(),
         store: Arc::new(tuneq_storage::LocalStore::new(data_dir.join("objects"))),
@@ -193,43 +181,36 @@ async fn serve(args: UpArgs) -> Result<()> {
     let server_task = tokio::spawn(server);
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let runtime = tuneq_dispatcher::local::LocalRuntime {
-        exe: std::env::current_exe().context("cannot find the tuneq binary")?,
-        work_dir: data_dir.join("attempts"),
-        report_base_url: report_url,
-        device,
-        cache_dir: data_dir.join("cache"),
-    };
-    let mut config = tuneq_dispatcher::DispatcherConfig::new(LOCAL_POOL, "local");
-    config.slots = args.slots.max(1);
-    let dispatcher = tuneq_dispatcher::Dispatcher::new(
+    let dispatcher_task = service::spawn_dispatcher(
         queue,
-        config,
-        runtime,
         signer,
-        data_dir.join("attempts.json"),
-    );
-    let dispatcher_task = tokio::spawn(dispatcher.run(stop_rx.clone()));
-    let settler_task = tokio::spawn(settle_loop(state, stop_rx));
+        service::LocalDispatch {
+            pool: LOCAL_POOL.into(),
+            slots: args.slots,
+            device,
+            report_url,
+            work_dir: data_dir.clone(),
+            owner: "local".into(),
+        },
+        stop_rx.clone(),
+    )?;
+    let settler_task = tokio::spawn(service::settle_loop(state, stop_rx));
 
     println!("tuneq is up at {url}");
     println!("  API key (tenant \"{DEFAULT_TENANT}\"): {key}");
     println!("  base model: {DEMO_MODEL}");
     println!("  data: {}", data_dir.display());
+    println!("  docs: {url}/docs");
     println!("  try:  curl -H \"Authorization: Bearer {key}\" {url}/v1/models");
     use std::io::Write;
     let _ = std::io::stdout().flush();
 
-    shutdown_signal().await;
+    service::shutdown_signal().await;
     eprintln!(
         "stopping: running fine-tunes checkpoint and go back in line (Ctrl-C again to force)"
     );
     let _ = stop_tx.send(true);
-    let forced = tokio::spawn(async {
-        shutdown_signal().await;
-        eprintln!("forced stop");
-        std::process::exit(130);
-    });
+    let forced = service::force_on_second_signal();
     match dispatcher_task.await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => eprintln!("dispatcher: {e}"),
@@ -240,24 +221,4 @@ async fn serve(args: UpArgs) -> Result<()> {
     let _ = server_task.await;
     forced.abort();
     Ok(())
-}
-
-/// Files finished jobs' outcomes (see `tuneq_api::finetunes::settle`) until stopped.
-async fn settle_loop(state: tuneq_api::AppState, mut stop: tokio::sync::watch::Receiver<bool>) {
-    while !*stop.borrow() {
-        if let Err(e) = tuneq_api::finetunes::settle(&state, 100).await {
-            tracing::warn!(error = %e, "cannot file finished jobs; retrying");
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(std::time::Duration::from_millis(500)) => {}
-            _ = stop.changed() => {}
-        }
-    }
-    let _ = tuneq_api::finetunes::settle(&state, 100).await;
-}
-
-/// A fresh secret for attempt credentials (trainers of an earlier run are stopped at
-/// start, so it need not outlive this process).
-fn rand_secret() -> Vec<u8> {
-    rand::random::<[u8; 32]>().to_vec()
 }

@@ -1,0 +1,123 @@
+//! `tuneq api`: the REST service alone, for the production shape — the queue on Redis,
+//! objects on S3, GCS or a shared folder, and dispatchers (`tuneq dispatcher`) running
+//! elsewhere. It also files finished jobs' outcomes.
+
+use super::service;
+use anyhow::{Context, Result};
+use clap::Args;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Debug, Args)]
+pub struct ApiArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "0.0.0.0", env = "TUNEQ_HOST")]
+    host: String,
+    /// Port to listen on (0 picks a free one; the URL printed says which).
+    #[arg(long, default_value_t = 8080, env = "TUNEQ_PORT")]
+    port: u16,
+    /// The queue's Redis (`redis://…`; comma-separated seeds for a Cluster).
+    #[arg(long, env = "TUNEQ_REDIS_URL", hide_env_values = true)]
+    redis: String,
+    /// Where uploads, checkpoints and adapters live: `file:///srv/tuneq`, `s3://bucket/prefix`
+    /// or `gs://bucket/prefix` (trainers must reach the same place).
+    #[arg(long, env = "TUNEQ_STORE")]
+    store: String,
+    /// Storage settings (TOML; see `tuneq train --help`).
+    #[arg(long, env = "TUNEQ_STORAGE_CONFIG")]
+    storage_config: Option<PathBuf>,
+    /// Node pools jobs may be placed on, as NAME=HARDWARE (repeat; e.g. `l4-spot=spot-gpu`).
+    #[arg(long = "pool", default_value = "local=cpu")]
+    pools: Vec<String>,
+    /// Base models to register at start, as ID=LOCATION (repeat; a folder or URI in
+    /// Hugging Face layout).
+    #[arg(long = "model")]
+    models: Vec<String>,
+    /// Secret shared with the dispatchers, to check trainers' attempt credentials
+    /// (at least 32 characters).
+    #[arg(long, env = "TUNEQ_ATTEMPT_SECRET", hide_env_values = true)]
+    attempt_secret: String,
+    /// Admin key, enabling the `/admin` routes (tenants, keys, limits).
+    #[arg(long, env = "TUNEQ_ADMIN_KEY", hide_env_values = true)]
+    admin_key: Option<String>,
+    /// Largest accepted upload, in MiB.
+    #[arg(long, default_value_t = 512)]
+    max_upload_mib: u64,
+    /// Where uploads are spooled while they are validated.
+    #[arg(long, env = "TUNEQ_SPOOL_DIR")]
+    spool_dir: Option<PathBuf>,
+}
+
+pub fn run(args: ApiArgs) -> Result<ExitCode> {
+    service::runtime()?.block_on(serve(args))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn serve(args: ApiArgs) -> Result<()> {
+    let queue = service::open_queue(Some(&args.redis), std::path::Path::new("")).await?;
+    let storage_config = match &args.storage_config {
+        Some(p) => super::train::load_storage_config(p)?,
+        None => tuneq_storage::StorageConfig::default(),
+    };
+    let location = tuneq_storage::Location::parse(&args.store)
+        .map_err(|e| super::BadInput(format!("--store: {e}")))?;
+    let store = tuneq_storage::open(&location, &storage_config)
+        .await
+        .with_context(|| format!("cannot open the store {}", args.store))?;
+    let mut pools = Vec::new();
+    for p in &args.pools {
+        let (name, hardware) = service::pair(p, "--pool")?;
+        pools.push(tuneq_api::PoolInfo { name, hardware });
+    }
+    let spool_dir = args.spool_dir.clone().unwrap_or_else(std::env::temp_dir);
+    std::fs::create_dir_all(&spool_dir)
+        .with_context(|| format!("cannot create {}", spool_dir.display()))?;
+    let state = tuneq_api::AppState {
+        queue,
+        store,
+        config: tuneq_api::ApiConfig {
+            max_upload_bytes: args.max_upload_mib.saturating_mul(1 << 20),
+            admin_key_hash: args.admin_key.as_deref().map(tuneq_api::auth::key_hash),
+            spool_dir,
+            pools,
+            attempt_signer: service::attempt_signer(Some(&args.attempt_secret))?,
+            ..tuneq_api::ApiConfig::default()
+        },
+    };
+    for m in &args.models {
+        let (id, location) = service::pair(m, "--model")?;
+        tuneq_api::models::register_base(
+            &state,
+            &tuneq_api::models::BaseModel {
+                id,
+                location,
+                base_learning_rate: 2e-4,
+                created: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or_default(),
+            },
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("{}", e.detail.message))?;
+    }
+    let listener = std::net::TcpListener::bind((args.host.as_str(), args.port))
+        .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let server = tuneq_api::serve(listener, state.clone())?;
+    let handle = server.handle();
+    let server_task = tokio::spawn(server);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let settler = tokio::spawn(service::settle_loop(state, stop_rx));
+    println!("tuneq api is up at {url}");
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    service::shutdown_signal().await;
+    let _ = stop_tx.send(true);
+    let forced = service::force_on_second_signal();
+    let _ = settler.await;
+    handle.stop(true).await;
+    let _ = server_task.await;
+    forced.abort();
+    Ok(())
+}

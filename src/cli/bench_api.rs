@@ -1,0 +1,293 @@
+//! `tuneq bench api`: the API's request rate and p99 latency on the Redis backend, beside
+//! an actix-web hello-world (the framework's ceiling on this machine) in the same run.
+//!
+//! Both servers run in this process with the same number of workers; one load generator
+//! (keep-alive HTTP/1.1 connections, each sending its next request when the answer
+//! arrives) drives, in turn: the hello-world, `GET /finetunes/{id}`, and
+//! `POST /finetunes` (each creates and enqueues a job). The load generator shares the
+//! CPU with the servers, the same way for all three, so the ratios are comparable
+//! while the absolute figures understate a dedicated server.
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What to run.
+pub struct ApiBenchOptions {
+    /// The redis-server the queue uses.
+    pub redis_url: String,
+    /// Seconds per phase.
+    pub seconds: f64,
+    /// Concurrent connections.
+    pub connections: usize,
+    /// Server workers (threads) for both servers.
+    pub workers: usize,
+}
+
+/// One phase's figures.
+#[derive(Debug, Serialize)]
+pub struct Phase {
+    /// Requests answered per second.
+    pub requests_per_s: f64,
+    /// 99th-percentile latency (ms).
+    pub p99_ms: f64,
+    /// Median latency (ms).
+    pub p50_ms: f64,
+    /// Answers that were not the expected status.
+    pub errors: u64,
+}
+
+/// All figures; the last output line.
+#[derive(Debug, Serialize)]
+pub struct ApiBenchResult {
+    /// actix-web hello-world.
+    pub hello: Phase,
+    /// `GET /finetunes/{id}`.
+    pub get_finetune: Phase,
+    /// `POST /finetunes`.
+    pub create_finetune: Phase,
+    /// GET req/s over hello-world req/s (target ≥ 0.5).
+    pub get_ratio: f64,
+    /// POST req/s over hello-world req/s.
+    pub create_ratio: f64,
+    /// Connections.
+    pub connections: usize,
+    /// Server workers.
+    pub workers: usize,
+}
+
+/// A request the load generator repeats.
+#[derive(Clone)]
+struct Target {
+    method: reqwest::Method,
+    url: String,
+    key: Option<String>,
+    body: Option<String>,
+    expect: u16,
+}
+
+/// Drives `target` from `connections` connections for `seconds`.
+async fn drive(target: Target, connections: usize, seconds: f64) -> Result<Phase> {
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    let mut tasks = Vec::new();
+    for _ in 0..connections {
+        let target = target.clone();
+        tasks.push(tokio::spawn(async move {
+            let client = reqwest::Client::builder()
+                .pool_max_idle_per_host(1)
+                .http1_only()
+                .build()
+                .unwrap_or_default();
+            let mut latencies = Vec::new();
+            let mut errors = 0u64;
+            while Instant::now() < deadline {
+                let mut request = client.request(target.method.clone(), &target.url);
+                if let Some(key) = &target.key {
+                    request = request.bearer_auth(key);
+                }
+                if let Some(body) = &target.body {
+                    request = request
+                        .header("content-type", "application/json")
+                        .body(body.clone());
+                }
+                let started = Instant::now();
+                match request.send().await {
+                    Ok(r) => {
+                        let ok = r.status().as_u16() == target.expect;
+                        let _ = r.bytes().await;
+                        if !ok {
+                            errors += 1;
+                        }
+                    }
+                    Err(_) => errors += 1,
+                }
+                latencies.push(started.elapsed());
+            }
+            (latencies, errors)
+        }));
+    }
+    let started = Instant::now();
+    let mut all = Vec::new();
+    let mut errors = 0;
+    for task in tasks {
+        let (latencies, e) = task.await?;
+        all.extend(latencies);
+        errors += e;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    all.sort();
+    let at = |q: f64| {
+        all.get(((all.len() as f64 * q) as usize).min(all.len().saturating_sub(1)))
+            .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+    };
+    Ok(Phase {
+        requests_per_s: all.len() as f64 / elapsed,
+        p99_ms: at(0.99),
+        p50_ms: at(0.50),
+        errors,
+    })
+}
+
+/// Runs the three phases.
+pub async fn run(opts: &ApiBenchOptions, log: impl Fn(&str)) -> Result<ApiBenchResult> {
+    // The hello-world ceiling.
+    let hello_listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let hello_url = format!("http://{}/", hello_listener.local_addr()?);
+    let hello = actix_web::HttpServer::new(|| {
+        actix_web::App::new().route("/", actix_web::web::get().to(|| async { "Hello, world!" }))
+    })
+    .workers(opts.workers)
+    .disable_signals()
+    .listen(hello_listener)?
+    .run();
+    let hello_handle = hello.handle();
+    tokio::spawn(hello);
+
+    // tuneq's API on Redis, with one tenant, a base model, a file and a job to read.
+    let dir = tempfile::tempdir()?;
+    let domain = format!("bench-api-{:08x}", rand::random::<u32>());
+    let queue = tuneq_queue::Queue::connect(
+        &opts.redis_url,
+        &domain,
+        tuneq_queue::QueueConfig::default(),
+    )
+    .await
+    .context("cannot reach Redis")?;
+    let state = tuneq_api::AppState {
+        queue: queue.clone(),
+        store: Arc::new(tuneq_storage::LocalStore::new(dir.path().join("objects"))),
+        config: tuneq_api::ApiConfig {
+            spool_dir: dir.path().to_path_buf(),
+            pools: vec![tuneq_api::PoolInfo {
+                name: "local".into(),
+                hardware: "cpu".into(),
+            }],
+            ..tuneq_api::ApiConfig::default()
+        },
+    };
+    let fail = |e: tuneq_api::ApiError| anyhow::anyhow!("{}", e.detail.message);
+    tuneq_api::auth::create_tenant(&state, "bench", "Bench")
+        .await
+        .map_err(fail)?;
+    let key = tuneq_api::auth::add_key(&state, "bench", None)
+        .await
+        .map_err(fail)?;
+    tuneq_api::models::register_base(
+        &state,
+        &tuneq_api::models::BaseModel {
+            id: "base".into(),
+            location: "/models/base".into(),
+            base_learning_rate: 2e-4,
+            created: 0,
+        },
+    )
+    .await
+    .map_err(fail)?;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let server = actix_web::HttpServer::new({
+        let state = state.clone();
+        move || actix_web::App::new().configure(tuneq_api::configure(state.clone()))
+    })
+    .workers(opts.workers)
+    .disable_signals()
+    .listen(listener)?
+    .run();
+    let handle = server.handle();
+    tokio::spawn(server);
+
+    let http = reqwest::Client::new();
+    let data: String = (0..64)
+        .map(|i| format!("{{\"prompt\":\"question {i}\",\"completion\":\"answer {i}\"}}\n"))
+        .collect();
+    let file: serde_json::Value = http
+        .post(format!("{url}/files?filename=bench.jsonl"))
+        .bearer_auth(&key)
+        .body(data)
+        .send()
+        .await?
+        .json()
+        .await?;
+    let create_body = serde_json::json!({"model": "base", "training_file": file["id"]}).to_string();
+    let job: serde_json::Value = http
+        .post(format!("{url}/finetunes"))
+        .bearer_auth(&key)
+        .header("content-type", "application/json")
+        .body(create_body.clone())
+        .send()
+        .await?
+        .json()
+        .await?;
+    let job_id = job["id"]
+        .as_str()
+        .context("the benchmark could not create its job")?
+        .to_string();
+
+    log(&format!(
+        "{} connections, {} server workers, {} s per phase",
+        opts.connections, opts.workers, opts.seconds
+    ));
+    let hello = drive(
+        Target {
+            method: reqwest::Method::GET,
+            url: hello_url,
+            key: None,
+            body: None,
+            expect: 200,
+        },
+        opts.connections,
+        opts.seconds,
+    )
+    .await?;
+    log(&format!(
+        "hello-world        {:>9.0} req/s  p99 {:.2} ms",
+        hello.requests_per_s, hello.p99_ms
+    ));
+    let get = drive(
+        Target {
+            method: reqwest::Method::GET,
+            url: format!("{url}/finetunes/{job_id}"),
+            key: Some(key.clone()),
+            body: None,
+            expect: 200,
+        },
+        opts.connections,
+        opts.seconds,
+    )
+    .await?;
+    log(&format!(
+        "GET /finetunes/id  {:>9.0} req/s  p99 {:.2} ms",
+        get.requests_per_s, get.p99_ms
+    ));
+    let create = drive(
+        Target {
+            method: reqwest::Method::POST,
+            url: format!("{url}/finetunes"),
+            key: Some(key),
+            body: Some(create_body),
+            expect: 200,
+        },
+        opts.connections,
+        opts.seconds,
+    )
+    .await?;
+    log(&format!(
+        "POST /finetunes    {:>9.0} req/s  p99 {:.2} ms",
+        create.requests_per_s, create.p99_ms
+    ));
+    hello_handle.stop(true).await;
+    handle.stop(true).await;
+    if let Err(e) = queue.destroy().await {
+        log(&format!("could not clean up the benchmark's keys: {e}"));
+    }
+    Ok(ApiBenchResult {
+        get_ratio: get.requests_per_s / hello.requests_per_s.max(1e-9),
+        create_ratio: create.requests_per_s / hello.requests_per_s.max(1e-9),
+        hello,
+        get_finetune: get,
+        create_finetune: create,
+        connections: opts.connections,
+        workers: opts.workers,
+    })
+}

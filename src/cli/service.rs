@@ -1,0 +1,180 @@
+//! What `tuneq up`, `tuneq api` and `tuneq dispatcher` share: opening the queue,
+//! attempt credentials, the dispatcher with its local runtime, the loop that files
+//! finished jobs, and graceful shutdown.
+
+use super::BadInput;
+use anyhow::{Context, Result};
+use std::path::{Path, PathBuf};
+use tokio::sync::watch;
+
+/// The queue domain every part of one deployment uses.
+pub const DOMAIN: &str = "tuneq";
+
+/// Opens the queue: on Redis when a URL is given (`redis://…`; several comma-separated
+/// URLs are the seed nodes of a Redis Cluster), else the embedded file `embedded`.
+pub async fn open_queue(redis: Option<&str>, embedded: &Path) -> Result<tuneq_queue::Queue> {
+    let config = tuneq_queue::QueueConfig::default();
+    match redis {
+        Some(urls) if urls.contains(',') => {
+            let urls: Vec<String> = urls.split(',').map(|u| u.trim().to_string()).collect();
+            tuneq_queue::Queue::connect_cluster(&urls, DOMAIN, config)
+                .await
+                .context("cannot reach the Redis Cluster")
+        }
+        Some(url) => tuneq_queue::Queue::connect(url, DOMAIN, config)
+            .await
+            .with_context(|| format!("cannot reach Redis at {}", redact(url))),
+        None => tuneq_queue::Queue::open_embedded(embedded, DOMAIN, config)
+            .await
+            .with_context(|| format!("cannot open the queue file {}", embedded.display())),
+    }
+}
+
+/// A Redis URL without its password, for messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}://…@{}", &url[..scheme], &url[at + 1..])
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// The signer of attempt credentials from a shared secret (at least 32 characters), or
+/// a random one for a single process that runs both the API and the dispatcher.
+pub fn attempt_signer(secret: Option<&str>) -> Result<tuneq_queue::AttemptSigner> {
+    match secret {
+        Some(s) if s.len() >= 32 => Ok(tuneq_queue::AttemptSigner::new(s.as_bytes().to_vec())),
+        Some(_) => Err(BadInput(
+            "the attempt secret must be at least 32 characters (e.g. `openssl rand -hex 32`)"
+                .into(),
+        )
+        .into()),
+        None => Ok(tuneq_queue::AttemptSigner::new(
+            rand::random::<[u8; 32]>().to_vec(),
+        )),
+    }
+}
+
+/// Where a dispatcher's local runtime works and reports.
+pub struct LocalDispatch {
+    /// The pool it serves.
+    pub pool: String,
+    /// Attempts at once.
+    pub slots: u32,
+    /// The trainers' device.
+    pub device: tuneq_openapi::DeviceKind,
+    /// The API's base URL, where trainers report.
+    pub report_url: String,
+    /// Attempt folders, the cache and the journal go under it.
+    pub work_dir: PathBuf,
+    /// Its name as a lease owner.
+    pub owner: String,
+}
+
+/// Starts a dispatcher with a local runtime; it stops (checkpointing its attempts) when
+/// `stop` turns true.
+pub fn spawn_dispatcher(
+    queue: tuneq_queue::Queue,
+    signer: tuneq_queue::AttemptSigner,
+    local: LocalDispatch,
+    stop: watch::Receiver<bool>,
+) -> Result<tokio::task::JoinHandle<Result<(), tuneq_dispatcher::DispatchError>>> {
+    for sub in ["attempts", "cache"] {
+        std::fs::create_dir_all(local.work_dir.join(sub))
+            .with_context(|| format!("cannot create {}", local.work_dir.display()))?;
+    }
+    let runtime = tuneq_dispatcher::local::LocalRuntime {
+        exe: std::env::current_exe().context("cannot find the tuneq binary")?,
+        work_dir: local.work_dir.join("attempts"),
+        report_base_url: local.report_url,
+        device: local.device,
+        cache_dir: local.work_dir.join("cache"),
+    };
+    let mut config = tuneq_dispatcher::DispatcherConfig::new(&local.pool, &local.owner);
+    config.slots = local.slots.max(1);
+    let dispatcher = tuneq_dispatcher::Dispatcher::new(
+        queue,
+        config,
+        runtime,
+        signer,
+        local.work_dir.join("attempts.json"),
+    );
+    Ok(tokio::spawn(dispatcher.run(stop)))
+}
+
+/// Files finished jobs' outcomes (see `tuneq_api::finetunes::settle`) until stopped.
+pub async fn settle_loop(state: tuneq_api::AppState, mut stop: watch::Receiver<bool>) {
+    while !*stop.borrow() {
+        if let Err(e) = tuneq_api::finetunes::settle(&state, 100).await {
+            tracing::warn!(error = %e, "cannot file finished jobs; retrying");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(std::time::Duration::from_millis(500)) => {}
+            _ = stop.changed() => {}
+        }
+    }
+    let _ = tuneq_api::finetunes::settle(&state, 100).await;
+}
+
+/// Resolves on the first Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = async {
+            match term.as_mut() {
+                Some(t) => { t.recv().await; }
+                None => std::future::pending().await,
+            }
+        } => {}
+    }
+}
+
+/// After the first signal: a second one exits at once.
+pub fn force_on_second_signal() -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async {
+        shutdown_signal().await;
+        eprintln!("forced stop");
+        std::process::exit(130);
+    })
+}
+
+/// Parses `NAME=VALUE`.
+pub fn pair(text: &str, what: &str) -> Result<(String, String)> {
+    text.split_once('=')
+        .map(|(a, b)| (a.trim().to_string(), b.trim().to_string()))
+        .filter(|(a, b)| !a.is_empty() && !b.is_empty())
+        .ok_or_else(|| BadInput(format!("{what} must be NAME=VALUE, not `{text}`")).into())
+}
+
+/// A multi-threaded runtime for a service command.
+pub fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_kept_out_of_messages() {
+        assert_eq!(
+            redact("redis://:secret@host:6379/0"),
+            "redis://…@host:6379/0"
+        );
+        assert_eq!(redact("redis://host:6379"), "redis://host:6379");
+    }
+
+    #[test]
+    fn short_secrets_are_refused() {
+        assert!(attempt_signer(Some("short")).is_err());
+        assert!(attempt_signer(Some(&"x".repeat(32))).is_ok());
+        assert_eq!(pair("a=b", "pool").unwrap(), ("a".into(), "b".into()));
+        assert!(pair("a", "pool").is_err());
+    }
+}

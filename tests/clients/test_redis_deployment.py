@@ -1,0 +1,154 @@
+"""The production shape on one machine: `tuneq api` and `tuneq dispatcher` as separate
+processes sharing a real redis-server (started here) and an object store folder; the
+official `openai` SDK runs a fine-tune through them, and a restart of the dispatcher
+in the middle of the job loses nothing."""
+
+from __future__ import annotations
+
+import queue
+import secrets
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO_ROOT, tuneq_bin
+
+TRAIN = (REPO_ROOT / "examples/data/tiny-task-train.jsonl").read_text().splitlines()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Process:
+    """A child whose output is kept, waiting for a line that starts with `ready`."""
+
+    def __init__(self, args: list[str], ready: str, env: dict[str, str] | None = None):
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, env=env)
+        self.output: list[str] = []
+        lines: queue.Queue[str] = queue.Queue()
+
+        def pump() -> None:
+            assert self.proc.stdout is not None
+            for line in self.proc.stdout:
+                self.output.append(line)
+                lines.put(line)
+
+        threading.Thread(target=pump, daemon=True).start()
+        deadline = time.monotonic() + 60
+        self.line = ""
+        while not self.line.startswith(ready):
+            left = deadline - time.monotonic()
+            try:
+                self.line = lines.get(timeout=max(left, 0.1))
+            except queue.Empty:
+                self.stop()
+                pytest.fail(f"{args[0]} did not say {ready!r}:\n" + "".join(self.output),
+                            pytrace=False)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def redis_url(tmp_path: Path):
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.fail("redis-server is not installed (apt-get install redis-server; "
+                    "scripts/setup-test-deps installs it)", pytrace=False)
+    port = free_port()
+    proc = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail("redis-server did not start", pytrace=False)
+            time.sleep(0.1)
+    yield f"redis://127.0.0.1:{port}"
+    proc.kill()
+    proc.wait()
+
+
+def test_api_and_dispatcher_on_redis_run_a_job_across_a_dispatcher_restart(tmp_path, redis_url):
+    import json
+    import urllib.request
+
+    from openai import OpenAI
+
+    binary = str(tuneq_bin())
+    model = tmp_path / "models" / "tiny"
+    subprocess.run([binary, "model", "init", "--preset", "tiny", "--seed", "0",
+                    "--out", str(model)], check=True, capture_output=True)
+    secret = secrets.token_hex(32)
+    admin = "tq_admin_" + secrets.token_hex(16)
+    api = Process([binary, "api", "--redis", redis_url, "--port", "0", "--host", "127.0.0.1",
+                   "--store", (tmp_path / "objects").as_uri(), "--pool", "cpu-pool=cpu",
+                   "--model", f"tiny={model}", "--attempt-secret", secret,
+                   "--admin-key", admin, "--spool-dir", str(tmp_path / "spool")],
+                  ready="tuneq api is up at ")
+    url = api.line.removeprefix("tuneq api is up at ").strip()
+    dispatcher_args = [binary, "dispatcher", "--redis", redis_url, "--api-url", url,
+                       "--attempt-secret", secret, "--pool", "cpu-pool",
+                       "--work-dir", str(tmp_path / "work")]
+    dispatcher = Process(dispatcher_args, ready="tuneq dispatcher serves")
+    try:
+        def admin_post(path: str, body: dict | None = None) -> dict:
+            request = urllib.request.Request(
+                url + path, method="POST", data=json.dumps(body or {}).encode(),
+                headers={"Authorization": f"Bearer {admin}", "Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return json.loads(response.read())
+
+        admin_post("/admin/tenants", {"id": "acme"})
+        key = admin_post("/admin/tenants/acme/keys")["api_key"]
+        client = OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+        assert [m.id for m in client.models.list()] == ["tiny"]
+        data = ("\n".join(TRAIN) + "\n").encode()
+        train = client.files.create(file=("train.jsonl", data), purpose="fine-tune").id
+        job = client.fine_tuning.jobs.create(model="tiny", training_file=train,
+                                             hyperparameters={"n_epochs": 2})
+
+        def progress() -> tuple[str, int]:
+            j = client.fine_tuning.jobs.retrieve(job.id)
+            return j.status, int(((j.model_extra or {}).get("progress") or {}).get("step") or 0)
+
+        deadline = time.monotonic() + 300
+        while progress()[1] < 20:
+            assert time.monotonic() < deadline, "no training progress"
+            time.sleep(0.5)
+        dispatcher.stop()  # checkpoints, and the job goes back in line
+        dispatcher = Process(dispatcher_args, ready="tuneq dispatcher serves")
+        while True:
+            status, _ = progress()
+            if status in ("succeeded", "failed", "cancelled"):
+                break
+            assert time.monotonic() < deadline + 300, f"still {status}"
+            time.sleep(0.5)
+        done = client.fine_tuning.jobs.retrieve(job.id)
+        assert done.status == "succeeded", done.error
+        assert done.model_extra["preemptions"] == 1
+        assert done.fine_tuned_model in [m.id for m in client.models.list()]
+        messages = [e.message for e in client.fine_tuning.jobs.list_events(job.id, limit=100)]
+        assert any(m.startswith("Resumed from the checkpoint") for m in messages), messages
+    finally:
+        dispatcher.stop()
+        api.stop()
