@@ -216,8 +216,14 @@ impl FromRequest for Tenant {
         Box::pin(async move {
             let state = state.ok_or_else(|| ApiError::internal("no application state"))?;
             let hash = key_hash(&key?);
+            if let Some(tenant) = key_cache::get(&hash) {
+                return Ok(Tenant(tenant));
+            }
             match owner_of(&state, &hash).await? {
-                Some(tenant) => Ok(Tenant(tenant)),
+                Some(tenant) => {
+                    key_cache::put(&hash, &tenant);
+                    Ok(Tenant(tenant))
+                }
                 None => Err(ApiError::unauthenticated(
                     "Incorrect API key provided. Keys are created with `tuneq up` or the admin API.",
                 )),
@@ -246,5 +252,43 @@ impl FromRequest for Admin {
             (Ok(key), Some(hash)) if key_hash(&key) == hash => Ok(Admin),
             (Ok(_), Some(_)) => Err(ApiError::forbidden("This key is not the admin key.")),
         })
+    }
+}
+
+/// Keys already looked up, so most requests make no catalog read to authenticate. Only
+/// known keys are kept (an unknown one is looked up every time), for at most
+/// [`key_cache::TTL`], and at most [`key_cache::CAPACITY`] of them.
+mod key_cache {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    use std::time::{Duration, Instant};
+
+    /// How long a looked-up key is trusted without asking the catalog again.
+    pub const TTL: Duration = Duration::from_secs(60);
+    /// Keys kept at most; the cache is emptied when full.
+    pub const CAPACITY: usize = 10_000;
+
+    fn cache() -> &'static Mutex<HashMap<String, (String, Instant)>> {
+        static CACHE: OnceLock<Mutex<HashMap<String, (String, Instant)>>> = OnceLock::new();
+        CACHE.get_or_init(Default::default)
+    }
+
+    /// The tenant of key hash `hash`, if it was looked up within the TTL.
+    pub fn get(hash: &str) -> Option<String> {
+        let cache = cache().lock().ok()?;
+        cache
+            .get(hash)
+            .filter(|(_, at)| at.elapsed() < TTL)
+            .map(|(tenant, _)| tenant.clone())
+    }
+
+    /// Remembers that `hash` belongs to `tenant`.
+    pub fn put(hash: &str, tenant: &str) {
+        if let Ok(mut cache) = cache().lock() {
+            if cache.len() >= CAPACITY {
+                cache.clear();
+            }
+            cache.insert(hash.to_string(), (tenant.to_string(), Instant::now()));
+        }
     }
 }

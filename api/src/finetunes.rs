@@ -637,7 +637,13 @@ async fn view(state: &AppState, record: FineTuneRecord) -> ApiResult<FineTuneJob
     let mut preemptions = 0;
     let mut outcome = record.outcome.clone();
     if outcome.is_none() {
-        match state.queue.get(&record.job_id).await? {
+        // The queue position is read alongside the job (it answers "not queued" when
+        // the job is not), so a view costs one wait on the store, not two.
+        let (job, standing) = futures::join!(
+            state.queue.get(&record.job_id),
+            state.queue.position(&record.job_id)
+        );
+        match job? {
             Some(job) if job.state.is_terminal() => outcome = Some(outcome_of(&job)),
             Some(job) => {
                 status = job.state.public_status().to_string();
@@ -645,7 +651,7 @@ async fn view(state: &AppState, record: FineTuneRecord) -> ApiResult<FineTuneJob
                 attempts = job.attempts;
                 preemptions = job.preemptions;
                 if matches!(job.state, JobState::Queued) {
-                    queue = match state.queue.position(&job.id).await {
+                    queue = match standing {
                         Ok(p) => Some(QueueStanding {
                             ahead: p.ahead,
                             ahead_in_tenant: p.ahead_in_tenant,

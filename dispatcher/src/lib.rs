@@ -389,8 +389,9 @@ impl Dispatcher {
                 .await
             {
                 Ok(process) => {
-                    self.queue.start(&lease.id, lease.token).await?;
                     tracing::info!(finetune = %payload.finetune, pid = ?process.child.id(), "attempt started");
+                    // Tracked (and journaled) before anything else can fail, so the
+                    // process is never left running unwatched.
                     self.attempts.insert(
                         lease.id.clone(),
                         Attempt {
@@ -401,6 +402,13 @@ impl Dispatcher {
                         },
                     );
                     self.save_journal()?;
+                    if let Err(e) = self.queue.start(&lease.id, lease.token).await {
+                        tracing::warn!(error = %e, "the lease was lost before the attempt started; stopping it");
+                        if let Some(attempt) = self.attempts.get_mut(&lease.id) {
+                            let _ = attempt.process.child.start_kill();
+                            attempt.stopping = Some((Stopping::Superseded, Instant::now()));
+                        }
+                    }
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "cannot start the attempt");
