@@ -8,9 +8,9 @@ local function ek(entry) return k('cat:' .. kind .. ':' .. owner .. ':' .. entry
 local idx = k('catidx:' .. kind .. ':' .. owner)
 if op == 'create' then
   if redis.call('HGET', ek(id), 'seq') then return {1} end
-  local now = now_ms()
+  local now, now_s = now_ms()
   local seq = redis.call('INCR', k('catseq'))
-  redis.call('HSET', ek(id), 'body', ARGV[6], 'created_ms', now, 'seq', seq)
+  redis.call('HSET', ek(id), 'body', ARGV[6], 'created_ms', now_s, 'seq', seq)
   redis.call('ZADD', idx, seq, id)
   return {0, now}
 elseif op == 'update' then

@@ -3,11 +3,11 @@
 -- Returns {0, id, token, tenant, payload, attempts, preemptions, deadline_ms}, {1} when
 -- nothing fits, {-9} for an unknown pool. Capacity, quota and fairness are charged in
 -- the same step as the lease. A retried request id returns the same lease.
-local pool, owner, lease_ms, req = ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
-local scan_tenants, scan_depth, quantum = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local pool, owner, lease_ms, req = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local scan_tenants, scan_depth, quantum = num(ARGV[6]), num(ARGV[7]), ARGV[8]
 local start = ARGV[9] == '1'
-local now = now_ms()
-promote_due(now, 100)
+local now, now_s = now_ms()
+promote_due(now_s, '100')
 
 if req ~= '' then
   local prev = redis.call('GET', k('claimreq:' .. req))
@@ -16,7 +16,7 @@ if req ~= '' then
     if (state == 'leased' or (start and state == 'running')) and who == owner then
       local r = redis.call('HMGET', jk(prev), 'epoch', 'tenant', 'attempts', 'preemptions', 'deadline')
       local payload = redis.call('GET', k('payload:' .. prev)) or ''
-      return {0, prev, r[1], r[2], payload, r[3], r[4], r[5]}
+      return {0, prev, r[1], r[2], payload, r[3] or '0', r[4] or '0', r[5]}
     end
     return {1}
   end
@@ -24,8 +24,8 @@ end
 
 local p = load_pool(pool)
 if p.capacity < 0 then return {-9} end
-local reply = claim_next(now, p, owner, lease_ms, scan_tenants, scan_depth, quantum, start)
+local reply = claim_next(now, now_s, p, owner, lease_ms, scan_tenants, scan_depth, quantum, start)
 if not reply then return {1} end
 save_pool(p)
-if req ~= '' then redis.call('SET', k('claimreq:' .. req), reply[2], 'PX', 300000) end
+if req ~= '' then redis.call('SET', k('claimreq:' .. req), reply[2], 'PX', '300000') end
 return reply

@@ -3,24 +3,25 @@
 -- lasts (the job goes to the back: rank = retry time), then fails for good.
 local id, token, reason, retryable = ARGV[2], ARGV[3], ARGV[4], ARGV[5] == '1'
 local base, cap, jitter = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
-local now = now_ms()
+local now, now_s = now_ms()
 local j = jk(id)
 local s = holds(j, token, {'leased', 'running', 'suspect'})
 if s ~= 0 then return {s} end
 release(id)
-local attempts = redis.call('HINCRBY', j, 'attempts', 1)
+local attempts = redis.call('HINCRBY', j, 'attempts', '1')
 local max_attempts = tonumber(redis.call('HGET', j, 'max_attempts'))
-redis.call('HSET', j, 'error', reason)
 if retryable and attempts < max_attempts then
   local delay = math.min(cap, base * 2 ^ (attempts - 1))
   delay = math.floor(delay + delay * jitter)
   local due = now + delay
-  redis.call('HSET', j, 'state', 'delayed', 'due_ms', due, 'rank_ms', due)
-  redis.call('ZADD', k('delayed'), due, id)
-  redis.call('HINCRBY', k('tenant:' .. redis.call('HGET', j, 'tenant')), 'waiting', 1)
-  event(id, now, 'retry_scheduled', reason)
+  local due_s = str(due)
+  redis.call('HSET', j, 'error', reason, 'state', 'delayed', 'due_ms', due_s, 'rank_ms', due_s)
+  redis.call('ZADD', k('delayed'), due_s, id)
+  redis.call('HINCRBY', k('tenant:' .. redis.call('HGET', j, 'tenant')), 'waiting', '1')
+  event(id, now_s, 'retry_scheduled', reason)
   return {0, due}
 end
-event(id, now, 'failed', reason)
-finish(id, now, 'failed', 'dead')
+redis.call('HSET', j, 'error', reason)
+event(id, now_s, 'failed', reason)
+finish(id, now_s, 'failed', 'dead')
 return {1}

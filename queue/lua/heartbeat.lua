@@ -5,43 +5,44 @@
 -- must stop. Reports are numbered per attempt: a repeated report (after a lost reply)
 -- renews the lease but appends nothing twice.
 local id, token, lease_ms, progress, report = ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6]
-local now = now_ms()
+local now, now_s = now_ms()
 local j = jk(id)
 local s, state = holds(j, token, {'leased', 'running', 'suspect'})
 if s ~= 0 then return {s, state} end
 local deadline = now + lease_ms
+local deadline_s = str(deadline)
 local next_state = state
 if state == 'suspect' then
   next_state = 'running'
   redis.call('ZREM', k('suspect'), id)
-  event(id, now, 'lease_recovered', '')
+  event(id, now_s, 'lease_recovered', '')
 end
-local fields = {'state', next_state, 'deadline', deadline}
+local fields = {'state', next_state, 'deadline', deadline_s}
 local fresh = true
 if report and report ~= '' then
   local last = redis.call('HGET', j, 'report_seq')
   local seen_token, seen = string.match(last or '', '^(%d+):(%d+)$')
-  if seen_token == token and tonumber(seen) >= tonumber(report) then fresh = false end
-  table.insert(fields, 'report_seq')
-  table.insert(fields, token .. ':' .. report)
+  if seen_token == token and num(seen) >= num(report) then fresh = false end
+  fields[#fields + 1] = 'report_seq'
+  fields[#fields + 1] = token .. ':' .. report
 end
 if fresh then
   if progress and progress ~= '' then
-    table.insert(fields, 'progress')
-    table.insert(fields, progress)
+    fields[#fields + 1] = 'progress'
+    fields[#fields + 1] = progress
   end
   if #ARGV >= 8 then
-    local seq = tonumber(redis.call('HGET', j, 'event_seq') or '0')
+    local seq = num(redis.call('HGET', j, 'event_seq') or '0')
     local lines = {}
     for i = 7, #ARGV - 1, 2 do
       seq = seq + 1
-      table.insert(lines, event_json(seq, now, ARGV[i], ARGV[i + 1]))
+      lines[#lines + 1] = event_json(str(seq), now_s, ARGV[i], ARGV[i + 1])
     end
-    table.insert(fields, 'event_seq')
-    table.insert(fields, seq)
-    push_events(id, lines)
+    fields[#fields + 1] = 'event_seq'
+    fields[#fields + 1] = str(seq)
+    push_events(id, unpack(lines))
   end
 end
 redis.call('HSET', j, unpack(fields))
-redis.call('ZADD', k('leases'), deadline, id)
+redis.call('ZADD', k('leases'), deadline_s, id)
 return {0, deadline}

@@ -6,6 +6,7 @@ local id = ARGV[2]
 local now = now_ms()
 local j = jk(id)
 local state, tenant, pools = unpack(redis.call('HMGET', j, 'state', 'tenant', 'pools'))
+pools = pools or ''
 if not state then return {-1} end
 if state ~= 'queued' then return {-3, state} end
 local rank = redis.call('ZRANK', k('ready:' .. tenant), id)

@@ -10,12 +10,58 @@ use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr
 use redis::{Cmd, FromRedisValue, Pipeline, Value};
 use std::sync::Arc;
 
-/// One of the queue's Lua scripts: its source (for the embedded engine) and the
-/// `redis::Script` that sends it with EVALSHA (reloading it on NOSCRIPT).
+/// The queue's Lua scripts as one Redis Functions library: `prelude.lua` once, then
+/// each script's body as a registered function of `(KEYS, ARGV)`. Redis builds the
+/// prelude's helpers once, when it loads the library, instead of on every call, as
+/// `EVALSHA` of prelude + script would. The library's name carries a hash of its code,
+/// so processes running different versions of the scripts never replace each other's.
+/// The embedded store runs the same library in its own Lua.
+pub(crate) struct Library {
+    name: String,
+    source: Arc<str>,
+}
+
+impl Library {
+    /// The library of `scripts` (name, body), with `prelude` in front.
+    pub(crate) fn new(prelude: &str, scripts: &[(&'static str, &str)]) -> Self {
+        let mut code = format!("{prelude}\n");
+        for (name, body) in scripts {
+            code.push_str(&format!(
+                "redis.register_function(LIBRARY .. '_{name}', function(KEYS, ARGV)\n\
+                 begin_call(KEYS, ARGV)\n{body}\nend)\n"
+            ));
+        }
+        let hash = redis::Script::new(&code).get_hash().to_string();
+        let name = format!("tuneq_{}", &hash[..16]);
+        let source = format!("#!lua name={name}\nlocal LIBRARY = '{name}'\n{code}");
+        Self {
+            name,
+            source: source.into(),
+        }
+    }
+
+    /// Loads the library into Redis (into every primary of a Cluster: the client sends
+    /// `FUNCTION LOAD` to all of them). One that is there already is the same code.
+    async fn load(&self, conn: &mut impl redis::aio::ConnectionLike) -> Result<()> {
+        let loaded: redis::RedisResult<Value> = redis::cmd("FUNCTION")
+            .arg("LOAD")
+            .arg(&*self.source)
+            .query_async(conn)
+            .await;
+        match loaded {
+            Err(e) if !e.detail().is_some_and(|d| d.contains("already exists")) => {
+                Err(unavailable(e))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// One of the queue's scripts: a function of the [`Library`].
 pub(crate) struct LuaScript {
     name: &'static str,
-    source: Arc<str>,
-    script: redis::Script,
+    function: String,
+    library: Arc<Library>,
 }
 
 impl LuaScript {
@@ -24,27 +70,36 @@ impl LuaScript {
         self.name
     }
 
-    pub(crate) fn new(name: &'static str, source: String) -> Self {
-        let script = redis::Script::new(&source);
+    /// Script `name` of `library` (which must hold it).
+    pub(crate) fn new(name: &'static str, library: &Arc<Library>) -> Self {
         Self {
             name,
-            source: source.into(),
-            script,
+            function: format!("{}_{name}", library.name),
+            library: Arc::clone(library),
         }
     }
 
-    /// Sends the script with EVALSHA over a Redis connection, loading it on NOSCRIPT.
+    /// Calls the function over a Redis connection with FCALL. A server that lacks the
+    /// library (restarted without persistence, flushed, a new Cluster node) gets it
+    /// loaded, and the call is made again: a missing function ran nothing.
     async fn send<T: FromRedisValue>(
         &self,
         conn: &mut impl redis::aio::ConnectionLike,
         key: &str,
         args: &[&str],
     ) -> Result<T> {
-        let mut invocation = self.script.key(key);
-        for a in args {
-            invocation.arg(*a);
+        let mut call = redis::cmd("FCALL");
+        call.arg(&self.function).arg(1).arg(key).arg(args);
+        match call.query_async(conn).await {
+            Err(e)
+                if e.detail()
+                    .is_some_and(|d| d.starts_with("Function not found")) =>
+            {
+                self.library.load(conn).await?;
+                call.query_async(conn).await.map_err(unavailable)
+            }
+            reply => reply.map_err(unavailable),
         }
-        invocation.invoke_async(conn).await.map_err(unavailable)
     }
 }
 
@@ -167,18 +222,14 @@ impl Backend {
         }
     }
 
-    /// Loads `scripts` into Redis's script cache, so their first use does not pay a
-    /// NOSCRIPT round trip (nothing to do for the embedded store, which compiles on use).
-    pub(crate) async fn preload(&self, scripts: &[&LuaScript]) -> Result<()> {
-        if let Backend::Redis(conn) = self {
-            for s in scripts {
-                s.script
-                    .load_async(&mut conn.clone())
-                    .await
-                    .map_err(unavailable)?;
-            }
+    /// Loads the scripts' library into Redis, so that the first calls do not each find
+    /// it missing (nothing to do for the embedded store, which loads it on first use).
+    pub(crate) async fn preload(&self, library: &Library) -> Result<()> {
+        match self {
+            Backend::Redis(conn) => library.load(&mut conn.clone()).await,
+            Backend::Cluster(conn) => library.load(&mut conn.clone()).await,
+            Backend::Embedded(_) => Ok(()),
         }
-        Ok(())
     }
 
     /// Runs `script` with one key and `args`.
@@ -190,16 +241,18 @@ impl Backend {
     ) -> Result<T> {
         match self {
             Backend::Redis(conn) => script.send(&mut conn.clone(), key, args).await,
-            // EVALSHA is routed by its one key (the meta key with the domain's hash tag);
-            // a NOSCRIPT reload (SCRIPT LOAD) goes to every primary.
+            // FCALL is routed by its one key (the meta key with the domain's hash tag);
+            // a FUNCTION LOAD goes to every primary.
             Backend::Cluster(conn) => script.send(&mut conn.clone(), key, args).await,
             Backend::Embedded(store) => {
-                let sha = script.script.get_hash().to_string();
-                let source = Arc::clone(&script.source);
+                let library = Arc::clone(&script.library);
+                let function = script.function.clone();
                 let keys = vec![key.as_bytes().to_vec()];
                 let args: Vec<Vec<u8>> = args.iter().map(|a| a.as_bytes().to_vec()).collect();
-                let reply =
-                    Self::on_store(store, move |s| s.eval(&sha, &source, &keys, &args)).await?;
+                let reply = Self::on_store(store, move |s| {
+                    s.fcall(&library.name, &library.source, &function, &keys, &args)
+                })
+                .await?;
                 parse(reply)
             }
         }

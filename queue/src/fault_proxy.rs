@@ -88,10 +88,10 @@ async fn relay(client: TcpStream, server: TcpStream, fault: Arc<AtomicU64>) {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        // A NOSCRIPT refusal means the script did not run (the client loads it and
-        // sends it again): it passes, and the fault waits for a reply to something
-        // that ran.
-        if buf[..n].starts_with(b"-NOSCRIPT") {
+        // A missing script or function did not run (the client loads it and sends the
+        // call again): that refusal passes, and the fault waits for a reply to
+        // something that ran.
+        if buf[..n].starts_with(b"-NOSCRIPT") || buf[..n].starts_with(b"-ERR Function not found") {
             if client_write.write_all(&buf[..n]).await.is_err() {
                 break;
             }

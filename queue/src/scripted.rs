@@ -1,6 +1,7 @@
 //! The queue, written once over a [`Backend`]: Redis or the embedded single-file store.
-//! Every transition is one Lua script (`queue/lua/*.lua`, prefixed by `prelude.lua`):
-//! on Redis sent with EVALSHA and re-loaded on NOSCRIPT, embedded run by the same Lua.
+//! Every transition is one Lua script (`queue/lua/*.lua`), a function of one Redis
+//! Functions library with `prelude.lua` on top: on Redis called with FCALL (the library
+//! is loaded again where it is missing), embedded run by the same Lua.
 //! All keys of a scheduling domain share the hash tag `{domain}`, so the scripts run on
 //! Redis Cluster. Time comes from the backend's `TIME` (plus a test offset), kept
 //! monotonic by a high-water mark.
@@ -9,19 +10,50 @@
 //! the call may or may not have happened. Enqueue with an idempotency key and claim
 //! with a request id are safe to retry as they are; token-carrying calls are fenced.
 
-use crate::backend::{Backend, LuaScript, unavailable};
+use crate::backend::{Backend, Library, LuaScript, unavailable};
 use crate::embedded::Store;
 use crate::model::*;
 use crate::{QueueConfig, QueueError, Result, validate};
 use async_trait::async_trait;
 use redis::Value;
 use redis::aio::ConnectionManager;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 const PRELUDE: &str = include_str!("../lua/prelude.lua");
 
-/// The scripts, each with the prelude in front.
+/// Every script: its name and its body.
+const SOURCES: [(&str, &str); 17] = [
+    ("enqueue", include_str!("../lua/enqueue.lua")),
+    ("enqueue_bulk", include_str!("../lua/enqueue_bulk.lua")),
+    ("claim", include_str!("../lua/claim.lua")),
+    ("start", include_str!("../lua/start.lua")),
+    ("heartbeat", include_str!("../lua/heartbeat.lua")),
+    ("complete", include_str!("../lua/complete.lua")),
+    (
+        "complete_and_claim",
+        include_str!("../lua/complete_and_claim.lua"),
+    ),
+    ("fail", include_str!("../lua/fail.lua")),
+    ("preempt", include_str!("../lua/preempt.lua")),
+    ("cancel", include_str!("../lua/cancel.lua")),
+    (
+        "confirm_cancelled",
+        include_str!("../lua/confirm_cancelled.lua"),
+    ),
+    ("expire_leases", include_str!("../lua/expire_leases.lua")),
+    (
+        "resolve_suspect",
+        include_str!("../lua/resolve_suspect.lua"),
+    ),
+    ("position", include_str!("../lua/position.lua")),
+    ("trim", include_str!("../lua/trim.lua")),
+    ("outbox", include_str!("../lua/outbox.lua")),
+    ("catalog", include_str!("../lua/catalog.lua")),
+];
+
+/// The scripts, each a function of one library (built once per process).
 struct Scripts {
+    library: Arc<Library>,
     enqueue: LuaScript,
     enqueue_bulk: LuaScript,
     claim: LuaScript,
@@ -41,62 +73,33 @@ struct Scripts {
     catalog: LuaScript,
 }
 
-fn script(name: &'static str, body: &str) -> LuaScript {
-    LuaScript::new(name, format!("{PRELUDE}\n{body}"))
-}
-
 impl Scripts {
-    fn all(&self) -> Vec<&LuaScript> {
-        vec![
-            &self.enqueue,
-            &self.enqueue_bulk,
-            &self.claim,
-            &self.start,
-            &self.heartbeat,
-            &self.complete,
-            &self.complete_and_claim,
-            &self.fail,
-            &self.preempt,
-            &self.cancel,
-            &self.confirm_cancelled,
-            &self.expire_leases,
-            &self.resolve_suspect,
-            &self.position,
-            &self.trim,
-            &self.outbox,
-            &self.catalog,
-        ]
-    }
-
-    fn load() -> Self {
-        Self {
-            enqueue: script("enqueue", include_str!("../lua/enqueue.lua")),
-            enqueue_bulk: script("enqueue_bulk", include_str!("../lua/enqueue_bulk.lua")),
-            claim: script("claim", include_str!("../lua/claim.lua")),
-            start: script("start", include_str!("../lua/start.lua")),
-            heartbeat: script("heartbeat", include_str!("../lua/heartbeat.lua")),
-            complete: script("complete", include_str!("../lua/complete.lua")),
-            complete_and_claim: script(
-                "complete_and_claim",
-                include_str!("../lua/complete_and_claim.lua"),
-            ),
-            fail: script("fail", include_str!("../lua/fail.lua")),
-            preempt: script("preempt", include_str!("../lua/preempt.lua")),
-            cancel: script("cancel", include_str!("../lua/cancel.lua")),
-            confirm_cancelled: script(
-                "confirm_cancelled",
-                include_str!("../lua/confirm_cancelled.lua"),
-            ),
-            expire_leases: script("expire_leases", include_str!("../lua/expire_leases.lua")),
-            resolve_suspect: script(
-                "resolve_suspect",
-                include_str!("../lua/resolve_suspect.lua"),
-            ),
-            position: script("position", include_str!("../lua/position.lua")),
-            trim: script("trim", include_str!("../lua/trim.lua")),
-            outbox: script("outbox", include_str!("../lua/outbox.lua")),
-            catalog: script("catalog", include_str!("../lua/catalog.lua")),
-        }
+    fn get() -> Arc<Self> {
+        static SCRIPTS: OnceLock<Arc<Scripts>> = OnceLock::new();
+        Arc::clone(SCRIPTS.get_or_init(|| {
+            let library = Arc::new(Library::new(PRELUDE, &SOURCES));
+            let script = |name| LuaScript::new(name, &library);
+            Arc::new(Self {
+                enqueue: script("enqueue"),
+                enqueue_bulk: script("enqueue_bulk"),
+                claim: script("claim"),
+                start: script("start"),
+                heartbeat: script("heartbeat"),
+                complete: script("complete"),
+                complete_and_claim: script("complete_and_claim"),
+                fail: script("fail"),
+                preempt: script("preempt"),
+                cancel: script("cancel"),
+                confirm_cancelled: script("confirm_cancelled"),
+                expire_leases: script("expire_leases"),
+                resolve_suspect: script("resolve_suspect"),
+                position: script("position"),
+                trim: script("trim"),
+                outbox: script("outbox"),
+                catalog: script("catalog"),
+                library,
+            })
+        }))
     }
 }
 
@@ -305,11 +308,11 @@ impl Queue {
             backend,
             meta: format!("{prefix}meta"),
             prefix,
-            scripts: Arc::new(Scripts::load()),
+            scripts: Scripts::get(),
             config,
         };
         queue.store_settings().await?;
-        queue.backend.preload(&queue.scripts.all()).await?;
+        queue.backend.preload(&queue.scripts.library).await?;
         Ok(queue)
     }
 

@@ -236,3 +236,33 @@ async fn a_sigkilled_redis_with_aof_always_loses_no_acknowledged_job() {
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A server that lost the scripts' library (here restarted without persistence; a
+/// FUNCTION FLUSH or a new Cluster node is the same) gets it loaded again by the first
+/// call that misses it.
+#[tokio::test]
+async fn a_redis_restarted_without_persistence_gets_the_scripts_again() {
+    let dir = testing::scratch_dir();
+    let mut server = testing::RedisServer::start(&dir, false);
+    let q = Queue::connect(&server.url, "reload", QueueConfig::default())
+        .await
+        .unwrap();
+    q.enqueue(&job(0)).await.unwrap();
+    server.restart();
+    // The first call after the restart may find its connection gone: an enqueue with an
+    // idempotency key is retried inside the queue.
+    let keyed = NewJob {
+        idempotency_key: Some("after-restart".into()),
+        ..job(1)
+    };
+    let id = q.enqueue(&keyed).await.unwrap().id;
+    q.set_pool("gpu", 1).await.unwrap();
+    let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
+    assert_eq!(
+        lease.id, id,
+        "only the job enqueued after the restart is there"
+    );
+    q.complete(&id, lease.token, "{}").await.unwrap();
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}

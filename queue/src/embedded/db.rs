@@ -712,6 +712,29 @@ impl Db {
                 }
                 Ok(count(removed))
             }
+            "ZPOPMIN" => {
+                // Recorded as the ZREM of what it took, which replays the same.
+                let count = match args {
+                    [_] => 1,
+                    [_, n] => usize::try_from(integer(n)?)
+                        .or_else(|_| err("ERR value is out of range, must be positive"))?,
+                    _ => return err("ERR syntax error"),
+                };
+                let Some(z) = self.zset(&args[0])? else {
+                    return Ok(Value::Array(vec![]));
+                };
+                let taken: Vec<(Score, Vec<u8>)> = z.order.iter().take(count).cloned().collect();
+                for (_, member) in &taken {
+                    z.remove(member);
+                }
+                self.drop_if_empty(&args[0]);
+                if !taken.is_empty() {
+                    let mut change = vec![b"ZREM".to_vec(), args[0].clone()];
+                    change.extend(taken.iter().map(|(_, m)| m.clone()));
+                    self.record(change);
+                }
+                Ok(Value::Array(scored(taken.iter(), true)))
+            }
             "ZCARD" => {
                 arity(1, 1)?;
                 Ok(count(self.zset(&args[0])?.map_or(0, |z| z.len())))
@@ -877,6 +900,30 @@ mod tests {
                 .collect(),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn zpopmin_takes_the_lowest_and_is_recorded_as_their_removal() {
+        let mut db = Db::default();
+        run(&mut db, "ZADD z 2 b 1 c 2 a").unwrap();
+        db.clear_changes();
+        assert_eq!(
+            strings(run(&mut db, "ZPOPMIN z 2").unwrap()),
+            ["c", "1", "a", "2"]
+        );
+        assert_eq!(
+            db.take_changes(),
+            [["ZREM", "z", "c", "a"]
+                .map(|s| s.as_bytes().to_vec())
+                .to_vec()]
+        );
+        assert_eq!(strings(run(&mut db, "ZPOPMIN z").unwrap()), ["b", "2"]);
+        assert_eq!(db.key_count(), 0, "the emptied set is gone");
+        assert!(strings(run(&mut db, "ZPOPMIN z 5").unwrap()).is_empty());
+        assert!(
+            db.take_changes().len() == 1,
+            "popping nothing records nothing"
+        );
     }
 
     #[test]

@@ -20,7 +20,7 @@ use db::{Command, CommandError, format_score};
 use log::Log;
 use mlua::{Function, Lua, LuaOptions, StdLib, Table, Variadic};
 use redis::Value;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -76,6 +76,8 @@ struct Inner {
     lua: Lua,
     /// Compiled scripts by their SHA-1 (the name EVALSHA uses).
     compiled: HashMap<String, Function>,
+    /// The Functions libraries loaded so far, by name.
+    libraries: HashSet<String>,
     log: Log,
     broken: Option<String>,
 }
@@ -112,6 +114,7 @@ impl Store {
             inner: Mutex::new(Inner {
                 lua,
                 compiled: HashMap::new(),
+                libraries: HashSet::new(),
                 log: opened.log,
                 broken: None,
             }),
@@ -164,6 +167,23 @@ impl Store {
         inner.commit()?;
         outcome
     }
+
+    /// Calls `function` of the Functions library `library` (whose code is `source`,
+    /// loaded on first use) with `keys` and `args`, as FCALL would, and returns its
+    /// reply.
+    pub fn fcall(
+        &self,
+        library: &str,
+        source: &str,
+        function: &str,
+        keys: &[Vec<u8>],
+        args: &[Vec<u8>],
+    ) -> Result<Value, StoreError> {
+        let mut inner = self.lock()?;
+        let outcome = inner.call_function(library, source, function, keys, args);
+        inner.commit()?;
+        outcome
+    }
 }
 
 /// The keyspace, borrowed from the engine.
@@ -193,25 +213,55 @@ impl Inner {
                 f
             }
         };
-        let lua = &self.lua;
-        let strings = |items: &[Vec<u8>]| -> mlua::Result<Table> {
-            lua.create_sequence_from(
-                items
-                    .iter()
-                    .map(|i| lua.create_string(i))
-                    .collect::<mlua::Result<Vec<_>>>()?,
-            )
-        };
-        let globals = lua.globals();
+        let globals = self.lua.globals();
         globals
-            .set("KEYS", strings(keys).map_err(lua_error)?)
+            .set("KEYS", strings(&self.lua, keys).map_err(lua_error)?)
             .map_err(lua_error)?;
         globals
-            .set("ARGV", strings(args).map_err(lua_error)?)
+            .set("ARGV", strings(&self.lua, args).map_err(lua_error)?)
             .map_err(lua_error)?;
         let returned: mlua::Value = function
             .call(())
             .map_err(|e| StoreError::Command(format!("ERR script failed: {e}")))?;
+        script_reply(&returned)
+    }
+
+    fn call_function(
+        &mut self,
+        library: &str,
+        source: &str,
+        function: &str,
+        keys: &[Vec<u8>],
+        args: &[Vec<u8>],
+    ) -> Result<Value, StoreError> {
+        if !self.libraries.contains(library) {
+            // Redis reads the `#!lua name=…` line itself; to Lua it is a comment.
+            let code = match source.starts_with("#!") {
+                true => format!("--{source}"),
+                false => source.to_string(),
+            };
+            self.lua
+                .load(code)
+                .set_name(format!("@user_function:{library}"))
+                .exec()
+                .map_err(|e| StoreError::Command(format!("ERR loading library: {e}")))?;
+            self.libraries.insert(library.to_string());
+        }
+        let registered: Table = self
+            .lua
+            .named_registry_value(FUNCTIONS)
+            .map_err(lua_error)?;
+        let Some(function) = registered
+            .raw_get::<Option<Function>>(function)
+            .map_err(lua_error)?
+        else {
+            return Err(StoreError::Command("ERR Function not found".into()));
+        };
+        let keys = strings(&self.lua, keys).map_err(lua_error)?;
+        let args = strings(&self.lua, args).map_err(lua_error)?;
+        let returned: mlua::Value = function
+            .call((keys, args))
+            .map_err(|e| StoreError::Command(format!("ERR function failed: {e}")))?;
         script_reply(&returned)
     }
 
@@ -238,8 +288,21 @@ impl Inner {
     }
 }
 
+/// Lua strings of `items`, as the KEYS and ARGV tables.
+fn strings(lua: &Lua, items: &[Vec<u8>]) -> mlua::Result<Table> {
+    lua.create_sequence_from(
+        items
+            .iter()
+            .map(|i| lua.create_string(i))
+            .collect::<mlua::Result<Vec<_>>>()?,
+    )
+}
+
+/// The registry entry holding the functions libraries registered, by name.
+const FUNCTIONS: &str = "tuneq_registered_functions";
+
 /// A Lua 5.1 with the libraries Redis gives scripts (base, table, string, math), the
-/// `redis` table (call, pcall, error_reply, status_reply) and `cjson`.
+/// `redis` table (call, pcall, error_reply, status_reply, register_function) and `cjson`.
 fn scripting_engine() -> mlua::Result<Lua> {
     let lua = Lua::new_with(
         StdLib::TABLE | StdLib::STRING | StdLib::MATH,
@@ -261,6 +324,14 @@ fn scripting_engine() -> mlua::Result<Lua> {
     redis.set(
         "status_reply",
         lua.create_function(|lua, status: mlua::LuaString| reply_table(lua, "ok", status))?,
+    )?;
+    let registered = lua.create_table()?;
+    lua.set_named_registry_value(FUNCTIONS, &registered)?;
+    redis.set(
+        "register_function",
+        lua.create_function(move |_, (name, callback): (mlua::LuaString, Function)| {
+            registered.raw_set(name, callback)
+        })?,
     )?;
     lua.globals().set("redis", redis)?;
     let cjson = lua.create_table()?;
@@ -487,6 +558,27 @@ mod tests {
             items[6],
             Value::BulkString(br#"{"kind":"queued","seq":3}"#.to_vec())
         );
+    }
+
+    #[test]
+    fn functions_libraries_load_once_and_are_called_by_name_like_fcall() {
+        let store = Store::open(&temp_file("fcall")).unwrap();
+        let library = "#!lua name=lib\n\
+            local calls = 0\n\
+            redis.register_function('lib_count', function(KEYS, ARGV)\n\
+              calls = calls + 1\n\
+              redis.call('SET', KEYS[1], ARGV[1])\n\
+              return {calls, redis.call('GET', KEYS[1])}\n\
+            end)";
+        let call =
+            |arg: &str| store.fcall("lib", library, "lib_count", &bytes(&["k"]), &bytes(&[arg]));
+        let two =
+            |n: i64, v: &[u8]| Value::Array(vec![Value::Int(n), Value::BulkString(v.to_vec())]);
+        assert_eq!(call("a").unwrap(), two(1, b"a"));
+        // Loaded once: the library's state lives on between calls, as in Redis.
+        assert_eq!(call("b").unwrap(), two(2, b"b"));
+        let missing = store.fcall("lib", library, "lib_other", &[], &[]);
+        assert_eq!(missing.unwrap_err().to_string(), "ERR Function not found");
     }
 
     #[test]
