@@ -32,8 +32,8 @@ pub struct UpArgs {
     /// Where the queue file, uploads, checkpoints and adapters live.
     #[arg(long, default_value = ".tuneq/data", env = "TUNEQ_DATA_DIR")]
     data_dir: PathBuf,
-    /// API key for the default tenant (else one is generated once and kept in
-    /// `<data-dir>/api-key`).
+    /// API key for the default tenant (else one is generated once); either way it is
+    /// kept in `<data-dir>/api-key`.
     #[arg(long, env = "TUNEQ_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
     /// Admin key, enabling the `/admin` routes (tenants and keys).
@@ -87,7 +87,8 @@ async fn register_demo_model(state: &tuneq_api::AppState, data_dir: &Path) -> Re
 }
 
 /// The default tenant's key: the one given, the one kept from an earlier start, or a
-/// new one (kept in `<data-dir>/api-key`, readable by its owner only).
+/// new one. It is kept in `<data-dir>/api-key`, readable by its owner only, where
+/// scripts on this machine read it (`KEY=$(cat .tuneq/data/api-key)`).
 async fn default_key(
     state: &tuneq_api::AppState,
     given: Option<&str>,
@@ -95,7 +96,10 @@ async fn default_key(
 ) -> Result<String> {
     let kept = data_dir.join("api-key");
     let key = match given {
-        Some(k) => k.to_string(),
+        Some(k) => {
+            write_private(&kept, k)?;
+            k.to_string()
+        }
         None => match std::fs::read_to_string(&kept) {
             Ok(k) if !k.trim().is_empty() => k.trim().to_string(),
             _ => {
