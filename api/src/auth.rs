@@ -86,12 +86,7 @@ pub async fn create_tenant(state: &AppState, id: &str, name: &str) -> ApiResult<
 
 /// The tenant, if it exists.
 pub async fn tenant(state: &AppState, id: &str) -> ApiResult<Option<TenantRecord>> {
-    let Some(entry) = state.queue.get_entry(TENANTS.0, TENANTS.1, id).await? else {
-        return Ok(None);
-    };
-    serde_json::from_str(&entry.body)
-        .map(Some)
-        .map_err(|e| ApiError::internal(format!("tenant {id} record: {e}")))
+    crate::records::read(state, TENANTS, id, "tenant").await
 }
 
 /// Sets a tenant's limits: kept in its record and given to the queue, which enforces
@@ -171,12 +166,8 @@ pub async fn add_key(state: &AppState, tenant_id: &str, key: Option<&str>) -> Ap
 }
 
 async fn owner_of(state: &AppState, hash: &str) -> ApiResult<Option<String>> {
-    let Some(entry) = state.queue.get_entry(KEYS.0, KEYS.1, hash).await? else {
-        return Ok(None);
-    };
-    let record: KeyRecord = serde_json::from_str(&entry.body)
-        .map_err(|e| ApiError::internal(format!("key record: {e}")))?;
-    Ok(Some(record.tenant))
+    let record: Option<KeyRecord> = crate::records::read(state, KEYS, hash, "key").await?;
+    Ok(record.map(|r| r.tenant))
 }
 
 fn bearer(req: &HttpRequest) -> ApiResult<String> {

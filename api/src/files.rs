@@ -434,9 +434,8 @@ pub(crate) async fn list(
     let data = page
         .entries
         .iter()
-        .map(|e| serde_json::from_str::<FileObject>(&e.body))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| ApiError::internal(format!("file record: {e}")))?;
+        .map(|e| crate::records::parse::<FileObject>(&e.body, "file"))
+        .collect::<ApiResult<Vec<_>>>()?;
     Ok(HttpResponse::Ok().json(FileList {
         object: "list".into(),
         first_id: data.first().map(|f| f.id.clone()),
@@ -451,12 +450,9 @@ pub(crate) async fn find(state: &AppState, tenant: &Tenant, id: &str) -> ApiResu
     if tuneq_queue::catalog::check_identifier("id", id).is_err() {
         return Err(ApiError::not_found("file", id));
     }
-    let entry = state
-        .queue
-        .get_entry(KIND, &tenant.0, id)
+    crate::records::read(state, (KIND, &tenant.0), id, "file")
         .await?
-        .ok_or_else(|| ApiError::not_found("file", id))?;
-    serde_json::from_str(&entry.body).map_err(|e| ApiError::internal(format!("file record: {e}")))
+        .ok_or_else(|| ApiError::not_found("file", id))
 }
 
 /// A file.

@@ -12,6 +12,7 @@ use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult};
 use crate::files;
 use crate::models;
+use crate::records;
 use crate::state::AppState;
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -477,12 +478,7 @@ async fn load(state: &AppState, tenant: &str, id: &str) -> ApiResult<Option<Fine
     if tuneq_queue::catalog::check_identifier("id", id).is_err() {
         return Ok(None);
     }
-    let Some(entry) = state.queue.get_entry(KIND, tenant, id).await? else {
-        return Ok(None);
-    };
-    serde_json::from_str(&entry.body)
-        .map(Some)
-        .map_err(|e| ApiError::internal(format!("fine-tune record: {e}")))
+    records::read(state, (KIND, tenant), id, "fine-tune").await
 }
 
 async fn find(state: &AppState, tenant: &Tenant, id: &str) -> ApiResult<FineTuneRecord> {
@@ -787,7 +783,7 @@ pub(crate) async fn list(
             format!("status must be one of {}.", STATUSES.join(", ")),
         ));
     }
-    let metadata = metadata_filter(req.query_string())?;
+    let metadata = metadata_filter(req.query_string());
     let mut after = query.after.clone();
     if let Some(a) = &after
         && load(&state, &tenant.0, a).await?.is_none()
@@ -807,8 +803,7 @@ pub(crate) async fn list(
             .list_entries(KIND, &tenant.0, after.as_deref(), 100)
             .await?;
         for entry in &page.entries {
-            let record: FineTuneRecord = serde_json::from_str(&entry.body)
-                .map_err(|e| ApiError::internal(format!("fine-tune record: {e}")))?;
+            let record: FineTuneRecord = records::parse(&entry.body, "fine-tune")?;
             let meta = record.metadata.clone().unwrap_or_default();
             if !metadata.iter().all(|(k, v)| meta.get(k) == Some(v)) {
                 continue;
@@ -838,22 +833,17 @@ pub(crate) async fn list(
 }
 
 /// `metadata[key]=value` pairs of a query string.
-fn metadata_filter(query: &str) -> ApiResult<Vec<(String, String)>> {
-    let pairs: Vec<(String, String)> = serde_urlencoded_pairs(query);
-    Ok(pairs
+fn metadata_filter(query: &str) -> Vec<(String, String)> {
+    web::Query::<Vec<(String, String)>>::from_query(query)
+        .map(|q| q.into_inner())
+        .unwrap_or_default()
         .into_iter()
         .filter_map(|(k, v)| {
             k.strip_prefix("metadata[")
                 .and_then(|rest| rest.strip_suffix(']'))
                 .map(|key| (key.to_string(), v))
         })
-        .collect())
-}
-
-fn serde_urlencoded_pairs(query: &str) -> Vec<(String, String)> {
-    web::Query::<Vec<(String, String)>>::from_query(query)
-        .map(|q| q.into_inner())
-        .unwrap_or_default()
+        .collect()
 }
 
 /// A job: status, progress, queue standing, attempts, the adapter once succeeded.
@@ -1330,41 +1320,28 @@ pub(crate) async fn adapter(
 /// The tenant's fine-tuned models (jobs that succeeded), newest first.
 pub(crate) async fn fine_tuned_models(state: &AppState, tenant: &str) -> ApiResult<Vec<Model>> {
     let mut models = Vec::new();
-    let mut after: Option<String> = None;
-    loop {
-        let page = state
-            .queue
-            .list_entries(KIND, tenant, after.as_deref(), 100)
-            .await?;
-        for entry in &page.entries {
-            let record: FineTuneRecord = serde_json::from_str(&entry.body)
-                .map_err(|e| ApiError::internal(format!("fine-tune record: {e}")))?;
-            // A job that has just finished may not have its outcome filed yet.
-            let outcome = match record.outcome.clone() {
-                Some(o) => Some(o),
-                None => state
-                    .queue
-                    .get(&record.job_id)
-                    .await?
-                    .filter(|job| job.state.is_terminal())
-                    .map(|job| outcome_of(&job)),
-            };
-            if let Some(outcome) = outcome.filter(|o| o.status == "succeeded") {
-                models.push(Model {
-                    id: fine_tuned_model_name(&record),
-                    object: "model".into(),
-                    created: outcome.finished_at,
-                    owned_by: record.tenant.clone(),
-                    kind: "fine-tuned".into(),
-                    base_model: Some(record.model.clone()),
-                    fine_tuning_job_id: Some(record.id.clone()),
-                });
-            }
+    for record in records::read_all::<FineTuneRecord>(state, (KIND, tenant), "fine-tune").await? {
+        // A job that has just finished may not have its outcome filed yet.
+        let outcome = match record.outcome.clone() {
+            Some(o) => Some(o),
+            None => state
+                .queue
+                .get(&record.job_id)
+                .await?
+                .filter(|job| job.state.is_terminal())
+                .map(|job| outcome_of(&job)),
+        };
+        if let Some(outcome) = outcome.filter(|o| o.status == "succeeded") {
+            models.push(Model {
+                id: fine_tuned_model_name(&record),
+                object: "model".into(),
+                created: outcome.finished_at,
+                owned_by: record.tenant.clone(),
+                kind: "fine-tuned".into(),
+                base_model: Some(record.model.clone()),
+                fine_tuning_job_id: Some(record.id.clone()),
+            });
         }
-        if !page.has_more {
-            break;
-        }
-        after = page.entries.last().map(|e| e.id.clone());
     }
     Ok(models)
 }

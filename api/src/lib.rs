@@ -24,6 +24,7 @@ pub mod health;
 pub mod internal;
 pub mod metrics;
 pub mod models;
+mod records;
 pub mod spec;
 pub mod state;
 mod tar;

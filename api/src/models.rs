@@ -51,12 +51,7 @@ pub async fn base(state: &AppState, id: &str) -> ApiResult<Option<BaseModel>> {
     if check_identifier("model", id).is_err() {
         return Ok(None);
     }
-    let Some(entry) = state.queue.get_entry(BASE.0, BASE.1, id).await? else {
-        return Ok(None);
-    };
-    serde_json::from_str(&entry.body)
-        .map(Some)
-        .map_err(|e| ApiError::internal(format!("model record: {e}")))
+    crate::records::read(state, BASE, id, "model").await
 }
 
 /// Routes, under both prefixes.
@@ -72,31 +67,19 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         (status = 401, description = "No or unknown API key", body = tuneq_openapi::ErrorBody),
     ))]
 pub(crate) async fn list(state: web::Data<AppState>, tenant: Tenant) -> ApiResult<HttpResponse> {
-    let mut data = Vec::new();
-    let mut after: Option<String> = None;
-    loop {
-        let page = state
-            .queue
-            .list_entries(BASE.0, BASE.1, after.as_deref(), 1000)
-            .await?;
-        for entry in &page.entries {
-            let model: BaseModel = serde_json::from_str(&entry.body)
-                .map_err(|e| ApiError::internal(format!("model record: {e}")))?;
-            data.push(Model {
-                id: model.id,
-                object: "model".into(),
-                created: model.created,
-                owned_by: "tuneq".into(),
-                kind: "base".into(),
-                base_model: None,
-                fine_tuning_job_id: None,
-            });
-        }
-        after = page.entries.last().map(|e| e.id.clone());
-        if !page.has_more {
-            break;
-        }
-    }
+    let mut data: Vec<Model> = crate::records::read_all::<BaseModel>(&state, BASE, "model")
+        .await?
+        .into_iter()
+        .map(|model| Model {
+            id: model.id,
+            object: "model".into(),
+            created: model.created,
+            owned_by: "tuneq".into(),
+            kind: "base".into(),
+            base_model: None,
+            fine_tuning_job_id: None,
+        })
+        .collect();
     data.extend(finetunes::fine_tuned_models(&state, &tenant.0).await?);
     Ok(HttpResponse::Ok().json(ModelList {
         object: "list".into(),
