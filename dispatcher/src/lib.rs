@@ -169,9 +169,7 @@ impl Dispatcher {
                 }
                 // Cancelled meanwhile: its process is gone now, so the cancel is done.
                 Err(QueueError::StaleToken(_) | QueueError::WrongState { .. }) => {
-                    if let Some(r) = self.queue.get(&entry.job).await?
-                        && r.state == JobState::CancelRequested
-                    {
+                    if self.is_cancelling(&entry.job).await? {
                         self.queue.confirm_cancelled(&entry.job).await?;
                     }
                 }
@@ -180,6 +178,17 @@ impl Dispatcher {
             }
         }
         self.save_journal()
+    }
+
+    /// Whether `job` waits for its attempt to be confirmed gone after a cancel. A cancel
+    /// revokes the attempt's token, so a refused token alone does not tell a cancel
+    /// from a newer attempt; the job's state does.
+    async fn is_cancelling(&self, job: &str) -> Result<bool, QueueError> {
+        Ok(self
+            .queue
+            .get(job)
+            .await?
+            .is_some_and(|r| r.state == JobState::CancelRequested))
     }
 
     fn save_journal(&self) -> Result<(), DispatchError> {
@@ -237,14 +246,11 @@ impl Dispatcher {
         let stopping = attempt.stopping.map(|(why, _)| why);
         let outcome = match (stopping, &exit) {
             (Some(Stopping::Cancel), _) => self.queue.confirm_cancelled(job).await,
-            // A cancel revokes the attempt's token, so the trainer learns of it as
-            // "superseded": the queue's state tells the two apart.
+            // A cancel reaches the trainer as "superseded" (see is_cancelling).
             (Some(Stopping::Superseded), _) | (_, Exit::Superseded) => {
-                match self.queue.get(job).await {
-                    Ok(Some(r)) if r.state == JobState::CancelRequested => {
-                        self.queue.confirm_cancelled(job).await
-                    }
-                    Ok(_) => Ok(()),
+                match self.is_cancelling(job).await {
+                    Ok(true) => self.queue.confirm_cancelled(job).await,
+                    Ok(false) => Ok(()),
                     Err(e) => Err(e),
                 }
             }
@@ -299,10 +305,10 @@ impl Dispatcher {
                     Some(Stopping::Cancel)
                 }
                 Err(QueueError::WrongState { .. }) => None,
-                Err(QueueError::StaleToken(_)) => match self.queue.get(&job).await? {
-                    Some(r) if r.state == JobState::CancelRequested => Some(Stopping::Cancel),
-                    _ => Some(Stopping::Superseded),
-                },
+                Err(QueueError::StaleToken(_)) if self.is_cancelling(&job).await? => {
+                    Some(Stopping::Cancel)
+                }
+                Err(QueueError::StaleToken(_)) => Some(Stopping::Superseded),
                 Err(QueueError::NotFound(_)) => Some(Stopping::Superseded),
                 Err(e) => return Err(e.into()),
             };
