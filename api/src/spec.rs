@@ -107,15 +107,11 @@ pub fn document_json() -> String {
 
 /// Routes: the document and its human-readable page.
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    let json = document_json();
     cfg.service(
-        crate::resource("/openapi.json", "GET").route(web::get().to(move || {
-            let json = json.clone();
-            async move {
-                HttpResponse::Ok()
-                    .content_type("application/json")
-                    .body(json)
-            }
+        crate::resource("/openapi.json", "GET").route(web::get().to(|| async {
+            HttpResponse::Ok()
+                .content_type("application/json")
+                .body(served_json())
         })),
     )
     .service(
@@ -125,6 +121,12 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                 .body(DOCS_PAGE)
         })),
     );
+}
+
+/// The document as served, generated once per process (not once per server worker).
+fn served_json() -> &'static str {
+    static JSON: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    JSON.get_or_init(document_json)
 }
 
 /// `/docs`: renders `/openapi.json` in the browser with nothing fetched from elsewhere.

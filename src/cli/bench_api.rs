@@ -67,8 +67,15 @@ struct Target {
     expect: u16,
 }
 
-/// Drives `target` from `connections` connections for `seconds`.
-async fn drive(target: Target, connections: usize, seconds: f64) -> Result<Phase> {
+/// Drives `target` (named `name` in the log) from `connections` connections for
+/// `seconds`.
+async fn drive(
+    name: &str,
+    target: Target,
+    connections: usize,
+    seconds: f64,
+    log: &impl Fn(&str),
+) -> Result<Phase> {
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
     let mut tasks = Vec::new();
     for _ in 0..connections {
@@ -121,12 +128,17 @@ async fn drive(target: Target, connections: usize, seconds: f64) -> Result<Phase
         all.get(((all.len() as f64 * q) as usize).min(all.len().saturating_sub(1)))
             .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
     };
-    Ok(Phase {
+    let phase = Phase {
         requests_per_s: all.len() as f64 / elapsed,
         p99_ms: at(0.99),
         p50_ms: at(0.50),
         errors,
-    })
+    };
+    log(&format!(
+        "{name:<18} {:>9.0} req/s  p99 {:.2} ms",
+        phase.requests_per_s, phase.p99_ms
+    ));
+    Ok(phase)
 }
 
 /// Runs the three phases.
@@ -229,6 +241,7 @@ pub async fn run(opts: &ApiBenchOptions, log: impl Fn(&str)) -> Result<ApiBenchR
         opts.connections, opts.workers, opts.seconds
     ));
     let hello = drive(
+        "hello-world",
         Target {
             method: reqwest::Method::GET,
             url: hello_url,
@@ -238,13 +251,11 @@ pub async fn run(opts: &ApiBenchOptions, log: impl Fn(&str)) -> Result<ApiBenchR
         },
         opts.connections,
         opts.seconds,
+        &log,
     )
     .await?;
-    log(&format!(
-        "hello-world        {:>9.0} req/s  p99 {:.2} ms",
-        hello.requests_per_s, hello.p99_ms
-    ));
     let get = drive(
+        "GET /finetunes/id",
         Target {
             method: reqwest::Method::GET,
             url: format!("{url}/finetunes/{job_id}"),
@@ -254,13 +265,11 @@ pub async fn run(opts: &ApiBenchOptions, log: impl Fn(&str)) -> Result<ApiBenchR
         },
         opts.connections,
         opts.seconds,
+        &log,
     )
     .await?;
-    log(&format!(
-        "GET /finetunes/id  {:>9.0} req/s  p99 {:.2} ms",
-        get.requests_per_s, get.p99_ms
-    ));
     let create = drive(
+        "POST /finetunes",
         Target {
             method: reqwest::Method::POST,
             url: format!("{url}/finetunes"),
@@ -270,12 +279,9 @@ pub async fn run(opts: &ApiBenchOptions, log: impl Fn(&str)) -> Result<ApiBenchR
         },
         opts.connections,
         opts.seconds,
+        &log,
     )
     .await?;
-    log(&format!(
-        "POST /finetunes    {:>9.0} req/s  p99 {:.2} ms",
-        create.requests_per_s, create.p99_ms
-    ));
     hello_handle.stop(true).await;
     handle.stop(true).await;
     if let Err(e) = queue.destroy().await {

@@ -9,6 +9,7 @@ import queue
 import secrets
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -25,21 +26,16 @@ def tuneq_bin() -> Path:
     return path
 
 
-class Service:
-    """A running `tuneq up`."""
+class Process:
+    """A child process whose output is kept, started once it prints a line beginning
+    with `ready` (that line is `self.line`)."""
 
-    def __init__(self, data_dir: Path, api_key: str | None = None):
-        self.api_key = api_key or "tq_" + secrets.token_hex(20)
-        self.admin_key = "tq_admin_" + secrets.token_hex(20)
-        self.data_dir = data_dir
-        self.proc = subprocess.Popen(
-            [str(tuneq_bin()), "up", "--port", "0", "--data-dir", str(data_dir),
-             "--api-key", self.api_key],
-            env={**os.environ, "TUNEQ_ADMIN_KEY": self.admin_key},
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )
-        lines: queue.Queue[str] = queue.Queue()
+    def __init__(self, args: list[str], ready: str, env: dict[str, str] | None = None,
+                 timeout: float = 60):
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, env=env)
         self.output: list[str] = []
+        lines: queue.Queue[str] = queue.Queue()
 
         def pump() -> None:
             assert self.proc.stdout is not None
@@ -48,16 +44,15 @@ class Service:
                 lines.put(line)
 
         threading.Thread(target=pump, daemon=True).start()
-        self.url = ""
-        while not self.url:
+        deadline = time.monotonic() + timeout
+        self.line = ""
+        while not self.line.startswith(ready):
             try:
-                line = lines.get(timeout=30)
+                self.line = lines.get(timeout=max(deadline - time.monotonic(), 0.1))
             except queue.Empty:
                 self.stop()
-                pytest.fail("tuneq up did not print its URL within 30 s:\n" + "".join(self.output),
-                            pytrace=False)
-            if line.startswith("tuneq is up at "):
-                self.url = line.removeprefix("tuneq is up at ").strip()
+                pytest.fail(f"{Path(args[0]).name} {args[1]} did not print {ready!r} within "
+                            f"{timeout:.0f} s:\n" + "".join(self.output), pytrace=False)
 
     def stop(self) -> None:
         """Stops it as an operator would (SIGTERM: running attempts checkpoint first)."""
@@ -72,6 +67,21 @@ class Service:
         """Kills it without warning (SIGKILL): its trainers are left running."""
         self.proc.kill()
         self.proc.wait()
+
+
+class Service(Process):
+    """A running `tuneq up`."""
+
+    def __init__(self, data_dir: Path, api_key: str | None = None):
+        self.api_key = api_key or "tq_" + secrets.token_hex(20)
+        self.admin_key = "tq_admin_" + secrets.token_hex(20)
+        self.data_dir = data_dir
+        super().__init__(
+            [str(tuneq_bin()), "up", "--port", "0", "--data-dir", str(data_dir),
+             "--api-key", self.api_key],
+            ready="tuneq is up at ", timeout=30,
+            env={**os.environ, "TUNEQ_ADMIN_KEY": self.admin_key})
+        self.url = self.line.removeprefix("tuneq is up at ").strip()
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"}

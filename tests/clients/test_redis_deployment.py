@@ -5,18 +5,16 @@ in the middle of the job loses nothing."""
 
 from __future__ import annotations
 
-import queue
 import secrets
 import shutil
 import socket
 import subprocess
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT, tuneq_bin
+from conftest import REPO_ROOT, Process, tuneq_bin
 
 TRAIN = (REPO_ROOT / "examples/data/tiny-task-train.jsonl").read_text().splitlines()
 
@@ -25,42 +23,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-class Process:
-    """A child whose output is kept, waiting for a line that starts with `ready`."""
-
-    def __init__(self, args: list[str], ready: str, env: dict[str, str] | None = None):
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, env=env)
-        self.output: list[str] = []
-        lines: queue.Queue[str] = queue.Queue()
-
-        def pump() -> None:
-            assert self.proc.stdout is not None
-            for line in self.proc.stdout:
-                self.output.append(line)
-                lines.put(line)
-
-        threading.Thread(target=pump, daemon=True).start()
-        deadline = time.monotonic() + 60
-        self.line = ""
-        while not self.line.startswith(ready):
-            left = deadline - time.monotonic()
-            try:
-                self.line = lines.get(timeout=max(left, 0.1))
-            except queue.Empty:
-                self.stop()
-                pytest.fail(f"{args[0]} did not say {ready!r}:\n" + "".join(self.output),
-                            pytrace=False)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 @pytest.fixture
