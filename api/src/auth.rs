@@ -44,7 +44,8 @@ pub struct TenantLimits {
     /// Jobs (accelerators) it may run at once; the rest wait in line.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_running: Option<u32>,
-    /// Largest upload in bytes (at most the server's limit); larger ones answer 413.
+    /// Largest upload in bytes (at most the server's limit); a larger one answers 429
+    /// (`tenant_upload_limit`, with `retry-after`), like the other quotas.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_upload_bytes: Option<u64>,
     /// Its share of capacity against other tenants' (default 1).

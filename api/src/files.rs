@@ -27,22 +27,26 @@ const KIND: &str = "file";
 /// The only purpose a file can have here.
 const PURPOSE: &str = "fine-tune";
 
-/// Routes, under both prefixes.
+/// Routes, under both prefixes. Each prefix is a scope, so the router compares one
+/// static prefix before it tries the patterns with an `{id}` in them.
 pub fn routes(cfg: &mut web::ServiceConfig) {
     for prefix in ["/v1/files", "/files"] {
         cfg.service(
-            crate::resource(prefix, "GET, POST")
-                .route(web::post().to(upload))
-                .route(web::get().to(list)),
-        )
-        .service(
-            crate::resource(format!("{prefix}/{{id}}"), "GET, DELETE")
-                .route(web::get().to(retrieve))
-                .route(web::delete().to(delete)),
-        )
-        .service(
-            crate::resource(format!("{prefix}/{{id}}/content"), "GET")
-                .route(web::get().to(content)),
+            web::scope(prefix)
+                .service(
+                    crate::scoped_resource(prefix, "", "GET, POST")
+                        .route(web::post().to(upload))
+                        .route(web::get().to(list)),
+                )
+                .service(
+                    crate::scoped_resource(prefix, "/{id}", "GET, DELETE")
+                        .route(web::get().to(retrieve))
+                        .route(web::delete().to(delete)),
+                )
+                .service(
+                    crate::scoped_resource(prefix, "/{id}/content", "GET")
+                        .route(web::get().to(content)),
+                ),
         );
     }
 }
@@ -112,7 +116,7 @@ struct Spooled {
 /// Writes `chunks` to a new spool file, refusing more than `limit` bytes.
 async fn spool<S, E>(
     state: &AppState,
-    limit: u64,
+    limit: UploadLimit,
     mut chunks: S,
 ) -> ApiResult<(tempfile::NamedTempFile, u64)>
 where
@@ -131,8 +135,8 @@ where
             )
         })?;
         bytes += chunk.len() as u64;
-        if bytes > limit {
-            return Err(ApiError::too_large(limit));
+        if bytes > limit.bytes {
+            return Err(limit.exceeded());
         }
         file.write_all(&chunk)
             .map_err(|e| ApiError::internal(format!("cannot spool the upload: {e}")))?;
@@ -140,13 +144,55 @@ where
     Ok((file, bytes))
 }
 
-/// Receives an upload of at most `limit` bytes.
+/// How large an upload may be, and whose limit that is.
+#[derive(Debug, Clone, Copy)]
+struct UploadLimit {
+    bytes: u64,
+    /// The tenant's own limit (set by an operator), below the server's.
+    tenant: bool,
+}
+
+/// `retry-after` of an upload over the tenant's limit: an operator may raise it.
+const TENANT_UPLOAD_RETRY_AFTER_S: u64 = 60;
+
+impl UploadLimit {
+    /// The answer to an upload over the limit: the server's is a 413; a tenant's is a
+    /// quota like its others (jobs waiting, jobs running), so a 429 with `retry-after`.
+    fn exceeded(self) -> ApiError {
+        if self.tenant {
+            let mut e = ApiError::too_many(
+                "tenant_upload_limit",
+                format!(
+                    "The upload is larger than this tenant's limit of {} bytes; ask an operator to raise max_upload_bytes.",
+                    self.bytes
+                ),
+                TENANT_UPLOAD_RETRY_AFTER_S,
+            );
+            e.detail.param = Some("file".into());
+            e
+        } else {
+            ApiError::too_large(self.bytes)
+        }
+    }
+}
+
+/// Receives an upload within `limit`; a declared length over it is refused before a
+/// byte of the body is read.
 async fn receive(
     state: &AppState,
-    limit: u64,
+    limit: UploadLimit,
     req: &HttpRequest,
     payload: web::Payload,
 ) -> ApiResult<Spooled> {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    // A multipart body carries a few hundred bytes of framing besides the file.
+    if declared.is_some_and(|n| n > limit.bytes.saturating_add(64 << 10)) {
+        return Err(limit.exceeded());
+    }
     let is_multipart = req
         .headers()
         .get(header::CONTENT_TYPE)
@@ -202,8 +248,8 @@ async fn receive(
                 let mut drained = 0u64;
                 while let Some(chunk) = field.next().await {
                     drained += chunk.map_or(0, |c| c.len() as u64);
-                    if drained > limit {
-                        return Err(ApiError::too_large(limit));
+                    if drained > limit.bytes {
+                        return Err(limit.exceeded());
                     }
                 }
             }
@@ -317,7 +363,8 @@ async fn validate(path: std::path::PathBuf, filename: String) -> ApiResult<FileV
         (status = 200, description = "Stored and validated", body = FileObject),
         (status = 400, description = "Invalid dataset or form", body = ErrorBody),
         (status = 401, description = "No or unknown API key", body = ErrorBody),
-        (status = 413, description = "Over the size limit", body = ErrorBody),
+        (status = 413, description = "Over the server's size limit", body = ErrorBody),
+        (status = 429, description = "Over the tenant's upload limit (`retry-after`)", body = ErrorBody),
     ))]
 pub(crate) async fn upload(
     state: web::Data<AppState>,
@@ -329,9 +376,16 @@ pub(crate) async fn upload(
     let tenant_limit = crate::auth::tenant(&state, &tenant.0)
         .await?
         .and_then(|t| t.limits.max_upload_bytes);
-    let limit = tenant_limit.map_or(state.config.max_upload_bytes, |l| {
-        l.min(state.config.max_upload_bytes)
-    });
+    let limit = match tenant_limit {
+        Some(bytes) if bytes < state.config.max_upload_bytes => UploadLimit {
+            bytes,
+            tenant: true,
+        },
+        _ => UploadLimit {
+            bytes: state.config.max_upload_bytes,
+            tenant: false,
+        },
+    };
     let spooled = receive(&state, limit, &req, payload).await?;
     match spooled.purpose.as_deref() {
         Some(PURPOSE) | None => {}

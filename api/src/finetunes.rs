@@ -14,6 +14,7 @@ use crate::files;
 use crate::models;
 use crate::records;
 use crate::state::AppState;
+use crate::webhooks::{self, Delivery};
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde::{Deserialize, Serialize};
@@ -25,6 +26,7 @@ use tuneq_openapi::{
     FineTuneCheckpointList, FineTuneCreate, FineTuneEvent, FineTuneEventList, FineTuneJob,
     FineTuneList, HyperparametersRequest, JobError, JobHyperparameters, JobPayload, LoraSpec,
     Method, Model, Progress, QueueStanding, SamplingSpec, SupervisedSettings, TrainSpec,
+    WebhookEvent, WebhookEventData, WebhookStatus,
 };
 use tuneq_queue::{Catalog, JobQueue, JobRecord, JobState, NewJob, QueueError};
 use tuneq_storage::layout::{self, Id};
@@ -60,6 +62,22 @@ pub(crate) struct FineTuneRecord {
     /// Set once the job has finished (see [`settle`]).
     #[serde(default)]
     outcome: Option<Outcome>,
+    /// Where to send the finished job's event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    webhook_url: Option<String>,
+    /// How sending it went so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    webhook: Option<WebhookProgress>,
+}
+
+/// A webhook's delivery, as the record keeps it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct WebhookProgress {
+    /// `retrying`, `delivered` or `failed`.
+    status: String,
+    attempts: u32,
+    delivered_at: Option<u64>,
+    last_error: Option<String>,
 }
 
 /// A finished job, as the catalog keeps it after the queue has forgotten the job.
@@ -90,29 +108,36 @@ pub struct AttemptResult {
     pub validation_loss: Option<f64>,
 }
 
-/// Routes, under both prefixes.
+/// Routes, under both prefixes. Each prefix is a scope, so the router compares one
+/// static prefix before it tries the patterns with an `{id}` in them.
 pub fn routes(cfg: &mut web::ServiceConfig) {
     for prefix in ["/v1/fine_tuning/jobs", "/finetunes"] {
         cfg.service(
-            crate::resource(prefix, "GET, POST")
-                .route(web::post().to(create))
-                .route(web::get().to(list)),
-        )
-        .service(crate::resource(format!("{prefix}/{{id}}"), "GET").route(web::get().to(retrieve)))
-        .service(
-            crate::resource(format!("{prefix}/{{id}}/cancel"), "POST")
-                .route(web::post().to(cancel)),
-        )
-        .service(
-            crate::resource(format!("{prefix}/{{id}}/events"), "GET").route(web::get().to(events)),
-        )
-        .service(
-            crate::resource(format!("{prefix}/{{id}}/checkpoints"), "GET")
-                .route(web::get().to(checkpoints)),
-        )
-        .service(
-            crate::resource(format!("{prefix}/{{id}}/adapter"), "GET")
-                .route(web::get().to(adapter)),
+            web::scope(prefix)
+                .service(
+                    crate::scoped_resource(prefix, "", "GET, POST")
+                        .route(web::post().to(create))
+                        .route(web::get().to(list)),
+                )
+                .service(
+                    crate::scoped_resource(prefix, "/{id}", "GET").route(web::get().to(retrieve)),
+                )
+                .service(
+                    crate::scoped_resource(prefix, "/{id}/cancel", "POST")
+                        .route(web::post().to(cancel)),
+                )
+                .service(
+                    crate::scoped_resource(prefix, "/{id}/events", "GET")
+                        .route(web::get().to(events)),
+                )
+                .service(
+                    crate::scoped_resource(prefix, "/{id}/checkpoints", "GET")
+                        .route(web::get().to(checkpoints)),
+                )
+                .service(
+                    crate::scoped_resource(prefix, "/{id}/adapter", "GET")
+                        .route(web::get().to(adapter)),
+                ),
         );
     }
 }
@@ -313,6 +338,10 @@ async fn plan(
             "Integrations are not offered; follow a job with its events instead.",
         ));
     }
+    if let Some(url) = &body.webhook_url {
+        webhooks::check_url(url, &state.config.webhooks)
+            .map_err(|reason| ApiError::invalid("webhook_url", "invalid_webhook_url", reason))?;
+    }
     let hardware = body.hardware.clone().unwrap_or_else(|| "any".into());
     let pools: Vec<String> = state
         .config
@@ -461,6 +490,8 @@ async fn plan(
         job_id: String::new(),
         request_hash: request_hash(body),
         outcome: None,
+        webhook_url: body.webhook_url.clone(),
+        webhook: None,
     };
     Ok(Plan {
         record,
@@ -474,11 +505,28 @@ fn request_hash(body: &FineTuneCreate) -> String {
     hex::encode(Sha256::digest(canonical.as_bytes()))
 }
 
+/// The tenant's fine-tune `id`, from this process's copy when it has one (see
+/// [`crate::cache`] for why a copy is safe to use).
 async fn load(state: &AppState, tenant: &str, id: &str) -> ApiResult<Option<FineTuneRecord>> {
+    if let Some(record) = state.finetunes.get(tenant, id) {
+        return Ok(Some(FineTuneRecord::clone(&record)));
+    }
+    load_fresh(state, tenant, id).await
+}
+
+/// The tenant's fine-tune `id` as the catalog has it now.
+async fn load_fresh(state: &AppState, tenant: &str, id: &str) -> ApiResult<Option<FineTuneRecord>> {
     if tuneq_queue::catalog::check_identifier("id", id).is_err() {
         return Ok(None);
     }
-    records::read(state, (KIND, tenant), id, "fine-tune").await
+    let record: Option<FineTuneRecord> =
+        records::read(state, (KIND, tenant), id, "fine-tune").await?;
+    if let Some(record) = &record {
+        state
+            .finetunes
+            .put(tenant, id, std::sync::Arc::new(record.clone()));
+    }
+    Ok(record)
 }
 
 async fn find(state: &AppState, tenant: &Tenant, id: &str) -> ApiResult<FineTuneRecord> {
@@ -633,32 +681,27 @@ async fn view(state: &AppState, record: FineTuneRecord) -> ApiResult<FineTuneJob
     let mut preemptions = 0;
     let mut outcome = record.outcome.clone();
     if outcome.is_none() {
-        // The queue position is read alongside the job (it answers "not queued" when
-        // the job is not), so a view costs one wait on the store, not two.
-        let (job, standing) = futures::join!(
-            state.queue.get(&record.job_id),
-            state.queue.position(&record.job_id)
-        );
-        match job? {
-            Some(job) if job.state.is_terminal() => outcome = Some(outcome_of(&job)),
-            Some(job) => {
+        // The job and, while it waits, where it stands: one call to the queue.
+        match state.queue.status(&record.job_id, &record.tenant).await? {
+            Some((job, _)) if job.state.is_terminal() => outcome = Some(outcome_of(&job)),
+            Some((job, standing)) => {
                 status = job.state.public_status().to_string();
                 progress = progress_of(&job);
                 attempts = job.attempts;
                 preemptions = job.preemptions;
-                if matches!(job.state, JobState::Queued) {
-                    queue = match standing {
-                        Ok(p) => Some(QueueStanding {
-                            ahead: p.ahead,
-                            ahead_in_tenant: p.ahead_in_tenant,
-                            estimated_start: p.estimated_start_ms.map(ms_to_seconds),
-                        }),
-                        Err(e) => {
-                            tracing::debug!(error = %e, "no queue position");
-                            None
-                        }
-                    };
-                }
+                queue = standing.map(|p| QueueStanding {
+                    ahead: p.ahead,
+                    ahead_in_tenant: p.ahead_in_tenant,
+                    estimated_start: p.estimated_start_ms.map(ms_to_seconds),
+                });
+            }
+            // The queue forgets a finished job once its outcome is filed, which a copy
+            // of the record made earlier does not show yet.
+            None if let Some(filed) = load_fresh(state, &record.tenant, &record.id)
+                .await?
+                .and_then(|r| r.outcome) =>
+            {
+                outcome = Some(filed)
             }
             None => {
                 outcome = Some(Outcome {
@@ -698,6 +741,20 @@ async fn view(state: &AppState, record: FineTuneRecord) -> ApiResult<FineTuneJob
         .and_then(|p| p.eta_seconds)
         .map(|eta| files::now_seconds() + eta.max(0.0) as u64);
     let hyperparameters = record.hyperparameters.clone();
+    let webhook = record.webhook_url.clone().map(|url| {
+        let progress = record.webhook.clone().unwrap_or_default();
+        WebhookStatus {
+            url,
+            status: if progress.status.is_empty() {
+                "waiting".into()
+            } else {
+                progress.status
+            },
+            attempts: progress.attempts,
+            delivered_at: progress.delivered_at,
+            last_error: progress.last_error,
+        }
+    });
     Ok(FineTuneJob {
         fine_tuned_model: adapter.is_some().then(|| fine_tuned_model_name(&record)),
         adapter: adapter.map(|location| AdapterInfo {
@@ -736,6 +793,7 @@ async fn view(state: &AppState, record: FineTuneRecord) -> ApiResult<FineTuneJob
         queue,
         attempts,
         preemptions,
+        webhook,
     })
 }
 
@@ -1348,34 +1406,126 @@ pub(crate) async fn fine_tuned_models(state: &AppState, tenant: &str) -> ApiResu
 
 /// Files the outcome of finished jobs in their fine-tune records (the queue's outbox
 /// lists each finished job until this acknowledges it), so a record outlives the queue's
-/// retention. Returns how many were settled.
+/// retention, and sends the webhooks asked for (see [`crate::webhooks`]): a delivery that
+/// fails stays in the outbox until its next try is due. Returns how many were handled.
 pub async fn settle(state: &AppState, batch: u32) -> ApiResult<usize> {
+    use futures::StreamExt;
     let due = state.queue.due_deliveries(batch).await?;
-    for delivery in &due {
-        match state.queue.get(&delivery.job_id).await? {
-            Some(job) => {
-                if let Ok(payload) = serde_json::from_str::<JobPayload>(&job.payload)
-                    && let Some(mut record) =
-                        load(state, &delivery.tenant, &payload.finetune).await?
-                    && record.outcome.is_none()
-                {
-                    record.outcome = Some(outcome_of(&job));
-                    let body = serde_json::to_string(&record)
-                        .map_err(|e| ApiError::internal(e.to_string()))?;
-                    state
-                        .queue
-                        .update_entry(KIND, &record.tenant, &record.id, &body)
-                        .await?;
-                    tracing::info!(finetune = %record.id, status = %delivery.state, "fine-tune finished");
-                }
+    let handled = due.len();
+    // Concurrently: one slow receiver must not hold up the others' events.
+    futures::stream::iter(due)
+        .for_each_concurrent(16, |delivery| async move {
+            if let Err(e) = settle_one(state, &delivery).await {
+                tracing::warn!(job = %delivery.job_id, error = %e.detail.message, "cannot settle a finished job; retrying");
+            }
+        })
+        .await;
+    Ok(handled)
+}
+
+/// Settles one finished job: its outcome filed, then its webhook tried.
+async fn settle_one(state: &AppState, delivery: &tuneq_queue::Delivery) -> ApiResult<()> {
+    let Some(job) = state.queue.get(&delivery.job_id).await? else {
+        tracing::warn!(job = %delivery.job_id, "a finished job was trimmed before its outcome was filed");
+        return Ok(state.queue.ack_delivery(delivery).await?);
+    };
+    let Ok(payload) = serde_json::from_str::<JobPayload>(&job.payload) else {
+        return Ok(state.queue.ack_delivery(delivery).await?);
+    };
+    let Some(mut record) = load_fresh(state, &delivery.tenant, &payload.finetune).await? else {
+        return Ok(state.queue.ack_delivery(delivery).await?);
+    };
+    if record.outcome.is_none() {
+        record.outcome = Some(outcome_of(&job));
+        save(state, &record).await?;
+        tracing::info!(finetune = %record.id, status = %delivery.state, "fine-tune finished");
+    }
+    let pending = record.webhook_url.is_some()
+        && record
+            .webhook
+            .as_ref()
+            .is_none_or(|w| w.status == "retrying");
+    if !pending {
+        return Ok(state.queue.ack_delivery(delivery).await?);
+    }
+    let (Some(url), Some(outcome)) = (record.webhook_url.clone(), record.outcome.as_ref()) else {
+        return Ok(state.queue.ack_delivery(delivery).await?);
+    };
+    let event = WebhookEvent {
+        id: webhook_event_id(&record.id, &outcome.status),
+        object: "event".into(),
+        created_at: outcome.finished_at,
+        kind: format!("fine_tuning.job.{}", outcome.status),
+        data: WebhookEventData {
+            id: record.id.clone(),
+        },
+    };
+    let secret = webhooks::tenant_secret(state, &record.tenant).await?;
+    let result = webhooks::deliver(&state.config.webhooks, &url, &secret, &event).await;
+    let progress = record.webhook.get_or_insert_with(WebhookProgress::default);
+    progress.attempts += 1;
+    let retry_in = match result {
+        Delivery::Delivered => {
+            progress.status = "delivered".into();
+            progress.delivered_at = Some(files::now_seconds());
+            progress.last_error = None;
+            None
+        }
+        Delivery::Retry(reason) => match webhooks::retry_delay(progress.attempts) {
+            Some(delay) => {
+                progress.status = "retrying".into();
+                progress.last_error = Some(reason);
+                Some(delay)
             }
             None => {
-                tracing::warn!(job = %delivery.job_id, "a finished job was trimmed before its outcome was filed")
+                progress.status = "failed".into();
+                progress.last_error = Some(reason);
+                None
             }
+        },
+        Delivery::GiveUp(reason) => {
+            progress.status = "failed".into();
+            progress.last_error = Some(reason);
+            None
         }
-        state.queue.ack_delivery(delivery).await?;
+    };
+    tracing::info!(
+        finetune = %record.id,
+        event = %event.id,
+        attempt = progress.attempts,
+        status = %progress.status,
+        error = progress.last_error.as_deref().unwrap_or(""),
+        "webhook"
+    );
+    save(state, &record).await?;
+    match retry_in {
+        Some(delay) => {
+            let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+            Ok(state.queue.retry_delivery(delivery, ms).await?)
+        }
+        None => Ok(state.queue.ack_delivery(delivery).await?),
     }
-    Ok(due.len())
+}
+
+/// The event id of a job reaching `status`: the same on every try.
+fn webhook_event_id(finetune: &str, status: &str) -> String {
+    let digest = Sha256::digest(format!("{finetune}|{status}").as_bytes());
+    format!("evt_{}", &hex::encode(digest)[..24])
+}
+
+/// Writes `record` back to the catalog (and this process's copy).
+async fn save(state: &AppState, record: &FineTuneRecord) -> ApiResult<()> {
+    let body = serde_json::to_string(record).map_err(|e| ApiError::internal(e.to_string()))?;
+    state
+        .queue
+        .update_entry(KIND, &record.tenant, &record.id, &body)
+        .await?;
+    state.finetunes.put(
+        &record.tenant,
+        &record.id,
+        std::sync::Arc::new(record.clone()),
+    );
+    Ok(())
 }
 
 #[cfg(test)]

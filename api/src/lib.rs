@@ -17,6 +17,7 @@
 
 pub mod admin;
 pub mod auth;
+mod cache;
 pub mod error;
 pub mod files;
 pub mod finetunes;
@@ -28,87 +29,124 @@ mod records;
 pub mod spec;
 pub mod state;
 mod tar;
+pub mod webhooks;
 
 pub use error::{ApiError, ApiResult};
 pub use state::{ApiConfig, AppState, PoolInfo};
+pub use webhooks::WebhookPolicy;
 
 use actix_web::{App, HttpServer, web};
 
-/// Every route, for `App::configure`.
-pub fn configure(state: AppState) -> impl FnOnce(&mut web::ServiceConfig) {
+/// Every route, for `App::configure`, with the extractors' limits and error bodies. The
+/// handlers take their [`AppState`] from the app's data (see [`serve`]).
+pub fn configure(json_limit: usize) -> impl FnOnce(&mut web::ServiceConfig) {
     move |cfg| {
-        let json_limit = state.config.max_json_bytes;
-        cfg.app_data(web::Data::new(state))
-            .app_data(
-                web::JsonConfig::default()
-                    .limit(json_limit)
-                    .error_handler(|e, _| {
-                        ApiError::invalid(
-                            "body",
-                            "invalid_json",
-                            format!("The JSON body is invalid: {e}"),
-                        )
-                        .into()
-                    }),
+        cfg.app_data(
+            web::JsonConfig::default()
+                .limit(json_limit)
+                .error_handler(|e, _| {
+                    ApiError::invalid(
+                        "body",
+                        "invalid_json",
+                        format!("The JSON body is invalid: {e}"),
+                    )
+                    .into()
+                }),
+        )
+        .app_data(web::QueryConfig::default().error_handler(|e, _| {
+            ApiError::invalid(
+                "query",
+                "invalid_query",
+                format!("The query is invalid: {e}"),
             )
-            .app_data(web::QueryConfig::default().error_handler(|e, _| {
-                ApiError::invalid(
-                    "query",
-                    "invalid_query",
-                    format!("The query is invalid: {e}"),
-                )
-                .into()
-            }))
-            .app_data(web::PathConfig::default().error_handler(|e, _| {
+            .into()
+        }))
+        .app_data(
+            web::PathConfig::default().error_handler(|e, _| {
                 ApiError::invalid("path", "invalid_path", e.to_string()).into()
-            }))
-            .configure(health::routes)
-            .configure(files::routes)
-            .configure(finetunes::routes)
-            .configure(models::routes)
-            .configure(internal::routes)
-            .configure(spec::routes)
-            .configure(metrics::routes)
-            .configure(admin::routes)
-            .default_service(web::to(|| async {
-                Err::<actix_web::HttpResponse, _>(ApiError::new(
-                    actix_web::http::StatusCode::NOT_FOUND,
-                    "invalid_request_error",
-                    "unknown_route",
-                    "No such route.",
-                ))
-            }));
+            }),
+        )
+        .configure(health::routes)
+        .configure(files::routes)
+        .configure(finetunes::routes)
+        .configure(models::routes)
+        .configure(internal::routes)
+        .configure(spec::routes)
+        .configure(metrics::routes)
+        .configure(admin::routes)
+        .configure(webhooks::routes)
+        .default_service(web::to(|| async {
+            Err::<actix_web::HttpResponse, _>(ApiError::new(
+                actix_web::http::StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                "unknown_route",
+                "No such route.",
+            ))
+        }));
     }
 }
 
-/// A route's resource: a method it does not serve (`allow` lists those it does)
-/// answers 405 with an `Allow` header and the error body.
+/// The route pattern a request was routed to (`/v1/fine_tuning/jobs/{id}`): what its
+/// metrics are labelled with. Set as the resource's data, so reading it costs no second
+/// walk through the routes (`HttpRequest::match_pattern` re-matches every pattern).
+#[derive(Debug, Clone)]
+pub(crate) struct RoutePattern(pub std::sync::Arc<str>);
+
+/// A route's resource at `path`: a method it does not serve (`allow` lists those it
+/// does) answers 405 with an `Allow` header and the error body.
 pub(crate) fn resource(path: impl Into<String>, allow: &'static str) -> actix_web::Resource {
     let path: String = path.into();
-    web::resource(path).default_service(web::to(move || async move {
-        let error = ApiError::new(
-            actix_web::http::StatusCode::METHOD_NOT_ALLOWED,
-            "invalid_request_error",
-            "method_not_allowed",
-            format!("This route serves {allow} only."),
-        );
-        let mut response = actix_web::ResponseError::error_response(&error);
-        response.headers_mut().insert(
-            actix_web::http::header::ALLOW,
-            actix_web::http::header::HeaderValue::from_static(allow),
-        );
-        response
-    }))
+    scoped_resource("", &path, allow)
+}
+
+/// [`resource`] for `path` inside the scope at `prefix`.
+pub(crate) fn scoped_resource(
+    prefix: &str,
+    path: &str,
+    allow: &'static str,
+) -> actix_web::Resource {
+    let pattern = RoutePattern(format!("{prefix}{path}").into());
+    web::resource(path)
+        .app_data(pattern)
+        .default_service(web::to(move || async move {
+            let error = ApiError::new(
+                actix_web::http::StatusCode::METHOD_NOT_ALLOWED,
+                "invalid_request_error",
+                "method_not_allowed",
+                format!("This route serves {allow} only."),
+            );
+            let mut response = actix_web::ResponseError::error_response(&error);
+            response.headers_mut().insert(
+                actix_web::http::header::ALLOW,
+                actix_web::http::header::HeaderValue::from_static(allow),
+            );
+            response
+        }))
 }
 
 /// Serves the API on `listener` until the returned server is stopped (through its
-/// handle: signals are left to the caller, which may have work to finish first).
+/// handle: signals are left to the caller, which may have work to finish first), with
+/// `workers` threads (None: one per CPU core).
 pub fn serve(
     listener: std::net::TcpListener,
     state: AppState,
+    workers: Option<usize>,
 ) -> std::io::Result<actix_web::dev::Server> {
-    Ok(HttpServer::new(move || {
+    let json_limit = state.config.max_json_bytes;
+    let server = HttpServer::new(move || {
+        let shared = state.clone();
         App::new()
+            // Each worker thread gets its own queue connection (see
+            // `Queue::with_own_connection`); caches and settings stay shared.
+            .data_factory(move || {
+                let shared = shared.clone();
+                async move {
+                    let queue = shared.queue.with_own_connection().await.map_err(|e| {
+                        tracing::error!(error = %e, "a server worker cannot reach the queue");
+                    })?;
+                    Ok::<_, ()>(AppState { queue, ..shared })
+                }
+            })
             .wrap(actix_web::middleware::Logger::new("%r %s %Dms").log_target("tuneq::access"))
             .wrap_fn(|req, srv| {
                 use actix_web::dev::Service;
@@ -119,13 +157,10 @@ pub fn serve(
                 let answer = srv.call(req);
                 async move {
                     let response = answer.await?;
-                    let route = response
-                        .request()
-                        .match_pattern()
-                        .unwrap_or_else(|| "unmatched".into());
+                    let route = response.request().app_data::<RoutePattern>().cloned();
                     metrics::observe(
                         &method,
-                        &route,
+                        route.as_ref().map_or("unmatched", |r| &r.0),
                         response.status().as_u16(),
                         started.elapsed(),
                     );
@@ -133,9 +168,12 @@ pub fn serve(
                 }
                 .instrument(span)
             })
-            .configure(configure(state.clone()))
+            .configure(configure(json_limit))
     })
-    .disable_signals()
-    .listen(listener)?
-    .run())
+    .disable_signals();
+    let server = match workers {
+        Some(n) => server.workers(n),
+        None => server,
+    };
+    Ok(server.listen(listener)?.run())
 }

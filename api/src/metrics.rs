@@ -28,10 +28,17 @@ struct Histogram {
     sum: f64,
 }
 
+/// One (route, method)'s answers: by status, and their latency.
+#[derive(Default)]
+struct RouteStats {
+    statuses: BTreeMap<u16, u64>,
+    latency: Histogram,
+}
+
+/// Stats by route, then method: a request that finds its entries allocates nothing.
 #[derive(Default)]
 struct Registry {
-    requests: BTreeMap<(String, String, u16), u64>,
-    latency: BTreeMap<(String, String), Histogram>,
+    routes: BTreeMap<String, BTreeMap<String, RouteStats>>,
 }
 
 fn registry() -> &'static Mutex<Registry> {
@@ -44,13 +51,20 @@ pub fn observe(method: &str, route: &str, status: u16, took: Duration) {
     let Ok(mut r) = registry().lock() else {
         return;
     };
-    *r.requests
-        .entry((method.to_string(), route.to_string(), status))
-        .or_default() += 1;
-    let h = r
-        .latency
-        .entry((method.to_string(), route.to_string()))
-        .or_default();
+    if !r.routes.contains_key(route) {
+        r.routes.insert(route.to_string(), BTreeMap::new());
+    }
+    let Some(methods) = r.routes.get_mut(route) else {
+        return;
+    };
+    if !methods.contains_key(method) {
+        methods.insert(method.to_string(), RouteStats::default());
+    }
+    let Some(stats) = methods.get_mut(method) else {
+        return;
+    };
+    *stats.statuses.entry(status).or_default() += 1;
+    let h = &mut stats.latency;
     let seconds = took.as_secs_f64();
     for (i, bound) in BUCKETS.iter().enumerate() {
         if seconds <= *bound {
@@ -83,20 +97,28 @@ async fn render(state: &AppState) -> String {
     if let Ok(r) = registry().lock() {
         let _ = writeln!(out, "# HELP tuneq_http_requests_total Requests answered.");
         let _ = writeln!(out, "# TYPE tuneq_http_requests_total counter");
-        for ((method, route, status), n) in &r.requests {
-            let _ = writeln!(
-                out,
-                "tuneq_http_requests_total{{method=\"{}\",route=\"{}\",status=\"{status}\"}} {n}",
-                label(method),
-                label(route)
-            );
+        for (route, methods) in &r.routes {
+            for (method, stats) in methods {
+                for (status, n) in &stats.statuses {
+                    let _ = writeln!(
+                        out,
+                        "tuneq_http_requests_total{{method=\"{}\",route=\"{}\",status=\"{status}\"}} {n}",
+                        label(method),
+                        label(route)
+                    );
+                }
+            }
         }
         let _ = writeln!(
             out,
             "# HELP tuneq_http_request_duration_seconds Time to answer."
         );
         let _ = writeln!(out, "# TYPE tuneq_http_request_duration_seconds histogram");
-        for ((method, route), h) in &r.latency {
+        for (route, method, h) in r.routes.iter().flat_map(|(route, methods)| {
+            methods
+                .iter()
+                .map(move |(method, stats)| (route, method, &stats.latency))
+        }) {
             let labels = format!("method=\"{}\",route=\"{}\"", label(method), label(route));
             for (bound, n) in BUCKETS.iter().zip(h.counts) {
                 let _ = writeln!(

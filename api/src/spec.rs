@@ -3,7 +3,7 @@
 //! fails when they drift. Served at `GET /openapi.json`, and read by people at `/docs`
 //! (a self-contained page: no CDN, works offline).
 
-use crate::{admin, files, finetunes, health, metrics, models};
+use crate::{admin, files, finetunes, health, metrics, models, webhooks};
 use actix_web::{HttpResponse, web};
 use utoipa::OpenApi;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
@@ -21,17 +21,18 @@ under /v1/files and /v1/fine_tuning/jobs is also served under /files and /finetu
         files::upload, files::list, files::retrieve, files::content, files::delete,
         finetunes::create, finetunes::list, finetunes::retrieve, finetunes::cancel,
         finetunes::events, finetunes::checkpoints, finetunes::adapter,
-        models::list,
+        models::list, webhooks::secret,
         admin::create_tenant, admin::create_key, admin::set_limits,
         health::healthz, health::readyz, metrics::metrics,
     ),
-    components(schemas(tuneq_openapi::ErrorDetail, tuneq_openapi::LineProblem)),
+    components(schemas(tuneq_openapi::ErrorDetail, tuneq_openapi::LineProblem, tuneq_openapi::WebhookEvent)),
     modifiers(&Security),
     security(("api_key" = [])),
     tags(
         (name = "files", description = "Datasets: upload (validated at once), list, download, delete"),
         (name = "fine-tuning", description = "Fine-tuning jobs, their events, checkpoints and adapter"),
         (name = "models", description = "Base models and fine-tuned adapters"),
+        (name = "webhooks", description = "Signed events when a job finishes (Standard Webhooks)"),
         (name = "admin", description = "Tenants and API keys (admin key)"),
         (name = "health", description = "Liveness and readiness"),
     )

@@ -1,6 +1,9 @@
 //! What every handler shares: the queue (jobs and the catalog), the object store, and
 //! the server's settings.
 
+use crate::cache::RecordCache;
+use crate::finetunes::FineTuneRecord;
+use crate::webhooks::WebhookPolicy;
 use std::path::PathBuf;
 use std::sync::Arc;
 use tuneq_queue::{AttemptSigner, Queue};
@@ -21,6 +24,8 @@ pub struct ApiConfig {
     pub pools: Vec<PoolInfo>,
     /// Checks the credentials trainers report progress with (shared with the dispatcher).
     pub attempt_signer: AttemptSigner,
+    /// Which webhook targets are accepted.
+    pub webhooks: WebhookPolicy,
 }
 
 /// A node pool as the API sees it.
@@ -41,9 +46,13 @@ impl Default for ApiConfig {
             spool_dir: std::env::temp_dir(),
             pools: Vec::new(),
             attempt_signer: AttemptSigner::new(rand::random::<[u8; 32]>().to_vec()),
+            webhooks: WebhookPolicy::default(),
         }
     }
 }
+
+/// Fine-tune records an API process keeps a copy of.
+const CACHED_FINETUNES: usize = 10_000;
 
 /// Shared by every request.
 #[derive(Debug, Clone)]
@@ -54,4 +63,18 @@ pub struct AppState {
     pub store: Arc<dyn ObjectStore>,
     /// Settings.
     pub config: ApiConfig,
+    /// Copies of fine-tune records, so polling a job reads only its live state.
+    pub(crate) finetunes: Arc<RecordCache<FineTuneRecord>>,
+}
+
+impl AppState {
+    /// The state of an API process over `queue` and `store`.
+    pub fn new(queue: Queue, store: Arc<dyn ObjectStore>, config: ApiConfig) -> Self {
+        Self {
+            queue,
+            store,
+            config,
+            finetunes: Arc::new(RecordCache::new(CACHED_FINETUNES)),
+        }
+    }
 }

@@ -34,10 +34,10 @@ async fn start() -> Server {
     .unwrap();
     queue.set_pool("local", 1).await.unwrap();
     let signer = AttemptSigner::new(b"test secret for attempt credentials".to_vec());
-    let state = AppState {
-        queue: queue.clone(),
-        store: Arc::new(LocalStore::new(dir.path().join("objects"))),
-        config: ApiConfig {
+    let state = AppState::new(
+        queue.clone(),
+        Arc::new(LocalStore::new(dir.path().join("objects"))),
+        ApiConfig {
             spool_dir: dir.path().to_path_buf(),
             pools: vec![PoolInfo {
                 name: "local".into(),
@@ -46,7 +46,7 @@ async fn start() -> Server {
             attempt_signer: signer.clone(),
             ..ApiConfig::default()
         },
-    };
+    );
     auth::create_tenant(&state, "acme", "Acme").await.unwrap();
     auth::create_tenant(&state, "other", "Other").await.unwrap();
     let acme = auth::add_key(&state, "acme", None).await.unwrap();
@@ -64,7 +64,7 @@ async fn start() -> Server {
     .unwrap();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    let server = tuneq_api::serve(listener, state).unwrap();
+    let server = tuneq_api::serve(listener, state, None).unwrap();
     let handle = server.handle();
     tokio::spawn(server);
     Server {

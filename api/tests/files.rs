@@ -32,23 +32,23 @@ async fn start(max_upload_bytes: u64) -> Server {
     let queue = Queue::open_embedded(&dir.join("queue.db"), "tuneq", QueueConfig::default())
         .await
         .unwrap();
-    let state = AppState {
+    let state = AppState::new(
         queue,
-        store: Arc::new(LocalStore::new(dir.join("objects"))),
-        config: ApiConfig {
+        Arc::new(LocalStore::new(dir.join("objects"))),
+        ApiConfig {
             max_upload_bytes,
             admin_key_hash: Some(auth::key_hash(ADMIN_KEY)),
             spool_dir: dir.clone(),
             ..ApiConfig::default()
         },
-    };
+    );
     auth::create_tenant(&state, "acme", "Acme").await.unwrap();
     auth::create_tenant(&state, "other", "Other").await.unwrap();
     let acme = auth::add_key(&state, "acme", None).await.unwrap();
     let other = auth::add_key(&state, "other", None).await.unwrap();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    let server = tuneq_api::serve(listener, state).unwrap();
+    let server = tuneq_api::serve(listener, state, None).unwrap();
     let handle = server.handle();
     tokio::spawn(server);
     Server {
@@ -285,6 +285,18 @@ async fn keys_sizes_and_purposes_are_checked() {
     let body: Value = big.json().await.unwrap();
     assert_eq!(body["error"]["code"], "file_too_large");
     assert_eq!(stored_files(&s), 0);
+    // Sent chunked, with no length declared up front: stopped once it passes the limit.
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+        (0..100).map(|_| Ok(chat_lines(1).into_bytes())).collect();
+    let big = http
+        .post(format!("{}/files?filename=big.jsonl", s.url))
+        .bearer_auth(&s.acme)
+        .body(reqwest::Body::wrap_stream(futures::stream::iter(chunks)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(big.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(stored_files(&s), 0);
 
     let form = reqwest::multipart::Form::new()
         .text("purpose", "assistants")
@@ -393,4 +405,47 @@ async fn operators_create_tenants_and_keys_with_the_admin_key() {
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["error"]["code"], "invalid_json");
+}
+
+#[tokio::test]
+async fn metrics_count_answers_by_route_pattern_never_by_raw_path() {
+    let s = start(1 << 20).await;
+    let http = reqwest::Client::new();
+    let id = "file-0123456789abcdef01234567";
+    let response = http
+        .get(format!("{}/v1/files/{id}", s.url))
+        .bearer_auth(&s.acme)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    let response = http
+        .get(format!("{}/no/such/route", s.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    let text = http
+        .get(format!("{}/metrics", s.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains(
+            r#"tuneq_http_requests_total{method="GET",route="/v1/files/{id}",status="404"}"#
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            r#"tuneq_http_request_duration_seconds_count{method="GET",route="/v1/files/{id}"}"#
+        ),
+        "{text}"
+    );
+    assert!(text.contains(r#"route="unmatched""#), "{text}");
+    assert!(!text.contains(id), "no raw path in a label");
+    assert!(!text.contains("/no/such/route"), "no raw path in a label");
 }

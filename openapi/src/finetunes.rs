@@ -125,6 +125,11 @@ pub struct FineTuneCreate {
     /// any pool).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hardware: Option<String>,
+    /// Where to POST a signed event (Standard Webhooks; secret at `GET /webhooks/secret`)
+    /// when the job succeeds, fails or is cancelled (tuneq). `https://` to a public
+    /// address, unless the server allows private targets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook_url: Option<String>,
 }
 
 /// Hyperparameters as the job runs them (`"auto"` resolved).
@@ -270,6 +275,59 @@ pub struct FineTuneJob {
     pub preemptions: u32,
     /// The adapter, once succeeded (tuneq).
     pub adapter: Option<AdapterInfo>,
+    /// The webhook asked for at create, and how its delivery went (tuneq).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook: Option<WebhookStatus>,
+}
+
+/// A job's webhook and its delivery.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct WebhookStatus {
+    /// Where the event is sent.
+    pub url: String,
+    /// `waiting` (the job has not finished), `retrying`, `delivered` or `failed` (gave
+    /// up after the last retry, or the endpoint answered 410).
+    pub status: String,
+    /// Tries so far.
+    pub attempts: u32,
+    /// Unix seconds of the delivery that succeeded.
+    pub delivered_at: Option<u64>,
+    /// Why the last try failed.
+    pub last_error: Option<String>,
+}
+
+/// The event a webhook carries: OpenAI's shape, so `client.webhooks.unwrap()` of the
+/// OpenAI SDKs verifies and parses it. Thin: fetch the job for its state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct WebhookEvent {
+    /// `evt_…`, the same for every try (also the `webhook-id` header).
+    pub id: String,
+    /// Always `event`.
+    pub object: String,
+    /// Unix seconds when the job finished.
+    pub created_at: u64,
+    /// `fine_tuning.job.succeeded`, `fine_tuning.job.failed` or
+    /// `fine_tuning.job.cancelled`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The job.
+    pub data: WebhookEventData,
+}
+
+/// What a webhook event is about.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct WebhookEventData {
+    /// `ftjob-…`.
+    pub id: String,
+}
+
+/// A tenant's webhook signing secret.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct WebhookSecret {
+    /// `whsec_` and the base64 of 32 random bytes: the key that signs every webhook
+    /// sent for this tenant's jobs (`webhook-signature: v1,<base64 HMAC-SHA256>` over
+    /// `<webhook-id>.<webhook-timestamp>.<body>`).
+    pub secret: String,
 }
 
 /// A page of jobs, newest first.

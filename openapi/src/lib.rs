@@ -22,7 +22,8 @@ pub use finetunes::{
     FineTuneCheckpoint, FineTuneCheckpointList, FineTuneCreate, FineTuneEvent, FineTuneEventList,
     FineTuneJob, FineTuneList, Hyperparameters as JobHyperparameters, HyperparametersRequest,
     JobError, JobPayload, Method, MethodRequest, Model, ModelList, Progress, QueueStanding,
-    SupervisedMethod, SupervisedSettings,
+    SupervisedMethod, SupervisedSettings, WebhookEvent, WebhookEventData, WebhookSecret,
+    WebhookStatus,
 };
 pub use progress::{StepMetrics, TrainEvent};
 pub use train_spec::{

@@ -30,6 +30,7 @@ pub mod embedded;
 pub mod fault_proxy;
 pub mod model;
 pub mod scripted;
+mod standing;
 #[cfg(feature = "testing")]
 pub mod testing;
 

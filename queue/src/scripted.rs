@@ -13,16 +13,18 @@
 use crate::backend::{Backend, Library, LuaScript, unavailable};
 use crate::embedded::Store;
 use crate::model::*;
+use crate::standing::{self, DomainFigures, FiguresCache};
 use crate::{QueueConfig, QueueError, Result, validate};
 use async_trait::async_trait;
 use redis::Value;
 use redis::aio::ConnectionManager;
+use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 const PRELUDE: &str = include_str!("../lua/prelude.lua");
 
 /// Every script: its name and its body.
-const SOURCES: [(&str, &str); 17] = [
+const SOURCES: [(&str, &str); 16] = [
     ("enqueue", include_str!("../lua/enqueue.lua")),
     ("enqueue_bulk", include_str!("../lua/enqueue_bulk.lua")),
     ("claim", include_str!("../lua/claim.lua")),
@@ -45,7 +47,6 @@ const SOURCES: [(&str, &str); 17] = [
         "resolve_suspect",
         include_str!("../lua/resolve_suspect.lua"),
     ),
-    ("position", include_str!("../lua/position.lua")),
     ("trim", include_str!("../lua/trim.lua")),
     ("outbox", include_str!("../lua/outbox.lua")),
     ("catalog", include_str!("../lua/catalog.lua")),
@@ -67,7 +68,6 @@ struct Scripts {
     confirm_cancelled: LuaScript,
     expire_leases: LuaScript,
     resolve_suspect: LuaScript,
-    position: LuaScript,
     trim: LuaScript,
     outbox: LuaScript,
     catalog: LuaScript,
@@ -93,7 +93,6 @@ impl Scripts {
                 confirm_cancelled: script("confirm_cancelled"),
                 expire_leases: script("expire_leases"),
                 resolve_suspect: script("resolve_suspect"),
-                position: script("position"),
                 trim: script("trim"),
                 outbox: script("outbox"),
                 catalog: script("catalog"),
@@ -108,6 +107,10 @@ impl Scripts {
 #[derive(Clone)]
 pub struct Queue {
     backend: Backend,
+    /// How `backend` was reached, to open another connection like it.
+    origin: Arc<Origin>,
+    /// The domain's figures for position estimates, shared by this queue's clones.
+    figures: Arc<FiguresCache>,
     prefix: String,
     meta: String,
     scripts: Arc<Scripts>,
@@ -225,6 +228,65 @@ struct Done {
     or_deleted: bool,
 }
 
+/// Where a queue's backend is, and how to connect to it again.
+enum Origin {
+    Redis {
+        url: String,
+        response_timeout_ms: u64,
+    },
+    Cluster {
+        urls: Vec<String>,
+        response_timeout_ms: u64,
+    },
+    Embedded,
+}
+
+impl Origin {
+    async fn connect(&self) -> Result<Backend> {
+        match self {
+            Origin::Redis {
+                url,
+                response_timeout_ms,
+            } => {
+                let client =
+                    redis::Client::open(url.as_str()).map_err(|e| QueueError::Invalid {
+                        field: "redis_url",
+                        message: e.to_string(),
+                    })?;
+                let manager_config = redis::aio::ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(std::time::Duration::from_secs(5)))
+                    .set_response_timeout(Some(std::time::Duration::from_millis(
+                        *response_timeout_ms,
+                    )));
+                let conn = ConnectionManager::new_with_config(client, manager_config)
+                    .await
+                    .map_err(unavailable)?;
+                Ok(Backend::Redis(conn))
+            }
+            Origin::Cluster {
+                urls,
+                response_timeout_ms,
+            } => {
+                let client =
+                    redis::cluster::ClusterClient::builder(urls.iter().map(String::as_str))
+                        .connection_timeout(std::time::Duration::from_secs(5))
+                        .response_timeout(std::time::Duration::from_millis(*response_timeout_ms))
+                        .build()
+                        .map_err(|e| QueueError::Invalid {
+                            field: "redis_url",
+                            message: e.to_string(),
+                        })?;
+                let conn = client.get_async_connection().await.map_err(unavailable)?;
+                Ok(Backend::Cluster(conn))
+            }
+            Origin::Embedded => Err(QueueError::Invalid {
+                field: "backend",
+                message: "the embedded store has no connections to open".into(),
+            }),
+        }
+    }
+}
+
 /// Refuses domain names that would break the key layout or the hash tag.
 fn check_domain(domain: &str) -> Result<()> {
     if domain.is_empty() || domain.contains(['{', '}', ':', '*', '?', '[', ']', '\\']) {
@@ -241,19 +303,12 @@ impl Queue {
     /// stores `config`'s server-side settings (aging, retention) in the domain.
     pub async fn connect(url: &str, domain: &str, config: QueueConfig) -> Result<Self> {
         check_domain(domain)?;
-        let client = redis::Client::open(url).map_err(|e| QueueError::Invalid {
-            field: "redis_url",
-            message: e.to_string(),
-        })?;
-        let manager_config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(std::time::Duration::from_secs(5)))
-            .set_response_timeout(Some(std::time::Duration::from_millis(
-                config.response_timeout_ms,
-            )));
-        let conn = ConnectionManager::new_with_config(client, manager_config)
-            .await
-            .map_err(unavailable)?;
-        Self::with_backend(Backend::Redis(conn), domain, config).await
+        let origin = Origin::Redis {
+            url: url.to_string(),
+            response_timeout_ms: config.response_timeout_ms,
+        };
+        let backend = origin.connect().await?;
+        Self::with_backend(backend, origin, domain, config).await
     }
 
     /// Connects to a Redis Cluster through any of its nodes `urls` (`redis://host:port`;
@@ -273,16 +328,12 @@ impl Queue {
         config: QueueConfig,
     ) -> Result<Self> {
         check_domain(domain)?;
-        let client = redis::cluster::ClusterClient::builder(urls.iter().map(AsRef::as_ref))
-            .connection_timeout(std::time::Duration::from_secs(5))
-            .response_timeout(std::time::Duration::from_millis(config.response_timeout_ms))
-            .build()
-            .map_err(|e| QueueError::Invalid {
-                field: "redis_url",
-                message: e.to_string(),
-            })?;
-        let conn = client.get_async_connection().await.map_err(unavailable)?;
-        Self::with_backend(Backend::Cluster(conn), domain, config).await
+        let origin = Origin::Cluster {
+            urls: urls.iter().map(|u| u.as_ref().to_string()).collect(),
+            response_timeout_ms: config.response_timeout_ms,
+        };
+        let backend = origin.connect().await?;
+        Self::with_backend(backend, origin, domain, config).await
     }
 
     /// Opens (or creates) the embedded queue file at `path` for scheduling domain
@@ -299,13 +350,26 @@ impl Queue {
             .await
             .map_err(|e| QueueError::Unavailable(format!("embedded store task: {e}")))?
             .map_err(|e| QueueError::Unavailable(e.to_string()))?;
-        Self::with_backend(Backend::Embedded(Arc::new(store)), domain, config).await
+        Self::with_backend(
+            Backend::Embedded(Arc::new(store)),
+            Origin::Embedded,
+            domain,
+            config,
+        )
+        .await
     }
 
-    async fn with_backend(backend: Backend, domain: &str, config: QueueConfig) -> Result<Self> {
+    async fn with_backend(
+        backend: Backend,
+        origin: Origin,
+        domain: &str,
+        config: QueueConfig,
+    ) -> Result<Self> {
         let prefix = format!("tq:{{{domain}}}:");
         let queue = Self {
             backend,
+            origin: Arc::new(origin),
+            figures: Arc::default(),
             meta: format!("{prefix}meta"),
             prefix,
             scripts: Scripts::get(),
@@ -320,7 +384,33 @@ impl Queue {
     /// file).
     pub async fn domain_queue(&self, domain: &str, config: QueueConfig) -> Result<Self> {
         check_domain(domain)?;
-        Self::with_backend(self.backend.clone(), domain, config).await
+        let prefix = format!("tq:{{{domain}}}:");
+        let queue = Self {
+            backend: self.backend.clone(),
+            origin: Arc::clone(&self.origin),
+            figures: Arc::default(),
+            meta: format!("{prefix}meta"),
+            prefix,
+            scripts: Scripts::get(),
+            config,
+        };
+        queue.store_settings().await?;
+        Ok(queue)
+    }
+
+    /// The same domain over a connection of its own, driven by the async runtime this is
+    /// called on. A server whose workers each run a single-threaded runtime (actix-web)
+    /// gives each worker one, so no call has to wake a thread of another runtime and
+    /// wait for it to answer. The embedded store is in process: it is shared as is.
+    pub async fn with_own_connection(&self) -> Result<Self> {
+        let backend = match &*self.origin {
+            Origin::Embedded => self.backend.clone(),
+            origin => origin.connect().await?,
+        };
+        Ok(Self {
+            backend,
+            ..self.clone()
+        })
     }
 
     /// The key prefix of this domain (`tq:{domain}:`).
@@ -341,6 +431,60 @@ impl Queue {
             .arg("max_events_per_job")
             .arg(c.max_events_per_job);
         self.query(&cmd).await
+    }
+
+    /// [`JobQueue::status`], with the domain's figures at most `max_age` old.
+    async fn read_status(
+        &self,
+        id: &str,
+        tenant: &str,
+        max_age: std::time::Duration,
+    ) -> Result<Option<(JobRecord, Option<Position>)>> {
+        let mut tenant = tenant.to_string();
+        // A second pass only when the caller named another tenant than the job's.
+        for _ in 0..2 {
+            let (fields, rank, weight): (HashMap<String, String>, Value, Value) = self
+                .pipeline(&standing::job_read(&self.prefix, id, &tenant))
+                .await?;
+            if fields.is_empty() {
+                return Ok(None);
+            }
+            let job = job_record(id, &fields, String::new())?;
+            if job.tenant != tenant {
+                tenant = job.tenant;
+                continue;
+            }
+            let position = match (job.state, standing::rank(Some(&rank))?) {
+                (JobState::Queued, Some(rank)) => {
+                    let weight = standing::number(Some(&weight))?.unwrap_or(1.0);
+                    let figures = self.figures(max_age).await?;
+                    Some(figures.estimate(&job.tenant, weight, rank, &job.pools))
+                }
+                _ => None,
+            };
+            return Ok(Some((job, position)));
+        }
+        Err(QueueError::Protocol(format!("job {id} changed tenant")))
+    }
+
+    /// The domain's figures for position estimates, read afresh when the kept ones are
+    /// older than `max_age`.
+    async fn figures(&self, max_age: std::time::Duration) -> Result<Arc<DomainFigures>> {
+        if let Some(figures) = self.figures.fresh(max_age) {
+            return Ok(figures);
+        }
+        let reply: Vec<Value> = self
+            .pipeline(&standing::first_read(&self.prefix, &self.meta))
+            .await?;
+        let first = standing::FirstRead::parse(&reply)?;
+        let reply: Vec<Value> = if first.needs_second_read() {
+            self.pipeline(&first.second_read(&self.prefix)).await?
+        } else {
+            Vec::new()
+        };
+        let figures = Arc::new(first.finish(&reply)?);
+        self.figures.keep(Arc::clone(&figures));
+        Ok(figures)
     }
 
     /// Runs `script` with the domain's meta key, its prefix and `args` (a status table).
@@ -670,6 +814,13 @@ pub trait JobQueue: Send + Sync {
     ) -> Result<JobState>;
     /// The job, or None.
     async fn get(&self, id: &str) -> Result<Option<JobRecord>>;
+    /// The job without its payload and, while it is queued, where it stands: what an API
+    /// answering "how is my job doing" needs, in one round trip of plain reads when
+    /// `tenant` is the job's own. The estimate's domain-wide figures (other tenants'
+    /// waiting jobs, pools' run times) may be up to a second old; [`Self::position`]
+    /// reads them afresh.
+    async fn status(&self, id: &str, tenant: &str)
+    -> Result<Option<(JobRecord, Option<Position>)>>;
     /// Events after `after` (a `seq`), oldest first, or newest first with `newest_first`.
     async fn events(
         &self,
@@ -719,7 +870,7 @@ impl JobQueue for Queue {
         for batch in jobs.chunks(BULK_BATCH) {
             let mut args = vec![self.config.idempotency_ttl_ms.to_string()];
             let mut valid = Vec::new();
-            let mut refused = std::collections::HashMap::new();
+            let mut refused = HashMap::new();
             for (i, job) in batch.iter().enumerate() {
                 match validate(job) {
                     Ok(()) => {
@@ -1024,50 +1175,21 @@ impl JobQueue for Queue {
             .arg(format!("{}job:{id}", self.prefix))
             .cmd("GET")
             .arg(format!("{}payload:{id}", self.prefix));
-        let (fields, payload): (std::collections::HashMap<String, String>, Option<String>) =
+        let (fields, payload): (HashMap<String, String>, Option<String>) =
             self.pipeline(&pipe).await?;
         if fields.is_empty() {
             return Ok(None);
         }
-        let num = |f: &str| {
-            fields
-                .get(f)
-                .and_then(|v| v.parse::<f64>().ok())
-                .map(|v| v as u64)
-        };
-        let opt = |f: &str| fields.get(f).filter(|v| !v.is_empty()).cloned();
-        let state = fields.get("state").cloned().unwrap_or_default();
-        Ok(Some(JobRecord {
-            id: id.to_string(),
-            tenant: fields.get("tenant").cloned().unwrap_or_default(),
-            state: JobState::parse(&state).ok_or_else(|| {
-                QueueError::Protocol(format!("job {id} has unknown state {state:?}"))
-            })?,
-            priority: u8::try_from(num("prio").unwrap_or(0)).unwrap_or(0),
-            pools: fields
-                .get("pools")
-                .map(|p| {
-                    p.split(',')
-                        .filter(|s| !s.is_empty())
-                        .map(str::to_string)
-                        .collect()
-                })
-                .unwrap_or_default(),
-            gpus: u32::try_from(num("gpus").unwrap_or(1)).unwrap_or(1),
-            payload: payload.unwrap_or_default(),
-            attempts: u32::try_from(num("attempts").unwrap_or(0)).unwrap_or(0),
-            max_attempts: u32::try_from(num("max_attempts").unwrap_or(1)).unwrap_or(1),
-            preemptions: u32::try_from(num("preemptions").unwrap_or(0)).unwrap_or(0),
-            stalls: u32::try_from(num("stalls").unwrap_or(0)).unwrap_or(0),
-            epoch: num("epoch").unwrap_or(0),
-            pool: opt("pool"),
-            enqueued_ms: num("enq_ms").unwrap_or(0),
-            finished_ms: num("finished_ms"),
-            due_ms: num("due_ms"),
-            progress: opt("progress"),
-            result: opt("result"),
-            error: opt("error"),
-        }))
+        job_record(id, &fields, payload.unwrap_or_default()).map(Some)
+    }
+
+    async fn status(
+        &self,
+        id: &str,
+        tenant: &str,
+    ) -> Result<Option<(JobRecord, Option<Position>)>> {
+        self.read_status(id, tenant, standing::FIGURES_MAX_AGE)
+            .await
     }
 
     async fn events(
@@ -1100,14 +1222,21 @@ impl JobQueue for Queue {
     }
 
     async fn position(&self, id: &str) -> Result<Position> {
-        let reply = self.call(&self.scripts.position, &[id.to_string()]).await?;
-        match int(reply.first())? {
-            0 => Ok(Position {
-                ahead_in_tenant: unsigned(reply.get(1))?,
-                ahead: unsigned(reply.get(2))?,
-                estimated_start_ms: u64::try_from(int(reply.get(3))?).ok(),
+        let mut cmd = redis::cmd("HGET");
+        cmd.arg(format!("{}job:{id}", self.prefix)).arg("tenant");
+        let tenant: Option<String> = self.query(&cmd).await?;
+        let tenant = tenant.ok_or_else(|| QueueError::NotFound(id.to_string()))?;
+        match self
+            .read_status(id, &tenant, std::time::Duration::ZERO)
+            .await?
+        {
+            None => Err(QueueError::NotFound(id.to_string())),
+            Some((_, Some(position))) => Ok(position),
+            Some((job, None)) => Err(QueueError::WrongState {
+                id: id.to_string(),
+                state: job.state.as_str().to_string(),
+                operation: "position",
             }),
-            _ => Err(Self::status_error(id, &reply, "position")),
         }
     }
 
@@ -1297,4 +1426,46 @@ impl JobQueue for Queue {
             .await?;
         Ok(u64::try_from(removed).unwrap_or(0))
     }
+}
+
+/// A job record from its hash's fields (and its payload, read apart).
+fn job_record(id: &str, fields: &HashMap<String, String>, payload: String) -> Result<JobRecord> {
+    let num = |f: &str| {
+        fields
+            .get(f)
+            .and_then(|v| v.parse::<f64>().ok())
+            .map(|v| v as u64)
+    };
+    let opt = |f: &str| fields.get(f).filter(|v| !v.is_empty()).cloned();
+    let state = fields.get("state").cloned().unwrap_or_default();
+    Ok(JobRecord {
+        id: id.to_string(),
+        tenant: fields.get("tenant").cloned().unwrap_or_default(),
+        state: JobState::parse(&state)
+            .ok_or_else(|| QueueError::Protocol(format!("job {id} has unknown state {state:?}")))?,
+        priority: u8::try_from(num("prio").unwrap_or(0)).unwrap_or(0),
+        pools: fields
+            .get("pools")
+            .map(|p| {
+                p.split(',')
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default(),
+        gpus: u32::try_from(num("gpus").unwrap_or(1)).unwrap_or(1),
+        payload,
+        attempts: u32::try_from(num("attempts").unwrap_or(0)).unwrap_or(0),
+        max_attempts: u32::try_from(num("max_attempts").unwrap_or(1)).unwrap_or(1),
+        preemptions: u32::try_from(num("preemptions").unwrap_or(0)).unwrap_or(0),
+        stalls: u32::try_from(num("stalls").unwrap_or(0)).unwrap_or(0),
+        epoch: num("epoch").unwrap_or(0),
+        pool: opt("pool"),
+        enqueued_ms: num("enq_ms").unwrap_or(0),
+        finished_ms: num("finished_ms"),
+        due_ms: num("due_ms"),
+        progress: opt("progress"),
+        result: opt("result"),
+        error: opt("error"),
+    })
 }

@@ -508,6 +508,31 @@ async fn events_page_by_cursor_both_ways_and_positions_count_who_is_ahead(backen
         (30_000..=30_500).contains(&wait),
         "three runs of 10 s ahead: {wait} ms"
     );
+
+    // status reads the same record (less the payload) and the same standing in one call;
+    // naming another tenant than the job's costs a second read, not a wrong answer.
+    let (record, standing) = q.status(&second, "t").await.unwrap().unwrap();
+    let (_, misnamed) = q.status(&second, "other").await.unwrap().unwrap();
+    let same_place = |p: Option<Position>| p.map(|p| (p.ahead_in_tenant, p.ahead));
+    assert_eq!(same_place(misnamed), same_place(standing));
+    let mut full = q.get(&second).await.unwrap().unwrap();
+    assert!(!full.payload.is_empty());
+    full.payload.clear();
+    assert_eq!(record, full);
+    let standing = standing.expect("a queued job stands somewhere");
+    assert_eq!(
+        (standing.ahead_in_tenant, standing.ahead),
+        (pos.ahead_in_tenant, pos.ahead)
+    );
+    let drift = standing.estimated_start_ms.unwrap() - pos.estimated_start_ms.unwrap();
+    assert!(drift < 5_000, "the same estimate, read a moment later");
+    let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
+    q.start(&lease.id, lease.token).await.unwrap();
+    let (running, standing) = q.status(&lease.id, &lease.tenant).await.unwrap().unwrap();
+    assert_eq!(running.state, JobState::Running);
+    assert_eq!(running.pool.as_deref(), Some("gpu"));
+    assert_eq!(standing, None, "only a queued job has a place in the queue");
+    assert_eq!(q.status("j999999999999", "t").await.unwrap(), None);
     q.destroy().await.unwrap();
 }
 

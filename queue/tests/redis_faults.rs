@@ -263,6 +263,23 @@ async fn a_redis_restarted_without_persistence_gets_the_scripts_again() {
         "only the job enqueued after the restart is there"
     );
     q.complete(&id, lease.token, "{}").await.unwrap();
+
+    // Reads that use no script work the same without the library.
+    let waiting = q.enqueue(&job(2)).await.unwrap().id;
+    redis::cmd("FUNCTION")
+        .arg("FLUSH")
+        .query_async::<()>(
+            &mut redis::Client::open(server.url.as_str())
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let (record, standing) = q.status(&waiting, "t2").await.unwrap().unwrap();
+    assert_eq!(record.state, JobState::Queued);
+    assert_eq!(standing.map(|p| p.ahead_in_tenant), Some(0));
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }

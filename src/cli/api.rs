@@ -43,6 +43,10 @@ pub struct ApiArgs {
     /// Largest accepted upload, in MiB.
     #[arg(long, default_value_t = 512)]
     max_upload_mib: u64,
+    /// Accept webhook URLs on private, loopback and link-local addresses, and plain
+    /// http:// (receivers on your own network). Off: https:// to public hosts only.
+    #[arg(long, env = "TUNEQ_WEBHOOK_ALLOW_PRIVATE")]
+    webhook_allow_private: bool,
     /// Where uploads are spooled while they are validated.
     #[arg(long, env = "TUNEQ_SPOOL_DIR")]
     spool_dir: Option<PathBuf>,
@@ -72,18 +76,21 @@ async fn serve(args: ApiArgs) -> Result<()> {
     let spool_dir = args.spool_dir.clone().unwrap_or_else(std::env::temp_dir);
     std::fs::create_dir_all(&spool_dir)
         .with_context(|| format!("cannot create {}", spool_dir.display()))?;
-    let state = tuneq_api::AppState {
+    let state = tuneq_api::AppState::new(
         queue,
         store,
-        config: tuneq_api::ApiConfig {
+        tuneq_api::ApiConfig {
             max_upload_bytes: args.max_upload_mib.saturating_mul(1 << 20),
+            webhooks: tuneq_api::WebhookPolicy {
+                allow_private: args.webhook_allow_private,
+            },
             admin_key_hash: args.admin_key.as_deref().map(tuneq_api::auth::key_hash),
             spool_dir,
             pools,
             attempt_signer: service::attempt_signer(Some(&args.attempt_secret))?,
             ..tuneq_api::ApiConfig::default()
         },
-    };
+    );
     for m in &args.models {
         let (id, location) = service::pair(m, "--model")?;
         tuneq_api::models::register_base(
@@ -104,7 +111,7 @@ async fn serve(args: ApiArgs) -> Result<()> {
     let listener = std::net::TcpListener::bind((args.host.as_str(), args.port))
         .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
     let url = format!("http://{}", listener.local_addr()?);
-    let server = tuneq_api::serve(listener, state.clone())?;
+    let server = tuneq_api::serve(listener, state.clone(), None)?;
     let handle = server.handle();
     let server_task = tokio::spawn(server);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

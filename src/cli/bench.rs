@@ -47,6 +47,9 @@ pub enum BenchCommand {
         /// Server worker threads (both servers; default: the machine's cores).
         #[arg(long)]
         workers: Option<usize>,
+        /// Rounds of the three phases, alternating; figures are medians over them.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
     },
     /// Queue throughput and memory on a redis-server, with the BullMQ kit's workload
     /// and JSON keys (compare with ../shared/bench/bullmq; scripts/bench-queue runs both).
@@ -112,8 +115,10 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
             seconds,
             connections,
             workers,
+            runs,
         } => {
             let opts = super::bench_api::ApiBenchOptions {
+                runs,
                 redis_url: redis,
                 seconds,
                 connections,

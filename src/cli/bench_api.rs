@@ -6,7 +6,9 @@
 //! arrives) drives, in turn: the hello-world, `GET /finetunes/{id}`, and
 //! `POST /finetunes` (each creates and enqueues a job). The load generator shares the
 //! CPU with the servers, the same way for all three, so the ratios are comparable
-//! while the absolute figures understate a dedicated server.
+//! while the absolute figures understate a dedicated server. With several runs the
+//! three phases alternate, and each figure is the median over the runs (a shared
+//! machine's noise moves neighbouring phases alike).
 
 use anyhow::{Context, Result};
 use serde::Serialize;
@@ -23,6 +25,8 @@ pub struct ApiBenchOptions {
     pub connections: usize,
     /// Server workers (threads) for both servers.
     pub workers: usize,
+    /// Rounds of the three phases.
+    pub runs: usize,
 }
 
 /// One phase's figures.
@@ -51,10 +55,14 @@ pub struct ApiBenchResult {
     pub get_ratio: f64,
     /// POST req/s over hello-world req/s.
     pub create_ratio: f64,
+    /// Median over the runs of each run's GET ratio.
+    pub get_ratio_median_of_runs: f64,
     /// Connections.
     pub connections: usize,
     /// Server workers.
     pub workers: usize,
+    /// Rounds of the three phases (each figure above is the median over them).
+    pub runs: usize,
 }
 
 /// A request the load generator repeats.
@@ -166,10 +174,10 @@ pub async fn run(opts: &ApiBenchOptions, log: impl Fn(&str)) -> Result<ApiBenchR
     )
     .await
     .context("cannot reach Redis")?;
-    let state = tuneq_api::AppState {
-        queue: queue.clone(),
-        store: Arc::new(tuneq_storage::LocalStore::new(dir.path().join("objects"))),
-        config: tuneq_api::ApiConfig {
+    let state = tuneq_api::AppState::new(
+        queue.clone(),
+        Arc::new(tuneq_storage::LocalStore::new(dir.path().join("objects"))),
+        tuneq_api::ApiConfig {
             spool_dir: dir.path().to_path_buf(),
             pools: vec![tuneq_api::PoolInfo {
                 name: "local".into(),
@@ -177,7 +185,7 @@ pub async fn run(opts: &ApiBenchOptions, log: impl Fn(&str)) -> Result<ApiBenchR
             }],
             ..tuneq_api::ApiConfig::default()
         },
-    };
+    );
     let fail = |e: tuneq_api::ApiError| anyhow::anyhow!("{}", e.detail.message);
     tuneq_api::auth::create_tenant(&state, "bench", "Bench")
         .await
@@ -198,14 +206,9 @@ pub async fn run(opts: &ApiBenchOptions, log: impl Fn(&str)) -> Result<ApiBenchR
     .map_err(fail)?;
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     let url = format!("http://{}", listener.local_addr()?);
-    let server = actix_web::HttpServer::new({
-        let state = state.clone();
-        move || actix_web::App::new().configure(tuneq_api::configure(state.clone()))
-    })
-    .workers(opts.workers)
-    .disable_signals()
-    .listen(listener)?
-    .run();
+    // The server exactly as `tuneq api` runs it: middleware (request span, metrics,
+    // access log) included.
+    let server = tuneq_api::serve(listener, state.clone(), Some(opts.workers))?;
     let handle = server.handle();
     tokio::spawn(server);
 
@@ -240,48 +243,66 @@ pub async fn run(opts: &ApiBenchOptions, log: impl Fn(&str)) -> Result<ApiBenchR
         "{} connections, {} server workers, {} s per phase",
         opts.connections, opts.workers, opts.seconds
     ));
-    let hello = drive(
-        "hello-world",
-        Target {
-            method: reqwest::Method::GET,
-            url: hello_url,
-            key: None,
-            body: None,
-            expect: 200,
-        },
-        opts.connections,
-        opts.seconds,
-        &log,
-    )
-    .await?;
-    let get = drive(
-        "GET /finetunes/id",
-        Target {
-            method: reqwest::Method::GET,
-            url: format!("{url}/finetunes/{job_id}"),
-            key: Some(key.clone()),
-            body: None,
-            expect: 200,
-        },
-        opts.connections,
-        opts.seconds,
-        &log,
-    )
-    .await?;
-    let create = drive(
-        "POST /finetunes",
-        Target {
-            method: reqwest::Method::POST,
-            url: format!("{url}/finetunes"),
-            key: Some(key),
-            body: Some(create_body),
-            expect: 200,
-        },
-        opts.connections,
-        opts.seconds,
-        &log,
-    )
-    .await?;
+    let (mut hellos, mut gets, mut creates) = (Vec::new(), Vec::new(), Vec::new());
+    for run in 1..=opts.runs.max(1) {
+        if opts.runs > 1 {
+            log(&format!("run {run} of {}", opts.runs));
+        }
+        hellos.push(
+            drive(
+                "hello-world",
+                Target {
+                    method: reqwest::Method::GET,
+                    url: hello_url.clone(),
+                    key: None,
+                    body: None,
+                    expect: 200,
+                },
+                opts.connections,
+                opts.seconds,
+                &log,
+            )
+            .await?,
+        );
+        gets.push(
+            drive(
+                "GET /finetunes/id",
+                Target {
+                    method: reqwest::Method::GET,
+                    url: format!("{url}/finetunes/{job_id}"),
+                    key: Some(key.clone()),
+                    body: None,
+                    expect: 200,
+                },
+                opts.connections,
+                opts.seconds,
+                &log,
+            )
+            .await?,
+        );
+        creates.push(
+            drive(
+                "POST /finetunes",
+                Target {
+                    method: reqwest::Method::POST,
+                    url: format!("{url}/finetunes"),
+                    key: Some(key.clone()),
+                    body: Some(create_body.clone()),
+                    expect: 200,
+                },
+                opts.connections,
+                opts.seconds,
+                &log,
+            )
+            .await?,
+        );
+    }
+    let run_ratios: Vec<f64> = gets
+        .iter()
+        .zip(&hellos)
+        .map(|(g, h)| g.requests_per_s / h.requests_per_s.max(1e-9))
+        .collect();
+    let (hello, get, create) = (median(hellos), median(gets), median(creates));
     hello_handle.stop(true).await;
     handle.stop(true).await;
     if let Err(e) = queue.destroy().await {
@@ -290,10 +311,25 @@ pub async fn run(opts: &ApiBenchOptions, log: impl Fn(&str)) -> Result<ApiBenchR
     Ok(ApiBenchResult {
         get_ratio: get.requests_per_s / hello.requests_per_s.max(1e-9),
         create_ratio: create.requests_per_s / hello.requests_per_s.max(1e-9),
+        get_ratio_median_of_runs: median_of(run_ratios),
         hello,
         get_finetune: get,
         create_finetune: create,
         connections: opts.connections,
         workers: opts.workers,
+        runs: opts.runs.max(1),
     })
+}
+
+/// The phase with the median request rate.
+fn median(mut phases: Vec<Phase>) -> Phase {
+    phases.sort_by(|a, b| a.requests_per_s.total_cmp(&b.requests_per_s));
+    let middle = phases.len() / 2;
+    phases.swap_remove(middle)
+}
+
+/// The median of `values` (0 for none).
+fn median_of(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(0.0)
 }

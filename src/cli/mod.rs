@@ -68,11 +68,17 @@ pub fn main() -> ExitCode {
     if let Some(code) = reexec_with_runtime_env(cli.threads) {
         return code;
     }
-    // The service logs what it does; one-shot commands only what went wrong.
+    // The service logs what it does; one-shot commands only what went wrong. The API
+    // benchmark serves with the service's filter, so it pays for the same spans.
     init_tracing(
         if matches!(
             cli.command,
-            Command::Up(_) | Command::Api(_) | Command::Dispatcher(_)
+            Command::Up(_)
+                | Command::Api(_)
+                | Command::Dispatcher(_)
+                | Command::Bench {
+                    command: bench::BenchCommand::Api { .. }
+                }
         ) {
             "info,tuneq::access=warn"
         } else {
@@ -164,12 +170,15 @@ fn print_details(e: &tuneq_trainer::Error) {
 #[error("{0}")]
 pub struct BadInput(pub String);
 
-/// Logs to stderr, filtered by `TUNEQ_LOG` (e.g. `debug`, `tuneq_api=debug`), else `default`.
+/// Logs to stderr, filtered by `TUNEQ_LOG` (e.g. `debug`, `tuneq_api=debug`), else `default`;
+/// in colour only on a terminal, so a log file or collector gets plain lines.
 fn init_tracing(default: &str) {
+    use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("TUNEQ_LOG").unwrap_or_else(|_| EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .try_init();
 }

@@ -42,6 +42,10 @@ pub struct UpArgs {
     /// Largest accepted upload, in MiB.
     #[arg(long, default_value_t = 512)]
     max_upload_mib: u64,
+    /// Accept webhook URLs on private, loopback and link-local addresses, and plain
+    /// http:// (receivers on your own network). Off: https:// to public hosts only.
+    #[arg(long, env = "TUNEQ_WEBHOOK_ALLOW_PRIVATE")]
+    webhook_allow_private: bool,
     /// Fine-tunes trained at once (each is a `tuneq train` process).
     #[arg(long, default_value_t = 1, env = "TUNEQ_SLOTS")]
     slots: u32,
@@ -149,11 +153,14 @@ async fn serve(args: UpArgs) -> Result<()> {
     // The API and the dispatcher live in this process: a fresh secret per start will do
     // (trainers of an earlier run are stopped at start).
     let signer = service::attempt_signer(None)?;
-    let state = tuneq_api::AppState {
-        queue: queue.clone(),
-        store: Arc::new(tuneq_storage::LocalStore::new(data_dir.join("objects"))),
-        config: tuneq_api::ApiConfig {
+    let state = tuneq_api::AppState::new(
+        queue.clone(),
+        Arc::new(tuneq_storage::LocalStore::new(data_dir.join("objects"))),
+        tuneq_api::ApiConfig {
             max_upload_bytes: args.max_upload_mib.saturating_mul(1 << 20),
+            webhooks: tuneq_api::WebhookPolicy {
+                allow_private: args.webhook_allow_private,
+            },
             admin_key_hash: args.admin_key.as_deref().map(tuneq_api::auth::key_hash),
             spool_dir: data_dir.join("spool"),
             pools: vec![tuneq_api::PoolInfo {
@@ -163,7 +170,7 @@ async fn serve(args: UpArgs) -> Result<()> {
             attempt_signer: signer.clone(),
             ..tuneq_api::ApiConfig::default()
         },
-    };
+    );
     tuneq_api::auth::create_tenant(&state, DEFAULT_TENANT, "Default tenant")
         .await
         .map_err(|e| anyhow::anyhow!("{}", e.detail.message))?;
@@ -180,7 +187,7 @@ async fn serve(args: UpArgs) -> Result<()> {
     } else {
         url.clone()
     };
-    let server = tuneq_api::serve(listener, state.clone())?;
+    let server = tuneq_api::serve(listener, state.clone(), None)?;
     let server_handle = server.handle();
     let server_task = tokio::spawn(server);
 

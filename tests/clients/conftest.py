@@ -72,13 +72,14 @@ class Process:
 class Service(Process):
     """A running `tuneq up`."""
 
-    def __init__(self, data_dir: Path, api_key: str | None = None):
+    def __init__(self, data_dir: Path, api_key: str | None = None,
+                 extra_args: list[str] | None = None):
         self.api_key = api_key or "tq_" + secrets.token_hex(20)
         self.admin_key = "tq_admin_" + secrets.token_hex(20)
         self.data_dir = data_dir
         super().__init__(
             [str(tuneq_bin()), "up", "--port", "0", "--data-dir", str(data_dir),
-             "--api-key", self.api_key],
+             "--api-key", self.api_key, *(extra_args or [])],
             ready="tuneq is up at ", timeout=30,
             env={**os.environ, "TUNEQ_ADMIN_KEY": self.admin_key})
         self.url = self.line.removeprefix("tuneq is up at ").strip()
