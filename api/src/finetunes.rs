@@ -22,11 +22,11 @@ use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use tuneq_openapi::ErrorBody;
 use tuneq_openapi::{
-    AdapterInfo, AutoOrInt, AutoOrNumber, CheckpointMetrics, CheckpointPolicy, FineTuneCheckpoint,
-    FineTuneCheckpointList, FineTuneCreate, FineTuneEvent, FineTuneEventList, FineTuneJob,
-    FineTuneList, HyperparametersRequest, JobError, JobHyperparameters, JobPayload, LoraSpec,
-    Method, Model, Progress, QueueStanding, SamplingSpec, SupervisedSettings, TrainSpec,
-    WebhookEvent, WebhookEventData, WebhookStatus,
+    AdapterFileUrl, AdapterInfo, AdapterUrls, AutoOrInt, AutoOrNumber, CheckpointMetrics,
+    CheckpointPolicy, FineTuneCheckpoint, FineTuneCheckpointList, FineTuneCreate, FineTuneEvent,
+    FineTuneEventList, FineTuneJob, FineTuneList, HyperparametersRequest, JobError,
+    JobHyperparameters, JobPayload, LoraSpec, Method, Model, Progress, QueueStanding, SamplingSpec,
+    SupervisedSettings, TrainSpec, WebhookEvent, WebhookEventData, WebhookStatus,
 };
 use tuneq_queue::{Catalog, JobQueue, JobRecord, JobState, NewJob, QueueError};
 use tuneq_storage::layout::{self, Id};
@@ -137,6 +137,10 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                 .service(
                     crate::scoped_resource(prefix, "/{id}/adapter", "GET")
                         .route(web::get().to(adapter)),
+                )
+                .service(
+                    crate::scoped_resource(prefix, "/{id}/adapter/urls", "GET")
+                        .route(web::get().to(adapter_urls)),
                 ),
         );
     }
@@ -755,7 +759,9 @@ async fn view(state: &AppState, record: FineTuneRecord) -> ApiResult<FineTuneJob
             last_error: progress.last_error,
         }
     });
+    let lost_steps = progress.as_ref().map_or(0, |p| p.lost_steps);
     Ok(FineTuneJob {
+        lost_steps,
         fine_tuned_model: adapter.is_some().then(|| fine_tuned_model_name(&record)),
         adapter: adapter.map(|location| AdapterInfo {
             location,
@@ -1341,21 +1347,7 @@ pub(crate) async fn adapter(
     tenant: Tenant,
     id: web::Path<String>,
 ) -> ApiResult<HttpResponse> {
-    let record = find(&state, &tenant, &id).await?;
-    let job = view(&state, record.clone()).await?;
-    if job.adapter.is_none() {
-        return Err(ApiError::invalid(
-            "id",
-            "adapter_not_ready",
-            format!(
-                "The job is {}; its adapter exists once it has succeeded.",
-                job.status
-            ),
-        ));
-    }
-    let tenant_id = Id::parse(&tenant.0).map_err(|_| ApiError::internal("tenant id"))?;
-    let job_key = Id::parse(&record.id).map_err(|_| ApiError::internal("job id"))?;
-    let output = layout::job_output(&tenant_id, &job_key);
+    let (record, output) = adapter_prefix(&state, &tenant, &id).await?;
     let mut archive = Vec::new();
     for name in ADAPTER_FILES {
         let key = output
@@ -1373,6 +1365,90 @@ pub(crate) async fn adapter(
             format!("attachment; filename=\"{}-adapter.tar\"", record.id),
         ))
         .body(archive))
+}
+
+/// Where a succeeded job's adapter is stored; a job that has not succeeded is refused.
+async fn adapter_prefix(
+    state: &AppState,
+    tenant: &Tenant,
+    id: &str,
+) -> ApiResult<(FineTuneRecord, tuneq_storage::ObjectKey)> {
+    let record = find(state, tenant, id).await?;
+    let job = view(state, record.clone()).await?;
+    if job.adapter.is_none() {
+        return Err(ApiError::invalid(
+            "id",
+            "adapter_not_ready",
+            format!(
+                "The job is {}; its adapter exists once it has succeeded.",
+                job.status
+            ),
+        ));
+    }
+    let tenant_id = Id::parse(&tenant.0).map_err(|_| ApiError::internal("tenant id"))?;
+    let job_key = Id::parse(&record.id).map_err(|_| ApiError::internal("job id"))?;
+    Ok((record, layout::job_output(&tenant_id, &job_key)))
+}
+
+/// How long presigned adapter URLs work.
+const ADAPTER_URLS_VALID: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Presigned download URLs of the adapter's PEFT files, valid for an hour: for clients
+/// that fetch straight from the object store (S3, GCS). A store that cannot presign
+/// (a local folder) answers 400 `presign_unsupported`; the tar download works there.
+#[utoipa::path(get, path = "/v1/fine_tuning/jobs/{id}/adapter/urls", tag = "fine-tuning", operation_id = "adapter_urls",
+    params(("id" = String, Path, description = "`ftjob-…`")),
+    responses(
+        (status = 200, description = "One URL per file", body = AdapterUrls),
+        (status = 400, description = "The job has not succeeded, or the store cannot presign", body = ErrorBody),
+        (status = 401, description = "No or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such job for this tenant", body = ErrorBody),
+    ))]
+pub(crate) async fn adapter_urls(
+    state: web::Data<AppState>,
+    tenant: Tenant,
+    id: web::Path<String>,
+) -> ApiResult<HttpResponse> {
+    let (_, output) = adapter_prefix(&state, &tenant, &id).await?;
+    let mut data = Vec::new();
+    let mut expires_at = u64::MAX;
+    for name in ADAPTER_FILES {
+        let key = output
+            .join(name)
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+        let signed = match state
+            .store
+            .presign(&key, tuneq_storage::PresignMethod::Get, ADAPTER_URLS_VALID)
+            .await
+        {
+            Ok(signed) => signed,
+            Err(tuneq_storage::Error::Unsupported { .. }) => {
+                return Err(ApiError::invalid(
+                    "id",
+                    "presign_unsupported",
+                    format!(
+                        "This server's object store cannot presign URLs; download the adapter as a tar at /v1/fine_tuning/jobs/{}/adapter.",
+                        id.as_str()
+                    ),
+                ));
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let expires = signed
+            .expires_at
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        expires_at = expires_at.min(expires);
+        data.push(AdapterFileUrl {
+            name: name.to_string(),
+            url: signed.url,
+        });
+    }
+    Ok(HttpResponse::Ok().json(AdapterUrls {
+        object: "list".into(),
+        data,
+        expires_at,
+    }))
 }
 
 /// The tenant's fine-tuned models (jobs that succeeded), newest first.

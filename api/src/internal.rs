@@ -44,7 +44,7 @@ fn apply(progress: &mut Progress, events: &[TrainEvent]) -> Vec<(String, String)
                 dataset_format,
             } => {
                 progress.total_steps = *total_steps;
-                progress.step = *start_step;
+                restart_at(progress, *start_step);
                 log.push((
                     "training_started".into(),
                     json!({"total_steps": total_steps, "start_step": start_step,
@@ -54,7 +54,7 @@ fn apply(progress: &mut Progress, events: &[TrainEvent]) -> Vec<(String, String)
                 ));
             }
             TrainEvent::Resumed { step, checkpoint } => {
-                progress.step = *step;
+                restart_at(progress, *step);
                 progress.checkpoint_step = Some(*step);
                 log.push((
                     "resumed".into(),
@@ -116,6 +116,12 @@ fn apply(progress: &mut Progress, events: &[TrainEvent]) -> Vec<(String, String)
             (progress.step as f64 * 100.0 / progress.total_steps as f64).clamp(0.0, 100.0);
     }
     log
+}
+
+/// An attempt starts at `step`: whatever an earlier attempt did past it is done again.
+fn restart_at(progress: &mut Progress, step: u64) {
+    progress.lost_steps += progress.step.saturating_sub(step);
+    progress.step = step;
 }
 
 /// `POST /internal/attempts/{job}/report`.
@@ -237,5 +243,31 @@ mod tests {
         );
         assert_eq!(log[0].0, "checkpoint");
         assert_eq!(progress.checkpoint_step, Some(200));
+    }
+
+    #[test]
+    fn steps_past_the_last_checkpoint_count_as_lost_when_an_attempt_restarts() {
+        let mut progress = Progress::default();
+        let first: Vec<TrainEvent> = (1..=30).map(|s| step(s, 100)).collect();
+        apply(&mut progress, &first);
+        // The next attempt resumes from the checkpoint at step 20 (and says so twice).
+        let started = TrainEvent::Started {
+            total_steps: 100,
+            start_step: 20,
+            train_examples: 8,
+            validation_examples: 0,
+            trainable_params: 10,
+            dataset_format: "chat".into(),
+        };
+        let resumed = TrainEvent::Resumed {
+            step: 20,
+            checkpoint: "file:///ckpt".into(),
+        };
+        apply(&mut progress, &[resumed, started]);
+        assert_eq!(progress.lost_steps, 10);
+        assert_eq!(progress.step, 20);
+        let second: Vec<TrainEvent> = (21..=25).map(|s| step(s, 100)).collect();
+        apply(&mut progress, &second);
+        assert_eq!(progress.lost_steps, 10, "steps going forward lose nothing");
     }
 }

@@ -11,7 +11,8 @@ use std::sync::Arc;
 use tuneq_api::models::{BaseModel, register_base};
 use tuneq_api::{ApiConfig, AppState, PoolInfo, auth};
 use tuneq_queue::{AttemptSigner, JobQueue, Queue, QueueConfig};
-use tuneq_storage::LocalStore;
+use tuneq_storage::layout::{Id, job_output};
+use tuneq_storage::{LocalStore, ObjectStore, PutMode};
 
 struct Server {
     url: String,
@@ -24,6 +25,11 @@ struct Server {
 }
 
 async fn start() -> Server {
+    start_with_store(None).await
+}
+
+/// A server whose objects live in `store` (default: a folder in its temp dir).
+async fn start_with_store(store: Option<Arc<dyn ObjectStore>>) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let queue = Queue::open_embedded(
         &dir.path().join("queue.db"),
@@ -36,7 +42,7 @@ async fn start() -> Server {
     let signer = AttemptSigner::new(b"test secret for attempt credentials".to_vec());
     let state = AppState::new(
         queue.clone(),
-        Arc::new(LocalStore::new(dir.path().join("objects"))),
+        store.unwrap_or_else(|| Arc::new(LocalStore::new(dir.path().join("objects")))),
         ApiConfig {
             spool_dir: dir.path().to_path_buf(),
             pools: vec![PoolInfo {
@@ -257,16 +263,106 @@ async fn reports_move_a_job_to_succeeded_and_stale_or_forged_ones_change_nothing
     );
     assert!(!messages.iter().any(|m| m.contains("9.0")));
 
+    // A local folder cannot presign: the tar download is the way there.
+    let (status, body) = get(&s, &s.acme, &format!("/finetunes/{id}/adapter/urls")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["error"]["code"], "presign_unsupported");
+
     // Another tenant sees nothing of it.
     for path in [
         format!("/finetunes/{id}"),
         format!("/finetunes/{id}/events"),
         format!("/finetunes/{id}/checkpoints"),
         format!("/finetunes/{id}/adapter"),
+        format!("/finetunes/{id}/adapter/urls"),
     ] {
         let (status, body) = get(&s, &s.other, &path).await;
         assert_eq!(status, StatusCode::NOT_FOUND, "{path}: {body}");
     }
     let (_, list) = get(&s, &s.other, "/v1/fine_tuning/jobs").await;
     assert_eq!(list["data"].as_array().unwrap().len(), 0);
+}
+
+/// On S3 (SeaweedFS, which checks SigV4 signatures), a succeeded job's adapter is handed
+/// out as presigned URLs that any HTTP client can fetch without an API key.
+#[tokio::test]
+async fn a_succeeded_adapter_is_handed_out_as_presigned_urls_where_the_store_signs() {
+    use tuneq_storage::testing;
+    let store: Arc<dyn ObjectStore> = Arc::new(
+        tuneq_storage::s3::S3Store::connect(
+            &testing::s3_config(testing::seaweedfs()),
+            testing::TEST_BUCKET,
+            &testing::unique_prefix("api-adapter-urls"),
+        )
+        .await
+        .unwrap(),
+    );
+    let s = start_with_store(Some(Arc::clone(&store))).await;
+    let created = create_job(&s).await;
+    let id = created["id"].as_str().unwrap();
+    let (status, body) = get(&s, &s.acme, &format!("/finetunes/{id}/adapter/urls")).await;
+    assert_eq!(
+        status,
+        StatusCode::BAD_REQUEST,
+        "not before it has succeeded"
+    );
+    assert_eq!(body["error"]["code"], "adapter_not_ready");
+
+    let lease = s
+        .queue
+        .claim_started("local", "test", "")
+        .await
+        .unwrap()
+        .unwrap();
+    let credential = s.signer.sign(&lease.id, lease.token);
+    // What the trainer writes, then its last report.
+    let output = job_output(&Id::parse("acme").unwrap(), &Id::parse(id).unwrap());
+    let files: [(&str, &[u8]); 2] = [
+        ("adapter_config.json", br#"{"r": 8, "peft_type": "LORA"}"#),
+        ("adapter_model.safetensors", b"not really weights"),
+    ];
+    for (name, bytes) in files {
+        store
+            .put(
+                &output.join(name).unwrap(),
+                bytes::Bytes::from_static(bytes),
+                PutMode::Overwrite,
+            )
+            .await
+            .unwrap();
+    }
+    let finished = json!({"seq": 1, "events": [
+        {"event": "finished", "step": 4, "adapter": "s3://tuneq-test/out", "train_loss": 1.0,
+         "validation_loss": null, "trained_tokens": 400}]});
+    assert_eq!(
+        report(&s, &lease.id, &credential, finished).await,
+        StatusCode::NO_CONTENT
+    );
+
+    let (status, urls) = get(
+        &s,
+        &s.acme,
+        &format!("/v1/fine_tuning/jobs/{id}/adapter/urls"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{urls}");
+    let listed = urls["data"].as_array().unwrap();
+    assert_eq!(listed.len(), 2);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let expires = urls["expires_at"].as_u64().unwrap();
+    assert!(
+        (now + 3000..=now + 3700).contains(&expires),
+        "about an hour"
+    );
+    for ((name, bytes), entry) in files.iter().zip(listed) {
+        assert_eq!(entry["name"], *name);
+        let fetched = reqwest::get(entry["url"].as_str().unwrap()).await.unwrap();
+        assert_eq!(fetched.status(), StatusCode::OK, "{name}");
+        assert_eq!(fetched.bytes().await.unwrap().as_ref(), *bytes);
+    }
+    let (status, _) = get(&s, &s.other, &format!("/finetunes/{id}/adapter/urls")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
 }

@@ -192,6 +192,10 @@ pub struct Progress {
     pub tokens_seen: u64,
     /// Step of the latest checkpoint (where a new attempt resumes).
     pub checkpoint_step: Option<u64>,
+    /// Steps done again because an attempt ended past its last checkpoint (preempted,
+    /// failed, restarted): the work a preemption cost.
+    #[serde(default)]
+    pub lost_steps: u64,
 }
 
 /// Where a queued job stands (tuneq).
@@ -273,11 +277,34 @@ pub struct FineTuneJob {
     pub attempts: u32,
     /// Times its machine was taken away and it resumed (tuneq).
     pub preemptions: u32,
+    /// Steps trained again after attempts ended past their last checkpoint (tuneq).
+    pub lost_steps: u64,
     /// The adapter, once succeeded (tuneq).
     pub adapter: Option<AdapterInfo>,
     /// The webhook asked for at create, and how its delivery went (tuneq).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webhook: Option<WebhookStatus>,
+}
+
+/// Presigned download URLs of an adapter's files (tuneq): fetch them with any HTTP
+/// client, no API key, until they expire.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct AdapterUrls {
+    /// Always `list`.
+    pub object: String,
+    /// One per PEFT file.
+    pub data: Vec<AdapterFileUrl>,
+    /// When the URLs stop working, Unix seconds.
+    pub expires_at: u64,
+}
+
+/// One adapter file and where to download it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct AdapterFileUrl {
+    /// `adapter_config.json` or `adapter_model.safetensors`.
+    pub name: String,
+    /// A presigned `GET` URL.
+    pub url: String,
 }
 
 /// A job's webhook and its delivery.

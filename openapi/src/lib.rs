@@ -18,12 +18,12 @@ pub use files::{
     Deleted, ErrorBody, ErrorDetail, FileList, FileObject, FileValidation, LineProblem,
 };
 pub use finetunes::{
-    AdapterInfo, AttemptReport, Auto, AutoOrInt, AutoOrNumber, CheckpointMetrics,
-    FineTuneCheckpoint, FineTuneCheckpointList, FineTuneCreate, FineTuneEvent, FineTuneEventList,
-    FineTuneJob, FineTuneList, Hyperparameters as JobHyperparameters, HyperparametersRequest,
-    JobError, JobPayload, Method, MethodRequest, Model, ModelList, Progress, QueueStanding,
-    SupervisedMethod, SupervisedSettings, WebhookEvent, WebhookEventData, WebhookSecret,
-    WebhookStatus,
+    AdapterFileUrl, AdapterInfo, AdapterUrls, AttemptReport, Auto, AutoOrInt, AutoOrNumber,
+    CheckpointMetrics, FineTuneCheckpoint, FineTuneCheckpointList, FineTuneCreate, FineTuneEvent,
+    FineTuneEventList, FineTuneJob, FineTuneList, Hyperparameters as JobHyperparameters,
+    HyperparametersRequest, JobError, JobPayload, Method, MethodRequest, Model, ModelList,
+    Progress, QueueStanding, SupervisedMethod, SupervisedSettings, WebhookEvent, WebhookEventData,
+    WebhookSecret, WebhookStatus,
 };
 pub use progress::{StepMetrics, TrainEvent};
 pub use train_spec::{

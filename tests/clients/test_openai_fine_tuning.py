@@ -275,6 +275,10 @@ def test_restarts_mid_job_resume_from_the_last_checkpoint(tmp_path):
         assert all(e.data["step"] > 0 for e in resumes)
         stops = [e for e in events if e.message.startswith("The attempt stopped (")]
         assert len(stops) == 2
+        # Work redone after the kill (steps past the last checkpoint) is counted, not hidden.
+        lost = done.model_extra["lost_steps"]
+        assert lost == done.model_extra["progress"]["lost_steps"]
+        assert 0 <= lost < 150
     finally:
         service.stop()
 
