@@ -147,7 +147,12 @@ pub fn serve(
                     Ok::<_, ()>(AppState { queue, ..shared })
                 }
             })
-            .wrap(actix_web::middleware::Logger::new("%r %s %Dms").log_target("tuneq::access"))
+            // The access log, only where `tuneq::access` is enabled (TUNEQ_LOG): the
+            // middleware renders parts of every request before the level is checked.
+            .wrap(actix_web::middleware::Condition::new(
+                tracing::enabled!(target: "tuneq::access", tracing::Level::INFO),
+                actix_web::middleware::Logger::new("%r %s %Dms").log_target("tuneq::access"),
+            ))
             .wrap_fn(|req, srv| {
                 use actix_web::dev::Service;
                 use tracing::Instrument;
