@@ -15,9 +15,11 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use futures::{StreamExt, TryStreamExt};
 use serde::Deserialize;
 use std::io::Write;
-use tuneq_dataset::{DataError, Record, parse_jsonl};
+use tuneq_dataset::{DataError, Encoder, Record, parse_jsonl, token_stats};
 use tuneq_openapi::ErrorBody;
-use tuneq_openapi::{DatasetFormat, Deleted, FileList, FileObject, FileValidation, LineProblem};
+use tuneq_openapi::{
+    DatasetFormat, Deleted, FileList, FileObject, FileTokenStats, FileValidation, LineProblem,
+};
 use tuneq_queue::Catalog;
 use tuneq_storage::layout::{self, Id};
 use tuneq_storage::{ObjectKey, PutMode};
@@ -86,6 +88,9 @@ pub(crate) struct RawUpload {
     filename: Option<String>,
     /// `fine-tune` (raw-body uploads only).
     purpose: Option<String>,
+    /// The base model whose tokenizer counts the tokens (raw-body uploads; a form takes
+    /// it as the `model` field). Default: the first registered model with local files.
+    model: Option<String>,
 }
 
 /// A raw-body upload: the JSONL bytes themselves.
@@ -103,6 +108,9 @@ pub(crate) struct UploadForm {
     file: Vec<u8>,
     /// `fine-tune`.
     purpose: Option<String>,
+    /// The base model whose tokenizer counts the tokens (default: the first registered
+    /// model with local files).
+    model: Option<String>,
 }
 
 /// An upload spooled to disk.
@@ -111,6 +119,7 @@ struct Spooled {
     bytes: u64,
     filename: String,
     purpose: Option<String>,
+    model: Option<String>,
 }
 
 /// Writes `chunks` to a new spool file, refusing more than `limit` bytes.
@@ -207,33 +216,20 @@ async fn receive(
             bytes,
             filename: clean_filename(query.filename.as_deref().unwrap_or("upload.jsonl")),
             purpose: query.purpose.clone(),
+            model: query.model.clone(),
         });
     }
     let mut form = actix_multipart::Multipart::new(req.headers(), payload);
     let mut purpose = None;
+    let mut model = None;
     let mut spooled = None;
     while let Some(field) = form.next().await {
         let mut field =
             field.map_err(|e| ApiError::invalid("file", "invalid_multipart", e.to_string()))?;
         let name = field.name().unwrap_or_default().to_string();
         match name.as_str() {
-            "purpose" => {
-                let mut text = Vec::new();
-                while let Some(chunk) = field.next().await {
-                    let chunk = chunk.map_err(|e| {
-                        ApiError::invalid("purpose", "invalid_multipart", e.to_string())
-                    })?;
-                    text.extend_from_slice(&chunk);
-                    if text.len() > 64 {
-                        return Err(ApiError::invalid(
-                            "purpose",
-                            "invalid_value",
-                            "purpose is too long",
-                        ));
-                    }
-                }
-                purpose = Some(String::from_utf8_lossy(&text).trim().to_string());
-            }
+            "purpose" => purpose = Some(small_field(&mut field, "purpose", 64).await?),
+            "model" => model = Some(small_field(&mut field, "model", 128).await?),
             "file" => {
                 let filename = field
                     .content_disposition()
@@ -267,7 +263,110 @@ async fn receive(
         bytes,
         filename,
         purpose,
+        model,
     })
+}
+
+/// A short text field of a form (at most `max` bytes).
+async fn small_field(
+    field: &mut actix_multipart::Field,
+    name: &str,
+    max: usize,
+) -> ApiResult<String> {
+    let mut text = Vec::new();
+    while let Some(chunk) = field.next().await {
+        let chunk =
+            chunk.map_err(|e| ApiError::invalid(name, "invalid_multipart", e.to_string()))?;
+        text.extend_from_slice(&chunk);
+        if text.len() > max {
+            return Err(ApiError::invalid(
+                name,
+                "invalid_value",
+                format!("{name} is too long"),
+            ));
+        }
+    }
+    Ok(String::from_utf8_lossy(&text).trim().to_string())
+}
+
+/// The tokenizer that counts an upload's tokens: `requested` (refused when it is not a
+/// registered base model), else the first registered model whose files are local.
+async fn counting_model(
+    state: &AppState,
+    requested: Option<&str>,
+) -> ApiResult<Option<(String, std::path::PathBuf)>> {
+    let local = |m: &crate::models::BaseModel| {
+        let path = m.location.strip_prefix("file://").unwrap_or(&m.location);
+        (!path.contains("://")).then(|| (m.id.clone(), std::path::PathBuf::from(path)))
+    };
+    match requested {
+        Some(id) => {
+            let model = crate::models::base(state, id).await?.ok_or_else(|| {
+                ApiError::invalid(
+                    "model",
+                    "model_not_found",
+                    format!("The model `{id}` does not exist."),
+                )
+            })?;
+            Ok(local(&model))
+        }
+        None => Ok(crate::models::bases(state).await?.iter().find_map(local)),
+    }
+}
+
+/// Sequence length token statistics cut examples at: a job's default.
+const STATS_MAX_SEQ_LEN: u32 = 512;
+
+/// Tokenizers (with chat templates) by model folder, loaded once per process.
+fn encoder_for(dir: &std::path::Path) -> Result<std::sync::Arc<Encoder>, String> {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex, OnceLock};
+    static ENCODERS: OnceLock<Mutex<HashMap<std::path::PathBuf, Arc<Encoder>>>> = OnceLock::new();
+    let cache = ENCODERS.get_or_init(Default::default);
+    if let Some(encoder) = cache.lock().ok().and_then(|c| c.get(dir).cloned()) {
+        return Ok(encoder);
+    }
+    let encoder = Arc::new(
+        Encoder::from_model_dir(dir, tuneq_openapi::ChatTemplateChoice::default())
+            .map_err(|e| e.to_string())?,
+    );
+    if let Ok(mut c) = cache.lock() {
+        c.insert(dir.to_path_buf(), Arc::clone(&encoder));
+    }
+    Ok(encoder)
+}
+
+/// The records' token statistics with `model`'s tokenizer; None (logged) when the
+/// model's files cannot be read or a record cannot be rendered with its template.
+fn count_tokens(
+    records: &[Record],
+    (model, dir): &(String, std::path::PathBuf),
+) -> Option<FileTokenStats> {
+    let counted = encoder_for(dir).and_then(|encoder| {
+        encoder
+            .encode_all(records, STATS_MAX_SEQ_LEN as usize)
+            .map_err(|e| e.to_string())
+    });
+    match counted {
+        Ok((examples, truncated)) => {
+            let stats = token_stats(&examples, truncated);
+            Some(FileTokenStats {
+                model: model.clone(),
+                max_seq_len: STATS_MAX_SEQ_LEN,
+                tokens: stats.tokens,
+                trained_tokens: stats.trained_tokens,
+                min_len: stats.min_len as u64,
+                max_len: stats.max_len as u64,
+                mean_len: stats.mean_len,
+                truncated: stats.truncated as u64,
+                unlabelled: stats.unlabelled as u64,
+            })
+        }
+        Err(e) => {
+            tracing::warn!(model = %model, error = %e, "cannot count an upload's tokens");
+            None
+        }
+    }
 }
 
 fn characters(record: &Record) -> usize {
@@ -293,21 +392,30 @@ fn format_name(format: DatasetFormat) -> String {
 }
 
 /// Validates the spooled file with the trainer's rules.
-async fn validate(path: std::path::PathBuf, filename: String) -> ApiResult<FileValidation> {
+async fn validate(
+    path: std::path::PathBuf,
+    filename: String,
+    counting: Option<(String, std::path::PathBuf)>,
+) -> ApiResult<FileValidation> {
     let parsed = tokio::task::spawn_blocking(move || {
         let bytes = std::fs::read(&path).map_err(|e| DataError::Io {
             path: filename.clone(),
             source: e,
         })?;
-        parse_jsonl(&filename, &bytes, DatasetFormat::Auto)
+        let dataset = parse_jsonl(&filename, &bytes, DatasetFormat::Auto)?;
+        let tokens = counting
+            .as_ref()
+            .and_then(|model| count_tokens(&dataset.records, model));
+        Ok::<_, DataError>((dataset, tokens))
     })
     .await
     .map_err(|e| ApiError::internal(format!("validation task: {e}")))?;
     match parsed {
-        Ok(dataset) => Ok(FileValidation {
+        Ok((dataset, tokens)) => Ok(FileValidation {
             format: format_name(dataset.format),
             examples: dataset.records.len() as u64,
             characters: dataset.records.iter().map(characters).sum::<usize>() as u64,
+            tokens,
         }),
         Err(DataError::InvalidLines {
             errors,
@@ -397,7 +505,13 @@ pub(crate) async fn upload(
             ));
         }
     }
-    let validation = validate(spooled.file.path().to_path_buf(), spooled.filename.clone()).await?;
+    let counting = counting_model(&state, spooled.model.as_deref()).await?;
+    let validation = validate(
+        spooled.file.path().to_path_buf(),
+        spooled.filename.clone(),
+        counting,
+    )
+    .await?;
     let id = new_file_id();
     let key = content_key(&tenant.0, &id)?;
     tuneq_storage::transfer::upload_file(&*state.store, spooled.file.path(), &key, PutMode::Create)

@@ -54,6 +54,11 @@ pub async fn base(state: &AppState, id: &str) -> ApiResult<Option<BaseModel>> {
     crate::records::read(state, BASE, id, "model").await
 }
 
+/// Every registered base model.
+pub async fn bases(state: &AppState) -> ApiResult<Vec<BaseModel>> {
+    crate::records::read_all(state, BASE, "model").await
+}
+
 /// Routes, under both prefixes.
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.service(crate::resource("/v1/models", "GET").route(web::get().to(list)))
@@ -67,7 +72,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         (status = 401, description = "No or unknown API key", body = tuneq_openapi::ErrorBody),
     ))]
 pub(crate) async fn list(state: web::Data<AppState>, tenant: Tenant) -> ApiResult<HttpResponse> {
-    let mut data: Vec<Model> = crate::records::read_all::<BaseModel>(&state, BASE, "model")
+    let mut data: Vec<Model> = bases(&state)
         .await?
         .into_iter()
         .map(|model| Model {

@@ -34,6 +34,34 @@ pub struct FileValidation {
     pub examples: u64,
     /// Characters over all examples' text fields, a size hint before tokenization.
     pub characters: u64,
+    /// Token statistics with a base model's tokenizer and chat template: the model named
+    /// at upload (`model`), else the first registered model whose files are local. Null
+    /// when there is none (a file is not tied to a model; jobs tokenize for theirs).
+    #[serde(default)]
+    pub tokens: Option<FileTokenStats>,
+}
+
+/// An upload's examples as a model's tokenizer sees them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct FileTokenStats {
+    /// The base model whose tokenizer and chat template were used.
+    pub model: String,
+    /// The sequence length examples were cut at (a job's default `max_seq_len`).
+    pub max_seq_len: u32,
+    /// Tokens over all examples (after cutting).
+    pub tokens: u64,
+    /// Tokens that carry a loss (the answers).
+    pub trained_tokens: u64,
+    /// Shortest example, in tokens.
+    pub min_len: u64,
+    /// Longest example, in tokens.
+    pub max_len: u64,
+    /// Mean example length, in tokens.
+    pub mean_len: f64,
+    /// Examples longer than `max_seq_len`, which a job would cut.
+    pub truncated: u64,
+    /// Examples left with nothing to learn from (the answer was cut away).
+    pub unlabelled: u64,
 }
 
 /// One bad line of a refused upload.

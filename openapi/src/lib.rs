@@ -15,7 +15,8 @@ pub mod progress;
 pub mod train_spec;
 
 pub use files::{
-    Deleted, ErrorBody, ErrorDetail, FileList, FileObject, FileValidation, LineProblem,
+    Deleted, ErrorBody, ErrorDetail, FileList, FileObject, FileTokenStats, FileValidation,
+    LineProblem,
 };
 pub use finetunes::{
     AdapterFileUrl, AdapterInfo, AdapterUrls, AttemptReport, Auto, AutoOrInt, AutoOrNumber,

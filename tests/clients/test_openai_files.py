@@ -70,3 +70,35 @@ def test_a_wrong_key_is_an_authentication_error(service):
     stranger = OpenAI(base_url=f"{service.url}/v1", api_key="tq_" + "0" * 40, max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         stranger.files.list()
+
+
+def test_uploads_report_token_statistics_with_a_models_tokenizer(client, service):
+    long_answer = " ".join(f"word{i}" for i in range(2000))
+    records = [*CHATS, {"messages": [{"role": "user", "content": "say a lot"},
+                                     {"role": "assistant", "content": long_answer}]}]
+    uploaded = client.files.create(file=("train.jsonl", jsonl(records)), purpose="fine-tune")
+    tokens = uploaded.model_extra["validation"]["tokens"]
+    # `tuneq up` registers the demo model with local files: its tokenizer counts.
+    assert tokens["model"] == "tuneq-tiny-demo"
+    assert tokens["max_seq_len"] == 512
+    assert tokens["truncated"] == 1, "the long example is cut at max_seq_len"
+    assert tokens["max_len"] == 512
+    assert 0 < tokens["min_len"] <= tokens["mean_len"] <= tokens["max_len"]
+    assert abs(tokens["mean_len"] * len(records) - tokens["tokens"]) < 1e-6 * tokens["tokens"] + 1
+    assert 0 < tokens["trained_tokens"] < tokens["tokens"], "only the answers carry a loss"
+    assert tokens["unlabelled"] == 0
+
+    # Naming a model that does not exist is refused, and nothing is stored.
+    import urllib.error
+    import urllib.request
+
+    before = len(list(client.files.list()))
+    request = urllib.request.Request(
+        f"{service.url}/v1/files?filename=t.jsonl&model=no-such-model", method="POST",
+        data=jsonl(CHATS), headers=service.headers())
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(request, timeout=30)
+    assert err.value.code == 400
+    body = json.loads(err.value.read())
+    assert body["error"]["param"] == "model" and body["error"]["code"] == "model_not_found"
+    assert len(list(client.files.list())) == before
