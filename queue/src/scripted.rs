@@ -1256,7 +1256,10 @@ impl JobQueue for Queue {
             .cmd("SADD")
             .arg(format!("{}pools", self.prefix))
             .arg(pool);
-        self.pipeline(&pipe).await
+        self.pipeline::<()>(&pipe).await?;
+        // This process's next estimate sees the new capacity at once.
+        self.figures.forget();
+        Ok(())
     }
 
     async fn pool_usage(&self, pool: &str) -> Result<PoolUsage> {
@@ -1297,7 +1300,9 @@ impl JobQueue for Queue {
                 None => pipe.cmd("HDEL").arg(&key).arg(field),
             };
         }
-        self.pipeline(&pipe).await
+        self.pipeline::<()>(&pipe).await?;
+        self.figures.forget();
+        Ok(())
     }
 
     async fn inspect(&self) -> Result<Inspection> {

@@ -7,7 +7,8 @@
 //! slowly and costs two round trips to read. Those [`DomainFigures`] are kept per
 //! process for [`FIGURES_MAX_AGE`], so a status page that clients poll costs the store
 //! one round trip of plain reads, not a script: on Redis a Lua call that reads six keys
-//! costs about ten times the reads themselves.
+//! costs about ten times the reads themselves. A pool or tenant setting changed through
+//! a queue drops its process's figures at once; other processes see it within the age.
 
 use crate::model::Position;
 use crate::scripted::{int, text, unsigned};
@@ -49,6 +50,11 @@ impl FiguresCache {
             .as_ref()
             .filter(|f| f.read_at.elapsed() <= max_age)
             .cloned()
+    }
+
+    /// Drops the kept figures (a setting they depend on changed here).
+    pub(crate) fn forget(&self) {
+        *self.latest.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
     /// Keeps `figures` as the latest.

@@ -526,6 +526,16 @@ async fn events_page_by_cursor_both_ways_and_positions_count_who_is_ahead(backen
     );
     let drift = standing.estimated_start_ms.unwrap() - pos.estimated_start_ms.unwrap();
     assert!(drift < 5_000, "the same estimate, read a moment later");
+    // A pool resized through this queue counts at once, though the domain's figures are
+    // otherwise kept for a second: three runs ahead on three slots is one wave of 10 s.
+    q.set_pool("gpu", 3).await.unwrap();
+    let (_, resized) = q.status(&second, "t").await.unwrap().unwrap();
+    let sooner = pos.estimated_start_ms.unwrap() - resized.unwrap().estimated_start_ms.unwrap();
+    assert!(
+        (19_000..=20_500).contains(&sooner),
+        "two waves sooner: {sooner} ms"
+    );
+    q.set_pool("gpu", 1).await.unwrap();
     let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
     q.start(&lease.id, lease.token).await.unwrap();
     let (running, standing) = q.status(&lease.id, &lease.tenant).await.unwrap().unwrap();
