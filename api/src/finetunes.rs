@@ -1536,8 +1536,8 @@ async fn settle_one(state: &AppState, delivery: &tuneq_queue::Delivery) -> ApiRe
             id: record.id.clone(),
         },
     };
-    let secret = webhooks::tenant_secret(state, &record.tenant).await?;
-    let result = webhooks::deliver(&state.config.webhooks, &url, &secret, &event).await;
+    let secrets = webhooks::tenant_secrets(state, &record.tenant).await?;
+    let result = webhooks::deliver(&state.config.webhooks, &url, &secrets, &event).await;
     let progress = record.webhook.get_or_insert_with(WebhookProgress::default);
     progress.attempts += 1;
     let retry_in = match result {

@@ -21,7 +21,7 @@ under /v1/files and /v1/fine_tuning/jobs is also served under /files and /finetu
         files::upload, files::list, files::retrieve, files::content, files::delete,
         finetunes::create, finetunes::list, finetunes::retrieve, finetunes::cancel,
         finetunes::events, finetunes::checkpoints, finetunes::adapter, finetunes::adapter_urls,
-        models::list, webhooks::secret,
+        models::list, webhooks::secret, webhooks::rotate_secret,
         admin::create_tenant, admin::create_key, admin::set_limits,
         health::healthz, health::readyz, metrics::metrics,
     ),

@@ -167,26 +167,86 @@ pub(crate) fn sign(secret: &str, id: &str, timestamp: u64, body: &[u8]) -> Resul
     Ok(format!("v1,{}", BASE64.encode(mac.finalize().into_bytes())))
 }
 
-/// The tenant's signing secret, made on first use.
-pub(crate) async fn tenant_secret(state: &AppState, tenant: &str) -> ApiResult<String> {
+/// How long the secret a rotation replaced still signs, so receivers can switch over.
+const ROTATION_OVERLAP_S: u64 = 24 * 3600;
+
+/// A tenant's signing secrets: the current one and, for a day after a rotation, the one
+/// it replaced (events then carry a signature by each).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Secrets {
+    current: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    previous: Option<String>,
+    /// Unix seconds until which `previous` still signs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    previous_until: Option<u64>,
+}
+
+impl Secrets {
+    /// The secrets that sign now.
+    pub(crate) fn signing(&self, now: u64) -> Vec<&str> {
+        let mut all = vec![self.current.as_str()];
+        if let (Some(previous), Some(until)) = (&self.previous, self.previous_until)
+            && now < until
+        {
+            all.push(previous);
+        }
+        all
+    }
+
+    /// When the replaced secret stops signing, while it still does.
+    fn previous_expires_at(&self, now: u64) -> Option<u64> {
+        self.previous_until.filter(|until| now < *until)
+    }
+}
+
+/// The tenant's signing secrets, made on first use.
+pub(crate) async fn tenant_secrets(state: &AppState, tenant: &str) -> ApiResult<Secrets> {
+    let parse = |body: &str| {
+        serde_json::from_str::<Secrets>(body)
+            .map_err(|e| ApiError::internal(format!("webhook secret record: {e}")))
+    };
     if let Some(entry) = state
         .queue
         .get_entry(SECRET_KIND, tenant, SECRET_ID)
         .await?
     {
-        return Ok(entry.body);
+        return parse(&entry.body);
     }
     // Two first uses at once: the one whose create lands is the secret.
+    let fresh = Secrets {
+        current: new_secret(),
+        previous: None,
+        previous_until: None,
+    };
+    let body = serde_json::to_string(&fresh).map_err(|e| ApiError::internal(e.to_string()))?;
     state
         .queue
-        .create_entry(SECRET_KIND, tenant, SECRET_ID, &new_secret())
+        .create_entry(SECRET_KIND, tenant, SECRET_ID, &body)
         .await?;
-    state
+    let entry = state
         .queue
         .get_entry(SECRET_KIND, tenant, SECRET_ID)
         .await?
-        .map(|entry| entry.body)
-        .ok_or_else(|| ApiError::internal("the webhook secret vanished"))
+        .ok_or_else(|| ApiError::internal("the webhook secret vanished"))?;
+    parse(&entry.body)
+}
+
+/// Replaces the tenant's current secret; the replaced one signs for another day.
+async fn rotate(state: &AppState, tenant: &str) -> ApiResult<Secrets> {
+    let old = tenant_secrets(state, tenant).await?;
+    let rotated = Secrets {
+        current: new_secret(),
+        previous: Some(old.current),
+        previous_until: Some(crate::files::now_seconds() + ROTATION_OVERLAP_S),
+    };
+    let body = serde_json::to_string(&rotated).map_err(|e| ApiError::internal(e.to_string()))?;
+    state
+        .queue
+        .update_entry(SECRET_KIND, tenant, SECRET_ID, &body)
+        .await?;
+    tracing::info!(tenant, "webhook secret rotated");
+    Ok(rotated)
 }
 
 /// How one try went.
@@ -210,7 +270,7 @@ pub(crate) fn retry_delay(attempts: u32) -> Option<Duration> {
 pub(crate) async fn deliver(
     policy: &WebhookPolicy,
     target: &str,
-    secret: &str,
+    secrets: &Secrets,
     event: &WebhookEvent,
 ) -> Delivery {
     let url = match check_url(target, policy) {
@@ -257,8 +317,15 @@ pub(crate) async fn deliver(
         Err(e) => return Delivery::GiveUp(format!("cannot encode the event: {e}")),
     };
     let timestamp = crate::files::now_seconds();
-    let signature = match sign(secret, &event.id, timestamp, &body) {
-        Ok(signature) => signature,
+    // One signature per signing secret, space-separated: a receiver that knows either
+    // one verifies the event.
+    let signature = match secrets
+        .signing(timestamp)
+        .into_iter()
+        .map(|secret| sign(secret, &event.id, timestamp, &body))
+        .collect::<Result<Vec<_>, _>>()
+    {
+        Ok(signatures) => signatures.join(" "),
         Err(e) => return Delivery::GiveUp(e),
     };
     let sent = client
@@ -283,7 +350,10 @@ pub(crate) async fn deliver(
 
 /// Routes.
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.service(crate::resource("/webhooks/secret", "GET").route(web::get().to(secret)));
+    cfg.service(crate::resource("/webhooks/secret", "GET").route(web::get().to(secret)))
+        .service(
+            crate::resource("/webhooks/secret/rotate", "POST").route(web::post().to(rotate_secret)),
+        );
 }
 
 /// The tenant's webhook signing secret (made on first request): verify our events with
@@ -294,8 +364,31 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         (status = 401, description = "No or unknown API key", body = ErrorBody),
     ))]
 pub(crate) async fn secret(state: web::Data<AppState>, tenant: Tenant) -> ApiResult<HttpResponse> {
-    let secret = tenant_secret(&state, &tenant.0).await?;
-    Ok(HttpResponse::Ok().json(WebhookSecret { secret }))
+    let secrets = tenant_secrets(&state, &tenant.0).await?;
+    Ok(HttpResponse::Ok().json(shown(&secrets)))
+}
+
+/// Replaces the tenant's webhook signing secret. For a day, events carry a signature by
+/// the new secret and one by the replaced one, so receivers can switch without losing
+/// an event.
+#[utoipa::path(post, path = "/webhooks/secret/rotate", tag = "webhooks", operation_id = "rotate_webhook_secret",
+    responses(
+        (status = 200, description = "The new signing secret", body = WebhookSecret),
+        (status = 401, description = "No or unknown API key", body = ErrorBody),
+    ))]
+pub(crate) async fn rotate_secret(
+    state: web::Data<AppState>,
+    tenant: Tenant,
+) -> ApiResult<HttpResponse> {
+    let secrets = rotate(&state, &tenant.0).await?;
+    Ok(HttpResponse::Ok().json(shown(&secrets)))
+}
+
+fn shown(secrets: &Secrets) -> WebhookSecret {
+    WebhookSecret {
+        secret: secrets.current.clone(),
+        previous_expires_at: secrets.previous_expires_at(crate::files::now_seconds()),
+    }
 }
 
 #[cfg(test)]
@@ -373,6 +466,17 @@ mod tests {
         .unwrap();
         assert_eq!(signature, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
         assert!(new_secret().starts_with("whsec_"));
+        let rotated = Secrets {
+            current: "whsec_new".into(),
+            previous: Some("whsec_old".into()),
+            previous_until: Some(100),
+        };
+        assert_eq!(rotated.signing(99), ["whsec_new", "whsec_old"]);
+        assert_eq!(
+            rotated.signing(100),
+            ["whsec_new"],
+            "the old one signs for a day only"
+        );
         assert_eq!(BASE64.decode(&new_secret()[6..]).unwrap().len(), 32);
     }
 

@@ -355,6 +355,8 @@ pub struct WebhookSecret {
     /// sent for this tenant's jobs (`webhook-signature: v1,<base64 HMAC-SHA256>` over
     /// `<webhook-id>.<webhook-timestamp>.<body>`).
     pub secret: String,
+    /// After a rotation: until when (Unix seconds) the replaced secret still signs too.
+    pub previous_expires_at: Option<u64>,
 }
 
 /// A page of jobs, newest first.

@@ -111,8 +111,23 @@ def test_a_finished_job_sends_a_signed_event_and_retries_a_failed_try(tmp_path):
         assert webhook["status"] == "delivered", webhook
         assert webhook["attempts"] == 2
         assert webhook["delivered_at"] is not None
+        # A rotation: for a day, events carry a signature by each secret, so a receiver
+        # still on the old one, or already on the new one, verifies them.
+        rotated = json.loads(_request(service, "POST", "/webhooks/secret/rotate"))
+        assert rotated["secret"].startswith("whsec_") and rotated["secret"] != secret
+        assert rotated["previous_expires_at"] > time.time() + 23 * 3600
+        assert json.loads(_get(service, "/webhooks/secret"))["secret"] == rotated["secret"]
+        second = client.fine_tuning.jobs.create(model=DEMO_MODEL, training_file=train,
+                                                extra_body={"webhook_url": receiver.url})
+        client.fine_tuning.jobs.cancel(second.id)
+        receiver.wait(3, timeout=60)
+        headers, body = receiver.requests[2]
+        assert len(headers["webhook-signature"].split(" ")) == 2
+        for key in (secret, rotated["secret"]):
+            assert client.webhooks.unwrap(body, headers, secret=key).data.id == second.id
+
         log = "".join(service.output)
-        assert secret not in log, "the signing secret is never logged"
+        assert secret not in log and rotated["secret"] not in log, "secrets are never logged"
         assert "token=abc" not in log, "nor the webhook URL, which may carry a token"
     finally:
         service.stop()
@@ -120,8 +135,13 @@ def test_a_finished_job_sends_a_signed_event_and_retries_a_failed_try(tmp_path):
 
 
 def _get(service: Service, path: str) -> bytes:
+    return _request(service, "GET", path)
+
+
+def _request(service: Service, method: str, path: str) -> bytes:
     import urllib.request
 
-    request = urllib.request.Request(service.url + path, headers=service.headers())
+    request = urllib.request.Request(service.url + path, method=method,
+                                     headers=service.headers())
     with urllib.request.urlopen(request, timeout=30) as response:
         return response.read()
