@@ -203,6 +203,14 @@ impl Secrets {
 /// The tenant's signing secrets, made on first use.
 pub(crate) async fn tenant_secrets(state: &AppState, tenant: &str) -> ApiResult<Secrets> {
     let parse = |body: &str| {
+        // Records written before rotation existed hold the bare secret.
+        if body.starts_with("whsec_") {
+            return Ok(Secrets {
+                current: body.to_string(),
+                previous: None,
+                previous_until: None,
+            });
+        }
         serde_json::from_str::<Secrets>(body)
             .map_err(|e| ApiError::internal(format!("webhook secret record: {e}")))
     };
