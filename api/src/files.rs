@@ -295,9 +295,9 @@ async fn counting_model(
     state: &AppState,
     requested: Option<&str>,
 ) -> ApiResult<Option<(String, std::path::PathBuf)>> {
-    let local = |m: &crate::models::BaseModel| {
-        let path = m.location.strip_prefix("file://").unwrap_or(&m.location);
-        (!path.contains("://")).then(|| (m.id.clone(), std::path::PathBuf::from(path)))
+    let local = |m: &crate::models::BaseModel| match tuneq_storage::Location::parse(&m.location) {
+        Ok(tuneq_storage::Location::Local(path)) => Some((m.id.clone(), path)),
+        _ => None,
     };
     match requested {
         Some(id) => {

@@ -308,7 +308,7 @@ impl Queue {
             response_timeout_ms: config.response_timeout_ms,
         };
         let backend = origin.connect().await?;
-        Self::with_backend(backend, origin, domain, config).await
+        Self::with_backend(backend, Arc::new(origin), domain, config).await
     }
 
     /// Connects to a Redis Cluster through any of its nodes `urls` (`redis://host:port`;
@@ -333,7 +333,7 @@ impl Queue {
             response_timeout_ms: config.response_timeout_ms,
         };
         let backend = origin.connect().await?;
-        Self::with_backend(backend, origin, domain, config).await
+        Self::with_backend(backend, Arc::new(origin), domain, config).await
     }
 
     /// Opens (or creates) the embedded queue file at `path` for scheduling domain
@@ -352,7 +352,7 @@ impl Queue {
             .map_err(|e| QueueError::Unavailable(e.to_string()))?;
         Self::with_backend(
             Backend::Embedded(Arc::new(store)),
-            Origin::Embedded,
+            Arc::new(Origin::Embedded),
             domain,
             config,
         )
@@ -361,14 +361,14 @@ impl Queue {
 
     async fn with_backend(
         backend: Backend,
-        origin: Origin,
+        origin: Arc<Origin>,
         domain: &str,
         config: QueueConfig,
     ) -> Result<Self> {
         let prefix = format!("tq:{{{domain}}}:");
         let queue = Self {
             backend,
-            origin: Arc::new(origin),
+            origin,
             figures: Arc::default(),
             meta: format!("{prefix}meta"),
             prefix,
@@ -384,18 +384,13 @@ impl Queue {
     /// file).
     pub async fn domain_queue(&self, domain: &str, config: QueueConfig) -> Result<Self> {
         check_domain(domain)?;
-        let prefix = format!("tq:{{{domain}}}:");
-        let queue = Self {
-            backend: self.backend.clone(),
-            origin: Arc::clone(&self.origin),
-            figures: Arc::default(),
-            meta: format!("{prefix}meta"),
-            prefix,
-            scripts: Scripts::get(),
+        Self::with_backend(
+            self.backend.clone(),
+            Arc::clone(&self.origin),
+            domain,
             config,
-        };
-        queue.store_settings().await?;
-        Ok(queue)
+        )
+        .await
     }
 
     /// The same domain over a connection of its own, driven by the async runtime this is

@@ -37,16 +37,8 @@ pub struct ApiArgs {
     /// (at least 32 characters).
     #[arg(long, env = "TUNEQ_ATTEMPT_SECRET", hide_env_values = true)]
     attempt_secret: String,
-    /// Admin key, enabling the `/admin` routes (tenants, keys, limits).
-    #[arg(long, env = "TUNEQ_ADMIN_KEY", hide_env_values = true)]
-    admin_key: Option<String>,
-    /// Largest accepted upload, in MiB.
-    #[arg(long, default_value_t = 512)]
-    max_upload_mib: u64,
-    /// Accept webhook URLs on private, loopback and link-local addresses, and plain
-    /// http:// (receivers on your own network). Off: https:// to public hosts only.
-    #[arg(long, env = "TUNEQ_WEBHOOK_ALLOW_PRIVATE")]
-    webhook_allow_private: bool,
+    #[command(flatten)]
+    policy: service::ApiPolicyArgs,
     /// Where uploads are spooled while they are validated.
     #[arg(long, env = "TUNEQ_SPOOL_DIR")]
     spool_dir: Option<PathBuf>,
@@ -80,11 +72,9 @@ async fn serve(args: ApiArgs) -> Result<()> {
         queue,
         store,
         tuneq_api::ApiConfig {
-            max_upload_bytes: args.max_upload_mib.saturating_mul(1 << 20),
-            webhooks: tuneq_api::WebhookPolicy {
-                allow_private: args.webhook_allow_private,
-            },
-            admin_key_hash: args.admin_key.as_deref().map(tuneq_api::auth::key_hash),
+            max_upload_bytes: args.policy.max_upload_bytes(),
+            webhooks: args.policy.webhooks(),
+            admin_key_hash: args.policy.admin_key_hash(),
             spool_dir,
             pools,
             attempt_signer: service::attempt_signer(Some(&args.attempt_secret))?,

@@ -7,6 +7,40 @@ use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
 use tokio::sync::watch;
 
+/// What the API accepts, set the same way for `tuneq up` and `tuneq api`.
+#[derive(Debug, clap::Args)]
+pub struct ApiPolicyArgs {
+    /// Admin key, enabling the `/admin` routes (tenants, keys, limits).
+    #[arg(long, env = "TUNEQ_ADMIN_KEY", hide_env_values = true)]
+    admin_key: Option<String>,
+    /// Largest accepted upload, in MiB.
+    #[arg(long, default_value_t = 512)]
+    max_upload_mib: u64,
+    /// Accept webhook URLs on private, loopback and link-local addresses, and plain
+    /// http:// (receivers on your own network). Off: https:// to public hosts only.
+    #[arg(long, env = "TUNEQ_WEBHOOK_ALLOW_PRIVATE")]
+    webhook_allow_private: bool,
+}
+
+impl ApiPolicyArgs {
+    /// The upload limit in bytes.
+    pub fn max_upload_bytes(&self) -> u64 {
+        self.max_upload_mib.saturating_mul(1 << 20)
+    }
+
+    /// Which webhook targets are accepted.
+    pub fn webhooks(&self) -> tuneq_api::WebhookPolicy {
+        tuneq_api::WebhookPolicy {
+            allow_private: self.webhook_allow_private,
+        }
+    }
+
+    /// The admin key as the API keeps it (hashed); None disables `/admin`.
+    pub fn admin_key_hash(&self) -> Option<String> {
+        self.admin_key.as_deref().map(tuneq_api::auth::key_hash)
+    }
+}
+
 /// The queue domain every part of one deployment uses.
 pub const DOMAIN: &str = "tuneq";
 

@@ -36,16 +36,8 @@ pub struct UpArgs {
     /// kept in `<data-dir>/api-key`.
     #[arg(long, env = "TUNEQ_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
-    /// Admin key, enabling the `/admin` routes (tenants and keys).
-    #[arg(long, env = "TUNEQ_ADMIN_KEY", hide_env_values = true)]
-    admin_key: Option<String>,
-    /// Largest accepted upload, in MiB.
-    #[arg(long, default_value_t = 512)]
-    max_upload_mib: u64,
-    /// Accept webhook URLs on private, loopback and link-local addresses, and plain
-    /// http:// (receivers on your own network). Off: https:// to public hosts only.
-    #[arg(long, env = "TUNEQ_WEBHOOK_ALLOW_PRIVATE")]
-    webhook_allow_private: bool,
+    #[command(flatten)]
+    policy: service::ApiPolicyArgs,
     /// Fine-tunes trained at once (each is a `tuneq train` process).
     #[arg(long, default_value_t = 1, env = "TUNEQ_SLOTS")]
     slots: u32,
@@ -157,11 +149,9 @@ async fn serve(args: UpArgs) -> Result<()> {
         queue.clone(),
         Arc::new(tuneq_storage::LocalStore::new(data_dir.join("objects"))),
         tuneq_api::ApiConfig {
-            max_upload_bytes: args.max_upload_mib.saturating_mul(1 << 20),
-            webhooks: tuneq_api::WebhookPolicy {
-                allow_private: args.webhook_allow_private,
-            },
-            admin_key_hash: args.admin_key.as_deref().map(tuneq_api::auth::key_hash),
+            max_upload_bytes: args.policy.max_upload_bytes(),
+            webhooks: args.policy.webhooks(),
+            admin_key_hash: args.policy.admin_key_hash(),
             spool_dir: data_dir.join("spool"),
             pools: vec![tuneq_api::PoolInfo {
                 name: LOCAL_POOL.into(),

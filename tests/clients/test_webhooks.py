@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from conftest import Service
-from test_openai_fine_tuning import DEMO_MODEL, TRAIN, terminal, upload, wait_for
+from test_openai_fine_tuning import DEMO_MODEL, TRAIN, http_get, terminal, upload, wait_for
 
 
 class Receiver:
@@ -92,7 +92,7 @@ def test_a_finished_job_sends_a_signed_event_and_retries_a_failed_try(tmp_path):
         assert first_body == body
         assert int(headers["webhook-timestamp"]) >= int(first_headers["webhook-timestamp"])
 
-        secret = json.loads(_get(service, "/webhooks/secret"))["secret"]
+        secret = json.loads(http_get(service, "/webhooks/secret"))["secret"]
         assert secret.startswith("whsec_")
         event = client.webhooks.unwrap(body, headers, secret=secret)
         assert event.type == "fine_tuning.job.cancelled"
@@ -116,7 +116,7 @@ def test_a_finished_job_sends_a_signed_event_and_retries_a_failed_try(tmp_path):
         rotated = json.loads(_request(service, "POST", "/webhooks/secret/rotate"))
         assert rotated["secret"].startswith("whsec_") and rotated["secret"] != secret
         assert rotated["previous_expires_at"] > time.time() + 23 * 3600
-        assert json.loads(_get(service, "/webhooks/secret"))["secret"] == rotated["secret"]
+        assert json.loads(http_get(service, "/webhooks/secret"))["secret"] == rotated["secret"]
         second = client.fine_tuning.jobs.create(model=DEMO_MODEL, training_file=train,
                                                 extra_body={"webhook_url": receiver.url})
         client.fine_tuning.jobs.cancel(second.id)
@@ -132,10 +132,6 @@ def test_a_finished_job_sends_a_signed_event_and_retries_a_failed_try(tmp_path):
     finally:
         service.stop()
         receiver.close()
-
-
-def _get(service: Service, path: str) -> bytes:
-    return _request(service, "GET", path)
 
 
 def _request(service: Service, method: str, path: str) -> bytes:
