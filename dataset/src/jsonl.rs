@@ -70,63 +70,119 @@ pub fn read_jsonl(path: &Path, format: DatasetFormat) -> Result<ParsedDataset> {
 /// `text`), and every line must then match that format. Every problem of every line is
 /// collected, so one run shows all that needs fixing.
 pub fn parse_jsonl(file: &str, bytes: &[u8], format: DatasetFormat) -> Result<ParsedDataset> {
-    let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
-    // The format in force and the line it was detected on (0 = given by the caller).
-    let mut resolved: Option<(DatasetFormat, usize)> = match format {
-        DatasetFormat::Auto => None,
-        given => Some((given, 0)),
-    };
-    let mut errors = Problems::new(file);
+    let mut validator = LineValidator::new(file, format);
     let mut records = Vec::new();
-    let mut non_blank = 0usize;
-
-    for (index, raw) in bytes.split(|&b| b == b'\n').enumerate() {
-        let line = index + 1;
-        if raw.iter().all(u8::is_ascii_whitespace) {
-            continue;
+    for raw in bytes.split(|&b| b == b'\n') {
+        if let Some(record) = validator.push(raw) {
+            records.push(record);
         }
-        non_blank += 1;
+    }
+    let format = validator.finish()?;
+    Ok(ParsedDataset {
+        file: file.to_string(),
+        format,
+        records,
+    })
+}
+
+/// Validates a JSONL file one line at a time, so a file of any size is checked in the
+/// memory of its longest line: [`parse_jsonl`] for bytes in memory, and the API's
+/// upload check, which reads its spool file as a stream. Same rules as [`parse_jsonl`].
+#[derive(Debug)]
+pub struct LineValidator {
+    /// The format in force and the line it was detected on (0 = given by the caller).
+    resolved: Option<(DatasetFormat, usize)>,
+    problems: Problems,
+    line: usize,
+    non_blank: usize,
+}
+
+impl LineValidator {
+    /// A validator of the file named `file` (the name errors use).
+    pub fn new(file: &str, format: DatasetFormat) -> Self {
+        Self {
+            resolved: match format {
+                DatasetFormat::Auto => None,
+                given => Some((given, 0)),
+            },
+            problems: Problems::new(file),
+            line: 0,
+            non_blank: 0,
+        }
+    }
+
+    /// The number of the line [`LineValidator::push`] saw last (1-based).
+    pub fn line(&self) -> usize {
+        self.line
+    }
+
+    /// Whether any line so far was invalid.
+    pub fn has_problems(&self) -> bool {
+        self.problems.total > 0
+    }
+
+    /// Records a line that could not be read whole (e.g. longer than a caller's limit).
+    pub fn reject_line(&mut self, message: String) {
+        self.line += 1;
+        self.non_blank += 1;
+        self.problems.push(self.line, "", message);
+    }
+
+    /// Checks the next line (without its `\n`; a trailing `\r` and, on the first line, a
+    /// UTF-8 byte-order mark are accepted) and returns its record when it is valid.
+    pub fn push(&mut self, raw: &[u8]) -> Option<Record> {
+        self.line += 1;
+        let line = self.line;
+        let raw = if line == 1 {
+            raw.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(raw)
+        } else {
+            raw
+        };
+        if raw.iter().all(u8::is_ascii_whitespace) {
+            return None;
+        }
+        self.non_blank += 1;
         let text = match std::str::from_utf8(raw) {
             Ok(t) => t,
             Err(e) => {
-                errors.push(
+                self.problems.push(
                     line,
                     "",
                     format!("not valid UTF-8 (at byte {})", e.valid_up_to() + 1),
                 );
-                continue;
+                return None;
             }
         };
         let value: Value = match serde_json::from_str(text) {
             Ok(v) => v,
             Err(e) => {
-                errors.push(line, "", json_syntax_message(&e));
-                continue;
+                self.problems.push(line, "", json_syntax_message(&e));
+                return None;
             }
         };
         let Value::Object(obj) = &value else {
-            errors.push(
+            self.problems.push(
                 line,
                 "",
                 format!("expected a JSON object, got {}", kind(&value)),
             );
-            continue;
+            return None;
         };
-        let (fmt, detected_at) = match resolved {
+        let (fmt, detected_at) = match self.resolved {
             Some(r) => r,
             None => match detect(obj) {
                 Some(f) => {
-                    resolved = Some((f, line));
+                    self.resolved = Some((f, line));
                     (f, line)
                 }
                 None => {
-                    errors.push(line, "", UNRECOGNISED.to_string());
-                    continue;
+                    self.problems.push(line, "", UNRECOGNISED.to_string());
+                    return None;
                 }
             },
         };
         match record::from_object(obj, fmt) {
-            Ok(r) => records.push(r),
+            Ok(r) => Some(r),
             Err(problems) => {
                 let hint = mismatch_hint(obj, fmt, detected_at);
                 for (field, message) in problems {
@@ -134,30 +190,27 @@ pub fn parse_jsonl(file: &str, bytes: &[u8], format: DatasetFormat) -> Result<Pa
                         (Some(h), "missing") => format!("missing ({h})"),
                         _ => message,
                     };
-                    errors.push(line, &field, message);
+                    self.problems.push(line, &field, message);
                 }
+                None
             }
         }
     }
 
-    if non_blank == 0 {
-        return Err(DataError::Empty {
-            file: file.to_string(),
-        });
-    }
-    if let Some(err) = errors.into_error() {
-        return Err(err);
-    }
-    match resolved {
-        Some((format, _)) => Ok(ParsedDataset {
-            file: file.to_string(),
-            format,
-            records,
-        }),
-        // Unreachable in practice: a non-blank file without errors resolved a format.
-        None => Err(DataError::Empty {
-            file: file.to_string(),
-        }),
+    /// The file's format, or why it is refused: every problem found (up to
+    /// [`MAX_REPORTED_ERRORS`] listed), or [`DataError::Empty`].
+    pub fn finish(self) -> Result<DatasetFormat> {
+        let file = self.problems.file.clone();
+        if self.non_blank == 0 {
+            return Err(DataError::Empty { file });
+        }
+        if let Some(err) = self.problems.into_error() {
+            return Err(err);
+        }
+        // A non-blank file without errors resolved a format.
+        self.resolved
+            .map(|(format, _)| format)
+            .ok_or(DataError::Empty { file })
     }
 }
 
@@ -192,6 +245,7 @@ fn mismatch_hint(
 }
 
 /// Collects problems, keeping at most [`MAX_REPORTED_ERRORS`] of them and counting the rest.
+#[derive(Debug)]
 struct Problems {
     file: String,
     listed: Vec<LineError>,

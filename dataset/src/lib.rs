@@ -27,9 +27,11 @@ mod template;
 mod tokenizer_build;
 
 pub use encoder::{Encoder, Example, IGNORE_INDEX};
-pub use jsonl::{LineError, MAX_REPORTED_ERRORS, ParsedDataset, parse_jsonl, read_jsonl};
+pub use jsonl::{
+    LineError, LineValidator, MAX_REPORTED_ERRORS, ParsedDataset, parse_jsonl, read_jsonl,
+};
 pub use record::{Message, Record};
-pub use stats::{TokenStats, token_stats};
+pub use stats::{TokenCounter, TokenStats, token_stats};
 pub use template::{ALPACA_TEMPLATE, CHATML_TEMPLATE, ChatTemplate, LLAMA2_TEMPLATE};
 pub use tokenizer_build::{
     MIN_FREQUENCY, SPECIAL_TOKENS, build_tokenizer, tokenizer_config_json, write_tokenizer_files,

@@ -25,21 +25,61 @@ pub struct TokenStats {
 
 /// Computes [`TokenStats`]; `truncated` comes from [`super::Encoder::encode_all`].
 pub fn token_stats(examples: &[Example], truncated: usize) -> TokenStats {
-    let lens = examples.iter().map(|e| e.input_ids.len());
-    let tokens: u64 = lens.clone().map(|l| l as u64).sum();
-    let trained: Vec<usize> = examples.iter().map(Example::trained_tokens).collect();
-    TokenStats {
-        examples: examples.len(),
-        tokens,
-        trained_tokens: trained.iter().map(|&t| t as u64).sum(),
-        min_len: lens.clone().min().unwrap_or(0),
-        max_len: lens.max().unwrap_or(0),
-        mean_len: if examples.is_empty() {
-            0.0
-        } else {
-            tokens as f64 / examples.len() as f64
-        },
-        truncated,
-        unlabelled: trained.iter().filter(|&&t| t == 0).count(),
+    let mut counter = TokenCounter::default();
+    for example in examples {
+        counter.add(example, false);
+    }
+    let mut stats = counter.stats();
+    stats.truncated = truncated;
+    stats
+}
+
+/// [`TokenStats`] built one example at a time, so a dataset's statistics never need all
+/// of its examples in memory at once.
+#[derive(Debug, Clone, Default)]
+pub struct TokenCounter {
+    stats: Option<TokenStats>,
+}
+
+impl TokenCounter {
+    /// Counts `example`; `truncated` says it was cut at the sequence length.
+    pub fn add(&mut self, example: &Example, truncated: bool) {
+        let len = example.input_ids.len();
+        let trained = example.trained_tokens();
+        let s = self.stats.get_or_insert(TokenStats {
+            examples: 0,
+            tokens: 0,
+            trained_tokens: 0,
+            min_len: len,
+            max_len: len,
+            mean_len: 0.0,
+            truncated: 0,
+            unlabelled: 0,
+        });
+        s.examples += 1;
+        s.tokens += len as u64;
+        s.trained_tokens += trained as u64;
+        s.min_len = s.min_len.min(len);
+        s.max_len = s.max_len.max(len);
+        s.truncated += usize::from(truncated);
+        s.unlabelled += usize::from(trained == 0);
+    }
+
+    /// The statistics of every example counted so far.
+    pub fn stats(&self) -> TokenStats {
+        let mut stats = self.stats.clone().unwrap_or(TokenStats {
+            examples: 0,
+            tokens: 0,
+            trained_tokens: 0,
+            min_len: 0,
+            max_len: 0,
+            mean_len: 0.0,
+            truncated: 0,
+            unlabelled: 0,
+        });
+        if stats.examples > 0 {
+            stats.mean_len = stats.tokens as f64 / stats.examples as f64;
+        }
+        stats
     }
 }
