@@ -125,3 +125,12 @@ pub struct ErrorDetail {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub lines: Vec<LineProblem>,
 }
+
+/// A download's body: the bytes, as they are (`type: string, format: binary`), so that
+/// generated clients hand them back untouched instead of decoding them as text or JSON.
+/// Handlers name it as `body = inline(tuneq_openapi::Binary)` beside the real
+/// `content_type`; only its schema is used.
+#[derive(utoipa::ToSchema)]
+#[schema(value_type = String, format = Binary)]
+#[allow(dead_code)]
+pub struct Binary(Vec<u8>);

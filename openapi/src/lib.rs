@@ -15,7 +15,7 @@ pub mod progress;
 pub mod train_spec;
 
 pub use files::{
-    Deleted, ErrorBody, ErrorDetail, FileList, FileObject, FileTokenStats, FileValidation,
+    Binary, Deleted, ErrorBody, ErrorDetail, FileList, FileObject, FileTokenStats, FileValidation,
     LineProblem,
 };
 pub use finetunes::{
@@ -29,5 +29,6 @@ pub use finetunes::{
 pub use progress::{StepMetrics, TrainEvent};
 pub use train_spec::{
     ChatTemplateChoice, CheckpointPolicy, DatasetFormat, DeviceKind, DtypeKind, Hyperparameters,
-    LoraSpec, SamplingSpec, Scheduler, SpecError, TrainSpec,
+    LoraSpec, MAX_LEARNING_RATE, MAX_LORA_ALPHA, MAX_LORA_RANK, MAX_SEQ_LEN, MIN_LEARNING_RATE,
+    SamplingSpec, Scheduler, SpecError, TrainSpec,
 };

@@ -270,6 +270,19 @@ pub struct SpecError {
     pub message: String,
 }
 
+/// The largest LoRA rank accepted: beyond it an adapter stops being small, and its
+/// optimiser state can outgrow the machine.
+pub const MAX_LORA_RANK: u32 = 256;
+/// The largest LoRA alpha accepted (the update is scaled by alpha / r).
+pub const MAX_LORA_ALPHA: f64 = 4096.0;
+/// The learning rates accepted: below the least, updates vanish in rounding; above the
+/// most, training diverges.
+pub const MIN_LEARNING_RATE: f64 = 1e-9;
+/// See [`MIN_LEARNING_RATE`].
+pub const MAX_LEARNING_RATE: f64 = 1.0;
+/// The longest sequence accepted (a model may allow less: its `max_position_embeddings`).
+pub const MAX_SEQ_LEN: u32 = 131_072;
+
 impl TrainSpec {
     /// Checks every value that serde cannot, returning all problems at once.
     pub fn validate(&self) -> Result<(), Vec<SpecError>> {
@@ -306,10 +319,23 @@ impl TrainSpec {
                 "must be at least 1".into(),
             );
         }
-        if !(h.learning_rate.is_finite() && h.learning_rate > 0.0) {
+        if !(h.learning_rate.is_finite()
+            && (MIN_LEARNING_RATE..=MAX_LEARNING_RATE).contains(&h.learning_rate))
+        {
             bad(
                 "hyperparameters.learning_rate",
-                format!("must be a positive number, got {}", h.learning_rate),
+                format!(
+                    "must be between {MIN_LEARNING_RATE:e} and {MAX_LEARNING_RATE}, got {}",
+                    h.learning_rate
+                ),
+            );
+        }
+        if let Some(max) = h.max_steps
+            && h.warmup_steps > max
+        {
+            bad(
+                "hyperparameters.warmup_steps",
+                format!("must be at most max_steps ({max}), got {}", h.warmup_steps),
             );
         }
         if !(h.weight_decay.is_finite() && h.weight_decay >= 0.0) {
@@ -324,8 +350,11 @@ impl TrainSpec {
                 format!("must be ≥ 0, got {}", h.max_grad_norm),
             );
         }
-        if h.max_seq_len < 2 {
-            bad("hyperparameters.max_seq_len", "must be at least 2".into());
+        if !(2..=MAX_SEQ_LEN).contains(&h.max_seq_len) {
+            bad(
+                "hyperparameters.max_seq_len",
+                format!("must be 2 to {MAX_SEQ_LEN}, got {}", h.max_seq_len),
+            );
         }
         if h.max_steps == Some(0) {
             bad(
@@ -340,13 +369,19 @@ impl TrainSpec {
             );
         }
         let l = &self.lora;
-        if l.r == 0 {
-            bad("lora.r", "must be at least 1".into());
+        if !(1..=MAX_LORA_RANK).contains(&l.r) {
+            bad(
+                "lora.r",
+                format!("must be 1 to {MAX_LORA_RANK}, got {}", l.r),
+            );
         }
-        if !(l.alpha.is_finite() && l.alpha > 0.0) {
+        if !(l.alpha.is_finite() && l.alpha > 0.0 && l.alpha <= MAX_LORA_ALPHA) {
             bad(
                 "lora.alpha",
-                format!("must be a positive number, got {}", l.alpha),
+                format!(
+                    "must be above 0 and at most {MAX_LORA_ALPHA}, got {}",
+                    l.alpha
+                ),
             );
         }
         if !(l.dropout.is_finite() && (0.0..1.0).contains(&l.dropout)) {
@@ -361,7 +396,13 @@ impl TrainSpec {
                 "at least one module is required".into(),
             );
         }
-        for m in &l.target_modules {
+        for (i, m) in l.target_modules.iter().enumerate() {
+            if l.target_modules[..i].contains(m) {
+                bad(
+                    "lora.target_modules",
+                    format!("{m:?} is listed more than once"),
+                );
+            }
             if !ALL_TARGET_MODULES.contains(&m.as_str()) {
                 bad(
                     "lora.target_modules",

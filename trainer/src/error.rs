@@ -88,6 +88,8 @@ impl Error {
                 | Error::Json { .. }
                 | Error::Checkpoint { .. }
                 | Error::Device(_)
+                // The same data, settings and seed diverge again: retrying cannot help.
+                | Error::Diverged { .. }
         ) || matches!(self, Error::Storage(e) if !e.is_retryable())
     }
 
