@@ -1,4 +1,5 @@
-//! Operator routes, behind the admin key: create tenants and their API keys.
+//! Operator routes, behind the admin key: create tenants, their limits, and their API
+//! keys (create, list, revoke).
 
 use crate::auth::{self, Admin};
 use crate::error::{ApiError, ApiResult};
@@ -10,7 +11,13 @@ use serde::{Deserialize, Serialize};
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.service(crate::resource("/admin/tenants", "POST").route(web::post().to(create_tenant)))
         .service(
-            crate::resource("/admin/tenants/{id}/keys", "POST").route(web::post().to(create_key)),
+            crate::resource("/admin/tenants/{id}/keys", "GET, POST")
+                .route(web::post().to(create_key))
+                .route(web::get().to(list_keys)),
+        )
+        .service(
+            crate::resource("/admin/tenants/{id}/keys/{key_id}", "DELETE")
+                .route(web::delete().to(revoke_key)),
         )
         .service(
             crate::resource("/admin/tenants/{id}/limits", "PUT").route(web::put().to(set_limits)),
@@ -35,8 +42,8 @@ pub(crate) struct NewTenant {
     responses(
         (status = 201, description = "Created (or already there)", body = crate::auth::TenantRecord),
         (status = 400, description = "Invalid id", body = tuneq_openapi::ErrorBody),
-        (status = 401, description = "No key", body = tuneq_openapi::ErrorBody),
-        (status = 403, description = "Not the admin key, or admin routes disabled", body = tuneq_openapi::ErrorBody),
+        (status = 401, description = "No key, or not the admin key", body = tuneq_openapi::ErrorBody),
+        (status = 403, description = "Admin routes disabled", body = tuneq_openapi::ErrorBody),
     ))]
 pub(crate) async fn create_tenant(
     state: web::Data<AppState>,
@@ -51,6 +58,7 @@ pub(crate) async fn create_tenant(
         ));
     }
     let name = body.name.clone().unwrap_or_else(|| body.id.clone());
+    crate::text::check("name", &name, 128, false)?;
     let tenant = auth::create_tenant(&state, &body.id, &name).await?;
     Ok(HttpResponse::Created().json(tenant))
 }
@@ -71,8 +79,8 @@ pub(crate) struct NewKey {
     responses(
         (status = 201, description = "The new key", body = NewKey),
         (status = 400, description = "Invalid request", body = tuneq_openapi::ErrorBody),
-        (status = 401, description = "No key", body = tuneq_openapi::ErrorBody),
-        (status = 403, description = "Not the admin key, or admin routes disabled", body = tuneq_openapi::ErrorBody),
+        (status = 401, description = "No key, or not the admin key", body = tuneq_openapi::ErrorBody),
+        (status = 403, description = "Admin routes disabled", body = tuneq_openapi::ErrorBody),
         (status = 404, description = "No such tenant", body = tuneq_openapi::ErrorBody),
     ))]
 pub(crate) async fn create_key(
@@ -88,6 +96,61 @@ pub(crate) async fn create_key(
     }))
 }
 
+/// A tenant's keys.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(crate) struct KeyList {
+    /// Always `list`.
+    object: String,
+    /// The keys, newest first: ids and prefixes, never the keys.
+    data: Vec<auth::ApiKeyInfo>,
+}
+
+/// Lists a tenant's API keys by id and prefix (admin key only).
+#[utoipa::path(get, path = "/admin/tenants/{id}/keys", tag = "admin", operation_id = "list_api_keys",
+    params(("id" = String, Path, description = "The tenant")),
+    security(("admin_key" = [])),
+    responses(
+        (status = 200, description = "The tenant's keys", body = KeyList),
+        (status = 401, description = "No key, or not the admin key", body = tuneq_openapi::ErrorBody),
+        (status = 403, description = "Admin routes disabled", body = tuneq_openapi::ErrorBody),
+        (status = 404, description = "No such tenant", body = tuneq_openapi::ErrorBody),
+    ))]
+pub(crate) async fn list_keys(
+    state: web::Data<AppState>,
+    _: Admin,
+    tenant: web::Path<String>,
+) -> ApiResult<HttpResponse> {
+    let data = auth::list_keys(&state, &tenant).await?;
+    Ok(HttpResponse::Ok().json(KeyList {
+        object: "list".into(),
+        data,
+    }))
+}
+
+/// Revokes a tenant's API key (admin key only): it stops working at once on this API
+/// process, and within 10 seconds on every other.
+#[utoipa::path(delete, path = "/admin/tenants/{id}/keys/{key_id}", tag = "admin", operation_id = "revoke_api_key",
+    params(
+        ("id" = String, Path, description = "The tenant"),
+        ("key_id" = String, Path, description = "The key's id (`key_…`)"),
+    ),
+    security(("admin_key" = [])),
+    responses(
+        (status = 200, description = "The revoked key", body = auth::ApiKeyInfo),
+        (status = 401, description = "No key, or not the admin key", body = tuneq_openapi::ErrorBody),
+        (status = 403, description = "Admin routes disabled", body = tuneq_openapi::ErrorBody),
+        (status = 404, description = "No such key for this tenant", body = tuneq_openapi::ErrorBody),
+    ))]
+pub(crate) async fn revoke_key(
+    state: web::Data<AppState>,
+    _: Admin,
+    path: web::Path<(String, String)>,
+) -> ApiResult<HttpResponse> {
+    let (tenant, key_id) = path.into_inner();
+    let revoked = auth::revoke_key(&state, &tenant, &key_id).await?;
+    Ok(HttpResponse::Ok().json(revoked))
+}
+
 /// Sets a tenant's limits (admin key only): jobs waiting (429 beyond), jobs running at
 /// once (the rest wait), largest upload (413 beyond), and fair-share weight.
 #[utoipa::path(put, path = "/admin/tenants/{id}/limits", tag = "admin", operation_id = "set_tenant_limits",
@@ -97,8 +160,8 @@ pub(crate) async fn create_key(
     responses(
         (status = 200, description = "The tenant with its limits", body = crate::auth::TenantRecord),
         (status = 400, description = "Invalid limits", body = tuneq_openapi::ErrorBody),
-        (status = 401, description = "No key", body = tuneq_openapi::ErrorBody),
-        (status = 403, description = "Not the admin key, or admin routes disabled", body = tuneq_openapi::ErrorBody),
+        (status = 401, description = "No key, or not the admin key", body = tuneq_openapi::ErrorBody),
+        (status = 403, description = "Admin routes disabled", body = tuneq_openapi::ErrorBody),
         (status = 404, description = "No such tenant", body = tuneq_openapi::ErrorBody),
     ))]
 pub(crate) async fn set_limits(

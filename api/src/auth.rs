@@ -13,13 +13,53 @@ use tuneq_queue::{Catalog, JobQueue, catalog::check_identifier};
 
 /// Catalog kind and owner of API keys (their id is the key's SHA-256).
 const KEYS: (&str, &str) = ("apikey", "keys");
+/// Catalog kind of a tenant's key index (owner: the tenant; id: the key's public id).
+const TENANT_KEYS: &str = "tenantkey";
 /// Catalog kind and owner of tenants.
 const TENANTS: (&str, &str) = ("tenant", "tenants");
 
-/// What the catalog keeps about a key.
+/// What the catalog keeps about a key, under its hash.
 #[derive(Debug, Serialize, Deserialize)]
 struct KeyRecord {
     tenant: String,
+    /// Its public id (keys made before ids existed get one when next used).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    id: Option<String>,
+}
+
+/// What the tenant's key index keeps about a key: enough to list and revoke it, never
+/// the key itself.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct KeyIndexEntry {
+    id: String,
+    /// The key's SHA-256, to find its record when it is revoked.
+    hash: String,
+    prefix: String,
+    created_at: u64,
+}
+
+/// An API key as operators see it: its public id and first characters, never the key.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
+pub struct ApiKeyInfo {
+    /// Its public id (`key_…`), to revoke it by.
+    pub id: String,
+    /// Its tenant.
+    pub tenant: String,
+    /// The key's first characters (`tq_1a2b…`), to recognise it.
+    pub prefix: String,
+    /// When it was created (Unix seconds; 0 for keys made before this was recorded).
+    pub created_at: u64,
+}
+
+fn new_key_id() -> String {
+    format!("key_{}", hex::encode(rand::random::<[u8; 8]>()))
+}
+
+/// The first characters of `key`, safe to show: a quarter of it at most, so the rest
+/// stays secret.
+fn key_prefix(key: &str) -> String {
+    let shown: String = key.chars().take((key.chars().count() / 4).min(8)).collect();
+    format!("{shown}…")
 }
 
 /// A tenant.
@@ -131,7 +171,7 @@ pub async fn set_limits(
 }
 
 /// Registers `key` (given, or new when None) for `tenant` and returns it. The key is
-/// stored only as its hash.
+/// stored only as its hash, and listed in the tenant's key index by a public id.
 pub async fn add_key(state: &AppState, tenant_id: &str, key: Option<&str>) -> ApiResult<String> {
     if tenant(state, tenant_id).await?.is_none() {
         return Err(ApiError::not_found("tenant", tenant_id));
@@ -144,31 +184,155 @@ pub async fn add_key(state: &AppState, tenant_id: &str, key: Option<&str>) -> Ap
             "API keys must be at least 16 characters.",
         ));
     }
+    let hash = key_hash(&key);
+    let id = new_key_id();
     let body = serde_json::to_string(&KeyRecord {
         tenant: tenant_id.to_string(),
+        id: Some(id.clone()),
     })
     .map_err(|e| ApiError::internal(e.to_string()))?;
-    let hash = key_hash(&key);
-    if !state
+    if state
         .queue
         .create_entry(KEYS.0, KEYS.1, &hash, &body)
         .await?
     {
-        let owner = owner_of(state, &hash).await?;
-        if owner.as_deref() != Some(tenant_id) {
-            return Err(ApiError::invalid(
-                "api_key",
-                "key_in_use",
-                "This API key already belongs to another tenant.",
-            ));
-        }
+        index_key(state, tenant_id, &id, &hash, &key).await?;
+        return Ok(key);
     }
-    Ok(key)
+    match read_key(state, &hash).await? {
+        Some(record) if record.tenant == tenant_id => {
+            if record.id.is_none() {
+                backfill_index(state, &hash, &key_prefix(&key)).await?;
+            }
+            Ok(key)
+        }
+        _ => Err(ApiError::invalid(
+            "api_key",
+            "key_in_use",
+            "This API key already belongs to another tenant.",
+        )),
+    }
 }
 
-async fn owner_of(state: &AppState, hash: &str) -> ApiResult<Option<String>> {
-    let record: Option<KeyRecord> = crate::records::read(state, KEYS, hash, "key").await?;
-    Ok(record.map(|r| r.tenant))
+/// Lists key `id` (whose hash is `hash`) in its tenant's index.
+async fn index_key(
+    state: &AppState,
+    tenant_id: &str,
+    id: &str,
+    hash: &str,
+    key: &str,
+) -> ApiResult<()> {
+    let entry = KeyIndexEntry {
+        id: id.to_string(),
+        hash: hash.to_string(),
+        prefix: key_prefix(key),
+        created_at: crate::files::now_seconds(),
+    };
+    let body = serde_json::to_string(&entry).map_err(|e| ApiError::internal(e.to_string()))?;
+    state
+        .queue
+        .create_entry(TENANT_KEYS, tenant_id, id, &body)
+        .await?;
+    Ok(())
+}
+
+/// Gives a key made before key ids existed an id and an index entry, so it can be listed
+/// and revoked like any other.
+async fn backfill_index(state: &AppState, hash: &str, prefix: &str) -> ApiResult<()> {
+    let Some(mut record) = read_key(state, hash).await? else {
+        return Ok(());
+    };
+    if record.id.is_some() {
+        return Ok(());
+    }
+    let id = new_key_id();
+    record.id = Some(id.clone());
+    let entry = KeyIndexEntry {
+        id: id.clone(),
+        hash: hash.to_string(),
+        prefix: prefix.to_string(),
+        created_at: 0,
+    };
+    let body = serde_json::to_string(&entry).map_err(|e| ApiError::internal(e.to_string()))?;
+    state
+        .queue
+        .create_entry(TENANT_KEYS, &record.tenant, &id, &body)
+        .await?;
+    let body = serde_json::to_string(&record).map_err(|e| ApiError::internal(e.to_string()))?;
+    state
+        .queue
+        .update_entry(KEYS.0, KEYS.1, hash, &body)
+        .await?;
+    Ok(())
+}
+
+/// The tenant's keys, newest first (ids and prefixes; the keys themselves are not kept).
+pub async fn list_keys(state: &AppState, tenant_id: &str) -> ApiResult<Vec<ApiKeyInfo>> {
+    if tenant(state, tenant_id).await?.is_none() {
+        return Err(ApiError::not_found("tenant", tenant_id));
+    }
+    let entries: Vec<KeyIndexEntry> =
+        crate::records::read_all(state, (TENANT_KEYS, tenant_id), "key index").await?;
+    Ok(entries
+        .into_iter()
+        .map(|e| ApiKeyInfo {
+            id: e.id,
+            tenant: tenant_id.to_string(),
+            prefix: e.prefix,
+            created_at: e.created_at,
+        })
+        .collect())
+}
+
+/// Revokes the tenant's key `key_id`: it stops working at once in this process, and
+/// within [`key_cache::TTL`] in every other API process.
+pub async fn revoke_key(state: &AppState, tenant_id: &str, key_id: &str) -> ApiResult<ApiKeyInfo> {
+    if check_identifier("key", key_id).is_err() {
+        return Err(ApiError::not_found("API key", key_id));
+    }
+    let entry: KeyIndexEntry =
+        crate::records::read(state, (TENANT_KEYS, tenant_id), key_id, "key index")
+            .await?
+            .ok_or_else(|| ApiError::not_found("API key", key_id))?;
+    state
+        .queue
+        .delete_entry(KEYS.0, KEYS.1, &entry.hash)
+        .await?;
+    key_cache::evict(&entry.hash);
+    state
+        .queue
+        .delete_entry(TENANT_KEYS, tenant_id, key_id)
+        .await?;
+    tracing::info!(tenant = tenant_id, key = key_id, "API key revoked");
+    Ok(ApiKeyInfo {
+        id: entry.id,
+        tenant: tenant_id.to_string(),
+        prefix: entry.prefix,
+        created_at: entry.created_at,
+    })
+}
+
+/// Revokes `key` itself if it belongs to `tenant_id` (for `tuneq up --api-key`, which
+/// retires the key it replaces). Whether there was such a key.
+pub async fn revoke_key_value(state: &AppState, tenant_id: &str, key: &str) -> ApiResult<bool> {
+    let hash = key_hash(key);
+    let Some(record) = read_key(state, &hash).await? else {
+        return Ok(false);
+    };
+    if record.tenant != tenant_id {
+        return Ok(false);
+    }
+    if let Some(id) = &record.id {
+        revoke_key(state, tenant_id, id).await?;
+    } else {
+        state.queue.delete_entry(KEYS.0, KEYS.1, &hash).await?;
+        key_cache::evict(&hash);
+    }
+    Ok(true)
+}
+
+async fn read_key(state: &AppState, hash: &str) -> ApiResult<Option<KeyRecord>> {
+    crate::records::read(state, KEYS, hash, "key").await
 }
 
 fn bearer(req: &HttpRequest) -> ApiResult<String> {
@@ -205,20 +369,25 @@ impl FromRequest for Tenant {
     fn from_request(req: &HttpRequest, _: &mut actix_web::dev::Payload) -> Self::Future {
         let state = req.app_data::<web::Data<AppState>>().cloned();
         let key = bearer(req);
+        let client = req.peer_addr().map(|a| a.ip());
         Box::pin(async move {
             let state = state.ok_or_else(|| ApiError::internal("no application state"))?;
             let hash = key_hash(&key?);
             if let Some(tenant) = key_cache::get(&hash) {
                 return Ok(Tenant(tenant));
             }
-            match owner_of(&state, &hash).await? {
-                Some(tenant) => {
-                    key_cache::put(&hash, &tenant);
-                    Ok(Tenant(tenant))
+            match read_key(&state, &hash).await? {
+                Some(record) => {
+                    key_cache::put(&hash, &record.tenant);
+                    Ok(Tenant(record.tenant))
                 }
-                None => Err(ApiError::unauthenticated(
-                    "Incorrect API key provided. Keys are created with `tuneq up` or the admin API.",
-                )),
+                None => Err(failures::answer(
+                    client,
+                    ApiError::unauthenticated(
+                        "Incorrect API key provided. Keys are created with `tuneq up` or the admin API.",
+                    ),
+                )
+                .await),
             }
         })
     }
@@ -230,20 +399,139 @@ pub struct Admin;
 
 impl FromRequest for Admin {
     type Error = ApiError;
-    type Future = std::future::Ready<Result<Self, Self::Error>>;
+    type Future = LocalBoxFuture<'static, Result<Self, Self::Error>>;
 
     fn from_request(req: &HttpRequest, _: &mut actix_web::dev::Payload) -> Self::Future {
         let expected = req
             .app_data::<web::Data<AppState>>()
             .and_then(|s| s.config.admin_key_hash.clone());
-        std::future::ready(match (bearer(req), expected) {
-            (Err(e), _) => Err(e),
-            (Ok(_), None) => Err(ApiError::forbidden(
-                "The admin API is disabled: start the server with an admin key.",
-            )),
-            (Ok(key), Some(hash)) if key_hash(&key) == hash => Ok(Admin),
-            (Ok(_), Some(_)) => Err(ApiError::forbidden("This key is not the admin key.")),
+        let key = bearer(req);
+        let client = req.peer_addr().map(|a| a.ip());
+        Box::pin(async move {
+            match (key, expected) {
+                (Err(e), _) => Err(e),
+                (Ok(_), None) => Err(ApiError::forbidden(
+                    "The admin API is disabled: start the server with an admin key.",
+                )),
+                (Ok(key), Some(hash)) if key_hash(&key) == hash => Ok(Admin),
+                // As on every other route, a key that does not grant access is a 401.
+                (Ok(_), Some(_)) => Err(failures::answer(
+                    client,
+                    ApiError::unauthenticated("This key is not the admin key."),
+                )
+                .await),
+            }
         })
+    }
+}
+
+/// Failed authentications by client address. A client past [`failures::FREE`] failures
+/// in a [`failures::WINDOW`] gets each further failure answered only after
+/// [`failures::PENALTY`], and with 429 when it already has [`failures::IN_PENALTY`]
+/// answers waiting: guessing keys goes at a crawl. Keys that work are never slowed
+/// (they are answered before this is consulted), so a busy client behind the same
+/// address as a guesser keeps working.
+mod failures {
+    use crate::error::ApiError;
+    use std::collections::HashMap;
+    use std::net::IpAddr;
+    use std::sync::{Mutex, OnceLock};
+    use std::time::{Duration, Instant};
+
+    /// Failures a client may have in a window before it is slowed down.
+    pub const FREE: u32 = 30;
+    /// The window failures are counted in.
+    pub const WINDOW: Duration = Duration::from_secs(60);
+    /// How long a failure past [`FREE`] waits before it is answered.
+    pub const PENALTY: Duration = Duration::from_secs(1);
+    /// Answers a client may have waiting at once; more are refused at once with 429.
+    pub const IN_PENALTY: u32 = 8;
+    /// Clients tracked at most (expired ones are dropped first when full).
+    const CLIENTS: usize = 10_000;
+
+    struct Client {
+        since: Instant,
+        failures: u32,
+        waiting: u32,
+    }
+
+    fn clients() -> &'static Mutex<HashMap<IpAddr, Client>> {
+        static CLIENTS: OnceLock<Mutex<HashMap<IpAddr, Client>>> = OnceLock::new();
+        CLIENTS.get_or_init(Default::default)
+    }
+
+    /// What to do with one more failure of `ip`.
+    enum Verdict {
+        Now,
+        After,
+        Refuse(u64),
+    }
+
+    fn count(ip: IpAddr) -> Verdict {
+        let Ok(mut clients) = clients().lock() else {
+            return Verdict::Now;
+        };
+        let now = Instant::now();
+        if clients.len() >= CLIENTS && !clients.contains_key(&ip) {
+            clients.retain(|_, c| now.duration_since(c.since) < WINDOW || c.waiting > 0);
+            if clients.len() >= CLIENTS {
+                clients.clear();
+            }
+        }
+        let client = clients.entry(ip).or_insert(Client {
+            since: now,
+            failures: 0,
+            waiting: 0,
+        });
+        if now.duration_since(client.since) >= WINDOW {
+            client.since = now;
+            client.failures = 0;
+        }
+        client.failures = client.failures.saturating_add(1);
+        if client.failures <= FREE {
+            Verdict::Now
+        } else if client.waiting >= IN_PENALTY {
+            let left = WINDOW.saturating_sub(now.duration_since(client.since));
+            Verdict::Refuse(left.as_secs().max(1))
+        } else {
+            client.waiting += 1;
+            Verdict::After
+        }
+    }
+
+    /// One answer of a client's waiting out its penalty.
+    struct Waiting(IpAddr);
+
+    impl Drop for Waiting {
+        fn drop(&mut self) {
+            if let Ok(mut clients) = clients().lock()
+                && let Some(c) = clients.get_mut(&self.0)
+            {
+                c.waiting = c.waiting.saturating_sub(1);
+            }
+        }
+    }
+
+    /// `error` (a failed authentication of `client`), answered now, after the penalty,
+    /// or replaced by a 429.
+    pub async fn answer(client: Option<IpAddr>, error: ApiError) -> ApiError {
+        let Some(ip) = client else {
+            return error;
+        };
+        match count(ip) {
+            Verdict::Now => error,
+            Verdict::After => {
+                // Given back even when the client hangs up while it waits.
+                let _waiting = Waiting(ip);
+                tokio::time::sleep(PENALTY).await;
+                error
+            }
+            Verdict::Refuse(retry_after) => ApiError::too_many(
+                "too_many_failed_authentications",
+                "Too many failed authentications from this address; wait before trying again.",
+                retry_after,
+            ),
+        }
     }
 }
 
@@ -255,8 +543,9 @@ mod key_cache {
     use std::sync::{Mutex, OnceLock};
     use std::time::{Duration, Instant};
 
-    /// How long a looked-up key is trusted without asking the catalog again.
-    pub const TTL: Duration = Duration::from_secs(60);
+    /// How long a looked-up key is trusted without asking the catalog again: how long a
+    /// key revoked through another API process may still work in this one.
+    pub const TTL: Duration = Duration::from_secs(10);
     /// Keys kept at most; the cache is emptied when full.
     pub const CAPACITY: usize = 10_000;
 
@@ -272,6 +561,13 @@ mod key_cache {
             .get(hash)
             .filter(|(_, at)| at.elapsed() < TTL)
             .map(|(tenant, _)| tenant.clone())
+    }
+
+    /// Forgets `hash` (its key was revoked).
+    pub fn evict(hash: &str) {
+        if let Ok(mut cache) = cache().lock() {
+            cache.remove(hash);
+        }
     }
 
     /// Remembers that `hash` belongs to `tenant`.

@@ -170,6 +170,18 @@ impl From<QueueError> for ApiError {
 
 impl From<tuneq_storage::Error> for ApiError {
     fn from(e: tuneq_storage::Error) -> Self {
+        if e.is_not_found() {
+            // The record names an object the store no longer has (deleted behind our
+            // back, or a crash between the two): gone, not a server fault. The key is
+            // the operator's business, not the client's.
+            tracing::warn!(error = %e, "a recorded object is missing from the store");
+            return Self::new(
+                StatusCode::GONE,
+                "invalid_request_error",
+                "object_gone",
+                "The stored content of this object is gone.",
+            );
+        }
         tracing::error!(error = %e, "object store error");
         if e.is_retryable() {
             Self::unavailable("The object store is unavailable; try again shortly.")

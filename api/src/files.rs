@@ -15,7 +15,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use futures::{StreamExt, TryStreamExt};
 use serde::Deserialize;
 use std::io::Write;
-use tuneq_dataset::{DataError, Encoder, Record, parse_jsonl, token_stats};
+use tuneq_dataset::{DataError, Encoder, LineValidator, Record, TokenCounter};
 use tuneq_openapi::ErrorBody;
 use tuneq_openapi::{
     DatasetFormat, Deleted, FileList, FileObject, FileTokenStats, FileValidation, LineProblem,
@@ -122,27 +122,40 @@ struct Spooled {
     model: Option<String>,
 }
 
+/// The answer to a body that broke off: too slow (408), or cut by the client (400).
+fn broke_off(e: &actix_web::error::PayloadError) -> ApiError {
+    if crate::guard::is_body_timeout(e) {
+        return crate::guard::body_timeout();
+    }
+    ApiError::invalid(
+        "file",
+        "upload_interrupted",
+        format!("The upload broke off: {e}"),
+    )
+}
+
+/// [`broke_off`] for a form's field.
+fn field_broke_off(e: actix_multipart::MultipartError) -> ApiError {
+    match e {
+        actix_multipart::MultipartError::Payload(p) => broke_off(&p),
+        other => ApiError::invalid("file", "invalid_multipart", other.to_string()),
+    }
+}
+
 /// Writes `chunks` to a new spool file, refusing more than `limit` bytes.
-async fn spool<S, E>(
+async fn spool<S>(
     state: &AppState,
     limit: UploadLimit,
     mut chunks: S,
 ) -> ApiResult<(tempfile::NamedTempFile, u64)>
 where
-    S: futures::Stream<Item = Result<bytes::Bytes, E>> + Unpin,
-    E: std::fmt::Display,
+    S: futures::Stream<Item = Result<bytes::Bytes, ApiError>> + Unpin,
 {
-    let mut file = tempfile::NamedTempFile::new_in(&state.config.spool_dir)
+    let mut file = spool_file(&state.config.spool_dir)
         .map_err(|e| ApiError::internal(format!("cannot spool the upload: {e}")))?;
     let mut bytes = 0u64;
     while let Some(chunk) = chunks.next().await {
-        let chunk = chunk.map_err(|e| {
-            ApiError::invalid(
-                "file",
-                "upload_interrupted",
-                format!("The upload broke off: {e}"),
-            )
-        })?;
+        let chunk = chunk?;
         bytes += chunk.len() as u64;
         if bytes > limit.bytes {
             return Err(limit.exceeded());
@@ -151,6 +164,126 @@ where
             .map_err(|e| ApiError::internal(format!("cannot spool the upload: {e}")))?;
     }
     Ok((file, bytes))
+}
+
+/// What spool files of this process are named with: a file whose process is gone was
+/// left by a crash, and [`clean_spool`] removes it.
+fn spool_prefix(pid: u32) -> String {
+    format!("tuneq-upload-{pid}-")
+}
+
+/// A new spool file in `dir`, readable by this user only.
+fn spool_file(dir: &std::path::Path) -> std::io::Result<tempfile::NamedTempFile> {
+    use std::os::unix::fs::PermissionsExt;
+    tempfile::Builder::new()
+        .prefix(&spool_prefix(std::process::id()))
+        .suffix(".jsonl")
+        .permissions(std::fs::Permissions::from_mode(0o600))
+        .tempfile_in(dir)
+}
+
+/// Removes the spool files in `dir` that processes no longer running left behind (a
+/// crash or a kill in the middle of an upload), and returns how many bytes that freed.
+/// Files of live processes (another API process may share the folder) are kept.
+pub fn clean_spool(dir: &std::path::Path) -> std::io::Result<u64> {
+    let mut freed = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("tuneq-upload-"))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let alive =
+            pid == std::process::id() || std::path::Path::new(&format!("/proc/{pid}")).exists();
+        if alive {
+            continue;
+        }
+        let bytes = entry.metadata().map(|m| m.len()).unwrap_or(0);
+        match std::fs::remove_file(entry.path()) {
+            Ok(()) => freed += bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(freed)
+}
+
+/// Uploads in progress, in the whole process and per tenant: each holds a connection, a
+/// spool file and, while it is validated, a core. Beyond the bounds an upload is
+/// answered 429 before its body is read.
+mod upload_slots {
+    use crate::error::ApiError;
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+
+    /// Uploads at once in one process.
+    pub const PER_PROCESS: usize = 32;
+    /// Uploads at once of one tenant.
+    pub const PER_TENANT: usize = 4;
+    /// `retry-after` when no slot is free.
+    const RETRY_AFTER_S: u64 = 5;
+
+    #[derive(Default)]
+    struct Slots {
+        total: usize,
+        by_tenant: HashMap<String, usize>,
+    }
+
+    fn slots() -> &'static Mutex<Slots> {
+        static SLOTS: OnceLock<Mutex<Slots>> = OnceLock::new();
+        SLOTS.get_or_init(Default::default)
+    }
+
+    /// A slot held for one upload, given back when dropped.
+    pub struct Slot(String);
+
+    impl Drop for Slot {
+        fn drop(&mut self) {
+            if let Ok(mut s) = slots().lock() {
+                s.total = s.total.saturating_sub(1);
+                if let Some(n) = s.by_tenant.get_mut(&self.0) {
+                    *n = n.saturating_sub(1);
+                    if *n == 0 {
+                        s.by_tenant.remove(&self.0);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A slot for `tenant`, or 429 when the tenant or the process has none free.
+    pub fn take(tenant: &str) -> Result<Slot, ApiError> {
+        let mut s = slots()
+            .lock()
+            .map_err(|_| ApiError::internal("upload slots are poisoned"))?;
+        if s.total >= PER_PROCESS {
+            return Err(ApiError::too_many(
+                "too_many_uploads",
+                format!(
+                    "The server is receiving {PER_PROCESS} uploads already; try again shortly."
+                ),
+                RETRY_AFTER_S,
+            ));
+        }
+        let mine = s.by_tenant.get(tenant).copied().unwrap_or(0);
+        if mine >= PER_TENANT {
+            return Err(ApiError::too_many(
+                "too_many_uploads",
+                format!(
+                    "This tenant has {PER_TENANT} uploads in progress; wait for one to finish."
+                ),
+                RETRY_AFTER_S,
+            ));
+        }
+        s.total += 1;
+        s.by_tenant.insert(tenant.to_string(), mine + 1);
+        Ok(Slot(tenant.to_string()))
+    }
 }
 
 /// How large an upload may be, and whose limit that is.
@@ -210,7 +343,7 @@ async fn receive(
     if !is_multipart {
         let query = web::Query::<RawUpload>::from_query(req.query_string())
             .map_err(|e| ApiError::invalid("filename", "invalid_query", e.to_string()))?;
-        let (file, bytes) = spool(state, limit, payload).await?;
+        let (file, bytes) = spool(state, limit, payload.map_err(|e| broke_off(&e))).await?;
         return Ok(Spooled {
             file,
             bytes,
@@ -224,9 +357,22 @@ async fn receive(
     let mut model = None;
     let mut spooled = None;
     while let Some(field) = form.next().await {
-        let mut field =
-            field.map_err(|e| ApiError::invalid("file", "invalid_multipart", e.to_string()))?;
+        let mut field = field.map_err(field_broke_off)?;
         let name = field.name().unwrap_or_default().to_string();
+        // A second copy of a field would silently replace the first: refused instead.
+        let repeated = match name.as_str() {
+            "file" => spooled.is_some(),
+            "purpose" => purpose.is_some(),
+            "model" => model.is_some(),
+            _ => false,
+        };
+        if repeated {
+            return Err(ApiError::invalid(
+                &name,
+                "duplicate_field",
+                format!("The form has more than one `{name}` field; send each once."),
+            ));
+        }
         match name.as_str() {
             "purpose" => purpose = Some(small_field(&mut field, "purpose", 64).await?),
             "model" => model = Some(small_field(&mut field, "model", 128).await?),
@@ -236,14 +382,14 @@ async fn receive(
                     .and_then(|d| d.get_filename())
                     .map(clean_filename)
                     .unwrap_or_else(|| "upload.jsonl".into());
-                let (file, bytes) = spool(state, limit, field.map_err(|e| e.to_string())).await?;
+                let (file, bytes) = spool(state, limit, field.map_err(field_broke_off)).await?;
                 spooled = Some((file, bytes, filename));
             }
             // Unknown fields are drained and ignored, as OpenAI does, within the limit.
             _ => {
                 let mut drained = 0u64;
                 while let Some(chunk) = field.next().await {
-                    drained += chunk.map_or(0, |c| c.len() as u64);
+                    drained += chunk.map_err(field_broke_off)?.len() as u64;
                     if drained > limit.bytes {
                         return Err(limit.exceeded());
                     }
@@ -275,8 +421,7 @@ async fn small_field(
 ) -> ApiResult<String> {
     let mut text = Vec::new();
     while let Some(chunk) = field.next().await {
-        let chunk =
-            chunk.map_err(|e| ApiError::invalid(name, "invalid_multipart", e.to_string()))?;
+        let chunk = chunk.map_err(field_broke_off)?;
         text.extend_from_slice(&chunk);
         if text.len() > max {
             return Err(ApiError::invalid(
@@ -336,36 +481,66 @@ fn encoder_for(dir: &std::path::Path) -> Result<std::sync::Arc<Encoder>, String>
     Ok(encoder)
 }
 
-/// The records' token statistics with `model`'s tokenizer; None (logged) when the
-/// model's files cannot be read or a record cannot be rendered with its template.
-fn count_tokens(
-    records: &[Record],
-    (model, dir): &(String, std::path::PathBuf),
-) -> Option<FileTokenStats> {
-    let counted = encoder_for(dir).and_then(|encoder| {
-        encoder
-            .encode_all(records, STATS_MAX_SEQ_LEN as usize)
-            .map_err(|e| e.to_string())
-    });
-    match counted {
-        Ok((examples, truncated)) => {
-            let stats = token_stats(&examples, truncated);
-            Some(FileTokenStats {
-                model: model.clone(),
-                max_seq_len: STATS_MAX_SEQ_LEN,
-                tokens: stats.tokens,
-                trained_tokens: stats.trained_tokens,
-                min_len: stats.min_len as u64,
-                max_len: stats.max_len as u64,
-                mean_len: stats.mean_len,
-                truncated: stats.truncated as u64,
-                unlabelled: stats.unlabelled as u64,
-            })
+/// Counts an upload's tokens one example at a time with a model's tokenizer.
+struct TokenCounting {
+    model: String,
+    encoder: std::sync::Arc<Encoder>,
+    counter: TokenCounter,
+    /// Set when a record could not be encoded: then no statistics are shown.
+    failed: bool,
+}
+
+impl TokenCounting {
+    /// A counter with `model`'s tokenizer; None (logged) when its files cannot be read.
+    fn new((model, dir): (String, std::path::PathBuf)) -> Option<Self> {
+        match encoder_for(&dir) {
+            Ok(encoder) => Some(Self {
+                model,
+                encoder,
+                counter: TokenCounter::default(),
+                failed: false,
+            }),
+            Err(e) => {
+                tracing::warn!(model = %model, error = %e, "cannot count an upload's tokens");
+                None
+            }
         }
-        Err(e) => {
-            tracing::warn!(model = %model, error = %e, "cannot count an upload's tokens");
-            None
+    }
+
+    fn add(&mut self, record: &Record) {
+        if self.failed {
+            return;
         }
+        match self
+            .encoder
+            .encode_with_length(record, STATS_MAX_SEQ_LEN as usize)
+        {
+            Ok((example, full_len)) => self
+                .counter
+                .add(&example, full_len > example.input_ids.len()),
+            Err(e) => {
+                tracing::warn!(model = %self.model, error = %e, "cannot count an upload's tokens");
+                self.failed = true;
+            }
+        }
+    }
+
+    fn stats(&self) -> Option<FileTokenStats> {
+        if self.failed {
+            return None;
+        }
+        let stats = self.counter.stats();
+        Some(FileTokenStats {
+            model: self.model.clone(),
+            max_seq_len: STATS_MAX_SEQ_LEN,
+            tokens: stats.tokens,
+            trained_tokens: stats.trained_tokens,
+            min_len: stats.min_len as u64,
+            max_len: stats.max_len as u64,
+            mean_len: stats.mean_len,
+            truncated: stats.truncated as u64,
+            unlabelled: stats.unlabelled as u64,
+        })
     }
 }
 
@@ -391,32 +566,37 @@ fn format_name(format: DatasetFormat) -> String {
         .unwrap_or_default()
 }
 
-/// Validates the spooled file with the trainer's rules.
+/// The longest line an upload may have: what validation holds in memory at once.
+const MAX_LINE_BYTES: usize = 8 << 20;
+
+/// Uploads validated at once in one process: validation takes a core for a while.
+fn validation_permits() -> &'static tokio::sync::Semaphore {
+    static PERMITS: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
+    PERMITS.get_or_init(|| {
+        tokio::sync::Semaphore::new(
+            std::thread::available_parallelism()
+                .map(std::num::NonZeroUsize::get)
+                .unwrap_or(2),
+        )
+    })
+}
+
+/// Validates the spooled file with the trainer's rules, reading it as a stream: memory
+/// stays within one line ([`MAX_LINE_BYTES`]) whatever the file's size.
 async fn validate(
     path: std::path::PathBuf,
     filename: String,
     counting: Option<(String, std::path::PathBuf)>,
 ) -> ApiResult<FileValidation> {
-    let parsed = tokio::task::spawn_blocking(move || {
-        let bytes = std::fs::read(&path).map_err(|e| DataError::Io {
-            path: filename.clone(),
-            source: e,
-        })?;
-        let dataset = parse_jsonl(&filename, &bytes, DatasetFormat::Auto)?;
-        let tokens = counting
-            .as_ref()
-            .and_then(|model| count_tokens(&dataset.records, model));
-        Ok::<_, DataError>((dataset, tokens))
-    })
-    .await
-    .map_err(|e| ApiError::internal(format!("validation task: {e}")))?;
-    match parsed {
-        Ok((dataset, tokens)) => Ok(FileValidation {
-            format: format_name(dataset.format),
-            examples: dataset.records.len() as u64,
-            characters: dataset.records.iter().map(characters).sum::<usize>() as u64,
-            tokens,
-        }),
+    let _permit = validation_permits()
+        .acquire()
+        .await
+        .map_err(|_| ApiError::internal("the validation semaphore is closed"))?;
+    let checked = tokio::task::spawn_blocking(move || scan(&path, &filename, counting))
+        .await
+        .map_err(|e| ApiError::internal(format!("validation task: {e}")))?;
+    let (format, examples, characters, tokens) = match checked {
+        Ok(checked) => checked,
         Err(DataError::InvalidLines {
             errors,
             bad_lines,
@@ -442,19 +622,105 @@ async fn validate(
                     format!(" First: line {}{}: {}.", l.line, field, l.message)
                 })
                 .unwrap_or_default();
-            Err(ApiError::bad_lines(
+            return Err(ApiError::bad_lines(
                 format!(
                     "The file has {bad_lines} invalid line(s) ({total} problem(s)); `error.lines` lists them.{first}"
                 ),
                 lines,
-            ))
+            ));
         }
-        Err(DataError::Empty { .. }) => Err(ApiError::invalid(
-            "file",
-            "empty_file",
-            "The file has no examples: it is empty or only blank lines.",
-        )),
-        Err(other) => Err(ApiError::internal(format!("validation failed: {other}"))),
+        Err(DataError::Empty { .. }) => {
+            return Err(ApiError::invalid(
+                "file",
+                "empty_file",
+                "The file has no examples: it is empty or only blank lines.",
+            ));
+        }
+        Err(other) => {
+            tracing::error!(error = %other, "upload validation failed");
+            return Err(ApiError::internal("The upload could not be validated."));
+        }
+    };
+    Ok(FileValidation {
+        format: format_name(format),
+        examples,
+        characters,
+        tokens,
+    })
+}
+
+/// The checks of [`validate`], on a blocking thread: the format, examples, characters
+/// and token statistics of the file at `path`.
+fn scan(
+    path: &std::path::Path,
+    filename: &str,
+    counting: Option<(String, std::path::PathBuf)>,
+) -> Result<(DatasetFormat, u64, u64, Option<FileTokenStats>), DataError> {
+    use std::io::{BufRead, Read};
+    let io = |source| DataError::Io {
+        path: filename.to_string(),
+        source,
+    };
+    let mut reader =
+        std::io::BufReader::with_capacity(1 << 16, std::fs::File::open(path).map_err(io)?);
+    let mut validator = LineValidator::new(filename, DatasetFormat::Auto);
+    let mut counting = counting.and_then(TokenCounting::new);
+    let (mut examples, mut chars) = (0u64, 0u64);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let read = (&mut reader)
+            .take(MAX_LINE_BYTES as u64 + 1)
+            .read_until(b'\n', &mut line)
+            .map_err(io)?;
+        if read == 0 {
+            break;
+        }
+        if line.last() == Some(&b'\n') {
+            line.pop();
+        } else if line.len() > MAX_LINE_BYTES {
+            validator.reject_line(format!(
+                "the line is longer than {} MiB",
+                MAX_LINE_BYTES >> 20
+            ));
+            skip_line(&mut reader).map_err(io)?;
+            continue;
+        }
+        if let Some(record) = validator.push(&line) {
+            examples += 1;
+            chars += characters(&record) as u64;
+            // A file with a bad line is refused: its tokens need no counting.
+            if let Some(c) = counting.as_mut().filter(|_| !validator.has_problems()) {
+                c.add(&record);
+            }
+        }
+    }
+    let format = validator.finish()?;
+    Ok((
+        format,
+        examples,
+        chars,
+        counting.as_ref().and_then(TokenCounting::stats),
+    ))
+}
+
+/// Reads past the rest of the current line.
+fn skip_line(reader: &mut impl std::io::BufRead) -> std::io::Result<()> {
+    loop {
+        let buf = reader.fill_buf()?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => {
+                reader.consume(i + 1);
+                return Ok(());
+            }
+            None => {
+                let n = buf.len();
+                reader.consume(n);
+            }
+        }
     }
 }
 
@@ -494,6 +760,7 @@ pub(crate) async fn upload(
             tenant: false,
         },
     };
+    let _slot = upload_slots::take(&tenant.0)?;
     let spooled = receive(&state, limit, &req, payload).await?;
     match spooled.purpose.as_deref() {
         Some(PURPOSE) | None => {}
@@ -643,7 +910,7 @@ pub(crate) async fn retrieve(
 #[utoipa::path(get, path = "/v1/files/{id}/content", tag = "files", operation_id = "download_file",
     params(("id" = String, Path, description = "`file-…`")),
     responses(
-        (status = 200, description = "The JSONL bytes", content_type = "application/jsonl", body = String),
+        (status = 200, description = "The JSONL bytes", content_type = "application/jsonl", body = inline(tuneq_openapi::Binary)),
         (status = 401, description = "No or unknown API key", body = ErrorBody),
         (status = 404, description = "No such file for this tenant", body = ErrorBody),
     ))]
@@ -675,6 +942,7 @@ pub(crate) async fn content(
     params(("id" = String, Path, description = "`file-…`")),
     responses(
         (status = 200, description = "Deleted", body = Deleted),
+        (status = 400, description = "An unfinished job trains on it (`file_in_use`)", body = ErrorBody),
         (status = 401, description = "No or unknown API key", body = ErrorBody),
         (status = 404, description = "No such file for this tenant", body = ErrorBody),
     ))]
@@ -684,16 +952,69 @@ pub(crate) async fn delete(
     id: web::Path<String>,
 ) -> ApiResult<HttpResponse> {
     let file = find(&state, &tenant, &id).await?;
-    match state.store.delete(&content_key(&tenant.0, &file.id)?).await {
+    if let Some(job) = crate::finetunes::unfinished_job_using(&state, &tenant.0, &file.id).await? {
+        return Err(ApiError::invalid(
+            "id",
+            "file_in_use",
+            format!(
+                "The fine-tuning job {job} trains on this file and has not finished; cancel it or wait for it, then delete the file."
+            ),
+        ));
+    }
+    let key = content_key(&tenant.0, &file.id)?;
+    // The record goes first: a crash between the two leaves an object no record names
+    // (storage to reclaim), never a record whose content is gone.
+    state.queue.delete_entry(KIND, &tenant.0, &file.id).await?;
+    match state.store.delete(&key).await {
         Ok(()) => {}
         Err(e) if e.is_not_found() => {}
-        Err(e) => return Err(e.into()),
+        Err(e) => {
+            tracing::warn!(error = %e, file = %file.id, "a deleted file's content was not removed");
+        }
     }
-    state.queue.delete_entry(KIND, &tenant.0, &file.id).await?;
     tracing::info!(tenant = %tenant.0, file = %file.id, "file deleted");
     Ok(HttpResponse::Ok().json(Deleted {
         id: file.id,
         object: "file".into(),
         deleted: true,
     }))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spool_files_of_dead_processes_are_removed_and_live_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        // A pid far above any pid_max is never a live process.
+        let dead = dir.path().join("tuneq-upload-2147483646-abc.jsonl");
+        std::fs::write(&dead, vec![0u8; 1000]).unwrap();
+        let mine = spool_file(dir.path()).unwrap();
+        let unrelated = dir.path().join("notes.txt");
+        std::fs::write(&unrelated, "keep").unwrap();
+        assert_eq!(clean_spool(dir.path()).unwrap(), 1000);
+        assert!(!dead.exists());
+        assert!(mine.path().exists());
+        assert!(unrelated.exists());
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(mine.path()).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn a_stream_scan_counts_what_parse_jsonl_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.jsonl");
+        let text = "\u{feff}{\"text\":\"héllo\"}\r\n\n{\"text\":\"b\"}";
+        std::fs::write(&path, text).unwrap();
+        let (format, examples, chars, tokens) = scan(&path, "d.jsonl", None).unwrap();
+        let parsed =
+            tuneq_dataset::parse_jsonl("d.jsonl", text.as_bytes(), DatasetFormat::Auto).unwrap();
+        assert_eq!(format, parsed.format);
+        assert_eq!(examples, parsed.records.len() as u64);
+        assert_eq!(chars, 6);
+        assert!(tokens.is_none());
+    }
 }

@@ -13,6 +13,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::files;
 use crate::models;
 use crate::records;
+use crate::redact;
 use crate::state::AppState;
 use crate::webhooks::{self, Delivery};
 use actix_web::http::StatusCode;
@@ -268,19 +269,12 @@ fn check_metadata(metadata: &BTreeMap<String, String>) -> ApiResult<()> {
         ));
     }
     for (key, value) in metadata {
-        if key.is_empty() || key.chars().count() > 64 {
-            return Err(ApiError::invalid(
-                "metadata",
-                "invalid_value",
-                "metadata keys must be 1 to 64 characters.",
-            ));
-        }
-        if value.chars().count() > 512 {
-            return Err(ApiError::invalid(
-                &format!("metadata.{key}"),
-                "invalid_value",
-                "metadata values must be at most 512 characters.",
-            ));
+        crate::text::check("metadata key", key, 64, false).map_err(|mut e| {
+            e.detail.param = Some("metadata".into());
+            e
+        })?;
+        if !value.is_empty() {
+            crate::text::check(&format!("metadata.{key}"), value, 512, true)?;
         }
     }
     Ok(())
@@ -342,10 +336,16 @@ async fn plan(
             "Integrations are not offered; follow a job with its events instead.",
         ));
     }
-    if let Some(url) = &body.webhook_url {
-        webhooks::check_url(url, &state.config.webhooks)
-            .map_err(|reason| ApiError::invalid("webhook_url", "invalid_webhook_url", reason))?;
-    }
+    // The URL is kept as the url crate serialises it: what was checked is what is
+    // later called, whichever parser reads the record.
+    let webhook_url = match &body.webhook_url {
+        Some(url) => Some(
+            webhooks::check_url(url, &state.config.webhooks)
+                .map_err(|reason| ApiError::invalid("webhook_url", "invalid_webhook_url", reason))?
+                .to_string(),
+        ),
+        None => None,
+    };
     let hardware = body.hardware.clone().unwrap_or_else(|| "any".into());
     let pools: Vec<String> = state
         .config
@@ -393,12 +393,12 @@ async fn plan(
     };
     let multiplier = match h.learning_rate_multiplier {
         None | Some(AutoOrNumber::Auto(_)) => 1.0,
-        Some(AutoOrNumber::Value(m)) if m > 0.0 && m <= 10.0 => m,
+        Some(AutoOrNumber::Value(m)) if (0.001..=10.0).contains(&m) => m,
         Some(AutoOrNumber::Value(m)) => {
             return Err(ApiError::invalid(
                 "hyperparameters.learning_rate_multiplier",
                 "invalid_value",
-                format!("learning_rate_multiplier must be above 0 and at most 10, not {m}."),
+                format!("learning_rate_multiplier must be 0.001 to 10, not {m}."),
             ));
         }
     };
@@ -452,26 +452,25 @@ async fn plan(
         hp.max_seq_len = check_range("hyperparameters.max_seq_len", len, 8, 32_768)?;
     }
     if let Some(warmup) = h.warmup_steps {
+        let total_steps = steps_per_epoch * n_epochs;
+        if warmup > total_steps {
+            return Err(ApiError::invalid(
+                "hyperparameters.warmup_steps",
+                "invalid_value",
+                format!(
+                    "warmup_steps {warmup} is more than the job's {total_steps} steps ({n_epochs} epoch(s) of {steps_per_epoch}); it would never reach its learning rate."
+                ),
+            ));
+        }
         hp.warmup_steps = warmup;
     }
     if validation.is_some() {
         hp.eval_every_steps = spec.checkpoint.every_steps;
     }
     if let Err(problems) = spec.validate() {
-        let first = &problems[0];
-        let param = first
-            .field
-            .replace("hyperparameters.epochs", "hyperparameters.n_epochs");
-        return Err(ApiError::invalid(
-            &param,
-            "invalid_value",
-            problems
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join("; "),
-        ));
+        return Err(spec_problems(&problems));
     }
+    check_fit(state, &base, &spec, &training)?;
     let record = FineTuneRecord {
         id: id.to_string(),
         tenant: tenant.0.clone(),
@@ -494,7 +493,7 @@ async fn plan(
         job_id: String::new(),
         request_hash: request_hash(body),
         outcome: None,
-        webhook_url: body.webhook_url.clone(),
+        webhook_url,
         webhook: None,
     };
     Ok(Plan {
@@ -504,9 +503,91 @@ async fn plan(
     })
 }
 
+/// The answer to a spec that does not validate: the first problem's field, every
+/// problem in the message.
+fn spec_problems(problems: &[tuneq_openapi::SpecError]) -> ApiError {
+    let param = problems.first().map_or_else(String::new, |first| {
+        first
+            .field
+            .replace("hyperparameters.epochs", "hyperparameters.n_epochs")
+    });
+    ApiError::invalid(
+        &param,
+        "invalid_value",
+        problems
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; "),
+    )
+}
+
+/// Refuses what the base model cannot give the job (context, projection width, memory)
+/// and a training file with nothing to learn at the job's sequence length. Only models
+/// with local files are checked here; the trainer checks the others.
+fn check_fit(
+    state: &AppState,
+    base: &models::BaseModel,
+    spec: &TrainSpec,
+    training: &tuneq_openapi::FileObject,
+) -> ApiResult<()> {
+    let h = &spec.hyperparameters;
+    // The upload's statistics were counted at their own length, with some model's
+    // tokenizer: they prove "nothing to learn" only for this model at a length no longer.
+    if let Some(stats) = &training.validation.tokens
+        && stats.model == base.id
+        && stats.trained_tokens == 0
+        && h.max_seq_len <= stats.max_seq_len
+    {
+        return Err(ApiError::invalid(
+            "training_file",
+            "no_trainable_tokens",
+            format!(
+                "No example of {} has a token to learn from at max_seq_len {} (every answer is cut off or empty); raise max_seq_len or fix the data.",
+                training.id, h.max_seq_len
+            ),
+        ));
+    }
+    let Ok(tuneq_storage::Location::Local(dir)) = tuneq_storage::Location::parse(&base.location)
+    else {
+        return Ok(());
+    };
+    let Some(shape) = crate::fit::ModelShape::read(&dir) else {
+        return Ok(());
+    };
+    let ask = crate::fit::Ask {
+        lora: &spec.lora,
+        max_seq_len: u64::from(h.max_seq_len),
+        batch_size: u64::from(h.batch_size),
+        dtype: spec.dtype,
+    };
+    crate::fit::check(&shape, &base.id, &ask)?;
+    if let Some(limit) = state.config.attempt_memory_bytes {
+        crate::fit::check_memory(&shape, &ask, limit)?;
+    }
+    Ok(())
+}
+
 fn request_hash(body: &FineTuneCreate) -> String {
     let canonical = serde_json::to_string(body).unwrap_or_default();
     hex::encode(Sha256::digest(canonical.as_bytes()))
+}
+
+/// The first of the tenant's jobs that has not finished and trains on `file` (so the
+/// file must stay). Reads every job record of the tenant: deletes are rare.
+pub(crate) async fn unfinished_job_using(
+    state: &AppState,
+    tenant: &str,
+    file: &str,
+) -> ApiResult<Option<String>> {
+    let jobs: Vec<FineTuneRecord> = records::read_all(state, (KIND, tenant), "fine-tune").await?;
+    Ok(jobs
+        .into_iter()
+        .find(|j| {
+            j.outcome.is_none()
+                && (j.training_file == file || j.validation_file.as_deref() == Some(file))
+        })
+        .map(|j| j.id))
 }
 
 /// The tenant's fine-tune `id`, from this process's copy when it has one (see
@@ -656,13 +737,16 @@ fn outcome_of(job: &JobRecord) -> Outcome {
         .result
         .as_deref()
         .and_then(|r| serde_json::from_str(r).ok());
-    let error = (job.state == JobState::Failed).then(|| JobError {
-        code: "training_failed".into(),
-        message: job
-            .error
-            .clone()
-            .unwrap_or_else(|| "The job failed.".into()),
-        param: None,
+    let error = (job.state == JobState::Failed).then(|| {
+        let detail = job.error.as_deref().unwrap_or("The job failed.");
+        // The full message stays in the operator's log; the tenant sees it without
+        // server paths or store locations.
+        tracing::info!(job = %job.id, error = detail, "job failed");
+        JobError {
+            code: failure_code(detail).into(),
+            message: redact::paths(detail),
+            param: None,
+        }
     });
     Outcome {
         status: job.state.public_status().to_string(),
@@ -673,6 +757,19 @@ fn outcome_of(job: &JobRecord) -> Outcome {
         progress: progress_of(job),
         attempts: job.attempts,
         preemptions: job.preemptions,
+    }
+}
+
+/// A stable code for how a job failed, from the dispatcher's account of its last
+/// attempt: its input could not train (never retried), it diverged, or it failed
+/// however many times it was tried.
+fn failure_code(detail: &str) -> &'static str {
+    if detail.contains("loss became") {
+        "training_diverged"
+    } else if detail.starts_with("invalid input:") {
+        "invalid_training_input"
+    } else {
+        "training_failed"
     }
 }
 
@@ -732,7 +829,10 @@ async fn view(state: &AppState, record: FineTuneRecord) -> ApiResult<FineTuneJob
     if let Some(o) = outcome {
         status = o.status;
         finished_at = Some(o.finished_at);
-        error = o.error;
+        error = o.error.map(|mut e| {
+            e.message = redact::paths(&e.message);
+            e
+        });
         trained_tokens = o.trained_tokens;
         progress = o.progress;
         attempts = o.attempts;
@@ -764,7 +864,7 @@ async fn view(state: &AppState, record: FineTuneRecord) -> ApiResult<FineTuneJob
         lost_steps,
         fine_tuned_model: adapter.is_some().then(|| fine_tuned_model_name(&record)),
         adapter: adapter.map(|location| AdapterInfo {
-            location,
+            location: redact::tenant_location(&location, &record.tenant),
             download_url: format!("/v1/fine_tuning/jobs/{}/adapter", record.id),
         }),
         id: record.id,
@@ -1051,27 +1151,29 @@ fn render_event(record: &FineTuneRecord, event: &tuneq_queue::JobEvent) -> FineT
             data = Some(value);
             text
         }
-        "checkpoint" => {
-            let value: serde_json::Value = serde_json::from_str(&event.message).unwrap_or_default();
-            let text = format!("Checkpoint saved at step {}", value["step"]);
-            data = Some(value);
-            text
-        }
-        "resumed" => {
-            let value: serde_json::Value = serde_json::from_str(&event.message).unwrap_or_default();
-            let text = format!("Resumed from the checkpoint at step {}", value["step"]);
+        "checkpoint" | "resumed" => {
+            let mut value: serde_json::Value =
+                serde_json::from_str(&event.message).unwrap_or_default();
+            if let Some(location) = value["location"].as_str() {
+                value["location"] = redact::tenant_location(location, &record.tenant).into();
+            }
+            let text = if event.kind == "checkpoint" {
+                format!("Checkpoint saved at step {}", value["step"])
+            } else {
+                format!("Resumed from the checkpoint at step {}", value["step"])
+            };
             data = Some(value);
             text
         }
         "warning" => {
             level = "warn";
-            event.message.clone()
+            redact::paths(&event.message)
         }
         "preempted" => {
             level = "warn";
             format!(
                 "The attempt stopped ({}); the job resumes from its last checkpoint",
-                event.message
+                redact::paths(&event.message)
             )
         }
         "lease_expired" => {
@@ -1085,16 +1187,19 @@ fn render_event(record: &FineTuneRecord, event: &tuneq_queue::JobEvent) -> FineT
         }
         "retry_scheduled" => {
             level = "warn";
-            format!("The attempt failed ({}); it will be retried", event.message)
+            format!(
+                "The attempt failed ({}); it will be retried",
+                redact::paths(&event.message)
+            )
         }
         "failed" => {
             level = "error";
-            format!("The job failed: {}", event.message)
+            format!("The job failed: {}", redact::paths(&event.message))
         }
         "cancel_requested" => "Cancelling: stopping the running attempt".into(),
         "cancelled" => "The job was cancelled".into(),
         "succeeded" => "The job has successfully completed".into(),
-        other => format!("{other}: {}", event.message),
+        other => format!("{other}: {}", redact::paths(&event.message)),
     };
     FineTuneEvent {
         id: event_id(&record.id, event.seq),
@@ -1300,7 +1405,10 @@ pub(crate) async fn checkpoints(
                         train_loss: last_loss,
                         valid_loss,
                     },
-                    location: value["location"].as_str().unwrap_or_default().to_string(),
+                    location: redact::tenant_location(
+                        value["location"].as_str().unwrap_or_default(),
+                        &record.tenant,
+                    ),
                 });
             }
             _ => {}
@@ -1337,7 +1445,7 @@ const ADAPTER_FILES: [&str; 2] = ["adapter_config.json", "adapter_model.safetens
 #[utoipa::path(get, path = "/v1/fine_tuning/jobs/{id}/adapter", tag = "fine-tuning", operation_id = "download_adapter",
     params(("id" = String, Path, description = "`ftjob-…`")),
     responses(
-        (status = 200, description = "The adapter", content_type = "application/x-tar", body = Vec<u8>),
+        (status = 200, description = "The adapter", content_type = "application/x-tar", body = inline(tuneq_openapi::Binary)),
         (status = 400, description = "The job has not succeeded", body = ErrorBody),
         (status = 401, description = "No or unknown API key", body = ErrorBody),
         (status = 404, description = "No such job for this tenant", body = ErrorBody),

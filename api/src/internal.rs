@@ -130,7 +130,7 @@ async fn report(
     state: web::Data<AppState>,
     req: HttpRequest,
     job: web::Path<String>,
-    body: web::Json<AttemptReport>,
+    payload: web::Payload,
 ) -> ApiResult<HttpResponse> {
     let credential = req
         .headers()
@@ -144,6 +144,10 @@ async fn report(
         .verify(credential.trim())
         .filter(|(id, _)| id == job.as_str())
         .ok_or_else(|| ApiError::unauthenticated("This is not a credential for this attempt."))?;
+    // The body is read only now, for a holder of this attempt's credential, and only up
+    // to the JSON limit: nobody else can make the server buffer anything.
+    let body: AttemptReport =
+        crate::body::read_json(payload, req.headers(), state.config.max_json_bytes).await?;
     let record = state
         .queue
         .get(&id)

@@ -14,21 +14,28 @@
 //!   and its page (`/docs`).
 //!
 //! - `metrics`: Prometheus counters at `/metrics`.
+//! - `guard`: what every request passes before routing (methods, encodings, body pace).
 
 pub mod admin;
 pub mod auth;
+mod body;
 mod cache;
 pub mod error;
 pub mod files;
 pub mod finetunes;
+pub mod fit;
+pub mod guard;
 pub mod health;
 pub mod internal;
 pub mod metrics;
 pub mod models;
 mod records;
+pub mod redact;
+pub mod sealed;
 pub mod spec;
 pub mod state;
 mod tar;
+mod text;
 pub mod webhooks;
 
 pub use error::{ApiError, ApiResult};
@@ -44,13 +51,16 @@ pub fn configure(json_limit: usize) -> impl FnOnce(&mut web::ServiceConfig) {
         cfg.app_data(
             web::JsonConfig::default()
                 .limit(json_limit)
-                .error_handler(|e, _| {
-                    ApiError::invalid(
+                .error_handler(|e, _| match &e {
+                    actix_web::error::JsonPayloadError::Payload(p) if guard::is_body_timeout(p) => {
+                        guard::body_timeout().into()
+                    }
+                    _ => ApiError::invalid(
                         "body",
                         "invalid_json",
                         format!("The JSON body is invalid: {e}"),
                     )
-                    .into()
+                    .into(),
                 }),
         )
         .app_data(web::QueryConfig::default().error_handler(|e, _| {
@@ -133,6 +143,11 @@ pub fn serve(
     workers: Option<usize>,
 ) -> std::io::Result<actix_web::dev::Server> {
     let json_limit = state.config.max_json_bytes;
+    let pace = state.config.body_pace;
+    let workers = workers.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    });
+    let connections_per_worker = state.config.max_connections.div_ceil(workers).max(1);
     let server = HttpServer::new(move || {
         let shared = state.clone();
         App::new()
@@ -153,18 +168,31 @@ pub fn serve(
                 tracing::enabled!(target: "tuneq::access", tracing::Level::INFO),
                 actix_web::middleware::Logger::new("%r %s %Dms").log_target("tuneq::access"),
             ))
-            .wrap_fn(|req, srv| {
+            .wrap_fn(move |mut req, srv| {
                 use actix_web::dev::Service;
                 use tracing::Instrument;
                 let started = std::time::Instant::now();
-                let method = req.method().to_string();
-                let span = tracing::info_span!("request", method = %method, path = %req.path());
-                let answer = srv.call(req);
+                // Only a standard method gets this far (see `guard`), so the label and
+                // the span field come from a fixed set.
+                let method = guard::method_label(req.method()).unwrap_or("other");
+                let span = tracing::info_span!("request", method, path = %req.path());
+                let answer = match guard::refusal(&req) {
+                    Some(error) => {
+                        Err(req.into_response(actix_web::ResponseError::error_response(&error)))
+                    }
+                    None => {
+                        guard::pace_body(&mut req, pace);
+                        Ok(srv.call(req))
+                    }
+                };
                 async move {
-                    let response = answer.await?;
+                    let response = match answer {
+                        Ok(call) => call.await?.map_into_boxed_body(),
+                        Err(refused) => refused.map_into_boxed_body(),
+                    };
                     let route = response.request().app_data::<RoutePattern>().cloned();
                     metrics::observe(
-                        &method,
+                        method,
                         route.as_ref().map_or("unmatched", |r| &r.0),
                         response.status().as_u16(),
                         started.elapsed(),
@@ -175,10 +203,8 @@ pub fn serve(
             })
             .configure(configure(json_limit))
     })
-    .disable_signals();
-    let server = match workers {
-        Some(n) => server.workers(n),
-        None => server,
-    };
+    .disable_signals()
+    .workers(workers)
+    .max_connections(connections_per_worker);
     Ok(server.listen(listener)?.run())
 }

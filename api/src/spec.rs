@@ -15,14 +15,17 @@ use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
         title = "tuneq",
         description = "Self-hostable LoRA fine-tuning with an OpenAI-compatible API. Every route \
 under /v1/files and /v1/fine_tuning/jobs is also served under /files and /finetunes.",
-        license(name = "Apache-2.0")
+        // OpenAPI 3.1 wants an SPDX `identifier` (or a `url`) beside the name; openapi-generator
+        // refuses the document without one.
+        license(name = "Apache-2.0", identifier = "Apache-2.0")
     ),
     paths(
         files::upload, files::list, files::retrieve, files::content, files::delete,
         finetunes::create, finetunes::list, finetunes::retrieve, finetunes::cancel,
         finetunes::events, finetunes::checkpoints, finetunes::adapter, finetunes::adapter_urls,
         models::list, webhooks::secret, webhooks::rotate_secret,
-        admin::create_tenant, admin::create_key, admin::set_limits,
+        admin::create_tenant, admin::create_key, admin::list_keys, admin::revoke_key,
+        admin::set_limits,
         health::healthz, health::readyz, metrics::metrics,
     ),
     components(schemas(tuneq_openapi::ErrorDetail, tuneq_openapi::LineProblem, tuneq_openapi::WebhookEvent)),

@@ -26,6 +26,16 @@ pub struct ApiConfig {
     pub attempt_signer: AttemptSigner,
     /// Which webhook targets are accepted.
     pub webhooks: WebhookPolicy,
+    /// Seals the secrets the catalog keeps (webhook signing secrets).
+    pub sealing_key: crate::sealed::SealingKey,
+    /// Memory one attempt may use, in bytes: a job whose estimate exceeds it is refused
+    /// at create (None: no check, e.g. when pools differ and none is known).
+    pub attempt_memory_bytes: Option<u64>,
+    /// The pace request bodies must keep.
+    pub body_pace: crate::guard::BodyPace,
+    /// Connections the server holds at once (spread over its workers); more wait in
+    /// the listen backlog. Keep it under the process's file limit.
+    pub max_connections: usize,
 }
 
 /// A node pool as the API sees it.
@@ -47,6 +57,10 @@ impl Default for ApiConfig {
             pools: Vec::new(),
             attempt_signer: AttemptSigner::new(rand::random::<[u8; 32]>().to_vec()),
             webhooks: WebhookPolicy::default(),
+            sealing_key: crate::sealed::SealingKey::random(),
+            attempt_memory_bytes: None,
+            body_pace: crate::guard::BodyPace::default(),
+            max_connections: 512,
         }
     }
 }

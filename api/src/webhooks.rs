@@ -20,13 +20,14 @@
 
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult};
+use crate::sealed::SealingKey;
 use crate::state::AppState;
 use actix_web::{HttpResponse, web};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 use tuneq_openapi::{ErrorBody, WebhookEvent, WebhookSecret};
 use tuneq_queue::Catalog;
@@ -105,6 +106,9 @@ fn is_internal_name(name: &str) -> bool {
 }
 
 /// Whether `ip` is reachable on the public internet (and so a fair webhook target).
+/// IPv6 forms that carry an IPv4 address (mapped, compatible, NAT64, 6to4, Teredo) are
+/// not public whatever they carry: a relay or translator may deliver them to the
+/// embedded address, which is how a guard that reads only the v6 bits is walked around.
 pub(crate) fn is_public(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(ip) => is_public_v4(ip),
@@ -113,20 +117,20 @@ pub(crate) fn is_public(ip: IpAddr) -> bool {
                 return is_public_v4(v4);
             }
             let s = ip.segments();
-            let nat64 = s[0] == 0x64 && s[1] == 0xff9b && s[2..6] == [0, 0, 0, 0];
-            if nat64 {
-                let [a, b] = s[6].to_be_bytes();
-                let [c, d] = s[7].to_be_bytes();
-                return is_public_v4(Ipv4Addr::new(a, b, c, d));
-            }
             !(ip.is_unspecified()
                 || ip.is_loopback()
                 || ip.is_multicast()
+                || s[0..6] == [0, 0, 0, 0, 0, 0] // IPv4-compatible (::/96, deprecated)
+                || (s[0] == 0x64 && s[1] == 0xff9b) // NAT64: 64:ff9b::/96 and 64:ff9b:1::/48
+                || s[0] == 0x2002 // 6to4
+                || (s[0] == 0x2001 && s[1] == 0) // Teredo (2001::/32)
+                || (s[0] == 0x2001 && s[1] < 0x0200) // IETF protocol assignments (2001::/23)
                 || (s[0] & 0xfe00) == 0xfc00 // unique local
                 || (s[0] & 0xffc0) == 0xfe80 // link-local
+                || (s[0] & 0xffc0) == 0xfec0 // site-local (deprecated)
                 || (s[0] == 0x2001 && s[1] == 0x0db8) // documentation
-                || ip == Ipv6Addr::from_bits(0)
-                || s[0] == 0x0100 && s[1..4] == [0, 0, 0]) // discard-only
+                || (s[0] == 0x3fff && s[1] < 0x1000) // documentation (3fff::/20)
+                || (s[0] == 0x0100 && s[1..4] == [0, 0, 0])) // discard-only
         }
     }
 }
@@ -143,6 +147,7 @@ fn is_public_v4(ip: Ipv4Addr) -> bool {
         || a == 0
         || (a == 100 && (64..128).contains(&b)) // carrier-grade NAT
         || (a == 192 && b == 0 && c == 0) // IETF protocol assignments
+        || (a == 192 && b == 88 && c == 99) // 6to4 relay anycast (deprecated)
         || (a == 198 && (18..20).contains(&b)) // benchmarking
         || a >= 240) // reserved
 }
@@ -200,18 +205,33 @@ impl Secrets {
     }
 }
 
-/// The tenant's signing secrets, made on first use.
+/// The tenant's signing secrets, made on first use. They are kept sealed (see
+/// [`crate::sealed`]); a record from before sealing is read as it is and sealed now.
 pub(crate) async fn tenant_secrets(state: &AppState, tenant: &str) -> ApiResult<Secrets> {
-    let parse = |body: &str| {
+    let key = &state.config.sealing_key;
+    let parse = |body: &str| -> ApiResult<(Secrets, bool)> {
+        if SealingKey::is_sealed(body) {
+            let plain = key.open(tenant, body).map_err(|e| {
+                tracing::error!(tenant, error = %e, "cannot open a webhook secret");
+                ApiError::internal("The webhook secret cannot be read; an operator must check the server's sealing key.")
+            })?;
+            let secrets = serde_json::from_str::<Secrets>(&plain)
+                .map_err(|e| ApiError::internal(format!("webhook secret record: {e}")))?;
+            return Ok((secrets, true));
+        }
         // Records written before rotation existed hold the bare secret.
         if body.starts_with("whsec_") {
-            return Ok(Secrets {
-                current: body.to_string(),
-                previous: None,
-                previous_until: None,
-            });
+            return Ok((
+                Secrets {
+                    current: body.to_string(),
+                    previous: None,
+                    previous_until: None,
+                },
+                false,
+            ));
         }
         serde_json::from_str::<Secrets>(body)
+            .map(|s| (s, false))
             .map_err(|e| ApiError::internal(format!("webhook secret record: {e}")))
     };
     if let Some(entry) = state
@@ -219,7 +239,20 @@ pub(crate) async fn tenant_secrets(state: &AppState, tenant: &str) -> ApiResult<
         .get_entry(SECRET_KIND, tenant, SECRET_ID)
         .await?
     {
-        return parse(&entry.body);
+        let (secrets, sealed) = parse(&entry.body)?;
+        if !sealed {
+            state
+                .queue
+                .update_entry(
+                    SECRET_KIND,
+                    tenant,
+                    SECRET_ID,
+                    &seal(state, tenant, &secrets)?,
+                )
+                .await?;
+            tracing::info!(tenant, "webhook secret sealed at rest");
+        }
+        return Ok(secrets);
     }
     // Two first uses at once: the one whose create lands is the secret.
     let fresh = Secrets {
@@ -227,17 +260,27 @@ pub(crate) async fn tenant_secrets(state: &AppState, tenant: &str) -> ApiResult<
         previous: None,
         previous_until: None,
     };
-    let body = serde_json::to_string(&fresh).map_err(|e| ApiError::internal(e.to_string()))?;
     state
         .queue
-        .create_entry(SECRET_KIND, tenant, SECRET_ID, &body)
+        .create_entry(
+            SECRET_KIND,
+            tenant,
+            SECRET_ID,
+            &seal(state, tenant, &fresh)?,
+        )
         .await?;
     let entry = state
         .queue
         .get_entry(SECRET_KIND, tenant, SECRET_ID)
         .await?
         .ok_or_else(|| ApiError::internal("the webhook secret vanished"))?;
-    parse(&entry.body)
+    parse(&entry.body).map(|(secrets, _)| secrets)
+}
+
+/// `secrets` as their catalog record: sealed for `tenant`.
+fn seal(state: &AppState, tenant: &str, secrets: &Secrets) -> ApiResult<String> {
+    let plain = serde_json::to_string(secrets).map_err(|e| ApiError::internal(e.to_string()))?;
+    Ok(state.config.sealing_key.seal(tenant, &plain))
 }
 
 /// Replaces the tenant's current secret; the replaced one signs for another day.
@@ -248,10 +291,14 @@ async fn rotate(state: &AppState, tenant: &str) -> ApiResult<Secrets> {
         previous: Some(old.current),
         previous_until: Some(crate::files::now_seconds() + ROTATION_OVERLAP_S),
     };
-    let body = serde_json::to_string(&rotated).map_err(|e| ApiError::internal(e.to_string()))?;
     state
         .queue
-        .update_entry(SECRET_KIND, tenant, SECRET_ID, &body)
+        .update_entry(
+            SECRET_KIND,
+            tenant,
+            SECRET_ID,
+            &seal(state, tenant, &rotated)?,
+        )
         .await?;
     tracing::info!(tenant, "webhook secret rotated");
     Ok(rotated)
@@ -427,6 +474,16 @@ mod tests {
             "64:ff9b::a00:1",
             "2001:db8::1",
             "ff02::1",
+            "192.88.99.1",
+            "::7f00:1",
+            "::a9fe:a9fe",
+            "64:ff9b:1::a00:1",
+            "64:ff9b::808:808",
+            "2002:7f00:1::",
+            "2002:808:808::1",
+            "2001:0:4136:e378:8000:63bf:3fff:fdd2",
+            "fec0::1",
+            "3fff::1",
         ] {
             assert!(!is_public(private.parse().unwrap()), "{private}");
         }
@@ -459,6 +516,11 @@ mod tests {
         };
         assert!(check_url("http://127.0.0.1:9000/hook", &open).is_ok());
         assert!(check_url("ftp://127.0.0.1/", &open).is_err());
+        // A backslash is a path separator to the url crate: the host is example.com,
+        // and the URL kept is the one that will be called.
+        let url = check_url("https://example.com\\@127.0.0.1/", &strict).unwrap();
+        assert_eq!(url.host_str(), Some("example.com"));
+        assert_eq!(url.as_str(), "https://example.com/@127.0.0.1/");
     }
 
     #[test]

@@ -274,9 +274,11 @@ impl Dispatcher {
                     .map(|_| ()),
                 Err(e) => Err(e),
             },
-            (None, Exit::BadInput(why)) => {
-                self.queue.fail(job, token, why, false).await.map(|_| ())
-            }
+            (None, Exit::BadInput(why)) => self
+                .queue
+                .fail(job, token, &format!("invalid input: {why}"), false)
+                .await
+                .map(|_| ()),
             (None, Exit::Failed(why)) => self.queue.fail(job, token, why, true).await.map(|_| ()),
         };
         match outcome {

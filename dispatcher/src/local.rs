@@ -93,6 +93,9 @@ impl LocalRuntime {
             )
             .env("TUNEQ_REPORT_CREDENTIAL", credential)
             .env("TUNEQ_CACHE_DIR", &self.cache_dir)
+            // The trainer asks to be stopped (SIGTERM: checkpoint, exit) when this
+            // process dies, so a killed `tuneq up` leaves no trainer running.
+            .env(PARENT_PID_ENV, std::process::id().to_string())
             .stdin(Stdio::null())
             .stdout(open("stdout.jsonl")?)
             .stderr(open("stderr.log")?)
@@ -103,6 +106,9 @@ impl LocalRuntime {
         Ok(Process { child, dir })
     }
 }
+
+/// The environment variable that tells a trainer which process started it.
+pub const PARENT_PID_ENV: &str = "TUNEQ_PARENT_PID";
 
 /// What a finished child's status means.
 pub fn classify(status: std::process::ExitStatus, dir: &Path) -> Exit {

@@ -65,38 +65,33 @@ async fn serve(args: ApiArgs) -> Result<()> {
         let (name, hardware) = service::pair(p, "--pool")?;
         pools.push(tuneq_api::PoolInfo { name, hardware });
     }
+    service::private_files();
     let spool_dir = args.spool_dir.clone().unwrap_or_else(std::env::temp_dir);
     std::fs::create_dir_all(&spool_dir)
         .with_context(|| format!("cannot create {}", spool_dir.display()))?;
+    service::clean_spool(&spool_dir);
+    let models = args
+        .models
+        .iter()
+        .map(|m| service::model_arg(m))
+        .collect::<Result<Vec<_>>>()?;
     let state = tuneq_api::AppState::new(
         queue,
         store,
         tuneq_api::ApiConfig {
             max_upload_bytes: args.policy.max_upload_bytes(),
             webhooks: args.policy.webhooks(),
-            admin_key_hash: args.policy.admin_key_hash(),
+            admin_key_hash: args.policy.admin_key_hash()?,
             spool_dir,
             pools,
             attempt_signer: service::attempt_signer(Some(&args.attempt_secret))?,
+            // Every replica shares the attempt secret, so each derives the same key.
+            sealing_key: tuneq_api::sealed::SealingKey::derive(args.attempt_secret.as_bytes()),
             ..tuneq_api::ApiConfig::default()
         },
     );
-    for m in &args.models {
-        let (id, location) = service::pair(m, "--model")?;
-        tuneq_api::models::register_base(
-            &state,
-            &tuneq_api::models::BaseModel {
-                id,
-                location,
-                base_learning_rate: 2e-4,
-                created: std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_secs())
-                    .unwrap_or_default(),
-            },
-        )
-        .await
-        .map_err(|e| anyhow::anyhow!("{}", e.detail.message))?;
+    for model in models {
+        service::register_model(&state, model).await?;
     }
     let listener = std::net::TcpListener::bind((args.host.as_str(), args.port))
         .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;

@@ -7,6 +7,9 @@ use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
 use tokio::sync::watch;
 
+/// The shortest admin key accepted.
+pub const MIN_ADMIN_KEY_LEN: usize = 32;
+
 /// What the API accepts, set the same way for `tuneq up` and `tuneq api`.
 #[derive(Debug, clap::Args)]
 pub struct ApiPolicyArgs {
@@ -35,10 +38,123 @@ impl ApiPolicyArgs {
         }
     }
 
-    /// The admin key as the API keeps it (hashed); None disables `/admin`.
-    pub fn admin_key_hash(&self) -> Option<String> {
-        self.admin_key.as_deref().map(tuneq_api::auth::key_hash)
+    /// The admin key as the API keeps it (hashed); None disables `/admin`. A key shorter
+    /// than [`MIN_ADMIN_KEY_LEN`] is refused: it opens every tenant's data.
+    pub fn admin_key_hash(&self) -> Result<Option<String>> {
+        match self.admin_key.as_deref() {
+            Some(key) if key.trim().chars().count() < MIN_ADMIN_KEY_LEN => Err(BadInput(format!(
+                "the admin key must be at least {MIN_ADMIN_KEY_LEN} characters (e.g. `openssl rand -hex 32`)"
+            ))
+            .into()),
+            Some(key) => Ok(Some(tuneq_api::auth::key_hash(key.trim()))),
+            None => Ok(None),
+        }
     }
+}
+
+/// Files and folders this process (and the trainers it starts) creates are readable by
+/// its user only: the queue file, datasets, checkpoints, adapters and keys. Also raises
+/// the open-file limit (see [`raise_file_limit`]).
+pub fn private_files() {
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
+    raise_file_limit();
+}
+
+/// Raises this process's open-file limit to the most it may have: each connection,
+/// spool file and trainer log holds one, and the usual soft limit (1 024) is reached
+/// long before the machine's. Logged when it cannot.
+pub fn raise_file_limit() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current == limit.maximum {
+        return;
+    }
+    limit.current = limit.maximum;
+    if let Err(e) = setrlimit(Resource::Nofile, limit) {
+        tracing::warn!(error = %e, "cannot raise the open-file limit");
+    }
+}
+
+/// Makes `dir` (a data dir made before [`private_files`]) its owner's only.
+pub fn make_private(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .with_context(|| format!("cannot make {} private", dir.display()))
+}
+
+/// Removes upload spool files that a crashed process left in `dir` (logged).
+pub fn clean_spool(dir: &Path) {
+    match tuneq_api::files::clean_spool(dir) {
+        Ok(0) => {}
+        Ok(bytes) => {
+            tracing::info!(bytes, dir = %dir.display(), "removed the spool files of an earlier run")
+        }
+        Err(e) => tracing::warn!(error = %e, dir = %dir.display(), "cannot clean the upload spool"),
+    }
+}
+
+/// This machine's memory in bytes (`MemTotal`), where `/proc/meminfo` says it.
+pub fn machine_memory_bytes() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
+/// A base model to register: `--model ID=LOCATION`.
+pub struct ModelArg {
+    id: String,
+    location: String,
+}
+
+/// Reads `--model ID=LOCATION`: the id is checked, a local folder must hold a model
+/// (`config.json`) and is made absolute.
+pub fn model_arg(text: &str) -> Result<ModelArg> {
+    let (id, location) = pair(text, "--model")?;
+    tuneq_queue::catalog::check_identifier("model", &id)
+        .map_err(|e| BadInput(format!("--model {text}: {e}")))?;
+    let location = match tuneq_storage::Location::parse(&location) {
+        Ok(tuneq_storage::Location::Local(path)) => {
+            if !path.join("config.json").is_file() {
+                return Err(BadInput(format!(
+                    "--model {text}: {} has no config.json (a Hugging Face model folder is expected)",
+                    path.display()
+                ))
+                .into());
+            }
+            std::fs::canonicalize(&path)
+                .with_context(|| format!("--model {text}"))?
+                .display()
+                .to_string()
+        }
+        Ok(_) => location,
+        Err(e) => return Err(BadInput(format!("--model {text}: {e}")).into()),
+    };
+    Ok(ModelArg { id, location })
+}
+
+/// Registers a `--model`.
+pub async fn register_model(state: &tuneq_api::AppState, model: ModelArg) -> Result<()> {
+    tuneq_api::models::register_base(
+        state,
+        &tuneq_api::models::BaseModel {
+            id: model.id,
+            location: model.location,
+            base_learning_rate: 2e-4,
+            created: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or_default(),
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{}", e.detail.message))
 }
 
 /// The queue domain every part of one deployment uses.

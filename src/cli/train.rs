@@ -306,6 +306,39 @@ pub fn build_spec(args: &TrainArgs) -> Result<TrainSpec> {
     serde_json::from_value(v).map_err(|e| BadInput(format!("{source}: {e}")).into())
 }
 
+/// When a dispatcher started this trainer (it says so in
+/// [`tuneq_dispatcher::local::PARENT_PID_ENV`]), asks the kernel for a SIGTERM when that
+/// process dies — the same as a preemption notice: checkpoint, then exit — and stops at
+/// once if it is already gone. Linux only; elsewhere the dispatcher's next start stops
+/// what it left.
+fn stop_with_parent(stop: &StopFlag) {
+    let Some(parent) = std::env::var(tuneq_dispatcher::local::PARENT_PID_ENV)
+        .ok()
+        .and_then(|p| p.parse::<i32>().ok())
+    else {
+        return;
+    };
+    #[cfg(target_os = "linux")]
+    {
+        if let Err(e) =
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))
+        {
+            tracing::warn!(error = %e, "cannot ask to be stopped with the dispatcher");
+        }
+        // The dispatcher may have died before the request above took effect.
+        let now = rustix::process::getppid().map_or(0, |p| p.as_raw_nonzero().get());
+        if now != parent {
+            tracing::warn!(
+                parent,
+                "the dispatcher that started this trainer is gone; stopping"
+            );
+            stop.set();
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (parent, stop);
+}
+
 pub fn run(args: TrainArgs) -> Result<ExitCode> {
     let spec = if args.demo {
         super::demo::demo_spec(&args)?
@@ -324,6 +357,7 @@ pub fn run(args: TrainArgs) -> Result<ExitCode> {
         signal_hook::flag::register(sig, stop.atomic())
             .context("cannot install signal handlers")?;
     }
+    stop_with_parent(&stop);
     let bar = match args.progress {
         ProgressArg::Json => false,
         ProgressArg::Bar => true,

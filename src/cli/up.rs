@@ -48,6 +48,11 @@ pub struct UpArgs {
     /// instead of the embedded file.
     #[arg(long, env = "TUNEQ_REDIS_URL", hide_env_values = true)]
     redis: Option<String>,
+    /// More base models to fine-tune, as ID=LOCATION (repeat): a Hugging Face folder you
+    /// have (e.g. a SmolLM2 or Llama 3.2 download) or an `s3://`/`gs://` URI. The demo
+    /// model is always there too.
+    #[arg(long = "model", value_name = "ID=PATH|URI")]
+    models: Vec<String>,
 }
 
 /// Generates the tiny demo model once and registers it.
@@ -84,34 +89,70 @@ async fn register_demo_model(state: &tuneq_api::AppState, data_dir: &Path) -> Re
 
 /// The default tenant's key: the one given, the one kept from an earlier start, or a
 /// new one. It is kept in `<data-dir>/api-key`, readable by its owner only, where
-/// scripts on this machine read it (`KEY=$(cat .tuneq/data/api-key)`).
+/// scripts on this machine read it (`KEY=$(cat .tuneq/data/api-key)`). A given key that
+/// replaces the kept one retires it: the old key stops working. Also says whether the
+/// key was made now (only then is it printed).
 async fn default_key(
     state: &tuneq_api::AppState,
     given: Option<&str>,
     data_dir: &Path,
-) -> Result<String> {
-    let kept = data_dir.join("api-key");
-    let key = match given {
-        Some(k) => {
-            write_private(&kept, k)?;
-            k.to_string()
-        }
-        None => match std::fs::read_to_string(&kept) {
-            Ok(k) if !k.trim().is_empty() => k.trim().to_string(),
-            _ => {
-                let key = tuneq_api::auth::new_key();
-                write_private(&kept, &key)?;
-                key
-            }
-        },
+) -> Result<(String, bool)> {
+    let kept_path = data_dir.join("api-key");
+    let kept = std::fs::read_to_string(&kept_path)
+        .ok()
+        .map(|k| k.trim().to_string())
+        .filter(|k| !k.is_empty());
+    let (key, generated) = match (given, &kept) {
+        (Some(k), _) => (k.trim().to_string(), false),
+        (None, Some(k)) => (k.clone(), false),
+        (None, None) => (tuneq_api::auth::new_key(), true),
     };
     tuneq_api::auth::add_key(state, DEFAULT_TENANT, Some(&key))
         .await
         .map_err(|e| anyhow::anyhow!("{}", e.detail.message))?;
-    Ok(key)
+    if let Some(old) = kept.as_deref().filter(|old| *old != key) {
+        let retired = tuneq_api::auth::revoke_key_value(state, DEFAULT_TENANT, old)
+            .await
+            .map_err(|e| anyhow::anyhow!("{}", e.detail.message))?;
+        if retired {
+            eprintln!(
+                "the API key kept in {} was replaced and no longer works",
+                kept_path.display()
+            );
+        }
+    }
+    if kept.as_deref() != Some(key.as_str()) {
+        write_private(&kept_path, &key)?;
+    }
+    Ok((key, generated))
+}
+
+/// The key that seals secrets at rest: made once, kept in `<data-dir>/secrets.key`
+/// (0600). Losing it makes the tenants' webhook secrets unreadable (rotate them).
+fn sealing_key(data_dir: &Path) -> Result<tuneq_api::sealed::SealingKey> {
+    use tuneq_api::sealed::SealingKey;
+    let path = data_dir.join("secrets.key");
+    match std::fs::read(&path) {
+        Ok(bytes) => SealingKey::from_bytes(&bytes).ok_or_else(|| {
+            anyhow::anyhow!(
+                "{} is not a sealing key (32 bytes); restore it from a backup",
+                path.display()
+            )
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let key = SealingKey::random();
+            write_private_bytes(&path, key.bytes())?;
+            Ok(key)
+        }
+        Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+    }
 }
 
 fn write_private(path: &Path, text: &str) -> Result<()> {
+    write_private_bytes(path, text.as_bytes())
+}
+
+fn write_private_bytes(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write;
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create(true).truncate(true);
@@ -120,7 +161,8 @@ fn write_private(path: &Path, text: &str) -> Result<()> {
     let mut file = options
         .open(path)
         .with_context(|| format!("cannot write {}", path.display()))?;
-    file.write_all(text.as_bytes())?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
     Ok(())
 }
 
@@ -130,12 +172,22 @@ pub fn run(args: UpArgs) -> Result<ExitCode> {
 }
 
 async fn serve(args: UpArgs) -> Result<()> {
+    // Everything this process and its trainers write — the queue file, datasets,
+    // checkpoints, adapters, keys — is for this user only.
+    service::private_files();
     let data_dir = &std::path::absolute(&args.data_dir)
         .with_context(|| format!("bad data dir {}", args.data_dir.display()))?;
     for sub in ["spool", "models"] {
         std::fs::create_dir_all(data_dir.join(sub))
             .with_context(|| format!("cannot create the data dir {}", data_dir.display()))?;
     }
+    service::make_private(data_dir)?;
+    let models = args
+        .models
+        .iter()
+        .map(|m| service::model_arg(m))
+        .collect::<Result<Vec<_>>>()?;
+    service::clean_spool(&data_dir.join("spool"));
     let queue = service::open_queue(args.redis.as_deref(), &data_dir.join("queue.db")).await?;
     let device: tuneq_openapi::DeviceKind = args.device.into();
     let hardware = match device {
@@ -151,21 +203,28 @@ async fn serve(args: UpArgs) -> Result<()> {
         tuneq_api::ApiConfig {
             max_upload_bytes: args.policy.max_upload_bytes(),
             webhooks: args.policy.webhooks(),
-            admin_key_hash: args.policy.admin_key_hash(),
+            admin_key_hash: args.policy.admin_key_hash()?,
             spool_dir: data_dir.join("spool"),
             pools: vec![tuneq_api::PoolInfo {
                 name: LOCAL_POOL.into(),
                 hardware: hardware.into(),
             }],
             attempt_signer: signer.clone(),
+            sealing_key: sealing_key(data_dir)?,
+            // Attempts run on this machine: a job that needs more than it has is
+            // refused at create.
+            attempt_memory_bytes: service::machine_memory_bytes(),
             ..tuneq_api::ApiConfig::default()
         },
     );
     tuneq_api::auth::create_tenant(&state, DEFAULT_TENANT, "Default tenant")
         .await
         .map_err(|e| anyhow::anyhow!("{}", e.detail.message))?;
-    let key = default_key(&state, args.api_key.as_deref(), data_dir).await?;
+    let (key, generated) = default_key(&state, args.api_key.as_deref(), data_dir).await?;
     register_demo_model(&state, data_dir).await?;
+    for model in models {
+        service::register_model(&state, model).await?;
+    }
     let listener = std::net::TcpListener::bind((args.host.as_str(), args.port))
         .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
     let address = listener.local_addr()?;
@@ -197,12 +256,21 @@ async fn serve(args: UpArgs) -> Result<()> {
     )?;
     let settler_task = tokio::spawn(service::settle_loop(state, stop_rx));
 
+    let key_file = data_dir.join("api-key");
     println!("tuneq is up at {url}");
-    println!("  API key (tenant \"{DEFAULT_TENANT}\"): {key}");
+    // The key is printed once, when it is made; after that it is in its 0600 file, not
+    // in every terminal scrollback and log the service's output lands in.
+    if generated {
+        println!("  API key (tenant \"{DEFAULT_TENANT}\", new): {key}");
+    }
+    println!("  API key file: {}", key_file.display());
     println!("  base model: {DEMO_MODEL}");
     println!("  data: {}", data_dir.display());
     println!("  docs: {url}/docs");
-    println!("  try:  curl -H \"Authorization: Bearer {key}\" {url}/v1/models");
+    println!(
+        "  try:  curl -H \"Authorization: Bearer $(cat {})\" {url}/v1/models",
+        key_file.display()
+    );
     use std::io::Write;
     let _ = std::io::stdout().flush();
 

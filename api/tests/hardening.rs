@@ -1,0 +1,549 @@
+//! What an attacker or a careless client found when the service was probed (issue 11),
+//! each kept fixed by a test over real HTTP: nothing a client sends can grow the
+//! server's memory, files or connections without a bound, keys can be revoked, failed
+//! authentications are slowed, and a job that can never train is refused at create.
+
+#![allow(clippy::unwrap_used, missing_docs)]
+
+mod support;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+use support::{ADMIN_KEY, examples, raw, start, upload};
+
+#[tokio::test]
+async fn extension_methods_are_refused_and_never_become_metric_labels() {
+    let s = start(|_| {}).await;
+    let long = "X".repeat(30_000);
+    // A method nobody uses is refused before routing; a short extension method reaches
+    // its route and is told what the route serves.
+    for (method, status) in [
+        (long.as_str(), "501"),
+        ("PROPFIND", "405"),
+        ("BREW", "405"),
+        ("QUERY", "405"),
+    ] {
+        for _ in 0..50 {
+            let answer = raw(
+                &s,
+                &format!("{method} /v1/models HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"),
+                b"",
+                Duration::from_secs(5),
+            )
+            .await;
+            assert!(
+                answer.starts_with(&format!("HTTP/1.1 {status}")),
+                "{method:.20}: {answer:.200}"
+            );
+        }
+    }
+    let metrics = reqwest::get(format!("{}/metrics", s.url))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!metrics.contains("PROPFIND") && !metrics.contains("BREW"));
+    assert!(!metrics.contains("XXXXXXXX"), "a method became a label");
+    assert!(
+        metrics.len() < 64 << 10,
+        "metrics grew to {} bytes",
+        metrics.len()
+    );
+}
+
+#[tokio::test]
+async fn compressed_bodies_are_refused_before_they_are_inflated() {
+    let s = start(|_| {}).await;
+    // Any encoding, with or without a key, on a JSON route and on the trainers' route.
+    for (path, key) in [
+        ("/v1/fine_tuning/jobs", Some(s.acme.clone())),
+        ("/internal/attempts/job-1/report", None),
+    ] {
+        let mut request = reqwest::Client::new()
+            .post(format!("{}{path}", s.url))
+            .header("content-encoding", "gzip")
+            .header("content-type", "application/json")
+            .body(vec![0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3]);
+        if let Some(key) = key {
+            request = request.bearer_auth(key);
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(
+            response.status(),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "{path}"
+        );
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "encoded_body_unsupported");
+    }
+}
+
+#[tokio::test]
+async fn the_trainers_route_checks_the_credential_before_it_reads_a_byte() {
+    let s = start(|_| {}).await;
+    // A body is announced but never sent: the answer must not wait for it.
+    let started = Instant::now();
+    let answer = raw(
+        &s,
+        "POST /internal/attempts/job-1/report HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n",
+        b"{",
+        Duration::from_secs(5),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer:.200}");
+    assert!(started.elapsed() < Duration::from_secs(3));
+}
+
+#[tokio::test]
+async fn a_stalled_body_is_answered_408_and_its_connection_closed() {
+    let s = start(|c| {
+        c.body_pace = tuneq_api::guard::BodyPace {
+            idle: Duration::from_millis(500),
+            grace: Duration::from_secs(1),
+            min_rate: 1024,
+        };
+    })
+    .await;
+    for path in ["/v1/fine_tuning/jobs", "/v1/files?filename=a.jsonl"] {
+        let started = Instant::now();
+        let answer = raw(
+            &s,
+            &format!(
+                "POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: 5000\r\n\r\n",
+                s.acme
+            ),
+            b"{\"model\":",
+            Duration::from_secs(10),
+        )
+        .await;
+        assert!(answer.starts_with("HTTP/1.1 408"), "{path}: {answer:.300}");
+        assert!(answer.contains("body_timeout"), "{answer:.300}");
+        assert!(started.elapsed() < Duration::from_secs(5), "{path}");
+    }
+}
+
+#[tokio::test]
+async fn uploads_at_once_are_bounded_per_tenant() {
+    use tokio::io::AsyncWriteExt;
+    let s = start(|_| {}).await;
+    // Four uploads that send their headers and a first line, then wait.
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let mut stream = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+        stream
+            .write_all(
+                format!(
+                    "POST /v1/files?filename=a.jsonl HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Length: 100000\r\n\r\n{{\"text\":\"a\"}}\n",
+                    s.acme
+                )
+                .as_bytes(),
+            )
+            .await
+            .unwrap();
+        held.push(stream);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let response = reqwest::Client::new()
+        .post(format!("{}/v1/files?filename=b.jsonl", s.url))
+        .bearer_auth(&s.acme)
+        .body(examples(2))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(response.headers().contains_key("retry-after"));
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "too_many_uploads");
+    // Another tenant is not held up by them.
+    upload(&s, &s.other, &examples(2)).await;
+    drop(held);
+    // Their slots come back once they are gone.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    upload(&s, &s.acme, &examples(2)).await;
+}
+
+#[tokio::test]
+async fn a_line_longer_than_the_limit_is_named_not_buffered() {
+    let s = start(|c| c.max_upload_bytes = 32 << 20).await;
+    let long = format!("{{\"text\":\"{}\"}}", "a".repeat(9 << 20));
+    let body = format!("{}\n{long}\n{}\n", examples(1), examples(1));
+    let response = reqwest::Client::new()
+        .post(format!("{}/v1/files?filename=long.jsonl", s.url))
+        .bearer_auth(&s.acme)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["lines"][0]["line"], 2, "{body}");
+    assert!(
+        body["error"]["lines"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("longer than"),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn repeated_form_fields_and_authorization_headers_are_refused() {
+    let s = start(|_| {}).await;
+    let data = examples(2);
+    let form = reqwest::multipart::Form::new()
+        .part(
+            "file",
+            reqwest::multipart::Part::text(data.clone()).file_name("a.jsonl"),
+        )
+        .part(
+            "file",
+            reqwest::multipart::Part::text(data).file_name("b.jsonl"),
+        );
+    let response = reqwest::Client::new()
+        .post(format!("{}/v1/files", s.url))
+        .bearer_auth(&s.acme)
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "duplicate_field");
+    assert_eq!(body["error"]["param"], "file");
+
+    let answer = raw(
+        &s,
+        &format!(
+            "GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nAuthorization: Bearer {}\r\n\r\n",
+            s.acme, s.other
+        ),
+        b"",
+        Duration::from_secs(5),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer:.200}");
+    assert!(answer.contains("duplicate_header"));
+}
+
+#[tokio::test]
+async fn a_wrong_admin_key_is_401_and_failed_keys_are_slowed_down() {
+    let s = start(|_| {}).await;
+    let http = reqwest::Client::new();
+    let response = http
+        .post(format!("{}/admin/tenants", s.url))
+        .bearer_auth(&s.acme)
+        .json(&json!({"id": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    // Thirty failures are answered at once; the ones after wait.
+    let started = Instant::now();
+    for i in 0..30 {
+        let response = http
+            .get(format!("{}/v1/models", s.url))
+            .bearer_auth(format!("tq_wrong_key_number_{i:04}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    }
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let slow = Instant::now();
+    let response = http
+        .get(format!("{}/v1/models", s.url))
+        .bearer_auth("tq_wrong_key_number_9999")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    assert!(
+        slow.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        slow.elapsed()
+    );
+    // Many at once: past the waiting answers, the rest are refused outright.
+    let guesses = (0..20).map(|i| {
+        http.get(format!("{}/v1/models", s.url))
+            .bearer_auth(format!("tq_parallel_guess_{i:04}"))
+            .send()
+    });
+    let statuses: Vec<StatusCode> = futures::future::join_all(guesses)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap().status())
+        .collect();
+    assert!(
+        statuses.contains(&StatusCode::TOO_MANY_REQUESTS),
+        "{statuses:?}"
+    );
+    // A key that works is never slowed.
+    let fast = Instant::now();
+    let response = http
+        .get(format!("{}/v1/models", s.url))
+        .bearer_auth(&s.acme)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(fast.elapsed() < Duration::from_millis(500));
+}
+
+#[tokio::test]
+async fn keys_are_listed_by_id_and_a_revoked_key_stops_at_once() {
+    let s = start(|_| {}).await;
+    let http = reqwest::Client::new();
+    let admin = |r: reqwest::RequestBuilder| r.bearer_auth(ADMIN_KEY);
+    // The key works (and is now in the process's cache).
+    let ok = http
+        .get(format!("{}/v1/models", s.url))
+        .bearer_auth(&s.acme)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), StatusCode::OK);
+    let listed: Value = admin(http.get(format!("{}/admin/tenants/acme/keys", s.url)))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let keys = listed["data"].as_array().unwrap();
+    assert_eq!(keys.len(), 1, "{listed}");
+    let prefix = keys[0]["prefix"].as_str().unwrap().trim_end_matches('…');
+    assert!(s.acme.starts_with(prefix) && prefix.len() < s.acme.len() / 2);
+    assert!(
+        !listed.to_string().contains(&s.acme),
+        "the key itself is never listed"
+    );
+    let id = keys[0]["id"].as_str().unwrap();
+    // Another tenant's id is not found under this one.
+    let wrong = admin(http.delete(format!("{}/admin/tenants/other/keys/{id}", s.url)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong.status(), StatusCode::NOT_FOUND);
+    let revoked = admin(http.delete(format!("{}/admin/tenants/acme/keys/{id}", s.url)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(revoked.status(), StatusCode::OK);
+    let after = http
+        .get(format!("{}/v1/models", s.url))
+        .bearer_auth(&s.acme)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(after.status(), StatusCode::UNAUTHORIZED);
+    // The other tenant's key is untouched.
+    let other = http
+        .get(format!("{}/v1/models", s.url))
+        .bearer_auth(&s.other)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(other.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn webhook_secrets_are_not_readable_from_the_queue_file() {
+    let s = start(|_| {}).await;
+    let secret: Value = reqwest::Client::new()
+        .get(format!("{}/webhooks/secret", s.url))
+        .bearer_auth(&s.acme)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let secret = secret["secret"].as_str().unwrap().to_string();
+    assert!(secret.starts_with("whsec_"));
+    let file = std::fs::read(s.dir.path().join("queue.db")).unwrap();
+    let encoded = secret.trim_start_matches("whsec_");
+    assert!(
+        !file.windows(encoded.len()).any(|w| w == encoded.as_bytes()),
+        "the queue file holds the webhook secret in plain text"
+    );
+}
+
+#[tokio::test]
+async fn tenant_names_and_metadata_refuse_controls_and_bidi_overrides() {
+    let s = start(|_| {}).await;
+    let http = reqwest::Client::new();
+    for name in ["evil\u{202e}gnp.exe", "nul\0here", &"n".repeat(200)] {
+        let response = http
+            .post(format!("{}/admin/tenants", s.url))
+            .bearer_auth(ADMIN_KEY)
+            .json(&json!({"id": "named", "name": name}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{name:.20}");
+    }
+    let file = upload(&s, &s.acme, &examples(4)).await;
+    for metadata in [json!({"k\u{2066}": "v"}), json!({"k": "a\0b"})] {
+        let response = http
+            .post(format!("{}/v1/fine_tuning/jobs", s.url))
+            .bearer_auth(&s.acme)
+            .json(&json!({"model": "base", "training_file": file, "metadata": metadata}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{metadata}");
+    }
+}
+
+/// Creates a job with `extra` merged into a valid request; the answer's status and body.
+async fn create(s: &support::Server, file: &str, extra: Value) -> (StatusCode, Value) {
+    let mut request = json!({"model": "base", "training_file": file});
+    for (k, v) in extra.as_object().unwrap() {
+        request[k] = v.clone();
+    }
+    let response = reqwest::Client::new()
+        .post(format!("{}/v1/fine_tuning/jobs", s.url))
+        .bearer_auth(&s.acme)
+        .json(&request)
+        .send()
+        .await
+        .unwrap();
+    (response.status(), response.json().await.unwrap())
+}
+
+#[tokio::test]
+async fn settings_that_can_never_train_are_refused_at_create_naming_the_field() {
+    let s = start(|_| {}).await;
+    let file = upload(&s, &s.acme, &examples(8)).await;
+    let hp =
+        |h: Value| json!({"method": {"type": "supervised", "supervised": {"hyperparameters": h}}});
+    for (extra, param) in [
+        (json!({"lora": {"r": 100000}}), "lora.r"),
+        (json!({"lora": {"r": 64}}), "lora.r"), // wider than k_proj (32)
+        (json!({"lora": {"alpha": 1e308}}), "lora.alpha"),
+        (
+            json!({"lora": {"target_modules": ["q_proj", "q_proj"]}}),
+            "lora.target_modules",
+        ),
+        (
+            hp(json!({"learning_rate": 1e308})),
+            "hyperparameters.learning_rate",
+        ),
+        (
+            hp(json!({"learning_rate_multiplier": 1e-300})),
+            "hyperparameters.learning_rate_multiplier",
+        ),
+        (
+            hp(json!({"warmup_steps": u64::MAX})),
+            "hyperparameters.warmup_steps",
+        ),
+        (
+            hp(json!({"max_seq_len": 4096})),
+            "hyperparameters.max_seq_len",
+        ),
+    ] {
+        let (status, body) = create(&s, &file, extra.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{extra}: {body}");
+        assert_eq!(body["error"]["param"], param, "{extra}: {body}");
+    }
+    // Nothing was created.
+    let jobs: Value = reqwest::Client::new()
+        .get(format!("{}/v1/fine_tuning/jobs", s.url))
+        .bearer_auth(&s.acme)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(jobs["data"].as_array().unwrap().len(), 0);
+    // The same request within bounds is accepted.
+    let (status, body) = create(&s, &file, json!({"lora": {"r": 16}})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}
+
+#[tokio::test]
+async fn a_job_that_needs_more_memory_than_an_attempt_has_is_refused_with_the_numbers() {
+    let s = start(|c| c.attempt_memory_bytes = Some(8 << 20)).await;
+    let file = upload(&s, &s.acme, &examples(8)).await;
+    let (status, body) = create(
+        &s,
+        &file,
+        json!({"method": {"type": "supervised", "supervised": {"hyperparameters": {"batch_size": 64, "max_seq_len": 1024}}}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["code"], "does_not_fit");
+    assert!(body["error"]["message"].as_str().unwrap().contains("MiB"));
+}
+
+#[tokio::test]
+async fn a_deleted_file_goes_from_the_catalog_first_and_missing_content_is_410() {
+    let s = start(|_| {}).await;
+    let http = reqwest::Client::new();
+    let file = upload(&s, &s.acme, &examples(3)).await;
+    // The content vanishes behind the service's back (a crash, an operator).
+    let content = s
+        .dir
+        .path()
+        .join(format!("objects/tenants/acme/files/{file}/content.jsonl"));
+    std::fs::remove_file(&content).unwrap();
+    let response = http
+        .get(format!("{}/v1/files/{file}/content", s.url))
+        .bearer_auth(&s.acme)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::GONE);
+    let body = response.text().await.unwrap();
+    assert!(!body.contains("objects/"), "a server path leaked: {body}");
+    // Deleting it still works, and then it is 404.
+    let deleted = http
+        .delete(format!("{}/v1/files/{file}", s.url))
+        .bearer_auth(&s.acme)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), StatusCode::OK);
+    let gone = http
+        .get(format!("{}/v1/files/{file}", s.url))
+        .bearer_auth(&s.acme)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(gone.status(), StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn a_file_an_unfinished_job_trains_on_cannot_be_deleted() {
+    let s = start(|_| {}).await;
+    let http = reqwest::Client::new();
+    let file = upload(&s, &s.acme, &examples(4)).await;
+    let (status, job) = create(&s, &file, json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{job}");
+    let response = http
+        .delete(format!("{}/v1/files/{file}", s.url))
+        .bearer_auth(&s.acme)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "file_in_use");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(job["id"].as_str().unwrap())
+    );
+    // Still there, content and all.
+    let content = http
+        .get(format!("{}/v1/files/{file}/content", s.url))
+        .bearer_auth(&s.acme)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(content.status(), StatusCode::OK);
+}

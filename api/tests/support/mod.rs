@@ -1,0 +1,156 @@
+//! A test server: the real `tuneq_api::serve` on a free loopback port, with the embedded
+//! queue and a local object store in a temp dir, two tenants with a key each, an admin
+//! key, and a base model whose folder holds a real `config.json` (no weights: creating
+//! a job reads only the shape).
+
+#![allow(clippy::unwrap_used, dead_code)]
+
+use std::sync::Arc;
+use tuneq_api::models::{BaseModel, register_base};
+use tuneq_api::{ApiConfig, AppState, PoolInfo, auth};
+use tuneq_queue::{JobQueue, Queue, QueueConfig};
+use tuneq_storage::LocalStore;
+
+/// The admin key every test server takes.
+pub const ADMIN_KEY: &str = "admin-key-for-tests-0123456789-abcdef";
+
+/// A running test server.
+pub struct Server {
+    pub url: String,
+    pub addr: std::net::SocketAddr,
+    pub state: AppState,
+    pub acme: String,
+    pub other: String,
+    pub dir: tempfile::TempDir,
+    pub handle: actix_web::dev::ServerHandle,
+}
+
+/// A server with the default settings changed by `configure`.
+pub async fn start(configure: impl FnOnce(&mut ApiConfig)) -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let queue = Queue::open_embedded(
+        &dir.path().join("queue.db"),
+        "tuneq",
+        QueueConfig::default(),
+    )
+    .await
+    .unwrap();
+    queue.set_pool("local", 1).await.unwrap();
+    let spool = dir.path().join("spool");
+    std::fs::create_dir_all(&spool).unwrap();
+    let mut config = ApiConfig {
+        spool_dir: spool,
+        admin_key_hash: Some(auth::key_hash(ADMIN_KEY)),
+        pools: vec![PoolInfo {
+            name: "local".into(),
+            hardware: "cpu".into(),
+        }],
+        ..ApiConfig::default()
+    };
+    configure(&mut config);
+    let state = AppState::new(
+        queue,
+        Arc::new(LocalStore::new(dir.path().join("objects"))),
+        config,
+    );
+    auth::create_tenant(&state, "acme", "Acme").await.unwrap();
+    auth::create_tenant(&state, "other", "Other").await.unwrap();
+    let acme = auth::add_key(&state, "acme", None).await.unwrap();
+    let other = auth::add_key(&state, "other", None).await.unwrap();
+    let model = dir.path().join("models/base");
+    std::fs::create_dir_all(&model).unwrap();
+    std::fs::write(
+        model.join("config.json"),
+        serde_json::json!({
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+            "hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
+            "max_position_embeddings": 1024, "rms_norm_eps": 1e-5
+        })
+        .to_string(),
+    )
+    .unwrap();
+    register_base(
+        &state,
+        &BaseModel {
+            id: "base".into(),
+            location: model.display().to_string(),
+            base_learning_rate: 1e-3,
+            created: 0,
+        },
+    )
+    .await
+    .unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tuneq_api::serve(listener, state.clone(), Some(2)).unwrap();
+    let handle = server.handle();
+    tokio::spawn(server);
+    Server {
+        url: format!("http://{addr}"),
+        addr,
+        state,
+        acme,
+        other,
+        dir,
+        handle,
+    }
+}
+
+/// Uploads `body` as a raw-body dataset for the tenant of `key`; the file's id.
+pub async fn upload(s: &Server, key: &str, body: &str) -> String {
+    let response = reqwest::Client::new()
+        .post(format!("{}/v1/files?filename=d.jsonl", s.url))
+        .bearer_auth(key)
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
+    let file: serde_json::Value = response.json().await.unwrap();
+    file["id"].as_str().unwrap().to_string()
+}
+
+/// `n` prompt/completion examples.
+pub fn examples(n: usize) -> String {
+    (0..n)
+        .map(|i| format!(r#"{{"prompt":"p{i}","completion":"c{i}"}}"#))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Sends `head` (request line and headers, CRLF-terminated, with the blank line) and
+/// then `body` over a raw TCP connection, and returns what the server answers within
+/// `wait` (empty when it answered nothing).
+pub async fn raw(s: &Server, head: &str, body: &[u8], wait: std::time::Duration) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(body).await.unwrap();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Err(_) => break,
+            Ok(Ok(n)) => {
+                answer.extend_from_slice(&buf[..n]);
+                // One answer is enough.
+                if answer.windows(4).any(|w| w == b"\r\n\r\n") {
+                    let text = String::from_utf8_lossy(&answer);
+                    let length = text.lines().find_map(|l| {
+                        l.to_ascii_lowercase()
+                            .strip_prefix("content-length:")
+                            .map(|v| v.trim().parse::<usize>().unwrap_or(0))
+                    });
+                    let head_end = text.find("\r\n\r\n").unwrap() + 4;
+                    if length.is_some_and(|n| answer.len() >= head_end + n) {
+                        break;
+                    }
+                }
+            }
+            Ok(Err(_)) => break,
+        }
+    }
+    String::from_utf8_lossy(&answer).into_owned()
+}
