@@ -20,6 +20,8 @@ const DEFAULT_TENANT: &str = "default";
 const DEMO_MODEL: &str = "tuneq-tiny-demo";
 /// The node pool of the local runtime.
 const LOCAL_POOL: &str = "local";
+/// The embedded queue's file in the data dir (`tuneq queue repair` finds it there too).
+pub const QUEUE_FILE: &str = "queue.db";
 
 #[derive(Debug, Args)]
 pub struct UpArgs {
@@ -136,7 +138,7 @@ async fn serve(args: UpArgs) -> Result<()> {
         std::fs::create_dir_all(data_dir.join(sub))
             .with_context(|| format!("cannot create the data dir {}", data_dir.display()))?;
     }
-    let queue = service::open_queue(args.redis.as_deref(), &data_dir.join("queue.db")).await?;
+    let queue = service::open_queue(args.redis.as_deref(), &data_dir.join(QUEUE_FILE)).await?;
     let device: tuneq_openapi::DeviceKind = args.device.into();
     let hardware = match device {
         tuneq_openapi::DeviceKind::Cpu => "cpu",
