@@ -1,8 +1,11 @@
 //! The embedded store's promises, on its real file: a reopened queue holds everything
 //! that was acknowledged (jobs, leases with their fencing tokens, capacity held); a
 //! writer process SIGKILLed at random moments, mid-write included, leaves a file that
-//! opens, with every acknowledged job in it and the invariants intact; and a second
-//! process cannot open a file that is in use.
+//! opens, with every acknowledged job in it and the invariants intact; a torn last
+//! write is cut off (and kept aside) while damage anywhere else is refused, never cut
+//! (one flipped bit used to cost every record after it); `repair` keeps what is
+//! intact; an idle queue writes nothing; and a second process cannot open a file that
+//! is in use.
 //!
 //! The writer is this test binary itself, re-run with `--exact` on the ignored
 //! `child_writer` test.
@@ -120,24 +123,27 @@ async fn a_writer_killed_mid_write_loses_nothing_acknowledged() {
             }
         }
         child.wait().unwrap();
-        // A kill inside write(2) is rare (the kernel finishes most writes first), so
-        // every other round also plants what a power cut mid-write leaves: the start
-        // of a record whose body never reached the disk.
         let whole = std::fs::metadata(&file).unwrap().len();
-        if round % 2 == 1 {
-            let mut torn = (1u32 << 20).to_le_bytes().to_vec();
-            torn.extend((0..rng.random_range(0..4_000)).map(|_| rng.random::<u8>()));
+        let q = open(&file).await;
+        let kept = std::fs::metadata(&file).unwrap().len();
+        // Every other round also plants what a power cut can leave after the file grew:
+        // blocks whose data never reached the disk, read back as zeros.
+        let q = if round % 2 == 1 {
+            drop(q);
+            let zeros = vec![0u8; rng.random_range(1..40_000)];
             let mut f = std::fs::OpenOptions::new()
                 .append(true)
                 .open(&file)
                 .unwrap();
-            std::io::Write::write_all(&mut f, &torn).unwrap();
-        }
-
-        let q = open(&file).await;
-        let kept = std::fs::metadata(&file).unwrap().len();
-        // The kill itself may have torn the last record (then less than `whole` stays);
-        // what was planted never does.
+            std::io::Write::write_all(&mut f, &zeros).unwrap();
+            drop(f);
+            let q = open(&file).await;
+            assert_eq!(std::fs::metadata(&file).unwrap().len(), kept);
+            q
+        } else {
+            q
+        };
+        // The kill itself may have torn the last record (then less than `whole` stays).
         assert!(
             kept <= whole,
             "round {round}: a torn tail of {} bytes was kept",
@@ -185,4 +191,275 @@ async fn child_writer() {
             .id;
         println!("ACKED {id}");
     }
+}
+
+/// Everything a reopened queue must still hold: every job with its indexes, the pools,
+/// and the catalog entries.
+async fn everything(q: &Queue) -> (Inspection, Vec<Entry>) {
+    let mut entries = vec![];
+    for owner in ["t0", "t1"] {
+        entries.extend(
+            q.list_entries("file", owner, None, 1000)
+                .await
+                .unwrap()
+                .entries,
+        );
+    }
+    (q.inspect().await.unwrap(), entries)
+}
+
+/// A queue file written through the real API, several hundred records: jobs enqueued,
+/// claimed, started, completed and failed, files in the catalog. Returns what it holds
+/// and the file's length before the last operation (an enqueue, the last record).
+async fn busy_file(file: &Path) -> ((Inspection, Vec<Entry>), u64) {
+    let q = open(file).await;
+    q.set_pool("gpu", 4).await.unwrap();
+    for i in 0..300 {
+        q.enqueue(&job(i, 40)).await.unwrap();
+        if i % 3 == 0 {
+            q.create_entry("file", &format!("t{}", i % 2), &format!("file-{i}"), "{}")
+                .await
+                .unwrap();
+        }
+        if i % 5 == 4 {
+            let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
+            q.start(&lease.id, lease.token).await.unwrap();
+            if i % 10 == 4 {
+                q.complete(&lease.id, lease.token, "{\"ok\":1}")
+                    .await
+                    .unwrap();
+            } else {
+                q.fail(&lease.id, lease.token, "boom", false).await.unwrap();
+            }
+        }
+    }
+    let before_last = std::fs::metadata(file).unwrap().len();
+    q.enqueue(&job(1_000, 3_000)).await.unwrap();
+    let held = everything(&q).await;
+    drop(q);
+    (held, before_last)
+}
+
+fn copy_to_scratch(file: &Path) -> std::path::PathBuf {
+    let copy = testing::scratch_dir().join("queue.db");
+    std::fs::copy(file, &copy).unwrap();
+    copy
+}
+
+fn set_aside(file: &Path, kind: &str) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(file.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().contains(&format!("queue.db.{kind}-")))
+        .collect()
+}
+
+#[tokio::test]
+async fn one_flipped_bit_anywhere_never_costs_an_acknowledged_record() {
+    let file = testing::scratch_dir().join("queue.db");
+    let (held, _) = busy_file(&file).await;
+    let bytes = std::fs::read(&file).unwrap();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(52);
+    let (mut refused, mut opened) = (0, 0);
+    for _ in 0..200 {
+        let copy = copy_to_scratch(&file);
+        let mut damaged = bytes.clone();
+        let at = rng.random_range(0..damaged.len());
+        damaged[at] ^= 1 << rng.random_range(0..8);
+        std::fs::write(&copy, &damaged).unwrap();
+        match Queue::open_embedded(&copy, DOMAIN, QueueConfig::default()).await {
+            Ok(q) => {
+                opened += 1;
+                let (jobs, entries) = everything(&q).await;
+                // Not assert_eq: the whole queue in a failure message helps nobody.
+                assert!(
+                    (&jobs, &entries) == (&held.0, &held.1),
+                    "flip at byte {at}: opened with {} of {} jobs and {} of {} files",
+                    jobs.jobs.len(),
+                    held.0.jobs.len(),
+                    entries.len(),
+                    held.1.len()
+                );
+            }
+            Err(e) => {
+                refused += 1;
+                let message = e.to_string();
+                assert!(
+                    message.contains("is damaged at byte")
+                        || message.contains("not a tuneq queue file"),
+                    "flip at byte {at}: {message}"
+                );
+                assert_eq!(
+                    std::fs::read(&copy).unwrap(),
+                    damaged,
+                    "flip at byte {at}: a refused file was changed"
+                );
+                assert!(set_aside(&copy, "torn").is_empty());
+            }
+        }
+    }
+    eprintln!(
+        "{} bytes, 200 flips: {refused} refused, {opened} opened whole",
+        bytes.len()
+    );
+}
+
+#[tokio::test]
+async fn a_torn_last_record_is_cut_off_and_set_aside_keeping_every_earlier_one() {
+    let file = testing::scratch_dir().join("queue.db");
+    let (held, before_last) = busy_file(&file).await;
+    // What the file held before its last record.
+    let earlier = copy_to_scratch(&file);
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&earlier)
+        .unwrap();
+    f.set_len(before_last).unwrap();
+    drop(f);
+    let earlier = everything(&open(&earlier).await).await;
+    assert_ne!(earlier, held);
+    let bytes = std::fs::read(&file).unwrap();
+    let end = bytes.len();
+    let start = usize::try_from(before_last).unwrap();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+    for i in 0..30 {
+        let copy = copy_to_scratch(&file);
+        let torn = match i % 3 {
+            // Cut short, as a killed writer leaves it.
+            0 => bytes[..rng.random_range(start + 1..end)].to_vec(),
+            // The file grew, but the record's last blocks never reached the disk.
+            1 => {
+                let mut b = bytes.clone();
+                let from = rng.random_range(start..end - 16);
+                b[from..].fill(0);
+                b
+            }
+            // Cut short, and the part that exists partly zeros.
+            _ => {
+                let mut b = bytes[..rng.random_range(start + 40..end)].to_vec();
+                let len = b.len();
+                b[rng.random_range(start..len - 16)..].fill(0);
+                b
+            }
+        };
+        std::fs::write(&copy, &torn).unwrap();
+        let q = open(&copy).await;
+        assert_eq!(everything(&q).await, earlier, "case {i}");
+        drop(q);
+        assert_eq!(std::fs::metadata(&copy).unwrap().len(), before_last);
+        let aside = set_aside(&copy, "torn");
+        assert_eq!(aside.len(), 1, "case {i}");
+        assert_eq!(std::fs::read(&aside[0]).unwrap(), torn[start..]);
+    }
+    // Zeros past a whole last record: nothing acknowledged is lost either.
+    let copy = copy_to_scratch(&file);
+    let mut grown = bytes.clone();
+    grown.extend(vec![0; 10_000]);
+    std::fs::write(&copy, &grown).unwrap();
+    assert_eq!(everything(&open(&copy).await).await, held);
+}
+
+#[tokio::test]
+async fn repair_keeps_the_records_before_and_after_the_damage() {
+    let file = testing::scratch_dir().join("queue.db");
+    let q = open(&file).await;
+    for i in 0..100 {
+        q.enqueue(&job(i, 40)).await.unwrap();
+    }
+    let start = std::fs::metadata(&file).unwrap().len();
+    q.create_entry("file", "t0", "lost", "{\"name\":\"x.jsonl\"}")
+        .await
+        .unwrap();
+    let end = std::fs::metadata(&file).unwrap().len();
+    for i in 100..200 {
+        q.enqueue(&job(i, 40)).await.unwrap();
+        q.create_entry("file", "t1", &format!("kept-{i}"), "{}")
+            .await
+            .unwrap();
+    }
+    let (jobs, mut entries) = everything(&q).await;
+    drop(q);
+    entries.retain(|e| e.id != "lost");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let at = usize::try_from((start + end) / 2).unwrap();
+    bytes[at] ^= 0x08;
+    std::fs::write(&file, &bytes).unwrap();
+    let refused = Queue::open_embedded(&file, DOMAIN, QueueConfig::default())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains(&format!("damaged at byte {start}")),
+        "{refused}"
+    );
+    // The queue's settings, then one record per operation.
+    assert!(refused.contains("101 intact records"), "{refused}");
+    assert!(refused.contains("200 valid records follow"), "{refused}");
+
+    let report = tuneq_queue::embedded::repair(&file).unwrap();
+    assert_eq!(report.dropped.len(), 1);
+    assert_eq!(
+        (report.dropped[0].start, report.dropped[0].end),
+        (start, end)
+    );
+    assert_eq!(report.dropped[0].records, Some(1));
+    assert_eq!(report.kept_records, 1 + 100 + 200);
+    let copy = report.original_copy.unwrap();
+    assert_eq!(std::fs::read(&copy).unwrap(), bytes);
+    let q = open(&file).await;
+    assert_eq!(everything(&q).await, (jobs, entries));
+    // The counters did not go back: a new job gets a new id.
+    let new = q.enqueue(&job(5_000, 10)).await.unwrap();
+    assert!(!new.duplicate);
+    assert_eq!(q.inspect().await.unwrap().jobs.len(), 201);
+}
+
+#[tokio::test]
+async fn an_idle_queue_writes_nothing() {
+    let file = testing::scratch_dir().join("queue.db");
+    let q = open(&file).await;
+    q.set_pool("gpu", 1).await.unwrap();
+    q.enqueue(&job(1, 10)).await.unwrap();
+    q.enqueue(&job(2, 10)).await.unwrap();
+    let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
+    q.start(&lease.id, lease.token).await.unwrap();
+    let len = std::fs::metadata(&file).unwrap().len();
+    // What a dispatcher tick, the webhook sender and the retention sweep do while
+    // nothing happens: the pool is full, no lease is due, nothing to deliver or trim.
+    for _ in 0..50 {
+        q.expire_leases(100).await.unwrap();
+        assert!(q.suspects(100).await.unwrap().is_empty());
+        assert!(q.claim("gpu", "d", "").await.unwrap().is_none());
+        assert!(q.due_deliveries(10).await.unwrap().is_empty());
+        q.trim(100).await.unwrap();
+        q.pool_usage("gpu").await.unwrap();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().len(),
+        len,
+        "idle operations appended (and synced) records"
+    );
+    // A real change still writes, and the clock read meanwhile goes with it.
+    q.heartbeat(&lease.id, lease.token, None).await.unwrap();
+    assert!(std::fs::metadata(&file).unwrap().len() > len);
+    drop(q);
+    let q = open(&file).await;
+    assert_eq!(
+        q.get(&lease.id).await.unwrap().unwrap().state,
+        JobState::Running
+    );
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn the_queue_file_is_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let file = testing::scratch_dir().join("queue.db");
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    drop(open(&file).await);
+    assert_eq!(mode(&file), 0o600);
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    drop(open(&file).await);
+    assert_eq!(mode(&file), 0o600);
 }

@@ -9,6 +9,7 @@ mod dispatcher;
 mod generate;
 mod merge;
 mod model;
+mod queue;
 mod service;
 mod train;
 mod up;
@@ -47,6 +48,11 @@ enum Command {
     Generate(generate::GenerateArgs),
     /// Fold an adapter into the base weights, writing a merged model.
     Merge(merge::MergeArgs),
+    /// Maintenance of the embedded queue file (`repair`).
+    Queue {
+        #[command(subcommand)]
+        command: queue::QueueCommand,
+    },
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -93,6 +99,7 @@ pub fn main() -> ExitCode {
         Command::Model { command } => model::run(command),
         Command::Generate(args) => generate::run(args),
         Command::Merge(args) => merge::run(args),
+        Command::Queue { command } => queue::run(command),
         Command::Bench { command } => bench::run(command),
         Command::Debug { command } => debug::run(command),
     };

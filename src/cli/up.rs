@@ -20,6 +20,8 @@ const DEFAULT_TENANT: &str = "default";
 const DEMO_MODEL: &str = "tuneq-tiny-demo";
 /// The node pool of the local runtime.
 const LOCAL_POOL: &str = "local";
+/// The embedded queue's file in the data dir (`tuneq queue repair` finds it there too).
+pub const QUEUE_FILE: &str = "queue.db";
 
 #[derive(Debug, Args)]
 pub struct UpArgs {
@@ -188,7 +190,7 @@ async fn serve(args: UpArgs) -> Result<()> {
         .map(|m| service::model_arg(m))
         .collect::<Result<Vec<_>>>()?;
     service::clean_spool(&data_dir.join("spool"));
-    let queue = service::open_queue(args.redis.as_deref(), &data_dir.join("queue.db")).await?;
+    let queue = service::open_queue(args.redis.as_deref(), &data_dir.join(QUEUE_FILE)).await?;
     let device: tuneq_openapi::DeviceKind = args.device.into();
     let hardware = match device {
         tuneq_openapi::DeviceKind::Cpu => "cpu",

@@ -606,6 +606,7 @@ impl Db {
                 arity(3, 1)?;
                 let (start, stop) = (integer(&args[1])?, integer(&args[2])?);
                 if let Some(l) = self.list(&args[0])? {
+                    let before = l.len();
                     match index_range(l.len(), start, stop) {
                         Some((a, b)) => {
                             l.truncate(b + 1);
@@ -613,8 +614,12 @@ impl Db {
                         }
                         None => l.clear(),
                     }
+                    let trimmed = l.len() != before;
                     self.drop_if_empty(&args[0]);
-                    self.record([vec![b"LTRIM".to_vec()], args.to_vec()].concat());
+                    // A trim that removed nothing changed nothing: no record.
+                    if trimmed {
+                        self.record([vec![b"LTRIM".to_vec()], args.to_vec()].concat());
+                    }
                 }
                 Ok(Value::Okay)
             }
@@ -679,7 +684,7 @@ impl Db {
                 }
                 self.or_new(&args[0], || Data::SortedSet(SortedSet::default()))?;
                 let z = self.zset(&args[0])?.expect("just created");
-                let mut changed = 0;
+                let (mut changed, mut written) = (0, false);
                 for (score, member) in pairs {
                     let old = z.scores.get(&member).copied();
                     let write = match old {
@@ -692,12 +697,18 @@ impl Db {
                         continue;
                     }
                     z.insert(member, score);
+                    written = true;
                     if old.is_none() || flags.ch {
                         changed += 1;
                     }
                 }
                 self.drop_if_empty(&args[0]);
-                self.record([vec![b"ZADD".to_vec()], args.to_vec()].concat());
+                // Replayed with the same flags on the same state, it writes the same
+                // members; one that wrote none (every score already as given, or kept
+                // by NX/XX/GT/LT) changed nothing and needs no record.
+                if written {
+                    self.record([vec![b"ZADD".to_vec()], args.to_vec()].concat());
+                }
                 Ok(count(changed))
             }
             "ZREM" => {
@@ -1031,6 +1042,26 @@ mod tests {
         }
         assert_eq!(run(&mut replayed, "GET k").unwrap(), bulk(b"v"));
         assert_eq!(run(&mut replayed, "HGET h n").unwrap(), bulk(b"5"));
+    }
+
+    #[test]
+    fn writes_that_change_nothing_are_not_recorded() {
+        let mut db = Db::default();
+        run(&mut db, "ZADD z 1 a 2 b").unwrap();
+        run(&mut db, "RPUSH l x y").unwrap();
+        run(&mut db, "HSET h f v").unwrap();
+        db.take_changes();
+        // Same scores, members kept by NX/GT, a trim that keeps all, the same value.
+        run(&mut db, "ZADD z 1 a 2 b").unwrap();
+        run(&mut db, "ZADD z NX 5 a").unwrap();
+        run(&mut db, "ZADD z GT 0 b").unwrap();
+        run(&mut db, "ZADD z XX 3 missing").unwrap();
+        run(&mut db, "LTRIM l -200 -1").unwrap();
+        run(&mut db, "HSET h f v").unwrap();
+        assert!(db.take_changes().is_empty());
+        run(&mut db, "ZADD z GT 3 b").unwrap();
+        run(&mut db, "LTRIM l -1 -1").unwrap();
+        assert_eq!(db.take_changes().len(), 2);
     }
 
     #[test]

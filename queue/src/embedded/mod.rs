@@ -8,13 +8,17 @@
 //!
 //! Durability is by an append-only log of *effects* ([`log`]): every operation's
 //! changes are written as one record and synced before the operation is acknowledged;
-//! opening the file replays them. Operations run one at a time, as on Redis.
+//! opening the file replays them. Operations run one at a time, as on Redis. An
+//! operation that changed nothing writes nothing, and neither does one that only moved
+//! a high-water mark such as the queue clock (see [`Store::defer_field`]): an idle
+//! queue does not sync its file. A damaged file is refused rather than cut short;
+//! [`repair`] keeps what is intact.
 
 mod db;
 mod log;
 
 pub use db::Db;
-pub use log::LogError;
+pub use log::{DroppedRange, LogError, RepairReport, repair};
 
 use db::{Command, CommandError, format_score};
 use log::Log;
@@ -80,20 +84,19 @@ struct Inner {
     libraries: HashSet<String>,
     log: Log,
     broken: Option<String>,
+    /// Hash fields whose writes alone do not need a record (see [`Store::defer_field`]).
+    deferrable: HashSet<(Vec<u8>, Vec<u8>)>,
+    /// Their latest writes not yet in the file, one HSET each, in first-written order:
+    /// written at the head of the next record.
+    deferred: Vec<Command>,
 }
 
 impl Store {
     /// Opens (or creates) the store at `path`, replaying what it holds. A record torn
-    /// by a crash mid-write (never acknowledged) is dropped.
+    /// by a crash mid-write (never acknowledged) is dropped, its bytes copied aside;
+    /// damage to acknowledged records is refused ([`LogError::Corrupt`]).
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         let opened = Log::open(path)?;
-        if opened.truncated_bytes > 0 {
-            tracing::warn!(
-                path = %path.display(),
-                bytes = opened.truncated_bytes,
-                "dropped the torn last record of the queue file (a crash mid-write; it was never acknowledged)"
-            );
-        }
         let mut keyspace = Db::default();
         for (n, batch) in opened.batches.iter().enumerate() {
             for command in batch {
@@ -108,7 +111,14 @@ impl Store {
         keyspace.clear_changes();
         let lua = scripting_engine().map_err(lua_error)?;
         lua.set_app_data(keyspace);
-        tracing::debug!(path = %path.display(), records = opened.batches.len(), "queue file opened");
+        tracing::debug!(
+            path = %path.display(),
+            records = opened.batches.len(),
+            torn_bytes_cut = opened.truncated_bytes,
+            torn_copy = ?opened.torn_copy,
+            migrated = opened.migrated,
+            "queue file opened"
+        );
         Ok(Self {
             path: path.to_path_buf(),
             inner: Mutex::new(Inner {
@@ -117,8 +127,23 @@ impl Store {
                 libraries: HashSet::new(),
                 log: opened.log,
                 broken: None,
+                deferrable: HashSet::new(),
+                deferred: Vec::new(),
             }),
         })
+    }
+
+    /// Declares hash field `field` of `key` a high-water mark (the queue clock): an
+    /// operation whose only change is writing it is not written to the file on its
+    /// own, but at the head of the next record that has other changes (or when the
+    /// store is dropped). Losing such a write to a crash loses nothing acknowledged:
+    /// every durable change is written in the same record as the mark's value it was
+    /// made under, so after a restart the mark is at least as high as anything stored.
+    /// Without this, every periodic call that reads the clock (a dispatcher's claim
+    /// and lease check twice a second, the webhook sender's poll) synced the file.
+    pub fn defer_field(&self, key: &[u8], field: &[u8]) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        inner.deferrable.insert((key.to_vec(), field.to_vec()));
     }
 
     /// The file.
@@ -273,6 +298,23 @@ impl Inner {
         if changes.is_empty() {
             return Ok(());
         }
+        if changes.iter().all(|c| self.is_deferrable(c)) {
+            for change in changes {
+                match self
+                    .deferred
+                    .iter_mut()
+                    .find(|d| d.get(..3) == change.get(..3))
+                {
+                    Some(earlier) => *earlier = change,
+                    None => self.deferred.push(change),
+                }
+            }
+            return Ok(());
+        }
+        let mut changes = changes;
+        if !self.deferred.is_empty() {
+            changes.splice(0..0, std::mem::take(&mut self.deferred));
+        }
         if let Err(e) = self.log.append(&changes) {
             self.broken = Some(e.to_string());
             return Err(e.into());
@@ -285,6 +327,31 @@ impl Inner {
             }
         }
         Ok(())
+    }
+}
+
+impl Inner {
+    /// Whether `change` only sets one declared high-water mark field.
+    fn is_deferrable(&self, change: &Command) -> bool {
+        match change.as_slice() {
+            [verb, key, field, _] => {
+                verb.as_slice() == b"HSET"
+                    && self.deferrable.contains(&(key.clone(), field.clone()))
+            }
+            _ => false,
+        }
+    }
+}
+
+impl Drop for Inner {
+    /// Writes the deferred high-water marks, so an orderly shutdown keeps them.
+    fn drop(&mut self) {
+        if self.broken.is_none() && !self.deferred.is_empty() {
+            let deferred = std::mem::take(&mut self.deferred);
+            if let Err(e) = self.log.append(&deferred) {
+                tracing::warn!(error = %e, "queue file: the last clock reading was not kept");
+            }
+        }
     }
 }
 
