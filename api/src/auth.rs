@@ -88,6 +88,14 @@ pub struct TenantLimits {
     /// (`tenant_upload_limit`, with `retry-after`), like the other quotas.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_upload_bytes: Option<u64>,
+    /// Files it may keep; an upload beyond answers 429 (`tenant_storage_quota`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_files: Option<u64>,
+    /// Bytes of files it may keep; an upload that would pass it answers 429
+    /// (`tenant_storage_quota`). Uploads in flight at the same moment may overshoot by
+    /// at most the per-tenant uploads at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_stored_bytes: Option<u64>,
     /// Its share of capacity against other tenants' (default 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight: Option<f64>,

@@ -294,6 +294,13 @@ struct UploadLimit {
     tenant: bool,
 }
 
+/// 429 for an upload past the tenant's storage quota (files or bytes kept).
+fn storage_quota(message: String) -> ApiError {
+    let mut e = ApiError::too_many("tenant_storage_quota", message, TENANT_UPLOAD_RETRY_AFTER_S);
+    e.detail.param = Some("file".into());
+    e
+}
+
 /// `retry-after` of an upload over the tenant's limit: an operator may raise it.
 const TENANT_UPLOAD_RETRY_AFTER_S: u64 = 60;
 
@@ -738,7 +745,7 @@ fn skip_line(reader: &mut impl std::io::BufRead) -> std::io::Result<()> {
         (status = 400, description = "Invalid dataset or form", body = ErrorBody),
         (status = 401, description = "No or unknown API key", body = ErrorBody),
         (status = 413, description = "Over the server's size limit", body = ErrorBody),
-        (status = 429, description = "Over the tenant's upload limit (`retry-after`)", body = ErrorBody),
+        (status = 429, description = "Over the tenant's upload limit or storage quota, or too many uploads at once (`retry-after`)", body = ErrorBody),
     ))]
 pub(crate) async fn upload(
     state: web::Data<AppState>,
@@ -746,11 +753,19 @@ pub(crate) async fn upload(
     req: HttpRequest,
     payload: web::Payload,
 ) -> ApiResult<HttpResponse> {
-    // The tenant's own limit, when it has one, within the server's.
-    let tenant_limit = crate::auth::tenant(&state, &tenant.0)
+    // The tenant's own limits, when it has them, within the server's.
+    let limits = crate::auth::tenant(&state, &tenant.0)
         .await?
-        .and_then(|t| t.limits.max_upload_bytes);
-    let limit = match tenant_limit {
+        .map(|t| t.limits)
+        .unwrap_or_default();
+    if let Some(max) = limits.max_files
+        && state.queue.count_entries(KIND, &tenant.0).await? >= max
+    {
+        return Err(storage_quota(format!(
+            "This tenant keeps {max} files already, its limit; delete some or ask an operator to raise max_files."
+        )));
+    }
+    let limit = match limits.max_upload_bytes {
         Some(bytes) if bytes < state.config.max_upload_bytes => UploadLimit {
             bytes,
             tenant: true,
@@ -770,6 +785,18 @@ pub(crate) async fn upload(
                 "invalid_value",
                 format!("purpose must be \"{PURPOSE}\", not {other:?}."),
             ));
+        }
+    }
+    if let Some(max) = limits.max_stored_bytes {
+        let kept: Vec<FileObject> =
+            crate::records::read_all(&state, (KIND, &tenant.0), "file").await?;
+        let stored: u64 = kept.iter().map(|f| f.bytes).sum();
+        if stored.saturating_add(spooled.bytes) > max {
+            return Err(storage_quota(format!(
+                "This upload ({} bytes) would take the tenant's files to {} bytes, past its limit of {max}; delete some or ask an operator to raise max_stored_bytes.",
+                spooled.bytes,
+                stored.saturating_add(spooled.bytes)
+            )));
         }
     }
     let counting = counting_model(&state, spooled.model.as_deref()).await?;

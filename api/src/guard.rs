@@ -103,9 +103,18 @@ pub fn refusal(req: &ServiceRequest) -> Option<ApiError> {
 /// A request body stream, as actix keeps one.
 type BoxedBody = Pin<Box<dyn futures::Stream<Item = Result<Bytes, PayloadError>>>>;
 
-/// Puts `req`'s body under [`Paced`].
+/// Puts `req`'s body under [`Paced`], when it has one (a request without
+/// `Content-Length` or `Transfer-Encoding` has none, and costs no timer).
 pub fn pace_body(req: &mut ServiceRequest, pace: BodyPace) {
     use actix_web::HttpMessage as _;
+    let headers = req.headers();
+    let has_body = headers.contains_key(header::TRANSFER_ENCODING)
+        || headers
+            .get(header::CONTENT_LENGTH)
+            .is_some_and(|v| v.as_bytes() != b"0");
+    if !has_body {
+        return;
+    }
     let inner = req.take_payload();
     let paced: BoxedBody = Box::pin(Paced::new(inner, pace));
     req.set_payload(Payload::from(paced));

@@ -547,3 +547,60 @@ async fn a_file_an_unfinished_job_trains_on_cannot_be_deleted() {
         .unwrap();
     assert_eq!(content.status(), StatusCode::OK);
 }
+
+#[tokio::test]
+async fn a_tenants_storage_quota_is_answered_429_and_stores_nothing() {
+    let s = start(|_| {}).await;
+    let http = reqwest::Client::new();
+    let set = |limits: Value| {
+        http.put(format!("{}/admin/tenants/acme/limits", s.url))
+            .bearer_auth(ADMIN_KEY)
+            .json(&limits)
+            .send()
+    };
+    assert_eq!(
+        set(json!({"max_files": 2})).await.unwrap().status(),
+        StatusCode::OK
+    );
+    upload(&s, &s.acme, &examples(2)).await;
+    upload(&s, &s.acme, &examples(2)).await;
+    let third = http
+        .post(format!("{}/v1/files?filename=c.jsonl", s.url))
+        .bearer_auth(&s.acme)
+        .body(examples(2))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(third.status(), StatusCode::TOO_MANY_REQUESTS);
+    let body: Value = third.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "tenant_storage_quota");
+    // Bytes: what is kept plus the upload must stay within the quota.
+    let kept = 2 * examples(2).len() as u64;
+    assert_eq!(
+        set(json!({"max_stored_bytes": kept + 10}))
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::OK
+    );
+    let over = http
+        .post(format!("{}/v1/files?filename=d.jsonl", s.url))
+        .bearer_auth(&s.acme)
+        .body(examples(2))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(over.status(), StatusCode::TOO_MANY_REQUESTS);
+    let files: Value = http
+        .get(format!("{}/v1/files", s.url))
+        .bearer_auth(&s.acme)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(files["data"].as_array().unwrap().len(), 2);
+    // Another tenant has no such quota.
+    upload(&s, &s.other, &examples(2)).await;
+}
