@@ -1455,24 +1455,43 @@ pub(crate) async fn adapter(
     tenant: Tenant,
     id: web::Path<String>,
 ) -> ApiResult<HttpResponse> {
+    use futures::{StreamExt, TryStreamExt};
     let (record, output) = adapter_prefix(&state, &tenant, &id).await?;
-    let mut archive = Vec::new();
+    // Each file streams from the store between its header and its padding: the archive
+    // is never held whole (a large adapter is gigabytes).
+    type Chunks = futures::stream::BoxStream<'static, Result<bytes::Bytes, actix_web::Error>>;
+    let mut parts: Vec<Chunks> = Vec::new();
+    let mut sizes = Vec::new();
     for name in ADAPTER_FILES {
         let key = output
             .join(name)
             .map_err(|e| ApiError::internal(e.to_string()))?;
-        let bytes = state.store.get_bytes(&key).await?;
-        crate::tar::append(&mut archive, name, &bytes)
-            .map_err(|e| ApiError::internal(e.to_string()))?;
+        let object = state.store.get(&key, None).await?;
+        let size = object.meta.size;
+        let header = crate::tar::header(name, size).map_err(ApiError::internal)?;
+        let padding = bytes::Bytes::from(vec![0u8; crate::tar::padding(size)]);
+        let body = object.body.map_err(|e| {
+            tracing::warn!(error = %e, "adapter download broke off");
+            actix_web::error::ErrorInternalServerError("download broke off")
+        });
+        parts.push(Box::pin(
+            futures::stream::once(async move { Ok(bytes::Bytes::copy_from_slice(&header)) })
+                .chain(body)
+                .chain(futures::stream::once(async move { Ok(padding) })),
+        ));
+        sizes.push(size);
     }
-    crate::tar::finish(&mut archive);
+    parts.push(Box::pin(futures::stream::once(async {
+        Ok(bytes::Bytes::from(vec![0u8; crate::tar::TRAILER]))
+    })));
     Ok(HttpResponse::Ok()
         .content_type("application/x-tar")
+        .no_chunking(crate::tar::archive_size(&sizes))
         .insert_header((
             actix_web::http::header::CONTENT_DISPOSITION,
             format!("attachment; filename=\"{}-adapter.tar\"", record.id),
         ))
-        .body(archive))
+        .streaming(futures::stream::iter(parts).flatten()))
 }
 
 /// Where a succeeded job's adapter is stored; a job that has not succeeded is refused.

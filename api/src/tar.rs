@@ -1,11 +1,16 @@
-//! A minimal tar (ustar) writer for adapter downloads: regular files only, in memory.
+//! A minimal tar (ustar) writer for adapter downloads: regular files only. The headers
+//! and padding are made here; the files' bytes stream from the store between them, so
+//! an archive of any size is sent in the memory of one chunk.
 
-/// Appends one regular file to `archive`.
-pub fn append(archive: &mut Vec<u8>, name: &str, data: &[u8]) -> Result<(), String> {
+/// A tar block.
+pub const BLOCK: usize = 512;
+
+/// The header block of a regular file `name` of `size` bytes.
+pub fn header(name: &str, size: u64) -> Result<[u8; BLOCK], String> {
     if name.len() > 100 || name.is_empty() {
         return Err(format!("tar: name `{name}` must be 1 to 100 bytes"));
     }
-    let mut header = [0u8; 512];
+    let mut header = [0u8; BLOCK];
     header[..name.len()].copy_from_slice(name.as_bytes());
     let mut field = |at: usize, width: usize, value: u64| {
         let text = format!("{value:0w$o}\0", w = width - 1);
@@ -14,7 +19,7 @@ pub fn append(archive: &mut Vec<u8>, name: &str, data: &[u8]) -> Result<(), Stri
     field(100, 8, 0o644); // mode
     field(108, 8, 0); // uid
     field(116, 8, 0); // gid
-    field(124, 12, data.len() as u64); // size
+    field(124, 12, size); // size
     field(136, 12, 0); // mtime
     header[156] = b'0'; // regular file
     header[257..263].copy_from_slice(b"ustar\0");
@@ -24,16 +29,25 @@ pub fn append(archive: &mut Vec<u8>, name: &str, data: &[u8]) -> Result<(), Stri
     let sum: u64 = header.iter().map(|&b| u64::from(b)).sum();
     let text = format!("{sum:06o}\0 ");
     header[148..156].copy_from_slice(text.as_bytes());
-    archive.extend_from_slice(&header);
-    archive.extend_from_slice(data);
-    let pad = (512 - data.len() % 512) % 512;
-    archive.extend(std::iter::repeat_n(0u8, pad));
-    Ok(())
+    Ok(header)
 }
 
-/// Ends the archive (two zero blocks).
-pub fn finish(archive: &mut Vec<u8>) {
-    archive.extend(std::iter::repeat_n(0u8, 1024));
+/// The zero bytes that follow a file of `size` bytes to the end of its last block.
+pub fn padding(size: u64) -> usize {
+    let rest = (size % BLOCK as u64) as usize;
+    (BLOCK - rest) % BLOCK
+}
+
+/// The end of an archive: two zero blocks.
+pub const TRAILER: usize = 2 * BLOCK;
+
+/// The whole size of an archive of files of `sizes`.
+pub fn archive_size(sizes: &[u64]) -> u64 {
+    sizes
+        .iter()
+        .map(|&s| BLOCK as u64 + s + padding(s) as u64)
+        .sum::<u64>()
+        + TRAILER as u64
 }
 
 #[cfg(test)]
@@ -41,13 +55,25 @@ pub fn finish(archive: &mut Vec<u8>) {
 mod tests {
     use super::*;
 
+    /// An archive in memory, as the streamed download lays it out.
+    fn archive(files: &[(&str, &[u8])]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (name, data) in files {
+            out.extend_from_slice(&header(name, data.len() as u64).unwrap());
+            out.extend_from_slice(data);
+            out.extend(std::iter::repeat_n(0u8, padding(data.len() as u64)));
+        }
+        out.extend(std::iter::repeat_n(0u8, TRAILER));
+        out
+    }
+
     #[test]
     fn the_system_tar_reads_what_is_written() {
-        let mut archive = Vec::new();
-        append(&mut archive, "a.json", b"{\"x\":1}").unwrap();
-        append(&mut archive, "b.bin", &vec![7u8; 1000]).unwrap();
-        finish(&mut archive);
-        assert_eq!(archive.len() % 512, 0);
+        let big = vec![7u8; 1000];
+        let files: [(&str, &[u8]); 2] = [("a.json", b"{\"x\":1}"), ("b.bin", &big)];
+        let archive = archive(&files);
+        assert_eq!(archive.len() as u64, archive_size(&[7, 1000]));
+        assert_eq!(archive.len() % BLOCK, 0);
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.tar");
         std::fs::write(&path, &archive).unwrap();
@@ -67,10 +93,9 @@ mod tests {
             std::fs::read(dir.path().join("a.json")).unwrap(),
             b"{\"x\":1}"
         );
-        assert_eq!(
-            std::fs::read(dir.path().join("b.bin")).unwrap(),
-            vec![7u8; 1000]
-        );
-        assert!(append(&mut Vec::new(), &"x".repeat(101), b"").is_err());
+        assert_eq!(std::fs::read(dir.path().join("b.bin")).unwrap(), big);
+        assert!(header(&"x".repeat(101), 0).is_err());
+        assert_eq!(padding(512), 0);
+        assert_eq!(padding(513), 511);
     }
 }

@@ -124,9 +124,10 @@ pub fn classify(status: std::process::ExitStatus, dir: &Path) -> Exit {
     }
 }
 
-/// The last lines of an attempt's stderr (its error message), at most 1 000 bytes.
+/// The last lines of an attempt's stderr (its error message), at most 1 000 bytes. Only
+/// the file's last 64 KiB are read: a trainer that wrote gigabytes of log costs nothing.
 fn stderr_tail(dir: &Path) -> String {
-    let text = std::fs::read_to_string(dir.join("stderr.log")).unwrap_or_default();
+    let text = read_tail(&dir.join("stderr.log"), 64 << 10).unwrap_or_default();
     let lines: Vec<&str> = text
         .lines()
         .filter(|l| !l.starts_with("tuneq-report:"))
@@ -140,6 +141,18 @@ fn stderr_tail(dir: &Path) -> String {
     } else {
         tail
     }
+}
+
+/// The last `max` bytes of the file at `path`, as text (a character cut at the start is
+/// replaced).
+fn read_tail(path: &Path, max: u64) -> std::io::Result<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = std::fs::File::open(path)?;
+    let len = file.metadata()?.len();
+    file.seek(SeekFrom::Start(len.saturating_sub(max)))?;
+    let mut bytes = Vec::new();
+    file.take(max).read_to_end(&mut bytes)?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
 /// Sends `signal` (`TERM`, `KILL`) to process `pid`.
