@@ -1,0 +1,135 @@
+"""`tuneq up` as a process, the way a new user meets it: the base models it is given,
+the API key it prints (once) and retires, the admin key it refuses, and the trainer it
+takes down with it when it is killed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from conftest import REPO_ROOT, Process, Service, tuneq_bin
+
+TRAIN = (REPO_ROOT / "examples/data/tiny-task-train.jsonl").read_text()
+
+
+def call(url: str, key: str, method: str = "GET", body: bytes | None = None,
+         content_type: str = "application/json") -> tuple[int, dict]:
+    request = urllib.request.Request(url, method=method, data=body, headers={
+        "Authorization": f"Bearer {key}", "Content-Type": content_type})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_models_given_with_model_are_registered_beside_the_demo(tmp_path):
+    model = tmp_path / "mine"
+    subprocess.run([str(tuneq_bin()), "model", "init", "--out", str(model)], check=True,
+                   capture_output=True, timeout=120)
+    service = Service(tmp_path / "data", extra_args=["--model", f"my-llama={model}"])
+    try:
+        status, models = call(f"{service.url}/v1/models", service.api_key)
+        assert status == 200
+        ids = {m["id"] for m in models["data"]}
+        assert {"tuneq-tiny-demo", "my-llama"} <= ids, ids
+        status, file = call(f"{service.url}/v1/files?filename=t.jsonl", service.api_key,
+                            "POST", TRAIN.encode(), "application/octet-stream")
+        assert status == 200, file
+        status, job = call(f"{service.url}/v1/fine_tuning/jobs", service.api_key, "POST",
+                           json.dumps({"model": "my-llama", "training_file": file["id"]}).encode())
+        assert status == 200, job
+    finally:
+        service.stop()
+    # A folder that is not a model is refused at start, naming it.
+    bad = subprocess.run([str(tuneq_bin()), "up", "--port", "0", "--data-dir", str(tmp_path / "d2"),
+                          "--model", f"nope={tmp_path}"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2, bad.stderr
+    assert "config.json" in bad.stderr
+
+
+def test_the_key_is_printed_once_and_a_replaced_key_stops_working(tmp_path):
+    data = tmp_path / "data"
+    first = Process([str(tuneq_bin()), "up", "--port", "0", "--data-dir", str(data)],
+                    ready="tuneq is up at ", timeout=30)
+    first.stop()
+    generated = (data / "api-key").read_text().strip()
+    assert any(generated in line for line in first.output), "a new key is printed"
+    assert oct((data / "api-key").stat().st_mode & 0o777) == "0o600"
+
+    again = Process([str(tuneq_bin()), "up", "--port", "0", "--data-dir", str(data)],
+                    ready="tuneq is up at ", timeout=30)
+    url = again.line.removeprefix("tuneq is up at ").strip()
+    try:
+        # Deadline: the rest of the banner follows the first line.
+        time.sleep(0.5)
+        assert not any(generated in line for line in again.output), "a kept key is not printed"
+        assert call(f"{url}/v1/models", generated)[0] == 200
+    finally:
+        again.stop()
+
+    replacement = Service(data, api_key="tq_" + "b" * 40)
+    try:
+        assert call(f"{replacement.url}/v1/models", replacement.api_key)[0] == 200
+        status, body = call(f"{replacement.url}/v1/models", generated)
+        assert status == 401, body
+        assert not any(replacement.api_key in line for line in replacement.output)
+    finally:
+        replacement.stop()
+
+
+def test_a_short_admin_key_is_refused_at_start(tmp_path):
+    result = subprocess.run([str(tuneq_bin()), "up", "--port", "0", "--data-dir", str(tmp_path),
+                             "--admin-key", "admin"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "at least 32 characters" in result.stderr
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            # The fields after the command's closing parenthesis: state, then ppid.
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def test_a_killed_up_takes_its_trainer_with_it(tmp_path):
+    service = Service(tmp_path / "data")
+    try:
+        status, file = call(f"{service.url}/v1/files?filename=t.jsonl", service.api_key,
+                            "POST", TRAIN.encode(), "application/octet-stream")
+        assert status == 200, file
+        status, job = call(f"{service.url}/v1/fine_tuning/jobs", service.api_key, "POST",
+                           json.dumps({"model": "tuneq-tiny-demo", "training_file": file["id"],
+                                       "hyperparameters": {"n_epochs": 20}}).encode())
+        assert status == 200, job
+        deadline = time.monotonic() + 120
+        trainers: list[int] = []
+        while not trainers:
+            assert time.monotonic() < deadline, "no trainer started"
+            time.sleep(0.2)
+            trainers = children(service.proc.pid)
+    finally:
+        service.crash()  # SIGKILL: no chance to stop anything itself
+    deadline = time.monotonic() + 60
+    while any(os.path.exists(f"/proc/{pid}") and "Z" != _state(pid) for pid in trainers):
+        assert time.monotonic() < deadline, f"trainer {trainers} outlived its tuneq up"
+        time.sleep(0.2)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
