@@ -133,3 +133,25 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "gone"
+
+
+def test_a_file_with_nothing_to_learn_at_the_jobs_length_is_refused_at_create(tmp_path):
+    service = Service(tmp_path / "data")
+    try:
+        # Every answer comes after a prompt longer than 512 tokens: cut away at 512.
+        line = json.dumps({"messages": [
+            {"role": "user", "content": " ".join(f"word{i}" for i in range(3000))},
+            {"role": "assistant", "content": "ok"}]})
+        status, file = call(f"{service.url}/v1/files?filename=long.jsonl", service.api_key,
+                            "POST", ("\n".join([line] * 4) + "\n").encode(),
+                            "application/octet-stream")
+        assert status == 200, file
+        assert file["validation"]["tokens"]["trained_tokens"] == 0, file
+        status, body = call(f"{service.url}/v1/fine_tuning/jobs", service.api_key, "POST",
+                            json.dumps({"model": "tuneq-tiny-demo",
+                                        "training_file": file["id"]}).encode())
+        assert status == 400, body
+        assert body["error"]["param"] == "training_file"
+        assert body["error"]["code"] == "no_trainable_tokens"
+    finally:
+        service.stop()
