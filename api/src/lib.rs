@@ -172,8 +172,8 @@ pub fn serve(
                 use actix_web::dev::Service;
                 use tracing::Instrument;
                 let started = std::time::Instant::now();
-                // Only a standard method gets this far (see `guard`), so the label and
-                // the span field come from a fixed set.
+                // The metric label and the span field come from a fixed set: any
+                // other method reads `other` (see `guard`).
                 let method = guard::method_label(req.method()).unwrap_or("other");
                 let span = tracing::info_span!("request", method, path = %req.path());
                 let answer = match guard::refusal(&req) {

@@ -42,6 +42,8 @@ pub fn run(args: DispatcherArgs) -> Result<ExitCode> {
 }
 
 async fn serve(args: DispatcherArgs) -> Result<()> {
+    // Attempt folders (specs with credentials' context, checkpoints, logs) are private.
+    service::private_files();
     let queue = service::open_queue(Some(&args.redis), std::path::Path::new("")).await?;
     let signer = service::attempt_signer(Some(&args.attempt_secret))?;
     let work_dir = std::path::absolute(&args.work_dir)?;
