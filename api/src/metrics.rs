@@ -46,11 +46,22 @@ fn registry() -> &'static Mutex<Registry> {
     REGISTRY.get_or_init(Default::default)
 }
 
+/// (route, method) series kept at most: routes come from patterns and methods from a
+/// fixed set, so this is never reached; it bounds the registry even if that changes.
+const MAX_SERIES: usize = 1024;
+
 /// Records one answered request.
 pub fn observe(method: &str, route: &str, status: u16, took: Duration) {
     let Ok(mut r) = registry().lock() else {
         return;
     };
+    let known = r.routes.get(route).is_some_and(|m| m.contains_key(method));
+    let (method, route) =
+        if known || r.routes.values().map(BTreeMap::len).sum::<usize>() < MAX_SERIES {
+            (method, route)
+        } else {
+            ("other", "other")
+        };
     if !r.routes.contains_key(route) {
         r.routes.insert(route.to_string(), BTreeMap::new());
     }
@@ -62,6 +73,13 @@ pub fn observe(method: &str, route: &str, status: u16, took: Duration) {
     }
     let Some(stats) = methods.get_mut(method) else {
         return;
+    };
+    // Statuses are our own answers' (a few dozen codes at most); anything outside
+    // HTTP's range is counted as 500.
+    let status = if (100..600).contains(&status) {
+        status
+    } else {
+        500
     };
     *stats.statuses.entry(status).or_default() += 1;
     let h = &mut stats.latency;
@@ -180,8 +198,25 @@ pub(crate) async fn metrics(state: web::Data<AppState>) -> HttpResponse {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_series_are_bounded_whatever_is_observed() {
+        for i in 0..(MAX_SERIES + 100) {
+            observe(
+                "GET",
+                &format!("/bounded-test/{i}"),
+                200,
+                Duration::from_millis(1),
+            );
+        }
+        let r = registry().lock().unwrap();
+        let series: usize = r.routes.values().map(BTreeMap::len).sum();
+        assert!(series <= MAX_SERIES + 1, "{series}");
+        assert!(r.routes.contains_key("other"));
+    }
 
     #[test]
     fn labels_are_escaped() {
