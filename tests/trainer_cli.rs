@@ -441,3 +441,51 @@ fn storage_config_files_are_checked_field_by_field() {
         "bad input changes nothing"
     );
 }
+
+#[test]
+fn a_trainer_past_its_memory_limit_stops_as_bad_input_with_the_figures() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let train = small_train_file(dir.path(), 4);
+    let output = dir.path().join("o");
+    let out = Command::new(BIN)
+        .args([
+            "train",
+            "--model",
+            tiny_model().to_str().expect("utf8"),
+            "--train-file",
+            train.to_str().expect("utf8"),
+            "--output",
+            output.to_str().expect("utf8"),
+        ])
+        .env("RAYON_NUM_THREADS", "2")
+        // 32 MiB: less than the program itself holds once it has loaded the model.
+        .env("TUNEQ_MEMORY_LIMIT_BYTES", (32u64 << 20).to_string())
+        .output()
+        .expect("run tuneq");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("over its limit of 32 MiB"), "{stderr}");
+    // A limit it stays under changes nothing.
+    let out = Command::new(BIN)
+        .args([
+            "train",
+            "--model",
+            tiny_model().to_str().expect("utf8"),
+            "--train-file",
+            train.to_str().expect("utf8"),
+            "--output",
+            dir.path().join("o2").to_str().expect("utf8"),
+            "--epochs",
+            "1",
+        ])
+        .env("RAYON_NUM_THREADS", "2")
+        .env("TUNEQ_MEMORY_LIMIT_BYTES", (8u64 << 30).to_string())
+        .output()
+        .expect("run tuneq");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

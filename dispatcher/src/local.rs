@@ -29,7 +29,15 @@ pub struct LocalRuntime {
     pub device: DeviceKind,
     /// Cache of remote models and datasets, shared by attempts.
     pub cache_dir: PathBuf,
+    /// Memory one attempt may use, in bytes: a trainer past it stops as bad input
+    /// (see [`MEMORY_LIMIT_ENV`]). None: no limit.
+    pub memory_limit_bytes: Option<u64>,
 }
+
+/// The environment variable that gives a trainer its memory limit in bytes: past it,
+/// the trainer stops with [`EXIT_BAD_INPUT`] and says how much it used, instead of
+/// pushing the machine into swap or the kernel's OOM killer (and being retried).
+pub const MEMORY_LIMIT_ENV: &str = "TUNEQ_MEMORY_LIMIT_BYTES";
 
 /// A started attempt's process.
 #[derive(Debug)]
@@ -78,7 +86,11 @@ impl LocalRuntime {
             std::fs::File::create(dir.join(name))
                 .map_err(|e| DispatchError::Runtime(format!("{}: {e}", dir.join(name).display())))
         };
-        let child = tokio::process::Command::new(&self.exe)
+        let mut command = tokio::process::Command::new(&self.exe);
+        if let Some(limit) = self.memory_limit_bytes {
+            command.env(MEMORY_LIMIT_ENV, limit.to_string());
+        }
+        let child = command
             .arg("train")
             .arg("--spec")
             .arg(&spec_path)

@@ -42,6 +42,10 @@ pub struct ApiArgs {
     /// Where uploads are spooled while they are validated.
     #[arg(long, env = "TUNEQ_SPOOL_DIR")]
     spool_dir: Option<PathBuf>,
+    /// Memory one attempt may use on the dispatchers' machines, in MiB: a job estimated
+    /// to need more is refused at create (default: not checked).
+    #[arg(long, env = "TUNEQ_ATTEMPT_MEMORY_MIB")]
+    attempt_memory_mib: Option<u64>,
 }
 
 pub fn run(args: ApiArgs) -> Result<ExitCode> {
@@ -87,6 +91,7 @@ async fn serve(args: ApiArgs) -> Result<()> {
             attempt_signer: service::attempt_signer(Some(&args.attempt_secret))?,
             // Every replica shares the attempt secret, so each derives the same key.
             sealing_key: tuneq_api::sealed::SealingKey::derive(args.attempt_secret.as_bytes()),
+            attempt_memory_bytes: args.attempt_memory_mib.map(|m| m.saturating_mul(1 << 20)),
             ..tuneq_api::ApiConfig::default()
         },
     );

@@ -34,6 +34,10 @@ pub struct DispatcherArgs {
     /// Its name as a lease owner (default: the pool's name and the host's).
     #[arg(long)]
     owner: Option<String>,
+    /// Memory one attempt may use, in MiB (default: this machine's memory divided by
+    /// `--slots`); a trainer that uses more stops, and its job fails with the figures.
+    #[arg(long, env = "TUNEQ_ATTEMPT_MEMORY_MIB")]
+    attempt_memory_mib: Option<u64>,
 }
 
 pub fn run(args: DispatcherArgs) -> Result<ExitCode> {
@@ -65,6 +69,7 @@ async fn serve(args: DispatcherArgs) -> Result<()> {
             report_url: args.api_url.clone(),
             work_dir,
             owner,
+            memory_limit_bytes: service::attempt_memory(args.attempt_memory_mib, args.slots),
         },
         stop_rx,
     )?;

@@ -93,6 +93,15 @@ pub fn clean_spool(dir: &Path) {
     }
 }
 
+/// Memory one attempt may use: `--attempt-memory-mib` when given, else this machine's
+/// memory (attempts run here one at a time per slot).
+pub fn attempt_memory(mib: Option<u64>, slots: u32) -> Option<u64> {
+    match mib {
+        Some(mib) => Some(mib.saturating_mul(1 << 20)),
+        None => machine_memory_bytes().map(|total| total / u64::from(slots.max(1))),
+    }
+}
+
 /// This machine's memory in bytes (`MemTotal`), where `/proc/meminfo` says it.
 pub fn machine_memory_bytes() -> Option<u64> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
@@ -220,6 +229,8 @@ pub struct LocalDispatch {
     pub work_dir: PathBuf,
     /// Its name as a lease owner.
     pub owner: String,
+    /// Memory one attempt may use, in bytes (None: no limit).
+    pub memory_limit_bytes: Option<u64>,
 }
 
 /// Starts a dispatcher with a local runtime; it stops (checkpointing its attempts) when
@@ -240,6 +251,7 @@ pub fn spawn_dispatcher(
         report_base_url: local.report_url,
         device: local.device,
         cache_dir: local.work_dir.join("cache"),
+        memory_limit_bytes: local.memory_limit_bytes,
     };
     let mut config = tuneq_dispatcher::DispatcherConfig::new(&local.pool, &local.owner);
     config.slots = local.slots.max(1);

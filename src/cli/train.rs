@@ -326,8 +326,7 @@ fn stop_with_parent(stop: &StopFlag) {
             tracing::warn!(error = %e, "cannot ask to be stopped with the dispatcher");
         }
         // The dispatcher may have died before the request above took effect.
-        let now = rustix::process::getppid().map_or(0, |p| p.as_raw_nonzero().get());
-        if now != parent {
+        if parent_gone() {
             tracing::warn!(
                 parent,
                 "the dispatcher that started this trainer is gone; stopping"
@@ -337,6 +336,55 @@ fn stop_with_parent(stop: &StopFlag) {
     }
     #[cfg(not(target_os = "linux"))]
     let _ = (parent, stop);
+}
+
+/// How often the memory watchdog looks at this process's resident memory.
+const MEMORY_CHECK_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// When the dispatcher set a memory limit ([`tuneq_dispatcher::local::MEMORY_LIMIT_ENV`]),
+/// watches this process's resident memory and stops it as bad input past the limit, with
+/// the figures: the same job would use as much again, so it must not be retried, and the
+/// machine must not be pushed into swap or the OOM killer.
+fn watch_memory() -> Result<()> {
+    let Ok(text) = std::env::var(tuneq_dispatcher::local::MEMORY_LIMIT_ENV) else {
+        return Ok(());
+    };
+    let limit: u64 = text.trim().parse().map_err(|_| {
+        BadInput(format!(
+            "{} must be a number of bytes, not `{text}`",
+            tuneq_dispatcher::local::MEMORY_LIMIT_ENV
+        ))
+    })?;
+    let page = rustix::param::page_size() as u64;
+    std::thread::Builder::new()
+        .name("memory-watchdog".into())
+        .spawn(move || {
+            loop {
+                if let Some(resident) = resident_pages().map(|p| p * page)
+                    && resident > limit
+                {
+                    eprintln!(
+                        "error: the attempt used {} MiB of memory, over its limit of {} MiB; lower batch_size, max_seq_len or lora.r",
+                        resident >> 20,
+                        limit >> 20
+                    );
+                    std::process::exit(i32::from(super::EXIT_BAD_INPUT));
+                }
+                std::thread::sleep(MEMORY_CHECK_EVERY);
+            }
+        })
+        .context("cannot start the memory watchdog")?;
+    Ok(())
+}
+
+/// This process's resident pages (the second field of `/proc/self/statm`).
+fn resident_pages() -> Option<u64> {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 pub fn run(args: TrainArgs) -> Result<ExitCode> {
@@ -358,6 +406,7 @@ pub fn run(args: TrainArgs) -> Result<ExitCode> {
             .context("cannot install signal handlers")?;
     }
     stop_with_parent(&stop);
+    watch_memory()?;
     let bar = match args.progress {
         ProgressArg::Json => false,
         ProgressArg::Bar => true,
@@ -382,7 +431,27 @@ pub fn run(args: TrainArgs) -> Result<ExitCode> {
         .clone()
         .unwrap_or_else(tuneq_trainer::remote::Storage::default_cache_dir);
     let storage = tuneq_trainer::remote::Storage::new(storage_config, cache)?;
-    match tuneq_trainer::train::run_with(&spec, &storage, sink.as_mut(), &stop)? {
+    let outcome = tuneq_trainer::train::run_with(&spec, &storage, sink.as_mut(), &stop)?;
+    if parent_gone() {
+        // Its checkpoint is committed (the next attempt resumes from the store); the
+        // reports would wait up to a minute for an API that died with the dispatcher.
+        eprintln!(
+            "the dispatcher that started this trainer is gone; exiting without the last report"
+        );
+        std::process::exit(0);
+    }
+    match outcome {
         Outcome::Finished { .. } | Outcome::Interrupted { .. } => Ok(ExitCode::SUCCESS),
     }
+}
+
+/// Whether a dispatcher started this trainer and is no longer its parent.
+fn parent_gone() -> bool {
+    let Some(parent) = std::env::var(tuneq_dispatcher::local::PARENT_PID_ENV)
+        .ok()
+        .and_then(|p| p.parse::<i32>().ok())
+    else {
+        return false;
+    };
+    rustix::process::getppid().map_or(0, |p| p.as_raw_nonzero().get()) != parent
 }

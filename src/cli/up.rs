@@ -43,6 +43,11 @@ pub struct UpArgs {
     /// Fine-tunes trained at once (each is a `tuneq train` process).
     #[arg(long, default_value_t = 1, env = "TUNEQ_SLOTS")]
     slots: u32,
+    /// Memory one fine-tune may use, in MiB (default: this machine's memory divided by
+    /// `--slots`). A job estimated to need more is refused at create; a trainer that
+    /// uses more stops, and its job fails with the figures.
+    #[arg(long, env = "TUNEQ_ATTEMPT_MEMORY_MIB")]
+    attempt_memory_mib: Option<u64>,
     /// Device the local trainers use (`cuda` needs a build with `--features cuda`).
     #[arg(long, value_enum, default_value = "cpu")]
     device: super::train::DeviceArg,
@@ -190,6 +195,7 @@ async fn serve(args: UpArgs) -> Result<()> {
         .map(|m| service::model_arg(m))
         .collect::<Result<Vec<_>>>()?;
     service::clean_spool(&data_dir.join("spool"));
+    let attempt_memory = service::attempt_memory(args.attempt_memory_mib, args.slots);
     let queue = service::open_queue(args.redis.as_deref(), &data_dir.join(QUEUE_FILE)).await?;
     let device: tuneq_openapi::DeviceKind = args.device.into();
     let hardware = match device {
@@ -213,9 +219,9 @@ async fn serve(args: UpArgs) -> Result<()> {
             }],
             attempt_signer: signer.clone(),
             sealing_key: sealing_key(data_dir)?,
-            // Attempts run on this machine: a job that needs more than it has is
+            // Attempts run on this machine: a job that needs more than one may use is
             // refused at create.
-            attempt_memory_bytes: service::machine_memory_bytes(),
+            attempt_memory_bytes: attempt_memory,
             ..tuneq_api::ApiConfig::default()
         },
     );
@@ -253,6 +259,7 @@ async fn serve(args: UpArgs) -> Result<()> {
             report_url,
             work_dir: data_dir.clone(),
             owner: "local".into(),
+            memory_limit_bytes: attempt_memory,
         },
         stop_rx.clone(),
     )?;

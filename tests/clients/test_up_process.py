@@ -120,9 +120,16 @@ def test_a_killed_up_takes_its_trainer_with_it(tmp_path):
             assert time.monotonic() < deadline, "no trainer started"
             time.sleep(0.2)
             trainers = children(service.proc.pid)
+        # Well into training (its signal handlers are in place, it reports progress).
+        while (call(f"{service.url}/v1/fine_tuning/jobs/{job['id']}", service.api_key)[1]
+               .get("progress") or {}).get("step", 0) < 2:
+            assert time.monotonic() < deadline, "the job did not start training"
+            time.sleep(0.2)
     finally:
         service.crash()  # SIGKILL: no chance to stop anything itself
-    deadline = time.monotonic() + 60
+    # It checkpoints and exits: within seconds, not after the minute its last report
+    # would wait for an API that died with it.
+    deadline = time.monotonic() + 30
     while any(os.path.exists(f"/proc/{pid}") and "Z" != _state(pid) for pid in trainers):
         assert time.monotonic() < deadline, f"trainer {trainers} outlived its tuneq up"
         time.sleep(0.2)
