@@ -229,7 +229,11 @@ mod tests {
         let lora = LoraSpec::default();
         let one = memory_bytes(&shape, &ask(&lora, 512, 1));
         let eight = memory_bytes(&shape, &ask(&lora, 512, 8));
-        assert!(eight > one * 4, "{one} {eight}");
+        // Past the program's own share, the batch's activations dominate.
+        assert!(
+            eight - RUNTIME_BYTES > (one - RUNTIME_BYTES) * 4,
+            "{one} {eight}"
+        );
         assert!(check_memory(&shape, &ask(&lora, 512, 8), eight).is_ok());
         let e = check_memory(&shape, &ask(&lora, 512, 8), eight - 1).unwrap_err();
         assert!(e.detail.message.contains("MiB"), "{}", e.detail.message);
