@@ -22,7 +22,8 @@ const TENANTS: (&str, &str) = ("tenant", "tenants");
 #[derive(Debug, Serialize, Deserialize)]
 struct KeyRecord {
     tenant: String,
-    /// Its public id (keys made before ids existed get one when next used).
+    /// Its public id (a key made before ids existed gets one the next time it is used
+    /// or registered).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     id: Option<String>,
 }
@@ -380,12 +381,18 @@ impl FromRequest for Tenant {
         let client = req.peer_addr().map(|a| a.ip());
         Box::pin(async move {
             let state = state.ok_or_else(|| ApiError::internal("no application state"))?;
-            let hash = key_hash(&key?);
+            let key = key?;
+            let hash = key_hash(&key);
             if let Some(tenant) = key_cache::get(&hash) {
                 return Ok(Tenant(tenant));
             }
             match read_key(&state, &hash).await? {
                 Some(record) => {
+                    if record.id.is_none()
+                        && let Err(e) = backfill_index(&state, &hash, &key_prefix(&key)).await
+                    {
+                        tracing::warn!(error = %e, "cannot give an older API key its id");
+                    }
                     key_cache::put(&hash, &record.tenant);
                     Ok(Tenant(record.tenant))
                 }

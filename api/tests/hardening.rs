@@ -604,3 +604,62 @@ async fn a_tenants_storage_quota_is_answered_429_and_stores_nothing() {
     // Another tenant has no such quota.
     upload(&s, &s.other, &examples(2)).await;
 }
+
+#[tokio::test]
+async fn a_key_made_before_key_ids_gets_one_when_used_and_can_then_be_revoked() {
+    use tuneq_queue::Catalog;
+    let s = start(|_| {}).await;
+    let http = reqwest::Client::new();
+    // A key as the catalog held it before keys had ids: only its tenant.
+    let old_key = "tq_an_old_key_from_before_key_ids_0001";
+    s.state
+        .queue
+        .create_entry(
+            "apikey",
+            "keys",
+            &tuneq_api::auth::key_hash(old_key),
+            r#"{"tenant":"acme"}"#,
+        )
+        .await
+        .unwrap();
+    let used = http
+        .get(format!("{}/v1/models", s.url))
+        .bearer_auth(old_key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(used.status(), StatusCode::OK);
+    let listed: Value = http
+        .get(format!("{}/admin/tenants/acme/keys", s.url))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let keys = listed["data"].as_array().unwrap();
+    assert_eq!(keys.len(), 2, "{listed}");
+    let old = keys
+        .iter()
+        .find(|k| old_key.starts_with(k["prefix"].as_str().unwrap().trim_end_matches('…')))
+        .unwrap();
+    let revoked = http
+        .delete(format!(
+            "{}/admin/tenants/acme/keys/{}",
+            s.url,
+            old["id"].as_str().unwrap()
+        ))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(revoked.status(), StatusCode::OK);
+    let after = http
+        .get(format!("{}/v1/models", s.url))
+        .bearer_auth(old_key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(after.status(), StatusCode::UNAUTHORIZED);
+}
