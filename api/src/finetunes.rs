@@ -470,7 +470,7 @@ async fn plan(
     if let Err(problems) = spec.validate() {
         return Err(spec_problems(&problems));
     }
-    check_fit(state, &base, &spec, &training)?;
+    crate::fit::check_job(state, &base, &spec, &training)?;
     let record = FineTuneRecord {
         id: id.to_string(),
         tenant: tenant.0.clone(),
@@ -520,52 +520,6 @@ fn spec_problems(problems: &[tuneq_openapi::SpecError]) -> ApiError {
             .collect::<Vec<_>>()
             .join("; "),
     )
-}
-
-/// Refuses what the base model cannot give the job (context, projection width, memory)
-/// and a training file with nothing to learn at the job's sequence length. Only models
-/// with local files are checked here; the trainer checks the others.
-fn check_fit(
-    state: &AppState,
-    base: &models::BaseModel,
-    spec: &TrainSpec,
-    training: &tuneq_openapi::FileObject,
-) -> ApiResult<()> {
-    let h = &spec.hyperparameters;
-    // The upload's statistics were counted at their own length, with some model's
-    // tokenizer: they prove "nothing to learn" only for this model at a length no longer.
-    if let Some(stats) = &training.validation.tokens
-        && stats.model == base.id
-        && stats.trained_tokens == 0
-        && h.max_seq_len <= stats.max_seq_len
-    {
-        return Err(ApiError::invalid(
-            "training_file",
-            "no_trainable_tokens",
-            format!(
-                "No example of {} has a token to learn from at max_seq_len {} (every answer is cut off or empty); raise max_seq_len or fix the data.",
-                training.id, h.max_seq_len
-            ),
-        ));
-    }
-    let Ok(tuneq_storage::Location::Local(dir)) = tuneq_storage::Location::parse(&base.location)
-    else {
-        return Ok(());
-    };
-    let Some(shape) = crate::fit::ModelShape::read(&dir) else {
-        return Ok(());
-    };
-    let ask = crate::fit::Ask {
-        lora: &spec.lora,
-        max_seq_len: u64::from(h.max_seq_len),
-        batch_size: u64::from(h.batch_size),
-        dtype: spec.dtype,
-    };
-    crate::fit::check(&shape, &base.id, &ask)?;
-    if let Some(limit) = state.config.attempt_memory_bytes {
-        crate::fit::check_memory(&shape, &ask, limit)?;
-    }
-    Ok(())
 }
 
 fn request_hash(body: &FineTuneCreate) -> String {
@@ -1455,43 +1409,32 @@ pub(crate) async fn adapter(
     tenant: Tenant,
     id: web::Path<String>,
 ) -> ApiResult<HttpResponse> {
-    use futures::{StreamExt, TryStreamExt};
+    use futures::TryStreamExt;
     let (record, output) = adapter_prefix(&state, &tenant, &id).await?;
-    // Each file streams from the store between its header and its padding: the archive
-    // is never held whole (a large adapter is gigabytes).
-    type Chunks = futures::stream::BoxStream<'static, Result<bytes::Bytes, actix_web::Error>>;
-    let mut parts: Vec<Chunks> = Vec::new();
-    let mut sizes = Vec::new();
+    let mut entries = Vec::new();
     for name in ADAPTER_FILES {
         let key = output
             .join(name)
             .map_err(|e| ApiError::internal(e.to_string()))?;
         let object = state.store.get(&key, None).await?;
-        let size = object.meta.size;
-        let header = crate::tar::header(name, size).map_err(ApiError::internal)?;
-        let padding = bytes::Bytes::from(vec![0u8; crate::tar::padding(size)]);
-        let body = object.body.map_err(|e| {
-            tracing::warn!(error = %e, "adapter download broke off");
-            actix_web::error::ErrorInternalServerError("download broke off")
+        entries.push(crate::tar::Entry {
+            name: name.to_string(),
+            size: object.meta.size,
+            body: object.body.map_err(|e| {
+                tracing::warn!(error = %e, "adapter download broke off");
+                actix_web::error::ErrorInternalServerError("download broke off")
+            }),
         });
-        parts.push(Box::pin(
-            futures::stream::once(async move { Ok(bytes::Bytes::copy_from_slice(&header)) })
-                .chain(body)
-                .chain(futures::stream::once(async move { Ok(padding) })),
-        ));
-        sizes.push(size);
     }
-    parts.push(Box::pin(futures::stream::once(async {
-        Ok(bytes::Bytes::from(vec![0u8; crate::tar::TRAILER]))
-    })));
+    let (size, archive) = crate::tar::stream(entries).map_err(ApiError::internal)?;
     Ok(HttpResponse::Ok()
         .content_type("application/x-tar")
-        .no_chunking(crate::tar::archive_size(&sizes))
+        .no_chunking(size)
         .insert_header((
             actix_web::http::header::CONTENT_DISPOSITION,
             format!("attachment; filename=\"{}-adapter.tar\"", record.id),
         ))
-        .streaming(futures::stream::iter(parts).flatten()))
+        .streaming(archive))
 }
 
 /// Where a succeeded job's adapter is stored; a job that has not succeeded is refused.

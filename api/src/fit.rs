@@ -4,8 +4,9 @@
 //! projections' width, and a rough memory estimate against what an attempt may use.
 
 use crate::error::{ApiError, ApiResult};
+use crate::state::AppState;
 use serde::Deserialize;
-use tuneq_openapi::{DtypeKind, LoraSpec};
+use tuneq_openapi::{DtypeKind, FileObject, LoraSpec, TrainSpec};
 
 /// The shape of a Llama-family model, from its `config.json`.
 #[derive(Debug, Clone, Deserialize)]
@@ -170,6 +171,52 @@ pub fn check_memory(shape: &ModelShape, ask: &Ask<'_>, limit: u64) -> ApiResult<
                 limit >> 20
             ),
         ));
+    }
+    Ok(())
+}
+
+/// Refuses what the base model cannot give the job (context, projection width, memory)
+/// and a training file with nothing to learn at the job's sequence length. Only models
+/// with local files are checked here; the trainer checks the others.
+pub(crate) fn check_job(
+    state: &AppState,
+    base: &crate::models::BaseModel,
+    spec: &TrainSpec,
+    training: &FileObject,
+) -> ApiResult<()> {
+    let h = &spec.hyperparameters;
+    // The upload's statistics were counted at their own length, with some model's
+    // tokenizer: they prove "nothing to learn" only for this model at a length no longer.
+    if let Some(stats) = &training.validation.tokens
+        && stats.model == base.id
+        && stats.trained_tokens == 0
+        && h.max_seq_len <= stats.max_seq_len
+    {
+        return Err(ApiError::invalid(
+            "training_file",
+            "no_trainable_tokens",
+            format!(
+                "No example of {} has a token to learn from at max_seq_len {} (every answer is cut off or empty); raise max_seq_len or fix the data.",
+                training.id, h.max_seq_len
+            ),
+        ));
+    }
+    let Ok(tuneq_storage::Location::Local(dir)) = tuneq_storage::Location::parse(&base.location)
+    else {
+        return Ok(());
+    };
+    let Some(shape) = ModelShape::read(&dir) else {
+        return Ok(());
+    };
+    let ask = Ask {
+        lora: &spec.lora,
+        max_seq_len: u64::from(h.max_seq_len),
+        batch_size: u64::from(h.batch_size),
+        dtype: spec.dtype,
+    };
+    check(&shape, &base.id, &ask)?;
+    if let Some(limit) = state.config.attempt_memory_bytes {
+        check_memory(&shape, &ask, limit)?;
     }
     Ok(())
 }

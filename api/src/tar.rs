@@ -1,6 +1,6 @@
 //! A minimal tar (ustar) writer for adapter downloads: regular files only. The headers
 //! and padding are made here; the files' bytes stream from the store between them, so
-//! an archive of any size is sent in the memory of one chunk.
+//! an archive of any size is sent in the memory of one chunk ([`stream`]).
 
 /// A tar block.
 pub const BLOCK: usize = 512;
@@ -50,29 +50,80 @@ pub fn archive_size(sizes: &[u64]) -> u64 {
         + TRAILER as u64
 }
 
+/// A file to archive: its name, its size, and its bytes as they stream in.
+pub struct Entry<S> {
+    /// Its name in the archive (1 to 100 bytes).
+    pub name: String,
+    /// Its size: exactly what `body` yields.
+    pub size: u64,
+    /// Its bytes.
+    pub body: S,
+}
+
+/// The archive of `entries` as a stream, and its exact size: each file's bytes flow
+/// from its own stream between its header and its padding, so the archive is never
+/// held whole.
+pub fn stream<S, E>(
+    entries: Vec<Entry<S>>,
+) -> Result<(u64, impl futures::Stream<Item = Result<bytes::Bytes, E>>), String>
+where
+    S: futures::Stream<Item = Result<bytes::Bytes, E>> + Unpin + 'static,
+    E: 'static,
+{
+    use futures::StreamExt;
+    let mut parts = Vec::new();
+    let mut sizes = Vec::new();
+    for entry in entries {
+        let header = header(&entry.name, entry.size)?;
+        let padding = bytes::Bytes::from(vec![0u8; padding(entry.size)]);
+        sizes.push(entry.size);
+        parts.push(
+            futures::stream::once(async move { Ok(bytes::Bytes::copy_from_slice(&header)) })
+                .chain(entry.body)
+                .chain(futures::stream::once(async move { Ok(padding) }))
+                .boxed_local(),
+        );
+    }
+    parts.push(
+        futures::stream::once(async { Ok(bytes::Bytes::from(vec![0u8; TRAILER])) }).boxed_local(),
+    );
+    Ok((archive_size(&sizes), futures::stream::iter(parts).flatten()))
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
-    /// An archive in memory, as the streamed download lays it out.
-    fn archive(files: &[(&str, &[u8])]) -> Vec<u8> {
-        let mut out = Vec::new();
-        for (name, data) in files {
-            out.extend_from_slice(&header(name, data.len() as u64).unwrap());
-            out.extend_from_slice(data);
-            out.extend(std::iter::repeat_n(0u8, padding(data.len() as u64)));
-        }
-        out.extend(std::iter::repeat_n(0u8, TRAILER));
-        out
+    /// The archive [`stream`] makes of `files`, collected.
+    fn archive(files: &[(&str, &[u8])]) -> (u64, Vec<u8>) {
+        use futures::StreamExt;
+        let entries = files
+            .iter()
+            .map(|(name, data)| Entry {
+                name: name.to_string(),
+                size: data.len() as u64,
+                // Each file arrives in several chunks, as from a store.
+                body: futures::stream::iter(
+                    data.chunks(300)
+                        .map(|c| Ok::<_, ()>(bytes::Bytes::copy_from_slice(c)))
+                        .collect::<Vec<_>>(),
+                ),
+            })
+            .collect();
+        let (size, body) = stream(entries).unwrap();
+        let chunks: Vec<Result<bytes::Bytes, ()>> =
+            futures::executor::block_on(body.collect::<Vec<_>>());
+        (size, chunks.into_iter().flat_map(|c| c.unwrap()).collect())
     }
 
     #[test]
     fn the_system_tar_reads_what_is_written() {
         let big = vec![7u8; 1000];
         let files: [(&str, &[u8]); 2] = [("a.json", b"{\"x\":1}"), ("b.bin", &big)];
-        let archive = archive(&files);
-        assert_eq!(archive.len() as u64, archive_size(&[7, 1000]));
+        let (size, archive) = archive(&files);
+        assert_eq!(archive.len() as u64, size);
+        assert_eq!(size, archive_size(&[7, 1000]));
         assert_eq!(archive.len() % BLOCK, 0);
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.tar");
