@@ -462,6 +462,27 @@ fn private_options() -> OpenOptions {
     options
 }
 
+/// Opens the file at `path` for reading and writing (creating it, 0600, when `create`),
+/// locks it, makes it private and reads it whole: how both opening and repairing start.
+fn open_locked(path: &Path, create: bool) -> Result<(File, Vec<u8>), LogError> {
+    let io = |source| LogError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut file = private_options()
+        .read(true)
+        .write(true)
+        .create(create)
+        .truncate(false)
+        .open(path)
+        .map_err(io)?;
+    lock(&file, path)?;
+    make_private(&file, path).map_err(io)?;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes).map_err(io)?;
+    Ok((file, bytes))
+}
+
 fn unix_time() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -584,17 +605,7 @@ impl Log {
             path: path.to_path_buf(),
             source,
         };
-        let mut file = private_options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .map_err(io)?;
-        lock(&file, path)?;
-        make_private(&file, path).map_err(io)?;
-        let mut bytes = Vec::new();
-        file.read_to_end(&mut bytes).map_err(io)?;
+        let (mut file, bytes) = open_locked(path, true)?;
         let Some(format) = format_of(&bytes, path)? else {
             // New, or cut inside its header while being created: start it afresh.
             let salt: [u8; 8] = rand::random();
@@ -761,15 +772,7 @@ pub fn repair(path: &Path) -> Result<RepairReport, LogError> {
         path: path.to_path_buf(),
         source,
     };
-    let mut file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .map_err(io)?;
-    lock(&file, path)?;
-    make_private(&file, path).map_err(io)?;
-    let mut bytes = Vec::new();
-    file.read_to_end(&mut bytes).map_err(io)?;
+    let (file, bytes) = open_locked(path, false)?;
     let nothing = |kept| RepairReport {
         path: path.to_path_buf(),
         original_copy: None,
