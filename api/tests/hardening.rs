@@ -247,22 +247,22 @@ async fn a_wrong_admin_key_is_401_and_failed_keys_are_slowed_down() {
     // Thirty failures are answered at once; the ones after wait.
     let started = Instant::now();
     for i in 0..30 {
-        let response = http
-            .get(format!("{}/v1/models", s.url))
-            .bearer_auth(format!("tq_wrong_key_number_{i:04}"))
-            .send()
-            .await
-            .unwrap();
+        let response = get(
+            &http,
+            format!("{}/v1/models", s.url),
+            format!("tq_wrong_key_number_{i:04}"),
+        )
+        .await;
         assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
     }
     assert!(started.elapsed() < Duration::from_secs(5));
     let slow = Instant::now();
-    let response = http
-        .get(format!("{}/v1/models", s.url))
-        .bearer_auth("tq_wrong_key_number_9999")
-        .send()
-        .await
-        .unwrap();
+    let response = get(
+        &http,
+        format!("{}/v1/models", s.url),
+        "tq_wrong_key_number_9999",
+    )
+    .await;
     assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
     assert!(
         slow.elapsed() >= Duration::from_millis(900),
@@ -286,12 +286,7 @@ async fn a_wrong_admin_key_is_401_and_failed_keys_are_slowed_down() {
     );
     // A key that works is never slowed.
     let fast = Instant::now();
-    let response = http
-        .get(format!("{}/v1/models", s.url))
-        .bearer_auth(&s.acme)
-        .send()
-        .await
-        .unwrap();
+    let response = get(&http, format!("{}/v1/models", s.url), &s.acme).await;
     assert_eq!(response.status(), StatusCode::OK);
     assert!(fast.elapsed() < Duration::from_millis(500));
 }
@@ -302,12 +297,7 @@ async fn keys_are_listed_by_id_and_a_revoked_key_stops_at_once() {
     let http = reqwest::Client::new();
     let admin = |r: reqwest::RequestBuilder| r.bearer_auth(ADMIN_KEY);
     // The key works (and is now in the process's cache).
-    let ok = http
-        .get(format!("{}/v1/models", s.url))
-        .bearer_auth(&s.acme)
-        .send()
-        .await
-        .unwrap();
+    let ok = get(&http, format!("{}/v1/models", s.url), &s.acme).await;
     assert_eq!(ok.status(), StatusCode::OK);
     let listed: Value = admin(http.get(format!("{}/admin/tenants/acme/keys", s.url)))
         .send()
@@ -336,20 +326,10 @@ async fn keys_are_listed_by_id_and_a_revoked_key_stops_at_once() {
         .await
         .unwrap();
     assert_eq!(revoked.status(), StatusCode::OK);
-    let after = http
-        .get(format!("{}/v1/models", s.url))
-        .bearer_auth(&s.acme)
-        .send()
-        .await
-        .unwrap();
+    let after = get(&http, format!("{}/v1/models", s.url), &s.acme).await;
     assert_eq!(after.status(), StatusCode::UNAUTHORIZED);
     // The other tenant's key is untouched.
-    let other = http
-        .get(format!("{}/v1/models", s.url))
-        .bearer_auth(&s.other)
-        .send()
-        .await
-        .unwrap();
+    let other = get(&http, format!("{}/v1/models", s.url), &s.other).await;
     assert_eq!(other.status(), StatusCode::OK);
 }
 
@@ -400,6 +380,15 @@ async fn tenant_names_and_metadata_refuse_controls_and_bidi_overrides() {
             .unwrap();
         assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{metadata}");
     }
+}
+
+/// `GET url` with `key`.
+async fn get(
+    http: &reqwest::Client,
+    url: String,
+    key: impl std::fmt::Display,
+) -> reqwest::Response {
+    http.get(url).bearer_auth(key).send().await.unwrap()
 }
 
 /// Creates a job with `extra` merged into a valid request; the answer's status and body.
@@ -495,12 +484,7 @@ async fn a_deleted_file_goes_from_the_catalog_first_and_missing_content_is_410()
         .path()
         .join(format!("objects/tenants/acme/files/{file}/content.jsonl"));
     std::fs::remove_file(&content).unwrap();
-    let response = http
-        .get(format!("{}/v1/files/{file}/content", s.url))
-        .bearer_auth(&s.acme)
-        .send()
-        .await
-        .unwrap();
+    let response = get(&http, format!("{}/v1/files/{file}/content", s.url), &s.acme).await;
     assert_eq!(response.status(), StatusCode::GONE);
     let body = response.text().await.unwrap();
     assert!(!body.contains("objects/"), "a server path leaked: {body}");
@@ -512,12 +496,7 @@ async fn a_deleted_file_goes_from_the_catalog_first_and_missing_content_is_410()
         .await
         .unwrap();
     assert_eq!(deleted.status(), StatusCode::OK);
-    let gone = http
-        .get(format!("{}/v1/files/{file}", s.url))
-        .bearer_auth(&s.acme)
-        .send()
-        .await
-        .unwrap();
+    let gone = get(&http, format!("{}/v1/files/{file}", s.url), &s.acme).await;
     assert_eq!(gone.status(), StatusCode::NOT_FOUND);
 }
 
@@ -544,12 +523,7 @@ async fn a_file_an_unfinished_job_trains_on_cannot_be_deleted() {
             .contains(job["id"].as_str().unwrap())
     );
     // Still there, content and all.
-    let content = http
-        .get(format!("{}/v1/files/{file}/content", s.url))
-        .bearer_auth(&s.acme)
-        .send()
-        .await
-        .unwrap();
+    let content = get(&http, format!("{}/v1/files/{file}/content", s.url), &s.acme).await;
     assert_eq!(content.status(), StatusCode::OK);
 }
 
@@ -596,12 +570,8 @@ async fn a_tenants_storage_quota_is_answered_429_and_stores_nothing() {
         .await
         .unwrap();
     assert_eq!(over.status(), StatusCode::TOO_MANY_REQUESTS);
-    let files: Value = http
-        .get(format!("{}/v1/files", s.url))
-        .bearer_auth(&s.acme)
-        .send()
+    let files: Value = get(&http, format!("{}/v1/files", s.url), &s.acme)
         .await
-        .unwrap()
         .json()
         .await
         .unwrap();
@@ -627,22 +597,17 @@ async fn a_key_made_before_key_ids_gets_one_when_used_and_can_then_be_revoked() 
         )
         .await
         .unwrap();
-    let used = http
-        .get(format!("{}/v1/models", s.url))
-        .bearer_auth(old_key)
-        .send()
-        .await
-        .unwrap();
+    let used = get(&http, format!("{}/v1/models", s.url), old_key).await;
     assert_eq!(used.status(), StatusCode::OK);
-    let listed: Value = http
-        .get(format!("{}/admin/tenants/acme/keys", s.url))
-        .bearer_auth(ADMIN_KEY)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let listed: Value = get(
+        &http,
+        format!("{}/admin/tenants/acme/keys", s.url),
+        ADMIN_KEY,
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
     let keys = listed["data"].as_array().unwrap();
     assert_eq!(keys.len(), 2, "{listed}");
     let old = keys
@@ -660,11 +625,6 @@ async fn a_key_made_before_key_ids_gets_one_when_used_and_can_then_be_revoked() 
         .await
         .unwrap();
     assert_eq!(revoked.status(), StatusCode::OK);
-    let after = http
-        .get(format!("{}/v1/models", s.url))
-        .bearer_auth(old_key)
-        .send()
-        .await
-        .unwrap();
+    let after = get(&http, format!("{}/v1/models", s.url), old_key).await;
     assert_eq!(after.status(), StatusCode::UNAUTHORIZED);
 }
