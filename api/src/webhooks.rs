@@ -241,15 +241,7 @@ pub(crate) async fn tenant_secrets(state: &AppState, tenant: &str) -> ApiResult<
     {
         let (secrets, sealed) = parse(&entry.body)?;
         if !sealed {
-            state
-                .queue
-                .update_entry(
-                    SECRET_KIND,
-                    tenant,
-                    SECRET_ID,
-                    &seal(state, tenant, &secrets)?,
-                )
-                .await?;
+            replace(state, tenant, &secrets).await?;
             tracing::info!(tenant, "webhook secret sealed at rest");
         }
         return Ok(secrets);
@@ -283,6 +275,20 @@ fn seal(state: &AppState, tenant: &str, secrets: &Secrets) -> ApiResult<String> 
     Ok(state.config.sealing_key.seal(tenant, &plain))
 }
 
+/// Writes `secrets` over the tenant's record, sealed.
+async fn replace(state: &AppState, tenant: &str, secrets: &Secrets) -> ApiResult<()> {
+    state
+        .queue
+        .update_entry(
+            SECRET_KIND,
+            tenant,
+            SECRET_ID,
+            &seal(state, tenant, secrets)?,
+        )
+        .await?;
+    Ok(())
+}
+
 /// Replaces the tenant's current secret; the replaced one signs for another day.
 async fn rotate(state: &AppState, tenant: &str) -> ApiResult<Secrets> {
     let old = tenant_secrets(state, tenant).await?;
@@ -291,15 +297,7 @@ async fn rotate(state: &AppState, tenant: &str) -> ApiResult<Secrets> {
         previous: Some(old.current),
         previous_until: Some(crate::files::now_seconds() + ROTATION_OVERLAP_S),
     };
-    state
-        .queue
-        .update_entry(
-            SECRET_KIND,
-            tenant,
-            SECRET_ID,
-            &seal(state, tenant, &rotated)?,
-        )
-        .await?;
+    replace(state, tenant, &rotated).await?;
     tracing::info!(tenant, "webhook secret rotated");
     Ok(rotated)
 }
