@@ -1,0 +1,18 @@
+//! Node pools: where attempts run, and how a job is matched to them.
+//!
+//! Layout:
+//! - [`file`]: the pools file (TOML) that `tuneq api`, `tuneq dispatcher` and `tuneq up`
+//!   read, checked field by field.
+//! - [`quantity`]: CPU and memory written as Kubernetes writes them.
+//! - [`memory`]: the memory an attempt needs, from the model's shape and the job.
+//! - [`placement`]: which pools a job may use, in which order, at what cost; when an
+//!   attempt moves on to the next pool.
+
+pub mod file;
+pub mod memory;
+pub mod placement;
+pub mod quantity;
+
+pub use file::{Hardware, KubernetesPool, Pool, PoolsError, PoolsFile, RuntimeKind};
+pub use memory::{Ask, ModelShape, memory_bytes};
+pub use placement::{Candidate, Estimate, Needs, Refusal, Setback, choose, plan, usable};
