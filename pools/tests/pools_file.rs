@@ -126,10 +126,7 @@ fn mistakes_are_refused_with_the_file_and_the_field() {
         assert!(message.starts_with("pools.toml: "), "{message}");
         assert!(message.contains(expected), "{expected}: {message}");
     }
-    let twice = format!(
-        "{GOOD}{}",
-        GOOD.replace("[pool.kubernetes]", "[pool.kubernetes]")
-    );
+    let twice = format!("{GOOD}{GOOD}");
     assert!(refused(&twice).contains("defined twice"));
     assert!(refused("").contains("defines no pool"));
     let missing = PoolsFile::load(Path::new("/nonexistent/pools.toml")).unwrap_err();
