@@ -6,11 +6,13 @@
 //!
 //! Layout:
 //! - [`files`], [`finetunes`]: the REST API's objects (OpenAI's shapes plus tuneq's fields).
+//! - [`launch`]: how a dispatcher starts a trainer and reads its exit (the launch contract).
 //! - [`progress`]: events a trainer reports ([`TrainEvent`], [`StepMetrics`]).
 //! - [`train_spec`]: the complete description of one training run ([`TrainSpec`]) and its parts.
 
 pub mod files;
 pub mod finetunes;
+pub mod launch;
 pub mod progress;
 pub mod train_spec;
 
