@@ -1,9 +1,9 @@
 //! End-to-end tests of `tuneq train` and friends, run as a real process.
 //!
 //! They use the tiny preset written by `tuneq model init` and the synthetic task in
-//! `examples/data/`, and check what a user relies on: bad input exits 2 and names every
-//! bad line; a run killed with SIGKILL at any point and restarted ends with a
-//! byte-identical adapter; SIGTERM writes a checkpoint and exits 0; the model learns.
+//! `examples/data/`, and check what a user relies on: bad input exits 42 (the launch contract's code) and names
+//! every bad line; a run killed with SIGKILL at any point and restarted ends with a
+//! byte-identical adapter; SIGTERM writes a checkpoint and exits 75 (interrupted, never 0); the model learns.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -57,7 +57,7 @@ fn a_run_killed_at_any_point_resumes_to_a_byte_identical_adapter() {
 }
 
 #[test]
-fn sigterm_writes_a_checkpoint_and_exits_zero() {
+fn sigterm_writes_a_checkpoint_and_exits_interrupted() {
     let dir = tempfile::tempdir().expect("tempdir");
     let train = small_train_file(dir.path(), 40);
     let out = dir.path().join("out");
@@ -89,7 +89,11 @@ fn sigterm_writes_a_checkpoint_and_exits_zero() {
     }
     let rest: Vec<String> = lines.map_while(Result::ok).collect();
     let status = child.wait().expect("wait");
-    assert!(status.success(), "SIGTERM must exit 0, got {status:?}");
+    assert_eq!(
+        status.code(),
+        Some(tuneq_openapi::launch::EXIT_INTERRUPTED),
+        "SIGTERM must exit 75 (interrupted), never 0, got {status:?}"
+    );
     assert!(
         rest.iter().any(|l| l.contains("\"event\":\"interrupted\"")),
         "no interrupted event: {rest:?}"
@@ -156,7 +160,7 @@ fn copy_dir(from: &Path, to: &Path) {
 }
 
 #[test]
-fn bad_dataset_lines_are_all_listed_with_exit_code_2() {
+fn bad_dataset_lines_are_all_listed_with_the_bad_input_exit_code() {
     let dir = tempfile::tempdir().expect("tempdir");
     let bad = dir.path().join("bad.jsonl");
     std::fs::write(
@@ -182,7 +186,7 @@ fn bad_dataset_lines_are_all_listed_with_exit_code_2() {
     ]);
     assert_eq!(
         out.status.code(),
-        Some(2),
+        Some(tuneq_openapi::launch::EXIT_BAD_INPUT),
         "stderr: {}",
         String::from_utf8_lossy(&out.stderr)
     );
@@ -211,7 +215,7 @@ fn bad_dataset_lines_are_all_listed_with_exit_code_2() {
 }
 
 #[test]
-fn bad_specs_and_missing_models_exit_2_naming_the_problem() {
+fn bad_specs_and_missing_models_exit_as_bad_input_naming_the_problem() {
     let dir = tempfile::tempdir().expect("tempdir");
     let train = small_train_file(dir.path(), 4);
     let spec = dir.path().join("spec.json");
@@ -221,7 +225,10 @@ fn bad_specs_and_missing_models_exit_2_naming_the_problem() {
     )
     .expect("write");
     let out = tuneq(&["train", "--spec", spec.to_str().expect("utf8")]);
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        out.status.code(),
+        Some(tuneq_openapi::launch::EXIT_BAD_INPUT)
+    );
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("rank"),
         "{}",
@@ -237,7 +244,10 @@ fn bad_specs_and_missing_models_exit_2_naming_the_problem() {
         "--output",
         dir.path().join("o").to_str().expect("utf8"),
     ]);
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        out.status.code(),
+        Some(tuneq_openapi::launch::EXIT_BAD_INPUT)
+    );
     assert!(String::from_utf8_lossy(&out.stderr).contains("config.json"));
 
     let out = tuneq(&[
@@ -253,7 +263,10 @@ fn bad_specs_and_missing_models_exit_2_naming_the_problem() {
         "--targets",
         "q_proj,qkv",
     ]);
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        out.status.code(),
+        Some(tuneq_openapi::launch::EXIT_BAD_INPUT)
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("lora.r") && stderr.contains("qkv"),
@@ -380,7 +393,7 @@ fn flags_override_the_spec_file() {
 }
 
 #[test]
-fn unavailable_devices_and_dtypes_exit_2() {
+fn unavailable_devices_and_dtypes_exit_as_bad_input() {
     if cfg!(feature = "cuda") {
         return; // a CUDA build may well have the device
     }
@@ -403,7 +416,11 @@ fn unavailable_devices_and_dtypes_exit_2() {
         let mut args = base.to_vec();
         args.extend([flag, value]);
         let out = tuneq(&args);
-        assert_eq!(out.status.code(), Some(2), "{flag} {value}");
+        assert_eq!(
+            out.status.code(),
+            Some(tuneq_openapi::launch::EXIT_BAD_INPUT),
+            "{flag} {value}"
+        );
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains(needle), "{flag} {value}: {stderr}");
     }
@@ -430,7 +447,10 @@ fn storage_config_files_are_checked_field_by_field() {
         "--storage-config",
         config.to_str().expect("utf8"),
     ]);
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        out.status.code(),
+        Some(tuneq_openapi::launch::EXIT_BAD_INPUT)
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("tuneq.toml") && stderr.contains("endpiont"),
@@ -462,7 +482,11 @@ fn a_trainer_past_its_memory_limit_stops_as_bad_input_with_the_figures() {
         .env("TUNEQ_MEMORY_LIMIT_BYTES", (32u64 << 20).to_string())
         .output()
         .expect("run tuneq");
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert_eq!(
+        out.status.code(),
+        Some(tuneq_openapi::launch::EXIT_BAD_INPUT),
+        "{out:?}"
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("over its limit of 32 MiB"), "{stderr}");
     // A limit it stays under changes nothing.

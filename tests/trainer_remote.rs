@@ -163,7 +163,7 @@ fn trains_from_and_to_gcs_and_resumes_on_a_fresh_machine() {
 }
 
 #[test]
-fn a_missing_remote_dataset_exits_2_naming_the_field() {
+fn a_missing_remote_dataset_exits_as_bad_input_naming_the_field() {
     let server = testing::moto();
     let dir = tempfile::tempdir().unwrap();
     let out = std::process::Command::new(BIN)
@@ -184,7 +184,7 @@ fn a_missing_remote_dataset_exits_2_naming_the_field() {
         .unwrap();
     assert_eq!(
         out.status.code(),
-        Some(2),
+        Some(tuneq_openapi::launch::EXIT_BAD_INPUT),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );

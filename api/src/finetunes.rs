@@ -25,7 +25,7 @@ use tuneq_openapi::ErrorBody;
 use tuneq_openapi::{
     AdapterFileUrl, AdapterInfo, AdapterUrls, AutoOrInt, AutoOrNumber, CheckpointMetrics,
     CheckpointPolicy, FineTuneCheckpoint, FineTuneCheckpointList, FineTuneCreate, FineTuneEvent,
-    FineTuneEventList, FineTuneJob, FineTuneList, HyperparametersRequest, JobError,
+    FineTuneEventList, FineTuneJob, FineTuneList, HyperparametersRequest, JobError, JobEstimate,
     JobHyperparameters, JobPayload, LoraSpec, Method, Model, Progress, QueueStanding, SamplingSpec,
     SupervisedSettings, TrainSpec, WebhookEvent, WebhookEventData, WebhookStatus,
 };
@@ -69,6 +69,12 @@ pub(crate) struct FineTuneRecord {
     /// How sending it went so far.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     webhook: Option<WebhookProgress>,
+    /// The most it may cost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max_cost: Option<f64>,
+    /// What it was expected to take, at create.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    estimate: Option<JobEstimate>,
 }
 
 /// A webhook's delivery, as the record keeps it.
@@ -347,33 +353,23 @@ async fn plan(
         None => None,
     };
     let hardware = body.hardware.clone().unwrap_or_else(|| "any".into());
-    let pools: Vec<String> = state
-        .config
-        .pools
-        .iter()
-        .filter(|p| hardware == "any" || p.hardware == hardware)
-        .map(|p| p.name.clone())
-        .collect();
-    if pools.is_empty() {
-        let offered: Vec<&str> = state
-            .config
-            .pools
-            .iter()
-            .map(|p| p.hardware.as_str())
-            .collect();
+    if let Some(max_cost) = body.max_cost
+        && !(max_cost.is_finite() && max_cost > 0.0)
+    {
         return Err(ApiError::invalid(
-            "hardware",
-            "no_pool_fits",
-            format!(
-                "No node pool offers hardware `{hardware}`; this service has: {}.",
-                if offered.is_empty() {
-                    "none".to_string()
-                } else {
-                    offered.join(", ")
-                }
-            ),
+            "max_cost",
+            "invalid_value",
+            format!("max_cost must be a number above 0, not {max_cost}."),
         ));
     }
+    // The hardware class first: the cheapest refusal, before files are read.
+    place(
+        state,
+        &tuneq_pools::Needs {
+            class: &hardware,
+            ..Default::default()
+        },
+    )?;
     let priority = check_range("priority", body.priority.unwrap_or(5), 0, 9)?;
     if let Some(suffix) = &body.suffix {
         check_suffix(suffix)?;
@@ -470,7 +466,31 @@ async fn plan(
     if let Err(problems) = spec.validate() {
         return Err(spec_problems(&problems));
     }
-    crate::fit::check_job(state, &base, &spec, &training)?;
+    let memory_bytes = crate::fit::check_job(&base, &spec, &training)?;
+    let tokens = Some(tokens_to_process(
+        &training,
+        &base.id,
+        spec.hyperparameters.max_seq_len,
+    ))
+    .map(|per_epoch| per_epoch.saturating_mul(n_epochs));
+    let candidates = place(
+        state,
+        &tuneq_pools::Needs {
+            class: &hardware,
+            memory_bytes,
+            tokens,
+            max_cost: body.max_cost,
+        },
+    )?;
+    let pools: Vec<String> = candidates.iter().map(|c| c.0.clone()).collect();
+    let estimate = candidates.first().and_then(|(pool, e)| {
+        e.map(|e| JobEstimate {
+            pool: pool.clone(),
+            seconds: e.seconds,
+            cost: e.cost,
+            pools: pools.clone(),
+        })
+    });
     let record = FineTuneRecord {
         id: id.to_string(),
         tenant: tenant.0.clone(),
@@ -495,12 +515,44 @@ async fn plan(
         outcome: None,
         webhook_url,
         webhook: None,
+        max_cost: body.max_cost,
+        estimate,
     };
     Ok(Plan {
         record,
         spec,
         pools,
     })
+}
+
+/// The tokens one epoch over `training` puts through the model, for estimates: the
+/// upload's count with this model's tokenizer when it was made at a length no shorter
+/// than the job's (an upper bound then), else about four characters a token, at most
+/// `max_seq_len` per example.
+fn tokens_to_process(training: &tuneq_openapi::FileObject, model: &str, max_seq_len: u32) -> u64 {
+    let v = &training.validation;
+    match &v.tokens {
+        Some(t) if t.model == model && max_seq_len <= t.max_seq_len => t.tokens,
+        _ => (v.characters / 4)
+            .max(v.examples)
+            .min(v.examples.saturating_mul(u64::from(max_seq_len))),
+    }
+}
+
+/// The pools a job may use, best first, with their estimates; or the refusal, naming
+/// the field and the figures.
+fn place(
+    state: &AppState,
+    needs: &tuneq_pools::Needs<'_>,
+) -> ApiResult<Vec<(String, Option<tuneq_pools::Estimate>)>> {
+    tuneq_pools::plan(&state.config.pools, needs, &|_| None)
+        .map(|candidates| {
+            candidates
+                .into_iter()
+                .map(|c| (c.pool.name.clone(), c.estimate))
+                .collect()
+        })
+        .map_err(|refusal| ApiError::invalid(refusal.field(), refusal.code(), refusal.to_string()))
 }
 
 /// The answer to a spec that does not validate: the first problem's field, every
@@ -853,6 +905,7 @@ async fn view(state: &AppState, record: FineTuneRecord) -> ApiResult<FineTuneJob
         queue,
         attempts,
         preemptions,
+        estimate: record.estimate,
         webhook,
     })
 }
@@ -1129,6 +1182,10 @@ fn render_event(record: &FineTuneRecord, event: &tuneq_queue::JobEvent) -> FineT
                 "The attempt stopped ({}); the job resumes from its last checkpoint",
                 redact::paths(&event.message)
             )
+        }
+        "moved" => {
+            level = "warn";
+            format!("Moved on to other node pools: {}", event.message)
         }
         "lease_expired" => {
             level = "warn";

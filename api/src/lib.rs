@@ -39,7 +39,7 @@ mod text;
 pub mod webhooks;
 
 pub use error::{ApiError, ApiResult};
-pub use state::{ApiConfig, AppState, PoolInfo};
+pub use state::{ApiConfig, AppState};
 pub use webhooks::WebhookPolicy;
 
 use actix_web::{App, HttpServer, web};

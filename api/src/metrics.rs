@@ -168,7 +168,7 @@ async fn render(state: &AppState) -> String {
     let _ = writeln!(out, "# TYPE tuneq_pool_capacity gauge");
     let _ = writeln!(out, "# HELP tuneq_pool_used Accelerators held by leases.");
     let _ = writeln!(out, "# TYPE tuneq_pool_used gauge");
-    for pool in &state.config.pools {
+    for pool in &state.config.pools.pools {
         if let Ok(usage) = state.queue.pool_usage(&pool.name).await {
             let name = label(&pool.name);
             let _ = writeln!(

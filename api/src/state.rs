@@ -20,31 +20,20 @@ pub struct ApiConfig {
     pub admin_key_hash: Option<String>,
     /// Where uploads are spooled while they are validated.
     pub spool_dir: PathBuf,
-    /// Node pools jobs can be placed on (a request for hardware none offers is refused).
-    pub pools: Vec<PoolInfo>,
+    /// Node pools jobs can be placed on: a request no pool can ever run (hardware,
+    /// memory, cost) is refused at create.
+    pub pools: std::sync::Arc<tuneq_pools::PoolsFile>,
     /// Checks the credentials trainers report progress with (shared with the dispatcher).
     pub attempt_signer: AttemptSigner,
     /// Which webhook targets are accepted.
     pub webhooks: WebhookPolicy,
     /// Seals the secrets the catalog keeps (webhook signing secrets).
     pub sealing_key: crate::sealed::SealingKey,
-    /// Memory one attempt may use, in bytes: a job whose estimate exceeds it is refused
-    /// at create (None: no check, e.g. when pools differ and none is known).
-    pub attempt_memory_bytes: Option<u64>,
     /// The pace request bodies must keep.
     pub body_pace: crate::guard::BodyPace,
     /// Connections the server holds at once (spread over its workers); more wait in
     /// the listen backlog. Keep it under the process's file limit.
     pub max_connections: usize,
-}
-
-/// A node pool as the API sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PoolInfo {
-    /// Its name in the queue.
-    pub name: String,
-    /// The hardware class it offers (`cpu`, `gpu`, `spot-gpu`, …).
-    pub hardware: String,
 }
 
 impl Default for ApiConfig {
@@ -54,11 +43,13 @@ impl Default for ApiConfig {
             max_json_bytes: 1 << 20,
             admin_key_hash: None,
             spool_dir: std::env::temp_dir(),
-            pools: Vec::new(),
+            pools: std::sync::Arc::new(tuneq_pools::PoolsFile {
+                placement: Default::default(),
+                pools: Vec::new(),
+            }),
             attempt_signer: AttemptSigner::new(rand::random::<[u8; 32]>().to_vec()),
             webhooks: WebhookPolicy::default(),
             sealing_key: crate::sealed::SealingKey::random(),
-            attempt_memory_bytes: None,
             body_pace: crate::guard::BodyPace::default(),
             max_connections: 512,
         }

@@ -9,7 +9,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use tuneq_api::models::{BaseModel, register_base};
-use tuneq_api::{ApiConfig, AppState, PoolInfo, auth};
+use tuneq_api::{ApiConfig, AppState, auth};
 use tuneq_queue::{AttemptSigner, JobQueue, Queue, QueueConfig};
 use tuneq_storage::layout::{Id, job_output};
 use tuneq_storage::{LocalStore, ObjectStore, PutMode};
@@ -45,10 +45,7 @@ async fn start_with_store(store: Option<Arc<dyn ObjectStore>>) -> Server {
         store.unwrap_or_else(|| Arc::new(LocalStore::new(dir.path().join("objects")))),
         ApiConfig {
             spool_dir: dir.path().to_path_buf(),
-            pools: vec![PoolInfo {
-                name: "local".into(),
-                hardware: "cpu".into(),
-            }],
+            pools: Arc::new(tuneq_pools::PoolsFile::local(None)),
             attempt_signer: signer.clone(),
             ..ApiConfig::default()
         },

@@ -460,7 +460,8 @@ async fn settings_that_can_never_train_are_refused_at_create_naming_the_field() 
 
 #[tokio::test]
 async fn a_job_that_needs_more_memory_than_an_attempt_has_is_refused_with_the_numbers() {
-    let s = start(|c| c.attempt_memory_bytes = Some(8 << 20)).await;
+    let s = start(|c| c.pools = std::sync::Arc::new(tuneq_pools::PoolsFile::local(Some(8 << 20))))
+        .await;
     let file = upload(&s, &s.acme, &examples(8)).await;
     let (status, body) = create(
         &s,

@@ -58,6 +58,8 @@ pub struct DispatcherConfig {
     pub heartbeat: Duration,
     /// How long a stopping attempt gets to checkpoint before it is killed.
     pub stop_grace: Duration,
+    /// When a job preempted on this pool moves on to the rest of its pools.
+    pub placement: tuneq_pools::file::PlacementSettings,
 }
 
 impl DispatcherConfig {
@@ -70,9 +72,17 @@ impl DispatcherConfig {
             tick: Duration::from_millis(500),
             heartbeat: Duration::from_secs(5),
             stop_grace: Duration::from_secs(60),
+            placement: Default::default(),
         }
     }
 }
+
+/// The reason given when this service's own shutdown stops an attempt.
+const SHUTDOWN: &str = "the service is shutting down";
+/// The reason given for attempts a restarted dispatcher finds left over.
+const RESTARTED: &str = "the dispatcher restarted";
+/// Preemptions that say nothing about a pool's capacity: placement does not count them.
+const OWN_STOPS: [&str; 2] = [SHUTDOWN, RESTARTED];
 
 /// Why an attempt is being stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -159,11 +169,7 @@ impl Dispatcher {
                 tracing::warn!(job = %entry.job, pid, "killing an attempt left by an earlier run");
                 local::signal(pid, "KILL");
             }
-            match self
-                .queue
-                .preempt(&entry.job, entry.token, "the dispatcher restarted")
-                .await
-            {
+            match self.queue.preempt(&entry.job, entry.token, RESTARTED).await {
                 Ok(()) => {
                     tracing::info!(job = %entry.job, "attempt of an earlier run preempted; the job resumes")
                 }
@@ -254,11 +260,7 @@ impl Dispatcher {
                     Err(e) => Err(e),
                 }
             }
-            (Some(Stopping::Shutdown), _) => {
-                self.queue
-                    .preempt(job, token, "the service is shutting down")
-                    .await
-            }
+            (Some(Stopping::Shutdown), _) => self.queue.preempt(job, token, SHUTDOWN).await,
             (None, Exit::Success) => match self.queue.get(job).await {
                 // The trainer's final report completed the job.
                 Ok(Some(record)) if record.state.is_terminal() || record.epoch != token => Ok(()),
@@ -274,6 +276,16 @@ impl Dispatcher {
                     .map(|_| ()),
                 Err(e) => Err(e),
             },
+            // Stopped from outside (a machine shutting down) after its checkpoint: the
+            // job keeps its place and resumes, no retry spent.
+            (None, Exit::Interrupted) => {
+                self.machine_taken(
+                    job,
+                    token,
+                    "the trainer was stopped from outside (SIGTERM) after a checkpoint",
+                )
+                .await
+            }
             (None, Exit::BadInput(why)) => self
                 .queue
                 .fail(job, token, &format!("invalid input: {why}"), false)
@@ -288,6 +300,60 @@ impl Dispatcher {
             }
             Err(e) => tracing::warn!(job, token, error = %e, "cannot report an attempt's end"),
         }
+    }
+
+    /// Requeues a job whose machine was taken away, in its place and with no retry spent;
+    /// after `preemptions_before_fallback` such preemptions on this pool within the
+    /// window, the job may from now on run only on the rest of its pools, and its events
+    /// say why.
+    async fn machine_taken(&self, job: &str, token: u64, reason: &str) -> Result<(), QueueError> {
+        let pool = &self.config.pool;
+        let Some(record) = self.queue.get(job).await? else {
+            return Err(QueueError::NotFound(job.to_string()));
+        };
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let mut setbacks = self.setbacks(job).await?;
+        setbacks.push(tuneq_pools::Setback::Preempted {
+            pool: pool.clone(),
+            at_ms: now_ms,
+        });
+        let usable = tuneq_pools::usable(&record.pools, &setbacks, &self.config.placement, now_ms);
+        if record.pools.is_empty() || usable == record.pools {
+            return self.queue.preempt(job, token, reason).await;
+        }
+        let why = format!(
+            "preempted {} times on {pool} within {}; its next attempts run on {}",
+            self.config.placement.preemptions_before_fallback,
+            humantime::format_duration(self.config.placement.preemption_window),
+            usable.join(", ")
+        );
+        tracing::warn!(job, %why, "moving a job on");
+        self.queue
+            .preempt_and_move(job, token, reason, &usable, &why)
+            .await
+    }
+
+    /// The preemptions of `job` its queue events record, each on the pool that had
+    /// leased the attempt; stops the dispatchers made themselves do not count.
+    async fn setbacks(&self, job: &str) -> Result<Vec<tuneq_pools::Setback>, QueueError> {
+        let events = self.queue.events(job, None, 1000, false).await?;
+        let mut pool = String::new();
+        let mut setbacks = Vec::new();
+        for event in events {
+            match event.kind.as_str() {
+                "leased" => pool = event.message,
+                "preempted" if !OWN_STOPS.contains(&event.message.as_str()) => {
+                    setbacks.push(tuneq_pools::Setback::Preempted {
+                        pool: pool.clone(),
+                        at_ms: event.at_ms,
+                    });
+                }
+                _ => {}
+            }
+        }
+        Ok(setbacks)
     }
 
     /// Renews live attempts' leases; stops the ones the queue no longer backs.

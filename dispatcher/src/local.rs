@@ -9,12 +9,8 @@
 use crate::DispatchError;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use tuneq_openapi::launch::{self, TrainerExit};
 use tuneq_openapi::{DeviceKind, TrainSpec};
-
-/// Exit status of `tuneq train` for input that can never work (bad data, bad spec).
-pub const EXIT_BAD_INPUT: i32 = 2;
-/// Exit status of a trainer told its attempt was superseded.
-pub const EXIT_SUPERSEDED: i32 = 75;
 
 /// How attempts are started.
 #[derive(Debug, Clone)]
@@ -35,9 +31,9 @@ pub struct LocalRuntime {
 }
 
 /// The environment variable that gives a trainer its memory limit in bytes: past it,
-/// the trainer stops with [`EXIT_BAD_INPUT`] and says how much it used, instead of
-/// pushing the machine into swap or the kernel's OOM killer (and being retried).
-pub const MEMORY_LIMIT_ENV: &str = "TUNEQ_MEMORY_LIMIT_BYTES";
+/// the trainer stops as bad input and says how much it used, instead of pushing the
+/// machine into swap or the kernel's OOM killer (and being retried).
+pub const MEMORY_LIMIT_ENV: &str = launch::ENV_MEMORY_LIMIT_BYTES;
 
 /// A started attempt's process.
 #[derive(Debug)]
@@ -53,6 +49,8 @@ pub struct Process {
 pub enum Exit {
     /// Exit status 0.
     Success,
+    /// Stopped from outside (SIGTERM) after a checkpoint: a preemption.
+    Interrupted,
     /// Bad input: retrying cannot help.
     BadInput(String),
     /// It was told its attempt is no longer live.
@@ -91,20 +89,16 @@ impl LocalRuntime {
             command.env(MEMORY_LIMIT_ENV, limit.to_string());
         }
         let child = command
-            .arg("train")
-            .arg("--spec")
-            .arg(&spec_path)
-            .arg("--progress")
-            .arg("json")
+            .args(launch::trainer_args(&spec_path.to_string_lossy()))
             .env(
-                "TUNEQ_REPORT_URL",
+                launch::ENV_REPORT_URL,
                 format!(
                     "{}/internal/attempts/{job}/report",
                     self.report_base_url.trim_end_matches('/')
                 ),
             )
-            .env("TUNEQ_REPORT_CREDENTIAL", credential)
-            .env("TUNEQ_CACHE_DIR", &self.cache_dir)
+            .env(launch::ENV_REPORT_CREDENTIAL, credential)
+            .env(launch::ENV_CACHE_DIR, &self.cache_dir)
             // The trainer asks to be stopped (SIGTERM: checkpoint, exit) when this
             // process dies, so a killed `tuneq up` leaves no trainer running.
             .env(PARENT_PID_ENV, std::process::id().to_string())
@@ -120,19 +114,26 @@ impl LocalRuntime {
 }
 
 /// The environment variable that tells a trainer which process started it.
-pub const PARENT_PID_ENV: &str = "TUNEQ_PARENT_PID";
+pub const PARENT_PID_ENV: &str = launch::ENV_PARENT_PID;
 
-/// What a finished child's status means.
+/// What a finished child's status means, by the launch contract.
 pub fn classify(status: std::process::ExitStatus, dir: &Path) -> Exit {
-    match status.code() {
-        Some(0) => Exit::Success,
-        Some(EXIT_SUPERSEDED) => Exit::Superseded,
-        Some(EXIT_BAD_INPUT) => Exit::BadInput(stderr_tail(dir)),
-        Some(code) => Exit::Failed(format!(
+    use std::os::unix::process::ExitStatusExt;
+    match TrainerExit::from_status(status.code(), status.signal()) {
+        TrainerExit::Finished => Exit::Success,
+        TrainerExit::Interrupted => Exit::Interrupted,
+        TrainerExit::Superseded => Exit::Superseded,
+        TrainerExit::BadInput => Exit::BadInput(stderr_tail(dir)),
+        TrainerExit::Crashed {
+            code: Some(code), ..
+        } => Exit::Failed(format!(
             "trainer exited with status {code}: {}",
             stderr_tail(dir)
         )),
-        None => Exit::Failed("trainer was killed by a signal".into()),
+        TrainerExit::Crashed { signal, .. } => Exit::Failed(format!(
+            "trainer was killed by signal {}",
+            signal.map_or("?".into(), |s| s.to_string())
+        )),
     }
 }
 

@@ -121,10 +121,14 @@ pub struct FineTuneCreate {
     /// 0 (lowest) to 9 (most urgent); default 5 (tuneq).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority: Option<u8>,
-    /// Hardware class a node pool must offer: `cpu`, `gpu`, `spot-gpu` (tuneq; default:
-    /// any pool).
+    /// Hardware class a node pool must offer: `cpu`, `gpu`, `spot-cpu`, `spot-gpu`
+    /// (tuneq; default: any pool, spot and GPU first).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hardware: Option<String>,
+    /// The most the job may cost, in the pools' currency (tuneq): a job whose estimate
+    /// on every pool it could use exceeds it is refused at create.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cost: Option<f64>,
     /// Where to POST a signed event (Standard Webhooks; secret at `GET /webhooks/secret`)
     /// when the job succeeds, fails or is cancelled (tuneq). `https://` to a public
     /// address, unless the server allows private targets.
@@ -279,11 +283,29 @@ pub struct FineTuneJob {
     pub preemptions: u32,
     /// Steps trained again after attempts ended past their last checkpoint (tuneq).
     pub lost_steps: u64,
+    /// What training is expected to take on the first pool of the job's list, made at
+    /// create from the pool's price and speed (tuneq; absent when the speed or the
+    /// training file's token count is unknown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimate: Option<JobEstimate>,
     /// The adapter, once succeeded (tuneq).
     pub adapter: Option<AdapterInfo>,
     /// The webhook asked for at create, and how its delivery went (tuneq).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webhook: Option<WebhookStatus>,
+}
+
+/// What a job is expected to take (tuneq).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct JobEstimate {
+    /// The pool the estimate is for (the first of the job's list).
+    pub pool: String,
+    /// Training time in seconds, without waiting or preemptions.
+    pub seconds: f64,
+    /// That time at the pool's price per hour.
+    pub cost: f64,
+    /// The pools the job may run on, best first.
+    pub pools: Vec<String>,
 }
 
 /// Presigned download URLs of an adapter's files (tuneq): fetch them with any HTTP

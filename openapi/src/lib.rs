@@ -24,9 +24,9 @@ pub use finetunes::{
     AdapterFileUrl, AdapterInfo, AdapterUrls, AttemptReport, Auto, AutoOrInt, AutoOrNumber,
     CheckpointMetrics, FineTuneCheckpoint, FineTuneCheckpointList, FineTuneCreate, FineTuneEvent,
     FineTuneEventList, FineTuneJob, FineTuneList, Hyperparameters as JobHyperparameters,
-    HyperparametersRequest, JobError, JobPayload, Method, MethodRequest, Model, ModelList,
-    Progress, QueueStanding, SupervisedMethod, SupervisedSettings, WebhookEvent, WebhookEventData,
-    WebhookSecret, WebhookStatus,
+    HyperparametersRequest, JobError, JobEstimate, JobPayload, Method, MethodRequest, Model,
+    ModelList, Progress, QueueStanding, SupervisedMethod, SupervisedSettings, WebhookEvent,
+    WebhookEventData, WebhookSecret, WebhookStatus,
 };
 pub use progress::{StepMetrics, TrainEvent};
 pub use train_spec::{

@@ -386,6 +386,31 @@ impl PoolsFile {
         self.pools.iter().find(|p| p.name == name)
     }
 
+    /// One local CPU pool named `local` with one slot (what `tuneq up` runs by default),
+    /// `memory` bytes per attempt when known.
+    pub fn local(memory: Option<u64>) -> Self {
+        Self {
+            placement: PlacementSettings::default(),
+            pools: vec![Pool {
+                name: "local".into(),
+                runtime: RuntimeKind::Local,
+                hardware: Hardware::Cpu,
+                spot: false,
+                accelerator: None,
+                accelerator_memory: None,
+                accelerators: 1,
+                cpu: Cpu(crate::quantity::Quantity::millicores(1000)),
+                memory: memory
+                    .filter(|m| *m > 0)
+                    .map(|m| Memory(crate::quantity::Quantity::bytes(m))),
+                slots: 1,
+                price_per_hour: 0.0,
+                tokens_per_second: None,
+                kubernetes: None,
+            }],
+        }
+    }
+
     /// Pools from the `--pool NAME=HARDWARE` shorthand: local pools, `HARDWARE` being
     /// `cpu`, `gpu`, `spot-cpu` or `spot-gpu`, each with `memory` per attempt when it is
     /// known (a GPU's own memory is not, so jobs on them are not checked for fit).

@@ -33,6 +33,22 @@ impl Quantity {
         Self::parse(text, 1000)
     }
 
+    /// `bytes` of memory, written as a plain number.
+    pub fn bytes(bytes: u64) -> Self {
+        Self {
+            text: bytes.to_string(),
+            value: bytes,
+        }
+    }
+
+    /// `millis` thousandths of a core, written as `<millis>m`.
+    pub fn millicores(millis: u64) -> Self {
+        Self {
+            text: format!("{millis}m"),
+            value: millis,
+        }
+    }
+
     /// Its value in base units (bytes, or thousandths of a core).
     pub fn value(&self) -> u64 {
         self.value

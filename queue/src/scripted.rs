@@ -796,6 +796,16 @@ pub trait JobQueue: Send + Sync {
     ) -> Result<Option<u64>>;
     /// The attempt's machine was taken away: requeue in place, attempts unchanged.
     async fn preempt(&self, id: &str, token: u64, reason: &str) -> Result<()>;
+    /// Preempts, and from now on lets the job run only on `pools` (placement moved it
+    /// on after repeated preemptions); a `moved` event says `why`.
+    async fn preempt_and_move(
+        &self,
+        id: &str,
+        token: u64,
+        reason: &str,
+        pools: &[String],
+        why: &str,
+    ) -> Result<()>;
     /// Cancels: at once when waiting, else asks the live attempt to stop.
     async fn cancel(&self, id: &str) -> Result<JobState>;
     /// The cancelled attempt is gone; its capacity is released.
@@ -1080,6 +1090,34 @@ impl JobQueue for Queue {
             id,
             token,
             &[reason.to_string()],
+            "preempt",
+            Done {
+                states: &[JobState::Queued],
+                or_deleted: false,
+            },
+        )
+        .await
+    }
+
+    async fn preempt_and_move(
+        &self,
+        id: &str,
+        token: u64,
+        reason: &str,
+        pools: &[String],
+        why: &str,
+    ) -> Result<()> {
+        if pools.is_empty() || pools.iter().any(|p| p.is_empty() || p.contains(',')) {
+            return Err(QueueError::Invalid {
+                field: "pools",
+                message: format!("pools must be names without commas, not {pools:?}"),
+            });
+        }
+        self.fenced_transition(
+            &self.scripts.preempt,
+            id,
+            token,
+            &[reason.to_string(), pools.join(","), why.to_string()],
             "preempt",
             Done {
                 states: &[JobState::Queued],

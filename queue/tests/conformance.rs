@@ -424,6 +424,66 @@ async fn preemption_keeps_the_place_in_line_and_the_retry_budget(backend: Backen
     q.destroy().await.unwrap();
 }
 
+async fn a_job_moved_on_after_preemptions_runs_only_on_its_new_pools(backend: Backend) {
+    let q = queue(backend, "move", QueueConfig::default()).await;
+    q.set_pool("spot", 1).await.unwrap();
+    q.set_pool("on-demand", 1).await.unwrap();
+    let id = q
+        .enqueue(&NewJob {
+            pools: vec!["spot".into(), "on-demand".into()],
+            ..job("t", 5)
+        })
+        .await
+        .unwrap()
+        .id;
+    let lease = q.claim("spot", "d", "").await.unwrap().unwrap();
+    q.start(&id, lease.token).await.unwrap();
+    // A bad pool list changes nothing.
+    for bad in [vec![], vec!["a,b".to_string()]] {
+        assert!(matches!(
+            q.preempt_and_move(&id, lease.token, "x", &bad, "y").await,
+            Err(QueueError::Invalid { .. })
+        ));
+    }
+    q.preempt_and_move(
+        &id,
+        lease.token,
+        "spot node reclaimed",
+        &["on-demand".to_string()],
+        "preempted 3 times on spot within 1h",
+    )
+    .await
+    .unwrap();
+    let record = q.get(&id).await.unwrap().unwrap();
+    assert_eq!(
+        (
+            record.state,
+            record.preemptions,
+            record.attempts,
+            record.pools.clone()
+        ),
+        (JobState::Queued, 1, 0, vec!["on-demand".to_string()])
+    );
+    assert!(
+        q.claim("spot", "d", "").await.unwrap().is_none(),
+        "spot no longer takes it"
+    );
+    let again = q.claim("on-demand", "d", "").await.unwrap().unwrap();
+    assert_eq!(again.id, id);
+    let kinds = kinds(&q, &id).await;
+    let preempted = kinds.iter().position(|k| k == "preempted").unwrap();
+    assert_eq!(kinds[preempted + 1], "moved", "{kinds:?}");
+    // A stale token moves nothing.
+    assert!(
+        q.preempt_and_move(&id, lease.token, "x", &["spot".to_string()], "y")
+            .await
+            .is_err()
+    );
+    assert_eq!(q.get(&id).await.unwrap().unwrap().pools, ["on-demand"]);
+    check_invariants(&q, &["spot", "on-demand"]).await;
+    q.destroy().await.unwrap();
+}
+
 async fn cancel_is_immediate_when_waiting_and_holds_capacity_until_the_attempt_is_gone(
     backend: Backend,
 ) {
@@ -1463,6 +1523,7 @@ conformance! {
     #[tokio::test] a_suspect_attempt_that_is_alive_is_adopted,
     #[tokio::test] failures_retry_with_backoff_then_fail_for_good,
     #[tokio::test] preemption_keeps_the_place_in_line_and_the_retry_budget,
+    #[tokio::test] a_job_moved_on_after_preemptions_runs_only_on_its_new_pools,
     #[tokio::test] cancel_is_immediate_when_waiting_and_holds_capacity_until_the_attempt_is_gone,
     #[tokio::test] events_page_by_cursor_both_ways_and_positions_count_who_is_ahead,
     #[tokio::test] retention_bounds_finished_jobs,

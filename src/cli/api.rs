@@ -26,9 +26,19 @@ pub struct ApiArgs {
     /// Storage settings (TOML; see `tuneq train --help`).
     #[arg(long, env = "TUNEQ_STORAGE_CONFIG")]
     storage_config: Option<PathBuf>,
-    /// Node pools jobs may be placed on, as NAME=HARDWARE (repeat; e.g. `l4-spot=spot-gpu`).
+    /// Node pools jobs may be placed on, as NAME=HARDWARE (repeat; e.g. `cpu-pool=cpu`,
+    /// `l4-spot=spot-gpu`): a shorthand for a pools file of local pools.
     #[arg(long = "pool", default_value = "local=cpu")]
     pools: Vec<String>,
+    /// The pools file (TOML; see docs/pools.md): the pools, their hardware, memory and
+    /// price. Replaces `--pool`.
+    #[arg(
+        long = "pools",
+        env = "TUNEQ_POOLS",
+        conflicts_with = "pools",
+        value_name = "FILE"
+    )]
+    pools_file: Option<PathBuf>,
     /// Base models to register at start, as ID=LOCATION (repeat; a folder or URI in
     /// Hugging Face layout).
     #[arg(long = "model")]
@@ -42,8 +52,9 @@ pub struct ApiArgs {
     /// Where uploads are spooled while they are validated.
     #[arg(long, env = "TUNEQ_SPOOL_DIR")]
     spool_dir: Option<PathBuf>,
-    /// Memory one attempt may use on the dispatchers' machines, in MiB: a job estimated
-    /// to need more is refused at create (default: not checked).
+    /// Memory one attempt may use on the dispatchers' machines, in MiB, for pools given
+    /// with `--pool`: a job estimated to need more is refused at create (default: not
+    /// checked). A pools file says it per pool.
     #[arg(long, env = "TUNEQ_ATTEMPT_MEMORY_MIB")]
     attempt_memory_mib: Option<u64>,
 }
@@ -64,11 +75,11 @@ async fn serve(args: ApiArgs) -> Result<()> {
     let store = tuneq_storage::open(&location, &storage_config)
         .await
         .with_context(|| format!("cannot open the store {}", args.store))?;
-    let mut pools = Vec::new();
-    for p in &args.pools {
-        let (name, hardware) = service::pair(p, "--pool")?;
-        pools.push(tuneq_api::PoolInfo { name, hardware });
-    }
+    let pools = service::load_pools(
+        args.pools_file.as_deref(),
+        &args.pools,
+        args.attempt_memory_mib.map(|m| m.saturating_mul(1 << 20)),
+    )?;
     service::private_files();
     let spool_dir = args.spool_dir.clone().unwrap_or_else(std::env::temp_dir);
     std::fs::create_dir_all(&spool_dir)
@@ -87,11 +98,10 @@ async fn serve(args: ApiArgs) -> Result<()> {
             webhooks: args.policy.webhooks(),
             admin_key_hash: args.policy.admin_key_hash()?,
             spool_dir,
-            pools,
+            pools: std::sync::Arc::new(pools),
             attempt_signer: service::attempt_signer(Some(&args.attempt_secret))?,
             // Every replica shares the attempt secret, so each derives the same key.
             sealing_key: tuneq_api::sealed::SealingKey::derive(args.attempt_secret.as_bytes()),
-            attempt_memory_bytes: args.attempt_memory_mib.map(|m| m.saturating_mul(1 << 20)),
             ..tuneq_api::ApiConfig::default()
         },
     );

@@ -179,10 +179,7 @@ pub async fn run(opts: &ApiBenchOptions, log: impl Fn(&str)) -> Result<ApiBenchR
         Arc::new(tuneq_storage::LocalStore::new(dir.path().join("objects"))),
         tuneq_api::ApiConfig {
             spool_dir: dir.path().to_path_buf(),
-            pools: vec![tuneq_api::PoolInfo {
-                name: "local".into(),
-                hardware: "cpu".into(),
-            }],
+            pools: Arc::new(tuneq_pools::PoolsFile::local(None)),
             ..tuneq_api::ApiConfig::default()
         },
     );

@@ -1,6 +1,8 @@
-//! `tuneq dispatcher`: claims jobs for one node pool from the Redis queue and runs them
-//! on this machine (the local runtime), reporting to a `tuneq api`. Ctrl-C or SIGTERM
-//! checkpoints its running attempts and puts their jobs back in line.
+//! `tuneq dispatcher`: claims jobs for node pools from the Redis queue and runs them on
+//! this machine (the local runtime), reporting to a `tuneq api`: one pool (`--pool`), or
+//! every local pool of a pools file (`--pools`), each with its own loop. Ctrl-C or
+//! SIGTERM checkpoints its running attempts and puts their jobs back in line.
+//! `--check-config FILE` checks a pools file and says what it defines.
 
 use super::service;
 use anyhow::Result;
@@ -11,17 +13,38 @@ use std::process::ExitCode;
 #[derive(Debug, Args)]
 pub struct DispatcherArgs {
     /// The queue's Redis (`redis://…`; comma-separated seeds for a Cluster).
-    #[arg(long, env = "TUNEQ_REDIS_URL", hide_env_values = true)]
-    redis: String,
+    #[arg(
+        long,
+        env = "TUNEQ_REDIS_URL",
+        hide_env_values = true,
+        required_unless_present = "check_config"
+    )]
+    redis: Option<String>,
     /// The API trainers report to (its base URL).
-    #[arg(long, env = "TUNEQ_API_URL")]
-    api_url: String,
+    #[arg(long, env = "TUNEQ_API_URL", required_unless_present = "check_config")]
+    api_url: Option<String>,
     /// Secret shared with the API (at least 32 characters).
-    #[arg(long, env = "TUNEQ_ATTEMPT_SECRET", hide_env_values = true)]
-    attempt_secret: String,
+    #[arg(
+        long,
+        env = "TUNEQ_ATTEMPT_SECRET",
+        hide_env_values = true,
+        required_unless_present = "check_config"
+    )]
+    attempt_secret: Option<String>,
     /// The node pool it serves (as the API's `--pool` names it).
     #[arg(long, default_value = "local")]
     pool: String,
+    /// The pools file (TOML; see docs/pools.md): serve its pools (those named with
+    /// `--serve`, else all) instead of `--pool`/`--slots`/`--device`.
+    #[arg(long = "pools", env = "TUNEQ_POOLS", value_name = "FILE",
+          conflicts_with_all = ["pool", "slots", "device", "attempt_memory_mib"])]
+    pools_file: Option<PathBuf>,
+    /// With `--pools`: a pool to serve (repeat; default: every pool of the file).
+    #[arg(long = "serve", value_name = "POOL", requires = "pools_file")]
+    serve: Vec<String>,
+    /// Check a pools file, print what it defines, and exit (0 when it is valid).
+    #[arg(long, value_name = "FILE", exclusive = true)]
+    check_config: Option<PathBuf>,
     /// Fine-tunes trained at once; also the pool's capacity.
     #[arg(long, default_value_t = 1)]
     slots: u32,
@@ -41,51 +64,127 @@ pub struct DispatcherArgs {
 }
 
 pub fn run(args: DispatcherArgs) -> Result<ExitCode> {
+    if let Some(path) = &args.check_config {
+        return check_config(path);
+    }
     service::runtime()?.block_on(serve(args))?;
     Ok(ExitCode::SUCCESS)
 }
 
+/// Checks a pools file and prints one line per pool.
+fn check_config(path: &std::path::Path) -> Result<ExitCode> {
+    let file = service::load_pools(Some(path), &[], None)?;
+    println!(
+        "{}: {} pool(s); after {} preemptions within {} a job moves on",
+        path.display(),
+        file.pools.len(),
+        file.placement.preemptions_before_fallback,
+        humantime::format_duration(file.placement.preemption_window)
+    );
+    for pool in &file.pools {
+        println!(
+            "  {:<24} {:<10} {:<8} {} slot(s), cpu {}, memory {}, {}/h",
+            pool.name,
+            format!("{:?}", pool.runtime).to_lowercase(),
+            pool.class(),
+            pool.slots,
+            pool.cpu.0,
+            pool.memory.as_ref().map_or("-".into(), |m| m.0.to_string()),
+            pool.price_per_hour
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 async fn serve(args: DispatcherArgs) -> Result<()> {
+    let (Some(redis), Some(api_url), Some(secret)) =
+        (&args.redis, &args.api_url, &args.attempt_secret)
+    else {
+        anyhow::bail!(super::BadInput(
+            "--redis, --api-url and --attempt-secret are required".into()
+        ));
+    };
     // Attempt folders (specs with credentials' context, checkpoints, logs) are private.
     service::private_files();
-    let queue = service::open_queue(Some(&args.redis), std::path::Path::new("")).await?;
-    let signer = service::attempt_signer(Some(&args.attempt_secret))?;
-    let work_dir = std::path::absolute(&args.work_dir)?;
     let host = std::fs::read_to_string("/etc/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "host".into());
-    let owner = args
-        .owner
-        .clone()
-        .unwrap_or_else(|| format!("{}@{host}", args.pool));
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let task = service::spawn_dispatcher(
-        queue,
-        signer,
-        service::LocalDispatch {
+    let work_dir = std::path::absolute(&args.work_dir)?;
+    let mut dispatches = Vec::new();
+    match &args.pools_file {
+        Some(path) => {
+            let file = service::load_pools(Some(path), &[], None)?;
+            for name in &args.serve {
+                if file.pool(name).is_none() {
+                    anyhow::bail!(super::BadInput(format!(
+                        "--serve {name}: {} defines no such pool",
+                        path.display()
+                    )));
+                }
+            }
+            let chosen = tuneq_pools::PoolsFile {
+                placement: file.placement.clone(),
+                pools: file
+                    .pools
+                    .iter()
+                    .filter(|p| args.serve.is_empty() || args.serve.contains(&p.name))
+                    .cloned()
+                    .collect(),
+            };
+            for pool in service::local_pools(&chosen)? {
+                let mut dispatch = service::LocalDispatch::for_pool(
+                    &pool,
+                    &file.placement,
+                    api_url.clone(),
+                    work_dir.join(&pool.name),
+                );
+                dispatch.owner = format!("{}@{host}", pool.name);
+                dispatches.push(dispatch);
+            }
+        }
+        None => dispatches.push(service::LocalDispatch {
             pool: args.pool.clone(),
             slots: args.slots,
             device: args.device.into(),
-            report_url: args.api_url.clone(),
+            report_url: api_url.clone(),
             work_dir,
-            owner,
+            owner: args
+                .owner
+                .clone()
+                .unwrap_or_else(|| format!("{}@{host}", args.pool)),
             memory_limit_bytes: service::attempt_memory(args.attempt_memory_mib, args.slots),
-        },
-        stop_rx,
-    )?;
-    println!(
-        "tuneq dispatcher serves pool {} with {} slot(s)",
-        args.pool, args.slots
-    );
+            placement: Default::default(),
+        }),
+    }
+    let queue = service::open_queue(Some(redis), std::path::Path::new("")).await?;
+    let signer = service::attempt_signer(Some(secret))?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut tasks = Vec::new();
+    for dispatch in dispatches {
+        println!(
+            "tuneq dispatcher serves pool {} with {} slot(s)",
+            dispatch.pool, dispatch.slots
+        );
+        tasks.push(service::spawn_dispatcher(
+            queue.clone(),
+            signer.clone(),
+            dispatch,
+            stop_rx.clone(),
+        )?);
+    }
     use std::io::Write;
     let _ = std::io::stdout().flush();
     service::shutdown_signal().await;
     let _ = stop_tx.send(true);
     let forced = service::force_on_second_signal();
-    let outcome = task.await;
-    forced.abort();
-    match outcome {
-        Ok(result) => result.map_err(Into::into),
-        Err(e) => Err(e.into()),
+    let mut outcome = Ok(());
+    for task in tasks {
+        match task.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => outcome = Err(e.into()),
+            Err(e) => outcome = Err(e.into()),
+        }
     }
+    forced.abort();
+    outcome
 }

@@ -66,8 +66,13 @@ enum Command {
     },
 }
 
-/// Exit code for bad user input (spec, dataset, model files).
+/// Exit code for bad user input (spec, dataset, model files) of every command but
+/// `tuneq train`, which follows the launch contract
+/// ([`tuneq_openapi::launch::EXIT_BAD_INPUT`]).
 pub const EXIT_BAD_INPUT: u8 = 2;
+
+/// `tuneq train`'s exit code for bad input, as the launch contract says.
+pub const TRAIN_EXIT_BAD_INPUT: u8 = tuneq_openapi::launch::EXIT_BAD_INPUT as u8;
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -91,6 +96,11 @@ pub fn main() -> ExitCode {
             "warn"
         },
     );
+    let bad_input = if matches!(cli.command, Command::Train(_)) {
+        TRAIN_EXIT_BAD_INPUT
+    } else {
+        EXIT_BAD_INPUT
+    };
     let result = match cli.command {
         Command::Up(args) => up::run(args),
         Command::Api(args) => api::run(args),
@@ -105,12 +115,13 @@ pub fn main() -> ExitCode {
     };
     match result {
         Ok(code) => code,
-        Err(e) => report(&e),
+        Err(e) => report(&e, bad_input),
     }
 }
 
-/// Prints an error with its cause chain; bad input exits 2, anything else 1.
-pub fn report(e: &anyhow::Error) -> ExitCode {
+/// Prints an error with its cause chain; bad input exits `bad_input_code`, anything
+/// else 1.
+pub fn report(e: &anyhow::Error, bad_input_code: u8) -> ExitCode {
     eprintln!("error: {e}");
     for cause in e.chain().skip(1) {
         eprintln!("  caused by: {cause}");
@@ -126,7 +137,7 @@ pub fn report(e: &anyhow::Error) -> ExitCode {
     {
         print_details(t);
     }
-    ExitCode::from(if bad_input { EXIT_BAD_INPUT } else { 1 })
+    ExitCode::from(if bad_input { bad_input_code } else { 1 })
 }
 
 /// Lists every bad line of a dataset error on stderr, one per line, and emits the same
@@ -172,7 +183,7 @@ fn print_details(e: &tuneq_trainer::Error) {
     println!("{body}");
 }
 
-/// A usage error detected by the CLI itself (exit code 2).
+/// A usage error detected by the CLI itself (bad input: exit code 2, 42 for `tuneq train`).
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct BadInput(pub String);

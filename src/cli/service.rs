@@ -231,6 +231,36 @@ pub struct LocalDispatch {
     pub owner: String,
     /// Memory one attempt may use, in bytes (None: no limit).
     pub memory_limit_bytes: Option<u64>,
+    /// When a job preempted here moves on to the rest of its pools.
+    pub placement: tuneq_pools::file::PlacementSettings,
+}
+
+impl LocalDispatch {
+    /// The dispatcher of local pool `pool`: its slots, its memory per attempt, CUDA on
+    /// GPU pools; its lease owner name is the pool's.
+    pub fn for_pool(
+        pool: &tuneq_pools::Pool,
+        placement: &tuneq_pools::file::PlacementSettings,
+        report_url: String,
+        work_dir: PathBuf,
+    ) -> Self {
+        Self {
+            pool: pool.name.clone(),
+            slots: pool.slots,
+            device: match pool.hardware {
+                tuneq_pools::Hardware::Cpu => tuneq_openapi::DeviceKind::Cpu,
+                tuneq_pools::Hardware::Gpu => tuneq_openapi::DeviceKind::Cuda,
+            },
+            report_url,
+            work_dir,
+            owner: pool.name.clone(),
+            memory_limit_bytes: pool
+                .memory
+                .as_ref()
+                .map(tuneq_pools::quantity::Memory::bytes),
+            placement: placement.clone(),
+        }
+    }
 }
 
 /// Starts a dispatcher with a local runtime; it stops (checkpointing its attempts) when
@@ -255,6 +285,7 @@ pub fn spawn_dispatcher(
     };
     let mut config = tuneq_dispatcher::DispatcherConfig::new(&local.pool, &local.owner);
     config.slots = local.slots.max(1);
+    config.placement = local.placement;
     let dispatcher = tuneq_dispatcher::Dispatcher::new(
         queue,
         config,
@@ -308,6 +339,42 @@ pub fn pair(text: &str, what: &str) -> Result<(String, String)> {
         .map(|(a, b)| (a.trim().to_string(), b.trim().to_string()))
         .filter(|(a, b)| !a.is_empty() && !b.is_empty())
         .ok_or_else(|| BadInput(format!("{what} must be NAME=VALUE, not `{text}`")).into())
+}
+
+/// The pools the service uses: the pools file when one is named, else the `--pool
+/// NAME=HARDWARE` shorthand (local pools with `memory` bytes per attempt, when known).
+pub fn load_pools(
+    file: Option<&Path>,
+    shorthand: &[String],
+    memory: Option<u64>,
+) -> Result<tuneq_pools::PoolsFile> {
+    if let Some(path) = file {
+        return tuneq_pools::PoolsFile::load(path).map_err(|e| BadInput(e.to_string()).into());
+    }
+    let pairs = shorthand
+        .iter()
+        .map(|p| pair(p, "--pool"))
+        .collect::<Result<Vec<_>>>()?;
+    tuneq_pools::PoolsFile::from_shorthand(&pairs, memory)
+        .map_err(|e| BadInput(e.to_string()).into())
+}
+
+/// The local pools of `pools` (the ones this process runs attempts for), or a clear
+/// refusal naming those it cannot run.
+pub fn local_pools(pools: &tuneq_pools::PoolsFile) -> Result<Vec<tuneq_pools::Pool>> {
+    let (local, remote): (Vec<_>, Vec<_>) = pools
+        .pools
+        .iter()
+        .cloned()
+        .partition(|p| p.runtime == tuneq_pools::RuntimeKind::Local);
+    if let Some(pool) = remote.first() {
+        return Err(BadInput(format!(
+            "pool `{}` has runtime = \"kubernetes\", which this build's dispatcher does not run yet; only local pools can be served",
+            pool.name
+        ))
+        .into());
+    }
+    Ok(local)
 }
 
 /// A multi-threaded runtime for a service command.

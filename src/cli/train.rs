@@ -119,16 +119,16 @@ pub struct TrainArgs {
     pub print_spec: bool,
     /// Also post progress to this control-plane URL (a dispatcher passes it, with the
     /// attempt's credential in `TUNEQ_REPORT_CREDENTIAL`).
-    #[arg(long, env = "TUNEQ_REPORT_URL", requires = "report_credential")]
+    #[arg(long, env = tuneq_openapi::launch::ENV_REPORT_URL, requires = "report_credential")]
     pub report_url: Option<String>,
     /// The attempt's credential for `--report-url` (kept out of the process list).
-    #[arg(long, env = "TUNEQ_REPORT_CREDENTIAL", hide_env_values = true)]
+    #[arg(long, env = tuneq_openapi::launch::ENV_REPORT_CREDENTIAL, hide_env_values = true)]
     pub report_credential: Option<String>,
     /// Storage settings (TOML: the `[storage]` table of tuneq's config, or its fields at
     /// the top level): S3 endpoint/region/path-style/profile, GCS endpoint/credentials.
     /// Unset fields follow the standard AWS environment and `STORAGE_EMULATOR_HOST` /
     /// application-default credentials.
-    #[arg(long, env = "TUNEQ_STORAGE_CONFIG")]
+    #[arg(long, env = tuneq_openapi::launch::ENV_STORAGE_CONFIG)]
     pub storage_config: Option<PathBuf>,
     /// Where remote models and datasets are cached and remote outputs are staged
     /// (default: `$TUNEQ_CACHE_DIR`, else `tuneq-cache` in the temp folder).
@@ -368,7 +368,7 @@ fn watch_memory() -> Result<()> {
                         resident >> 20,
                         limit >> 20
                     );
-                    std::process::exit(i32::from(super::EXIT_BAD_INPUT));
+                    std::process::exit(tuneq_openapi::launch::EXIT_BAD_INPUT);
                 }
                 std::thread::sleep(MEMORY_CHECK_EVERY);
             }
@@ -398,7 +398,8 @@ pub fn run(args: TrainArgs) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let stop = StopFlag::new();
-    // The first SIGTERM/SIGINT asks for "checkpoint, then exit 0"; a second one exits at once.
+    // The first SIGTERM/SIGINT asks for "checkpoint, then exit 75" (the launch contract's
+    // interrupted); a second one exits at once.
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register_conditional_shutdown(sig, 1, stop.atomic())
             .context("cannot install signal handlers")?;
@@ -438,10 +439,20 @@ pub fn run(args: TrainArgs) -> Result<ExitCode> {
         eprintln!(
             "the dispatcher that started this trainer is gone; exiting without the last report"
         );
-        std::process::exit(0);
+        std::process::exit(tuneq_openapi::launch::EXIT_INTERRUPTED);
     }
     match outcome {
-        Outcome::Finished { .. } | Outcome::Interrupted { .. } => Ok(ExitCode::SUCCESS),
+        Outcome::Finished { .. } => Ok(ExitCode::SUCCESS),
+        // Never 0 after SIGTERM: Kubernetes would mark the Job Complete, and the
+        // dispatcher would count an unfinished job as failed.
+        Outcome::Interrupted { step } => {
+            eprintln!(
+                "interrupted after step {step}; the checkpoint is saved, a resumed run continues from it"
+            );
+            Ok(ExitCode::from(
+                tuneq_openapi::launch::EXIT_INTERRUPTED as u8,
+            ))
+        }
     }
 }
 

@@ -60,6 +60,12 @@ pub struct UpArgs {
     /// model is always there too.
     #[arg(long = "model", value_name = "ID=PATH|URI")]
     models: Vec<String>,
+    /// A pools file of local pools (TOML; see docs/pools.md) instead of the one pool
+    /// `--slots`, `--attempt-memory-mib` and `--device` describe: each pool gets its own
+    /// dispatcher loop in this process.
+    #[arg(long = "pools", env = "TUNEQ_POOLS", value_name = "FILE",
+          conflicts_with_all = ["slots", "attempt_memory_mib", "device"])]
+    pools_file: Option<PathBuf>,
 }
 
 /// Generates the tiny demo model once and registers it.
@@ -196,12 +202,24 @@ async fn serve(args: UpArgs) -> Result<()> {
         .collect::<Result<Vec<_>>>()?;
     service::clean_spool(&data_dir.join("spool"));
     let attempt_memory = service::attempt_memory(args.attempt_memory_mib, args.slots);
-    let queue = service::open_queue(args.redis.as_deref(), &data_dir.join(QUEUE_FILE)).await?;
     let device: tuneq_openapi::DeviceKind = args.device.into();
     let hardware = match device {
         tuneq_openapi::DeviceKind::Cpu => "cpu",
         tuneq_openapi::DeviceKind::Cuda => "gpu",
     };
+    // Attempts run on this machine: a job that needs more than one may use is refused
+    // at create.
+    let mut pools = service::load_pools(
+        args.pools_file.as_deref(),
+        &[format!("{LOCAL_POOL}={hardware}")],
+        attempt_memory,
+    )?;
+    if args.pools_file.is_none() {
+        pools.pools[0].slots = args.slots.max(1);
+    }
+    let local_pools = service::local_pools(&pools)?;
+    let placement = pools.placement.clone();
+    let queue = service::open_queue(args.redis.as_deref(), &data_dir.join(QUEUE_FILE)).await?;
     // The API and the dispatcher live in this process: a fresh secret per start will do
     // (trainers of an earlier run are stopped at start).
     let signer = service::attempt_signer(None)?;
@@ -213,15 +231,9 @@ async fn serve(args: UpArgs) -> Result<()> {
             webhooks: args.policy.webhooks(),
             admin_key_hash: args.policy.admin_key_hash()?,
             spool_dir: data_dir.join("spool"),
-            pools: vec![tuneq_api::PoolInfo {
-                name: LOCAL_POOL.into(),
-                hardware: hardware.into(),
-            }],
+            pools: Arc::new(pools),
             attempt_signer: signer.clone(),
             sealing_key: sealing_key(data_dir)?,
-            // Attempts run on this machine: a job that needs more than one may use is
-            // refused at create.
-            attempt_memory_bytes: attempt_memory,
             ..tuneq_api::ApiConfig::default()
         },
     );
@@ -249,20 +261,21 @@ async fn serve(args: UpArgs) -> Result<()> {
     let server_task = tokio::spawn(server);
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let dispatcher_task = service::spawn_dispatcher(
-        queue,
-        signer,
-        service::LocalDispatch {
-            pool: LOCAL_POOL.into(),
-            slots: args.slots,
-            device,
-            report_url,
-            work_dir: data_dir.clone(),
-            owner: "local".into(),
-            memory_limit_bytes: attempt_memory,
-        },
-        stop_rx.clone(),
-    )?;
+    let mut dispatcher_tasks = Vec::new();
+    for pool in &local_pools {
+        // The default pool keeps the data dir's layout of earlier versions.
+        let work_dir = if args.pools_file.is_none() {
+            data_dir.clone()
+        } else {
+            data_dir.join("pools").join(&pool.name)
+        };
+        dispatcher_tasks.push(service::spawn_dispatcher(
+            queue.clone(),
+            signer.clone(),
+            service::LocalDispatch::for_pool(pool, &placement, report_url.clone(), work_dir),
+            stop_rx.clone(),
+        )?);
+    }
     let settler_task = tokio::spawn(service::settle_loop(state, stop_rx));
 
     let key_file = data_dir.join("api-key");
@@ -289,10 +302,12 @@ async fn serve(args: UpArgs) -> Result<()> {
     );
     let _ = stop_tx.send(true);
     let forced = service::force_on_second_signal();
-    match dispatcher_task.await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => eprintln!("dispatcher: {e}"),
-        Err(e) => eprintln!("dispatcher: {e}"),
+    for task in dispatcher_tasks {
+        match task.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("dispatcher: {e}"),
+            Err(e) => eprintln!("dispatcher: {e}"),
+        }
     }
     let _ = settler_task.await;
     server_handle.stop(true).await;

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import signal
 import tarfile
 import time
 import urllib.request
@@ -279,6 +281,64 @@ def test_restarts_mid_job_resume_from_the_last_checkpoint(tmp_path):
         lost = done.model_extra["lost_steps"]
         assert lost == done.model_extra["progress"]["lost_steps"]
         assert 0 <= lost < 150
+    finally:
+        service.stop()
+
+
+def trainers_of(service: Service) -> list[int]:
+    """Process ids of the `tuneq train` children of a running `tuneq up`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == service.proc.pid and b"train" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def signal_the_trainer(service: Service, signum: int) -> None:
+    deadline = time.monotonic() + 30
+    while not (pids := trainers_of(service)):
+        assert time.monotonic() < deadline, "no trainer process found"
+        time.sleep(0.2)
+    assert len(pids) == 1, pids
+    os.kill(pids[0], signum)
+
+
+def test_a_trainer_stopped_from_outside_is_a_preemption_and_a_killed_one_a_retried_crash(
+        tmp_path):
+    """The launch contract on one machine: SIGTERM to the trainer (the machine shutting
+    down) checkpoints and exits 75, and the job goes back in line with no retry spent;
+    SIGKILL is a crash, retried from the last checkpoint. Both resume; nothing is lost."""
+    from openai import OpenAI
+
+    service = Service(tmp_path / "data")
+    try:
+        client = OpenAI(base_url=f"{service.url}/v1", api_key=service.api_key, max_retries=0)
+        train = upload(client, TRAIN, "train.jsonl")
+        job = client.fine_tuning.jobs.create(model=DEMO_MODEL, training_file=train,
+                                             hyperparameters={"n_epochs": 2, "batch_size": 8})
+        wait_for(client, job.id, lambda j: step_of(j) >= 20, what="training")
+        signal_the_trainer(service, signal.SIGTERM)
+        resumed = wait_for(client, job.id,
+                           lambda j: j.model_extra["preemptions"] == 1 and step_of(j) >= 60,
+                           what="a resumed attempt")
+        assert resumed.model_extra["attempts"] == 0, "a preemption must not spend a retry"
+        signal_the_trainer(service, signal.SIGKILL)
+        done = wait_for(client, job.id, terminal)
+        assert done.status == "succeeded", done.error
+        assert done.model_extra["preemptions"] == 1
+        assert done.model_extra["attempts"] == 1, "a crash spends one retry"
+        assert done.model_extra["progress"]["step"] == 150
+        events = [e.message for e in client.fine_tuning.jobs.list_events(job.id, limit=100)]
+        resumes = [m for m in events if m.startswith("Resumed from the checkpoint")]
+        assert len(resumes) == 2, events
     finally:
         service.stop()
 

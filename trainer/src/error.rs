@@ -77,7 +77,7 @@ pub enum Error {
 
 impl Error {
     /// Whether the error is the user's input (spec, dataset, model files, a device this build
-    /// or machine lacks): retrying unchanged cannot help; the CLI exits 2.
+    /// or machine lacks): retrying unchanged cannot help; `tuneq train` exits 42 (the launch contract), other commands 2.
     pub fn is_bad_input(&self) -> bool {
         matches!(
             self,

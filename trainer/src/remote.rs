@@ -90,7 +90,7 @@ impl Storage {
 
     /// The default cache folder: `$TUNEQ_CACHE_DIR`, else `tuneq-cache` in the temp folder.
     pub fn default_cache_dir() -> PathBuf {
-        std::env::var_os("TUNEQ_CACHE_DIR")
+        std::env::var_os(tuneq_openapi::launch::ENV_CACHE_DIR)
             .map(PathBuf::from)
             .unwrap_or_else(|| std::env::temp_dir().join("tuneq-cache"))
     }

@@ -13,8 +13,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use tuneq_openapi::{AttemptReport, TrainEvent};
 
-/// Exit status of a trainer whose attempt was superseded.
-pub const EXIT_SUPERSEDED: i32 = 75;
+/// Exit status of a trainer whose attempt was superseded (the launch contract's).
+pub use tuneq_openapi::launch::EXIT_SUPERSEDED;
 
 /// How long events are gathered before a report is sent.
 const BATCH_WINDOW: Duration = Duration::from_millis(500);

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 use tuneq_api::models::{BaseModel, register_base};
-use tuneq_api::{ApiConfig, AppState, PoolInfo, auth};
+use tuneq_api::{ApiConfig, AppState, auth};
 use tuneq_queue::{JobQueue, Queue, QueueConfig};
 use tuneq_storage::LocalStore;
 
@@ -41,10 +41,7 @@ pub async fn start(configure: impl FnOnce(&mut ApiConfig)) -> Server {
     let mut config = ApiConfig {
         spool_dir: spool,
         admin_key_hash: Some(auth::key_hash(ADMIN_KEY)),
-        pools: vec![PoolInfo {
-            name: "local".into(),
-            hardware: "cpu".into(),
-        }],
+        pools: Arc::new(tuneq_pools::PoolsFile::local(None)),
         ..ApiConfig::default()
     };
     configure(&mut config);

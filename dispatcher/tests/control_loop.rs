@@ -1,0 +1,188 @@
+//! The dispatcher's control loop against the embedded queue, with a stand-in trainer (a
+//! shell script that ends the way the launch contract says a real one can), so every
+//! exit the contract names is driven on purpose: interrupted (75) is a preemption that
+//! spends no retry and, repeated on one pool, moves the job on; SIGKILL is a crash that
+//! spends one; bad input (42) fails the job for good.
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use tuneq_dispatcher::local::LocalRuntime;
+use tuneq_dispatcher::{Dispatcher, DispatcherConfig};
+use tuneq_queue::{AttemptSigner, JobQueue, JobRecord, JobState, NewJob, Queue, QueueConfig};
+
+/// A stand-in trainer: `script` is the body of a shell script that gets the launch
+/// contract's arguments (`train --spec FILE --progress json`).
+fn trainer(dir: &Path, script: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join("fake-tuneq");
+    std::fs::write(&path, format!("#!/bin/sh\n{script}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+async fn queue(dir: &Path) -> Queue {
+    let config = QueueConfig {
+        retry_base_ms: 50,
+        retry_max_ms: 100,
+        ..QueueConfig::default()
+    };
+    Queue::open_embedded(&dir.join("queue.db"), "tuneq", config)
+        .await
+        .unwrap()
+}
+
+fn job(pools: &[&str]) -> NewJob {
+    NewJob {
+        tenant: "t".into(),
+        priority: 5,
+        pools: pools.iter().map(|p| p.to_string()).collect(),
+        gpus: 1,
+        estimated_seconds: 0,
+        max_attempts: 3,
+        payload: serde_json::json!({
+            "finetune": "ftjob-test",
+            "spec": {"model": "m", "training_files": ["t.jsonl"], "output": "o"}
+        })
+        .to_string(),
+        idempotency_key: None,
+        notify: false,
+    }
+}
+
+/// Starts a dispatcher for `pool`; it stops when the returned sender says so.
+fn dispatch(
+    queue: &Queue,
+    dir: &Path,
+    exe: &Path,
+    pool: &str,
+) -> (
+    tokio::sync::watch::Sender<bool>,
+    tokio::task::JoinHandle<Result<(), tuneq_dispatcher::DispatchError>>,
+) {
+    let work = dir.join(pool);
+    std::fs::create_dir_all(&work).unwrap();
+    let runtime = LocalRuntime {
+        exe: exe.to_path_buf(),
+        work_dir: work.join("attempts"),
+        report_base_url: "http://127.0.0.1:9".into(),
+        device: Default::default(),
+        cache_dir: work.join("cache"),
+        memory_limit_bytes: None,
+    };
+    let mut config = DispatcherConfig::new(pool, pool);
+    config.tick = Duration::from_millis(50);
+    config.placement.preemptions_before_fallback = 2;
+    let dispatcher = Dispatcher::new(
+        queue.clone(),
+        config,
+        runtime,
+        AttemptSigner::new(vec![7; 32]),
+        work.join("attempts.json"),
+    );
+    let (stop, rx) = tokio::sync::watch::channel(false);
+    (stop, tokio::spawn(dispatcher.run(rx)))
+}
+
+async fn wait_until(queue: &Queue, id: &str, done: impl Fn(&JobRecord) -> bool) -> JobRecord {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let record = queue.get(id).await.unwrap().unwrap();
+        if done(&record) {
+            return record;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out; the job is {record:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn kinds_and_messages(queue: &Queue, id: &str) -> Vec<(String, String)> {
+    queue
+        .events(id, None, 100, false)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.kind, e.message))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preemptions_spend_no_retry_and_repeated_ones_move_the_job_to_its_next_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = queue(dir.path()).await;
+    q.set_pool("spot", 1).await.unwrap();
+    q.set_pool("on-demand", 1).await.unwrap();
+    // On the spot pool the trainer is always interrupted; elsewhere its input is bad.
+    let exe = trainer(
+        dir.path(),
+        r#"case "$3" in */spot/*) exit 75 ;; *) echo "error: no such dataset" >&2; exit 42 ;; esac"#,
+    );
+    let id = q.enqueue(&job(&["spot", "on-demand"])).await.unwrap().id;
+    // Only the spot pool runs until the job has moved on, so nothing else can take it.
+    let (stop_spot, spot) = dispatch(&q, dir.path(), &exe, "spot");
+    let moved = wait_until(&q, &id, |r| r.pools == ["on-demand"]).await;
+    assert_eq!(
+        (moved.state, moved.preemptions, moved.attempts),
+        (JobState::Queued, 2, 0)
+    );
+    let (stop_demand, demand) = dispatch(&q, dir.path(), &exe, "on-demand");
+    let done = wait_until(&q, &id, |r| r.state.is_terminal()).await;
+    assert_eq!(done.state, JobState::Failed);
+    assert_eq!(done.preemptions, 2);
+    assert!(
+        done.error
+            .as_deref()
+            .unwrap()
+            .contains("invalid input: error: no such dataset"),
+        "{done:?}"
+    );
+    let events = kinds_and_messages(&q, &id).await;
+    let leased: Vec<&str> = events
+        .iter()
+        .filter(|(k, _)| k == "leased")
+        .map(|(_, m)| m.as_str())
+        .collect();
+    assert_eq!(leased, ["spot", "spot", "on-demand"], "{events:?}");
+    let moved = events.iter().find(|(k, _)| k == "moved").unwrap();
+    assert!(moved.1.contains("preempted 2 times on spot"), "{moved:?}");
+    for (stop, task) in [(stop_spot, spot), (stop_demand, demand)] {
+        stop.send(true).unwrap();
+        task.await.unwrap().unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_trainer_is_a_preemption_and_a_killed_one_a_retried_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = queue(dir.path()).await;
+    q.set_pool("local", 1).await.unwrap();
+    // First run: interrupted. Second: killed outright. Third: bad input, to end it.
+    let counter = dir.path().join("runs");
+    let exe = trainer(
+        dir.path(),
+        &format!(
+            r#"echo x >> {c}; n=$(wc -l < {c})
+case $n in 1) exit 75 ;; 2) kill -KILL $$ ;; *) exit 42 ;; esac"#,
+            c = counter.display()
+        ),
+    );
+    let id = q.enqueue(&job(&["local"])).await.unwrap().id;
+    let (stop, task) = dispatch(&q, dir.path(), &exe, "local");
+    let done = wait_until(&q, &id, |r| r.state.is_terminal()).await;
+    // Failed attempts: the crash and the bad input; the preemption is not one.
+    assert_eq!(
+        (done.state, done.preemptions, done.attempts),
+        (JobState::Failed, 1, 2),
+        "{done:?}"
+    );
+    let events = kinds_and_messages(&q, &id).await;
+    let retried = events.iter().find(|(k, _)| k == "retry_scheduled").unwrap();
+    assert!(retried.1.contains("killed by signal 9"), "{retried:?}");
+    // A single pool is never taken away from a job.
+    assert!(!events.iter().any(|(k, _)| k == "moved"), "{events:?}");
+    stop.send(true).unwrap();
+    task.await.unwrap().unwrap();
+}
