@@ -10,7 +10,7 @@
 //! | 3 | … reason `PodFailurePolicy`, `… matching FailJob rule at index 0` | `Preempted` |
 //! | 4 | … reason `PodFailurePolicy`, `… at index 1` | `BadInput` |
 //! | 5 | Job `Suspended=True` (Kueue) | `Suspended` |
-//! | 6 | a terminal pod with `DisruptionTarget=True`, or failed as `Evicted`, `Terminated` by a node shutdown, `NodeShutdown`, `UnexpectedAdmissionError`, `OutOf…` | `Preempted` |
+//! | 6 | a failed pod with `DisruptionTarget=True`, or failed as `Evicted`, `Terminated` by a node shutdown, `NodeShutdown`, `UnexpectedAdmissionError`, `OutOf…` | `Preempted` |
 //! | 7 | the trainer exited 42 | `BadInput` |
 //! | 8 | the trainer was `OOMKilled` | `OutOfMemory` |
 //! | 9 | the trainer exited 75 or 143 (SIGTERM) | `Preempted` |
@@ -188,8 +188,9 @@ pub fn classify(job: &Job, pods: &[Pod], now: Timestamp, limits: &Limits) -> Att
     }
 
     // Rows 6–12: what the pods say about how the trainer ended.
+    // Only a failed pod: one that succeeded while being disrupted has finished its work.
     if let Some(end) = pods.iter().find_map(|p| {
-        pod_is_terminal(p)
+        (phase(p) == Some("Failed"))
             .then(|| {
                 disruption(p).map(|reason| AttemptEnd::Preempted {
                     reason: reason.to_string(),
@@ -223,9 +224,8 @@ pub fn classify(job: &Job, pods: &[Pod], now: Timestamp, limits: &Limits) -> Att
             .deletion_timestamp
             .as_ref()
             .and_then(|t| elapsed(now, t));
-        let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
         if !pod_is_terminal(p)
-            && (deleting_for.is_some_and(|d| d > NODE_LOST_AFTER) || phase == Some("Unknown"))
+            && (deleting_for.is_some_and(|d| d > NODE_LOST_AFTER) || phase(p) == Some("Unknown"))
         {
             return AttemptEnd::NodeLost { node: node(p) };
         }
@@ -298,7 +298,7 @@ pub fn classify(job: &Job, pods: &[Pod], now: Timestamp, limits: &Limits) -> Att
         };
     }
     for p in &live {
-        if p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Pending") {
+        if phase(p) == Some("Pending") {
             let reason = trainer_waiting(p)
                 .and_then(|w| w.reason.clone())
                 .unwrap_or_else(|| {
@@ -375,10 +375,11 @@ fn trainer_end(ended: &[(&Pod, &ContainerStateTerminated)], limits: &Limits) -> 
 /// Whether a pod has ended for good (phase `Succeeded` or `Failed`): its containers have
 /// stopped, whatever its node does next.
 pub fn pod_is_terminal(pod: &Pod) -> bool {
-    matches!(
-        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-        Some("Succeeded" | "Failed")
-    )
+    matches!(phase(pod), Some("Succeeded" | "Failed"))
+}
+
+fn phase(pod: &Pod) -> Option<&str> {
+    pod.status.as_ref()?.phase.as_deref()
 }
 
 /// The pods that may still run a trainer (pending, running, terminating, unknown): while
@@ -419,10 +420,10 @@ fn disruption(pod: &Pod) -> Option<&str> {
 /// A pod the node failed rather than the trainer: evicted for node pressure, terminated by
 /// a node shutdown, refused at admission (the GPU plugin not ready on a re-created node).
 fn failed_by_node(pod: &Pod) -> Option<AttemptEnd> {
-    let status = pod.status.as_ref()?;
-    if status.phase.as_deref() != Some("Failed") {
+    if phase(pod) != Some("Failed") {
         return None;
     }
+    let status = pod.status.as_ref()?;
     let reason = status.reason.as_deref()?;
     let message = status.message.as_deref().unwrap_or_default();
     let by_node = match reason {

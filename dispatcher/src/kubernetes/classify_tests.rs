@@ -293,6 +293,17 @@ fn the_table_reads_each_documented_shape() {
             preempted("TerminationByKubelet"),
         ),
         (
+            "a pod that succeeded while being disrupted has finished",
+            active_job(),
+            vec![pod(json!({}), json!({
+                "phase": "Succeeded",
+                "conditions": [{"type": "DisruptionTarget", "status": "True",
+                                "reason": "TerminationByKubelet", "message": "Pod was terminated in response to imminent node shutdown."}],
+                "containerStatuses": terminated(0, "Completed", None),
+            }))],
+            AttemptEnd::Succeeded,
+        ),
+        (
             "drain through the eviction API",
             active_job(),
             vec![disrupted_pod("EvictionByEvictionAPI", "Eviction API: evicting", 143)],
