@@ -17,9 +17,12 @@
 //! their leases to run out.
 //!
 //! Layout: [`local`] runs attempts as `tuneq train` child processes; [`journal`] keeps
-//! the live attempts on disk. Kubernetes Jobs come as a second runtime (a later issue).
+//! the live attempts on disk; [`kubernetes`] builds an attempt's Job and Secret and reads
+//! its Job and pods back as the attempt's end (the pure parts of the Kubernetes runtime;
+//! its client comes in a later issue).
 
 pub mod journal;
+pub mod kubernetes;
 pub mod local;
 
 use journal::{Journal, JournalEntry};

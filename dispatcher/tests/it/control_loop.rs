@@ -3,8 +3,6 @@
 //! exit the contract names is driven on purpose: interrupted (75) is a preemption that
 //! spends no retry and, repeated on one pool, moves the job on; SIGKILL is a crash that
 //! spends one; bad input (42) fails the job for good.
-#![allow(clippy::unwrap_used, missing_docs)]
-
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tuneq_dispatcher::local::LocalRuntime;

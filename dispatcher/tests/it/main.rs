@@ -1,0 +1,6 @@
+//! Integration tests of the dispatcher crate, one module per area.
+
+#![allow(clippy::unwrap_used)]
+
+mod control_loop;
+mod kubernetes_job;
