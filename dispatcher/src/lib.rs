@@ -1,9 +1,10 @@
 //! The dispatcher: the control loop between the queue and a runtime.
 //!
-//! One dispatcher serves one node pool. Each tick it
-//! 1. reaps attempts whose process ended and reports how (completed by the trainer's own
-//!    report, failed — retried with back-off or not, preempted when it was stopped
-//!    for a shutdown, confirmed cancelled);
+//! One dispatcher loop serves one node pool through one [`runtime::Runtime`]; a
+//! `tuneq dispatcher` process runs one loop per pool. Each tick it
+//! 1. reaps attempts that ended and reports how (completed by the trainer's own report,
+//!    failed — retried with back-off or not, preempted when its machine was taken or it
+//!    was stopped for a shutdown, moved on when no node was found, confirmed cancelled);
 //! 2. heartbeats live attempts; a refused heartbeat means the attempt was cancelled
 //!    (stop it, then confirm) or superseded (kill it at once: another attempt owns the
 //!    job's output now);
@@ -11,22 +12,23 @@
 //!    still running is adopted, anything else is requeued;
 //! 4. claims jobs while it has free slots and starts their attempts.
 //!
-//! It keeps a journal of its live attempts. After a restart (or a crash) it kills any
-//! attempt process left over and preempts those attempts, so their jobs go back to their
-//! place in line at once and resume from their last checkpoint, instead of waiting for
-//! their leases to run out.
+//! After a restart (or a crash) it asks the runtime what an earlier run left. Attempts
+//! that end with their dispatcher (the local runtime) are killed and preempted, so their
+//! jobs go back to their place in line at once and resume from their last checkpoint,
+//! instead of waiting for their leases to run out. Attempts that outlive it (Kubernetes
+//! Jobs) are adopted when the queue still backs them, and removed when it does not.
 //!
-//! Layout: [`local`] runs attempts as `tuneq train` child processes; [`journal`] keeps
-//! the live attempts on disk; [`kubernetes`] builds an attempt's Job and Secret and reads
-//! its Job and pods back as the attempt's end (the pure parts of the Kubernetes runtime;
-//! its client comes in a later issue).
+//! Layout: [`runtime`] is the interface; [`local`] runs attempts as `tuneq train` child
+//! processes, with [`journal`] keeping them on disk; [`kubernetes`] builds an attempt's
+//! Job and Secret and reads its Job and pods back as the attempt's end (the pure parts of
+//! the Kubernetes runtime; its client comes next).
 
 pub mod journal;
 pub mod kubernetes;
 pub mod local;
+pub mod runtime;
 
-use journal::{Journal, JournalEntry};
-use local::{Exit, LocalRuntime, Process};
+use runtime::{End, Launch, Runtime, State};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use tuneq_openapi::JobPayload;
@@ -101,36 +103,34 @@ enum Stopping {
 /// One attempt this dispatcher runs.
 struct Attempt {
     token: u64,
-    process: Process,
     last_heartbeat: Instant,
     stopping: Option<(Stopping, Instant)>,
+    /// The stop went out as a kill already.
+    killed: bool,
 }
 
 /// The control loop for one pool.
 pub struct Dispatcher {
     queue: Queue,
     config: DispatcherConfig,
-    runtime: LocalRuntime,
+    runtime: Box<dyn Runtime>,
     signer: AttemptSigner,
-    journal: Journal,
     attempts: HashMap<String, Attempt>,
 }
 
 impl Dispatcher {
-    /// A dispatcher; `journal` is the file that keeps its live attempts.
+    /// A dispatcher for `config.pool` running attempts on `runtime`.
     pub fn new(
         queue: Queue,
         config: DispatcherConfig,
-        runtime: LocalRuntime,
+        runtime: Box<dyn Runtime>,
         signer: AttemptSigner,
-        journal: std::path::PathBuf,
     ) -> Self {
         Self {
             queue,
             config,
             runtime,
             signer,
-            journal: Journal::new(journal),
             attempts: HashMap::new(),
         }
     }
@@ -159,34 +159,56 @@ impl Dispatcher {
         Ok(())
     }
 
-    /// Kills what a previous run left behind and preempts its attempts.
+    /// Settles what an earlier run left: adopts attempts that outlive the dispatcher
+    /// and are still the queue's live ones; kills the others and puts their jobs back
+    /// in line.
     async fn recover(&mut self) -> Result<(), DispatchError> {
-        let entries = self.journal.read().unwrap_or_else(|e| {
-            tracing::warn!(error = %e, "unreadable journal; leftover attempts will be found when their leases run out");
-            Vec::new()
-        });
-        for entry in entries {
-            if let Some(pid) = entry.pid
-                && local::is_trainer_of(pid, &entry.job)
-            {
-                tracing::warn!(job = %entry.job, pid, "killing an attempt left by an earlier run");
-                local::signal(pid, "KILL");
+        for (job, token) in self.runtime.leftovers().await? {
+            let record = self.queue.get(&job).await?;
+            let live = record.as_ref().is_some_and(|r| {
+                r.epoch == token
+                    && matches!(
+                        r.state,
+                        JobState::Leased | JobState::Running | JobState::Suspect
+                    )
+            });
+            if live && self.runtime.attempts_outlive_dispatcher() {
+                tracing::info!(job = %job, token, "adopting an attempt an earlier run started");
+                self.attempts.insert(
+                    job,
+                    Attempt {
+                        token,
+                        // Renewed at the first tick.
+                        last_heartbeat: Instant::now() - self.config.heartbeat,
+                        stopping: None,
+                        killed: false,
+                    },
+                );
+                continue;
             }
-            match self.queue.preempt(&entry.job, entry.token, RESTARTED).await {
+            tracing::warn!(job = %job, token, "stopping an attempt left by an earlier run");
+            self.runtime.kill(&job, token).await?;
+            let outcome = if live {
+                self.queue.preempt(&job, token, RESTARTED).await
+            } else {
+                Err(QueueError::StaleToken(job.clone()))
+            };
+            match outcome {
                 Ok(()) => {
-                    tracing::info!(job = %entry.job, "attempt of an earlier run preempted; the job resumes")
+                    tracing::info!(job = %job, "attempt of an earlier run preempted; the job resumes")
                 }
-                // Cancelled meanwhile: its process is gone now, so the cancel is done.
+                // Cancelled meanwhile: its attempt is gone now, so the cancel is done.
                 Err(QueueError::StaleToken(_) | QueueError::WrongState { .. }) => {
-                    if self.is_cancelling(&entry.job).await? {
-                        self.queue.confirm_cancelled(&entry.job).await?;
+                    if self.is_cancelling(&job).await? {
+                        self.queue.confirm_cancelled(&job).await?;
                     }
                 }
                 Err(QueueError::NotFound(_)) => {}
                 Err(e) => return Err(e.into()),
             }
+            self.runtime.release(&job, token).await?;
         }
-        self.save_journal()
+        Ok(())
     }
 
     /// Whether `job` waits for its attempt to be confirmed gone after a cancel. A cancel
@@ -200,19 +222,6 @@ impl Dispatcher {
             .is_some_and(|r| r.state == JobState::CancelRequested))
     }
 
-    fn save_journal(&self) -> Result<(), DispatchError> {
-        let entries: Vec<JournalEntry> = self
-            .attempts
-            .iter()
-            .map(|(job, a)| JournalEntry {
-                job: job.clone(),
-                token: a.token,
-                pid: a.process.child.id(),
-            })
-            .collect();
-        self.journal.write(&entries)
-    }
-
     /// One pass of the loop.
     async fn tick(&mut self) -> Result<(), DispatchError> {
         self.reap().await?;
@@ -221,42 +230,51 @@ impl Dispatcher {
         self.claim().await
     }
 
-    /// Reports attempts whose process has ended.
+    /// Reports attempts that have ended; kills stopping ones past their grace.
     async fn reap(&mut self) -> Result<(), DispatchError> {
         let mut ended = Vec::new();
-        for (job, attempt) in &mut self.attempts {
-            match attempt.process.child.try_wait() {
-                Ok(Some(status)) => {
-                    ended.push((job.clone(), local::classify(status, &attempt.process.dir)))
-                }
-                Ok(None) => {
+        let live: Vec<(String, u64)> = self
+            .attempts
+            .iter()
+            .map(|(job, a)| (job.clone(), a.token))
+            .collect();
+        for (job, token) in live {
+            match self.runtime.poll(&job, token).await {
+                Ok(State::Ended(end)) => ended.push((job, end)),
+                Ok(State::Running) => {
+                    let Some(attempt) = self.attempts.get_mut(&job) else {
+                        continue;
+                    };
                     if let Some((_, since)) = attempt.stopping
+                        && !attempt.killed
                         && since.elapsed() > self.config.stop_grace
                     {
-                        let _ = attempt.process.child.start_kill();
+                        attempt.killed = true;
+                        self.runtime.kill(&job, token).await?;
                     }
                 }
-                Err(e) => {
-                    tracing::warn!(job = %job, error = %e, "cannot watch an attempt");
-                }
+                Err(e) => tracing::warn!(job = %job, error = %e, "cannot watch an attempt"),
             }
         }
-        for (job, exit) in ended {
+        for (job, end) in ended {
             let Some(attempt) = self.attempts.remove(&job) else {
                 continue;
             };
-            self.report_exit(&job, &attempt, exit).await;
+            self.report_end(&job, &attempt, end).await;
+            if let Err(e) = self.runtime.release(&job, attempt.token).await {
+                tracing::warn!(job = %job, error = %e, "cannot clean up an ended attempt");
+            }
         }
-        self.save_journal()
+        Ok(())
     }
 
-    async fn report_exit(&self, job: &str, attempt: &Attempt, exit: Exit) {
+    async fn report_end(&self, job: &str, attempt: &Attempt, end: End) {
         let token = attempt.token;
         let stopping = attempt.stopping.map(|(why, _)| why);
-        let outcome = match (stopping, &exit) {
+        let outcome = match (stopping, &end) {
             (Some(Stopping::Cancel), _) => self.queue.confirm_cancelled(job).await,
             // A cancel reaches the trainer as "superseded" (see is_cancelling).
-            (Some(Stopping::Superseded), _) | (_, Exit::Superseded) => {
+            (Some(Stopping::Superseded), _) | (_, End::Superseded) => {
                 match self.is_cancelling(job).await {
                     Ok(true) => self.queue.confirm_cancelled(job).await,
                     Ok(false) => Ok(()),
@@ -264,7 +282,7 @@ impl Dispatcher {
                 }
             }
             (Some(Stopping::Shutdown), _) => self.queue.preempt(job, token, SHUTDOWN).await,
-            (None, Exit::Success) => match self.queue.get(job).await {
+            (None, End::Finished) => match self.queue.get(job).await {
                 // The trainer's final report completed the job.
                 Ok(Some(record)) if record.state.is_terminal() || record.epoch != token => Ok(()),
                 Ok(_) => self
@@ -281,25 +299,24 @@ impl Dispatcher {
             },
             // Stopped from outside (a machine shutting down) after its checkpoint: the
             // job keeps its place and resumes, no retry spent.
-            (None, Exit::Interrupted) => {
-                self.machine_taken(
-                    job,
-                    token,
-                    "the trainer was stopped from outside (SIGTERM) after a checkpoint",
-                )
+            (None, End::Interrupted(why)) => self.machine_taken(job, token, why).await,
+            (None, End::NoCapacity(why)) => self.no_capacity(job, token, why).await,
+            (None, End::Platform(why)) => self
+                .queue
+                .fail(job, token, &format!("platform error: {why}"), true)
                 .await
-            }
-            (None, Exit::BadInput(why)) => self
+                .map(|_| ()),
+            (None, End::BadInput(why)) => self
                 .queue
                 .fail(job, token, &format!("invalid input: {why}"), false)
                 .await
                 .map(|_| ()),
-            (None, Exit::Failed(why)) => self.queue.fail(job, token, why, true).await.map(|_| ()),
+            (None, End::Crashed(why)) => self.queue.fail(job, token, why, true).await.map(|_| ()),
         };
         match outcome {
-            Ok(()) => tracing::info!(job, token, ?exit, ?stopping, "attempt ended"),
+            Ok(()) => tracing::info!(job, token, ?end, ?stopping, "attempt ended"),
             Err(QueueError::StaleToken(_) | QueueError::WrongState { .. }) => {
-                tracing::info!(job, token, ?exit, "attempt ended after the job moved on")
+                tracing::info!(job, token, ?end, "attempt ended after the job moved on")
             }
             Err(e) => tracing::warn!(job, token, error = %e, "cannot report an attempt's end"),
         }
@@ -335,6 +352,31 @@ impl Dispatcher {
         tracing::warn!(job, %why, "moving a job on");
         self.queue
             .preempt_and_move(job, token, reason, &usable, &why)
+            .await
+    }
+
+    /// Puts back in line a job whose attempt found no node on this pool within the
+    /// placement timeout; when the job may run elsewhere, its next attempts go to the
+    /// rest of its pools.
+    async fn no_capacity(&self, job: &str, token: u64, why: &str) -> Result<(), QueueError> {
+        let Some(record) = self.queue.get(job).await? else {
+            return Err(QueueError::NotFound(job.to_string()));
+        };
+        let setbacks = [tuneq_pools::Setback::NoCapacity {
+            pool: self.config.pool.clone(),
+        }];
+        let usable = tuneq_pools::usable(&record.pools, &setbacks, &self.config.placement, 0);
+        let reason = format!("no node on {}: {why}", self.config.pool);
+        if record.pools.is_empty() || usable == record.pools {
+            return self.queue.preempt(job, token, &reason).await;
+        }
+        let moved = format!(
+            "no node on {} within its placement timeout; its next attempts run on {}",
+            self.config.pool,
+            usable.join(", ")
+        );
+        self.queue
+            .preempt_and_move(job, token, &reason, &usable, &moved)
             .await
     }
 
@@ -390,8 +432,9 @@ impl Dispatcher {
             if let Some(why) = stop {
                 tracing::info!(job, token, ?why, "stopping an attempt");
                 // Neither a cancelled nor a superseded attempt may write anything more.
-                let _ = attempt.process.child.start_kill();
                 attempt.stopping = Some((why, Instant::now()));
+                attempt.killed = true;
+                self.runtime.kill(&job, token).await?;
             }
         }
         Ok(())
@@ -460,31 +503,32 @@ impl Dispatcher {
                 }
             };
             let credential = self.signer.sign(&lease.id, lease.token);
-            match self
-                .runtime
-                .start(&lease.id, lease.token, &payload.spec, &credential)
-                .await
-            {
-                Ok(process) => {
-                    tracing::info!(finetune = %payload.finetune, pid = ?process.child.id(), "attempt started");
-                    // Tracked (and journaled) before anything else can fail, so the
-                    // process is never left running unwatched.
+            let launch = Launch {
+                job: &lease.id,
+                token: lease.token,
+                tenant: &lease.tenant,
+                spec: &payload.spec,
+                credential: &credential,
+            };
+            match self.runtime.start(&launch).await {
+                Ok(()) => {
+                    tracing::info!(finetune = %payload.finetune, runtime = self.runtime.kind(), "attempt started");
                     self.attempts.insert(
                         lease.id.clone(),
                         Attempt {
                             token: lease.token,
-                            process,
                             last_heartbeat: Instant::now(),
                             stopping: None,
+                            killed: false,
                         },
                     );
-                    self.save_journal()?;
                     if let Err(e) = self.queue.start(&lease.id, lease.token).await {
                         tracing::warn!(error = %e, "the lease was lost before the attempt started; stopping it");
                         if let Some(attempt) = self.attempts.get_mut(&lease.id) {
-                            let _ = attempt.process.child.start_kill();
                             attempt.stopping = Some((Stopping::Superseded, Instant::now()));
+                            attempt.killed = true;
                         }
+                        self.runtime.kill(&lease.id, lease.token).await?;
                     }
                 }
                 Err(e) => {
@@ -498,24 +542,33 @@ impl Dispatcher {
         Ok(())
     }
 
-    /// Asks every attempt to checkpoint and stop, waits for them, and preempts their jobs.
+    /// Asks every attempt to checkpoint and stop, waits for them, and preempts their
+    /// jobs. Attempts that outlive the dispatcher are left running: the next start
+    /// adopts them.
     async fn stop_all(&mut self) {
-        for (job, attempt) in &mut self.attempts {
-            if attempt.stopping.is_none() {
-                if let Some(pid) = attempt.process.child.id() {
-                    tracing::info!(job = %job, "stopping the attempt for shutdown (it checkpoints first)");
-                    local::signal(pid, "TERM");
-                }
-                attempt.stopping = Some((Stopping::Shutdown, Instant::now()));
+        if self.runtime.attempts_outlive_dispatcher() {
+            tracing::info!(
+                attempts = self.attempts.len(),
+                "leaving attempts running; the next start adopts them"
+            );
+            return;
+        }
+        let live: Vec<(String, u64)> = self
+            .attempts
+            .iter_mut()
+            .filter(|(_, a)| a.stopping.is_none())
+            .map(|(job, a)| {
+                a.stopping = Some((Stopping::Shutdown, Instant::now()));
+                (job.clone(), a.token)
+            })
+            .collect();
+        for (job, token) in live {
+            tracing::info!(job = %job, "stopping the attempt for shutdown (it checkpoints first)");
+            if let Err(e) = self.runtime.stop(&job, token).await {
+                tracing::warn!(job = %job, error = %e, "cannot stop an attempt");
             }
         }
-        let deadline = Instant::now() + self.config.stop_grace;
         while !self.attempts.is_empty() {
-            if Instant::now() > deadline {
-                for attempt in self.attempts.values_mut() {
-                    let _ = attempt.process.child.start_kill();
-                }
-            }
             if let Err(e) = self.reap().await {
                 tracing::warn!(error = %e, "cannot report stopped attempts");
                 break;

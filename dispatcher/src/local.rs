@@ -5,8 +5,15 @@
 //! location (where the next attempt resumes from the last checkpoint). Its stdout
 //! (JSON progress lines) and stderr go to files in the attempt's folder; the tail of
 //! stderr becomes the failure reason when it exits badly.
+//!
+//! Its attempts end with the dispatcher (a trainer asks the kernel to stop it when its
+//! parent dies). A journal ([`crate::journal`]) keeps their process ids, so a restarted
+//! dispatcher finds and kills what a crashed one left.
 
 use crate::DispatchError;
+use crate::journal::{Journal, JournalEntry};
+use crate::runtime::{End, Launch, Runtime, State};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use tuneq_openapi::launch::{self, TrainerExit};
@@ -14,7 +21,7 @@ use tuneq_openapi::{DeviceKind, TrainSpec};
 
 /// How attempts are started.
 #[derive(Debug, Clone)]
-pub struct LocalRuntime {
+pub struct LocalSettings {
     /// The `tuneq` binary.
     pub exe: PathBuf,
     /// Attempt folders go under it.
@@ -44,24 +51,167 @@ pub struct Process {
     pub dir: PathBuf,
 }
 
-/// How a child ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Exit {
-    /// Exit status 0.
-    Success,
-    /// Stopped from outside (SIGTERM) after a checkpoint: a preemption.
-    Interrupted,
-    /// Bad input: retrying cannot help.
-    BadInput(String),
-    /// It was told its attempt is no longer live.
-    Superseded,
-    /// Anything else (crash, kill, error): worth another attempt.
-    Failed(String),
+/// An attempt this runtime knows of.
+#[derive(Debug)]
+enum Tracked {
+    /// Started by this run.
+    Child { token: u64, process: Process },
+    /// Left by an earlier run (from the journal): only its process id is known.
+    Orphan { token: u64, pid: Option<u32> },
+}
+
+impl Tracked {
+    fn token(&self) -> u64 {
+        match self {
+            Self::Child { token, .. } | Self::Orphan { token, .. } => *token,
+        }
+    }
+
+    fn pid(&self) -> Option<u32> {
+        match self {
+            Self::Child { process, .. } => process.child.id(),
+            Self::Orphan { pid, .. } => *pid,
+        }
+    }
+}
+
+/// The local runtime: its settings, its attempts, its journal.
+#[derive(Debug)]
+pub struct LocalRuntime {
+    settings: LocalSettings,
+    journal: Journal,
+    attempts: HashMap<String, Tracked>,
 }
 
 impl LocalRuntime {
+    /// A runtime starting attempts as `settings` says; `journal` is the file that keeps
+    /// its live attempts.
+    pub fn new(settings: LocalSettings, journal: PathBuf) -> Self {
+        Self {
+            settings,
+            journal: Journal::new(journal),
+            attempts: HashMap::new(),
+        }
+    }
+
+    fn save_journal(&self) -> Result<(), DispatchError> {
+        let entries: Vec<JournalEntry> = self
+            .attempts
+            .iter()
+            .map(|(job, a)| JournalEntry {
+                job: job.clone(),
+                token: a.token(),
+                pid: a.pid(),
+            })
+            .collect();
+        self.journal.write(&entries)
+    }
+
+    fn tracked(&mut self, job: &str, token: u64) -> Option<&mut Tracked> {
+        self.attempts.get_mut(job).filter(|a| a.token() == token)
+    }
+}
+
+#[async_trait::async_trait]
+impl Runtime for LocalRuntime {
+    fn kind(&self) -> &'static str {
+        "local"
+    }
+
+    fn attempts_outlive_dispatcher(&self) -> bool {
+        false
+    }
+
+    async fn start(&mut self, launch: &Launch<'_>) -> Result<(), DispatchError> {
+        if self.tracked(launch.job, launch.token).is_some() {
+            return Ok(());
+        }
+        let process = self
+            .settings
+            .spawn(launch.job, launch.token, launch.spec, launch.credential)
+            .await?;
+        tracing::info!(job = launch.job, pid = ?process.child.id(), "trainer process started");
+        // Journaled before anything else can fail, so the process is never left
+        // running unwatched.
+        self.attempts.insert(
+            launch.job.to_string(),
+            Tracked::Child {
+                token: launch.token,
+                process,
+            },
+        );
+        self.save_journal()
+    }
+
+    async fn poll(&mut self, job: &str, token: u64) -> Result<State, DispatchError> {
+        match self.tracked(job, token) {
+            Some(Tracked::Child { process, .. }) => match process.child.try_wait() {
+                Ok(Some(status)) => Ok(State::Ended(classify(status, &process.dir))),
+                Ok(None) => Ok(State::Running),
+                Err(e) => Err(DispatchError::Runtime(format!("cannot watch {job}: {e}"))),
+            },
+            Some(Tracked::Orphan { pid, .. }) => {
+                if pid.is_some_and(|pid| is_trainer_of(pid, job)) {
+                    Ok(State::Running)
+                } else {
+                    Ok(State::Ended(End::Crashed(
+                        "the trainer ended while the dispatcher was away".into(),
+                    )))
+                }
+            }
+            None => Ok(State::Ended(End::Crashed("no such attempt here".into()))),
+        }
+    }
+
+    async fn stop(&mut self, job: &str, token: u64) -> Result<(), DispatchError> {
+        if let Some(pid) = self.tracked(job, token).and_then(|a| a.pid()) {
+            signal(pid, "TERM");
+        }
+        Ok(())
+    }
+
+    async fn kill(&mut self, job: &str, token: u64) -> Result<(), DispatchError> {
+        match self.tracked(job, token) {
+            Some(Tracked::Child { process, .. }) => {
+                let _ = process.child.start_kill();
+            }
+            // A recycled pid is never killed by mistake.
+            Some(Tracked::Orphan { pid: Some(pid), .. }) if is_trainer_of(*pid, job) => {
+                signal(*pid, "KILL");
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    async fn release(&mut self, job: &str, token: u64) -> Result<(), DispatchError> {
+        if self.tracked(job, token).is_some() {
+            self.attempts.remove(job);
+            self.save_journal()?;
+        }
+        Ok(())
+    }
+
+    async fn leftovers(&mut self) -> Result<Vec<(String, u64)>, DispatchError> {
+        let entries = self.journal.read().unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "unreadable journal; leftover attempts will be found when their leases run out");
+            Vec::new()
+        });
+        let mut found = Vec::new();
+        for entry in entries {
+            found.push((entry.job.clone(), entry.token));
+            self.attempts.entry(entry.job).or_insert(Tracked::Orphan {
+                token: entry.token,
+                pid: entry.pid,
+            });
+        }
+        Ok(found)
+    }
+}
+
+impl LocalSettings {
     /// Starts attempt `token` of `job` running `spec`.
-    pub async fn start(
+    async fn spawn(
         &self,
         job: &str,
         token: u64,
@@ -117,20 +267,22 @@ impl LocalRuntime {
 pub const PARENT_PID_ENV: &str = launch::ENV_PARENT_PID;
 
 /// What a finished child's status means, by the launch contract.
-pub fn classify(status: std::process::ExitStatus, dir: &Path) -> Exit {
+pub fn classify(status: std::process::ExitStatus, dir: &Path) -> End {
     use std::os::unix::process::ExitStatusExt;
     match TrainerExit::from_status(status.code(), status.signal()) {
-        TrainerExit::Finished => Exit::Success,
-        TrainerExit::Interrupted => Exit::Interrupted,
-        TrainerExit::Superseded => Exit::Superseded,
-        TrainerExit::BadInput => Exit::BadInput(stderr_tail(dir)),
+        TrainerExit::Finished => End::Finished,
+        TrainerExit::Interrupted => End::Interrupted(
+            "the trainer was stopped from outside (SIGTERM) after a checkpoint".into(),
+        ),
+        TrainerExit::Superseded => End::Superseded,
+        TrainerExit::BadInput => End::BadInput(stderr_tail(dir)),
         TrainerExit::Crashed {
             code: Some(code), ..
-        } => Exit::Failed(format!(
+        } => End::Crashed(format!(
             "trainer exited with status {code}: {}",
             stderr_tail(dir)
         )),
-        TrainerExit::Crashed { signal, .. } => Exit::Failed(format!(
+        TrainerExit::Crashed { signal, .. } => End::Crashed(format!(
             "trainer was killed by signal {}",
             signal.map_or("?".into(), |s| s.to_string())
         )),

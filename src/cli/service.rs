@@ -275,7 +275,7 @@ pub fn spawn_dispatcher(
         std::fs::create_dir_all(local.work_dir.join(sub))
             .with_context(|| format!("cannot create {}", local.work_dir.display()))?;
     }
-    let runtime = tuneq_dispatcher::local::LocalRuntime {
+    let settings = tuneq_dispatcher::local::LocalSettings {
         exe: std::env::current_exe().context("cannot find the tuneq binary")?,
         work_dir: local.work_dir.join("attempts"),
         report_base_url: local.report_url,
@@ -286,13 +286,9 @@ pub fn spawn_dispatcher(
     let mut config = tuneq_dispatcher::DispatcherConfig::new(&local.pool, &local.owner);
     config.slots = local.slots.max(1);
     config.placement = local.placement;
-    let dispatcher = tuneq_dispatcher::Dispatcher::new(
-        queue,
-        config,
-        runtime,
-        signer,
-        local.work_dir.join("attempts.json"),
-    );
+    let runtime =
+        tuneq_dispatcher::local::LocalRuntime::new(settings, local.work_dir.join("attempts.json"));
+    let dispatcher = tuneq_dispatcher::Dispatcher::new(queue, config, Box::new(runtime), signer);
     Ok(tokio::spawn(dispatcher.run(stop)))
 }
 

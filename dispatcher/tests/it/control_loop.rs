@@ -5,7 +5,7 @@
 //! spends one; bad input (42) fails the job for good.
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use tuneq_dispatcher::local::LocalRuntime;
+use tuneq_dispatcher::local::{LocalRuntime, LocalSettings};
 use tuneq_dispatcher::{Dispatcher, DispatcherConfig};
 use tuneq_queue::{AttemptSigner, JobQueue, JobRecord, JobState, NewJob, Queue, QueueConfig};
 
@@ -60,7 +60,7 @@ fn dispatch(
 ) {
     let work = dir.join(pool);
     std::fs::create_dir_all(&work).unwrap();
-    let runtime = LocalRuntime {
+    let settings = LocalSettings {
         exe: exe.to_path_buf(),
         work_dir: work.join("attempts"),
         report_base_url: "http://127.0.0.1:9".into(),
@@ -71,12 +71,12 @@ fn dispatch(
     let mut config = DispatcherConfig::new(pool, pool);
     config.tick = Duration::from_millis(50);
     config.placement.preemptions_before_fallback = 2;
+    let runtime = LocalRuntime::new(settings, work.join("attempts.json"));
     let dispatcher = Dispatcher::new(
         queue.clone(),
         config,
-        runtime,
+        Box::new(runtime),
         AttemptSigner::new(vec![7; 32]),
-        work.join("attempts.json"),
     );
     let (stop, rx) = tokio::sync::watch::channel(false);
     (stop, tokio::spawn(dispatcher.run(rx)))
@@ -183,4 +183,167 @@ case $n in 1) exit 75 ;; 2) kill -KILL $$ ;; *) exit 42 ;; esac"#,
     assert!(!events.iter().any(|(k, _)| k == "moved"), "{events:?}");
     stop.send(true).unwrap();
     task.await.unwrap().unwrap();
+}
+
+/// A runtime whose attempts outlive the dispatcher (as Kubernetes Jobs do), driven by
+/// the test: it records every call and ends attempts when told to.
+#[derive(Clone, Default)]
+struct Outliving(std::sync::Arc<std::sync::Mutex<Platform>>);
+
+#[derive(Default)]
+struct Platform {
+    /// Attempts on the platform: (job, token) → how they stand.
+    attempts: std::collections::BTreeMap<(String, u64), tuneq_dispatcher::runtime::State>,
+    starts: Vec<(String, u64)>,
+    kills: Vec<(String, u64)>,
+}
+
+#[async_trait::async_trait]
+impl tuneq_dispatcher::runtime::Runtime for Outliving {
+    fn kind(&self) -> &'static str {
+        "outliving"
+    }
+    fn attempts_outlive_dispatcher(&self) -> bool {
+        true
+    }
+    async fn start(
+        &mut self,
+        launch: &tuneq_dispatcher::runtime::Launch<'_>,
+    ) -> Result<(), tuneq_dispatcher::DispatchError> {
+        let mut p = self.0.lock().unwrap();
+        let key = (launch.job.to_string(), launch.token);
+        p.starts.push(key.clone());
+        p.attempts
+            .entry(key)
+            .or_insert(tuneq_dispatcher::runtime::State::Running);
+        Ok(())
+    }
+    async fn poll(
+        &mut self,
+        job: &str,
+        token: u64,
+    ) -> Result<tuneq_dispatcher::runtime::State, tuneq_dispatcher::DispatchError> {
+        let p = self.0.lock().unwrap();
+        Ok(p.attempts
+            .get(&(job.to_string(), token))
+            .cloned()
+            .unwrap_or(tuneq_dispatcher::runtime::State::Ended(
+                tuneq_dispatcher::runtime::End::Crashed("gone".into()),
+            )))
+    }
+    async fn stop(&mut self, _: &str, _: u64) -> Result<(), tuneq_dispatcher::DispatchError> {
+        Ok(())
+    }
+    async fn kill(&mut self, job: &str, token: u64) -> Result<(), tuneq_dispatcher::DispatchError> {
+        self.0.lock().unwrap().kills.push((job.to_string(), token));
+        Ok(())
+    }
+    async fn release(
+        &mut self,
+        job: &str,
+        token: u64,
+    ) -> Result<(), tuneq_dispatcher::DispatchError> {
+        self.0
+            .lock()
+            .unwrap()
+            .attempts
+            .remove(&(job.to_string(), token));
+        Ok(())
+    }
+    async fn leftovers(&mut self) -> Result<Vec<(String, u64)>, tuneq_dispatcher::DispatchError> {
+        Ok(self.0.lock().unwrap().attempts.keys().cloned().collect())
+    }
+}
+
+fn outliving_dispatcher(
+    queue: &Queue,
+    runtime: &Outliving,
+) -> (
+    tokio::sync::watch::Sender<bool>,
+    tokio::task::JoinHandle<Result<(), tuneq_dispatcher::DispatchError>>,
+) {
+    let mut config = DispatcherConfig::new("k8s", "k8s");
+    config.tick = Duration::from_millis(50);
+    config.slots = 2;
+    let dispatcher = Dispatcher::new(
+        queue.clone(),
+        config,
+        Box::new(runtime.clone()),
+        AttemptSigner::new(vec![7; 32]),
+    );
+    let (stop, rx) = tokio::sync::watch::channel(false);
+    (stop, tokio::spawn(dispatcher.run(rx)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempts_that_outlive_the_dispatcher_are_adopted_never_started_twice() {
+    use tuneq_dispatcher::runtime::{End, State};
+    let dir = tempfile::tempdir().unwrap();
+    let q = queue(dir.path()).await;
+    q.set_pool("k8s", 2).await.unwrap();
+    let platform = Outliving::default();
+    let id = q.enqueue(&job(&["k8s"])).await.unwrap().id;
+    let stale = q.enqueue(&job(&["k8s"])).await.unwrap().id;
+
+    let (stop, task) = outliving_dispatcher(&q, &platform);
+    let running = wait_until(&q, &id, |r| r.state == JobState::Running).await;
+    wait_until(&q, &stale, |r| r.state == JobState::Running).await;
+    // The dispatcher stops (or dies): its attempts keep running.
+    stop.send(true).unwrap();
+    task.await.unwrap().unwrap();
+    assert_eq!(platform.0.lock().unwrap().attempts.len(), 2);
+    // Meanwhile one job is cancelled: its attempt is no longer the queue's live one.
+    q.cancel(&stale).await.unwrap();
+
+    let (stop, task) = outliving_dispatcher(&q, &platform);
+    let cancelled = wait_until(&q, &stale, |r| r.state.is_terminal()).await;
+    assert_eq!(cancelled.state, JobState::Cancelled);
+    {
+        let p = platform.0.lock().unwrap();
+        assert_eq!(
+            p.starts.len(),
+            2,
+            "an adopted attempt is never started again"
+        );
+        assert!(
+            p.kills.iter().any(|(j, _)| *j == stale),
+            "the stale attempt is removed"
+        );
+        assert!(
+            !p.kills.iter().any(|(j, _)| *j == id),
+            "the live one is kept"
+        );
+    }
+    // The adopted attempt is heartbeated and its end is read: preempted on the platform.
+    platform.0.lock().unwrap().attempts.insert(
+        (id.clone(), running.epoch),
+        State::Ended(End::Interrupted("node shut down".into())),
+    );
+    let resumed = wait_until(&q, &id, |r| {
+        r.preemptions == 1 && r.state == JobState::Running
+    })
+    .await;
+    assert_eq!(resumed.attempts, 0);
+    assert!(resumed.epoch > running.epoch);
+    // Its next attempt finishes: the trainer's report completes the job, then it ends.
+    q.complete(&id, resumed.epoch, "{}").await.unwrap();
+    platform
+        .0
+        .lock()
+        .unwrap()
+        .attempts
+        .insert((id.clone(), resumed.epoch), State::Ended(End::Finished));
+    wait_until(&q, &id, |r| r.state == JobState::Succeeded).await;
+    // The ended attempt is read and released from the platform.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !platform.0.lock().unwrap().attempts.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "ended attempts are never released"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.send(true).unwrap();
+    task.await.unwrap().unwrap();
+    assert_eq!(platform.0.lock().unwrap().starts.len(), 3);
 }
