@@ -14,15 +14,19 @@
 //! so they are tested on object shapes written down from the Kubernetes sources and docs.
 //!
 //! Layout:
+//! - [`runtime`]: the [`crate::runtime::Runtime`] that creates, reads and deletes them
+//!   through the API server.
 //! - [`job`]: names, labels, the attempt Job and its Secret.
 //! - [`classify`]: the first-match table from a Job and its pods to an [`AttemptEnd`], and
 //!   the double-run guard's view of which pods are still alive.
 
 pub mod classify;
 pub mod job;
+pub mod runtime;
 
 pub use classify::{AttemptEnd, Limits, classify, non_terminal_pods, pod_is_terminal};
 pub use job::{AttemptLaunch, BuildError, build_job, build_secret, job_name, secret_name};
+pub use runtime::{KubernetesRuntime, KubernetesSettings};
 
 /// Label every object tuneq creates carries: `app.kubernetes.io/managed-by=tuneq`.
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";

@@ -1,0 +1,335 @@
+//! The Kubernetes runtime: each attempt is a `batch/v1` Job (and its per-attempt Secret)
+//! in the pool's namespace, created and read back through the API server with `kube`.
+//!
+//! Attempts outlive the dispatcher: a restarted one lists the Jobs of its pool
+//! ([`Runtime::leftovers`]) and adopts those the queue still backs. Every delete is
+//! `Background` (the API's default for Jobs orphans their pods) and nothing is ever
+//! replaced (no PUT). An attempt counts as ended only once no pod of it is still alive,
+//! so the next attempt of a job never runs beside a straggler of the last (the
+//! double-run guard): a pod stuck on a node that is gone is force-deleted once the Node
+//! object is confirmed deleted, and until then the attempt is still running.
+
+use super::classify::{AttemptEnd, Limits, classify, non_terminal_pods};
+use super::job::{AttemptLaunch, build_job, build_secret, job_name, label_value, secret_name};
+use super::{ANNOTATION_ATTEMPT_UID, ANNOTATION_JOB_ID, LABEL_ATTEMPT, LABEL_JOB_ID, LABEL_POOL};
+use crate::DispatchError;
+use crate::runtime::{End, Launch, Runtime, State};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Node, Pod, Secret};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+use tuneq_openapi::DeviceKind;
+use tuneq_pools::{Hardware, KubernetesPool, Pool};
+
+/// How often one attempt's Job and pods are read from the API server.
+const POLL_EVERY: Duration = Duration::from_secs(2);
+
+/// How attempts of one Kubernetes pool are started.
+#[derive(Debug, Clone)]
+pub struct KubernetesSettings {
+    /// The pool (its `kubernetes` table is required).
+    pub pool: Pool,
+    /// Where trainers report (the API's base URL as pods reach it).
+    pub report_base_url: String,
+    /// How long an image pull or a missing Secret may keep a pod from starting before
+    /// the attempt ends with a platform error.
+    pub platform_timeout: Duration,
+}
+
+/// The Kubernetes runtime of one pool.
+pub struct KubernetesRuntime {
+    settings: KubernetesSettings,
+    k: KubernetesPool,
+    jobs: Api<Job>,
+    pods: Api<Pod>,
+    secrets: Api<Secret>,
+    nodes: Api<Node>,
+    /// When each attempt was last read, and what was seen.
+    seen: HashMap<(String, u64), (Instant, State)>,
+}
+
+impl KubernetesRuntime {
+    /// A runtime for `settings.pool` talking to the cluster through `client`.
+    pub fn new(client: kube::Client, settings: KubernetesSettings) -> Result<Self, DispatchError> {
+        let k = settings.pool.kubernetes.clone().ok_or_else(|| {
+            DispatchError::Runtime(format!(
+                "pool {} has no [pool.kubernetes] table",
+                settings.pool.name
+            ))
+        })?;
+        Ok(Self {
+            jobs: Api::namespaced(client.clone(), &k.namespace),
+            pods: Api::namespaced(client.clone(), &k.namespace),
+            secrets: Api::namespaced(client.clone(), &k.namespace),
+            nodes: Api::all(client),
+            k,
+            settings,
+            seen: HashMap::new(),
+        })
+    }
+
+    /// The label selector of one attempt's pods.
+    fn attempt_selector(job: &str, token: u64) -> String {
+        format!(
+            "{LABEL_JOB_ID}={},{LABEL_ATTEMPT}={token}",
+            label_value(job)
+        )
+    }
+
+    /// Reads the attempt's Job and pods and says how it stands.
+    async fn read(&self, job: &str, token: u64) -> Result<State, DispatchError> {
+        let name = job_name(job, token);
+        let found = self.jobs.get_opt(&name).await.map_err(api)?;
+        let pods = self
+            .pods
+            .list(&ListParams::default().labels(&Self::attempt_selector(job, token)))
+            .await
+            .map_err(api)?
+            .items;
+        let alive = non_terminal_pods(&pods).len();
+        let Some(found) = found else {
+            // Deleted (by us after a cancel, by someone else, or by its TTL): over once
+            // its pods are gone.
+            return Ok(if alive > 0 {
+                State::Running
+            } else {
+                State::Ended(End::Interrupted(format!(
+                    "the attempt's Job {name} is gone"
+                )))
+            });
+        };
+        let limits = Limits::for_pool(&self.settings.pool, &self.k);
+        let end = classify(&found, &pods, k8s_openapi::jiff::Timestamp::now(), &limits);
+        if let AttemptEnd::NodeLost { node } = &end {
+            self.release_lost_pods(node.as_deref(), &pods).await?;
+            return Ok(State::Running);
+        }
+        if !end.is_over() {
+            return Ok(State::Running);
+        }
+        // The Job says it is over; the double-run guard waits for its pods.
+        if alive > 0 {
+            return Ok(State::Running);
+        }
+        Ok(State::Ended(match end {
+            AttemptEnd::Succeeded => End::Finished,
+            AttemptEnd::Preempted { reason, node } => End::Interrupted(match node {
+                Some(node) => format!("preempted on node {node} ({reason})"),
+                None => format!("preempted ({reason})"),
+            }),
+            AttemptEnd::BadInput { message } => End::BadInput(message),
+            AttemptEnd::OutOfMemory { message } => End::BadInput(message),
+            AttemptEnd::Superseded => End::Superseded,
+            AttemptEnd::Crashed { message, .. } => End::Crashed(message),
+            AttemptEnd::DeadlineExceeded => End::Crashed(format!(
+                "the attempt ran past its deadline of {}",
+                humantime::format_duration(self.k.attempt_deadline)
+            )),
+            AttemptEnd::PlatformError { reason, message } => {
+                End::Platform(format!("{reason}: {message}"))
+            }
+            AttemptEnd::NoCapacity { message } => End::NoCapacity(message),
+            AttemptEnd::Running
+            | AttemptEnd::Pending { .. }
+            | AttemptEnd::NodeLost { .. }
+            | AttemptEnd::Suspended => return Ok(State::Running),
+        }))
+    }
+
+    /// Force-deletes pods stuck on `node` once the Node object is confirmed gone: they
+    /// can no longer run, and the next attempt must not wait forever for them.
+    async fn release_lost_pods(
+        &self,
+        node: Option<&str>,
+        pods: &[Pod],
+    ) -> Result<(), DispatchError> {
+        let Some(node) = node else {
+            return Ok(());
+        };
+        if self.nodes.get_opt(node).await.map_err(api)?.is_some() {
+            return Ok(());
+        }
+        for pod in non_terminal_pods(pods) {
+            if let Some(name) = &pod.metadata.name {
+                tracing::warn!(pod = %name, node, "force-deleting a pod whose node is gone");
+                ignore_missing(
+                    self.pods
+                        .delete(name, &DeleteParams::background().grace_period(0))
+                        .await,
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes the attempt's Job (its pods with it) after `grace` seconds for them.
+    async fn delete_job(&self, job: &str, token: u64, grace: u32) -> Result<(), DispatchError> {
+        let name = job_name(job, token);
+        ignore_missing(
+            self.jobs
+                .delete(&name, &DeleteParams::background().grace_period(grace))
+                .await,
+        )
+    }
+
+    /// Deletes the attempt's pods with `grace` seconds to stop.
+    async fn delete_pods(&self, job: &str, token: u64, grace: u32) -> Result<(), DispatchError> {
+        let pods = self
+            .pods
+            .list(&ListParams::default().labels(&Self::attempt_selector(job, token)))
+            .await
+            .map_err(api)?
+            .items;
+        for pod in non_terminal_pods(&pods) {
+            if let Some(name) = &pod.metadata.name {
+                ignore_missing(
+                    self.pods
+                        .delete(name, &DeleteParams::background().grace_period(grace))
+                        .await,
+                )?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A `kube` error as the dispatcher's.
+fn api(e: kube::Error) -> DispatchError {
+    DispatchError::Runtime(format!("kubernetes: {e}"))
+}
+
+/// A delete's result, a missing object counting as deleted.
+fn ignore_missing<T>(result: Result<T, kube::Error>) -> Result<(), DispatchError> {
+    match result {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
+        Err(e) => Err(api(e)),
+    }
+}
+
+#[async_trait::async_trait]
+impl Runtime for KubernetesRuntime {
+    fn kind(&self) -> &'static str {
+        "kubernetes"
+    }
+
+    fn attempts_outlive_dispatcher(&self) -> bool {
+        true
+    }
+
+    async fn start(&mut self, launch: &Launch<'_>) -> Result<(), DispatchError> {
+        let mut spec = launch.spec.clone();
+        spec.device = match self.settings.pool.hardware {
+            Hardware::Gpu => DeviceKind::Cuda,
+            Hardware::Cpu => DeviceKind::Cpu,
+        };
+        let spec_json =
+            serde_json::to_string(&spec).map_err(|e| DispatchError::Runtime(e.to_string()))?;
+        let attempt = AttemptLaunch {
+            job_id: launch.job.to_string(),
+            attempt: launch.token,
+            tenant: launch.tenant.to_string(),
+            pool: self.settings.pool.name.clone(),
+            spec_hash: AttemptLaunch::hash_spec(&spec_json),
+            spec_json,
+            report_url: format!(
+                "{}/internal/attempts/{}/report",
+                self.settings.report_base_url.trim_end_matches('/'),
+                launch.job
+            ),
+            credential: launch.credential.to_string(),
+        };
+        let manifest = build_job(&attempt, &self.settings.pool, &self.k)
+            .map_err(|e| DispatchError::Runtime(e.to_string()))?;
+        let name = job_name(launch.job, launch.token);
+        let created = match self.jobs.create(&PostParams::default(), &manifest).await {
+            Ok(created) => created,
+            // Created by an earlier try whose answer was lost: adopt it only if it is
+            // this very attempt (the fencing token in its annotation).
+            Err(kube::Error::Api(status)) if status.is_already_exists() => {
+                let existing = self.jobs.get(&name).await.map_err(api)?;
+                let token = existing
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(ANNOTATION_ATTEMPT_UID));
+                if token.map(String::as_str) != Some(launch.token.to_string().as_str()) {
+                    return Err(DispatchError::Runtime(format!(
+                        "a Job {name} of another attempt exists; it is not adopted"
+                    )));
+                }
+                tracing::info!(job = launch.job, %name, "adopting the attempt's existing Job");
+                existing
+            }
+            Err(e) => return Err(api(e)),
+        };
+        let secret = build_secret(&attempt, &self.k.namespace, created.metadata.uid.as_deref());
+        match self.secrets.create(&PostParams::default(), &secret).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.is_already_exists() => {}
+            Err(e) => return Err(api(e)),
+        }
+        tracing::info!(job = launch.job, %name, pool = %self.settings.pool.name, "attempt Job created");
+        Ok(())
+    }
+
+    async fn poll(&mut self, job: &str, token: u64) -> Result<State, DispatchError> {
+        let key = (job.to_string(), token);
+        if let Some((at, state)) = self.seen.get(&key)
+            && at.elapsed() < POLL_EVERY
+        {
+            return Ok(state.clone());
+        }
+        let state = self.read(job, token).await?;
+        self.seen.insert(key, (Instant::now(), state.clone()));
+        Ok(state)
+    }
+
+    async fn stop(&mut self, job: &str, token: u64) -> Result<(), DispatchError> {
+        self.seen.remove(&(job.to_string(), token));
+        let grace = u32::try_from(self.k.termination_grace.as_secs()).unwrap_or(u32::MAX);
+        self.delete_pods(job, token, grace).await
+    }
+
+    async fn kill(&mut self, job: &str, token: u64) -> Result<(), DispatchError> {
+        self.seen.remove(&(job.to_string(), token));
+        self.delete_pods(job, token, 0).await?;
+        self.delete_job(job, token, 0).await
+    }
+
+    async fn release(&mut self, job: &str, token: u64) -> Result<(), DispatchError> {
+        self.seen.remove(&(job.to_string(), token));
+        self.delete_job(job, token, 0).await?;
+        // Owned by the Job, so collected with it; deleted here too in case the owner
+        // reference could not be set.
+        ignore_missing(
+            self.secrets
+                .delete(&secret_name(job, token), &DeleteParams::background())
+                .await,
+        )
+    }
+
+    async fn leftovers(&mut self) -> Result<Vec<(String, u64)>, DispatchError> {
+        let selector = format!(
+            "{},{LABEL_POOL}={}",
+            super::MANAGED_SELECTOR,
+            label_value(&self.settings.pool.name)
+        );
+        let jobs = self
+            .jobs
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .map_err(api)?;
+        Ok(jobs
+            .items
+            .into_iter()
+            .filter_map(|j| {
+                let annotations = j.metadata.annotations?;
+                let job = annotations.get(ANNOTATION_JOB_ID)?.clone();
+                let token = annotations.get(ANNOTATION_ATTEMPT_UID)?.parse().ok()?;
+                Some((job, token))
+            })
+            .collect())
+    }
+}
