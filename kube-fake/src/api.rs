@@ -232,10 +232,10 @@ fn dispatch(
                         .get(&key)
                         .ok_or_else(|| ApiError::not_found(target.kind, name))?;
                     for field in ["uid", "resourceVersion"] {
-                        if let Some(want) = pre.get(field).and_then(Value::as_str) {
-                            if meta_str(current, field) != Some(want) {
-                                return Err(ApiError::conflict(target.kind, name));
-                            }
+                        if let Some(want) = pre.get(field).and_then(Value::as_str)
+                            && meta_str(current, field) != Some(want)
+                        {
+                            return Err(ApiError::conflict(target.kind, name));
                         }
                     }
                 }
@@ -334,12 +334,13 @@ fn create(
             "a namespaced object must be created under /namespaces/<namespace>/",
         ));
     }
-    if let Some(ns) = meta_str(&body, "namespace") {
-        if target.kind.namespaced() && ns != namespace {
-            return Err(ApiError::bad_request(
-                "the namespace of the provided object does not match the namespace sent on the request",
-            ));
-        }
+    if let Some(ns) = meta_str(&body, "namespace")
+        && target.kind.namespaced()
+        && ns != namespace
+    {
+        return Err(ApiError::bad_request(
+            "the namespace of the provided object does not match the namespace sent on the request",
+        ));
     }
     let name = match (meta_str(&body, "name"), meta_str(&body, "generateName")) {
         (Some(n), _) if !n.is_empty() => n.to_string(),
@@ -425,10 +426,9 @@ fn patch(
             if let Some(want) = body
                 .pointer("/metadata/resourceVersion")
                 .and_then(Value::as_str)
+                && meta_str(&current, "resourceVersion") != Some(want)
             {
-                if meta_str(&current, "resourceVersion") != Some(want) {
-                    return Err(ApiError::conflict(target.kind, name));
-                }
+                return Err(ApiError::conflict(target.kind, name));
             }
             json_patch::merge(&mut patched, &body);
         }

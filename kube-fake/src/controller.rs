@@ -316,7 +316,6 @@ fn sync_job(s: &mut State, key: &Key) {
     if let Some((reason, message)) = &success {
         add_condition(&mut job, "SuccessCriteriaMet", reason, message, &now);
     }
-    s.write(key, job.clone());
 
     if failure.is_some() || success.is_some() {
         // The Job is over: what still runs is terminated.
@@ -355,21 +354,20 @@ fn sync_job(s: &mut State, key: &Key) {
                 .any(|c| c["type"] == "Ready" && c["status"] == "True")
         })
         .count();
-    let _ = s.update(key, |j, st| {
-        j["status"]["active"] = json!(active);
-        j["status"]["ready"] = json!(ready);
-        j["status"]["terminating"] = json!(terminating);
-        j["status"]["uncountedTerminatedPods"] = json!({});
-        if alive.is_empty() {
-            let now = st.now_string();
-            if let Some((reason, message)) = &failure {
-                add_condition(j, "Failed", reason, message, &now);
-            } else if let Some((reason, message)) = &success {
-                add_condition(j, "Complete", reason, message, &now);
-                j["status"]["completionTime"] = json!(now);
-            }
+    job["status"]["active"] = json!(active);
+    job["status"]["ready"] = json!(ready);
+    job["status"]["terminating"] = json!(terminating);
+    job["status"]["uncountedTerminatedPods"] = json!({});
+    if alive.is_empty() {
+        if let Some((reason, message)) = &failure {
+            add_condition(&mut job, "Failed", reason, message, &now);
+        } else if let Some((reason, message)) = &success {
+            add_condition(&mut job, "Complete", reason, message, &now);
+            job["status"]["completionTime"] = json!(now);
         }
-    });
+    }
+    // One status write per pass, as the real controller does.
+    s.write(key, job);
     release_counted(s, &key.1, &uid);
 }
 

@@ -463,11 +463,10 @@ impl FakeCluster {
         self.with_state(|s| {
             let key = pod_key(s, pod)?;
             let p = s.objects.get(&key).cloned().unwrap_or_default();
-            if let Some(node) = node_of(&p) {
-                if s.objects.contains_key(&(Kind::Node, String::new(), node.clone())) {
+            if let Some(node) = node_of(&p)
+                && s.objects.contains_key(&(Kind::Node, String::new(), node.clone())) {
                     return Err(Error::InvalidState(format!("node {node} of pod {pod} still exists")));
                 }
-            }
             s.update(&key, |p, st| {
                 let now = st.now_string();
                 set_condition(p, "DisruptionTarget", "True", Some("DeletionByPodGC"), Some(PODGC_MESSAGE), &now);

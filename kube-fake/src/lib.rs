@@ -182,6 +182,11 @@ impl FakeCluster {
         self.with_state(|s| s.rv)
     }
 
+    /// The cluster's clock (the machine's, plus what [`FakeCluster::advance`] added).
+    pub fn now(&self) -> k8s_openapi::jiff::Timestamp {
+        self.with_state(|s| s.now())
+    }
+
     /// Moves the cluster's clock forward (for `activeDeadlineSeconds`, the classifier's
     /// timeouts): times written afterwards are that much later.
     pub fn advance(&self, by: Duration) {

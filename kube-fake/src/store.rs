@@ -641,24 +641,24 @@ impl State {
                 warning,
             });
         }
-        if propagation == Propagation::Orphan {
-            if let Some(uid) = meta_str(&obj, "uid") {
-                let uid = uid.to_string();
-                self.orphan_dependants(&uid);
-            }
+        if propagation == Propagation::Orphan
+            && let Some(uid) = meta_str(&obj, "uid")
+        {
+            let uid = uid.to_string();
+            self.orphan_dependants(&uid);
         }
         let object = self.write(key, kept);
-        if propagation == Propagation::Foreground {
-            if let Some(uid) = meta_str(&object, "uid").map(str::to_string) {
-                for dep in self.dependants(&uid) {
-                    let _ = self.delete(
-                        &dep,
-                        &DeleteOptions {
-                            propagation: Some(Propagation::Background),
-                            ..Default::default()
-                        },
-                    );
-                }
+        if propagation == Propagation::Foreground
+            && let Some(uid) = meta_str(&object, "uid").map(str::to_string)
+        {
+            for dep in self.dependants(&uid) {
+                let _ = self.delete(
+                    &dep,
+                    &DeleteOptions {
+                        propagation: Some(Propagation::Background),
+                        ..Default::default()
+                    },
+                );
             }
         }
         self.settle();
@@ -692,7 +692,6 @@ impl State {
                         let rest: Vec<&String> =
                             fins.iter().filter(|f| *f != FOREGROUND_FINALIZER).collect();
                         meta_mut(&mut o).insert("finalizers".into(), json!(rest));
-                        self.objects.insert(key.clone(), o.clone());
                         let rv = self.next_rv();
                         meta_mut(&mut o).insert("resourceVersion".into(), json!(rv.to_string()));
                         self.objects.insert(key.clone(), o.clone());
