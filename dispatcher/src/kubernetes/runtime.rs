@@ -109,8 +109,14 @@ impl KubernetesRuntime {
         }
         let alive = non_terminal_pods(&pods).len();
         if let Some(node) = self.lost.get(&key) {
-            // Its node vanished: over once its pods are gone, whatever the Job says.
-            return Ok(if alive > 0 {
+            // Its node vanished: over once no pod of it can run anywhere else, whatever
+            // the Job says. Pods on the vanished node cannot (they were force-deleted;
+            // their objects may linger until the Job controller lets them go).
+            let elsewhere = non_terminal_pods(&pods)
+                .into_iter()
+                .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()) != Some(node))
+                .count();
+            return Ok(if elsewhere > 0 {
                 State::Running
             } else {
                 State::Ended(End::Interrupted(format!("node {node} is gone")))
