@@ -138,6 +138,25 @@ impl KubernetesRuntime {
         if !end.is_over() {
             return Ok(State::Running);
         }
+        // No node, or a container that could not be created: the pods never ran a
+        // trainer, so once removed they cannot overlap the next attempt.
+        let early = match &end {
+            AttemptEnd::NoCapacity { message } => Some(End::NoCapacity(message.clone())),
+            AttemptEnd::PlatformError { reason, message } => {
+                Some(End::Platform(format!("{reason}: {message}")))
+            }
+            _ => None,
+        };
+        if let Some(early) = early {
+            let live = non_terminal_pods(&pods);
+            if live.iter().any(|p| !never_started(p)) {
+                return Ok(State::Running);
+            }
+            if !live.is_empty() {
+                self.delete_pods(job, token, 0).await?;
+            }
+            return Ok(State::Ended(early));
+        }
         // The Job says it is over; the double-run guard waits for its pods.
         if alive > 0 {
             return Ok(State::Running);
@@ -179,8 +198,17 @@ impl KubernetesRuntime {
             ) else {
                 continue;
             };
-            if self.nodes.get_opt(node).await.map_err(api)?.is_some() {
-                continue;
+            match self.nodes.get_opt(node).await {
+                Ok(Some(_)) => continue,
+                Ok(None) => {}
+                // Reading Nodes takes a cluster-wide grant (docs: "Running on
+                // Kubernetes"); without it, a vanished node is noticed when Kubernetes'
+                // own pod garbage collector marks its pods.
+                Err(kube::Error::Api(status)) if status.code == 403 => {
+                    tracing::debug!(node, "may not read Nodes; leaving lost pods to the pod GC");
+                    continue;
+                }
+                Err(e) => return Err(api(e)),
             }
             tracing::warn!(pod = %name, node, "force-deleting a pod whose node is gone");
             ignore_missing(
@@ -233,6 +261,22 @@ pub async fn connect() -> Result<kube::Client, DispatchError> {
     kube::Client::try_default()
         .await
         .map_err(|e| DispatchError::Runtime(format!("cannot reach the Kubernetes API: {e}")))
+}
+
+/// Whether `pod` never ran its container: unscheduled, or its container still waiting
+/// to be created (an image not pulled, a Secret missing).
+fn never_started(pod: &Pod) -> bool {
+    let Some(status) = &pod.status else {
+        return true;
+    };
+    if status.phase.as_deref() != Some("Pending") {
+        return false;
+    }
+    status.container_statuses.as_ref().is_none_or(|statuses| {
+        statuses
+            .iter()
+            .all(|c| c.state.as_ref().is_none_or(|s| s.waiting.is_some()))
+    })
 }
 
 /// A `kube` error as the dispatcher's.

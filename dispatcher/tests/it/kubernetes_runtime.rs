@@ -232,3 +232,36 @@ async fn a_killed_attempt_ends_only_once_its_pods_are_gone() {
         State::Ended(End::Interrupted(_))
     ));
 }
+
+#[tokio::test]
+async fn a_pod_with_no_node_past_the_placement_timeout_ends_as_no_capacity_and_is_removed() {
+    let cluster = FakeCluster::new();
+    let mut pool = xeon("xeon");
+    if let Some(k) = pool.kubernetes.as_mut() {
+        // Timestamps have whole seconds: two of them are the shortest timeout to test.
+        k.placement_timeout = Duration::from_secs(2);
+    }
+    let mut rt = runtime(&cluster, pool);
+    start(&mut rt, "j1", 1).await.unwrap();
+    cluster.sync_jobs();
+    let pod = cluster
+        .live_pod_of(&format!("tuneq/{}", job_name("j1", 1)))
+        .unwrap();
+    cluster
+        .unschedulable(&pod, "0/3 nodes are available: 3 Insufficient cpu.")
+        .unwrap();
+    // Within the timeout it waits for a node.
+    assert_eq!(rt.poll("j1", 1).await.unwrap(), State::Running);
+    tokio::time::sleep(Duration::from_millis(3100)).await;
+    let State::Ended(End::NoCapacity(message)) = rt.poll("j1", 1).await.unwrap() else {
+        panic!("past the placement timeout it must end as no capacity");
+    };
+    assert!(message.contains("Insufficient cpu"), "{message}");
+    // The pod never ran a trainer; it is removed at once.
+    assert!(
+        cluster
+            .requests()
+            .iter()
+            .any(|r| r.method == "DELETE" && r.path.ends_with(&format!("/pods/{pod}")))
+    );
+}
