@@ -1,7 +1,9 @@
-//! `tuneq dispatcher`: claims jobs for node pools from the Redis queue and runs them on
-//! this machine (the local runtime), reporting to a `tuneq api`: one pool (`--pool`), or
-//! every local pool of a pools file (`--pools`), each with its own loop. Ctrl-C or
-//! SIGTERM checkpoints its running attempts and puts their jobs back in line.
+//! `tuneq dispatcher`: claims jobs for node pools from the Redis queue and runs them —
+//! on this machine (local pools) or as Jobs on a Kubernetes cluster (the one it runs in,
+//! or `KUBECONFIG`'s) — reporting to a `tuneq api`: one local pool (`--pool`), or every
+//! pool of a pools file (`--pools`), each with its own loop. Ctrl-C or SIGTERM
+//! checkpoints its local attempts and puts their jobs back in line; Kubernetes attempts
+//! keep running and are adopted by the next start.
 //! `--check-config FILE` checks a pools file and says what it defines.
 
 use super::service;
@@ -71,6 +73,14 @@ pub fn run(args: DispatcherArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// One pool this process serves.
+enum Dispatch {
+    /// Attempts as child processes here.
+    Local(service::LocalDispatch),
+    /// Attempts as Jobs on the cluster.
+    Kubernetes(Box<service::KubernetesDispatch>),
+}
+
 /// Checks a pools file and prints one line per pool.
 fn check_config(path: &std::path::Path) -> Result<ExitCode> {
     let file = service::load_pools(Some(path), &[], None)?;
@@ -131,18 +141,30 @@ async fn serve(args: DispatcherArgs) -> Result<()> {
                     .cloned()
                     .collect(),
             };
-            for pool in service::local_pools(&chosen)? {
-                let mut dispatch = service::LocalDispatch::for_pool(
-                    &pool,
-                    &file.placement,
-                    api_url.clone(),
-                    work_dir.join(&pool.name),
-                );
-                dispatch.owner = format!("{}@{host}", pool.name);
-                dispatches.push(dispatch);
+            for pool in &chosen.pools {
+                match pool.runtime {
+                    tuneq_pools::RuntimeKind::Local => {
+                        let mut dispatch = service::LocalDispatch::for_pool(
+                            pool,
+                            &file.placement,
+                            api_url.clone(),
+                            work_dir.join(&pool.name),
+                        );
+                        dispatch.owner = format!("{}@{host}", pool.name);
+                        dispatches.push(Dispatch::Local(dispatch));
+                    }
+                    tuneq_pools::RuntimeKind::Kubernetes => dispatches.push(Dispatch::Kubernetes(
+                        Box::new(service::KubernetesDispatch {
+                            pool: pool.clone(),
+                            placement: file.placement.clone(),
+                            report_url: api_url.clone(),
+                            owner: format!("{}@{host}", pool.name),
+                        }),
+                    )),
+                }
             }
         }
-        None => dispatches.push(service::LocalDispatch {
+        None => dispatches.push(Dispatch::Local(service::LocalDispatch {
             pool: args.pool.clone(),
             slots: args.slots,
             device: args.device.into(),
@@ -154,23 +176,52 @@ async fn serve(args: DispatcherArgs) -> Result<()> {
                 .unwrap_or_else(|| format!("{}@{host}", args.pool)),
             memory_limit_bytes: service::attempt_memory(args.attempt_memory_mib, args.slots),
             placement: Default::default(),
-        }),
+        })),
     }
     let queue = service::open_queue(Some(redis), std::path::Path::new("")).await?;
     let signer = service::attempt_signer(Some(secret))?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut tasks = Vec::new();
+    let mut client = None;
     for dispatch in dispatches {
-        println!(
-            "tuneq dispatcher serves pool {} with {} slot(s)",
-            dispatch.pool, dispatch.slots
-        );
-        tasks.push(service::spawn_dispatcher(
-            queue.clone(),
-            signer.clone(),
-            dispatch,
-            stop_rx.clone(),
-        )?);
+        match dispatch {
+            Dispatch::Local(local) => {
+                println!(
+                    "tuneq dispatcher serves pool {} with {} slot(s) (local)",
+                    local.pool, local.slots
+                );
+                tasks.push(service::spawn_dispatcher(
+                    queue.clone(),
+                    signer.clone(),
+                    local,
+                    stop_rx.clone(),
+                )?);
+            }
+            Dispatch::Kubernetes(dispatch) => {
+                // One client for every Kubernetes pool of the process.
+                let client = match &client {
+                    Some(client) => client,
+                    None => client.insert(tuneq_dispatcher::kubernetes::connect().await?),
+                };
+                println!(
+                    "tuneq dispatcher serves pool {} with {} slot(s) (kubernetes, namespace {})",
+                    dispatch.pool.name,
+                    dispatch.pool.slots,
+                    dispatch
+                        .pool
+                        .kubernetes
+                        .as_ref()
+                        .map_or("?", |k| k.namespace.as_str())
+                );
+                tasks.push(service::spawn_kubernetes_dispatcher(
+                    queue.clone(),
+                    signer.clone(),
+                    client.clone(),
+                    *dispatch,
+                    stop_rx.clone(),
+                )?);
+            }
+        }
     }
     use std::io::Write;
     let _ = std::io::stdout().flush();

@@ -263,6 +263,38 @@ impl LocalDispatch {
     }
 }
 
+/// What a dispatcher loop of a Kubernetes pool needs.
+pub struct KubernetesDispatch {
+    /// The pool.
+    pub pool: tuneq_pools::Pool,
+    /// When a job preempted there moves on to the rest of its pools.
+    pub placement: tuneq_pools::file::PlacementSettings,
+    /// The API's base URL as the trainer pods reach it.
+    pub report_url: String,
+    /// Its name as a lease owner.
+    pub owner: String,
+}
+
+/// Starts a dispatcher loop for a Kubernetes pool; it stops when `stop` turns true,
+/// leaving its attempts running (the next start adopts them).
+pub fn spawn_kubernetes_dispatcher(
+    queue: tuneq_queue::Queue,
+    signer: tuneq_queue::AttemptSigner,
+    client: tuneq_dispatcher::kubernetes::runtime::KubeClient,
+    dispatch: KubernetesDispatch,
+    stop: watch::Receiver<bool>,
+) -> Result<tokio::task::JoinHandle<Result<(), tuneq_dispatcher::DispatchError>>> {
+    let mut config = tuneq_dispatcher::DispatcherConfig::new(&dispatch.pool.name, &dispatch.owner);
+    config.slots = dispatch.pool.slots.max(1);
+    config.placement = dispatch.placement;
+    let runtime = tuneq_dispatcher::kubernetes::KubernetesRuntime::new(
+        client,
+        tuneq_dispatcher::kubernetes::KubernetesSettings::new(dispatch.pool, dispatch.report_url),
+    )?;
+    let dispatcher = tuneq_dispatcher::Dispatcher::new(queue, config, Box::new(runtime), signer);
+    Ok(tokio::spawn(dispatcher.run(stop)))
+}
+
 /// Starts a dispatcher with a local runtime; it stops (checkpointing its attempts) when
 /// `stop` turns true.
 pub fn spawn_dispatcher(

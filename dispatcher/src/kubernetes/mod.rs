@@ -26,7 +26,7 @@ pub mod runtime;
 
 pub use classify::{AttemptEnd, Limits, classify, non_terminal_pods, pod_is_terminal};
 pub use job::{AttemptLaunch, BuildError, build_job, build_secret, job_name, secret_name};
-pub use runtime::{KubernetesRuntime, KubernetesSettings};
+pub use runtime::{KubernetesRuntime, KubernetesSettings, connect};
 
 /// Label every object tuneq creates carries: `app.kubernetes.io/managed-by=tuneq`.
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";

@@ -22,9 +22,6 @@ use std::time::{Duration, Instant};
 use tuneq_openapi::DeviceKind;
 use tuneq_pools::{Hardware, KubernetesPool, Pool};
 
-/// How often one attempt's Job and pods are read from the API server.
-const POLL_EVERY: Duration = Duration::from_secs(2);
-
 /// How attempts of one Kubernetes pool are started.
 #[derive(Debug, Clone)]
 pub struct KubernetesSettings {
@@ -35,6 +32,21 @@ pub struct KubernetesSettings {
     /// How long an image pull or a missing Secret may keep a pod from starting before
     /// the attempt ends with a platform error.
     pub platform_timeout: Duration,
+    /// How often one attempt's Job and pods are read from the API server.
+    pub poll_every: Duration,
+}
+
+impl KubernetesSettings {
+    /// Settings for `pool` reporting to `report_base_url`: five minutes for platform
+    /// errors, each attempt read every two seconds.
+    pub fn new(pool: Pool, report_base_url: String) -> Self {
+        Self {
+            pool,
+            report_base_url,
+            platform_timeout: Duration::from_secs(300),
+            poll_every: Duration::from_secs(2),
+        }
+    }
 }
 
 /// The Kubernetes runtime of one pool.
@@ -47,6 +59,8 @@ pub struct KubernetesRuntime {
     nodes: Api<Node>,
     /// When each attempt was last read, and what was seen.
     seen: HashMap<(String, u64), (Instant, State)>,
+    /// Attempts whose node vanished under them, and the node: they end as preempted.
+    lost: HashMap<(String, u64), String>,
 }
 
 impl KubernetesRuntime {
@@ -66,6 +80,7 @@ impl KubernetesRuntime {
             k,
             settings,
             seen: HashMap::new(),
+            lost: HashMap::new(),
         })
     }
 
@@ -78,7 +93,8 @@ impl KubernetesRuntime {
     }
 
     /// Reads the attempt's Job and pods and says how it stands.
-    async fn read(&self, job: &str, token: u64) -> Result<State, DispatchError> {
+    async fn read(&mut self, job: &str, token: u64) -> Result<State, DispatchError> {
+        let key = (job.to_string(), token);
         let name = job_name(job, token);
         let found = self.jobs.get_opt(&name).await.map_err(api)?;
         let pods = self
@@ -87,7 +103,25 @@ impl KubernetesRuntime {
             .await
             .map_err(api)?
             .items;
+        if let Some(node) = self.release_lost_pods(&pods).await? {
+            tracing::warn!(job, token, %node, "the attempt's node is gone");
+            self.lost.insert(key.clone(), node);
+        }
         let alive = non_terminal_pods(&pods).len();
+        if let Some(node) = self.lost.get(&key) {
+            // Its node vanished: over once no pod of it can run anywhere else, whatever
+            // the Job says. Pods on the vanished node cannot (they were force-deleted;
+            // their objects may linger until the Job controller lets them go).
+            let elsewhere = non_terminal_pods(&pods)
+                .into_iter()
+                .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()) != Some(node))
+                .count();
+            return Ok(if elsewhere > 0 {
+                State::Running
+            } else {
+                State::Ended(End::Interrupted(format!("node {node} is gone")))
+            });
+        }
         let Some(found) = found else {
             // Deleted (by us after a cancel, by someone else, or by its TTL): over once
             // its pods are gone.
@@ -101,12 +135,27 @@ impl KubernetesRuntime {
         };
         let limits = Limits::for_pool(&self.settings.pool, &self.k);
         let end = classify(&found, &pods, k8s_openapi::jiff::Timestamp::now(), &limits);
-        if let AttemptEnd::NodeLost { node } = &end {
-            self.release_lost_pods(node.as_deref(), &pods).await?;
-            return Ok(State::Running);
-        }
         if !end.is_over() {
             return Ok(State::Running);
+        }
+        // No node, or a container that could not be created: the pods never ran a
+        // trainer, so once removed they cannot overlap the next attempt.
+        let early = match &end {
+            AttemptEnd::NoCapacity { message } => Some(End::NoCapacity(message.clone())),
+            AttemptEnd::PlatformError { reason, message } => {
+                Some(End::Platform(format!("{reason}: {message}")))
+            }
+            _ => None,
+        };
+        if let Some(early) = early {
+            let live = non_terminal_pods(&pods);
+            if live.iter().any(|p| !never_started(p)) {
+                return Ok(State::Running);
+            }
+            if !live.is_empty() {
+                self.delete_pods(job, token, 0).await?;
+            }
+            return Ok(State::Ended(early));
         }
         // The Job says it is over; the double-run guard waits for its pods.
         if alive > 0 {
@@ -137,30 +186,39 @@ impl KubernetesRuntime {
         }))
     }
 
-    /// Force-deletes pods stuck on `node` once the Node object is confirmed gone: they
-    /// can no longer run, and the next attempt must not wait forever for them.
-    async fn release_lost_pods(
-        &self,
-        node: Option<&str>,
-        pods: &[Pod],
-    ) -> Result<(), DispatchError> {
-        let Some(node) = node else {
-            return Ok(());
-        };
-        if self.nodes.get_opt(node).await.map_err(api)?.is_some() {
-            return Ok(());
-        }
+    /// Force-deletes live pods whose Node object is confirmed gone (a vanished VM
+    /// leaves them `Running` in the API): they can no longer run, and the next attempt
+    /// must not wait for them. Returns the node, when one was gone.
+    async fn release_lost_pods(&self, pods: &[Pod]) -> Result<Option<String>, DispatchError> {
+        let mut gone = None;
         for pod in non_terminal_pods(pods) {
-            if let Some(name) = &pod.metadata.name {
-                tracing::warn!(pod = %name, node, "force-deleting a pod whose node is gone");
-                ignore_missing(
-                    self.pods
-                        .delete(name, &DeleteParams::background().grace_period(0))
-                        .await,
-                )?;
+            let (Some(name), Some(node)) = (
+                &pod.metadata.name,
+                pod.spec.as_ref().and_then(|s| s.node_name.as_ref()),
+            ) else {
+                continue;
+            };
+            match self.nodes.get_opt(node).await {
+                Ok(Some(_)) => continue,
+                Ok(None) => {}
+                // Reading Nodes takes a cluster-wide grant (docs: "Running on
+                // Kubernetes"); without it, a vanished node is noticed when Kubernetes'
+                // own pod garbage collector marks its pods.
+                Err(kube::Error::Api(status)) if status.code == 403 => {
+                    tracing::debug!(node, "may not read Nodes; leaving lost pods to the pod GC");
+                    continue;
+                }
+                Err(e) => return Err(api(e)),
             }
+            tracing::warn!(pod = %name, node, "force-deleting a pod whose node is gone");
+            ignore_missing(
+                self.pods
+                    .delete(name, &DeleteParams::background().grace_period(0))
+                    .await,
+            )?;
+            gone = Some(node.clone());
         }
-        Ok(())
+        Ok(gone)
     }
 
     /// Deletes the attempt's Job (its pods with it) after `grace` seconds for them.
@@ -192,6 +250,33 @@ impl KubernetesRuntime {
         }
         Ok(())
     }
+}
+
+/// The Kubernetes client the runtime talks through.
+pub type KubeClient = kube::Client;
+
+/// A client for the cluster this process runs in, or the one `KUBECONFIG` (else
+/// `~/.kube/config`) names.
+pub async fn connect() -> Result<kube::Client, DispatchError> {
+    kube::Client::try_default()
+        .await
+        .map_err(|e| DispatchError::Runtime(format!("cannot reach the Kubernetes API: {e}")))
+}
+
+/// Whether `pod` never ran its container: unscheduled, or its container still waiting
+/// to be created (an image not pulled, a Secret missing).
+fn never_started(pod: &Pod) -> bool {
+    let Some(status) = &pod.status else {
+        return true;
+    };
+    if status.phase.as_deref() != Some("Pending") {
+        return false;
+    }
+    status.container_statuses.as_ref().is_none_or(|statuses| {
+        statuses
+            .iter()
+            .all(|c| c.state.as_ref().is_none_or(|s| s.waiting.is_some()))
+    })
 }
 
 /// A `kube` error as the dispatcher's.
@@ -277,7 +362,7 @@ impl Runtime for KubernetesRuntime {
     async fn poll(&mut self, job: &str, token: u64) -> Result<State, DispatchError> {
         let key = (job.to_string(), token);
         if let Some((at, state)) = self.seen.get(&key)
-            && at.elapsed() < POLL_EVERY
+            && at.elapsed() < self.settings.poll_every
         {
             return Ok(state.clone());
         }
@@ -300,6 +385,7 @@ impl Runtime for KubernetesRuntime {
 
     async fn release(&mut self, job: &str, token: u64) -> Result<(), DispatchError> {
         self.seen.remove(&(job.to_string(), token));
+        self.lost.remove(&(job.to_string(), token));
         self.delete_job(job, token, 0).await?;
         // Owned by the Job, so collected with it; deleted here too in case the owner
         // reference could not be set.

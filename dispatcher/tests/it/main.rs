@@ -4,3 +4,4 @@
 
 mod control_loop;
 mod kubernetes_job;
+mod kubernetes_runtime;

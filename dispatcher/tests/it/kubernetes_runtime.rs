@@ -1,0 +1,267 @@
+//! The Kubernetes runtime against the fake API server: the requests it sends (a 409
+//! adopted only for the same attempt, Background deletes, label selectors, no PUT), how
+//! it reads each way an attempt ends, what it finds after a restart, and the double-run
+//! guard (an attempt is over only when no pod of it is alive).
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+use serde_json::json;
+use std::path::Path;
+use std::time::Duration;
+use tuneq_dispatcher::kubernetes::{KubernetesRuntime, KubernetesSettings, job_name};
+use tuneq_dispatcher::runtime::{End, Launch, Runtime, State};
+use tuneq_kube_fake::{FakeCluster, Kind};
+use tuneq_openapi::TrainSpec;
+use tuneq_pools::{Pool, PoolsFile};
+
+/// The example Xeon pool (namespace `tuneq`), or another pool of the same shape.
+fn xeon(name: &str) -> Pool {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/pools/xeon.toml");
+    let mut pool = PoolsFile::load(&file).unwrap().pools.remove(0);
+    pool.name = name.to_string();
+    pool
+}
+
+fn runtime(cluster: &FakeCluster, pool: Pool) -> KubernetesRuntime {
+    let mut settings = KubernetesSettings::new(pool, "http://tuneq-api.tuneq.svc:8080".into());
+    settings.poll_every = Duration::ZERO;
+    KubernetesRuntime::new(cluster.client(), settings).unwrap()
+}
+
+fn spec() -> TrainSpec {
+    serde_json::from_value(
+        json!({"model": "m", "training_files": ["s3://b/t.jsonl"], "output": "s3://b/o"}),
+    )
+    .unwrap()
+}
+
+async fn start(
+    runtime: &mut KubernetesRuntime,
+    job: &str,
+    token: u64,
+) -> Result<(), tuneq_dispatcher::DispatchError> {
+    let spec = spec();
+    runtime
+        .start(&Launch {
+            job,
+            token,
+            tenant: "acme",
+            spec: &spec,
+            credential: "attempt-credential-never-inline",
+        })
+        .await
+}
+
+/// The attempt's only live pod, scheduled onto `node` and running.
+fn run_on(cluster: &FakeCluster, job: &str, token: u64, node: &str) -> String {
+    cluster.sync_jobs();
+    let pod = cluster
+        .live_pod_of(&format!("tuneq/{}", job_name(job, token)))
+        .expect("the Job controller made a pod");
+    cluster.schedule(&pod, node).unwrap();
+    cluster.run(&pod).unwrap();
+    pod
+}
+
+#[tokio::test]
+async fn an_attempt_runs_as_a_job_and_its_end_is_read_back() {
+    let cluster = FakeCluster::new();
+    let mut rt = runtime(&cluster, xeon("xeon"));
+    start(&mut rt, "j000000000001", 3).await.unwrap();
+    // A retried start (its answer lost) adopts the same attempt's Job.
+    start(&mut rt, "j000000000001", 3).await.unwrap();
+    let name = job_name("j000000000001", 3);
+    let jobs: Api<Job> = Api::namespaced(cluster.client(), "tuneq");
+    let job = jobs.get(&name).await.unwrap();
+    let secrets: Api<Secret> = Api::namespaced(cluster.client(), "tuneq");
+    let secret = secrets
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .remove(0);
+    let owner = &secret.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), &owner.uid),
+        ("Job", job.metadata.uid.as_ref().unwrap())
+    );
+    assert!(
+        !serde_json::to_string(&job)
+            .unwrap()
+            .contains("attempt-credential-never-inline")
+    );
+
+    assert_eq!(rt.poll("j000000000001", 3).await.unwrap(), State::Running);
+    let pod = run_on(&cluster, "j000000000001", 3, "node-1");
+    assert_eq!(rt.poll("j000000000001", 3).await.unwrap(), State::Running);
+    cluster.exit(&pod, 0, "Completed", None).unwrap();
+    cluster.sync_jobs();
+    assert_eq!(
+        rt.poll("j000000000001", 3).await.unwrap(),
+        State::Ended(End::Finished)
+    );
+    rt.release("j000000000001", 3).await.unwrap();
+    assert!(cluster.get(Kind::Job, &format!("tuneq/{name}")).is_none());
+
+    let requests = cluster.requests();
+    assert!(
+        !requests.iter().any(|r| r.method == "PUT"),
+        "nothing is ever replaced"
+    );
+    for r in requests.iter().filter(|r| r.method == "DELETE") {
+        assert_eq!(
+            r.param("propagationPolicy").as_deref(),
+            Some("Background"),
+            "{r:?}"
+        );
+    }
+    for r in requests
+        .iter()
+        .filter(|r| r.method == "GET" && (r.path.ends_with("/pods") || r.path.ends_with("/jobs")))
+    {
+        assert!(
+            r.param("labelSelector").is_some(),
+            "an unfiltered list: {r:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn preemption_bad_input_and_crashes_are_told_apart() {
+    let cluster = FakeCluster::new();
+    let mut rt = runtime(&cluster, xeon("xeon"));
+    // Preempted as GKE does it: SIGTERM, the trainer checkpoints and exits 75.
+    start(&mut rt, "j1", 1).await.unwrap();
+    let pod = run_on(&cluster, "j1", 1, "node-1");
+    cluster.preempt_node_shutdown(&pod, Some(75)).unwrap();
+    cluster.sync_jobs();
+    let State::Ended(End::Interrupted(why)) = rt.poll("j1", 1).await.unwrap() else {
+        panic!("a preemption must read as interrupted");
+    };
+    assert!(why.contains("node-1"), "{why}");
+    // Bad input (the trainer's exit 42): the job fails for good, with its message.
+    start(&mut rt, "j2", 2).await.unwrap();
+    let pod = run_on(&cluster, "j2", 2, "node-1");
+    cluster
+        .exit(&pod, 42, "Error", Some("line 3: messages: missing"))
+        .unwrap();
+    cluster.sync_jobs();
+    let State::Ended(End::BadInput(message)) = rt.poll("j2", 2).await.unwrap() else {
+        panic!("exit 42 must read as bad input");
+    };
+    assert!(message.contains("line 3"), "{message}");
+    // Any other exit is a crash.
+    start(&mut rt, "j3", 3).await.unwrap();
+    let pod = run_on(&cluster, "j3", 3, "node-1");
+    cluster.exit(&pod, 1, "Error", Some("panicked")).unwrap();
+    cluster.sync_jobs();
+    assert!(matches!(
+        rt.poll("j3", 3).await.unwrap(),
+        State::Ended(End::Crashed(_))
+    ));
+}
+
+#[tokio::test]
+async fn a_job_of_another_attempt_is_never_adopted_and_leftovers_are_the_pools_own() {
+    let cluster = FakeCluster::new();
+    let mut rt = runtime(&cluster, xeon("xeon"));
+    // A Job with this attempt's name but another fencing token (tampered or stale).
+    let name = job_name("j1", 4);
+    cluster
+        .create(
+            Kind::Job,
+            json!({
+                "apiVersion": "batch/v1", "kind": "Job",
+                "metadata": {"name": name, "namespace": "tuneq",
+                             "annotations": {"tuneq.io/attempt-uid": "99", "tuneq.io/job-id": "j1"}},
+                "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "trainer", "image": "x:1"}]}}}
+            }),
+        )
+        .unwrap();
+    let refused = start(&mut rt, "j1", 4).await.unwrap_err();
+    assert!(refused.to_string().contains("not adopted"), "{refused}");
+
+    start(&mut rt, "j2", 5).await.unwrap();
+    start(&mut rt, "j3", 6).await.unwrap();
+    let mut other = runtime(&cluster, xeon("xeon-big"));
+    start(&mut other, "j4", 7).await.unwrap();
+    let mut found = rt.leftovers().await.unwrap();
+    found.sort();
+    assert_eq!(found, [("j2".to_string(), 5), ("j3".to_string(), 6)]);
+    assert_eq!(other.leftovers().await.unwrap(), [("j4".to_string(), 7)]);
+}
+
+#[tokio::test]
+async fn a_vanished_node_is_noticed_its_pod_force_deleted_and_the_attempt_preempted() {
+    let cluster = FakeCluster::new();
+    let mut rt = runtime(&cluster, xeon("xeon"));
+    start(&mut rt, "j1", 1).await.unwrap();
+    let pod = run_on(&cluster, "j1", 1, "node-1");
+    // The VM is gone: the Node object with it, the pod left Running in the API.
+    cluster.delete_node("node-1").unwrap();
+    let state = rt.poll("j1", 1).await.unwrap();
+    let forced = cluster
+        .requests()
+        .into_iter()
+        .find(|r| r.method == "DELETE" && r.path.ends_with(&format!("/pods/{pod}")))
+        .expect("the pod on the vanished node is force-deleted");
+    assert_eq!(forced.param("gracePeriodSeconds").as_deref(), Some("0"));
+    // It can no longer run anywhere: the attempt is over, a preemption.
+    let State::Ended(End::Interrupted(why)) = state else {
+        panic!("a lost node is a preemption: {state:?}");
+    };
+    assert!(why.contains("node node-1 is gone"), "{why}");
+}
+
+#[tokio::test]
+async fn a_killed_attempt_ends_only_once_its_pods_are_gone() {
+    let cluster = FakeCluster::new();
+    let mut rt = runtime(&cluster, xeon("xeon"));
+    start(&mut rt, "j1", 1).await.unwrap();
+    let pod = run_on(&cluster, "j1", 1, "node-1");
+    rt.kill("j1", 1).await.unwrap();
+    // The pod is still being torn down (the Job controller has not released it yet):
+    // the attempt is not over, so its successor cannot start beside it.
+    assert!(cluster.get(Kind::Pod, &format!("tuneq/{pod}")).is_some());
+    assert_eq!(rt.poll("j1", 1).await.unwrap(), State::Running);
+    cluster.sync_jobs();
+    assert!(cluster.get(Kind::Pod, &format!("tuneq/{pod}")).is_none());
+    assert!(matches!(
+        rt.poll("j1", 1).await.unwrap(),
+        State::Ended(End::Interrupted(_))
+    ));
+}
+
+#[tokio::test]
+async fn a_pod_with_no_node_past_the_placement_timeout_ends_as_no_capacity_and_is_removed() {
+    let cluster = FakeCluster::new();
+    let mut pool = xeon("xeon");
+    if let Some(k) = pool.kubernetes.as_mut() {
+        // Timestamps have whole seconds: two of them are the shortest timeout to test.
+        k.placement_timeout = Duration::from_secs(2);
+    }
+    let mut rt = runtime(&cluster, pool);
+    start(&mut rt, "j1", 1).await.unwrap();
+    cluster.sync_jobs();
+    let pod = cluster
+        .live_pod_of(&format!("tuneq/{}", job_name("j1", 1)))
+        .unwrap();
+    cluster
+        .unschedulable(&pod, "0/3 nodes are available: 3 Insufficient cpu.")
+        .unwrap();
+    // Within the timeout it waits for a node.
+    assert_eq!(rt.poll("j1", 1).await.unwrap(), State::Running);
+    tokio::time::sleep(Duration::from_millis(3100)).await;
+    let State::Ended(End::NoCapacity(message)) = rt.poll("j1", 1).await.unwrap() else {
+        panic!("past the placement timeout it must end as no capacity");
+    };
+    assert!(message.contains("Insufficient cpu"), "{message}");
+    // The pod never ran a trainer; it is removed at once.
+    assert!(
+        cluster
+            .requests()
+            .iter()
+            .any(|r| r.method == "DELETE" && r.path.ends_with(&format!("/pods/{pod}")))
+    );
+}
