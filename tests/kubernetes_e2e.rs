@@ -299,6 +299,10 @@ async fn until<T>(
     }
 }
 
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|a| a.to_string()).collect()
+}
+
 fn step_of(job: &Value) -> u64 {
     job.pointer("/progress/step")
         .and_then(Value::as_u64)
@@ -352,7 +356,7 @@ termination_grace = "20s"
     )
     .unwrap();
     let s = |p: &Path| p.display().to_string();
-    let api_args: Vec<String> = [
+    let api_args = strings(&[
         "api",
         "--redis",
         &redis.url,
@@ -372,15 +376,13 @@ termination_grace = "20s"
         ADMIN,
         "--spool-dir",
         &s(&dir.join("spool")),
-    ]
-    .map(String::from)
-    .to_vec();
+    ]);
     let (_api, line) = Service::start(&api_args, &[], dir.join("api.log"), "tuneq api is up at ");
     let url = line
         .trim_start_matches("tuneq api is up at ")
         .trim()
         .to_string();
-    let dispatcher_args: Vec<String> = [
+    let dispatcher_args = strings(&[
         "dispatcher",
         "--redis",
         &redis.url,
@@ -392,9 +394,7 @@ termination_grace = "20s"
         &s(&pools),
         "--work-dir",
         &s(&dir.join("work")),
-    ]
-    .map(String::from)
-    .to_vec();
+    ]);
     let kube_env = [("KUBECONFIG", kubeconfig.as_path())];
     let start_dispatcher = |n: u32| {
         Service::start(
