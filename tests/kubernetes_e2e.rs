@@ -26,7 +26,6 @@ const LABEL_JOB_ID: &str = "tuneq.io/job-id";
 /// A `tuneq` child process, killed when dropped; its output goes to `log`.
 struct Service {
     child: Child,
-    log: PathBuf,
 }
 
 impl Service {
@@ -54,7 +53,7 @@ impl Service {
             let left = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left) {
                 Ok(line) if line.starts_with(ready) => {
-                    return (Self { child, log }, line);
+                    return (Self { child }, line);
                 }
                 Ok(_) => {}
                 Err(_) => panic!(
