@@ -401,7 +401,20 @@ impl FakeCluster {
     /// A spot preemption: the kubelet's graceful node shutdown. First `DisruptionTarget=True`
     /// (`TerminationByKubelet`), then phase `Failed`, reason `Terminated`, the kubelet's
     /// message, and the containers ended with `exit_code` (143, SIGTERM, when `None`).
+    ///
+    /// A pod that a [`ProcessKubelet`](crate::process::ProcessKubelet) runs gets the
+    /// condition now and its process SIGTERM; the rest is written when the process exits,
+    /// with its own exit code (`exit_code` is then unused).
     pub fn preempt_node_shutdown(&self, pod: &str, exit_code: Option<i32>) -> Result<()> {
+        self.node_shutdown_target(pod)?;
+        if self.signal_node_shutdown(pod)? {
+            return Ok(());
+        }
+        self.node_shutdown_end(pod, exit_code.unwrap_or(143))
+    }
+
+    /// The first half of a node shutdown: `DisruptionTarget=True` (`TerminationByKubelet`).
+    pub(crate) fn node_shutdown_target(&self, pod: &str) -> Result<()> {
         self.pod_update(pod, |p, _, now| {
             set_condition(
                 p,
@@ -412,8 +425,14 @@ impl FakeCluster {
                 now,
             );
         })?;
+        Ok(())
+    }
+
+    /// The second half of a node shutdown: the containers ended with `code`, phase
+    /// `Failed`, reason `Terminated`, the kubelet's message.
+    pub(crate) fn node_shutdown_end(&self, pod: &str, code: i32) -> Result<()> {
         self.pod_update(pod, |p, _, now| {
-            terminate(p, exit_code.unwrap_or(143), "Error", None, now);
+            terminate(p, code, "Error", None, now);
             p["status"]["phase"] = json!("Failed");
             p["status"]["reason"] = json!("Terminated");
             p["status"]["message"] = json!(NODE_SHUTDOWN_MESSAGE);

@@ -18,14 +18,18 @@
 //!   HTTP server and its kubeconfig.
 //! - [`controller`]: the Job controller simulator ([`FakeCluster::sync_jobs`]).
 //! - [`kubelet`]: the scheduler, kubelet and disruption simulators.
+//! - [`process`]: the process kubelet, which runs pods as local processes of a real
+//!   binary ([`FakeCluster::run_pods_as_processes`]).
 //!
 //! Concurrency: one `std::sync::Mutex` over the whole [`store::State`], never held across
 //! an await; every change bumps a `tokio::sync::watch` signal that open watch streams
-//! wait on. Simulators run only when a test calls them: no background timers.
+//! wait on. Simulators run only when a test calls them: no background timers, except the
+//! process kubelet's task once a test starts one.
 
 pub mod controller;
 pub mod kubelet;
 pub mod log;
+pub mod process;
 pub mod selector;
 pub mod store;
 pub mod transport;
@@ -79,6 +83,8 @@ pub(crate) struct Signal {
 struct Inner {
     state: Mutex<State>,
     signal: tokio::sync::watch::Sender<Signal>,
+    /// The process kubelet running this cluster's pods, if one is.
+    processes: Mutex<Option<std::sync::Weak<process::Shared>>>,
 }
 
 /// A fake cluster: cheap to clone (clones share the cluster).
@@ -111,6 +117,7 @@ impl FakeCluster {
             inner: Arc::new(Inner {
                 state: Mutex::new(State::default()),
                 signal,
+                processes: Mutex::new(None),
             }),
         }
     }
@@ -133,6 +140,15 @@ impl FakeCluster {
             changed
         });
         r
+    }
+
+    pub(crate) fn processes(
+        &self,
+    ) -> std::sync::MutexGuard<'_, Option<std::sync::Weak<process::Shared>>> {
+        self.inner
+            .processes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     pub(crate) fn subscribe(&self) -> tokio::sync::watch::Receiver<Signal> {

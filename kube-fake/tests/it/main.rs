@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod api;
+mod processes;
 mod simulators;
 mod watch;
 
