@@ -26,6 +26,7 @@
 pub mod journal;
 pub mod kubernetes;
 pub mod local;
+pub mod metrics;
 pub mod runtime;
 
 use runtime::{End, Launch, Runtime, State};
@@ -65,6 +66,8 @@ pub struct DispatcherConfig {
     pub stop_grace: Duration,
     /// When a job preempted on this pool moves on to the rest of its pools.
     pub placement: tuneq_pools::file::PlacementSettings,
+    /// Where it counts what it does (shared by the loops of one process).
+    pub metrics: metrics::Metrics,
 }
 
 impl DispatcherConfig {
@@ -78,7 +81,21 @@ impl DispatcherConfig {
             heartbeat: Duration::from_secs(5),
             stop_grace: Duration::from_secs(60),
             placement: Default::default(),
+            metrics: Default::default(),
         }
+    }
+}
+
+/// How an end is counted in the metrics.
+fn end_label(end: &End) -> &'static str {
+    match end {
+        End::Finished => "finished",
+        End::Interrupted(_) => "preempted",
+        End::BadInput(_) => "bad_input",
+        End::Superseded => "superseded",
+        End::Crashed(_) => "crashed",
+        End::NoCapacity(_) => "no_capacity",
+        End::Platform(_) => "platform_error",
     }
 }
 
@@ -224,6 +241,9 @@ impl Dispatcher {
 
     /// One pass of the loop.
     async fn tick(&mut self) -> Result<(), DispatchError> {
+        self.config
+            .metrics
+            .running(&self.config.pool, self.attempts.len());
         self.reap().await?;
         self.heartbeat().await?;
         self.settle_suspects().await?;
@@ -260,6 +280,9 @@ impl Dispatcher {
             let Some(attempt) = self.attempts.remove(&job) else {
                 continue;
             };
+            self.config
+                .metrics
+                .ended(&self.config.pool, end_label(&end));
             self.report_end(&job, &attempt, end).await;
             if let Err(e) = self.runtime.release(&job, attempt.token).await {
                 tracing::warn!(job = %job, error = %e, "cannot clean up an ended attempt");
@@ -502,6 +525,7 @@ impl Dispatcher {
                     continue;
                 }
             };
+            let claimed = Instant::now();
             let credential = self.signer.sign(&lease.id, lease.token);
             let launch = Launch {
                 job: &lease.id,
@@ -513,6 +537,9 @@ impl Dispatcher {
             match self.runtime.start(&launch).await {
                 Ok(()) => {
                     tracing::info!(finetune = %payload.finetune, runtime = self.runtime.kind(), "attempt started");
+                    self.config
+                        .metrics
+                        .started(&self.config.pool, claimed.elapsed());
                     self.attempts.insert(
                         lease.id.clone(),
                         Attempt {

@@ -44,6 +44,10 @@ pub struct DispatcherArgs {
     /// With `--pools`: a pool to serve (repeat; default: every pool of the file).
     #[arg(long = "serve", value_name = "POOL", requires = "pools_file")]
     serve: Vec<String>,
+    /// Serve Prometheus metrics per pool (attempts started, ended by how, running, time
+    /// to start) at `http://ADDR/metrics`, e.g. `0.0.0.0:9090`.
+    #[arg(long, env = "TUNEQ_METRICS_ADDR", value_name = "ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
     /// Check a pools file, print what it defines, and exit (0 when it is valid).
     #[arg(long, value_name = "FILE", exclusive = true)]
     check_config: Option<PathBuf>,
@@ -71,6 +75,36 @@ pub fn run(args: DispatcherArgs) -> Result<ExitCode> {
     }
     service::runtime()?.block_on(serve(args))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Serves `metrics` at `http://addr/metrics` until the task is aborted.
+fn serve_metrics(
+    addr: std::net::SocketAddr,
+    metrics: tuneq_dispatcher::metrics::Metrics,
+) -> Result<tokio::task::JoinHandle<std::io::Result<()>>> {
+    use actix_web::{App, HttpResponse, HttpServer, web};
+    let server = HttpServer::new(move || {
+        let metrics = metrics.clone();
+        App::new().route(
+            "/metrics",
+            web::get().to(move || {
+                let body = metrics.render();
+                async move {
+                    HttpResponse::Ok()
+                        .content_type("text/plain; version=0.0.4")
+                        .body(body)
+                }
+            }),
+        )
+    })
+    .workers(1)
+    .disable_signals()
+    .bind(addr)
+    .map_err(|e| anyhow::anyhow!(super::BadInput(format!("--metrics-addr {addr}: {e}"))))?;
+    for bound in server.addrs() {
+        println!("tuneq dispatcher metrics at http://{bound}/metrics");
+    }
+    Ok(tokio::spawn(server.run()))
 }
 
 /// One pool this process serves.
@@ -120,6 +154,7 @@ async fn serve(args: DispatcherArgs) -> Result<()> {
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "host".into());
     let work_dir = std::path::absolute(&args.work_dir)?;
+    let metrics = tuneq_dispatcher::metrics::Metrics::default();
     let mut dispatches = Vec::new();
     match &args.pools_file {
         Some(path) => {
@@ -151,6 +186,7 @@ async fn serve(args: DispatcherArgs) -> Result<()> {
                             work_dir.join(&pool.name),
                         );
                         dispatch.owner = format!("{}@{host}", pool.name);
+                        dispatch.metrics = metrics.clone();
                         dispatches.push(Dispatch::Local(dispatch));
                     }
                     tuneq_pools::RuntimeKind::Kubernetes => dispatches.push(Dispatch::Kubernetes(
@@ -159,6 +195,7 @@ async fn serve(args: DispatcherArgs) -> Result<()> {
                             placement: file.placement.clone(),
                             report_url: api_url.clone(),
                             owner: format!("{}@{host}", pool.name),
+                            metrics: metrics.clone(),
                         }),
                     )),
                 }
@@ -176,6 +213,7 @@ async fn serve(args: DispatcherArgs) -> Result<()> {
                 .unwrap_or_else(|| format!("{}@{host}", args.pool)),
             memory_limit_bytes: service::attempt_memory(args.attempt_memory_mib, args.slots),
             placement: Default::default(),
+            metrics: metrics.clone(),
         })),
     }
     let queue = service::open_queue(Some(redis), std::path::Path::new("")).await?;
@@ -223,9 +261,16 @@ async fn serve(args: DispatcherArgs) -> Result<()> {
             }
         }
     }
+    let metrics_server = match args.metrics_addr {
+        Some(addr) => Some(serve_metrics(addr, metrics.clone())?),
+        None => None,
+    };
     use std::io::Write;
     let _ = std::io::stdout().flush();
     service::shutdown_signal().await;
+    if let Some(server) = metrics_server {
+        server.abort();
+    }
     let _ = stop_tx.send(true);
     let forced = service::force_on_second_signal();
     let mut outcome = Ok(());

@@ -233,6 +233,8 @@ pub struct LocalDispatch {
     pub memory_limit_bytes: Option<u64>,
     /// When a job preempted here moves on to the rest of its pools.
     pub placement: tuneq_pools::file::PlacementSettings,
+    /// Where it counts what it does.
+    pub metrics: tuneq_dispatcher::metrics::Metrics,
 }
 
 impl LocalDispatch {
@@ -259,6 +261,7 @@ impl LocalDispatch {
                 .as_ref()
                 .map(tuneq_pools::quantity::Memory::bytes),
             placement: placement.clone(),
+            metrics: Default::default(),
         }
     }
 }
@@ -273,6 +276,8 @@ pub struct KubernetesDispatch {
     pub report_url: String,
     /// Its name as a lease owner.
     pub owner: String,
+    /// Where it counts what it does.
+    pub metrics: tuneq_dispatcher::metrics::Metrics,
 }
 
 /// Starts a dispatcher loop for a Kubernetes pool; it stops when `stop` turns true,
@@ -287,6 +292,7 @@ pub fn spawn_kubernetes_dispatcher(
     let mut config = tuneq_dispatcher::DispatcherConfig::new(&dispatch.pool.name, &dispatch.owner);
     config.slots = dispatch.pool.slots.max(1);
     config.placement = dispatch.placement;
+    config.metrics = dispatch.metrics;
     let runtime = tuneq_dispatcher::kubernetes::KubernetesRuntime::new(
         client,
         tuneq_dispatcher::kubernetes::KubernetesSettings::new(dispatch.pool, dispatch.report_url),
@@ -318,6 +324,7 @@ pub fn spawn_dispatcher(
     let mut config = tuneq_dispatcher::DispatcherConfig::new(&local.pool, &local.owner);
     config.slots = local.slots.max(1);
     config.placement = local.placement;
+    config.metrics = local.metrics;
     let runtime =
         tuneq_dispatcher::local::LocalRuntime::new(settings, local.work_dir.join("attempts.json"));
     let dispatcher = tuneq_dispatcher::Dispatcher::new(queue, config, Box::new(runtime), signer);

@@ -54,6 +54,7 @@ fn dispatch(
     dir: &Path,
     exe: &Path,
     pool: &str,
+    metrics: &tuneq_dispatcher::metrics::Metrics,
 ) -> (
     tokio::sync::watch::Sender<bool>,
     tokio::task::JoinHandle<Result<(), tuneq_dispatcher::DispatchError>>,
@@ -71,6 +72,7 @@ fn dispatch(
     let mut config = DispatcherConfig::new(pool, pool);
     config.tick = Duration::from_millis(50);
     config.placement.preemptions_before_fallback = 2;
+    config.metrics = metrics.clone();
     let runtime = LocalRuntime::new(settings, work.join("attempts.json"));
     let dispatcher = Dispatcher::new(
         queue.clone(),
@@ -120,13 +122,14 @@ async fn preemptions_spend_no_retry_and_repeated_ones_move_the_job_to_its_next_p
     );
     let id = q.enqueue(&job(&["spot", "on-demand"])).await.unwrap().id;
     // Only the spot pool runs until the job has moved on, so nothing else can take it.
-    let (stop_spot, spot) = dispatch(&q, dir.path(), &exe, "spot");
+    let metrics = tuneq_dispatcher::metrics::Metrics::default();
+    let (stop_spot, spot) = dispatch(&q, dir.path(), &exe, "spot", &metrics);
     let moved = wait_until(&q, &id, |r| r.pools == ["on-demand"]).await;
     assert_eq!(
         (moved.state, moved.preemptions, moved.attempts),
         (JobState::Queued, 2, 0)
     );
-    let (stop_demand, demand) = dispatch(&q, dir.path(), &exe, "on-demand");
+    let (stop_demand, demand) = dispatch(&q, dir.path(), &exe, "on-demand", &metrics);
     let done = wait_until(&q, &id, |r| r.state.is_terminal()).await;
     assert_eq!(done.state, JobState::Failed);
     assert_eq!(done.preemptions, 2);
@@ -146,6 +149,14 @@ async fn preemptions_spend_no_retry_and_repeated_ones_move_the_job_to_its_next_p
     assert_eq!(leased, ["spot", "spot", "on-demand"], "{events:?}");
     let moved = events.iter().find(|(k, _)| k == "moved").unwrap();
     assert!(moved.1.contains("preempted 2 times on spot"), "{moved:?}");
+    let text = metrics.render();
+    for line in [
+        "tuneq_dispatcher_attempts_started_total{pool=\"spot\"} 2",
+        "tuneq_dispatcher_attempts_ended_total{pool=\"spot\",end=\"preempted\"} 2",
+        "tuneq_dispatcher_attempts_ended_total{pool=\"on-demand\",end=\"bad_input\"} 1",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+    }
     for (stop, task) in [(stop_spot, spot), (stop_demand, demand)] {
         stop.send(true).unwrap();
         task.await.unwrap().unwrap();
@@ -168,7 +179,7 @@ case $n in 1) exit 75 ;; 2) kill -KILL $$ ;; *) exit 42 ;; esac"#,
         ),
     );
     let id = q.enqueue(&job(&["local"])).await.unwrap().id;
-    let (stop, task) = dispatch(&q, dir.path(), &exe, "local");
+    let (stop, task) = dispatch(&q, dir.path(), &exe, "local", &Default::default());
     let done = wait_until(&q, &id, |r| r.state.is_terminal()).await;
     // Failed attempts: the crash and the bad input; the preemption is not one.
     assert_eq!(
