@@ -25,7 +25,7 @@ use tuneq_openapi::ErrorBody;
 use tuneq_openapi::{
     AdapterFileUrl, AdapterInfo, AdapterUrls, AutoOrInt, AutoOrNumber, CheckpointMetrics,
     CheckpointPolicy, FineTuneCheckpoint, FineTuneCheckpointList, FineTuneCreate, FineTuneEvent,
-    FineTuneEventList, FineTuneJob, FineTuneList, HyperparametersRequest, JobError, JobEstimate,
+    FineTuneEventList, FineTuneJob, FineTuneList, HyperparametersRequest, JobError,
     JobHyperparameters, JobPayload, LoraSpec, Method, Model, Progress, QueueStanding, SamplingSpec,
     SupervisedSettings, TrainSpec, WebhookEvent, WebhookEventData, WebhookStatus,
 };
@@ -74,7 +74,7 @@ pub(crate) struct FineTuneRecord {
     max_cost: Option<f64>,
     /// What it was expected to take, at create.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    estimate: Option<JobEstimate>,
+    estimate: Option<tuneq_openapi::JobEstimate>,
 }
 
 /// A webhook's delivery, as the record keeps it.
@@ -363,7 +363,7 @@ async fn plan(
         ));
     }
     // The hardware class first: the cheapest refusal, before files are read.
-    place(
+    crate::fit::place(
         state,
         &tuneq_pools::Needs {
             class: &hardware,
@@ -467,30 +467,18 @@ async fn plan(
         return Err(spec_problems(&problems));
     }
     let memory_bytes = crate::fit::check_job(&base, &spec, &training)?;
-    let tokens = Some(tokens_to_process(
-        &training,
-        &base.id,
-        spec.hyperparameters.max_seq_len,
-    ))
-    .map(|per_epoch| per_epoch.saturating_mul(n_epochs));
-    let candidates = place(
+    let tokens =
+        crate::fit::tokens_to_process(&training, &base.id, spec.hyperparameters.max_seq_len)
+            .saturating_mul(n_epochs);
+    let (pools, estimate) = crate::fit::place(
         state,
         &tuneq_pools::Needs {
             class: &hardware,
             memory_bytes,
-            tokens,
+            tokens: Some(tokens),
             max_cost: body.max_cost,
         },
     )?;
-    let pools: Vec<String> = candidates.iter().map(|c| c.0.clone()).collect();
-    let estimate = candidates.first().and_then(|(pool, e)| {
-        e.map(|e| JobEstimate {
-            pool: pool.clone(),
-            seconds: e.seconds,
-            cost: e.cost,
-            pools: pools.clone(),
-        })
-    });
     let record = FineTuneRecord {
         id: id.to_string(),
         tenant: tenant.0.clone(),
@@ -523,36 +511,6 @@ async fn plan(
         spec,
         pools,
     })
-}
-
-/// The tokens one epoch over `training` puts through the model, for estimates: the
-/// upload's count with this model's tokenizer when it was made at a length no shorter
-/// than the job's (an upper bound then), else about four characters a token, at most
-/// `max_seq_len` per example.
-fn tokens_to_process(training: &tuneq_openapi::FileObject, model: &str, max_seq_len: u32) -> u64 {
-    let v = &training.validation;
-    match &v.tokens {
-        Some(t) if t.model == model && max_seq_len <= t.max_seq_len => t.tokens,
-        _ => (v.characters / 4)
-            .max(v.examples)
-            .min(v.examples.saturating_mul(u64::from(max_seq_len))),
-    }
-}
-
-/// The pools a job may use, best first, with their estimates; or the refusal, naming
-/// the field and the figures.
-fn place(
-    state: &AppState,
-    needs: &tuneq_pools::Needs<'_>,
-) -> ApiResult<Vec<(String, Option<tuneq_pools::Estimate>)>> {
-    tuneq_pools::plan(&state.config.pools, needs, &|_| None)
-        .map(|candidates| {
-            candidates
-                .into_iter()
-                .map(|c| (c.pool.name.clone(), c.estimate))
-                .collect()
-        })
-        .map_err(|refusal| ApiError::invalid(refusal.field(), refusal.code(), refusal.to_string()))
 }
 
 /// The answer to a spec that does not validate: the first problem's field, every

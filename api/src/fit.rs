@@ -2,10 +2,11 @@
 //! never train is refused with the numbers instead of failing (and being retried) later:
 //! a sequence length within the model's positions, a LoRA rank within the adapted
 //! projections' width, and the memory estimate placement compares with the pools'
-//! ([`tuneq_pools::memory`]).
+//! ([`tuneq_pools::memory`]); then which pools can take the job, and at what cost.
 
 use crate::error::{ApiError, ApiResult};
-use tuneq_openapi::{FileObject, TrainSpec};
+use crate::state::AppState;
+use tuneq_openapi::{FileObject, JobEstimate, TrainSpec};
 use tuneq_pools::{Ask, ModelShape};
 
 /// Refuses what `shape` cannot give `ask`, naming the field and the model's limit.
@@ -84,6 +85,42 @@ pub(crate) fn check_job(
     };
     check(&shape, &base.id, &ask)?;
     Ok(Some(tuneq_pools::memory_bytes(&shape, &ask)))
+}
+
+/// The tokens one epoch over `training` puts through the model, for estimates: the
+/// upload's count with this model's tokenizer when it was made at a length no shorter
+/// than the job's (an upper bound then), else about four characters a token, at most
+/// `max_seq_len` per example.
+pub(crate) fn tokens_to_process(training: &FileObject, model: &str, max_seq_len: u32) -> u64 {
+    let v = &training.validation;
+    match &v.tokens {
+        Some(t) if t.model == model && max_seq_len <= t.max_seq_len => t.tokens,
+        _ => (v.characters / 4)
+            .max(v.examples)
+            .min(v.examples.saturating_mul(u64::from(max_seq_len))),
+    }
+}
+
+/// The pools a job may use, best first, and its estimate on the first; or the refusal,
+/// naming the field and the figures.
+pub(crate) fn place(
+    state: &AppState,
+    needs: &tuneq_pools::Needs<'_>,
+) -> ApiResult<(Vec<String>, Option<JobEstimate>)> {
+    let candidates =
+        tuneq_pools::plan(&state.config.pools, needs, &|_| None).map_err(|refusal| {
+            ApiError::invalid(refusal.field(), refusal.code(), refusal.to_string())
+        })?;
+    let pools: Vec<String> = candidates.iter().map(|c| c.pool.name.clone()).collect();
+    let estimate = candidates.first().and_then(|first| {
+        first.estimate.map(|e| JobEstimate {
+            pool: first.pool.name.clone(),
+            seconds: e.seconds,
+            cost: e.cost,
+            pools: pools.clone(),
+        })
+    });
+    Ok((pools, estimate))
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ mod support;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
-use support::{ADMIN_KEY, examples, raw, start, upload};
+use support::{ADMIN_KEY, create, examples, raw, start, upload};
 
 #[tokio::test]
 async fn extension_methods_are_refused_and_never_become_metric_labels() {
@@ -392,20 +392,6 @@ async fn get(
 }
 
 /// Creates a job with `extra` merged into a valid request; the answer's status and body.
-async fn create(s: &support::Server, file: &str, extra: Value) -> (StatusCode, Value) {
-    let mut request = json!({"model": "base", "training_file": file});
-    for (k, v) in extra.as_object().unwrap() {
-        request[k] = v.clone();
-    }
-    let response = reqwest::Client::new()
-        .post(format!("{}/v1/fine_tuning/jobs", s.url))
-        .bearer_auth(&s.acme)
-        .json(&request)
-        .send()
-        .await
-        .unwrap();
-    (response.status(), response.json().await.unwrap())
-}
 
 #[tokio::test]
 async fn settings_that_can_never_train_are_refused_at_create_naming_the_field() {

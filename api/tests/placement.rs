@@ -8,7 +8,7 @@ mod support;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::sync::Arc;
-use support::{examples, start, upload};
+use support::{create, examples, start, upload};
 use tuneq_queue::JobQueue;
 
 const POOLS: &str = r#"
@@ -38,21 +38,6 @@ hardware = "cpu"
 cpu = 1
 memory = "1Mi"
 "#;
-
-async fn create(s: &support::Server, file: &str, extra: Value) -> (StatusCode, Value) {
-    let mut request = json!({"model": "base", "training_file": file});
-    for (k, v) in extra.as_object().unwrap() {
-        request[k] = v.clone();
-    }
-    let response = reqwest::Client::new()
-        .post(format!("{}/v1/fine_tuning/jobs", s.url))
-        .bearer_auth(&s.acme)
-        .json(&request)
-        .send()
-        .await
-        .unwrap();
-    (response.status(), response.json().await.unwrap())
-}
 
 #[tokio::test]
 async fn a_job_lists_the_pools_that_fit_spot_first_with_its_estimate_and_max_cost_is_kept() {

@@ -351,9 +351,6 @@ impl Dispatcher {
     /// say why.
     async fn machine_taken(&self, job: &str, token: u64, reason: &str) -> Result<(), QueueError> {
         let pool = &self.config.pool;
-        let Some(record) = self.queue.get(job).await? else {
-            return Err(QueueError::NotFound(job.to_string()));
-        };
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
@@ -362,44 +359,56 @@ impl Dispatcher {
             pool: pool.clone(),
             at_ms: now_ms,
         });
-        let usable = tuneq_pools::usable(&record.pools, &setbacks, &self.config.placement, now_ms);
-        if record.pools.is_empty() || usable == record.pools {
-            return self.queue.preempt(job, token, reason).await;
-        }
-        let why = format!(
-            "preempted {} times on {pool} within {}; its next attempts run on {}",
-            self.config.placement.preemptions_before_fallback,
-            humantime::format_duration(self.config.placement.preemption_window),
-            usable.join(", ")
-        );
-        tracing::warn!(job, %why, "moving a job on");
-        self.queue
-            .preempt_and_move(job, token, reason, &usable, &why)
-            .await
+        let placement = &self.config.placement;
+        self.requeue(job, token, reason, &setbacks, now_ms, |usable| {
+            format!(
+                "preempted {} times on {pool} within {}; its next attempts run on {}",
+                placement.preemptions_before_fallback,
+                humantime::format_duration(placement.preemption_window),
+                usable.join(", ")
+            )
+        })
+        .await
     }
 
     /// Puts back in line a job whose attempt found no node on this pool within the
     /// placement timeout; when the job may run elsewhere, its next attempts go to the
     /// rest of its pools.
     async fn no_capacity(&self, job: &str, token: u64, why: &str) -> Result<(), QueueError> {
+        let pool = &self.config.pool;
+        let setbacks = [tuneq_pools::Setback::NoCapacity { pool: pool.clone() }];
+        let reason = format!("no node on {pool}: {why}");
+        self.requeue(job, token, &reason, &setbacks, 0, |usable| {
+            format!(
+                "no node on {pool} within its placement timeout; its next attempts run on {}",
+                usable.join(", ")
+            )
+        })
+        .await
+    }
+
+    /// Preempts `job`; when `setbacks` take pools away from its list, it may from now on
+    /// run only on the rest, and a `moved` event says `moved(rest)`.
+    async fn requeue(
+        &self,
+        job: &str,
+        token: u64,
+        reason: &str,
+        setbacks: &[tuneq_pools::Setback],
+        now_ms: u64,
+        moved: impl FnOnce(&[String]) -> String,
+    ) -> Result<(), QueueError> {
         let Some(record) = self.queue.get(job).await? else {
             return Err(QueueError::NotFound(job.to_string()));
         };
-        let setbacks = [tuneq_pools::Setback::NoCapacity {
-            pool: self.config.pool.clone(),
-        }];
-        let usable = tuneq_pools::usable(&record.pools, &setbacks, &self.config.placement, 0);
-        let reason = format!("no node on {}: {why}", self.config.pool);
+        let usable = tuneq_pools::usable(&record.pools, setbacks, &self.config.placement, now_ms);
         if record.pools.is_empty() || usable == record.pools {
-            return self.queue.preempt(job, token, &reason).await;
+            return self.queue.preempt(job, token, reason).await;
         }
-        let moved = format!(
-            "no node on {} within its placement timeout; its next attempts run on {}",
-            self.config.pool,
-            usable.join(", ")
-        );
+        let why = moved(&usable);
+        tracing::warn!(job, %why, "moving a job on");
         self.queue
-            .preempt_and_move(job, token, &reason, &usable, &moved)
+            .preempt_and_move(job, token, reason, &usable, &why)
             .await
     }
 

@@ -642,6 +642,23 @@ impl Queue {
         (outcome, retried)
     }
 
+    /// Runs `preempt.lua` with `args` after the job and token (the reason, and for a
+    /// move the new pools and why): back in line, in its place.
+    async fn preempt_with(&self, id: &str, token: u64, args: &[String]) -> Result<()> {
+        self.fenced_transition(
+            &self.scripts.preempt,
+            id,
+            token,
+            args,
+            "preempt",
+            Done {
+                states: &[JobState::Queued],
+                or_deleted: false,
+            },
+        )
+        .await
+    }
+
     /// A fenced transition that moves the job to one of `done`: a repeat after a lost
     /// reply finds it already there and counts as success.
     async fn fenced_transition(
@@ -1085,18 +1102,7 @@ impl JobQueue for Queue {
     }
 
     async fn preempt(&self, id: &str, token: u64, reason: &str) -> Result<()> {
-        self.fenced_transition(
-            &self.scripts.preempt,
-            id,
-            token,
-            &[reason.to_string()],
-            "preempt",
-            Done {
-                states: &[JobState::Queued],
-                or_deleted: false,
-            },
-        )
-        .await
+        self.preempt_with(id, token, &[reason.to_string()]).await
     }
 
     async fn preempt_and_move(
@@ -1113,16 +1119,10 @@ impl JobQueue for Queue {
                 message: format!("pools must be names without commas, not {pools:?}"),
             });
         }
-        self.fenced_transition(
-            &self.scripts.preempt,
+        self.preempt_with(
             id,
             token,
             &[reason.to_string(), pools.join(","), why.to_string()],
-            "preempt",
-            Done {
-                states: &[JobState::Queued],
-                or_deleted: false,
-            },
         )
         .await
     }

@@ -108,6 +108,27 @@ pub async fn upload(s: &Server, key: &str, body: &str) -> String {
     file["id"].as_str().unwrap().to_string()
 }
 
+/// Creates a fine-tune of `base` on `file` for the tenant `acme`, with `extra` fields
+/// merged into the request; the status and the answer.
+pub async fn create(
+    s: &Server,
+    file: &str,
+    extra: serde_json::Value,
+) -> (reqwest::StatusCode, serde_json::Value) {
+    let mut request = serde_json::json!({"model": "base", "training_file": file});
+    for (k, v) in extra.as_object().unwrap() {
+        request[k] = v.clone();
+    }
+    let response = reqwest::Client::new()
+        .post(format!("{}/v1/fine_tuning/jobs", s.url))
+        .bearer_auth(&s.acme)
+        .json(&request)
+        .send()
+        .await
+        .unwrap();
+    (response.status(), response.json().await.unwrap())
+}
+
 /// `n` prompt/completion examples.
 pub fn examples(n: usize) -> String {
     (0..n)

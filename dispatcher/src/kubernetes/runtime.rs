@@ -92,17 +92,22 @@ impl KubernetesRuntime {
         )
     }
 
+    /// The attempt's pods, as the API server has them now.
+    async fn attempt_pods(&self, job: &str, token: u64) -> Result<Vec<Pod>, DispatchError> {
+        Ok(self
+            .pods
+            .list(&ListParams::default().labels(&Self::attempt_selector(job, token)))
+            .await
+            .map_err(api)?
+            .items)
+    }
+
     /// Reads the attempt's Job and pods and says how it stands.
     async fn read(&mut self, job: &str, token: u64) -> Result<State, DispatchError> {
         let key = (job.to_string(), token);
         let name = job_name(job, token);
         let found = self.jobs.get_opt(&name).await.map_err(api)?;
-        let pods = self
-            .pods
-            .list(&ListParams::default().labels(&Self::attempt_selector(job, token)))
-            .await
-            .map_err(api)?
-            .items;
+        let pods = self.attempt_pods(job, token).await?;
         if let Some(node) = self.release_lost_pods(&pods).await? {
             tracing::warn!(job, token, %node, "the attempt's node is gone");
             self.lost.insert(key.clone(), node);
@@ -233,12 +238,7 @@ impl KubernetesRuntime {
 
     /// Deletes the attempt's pods with `grace` seconds to stop.
     async fn delete_pods(&self, job: &str, token: u64, grace: u32) -> Result<(), DispatchError> {
-        let pods = self
-            .pods
-            .list(&ListParams::default().labels(&Self::attempt_selector(job, token)))
-            .await
-            .map_err(api)?
-            .items;
+        let pods = self.attempt_pods(job, token).await?;
         for pod in non_terminal_pods(&pods) {
             if let Some(name) = &pod.metadata.name {
                 ignore_missing(
