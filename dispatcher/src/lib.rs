@@ -253,6 +253,7 @@ impl Dispatcher {
     /// Reports attempts that have ended; kills stopping ones past their grace.
     async fn reap(&mut self) -> Result<(), DispatchError> {
         let mut ended = Vec::new();
+        let mut pending = 0;
         let live: Vec<(String, u64)> = self
             .attempts
             .iter()
@@ -261,7 +262,8 @@ impl Dispatcher {
         for (job, token) in live {
             match self.runtime.poll(&job, token).await {
                 Ok(State::Ended(end)) => ended.push((job, end)),
-                Ok(State::Running) => {
+                Ok(state @ (State::Running | State::Pending)) => {
+                    pending += usize::from(state == State::Pending);
                     let Some(attempt) = self.attempts.get_mut(&job) else {
                         continue;
                     };
@@ -276,6 +278,7 @@ impl Dispatcher {
                 Err(e) => tracing::warn!(job = %job, error = %e, "cannot watch an attempt"),
             }
         }
+        self.config.metrics.pending(&self.config.pool, pending);
         for (job, end) in ended {
             let Some(attempt) = self.attempts.remove(&job) else {
                 continue;

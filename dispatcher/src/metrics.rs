@@ -1,6 +1,7 @@
 //! The dispatcher's Prometheus metrics, per pool: attempts started, attempts ended by how
-//! they ended (preemptions among them), attempts running now, and how long claimed jobs
-//! took to be started on the runtime. Rendered in the text exposition format by
+//! they ended (preemptions among them), attempts held now and how many of them are still
+//! pending (placed, the trainer not started), and how long claimed jobs took to be
+//! started on the runtime. Rendered in the text exposition format by
 //! [`Metrics::render`]; `tuneq dispatcher --metrics-addr` serves it.
 
 use std::collections::BTreeMap;
@@ -16,6 +17,7 @@ struct Inner {
     started: BTreeMap<String, u64>,
     ended: BTreeMap<(String, &'static str), u64>,
     running: BTreeMap<String, u64>,
+    pending: BTreeMap<String, u64>,
     start_seconds: BTreeMap<String, (f64, u64)>,
 }
 
@@ -48,6 +50,13 @@ impl Metrics {
         });
     }
 
+    /// `n` of `pool`'s attempts are placed but their trainers not started yet.
+    pub fn pending(&self, pool: &str, n: usize) {
+        self.with(|m| {
+            m.pending.insert(pool.to_string(), n as u64);
+        });
+    }
+
     /// The metrics in Prometheus's text format.
     pub fn render(&self) -> String {
         use std::fmt::Write;
@@ -68,6 +77,11 @@ impl Metrics {
             let _ = writeln!(out, "# TYPE tuneq_dispatcher_attempts_running gauge");
             for (pool, n) in &m.running {
                 let _ = writeln!(out, "tuneq_dispatcher_attempts_running{{pool=\"{}\"}} {n}", label(pool));
+            }
+            let _ = writeln!(out, "# HELP tuneq_dispatcher_attempts_pending Attempts placed whose trainer has not started (no node yet, an image pulling), per pool.");
+            let _ = writeln!(out, "# TYPE tuneq_dispatcher_attempts_pending gauge");
+            for (pool, n) in &m.pending {
+                let _ = writeln!(out, "tuneq_dispatcher_attempts_pending{{pool=\"{}\"}} {n}", label(pool));
             }
             let _ = writeln!(out, "# HELP tuneq_dispatcher_time_to_start_seconds From a job's claim to its attempt started on the runtime.");
             let _ = writeln!(out, "# TYPE tuneq_dispatcher_time_to_start_seconds summary");
@@ -93,12 +107,14 @@ mod tests {
         m.ended("l4-spot", "preempted");
         m.ended("xeon", "finished");
         m.running("l4-spot", 1);
+        m.pending("l4-spot", 1);
         let text = m.render();
         for line in [
             "tuneq_dispatcher_attempts_started_total{pool=\"l4-spot\"} 2",
             "tuneq_dispatcher_attempts_ended_total{pool=\"l4-spot\",end=\"preempted\"} 2",
             "tuneq_dispatcher_attempts_ended_total{pool=\"xeon\",end=\"finished\"} 1",
             "tuneq_dispatcher_attempts_running{pool=\"l4-spot\"} 1",
+            "tuneq_dispatcher_attempts_pending{pool=\"l4-spot\"} 1",
             "tuneq_dispatcher_time_to_start_seconds_sum{pool=\"l4-spot\"} 2",
             "tuneq_dispatcher_time_to_start_seconds_count{pool=\"l4-spot\"} 2",
         ] {

@@ -28,7 +28,9 @@ pub struct Launch<'a> {
 /// How an attempt stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum State {
-    /// Placed or running.
+    /// Placed, its trainer not started yet (waiting for a node, an image, a volume).
+    Pending,
+    /// Its trainer runs (or the runtime cannot tell it from pending).
     Running,
     /// Over.
     Ended(End),

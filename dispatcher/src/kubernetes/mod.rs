@@ -16,12 +16,14 @@
 //! Layout:
 //! - [`runtime`]: the [`crate::runtime::Runtime`] that creates, reads and deletes them
 //!   through the API server.
+//! - `observe`: the watches of the pool's Jobs and pods that the runtime reads from.
 //! - [`job`]: names, labels, the attempt Job and its Secret.
 //! - [`classify`]: the first-match table from a Job and its pods to an [`AttemptEnd`], and
 //!   the double-run guard's view of which pods are still alive.
 
 pub mod classify;
 pub mod job;
+mod observe;
 pub mod runtime;
 
 pub use classify::{AttemptEnd, Limits, classify, non_terminal_pods, pod_is_terminal};

@@ -1,6 +1,10 @@
 //! The Kubernetes runtime: each attempt is a `batch/v1` Job (and its per-attempt Secret)
 //! in the pool's namespace, created and read back through the API server with `kube`.
 //!
+//! Jobs and pods are watched (see [`super::observe`]), so following many attempts costs no
+//! request per tick; an end seen in the watch caches is confirmed by reading the API
+//! server itself before the attempt counts as over.
+//!
 //! Attempts outlive the dispatcher: a restarted one lists the Jobs of its pool
 //! ([`Runtime::leftovers`]) and adopts those the queue still backs. Every delete is
 //! `Background` (the API's default for Jobs orphans their pods) and nothing is ever
@@ -11,6 +15,7 @@
 
 use super::classify::{AttemptEnd, Limits, classify, non_terminal_pods};
 use super::job::{AttemptLaunch, build_job, build_secret, job_name, label_value, secret_name};
+use super::observe::Observer;
 use super::{ANNOTATION_ATTEMPT_UID, ANNOTATION_JOB_ID, LABEL_ATTEMPT, LABEL_JOB_ID, LABEL_POOL};
 use crate::DispatchError;
 use crate::runtime::{End, Launch, Runtime, State};
@@ -32,19 +37,20 @@ pub struct KubernetesSettings {
     /// How long an image pull or a missing Secret may keep a pod from starting before
     /// the attempt ends with a platform error.
     pub platform_timeout: Duration,
-    /// How often one attempt's Job and pods are read from the API server.
-    pub poll_every: Duration,
+    /// How often the nodes under one attempt's live pods are checked for having vanished
+    /// (a pod on a deleted VM stays `Running` in the API, so only the Node tells).
+    pub node_check_every: Duration,
 }
 
 impl KubernetesSettings {
     /// Settings for `pool` reporting to `report_base_url`: five minutes for platform
-    /// errors, each attempt read every two seconds.
+    /// errors, the nodes under each attempt checked every ten seconds.
     pub fn new(pool: Pool, report_base_url: String) -> Self {
         Self {
             pool,
             report_base_url,
             platform_timeout: Duration::from_secs(300),
-            poll_every: Duration::from_secs(2),
+            node_check_every: Duration::from_secs(10),
         }
     }
 }
@@ -57,14 +63,17 @@ pub struct KubernetesRuntime {
     pods: Api<Pod>,
     secrets: Api<Secret>,
     nodes: Api<Node>,
-    /// When each attempt was last read, and what was seen.
-    seen: HashMap<(String, u64), (Instant, State)>,
+    /// The pool's Jobs and pods as the watches report them.
+    observer: Observer,
+    /// When the nodes under each attempt's pods were last checked.
+    nodes_checked: HashMap<(String, u64), Instant>,
     /// Attempts whose node vanished under them, and the node: they end as preempted.
     lost: HashMap<(String, u64), String>,
 }
 
 impl KubernetesRuntime {
-    /// A runtime for `settings.pool` talking to the cluster through `client`.
+    /// A runtime for `settings.pool` talking to the cluster through `client`; starts the
+    /// pool's watches, so it must be made inside a tokio runtime.
     pub fn new(client: kube::Client, settings: KubernetesSettings) -> Result<Self, DispatchError> {
         let k = settings.pool.kubernetes.clone().ok_or_else(|| {
             DispatchError::Runtime(format!(
@@ -73,13 +82,14 @@ impl KubernetesRuntime {
             ))
         })?;
         Ok(Self {
+            observer: Observer::start(client.clone(), &k.namespace, &settings.pool.name),
             jobs: Api::namespaced(client.clone(), &k.namespace),
             pods: Api::namespaced(client.clone(), &k.namespace),
             secrets: Api::namespaced(client.clone(), &k.namespace),
             nodes: Api::all(client),
             k,
             settings,
-            seen: HashMap::new(),
+            nodes_checked: HashMap::new(),
             lost: HashMap::new(),
         })
     }
@@ -102,13 +112,39 @@ impl KubernetesRuntime {
             .items)
     }
 
-    /// Reads the attempt's Job and pods and says how it stands.
-    async fn read(&mut self, job: &str, token: u64) -> Result<State, DispatchError> {
+    /// The attempt's Job and pods: from the watch caches when they are current and
+    /// `direct` is false, else from the API server. A Job the caches lack (created a
+    /// moment ago, or gone) is always looked up.
+    async fn observe(
+        &self,
+        job: &str,
+        token: u64,
+        direct: bool,
+    ) -> Result<(Option<Job>, Vec<Pod>), DispatchError> {
+        let name = job_name(job, token);
+        if !direct && self.observer.is_current() {
+            let pods = self.observer.pods(job, token);
+            if let Some(found) = self.observer.job(&name) {
+                return Ok((Some(found), pods));
+            }
+        }
+        let found = self.jobs.get_opt(&name).await.map_err(api)?;
+        Ok((found, self.attempt_pods(job, token).await?))
+    }
+
+    /// Says how the attempt stands from its Job and pods as observed; checks the nodes
+    /// under its live pods when `check_nodes`.
+    async fn judge(
+        &mut self,
+        job: &str,
+        token: u64,
+        found: Option<Job>,
+        pods: Vec<Pod>,
+        check_nodes: bool,
+    ) -> Result<State, DispatchError> {
         let key = (job.to_string(), token);
         let name = job_name(job, token);
-        let found = self.jobs.get_opt(&name).await.map_err(api)?;
-        let pods = self.attempt_pods(job, token).await?;
-        if let Some(node) = self.release_lost_pods(&pods).await? {
+        if check_nodes && let Some(node) = self.release_lost_pods(&pods).await? {
             tracing::warn!(job, token, %node, "the attempt's node is gone");
             self.lost.insert(key.clone(), node);
         }
@@ -140,6 +176,9 @@ impl KubernetesRuntime {
         };
         let limits = Limits::for_pool(&self.settings.pool, &self.k);
         let end = classify(&found, &pods, k8s_openapi::jiff::Timestamp::now(), &limits);
+        if let AttemptEnd::Pending { .. } = end {
+            return Ok(State::Pending);
+        }
         if !end.is_over() {
             return Ok(State::Running);
         }
@@ -361,30 +400,36 @@ impl Runtime for KubernetesRuntime {
 
     async fn poll(&mut self, job: &str, token: u64) -> Result<State, DispatchError> {
         let key = (job.to_string(), token);
-        if let Some((at, state)) = self.seen.get(&key)
-            && at.elapsed() < self.settings.poll_every
-        {
-            return Ok(state.clone());
+        let check_nodes = self
+            .nodes_checked
+            .get(&key)
+            .is_none_or(|at| at.elapsed() >= self.settings.node_check_every);
+        if check_nodes {
+            self.nodes_checked.insert(key, Instant::now());
         }
-        let state = self.read(job, token).await?;
-        self.seen.insert(key, (Instant::now(), state.clone()));
-        Ok(state)
+        let (found, pods) = self.observe(job, token, false).await?;
+        let state = self.judge(job, token, found, pods, check_nodes).await?;
+        if !matches!(state, State::Ended(_)) {
+            return Ok(state);
+        }
+        // An attempt is over for good: confirm it from the API server itself, so a cache
+        // a moment behind can never let the next attempt start beside a live pod.
+        let (found, pods) = self.observe(job, token, true).await?;
+        self.judge(job, token, found, pods, true).await
     }
 
     async fn stop(&mut self, job: &str, token: u64) -> Result<(), DispatchError> {
-        self.seen.remove(&(job.to_string(), token));
         let grace = u32::try_from(self.k.termination_grace.as_secs()).unwrap_or(u32::MAX);
         self.delete_pods(job, token, grace).await
     }
 
     async fn kill(&mut self, job: &str, token: u64) -> Result<(), DispatchError> {
-        self.seen.remove(&(job.to_string(), token));
         self.delete_pods(job, token, 0).await?;
         self.delete_job(job, token, 0).await
     }
 
     async fn release(&mut self, job: &str, token: u64) -> Result<(), DispatchError> {
-        self.seen.remove(&(job.to_string(), token));
+        self.nodes_checked.remove(&(job.to_string(), token));
         self.lost.remove(&(job.to_string(), token));
         self.delete_job(job, token, 0).await?;
         // Owned by the Job, so collected with it; deleted here too in case the owner

@@ -25,7 +25,7 @@ fn xeon(name: &str) -> Pool {
 
 fn runtime(cluster: &FakeCluster, pool: Pool) -> KubernetesRuntime {
     let mut settings = KubernetesSettings::new(pool, "http://tuneq-api.tuneq.svc:8080".into());
-    settings.poll_every = Duration::ZERO;
+    settings.node_check_every = Duration::ZERO;
     KubernetesRuntime::new(cluster.client(), settings).unwrap()
 }
 
@@ -51,6 +51,30 @@ async fn start(
             credential: "attempt-credential-never-inline",
         })
         .await
+}
+
+/// Polls the attempt as the dispatcher's loop does each tick, until `wanted` holds or
+/// five seconds pass: the runtime learns of changes through its watches, a moment after
+/// they happen. Returns the last state read.
+async fn poll_until(
+    runtime: &mut KubernetesRuntime,
+    job: &str,
+    token: u64,
+    wanted: impl Fn(&State) -> bool,
+) -> State {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let state = runtime.poll(job, token).await.unwrap();
+        if wanted(&state) || tokio::time::Instant::now() > deadline {
+            return state;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// [`poll_until`] the attempt has ended.
+async fn poll_until_ended(runtime: &mut KubernetesRuntime, job: &str, token: u64) -> State {
+    poll_until(runtime, job, token, |s| matches!(s, State::Ended(_))).await
 }
 
 /// The attempt's only live pod, scheduled onto `node` and running.
@@ -92,13 +116,17 @@ async fn an_attempt_runs_as_a_job_and_its_end_is_read_back() {
             .contains("attempt-credential-never-inline")
     );
 
-    assert_eq!(rt.poll("j000000000001", 3).await.unwrap(), State::Running);
+    // No pod has run yet: pending.
+    assert_eq!(rt.poll("j000000000001", 3).await.unwrap(), State::Pending);
     let pod = run_on(&cluster, "j000000000001", 3, "node-1");
-    assert_eq!(rt.poll("j000000000001", 3).await.unwrap(), State::Running);
+    assert_eq!(
+        poll_until(&mut rt, "j000000000001", 3, |s| *s != State::Pending).await,
+        State::Running
+    );
     cluster.exit(&pod, 0, "Completed", None).unwrap();
     cluster.sync_jobs();
     assert_eq!(
-        rt.poll("j000000000001", 3).await.unwrap(),
+        poll_until_ended(&mut rt, "j000000000001", 3).await,
         State::Ended(End::Finished)
     );
     rt.release("j000000000001", 3).await.unwrap();
@@ -136,7 +164,7 @@ async fn preemption_bad_input_and_crashes_are_told_apart() {
     let pod = run_on(&cluster, "j1", 1, "node-1");
     cluster.preempt_node_shutdown(&pod, Some(75)).unwrap();
     cluster.sync_jobs();
-    let State::Ended(End::Interrupted(why)) = rt.poll("j1", 1).await.unwrap() else {
+    let State::Ended(End::Interrupted(why)) = poll_until_ended(&mut rt, "j1", 1).await else {
         panic!("a preemption must read as interrupted");
     };
     assert!(why.contains("node-1"), "{why}");
@@ -147,7 +175,7 @@ async fn preemption_bad_input_and_crashes_are_told_apart() {
         .exit(&pod, 42, "Error", Some("line 3: messages: missing"))
         .unwrap();
     cluster.sync_jobs();
-    let State::Ended(End::BadInput(message)) = rt.poll("j2", 2).await.unwrap() else {
+    let State::Ended(End::BadInput(message)) = poll_until_ended(&mut rt, "j2", 2).await else {
         panic!("exit 42 must read as bad input");
     };
     assert!(message.contains("line 3"), "{message}");
@@ -157,7 +185,7 @@ async fn preemption_bad_input_and_crashes_are_told_apart() {
     cluster.exit(&pod, 1, "Error", Some("panicked")).unwrap();
     cluster.sync_jobs();
     assert!(matches!(
-        rt.poll("j3", 3).await.unwrap(),
+        poll_until_ended(&mut rt, "j3", 3).await,
         State::Ended(End::Crashed(_))
     ));
 }
@@ -200,7 +228,7 @@ async fn a_vanished_node_is_noticed_its_pod_force_deleted_and_the_attempt_preemp
     let pod = run_on(&cluster, "j1", 1, "node-1");
     // The VM is gone: the Node object with it, the pod left Running in the API.
     cluster.delete_node("node-1").unwrap();
-    let state = rt.poll("j1", 1).await.unwrap();
+    let state = poll_until_ended(&mut rt, "j1", 1).await;
     let forced = cluster
         .requests()
         .into_iter()
@@ -224,11 +252,12 @@ async fn a_killed_attempt_ends_only_once_its_pods_are_gone() {
     // The pod is still being torn down (the Job controller has not released it yet):
     // the attempt is not over, so its successor cannot start beside it.
     assert!(cluster.get(Kind::Pod, &format!("tuneq/{pod}")).is_some());
-    assert_eq!(rt.poll("j1", 1).await.unwrap(), State::Running);
+    let state = rt.poll("j1", 1).await.unwrap();
+    assert!(!matches!(state, State::Ended(_)), "{state:?}");
     cluster.sync_jobs();
     assert!(cluster.get(Kind::Pod, &format!("tuneq/{pod}")).is_none());
     assert!(matches!(
-        rt.poll("j1", 1).await.unwrap(),
+        poll_until_ended(&mut rt, "j1", 1).await,
         State::Ended(End::Interrupted(_))
     ));
 }
@@ -251,9 +280,9 @@ async fn a_pod_with_no_node_past_the_placement_timeout_ends_as_no_capacity_and_i
         .unschedulable(&pod, "0/3 nodes are available: 3 Insufficient cpu.")
         .unwrap();
     // Within the timeout it waits for a node.
-    assert_eq!(rt.poll("j1", 1).await.unwrap(), State::Running);
+    assert_eq!(rt.poll("j1", 1).await.unwrap(), State::Pending);
     tokio::time::sleep(Duration::from_millis(3100)).await;
-    let State::Ended(End::NoCapacity(message)) = rt.poll("j1", 1).await.unwrap() else {
+    let State::Ended(End::NoCapacity(message)) = poll_until_ended(&mut rt, "j1", 1).await else {
         panic!("past the placement timeout it must end as no capacity");
     };
     assert!(message.contains("Insufficient cpu"), "{message}");
@@ -263,5 +292,71 @@ async fn a_pod_with_no_node_past_the_placement_timeout_ends_as_no_capacity_and_i
             .requests()
             .iter()
             .any(|r| r.method == "DELETE" && r.path.ends_with(&format!("/pods/{pod}")))
+    );
+}
+
+/// The requests the runtime has sent so far, its watches' own left out.
+fn reads_and_writes(cluster: &FakeCluster) -> usize {
+    cluster.requests().iter().filter(|r| !r.is_watch()).count()
+}
+
+#[tokio::test]
+async fn running_attempts_are_followed_through_watches_that_survive_expiry_and_restarts() {
+    let cluster = FakeCluster::new();
+    let settings = KubernetesSettings::new(xeon("xeon"), "http://tuneq-api.tuneq.svc:8080".into());
+    let mut rt = KubernetesRuntime::new(cluster.client(), settings).unwrap();
+    start(&mut rt, "j1", 1).await.unwrap();
+    run_on(&cluster, "j1", 1, "node-1");
+    assert_eq!(
+        poll_until(&mut rt, "j1", 1, |s| *s == State::Running).await,
+        State::Running
+    );
+    // Once the watches have caught up, following the attempt costs no request per tick.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let before = reads_and_writes(&cluster);
+        assert_eq!(rt.poll("j1", 1).await.unwrap(), State::Running);
+        if reads_and_writes(&cluster) == before {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the watches never caught up"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let before = reads_and_writes(&cluster);
+    for _ in 0..20 {
+        assert_eq!(rt.poll("j1", 1).await.unwrap(), State::Running);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        reads_and_writes(&cluster),
+        before,
+        "polls went to the API server"
+    );
+
+    // The API server restarts its watches and has compacted its history: the watches
+    // relist and carry on, and the attempt's end is still seen.
+    cluster.expire_next_watches(2);
+    cluster.close_watches();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let pod = cluster
+        .live_pod_of(&format!("tuneq/{}", job_name("j1", 1)))
+        .unwrap();
+    cluster.preempt_node_shutdown(&pod, Some(75)).unwrap();
+    cluster.sync_jobs();
+    let State::Ended(End::Interrupted(why)) = poll_until_ended(&mut rt, "j1", 1).await else {
+        panic!("the preemption must be seen after the watches relisted");
+    };
+    assert!(why.contains("node-1"), "{why}");
+    let relists = cluster
+        .requests()
+        .iter()
+        .filter(|r| r.method == "GET" && !r.is_watch() && r.path.ends_with("/pods"))
+        .count();
+    assert!(
+        relists >= 2,
+        "the pod watch must have relisted after 410: {relists} lists"
     );
 }
