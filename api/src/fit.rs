@@ -107,10 +107,10 @@ pub(crate) fn place(
     state: &AppState,
     needs: &tuneq_pools::Needs<'_>,
 ) -> ApiResult<(Vec<String>, Option<JobEstimate>)> {
-    let candidates =
-        tuneq_pools::plan(&state.config.pools, needs, &|_| None).map_err(|refusal| {
-            ApiError::invalid(refusal.field(), refusal.code(), refusal.to_string())
-        })?;
+    let candidates = tuneq_pools::plan(&state.config.pools, needs, &|pool| {
+        state.pool_stats.speed(pool)
+    })
+    .map_err(|refusal| ApiError::invalid(refusal.field(), refusal.code(), refusal.to_string()))?;
     let pools: Vec<String> = candidates.iter().map(|c| c.pool.name.clone()).collect();
     let estimate = candidates.first().and_then(|first| {
         first.estimate.map(|e| JobEstimate {

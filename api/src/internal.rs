@@ -158,6 +158,7 @@ async fn report(
         .as_deref()
         .and_then(|p| serde_json::from_str(p).ok())
         .unwrap_or_default();
+    let lost_before = progress.lost_steps;
     let log = apply(&mut progress, &body.events);
     let progress_json =
         serde_json::to_string(&progress).map_err(|e| ApiError::internal(e.to_string()))?;
@@ -179,6 +180,18 @@ async fn report(
         .report(&id, token, body.seq, Some(&progress_json), &log_refs)
         .await
         .map_err(refused)?;
+    if let Some(pool) = record.pool.as_deref() {
+        state
+            .pool_stats
+            .lost(pool, progress.lost_steps.saturating_sub(lost_before));
+        let speed = body.events.iter().rev().find_map(|e| match e {
+            TrainEvent::Step(m) => Some(m.tokens_per_s),
+            _ => None,
+        });
+        if let Some(speed) = speed {
+            state.pool_stats.observe_speed(pool, speed);
+        }
+    }
     for event in &body.events {
         if let TrainEvent::Finished {
             step,

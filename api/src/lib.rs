@@ -29,6 +29,7 @@ pub mod health;
 pub mod internal;
 pub mod metrics;
 pub mod models;
+pub mod pool_stats;
 mod records;
 pub mod redact;
 pub mod sealed;

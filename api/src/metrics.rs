@@ -5,6 +5,8 @@
 //!   pattern (`/v1/fine_tuning/jobs/{id}`), never by raw path, so ids cannot blow up
 //!   the label space;
 //! - `tuneq_pool_capacity{pool}` and `tuneq_pool_used{pool}` for the configured pools;
+//! - `tuneq_pool_tokens_per_second{pool}` and `tuneq_lost_steps_total{pool}`, learned from
+//!   the trainers' reports ([`crate::pool_stats`]);
 //! - `tuneq_build_info{version}`.
 //!
 //! The registry is process-wide, like Prometheus clients' default registry.
@@ -161,6 +163,7 @@ async fn render(state: &AppState) -> String {
             );
         }
     }
+    state.pool_stats.render(&mut out, label);
     let _ = writeln!(
         out,
         "# HELP tuneq_pool_capacity Accelerators (or slots) in a node pool."

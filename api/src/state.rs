@@ -70,6 +70,8 @@ pub struct AppState {
     pub config: ApiConfig,
     /// Copies of fine-tune records, so polling a job reads only its live state.
     pub(crate) finetunes: Arc<RecordCache<FineTuneRecord>>,
+    /// Speeds and lost steps per pool, learned from the trainers' reports.
+    pub pool_stats: Arc<crate::pool_stats::PoolStats>,
 }
 
 impl AppState {
@@ -78,6 +80,7 @@ impl AppState {
         Self {
             queue,
             store,
+            pool_stats: Arc::new(crate::pool_stats::PoolStats::new(&config.pools)),
             config,
             finetunes: Arc::new(RecordCache::new(CACHED_FINETUNES)),
         }

@@ -110,3 +110,95 @@ async fn a_job_lists_the_pools_that_fit_spot_first_with_its_estimate_and_max_cos
         "{body}"
     );
 }
+
+/// One trainer report on attempt `token` of `job`.
+async fn report(s: &support::Server, job: &str, token: u64, events: Value) -> StatusCode {
+    let credential = s.state.config.attempt_signer.sign(job, token);
+    reqwest::Client::new()
+        .post(format!("{}/internal/attempts/{job}/report", s.url))
+        .bearer_auth(credential)
+        .json(&json!({"seq": token * 100, "events": events}))
+        .send()
+        .await
+        .unwrap()
+        .status()
+}
+
+fn step(step: u64, tokens_per_s: f64) -> Value {
+    json!({"event": "step", "step": step, "total_steps": 10, "epoch": 0, "loss": 1.0,
+        "lr": 1e-3, "grad_norm": 1.0, "tokens_per_s": tokens_per_s, "elapsed_s": 1.0,
+        "eta_s": 5.0, "tokens_seen": step * 100})
+}
+
+#[tokio::test]
+async fn estimates_use_the_speed_trainers_report_and_lost_steps_are_counted_per_pool() {
+    let pools = tuneq_pools::PoolsFile::parse(POOLS, "pools.toml").unwrap();
+    let s = start(|c| c.pools = Arc::new(pools.clone())).await;
+    for pool in &pools.pools {
+        s.state.queue.set_pool(&pool.name, 1).await.unwrap();
+    }
+    let file = upload(&s, &s.acme, &examples(8)).await;
+    let (_, job) = create(&s, &file, json!({})).await;
+    let from_file = job["estimate"]["seconds"].as_f64().unwrap();
+
+    // Its first attempt on the spot pool trains at 100 times the file's figure, gets
+    // to step 3 and is preempted; the next resumes from the checkpoint at step 1.
+    let first = s
+        .state
+        .queue
+        .claim_started("cpu-spot", "test", "")
+        .await
+        .unwrap()
+        .unwrap();
+    let started = json!({"event": "started", "total_steps": 10, "start_step": 0,
+        "train_examples": 8, "validation_examples": 0, "trainable_params": 10,
+        "dataset_format": "prompt_completion"});
+    let events = json!([started, step(1, 1000.0), step(2, 1000.0), step(3, 1000.0)]);
+    assert_eq!(
+        report(&s, &first.id, first.token, events).await,
+        StatusCode::NO_CONTENT
+    );
+    s.state
+        .queue
+        .preempt(&first.id, first.token, "spot reclaimed")
+        .await
+        .unwrap();
+    let second = s
+        .state
+        .queue
+        .claim_started("cpu-spot", "test", "")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(second.id, first.id);
+    let resumed = json!([{"event": "resumed", "step": 1, "checkpoint": "file:///c/step-1"}]);
+    assert_eq!(
+        report(&s, &second.id, second.token, resumed).await,
+        StatusCode::NO_CONTENT
+    );
+
+    let (_, job) = create(&s, &file, json!({})).await;
+    let measured = job["estimate"]["seconds"].as_f64().unwrap();
+    assert!(
+        (measured * 100.0 - from_file).abs() < from_file * 1e-9,
+        "the estimate must follow the measured speed: {measured} s vs {from_file} s from the file"
+    );
+    let metrics = reqwest::Client::new()
+        .get(format!("{}/metrics", s.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in [
+        "tuneq_pool_tokens_per_second{pool=\"cpu-spot\"} 1000",
+        "tuneq_lost_steps_total{pool=\"cpu-spot\"} 2",
+        "tuneq_lost_steps_total{pool=\"cpu-cheap\"} 0",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "{line} not in:\n{metrics}"
+        );
+    }
+}
