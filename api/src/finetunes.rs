@@ -1076,6 +1076,23 @@ fn event_seq(finetune: &str, id: &str) -> ApiResult<u64> {
     seq.parse().map_err(|_| bad())
 }
 
+/// The "leased" event's text: the pool, and why it was that one of the job's pools.
+fn placed(record: &FineTuneRecord, pool: &str) -> String {
+    let Some(estimate) = &record.estimate else {
+        return format!("Placed on node pool {pool}");
+    };
+    let pools = estimate.pools.join(", ");
+    match estimate.pools.iter().position(|p| p == pool) {
+        Some(0) => format!(
+            "Placed on node pool {pool}: the first of the job's pools ({pools}; spot first, then GPU, then price)"
+        ),
+        Some(_) => format!(
+            "Placed on node pool {pool} of the job's pools ({pools}): those before it had no free slot or were given up on"
+        ),
+        None => format!("Placed on node pool {pool}"),
+    }
+}
+
 /// The client's view of one queue event.
 fn render_event(record: &FineTuneRecord, event: &tuneq_queue::JobEvent) -> FineTuneEvent {
     let mut level = "info";
@@ -1083,7 +1100,7 @@ fn render_event(record: &FineTuneRecord, event: &tuneq_queue::JobEvent) -> FineT
     let mut data = None;
     let message = match event.kind.as_str() {
         "queued" => format!("Created fine-tuning job: {}", record.id),
-        "leased" => format!("Placed on node pool {}", event.message),
+        "leased" => placed(record, &event.message),
         "started" => "Fine-tuning job started".into(),
         "training_started" => {
             data = serde_json::from_str(&event.message).ok();

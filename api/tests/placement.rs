@@ -177,6 +177,34 @@ async fn estimates_use_the_speed_trainers_report_and_lost_steps_are_counted_per_
         StatusCode::NO_CONTENT
     );
 
+    // Its events say where it was placed and why.
+    let events: Value = reqwest::Client::new()
+        .get(format!(
+            "{}/v1/fine_tuning/jobs/{}/events",
+            s.url,
+            job["id"].as_str().unwrap()
+        ))
+        .bearer_auth(&s.acme)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let placed = events["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["message"].as_str())
+        .find(|m| m.starts_with("Placed on node pool"))
+        .unwrap_or_else(|| panic!("no placement event in {events}"));
+    assert!(
+        placed.starts_with(
+            "Placed on node pool cpu-spot: the first of the job's pools (cpu-spot, cpu-cheap;"
+        ),
+        "{placed}"
+    );
+
     let (_, job) = create(&s, &file, json!({})).await;
     let measured = job["estimate"]["seconds"].as_f64().unwrap();
     assert!(
