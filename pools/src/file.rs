@@ -183,6 +183,14 @@ pub struct KubernetesPool {
         serialize_with = "show_duration"
     )]
     pub placement_timeout: Duration,
+    /// How long a pod may wait on its image (pull errors) or its configuration (a
+    /// missing Secret or ConfigMap) before the attempt ends with a platform error.
+    #[serde(
+        default = "default_platform_timeout",
+        deserialize_with = "duration",
+        serialize_with = "show_duration"
+    )]
+    pub platform_timeout: Duration,
     /// Wall-clock budget of one attempt (`activeDeadlineSeconds`).
     #[serde(
         default = "default_attempt_deadline",
@@ -198,6 +206,10 @@ fn default_termination_grace() -> Duration {
 
 fn default_placement_timeout() -> Duration {
     Duration::from_secs(15 * 60)
+}
+
+fn default_platform_timeout() -> Duration {
+    Duration::from_secs(5 * 60)
 }
 
 fn default_attempt_deadline() -> Duration {
@@ -708,6 +720,12 @@ impl KubernetesPool {
                     "at most {}s (GKE spot gives pods 15–25 s, at most 120 s)",
                     MAX_TERMINATION_GRACE.as_secs()
                 ),
+            );
+        }
+        if self.platform_timeout.is_zero() {
+            return err(
+                "platform_timeout".into(),
+                "must be above zero (an image that cannot be pulled would hold the attempt until its deadline)".into(),
             );
         }
         if self.placement_timeout.is_zero() || self.attempt_deadline < Duration::from_secs(60) {

@@ -109,6 +109,11 @@ fn mistakes_are_refused_with_the_file_and_the_field() {
             "`soon` is not a duration",
         ),
         (
+            "[pool.kubernetes]",
+            "[pool.kubernetes]\nplatform_timeout = \"0s\"",
+            "pool[0].kubernetes.platform_timeout",
+        ),
+        (
             "runtime = \"kubernetes\"",
             "runtime = \"local\"",
             "pool[0].kubernetes",

@@ -137,11 +137,11 @@ pub struct Limits {
 }
 
 impl Limits {
-    /// The limits of a Kubernetes pool, with [`DEFAULT_PLATFORM_TIMEOUT`].
+    /// The limits of a Kubernetes pool.
     pub fn for_pool(pool: &tuneq_pools::Pool, k: &tuneq_pools::KubernetesPool) -> Self {
         Self {
             placement_timeout: k.placement_timeout,
-            platform_timeout: DEFAULT_PLATFORM_TIMEOUT,
+            platform_timeout: k.platform_timeout,
             memory: pool.memory.as_ref().map(|m| m.0.as_str().to_string()),
         }
     }

@@ -34,22 +34,18 @@ pub struct KubernetesSettings {
     pub pool: Pool,
     /// Where trainers report (the API's base URL as pods reach it).
     pub report_base_url: String,
-    /// How long an image pull or a missing Secret may keep a pod from starting before
-    /// the attempt ends with a platform error.
-    pub platform_timeout: Duration,
     /// How often the nodes under one attempt's live pods are checked for having vanished
     /// (a pod on a deleted VM stays `Running` in the API, so only the Node tells).
     pub node_check_every: Duration,
 }
 
 impl KubernetesSettings {
-    /// Settings for `pool` reporting to `report_base_url`: five minutes for platform
-    /// errors, the nodes under each attempt checked every ten seconds.
+    /// Settings for `pool` reporting to `report_base_url`: the nodes under each attempt
+    /// checked every ten seconds.
     pub fn new(pool: Pool, report_base_url: String) -> Self {
         Self {
             pool,
             report_base_url,
-            platform_timeout: Duration::from_secs(300),
             node_check_every: Duration::from_secs(10),
         }
     }

@@ -360,3 +360,30 @@ async fn running_attempts_are_followed_through_watches_that_survive_expiry_and_r
         "the pod watch must have relisted after 410: {relists} lists"
     );
 }
+
+#[tokio::test]
+async fn an_image_that_cannot_be_pulled_ends_the_attempt_after_the_pools_platform_timeout() {
+    let cluster = FakeCluster::new();
+    let mut pool = xeon("xeon");
+    if let Some(k) = pool.kubernetes.as_mut() {
+        k.platform_timeout = Duration::from_secs(2);
+    }
+    let mut rt = runtime(&cluster, pool);
+    start(&mut rt, "j1", 1).await.unwrap();
+    cluster.sync_jobs();
+    let pod = cluster
+        .live_pod_of(&format!("tuneq/{}", job_name("j1", 1)))
+        .unwrap();
+    cluster.schedule(&pod, "node-1").unwrap();
+    cluster.image_pull_backoff(&pod).unwrap();
+    // Within the pool's timeout the pull may still succeed: pending.
+    assert_eq!(
+        poll_until(&mut rt, "j1", 1, |s| *s == State::Pending).await,
+        State::Pending
+    );
+    tokio::time::sleep(Duration::from_millis(3100)).await;
+    let State::Ended(End::Platform(why)) = poll_until_ended(&mut rt, "j1", 1).await else {
+        panic!("past the platform timeout the attempt must end as a platform error");
+    };
+    assert!(why.contains("ImagePullBackOff"), "{why}");
+}
