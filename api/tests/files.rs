@@ -109,6 +109,17 @@ fn stored_files(s: &Server) -> usize {
     count(&s.dir.join("objects/tenants"))
 }
 
+/// Stores one valid dataset and returns the count of stored files with it: above zero,
+/// which shows [`stored_files`] looks where uploads land, so "stores nothing" checks
+/// that compare against it can fail.
+async fn stored_witness(s: &Server) -> usize {
+    let response = upload(s, &s.acme, "witness.jsonl", &chat_lines(1)).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let stored = stored_files(s);
+    assert!(stored > 0, "an accepted upload must be seen stored");
+    stored
+}
+
 #[tokio::test]
 async fn a_valid_dataset_is_stored_listed_downloaded_and_deleted_by_its_tenant_only() {
     let s = start(1 << 20).await;
@@ -118,6 +129,7 @@ async fn a_valid_dataset_is_stored_listed_downloaded_and_deleted_by_its_tenant_o
     assert_eq!(response.status(), StatusCode::OK);
     let file: Value = response.json().await.unwrap();
     let id = file["id"].as_str().unwrap().to_string();
+    assert!(stored_files(&s) > 0, "the upload must be seen stored");
     assert!(id.starts_with("file-"));
     assert_eq!(file["object"], "file");
     assert_eq!(file["bytes"], data.len());
@@ -212,6 +224,7 @@ async fn a_valid_dataset_is_stored_listed_downloaded_and_deleted_by_its_tenant_o
 #[tokio::test]
 async fn a_dataset_with_bad_lines_is_refused_with_every_line_and_field_named() {
     let s = start(1 << 20).await;
+    let stored = stored_witness(&s).await;
     let data = [
         r#"{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"hello"}]}"#,
         r#"{"messages":[{"role":"wizard","content":"hi"}]}"#,
@@ -252,7 +265,7 @@ async fn a_dataset_with_bad_lines_is_refused_with_every_line_and_field_named() {
             .unwrap()
             .contains("3 invalid line")
     );
-    assert_eq!(stored_files(&s), 0, "a refused upload stores nothing");
+    assert_eq!(stored_files(&s), stored, "a refused upload stores nothing");
 
     let empty = upload(&s, &s.acme, "empty.jsonl", "\n\n").await;
     assert_eq!(empty.status(), StatusCode::BAD_REQUEST);
@@ -280,11 +293,12 @@ async fn keys_sizes_and_purposes_are_checked() {
         .unwrap();
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
 
+    let stored = stored_witness(&s).await;
     let big = upload(&s, &s.acme, "big.jsonl", &chat_lines(100)).await;
     assert_eq!(big.status(), StatusCode::PAYLOAD_TOO_LARGE);
     let body: Value = big.json().await.unwrap();
     assert_eq!(body["error"]["code"], "file_too_large");
-    assert_eq!(stored_files(&s), 0);
+    assert_eq!(stored_files(&s), stored);
     // Sent chunked, with no length declared up front: stopped once it passes the limit.
     let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
         (0..100).map(|_| Ok(chat_lines(1).into_bytes())).collect();
@@ -296,7 +310,7 @@ async fn keys_sizes_and_purposes_are_checked() {
         .await
         .unwrap();
     assert_eq!(big.status(), StatusCode::PAYLOAD_TOO_LARGE);
-    assert_eq!(stored_files(&s), 0);
+    assert_eq!(stored_files(&s), stored);
 
     let form = reqwest::multipart::Form::new()
         .text("purpose", "assistants")
