@@ -21,6 +21,8 @@ pub struct FaultProxy {
     pub url: String,
     /// PASS, LOSE, or a delay in ms before the reply is dropped with its connection.
     next_reply: Arc<AtomicU64>,
+    /// Client connections accepted so far.
+    connections: Arc<AtomicU64>,
     accept: tokio::task::JoinHandle<()>,
 }
 
@@ -35,8 +37,11 @@ impl FaultProxy {
         let url = format!("redis://{}/", listener.local_addr().unwrap());
         let next_reply = Arc::new(AtomicU64::new(PASS));
         let fault = Arc::clone(&next_reply);
+        let connections = Arc::new(AtomicU64::new(0));
+        let accepted = Arc::clone(&connections);
         let accept = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
+                accepted.fetch_add(1, Ordering::SeqCst);
                 let Ok(server) = TcpStream::connect(&upstream).await else {
                     continue;
                 };
@@ -46,6 +51,7 @@ impl FaultProxy {
         Self {
             url,
             next_reply,
+            connections,
             accept,
         }
     }
@@ -61,6 +67,12 @@ impl FaultProxy {
     pub fn stall_next_reply(&self, delay: Duration) {
         let ms = u64::try_from(delay.as_millis()).unwrap_or(LOSE - 1).max(1);
         self.next_reply.store(ms, Ordering::SeqCst);
+    }
+
+    /// Client connections accepted so far: a client that retries after a lost or
+    /// stalled reply (whose connection the proxy cuts) comes back on a new one.
+    pub fn connections(&self) -> u64 {
+        self.connections.load(Ordering::SeqCst)
     }
 
     /// Whether the planted fault has happened yet.

@@ -172,12 +172,21 @@ async fn a_reply_slower_than_the_timeout_is_an_unknown_outcome_and_is_retried() 
     let (proxy, q) = through_proxy("stalled", QueueConfig::default()).await;
     let id = q.enqueue(&job(None)).await.unwrap().id;
     let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
+    // Held four times the client's 500 ms timeout, then its connection cut: the call
+    // times out, and is retried until a new connection answers.
     proxy.stall_next_reply(Duration::from_secs(2));
+    let connections = proxy.connections();
     let started = std::time::Instant::now();
     q.complete(&id, lease.token, "{}").await.unwrap();
-    eprintln!(
-        "complete through a stalled reply took {:?}",
-        started.elapsed()
+    let took = started.elapsed();
+    assert!(!proxy.fault_pending(), "the reply was never stalled");
+    assert!(
+        proxy.connections() > connections,
+        "the call was not retried on a new connection"
+    );
+    assert!(
+        took >= Duration::from_millis(500),
+        "complete took {took:?}: it never waited for the timeout"
     );
     assert_eq!(
         q.get(&id).await.unwrap().unwrap().state,
