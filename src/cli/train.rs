@@ -419,8 +419,11 @@ pub fn run(args: TrainArgs) -> Result<ExitCode> {
         Box::new(JsonLines::new(std::io::stdout()))
     };
     if let (Some(url), Some(credential)) = (&args.report_url, &args.report_credential) {
-        let reporter = tuneq_trainer::report::Reporter::new(url.clone(), credential.clone())
-            .context("cannot start the progress reporter")?;
+        // Superseded: stop at once, writing nothing more (the launch contract's 76).
+        let superseded = || std::process::exit(tuneq_openapi::launch::EXIT_SUPERSEDED);
+        let reporter =
+            tuneq_trainer::report::Reporter::new(url.clone(), credential.clone(), superseded)
+                .context("cannot start the progress reporter")?;
         sink = Box::new(Tee(vec![sink, Box::new(reporter)]));
     }
     let storage_config = match &args.storage_config {

@@ -5,16 +5,15 @@
 //! report is recorded once, so a lost reply is simply sent again). Training never waits
 //! on the network, except at the end, when the last events (the `finished` one above
 //! all) are delivered before the process exits. If the control plane answers 410, this
-//! attempt was superseded, preempted or cancelled: the process stops at once, writing
-//! nothing more, because another attempt may own the output now.
+//! attempt was superseded, preempted or cancelled: the reporter calls the `superseded`
+//! hook its owner gave it (the `tuneq train` binary exits with
+//! [`tuneq_openapi::launch::EXIT_SUPERSEDED`] there, writing nothing more, because another
+//! attempt may own the output now) and posts nothing further.
 
 use crate::progress::ProgressSink;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use tuneq_openapi::{AttemptReport, TrainEvent};
-
-/// Exit status of a trainer whose attempt was superseded (the launch contract's).
-pub use tuneq_openapi::launch::EXIT_SUPERSEDED;
 
 /// How long events are gathered before a report is sent.
 const BATCH_WINDOW: Duration = Duration::from_millis(500);
@@ -33,12 +32,21 @@ pub struct Reporter {
 }
 
 impl Reporter {
-    /// Starts the background poster.
-    pub fn new(url: String, credential: String) -> std::io::Result<Self> {
+    /// Starts the background poster; `superseded` runs (on its thread) when the control
+    /// plane says this attempt is no longer live.
+    pub fn new(
+        url: String,
+        credential: String,
+        superseded: impl FnOnce() + Send + 'static,
+    ) -> std::io::Result<Self> {
         let (sender, receiver) = mpsc::channel();
         let worker = std::thread::Builder::new()
             .name("tuneq-report".into())
-            .spawn(move || post_loop(&url, &credential, &receiver))?;
+            .spawn(move || {
+                if post_loop(&url, &credential, &receiver) == Delivery::Superseded {
+                    superseded();
+                }
+            })?;
         Ok(Self {
             sender,
             worker: Some(worker),
@@ -68,7 +76,16 @@ enum Posted {
     Failed(String),
 }
 
-fn post_loop(url: &str, credential: &str, receiver: &mpsc::Receiver<Message>) {
+/// How the reports of a run went.
+#[derive(Debug, PartialEq, Eq)]
+enum Delivery {
+    /// Delivered, or given up on after the run ended.
+    Done,
+    /// The control plane answered 410: this attempt is no longer live.
+    Superseded,
+}
+
+fn post_loop(url: &str, credential: &str, receiver: &mpsc::Receiver<Message>) -> Delivery {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -76,7 +93,7 @@ fn post_loop(url: &str, credential: &str, receiver: &mpsc::Receiver<Message>) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("tuneq-report: cannot start: {e}");
-            return;
+            return Delivery::Done;
         }
     };
     let client = reqwest::Client::builder()
@@ -138,7 +155,7 @@ fn post_loop(url: &str, credential: &str, receiver: &mpsc::Receiver<Message>) {
                         eprintln!(
                             "tuneq-report: this attempt was superseded or cancelled; stopping"
                         );
-                        std::process::exit(EXIT_SUPERSEDED);
+                        return Delivery::Superseded;
                     }
                     Posted::Failed(why) => {
                         failures += 1;
@@ -162,7 +179,7 @@ fn post_loop(url: &str, credential: &str, receiver: &mpsc::Receiver<Message>) {
             }
         }
         if closing && pending.is_empty() {
-            return;
+            return Delivery::Done;
         }
     }
 }
@@ -182,5 +199,85 @@ fn break_into_next(
             }
             Err(mpsc::TryRecvError::Empty) => return,
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    /// A control plane on loopback answering every report with `status`; counts them.
+    fn control_plane(status: &'static str) -> (String, Arc<AtomicUsize>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/report", listener.local_addr().unwrap());
+        let posts = Arc::new(AtomicUsize::new(0));
+        let counted = posts.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { return };
+                let mut request = Vec::new();
+                let mut buf = [0u8; 4096];
+                // Headers, then the body its content-length announces.
+                while let Ok(n) = stream.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    request.extend_from_slice(&buf[..n]);
+                    let text = String::from_utf8_lossy(&request);
+                    if let Some(end) = text.find("\r\n\r\n") {
+                        let length = text
+                            .lines()
+                            .find_map(|l| {
+                                l.to_ascii_lowercase()
+                                    .strip_prefix("content-length: ")
+                                    .map(str::to_string)
+                            })
+                            .and_then(|v| v.trim().parse::<usize>().ok())
+                            .unwrap_or(0);
+                        if request.len() >= end + 4 + length {
+                            break;
+                        }
+                    }
+                }
+                counted.fetch_add(1, Ordering::SeqCst);
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                );
+            }
+        });
+        (url, posts)
+    }
+
+    fn run(url: String) -> bool {
+        let called = Arc::new(AtomicBool::new(false));
+        let flag = called.clone();
+        let mut reporter = Reporter::new(url, "credential".into(), move || {
+            flag.store(true, Ordering::SeqCst);
+        })
+        .unwrap();
+        reporter.event(&TrainEvent::Warning {
+            message: "hello".into(),
+        });
+        drop(reporter);
+        called.load(Ordering::SeqCst)
+    }
+
+    #[test]
+    fn a_410_calls_the_superseded_hook_and_a_delivered_report_does_not() {
+        let (url, posts) = control_plane("410 Gone");
+        assert!(run(url), "a 410 must reach the owner's hook");
+        assert_eq!(
+            posts.load(Ordering::SeqCst),
+            1,
+            "nothing is posted after a 410"
+        );
+        let (url, posts) = control_plane("204 No Content");
+        assert!(!run(url));
+        assert_eq!(posts.load(Ordering::SeqCst), 1);
     }
 }
