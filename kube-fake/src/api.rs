@@ -240,9 +240,12 @@ fn dispatch(
                     }
                 }
                 let d = s.delete(&key, &opts)?;
+                // As the real server: 200 even when the object stays (grace, finalizers),
+                // 202 only then and only for `orphanDependents: false`.
+                let accepted = !d.gone && req.param("orphanDependents").as_deref() == Some("false");
                 Ok(Reply::Json {
-                    status: if d.gone { 200 } else { 202 },
-                    body: d.object,
+                    status: if accepted { 202 } else { 200 },
+                    body: deleted_body(target.kind, d.gone, d.object),
                     warning: d.warning,
                 })
             })
@@ -272,6 +275,25 @@ fn dispatch(
             details: None,
         }),
     }
+}
+
+/// The body of a delete's answer. The real server returns the object when it stays
+/// (deleting) and for pods; an object of another kind that is gone at once is answered
+/// with a `Success` Status naming it (the generic registry's `finalizeDelete`).
+fn deleted_body(kind: Kind, gone: bool, object: Value) -> Value {
+    if !gone || kind == Kind::Pod {
+        return object;
+    }
+    let mut details = json!({
+        "name": meta_str(&object, "name"),
+        "kind": kind.plural(),
+        "uid": meta_str(&object, "uid"),
+    });
+    if !kind.group().is_empty() {
+        details["group"] = json!(kind.group());
+    }
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+           "details": details})
 }
 
 fn key(target: &Target, name: &str) -> Key {

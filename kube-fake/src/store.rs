@@ -225,7 +225,11 @@ impl ApiError {
             "code": self.code,
         });
         if let Some((name, kind)) = &self.details {
-            status["details"] = json!({"name": name, "group": kind.group(), "kind": kind.plural()});
+            // The core group is left out, as the real server writes it.
+            status["details"] = json!({"name": name, "kind": kind.plural()});
+            if !kind.group().is_empty() {
+                status["details"]["group"] = json!(kind.group());
+            }
         }
         status
     }

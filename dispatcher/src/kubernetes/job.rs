@@ -648,6 +648,9 @@ pub fn build_secret(
         name: job_name(&launch.job_id, launch.attempt),
         uid: uid.to_string(),
         controller: Some(false),
+        // `true` would need `update` on `jobs/finalizers` where the API server runs
+        // OwnerReferencesPermissionEnforcement (OpenShift does), and the dispatcher's Role
+        // has no such grant: the create would be refused with 403.
         block_owner_deletion: Some(false),
     });
     Secret {

@@ -5,3 +5,4 @@
 mod control_loop;
 mod kubernetes_job;
 mod kubernetes_runtime;
+mod real_cluster;

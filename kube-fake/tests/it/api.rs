@@ -347,3 +347,102 @@ async fn the_loopback_server_answers_a_client_built_from_its_kubeconfig() {
     assert!(cluster.get(Kind::Job, "default/a").is_some());
     task.abort();
 }
+
+/// One raw request to the fake: its status code and JSON body.
+async fn raw(
+    cluster: &FakeCluster,
+    method: &str,
+    uri: &str,
+    body: serde_json::Value,
+) -> (u16, serde_json::Value) {
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+    let request = http::Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            body.to_string(),
+        )))
+        .unwrap();
+    let response = cluster.service().oneshot(request).await.unwrap();
+    let status = response.status().as_u16();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&bytes).unwrap())
+}
+
+#[tokio::test]
+async fn delete_and_not_found_answers_have_the_real_servers_shape() {
+    // The shapes kube-apiserver v1.36.2 answered to the same requests (curl, by hand).
+    let cluster = FakeCluster::new();
+    let jobs: Api<Job> = Api::default_namespaced(cluster.client());
+    let created = jobs
+        .create(&PostParams::default(), &job("gone", json!({})))
+        .await
+        .unwrap();
+    jobs.create(&PostParams::default(), &job("kept", json!({})))
+        .await
+        .unwrap();
+    cluster.sync_jobs();
+    let pod = cluster.pods_of("kept").pop().unwrap();
+    cluster.schedule(&pod, "node-1").unwrap();
+    cluster.run(&pod).unwrap();
+
+    // A Job gone at once: a Success Status naming it, not the object.
+    let (code, body) = raw(
+        &cluster,
+        "DELETE",
+        "/apis/batch/v1/namespaces/default/jobs/gone",
+        json!({"propagationPolicy": "Background"}),
+    )
+    .await;
+    assert_eq!(code, 200);
+    assert_eq!(
+        body,
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+               "details": {"name": "gone", "group": "batch", "kind": "jobs",
+                           "uid": created.metadata.uid.unwrap()}})
+    );
+    // A pod kept for its grace period: the pod, with 200 (202 only for
+    // `orphanDependents: false`).
+    let pod_uri = format!("/api/v1/namespaces/default/pods/{pod}");
+    let (code, body) = raw(
+        &cluster,
+        "DELETE",
+        &pod_uri,
+        json!({"gracePeriodSeconds": 20}),
+    )
+    .await;
+    assert_eq!((code, body["kind"].as_str()), (200, Some("Pod")));
+    assert_eq!(body["metadata"]["deletionGracePeriodSeconds"], 20);
+    let (code, _) = raw(
+        &cluster,
+        "DELETE",
+        &pod_uri,
+        json!({"orphanDependents": false}),
+    )
+    .await;
+    assert_eq!(code, 202);
+
+    // Not found: `details.group` is left out for the core group.
+    let (code, body) = raw(
+        &cluster,
+        "GET",
+        "/api/v1/namespaces/default/pods/nope",
+        json!({}),
+    )
+    .await;
+    assert_eq!(code, 404);
+    assert_eq!(body["details"], json!({"name": "nope", "kind": "pods"}));
+    let (_, body) = raw(
+        &cluster,
+        "GET",
+        "/apis/batch/v1/namespaces/default/jobs/nope",
+        json!({}),
+    )
+    .await;
+    assert_eq!(
+        body["details"],
+        json!({"name": "nope", "group": "batch", "kind": "jobs"})
+    );
+}
