@@ -271,17 +271,24 @@ impl KubernetesRuntime {
         )
     }
 
-    /// Deletes the attempt's pods with `grace` seconds to stop.
+    /// Deletes the attempt's pods with `grace` seconds to stop. A pod on a node gets at
+    /// least a second: a grace of zero is a force delete, which removes the pod object at
+    /// once without its kubelet confirming the trainer stopped (on an unreachable node it
+    /// may still run), and the double-run guard would see nothing left to wait for. A pod
+    /// that never got a node has nothing to stop and goes at once.
     async fn delete_pods(&self, job: &str, token: u64, grace: u32) -> Result<(), DispatchError> {
         let pods = self.attempt_pods(job, token).await?;
         for pod in non_terminal_pods(&pods) {
-            if let Some(name) = &pod.metadata.name {
-                ignore_missing(
-                    self.pods
-                        .delete(name, &DeleteParams::background().grace_period(grace))
-                        .await,
-                )?;
-            }
+            let Some(name) = &pod.metadata.name else {
+                continue;
+            };
+            let on_node = pod.spec.as_ref().is_some_and(|s| s.node_name.is_some());
+            let grace = if on_node { grace.max(1) } else { 0 };
+            ignore_missing(
+                self.pods
+                    .delete(name, &DeleteParams::background().grace_period(grace))
+                    .await,
+            )?;
         }
         Ok(())
     }

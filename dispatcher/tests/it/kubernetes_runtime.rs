@@ -249,11 +249,21 @@ async fn a_killed_attempt_ends_only_once_its_pods_are_gone() {
     start(&mut rt, "j1", 1).await.unwrap();
     let pod = run_on(&cluster, "j1", 1, "node-1");
     rt.kill("j1", 1).await.unwrap();
-    // The pod is still being torn down (the Job controller has not released it yet):
-    // the attempt is not over, so its successor cannot start beside it.
+    // Never a force delete (grace 0), which would drop the pod object without its
+    // kubelet confirming the trainer stopped.
+    let delete = cluster
+        .requests()
+        .into_iter()
+        .find(|r| r.method == "DELETE" && r.path.ends_with(&format!("/pods/{pod}")))
+        .expect("the pod is deleted");
+    assert_eq!(delete.param("gracePeriodSeconds").as_deref(), Some("1"));
+    // Until its kubelet says the trainer stopped, the attempt is not over, so its
+    // successor cannot start beside it.
     assert!(cluster.get(Kind::Pod, &format!("tuneq/{pod}")).is_some());
+    cluster.sync_jobs();
     let state = rt.poll("j1", 1).await.unwrap();
     assert!(!matches!(state, State::Ended(_)), "{state:?}");
+    cluster.exit(&pod, 137, "Error", None).unwrap();
     cluster.sync_jobs();
     assert!(cluster.get(Kind::Pod, &format!("tuneq/{pod}")).is_none());
     assert!(matches!(

@@ -12,8 +12,8 @@
 //! ```
 //!
 //! - `TUNEQ_REAL_KUBECONFIG` is the dispatcher's: a ServiceAccount bound in the namespace
-//!   `tuneq` to the Role of the README's "Running on Kubernetes" plus `watch` on jobs and
-//!   pods and `get` on pods (what the runtime's watchers need), and nothing more, so a
+//!   `tuneq` to the Role of the README's "Running on Kubernetes" (`watch` on jobs and
+//!   pods included, for the runtime's watchers), and nothing more, so a
 //!   request the Role does not grant fails the test. The optional Node reader is left out
 //!   on purpose: the runtime must cope with its 403.
 //! - `TUNEQ_REAL_ADMIN_KUBECONFIG` stands in for the kubelet (it binds pods and writes
@@ -27,7 +27,7 @@
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, ServiceAccount};
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -125,7 +125,7 @@ impl Cluster {
         assert_eq!(xeon.kubernetes.as_ref().unwrap().namespace, NAMESPACE);
         xeon.name = pool.to_string();
         let mut settings = KubernetesSettings::new(xeon, "http://tuneq-api.tuneq.svc:8080".into());
-        settings.poll_every = Duration::ZERO;
+        settings.node_check_every = Duration::ZERO;
         KubernetesRuntime::new(self.dispatcher.clone(), settings).unwrap()
     }
 
@@ -304,13 +304,29 @@ async fn start(rt: &mut KubernetesRuntime, job: &str, token: u64) -> Result<(), 
     .map_err(|e| e.to_string())
 }
 
+/// Waits until the runtime sees the attempt's trainer running (it learns through its
+/// watches, a moment after the API server).
+async fn seen_running(rt: &mut KubernetesRuntime, job: &str, token: u64) {
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        match rt.poll(job, token).await.unwrap() {
+            State::Running => return,
+            State::Pending => {
+                assert!(Instant::now() < deadline, "attempt {job}/{token} never ran");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            State::Ended(end) => panic!("attempt {job}/{token} ended: {end:?}"),
+        }
+    }
+}
+
 /// How the attempt ends, once the runtime says it has.
 async fn ended(rt: &mut KubernetesRuntime, job: &str, token: u64) -> End {
     let deadline = Instant::now() + SETTLE;
     loop {
         match rt.poll(job, token).await.unwrap() {
             State::Ended(end) => return end,
-            State::Running => {
+            State::Running | State::Pending => {
                 assert!(
                     Instant::now() < deadline,
                     "attempt {job}/{token} never ended"
@@ -346,7 +362,7 @@ async fn an_attempt_is_a_job_its_secret_and_a_pod_and_release_removes_them() {
     // The Job controller accepts the Job and makes its pod; with no kubelet it waits.
     let pod = k.pod_of(&job, 3).await;
     assert_eq!(pod.status.unwrap().phase.as_deref(), Some("Pending"));
-    assert_eq!(rt.poll(&job, 3).await.unwrap(), State::Running);
+    assert_eq!(rt.poll(&job, 3).await.unwrap(), State::Pending);
 
     // The Job goes at once; its pod follows by the garbage collector.
     rt.release(&job, 3).await.unwrap();
@@ -390,7 +406,7 @@ async fn a_node_shutdown_fails_the_job_by_its_pod_failure_policy_and_reads_as_in
     let job = job_id(3);
     start(&mut rt, &job, 1).await.unwrap();
     let pod = k.run(&k.pod_of(&job, 1).await).await;
-    assert_eq!(rt.poll(&job, 1).await.unwrap(), State::Running);
+    seen_running(&mut rt, &job, 1).await;
     // GKE's graceful node shutdown: DisruptionTarget, then the trainer's checkpoint and
     // exit 75, the pod Failed with reason Terminated (research note §B.1).
     let now = timestamp();
@@ -487,7 +503,7 @@ async fn a_stopped_attempt_checkpoints_exits_75_and_reads_as_interrupted_with_no
     let name = pod.metadata.name.clone().unwrap();
     let deleting = k.pods().get(&name).await.unwrap();
     assert_eq!(deleting.metadata.deletion_grace_period_seconds, Some(90));
-    assert_eq!(rt.poll(&job, 1).await.unwrap(), State::Running);
+    seen_running(&mut rt, &job, 1).await;
     // The trainer writes its checkpoint on SIGTERM and exits 75: no rule matches, the
     // failure counts against backoffLimit 0 and `podReplacementPolicy: Failed` (the
     // default with a podFailurePolicy) made no replacement while the pod terminated.
@@ -512,23 +528,38 @@ async fn a_stopped_attempt_checkpoints_exits_75_and_reads_as_interrupted_with_no
 
 #[tokio::test]
 #[ignore = "needs a real kube-apiserver: set TUNEQ_REAL_KUBECONFIG"]
-async fn a_killed_attempt_is_over_at_once_and_its_secret_goes_with_the_job() {
+async fn a_killed_attempt_ends_once_its_kubelet_confirms_and_its_secret_goes_with_the_job() {
     let k = Cluster::connect().await;
     let mut rt = k.runtime("rk-xeon-e");
     let job = job_id(5);
     start(&mut rt, &job, 1).await.unwrap();
     let pod = k.run(&k.pod_of(&job, 1).await).await;
+    let name = pod.metadata.name.clone().unwrap();
     rt.kill(&job, 1).await.unwrap();
-    // Grace 0 is a force delete: the Job controller lets the orphaned pod's tracking
-    // finalizer go and the pod object is gone without the kubelet's word that the
-    // trainer stopped, so the double-run guard has nothing left to wait for.
+    // A grace of one second, never zero: a force delete would drop the pod object (the
+    // Job controller lets its tracking finalizer go) without the kubelet's word that the
+    // trainer stopped, and the double-run guard would have nothing left to wait for.
+    let deleting = k.pods().get(&name).await.unwrap();
+    assert_eq!(deleting.metadata.deletion_grace_period_seconds, Some(1));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let state = rt.poll(&job, 1).await.unwrap();
+    assert!(
+        !matches!(state, State::Ended(_)),
+        "no kubelet confirmed the trainer stopped: {state:?}"
+    );
+    // The kubelet SIGKILLs the trainer, reports it, and removes the pod (grace 0 is
+    // its own last word).
+    k.exit(&pod, 137, "killed", json!({})).await;
+    k.pods()
+        .delete(&name, &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
     let End::Interrupted(why) = ended(&mut rt, &job, 1).await else {
         panic!("a killed attempt reads as interrupted");
     };
     assert!(why.contains("is gone"), "{why}");
     // `kill` leaves the Secret to the garbage collector (its owner is the Job).
-    k.collected(&pod.metadata.name.unwrap(), &secret_name(&job, 1))
-        .await;
+    k.collected(&name, &secret_name(&job, 1)).await;
 }
 
 #[tokio::test]
@@ -556,7 +587,7 @@ async fn leftovers_are_the_pools_own_jobs_found_by_label() {
 
 #[tokio::test]
 #[ignore = "needs a real kube-apiserver: set TUNEQ_REAL_KUBECONFIG"]
-async fn the_dispatchers_role_lets_it_watch_its_jobs_and_pods_and_get_a_pod() {
+async fn the_dispatchers_role_lets_it_watch_its_jobs_and_pods() {
     let k = Cluster::connect().await;
     let mut rt = k.runtime("rk-xeon-i");
     let job = job_id(8);
@@ -584,8 +615,6 @@ async fn the_dispatchers_role_lets_it_watch_its_jobs_and_pods_and_get_a_pod() {
     }
     start(&mut rt, &job, 1).await.unwrap();
     let pod = k.pod_of(&job, 1).await.metadata.name.unwrap();
-    let dispatchers_pods: Api<Pod> = Api::namespaced(k.dispatcher.clone(), NAMESPACE);
-    dispatchers_pods.get(&pod).await.unwrap();
     for (watch, name) in watches.into_iter().zip([job_name(&job, 1), pod]) {
         let events = watch.await.unwrap().unwrap();
         assert!(
