@@ -1,14 +1,23 @@
-"""A stand-in Kubernetes API server for the local-process test: it answers every list
-with an empty list and records each request as (verb, group, resource, namespace), so
-the test can check that the dispatcher, started with the chart's command line, asks for
-nothing its Role does not grant. It proves nothing about Kubernetes itself."""
+"""A stand-in Kubernetes API server for the local-process test. It keeps the objects it
+is sent (create, get, list with equality label selectors, delete) and records each
+request as (verb, group, resource, namespace, name), so the test can check that the
+dispatcher, started with the chart's command line, asks for nothing its Role does not
+grant, and can validate the attempt Jobs and Secrets it creates. Watches are answered
+410 Gone (a client relists). It runs no controller: a Job stays as created. It proves
+nothing about Kubernetes itself."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
+import uuid
+from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
+
+KINDS = {"jobs": ("batch/v1", "Job"), "pods": ("v1", "Pod"), "secrets": ("v1", "Secret"),
+         "nodes": ("v1", "Node")}
 
 
 def parse(method: str, url: str) -> tuple[str, str, str, str, str | None]:
@@ -40,38 +49,77 @@ def parse(method: str, url: str) -> tuple[str, str, str, str, str | None]:
     return (verb or method.lower(), group, resource, namespace, name)
 
 
+def selected(obj: dict, selector: str) -> bool:
+    labels = obj.get("metadata", {}).get("labels") or {}
+    for term in filter(None, selector.split(",")):
+        key, _, value = term.partition("=")
+        if labels.get(key) != value:
+            return False
+    return True
+
+
 class KubeStub:
     def __init__(self) -> None:
         self.requests: list[tuple[str, str, str, str, str | None]] = []
+        self.objects: dict[tuple[str, str, str], dict] = {}   # (resource, namespace, name)
+        self.created: list[dict] = []
+        self.lock = threading.Lock()
+        versions = itertools.count(1)
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args) -> None:  # quiet
                 pass
 
-            def _answer(self) -> None:
-                request = parse(self.command, self.path)
-                stub.requests.append(request)
-                verb, _, resource, _, name = request
-                if verb in ("list",):
-                    kind = resource.capitalize().rstrip("s") + "List"
-                    body = {"kind": kind, "apiVersion": "v1",
-                            "metadata": {"resourceVersion": "1"}, "items": []}
-                    code = 200
-                elif verb == "watch":
-                    body, code = {"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                                  "reason": "Expired", "code": 410}, 410
-                else:
-                    body = {"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                            "reason": "NotFound", "code": 404,
-                            "message": f"{resource} {name!r} not found"}
-                    code = 404
+            def reply(self, code: int, body: dict) -> None:
                 data = json.dumps(body).encode()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+
+            def status(self, code: int, reason: str, message: str) -> None:
+                self.reply(code, {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                  "status": "Failure", "reason": reason, "message": message,
+                                  "code": code})
+
+            def _answer(self) -> None:
+                body = None
+                if self.headers.get("Content-Length"):
+                    body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"null")
+                request = parse(self.command, self.path)
+                verb, _, resource, namespace, name = request
+                with stub.lock:
+                    stub.requests.append(request)
+                    api_version, kind = KINDS.get(resource, ("v1", resource.capitalize()))
+                    if verb == "list":
+                        selector = parse_qs(urlparse(self.path).query).get("labelSelector", [""])[0]
+                        items = [o for (r, ns, _), o in stub.objects.items()
+                                 if r == resource and ns == namespace and selected(o, selector)]
+                        self.reply(200, {"kind": kind + "List", "apiVersion": api_version,
+                                         "metadata": {"resourceVersion": str(next(versions))},
+                                         "items": items})
+                    elif verb == "watch":
+                        self.status(410, "Expired", "watches are not served here")
+                    elif verb == "create":
+                        meta = body.setdefault("metadata", {})
+                        key = (resource, namespace, meta.get("name"))
+                        if key in stub.objects:
+                            self.status(409, "AlreadyExists", f"{resource} {key[2]!r} already exists")
+                            return
+                        meta.update(uid=str(uuid.uuid4()), resourceVersion=str(next(versions)),
+                                    namespace=namespace,
+                                    creationTimestamp=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+                        stub.objects[key] = body
+                        stub.created.append(body)
+                        self.reply(201, body)
+                    elif verb == "get" and (resource, namespace, name) in stub.objects:
+                        self.reply(200, stub.objects[(resource, namespace, name)])
+                    elif verb == "delete" and (resource, namespace, name) in stub.objects:
+                        self.reply(200, stub.objects.pop((resource, namespace, name)))
+                    else:
+                        self.status(404, "NotFound", f"{resource} {name!r} not found")
 
             do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _answer
 

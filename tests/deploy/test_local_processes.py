@@ -31,8 +31,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import requests
+import yaml
 
 from conftest import CHART, REPO_ROOT, find, tuneq_bin, venv_tool
+from tuneq_chart import K8S_VERSION
 from kube_stub import KubeStub
 
 RBAC = json.loads((CHART / "files" / "dispatcher-rbac.json").read_text())
@@ -223,12 +226,10 @@ def bucket_of(uri: str) -> str:
     return uri.split("://", 1)[1].split("/", 1)[0]
 
 
-def upload_through_the_api(api: Pod, admin_key: str) -> None:
+def upload_through_the_api(api: Pod, admin_key: str) -> tuple[str, str, str]:
     """The store settings the chart gives the API work: a dataset uploaded through it is
     stored (in moto or fake-gcs-server, through the endpoint, keys and path style the
-    rendered configuration names)."""
-    import requests
-
+    rendered configuration names). Returns the API's URL, a tenant's key and the file."""
     url = f"http://127.0.0.1:{api.local_port('http')}"
     admin = {"Authorization": f"Bearer {admin_key}"}
     requests.post(f"{url}/admin/tenants", json={"id": "acme"}, headers=admin, timeout=30).raise_for_status()
@@ -240,6 +241,54 @@ def upload_through_the_api(api: Pod, admin_key: str) -> None:
     got = requests.get(f"{url}/v1/files/{answer.json()['id']}/content",
                        headers={"Authorization": f"Bearer {key}"}, timeout=60)
     assert got.status_code == 200 and got.content == data, got.text[:500]
+    return url, key, answer.json()["id"]
+
+
+def put_object(store: str, port: int, key: str, data: bytes) -> None:
+    """Writes an object straight into the local S3 (moto) or GCS (fake-gcs-server) server."""
+    bucket = bucket_of(store)
+    if store.startswith("s3://"):
+        # (urllib would send a form content type, which moto tries to parse as a form)
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/{bucket}/{key}", data=data, method="PUT",
+                                         headers={"Content-Type": "application/octet-stream"})
+    else:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/upload/storage/v1/b/{bucket}/o?uploadType=media&name={key}",
+            data=data, method="POST", headers={"Content-Type": "application/octet-stream"})
+    urllib.request.urlopen(request, timeout=60).close()
+
+
+def seed_models(values_models: list[dict], store: str, port: int, tmp: Path) -> None:
+    """The base models the values register, as a tiny generated model in the store."""
+    model = tmp / "tiny-model"
+    if not model.exists():
+        subprocess.run([str(tuneq_bin()), "model", "init", "--preset", "tiny", "--seed", "0",
+                        "--out", str(model)], check=True, capture_output=True)
+    for m in values_models:
+        prefix = m["location"].split("://", 1)[1].split("/", 1)[1].rstrip("/")
+        assert m["location"].startswith(store.split("://")[0] + "://" + bucket_of(store) + "/")
+        for f in sorted(model.iterdir()):
+            put_object(store, port, f"{prefix}/{f.name}", f.read_bytes())
+
+
+def check_attempt(created: list[dict], pools_toml: str, api: Pod, tmp: Path) -> None:
+    """The attempt's Job and Secret the dispatcher created from the chart's pools file:
+    strict schema, the pool's image, namespace and ServiceAccount, reports to the API."""
+    job = next(o for o in created if o["kind"] == "Job")
+    pools = {p["name"]: p for p in tomllib.loads(pools_toml)["pool"]}
+    pool = pools[job["metadata"]["labels"]["tuneq.io/pool"]]["kubernetes"]
+    spec = job["spec"]["template"]["spec"]
+    assert job["metadata"]["namespace"] == pool["namespace"]
+    assert spec["serviceAccountName"] == pool["service_account"]
+    assert spec["containers"][0]["image"] == pool["image"]
+    env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
+    assert env["TUNEQ_REPORT_URL"].startswith(f"http://127.0.0.1:{api.local_port('http')}"), env
+    manifests = tmp / "attempt.yaml"
+    manifests.write_text(yaml.safe_dump_all(
+        [{k: v for k, v in o.items()} for o in created if o["kind"] in ("Job", "Secret")]))
+    result = subprocess.run([venv_tool("kubernetes-validate"), "--strict", "-k", K8S_VERSION, "--quiet",
+                             str(manifests)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def granted(verb: str, group: str, resource: str) -> bool:
@@ -275,6 +324,7 @@ def test_the_rendered_pods_run_here_and_become_ready(case, rendered, tmp_path) -
             node.addresses["minio.minio.svc:9000"] = f"127.0.0.1:{port}"
             urllib.request.urlopen(urllib.request.Request(
                 f"http://127.0.0.1:{port}/{bucket_of(store)}", method="PUT")).close()
+            store_port = port
             if "TUNEQ_STORAGE_CONFIG" not in api_env:
                 extra_api_env["AWS_ENDPOINT_URL_S3"] = f"http://127.0.0.1:{port}"
             extra_api_env.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
@@ -288,6 +338,10 @@ def test_the_rendered_pods_run_here_and_become_ready(case, rendered, tmp_path) -
                 data=json.dumps({"name": bucket_of(store)}).encode(),
                 headers={"Content-Type": "application/json"})).close()
             extra_api_env["STORAGE_EMULATOR_HOST"] = f"http://127.0.0.1:{port}"
+            store_port = port
+        models = [dict(zip(("id", "location"), a.split("=", 1)))
+                  for a in api_obj["spec"]["template"]["spec"]["containers"][0]["args"] if "://" in a]
+        seed_models(models, store, store_port, tmp_path)
 
         redis = [o for o in objs if o["kind"] == "StatefulSet" and o["metadata"]["name"] == "tuneq-redis"]
         if redis:
@@ -323,14 +377,28 @@ def test_the_rendered_pods_run_here_and_become_ready(case, rendered, tmp_path) -
         pools = [p["name"] for p in tomllib.loads(node.configmaps["tuneq-pools"]["pools.toml"])["pool"]]
         for pool in pools:
             assert f"serves pool {pool}" in log, log
-        # It asked the API server only for what its Role grants.
+        # It asks the API server only for what its Role grants (checked again below,
+        # after it has started an attempt).
         assert stub.requests, "the dispatcher never called the Kubernetes API"
-        for verb, group, resource, namespace, _ in stub.requests:
-            assert granted(verb, group, resource), f"{verb} {group}/{resource} in {namespace} is not in its Role"
         if aof is not None:
             assert list(aof.rglob("appendonly*")), "Redis wrote no append-only file"
         if "TUNEQ_ADMIN_KEY" in api.env:
-            upload_through_the_api(api, made_up["tuneq"]["admin-key"])
+            url, key, file_id = upload_through_the_api(api, made_up["tuneq"]["admin-key"])
+            # A fine-tune: the dispatcher places it on the first pool and creates its
+            # attempt's Job and Secret, which must pass the strict schema check.
+            job = requests.post(f"{url}/v1/fine_tuning/jobs", headers={"Authorization": f"Bearer {key}"},
+                                json={"model": models[0]["id"], "training_file": file_id}, timeout=60)
+            assert job.status_code == 200, job.text
+            deadline = time.monotonic() + 60
+            while not [o for o in stub.created if o.get("kind") == "Job"]:
+                assert time.monotonic() < deadline, "the dispatcher created no Job:\n" + dispatcher.log.read_text()
+                assert dispatcher.proc.poll() is None, dispatcher.log.read_text()
+                time.sleep(0.3)
+            time.sleep(1)
+            created = list(stub.created)
+            check_attempt(created, node.configmaps["tuneq-pools"]["pools.toml"], api, tmp_path)
+        for verb, group, resource, namespace, _ in stub.requests:
+            assert granted(verb, group, resource), f"{verb} {group}/{resource} in {namespace} is not in its Role"
     finally:
         node.stop()
         stub.close()
