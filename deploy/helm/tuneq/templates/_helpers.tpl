@@ -1,0 +1,134 @@
+{{/* Names: "tuneq" for a release called tuneq, else "<release>-tuneq". */}}
+{{- define "tuneq.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "tuneq.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels of every object; "component" is added per object. */}}
+{{- define "tuneq.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "tuneq.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: tuneq
+{{- end -}}
+
+{{/* Selector labels of one component: include with (dict "ctx" $ "component" "api"). */}}
+{{- define "tuneq.selector" -}}
+app.kubernetes.io/name: {{ include "tuneq.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "tuneq.componentLabels" -}}
+{{ include "tuneq.labels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* The image of the API and the dispatcher. */}}
+{{- define "tuneq.image" -}}
+{{- $img := .Values.image -}}
+{{- if $img.digest -}}
+{{- printf "%s@%s" $img.repository $img.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $img.repository (default .Chart.AppVersion $img.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The trainers' image, as the pools file names it: trainerImage, else image. */}}
+{{- define "tuneq.trainerImage" -}}
+{{- $t := .Values.trainerImage -}}
+{{- $repo := default .Values.image.repository $t.repository -}}
+{{- if $t.digest -}}
+{{- printf "%s@%s" $repo $t.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $repo (default (default .Chart.AppVersion .Values.image.tag) $t.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "tuneq.serviceAccountName" -}}
+{{- $sa := index .ctx.Values .component "serviceAccount" -}}
+{{- default (printf "%s-%s" (include "tuneq.fullname" .ctx) .component) $sa.name -}}
+{{- end -}}
+
+{{- define "tuneq.trainerServiceAccountName" -}}
+{{- include "tuneq.serviceAccountName" (dict "ctx" . "component" "trainer") -}}
+{{- end -}}
+
+{{/* The namespaces attempt Jobs run in: pools.namespaces, else the release's. */}}
+{{- define "tuneq.poolNamespaces" -}}
+{{- $ns := .Values.pools.namespaces | default (list .Release.Namespace) -}}
+{{- toJson (uniq $ns) -}}
+{{- end -}}
+
+{{- define "tuneq.apiUrl" -}}
+{{- default (printf "http://%s-api.%s.svc:%d" (include "tuneq.fullname" .) .Release.Namespace (int .Values.api.service.port)) .Values.dispatcher.apiUrl -}}
+{{- end -}}
+
+{{- define "tuneq.secretName" -}}
+{{- required "secrets.existingSecret: name an existing Secret holding the attempt secret (and the admin key); the chart never holds secret values" .Values.secrets.existingSecret -}}
+{{- end -}}
+
+{{/* Environment shared by the API and the dispatcher: the queue and the attempt secret. */}}
+{{- define "tuneq.commonEnv" -}}
+{{- if eq .Values.redis.mode "bundled" }}
+- name: REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ default (include "tuneq.secretName" .) .Values.redis.bundled.passwordSecret }}
+      key: {{ .Values.redis.bundled.passwordKey }}
+- name: TUNEQ_REDIS_URL
+  # Kubernetes substitutes $(REDIS_PASSWORD): the password stays in its Secret.
+  value: {{ printf "redis://:$(REDIS_PASSWORD)@%s-redis:%d" (include "tuneq.fullname" .) (int .Values.redis.bundled.port) | quote }}
+{{- else }}
+- name: TUNEQ_REDIS_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ required "redis.external.existingSecret: name the Secret holding the Redis URL" .Values.redis.external.existingSecret }}
+      key: {{ .Values.redis.external.urlKey }}
+{{- end }}
+- name: TUNEQ_ATTEMPT_SECRET
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "tuneq.secretName" . }}
+      key: {{ .Values.secrets.attemptSecretKey }}
+- name: TUNEQ_POOLS
+  value: /etc/tuneq/pools/pools.toml
+- name: TUNEQ_LOG
+  value: {{ .Values.logLevel | quote }}
+{{- end -}}
+
+{{- define "tuneq.containerSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: {{ .Values.securityContext.runAsUser }}
+runAsGroup: {{ .Values.securityContext.runAsGroup }}
+allowPrivilegeEscalation: false
+privileged: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: ["ALL"]
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{- define "tuneq.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: {{ .Values.securityContext.runAsUser }}
+runAsGroup: {{ .Values.securityContext.runAsGroup }}
+fsGroup: {{ .Values.securityContext.runAsGroup }}
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
