@@ -4,6 +4,7 @@
 //!   `tuneq_http_request_duration_seconds{method,route}` (histogram), labelled by route
 //!   pattern (`/v1/fine_tuning/jobs/{id}`), never by raw path, so ids cannot blow up
 //!   the label space;
+//! - `tuneq_queue_waiting_jobs`: the queue's depth;
 //! - `tuneq_pool_capacity{pool}` and `tuneq_pool_used{pool}` for the configured pools;
 //! - `tuneq_pool_tokens_per_second{pool}` and `tuneq_lost_steps_total{pool}`, learned from
 //!   the trainers' reports ([`crate::pool_stats`]);
@@ -162,6 +163,14 @@ async fn render(state: &AppState) -> String {
                 h.count
             );
         }
+    }
+    if let Ok(waiting) = state.queue.waiting_jobs(Duration::from_secs(1)).await {
+        let _ = writeln!(
+            out,
+            "# HELP tuneq_queue_waiting_jobs Jobs waiting in line to be placed, all tenants."
+        );
+        let _ = writeln!(out, "# TYPE tuneq_queue_waiting_jobs gauge");
+        let _ = writeln!(out, "tuneq_queue_waiting_jobs {waiting}");
     }
     state.pool_stats.render(&mut out, label);
     let _ = writeln!(

@@ -223,6 +223,8 @@ async fn estimates_use_the_speed_trainers_report_and_lost_steps_are_counted_per_
         "tuneq_pool_tokens_per_second{pool=\"cpu-spot\"} 1000",
         "tuneq_lost_steps_total{pool=\"cpu-spot\"} 2",
         "tuneq_lost_steps_total{pool=\"cpu-cheap\"} 0",
+        // The second job waits in line; the first runs.
+        "tuneq_queue_waiting_jobs 1",
     ] {
         assert!(
             metrics.lines().any(|l| l == line),

@@ -433,6 +433,12 @@ impl Queue {
         self.query(&cmd).await
     }
 
+    /// Jobs waiting in line (ready to be claimed), all tenants together, from the figures
+    /// position estimates use, at most `max_age` old: the queue depth operators watch.
+    pub async fn waiting_jobs(&self, max_age: std::time::Duration) -> Result<u64> {
+        Ok(self.figures(max_age).await?.waiting())
+    }
+
     /// [`JobQueue::status`], with the domain's figures at most `max_age` old.
     async fn read_status(
         &self,

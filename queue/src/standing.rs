@@ -36,6 +36,13 @@ pub(crate) struct DomainFigures {
     pools: HashMap<String, (f64, Option<f64>)>,
 }
 
+impl DomainFigures {
+    /// Jobs waiting in line (ready to be claimed), all tenants together.
+    pub(crate) fn waiting(&self) -> u64 {
+        self.tenants.iter().map(|(_, _, waiting)| waiting).sum()
+    }
+}
+
 /// The latest [`DomainFigures`] of one domain, shared by a process's clones of a queue.
 #[derive(Debug, Default)]
 pub(crate) struct FiguresCache {
