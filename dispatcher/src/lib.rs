@@ -158,14 +158,16 @@ impl Dispatcher {
         mut self,
         mut shutdown: tokio::sync::watch::Receiver<bool>,
     ) -> Result<(), DispatchError> {
+        self.config.metrics.serving(&self.config.pool);
         self.queue
             .set_pool(&self.config.pool, self.config.slots)
             .await?;
         self.recover().await?;
         tracing::info!(pool = %self.config.pool, slots = self.config.slots, "dispatcher running");
         while !*shutdown.borrow() {
-            if let Err(e) = self.tick().await {
-                tracing::warn!(error = %e, "dispatcher tick failed; retrying");
+            match self.tick().await {
+                Ok(()) => self.config.metrics.ticked(&self.config.pool),
+                Err(e) => tracing::warn!(error = %e, "dispatcher tick failed; retrying"),
             }
             tokio::select! {
                 _ = tokio::time::sleep(self.config.tick) => {}

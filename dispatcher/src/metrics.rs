@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Counters and gauges shared by the dispatcher loops of one process.
 #[derive(Debug, Clone, Default)]
@@ -19,6 +19,8 @@ struct Inner {
     running: BTreeMap<String, u64>,
     pending: BTreeMap<String, u64>,
     start_seconds: BTreeMap<String, (f64, u64)>,
+    /// Pools whose loop has begun, and when each last finished a tick without error.
+    ticks: BTreeMap<String, Option<Instant>>,
 }
 
 impl Metrics {
@@ -55,6 +57,38 @@ impl Metrics {
         self.with(|m| {
             m.pending.insert(pool.to_string(), n as u64);
         });
+    }
+
+    /// `pool`'s control loop has begun (it is not ready until its first good tick).
+    pub fn serving(&self, pool: &str) {
+        self.with(|m| {
+            m.ticks.entry(pool.to_string()).or_insert(None);
+        });
+    }
+
+    /// `pool`'s control loop finished a tick without error.
+    pub fn ticked(&self, pool: &str) {
+        self.with(|m| {
+            m.ticks.insert(pool.to_string(), Some(Instant::now()));
+        });
+    }
+
+    /// Pools whose loop has not finished a good tick within `max_age` (its queue
+    /// unreachable, its runtime failing, or not started yet), or `None` before any loop
+    /// began: what readiness reports.
+    pub fn stale_pools(&self, max_age: Duration) -> Option<Vec<String>> {
+        self.with(|m| {
+            if m.ticks.is_empty() {
+                return None;
+            }
+            Some(
+                m.ticks
+                    .iter()
+                    .filter(|(_, at)| at.is_none_or(|at| at.elapsed() > max_age))
+                    .map(|(pool, _)| pool.clone())
+                    .collect(),
+            )
+        })
     }
 
     /// The metrics in Prometheus's text format.
@@ -123,5 +157,25 @@ mod tests {
                 "{line} missing from:\n{text}"
             );
         }
+    }
+
+    #[test]
+    fn pools_are_stale_until_a_good_tick_and_again_once_it_is_old() {
+        let m = Metrics::default();
+        assert_eq!(m.stale_pools(Duration::from_secs(30)), None);
+        m.serving("a");
+        m.serving("b");
+        m.ticked("a");
+        assert_eq!(
+            m.stale_pools(Duration::from_secs(30)),
+            Some(vec!["b".to_string()])
+        );
+        m.ticked("b");
+        assert_eq!(m.stale_pools(Duration::from_secs(30)), Some(vec![]));
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(
+            m.stale_pools(Duration::from_millis(10)),
+            Some(vec!["a".to_string(), "b".to_string()])
+        );
     }
 }

@@ -44,8 +44,10 @@ pub struct DispatcherArgs {
     /// With `--pools`: a pool to serve (repeat; default: every pool of the file).
     #[arg(long = "serve", value_name = "POOL", requires = "pools_file")]
     serve: Vec<String>,
-    /// Serve Prometheus metrics per pool (attempts started, ended by how, running, time
-    /// to start) at `http://ADDR/metrics`, e.g. `0.0.0.0:9090`.
+    /// Serve Prometheus metrics per pool (attempts started, ended by how, running,
+    /// pending, time to start) at `http://ADDR/metrics`, e.g. `0.0.0.0:9090`, with
+    /// `/healthz` (the process answers) and `/readyz` (every pool's loop finished a
+    /// tick within the last 30 s) for probes.
     #[arg(long, env = "TUNEQ_METRICS_ADDR", value_name = "ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
     /// Check a pools file, print what it defines, and exit (0 when it is valid).
@@ -77,25 +79,53 @@ pub fn run(args: DispatcherArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Serves `metrics` at `http://addr/metrics` until the task is aborted.
+/// How long a pool's loop may go without a good tick before `/readyz` says so (ticks
+/// come every half second; a queue or API server that does not answer stops them).
+const READY_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Serves `metrics` at `http://addr/metrics`, with `/healthz` and `/readyz`, until the
+/// task is aborted.
 fn serve_metrics(
     addr: std::net::SocketAddr,
     metrics: tuneq_dispatcher::metrics::Metrics,
 ) -> Result<tokio::task::JoinHandle<std::io::Result<()>>> {
     use actix_web::{App, HttpResponse, HttpServer, web};
     let server = HttpServer::new(move || {
-        let metrics = metrics.clone();
-        App::new().route(
-            "/metrics",
-            web::get().to(move || {
-                let body = metrics.render();
-                async move {
-                    HttpResponse::Ok()
-                        .content_type("text/plain; version=0.0.4")
-                        .body(body)
-                }
-            }),
-        )
+        let for_metrics = metrics.clone();
+        let for_ready = metrics.clone();
+        App::new()
+            .route(
+                "/metrics",
+                web::get().to(move || {
+                    let body = for_metrics.render();
+                    async move {
+                        HttpResponse::Ok()
+                            .content_type("text/plain; version=0.0.4")
+                            .body(body)
+                    }
+                }),
+            )
+            .route(
+                "/healthz",
+                web::get().to(|| async { HttpResponse::Ok().body("ok") }),
+            )
+            .route(
+                "/readyz",
+                web::get().to(move || {
+                    let stale = for_ready.stale_pools(READY_WITHIN);
+                    async move {
+                        match stale {
+                            Some(stale) if stale.is_empty() => HttpResponse::Ok().body("ok"),
+                            Some(stale) => HttpResponse::ServiceUnavailable().body(format!(
+                                "no good tick within {}s: {}",
+                                READY_WITHIN.as_secs(),
+                                stale.join(", ")
+                            )),
+                            None => HttpResponse::ServiceUnavailable().body("no pool loop yet"),
+                        }
+                    }
+                }),
+            )
     })
     .workers(1)
     .disable_signals()
