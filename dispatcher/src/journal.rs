@@ -29,26 +29,28 @@ impl Journal {
         Self { path }
     }
 
+    /// A journal error on this journal's file.
+    fn error(&self, source: impl std::error::Error + Send + Sync + 'static) -> DispatchError {
+        DispatchError::Journal {
+            path: self.path.clone(),
+            source: Box::new(source),
+        }
+    }
+
     /// The attempts recorded (none when there is no journal yet).
     pub fn read(&self) -> Result<Vec<JournalEntry>, DispatchError> {
         match std::fs::read(&self.path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map_err(|e| DispatchError::Journal(format!("{}: {e}", self.path.display()))),
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| self.error(e)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
-            Err(e) => Err(DispatchError::Journal(format!(
-                "{}: {e}",
-                self.path.display()
-            ))),
+            Err(e) => Err(self.error(e)),
         }
     }
 
     /// Replaces the recorded attempts (write to a temporary file, sync, rename).
     pub fn write(&self, entries: &[JournalEntry]) -> Result<(), DispatchError> {
         use std::io::Write;
-        let io =
-            |e: std::io::Error| DispatchError::Journal(format!("{}: {e}", self.path.display()));
-        let text =
-            serde_json::to_vec(entries).map_err(|e| DispatchError::Journal(e.to_string()))?;
+        let io = |e: std::io::Error| self.error(e);
+        let text = serde_json::to_vec(entries).map_err(|e| self.error(e))?;
         let tmp = self.path.with_extension("tmp");
         let mut file = std::fs::File::create(&tmp).map_err(io)?;
         file.write_all(&text).map_err(io)?;

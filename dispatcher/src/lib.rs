@@ -41,12 +41,51 @@ pub enum DispatchError {
     /// The queue failed.
     #[error(transparent)]
     Queue(#[from] QueueError),
-    /// An attempt could not be started or watched.
+    /// The runtime refused an attempt for a reason of its own (a pool it cannot serve,
+    /// a Job of another attempt in the way).
     #[error("runtime: {0}")]
     Runtime(String),
+    /// The Kubernetes API failed a request (`what` says which).
+    #[error("kubernetes: {what}: {source}")]
+    Kubernetes {
+        /// What was asked.
+        what: &'static str,
+        /// The API's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// A file or process of an attempt (`path` says which).
+    #[error("runtime: {path}: {source}")]
+    Io {
+        /// The file, folder or program.
+        path: std::path::PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The pool's Job could not be built (a setting Kubernetes would refuse).
+    #[error("runtime: {0}")]
+    Build(#[from] kubernetes::BuildError),
+    /// The attempt's spec could not be encoded.
+    #[error("runtime: cannot encode the attempt's spec: {0}")]
+    Encode(#[from] serde_json::Error),
     /// The journal could not be read or written.
-    #[error("journal: {0}")]
-    Journal(String),
+    #[error("journal: {path}: {source}")]
+    Journal {
+        /// The journal file.
+        path: std::path::PathBuf,
+        /// Why: the file could not be read or written, or held no journal.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+impl DispatchError {
+    /// An I/O error on `path`.
+    pub(crate) fn io(path: impl Into<std::path::PathBuf>) -> impl FnOnce(std::io::Error) -> Self {
+        let path = path.into();
+        move |source| Self::Io { path, source }
+    }
 }
 
 /// Settings of one dispatcher.

@@ -148,7 +148,7 @@ impl Runtime for LocalRuntime {
             Some(Tracked::Child { process, .. }) => match process.child.try_wait() {
                 Ok(Some(status)) => Ok(State::Ended(classify(status, &process.dir))),
                 Ok(None) => Ok(State::Running),
-                Err(e) => Err(DispatchError::Runtime(format!("cannot watch {job}: {e}"))),
+                Err(e) => Err(DispatchError::io(&process.dir)(e)),
             },
             Some(Tracked::Orphan { pid, .. }) => {
                 if pid.is_some_and(|pid| is_trainer_of(pid, job)) {
@@ -221,18 +221,16 @@ impl LocalSettings {
         let dir = self.work_dir.join(job).join(format!("attempt-{token}"));
         tokio::fs::create_dir_all(&dir)
             .await
-            .map_err(|e| DispatchError::Runtime(format!("{}: {e}", dir.display())))?;
+            .map_err(DispatchError::io(&dir))?;
         let mut spec = spec.clone();
         spec.device = self.device;
         let spec_path = dir.join("spec.json");
-        let text =
-            serde_json::to_vec_pretty(&spec).map_err(|e| DispatchError::Runtime(e.to_string()))?;
+        let text = serde_json::to_vec_pretty(&spec)?;
         tokio::fs::write(&spec_path, text)
             .await
-            .map_err(|e| DispatchError::Runtime(format!("{}: {e}", spec_path.display())))?;
+            .map_err(DispatchError::io(&spec_path))?;
         let open = |name: &str| {
-            std::fs::File::create(dir.join(name))
-                .map_err(|e| DispatchError::Runtime(format!("{}: {e}", dir.join(name).display())))
+            std::fs::File::create(dir.join(name)).map_err(DispatchError::io(dir.join(name)))
         };
         let mut command = tokio::process::Command::new(&self.exe);
         if let Some(limit) = self.memory_limit_bytes {
@@ -256,9 +254,7 @@ impl LocalSettings {
             .stdout(open("stdout.jsonl")?)
             .stderr(open("stderr.log")?)
             .spawn()
-            .map_err(|e| {
-                DispatchError::Runtime(format!("cannot start {}: {e}", self.exe.display()))
-            })?;
+            .map_err(DispatchError::io(&self.exe))?;
         Ok(Process { child, dir })
     }
 }

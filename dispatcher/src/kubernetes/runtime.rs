@@ -104,7 +104,7 @@ impl KubernetesRuntime {
             .pods
             .list(&ListParams::default().labels(&Self::attempt_selector(job, token)))
             .await
-            .map_err(api)?
+            .map_err(api("list the attempt's pods"))?
             .items)
     }
 
@@ -124,7 +124,11 @@ impl KubernetesRuntime {
                 return Ok((Some(found), pods));
             }
         }
-        let found = self.jobs.get_opt(&name).await.map_err(api)?;
+        let found = self
+            .jobs
+            .get_opt(&name)
+            .await
+            .map_err(api("read the attempt's Job"))?;
         Ok((found, self.attempt_pods(job, token).await?))
     }
 
@@ -248,7 +252,7 @@ impl KubernetesRuntime {
                     tracing::debug!(node, "may not read Nodes; leaving lost pods to the pod GC");
                     continue;
                 }
-                Err(e) => return Err(api(e)),
+                Err(e) => return Err(api("read a Node")(e)),
             }
             tracing::warn!(pod = %name, node, "force-deleting a pod whose node is gone");
             ignore_missing(
@@ -302,7 +306,7 @@ pub type KubeClient = kube::Client;
 pub async fn connect() -> Result<kube::Client, DispatchError> {
     kube::Client::try_default()
         .await
-        .map_err(|e| DispatchError::Runtime(format!("cannot reach the Kubernetes API: {e}")))
+        .map_err(api("reach the Kubernetes API"))
 }
 
 /// Whether `pod` never ran its container: unscheduled, or its container still waiting
@@ -321,9 +325,9 @@ fn never_started(pod: &Pod) -> bool {
     })
 }
 
-/// A `kube` error as the dispatcher's.
-fn api(e: kube::Error) -> DispatchError {
-    DispatchError::Runtime(format!("kubernetes: {e}"))
+/// A `kube` error on `what` as the dispatcher's.
+fn api(what: &'static str) -> impl FnOnce(kube::Error) -> DispatchError {
+    move |source| DispatchError::Kubernetes { what, source }
 }
 
 /// A delete's result, a missing object counting as deleted.
@@ -331,7 +335,7 @@ fn ignore_missing<T>(result: Result<T, kube::Error>) -> Result<(), DispatchError
     match result {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
-        Err(e) => Err(api(e)),
+        Err(e) => Err(api("delete")(e)),
     }
 }
 
@@ -351,8 +355,7 @@ impl Runtime for KubernetesRuntime {
             Hardware::Gpu => DeviceKind::Cuda,
             Hardware::Cpu => DeviceKind::Cpu,
         };
-        let spec_json =
-            serde_json::to_string(&spec).map_err(|e| DispatchError::Runtime(e.to_string()))?;
+        let spec_json = serde_json::to_string(&spec)?;
         let attempt = AttemptLaunch {
             job_id: launch.job.to_string(),
             attempt: launch.token,
@@ -367,15 +370,18 @@ impl Runtime for KubernetesRuntime {
             ),
             credential: launch.credential.to_string(),
         };
-        let manifest = build_job(&attempt, &self.settings.pool, &self.k)
-            .map_err(|e| DispatchError::Runtime(e.to_string()))?;
+        let manifest = build_job(&attempt, &self.settings.pool, &self.k)?;
         let name = job_name(launch.job, launch.token);
         let created = match self.jobs.create(&PostParams::default(), &manifest).await {
             Ok(created) => created,
             // Created by an earlier try whose answer was lost: adopt it only if it is
             // this very attempt (the fencing token in its annotation).
             Err(kube::Error::Api(status)) if status.is_already_exists() => {
-                let existing = self.jobs.get(&name).await.map_err(api)?;
+                let existing = self
+                    .jobs
+                    .get(&name)
+                    .await
+                    .map_err(api("read the existing Job"))?;
                 let token = existing
                     .metadata
                     .annotations
@@ -389,13 +395,13 @@ impl Runtime for KubernetesRuntime {
                 tracing::info!(job = launch.job, %name, "adopting the attempt's existing Job");
                 existing
             }
-            Err(e) => return Err(api(e)),
+            Err(e) => return Err(api("create the attempt's Job")(e)),
         };
         let secret = build_secret(&attempt, &self.k.namespace, created.metadata.uid.as_deref());
         match self.secrets.create(&PostParams::default(), &secret).await {
             Ok(_) => {}
             Err(kube::Error::Api(status)) if status.is_already_exists() => {}
-            Err(e) => return Err(api(e)),
+            Err(e) => return Err(api("create the attempt's Secret")(e)),
         }
         tracing::info!(job = launch.job, %name, pool = %self.settings.pool.name, "attempt Job created");
         Ok(())
@@ -454,7 +460,7 @@ impl Runtime for KubernetesRuntime {
             .jobs
             .list(&ListParams::default().labels(&selector))
             .await
-            .map_err(api)?;
+            .map_err(api("list the pool's Jobs"))?;
         Ok(jobs
             .items
             .into_iter()
