@@ -128,8 +128,9 @@ def test_rbac_is_namespaced_and_grants_exactly_the_listed_verbs(case, rendered) 
         assert not cluster_roles and not cluster_bindings, "nothing cluster-wide unless dispatcher.readNodes"
 
 
-# The runtime's calls: `self.jobs.create(`, `self.pods\n    .list(` …
-CALL = re.compile(r"self\.(jobs|pods|secrets|nodes)\s*\.\s*(create|get|list|watch|delete|patch|replace|"
+# The runtime's calls: `self.jobs.create(`, `self\n    .pods\n    .list(` (as rustfmt breaks
+# long chains) …
+CALL = re.compile(r"self\s*\.\s*(jobs|pods|secrets|nodes)\s*\.\s*(create|get|list|watch|delete|patch|replace|"
                   r"delete_collection|evict|get_opt|entry|replace_status|patch_status)\b")
 RESOURCE = {"jobs": ("batch", "jobs"), "pods": ("", "pods"), "secrets": ("", "secrets"), "nodes": ("", "nodes")}
 VERB = {"get_opt": "get", "entry": "get", "delete_collection": "deletecollection",
