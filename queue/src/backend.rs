@@ -4,11 +4,11 @@
 
 use crate::embedded::{Store, StoreError};
 use crate::{QueueError, Result};
-use redis::aio::ConnectionManager;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Cmd, FromRedisValue, Pipeline, Value};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 /// The queue's Lua scripts as one Redis Functions library: `prelude.lua` once, then
 /// each script's body as a registered function of `(KEYS, ARGV)`. Redis builds the
@@ -107,7 +107,7 @@ impl LuaScript {
 #[derive(Clone)]
 pub(crate) enum Backend {
     /// One redis-server.
-    Redis(ConnectionManager),
+    Redis(Arc<RedisLink>),
     /// A Redis Cluster. Every command, pipeline and script of a domain names keys with
     /// the domain's hash tag, so the client routes each one to the node that owns that
     /// one slot; only keyspace scans need an explicit route ([`Backend::scan_query`]).
@@ -119,6 +119,80 @@ pub(crate) enum Backend {
 /// A Redis error as the queue sees it: a lost connection, a timeout or a server that
 /// cannot answer yet is an unknown outcome ([`QueueError::Unavailable`], worth a retry
 /// by whoever can retry safely); anything else is a definite refusal.
+/// The connection to one redis-server, replaced after a call whose outcome is unknown.
+///
+/// The connection manager reconnects when its connection breaks, but a connection whose
+/// replies stall without being cut (a half-open TCP connection, a blackholed route) stays
+/// "up": every later call on it would time out too, until TCP gives up minutes later. So
+/// a call that ends with an unknown outcome opens a new connection in place of the one it
+/// used (once: calls that failed on an already replaced connection leave it be).
+pub(crate) struct RedisLink {
+    client: redis::Client,
+    config: ConnectionManagerConfig,
+    /// The connection in use, and how many times it has been replaced.
+    current: RwLock<(u64, ConnectionManager)>,
+}
+
+impl RedisLink {
+    /// Connects to `client`'s server.
+    pub(crate) async fn connect(
+        client: redis::Client,
+        config: ConnectionManagerConfig,
+    ) -> Result<Self> {
+        let conn = ConnectionManager::new_with_config(client.clone(), config.clone())
+            .await
+            .map_err(unavailable)?;
+        Ok(Self {
+            client,
+            config,
+            current: RwLock::new((0, conn)),
+        })
+    }
+
+    /// The connection in use, and its generation.
+    pub(crate) fn get(&self) -> (u64, ConnectionManager) {
+        let current = self.current.read().unwrap_or_else(|e| e.into_inner());
+        (current.0, current.1.clone())
+    }
+
+    /// Runs `call` on the connection in use; replaces that connection if the outcome is
+    /// unknown.
+    async fn on<T, F, Fut>(&self, call: F) -> Result<T>
+    where
+        F: FnOnce(ConnectionManager) -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        let (generation, conn) = self.get();
+        let outcome = call(conn).await;
+        if let Err(e) = &outcome
+            && e.is_retryable()
+        {
+            self.replace(generation, e).await;
+        }
+        outcome
+    }
+
+    /// Opens a new connection in place of generation `generation`, unless another call
+    /// has already replaced it.
+    async fn replace(&self, generation: u64, why: &QueueError) {
+        if self.get().0 != generation {
+            return;
+        }
+        match ConnectionManager::new_with_config(self.client.clone(), self.config.clone()).await {
+            Ok(fresh) => {
+                let mut current = self.current.write().unwrap_or_else(|e| e.into_inner());
+                if current.0 == generation {
+                    *current = (generation + 1, fresh);
+                    tracing::warn!(error = %why, "replaced the queue's Redis connection after an unknown outcome");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot open a new Redis connection; keeping the old one");
+            }
+        }
+    }
+}
+
 pub(crate) fn unavailable(e: redis::RedisError) -> QueueError {
     match e.retry_method() {
         redis::RetryMethod::NoRetry => QueueError::Protocol(e.to_string()),
@@ -164,10 +238,12 @@ impl Backend {
     /// Sends one command.
     pub(crate) async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T> {
         match self {
-            Backend::Redis(conn) => cmd
-                .query_async(&mut conn.clone())
+            Backend::Redis(link) => {
+                link.on(
+                    |mut conn| async move { cmd.query_async(&mut conn).await.map_err(unavailable) },
+                )
                 .await
-                .map_err(unavailable),
+            }
             Backend::Cluster(conn) => cmd
                 .query_async(&mut conn.clone())
                 .await
@@ -203,10 +279,12 @@ impl Backend {
     /// Sends a pipeline; an atomic one runs as one unit on both backends.
     pub(crate) async fn pipeline<T: FromRedisValue>(&self, pipe: &Pipeline) -> Result<T> {
         match self {
-            Backend::Redis(conn) => pipe
-                .query_async(&mut conn.clone())
+            Backend::Redis(link) => {
+                link.on(|mut conn| async move {
+                    pipe.query_async(&mut conn).await.map_err(unavailable)
+                })
                 .await
-                .map_err(unavailable),
+            }
             Backend::Cluster(conn) => pipe
                 .query_async(&mut conn.clone())
                 .await
@@ -226,7 +304,7 @@ impl Backend {
     /// it missing (nothing to do for the embedded store, which loads it on first use).
     pub(crate) async fn preload(&self, library: &Library) -> Result<()> {
         match self {
-            Backend::Redis(conn) => library.load(&mut conn.clone()).await,
+            Backend::Redis(link) => library.load(&mut link.get().1).await,
             Backend::Cluster(conn) => library.load(&mut conn.clone()).await,
             Backend::Embedded(_) => Ok(()),
         }
@@ -240,7 +318,10 @@ impl Backend {
         args: &[&str],
     ) -> Result<T> {
         match self {
-            Backend::Redis(conn) => script.send(&mut conn.clone(), key, args).await,
+            Backend::Redis(link) => {
+                link.on(|mut conn| async move { script.send(&mut conn, key, args).await })
+                    .await
+            }
             // FCALL is routed by its one key (the meta key with the domain's hash tag);
             // a FUNCTION LOAD goes to every primary.
             Backend::Cluster(conn) => script.send(&mut conn.clone(), key, args).await,

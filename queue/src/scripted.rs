@@ -10,7 +10,7 @@
 //! the call may or may not have happened. Enqueue with an idempotency key and claim
 //! with a request id are safe to retry as they are; token-carrying calls are fenced.
 
-use crate::backend::{Backend, Library, LuaScript, unavailable};
+use crate::backend::{Backend, Library, LuaScript, RedisLink, unavailable};
 use crate::embedded::Store;
 use crate::model::*;
 use crate::standing::{self, DomainFigures, FiguresCache};
@@ -258,10 +258,8 @@ impl Origin {
                     .set_response_timeout(Some(std::time::Duration::from_millis(
                         *response_timeout_ms,
                     )));
-                let conn = ConnectionManager::new_with_config(client, manager_config)
-                    .await
-                    .map_err(unavailable)?;
-                Ok(Backend::Redis(conn))
+                let link = RedisLink::connect(client, manager_config).await?;
+                Ok(Backend::Redis(Arc::new(link)))
             }
             Origin::Cluster {
                 urls,
@@ -745,7 +743,7 @@ impl Queue {
     /// or on a Cluster (whose statistics are per node).
     pub fn redis_connection(&self) -> Option<ConnectionManager> {
         match &self.backend {
-            Backend::Redis(conn) => Some(conn.clone()),
+            Backend::Redis(link) => Some(link.get().1),
             Backend::Cluster(_) | Backend::Embedded(_) => None,
         }
     }
