@@ -1158,6 +1158,13 @@ fn render_event(record: &FineTuneRecord, event: &tuneq_queue::JobEvent) -> FineT
                 redact::paths(&event.message)
             )
         }
+        "unplaced" => {
+            level = "warn";
+            format!(
+                "The attempt found no node ({}); the job is back in line",
+                redact::paths(&event.message)
+            )
+        }
         "moved" => {
             level = "warn";
             format!("Moved on to other node pools: {}", event.message)

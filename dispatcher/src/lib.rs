@@ -404,7 +404,7 @@ impl Dispatcher {
             at_ms: now_ms,
         });
         let placement = &self.config.placement;
-        self.requeue(job, token, reason, &setbacks, now_ms, |usable| {
+        self.requeue(job, token, reason, &setbacks, now_ms, false, |usable| {
             format!(
                 "preempted {} times on {pool} within {}; its next attempts run on {}",
                 placement.preemptions_before_fallback,
@@ -422,7 +422,7 @@ impl Dispatcher {
         let pool = &self.config.pool;
         let setbacks = [tuneq_pools::Setback::NoCapacity { pool: pool.clone() }];
         let reason = format!("no node on {pool}: {why}");
-        self.requeue(job, token, &reason, &setbacks, 0, |usable| {
+        self.requeue(job, token, &reason, &setbacks, 0, true, |usable| {
             format!(
                 "no node on {pool} within its placement timeout; its next attempts run on {}",
                 usable.join(", ")
@@ -431,8 +431,10 @@ impl Dispatcher {
         .await
     }
 
-    /// Preempts `job`; when `setbacks` take pools away from its list, it may from now on
-    /// run only on the rest, and a `moved` event says `moved(rest)`.
+    /// Puts `job` back in line: preempted, or `unplaced` (its attempt never got a node,
+    /// which is no preemption); when `setbacks` take pools away from its list, it may
+    /// from now on run only on the rest, and a `moved` event says `moved(rest)`.
+    #[allow(clippy::too_many_arguments)]
     async fn requeue(
         &self,
         job: &str,
@@ -440,20 +442,32 @@ impl Dispatcher {
         reason: &str,
         setbacks: &[tuneq_pools::Setback],
         now_ms: u64,
+        unplaced: bool,
         moved: impl FnOnce(&[String]) -> String,
     ) -> Result<(), QueueError> {
         let Some(record) = self.queue.get(job).await? else {
             return Err(QueueError::NotFound(job.to_string()));
         };
         let usable = tuneq_pools::usable(&record.pools, setbacks, &self.config.placement, now_ms);
-        if record.pools.is_empty() || usable == record.pools {
-            return self.queue.preempt(job, token, reason).await;
+        let stays = record.pools.is_empty() || usable == record.pools;
+        let why = if stays { String::new() } else { moved(&usable) };
+        if !stays {
+            tracing::warn!(job, %why, "moving a job on");
         }
-        let why = moved(&usable);
-        tracing::warn!(job, %why, "moving a job on");
-        self.queue
-            .preempt_and_move(job, token, reason, &usable, &why)
-            .await
+        match (unplaced, stays) {
+            (false, true) => self.queue.preempt(job, token, reason).await,
+            (false, false) => {
+                self.queue
+                    .preempt_and_move(job, token, reason, &usable, &why)
+                    .await
+            }
+            (true, true) => self.queue.unplaced(job, token, reason, None, "").await,
+            (true, false) => {
+                self.queue
+                    .unplaced(job, token, reason, Some(&usable), &why)
+                    .await
+            }
+        }
     }
 
     /// The preemptions of `job` its queue events record, each on the pool that had

@@ -285,6 +285,17 @@ impl Origin {
     }
 }
 
+/// Refuses a pool list that is empty or whose names the script's comma list would split.
+fn check_pool_list(pools: &[String]) -> Result<()> {
+    if pools.is_empty() || pools.iter().any(|p| p.is_empty() || p.contains(',')) {
+        return Err(QueueError::Invalid {
+            field: "pools",
+            message: format!("pools must be names without commas, not {pools:?}"),
+        });
+    }
+    Ok(())
+}
+
 /// Refuses domain names that would break the key layout or the hash tag.
 fn check_domain(domain: &str) -> Result<()> {
     if domain.is_empty() || domain.contains(['{', '}', ':', '*', '?', '[', ']', '\\']) {
@@ -817,6 +828,18 @@ pub trait JobQueue: Send + Sync {
     ) -> Result<Option<u64>>;
     /// The attempt's machine was taken away: requeue in place, attempts unchanged.
     async fn preempt(&self, id: &str, token: u64, reason: &str) -> Result<()>;
+    /// The attempt never got a node on its pool (no capacity within the placement
+    /// timeout): requeue in place, no retry spent and no preemption counted (an
+    /// `unplaced` event says `reason`); with `pools`, the job may from now on run only
+    /// there and a `moved` event says `why`.
+    async fn unplaced(
+        &self,
+        id: &str,
+        token: u64,
+        reason: &str,
+        pools: Option<&[String]>,
+        why: &str,
+    ) -> Result<()>;
     /// Preempts, and from now on lets the job run only on `pools` (placement moved it
     /// on after repeated preemptions); a `moved` event says `why`.
     async fn preempt_and_move(
@@ -1117,16 +1140,31 @@ impl JobQueue for Queue {
         pools: &[String],
         why: &str,
     ) -> Result<()> {
-        if pools.is_empty() || pools.iter().any(|p| p.is_empty() || p.contains(',')) {
-            return Err(QueueError::Invalid {
-                field: "pools",
-                message: format!("pools must be names without commas, not {pools:?}"),
-            });
-        }
+        check_pool_list(pools)?;
         self.preempt_with(
             id,
             token,
             &[reason.to_string(), pools.join(","), why.to_string()],
+        )
+        .await
+    }
+
+    async fn unplaced(
+        &self,
+        id: &str,
+        token: u64,
+        reason: &str,
+        pools: Option<&[String]>,
+        why: &str,
+    ) -> Result<()> {
+        if let Some(pools) = pools {
+            check_pool_list(pools)?;
+        }
+        let pools = pools.map(|p| p.join(",")).unwrap_or_default();
+        self.preempt_with(
+            id,
+            token,
+            &[reason.to_string(), pools, why.to_string(), "1".to_string()],
         )
         .await
     }

@@ -484,6 +484,64 @@ async fn a_job_moved_on_after_preemptions_runs_only_on_its_new_pools(backend: Ba
     q.destroy().await.unwrap();
 }
 
+async fn an_attempt_that_found_no_node_is_back_in_line_without_a_preemption(backend: Backend) {
+    let q = queue(backend, "unplaced", QueueConfig::default()).await;
+    q.set_pool("spot", 1).await.unwrap();
+    q.set_pool("on-demand", 1).await.unwrap();
+    let id = q
+        .enqueue(&NewJob {
+            pools: vec!["spot".into(), "on-demand".into()],
+            ..job("t", 5)
+        })
+        .await
+        .unwrap()
+        .id;
+    // No node on its only pool for now: back in line where it was, nothing counted.
+    let lease = q.claim("spot", "d", "").await.unwrap().unwrap();
+    q.start(&id, lease.token).await.unwrap();
+    q.unplaced(&id, lease.token, "no node on spot", None, "")
+        .await
+        .unwrap();
+    let record = q.get(&id).await.unwrap().unwrap();
+    assert_eq!(
+        (record.state, record.preemptions, record.attempts),
+        (JobState::Queued, 0, 0)
+    );
+    assert_eq!(record.pools, ["spot", "on-demand"]);
+    // Again, now moved on to the rest of its pools.
+    let lease = q.claim("spot", "d", "").await.unwrap().unwrap();
+    q.unplaced(
+        &id,
+        lease.token,
+        "no node on spot",
+        Some(&["on-demand".to_string()]),
+        "no node on spot within its placement timeout",
+    )
+    .await
+    .unwrap();
+    let record = q.get(&id).await.unwrap().unwrap();
+    assert_eq!(
+        (record.preemptions, record.attempts, record.pools.clone()),
+        (0, 0, vec!["on-demand".to_string()])
+    );
+    let kinds = kinds(&q, &id).await;
+    assert!(!kinds.iter().any(|k| k == "preempted"), "{kinds:?}");
+    assert_eq!(
+        kinds.iter().filter(|k| *k == "unplaced").count(),
+        2,
+        "{kinds:?}"
+    );
+    let unplaced = kinds.iter().rposition(|k| k == "unplaced").unwrap();
+    assert_eq!(kinds[unplaced + 1], "moved", "{kinds:?}");
+    assert!(matches!(
+        q.unplaced(&id, lease.token, "x", Some(&[]), "y").await,
+        Err(QueueError::Invalid { .. })
+    ));
+    assert_eq!(q.claim("on-demand", "d", "").await.unwrap().unwrap().id, id);
+    check_invariants(&q, &["spot", "on-demand"]).await;
+    q.destroy().await.unwrap();
+}
+
 async fn cancel_is_immediate_when_waiting_and_holds_capacity_until_the_attempt_is_gone(
     backend: Backend,
 ) {
@@ -1524,6 +1582,7 @@ conformance! {
     #[tokio::test] failures_retry_with_backoff_then_fail_for_good,
     #[tokio::test] preemption_keeps_the_place_in_line_and_the_retry_budget,
     #[tokio::test] a_job_moved_on_after_preemptions_runs_only_on_its_new_pools,
+    #[tokio::test] an_attempt_that_found_no_node_is_back_in_line_without_a_preemption,
     #[tokio::test] cancel_is_immediate_when_waiting_and_holds_capacity_until_the_attempt_is_gone,
     #[tokio::test] events_page_by_cursor_both_ways_and_positions_count_who_is_ahead,
     #[tokio::test] retention_bounds_finished_jobs,

@@ -358,3 +358,48 @@ async fn attempts_that_outlive_the_dispatcher_are_adopted_never_started_twice() 
     task.await.unwrap().unwrap();
     assert_eq!(platform.0.lock().unwrap().starts.len(), 3);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_that_found_no_node_moves_the_job_on_without_a_preemption() {
+    use tuneq_dispatcher::runtime::{End, State};
+    let dir = tempfile::tempdir().unwrap();
+    let q = queue(dir.path()).await;
+    q.set_pool("k8s", 2).await.unwrap();
+    q.set_pool("other", 1).await.unwrap();
+    let platform = Outliving::default();
+    let id = q.enqueue(&job(&["k8s", "other"])).await.unwrap().id;
+    let (stop, task) = outliving_dispatcher(&q, &platform);
+    let running = wait_until(&q, &id, |r| r.state == JobState::Running).await;
+    platform.0.lock().unwrap().attempts.insert(
+        (id.clone(), running.epoch),
+        State::Ended(End::NoCapacity(
+            "0/3 nodes are available: 3 Insufficient nvidia.com/gpu".into(),
+        )),
+    );
+    let moved = wait_until(&q, &id, |r| r.pools == ["other"]).await;
+    assert_eq!(
+        (moved.state, moved.preemptions, moved.attempts),
+        (JobState::Queued, 0, 0),
+        "finding no node is neither a preemption nor a failure"
+    );
+    let events = kinds_and_messages(&q, &id).await;
+    let unplaced = events
+        .iter()
+        .find(|(kind, _)| kind == "unplaced")
+        .unwrap_or_else(|| panic!("no unplaced event: {events:?}"));
+    assert!(
+        unplaced.1.contains("Insufficient nvidia.com/gpu"),
+        "{unplaced:?}"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|(kind, m)| kind == "moved" && m.contains("no node on k8s"))
+    );
+    assert!(
+        !events.iter().any(|(kind, _)| kind == "preempted"),
+        "{events:?}"
+    );
+    stop.send(true).unwrap();
+    task.await.unwrap().unwrap();
+}
