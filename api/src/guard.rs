@@ -10,7 +10,9 @@
 //!   whichever one comes first;
 //! - a body must keep arriving: [`Paced`] ends one that stalls or trickles (see
 //!   [`BodyPace`]), so a stalled client cannot hold a connection, a spool file and a
-//!   worker's attention for ever.
+//!   worker's attention for ever;
+//! - a client's `X-Request-Id` is kept only when it is short and plain ([`request_id`]),
+//!   else replaced by one of ours: it goes into every log line of the request.
 
 use crate::error::ApiError;
 use actix_web::dev::{Payload, ServiceRequest};
@@ -42,6 +44,32 @@ impl Default for BodyPace {
             grace: Duration::from_secs(10),
             min_rate: 8 << 10,
         }
+    }
+}
+
+/// The header a request id travels in, both ways.
+pub const REQUEST_ID: &str = "x-request-id";
+
+/// Longest client request id kept.
+const MAX_REQUEST_ID_LEN: usize = 64;
+
+/// The request's id: the client's `X-Request-Id` when it is at most 64 characters of
+/// letters, digits, `-`, `_`, `.` and `:` (so it can go into logs as it is), else a new
+/// `req_` followed by 24 hex digits.
+pub fn request_id(req: &ServiceRequest) -> String {
+    let given = req
+        .headers()
+        .get(REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| {
+            !v.is_empty()
+                && v.len() <= MAX_REQUEST_ID_LEN
+                && v.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
+        });
+    match given {
+        Some(id) => id.to_string(),
+        None => format!("req_{}", hex::encode(rand::random::<[u8; 12]>())),
     }
 }
 

@@ -167,7 +167,8 @@ pub fn serve(
             // middleware renders parts of every request before the level is checked.
             .wrap(actix_web::middleware::Condition::new(
                 tracing::enabled!(target: "tuneq::access", tracing::Level::INFO),
-                actix_web::middleware::Logger::new("%r %s %Dms").log_target("tuneq::access"),
+                actix_web::middleware::Logger::new("%{x-request-id}i %r %s %Dms")
+                    .log_target("tuneq::access"),
             ))
             .wrap_fn(move |mut req, srv| {
                 use actix_web::dev::Service;
@@ -176,7 +177,16 @@ pub fn serve(
                 // The metric label and the span field come from a fixed set: any
                 // other method reads `other` (see `guard`).
                 let method = guard::method_label(req.method()).unwrap_or("other");
-                let span = tracing::info_span!("request", method, path = %req.path());
+                // Kept or made here, so handlers, the access log and the answer see one id.
+                let request_id = guard::request_id(&req);
+                let id_header = actix_web::http::header::HeaderValue::from_str(&request_id).ok();
+                if let Some(value) = &id_header {
+                    req.headers_mut().insert(
+                        actix_web::http::header::HeaderName::from_static(guard::REQUEST_ID),
+                        value.clone(),
+                    );
+                }
+                let span = tracing::info_span!("request", request_id = %request_id, method, path = %req.path());
                 let answer = match guard::refusal(&req) {
                     Some(error) => {
                         Err(req.into_response(actix_web::ResponseError::error_response(&error)))
@@ -187,10 +197,16 @@ pub fn serve(
                     }
                 };
                 async move {
-                    let response = match answer {
+                    let mut response = match answer {
                         Ok(call) => call.await?.map_into_boxed_body(),
                         Err(refused) => refused.map_into_boxed_body(),
                     };
+                    if let Some(value) = id_header {
+                        response.headers_mut().insert(
+                            actix_web::http::header::HeaderName::from_static(guard::REQUEST_ID),
+                            value,
+                        );
+                    }
                     let route = response.request().app_data::<RoutePattern>().cloned();
                     metrics::observe(
                         method,

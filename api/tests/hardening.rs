@@ -615,3 +615,52 @@ async fn a_key_made_before_key_ids_gets_one_when_used_and_can_then_be_revoked() 
     let after = get(&http, format!("{}/v1/models", s.url), old_key).await;
     assert_eq!(after.status(), StatusCode::UNAUTHORIZED);
 }
+
+#[tokio::test]
+async fn a_plain_request_id_is_kept_and_anything_else_replaced_by_ours() {
+    let s = start(|_| {}).await;
+    let http = reqwest::Client::new();
+    let id_of = |response: &reqwest::Response| {
+        response
+            .headers()
+            .get("x-request-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+            .expect("every answer names its request")
+    };
+    // A client's plain id comes back as it is, on answers and refusals alike.
+    for path in ["/v1/models", "/v1/no-such-route"] {
+        let response = http
+            .get(format!("{}{path}", s.url))
+            .bearer_auth(&s.acme)
+            .header("x-request-id", "trace-42.a:b_c")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(id_of(&response), "trace-42.a:b_c", "{path}");
+    }
+    // None, too long, or with characters a log line should not carry: ours instead.
+    let mut ours = std::collections::HashSet::new();
+    for given in [
+        None,
+        Some("x".repeat(65)),
+        Some("a b\tc".to_string()),
+        Some("ünï".to_string()),
+    ] {
+        let mut request = http
+            .get(format!("{}/v1/models", s.url))
+            .bearer_auth(&s.acme);
+        if let Some(given) = &given {
+            request = request.header("x-request-id", given.as_str());
+        }
+        let id = id_of(&request.send().await.unwrap());
+        assert!(
+            id.starts_with("req_")
+                && id.len() == 28
+                && id[4..].bytes().all(|b| b.is_ascii_hexdigit()),
+            "{given:?} gave {id}"
+        );
+        ours.insert(id);
+    }
+    assert_eq!(ours.len(), 4, "each request gets its own id");
+}
