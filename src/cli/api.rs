@@ -19,6 +19,10 @@ pub struct ApiArgs {
     /// The queue's Redis (`redis://…`; comma-separated seeds for a Cluster).
     #[arg(long, env = "TUNEQ_REDIS_URL", hide_env_values = true)]
     redis: String,
+    /// The Redis password, set on the URL(s) above (percent-encoded: any character
+    /// works). Give it through the environment, not the command line, which `ps` shows.
+    #[arg(long, env = "TUNEQ_REDIS_PASSWORD", hide_env_values = true, value_name = "PASSWORD")]
+    redis_password: Option<String>,
     /// Where uploads, checkpoints and adapters live: `file:///srv/tuneq`, `s3://bucket/prefix`
     /// or `gs://bucket/prefix` (trainers must reach the same place).
     #[arg(long, env = "TUNEQ_STORE")]
@@ -65,7 +69,8 @@ pub fn run(args: ApiArgs) -> Result<ExitCode> {
 }
 
 async fn serve(args: ApiArgs) -> Result<()> {
-    let queue = service::open_queue(Some(&args.redis), std::path::Path::new("")).await?;
+    let redis = service::redis_with_password(&args.redis, args.redis_password.as_deref())?;
+    let queue = service::open_queue(Some(&redis), std::path::Path::new("")).await?;
     let storage_config = match &args.storage_config {
         Some(p) => super::train::load_storage_config(p)?,
         None => tuneq_storage::StorageConfig::default(),

@@ -22,6 +22,10 @@ pub struct DispatcherArgs {
         required_unless_present = "check_config"
     )]
     redis: Option<String>,
+    /// The Redis password, set on the URL(s) above (percent-encoded: any character
+    /// works). Give it through the environment, not the command line, which `ps` shows.
+    #[arg(long, env = "TUNEQ_REDIS_PASSWORD", hide_env_values = true, value_name = "PASSWORD")]
+    redis_password: Option<String>,
     /// The API trainers report to (its base URL).
     #[arg(long, env = "TUNEQ_API_URL", required_unless_present = "check_config")]
     api_url: Option<String>,
@@ -246,7 +250,8 @@ async fn serve(args: DispatcherArgs) -> Result<()> {
             metrics: metrics.clone(),
         })),
     }
-    let queue = service::open_queue(Some(redis), std::path::Path::new("")).await?;
+    let redis = service::redis_with_password(redis, args.redis_password.as_deref())?;
+    let queue = service::open_queue(Some(&redis), std::path::Path::new("")).await?;
     let signer = service::attempt_signer(Some(secret))?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut tasks = Vec::new();

@@ -189,6 +189,26 @@ pub async fn open_queue(redis: Option<&str>, embedded: &Path) -> Result<tuneq_qu
     }
 }
 
+/// `urls` (one Redis URL, or a Cluster's comma-separated seeds) with `password` set on
+/// each, percent-encoded, so a deployment can keep the password in a Secret of its own
+/// instead of writing it into a URL (where characters like `@`, `/` or `:` break it).
+pub fn redis_with_password(urls: &str, password: Option<&str>) -> Result<String> {
+    let Some(password) = password.filter(|p| !p.is_empty()) else {
+        return Ok(urls.to_string());
+    };
+    let with = urls
+        .split(',')
+        .map(|u| {
+            let bad = |why: &str| BadInput(format!("TUNEQ_REDIS_URL {}: {why}", redact(u.trim())));
+            let mut url = url::Url::parse(u.trim()).map_err(|e| bad(&e.to_string()))?;
+            url.set_password(Some(password))
+                .map_err(|()| bad("cannot hold a password"))?;
+            Ok(url.to_string())
+        })
+        .collect::<Result<Vec<_>, BadInput>>()?;
+    Ok(with.join(","))
+}
+
 /// A Redis URL without its password, for messages.
 fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {

@@ -55,6 +55,10 @@ pub struct UpArgs {
     /// instead of the embedded file.
     #[arg(long, env = "TUNEQ_REDIS_URL", hide_env_values = true)]
     redis: Option<String>,
+    /// The Redis password, set on the URL(s) above (percent-encoded: any character
+    /// works). Give it through the environment, not the command line, which `ps` shows.
+    #[arg(long, env = "TUNEQ_REDIS_PASSWORD", hide_env_values = true, value_name = "PASSWORD")]
+    redis_password: Option<String>,
     /// More base models to fine-tune, as ID=LOCATION (repeat): a Hugging Face folder you
     /// have (e.g. a SmolLM2 or Llama 3.2 download) or an `s3://`/`gs://` URI. The demo
     /// model is always there too.
@@ -219,7 +223,12 @@ async fn serve(args: UpArgs) -> Result<()> {
     }
     let local_pools = service::local_pools(&pools)?;
     let placement = pools.placement.clone();
-    let queue = service::open_queue(args.redis.as_deref(), &data_dir.join(QUEUE_FILE)).await?;
+    let redis = args
+        .redis
+        .as_deref()
+        .map(|r| service::redis_with_password(r, args.redis_password.as_deref()))
+        .transpose()?;
+    let queue = service::open_queue(redis.as_deref(), &data_dir.join(QUEUE_FILE)).await?;
     // The API and the dispatcher live in this process: a fresh secret per start will do
     // (trainers of an earlier run are stopped at start).
     let signer = service::attempt_signer(None)?;

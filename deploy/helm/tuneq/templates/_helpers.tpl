@@ -85,14 +85,15 @@ app.kubernetes.io/component: {{ .component }}
 {{/* Environment shared by the API and the dispatcher: the queue and the attempt secret. */}}
 {{- define "tuneq.commonEnv" -}}
 {{- if eq .Values.redis.mode "bundled" }}
-- name: REDIS_PASSWORD
+- name: TUNEQ_REDIS_URL
+  value: {{ printf "redis://%s-redis:%d" (include "tuneq.fullname" .) (int .Values.redis.bundled.port) | quote }}
+- name: TUNEQ_REDIS_PASSWORD
+  # Set on the URL by tuneq itself (percent-encoded): any character works, and the
+  # password stays in its Secret.
   valueFrom:
     secretKeyRef:
       name: {{ default (include "tuneq.secretName" .) .Values.redis.bundled.passwordSecret }}
       key: {{ .Values.redis.bundled.passwordKey }}
-- name: TUNEQ_REDIS_URL
-  # Kubernetes substitutes $(REDIS_PASSWORD): the password stays in its Secret.
-  value: {{ printf "redis://:$(REDIS_PASSWORD)@%s-redis:%d" (include "tuneq.fullname" .) (int .Values.redis.bundled.port) | quote }}
 {{- else }}
 - name: TUNEQ_REDIS_URL
   valueFrom:
