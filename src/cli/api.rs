@@ -21,7 +21,12 @@ pub struct ApiArgs {
     redis: String,
     /// The Redis password, set on the URL(s) above (percent-encoded: any character
     /// works). Give it through the environment, not the command line, which `ps` shows.
-    #[arg(long, env = "TUNEQ_REDIS_PASSWORD", hide_env_values = true, value_name = "PASSWORD")]
+    #[arg(
+        long,
+        env = "TUNEQ_REDIS_PASSWORD",
+        hide_env_values = true,
+        value_name = "PASSWORD"
+    )]
     redis_password: Option<String>,
     /// Where uploads, checkpoints and adapters live: `file:///srv/tuneq`, `s3://bucket/prefix`
     /// or `gs://bucket/prefix` (trainers must reach the same place).

@@ -24,7 +24,12 @@ pub struct DispatcherArgs {
     redis: Option<String>,
     /// The Redis password, set on the URL(s) above (percent-encoded: any character
     /// works). Give it through the environment, not the command line, which `ps` shows.
-    #[arg(long, env = "TUNEQ_REDIS_PASSWORD", hide_env_values = true, value_name = "PASSWORD")]
+    #[arg(
+        long,
+        env = "TUNEQ_REDIS_PASSWORD",
+        hide_env_values = true,
+        value_name = "PASSWORD"
+    )]
     redis_password: Option<String>,
     /// The API trainers report to (its base URL).
     #[arg(long, env = "TUNEQ_API_URL", required_unless_present = "check_config")]

@@ -57,7 +57,12 @@ pub struct UpArgs {
     redis: Option<String>,
     /// The Redis password, set on the URL(s) above (percent-encoded: any character
     /// works). Give it through the environment, not the command line, which `ps` shows.
-    #[arg(long, env = "TUNEQ_REDIS_PASSWORD", hide_env_values = true, value_name = "PASSWORD")]
+    #[arg(
+        long,
+        env = "TUNEQ_REDIS_PASSWORD",
+        hide_env_values = true,
+        value_name = "PASSWORD"
+    )]
     redis_password: Option<String>,
     /// More base models to fine-tune, as ID=LOCATION (repeat): a Hugging Face folder you
     /// have (e.g. a SmolLM2 or Llama 3.2 download) or an `s3://`/`gs://` URI. The demo
