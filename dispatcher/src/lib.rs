@@ -198,10 +198,34 @@ impl Dispatcher {
         mut shutdown: tokio::sync::watch::Receiver<bool>,
     ) -> Result<(), DispatchError> {
         self.config.metrics.serving(&self.config.pool);
-        self.queue
-            .set_pool(&self.config.pool, self.config.slots)
-            .await?;
-        self.recover().await?;
+        // The queue or the platform may not answer yet (a cluster coming up, a Redis
+        // failing over): wait for them rather than exit, and start no attempt before
+        // what an earlier run left is settled. `/readyz` says not ready meanwhile.
+        let mut pause = Duration::from_millis(500);
+        loop {
+            let started = async {
+                self.queue
+                    .set_pool(&self.config.pool, self.config.slots)
+                    .await?;
+                self.recover().await
+            }
+            .await;
+            match started {
+                Ok(()) => break,
+                Err(e) => {
+                    tracing::warn!(pool = %self.config.pool, error = %e, retry_in = ?pause,
+                        "cannot start the pool's loop yet; retrying");
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = shutdown.changed() => {}
+            }
+            if *shutdown.borrow() {
+                return Ok(());
+            }
+            pause = (pause * 2).min(Duration::from_secs(30));
+        }
         tracing::info!(pool = %self.config.pool, slots = self.config.slots, "dispatcher running");
         while !*shutdown.borrow() {
             match self.tick().await {

@@ -207,6 +207,8 @@ struct Platform {
     attempts: std::collections::BTreeMap<(String, u64), tuneq_dispatcher::runtime::State>,
     starts: Vec<(String, u64)>,
     kills: Vec<(String, u64)>,
+    /// Lists of leftovers still to fail (a platform not answering yet).
+    failing_lists: usize,
 }
 
 #[async_trait::async_trait]
@@ -262,7 +264,14 @@ impl tuneq_dispatcher::runtime::Runtime for Outliving {
         Ok(())
     }
     async fn leftovers(&mut self) -> Result<Vec<(String, u64)>, tuneq_dispatcher::DispatchError> {
-        Ok(self.0.lock().unwrap().attempts.keys().cloned().collect())
+        let mut p = self.0.lock().unwrap();
+        if p.failing_lists > 0 {
+            p.failing_lists -= 1;
+            return Err(tuneq_dispatcher::DispatchError::Runtime(
+                "the API server is not answering".into(),
+            ));
+        }
+        Ok(p.attempts.keys().cloned().collect())
     }
 }
 
@@ -400,6 +409,27 @@ async fn an_attempt_that_found_no_node_moves_the_job_on_without_a_preemption() {
         !events.iter().any(|(kind, _)| kind == "preempted"),
         "{events:?}"
     );
+    stop.send(true).unwrap();
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_platform_that_does_not_answer_at_start_is_waited_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = queue(dir.path()).await;
+    q.set_pool("k8s", 2).await.unwrap();
+    let platform = Outliving::default();
+    platform.0.lock().unwrap().failing_lists = 2;
+    let id = q.enqueue(&job(&["k8s"])).await.unwrap().id;
+    let (stop, task) = outliving_dispatcher(&q, &platform);
+    // It retries (0.5 s, then 1 s) instead of exiting, then runs the job once.
+    wait_until(&q, &id, |r| r.state == JobState::Running).await;
+    {
+        let p = platform.0.lock().unwrap();
+        assert_eq!(p.failing_lists, 0);
+        assert_eq!(p.starts.len(), 1);
+    }
+    assert!(!task.is_finished(), "the loop must still run");
     stop.send(true).unwrap();
     task.await.unwrap().unwrap();
 }
