@@ -165,38 +165,50 @@ pub fn seaweedfs() -> &'static TestServer {
             r#"{"identities":[{"name":"test","credentials":[{"accessKey":"testing","secretKey":"testing"}],"actions":["Admin","Read","Write","List","Tagging"]}]}"#,
         )
         .expect("s3 identities");
-        let s3_port = free_port();
-        let mut args = vec![
-            "mini".to_string(),
-            format!("-dir={}", dir.join("data").display()),
-            "-ip=127.0.0.1".into(),
-            "-ip.bind=127.0.0.1".into(),
-            format!("-s3.port={s3_port}"),
-            format!("-s3.config={}", identities.display()),
-            format!("-bucket={TEST_BUCKET}"),
-            "-admin.ui=false".into(),
-            "-webdav=false".into(),
-            "-s3.port.iceberg=0".into(),
-            "-s3.port.lance=0".into(),
-            "-master.telemetry=false".into(),
-        ];
-        for flag in [
-            "master.port",
-            "master.port.grpc",
-            "volume.port",
-            "volume.port.grpc",
-            "filer.port",
-            "filer.port.grpc",
-            "s3.port.grpc",
-            "debug.port",
-            "admin.port",
-        ] {
-            args.push(format!("-{flag}={}", free_port()));
+        // `weed mini` binds more ports than it is given; one of them can take the S3
+        // port picked here before the S3 server binds it, which kills the whole process
+        // after something (not S3) answered the probe. So: fresh ports, up to 3 tries.
+        for attempt in 1..=3 {
+            let s3_port = free_port();
+            let mut args = vec![
+                "mini".to_string(),
+                format!("-dir={}", dir.join("data").display()),
+                "-ip=127.0.0.1".into(),
+                "-ip.bind=127.0.0.1".into(),
+                format!("-s3.port={s3_port}"),
+                format!("-s3.config={}", identities.display()),
+                format!("-bucket={TEST_BUCKET}"),
+                "-admin.ui=false".into(),
+                "-webdav=false".into(),
+                "-s3.port.iceberg=0".into(),
+                "-s3.port.lance=0".into(),
+                "-master.telemetry=false".into(),
+            ];
+            for flag in [
+                "master.port",
+                "master.port.grpc",
+                "volume.port",
+                "volume.port.grpc",
+                "filer.port",
+                "filer.port.grpc",
+                "s3.port.grpc",
+                "debug.port",
+                "admin.port",
+            ] {
+                args.push(format!("-{flag}={}", free_port()));
+            }
+            let log = spawn_guarded("seaweedfs", &bin, &args);
+            let endpoint = format!("http://127.0.0.1:{s3_port}");
+            wait_ready("seaweedfs", &format!("{endpoint}/"), &log);
+            // Still answering a moment later, with no port taken from under it.
+            std::thread::sleep(Duration::from_secs(2));
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if probe::answers(&format!("{endpoint}/")) && !text.contains("address already in use") {
+                return TestServer { endpoint, log };
+            }
+            eprintln!("seaweedfs did not start cleanly (try {attempt} of 3; log {}); retrying on other ports", log.display());
         }
-        let log = spawn_guarded("seaweedfs", &bin, &args);
-        let endpoint = format!("http://127.0.0.1:{s3_port}");
-        wait_ready("seaweedfs", &format!("{endpoint}/"), &log);
-        TestServer { endpoint, log }
+        panic!("seaweedfs did not start cleanly in 3 tries; see its log under {}", log_dir().display())
     })
 }
 
