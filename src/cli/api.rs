@@ -3,6 +3,7 @@
 //! elsewhere. It also files finished jobs' outcomes.
 
 use super::service;
+use super::settings::{self, Secret};
 use anyhow::{Context, Result};
 use clap::Args;
 use std::path::PathBuf;
@@ -16,18 +17,8 @@ pub struct ApiArgs {
     /// Port to listen on (0 picks a free one; the URL printed says which).
     #[arg(long, default_value_t = 8080, env = "TUNEQ_PORT")]
     port: u16,
-    /// The queue's Redis (`redis://…`; comma-separated seeds for a Cluster).
-    #[arg(long, env = "TUNEQ_REDIS_URL", hide_env_values = true)]
-    redis: String,
-    /// The Redis password, set on the URL(s) above (percent-encoded: any character
-    /// works). Give it through the environment, not the command line, which `ps` shows.
-    #[arg(
-        long,
-        env = "TUNEQ_REDIS_PASSWORD",
-        hide_env_values = true,
-        value_name = "PASSWORD"
-    )]
-    redis_password: Option<String>,
+    #[command(flatten)]
+    queue: settings::QueueArgs,
     /// Where uploads, checkpoints and adapters live: `file:///srv/tuneq`, `s3://bucket/prefix`
     /// or `gs://bucket/prefix` (trainers must reach the same place).
     #[arg(long, env = "TUNEQ_STORE")]
@@ -55,7 +46,7 @@ pub struct ApiArgs {
     /// Secret shared with the dispatchers, to check trainers' attempt credentials
     /// (at least 32 characters).
     #[arg(long, env = "TUNEQ_ATTEMPT_SECRET", hide_env_values = true)]
-    attempt_secret: String,
+    attempt_secret: Secret,
     #[command(flatten)]
     policy: service::ApiPolicyArgs,
     /// Where uploads are spooled while they are validated.
@@ -74,8 +65,18 @@ pub fn run(args: ApiArgs) -> Result<ExitCode> {
 }
 
 async fn serve(args: ApiArgs) -> Result<()> {
-    let redis = service::redis_with_password(&args.redis, args.redis_password.as_deref())?;
-    let queue = service::open_queue(Some(&redis), std::path::Path::new("")).await?;
+    let Some(redis) = args.queue.redis_url()? else {
+        anyhow::bail!(super::BadInput(
+            "the API keeps its queue on Redis: give --redis (TUNEQ_REDIS_URL)".into()
+        ));
+    };
+    let attempt_secret = &args.attempt_secret;
+    let queue = service::open_queue(
+        Some(&redis),
+        std::path::Path::new(""),
+        args.queue.queue_config()?,
+    )
+    .await?;
     let storage_config = match &args.storage_config {
         Some(p) => super::train::load_storage_config(p)?,
         None => tuneq_storage::StorageConfig::default(),
@@ -109,9 +110,9 @@ async fn serve(args: ApiArgs) -> Result<()> {
             admin_key_hash: args.policy.admin_key_hash()?,
             spool_dir,
             pools: std::sync::Arc::new(pools),
-            attempt_signer: service::attempt_signer(Some(&args.attempt_secret))?,
+            attempt_signer: service::attempt_signer(Some(attempt_secret.expose()))?,
             // Every replica shares the attempt secret, so each derives the same key.
-            sealing_key: tuneq_api::sealed::SealingKey::derive(args.attempt_secret.as_bytes()),
+            sealing_key: tuneq_api::sealed::SealingKey::derive(attempt_secret.expose().as_bytes()),
             ..tuneq_api::ApiConfig::default()
         },
     );

@@ -7,6 +7,7 @@
 //! `--check-config FILE` checks a pools file and says what it defines.
 
 use super::service;
+use super::settings::{self, Secret};
 use anyhow::Result;
 use clap::Args;
 use std::path::PathBuf;
@@ -14,23 +15,8 @@ use std::process::ExitCode;
 
 #[derive(Debug, Args)]
 pub struct DispatcherArgs {
-    /// The queue's Redis (`redis://…`; comma-separated seeds for a Cluster).
-    #[arg(
-        long,
-        env = "TUNEQ_REDIS_URL",
-        hide_env_values = true,
-        required_unless_present = "check_config"
-    )]
-    redis: Option<String>,
-    /// The Redis password, set on the URL(s) above (percent-encoded: any character
-    /// works). Give it through the environment, not the command line, which `ps` shows.
-    #[arg(
-        long,
-        env = "TUNEQ_REDIS_PASSWORD",
-        hide_env_values = true,
-        value_name = "PASSWORD"
-    )]
-    redis_password: Option<String>,
+    #[command(flatten)]
+    queue: settings::QueueArgs,
     /// The API trainers report to (its base URL).
     #[arg(long, env = "TUNEQ_API_URL", required_unless_present = "check_config")]
     api_url: Option<String>,
@@ -41,7 +27,7 @@ pub struct DispatcherArgs {
         hide_env_values = true,
         required_unless_present = "check_config"
     )]
-    attempt_secret: Option<String>,
+    attempt_secret: Option<Secret>,
     /// The node pool it serves (as the API's `--pool` names it).
     #[arg(long, default_value = "local")]
     pool: String,
@@ -181,7 +167,7 @@ fn check_config(path: &std::path::Path) -> Result<ExitCode> {
 
 async fn serve(args: DispatcherArgs) -> Result<()> {
     let (Some(redis), Some(api_url), Some(secret)) =
-        (&args.redis, &args.api_url, &args.attempt_secret)
+        (args.queue.redis_url()?, &args.api_url, &args.attempt_secret)
     else {
         anyhow::bail!(super::BadInput(
             "--redis, --api-url and --attempt-secret are required".into()
@@ -255,9 +241,13 @@ async fn serve(args: DispatcherArgs) -> Result<()> {
             metrics: metrics.clone(),
         })),
     }
-    let redis = service::redis_with_password(redis, args.redis_password.as_deref())?;
-    let queue = service::open_queue(Some(&redis), std::path::Path::new("")).await?;
-    let signer = service::attempt_signer(Some(secret))?;
+    let queue = service::open_queue(
+        Some(&redis),
+        std::path::Path::new(""),
+        args.queue.queue_config()?,
+    )
+    .await?;
+    let signer = service::attempt_signer(Some(secret.expose()))?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut tasks = Vec::new();
     let mut client = None;

@@ -11,10 +11,11 @@ mod merge;
 mod model;
 mod queue;
 mod service;
+mod settings;
 mod train;
 mod up;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::process::ExitCode;
 
 /// tuneq: LoRA fine-tuning of Llama-family models, from one binary.
@@ -24,6 +25,10 @@ struct Cli {
     /// Compute threads (sets RAYON_NUM_THREADS; results are bit-reproducible for a fixed count).
     #[arg(long, global = true, env = "TUNEQ_THREADS")]
     threads: Option<usize>,
+    /// Settings of `up`, `api` and `dispatcher` from a TOML file, one table per service
+    /// (`[api]`, …) keyed by flag names; flags and the environment win over it.
+    #[arg(long, global = true, env = "TUNEQ_CONFIG", value_name = "FILE")]
+    config: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -53,6 +58,12 @@ enum Command {
         #[command(subcommand)]
         command: queue::QueueCommand,
     },
+    /// Settings: `tuneq config show SERVICE [FLAGS]` prints what a service would run
+    /// with, where each setting came from, secrets masked.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -66,6 +77,24 @@ enum Command {
     },
 }
 
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Print the effective settings of a service (flags, environment, config file,
+    /// defaults) as a config file would hold them, and exit.
+    Show {
+        #[command(subcommand)]
+        service: ShowService,
+    },
+}
+
+/// The services whose settings `tuneq config show` prints; each takes the service's flags.
+#[derive(Subcommand)]
+enum ShowService {
+    Up(up::UpArgs),
+    Api(api::ApiArgs),
+    Dispatcher(dispatcher::DispatcherArgs),
+}
+
 /// Exit code for bad user input (spec, dataset, model files) of every command but
 /// `tuneq train`, which follows the launch contract
 /// ([`tuneq_openapi::launch::EXIT_BAD_INPUT`]).
@@ -75,7 +104,12 @@ pub const EXIT_BAD_INPUT: u8 = 2;
 pub const TRAIN_EXIT_BAD_INPUT: u8 = tuneq_openapi::launch::EXIT_BAD_INPUT as u8;
 
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let (mut cli_command, sources) = match command_with_config() {
+        Ok(found) => found,
+        Err(e) => return report(&e, EXIT_BAD_INPUT),
+    };
+    let matches = cli_command.get_matches_mut();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     if let Some(code) = reexec_with_runtime_env(cli.threads) {
         return code;
     }
@@ -110,6 +144,9 @@ pub fn main() -> ExitCode {
         Command::Generate(args) => generate::run(args),
         Command::Merge(args) => merge::run(args),
         Command::Queue { command } => queue::run(command),
+        Command::Config {
+            command: ConfigCommand::Show { .. },
+        } => show_settings(&matches, &sources),
         Command::Bench { command } => bench::run(command),
         Command::Debug { command } => debug::run(command),
     };
@@ -117,6 +154,41 @@ pub fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => report(&e, bad_input),
     }
+}
+
+/// The CLI with the config file's settings (if one is given, for a service or
+/// `tuneq config`) as its flags' defaults, and where they came from.
+fn command_with_config() -> anyhow::Result<(clap::Command, settings::ConfigSources)> {
+    let command = Cli::command();
+    let Some(path) = settings::config_path(&command) else {
+        return Ok((command, settings::ConfigSources::default()));
+    };
+    let (command, mut sources) = settings::apply_config_file(command, &path)?;
+    sources.path = Some(path);
+    Ok((command, sources))
+}
+
+/// `tuneq config show SERVICE`: the service's effective settings on stdout, in the
+/// order of its flags (the command a config file changed has them reordered).
+fn show_settings(
+    matches: &clap::ArgMatches,
+    sources: &settings::ConfigSources,
+) -> anyhow::Result<ExitCode> {
+    let command = Cli::command();
+    let shown = matches
+        .subcommand_matches("config")
+        .and_then(|m| m.subcommand_matches("show"))
+        .and_then(|m| m.subcommand())
+        .and_then(|(name, sub_matches)| {
+            let sub = command
+                .find_subcommand("config")?
+                .find_subcommand("show")?
+                .find_subcommand(name)?;
+            Some(settings::show(name, sub, sub_matches, sources))
+        })
+        .ok_or_else(|| anyhow::anyhow!("no service to show"))?;
+    print!("{shown}");
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Prints an error with its cause chain; bad input exits `bad_input_code`, anything

@@ -15,7 +15,7 @@ pub const MIN_ADMIN_KEY_LEN: usize = 32;
 pub struct ApiPolicyArgs {
     /// Admin key, enabling the `/admin` routes (tenants, keys, limits).
     #[arg(long, env = "TUNEQ_ADMIN_KEY", hide_env_values = true)]
-    admin_key: Option<String>,
+    admin_key: Option<super::settings::Secret>,
     /// Largest accepted upload, in MiB.
     #[arg(long, default_value_t = 512)]
     max_upload_mib: u64,
@@ -41,7 +41,7 @@ impl ApiPolicyArgs {
     /// The admin key as the API keeps it (hashed); None disables `/admin`. A key shorter
     /// than [`MIN_ADMIN_KEY_LEN`] is refused: it opens every tenant's data.
     pub fn admin_key_hash(&self) -> Result<Option<String>> {
-        match self.admin_key.as_deref() {
+        match self.admin_key.as_ref().map(super::settings::Secret::expose) {
             Some(key) if key.trim().chars().count() < MIN_ADMIN_KEY_LEN => Err(BadInput(format!(
                 "the admin key must be at least {MIN_ADMIN_KEY_LEN} characters (e.g. `openssl rand -hex 32`)"
             ))
@@ -171,8 +171,11 @@ pub const DOMAIN: &str = "tuneq";
 
 /// Opens the queue: on Redis when a URL is given (`redis://…`; several comma-separated
 /// URLs are the seed nodes of a Redis Cluster), else the embedded file `embedded`.
-pub async fn open_queue(redis: Option<&str>, embedded: &Path) -> Result<tuneq_queue::Queue> {
-    let config = tuneq_queue::QueueConfig::default();
+pub async fn open_queue(
+    redis: Option<&str>,
+    embedded: &Path,
+    config: tuneq_queue::QueueConfig,
+) -> Result<tuneq_queue::Queue> {
     match redis {
         Some(urls) if urls.contains(',') => {
             let urls: Vec<String> = urls.split(',').map(|u| u.trim().to_string()).collect();

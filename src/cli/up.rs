@@ -8,6 +8,7 @@
 //! go back in line; the next start resumes them from that checkpoint.
 
 use super::service;
+use super::settings::{self, Secret};
 use anyhow::{Context, Result};
 use clap::Args;
 use std::path::{Path, PathBuf};
@@ -37,7 +38,7 @@ pub struct UpArgs {
     /// API key for the default tenant (else one is generated once); either way it is
     /// kept in `<data-dir>/api-key`.
     #[arg(long, env = "TUNEQ_API_KEY", hide_env_values = true)]
-    api_key: Option<String>,
+    api_key: Option<Secret>,
     #[command(flatten)]
     policy: service::ApiPolicyArgs,
     /// Fine-tunes trained at once (each is a `tuneq train` process).
@@ -51,19 +52,8 @@ pub struct UpArgs {
     /// Device the local trainers use (`cuda` needs a build with `--features cuda`).
     #[arg(long, value_enum, default_value = "cpu")]
     device: super::train::DeviceArg,
-    /// Keep the queue on this Redis (`redis://…`; comma-separated seeds for a Cluster)
-    /// instead of the embedded file.
-    #[arg(long, env = "TUNEQ_REDIS_URL", hide_env_values = true)]
-    redis: Option<String>,
-    /// The Redis password, set on the URL(s) above (percent-encoded: any character
-    /// works). Give it through the environment, not the command line, which `ps` shows.
-    #[arg(
-        long,
-        env = "TUNEQ_REDIS_PASSWORD",
-        hide_env_values = true,
-        value_name = "PASSWORD"
-    )]
-    redis_password: Option<String>,
+    #[command(flatten)]
+    queue: settings::QueueArgs,
     /// More base models to fine-tune, as ID=LOCATION (repeat): a Hugging Face folder you
     /// have (e.g. a SmolLM2 or Llama 3.2 download) or an `s3://`/`gs://` URI. The demo
     /// model is always there too.
@@ -228,12 +218,13 @@ async fn serve(args: UpArgs) -> Result<()> {
     }
     let local_pools = service::local_pools(&pools)?;
     let placement = pools.placement.clone();
-    let redis = args
-        .redis
-        .as_deref()
-        .map(|r| service::redis_with_password(r, args.redis_password.as_deref()))
-        .transpose()?;
-    let queue = service::open_queue(redis.as_deref(), &data_dir.join(QUEUE_FILE)).await?;
+    let redis = args.queue.redis_url()?;
+    let queue = service::open_queue(
+        redis.as_deref(),
+        &data_dir.join(QUEUE_FILE),
+        args.queue.queue_config()?,
+    )
+    .await?;
     // The API and the dispatcher live in this process: a fresh secret per start will do
     // (trainers of an earlier run are stopped at start).
     let signer = service::attempt_signer(None)?;
@@ -254,7 +245,8 @@ async fn serve(args: UpArgs) -> Result<()> {
     tuneq_api::auth::create_tenant(&state, DEFAULT_TENANT, "Default tenant")
         .await
         .map_err(|e| anyhow::anyhow!("{}", e.detail.message))?;
-    let (key, generated) = default_key(&state, args.api_key.as_deref(), data_dir).await?;
+    let (key, generated) =
+        default_key(&state, args.api_key.as_ref().map(Secret::expose), data_dir).await?;
     register_demo_model(&state, data_dir).await?;
     for model in models {
         service::register_model(&state, model).await?;
