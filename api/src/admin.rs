@@ -111,6 +111,7 @@ pub(crate) struct KeyList {
     security(("admin_key" = [])),
     responses(
         (status = 200, description = "The tenant's keys", body = KeyList),
+        (status = 400, description = "Not a tenant id", body = tuneq_openapi::ErrorBody),
         (status = 401, description = "No key, or not the admin key", body = tuneq_openapi::ErrorBody),
         (status = 403, description = "Admin routes disabled", body = tuneq_openapi::ErrorBody),
         (status = 404, description = "No such tenant", body = tuneq_openapi::ErrorBody),
@@ -137,6 +138,7 @@ pub(crate) async fn list_keys(
     security(("admin_key" = [])),
     responses(
         (status = 200, description = "The revoked key", body = auth::ApiKeyInfo),
+        (status = 400, description = "Not a tenant id", body = tuneq_openapi::ErrorBody),
         (status = 401, description = "No key, or not the admin key", body = tuneq_openapi::ErrorBody),
         (status = 403, description = "Admin routes disabled", body = tuneq_openapi::ErrorBody),
         (status = 404, description = "No such key for this tenant", body = tuneq_openapi::ErrorBody),

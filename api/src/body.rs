@@ -7,6 +7,17 @@ use actix_web::web;
 use futures::StreamExt;
 use serde::de::DeserializeOwned;
 
+/// The answer to a JSON body past `limit` bytes: 413 `body_too_large`, on every route
+/// (the extractor's own overflow errors are mapped to it as well).
+pub(crate) fn too_large(limit: usize) -> ApiError {
+    ApiError::new(
+        actix_web::http::StatusCode::PAYLOAD_TOO_LARGE,
+        "invalid_request_error",
+        "body_too_large",
+        format!("The JSON body is larger than the limit of {limit} bytes."),
+    )
+}
+
 /// Reads at most `limit` bytes of `payload` and parses them as `T`. A declared
 /// `Content-Length` over the limit is refused before reading; so is a body that grows
 /// past it, as soon as it does.
@@ -15,14 +26,7 @@ pub async fn read_json<T: DeserializeOwned>(
     headers: &HeaderMap,
     limit: usize,
 ) -> Result<T, ApiError> {
-    let too_large = || {
-        ApiError::new(
-            actix_web::http::StatusCode::PAYLOAD_TOO_LARGE,
-            "invalid_request_error",
-            "body_too_large",
-            format!("The JSON body is larger than the limit of {limit} bytes."),
-        )
-    };
+    let too_large = || too_large(limit);
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())

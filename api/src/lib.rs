@@ -56,6 +56,10 @@ pub fn configure(json_limit: usize) -> impl FnOnce(&mut web::ServiceConfig) {
                     actix_web::error::JsonPayloadError::Payload(p) if guard::is_body_timeout(p) => {
                         guard::body_timeout().into()
                     }
+                    actix_web::error::JsonPayloadError::Overflow { limit }
+                    | actix_web::error::JsonPayloadError::OverflowKnownLength { limit, .. } => {
+                        body::too_large(*limit).into()
+                    }
                     _ => ApiError::invalid(
                         "body",
                         "invalid_json",

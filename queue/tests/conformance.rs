@@ -695,6 +695,47 @@ async fn retention_bounds_finished_jobs(backend: Backend) {
     q.destroy().await.unwrap();
 }
 
+/// README: finished jobs are kept "by age and count": with room to spare by count, a
+/// finished job goes once it is older than `retention_ms`, and not a moment before.
+async fn retention_removes_finished_jobs_past_their_age(backend: Backend) {
+    let config = QueueConfig {
+        retention_ms: 60_000,
+        retention_count: 1_000,
+        ..QueueConfig::default()
+    };
+    let q = queue(backend, "retention-age", config).await;
+    q.set_pool("gpu", 1).await.unwrap();
+    let finish = |q: Queue| async move {
+        let id = q.enqueue(&job("t", 5)).await.unwrap().id;
+        let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
+        q.complete(&id, lease.token, "{}").await.unwrap();
+        id
+    };
+    let mut old = vec![];
+    for _ in 0..3 {
+        old.push(finish(q.clone()).await);
+    }
+    q.advance_clock(30_000).await.unwrap();
+    let mut young = vec![];
+    for _ in 0..2 {
+        young.push(finish(q.clone()).await);
+    }
+    assert_eq!(q.trim(100).await.unwrap(), 0, "none is past its age yet");
+    for id in old.iter().chain(&young) {
+        assert!(q.get(id).await.unwrap().is_some(), "{id} went too early");
+    }
+    // The first three are now past 60 s, the last two at about half of it.
+    q.advance_clock(30_001).await.unwrap();
+    assert_eq!(q.trim(100).await.unwrap(), 3);
+    for id in &old {
+        assert!(q.get(id).await.unwrap().is_none(), "{id} outlived its age");
+    }
+    for id in &young {
+        assert!(q.get(id).await.unwrap().is_some(), "{id} went too early");
+    }
+    q.destroy().await.unwrap();
+}
+
 async fn a_retried_claim_returns_the_same_lease(backend: Backend) {
     let q = queue(backend, "claimreq", QueueConfig::default()).await;
     q.set_pool("gpu", 2).await.unwrap();
@@ -1586,6 +1627,7 @@ conformance! {
     #[tokio::test] cancel_is_immediate_when_waiting_and_holds_capacity_until_the_attempt_is_gone,
     #[tokio::test] events_page_by_cursor_both_ways_and_positions_count_who_is_ahead,
     #[tokio::test] retention_bounds_finished_jobs,
+    #[tokio::test] retention_removes_finished_jobs_past_their_age,
     #[tokio::test] a_retried_claim_returns_the_same_lease,
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)] concurrent_claimers_never_double_lease,
     #[tokio::test] random_sequences_keep_every_invariant,

