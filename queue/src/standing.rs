@@ -10,9 +10,9 @@
 //! costs about ten times the reads themselves. A pool or tenant setting changed through
 //! a queue drops its process's figures at once; other processes see it within the age.
 
+use crate::Result;
 use crate::model::Position;
-use crate::scripted::{int, text, unsigned};
-use crate::{QueueError, Result};
+use crate::reply::{number, strings, unsigned};
 use redis::Value;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -227,41 +227,6 @@ impl DomainFigures {
             ahead: ahead as u64,
             estimated_start_ms,
         }
-    }
-}
-
-/// A reply that is a number, or nil (a missing field).
-pub(crate) fn number(v: Option<&Value>) -> Result<Option<f64>> {
-    match v {
-        None | Some(Value::Nil) => Ok(None),
-        Some(Value::Int(i)) => Ok(Some(*i as f64)),
-        other => {
-            let s = text(other)?;
-            s.parse::<f64>()
-                .map(Some)
-                .map_err(|_| QueueError::Protocol(format!("not a number: {s:?}")))
-        }
-    }
-}
-
-/// A reply that is a list of strings (nil: none).
-fn strings(v: Option<&Value>) -> Result<Vec<String>> {
-    match v {
-        None | Some(Value::Nil) => Ok(Vec::new()),
-        Some(Value::Array(items)) | Some(Value::Set(items)) => {
-            items.iter().map(|i| text(Some(i))).collect()
-        }
-        other => Err(QueueError::Protocol(format!(
-            "expected a list, got {other:?}"
-        ))),
-    }
-}
-
-/// A rank reply: None when the job is not in the line.
-pub(crate) fn rank(v: Option<&Value>) -> Result<Option<u64>> {
-    match v {
-        None | Some(Value::Nil) => Ok(None),
-        other => Ok(Some(u64::try_from(int(other)?.max(0)).unwrap_or_default())),
     }
 }
 
