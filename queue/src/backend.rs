@@ -92,20 +92,16 @@ impl RedisLink {
                 let mut current = self.current.write().unwrap_or_else(|e| e.into_inner());
                 if current.0 == generation {
                     *current = (generation + 1, fresh);
-                    tracing::warn!(error = %why, "replaced the queue's Redis connection after an unknown outcome");
+                    tracing::warn!(
+                        error = why as &dyn std::error::Error,
+                        "replaced the queue's Redis connection after an unknown outcome"
+                    );
                 }
             }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot open a new Redis connection; keeping the old one");
             }
         }
-    }
-}
-
-fn store_error(e: StoreError) -> QueueError {
-    match e {
-        StoreError::Command(message) => QueueError::Protocol(message),
-        other => QueueError::Unavailable(other.to_string()),
     }
 }
 
@@ -129,8 +125,8 @@ impl Backend {
         let store = Arc::clone(store);
         tokio::task::spawn_blocking(move || work(&store))
             .await
-            .map_err(|e| QueueError::Unavailable(format!("embedded store task: {e}")))?
-            .map_err(store_error)
+            .map_err(|e| QueueError::Unavailable(e.into()))?
+            .map_err(QueueError::from_store)
     }
 
     /// Sends one command.
@@ -315,8 +311,8 @@ impl Backend {
         let path = path.to_path_buf();
         let store = tokio::task::spawn_blocking(move || Store::open(&path))
             .await
-            .map_err(|e| QueueError::Unavailable(format!("embedded store task: {e}")))?
-            .map_err(|e| QueueError::Unavailable(e.to_string()))?;
+            .map_err(|e| QueueError::Unavailable(e.into()))?
+            .map_err(QueueError::from_store)?;
         Ok(Backend::Embedded(Arc::new(store)))
     }
 }

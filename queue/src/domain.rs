@@ -150,7 +150,12 @@ impl Domain {
                     lost += 1;
                     let pause = (50u64 << lost.min(5)).min(1_000);
                     let pause = pause + rand::random_range(0..=pause / 2);
-                    tracing::warn!(operation, retry = lost, error = %e, "queue call outcome unknown; retrying");
+                    tracing::warn!(
+                        operation,
+                        retry = lost,
+                        error = &e as &dyn std::error::Error,
+                        "queue call outcome unknown; retrying"
+                    );
                     tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
                 }
                 outcome => return (outcome, lost > 0),

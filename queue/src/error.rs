@@ -1,5 +1,8 @@
-//! The queue's errors: what failed, and whether retrying the same call can help.
+//! The queue's errors: what failed, and whether retrying the same call can help. A
+//! backend's own error is kept as the cause ([`BackendError`]), so logs and the CLI
+//! show the whole chain.
 
+use crate::embedded::StoreError;
 use crate::model::JobId;
 
 /// Errors from the queue.
@@ -38,11 +41,34 @@ pub enum QueueError {
     },
     /// The backend could not be reached or did not answer in time. The outcome of the
     /// operation is unknown: retry with the same idempotency key or claim request id.
-    #[error("queue backend unavailable: {0}")]
-    Unavailable(String),
+    #[error("queue backend unavailable")]
+    Unavailable(#[source] BackendError),
+    /// The backend answered with an error of its own (a Redis error reply, a script
+    /// error, a reply of another type than asked for): a definite outcome that
+    /// repeating the call does not change.
+    #[error("queue backend call failed")]
+    Failed(#[source] BackendError),
     /// The backend answered something this version does not understand.
     #[error("queue backend answered unexpectedly: {0}")]
     Protocol(String),
+}
+
+/// What a backend call failed with, kept as it came.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// Redis, or the connection to it.
+    #[error(transparent)]
+    Redis(#[from] redis::RedisError),
+    /// A reply of another type than the one asked for.
+    #[error(transparent)]
+    Reply(#[from] redis::ParsingError),
+    /// The embedded store.
+    #[error(transparent)]
+    Embedded(#[from] StoreError),
+    /// A task doing the call stopped before it answered (it panicked or its runtime
+    /// shut down).
+    #[error("the task making the queue call stopped before it answered")]
+    Task(#[from] tokio::task::JoinError),
 }
 
 impl QueueError {
@@ -50,16 +76,24 @@ impl QueueError {
     pub fn is_retryable(&self) -> bool {
         matches!(self, QueueError::Unavailable(_))
     }
-}
 
-impl QueueError {
     /// A Redis error as the queue sees it: a lost connection, a timeout or a server that
     /// cannot answer yet is an unknown outcome ([`QueueError::Unavailable`], worth a
     /// retry by whoever can retry safely); anything else is a definite refusal.
     pub(crate) fn from_redis(e: redis::RedisError) -> Self {
         match e.retry_method() {
-            redis::RetryMethod::NoRetry => QueueError::Protocol(e.to_string()),
-            _ => QueueError::Unavailable(e.to_string()),
+            redis::RetryMethod::NoRetry => QueueError::Failed(e.into()),
+            _ => QueueError::Unavailable(e.into()),
+        }
+    }
+
+    /// An embedded store error as the queue sees it: a refused command or script is a
+    /// definite failure; a file that cannot be written (or failed before) leaves the
+    /// outcome unknown.
+    pub(crate) fn from_store(e: StoreError) -> Self {
+        match e {
+            StoreError::Command(_) => QueueError::Failed(e.into()),
+            other => QueueError::Unavailable(other.into()),
         }
     }
 }

@@ -77,7 +77,7 @@ pub(crate) fn rank(v: Option<&Value>) -> Result<Option<u64>> {
 
 /// A whole reply as `T`.
 pub(crate) fn parse<T: FromRedisValue>(value: Value) -> Result<T> {
-    T::from_redis_value(value).map_err(|e| QueueError::Protocol(e.to_string()))
+    T::from_redis_value(value).map_err(|e| QueueError::Failed(e.into()))
 }
 
 /// Reads one job's enqueue status and id.

@@ -37,6 +37,14 @@ fn job(i: usize, payload_bytes: usize) -> NewJob {
     }
 }
 
+/// An error with its causes, as the CLI prints them.
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    std::iter::successors(Some(e), |e| e.source())
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(": ")
+}
+
 async fn open(file: &Path) -> Queue {
     Queue::open_embedded(file, DOMAIN, QueueConfig::default())
         .await
@@ -81,7 +89,8 @@ async fn a_second_process_cannot_open_a_file_in_use() {
     let refused = Queue::open_embedded(&file, DOMAIN, QueueConfig::default())
         .await
         .unwrap_err();
-    assert!(refused.to_string().contains("in use"), "{refused}");
+    let refused = chain(&refused);
+    assert!(refused.contains("in use"), "{refused}");
 }
 
 #[tokio::test]
@@ -283,7 +292,7 @@ async fn one_flipped_bit_anywhere_never_costs_an_acknowledged_record() {
             }
             Err(e) => {
                 refused += 1;
-                let message = e.to_string();
+                let message = chain(&e);
                 assert!(
                     message.contains("is damaged at byte")
                         || message.contains("not a tuneq queue file"),
@@ -384,10 +393,11 @@ async fn repair_keeps_the_records_before_and_after_the_damage() {
     let at = usize::try_from((start + end) / 2).unwrap();
     bytes[at] ^= 0x08;
     std::fs::write(&file, &bytes).unwrap();
-    let refused = Queue::open_embedded(&file, DOMAIN, QueueConfig::default())
-        .await
-        .unwrap_err()
-        .to_string();
+    let refused = chain(
+        &Queue::open_embedded(&file, DOMAIN, QueueConfig::default())
+            .await
+            .unwrap_err(),
+    );
     assert!(
         refused.contains(&format!("damaged at byte {start}")),
         "{refused}"

@@ -26,29 +26,36 @@ use mlua::{Function, Lua, LuaOptions, StdLib, Table, Variadic};
 use redis::Value;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// Why an embedded operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The file could not be opened, read or written.
     #[error(transparent)]
-    Log(#[from] LogError),
+    Log(Arc<LogError>),
     /// A command or script was refused (its error reply).
     #[error("{0}")]
     Command(String),
     /// An earlier write to the file failed, so memory is ahead of the disk; the store
     /// refuses everything until it is reopened (which replays what the disk holds).
-    #[error("queue file {path} failed earlier and must be reopened: {cause}")]
+    #[error("queue file {path} failed earlier and must be reopened")]
     Broken {
         /// The file.
         path: PathBuf,
         /// The first failure.
-        cause: String,
+        #[source]
+        cause: Arc<LogError>,
     },
-    /// The Lua engine failed to start.
-    #[error("embedded Lua: {0}")]
-    Lua(String),
+    /// The embedded Lua engine failed.
+    #[error("embedded Lua failed")]
+    Lua(#[source] mlua::Error),
+}
+
+impl From<LogError> for StoreError {
+    fn from(e: LogError) -> Self {
+        StoreError::Log(Arc::new(e))
+    }
 }
 
 impl From<CommandError> for StoreError {
@@ -58,7 +65,7 @@ impl From<CommandError> for StoreError {
 }
 
 fn lua_error(e: mlua::Error) -> StoreError {
-    StoreError::Lua(e.to_string())
+    StoreError::Lua(e)
 }
 
 /// The keyspace, the Lua engine that scripts it, and the file that keeps it.
@@ -83,7 +90,7 @@ struct Inner {
     /// The Functions libraries loaded so far, by name.
     libraries: HashSet<String>,
     log: Log,
-    broken: Option<String>,
+    broken: Option<Arc<LogError>>,
     /// Hash fields whose writes alone do not need a record (see [`Store::defer_field`]).
     deferrable: HashSet<(Vec<u8>, Vec<u8>)>,
     /// Their latest writes not yet in the file, one HSET each, in first-written order:
@@ -156,7 +163,7 @@ impl Store {
         match &inner.broken {
             Some(cause) => Err(StoreError::Broken {
                 path: self.path.clone(),
-                cause: cause.clone(),
+                cause: Arc::clone(cause),
             }),
             None => Ok(inner),
         }
@@ -214,7 +221,7 @@ impl Store {
 /// The keyspace, borrowed from the engine.
 fn keyspace(lua: &Lua) -> Result<mlua::AppDataRefMut<'_, Db>, StoreError> {
     lua.app_data_mut::<Db>()
-        .ok_or_else(|| StoreError::Lua("the keyspace is missing".into()))
+        .ok_or_else(|| StoreError::Lua(mlua::Error::RuntimeError("the keyspace is missing".into())))
 }
 
 impl Inner {
@@ -316,14 +323,12 @@ impl Inner {
             changes.splice(0..0, std::mem::take(&mut self.deferred));
         }
         if let Err(e) = self.log.append(&changes) {
-            self.broken = Some(e.to_string());
-            return Err(e.into());
+            return Err(self.break_on(e));
         }
         if self.log.wants_compaction() {
             let snapshot = keyspace(&self.lua)?.dump();
             if let Err(e) = self.log.compact(&snapshot) {
-                self.broken = Some(e.to_string());
-                return Err(e.into());
+                return Err(self.break_on(e));
             }
         }
         Ok(())
@@ -331,6 +336,13 @@ impl Inner {
 }
 
 impl Inner {
+    /// Breaks the store on a failed write: memory is now ahead of the file.
+    fn break_on(&mut self, e: LogError) -> StoreError {
+        let e = Arc::new(e);
+        self.broken = Some(Arc::clone(&e));
+        StoreError::Log(e)
+    }
+
     /// Whether `change` only sets one declared high-water mark field.
     fn is_deferrable(&self, change: &Command) -> bool {
         match change.as_slice() {
