@@ -76,6 +76,16 @@ fn check_pool_list(pools: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// Records a claimed lease's job (in `field`) and tenant on the current span.
+fn record_lease(lease: Result<Option<Lease>>, field: &str) -> Result<Option<Lease>> {
+    if let Ok(Some(lease)) = &lease {
+        let span = tracing::Span::current();
+        span.record(field, lease.id.as_str());
+        span.record("tenant", lease.tenant.as_str());
+    }
+    lease
+}
+
 /// Checks what the queue cannot check for itself.
 fn validate(job: &NewJob) -> Result<()> {
     let invalid = |field, message: &str| {
@@ -237,6 +247,7 @@ impl Queue {
 
 #[async_trait]
 impl JobQueue for Queue {
+    #[tracing::instrument(name = "queue.enqueue", skip_all, fields(tenant = %job.tenant, priority = job.priority, job_id = tracing::field::Empty), err(level = "debug"))]
     async fn enqueue(&self, job: &NewJob) -> Result<Enqueued> {
         validate(job)?;
         let mut args = vec![self.config.idempotency_ttl_ms.to_string()];
@@ -248,9 +259,12 @@ impl JobQueue for Queue {
             .run_script::<Vec<Value>>(&self.scripts.enqueue, &args, repeatable)
             .await;
         let reply = reply?;
-        enqueued(job, reply.first(), reply.get(1))
+        let enqueued = enqueued(job, reply.first(), reply.get(1))?;
+        tracing::Span::current().record("job_id", enqueued.id.as_str());
+        Ok(enqueued)
     }
 
+    #[tracing::instrument(name = "queue.enqueue_bulk", skip_all, fields(jobs = jobs.len()), err(level = "debug"))]
     async fn enqueue_bulk(&self, jobs: &[NewJob]) -> Result<Vec<Result<Enqueued>>> {
         let mut out = Vec::with_capacity(jobs.len());
         // Bounded batches: a script blocks Redis while it runs.
@@ -292,6 +306,7 @@ impl JobQueue for Queue {
         Ok(out)
     }
 
+    #[tracing::instrument(name = "queue.claim", skip_all, fields(pool = %pool, owner = %owner, job_id = tracing::field::Empty, tenant = tracing::field::Empty), err(level = "debug"))]
     async fn claim(&self, pool: &str, owner: &str, request_id: &str) -> Result<Option<Lease>> {
         let c = &self.config;
         let args = [
@@ -310,9 +325,10 @@ impl JobQueue for Queue {
             .run_script(&self.scripts.claim, &args, repeatable)
             .await
             .0?;
-        claimed(&reply, pool, "", "claim")
+        record_lease(claimed(&reply, pool, "", "claim"), "job_id")
     }
 
+    #[tracing::instrument(name = "queue.claim", skip_all, fields(pool = %pool, owner = %owner, job_id = tracing::field::Empty, tenant = tracing::field::Empty), err(level = "debug"))]
     async fn claim_started(
         &self,
         pool: &str,
@@ -336,9 +352,10 @@ impl JobQueue for Queue {
             .run_script(&self.scripts.claim, &args, repeatable)
             .await
             .0?;
-        claimed(&reply, pool, "", "claim")
+        record_lease(claimed(&reply, pool, "", "claim"), "job_id")
     }
 
+    #[tracing::instrument(name = "queue.complete_and_claim", skip_all, fields(job_id = %id, pool = %pool, next_job_id = tracing::field::Empty, tenant = tracing::field::Empty), err(level = "debug"))]
     async fn complete_and_claim(
         &self,
         id: &str,
@@ -362,9 +379,13 @@ impl JobQueue for Queue {
             .run_script(&self.scripts.complete_and_claim, &args, false)
             .await
             .0?;
-        claimed(&reply, pool, id, "complete_and_claim")
+        record_lease(
+            claimed(&reply, pool, id, "complete_and_claim"),
+            "next_job_id",
+        )
     }
 
+    #[tracing::instrument(name = "queue.start", skip_all, fields(job_id = %id), err(level = "debug"))]
     async fn start(&self, id: &str, token: u64) -> Result<()> {
         let lease = self.config.lease_ms.to_string();
         self.domain
@@ -410,6 +431,7 @@ impl JobQueue for Queue {
         unsigned(reply.get(1))
     }
 
+    #[tracing::instrument(name = "queue.complete", skip_all, fields(job_id = %id), err(level = "debug"))]
     async fn complete(&self, id: &str, token: u64, result: &str) -> Result<()> {
         self.domain
             .fenced_transition(
@@ -426,6 +448,7 @@ impl JobQueue for Queue {
             .await
     }
 
+    #[tracing::instrument(name = "queue.fail", skip_all, fields(job_id = %id, retryable), err(level = "debug"))]
     async fn fail(
         &self,
         id: &str,
@@ -471,10 +494,12 @@ impl JobQueue for Queue {
         }
     }
 
+    #[tracing::instrument(name = "queue.preempt", skip_all, fields(job_id = %id), err(level = "debug"))]
     async fn preempt(&self, id: &str, token: u64, reason: &str) -> Result<()> {
         self.preempt_with(id, token, &[reason.to_string()]).await
     }
 
+    #[tracing::instrument(name = "queue.preempt", skip_all, fields(job_id = %id, pools = ?pools), err(level = "debug"))]
     async fn preempt_and_move(
         &self,
         id: &str,
@@ -492,6 +517,7 @@ impl JobQueue for Queue {
         .await
     }
 
+    #[tracing::instrument(name = "queue.unplaced", skip_all, fields(job_id = %id, pools = ?pools), err(level = "debug"))]
     async fn unplaced(
         &self,
         id: &str,
@@ -512,6 +538,7 @@ impl JobQueue for Queue {
         .await
     }
 
+    #[tracing::instrument(name = "queue.cancel", skip_all, fields(job_id = %id), err(level = "debug"))]
     async fn cancel(&self, id: &str) -> Result<JobState> {
         let reply = self
             .domain
@@ -523,6 +550,7 @@ impl JobQueue for Queue {
         }
     }
 
+    #[tracing::instrument(name = "queue.confirm_cancelled", skip_all, fields(job_id = %id), err(level = "debug"))]
     async fn confirm_cancelled(&self, id: &str) -> Result<()> {
         let (reply, retried) = self
             .domain
@@ -549,11 +577,13 @@ impl JobQueue for Queue {
         }
     }
 
+    #[tracing::instrument(name = "queue.expire_leases", skip_all, fields(batch, expired = tracing::field::Empty), err(level = "debug"))]
     async fn expire_leases(&self, batch: u32) -> Result<Vec<JobId>> {
         let reply = self
             .domain
             .call(&self.scripts.expire_leases, &[batch.to_string()])
             .await?;
+        tracing::Span::current().record("expired", reply.len());
         reply.iter().map(|v| text(Some(v))).collect()
     }
 
@@ -568,6 +598,7 @@ impl JobQueue for Queue {
         self.domain.query(&cmd).await
     }
 
+    #[tracing::instrument(name = "queue.resolve_suspect", skip_all, fields(job_id = %id, verdict = ?verdict), err(level = "debug"))]
     async fn resolve_suspect(
         &self,
         id: &str,
@@ -844,11 +875,13 @@ impl JobQueue for Queue {
         Ok(())
     }
 
+    #[tracing::instrument(name = "queue.retention", skip_all, fields(batch, removed = tracing::field::Empty), err(level = "debug"))]
     async fn trim(&self, batch: u32) -> Result<u64> {
         let removed: i64 = self
             .domain
             .call_as(&self.scripts.trim, &[batch.to_string()])
             .await?;
+        tracing::Span::current().record("removed", removed);
         Ok(u64::try_from(removed).unwrap_or(0))
     }
 }

@@ -753,9 +753,13 @@ impl Log {
     }
 
     /// The file's size in bytes.
-    #[cfg(test)]
     pub fn len(&self) -> u64 {
         self.len
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 }
 

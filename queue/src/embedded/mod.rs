@@ -326,12 +326,31 @@ impl Inner {
             return Err(self.break_on(e));
         }
         if self.log.wants_compaction() {
-            let snapshot = keyspace(&self.lua)?.dump();
-            if let Err(e) = self.log.compact(&snapshot) {
-                return Err(self.break_on(e));
-            }
+            self.compact()?;
         }
         Ok(())
+    }
+
+    /// Rewrites the file as the live keys (see [`Log::compact`]).
+    fn compact(&mut self) -> Result<(), StoreError> {
+        let span = tracing::info_span!(
+            "queue.compaction",
+            path = %self.log.path().display(),
+            bytes_before = self.log.len(),
+            bytes_after = tracing::field::Empty,
+        );
+        let _entered = span.enter();
+        let snapshot = keyspace(&self.lua)?.dump();
+        match self.log.compact(&snapshot) {
+            Ok(done) => {
+                span.record("bytes_after", self.log.len());
+                if done {
+                    tracing::info!("queue file compacted");
+                }
+                Ok(())
+            }
+            Err(e) => Err(self.break_on(e)),
+        }
     }
 }
 
