@@ -75,7 +75,12 @@ pub fn run(args: ApiArgs) -> Result<ExitCode> {
 
 async fn serve(args: ApiArgs) -> Result<()> {
     let redis = service::redis_with_password(&args.redis, args.redis_password.as_deref())?;
-    let queue = service::open_queue(Some(&redis), std::path::Path::new("")).await?;
+    let queue = service::open_queue(
+        Some(&redis),
+        std::path::Path::new(""),
+        tuneq_queue::QueueConfig::default(),
+    )
+    .await?;
     let storage_config = match &args.storage_config {
         Some(p) => super::train::load_storage_config(p)?,
         None => tuneq_storage::StorageConfig::default(),

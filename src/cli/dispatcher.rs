@@ -256,7 +256,12 @@ async fn serve(args: DispatcherArgs) -> Result<()> {
         })),
     }
     let redis = service::redis_with_password(redis, args.redis_password.as_deref())?;
-    let queue = service::open_queue(Some(&redis), std::path::Path::new("")).await?;
+    let queue = service::open_queue(
+        Some(&redis),
+        std::path::Path::new(""),
+        tuneq_queue::QueueConfig::default(),
+    )
+    .await?;
     let signer = service::attempt_signer(Some(secret))?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut tasks = Vec::new();

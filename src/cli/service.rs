@@ -169,10 +169,14 @@ pub async fn register_model(state: &tuneq_api::AppState, model: ModelArg) -> Res
 /// The queue domain every part of one deployment uses.
 pub const DOMAIN: &str = "tuneq";
 
-/// Opens the queue: on Redis when a URL is given (`redis://…`; several comma-separated
-/// URLs are the seed nodes of a Redis Cluster), else the embedded file `embedded`.
-pub async fn open_queue(redis: Option<&str>, embedded: &Path) -> Result<tuneq_queue::Queue> {
-    let config = tuneq_queue::QueueConfig::default();
+/// Opens the queue with `config`: on Redis when a URL is given (`redis://…`; several
+/// comma-separated URLs are the seed nodes of a Redis Cluster), else the embedded file
+/// `embedded`.
+pub async fn open_queue(
+    redis: Option<&str>,
+    embedded: &Path,
+    config: tuneq_queue::QueueConfig,
+) -> Result<tuneq_queue::Queue> {
     match redis {
         Some(urls) if urls.contains(',') => {
             let urls: Vec<String> = urls.split(',').map(|u| u.trim().to_string()).collect();

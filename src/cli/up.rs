@@ -233,7 +233,12 @@ async fn serve(args: UpArgs) -> Result<()> {
         .as_deref()
         .map(|r| service::redis_with_password(r, args.redis_password.as_deref()))
         .transpose()?;
-    let queue = service::open_queue(redis.as_deref(), &data_dir.join(QUEUE_FILE)).await?;
+    let queue = service::open_queue(
+        redis.as_deref(),
+        &data_dir.join(QUEUE_FILE),
+        tuneq_queue::QueueConfig::default(),
+    )
+    .await?;
     // The API and the dispatcher live in this process: a fresh secret per start will do
     // (trainers of an earlier run are stopped at start).
     let signer = service::attempt_signer(None)?;
