@@ -71,7 +71,7 @@ const ZERO_TAIL: usize = 16;
 /// Commands per record when writing a snapshot.
 const SNAPSHOT_RECORD: usize = 1024;
 /// The log is compacted once it is this big and four times its last compacted size.
-const COMPACT_AT_BYTES: u64 = 64 << 20;
+pub const COMPACT_AT_BYTES: u64 = 64 << 20;
 /// Permissions of every file this module creates: the owner's alone.
 #[cfg(unix)]
 const PRIVATE: u32 = 0o600;
@@ -134,6 +134,33 @@ pub struct Log {
     next_seq: u64,
     len: u64,
     compacted_len: u64,
+    /// Where the next compaction stops as a crash would (a test hook).
+    #[cfg(feature = "testing")]
+    pub(super) crash: Option<CompactionCrash>,
+}
+
+/// The points [`Log::compact`] passes a test hook at.
+#[cfg(feature = "testing")]
+use CompactionCrash as CompactionCrashPoint;
+/// The points [`Log::compact`] passes (a test hook stops at them with `testing`).
+#[cfg(not(feature = "testing"))]
+#[derive(Debug, Clone, Copy)]
+enum CompactionCrashPoint {
+    BeforeRename,
+    AfterRename,
+}
+
+/// A point of a compaction where a test makes it stop as if the process had crashed
+/// there, leaving the files on disk as that crash would (`testing` feature only).
+#[cfg(feature = "testing")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CompactionCrash {
+    /// The new file is written and synced under its staged name (`<file>.compacting`),
+    /// not yet renamed over the old one. (A crash while it was being written leaves a
+    /// shorter staged file; tests cut this one to get that.)
+    BeforeRename,
+    /// The new file has taken the real name; the directory is not yet synced.
+    AfterRename,
 }
 
 /// What opening found.
@@ -623,6 +650,8 @@ impl Log {
                     next_seq: 1,
                     len: HEADER as u64,
                     compacted_len: HEADER as u64,
+                    #[cfg(feature = "testing")]
+                    crash: None,
                 },
                 batches: Vec::new(),
                 truncated_bytes: 0,
@@ -676,6 +705,8 @@ impl Log {
                     next_seq,
                     len: whole as u64,
                     compacted_len: whole as u64,
+                    #[cfg(feature = "testing")]
+                    crash: None,
                 }
             }
             Format::V1 => {
@@ -694,6 +725,8 @@ impl Log {
                     next_seq: written.next_seq,
                     len: written.len,
                     compacted_len: written.len,
+                    #[cfg(feature = "testing")]
+                    crash: None,
                 }
             }
         };
@@ -742,7 +775,9 @@ impl Log {
                 return Ok(false);
             }
         };
+        self.crash_point(CompactionCrashPoint::BeforeRename)?;
         std::fs::rename(&staged, &self.path).map_err(|e| self.io(e))?;
+        self.crash_point(CompactionCrashPoint::AfterRename)?;
         self.file = written.file;
         self.salt = written.salt;
         self.next_seq = written.next_seq;
@@ -750,6 +785,24 @@ impl Log {
         self.compacted_len = written.len;
         sync_dir(&self.path).map_err(|e| self.io(e))?;
         Ok(true)
+    }
+
+    /// Stops here as a crash would, when a test asked for it (see [`CompactionCrash`]).
+    #[cfg(feature = "testing")]
+    fn crash_point(&mut self, here: CompactionCrash) -> Result<(), LogError> {
+        if self.crash != Some(here) {
+            return Ok(());
+        }
+        self.crash = None;
+        Err(self.io(std::io::Error::other(format!(
+            "compaction stopped {here:?} (a test's simulated crash)"
+        ))))
+    }
+
+    /// Without the `testing` feature there is nothing to stop for.
+    #[cfg(not(feature = "testing"))]
+    fn crash_point(&mut self, _here: CompactionCrashPoint) -> Result<(), LogError> {
+        Ok(())
     }
 
     /// The file's size in bytes.

@@ -18,7 +18,9 @@ mod db;
 mod log;
 
 pub use db::Db;
-pub use log::{DroppedRange, LogError, RepairReport, repair};
+#[cfg(feature = "testing")]
+pub use log::CompactionCrash;
+pub use log::{COMPACT_AT_BYTES, DroppedRange, LogError, RepairReport, repair};
 
 use db::{Command, CommandError, format_score};
 use log::Log;
@@ -215,6 +217,23 @@ impl Store {
         let outcome = inner.call_function(library, source, function, keys, args);
         inner.commit()?;
         outcome
+    }
+}
+
+/// Test hooks (`testing` feature): compaction on demand, and crashes in the middle of it.
+#[cfg(feature = "testing")]
+impl Store {
+    /// Compacts the file now, as the automatic trigger would.
+    pub fn compact_now(&self) -> Result<(), StoreError> {
+        self.lock()?.compact()
+    }
+
+    /// Makes the next compaction stop at `at` as if the process had crashed there. Like
+    /// any failed write it breaks the store, which must then be reopened (dropped and
+    /// opened again from the file, as after a crash).
+    pub fn crash_next_compaction(&self, at: CompactionCrash) -> Result<(), StoreError> {
+        self.lock()?.log.crash = Some(at);
+        Ok(())
     }
 }
 
