@@ -156,12 +156,15 @@ impl From<QueueError> for ApiError {
             QueueError::Invalid { field, message } => {
                 Self::invalid(field, "invalid_value", message)
             }
-            QueueError::Unavailable(m) => {
-                tracing::warn!(error = %m, "queue unavailable");
+            QueueError::Unavailable(cause) => {
+                tracing::warn!(
+                    error = &cause as &dyn std::error::Error,
+                    "queue unavailable"
+                );
                 Self::unavailable("The job store is unavailable; try again shortly.")
             }
             other => {
-                tracing::error!(error = %other, "queue error");
+                tracing::error!(error = &other as &dyn std::error::Error, "queue error");
                 Self::internal("The job store answered unexpectedly.")
             }
         }

@@ -38,18 +38,23 @@ local function begin_call(keys, argv)
   META, P, CFG = keys[1], argv[1], {}
 end
 
--- Milliseconds from Redis TIME, plus the test clock offset, never going backwards,
--- returned as a number and as a string. Also loads the domain's settings into CFG (one
--- HMGET for both).
+-- Milliseconds from Redis TIME (or, when a test pinned the clock, from the pinned
+-- moment), plus the test clock offset, never going backwards, returned as a number and
+-- as a string. Also loads the domain's settings into CFG (one HMGET for both).
 local function now_ms()
   local m = redis.call('HMGET', META, 'clock_offset', 'clock', 'max_events_per_job',
-    'aging_horizon_ms', 'retention_ms', 'retention_count')
+    'aging_horizon_ms', 'retention_ms', 'retention_count', 'clock_pinned')
   CFG.max_events = m[3] and num(m[3]) or 200
   CFG.horizon = m[4] and num(m[4]) or 7200000
   CFG.retention_ms = m[5] and num(m[5]) or 604800000
   CFG.retention_count = m[6] and num(m[6]) or 100000
-  local t = redis.call('TIME')
-  local ms = num(t[1]) * 1000 + math.floor(num(t[2]) / 1000)
+  local ms
+  if m[7] then
+    ms = num(m[7])
+  else
+    local t = redis.call('TIME')
+    ms = num(t[1]) * 1000 + math.floor(num(t[2]) / 1000)
+  end
   if m[1] then ms = ms + num(m[1]) end
   -- The high-water mark, stored as str() wrote it, is its own string.
   if m[2] then

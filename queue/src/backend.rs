@@ -1,107 +1,19 @@
 //! Where the queue's keys live: a Redis server (or Cluster slot), or the embedded
 //! single-file store. Both take the same commands and scripts and answer with the same
-//! reply shapes, so [`crate::Queue`] is written once.
+//! reply shapes, so [`crate::Queue`] is written once. [`Origin`] says how a backend was
+//! reached, so another connection like it can be opened.
 
 use crate::embedded::{Store, StoreError};
+use crate::reply::parse;
+use crate::scripts::{Library, LuaScript};
 use crate::{QueueError, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Cmd, FromRedisValue, Pipeline, Value};
+use std::path::Path;
 use std::sync::{Arc, RwLock};
-
-/// The queue's Lua scripts as one Redis Functions library: `prelude.lua` once, then
-/// each script's body as a registered function of `(KEYS, ARGV)`. Redis builds the
-/// prelude's helpers once, when it loads the library, instead of on every call, as
-/// `EVALSHA` of prelude + script would. The library's name carries a hash of its code,
-/// so processes running different versions of the scripts never replace each other's.
-/// The embedded store runs the same library in its own Lua.
-pub(crate) struct Library {
-    name: String,
-    source: Arc<str>,
-}
-
-impl Library {
-    /// The library of `scripts` (name, body), with `prelude` in front.
-    pub(crate) fn new(prelude: &str, scripts: &[(&'static str, &str)]) -> Self {
-        let mut code = format!("{prelude}\n");
-        for (name, body) in scripts {
-            code.push_str(&format!(
-                "redis.register_function(LIBRARY .. '_{name}', function(KEYS, ARGV)\n\
-                 begin_call(KEYS, ARGV)\n{body}\nend)\n"
-            ));
-        }
-        let hash = redis::Script::new(&code).get_hash().to_string();
-        let name = format!("tuneq_{}", &hash[..16]);
-        let source = format!("#!lua name={name}\nlocal LIBRARY = '{name}'\n{code}");
-        Self {
-            name,
-            source: source.into(),
-        }
-    }
-
-    /// Loads the library into Redis (into every primary of a Cluster: the client sends
-    /// `FUNCTION LOAD` to all of them). One that is there already is the same code.
-    async fn load(&self, conn: &mut impl redis::aio::ConnectionLike) -> Result<()> {
-        let loaded: redis::RedisResult<Value> = redis::cmd("FUNCTION")
-            .arg("LOAD")
-            .arg(&*self.source)
-            .query_async(conn)
-            .await;
-        match loaded {
-            Err(e) if !e.detail().is_some_and(|d| d.contains("already exists")) => {
-                Err(unavailable(e))
-            }
-            _ => Ok(()),
-        }
-    }
-}
-
-/// One of the queue's scripts: a function of the [`Library`].
-pub(crate) struct LuaScript {
-    name: &'static str,
-    function: String,
-    library: Arc<Library>,
-}
-
-impl LuaScript {
-    /// The script's name (its file's), for logs.
-    pub(crate) fn name(&self) -> &'static str {
-        self.name
-    }
-
-    /// Script `name` of `library` (which must hold it).
-    pub(crate) fn new(name: &'static str, library: &Arc<Library>) -> Self {
-        Self {
-            name,
-            function: format!("{}_{name}", library.name),
-            library: Arc::clone(library),
-        }
-    }
-
-    /// Calls the function over a Redis connection with FCALL. A server that lacks the
-    /// library (restarted without persistence, flushed, a new Cluster node) gets it
-    /// loaded, and the call is made again: a missing function ran nothing.
-    async fn send<T: FromRedisValue>(
-        &self,
-        conn: &mut impl redis::aio::ConnectionLike,
-        key: &str,
-        args: &[&str],
-    ) -> Result<T> {
-        let mut call = redis::cmd("FCALL");
-        call.arg(&self.function).arg(1).arg(key).arg(args);
-        match call.query_async(conn).await {
-            Err(e)
-                if e.detail()
-                    .is_some_and(|d| d.starts_with("Function not found")) =>
-            {
-                self.library.load(conn).await?;
-                call.query_async(conn).await.map_err(unavailable)
-            }
-            reply => reply.map_err(unavailable),
-        }
-    }
-}
+use std::time::Duration;
 
 /// The connection to wherever the keys live.
 #[derive(Clone)]
@@ -116,9 +28,6 @@ pub(crate) enum Backend {
     Embedded(Arc<Store>),
 }
 
-/// A Redis error as the queue sees it: a lost connection, a timeout or a server that
-/// cannot answer yet is an unknown outcome ([`QueueError::Unavailable`], worth a retry
-/// by whoever can retry safely); anything else is a definite refusal.
 /// The connection to one redis-server, replaced after a call whose outcome is unknown.
 ///
 /// The connection manager reconnects when its connection breaks, but a connection whose
@@ -141,7 +50,7 @@ impl RedisLink {
     ) -> Result<Self> {
         let conn = ConnectionManager::new_with_config(client.clone(), config.clone())
             .await
-            .map_err(unavailable)?;
+            .map_err(QueueError::from_redis)?;
         Ok(Self {
             client,
             config,
@@ -183,7 +92,10 @@ impl RedisLink {
                 let mut current = self.current.write().unwrap_or_else(|e| e.into_inner());
                 if current.0 == generation {
                     *current = (generation + 1, fresh);
-                    tracing::warn!(error = %why, "replaced the queue's Redis connection after an unknown outcome");
+                    tracing::warn!(
+                        error = why as &dyn std::error::Error,
+                        "replaced the queue's Redis connection after an unknown outcome"
+                    );
                 }
             }
             Err(e) => {
@@ -191,24 +103,6 @@ impl RedisLink {
             }
         }
     }
-}
-
-pub(crate) fn unavailable(e: redis::RedisError) -> QueueError {
-    match e.retry_method() {
-        redis::RetryMethod::NoRetry => QueueError::Protocol(e.to_string()),
-        _ => QueueError::Unavailable(e.to_string()),
-    }
-}
-
-fn store_error(e: StoreError) -> QueueError {
-    match e {
-        StoreError::Command(message) => QueueError::Protocol(message),
-        other => QueueError::Unavailable(other.to_string()),
-    }
-}
-
-fn parse<T: FromRedisValue>(value: Value) -> Result<T> {
-    T::from_redis_value(value).map_err(|e| QueueError::Protocol(e.to_string()))
 }
 
 fn command_args(cmd: &Cmd) -> Result<Vec<Vec<u8>>> {
@@ -231,23 +125,25 @@ impl Backend {
         let store = Arc::clone(store);
         tokio::task::spawn_blocking(move || work(&store))
             .await
-            .map_err(|e| QueueError::Unavailable(format!("embedded store task: {e}")))?
-            .map_err(store_error)
+            .map_err(|e| QueueError::Unavailable(e.into()))?
+            .map_err(QueueError::from_store)
     }
 
     /// Sends one command.
     pub(crate) async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T> {
         match self {
             Backend::Redis(link) => {
-                link.on(
-                    |mut conn| async move { cmd.query_async(&mut conn).await.map_err(unavailable) },
-                )
+                link.on(|mut conn| async move {
+                    cmd.query_async(&mut conn)
+                        .await
+                        .map_err(QueueError::from_redis)
+                })
                 .await
             }
             Backend::Cluster(conn) => cmd
                 .query_async(&mut conn.clone())
                 .await
-                .map_err(unavailable),
+                .map_err(QueueError::from_redis),
             Backend::Embedded(store) => {
                 let command = command_args(cmd)?;
                 let mut replies = Self::on_store(store, move |s| s.execute(&[command])).await?;
@@ -269,7 +165,7 @@ impl Backend {
                     .clone()
                     .route_command(cmd.clone(), routing)
                     .await
-                    .map_err(unavailable)?;
+                    .map_err(QueueError::from_redis)?;
                 parse(reply)
             }
             Backend::Redis(_) | Backend::Embedded(_) => self.query(cmd).await,
@@ -281,14 +177,16 @@ impl Backend {
         match self {
             Backend::Redis(link) => {
                 link.on(|mut conn| async move {
-                    pipe.query_async(&mut conn).await.map_err(unavailable)
+                    pipe.query_async(&mut conn)
+                        .await
+                        .map_err(QueueError::from_redis)
                 })
                 .await
             }
             Backend::Cluster(conn) => pipe
                 .query_async(&mut conn.clone())
                 .await
-                .map_err(unavailable),
+                .map_err(QueueError::from_redis),
             Backend::Embedded(store) => {
                 let commands = pipe
                     .cmd_iter()
@@ -337,5 +235,84 @@ impl Backend {
                 parse(reply)
             }
         }
+    }
+}
+
+/// Where a queue's backend is, and how to connect to it again.
+pub(crate) enum Origin {
+    /// One redis-server.
+    Redis {
+        /// Its URL.
+        url: String,
+        /// How long to wait for an answer (ms).
+        response_timeout_ms: u64,
+    },
+    /// A Redis Cluster.
+    Cluster {
+        /// Seed nodes' URLs.
+        urls: Vec<String>,
+        /// How long to wait for an answer (ms).
+        response_timeout_ms: u64,
+    },
+    /// The embedded file, shared in process as it is.
+    Embedded,
+}
+
+impl Origin {
+    /// Opens a connection to the server or Cluster.
+    pub(crate) async fn connect(&self) -> Result<Backend> {
+        match self {
+            Origin::Redis {
+                url,
+                response_timeout_ms,
+            } => {
+                let client =
+                    redis::Client::open(url.as_str()).map_err(|e| QueueError::Invalid {
+                        field: "redis_url",
+                        message: e.to_string(),
+                    })?;
+                let manager_config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(Duration::from_secs(5)))
+                    .set_response_timeout(Some(Duration::from_millis(*response_timeout_ms)));
+                let link = RedisLink::connect(client, manager_config).await?;
+                Ok(Backend::Redis(Arc::new(link)))
+            }
+            Origin::Cluster {
+                urls,
+                response_timeout_ms,
+            } => {
+                let client =
+                    redis::cluster::ClusterClient::builder(urls.iter().map(String::as_str))
+                        .connection_timeout(Duration::from_secs(5))
+                        .response_timeout(Duration::from_millis(*response_timeout_ms))
+                        .build()
+                        .map_err(|e| QueueError::Invalid {
+                            field: "redis_url",
+                            message: e.to_string(),
+                        })?;
+                let conn = client
+                    .get_async_connection()
+                    .await
+                    .map_err(QueueError::from_redis)?;
+                Ok(Backend::Cluster(conn))
+            }
+            Origin::Embedded => Err(QueueError::Invalid {
+                field: "backend",
+                message: "the embedded store has no connections to open".into(),
+            }),
+        }
+    }
+}
+
+impl Backend {
+    /// Opens (or creates) the embedded store at `path`, off the async threads (it reads
+    /// and may rewrite the file).
+    pub(crate) async fn open_embedded(path: &Path) -> Result<Self> {
+        let path = path.to_path_buf();
+        let store = tokio::task::spawn_blocking(move || Store::open(&path))
+            .await
+            .map_err(|e| QueueError::Unavailable(e.into()))?
+            .map_err(QueueError::from_store)?;
+        Ok(Backend::Embedded(Arc::new(store)))
     }
 }

@@ -6,7 +6,8 @@
 //! Kinds, owners and ids are checked identifiers, never free text: they become parts of
 //! key names.
 
-use crate::scripted::{Queue, int, text, unsigned};
+use crate::reply::{int, text, unsigned};
+use crate::scripted::Queue;
 use crate::{QueueError, Result};
 use async_trait::async_trait;
 use redis::Value;
@@ -81,6 +82,16 @@ fn check(kind: &str, owner: &str, id: &str) -> Result<()> {
 }
 
 impl Queue {
+    /// Runs the catalog script.
+    async fn catalog_script(&self, args: &[String]) -> Result<Vec<Value>> {
+        self.domain.call(&self.scripts.catalog, args).await
+    }
+
+    /// The key of one catalog entry (its parts are checked identifiers).
+    fn catalog_key(&self, kind: &str, owner: &str, id: &str) -> String {
+        self.domain.key(&format!("cat:{kind}:{owner}:{id}"))
+    }
+
     async fn catalog_call(
         &self,
         op: &str,
@@ -118,7 +129,7 @@ impl Catalog for Queue {
         cmd.arg(self.catalog_key(kind, owner, id))
             .arg("body")
             .arg("created_ms");
-        let (body, created): (Option<String>, Option<String>) = self.query(&cmd).await?;
+        let (body, created): (Option<String>, Option<String>) = self.domain.query(&cmd).await?;
         match (body, created) {
             (Some(body), Some(created)) => Ok(Some(Entry {
                 id: id.to_string(),

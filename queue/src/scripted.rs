@@ -1,163 +1,50 @@
-//! The queue, written once over a [`Backend`]: Redis or the embedded single-file store.
-//! Every transition is one Lua script (`queue/lua/*.lua`), a function of one Redis
-//! Functions library with `prelude.lua` on top: on Redis called with FCALL (the library
-//! is loaded again where it is missing), embedded run by the same Lua.
-//! All keys of a scheduling domain share the hash tag `{domain}`, so the scripts run on
-//! Redis Cluster. Time comes from the backend's `TIME` (plus a test offset), kept
-//! monotonic by a high-water mark.
-//!
-//! A lost connection or a timeout is an *unknown outcome* ([`QueueError::Unavailable`]):
-//! the call may or may not have happened. Enqueue with an idempotency key and claim
-//! with a request id are safe to retry as they are; token-carrying calls are fenced.
+//! [`Queue`]: the queue, written once over a backend (Redis, a Redis Cluster, or the
+//! embedded single-file store), and its [`JobQueue`] operations. Every transition is
+//! one Lua script ([`crate::scripts`]) called through the domain's fenced-call
+//! machinery ([`crate::domain`]); replies are read by [`crate::reply`]. Time comes
+//! from the backend's `TIME` (plus a test offset), kept monotonic by a high-water mark.
+//! Opening a queue is in [`crate::connection`].
 
-use crate::backend::{Backend, Library, LuaScript, RedisLink, unavailable};
-use crate::embedded::Store;
+use crate::backend::{Backend, Origin};
+use crate::domain::{Domain, Done};
+use crate::job_queue::JobQueue;
 use crate::model::*;
+use crate::reply::{self, claimed, enqueued, int, job_record, status_error, text, unsigned};
+use crate::scripts::Scripts;
 use crate::standing::{self, DomainFigures, FiguresCache};
-use crate::{QueueConfig, QueueError, Result, validate};
+use crate::{QueueConfig, QueueError, Result};
 use async_trait::async_trait;
 use redis::Value;
 use redis::aio::ConnectionManager;
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
-
-const PRELUDE: &str = include_str!("../lua/prelude.lua");
-
-/// Every script: its name and its body.
-const SOURCES: [(&str, &str); 16] = [
-    ("enqueue", include_str!("../lua/enqueue.lua")),
-    ("enqueue_bulk", include_str!("../lua/enqueue_bulk.lua")),
-    ("claim", include_str!("../lua/claim.lua")),
-    ("start", include_str!("../lua/start.lua")),
-    ("heartbeat", include_str!("../lua/heartbeat.lua")),
-    ("complete", include_str!("../lua/complete.lua")),
-    (
-        "complete_and_claim",
-        include_str!("../lua/complete_and_claim.lua"),
-    ),
-    ("fail", include_str!("../lua/fail.lua")),
-    ("preempt", include_str!("../lua/preempt.lua")),
-    ("cancel", include_str!("../lua/cancel.lua")),
-    (
-        "confirm_cancelled",
-        include_str!("../lua/confirm_cancelled.lua"),
-    ),
-    ("expire_leases", include_str!("../lua/expire_leases.lua")),
-    (
-        "resolve_suspect",
-        include_str!("../lua/resolve_suspect.lua"),
-    ),
-    ("trim", include_str!("../lua/trim.lua")),
-    ("outbox", include_str!("../lua/outbox.lua")),
-    ("catalog", include_str!("../lua/catalog.lua")),
-];
-
-/// The scripts, each a function of one library (built once per process).
-struct Scripts {
-    library: Arc<Library>,
-    enqueue: LuaScript,
-    enqueue_bulk: LuaScript,
-    claim: LuaScript,
-    start: LuaScript,
-    heartbeat: LuaScript,
-    complete: LuaScript,
-    complete_and_claim: LuaScript,
-    fail: LuaScript,
-    preempt: LuaScript,
-    cancel: LuaScript,
-    confirm_cancelled: LuaScript,
-    expire_leases: LuaScript,
-    resolve_suspect: LuaScript,
-    trim: LuaScript,
-    outbox: LuaScript,
-    catalog: LuaScript,
-}
-
-impl Scripts {
-    fn get() -> Arc<Self> {
-        static SCRIPTS: OnceLock<Arc<Scripts>> = OnceLock::new();
-        Arc::clone(SCRIPTS.get_or_init(|| {
-            let library = Arc::new(Library::new(PRELUDE, &SOURCES));
-            let script = |name| LuaScript::new(name, &library);
-            Arc::new(Self {
-                enqueue: script("enqueue"),
-                enqueue_bulk: script("enqueue_bulk"),
-                claim: script("claim"),
-                start: script("start"),
-                heartbeat: script("heartbeat"),
-                complete: script("complete"),
-                complete_and_claim: script("complete_and_claim"),
-                fail: script("fail"),
-                preempt: script("preempt"),
-                cancel: script("cancel"),
-                confirm_cancelled: script("confirm_cancelled"),
-                expire_leases: script("expire_leases"),
-                resolve_suspect: script("resolve_suspect"),
-                trim: script("trim"),
-                outbox: script("outbox"),
-                catalog: script("catalog"),
-                library,
-            })
-        }))
-    }
-}
+use std::sync::Arc;
 
 /// The queue of one scheduling domain, on Redis (one server or one slot of a Cluster)
 /// or in the embedded file.
 #[derive(Clone)]
 pub struct Queue {
-    backend: Backend,
-    /// How `backend` was reached, to open another connection like it.
-    origin: Arc<Origin>,
+    /// The domain's keys on their backend, and how calls to them are made.
+    pub(crate) domain: Domain,
+    /// How the backend was reached, to open another connection like it.
+    pub(crate) origin: Arc<Origin>,
     /// The domain's figures for position estimates, shared by this queue's clones.
-    figures: Arc<FiguresCache>,
-    prefix: String,
-    meta: String,
-    scripts: Arc<Scripts>,
-    config: QueueConfig,
+    pub(crate) figures: Arc<FiguresCache>,
+    pub(crate) scripts: Arc<Scripts>,
+    pub(crate) config: QueueConfig,
 }
 
 impl std::fmt::Debug for Queue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let backend = match &self.backend {
+        let backend = match &self.domain.backend {
             Backend::Redis(_) => "redis".to_string(),
             Backend::Cluster(_) => "redis cluster".to_string(),
             Backend::Embedded(store) => store.path().display().to_string(),
         };
         f.debug_struct("Queue")
             .field("backend", &backend)
-            .field("prefix", &self.prefix)
+            .field("prefix", &self.domain.prefix())
             .finish_non_exhaustive()
     }
-}
-
-pub(crate) fn int(v: Option<&Value>) -> Result<i64> {
-    match v {
-        Some(Value::Int(i)) => Ok(*i),
-        Some(Value::BulkString(b)) => std::str::from_utf8(b)
-            .ok()
-            .and_then(|s| s.parse::<f64>().ok())
-            .map(|f| f as i64)
-            .ok_or_else(|| QueueError::Protocol(format!("not a number: {b:?}"))),
-        other => Err(QueueError::Protocol(format!(
-            "expected a number, got {other:?}"
-        ))),
-    }
-}
-
-pub(crate) fn text(v: Option<&Value>) -> Result<String> {
-    match v {
-        Some(Value::BulkString(b)) => Ok(String::from_utf8_lossy(b).into_owned()),
-        Some(Value::SimpleString(s)) => Ok(s.clone()),
-        Some(Value::Int(i)) => Ok(i.to_string()),
-        other => Err(QueueError::Protocol(format!(
-            "expected a string, got {other:?}"
-        ))),
-    }
-}
-
-pub(crate) fn unsigned(v: Option<&Value>) -> Result<u64> {
-    Ok(u64::try_from(int(v)?.max(0)).unwrap_or_default())
 }
 
 /// Jobs per bulk-enqueue script call.
@@ -178,113 +65,6 @@ fn job_args(job: &NewJob) -> [String; 9] {
     ]
 }
 
-/// Reads one job's enqueue status and id.
-fn enqueued(job: &NewJob, status: Option<&Value>, id: Option<&Value>) -> Result<Enqueued> {
-    match int(status)? {
-        0 => Ok(Enqueued {
-            id: text(id)?,
-            duplicate: false,
-        }),
-        1 => Ok(Enqueued {
-            id: text(id)?,
-            duplicate: true,
-        }),
-        -7 => Err(QueueError::OverQuota(job.tenant.clone())),
-        s => Err(QueueError::Protocol(format!("enqueue: status {s}"))),
-    }
-}
-
-/// Reads a claim script's reply (claim.lua, complete_and_claim.lua): a lease, `None`
-/// when nothing fits `pool`, or the error its status stands for.
-fn claimed(
-    reply: &[Value],
-    pool: &str,
-    id: &str,
-    operation: &'static str,
-) -> Result<Option<Lease>> {
-    match int(reply.first())? {
-        0 => Ok(Some(Lease {
-            id: text(reply.get(1))?,
-            token: unsigned(reply.get(2))?,
-            tenant: text(reply.get(3))?,
-            payload: text(reply.get(4))?,
-            attempts: u32::try_from(unsigned(reply.get(5))?).unwrap_or(u32::MAX),
-            preemptions: u32::try_from(unsigned(reply.get(6))?).unwrap_or(u32::MAX),
-            deadline_ms: unsigned(reply.get(7))?,
-        })),
-        1 => Ok(None),
-        -9 => Err(QueueError::UnknownPool(pool.to_string())),
-        _ => Err(Queue::status_error(id, reply, operation)),
-    }
-}
-
-/// Where a transition leaves its job, so a repeat after a lost reply can recognise
-/// that its own earlier try already made it.
-#[derive(Debug, Clone, Copy)]
-struct Done {
-    /// The states the transition ends in.
-    states: &'static [JobState],
-    /// Whether retention may have deleted the job at once (a finishing transition).
-    or_deleted: bool,
-}
-
-/// Where a queue's backend is, and how to connect to it again.
-enum Origin {
-    Redis {
-        url: String,
-        response_timeout_ms: u64,
-    },
-    Cluster {
-        urls: Vec<String>,
-        response_timeout_ms: u64,
-    },
-    Embedded,
-}
-
-impl Origin {
-    async fn connect(&self) -> Result<Backend> {
-        match self {
-            Origin::Redis {
-                url,
-                response_timeout_ms,
-            } => {
-                let client =
-                    redis::Client::open(url.as_str()).map_err(|e| QueueError::Invalid {
-                        field: "redis_url",
-                        message: e.to_string(),
-                    })?;
-                let manager_config = redis::aio::ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(std::time::Duration::from_secs(5)))
-                    .set_response_timeout(Some(std::time::Duration::from_millis(
-                        *response_timeout_ms,
-                    )));
-                let link = RedisLink::connect(client, manager_config).await?;
-                Ok(Backend::Redis(Arc::new(link)))
-            }
-            Origin::Cluster {
-                urls,
-                response_timeout_ms,
-            } => {
-                let client =
-                    redis::cluster::ClusterClient::builder(urls.iter().map(String::as_str))
-                        .connection_timeout(std::time::Duration::from_secs(5))
-                        .response_timeout(std::time::Duration::from_millis(*response_timeout_ms))
-                        .build()
-                        .map_err(|e| QueueError::Invalid {
-                            field: "redis_url",
-                            message: e.to_string(),
-                        })?;
-                let conn = client.get_async_connection().await.map_err(unavailable)?;
-                Ok(Backend::Cluster(conn))
-            }
-            Origin::Embedded => Err(QueueError::Invalid {
-                field: "backend",
-                message: "the embedded store has no connections to open".into(),
-            }),
-        }
-    }
-}
-
 /// Refuses a pool list that is empty or whose names the script's comma list would split.
 fn check_pool_list(pools: &[String]) -> Result<()> {
     if pools.is_empty() || pools.iter().any(|p| p.is_empty() || p.contains(',')) {
@@ -296,150 +76,46 @@ fn check_pool_list(pools: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// Refuses domain names that would break the key layout or the hash tag.
-fn check_domain(domain: &str) -> Result<()> {
-    if domain.is_empty() || domain.contains(['{', '}', ':', '*', '?', '[', ']', '\\']) {
-        return Err(QueueError::Invalid {
-            field: "domain",
-            message: "must be non-empty without '{', '}', ':' or glob characters".into(),
-        });
+/// Records a claimed lease's job (in `field`) and tenant on the current span.
+fn record_lease(lease: Result<Option<Lease>>, field: &str) -> Result<Option<Lease>> {
+    if let Ok(Some(lease)) = &lease {
+        let span = tracing::Span::current();
+        span.record(field, lease.id.as_str());
+        span.record("tenant", lease.tenant.as_str());
+    }
+    lease
+}
+
+/// Checks what the queue cannot check for itself.
+fn validate(job: &NewJob) -> Result<()> {
+    let invalid = |field, message: &str| {
+        Err(QueueError::Invalid {
+            field,
+            message: message.to_string(),
+        })
+    };
+    if job.tenant.is_empty() || job.tenant.contains([':', '{', '}']) {
+        return invalid("tenant", "must be non-empty without ':', '{' or '}'");
+    }
+    if job.priority > 9 {
+        return invalid("priority", "must be 0 to 9");
+    }
+    if job.gpus == 0 {
+        return invalid("gpus", "must be at least 1");
+    }
+    if job.max_attempts == 0 {
+        return invalid("max_attempts", "must be at least 1");
+    }
+    if job.pools.iter().any(|p| p.is_empty() || p.contains(',')) {
+        return invalid("pools", "names must be non-empty without ','");
     }
     Ok(())
 }
 
 impl Queue {
-    /// Connects to `url` (`redis://host:port/db`) for scheduling domain `domain` and
-    /// stores `config`'s server-side settings (aging, retention) in the domain.
-    pub async fn connect(url: &str, domain: &str, config: QueueConfig) -> Result<Self> {
-        check_domain(domain)?;
-        let origin = Origin::Redis {
-            url: url.to_string(),
-            response_timeout_ms: config.response_timeout_ms,
-        };
-        let backend = origin.connect().await?;
-        Self::with_backend(backend, Arc::new(origin), domain, config).await
-    }
-
-    /// Connects to a Redis Cluster through any of its nodes `urls` (`redis://host:port`;
-    /// the client discovers the rest) for scheduling domain `domain`, and stores `config`'s
-    /// server-side settings in the domain. All of a domain's keys carry the hash tag
-    /// `{domain}`, so the whole domain lives in one slot: its scripts run atomically on
-    /// the node owning that slot, and domains spread over the nodes by their names.
-    ///
-    /// The cluster client itself re-sends a call after a redirect (MOVED, ASK), TRYAGAIN,
-    /// a lost connection or a timeout, so a call may run twice even before this queue's
-    /// own retries ([`JobQueue`]'s rules on unknown outcomes). Fenced calls recognise
-    /// their own earlier run; only an enqueue without an idempotency key could be
-    /// accepted twice, so on a Cluster always send one.
-    pub async fn connect_cluster(
-        urls: &[impl AsRef<str>],
-        domain: &str,
-        config: QueueConfig,
-    ) -> Result<Self> {
-        check_domain(domain)?;
-        let origin = Origin::Cluster {
-            urls: urls.iter().map(|u| u.as_ref().to_string()).collect(),
-            response_timeout_ms: config.response_timeout_ms,
-        };
-        let backend = origin.connect().await?;
-        Self::with_backend(backend, Arc::new(origin), domain, config).await
-    }
-
-    /// Opens (or creates) the embedded queue file at `path` for scheduling domain
-    /// `domain`: no server, every acknowledged change synced to the file, and a restart
-    /// replays it. Only one process may have the file open.
-    pub async fn open_embedded(
-        path: &std::path::Path,
-        domain: &str,
-        config: QueueConfig,
-    ) -> Result<Self> {
-        check_domain(domain)?;
-        let path = path.to_path_buf();
-        let store = tokio::task::spawn_blocking(move || Store::open(&path))
-            .await
-            .map_err(|e| QueueError::Unavailable(format!("embedded store task: {e}")))?
-            .map_err(|e| QueueError::Unavailable(e.to_string()))?;
-        Self::with_backend(
-            Backend::Embedded(Arc::new(store)),
-            Arc::new(Origin::Embedded),
-            domain,
-            config,
-        )
-        .await
-    }
-
-    async fn with_backend(
-        backend: Backend,
-        origin: Arc<Origin>,
-        domain: &str,
-        config: QueueConfig,
-    ) -> Result<Self> {
-        let prefix = format!("tq:{{{domain}}}:");
-        if let Backend::Embedded(store) = &backend {
-            // The clock's high-water mark moves on every call that reads the time;
-            // alone, that is no reason to sync the file (see Store::defer_field).
-            store.defer_field(format!("{prefix}meta").as_bytes(), b"clock");
-        }
-        let queue = Self {
-            backend,
-            origin,
-            figures: Arc::default(),
-            meta: format!("{prefix}meta"),
-            prefix,
-            scripts: Scripts::get(),
-            config,
-        };
-        queue.store_settings().await?;
-        queue.backend.preload(&queue.scripts.library).await?;
-        Ok(queue)
-    }
-
-    /// Another scheduling domain on the same backend (same server, same Cluster, or same
-    /// file).
-    pub async fn domain_queue(&self, domain: &str, config: QueueConfig) -> Result<Self> {
-        check_domain(domain)?;
-        Self::with_backend(
-            self.backend.clone(),
-            Arc::clone(&self.origin),
-            domain,
-            config,
-        )
-        .await
-    }
-
-    /// The same domain over a connection of its own, driven by the async runtime this is
-    /// called on. A server whose workers each run a single-threaded runtime (actix-web)
-    /// gives each worker one, so no call has to wake a thread of another runtime and
-    /// wait for it to answer. The embedded store is in process: it is shared as is.
-    pub async fn with_own_connection(&self) -> Result<Self> {
-        let backend = match &*self.origin {
-            Origin::Embedded => self.backend.clone(),
-            origin => origin.connect().await?,
-        };
-        Ok(Self {
-            backend,
-            ..self.clone()
-        })
-    }
-
     /// The key prefix of this domain (`tq:{domain}:`).
     pub fn prefix(&self) -> &str {
-        &self.prefix
-    }
-
-    async fn store_settings(&self) -> Result<()> {
-        let c = &self.config;
-        let mut cmd = redis::cmd("HSET");
-        cmd.arg(&self.meta)
-            .arg("aging_horizon_ms")
-            .arg(c.aging_horizon_ms)
-            .arg("retention_ms")
-            .arg(c.retention_ms)
-            .arg("retention_count")
-            .arg(c.retention_count)
-            .arg("max_events_per_job")
-            .arg(c.max_events_per_job);
-        self.query(&cmd).await
+        self.domain.prefix()
     }
 
     /// Jobs waiting in line (ready to be claimed), all tenants together, from the figures
@@ -459,7 +135,8 @@ impl Queue {
         // A second pass only when the caller named another tenant than the job's.
         for _ in 0..2 {
             let (fields, rank, weight): (HashMap<String, String>, Value, Value) = self
-                .pipeline(&standing::job_read(&self.prefix, id, &tenant))
+                .domain
+                .pipeline(&standing::job_read(self.domain.prefix(), id, &tenant))
                 .await?;
             if fields.is_empty() {
                 return Ok(None);
@@ -469,9 +146,9 @@ impl Queue {
                 tenant = job.tenant;
                 continue;
             }
-            let position = match (job.state, standing::rank(Some(&rank))?) {
+            let position = match (job.state, reply::rank(Some(&rank))?) {
                 (JobState::Queued, Some(rank)) => {
-                    let weight = standing::number(Some(&weight))?.unwrap_or(1.0);
+                    let weight = reply::number(Some(&weight))?.unwrap_or(1.0);
                     let figures = self.figures(max_age).await?;
                     Some(figures.estimate(&job.tenant, weight, rank, &job.pools))
                 }
@@ -489,11 +166,17 @@ impl Queue {
             return Ok(figures);
         }
         let reply: Vec<Value> = self
-            .pipeline(&standing::first_read(&self.prefix, &self.meta))
+            .domain
+            .pipeline(&standing::first_read(
+                self.domain.prefix(),
+                self.domain.meta(),
+            ))
             .await?;
         let first = standing::FirstRead::parse(&reply)?;
         let reply: Vec<Value> = if first.needs_second_read() {
-            self.pipeline(&first.second_read(&self.prefix)).await?
+            self.domain
+                .pipeline(&first.second_read(self.domain.prefix()))
+                .await?
         } else {
             Vec::new()
         };
@@ -502,210 +185,22 @@ impl Queue {
         Ok(figures)
     }
 
-    /// Runs `script` with the domain's meta key, its prefix and `args` (a status table).
-    /// Repeating it is safe: a lost reply is retried.
-    async fn call(&self, script: &LuaScript, args: &[String]) -> Result<Vec<Value>> {
-        self.call_as(script, args).await
-    }
-
-    /// [`Self::call`] for scripts that answer something other than a status table.
-    async fn call_as<T: redis::FromRedisValue>(
-        &self,
-        script: &LuaScript,
-        args: &[String],
-    ) -> Result<T> {
-        self.run_script(script, args, true).await.0
-    }
-
-    /// Runs `script`; when `repeatable`, a lost reply is retried. Also says whether a
-    /// try whose outcome is unknown came before the answer (so the caller can tell
-    /// "someone else did it" from "my own lost try did it").
-    async fn run_script<T: redis::FromRedisValue>(
-        &self,
-        script: &LuaScript,
-        args: &[String],
-        repeatable: bool,
-    ) -> (Result<T>, bool) {
-        let mut all: Vec<&str> = Vec::with_capacity(args.len() + 1);
-        all.push(&self.prefix);
-        all.extend(args.iter().map(String::as_str));
-        let all = &all;
-        self.retrying(script.name(), repeatable, || {
-            self.backend.invoke(script, &self.meta, all)
-        })
-        .await
-    }
-
-    /// Runs `attempt` again while its outcome is unknown (lost reply, timeout, server
-    /// restarting), up to [`QueueConfig::unknown_outcome_retries`] times with growing,
-    /// jittered pauses, but only when `repeatable`: otherwise the unknown outcome goes
-    /// to the caller. The flag says whether an unknown outcome came before the answer.
-    async fn retrying<T, F, Fut>(
-        &self,
-        operation: &str,
-        repeatable: bool,
-        mut attempt: F,
-    ) -> (Result<T>, bool)
-    where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = Result<T>>,
-    {
-        let mut lost = 0u32;
-        loop {
-            match attempt().await {
-                Err(e)
-                    if repeatable
-                        && e.is_retryable()
-                        && lost < self.config.unknown_outcome_retries =>
-                {
-                    lost += 1;
-                    let pause = (50u64 << lost.min(5)).min(1_000);
-                    let pause = pause + rand::random_range(0..=pause / 2);
-                    tracing::warn!(operation, retry = lost, error = %e, "queue call outcome unknown; retrying");
-                    tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
-                }
-                outcome => return (outcome, lost > 0),
-            }
-        }
-    }
-
-    /// A read or an idempotent write, retried while its outcome is unknown.
-    pub(crate) async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T> {
-        self.retrying("query", true, || self.backend.query(cmd))
-            .await
-            .0
-    }
-
-    /// [`Self::query`] for a pipeline.
-    async fn pipeline<T: redis::FromRedisValue>(&self, pipe: &redis::Pipeline) -> Result<T> {
-        self.retrying("pipeline", true, || self.backend.pipeline(pipe))
-            .await
-            .0
-    }
-
-    /// Whether `error` only reports what an earlier try of this same call did: the job
-    /// is now where `done` says with `token` still its epoch (nobody else holds that
-    /// token, so the earlier try was this attempt's own, whoever repeated it: this
-    /// queue, the Cluster client or the caller), or — only when this call itself retried
-    /// (`retried`) — it finished and retention deleted it at once.
-    async fn own_earlier_try(
-        &self,
-        error: &QueueError,
-        id: &str,
-        token: Option<u64>,
-        done: Done,
-        retried: bool,
-    ) -> bool {
-        if !matches!(
-            error,
-            QueueError::WrongState { .. } | QueueError::NotFound(_)
-        ) {
-            return false;
-        }
-        match self.get(id).await {
-            Ok(Some(record)) => {
-                done.states.contains(&record.state) && token.is_none_or(|t| record.epoch == t)
-            }
-            Ok(None) => retried && done.or_deleted,
-            Err(_) => false,
-        }
-    }
-
-    /// Maps a script's failure status to an error.
-    fn status_error(id: &str, reply: &[Value], operation: &'static str) -> QueueError {
-        match int(reply.first()) {
-            Ok(-1) => QueueError::NotFound(id.to_string()),
-            Ok(-6) => QueueError::StaleToken(id.to_string()),
-            Ok(-3) | Ok(1) => QueueError::WrongState {
-                id: id.to_string(),
-                state: text(reply.get(1)).unwrap_or_default(),
-                operation,
-            },
-            other => QueueError::Protocol(format!("{operation}: status {other:?}")),
-        }
-    }
-
-    async fn token_call(
-        &self,
-        script: &LuaScript,
-        id: &str,
-        token: u64,
-        extra: &[String],
-        operation: &'static str,
-    ) -> Result<Vec<Value>> {
-        self.fenced_call(script, id, token, extra, operation)
-            .await
-            .0
-    }
-
-    /// [`Self::token_call`], also saying whether a lost try came before the answer.
-    async fn fenced_call(
-        &self,
-        script: &LuaScript,
-        id: &str,
-        token: u64,
-        extra: &[String],
-        operation: &'static str,
-    ) -> (Result<Vec<Value>>, bool) {
-        let mut args = vec![id.to_string(), token.to_string()];
-        args.extend_from_slice(extra);
-        let (reply, retried) = self.run_script::<Vec<Value>>(script, &args, true).await;
-        let outcome = reply.and_then(|reply| match int(reply.first())? {
-            0 => Ok(reply),
-            _ => Err(Self::status_error(id, &reply, operation)),
-        });
-        (outcome, retried)
-    }
-
     /// Runs `preempt.lua` with `args` after the job and token (the reason, and for a
     /// move the new pools and why): back in line, in its place.
     async fn preempt_with(&self, id: &str, token: u64, args: &[String]) -> Result<()> {
-        self.fenced_transition(
-            &self.scripts.preempt,
-            id,
-            token,
-            args,
-            "preempt",
-            Done {
-                states: &[JobState::Queued],
-                or_deleted: false,
-            },
-        )
-        .await
-    }
-
-    /// A fenced transition that moves the job to one of `done`: a repeat after a lost
-    /// reply finds it already there and counts as success.
-    async fn fenced_transition(
-        &self,
-        script: &LuaScript,
-        id: &str,
-        token: u64,
-        extra: &[String],
-        operation: &'static str,
-        done: Done,
-    ) -> Result<()> {
-        match self.fenced_call(script, id, token, extra, operation).await {
-            (Ok(_), _) => Ok(()),
-            (Err(e), retried)
-                if self
-                    .own_earlier_try(&e, id, Some(token), done, retried)
-                    .await =>
-            {
-                Ok(())
-            }
-            (Err(e), _) => Err(e),
-        }
-    }
-
-    /// Runs the catalog script (see [`crate::catalog`]).
-    pub(crate) async fn catalog_script(&self, args: &[String]) -> Result<Vec<Value>> {
-        self.call(&self.scripts.catalog, args).await
-    }
-
-    /// The key of one catalog entry (its parts are checked identifiers).
-    pub(crate) fn catalog_key(&self, kind: &str, owner: &str, id: &str) -> String {
-        format!("{}cat:{kind}:{owner}:{id}", self.prefix)
+        self.domain
+            .fenced_transition(
+                &self.scripts.preempt,
+                id,
+                token,
+                args,
+                "preempt",
+                Done {
+                    states: &[JobState::Queued],
+                    or_deleted: false,
+                },
+            )
+            .await
     }
 
     /// The arguments a claim script takes after its own: lease length and scan settings.
@@ -719,33 +214,23 @@ impl Queue {
         ]
     }
 
-    /// Moves the queue clock forward by `ms` (tests use it to expire leases and age jobs).
-    pub async fn advance_clock(&self, ms: u64) -> Result<()> {
-        let mut cmd = redis::cmd("HINCRBY");
-        cmd.arg(&self.meta).arg("clock_offset").arg(ms);
-        self.query(&cmd).await
-    }
-
     /// Every key of this domain, sorted (tests check what operations leave behind). On a
     /// Cluster it asks the node owning the domain's slot.
     pub async fn keys(&self) -> Result<Vec<String>> {
         let mut cmd = redis::cmd("KEYS");
-        cmd.arg(format!("{}*", self.prefix));
-        let mut keys: Vec<String> = self
-            .retrying("keys", true, || self.backend.scan_query(&cmd, &self.meta))
-            .await
-            .0?;
+        cmd.arg(self.domain.key("*"));
+        let mut keys: Vec<String> = self.domain.scan_query("keys", &cmd).await?;
         keys.sort();
         Ok(keys)
     }
 
-    /// Deletes every key of this domain (tests; never in production).
+    /// Deletes every key of this domain (tests and benchmarks; never in production).
     pub async fn destroy(&self) -> Result<()> {
         let keys = self.keys().await?;
         for chunk in keys.chunks(500) {
             let mut cmd = redis::cmd("DEL");
             cmd.arg(chunk);
-            self.query::<()>(&cmd).await?;
+            self.domain.query::<()>(&cmd).await?;
         }
         Ok(())
     }
@@ -753,158 +238,16 @@ impl Queue {
     /// The Redis connection (the benchmark reads server statistics); None when embedded
     /// or on a Cluster (whose statistics are per node).
     pub fn redis_connection(&self) -> Option<ConnectionManager> {
-        match &self.backend {
+        match &self.domain.backend {
             Backend::Redis(link) => Some(link.get().1),
             Backend::Cluster(_) | Backend::Embedded(_) => None,
         }
     }
 }
 
-/// The queue's operations; every backend passes the same conformance suite.
-///
-/// **Unknown outcomes.** When a reply is lost (connection dropped, timeout, server
-/// restarting) the call may or may not have happened. Calls that are safe to repeat are
-/// retried inside the queue ([`QueueConfig::unknown_outcome_retries`]): reads; enqueue
-/// with an idempotency key; claim with a request id; every fenced call (a repeat of
-/// complete, fail, preempt or confirm_cancelled that finds its own earlier try already
-/// done counts as success; start and heartbeat are repeatable as they are); cancel and
-/// the settings. Only enqueue without an idempotency key and claim without a request id
-/// hand [`QueueError::Unavailable`] to the caller, who cannot know whether they happened.
-#[async_trait]
-pub trait JobQueue: Send + Sync {
-    /// Accepts a job; with an idempotency key seen before (same tenant), returns that job.
-    async fn enqueue(&self, job: &NewJob) -> Result<Enqueued>;
-    /// Accepts many jobs in few round trips; each is accepted or refused on its own.
-    async fn enqueue_bulk(&self, jobs: &[NewJob]) -> Result<Vec<Result<Enqueued>>>;
-    /// Claims the best job that fits `pool` for `owner`. `request_id` makes a repeated
-    /// claim (after a lost reply) return the same lease instead of a second one.
-    async fn claim(&self, pool: &str, owner: &str, request_id: &str) -> Result<Option<Lease>>;
-    /// The attempt was started: leased → running.
-    async fn start(&self, id: &str, token: u64) -> Result<()>;
-    /// [`Self::claim`] and [`Self::start`] in one step: the attempt is running as soon
-    /// as it is leased, for workers that start a job the moment they hold it.
-    async fn claim_started(
-        &self,
-        pool: &str,
-        owner: &str,
-        request_id: &str,
-    ) -> Result<Option<Lease>>;
-    /// [`Self::complete`] and then [`Self::claim_started`] for the same worker, in one
-    /// step, so a busy worker makes one call per job (BullMQ's worker fetches its next
-    /// job in moveToFinished the same way). With a stale token, a wrong state or an
-    /// unknown pool nothing changes, as with `complete` and `claim`. It takes no claim
-    /// request id: if the reply is lost, the next job's lease runs out and the job
-    /// becomes suspect, like any attempt whose worker vanished.
-    async fn complete_and_claim(
-        &self,
-        id: &str,
-        token: u64,
-        result: &str,
-        pool: &str,
-        owner: &str,
-    ) -> Result<Option<Lease>>;
-    /// Renews the lease and records progress (JSON).
-    async fn heartbeat(&self, id: &str, token: u64, progress: Option<&str>) -> Result<u64>;
-    /// [`Self::heartbeat`] that also appends `events` (kind, message) to the job's log.
-    /// Reports are numbered per attempt (`report_seq`, growing): a repeated report renews
-    /// the lease but records nothing twice, so a lost reply is retried safely.
-    async fn report(
-        &self,
-        id: &str,
-        token: u64,
-        report_seq: u64,
-        progress: Option<&str>,
-        events: &[(&str, &str)],
-    ) -> Result<u64>;
-    /// The attempt succeeded.
-    async fn complete(&self, id: &str, token: u64, result: &str) -> Result<()>;
-    /// The attempt failed; returns when it will be retried, or None if the job failed for good.
-    async fn fail(
-        &self,
-        id: &str,
-        token: u64,
-        reason: &str,
-        retryable: bool,
-    ) -> Result<Option<u64>>;
-    /// The attempt's machine was taken away: requeue in place, attempts unchanged.
-    async fn preempt(&self, id: &str, token: u64, reason: &str) -> Result<()>;
-    /// The attempt never got a node on its pool (no capacity within the placement
-    /// timeout): requeue in place, no retry spent and no preemption counted (an
-    /// `unplaced` event says `reason`); with `pools`, the job may from now on run only
-    /// there and a `moved` event says `why`.
-    async fn unplaced(
-        &self,
-        id: &str,
-        token: u64,
-        reason: &str,
-        pools: Option<&[String]>,
-        why: &str,
-    ) -> Result<()>;
-    /// Preempts, and from now on lets the job run only on `pools` (placement moved it
-    /// on after repeated preemptions); a `moved` event says `why`.
-    async fn preempt_and_move(
-        &self,
-        id: &str,
-        token: u64,
-        reason: &str,
-        pools: &[String],
-        why: &str,
-    ) -> Result<()>;
-    /// Cancels: at once when waiting, else asks the live attempt to stop.
-    async fn cancel(&self, id: &str) -> Result<JobState>;
-    /// The cancelled attempt is gone; its capacity is released.
-    async fn confirm_cancelled(&self, id: &str) -> Result<()>;
-    /// Marks jobs whose lease ran out as suspect; returns the ones it marked.
-    async fn expire_leases(&self, batch: u32) -> Result<Vec<JobId>>;
-    /// Jobs waiting for a verdict (suspect), longest waiting first: what a dispatcher
-    /// settles, including any whose [`Self::expire_leases`] reply was lost.
-    async fn suspects(&self, limit: u32) -> Result<Vec<JobId>>;
-    /// Settles a suspect job.
-    async fn resolve_suspect(
-        &self,
-        id: &str,
-        epoch: u64,
-        verdict: SuspectVerdict,
-    ) -> Result<JobState>;
-    /// The job, or None.
-    async fn get(&self, id: &str) -> Result<Option<JobRecord>>;
-    /// The job without its payload and, while it is queued, where it stands: what an API
-    /// answering "how is my job doing" needs, in one round trip of plain reads when
-    /// `tenant` is the job's own. The estimate's domain-wide figures (other tenants'
-    /// waiting jobs, pools' run times) may be up to a second old; [`Self::position`]
-    /// reads them afresh.
-    async fn status(&self, id: &str, tenant: &str)
-    -> Result<Option<(JobRecord, Option<Position>)>>;
-    /// Events after `after` (a `seq`), oldest first, or newest first with `newest_first`.
-    async fn events(
-        &self,
-        id: &str,
-        after: Option<u64>,
-        limit: usize,
-        newest_first: bool,
-    ) -> Result<Vec<JobEvent>>;
-    /// Where a queued job stands.
-    async fn position(&self, id: &str) -> Result<Position>;
-    /// Creates or resizes a node pool.
-    async fn set_pool(&self, pool: &str, capacity: u32) -> Result<()>;
-    /// A pool's capacity and usage.
-    async fn pool_usage(&self, pool: &str) -> Result<PoolUsage>;
-    /// Sets a tenant's weight and quotas.
-    async fn set_tenant(&self, tenant: &str, settings: &TenantSettings) -> Result<()>;
-    /// Deletes up to `batch` finished jobs past retention; returns how many.
-    async fn trim(&self, batch: u32) -> Result<u64>;
-    /// Reads the whole domain (tests check the invariants on it; operators debug with it).
-    async fn inspect(&self) -> Result<Inspection>;
-    /// Outbox deliveries whose time has come (they stay until acknowledged).
-    async fn due_deliveries(&self, limit: u32) -> Result<Vec<Delivery>>;
-    /// A delivery was made.
-    async fn ack_delivery(&self, delivery: &Delivery) -> Result<()>;
-    /// A delivery failed; try again after `delay_ms`.
-    async fn retry_delivery(&self, delivery: &Delivery, delay_ms: u64) -> Result<()>;
-}
-
 #[async_trait]
 impl JobQueue for Queue {
+    #[tracing::instrument(name = "queue.enqueue", skip_all, fields(tenant = %job.tenant, priority = job.priority, job_id = tracing::field::Empty), err(level = "debug"))]
     async fn enqueue(&self, job: &NewJob) -> Result<Enqueued> {
         validate(job)?;
         let mut args = vec![self.config.idempotency_ttl_ms.to_string()];
@@ -912,12 +255,16 @@ impl JobQueue for Queue {
         // Only a job with an idempotency key can be sent again without risking a twin.
         let repeatable = job.idempotency_key.is_some();
         let (reply, _) = self
+            .domain
             .run_script::<Vec<Value>>(&self.scripts.enqueue, &args, repeatable)
             .await;
         let reply = reply?;
-        enqueued(job, reply.first(), reply.get(1))
+        let enqueued = enqueued(job, reply.first(), reply.get(1))?;
+        tracing::Span::current().record("job_id", enqueued.id.as_str());
+        Ok(enqueued)
     }
 
+    #[tracing::instrument(name = "queue.enqueue_bulk", skip_all, fields(jobs = jobs.len()), err(level = "debug"))]
     async fn enqueue_bulk(&self, jobs: &[NewJob]) -> Result<Vec<Result<Enqueued>>> {
         let mut out = Vec::with_capacity(jobs.len());
         // Bounded batches: a script blocks Redis while it runs.
@@ -940,7 +287,8 @@ impl JobQueue for Queue {
             let reply = if valid.is_empty() {
                 Vec::new()
             } else {
-                self.run_script(&self.scripts.enqueue_bulk, &args, repeatable)
+                self.domain
+                    .run_script(&self.scripts.enqueue_bulk, &args, repeatable)
                     .await
                     .0?
             };
@@ -958,6 +306,7 @@ impl JobQueue for Queue {
         Ok(out)
     }
 
+    #[tracing::instrument(name = "queue.claim", skip_all, fields(pool = %pool, owner = %owner, job_id = tracing::field::Empty, tenant = tracing::field::Empty), err(level = "debug"))]
     async fn claim(&self, pool: &str, owner: &str, request_id: &str) -> Result<Option<Lease>> {
         let c = &self.config;
         let args = [
@@ -972,12 +321,14 @@ impl JobQueue for Queue {
         // A claim request id makes a repeat return the same lease instead of a second.
         let repeatable = !request_id.is_empty();
         let reply: Vec<Value> = self
+            .domain
             .run_script(&self.scripts.claim, &args, repeatable)
             .await
             .0?;
-        claimed(&reply, pool, "", "claim")
+        record_lease(claimed(&reply, pool, "", "claim"), "job_id")
     }
 
+    #[tracing::instrument(name = "queue.claim", skip_all, fields(pool = %pool, owner = %owner, job_id = tracing::field::Empty, tenant = tracing::field::Empty), err(level = "debug"))]
     async fn claim_started(
         &self,
         pool: &str,
@@ -997,12 +348,14 @@ impl JobQueue for Queue {
         ];
         let repeatable = !request_id.is_empty();
         let reply: Vec<Value> = self
+            .domain
             .run_script(&self.scripts.claim, &args, repeatable)
             .await
             .0?;
-        claimed(&reply, pool, "", "claim")
+        record_lease(claimed(&reply, pool, "", "claim"), "job_id")
     }
 
+    #[tracing::instrument(name = "queue.complete_and_claim", skip_all, fields(job_id = %id, pool = %pool, next_job_id = tracing::field::Empty, tenant = tracing::field::Empty), err(level = "debug"))]
     async fn complete_and_claim(
         &self,
         id: &str,
@@ -1022,15 +375,21 @@ impl JobQueue for Queue {
         // Not repeated after a lost reply: a repeat would find the job already done and
         // claim nothing, orphaning the first try's lease until it expires.
         let reply: Vec<Value> = self
+            .domain
             .run_script(&self.scripts.complete_and_claim, &args, false)
             .await
             .0?;
-        claimed(&reply, pool, id, "complete_and_claim")
+        record_lease(
+            claimed(&reply, pool, id, "complete_and_claim"),
+            "next_job_id",
+        )
     }
 
+    #[tracing::instrument(name = "queue.start", skip_all, fields(job_id = %id), err(level = "debug"))]
     async fn start(&self, id: &str, token: u64) -> Result<()> {
         let lease = self.config.lease_ms.to_string();
-        self.token_call(&self.scripts.start, id, token, &[lease], "start")
+        self.domain
+            .token_call(&self.scripts.start, id, token, &[lease], "start")
             .await
             .map(|_| ())
     }
@@ -1042,6 +401,7 @@ impl JobQueue for Queue {
             String::new(),
         ];
         let reply = self
+            .domain
             .token_call(&self.scripts.heartbeat, id, token, &args, "heartbeat")
             .await?;
         unsigned(reply.get(1))
@@ -1065,26 +425,30 @@ impl JobQueue for Queue {
             args.push(message.to_string());
         }
         let reply = self
+            .domain
             .token_call(&self.scripts.heartbeat, id, token, &args, "report")
             .await?;
         unsigned(reply.get(1))
     }
 
+    #[tracing::instrument(name = "queue.complete", skip_all, fields(job_id = %id), err(level = "debug"))]
     async fn complete(&self, id: &str, token: u64, result: &str) -> Result<()> {
-        self.fenced_transition(
-            &self.scripts.complete,
-            id,
-            token,
-            &[result.to_string()],
-            "complete",
-            Done {
-                states: &[JobState::Succeeded],
-                or_deleted: true,
-            },
-        )
-        .await
+        self.domain
+            .fenced_transition(
+                &self.scripts.complete,
+                id,
+                token,
+                &[result.to_string()],
+                "complete",
+                Done {
+                    states: &[JobState::Succeeded],
+                    or_deleted: true,
+                },
+            )
+            .await
     }
 
+    #[tracing::instrument(name = "queue.fail", skip_all, fields(job_id = %id, retryable), err(level = "debug"))]
     async fn fail(
         &self,
         id: &str,
@@ -1104,6 +468,7 @@ impl JobQueue for Queue {
             format!("{jitter:.4}"),
         ];
         let (reply, retried) = self
+            .domain
             .run_script::<Vec<Value>>(&self.scripts.fail, &args, true)
             .await;
         let reply = reply?;
@@ -1111,12 +476,13 @@ impl JobQueue for Queue {
             0 => Ok(Some(unsigned(reply.get(1))?)),
             1 => Ok(None),
             _ => {
-                let e = Self::status_error(id, &reply, "fail");
+                let e = status_error(id, &reply, "fail");
                 let done = Done {
                     states: &[JobState::Delayed, JobState::Failed],
                     or_deleted: true,
                 };
                 if self
+                    .domain
                     .own_earlier_try(&e, id, Some(token), done, retried)
                     .await
                 {
@@ -1128,10 +494,12 @@ impl JobQueue for Queue {
         }
     }
 
+    #[tracing::instrument(name = "queue.preempt", skip_all, fields(job_id = %id), err(level = "debug"))]
     async fn preempt(&self, id: &str, token: u64, reason: &str) -> Result<()> {
         self.preempt_with(id, token, &[reason.to_string()]).await
     }
 
+    #[tracing::instrument(name = "queue.preempt", skip_all, fields(job_id = %id, pools = ?pools), err(level = "debug"))]
     async fn preempt_and_move(
         &self,
         id: &str,
@@ -1149,6 +517,7 @@ impl JobQueue for Queue {
         .await
     }
 
+    #[tracing::instrument(name = "queue.unplaced", skip_all, fields(job_id = %id, pools = ?pools), err(level = "debug"))]
     async fn unplaced(
         &self,
         id: &str,
@@ -1169,32 +538,38 @@ impl JobQueue for Queue {
         .await
     }
 
+    #[tracing::instrument(name = "queue.cancel", skip_all, fields(job_id = %id), err(level = "debug"))]
     async fn cancel(&self, id: &str) -> Result<JobState> {
-        let reply = self.call(&self.scripts.cancel, &[id.to_string()]).await?;
+        let reply = self
+            .domain
+            .call(&self.scripts.cancel, &[id.to_string()])
+            .await?;
         match int(reply.first())? {
-            0 | 1 => {
-                let state = text(reply.get(1))?;
-                JobState::parse(&state)
-                    .ok_or_else(|| QueueError::Protocol(format!("unknown state {state}")))
-            }
-            _ => Err(Self::status_error(id, &reply, "cancel")),
+            0 | 1 => reply::state(reply.get(1)),
+            _ => Err(status_error(id, &reply, "cancel")),
         }
     }
 
+    #[tracing::instrument(name = "queue.confirm_cancelled", skip_all, fields(job_id = %id), err(level = "debug"))]
     async fn confirm_cancelled(&self, id: &str) -> Result<()> {
         let (reply, retried) = self
+            .domain
             .run_script::<Vec<Value>>(&self.scripts.confirm_cancelled, &[id.to_string()], true)
             .await;
         let reply = reply?;
         match int(reply.first())? {
             0 => Ok(()),
             _ => {
-                let e = Self::status_error(id, &reply, "confirm_cancelled");
+                let e = status_error(id, &reply, "confirm_cancelled");
                 let done = Done {
                     states: &[JobState::Cancelled],
                     or_deleted: true,
                 };
-                if self.own_earlier_try(&e, id, None, done, retried).await {
+                if self
+                    .domain
+                    .own_earlier_try(&e, id, None, done, retried)
+                    .await
+                {
                     return Ok(());
                 }
                 Err(e)
@@ -1202,10 +577,13 @@ impl JobQueue for Queue {
         }
     }
 
+    #[tracing::instrument(name = "queue.expire_leases", skip_all, fields(batch, expired = tracing::field::Empty), err(level = "debug"))]
     async fn expire_leases(&self, batch: u32) -> Result<Vec<JobId>> {
         let reply = self
+            .domain
             .call(&self.scripts.expire_leases, &[batch.to_string()])
             .await?;
+        tracing::Span::current().record("expired", reply.len());
         reply.iter().map(|v| text(Some(v))).collect()
     }
 
@@ -1214,12 +592,13 @@ impl JobQueue for Queue {
             return Ok(vec![]);
         }
         let mut cmd = redis::cmd("ZRANGE");
-        cmd.arg(format!("{}suspect", self.prefix))
+        cmd.arg(self.domain.key("suspect"))
             .arg(0)
             .arg(i64::from(limit) - 1);
-        self.query(&cmd).await
+        self.domain.query(&cmd).await
     }
 
+    #[tracing::instrument(name = "queue.resolve_suspect", skip_all, fields(job_id = %id, verdict = ?verdict), err(level = "debug"))]
     async fn resolve_suspect(
         &self,
         id: &str,
@@ -1236,6 +615,7 @@ impl JobQueue for Queue {
             self.config.max_stalls.to_string(),
         ];
         let reply = self
+            .domain
             .token_call(
                 &self.scripts.resolve_suspect,
                 id,
@@ -1244,23 +624,11 @@ impl JobQueue for Queue {
                 "resolve_suspect",
             )
             .await?;
-        let state = text(reply.get(1))?;
-        JobState::parse(&state)
-            .ok_or_else(|| QueueError::Protocol(format!("unknown state {state}")))
+        reply::state(reply.get(1))
     }
 
     async fn get(&self, id: &str) -> Result<Option<JobRecord>> {
-        let mut pipe = redis::pipe();
-        pipe.cmd("HGETALL")
-            .arg(format!("{}job:{id}", self.prefix))
-            .cmd("GET")
-            .arg(format!("{}payload:{id}", self.prefix));
-        let (fields, payload): (HashMap<String, String>, Option<String>) =
-            self.pipeline(&pipe).await?;
-        if fields.is_empty() {
-            return Ok(None);
-        }
-        job_record(id, &fields, payload.unwrap_or_default()).map(Some)
+        self.domain.job(id).await
     }
 
     async fn status(
@@ -1280,10 +648,10 @@ impl JobQueue for Queue {
         newest_first: bool,
     ) -> Result<Vec<JobEvent>> {
         let mut cmd = redis::cmd("LRANGE");
-        cmd.arg(format!("{}events:{id}", self.prefix))
+        cmd.arg(self.domain.key(&format!("events:{id}")))
             .arg(0)
             .arg(-1);
-        let raw: Vec<String> = self.query(&cmd).await?;
+        let raw: Vec<String> = self.domain.query(&cmd).await?;
         let mut events = raw
             .iter()
             .map(|line| {
@@ -1303,8 +671,8 @@ impl JobQueue for Queue {
 
     async fn position(&self, id: &str) -> Result<Position> {
         let mut cmd = redis::cmd("HGET");
-        cmd.arg(format!("{}job:{id}", self.prefix)).arg("tenant");
-        let tenant: Option<String> = self.query(&cmd).await?;
+        cmd.arg(self.domain.key(&format!("job:{id}"))).arg("tenant");
+        let tenant: Option<String> = self.domain.query(&cmd).await?;
         let tenant = tenant.ok_or_else(|| QueueError::NotFound(id.to_string()))?;
         match self
             .read_status(id, &tenant, std::time::Duration::ZERO)
@@ -1330,13 +698,13 @@ impl JobQueue for Queue {
         let mut pipe = redis::pipe();
         pipe.atomic()
             .cmd("HSET")
-            .arg(format!("{}pool:{pool}", self.prefix))
+            .arg(self.domain.key(&format!("pool:{pool}")))
             .arg("capacity")
             .arg(capacity)
             .cmd("SADD")
-            .arg(format!("{}pools", self.prefix))
+            .arg(self.domain.key("pools"))
             .arg(pool);
-        self.pipeline::<()>(&pipe).await?;
+        self.domain.pipeline::<()>(&pipe).await?;
         // This process's next estimate sees the new capacity at once.
         self.figures.forget();
         Ok(())
@@ -1344,10 +712,10 @@ impl JobQueue for Queue {
 
     async fn pool_usage(&self, pool: &str) -> Result<PoolUsage> {
         let mut cmd = redis::cmd("HMGET");
-        cmd.arg(format!("{}pool:{pool}", self.prefix))
+        cmd.arg(self.domain.key(&format!("pool:{pool}")))
             .arg("capacity")
             .arg("used");
-        let (capacity, used): (Option<u32>, Option<i64>) = self.query(&cmd).await?;
+        let (capacity, used): (Option<u32>, Option<i64>) = self.domain.query(&cmd).await?;
         let capacity = capacity.ok_or_else(|| QueueError::UnknownPool(pool.to_string()))?;
         Ok(PoolUsage {
             capacity,
@@ -1364,7 +732,7 @@ impl JobQueue for Queue {
                 message: "must be a positive number".into(),
             });
         }
-        let key = format!("{}tenant:{tenant}", self.prefix);
+        let key = self.domain.key(&format!("tenant:{tenant}"));
         let mut pipe = redis::pipe();
         pipe.atomic()
             .cmd("HSET")
@@ -1380,13 +748,13 @@ impl JobQueue for Queue {
                 None => pipe.cmd("HDEL").arg(&key).arg(field),
             };
         }
-        self.pipeline::<()>(&pipe).await?;
+        self.domain.pipeline::<()>(&pipe).await?;
         self.figures.forget();
         Ok(())
     }
 
     async fn inspect(&self) -> Result<Inspection> {
-        let p = &self.prefix;
+        let p = self.domain.prefix();
         let mut ids = Vec::new();
         let mut cursor: u64 = 0;
         loop {
@@ -1396,10 +764,7 @@ impl JobQueue for Queue {
                 .arg(format!("{p}job:*"))
                 .arg("COUNT")
                 .arg(1000);
-            let (next, keys): (u64, Vec<String>) = self
-                .retrying("scan", true, || self.backend.scan_query(&scan, &self.meta))
-                .await
-                .0?;
+            let (next, keys): (u64, Vec<String>) = self.domain.scan_query("scan", &scan).await?;
             ids.extend(keys.iter().map(|k| k[p.len() + 4..].to_string()));
             if next == 0 {
                 break;
@@ -1407,7 +772,7 @@ impl JobQueue for Queue {
             cursor = next;
         }
         let members = |key: String| {
-            let backend = self.backend.clone();
+            let backend = self.domain.backend.clone();
             async move {
                 let kind = if key.ends_with("cancelling") {
                     "SMEMBERS"
@@ -1460,7 +825,7 @@ impl JobQueue for Queue {
         }
         let mut cmd = redis::cmd("SMEMBERS");
         cmd.arg(format!("{p}pools"));
-        let pools: Vec<String> = self.query(&cmd).await?;
+        let pools: Vec<String> = self.domain.query(&cmd).await?;
         for pool in pools {
             let usage = self.pool_usage(&pool).await?;
             out.pools.push((pool, usage));
@@ -1471,6 +836,7 @@ impl JobQueue for Queue {
 
     async fn due_deliveries(&self, limit: u32) -> Result<Vec<Delivery>> {
         let reply = self
+            .domain
             .call(&self.scripts.outbox, &["due".into(), limit.to_string()])
             .await?;
         reply
@@ -1495,62 +861,27 @@ impl JobQueue for Queue {
 
     async fn ack_delivery(&self, delivery: &Delivery) -> Result<()> {
         let args = ["ack".to_string(), delivery.member()];
-        self.call_as::<i64>(&self.scripts.outbox, &args).await?;
+        self.domain
+            .call_as::<i64>(&self.scripts.outbox, &args)
+            .await?;
         Ok(())
     }
 
     async fn retry_delivery(&self, delivery: &Delivery, delay_ms: u64) -> Result<()> {
         let args = ["retry".to_string(), delivery.member(), delay_ms.to_string()];
-        self.call_as::<i64>(&self.scripts.outbox, &args).await?;
+        self.domain
+            .call_as::<i64>(&self.scripts.outbox, &args)
+            .await?;
         Ok(())
     }
 
+    #[tracing::instrument(name = "queue.retention", skip_all, fields(batch, removed = tracing::field::Empty), err(level = "debug"))]
     async fn trim(&self, batch: u32) -> Result<u64> {
         let removed: i64 = self
+            .domain
             .call_as(&self.scripts.trim, &[batch.to_string()])
             .await?;
+        tracing::Span::current().record("removed", removed);
         Ok(u64::try_from(removed).unwrap_or(0))
     }
-}
-
-/// A job record from its hash's fields (and its payload, read apart).
-fn job_record(id: &str, fields: &HashMap<String, String>, payload: String) -> Result<JobRecord> {
-    let num = |f: &str| {
-        fields
-            .get(f)
-            .and_then(|v| v.parse::<f64>().ok())
-            .map(|v| v as u64)
-    };
-    let opt = |f: &str| fields.get(f).filter(|v| !v.is_empty()).cloned();
-    let state = fields.get("state").cloned().unwrap_or_default();
-    Ok(JobRecord {
-        id: id.to_string(),
-        tenant: fields.get("tenant").cloned().unwrap_or_default(),
-        state: JobState::parse(&state)
-            .ok_or_else(|| QueueError::Protocol(format!("job {id} has unknown state {state:?}")))?,
-        priority: u8::try_from(num("prio").unwrap_or(0)).unwrap_or(0),
-        pools: fields
-            .get("pools")
-            .map(|p| {
-                p.split(',')
-                    .filter(|s| !s.is_empty())
-                    .map(str::to_string)
-                    .collect()
-            })
-            .unwrap_or_default(),
-        gpus: u32::try_from(num("gpus").unwrap_or(1)).unwrap_or(1),
-        payload,
-        attempts: u32::try_from(num("attempts").unwrap_or(0)).unwrap_or(0),
-        max_attempts: u32::try_from(num("max_attempts").unwrap_or(1)).unwrap_or(1),
-        preemptions: u32::try_from(num("preemptions").unwrap_or(0)).unwrap_or(0),
-        stalls: u32::try_from(num("stalls").unwrap_or(0)).unwrap_or(0),
-        epoch: num("epoch").unwrap_or(0),
-        pool: opt("pool"),
-        enqueued_ms: num("enq_ms").unwrap_or(0),
-        finished_ms: num("finished_ms"),
-        due_ms: num("due_ms"),
-        progress: opt("progress"),
-        result: opt("result"),
-        error: opt("error"),
-    })
 }

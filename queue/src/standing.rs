@@ -10,9 +10,9 @@
 //! costs about ten times the reads themselves. A pool or tenant setting changed through
 //! a queue drops its process's figures at once; other processes see it within the age.
 
+use crate::Result;
 use crate::model::Position;
-use crate::scripted::{int, text, unsigned};
-use crate::{QueueError, Result};
+use crate::reply::{number, strings, unsigned};
 use redis::Value;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -30,6 +30,8 @@ pub(crate) struct DomainFigures {
     read_at: Instant,
     /// The queue clock (ms) when they were read.
     clock_ms: f64,
+    /// Whether a test pinned the clock (it does not move with real time).
+    pinned: bool,
     /// Active tenants: weight and jobs waiting.
     tenants: Vec<(String, f64, u64)>,
     /// Every pool: capacity and average run time (ms), once a job has finished there.
@@ -83,6 +85,7 @@ pub(crate) fn first_read(prefix: &str, meta: &str) -> redis::Pipeline {
         .arg(meta)
         .arg("clock_offset")
         .arg("clock")
+        .arg("clock_pinned")
         .cmd("TIME");
     pipe
 }
@@ -92,6 +95,7 @@ pub(crate) fn first_read(prefix: &str, meta: &str) -> redis::Pipeline {
 pub(crate) struct FirstRead {
     read_at: Instant,
     clock_ms: f64,
+    pinned: bool,
     tenants: Vec<String>,
     pools: Vec<String>,
 }
@@ -106,12 +110,15 @@ impl FirstRead {
         let time = strings(reply.get(3))?;
         let seconds: f64 = time.first().and_then(|t| t.parse().ok()).unwrap_or(0.0);
         let micros: f64 = time.get(1).and_then(|t| t.parse().ok()).unwrap_or(0.0);
-        let ms =
-            seconds * 1000.0 + (micros / 1000.0).floor() + number(clock.first())?.unwrap_or(0.0);
+        // A clock pinned by a test moves only when the test advances it.
+        let pinned = number(clock.get(2))?;
+        let base = pinned.unwrap_or(seconds * 1000.0 + (micros / 1000.0).floor());
+        let ms = base + number(clock.first())?.unwrap_or(0.0);
         Ok(Self {
             read_at: Instant::now(),
             // The queue clock never goes back: its high-water mark wins.
             clock_ms: ms.max(number(clock.get(1))?.unwrap_or(0.0)),
+            pinned: pinned.is_some(),
             tenants: strings(reply.first())?,
             pools: strings(reply.get(1))?,
         })
@@ -161,6 +168,7 @@ impl FirstRead {
         Ok(DomainFigures {
             read_at: self.read_at,
             clock_ms: self.clock_ms,
+            pinned: self.pinned,
             tenants,
             pools,
         })
@@ -216,7 +224,12 @@ impl DomainFigures {
             pools.iter().for_each(&mut count);
         }
         let estimated_start_ms = (capacity > 0.0).then(|| {
-            let now = self.clock_ms + self.read_at.elapsed().as_millis() as f64;
+            let since_read = if self.pinned {
+                0.0
+            } else {
+                self.read_at.elapsed().as_millis() as f64
+            };
+            let now = self.clock_ms + since_read;
             // Everyone ahead runs in waves of `capacity`; this job starts after the
             // waves before it.
             let average = weighted / capacity;
@@ -230,41 +243,6 @@ impl DomainFigures {
     }
 }
 
-/// A reply that is a number, or nil (a missing field).
-pub(crate) fn number(v: Option<&Value>) -> Result<Option<f64>> {
-    match v {
-        None | Some(Value::Nil) => Ok(None),
-        Some(Value::Int(i)) => Ok(Some(*i as f64)),
-        other => {
-            let s = text(other)?;
-            s.parse::<f64>()
-                .map(Some)
-                .map_err(|_| QueueError::Protocol(format!("not a number: {s:?}")))
-        }
-    }
-}
-
-/// A reply that is a list of strings (nil: none).
-fn strings(v: Option<&Value>) -> Result<Vec<String>> {
-    match v {
-        None | Some(Value::Nil) => Ok(Vec::new()),
-        Some(Value::Array(items)) | Some(Value::Set(items)) => {
-            items.iter().map(|i| text(Some(i))).collect()
-        }
-        other => Err(QueueError::Protocol(format!(
-            "expected a list, got {other:?}"
-        ))),
-    }
-}
-
-/// A rank reply: None when the job is not in the line.
-pub(crate) fn rank(v: Option<&Value>) -> Result<Option<u64>> {
-    match v {
-        None | Some(Value::Nil) => Ok(None),
-        other => Ok(Some(u64::try_from(int(other)?.max(0)).unwrap_or_default())),
-    }
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -274,6 +252,7 @@ mod tests {
         DomainFigures {
             read_at: Instant::now(),
             clock_ms: 1_000_000.0,
+            pinned: false,
             tenants: tenants
                 .iter()
                 .map(|(t, w, n)| (t.to_string(), *w, *n))

@@ -23,10 +23,11 @@ enum Backend {
 
 /// A fresh domain on `backend`: on the shared redis-server, on the shared Redis Cluster
 /// (the random domain name picks the slot, so the tests spread over the three nodes), or
-/// in its own file.
+/// in its own file. Its clock is frozen: it moves only when the test advances it, so no
+/// expectation about time depends on how fast the machine runs the test.
 async fn queue(backend: Backend, name: &str, config: QueueConfig) -> Queue {
     let domain = testing::unique_domain(name);
-    match backend {
+    let q = match backend {
         Backend::Redis => Queue::connect(testing::shared(), &domain, config).await,
         Backend::Cluster => {
             Queue::connect_cluster(&testing::shared_cluster().urls, &domain, config).await
@@ -36,7 +37,9 @@ async fn queue(backend: Backend, name: &str, config: QueueConfig) -> Queue {
             Queue::open_embedded(&file, &domain, config).await
         }
     }
-    .unwrap()
+    .unwrap();
+    q.freeze_clock().await.unwrap();
+    q
 }
 
 fn job(tenant: &str, priority: u8) -> NewJob {
@@ -622,10 +625,7 @@ async fn events_page_by_cursor_both_ways_and_positions_count_who_is_ahead(backen
     assert_eq!(pos.ahead, 3);
     let now = q.get(&second).await.unwrap().unwrap().enqueued_ms + 10_000;
     let wait = pos.estimated_start_ms.unwrap() - now;
-    assert!(
-        (30_000..=30_500).contains(&wait),
-        "three runs of 10 s ahead: {wait} ms"
-    );
+    assert_eq!(wait, 30_000, "three runs of 10 s ahead");
 
     // status reads the same record (less the payload) and the same standing in one call;
     // naming another tenant than the job's costs a second read, not a wrong answer.
@@ -642,17 +642,16 @@ async fn events_page_by_cursor_both_ways_and_positions_count_who_is_ahead(backen
         (standing.ahead_in_tenant, standing.ahead),
         (pos.ahead_in_tenant, pos.ahead)
     );
-    let drift = standing.estimated_start_ms.unwrap() - pos.estimated_start_ms.unwrap();
-    assert!(drift < 5_000, "the same estimate, read a moment later");
+    assert_eq!(
+        standing.estimated_start_ms, pos.estimated_start_ms,
+        "the same estimate, read a moment later"
+    );
     // A pool resized through this queue counts at once, though the domain's figures are
     // otherwise kept for a second: three runs ahead on three slots is one wave of 10 s.
     q.set_pool("gpu", 3).await.unwrap();
     let (_, resized) = q.status(&second, "t").await.unwrap().unwrap();
     let sooner = pos.estimated_start_ms.unwrap() - resized.unwrap().estimated_start_ms.unwrap();
-    assert!(
-        (19_000..=20_500).contains(&sooner),
-        "two waves sooner: {sooner} ms"
-    );
+    assert_eq!(sooner, 20_000, "two waves sooner");
     q.set_pool("gpu", 1).await.unwrap();
     let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
     q.start(&lease.id, lease.token).await.unwrap();
@@ -1592,6 +1591,150 @@ async fn attempt_reports_append_events_once_and_stale_reports_change_nothing(bac
     q.destroy().await.unwrap();
 }
 
+/// README: "a job that vanished 3 times fails". Each time its lease runs out and the
+/// dispatcher finds the attempt gone, the job goes back in line, until the third.
+async fn a_job_whose_attempt_vanished_three_times_fails(backend: Backend) {
+    let config = QueueConfig {
+        lease_ms: 1_000,
+        ..QueueConfig::default()
+    };
+    assert_eq!(config.max_stalls, 3, "the promise is about the default");
+    let q = queue(backend, "stalls", config).await;
+    q.set_pool("gpu", 1).await.unwrap();
+    let id = q.enqueue(&job("t", 5)).await.unwrap().id;
+    for vanished in 1..=3 {
+        let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
+        assert_eq!(lease.id, id);
+        q.start(&id, lease.token).await.unwrap();
+        assert!(
+            q.expire_leases(10).await.unwrap().is_empty(),
+            "the lease has not run out yet"
+        );
+        q.advance_clock(1_001).await.unwrap();
+        assert_eq!(q.expire_leases(10).await.unwrap(), vec![id.clone()]);
+        let verdict = q
+            .resolve_suspect(&id, lease.token, SuspectVerdict::Requeue)
+            .await
+            .unwrap();
+        let record = q.get(&id).await.unwrap().unwrap();
+        assert_eq!(record.stalls, vanished);
+        assert_eq!(record.attempts, 0, "a vanished attempt spends no retry");
+        if vanished < 3 {
+            assert_eq!(verdict, JobState::Queued, "vanished {vanished} times");
+            assert_eq!(record.state, JobState::Queued);
+        } else {
+            assert_eq!(verdict, JobState::Failed, "vanished 3 times");
+            assert_eq!(record.state, JobState::Failed);
+            assert_eq!(record.error.as_deref(), Some("stalled 3 times"));
+        }
+    }
+    assert!(
+        q.claim("gpu", "d", "").await.unwrap().is_none(),
+        "a failed job is never dispatched again"
+    );
+    check_invariants(&q, &["gpu"]).await;
+    q.destroy().await.unwrap();
+}
+
+/// Claims and completes `n` jobs on `pool`; how many each tenant got.
+async fn serve(q: &Queue, pool: &str, n: usize) -> HashMap<String, usize> {
+    let mut served = HashMap::new();
+    for _ in 0..n {
+        let lease = q.claim(pool, "d", "").await.unwrap().unwrap();
+        *served.entry(lease.tenant.clone()).or_default() += 1;
+        q.complete(&lease.id, lease.token, "{}").await.unwrap();
+    }
+    served
+}
+
+/// README: "idle tenants bank no credit". A tenant that was away while another kept the
+/// pool busy comes back level with it, not with a burst of turns for the time it was
+/// away: from then on they take turns.
+async fn an_idle_tenant_banks_no_credit_while_away(backend: Backend) {
+    let q = queue(backend, "credit", QueueConfig::default()).await;
+    q.set_pool("gpu", 1).await.unwrap();
+    q.enqueue(&job("away", 5)).await.unwrap();
+    assert_eq!(serve(&q, "gpu", 1).await["away"], 1);
+    // While "away" has nothing waiting, "busy" has the pool to itself for 30 jobs.
+    for _ in 0..40 {
+        q.enqueue(&job("busy", 5)).await.unwrap();
+    }
+    assert_eq!(serve(&q, "gpu", 30).await["busy"], 30);
+    // "away" returns with as much work as "busy" still has waiting.
+    for _ in 0..10 {
+        q.enqueue(&job("away", 5)).await.unwrap();
+    }
+    let served = serve(&q, "gpu", 10).await;
+    let away = served.get("away").copied().unwrap_or(0);
+    assert!(
+        (4..=6).contains(&away),
+        "the returning tenant takes turns, no burst for the time it was away: {served:?}"
+    );
+    check_invariants(&q, &["gpu"]).await;
+    q.destroy().await.unwrap();
+}
+
+/// README: "retries back off exponentially with jitter". The delay before each retry
+/// is the base doubled per failed attempt, capped, plus up to a quarter of jitter; the
+/// job is not claimable a moment before it and is at once after.
+async fn retries_back_off_exponentially_with_bounded_jitter(backend: Backend) {
+    let config = QueueConfig {
+        retry_base_ms: 1_000,
+        retry_max_ms: 10_000,
+        ..QueueConfig::default()
+    };
+    let q = queue(backend, "backoff", config).await;
+    q.set_pool("gpu", 1).await.unwrap();
+    let id = q
+        .enqueue(&NewJob {
+            max_attempts: 7,
+            ..job("t", 5)
+        })
+        .await
+        .unwrap()
+        .id;
+    let mut jittered = 0;
+    for (attempt, base) in [1_000u64, 2_000, 4_000, 8_000, 10_000, 10_000]
+        .into_iter()
+        .enumerate()
+    {
+        let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
+        assert_eq!(lease.id, id);
+        let due = q
+            .fail(&id, lease.token, "OOM", true)
+            .await
+            .unwrap()
+            .expect("retries left");
+        let scheduled = q.events(&id, None, 1, true).await.unwrap();
+        assert_eq!(scheduled[0].kind, "retry_scheduled");
+        let delay = due - scheduled[0].at_ms;
+        assert!(
+            (base..=base + base / 4).contains(&delay),
+            "retry {}: {delay} ms, want {base} ms plus at most a quarter",
+            attempt + 1
+        );
+        if delay > base {
+            jittered += 1;
+        }
+        q.advance_clock(delay - 1).await.unwrap();
+        assert!(
+            q.claim("gpu", "d", "").await.unwrap().is_none(),
+            "retry {}: not before its time",
+            attempt + 1
+        );
+        q.advance_clock(1).await.unwrap();
+    }
+    assert!(jittered > 0, "no retry was jittered");
+    let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
+    assert_eq!(
+        q.fail(&id, lease.token, "OOM", true).await.unwrap(),
+        None,
+        "the seventh failure spends the last attempt"
+    );
+    check_invariants(&q, &["gpu"]).await;
+    q.destroy().await.unwrap();
+}
+
 macro_rules! conformance {
     ($($(#[$attr:meta])* $name:ident),* $(,)?) => {
         mod redis {
@@ -1634,4 +1777,7 @@ conformance! {
     #[tokio::test] delete_on_completion_leaves_no_keys_behind,
     #[tokio::test] finished_jobs_that_asked_for_notice_wait_in_the_outbox_until_acknowledged,
     #[tokio::test] bulk_enqueue_accepts_or_refuses_each_job_on_its_own,
+    #[tokio::test] a_job_whose_attempt_vanished_three_times_fails,
+    #[tokio::test] an_idle_tenant_banks_no_credit_while_away,
+    #[tokio::test] retries_back_off_exponentially_with_bounded_jitter,
 }

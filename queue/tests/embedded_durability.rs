@@ -18,6 +18,7 @@ use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
+use tuneq_queue::embedded::CompactionCrash;
 use tuneq_queue::*;
 use tuneq_queue::{JobQueue, Queue};
 
@@ -35,6 +36,14 @@ fn job(i: usize, payload_bytes: usize) -> NewJob {
         idempotency_key: Some(format!("req-{i}")),
         notify: false,
     }
+}
+
+/// An error with its causes, as the CLI prints them.
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    std::iter::successors(Some(e), |e| e.source())
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(": ")
 }
 
 async fn open(file: &Path) -> Queue {
@@ -81,7 +90,8 @@ async fn a_second_process_cannot_open_a_file_in_use() {
     let refused = Queue::open_embedded(&file, DOMAIN, QueueConfig::default())
         .await
         .unwrap_err();
-    assert!(refused.to_string().contains("in use"), "{refused}");
+    let refused = chain(&refused);
+    assert!(refused.contains("in use"), "{refused}");
 }
 
 #[tokio::test]
@@ -283,7 +293,7 @@ async fn one_flipped_bit_anywhere_never_costs_an_acknowledged_record() {
             }
             Err(e) => {
                 refused += 1;
-                let message = e.to_string();
+                let message = chain(&e);
                 assert!(
                     message.contains("is damaged at byte")
                         || message.contains("not a tuneq queue file"),
@@ -384,10 +394,11 @@ async fn repair_keeps_the_records_before_and_after_the_damage() {
     let at = usize::try_from((start + end) / 2).unwrap();
     bytes[at] ^= 0x08;
     std::fs::write(&file, &bytes).unwrap();
-    let refused = Queue::open_embedded(&file, DOMAIN, QueueConfig::default())
-        .await
-        .unwrap_err()
-        .to_string();
+    let refused = chain(
+        &Queue::open_embedded(&file, DOMAIN, QueueConfig::default())
+            .await
+            .unwrap_err(),
+    );
     assert!(
         refused.contains(&format!("damaged at byte {start}")),
         "{refused}"
@@ -462,4 +473,145 @@ async fn the_queue_file_is_private() {
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
     drop(open(&file).await);
     assert_eq!(mode(&file), 0o600);
+}
+
+/// The file's length.
+fn length(file: &Path) -> u64 {
+    std::fs::metadata(file).unwrap().len()
+}
+
+#[tokio::test]
+async fn compaction_starts_by_itself_once_the_file_passes_its_threshold() {
+    let file = testing::scratch_dir().join("queue.db");
+    let config = QueueConfig {
+        // Finished jobs go at once, so what the file holds beyond the live keys is
+        // history that compaction drops.
+        retention_count: 0,
+        ..QueueConfig::default()
+    };
+    let q = Queue::open_embedded(&file, DOMAIN, config.clone())
+        .await
+        .unwrap();
+    q.set_pool("gpu", 1).await.unwrap();
+    // Jobs for another pool wait through it all.
+    let mut waiting = vec![];
+    for i in 0..20 {
+        let keep = NewJob {
+            pools: vec!["elsewhere".into()],
+            ..job(i, 100)
+        };
+        waiting.push(q.enqueue(&keep).await.unwrap().id);
+    }
+    let threshold = tuneq_queue::embedded::COMPACT_AT_BYTES;
+    let payload = 1 << 20;
+    let mut largest = length(&file);
+    let mut compacted_from = None;
+    for i in 0..(2 * threshold / payload) as usize {
+        let churn = NewJob {
+            tenant: "churn".into(),
+            idempotency_key: None,
+            ..job(1_000 + i, payload as usize)
+        };
+        q.enqueue(&churn).await.unwrap();
+        let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
+        q.complete(&lease.id, lease.token, "{}").await.unwrap();
+        let now = length(&file);
+        if now < largest {
+            compacted_from = Some(largest);
+            break;
+        }
+        largest = now;
+    }
+    // The write that crossed the threshold compacted the file in the same step, so
+    // the largest size seen from outside is the one just before it.
+    let from = compacted_from.expect("the file grew past its threshold and was never compacted");
+    assert!(
+        from <= threshold && from + 2 * payload > threshold,
+        "compacted after growing to {from} bytes: not by the write that passed {threshold}"
+    );
+    let after = length(&file);
+    assert!(
+        after < from / 16,
+        "the compacted file ({after} bytes) holds only the live keys"
+    );
+    drop(q);
+    let q = Queue::open_embedded(&file, DOMAIN, config).await.unwrap();
+    for id in &waiting {
+        assert_eq!(
+            q.get(id).await.unwrap().map(|r| r.state),
+            Some(JobState::Queued),
+            "job {id} after compaction"
+        );
+    }
+}
+
+/// Where a crash in the middle of a compaction leaves the files.
+#[derive(Debug, Clone, Copy)]
+enum CrashedCompaction {
+    /// The staged file was being written: cut at `keep` of its length (0.0 to 1.0).
+    Writing { keep: f64 },
+    /// The staged file was written and synced, not yet renamed.
+    Written,
+    /// The staged file had taken the real name.
+    Renamed,
+}
+
+#[tokio::test]
+async fn a_crash_at_any_point_of_compaction_loses_no_accepted_job() {
+    for crash in [
+        CrashedCompaction::Writing { keep: 0.0 },
+        CrashedCompaction::Writing { keep: 0.01 },
+        CrashedCompaction::Writing { keep: 0.5 },
+        CrashedCompaction::Writing { keep: 0.99 },
+        CrashedCompaction::Written,
+        CrashedCompaction::Renamed,
+    ] {
+        let file = testing::scratch_dir().join("queue.db");
+        let (held, _) = busy_file(&file).await;
+        let q = open(&file).await;
+        let store = q.embedded_store().unwrap();
+        let point = match crash {
+            CrashedCompaction::Renamed => CompactionCrash::AfterRename,
+            _ => CompactionCrash::BeforeRename,
+        };
+        store.crash_next_compaction(point).unwrap();
+        assert!(
+            store.compact_now().is_err(),
+            "{crash:?}: the hook stops the compaction"
+        );
+        drop(store);
+        drop(q);
+        let staged = file.with_extension("db.compacting");
+        match crash {
+            CrashedCompaction::Writing { keep } => {
+                let len = length(&staged);
+                let cut = (len as f64 * keep) as u64;
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&staged)
+                    .unwrap()
+                    .set_len(cut)
+                    .unwrap();
+            }
+            CrashedCompaction::Written => assert!(staged.exists()),
+            CrashedCompaction::Renamed => assert!(!staged.exists()),
+        }
+        let q = open(&file).await;
+        assert!(
+            everything(&q).await == held,
+            "{crash:?}: the reopened queue lost or changed acknowledged work"
+        );
+        // It goes on: the next compaction runs over the leftover staged file, and what
+        // it writes opens with the same content.
+        q.embedded_store().unwrap().compact_now().unwrap();
+        assert!(!staged.exists(), "{crash:?}: a staged file was left behind");
+        q.enqueue(&job(5_000, 10)).await.unwrap();
+        let held = everything(&q).await;
+        drop(q);
+        let q = open(&file).await;
+        assert!(
+            everything(&q).await == held,
+            "{crash:?}: lost work after the next compaction"
+        );
+    }
 }

@@ -169,8 +169,9 @@ pub async fn register_model(state: &tuneq_api::AppState, model: ModelArg) -> Res
 /// The queue domain every part of one deployment uses.
 pub const DOMAIN: &str = "tuneq";
 
-/// Opens the queue: on Redis when a URL is given (`redis://…`; several comma-separated
-/// URLs are the seed nodes of a Redis Cluster), else the embedded file `embedded`.
+/// Opens the queue with `config`: on Redis when a URL is given (`redis://…`; several
+/// comma-separated URLs are the seed nodes of a Redis Cluster), else the embedded file
+/// `embedded`.
 pub async fn open_queue(
     redis: Option<&str>,
     embedded: &Path,

@@ -18,7 +18,9 @@ mod db;
 mod log;
 
 pub use db::Db;
-pub use log::{DroppedRange, LogError, RepairReport, repair};
+#[cfg(feature = "testing")]
+pub use log::CompactionCrash;
+pub use log::{COMPACT_AT_BYTES, DroppedRange, LogError, RepairReport, repair};
 
 use db::{Command, CommandError, format_score};
 use log::Log;
@@ -26,29 +28,36 @@ use mlua::{Function, Lua, LuaOptions, StdLib, Table, Variadic};
 use redis::Value;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// Why an embedded operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The file could not be opened, read or written.
     #[error(transparent)]
-    Log(#[from] LogError),
+    Log(Arc<LogError>),
     /// A command or script was refused (its error reply).
     #[error("{0}")]
     Command(String),
     /// An earlier write to the file failed, so memory is ahead of the disk; the store
     /// refuses everything until it is reopened (which replays what the disk holds).
-    #[error("queue file {path} failed earlier and must be reopened: {cause}")]
+    #[error("queue file {path} failed earlier and must be reopened")]
     Broken {
         /// The file.
         path: PathBuf,
         /// The first failure.
-        cause: String,
+        #[source]
+        cause: Arc<LogError>,
     },
-    /// The Lua engine failed to start.
-    #[error("embedded Lua: {0}")]
-    Lua(String),
+    /// The embedded Lua engine failed.
+    #[error("embedded Lua failed")]
+    Lua(#[source] mlua::Error),
+}
+
+impl From<LogError> for StoreError {
+    fn from(e: LogError) -> Self {
+        StoreError::Log(Arc::new(e))
+    }
 }
 
 impl From<CommandError> for StoreError {
@@ -58,7 +67,7 @@ impl From<CommandError> for StoreError {
 }
 
 fn lua_error(e: mlua::Error) -> StoreError {
-    StoreError::Lua(e.to_string())
+    StoreError::Lua(e)
 }
 
 /// The keyspace, the Lua engine that scripts it, and the file that keeps it.
@@ -83,7 +92,7 @@ struct Inner {
     /// The Functions libraries loaded so far, by name.
     libraries: HashSet<String>,
     log: Log,
-    broken: Option<String>,
+    broken: Option<Arc<LogError>>,
     /// Hash fields whose writes alone do not need a record (see [`Store::defer_field`]).
     deferrable: HashSet<(Vec<u8>, Vec<u8>)>,
     /// Their latest writes not yet in the file, one HSET each, in first-written order:
@@ -156,7 +165,7 @@ impl Store {
         match &inner.broken {
             Some(cause) => Err(StoreError::Broken {
                 path: self.path.clone(),
-                cause: cause.clone(),
+                cause: Arc::clone(cause),
             }),
             None => Ok(inner),
         }
@@ -211,10 +220,27 @@ impl Store {
     }
 }
 
+/// Test hooks (`testing` feature): compaction on demand, and crashes in the middle of it.
+#[cfg(feature = "testing")]
+impl Store {
+    /// Compacts the file now, as the automatic trigger would.
+    pub fn compact_now(&self) -> Result<(), StoreError> {
+        self.lock()?.compact()
+    }
+
+    /// Makes the next compaction stop at `at` as if the process had crashed there. Like
+    /// any failed write it breaks the store, which must then be reopened (dropped and
+    /// opened again from the file, as after a crash).
+    pub fn crash_next_compaction(&self, at: CompactionCrash) -> Result<(), StoreError> {
+        self.lock()?.log.crash = Some(at);
+        Ok(())
+    }
+}
+
 /// The keyspace, borrowed from the engine.
 fn keyspace(lua: &Lua) -> Result<mlua::AppDataRefMut<'_, Db>, StoreError> {
     lua.app_data_mut::<Db>()
-        .ok_or_else(|| StoreError::Lua("the keyspace is missing".into()))
+        .ok_or_else(|| StoreError::Lua(mlua::Error::RuntimeError("the keyspace is missing".into())))
 }
 
 impl Inner {
@@ -316,21 +342,45 @@ impl Inner {
             changes.splice(0..0, std::mem::take(&mut self.deferred));
         }
         if let Err(e) = self.log.append(&changes) {
-            self.broken = Some(e.to_string());
-            return Err(e.into());
+            return Err(self.break_on(e));
         }
         if self.log.wants_compaction() {
-            let snapshot = keyspace(&self.lua)?.dump();
-            if let Err(e) = self.log.compact(&snapshot) {
-                self.broken = Some(e.to_string());
-                return Err(e.into());
-            }
+            self.compact()?;
         }
         Ok(())
+    }
+
+    /// Rewrites the file as the live keys (see [`Log::compact`]).
+    fn compact(&mut self) -> Result<(), StoreError> {
+        let span = tracing::info_span!(
+            "queue.compaction",
+            path = %self.log.path().display(),
+            bytes_before = self.log.len(),
+            bytes_after = tracing::field::Empty,
+        );
+        let _entered = span.enter();
+        let snapshot = keyspace(&self.lua)?.dump();
+        match self.log.compact(&snapshot) {
+            Ok(done) => {
+                span.record("bytes_after", self.log.len());
+                if done {
+                    tracing::info!("queue file compacted");
+                }
+                Ok(())
+            }
+            Err(e) => Err(self.break_on(e)),
+        }
     }
 }
 
 impl Inner {
+    /// Breaks the store on a failed write: memory is now ahead of the file.
+    fn break_on(&mut self, e: LogError) -> StoreError {
+        let e = Arc::new(e);
+        self.broken = Some(Arc::clone(&e));
+        StoreError::Log(e)
+    }
+
     /// Whether `change` only sets one declared high-water mark field.
     fn is_deferrable(&self, change: &Command) -> bool {
         match change.as_slice() {
