@@ -394,6 +394,52 @@ fn flags_override_the_spec_file() {
 }
 
 #[test]
+fn every_flag_overrides_the_demo_spec() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = Command::new(BIN)
+        .args([
+            "train",
+            "--demo",
+            "--print-spec",
+            // Flags the demo once copied by hand, and flags it silently dropped.
+            "--epochs",
+            "1",
+            "--lora-r",
+            "4",
+            "--checkpoint-every",
+            "7",
+            "--samples",
+            "1",
+            "--train-file",
+            "mine.jsonl",
+        ])
+        .env("TUNEQ_DEMO_DIR", dir.path())
+        .env("RAYON_NUM_THREADS", "2")
+        .output()
+        .expect("run tuneq");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let effective: serde_json::Value = serde_json::from_slice(&out.stdout).expect("spec JSON");
+    assert_eq!(effective["hyperparameters"]["epochs"], 1);
+    assert_eq!(effective["lora"]["r"], 4);
+    assert_eq!(effective["checkpoint"]["every_steps"], 7);
+    assert_eq!(effective["sampling"]["num_samples"], 1);
+    assert_eq!(
+        effective["training_files"],
+        serde_json::json!(["mine.jsonl"])
+    );
+    // What no flag touched is the demo's.
+    assert_eq!(effective["lora"]["alpha"], 16.0);
+    assert_eq!(
+        effective["model"],
+        dir.path().join("model").display().to_string()
+    );
+}
+
+#[test]
 fn unavailable_devices_and_dtypes_exit_as_bad_input() {
     if cfg!(feature = "cuda") {
         return; // a CUDA build may well have the device
