@@ -152,6 +152,55 @@ fn incomplete_checkpoints_are_never_resumed() {
     assert!(adapter_bytes(&out) == adapter_bytes(&reference));
 }
 
+#[test]
+fn a_checkpoint_whose_bytes_changed_but_not_its_size_is_refused_by_its_sha256() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let train = small_train_file(dir.path(), 16);
+    let out = dir.path().join("out");
+    let args = resume_args(&out, &train);
+    run_and_kill(&args, |e| e["event"] == "checkpoint" && e["step"] == 2);
+    // A later checkpoint, complete and of the right sizes, whose adapter rotted on disk:
+    // only its SHA-256 tells it from a sound one.
+    let ck = out.join("checkpoints");
+    let good = ck.join("step-00000002");
+    let rotten = ck.join("step-00000003");
+    copy_dir(&good, &rotten);
+    let f = rotten.join("adapter_model.safetensors");
+    let mut bytes = std::fs::read(&f).expect("read");
+    let n = bytes.len();
+    for b in &mut bytes[n - 8..] {
+        *b ^= 0x5a;
+    }
+    std::fs::write(&f, &bytes).expect("write");
+    let finished = run_to_end(&args);
+    let events: Vec<serde_json::Value> = String::from_utf8_lossy(&finished.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let warning = events
+        .iter()
+        .find(|e| e["event"] == "warning")
+        .expect("a warning");
+    let message = warning["message"].as_str().expect("message");
+    assert!(
+        message.contains("skipping damaged checkpoint")
+            && message.contains("step-00000003")
+            && message.contains("adapter_model.safetensors does not match its SHA-256"),
+        "{message}"
+    );
+    let resumed = events
+        .iter()
+        .find(|e| e["event"] == "resumed")
+        .expect("resumed");
+    assert_eq!(resumed["step"], 2);
+    assert!(
+        resumed["checkpoint"]
+            .as_str()
+            .is_some_and(|c| c.ends_with("step-00000002")),
+        "falls back to the sound checkpoint: {resumed}"
+    );
+}
+
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).expect("mkdir");
     for e in std::fs::read_dir(from).expect("read") {
@@ -391,6 +440,52 @@ fn flags_override_the_spec_file() {
         serde_json::json!(["q_proj", "v_proj"])
     );
     assert_eq!(effective["training_files"], serde_json::json!(["t.jsonl"]));
+}
+
+#[test]
+fn every_flag_overrides_the_demo_spec() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = Command::new(BIN)
+        .args([
+            "train",
+            "--demo",
+            "--print-spec",
+            // Flags the demo once copied by hand, and flags it silently dropped.
+            "--epochs",
+            "1",
+            "--lora-r",
+            "4",
+            "--checkpoint-every",
+            "7",
+            "--samples",
+            "1",
+            "--train-file",
+            "mine.jsonl",
+        ])
+        .env("TUNEQ_DEMO_DIR", dir.path())
+        .env("RAYON_NUM_THREADS", "2")
+        .output()
+        .expect("run tuneq");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let effective: serde_json::Value = serde_json::from_slice(&out.stdout).expect("spec JSON");
+    assert_eq!(effective["hyperparameters"]["epochs"], 1);
+    assert_eq!(effective["lora"]["r"], 4);
+    assert_eq!(effective["checkpoint"]["every_steps"], 7);
+    assert_eq!(effective["sampling"]["num_samples"], 1);
+    assert_eq!(
+        effective["training_files"],
+        serde_json::json!(["mine.jsonl"])
+    );
+    // What no flag touched is the demo's.
+    assert_eq!(effective["lora"]["alpha"], 16.0);
+    assert_eq!(
+        effective["model"],
+        dir.path().join("model").display().to_string()
+    );
 }
 
 #[test]

@@ -196,3 +196,76 @@ fn a_missing_remote_dataset_exits_as_bad_input_naming_the_field() {
         "{stderr}"
     );
 }
+
+/// The cache a trainer stages remote inputs through (README: "unchanged objects, by
+/// size and etag, are not fetched again"). A cached copy altered locally shows whether
+/// staging fetched the object again: it survives when the object is unchanged, and is
+/// replaced once the object changes (here with its size kept, so only the etag differs).
+#[test]
+fn staging_skips_unchanged_remote_objects_and_fetches_changed_ones() {
+    let server = testing::moto();
+    let config = tuneq_storage::StorageConfig {
+        s3: testing::s3_config(server),
+        ..Default::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let train = small_train_file(dir.path(), 8);
+    let base = format!("s3://{TEST_BUCKET}/{}", testing::unique_prefix("cache"));
+    let rt = runtime();
+    let store = rt
+        .block_on(tuneq_storage::open(
+            &Location::parse(&base).unwrap(),
+            &config,
+        ))
+        .unwrap();
+    rt.block_on(upload_inputs(store.as_ref(), &train));
+    let model_uri = format!("{base}/models/tiny");
+    let train_uri = format!("{base}/tenants/t1/files/file-1/train.jsonl");
+    let storage = tuneq_trainer::remote::Storage::new(config, dir.path().join("cache")).unwrap();
+    let stage = || {
+        (
+            storage.input_dir("model", &model_uri).unwrap(),
+            storage.input_file("training_files", &train_uri).unwrap(),
+        )
+    };
+    let (model, data) = stage();
+    let config_json = model.join("config.json");
+    assert_eq!(
+        std::fs::read(&config_json).unwrap(),
+        std::fs::read(tiny_model().join("config.json")).unwrap()
+    );
+    assert_eq!(
+        std::fs::read(&data).unwrap(),
+        std::fs::read(&train).unwrap()
+    );
+    std::fs::write(&config_json, b"cached").unwrap();
+    std::fs::write(&data, b"cached").unwrap();
+
+    // Unchanged objects: nothing is fetched.
+    assert_eq!(stage(), (model.clone(), data.clone()));
+    assert_eq!(std::fs::read(&config_json).unwrap(), b"cached");
+    assert_eq!(std::fs::read(&data).unwrap(), b"cached");
+
+    // Changed objects of the same size: fetched again.
+    let same_size = |bytes: Vec<u8>| -> Bytes {
+        let mut changed = bytes;
+        changed[0] = if changed[0] == b'{' { b' ' } else { b'{' };
+        Bytes::from(changed)
+    };
+    let changed_config = same_size(std::fs::read(tiny_model().join("config.json")).unwrap());
+    let changed_train = same_size(std::fs::read(&train).unwrap());
+    for (key, bytes) in [
+        ("models/tiny/config.json", &changed_config),
+        ("tenants/t1/files/file-1/train.jsonl", &changed_train),
+    ] {
+        rt.block_on(store.put(
+            &ObjectKey::parse(key).unwrap(),
+            bytes.clone(),
+            PutMode::Overwrite,
+        ))
+        .unwrap();
+    }
+    stage();
+    assert_eq!(std::fs::read(&config_json).unwrap(), changed_config);
+    assert_eq!(std::fs::read(&data).unwrap(), changed_train);
+}

@@ -159,7 +159,9 @@ enum Stopping {
 /// One attempt this dispatcher runs.
 struct Attempt {
     token: u64,
-    last_heartbeat: Instant,
+    /// When its lease was last renewed; `None`: due at the next tick (an attempt just
+    /// started or adopted, whose lease may have been lost meanwhile).
+    last_heartbeat: Option<Instant>,
     stopping: Option<(Stopping, Instant)>,
     /// The stop went out as a kill already.
     killed: bool,
@@ -260,8 +262,7 @@ impl Dispatcher {
                     job,
                     Attempt {
                         token,
-                        // Renewed at the first tick.
-                        last_heartbeat: Instant::now() - self.config.heartbeat,
+                        last_heartbeat: None,
                         stopping: None,
                         killed: false,
                     },
@@ -521,7 +522,9 @@ impl Dispatcher {
             .attempts
             .iter()
             .filter(|(_, a)| {
-                a.stopping.is_none() && a.last_heartbeat.elapsed() >= self.config.heartbeat
+                a.stopping.is_none()
+                    && a.last_heartbeat
+                        .is_none_or(|at| at.elapsed() >= self.config.heartbeat)
             })
             .map(|(job, a)| (job.clone(), a.token))
             .collect();
@@ -542,7 +545,7 @@ impl Dispatcher {
             let Some(attempt) = self.attempts.get_mut(&job) else {
                 continue;
             };
-            attempt.last_heartbeat = Instant::now();
+            attempt.last_heartbeat = Some(Instant::now());
             if let Some(why) = stop {
                 tracing::info!(job, token, ?why, "stopping an attempt");
                 // Neither a cancelled nor a superseded attempt may write anything more.
@@ -617,6 +620,15 @@ impl Dispatcher {
                 }
             };
             let claimed = Instant::now();
+            // The queue confirms the lease before anything starts: an attempt whose
+            // lease was lost (cancelled, expired) never runs, not even for a moment.
+            if let Err(e) = self.queue.start(&lease.id, lease.token).await {
+                tracing::warn!(error = %e, "the lease was lost before the attempt started; not starting it");
+                if self.is_cancelling(&lease.id).await? {
+                    self.queue.confirm_cancelled(&lease.id).await?;
+                }
+                continue;
+            }
             let credential = self.signer.sign(&lease.id, lease.token);
             let launch = Launch {
                 job: &lease.id,
@@ -631,23 +643,17 @@ impl Dispatcher {
                     self.config
                         .metrics
                         .started(&self.config.pool, claimed.elapsed());
+                    // Its lease is checked at the next tick, so one lost while the
+                    // runtime was starting it (a slow platform) stops it at once.
                     self.attempts.insert(
                         lease.id.clone(),
                         Attempt {
                             token: lease.token,
-                            last_heartbeat: Instant::now(),
+                            last_heartbeat: None,
                             stopping: None,
                             killed: false,
                         },
                     );
-                    if let Err(e) = self.queue.start(&lease.id, lease.token).await {
-                        tracing::warn!(error = %e, "the lease was lost before the attempt started; stopping it");
-                        if let Some(attempt) = self.attempts.get_mut(&lease.id) {
-                            attempt.stopping = Some((Stopping::Superseded, Instant::now()));
-                            attempt.killed = true;
-                        }
-                        self.runtime.kill(&lease.id, lease.token).await?;
-                    }
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "cannot start the attempt");

@@ -140,7 +140,15 @@ impl Runtime for LocalRuntime {
                 process,
             },
         );
-        self.save_journal()
+        if let Err(e) = self.save_journal() {
+            // A start that fails is retried as a new attempt: this one must not run on
+            // beside it, unjournaled. Killed and reaped before the error is returned.
+            if let Some(Tracked::Child { mut process, .. }) = self.attempts.remove(launch.job) {
+                let _ = process.child.kill().await;
+            }
+            return Err(e);
+        }
+        Ok(())
     }
 
     async fn poll(&mut self, job: &str, token: u64) -> Result<State, DispatchError> {
@@ -164,8 +172,17 @@ impl Runtime for LocalRuntime {
     }
 
     async fn stop(&mut self, job: &str, token: u64) -> Result<(), DispatchError> {
-        if let Some(pid) = self.tracked(job, token).and_then(|a| a.pid()) {
-            signal(pid, "TERM");
+        match self.tracked(job, token) {
+            Some(Tracked::Child { process, .. }) => {
+                if let Some(pid) = process.child.id() {
+                    signal(pid, "TERM");
+                }
+            }
+            // As with `kill`: a recycled pid is never signalled by mistake.
+            Some(Tracked::Orphan { pid: Some(pid), .. }) if is_trainer_of(*pid, job) => {
+                signal(*pid, "TERM");
+            }
+            _ => {}
         }
         Ok(())
     }

@@ -1,10 +1,8 @@
 //! `tuneq train --demo`: a complete fine-tune with nothing but the binary — a tiny random
 //! Llama written on first use and a small synthetic task shipped inside the binary.
 
-use super::train::{TrainArgs, build_spec};
 use anyhow::{Context, Result};
 use std::path::PathBuf;
-use tuneq_openapi::TrainSpec;
 
 const DEMO_TRAIN: &str = include_str!("../../examples/data/tiny-task-train.jsonl");
 const DEMO_VALIDATION: &str = include_str!("../../examples/data/tiny-task-val.jsonl");
@@ -16,8 +14,9 @@ fn demo_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(".tuneq/demo"))
 }
 
-/// Prepares the demo model and data and returns the demo spec (flags still override it).
-pub fn demo_spec(args: &TrainArgs) -> Result<TrainSpec> {
+/// Prepares the demo model, data and spec file, and returns the spec file's path: the
+/// ordinary path then reads it as it would any `--spec`, so every flag overrides it.
+pub fn prepare() -> Result<PathBuf> {
     let dir = demo_dir();
     let model = dir.join("model");
     if !model.join("config.json").is_file() {
@@ -47,19 +46,5 @@ pub fn demo_spec(args: &TrainArgs) -> Result<TrainSpec> {
     });
     let spec_path = dir.join("spec.json");
     std::fs::write(&spec_path, serde_json::to_vec_pretty(&spec)?)?;
-    let mut with_file = TrainArgs {
-        spec: Some(spec_path),
-        ..TrainArgs::default()
-    };
-    copy_overrides(args, &mut with_file);
-    build_spec(&with_file)
-}
-
-fn copy_overrides(from: &TrainArgs, to: &mut TrainArgs) {
-    to.output = from.output.clone();
-    to.epochs = from.epochs;
-    to.max_steps = from.max_steps;
-    to.lr = from.lr;
-    to.batch_size = from.batch_size;
-    to.seed = from.seed;
+    Ok(spec_path)
 }

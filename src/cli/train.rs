@@ -387,12 +387,12 @@ fn resident_pages() -> Option<u64> {
         .ok()
 }
 
-pub fn run(args: TrainArgs) -> Result<ExitCode> {
-    let spec = if args.demo {
-        super::demo::demo_spec(&args)?
-    } else {
-        build_spec(&args)?
-    };
+pub fn run(mut args: TrainArgs) -> Result<ExitCode> {
+    if args.demo {
+        // The demo is a spec file like any other (`--demo` conflicts with `--spec`).
+        args.spec = Some(super::demo::prepare()?);
+    }
+    let spec = build_spec(&args)?;
     if args.print_spec {
         println!("{}", serde_json::to_string_pretty(&spec)?);
         return Ok(ExitCode::SUCCESS);

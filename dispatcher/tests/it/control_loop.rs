@@ -20,11 +20,18 @@ fn trainer(dir: &Path, script: &str) -> PathBuf {
 }
 
 async fn queue(dir: &Path) -> Queue {
-    let config = QueueConfig {
-        retry_base_ms: 50,
-        retry_max_ms: 100,
-        ..QueueConfig::default()
-    };
+    queue_with(
+        dir,
+        QueueConfig {
+            retry_base_ms: 50,
+            retry_max_ms: 100,
+            ..QueueConfig::default()
+        },
+    )
+    .await
+}
+
+async fn queue_with(dir: &Path, config: QueueConfig) -> Queue {
     Queue::open_embedded(&dir.join("queue.db"), "tuneq", config)
         .await
         .unwrap()
@@ -59,21 +66,41 @@ fn dispatch(
     tokio::sync::watch::Sender<bool>,
     tokio::task::JoinHandle<Result<(), tuneq_dispatcher::DispatchError>>,
 ) {
-    let work = dir.join(pool);
-    std::fs::create_dir_all(&work).unwrap();
-    let settings = LocalSettings {
+    dispatch_with(queue, dir, exe, pool, |config| {
+        config.metrics = metrics.clone()
+    })
+}
+
+/// The settings of a local runtime running `exe`, its files under `work`.
+fn local_settings(exe: &Path, work: &Path) -> LocalSettings {
+    LocalSettings {
         exe: exe.to_path_buf(),
         work_dir: work.join("attempts"),
         report_base_url: "http://127.0.0.1:9".into(),
         device: Default::default(),
         cache_dir: work.join("cache"),
         memory_limit_bytes: None,
-    };
+    }
+}
+
+/// [`dispatch`], `tune` adjusting the dispatcher's settings.
+fn dispatch_with(
+    queue: &Queue,
+    dir: &Path,
+    exe: &Path,
+    pool: &str,
+    tune: impl FnOnce(&mut DispatcherConfig),
+) -> (
+    tokio::sync::watch::Sender<bool>,
+    tokio::task::JoinHandle<Result<(), tuneq_dispatcher::DispatchError>>,
+) {
+    let work = dir.join(pool);
+    std::fs::create_dir_all(&work).unwrap();
     let mut config = DispatcherConfig::new(pool, pool);
     config.tick = Duration::from_millis(50);
     config.placement.preemptions_before_fallback = 2;
-    config.metrics = metrics.clone();
-    let runtime = LocalRuntime::new(settings, work.join("attempts.json"));
+    tune(&mut config);
+    let runtime = LocalRuntime::new(local_settings(exe, &work), work.join("attempts.json"));
     let dispatcher = Dispatcher::new(
         queue.clone(),
         config,
@@ -95,6 +122,19 @@ async fn wait_until(queue: &Queue, id: &str, done: impl Fn(&JobRecord) -> bool) 
             Instant::now() < deadline,
             "timed out; the job is {record:?}"
         );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The job's events once one of them is of `kind`.
+async fn wait_for_event(queue: &Queue, id: &str, kind: &str) -> Vec<(String, String)> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let events = kinds_and_messages(queue, id).await;
+        if events.iter().any(|(k, _)| k == kind) {
+            return events;
+        }
+        assert!(Instant::now() < deadline, "no {kind} event: {events:?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -196,33 +236,62 @@ case $n in 1) exit 75 ;; 2) kill -KILL $$ ;; *) exit 42 ;; esac"#,
     task.await.unwrap().unwrap();
 }
 
-/// A runtime whose attempts outlive the dispatcher (as Kubernetes Jobs do), driven by
-/// the test: it records every call and ends attempts when told to.
+/// A runtime driven by the test: it records every call and ends attempts when told to.
+/// Its attempts outlive the dispatcher (as Kubernetes Jobs do) when `outlives` is set.
 #[derive(Clone, Default)]
-struct Outliving(std::sync::Arc<std::sync::Mutex<Platform>>);
+struct Fake(std::sync::Arc<std::sync::Mutex<Platform>>);
 
 #[derive(Default)]
 struct Platform {
+    outlives: bool,
     /// Attempts on the platform: (job, token) → how they stand.
     attempts: std::collections::BTreeMap<(String, u64), tuneq_dispatcher::runtime::State>,
     starts: Vec<(String, u64)>,
+    /// The queue state of each started attempt's job when the runtime was asked to start it.
+    states_at_start: Vec<JobState>,
+    polls: std::collections::BTreeMap<(String, u64), usize>,
     kills: Vec<(String, u64)>,
     /// Lists of leftovers still to fail (a platform not answering yet).
     failing_lists: usize,
+    /// Set: the queue the dispatcher uses; the state of each job is read at its start.
+    queue: Option<Queue>,
+    /// Jobs cancelled while the runtime is starting their attempt (a slow platform).
+    cancel_while_starting: bool,
+}
+
+impl Fake {
+    /// Attempts that keep running when the dispatcher stops.
+    fn outliving() -> Self {
+        let fake = Self::default();
+        fake.0.lock().unwrap().outlives = true;
+        fake
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut Platform) -> R) -> R {
+        f(&mut self.0.lock().unwrap())
+    }
 }
 
 #[async_trait::async_trait]
-impl tuneq_dispatcher::runtime::Runtime for Outliving {
+impl tuneq_dispatcher::runtime::Runtime for Fake {
     fn kind(&self) -> &'static str {
-        "outliving"
+        "fake"
     }
     fn attempts_outlive_dispatcher(&self) -> bool {
-        true
+        self.with(|p| p.outlives)
     }
     async fn start(
         &mut self,
         launch: &tuneq_dispatcher::runtime::Launch<'_>,
     ) -> Result<(), tuneq_dispatcher::DispatchError> {
+        let (queue, cancel) = self.with(|p| (p.queue.clone(), p.cancel_while_starting));
+        if let Some(queue) = queue {
+            let state = queue.get(launch.job).await.unwrap().unwrap().state;
+            self.with(|p| p.states_at_start.push(state));
+            if cancel {
+                queue.cancel(launch.job).await.unwrap();
+            }
+        }
         let mut p = self.0.lock().unwrap();
         let key = (launch.job.to_string(), launch.token);
         p.starts.push(key.clone());
@@ -236,19 +305,33 @@ impl tuneq_dispatcher::runtime::Runtime for Outliving {
         job: &str,
         token: u64,
     ) -> Result<tuneq_dispatcher::runtime::State, tuneq_dispatcher::DispatchError> {
-        let p = self.0.lock().unwrap();
+        let mut p = self.0.lock().unwrap();
+        let key = (job.to_string(), token);
+        *p.polls.entry(key.clone()).or_default() += 1;
         Ok(p.attempts
-            .get(&(job.to_string(), token))
+            .get(&key)
             .cloned()
             .unwrap_or(tuneq_dispatcher::runtime::State::Ended(
                 tuneq_dispatcher::runtime::End::Crashed("gone".into()),
             )))
     }
-    async fn stop(&mut self, _: &str, _: u64) -> Result<(), tuneq_dispatcher::DispatchError> {
+    /// Obeyed: the attempt checkpoints and ends as interrupted.
+    async fn stop(&mut self, job: &str, token: u64) -> Result<(), tuneq_dispatcher::DispatchError> {
+        use tuneq_dispatcher::runtime::{End, State};
+        let mut p = self.0.lock().unwrap();
+        if let Some(state) = p.attempts.get_mut(&(job.to_string(), token)) {
+            *state = State::Ended(End::Interrupted("stopped".into()));
+        }
         Ok(())
     }
     async fn kill(&mut self, job: &str, token: u64) -> Result<(), tuneq_dispatcher::DispatchError> {
-        self.0.lock().unwrap().kills.push((job.to_string(), token));
+        use tuneq_dispatcher::runtime::{End, State};
+        let mut p = self.0.lock().unwrap();
+        let key = (job.to_string(), token);
+        p.kills.push(key.clone());
+        if let Some(state) = p.attempts.get_mut(&key) {
+            *state = State::Ended(End::Crashed("killed".into()));
+        }
         Ok(())
     }
     async fn release(
@@ -275,9 +358,11 @@ impl tuneq_dispatcher::runtime::Runtime for Outliving {
     }
 }
 
-fn outliving_dispatcher(
+/// Starts a dispatcher for pool `k8s` (2 slots) on `runtime`, `tune` adjusting its settings.
+fn fake_dispatcher(
     queue: &Queue,
-    runtime: &Outliving,
+    runtime: &Fake,
+    tune: impl FnOnce(&mut DispatcherConfig),
 ) -> (
     tokio::sync::watch::Sender<bool>,
     tokio::task::JoinHandle<Result<(), tuneq_dispatcher::DispatchError>>,
@@ -285,6 +370,7 @@ fn outliving_dispatcher(
     let mut config = DispatcherConfig::new("k8s", "k8s");
     config.tick = Duration::from_millis(50);
     config.slots = 2;
+    tune(&mut config);
     let dispatcher = Dispatcher::new(
         queue.clone(),
         config,
@@ -295,13 +381,23 @@ fn outliving_dispatcher(
     (stop, tokio::spawn(dispatcher.run(rx)))
 }
 
+fn outliving_dispatcher(
+    queue: &Queue,
+    runtime: &Fake,
+) -> (
+    tokio::sync::watch::Sender<bool>,
+    tokio::task::JoinHandle<Result<(), tuneq_dispatcher::DispatchError>>,
+) {
+    fake_dispatcher(queue, runtime, |_| {})
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attempts_that_outlive_the_dispatcher_are_adopted_never_started_twice() {
     use tuneq_dispatcher::runtime::{End, State};
     let dir = tempfile::tempdir().unwrap();
     let q = queue(dir.path()).await;
     q.set_pool("k8s", 2).await.unwrap();
-    let platform = Outliving::default();
+    let platform = Fake::outliving();
     let id = q.enqueue(&job(&["k8s"])).await.unwrap().id;
     let stale = q.enqueue(&job(&["k8s"])).await.unwrap().id;
 
@@ -375,7 +471,7 @@ async fn an_attempt_that_found_no_node_moves_the_job_on_without_a_preemption() {
     let q = queue(dir.path()).await;
     q.set_pool("k8s", 2).await.unwrap();
     q.set_pool("other", 1).await.unwrap();
-    let platform = Outliving::default();
+    let platform = Fake::outliving();
     let id = q.enqueue(&job(&["k8s", "other"])).await.unwrap().id;
     let (stop, task) = outliving_dispatcher(&q, &platform);
     let running = wait_until(&q, &id, |r| r.state == JobState::Running).await;
@@ -418,7 +514,7 @@ async fn a_platform_that_does_not_answer_at_start_is_waited_for() {
     let dir = tempfile::tempdir().unwrap();
     let q = queue(dir.path()).await;
     q.set_pool("k8s", 2).await.unwrap();
-    let platform = Outliving::default();
+    let platform = Fake::outliving();
     platform.0.lock().unwrap().failing_lists = 2;
     let id = q.enqueue(&job(&["k8s"])).await.unwrap().id;
     let (stop, task) = outliving_dispatcher(&q, &platform);
@@ -432,4 +528,321 @@ async fn a_platform_that_does_not_answer_at_start_is_waited_for() {
     assert!(!task.is_finished(), "the loop must still run");
     stop.send(true).unwrap();
     task.await.unwrap().unwrap();
+}
+
+/// Stops a dispatcher and waits for its loop to end (failing, not hanging, if it never does).
+async fn shut_down(
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<Result<(), tuneq_dispatcher::DispatchError>>,
+) {
+    stop.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(30), task)
+        .await
+        .expect("the dispatcher never finished stopping")
+        .unwrap()
+        .unwrap();
+}
+
+/// Lines in the file the stand-in trainers append to on every run.
+fn runs(counter: &Path) -> usize {
+    std::fs::read_to_string(counter).map_or(0, |t| t.lines().count())
+}
+
+fn count(events: &[(String, String)], kind: &str) -> usize {
+    events.iter().filter(|(k, _)| k == kind).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trainer_that_exits_0_without_delivering_its_result_fails_its_attempt() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = queue(dir.path()).await;
+    q.set_pool("local", 1).await.unwrap();
+    // It exits 0 but never reports: the job is not complete.
+    let exe = trainer(dir.path(), "exit 0");
+    let id = q.enqueue(&job(&["local"])).await.unwrap().id;
+    let metrics = tuneq_dispatcher::metrics::Metrics::default();
+    let (stop, task) = dispatch(&q, dir.path(), &exe, "local", &metrics);
+    let done = wait_until(&q, &id, |r| r.state.is_terminal()).await;
+    assert_eq!(
+        (done.state, done.attempts, done.error.as_deref()),
+        (
+            JobState::Failed,
+            3,
+            Some("the trainer ended without delivering its result")
+        ),
+        "every attempt is a failure that is retried within the budget"
+    );
+    let events = kinds_and_messages(&q, &id).await;
+    assert_eq!(count(&events, "retry_scheduled"), 2, "{events:?}");
+    assert!(
+        metrics.render().lines().any(
+            |l| l == "tuneq_dispatcher_attempts_ended_total{pool=\"local\",end=\"finished\"} 3"
+        )
+    );
+    shut_down(stop, task).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_fails_the_job_at_once_without_a_retry() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = queue(dir.path()).await;
+    q.set_pool("local", 1).await.unwrap();
+    let counter = dir.path().join("runs");
+    let exe = trainer(
+        dir.path(),
+        &format!(
+            "echo x >> {}\necho 'error: line 3 of t.jsonl is not JSON' >&2\nexit 42",
+            counter.display()
+        ),
+    );
+    let id = q.enqueue(&job(&["local"])).await.unwrap().id;
+    let (stop, task) = dispatch(&q, dir.path(), &exe, "local", &Default::default());
+    let done = wait_until(&q, &id, |r| r.state.is_terminal()).await;
+    assert_eq!(
+        (done.state, done.attempts, done.error.as_deref()),
+        (
+            JobState::Failed,
+            1,
+            Some("invalid input: error: line 3 of t.jsonl is not JSON")
+        ),
+        "the budget allows 3 attempts, but bad input never trains"
+    );
+    assert_eq!(runs(&counter), 1);
+    let events = kinds_and_messages(&q, &id).await;
+    assert_eq!(count(&events, "retry_scheduled"), 0, "{events:?}");
+    shut_down(stop, task).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_attempt_is_retried_after_a_doubling_back_off_until_its_3_attempts_are_spent() {
+    let dir = tempfile::tempdir().unwrap();
+    // Back-off long enough that a retry waits for the test to move the queue's clock.
+    let q = queue_with(
+        dir.path(),
+        QueueConfig {
+            retry_base_ms: 60_000,
+            retry_max_ms: 600_000,
+            ..QueueConfig::default()
+        },
+    )
+    .await;
+    q.set_pool("local", 1).await.unwrap();
+    let counter = dir.path().join("runs");
+    let exe = trainer(
+        dir.path(),
+        &format!(
+            "echo x >> {}\necho 'out of coffee' >&2\nexit 3",
+            counter.display()
+        ),
+    );
+    let id = q.enqueue(&job(&["local"])).await.unwrap().id;
+    let (stop, task) = dispatch(&q, dir.path(), &exe, "local", &Default::default());
+    for (failed, base) in [(1, 60_000), (2, 120_000)] {
+        let delayed = wait_until(&q, &id, |r| {
+            r.state == JobState::Delayed && r.attempts == failed
+        })
+        .await;
+        let events = q.events(&id, None, 100, false).await.unwrap();
+        let scheduled = events
+            .iter()
+            .filter(|e| e.kind == "retry_scheduled")
+            .nth(failed as usize - 1)
+            .unwrap();
+        assert_eq!(
+            scheduled.message,
+            "trainer exited with status 3: out of coffee"
+        );
+        // The base delay doubles per failed attempt, plus up to a quarter of jitter.
+        let delay = delayed.due_ms.unwrap() - scheduled.at_ms;
+        assert!(
+            (base..=base + base / 4).contains(&delay),
+            "retry {failed} waits {delay} ms"
+        );
+        assert_eq!(runs(&counter), failed as usize);
+        q.advance_clock(delay).await.unwrap();
+    }
+    let done = wait_until(&q, &id, |r| r.state.is_terminal()).await;
+    assert_eq!(
+        (done.state, done.attempts, done.error.as_deref()),
+        (
+            JobState::Failed,
+            3,
+            Some("trainer exited with status 3: out of coffee")
+        )
+    );
+    assert_eq!(runs(&counter), 3);
+    shut_down(stop, task).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_suspect_attempt_still_running_is_adopted_and_one_nobody_runs_is_requeued() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = queue(dir.path()).await;
+    q.set_pool("k8s", 2).await.unwrap();
+    // Another dispatcher of the pool claimed this job, started it and died.
+    let lost = q.enqueue(&job(&["k8s"])).await.unwrap().id;
+    let dead = q.claim("k8s", "dead", "dead-1").await.unwrap().unwrap();
+    q.start(&dead.id, dead.token).await.unwrap();
+    let id = q.enqueue(&job(&["k8s"])).await.unwrap().id;
+    let platform = Fake::default();
+    // Heartbeats so rare that the leases run out.
+    let (stop, task) = fake_dispatcher(&q, &platform, |config| {
+        config.heartbeat = Duration::from_secs(3600);
+    });
+    let running = wait_until(&q, &id, |r| r.state == JobState::Running).await;
+    // Two polls: a whole tick, with its first heartbeat, has passed since the start.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while platform.with(|p| p.polls.get(&(id.clone(), running.epoch)).copied()) < Some(2) {
+        assert!(Instant::now() < deadline, "the attempt is never polled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    q.advance_clock(QueueConfig::default().lease_ms + 1)
+        .await
+        .unwrap();
+    // Its lease ran out, but it runs here: adopted, the same attempt goes on.
+    let events = wait_for_event(&q, &id, "adopted").await;
+    let lapsed: Vec<&str> = events
+        .iter()
+        .map(|(k, _)| k.as_str())
+        .filter(|k| ["lease_expired", "adopted", "requeued"].contains(k))
+        .collect();
+    assert_eq!(lapsed, ["lease_expired", "adopted"], "{events:?}");
+    let adopted = q.get(&id).await.unwrap().unwrap();
+    assert_eq!((adopted.epoch, adopted.stalls), (running.epoch, 0));
+    // The dead dispatcher's attempt runs nowhere: requeued, and this one runs it anew.
+    let rerun = wait_until(&q, &lost, |r| {
+        r.state == JobState::Running && r.epoch > dead.token
+    })
+    .await;
+    assert_eq!(rerun.stalls, 1);
+    let events = kinds_and_messages(&q, &lost).await;
+    assert!(
+        events
+            .iter()
+            .any(|(k, m)| k == "requeued" && m == "attempt lost"),
+        "{events:?}"
+    );
+    platform.with(|p| {
+        assert_eq!(
+            p.starts,
+            [(id.clone(), running.epoch), (lost.clone(), rerun.epoch)]
+        );
+        assert!(p.kills.is_empty(), "{:?}", p.kills);
+    });
+    shut_down(stop, task).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_is_started_only_once_the_queue_has_confirmed_its_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = queue(dir.path()).await;
+    q.set_pool("k8s", 2).await.unwrap();
+    let platform = Fake::default();
+    platform.with(|p| p.queue = Some(q.clone()));
+    let id = q.enqueue(&job(&["k8s"])).await.unwrap().id;
+    let (stop, task) = fake_dispatcher(&q, &platform, |_| {});
+    wait_until(&q, &id, |r| r.state == JobState::Running).await;
+    // Leased is not enough: a lease lost between the claim and the start (a cancel,
+    // an expiry) would have left an attempt running that no lease backs.
+    platform.with(|p| assert_eq!(p.states_at_start, [JobState::Running]));
+    shut_down(stop, task).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_whose_lease_is_lost_while_it_starts_is_killed_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = queue(dir.path()).await;
+    q.set_pool("k8s", 2).await.unwrap();
+    let platform = Fake::default();
+    platform.with(|p| {
+        p.queue = Some(q.clone());
+        p.cancel_while_starting = true;
+    });
+    let id = q.enqueue(&job(&["k8s"])).await.unwrap().id;
+    // Its first heartbeat is its only one: the next would be an hour later.
+    let (stop, task) = fake_dispatcher(&q, &platform, |config| {
+        config.heartbeat = Duration::from_secs(3600);
+    });
+    let done = wait_until(&q, &id, |r| r.state.is_terminal()).await;
+    assert_eq!(done.state, JobState::Cancelled);
+    platform.with(|p| {
+        assert_eq!(p.starts.len(), 1);
+        assert_eq!(p.kills, p.starts, "killed, not asked to checkpoint");
+    });
+    shut_down(stop, task).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trainer_that_cannot_be_spawned_is_a_failed_attempt_retried_within_its_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = queue(dir.path()).await;
+    q.set_pool("local", 1).await.unwrap();
+    let missing = dir.path().join("no-such-tuneq");
+    let id = q.enqueue(&job(&["local"])).await.unwrap().id;
+    let (stop, task) = dispatch(&q, dir.path(), &missing, "local", &Default::default());
+    let done = wait_until(&q, &id, |r| r.state.is_terminal()).await;
+    assert_eq!(
+        (done.state, done.attempts),
+        (JobState::Failed, 3),
+        "{done:?}"
+    );
+    let error = done.error.unwrap();
+    assert!(
+        error.contains(&missing.display().to_string()) && error.contains("No such file"),
+        "{error}"
+    );
+    let events = kinds_and_messages(&q, &id).await;
+    assert_eq!(count(&events, "retry_scheduled"), 2, "{events:?}");
+    shut_down(stop, task).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trainer_that_ignores_a_stop_is_killed_after_the_grace_and_its_job_keeps_its_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = queue(dir.path()).await;
+    q.set_pool("local", 1).await.unwrap();
+    let ready = dir.path().join("ready");
+    // A trainer deaf to SIGTERM: only SIGKILL ends it.
+    let exe = trainer(
+        dir.path(),
+        &format!(
+            "trap '' TERM\ntouch {}\nwhile :; do sleep 0.05; done",
+            ready.display()
+        ),
+    );
+    let id = q.enqueue(&job(&["local"])).await.unwrap().id;
+    let metrics = tuneq_dispatcher::metrics::Metrics::default();
+    let (stop, task) = dispatch_with(&q, dir.path(), &exe, "local", |config| {
+        config.stop_grace = Duration::from_millis(200);
+        config.metrics = metrics.clone();
+    });
+    wait_until(&q, &id, |r| r.state == JobState::Running).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ready.exists() {
+        assert!(Instant::now() < deadline, "the trainer never ran");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The shutdown asks it to checkpoint and stop; it does not, so it is killed.
+    shut_down(stop, task).await;
+    assert!(
+        metrics
+            .render()
+            .lines()
+            .any(|l| l == "tuneq_dispatcher_attempts_ended_total{pool=\"local\",end=\"crashed\"} 1"),
+        "{}",
+        metrics.render()
+    );
+    let record = q.get(&id).await.unwrap().unwrap();
+    assert_eq!(
+        (record.state, record.preemptions, record.attempts),
+        (JobState::Queued, 1, 0),
+        "a shutdown spends no retry"
+    );
+    let events = kinds_and_messages(&q, &id).await;
+    assert!(
+        events
+            .iter()
+            .any(|(k, m)| k == "preempted" && m == "the service is shutting down"),
+        "{events:?}"
+    );
 }

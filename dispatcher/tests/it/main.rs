@@ -5,4 +5,5 @@
 mod control_loop;
 mod kubernetes_job;
 mod kubernetes_runtime;
+mod local_runtime;
 mod real_cluster;
