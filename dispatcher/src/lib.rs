@@ -215,7 +215,7 @@ impl Dispatcher {
             match started {
                 Ok(()) => break,
                 Err(e) => {
-                    tracing::warn!(pool = %self.config.pool, error = %e, retry_in = ?pause,
+                    tracing::warn!(pool = %self.config.pool, error = &e as &dyn std::error::Error, retry_in = ?pause,
                         "cannot start the pool's loop yet; retrying");
                 }
             }
@@ -232,7 +232,10 @@ impl Dispatcher {
         while !*shutdown.borrow() {
             match self.tick().await {
                 Ok(()) => self.config.metrics.ticked(&self.config.pool),
-                Err(e) => tracing::warn!(error = %e, "dispatcher tick failed; retrying"),
+                Err(e) => tracing::warn!(
+                    error = &e as &dyn std::error::Error,
+                    "dispatcher tick failed; retrying"
+                ),
             }
             tokio::select! {
                 _ = tokio::time::sleep(self.config.tick) => {}
@@ -341,7 +344,9 @@ impl Dispatcher {
                         self.runtime.kill(&job, token).await?;
                     }
                 }
-                Err(e) => tracing::warn!(job = %job, error = %e, "cannot watch an attempt"),
+                Err(e) => {
+                    tracing::warn!(job = %job, error = &e as &dyn std::error::Error, "cannot watch an attempt")
+                }
             }
         }
         self.config.metrics.pending(&self.config.pool, pending);
@@ -354,7 +359,7 @@ impl Dispatcher {
                 .ended(&self.config.pool, end_label(&end));
             self.report_end(&job, &attempt, end).await;
             if let Err(e) = self.runtime.release(&job, attempt.token).await {
-                tracing::warn!(job = %job, error = %e, "cannot clean up an ended attempt");
+                tracing::warn!(job = %job, error = &e as &dyn std::error::Error, "cannot clean up an ended attempt");
             }
         }
         Ok(())
@@ -410,7 +415,12 @@ impl Dispatcher {
             Err(QueueError::StaleToken(_) | QueueError::WrongState { .. }) => {
                 tracing::info!(job, token, ?end, "attempt ended after the job moved on")
             }
-            Err(e) => tracing::warn!(job, token, error = %e, "cannot report an attempt's end"),
+            Err(e) => tracing::warn!(
+                job,
+                token,
+                error = &e as &dyn std::error::Error,
+                "cannot report an attempt's end"
+            ),
         }
     }
 
@@ -607,7 +617,10 @@ impl Dispatcher {
             let payload: JobPayload = match serde_json::from_str(&lease.payload) {
                 Ok(p) => p,
                 Err(e) => {
-                    tracing::error!(error = %e, "job payload is not a fine-tune");
+                    tracing::error!(
+                        error = &e as &dyn std::error::Error,
+                        "job payload is not a fine-tune"
+                    );
                     self.queue
                         .fail(
                             &lease.id,
@@ -623,7 +636,10 @@ impl Dispatcher {
             // The queue confirms the lease before anything starts: an attempt whose
             // lease was lost (cancelled, expired) never runs, not even for a moment.
             if let Err(e) = self.queue.start(&lease.id, lease.token).await {
-                tracing::warn!(error = %e, "the lease was lost before the attempt started; not starting it");
+                tracing::warn!(
+                    error = &e as &dyn std::error::Error,
+                    "the lease was lost before the attempt started; not starting it"
+                );
                 if self.is_cancelling(&lease.id).await? {
                     self.queue.confirm_cancelled(&lease.id).await?;
                 }
@@ -656,7 +672,10 @@ impl Dispatcher {
                     );
                 }
                 Err(e) => {
-                    tracing::error!(error = %e, "cannot start the attempt");
+                    tracing::error!(
+                        error = &e as &dyn std::error::Error,
+                        "cannot start the attempt"
+                    );
                     self.queue
                         .fail(&lease.id, lease.token, &e.to_string(), true)
                         .await?;
@@ -689,12 +708,15 @@ impl Dispatcher {
         for (job, token) in live {
             tracing::info!(job = %job, "stopping the attempt for shutdown (it checkpoints first)");
             if let Err(e) = self.runtime.stop(&job, token).await {
-                tracing::warn!(job = %job, error = %e, "cannot stop an attempt");
+                tracing::warn!(job = %job, error = &e as &dyn std::error::Error, "cannot stop an attempt");
             }
         }
         while !self.attempts.is_empty() {
             if let Err(e) = self.reap().await {
-                tracing::warn!(error = %e, "cannot report stopped attempts");
+                tracing::warn!(
+                    error = &e as &dyn std::error::Error,
+                    "cannot report stopped attempts"
+                );
                 break;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;

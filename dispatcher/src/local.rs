@@ -211,7 +211,10 @@ impl Runtime for LocalRuntime {
 
     async fn leftovers(&mut self) -> Result<Vec<(String, u64)>, DispatchError> {
         let entries = self.journal.read().unwrap_or_else(|e| {
-            tracing::warn!(error = %e, "unreadable journal; leftover attempts will be found when their leases run out");
+            tracing::warn!(
+                error = &e as &dyn std::error::Error,
+                "unreadable journal; leftover attempts will be found when their leases run out"
+            );
             Vec::new()
         });
         let mut found = Vec::new();

@@ -61,10 +61,19 @@ where
                     Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
                     Err(e) => {
                         if flag.swap(false, Ordering::AcqRel) {
-                            tracing::warn!(pool, what, error = %e,
-                                "watch failed; reading the API server directly until it recovers");
+                            tracing::warn!(
+                                pool,
+                                what,
+                                error = &e as &dyn std::error::Error,
+                                "watch failed; reading the API server directly until it recovers"
+                            );
                         } else {
-                            tracing::debug!(pool, what, error = %e, "watch still failing");
+                            tracing::debug!(
+                                pool,
+                                what,
+                                error = &e as &dyn std::error::Error,
+                                "watch still failing"
+                            );
                         }
                     }
                 }
