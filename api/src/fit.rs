@@ -49,7 +49,7 @@ pub fn check(shape: &ModelShape, model: &str, ask: &Ask<'_>) -> ApiResult<()> {
 /// an attempt needs, for placement. Only models with local files are checked here (and
 /// estimated); the trainer checks the others.
 pub(crate) fn check_job(
-    base: &crate::models::BaseModel,
+    base: &crate::records::model::BaseModel,
     spec: &TrainSpec,
     training: &FileObject,
 ) -> ApiResult<Option<u64>> {

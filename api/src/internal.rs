@@ -7,7 +7,7 @@
 //! nothing, which tells that trainer to stop. A `finished` event completes the job.
 
 use crate::error::{ApiError, ApiResult};
-use crate::finetunes::AttemptResult;
+use crate::records::finetune::AttemptResult;
 use crate::state::AppState;
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};

@@ -1,20 +1,28 @@
 //! The REST service: native routes, OpenAI-compatible routes, tenants and API keys.
 //!
-//! Layout:
-//! - `state`: what handlers share (queue + catalog, object store, settings).
-//! - `error`: every error as OpenAI's error body, with a 4xx that names the field.
-//! - `auth`: API keys (stored hashed) → tenants; the admin key.
-//! - `files`: dataset upload with validation, list, retrieve, download, delete.
-//! - `finetunes`: fine-tuning jobs, their events, checkpoints and adapter; `settle`
-//!   files each finished job's outcome.
-//! - `models`: registered base models and the tenant's fine-tuned ones.
-//! - `internal`: where trainers report progress, fenced by their attempt's credential.
-//! - `admin`: tenants and keys. `health`: liveness and readiness.
-//! - `spec`: the OpenAPI document (`/openapi.json`, committed as `openapi/openapi.json`)
-//!   and its page (`/docs`).
+//! Layout, in floors: a module uses only modules on its own floor or below, so the way
+//! of the data never doubles back.
 //!
-//! - `metrics`: Prometheus counters at `/metrics`.
-//! - `guard`: what every request passes before routing (methods, encodings, body pace).
+//! 1. Handlers, one module per area of routes:
+//!    - `files`: dataset upload with validation, list, retrieve, download, delete.
+//!    - `finetunes`: fine-tuning jobs (create → `plan`, `view`, `events`, `artifacts`).
+//!    - `models`: registered base models and the tenant's fine-tuned ones.
+//!    - `internal`: where trainers report progress, fenced by their attempt's credential.
+//!    - `webhooks`: tenants' signing secrets, delivery, and the `settle` loop that files
+//!      each finished job's outcome and sends its event (run beside the server).
+//!    - `admin`: tenants and keys. `health`: liveness and readiness. `metrics`:
+//!      Prometheus counters at `/metrics`. `spec`: the OpenAPI document
+//!      (`/openapi.json`, committed as `openapi/openapi.json`) and its page (`/docs`).
+//! 2. What handlers share: `auth` (the `Tenant` and `Admin` extractors), `body` (JSON
+//!    read within a limit), `fit` (placement and cost checks), `text`, `tar`.
+//! 3. `state`: the queue, the object store, the settings and what the process learns
+//!    (`pool_stats`) or keeps copies of (`cache`).
+//! 4. `records`: typed access to the catalog's records (fine-tunes, files, models,
+//!    tenants and keys), taking the catalog and a tenant id, never the state.
+//! 5. At the bottom, each depending on nothing here but `error`: `error` (every error
+//!    as OpenAI's error body), `guard` (what every request passes before routing:
+//!    methods, encodings, body pace), `cache`, `pool_stats`, `redact`, `sealed`,
+//!    `webhook_target` (the SSRF guard).
 
 pub mod admin;
 pub mod auth;
@@ -30,18 +38,19 @@ pub mod internal;
 pub mod metrics;
 pub mod models;
 pub mod pool_stats;
-mod records;
+pub mod records;
 pub mod redact;
 pub mod sealed;
 pub mod spec;
 pub mod state;
 mod tar;
 mod text;
+pub mod webhook_target;
 pub mod webhooks;
 
 pub use error::{ApiError, ApiResult};
 pub use state::{ApiConfig, AppState};
-pub use webhooks::WebhookPolicy;
+pub use webhook_target::WebhookPolicy;
 
 use actix_web::{App, HttpServer, web};
 

@@ -22,7 +22,8 @@ under /v1/files and /v1/fine_tuning/jobs is also served under /files and /finetu
     paths(
         files::upload, files::list, files::retrieve, files::content, files::delete,
         finetunes::create, finetunes::list, finetunes::retrieve, finetunes::cancel,
-        finetunes::events, finetunes::checkpoints, finetunes::adapter, finetunes::adapter_urls,
+        finetunes::events::events, finetunes::artifacts::checkpoints,
+        finetunes::artifacts::adapter, finetunes::artifacts::adapter_urls,
         models::list, webhooks::secret, webhooks::rotate_secret,
         admin::create_tenant, admin::create_key, admin::list_keys, admin::revoke_key,
         admin::set_limits,

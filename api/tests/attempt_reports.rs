@@ -8,8 +8,9 @@
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::sync::Arc;
-use tuneq_api::models::{BaseModel, register_base};
-use tuneq_api::{ApiConfig, AppState, auth};
+use tuneq_api::records::model::{self, BaseModel};
+use tuneq_api::records::tenant;
+use tuneq_api::{ApiConfig, AppState};
 use tuneq_queue::{AttemptSigner, JobQueue, Queue, QueueConfig};
 use tuneq_storage::layout::{Id, job_output};
 use tuneq_storage::{LocalStore, ObjectStore, PutMode};
@@ -50,12 +51,16 @@ async fn start_with_store(store: Option<Arc<dyn ObjectStore>>) -> Server {
             ..ApiConfig::default()
         },
     );
-    auth::create_tenant(&state, "acme", "Acme").await.unwrap();
-    auth::create_tenant(&state, "other", "Other").await.unwrap();
-    let acme = auth::add_key(&state, "acme", None).await.unwrap();
-    let other = auth::add_key(&state, "other", None).await.unwrap();
-    register_base(
-        &state,
+    tenant::create_tenant(&state.queue, "acme", "Acme")
+        .await
+        .unwrap();
+    tenant::create_tenant(&state.queue, "other", "Other")
+        .await
+        .unwrap();
+    let acme = tenant::add_key(&state.queue, "acme", None).await.unwrap();
+    let other = tenant::add_key(&state.queue, "other", None).await.unwrap();
+    model::register(
+        &state.queue,
         &BaseModel {
             id: "base".into(),
             location: "/models/base".into(),
