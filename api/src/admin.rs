@@ -2,7 +2,7 @@
 //! keys (create, list, revoke).
 
 use crate::auth::Admin;
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, Code};
 use crate::records::tenant::{self, ApiKeyInfo, TenantLimits, TenantRecord};
 use crate::state::AppState;
 use actix_web::{HttpResponse, web};
@@ -55,7 +55,7 @@ pub(crate) async fn create_tenant(
     if tuneq_storage::layout::Id::parse(&body.id).is_err() {
         return Err(ApiError::invalid(
             "id",
-            "invalid_value",
+            Code::InvalidValue,
             "Tenant ids are 1 to 64 characters of a-z, 0-9, '-' and '_', starting with a letter or digit.",
         ));
     }
@@ -191,7 +191,7 @@ async fn set_tenant_limits(
     {
         return Err(ApiError::invalid(
             "weight",
-            "invalid_value",
+            Code::InvalidValue,
             "weight must be above 0 and at most 1000.",
         ));
     }

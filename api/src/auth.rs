@@ -103,7 +103,7 @@ impl FromRequest for Admin {
 /// (they are answered before this is consulted), so a busy client behind the same
 /// address as a guesser keeps working.
 mod failures {
-    use crate::error::ApiError;
+    use crate::error::{ApiError, Code};
     use std::collections::HashMap;
     use std::net::IpAddr;
     use std::sync::{Mutex, OnceLock};
@@ -198,7 +198,7 @@ mod failures {
                 error
             }
             Verdict::Refuse(retry_after) => ApiError::too_many(
-                "too_many_failed_authentications",
+                Code::TooManyFailedAuthentications,
                 "Too many failed authentications from this address; wait before trying again.",
                 retry_after,
             ),

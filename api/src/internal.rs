@@ -6,10 +6,9 @@
 //! attempt that was superseded, preempted or cancelled is refused with 410 and changes
 //! nothing, which tells that trainer to stop. A `finished` event completes the job.
 
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, Code};
 use crate::records::finetune::AttemptResult;
 use crate::state::AppState;
-use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde_json::json;
 use tuneq_openapi::{AttemptReport, Progress, TrainEvent};
@@ -22,8 +21,9 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     );
 }
 
-fn gone(code: &str, message: &str) -> ApiError {
-    ApiError::new(StatusCode::GONE, "invalid_request_error", code, message)
+/// 410 to a trainer: stop this attempt (`code` says why).
+fn gone(code: Code, message: &str) -> ApiError {
+    ApiError::new(code, message)
 }
 
 /// Metrics events kept per run: enough to plot the loss, few enough that the job's
@@ -152,7 +152,7 @@ async fn report(
         .queue
         .get(&id)
         .await?
-        .ok_or_else(|| gone("job_gone", "The job no longer exists."))?;
+        .ok_or_else(|| gone(Code::JobGone, "The job no longer exists."))?;
     let mut progress: Progress = record
         .progress
         .as_deref()
@@ -165,14 +165,14 @@ async fn report(
     let log_refs: Vec<(&str, &str)> = log.iter().map(|(k, m)| (k.as_str(), m.as_str())).collect();
     let refused = |e: QueueError| match e {
         QueueError::StaleToken(_) => gone(
-            "attempt_superseded",
+            Code::AttemptSuperseded,
             "This attempt is no longer the job's live attempt: stop.",
         ),
         QueueError::WrongState { state, .. } => gone(
-            "attempt_stopped",
+            Code::AttemptStopped,
             &format!("The job is {state}: stop this attempt."),
         ),
-        QueueError::NotFound(_) => gone("job_gone", "The job no longer exists."),
+        QueueError::NotFound(_) => gone(Code::JobGone, "The job no longer exists."),
         other => other.into(),
     };
     state

@@ -48,7 +48,7 @@ mod text;
 pub mod webhook_target;
 pub mod webhooks;
 
-pub use error::{ApiError, ApiResult};
+pub use error::{ApiError, ApiResult, Code};
 pub use state::{ApiConfig, AppState};
 pub use webhook_target::WebhookPolicy;
 
@@ -67,7 +67,7 @@ pub fn configure(json_limit: usize) -> impl FnOnce(&mut web::ServiceConfig) {
                     }
                     _ => ApiError::invalid(
                         "body",
-                        "invalid_json",
+                        Code::InvalidJson,
                         format!("The JSON body is invalid: {e}"),
                     )
                     .into(),
@@ -76,16 +76,14 @@ pub fn configure(json_limit: usize) -> impl FnOnce(&mut web::ServiceConfig) {
         .app_data(web::QueryConfig::default().error_handler(|e, _| {
             ApiError::invalid(
                 "query",
-                "invalid_query",
+                Code::InvalidQuery,
                 format!("The query is invalid: {e}"),
             )
             .into()
         }))
-        .app_data(
-            web::PathConfig::default().error_handler(|e, _| {
-                ApiError::invalid("path", "invalid_path", e.to_string()).into()
-            }),
-        )
+        .app_data(web::PathConfig::default().error_handler(|e, _| {
+            ApiError::invalid("path", Code::InvalidPath, e.to_string()).into()
+        }))
         .configure(health::routes)
         .configure(files::routes)
         .configure(finetunes::routes)
@@ -96,12 +94,7 @@ pub fn configure(json_limit: usize) -> impl FnOnce(&mut web::ServiceConfig) {
         .configure(admin::routes)
         .configure(webhooks::routes)
         .default_service(web::to(|| async {
-            Err::<actix_web::HttpResponse, _>(ApiError::new(
-                actix_web::http::StatusCode::NOT_FOUND,
-                "invalid_request_error",
-                "unknown_route",
-                "No such route.",
-            ))
+            Err::<actix_web::HttpResponse, _>(ApiError::new(Code::UnknownRoute, "No such route."))
         }));
     }
 }
@@ -130,9 +123,7 @@ pub(crate) fn scoped_resource(
         .app_data(pattern)
         .default_service(web::to(move || async move {
             let error = ApiError::new(
-                actix_web::http::StatusCode::METHOD_NOT_ALLOWED,
-                "invalid_request_error",
-                "method_not_allowed",
+                Code::MethodNotAllowed,
                 format!("This route serves {allow} only."),
             );
             let mut response = actix_web::ResponseError::error_response(&error);

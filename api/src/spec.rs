@@ -3,6 +3,7 @@
 //! fails when they drift. Served at `GET /openapi.json`, and read by people at `/docs`
 //! (a self-contained page: no CDN, works offline).
 
+use crate::error::Code;
 use crate::{admin, files, finetunes, health, metrics, models, webhooks};
 use actix_web::{HttpResponse, web};
 use utoipa::OpenApi;
@@ -30,7 +31,7 @@ under /v1/files and /v1/fine_tuning/jobs is also served under /files and /finetu
         health::healthz, health::readyz, metrics::metrics,
     ),
     components(schemas(tuneq_openapi::ErrorDetail, tuneq_openapi::LineProblem, tuneq_openapi::WebhookEvent)),
-    modifiers(&Security),
+    modifiers(&Security, &ErrorCodes),
     security(("api_key" = [])),
     tags(
         (name = "files", description = "Datasets: upload (validated at once), list, download, delete"),
@@ -55,6 +56,36 @@ impl utoipa::Modify for Security {
                 SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
             );
         }
+    }
+}
+
+/// Documents every error code (see [`Code`]) as the `ErrorCode` schema: the codes,
+/// each with its status and meaning, taken from the one declaration of the codes.
+struct ErrorCodes;
+
+impl utoipa::Modify for ErrorCodes {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
+        let mut description =
+            String::from("The `code` of an error body, with the HTTP status it answers:\n");
+        for code in Code::ALL {
+            description.push_str(&format!(
+                "\n- `{}` ({}): {}",
+                code.as_str(),
+                code.status().as_u16(),
+                code.description().trim()
+            ));
+        }
+        let schema = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .enum_values(Some(Code::ALL.iter().map(|c| c.as_str())))
+            .description(Some(description))
+            .build();
+        openapi
+            .components
+            .get_or_insert_with(Default::default)
+            .schemas
+            .insert("ErrorCode".into(), Schema::Object(schema).into());
     }
 }
 

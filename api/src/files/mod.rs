@@ -16,7 +16,7 @@ mod spool;
 pub use spool::clean_spool;
 
 use crate::auth::Tenant;
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, Code};
 use crate::records;
 use crate::state::AppState;
 use actix_web::http::header;
@@ -126,7 +126,11 @@ struct UploadLimit {
 
 /// 429 for an upload past the tenant's storage quota (files or bytes kept).
 fn storage_quota(message: String) -> ApiError {
-    let mut e = ApiError::too_many("tenant_storage_quota", message, TENANT_UPLOAD_RETRY_AFTER_S);
+    let mut e = ApiError::too_many(
+        Code::TenantStorageQuota,
+        message,
+        TENANT_UPLOAD_RETRY_AFTER_S,
+    );
     e.detail.param = Some("file".into());
     e
 }
@@ -140,7 +144,7 @@ impl UploadLimit {
     fn exceeded(self) -> ApiError {
         if self.tenant {
             let mut e = ApiError::too_many(
-                "tenant_upload_limit",
+                Code::TenantUploadLimit,
                 format!(
                     "The upload is larger than this tenant's limit of {} bytes; ask an operator to raise max_upload_bytes.",
                     self.bytes
@@ -179,7 +183,7 @@ async fn receive(
         .is_some_and(|v| v.starts_with("multipart/form-data"));
     if !is_multipart {
         let query = web::Query::<RawUpload>::from_query(req.query_string())
-            .map_err(|e| ApiError::invalid("filename", "invalid_query", e.to_string()))?;
+            .map_err(|e| ApiError::invalid("filename", Code::InvalidQuery, e.to_string()))?;
         let (file, bytes) = spool(state, limit, payload.map_err(|e| broke_off(&e))).await?;
         return Ok(Spooled {
             file,
@@ -206,7 +210,7 @@ async fn receive(
         if repeated {
             return Err(ApiError::invalid(
                 &name,
-                "duplicate_field",
+                Code::DuplicateField,
                 format!("The form has more than one `{name}` field; send each once."),
             ));
         }
@@ -237,7 +241,7 @@ async fn receive(
     let (file, bytes, filename) = spooled.ok_or_else(|| {
         ApiError::invalid(
             "file",
-            "missing_file",
+            Code::MissingFile,
             "The form has no `file` field with the dataset.",
         )
     })?;
@@ -263,7 +267,7 @@ async fn small_field(
         if text.len() > max {
             return Err(ApiError::invalid(
                 name,
-                "invalid_value",
+                Code::InvalidValue,
                 format!("{name} is too long"),
             ));
         }
@@ -288,7 +292,7 @@ async fn counting_model(
                 .ok_or_else(|| {
                     ApiError::invalid(
                         "model",
-                        "model_not_found",
+                        Code::ModelNotFound,
                         format!("The model `{id}` does not exist."),
                     )
                 })?;
@@ -352,7 +356,7 @@ pub(crate) async fn upload(
         Some(other) => {
             return Err(ApiError::invalid(
                 "purpose",
-                "invalid_value",
+                Code::InvalidValue,
                 format!("purpose must be \"{PURPOSE}\", not {other:?}."),
             ));
         }
@@ -429,7 +433,7 @@ pub(crate) async fn list(
     if query.order.as_deref().is_some_and(|o| o != "desc") {
         return Err(ApiError::invalid(
             "order",
-            "invalid_value",
+            Code::InvalidValue,
             "Only order=desc is supported.",
         ));
     }
@@ -437,7 +441,7 @@ pub(crate) async fn list(
     if !(1..=1000).contains(&limit) {
         return Err(ApiError::invalid(
             "limit",
-            "invalid_value",
+            Code::InvalidValue,
             "limit must be 1 to 1000.",
         ));
     }
@@ -530,7 +534,7 @@ pub(crate) async fn delete(
     {
         return Err(ApiError::invalid(
             "id",
-            "file_in_use",
+            Code::FileInUse,
             format!(
                 "The fine-tuning job {job} trains on this file and has not finished; cancel it or wait for it, then delete the file."
             ),

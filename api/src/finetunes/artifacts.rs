@@ -4,7 +4,7 @@
 use super::plan::check_range;
 use super::view::view;
 use crate::auth::Tenant;
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, Code};
 use crate::records::finetune::{FineTuneRecord, ms_to_seconds};
 use crate::redact;
 use crate::state::AppState;
@@ -89,7 +89,7 @@ pub(crate) async fn checkpoints(
             all.iter().position(|c| &c.id == a).ok_or_else(|| {
                 ApiError::invalid(
                     "after",
-                    "invalid_cursor",
+                    Code::InvalidCursor,
                     format!("`{a}` is not a checkpoint of this job."),
                 )
             })? + 1
@@ -163,7 +163,7 @@ async fn adapter_prefix(
     if job.adapter.is_none() {
         return Err(ApiError::invalid(
             "id",
-            "adapter_not_ready",
+            Code::AdapterNotReady,
             format!(
                 "The job is {}; its adapter exists once it has succeeded.",
                 job.status
@@ -210,7 +210,7 @@ pub(crate) async fn adapter_urls(
             Err(tuneq_storage::Error::Unsupported { .. }) => {
                 return Err(ApiError::invalid(
                     "id",
-                    "presign_unsupported",
+                    Code::PresignUnsupported,
                     format!(
                         "This server's object store cannot presign URLs; download the adapter as a tar at /v1/fine_tuning/jobs/{}/adapter.",
                         id.as_str()

@@ -4,7 +4,7 @@
 use super::plan::check_range;
 use super::view::view;
 use crate::auth::Tenant;
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, Code};
 use crate::records::finetune::{FineTuneRecord, ms_to_seconds};
 use crate::redact;
 use crate::state::AppState;
@@ -34,7 +34,7 @@ fn event_seq(finetune: &str, id: &str) -> ApiResult<u64> {
     let bad = || {
         ApiError::invalid(
             "after",
-            "invalid_cursor",
+            Code::InvalidCursor,
             format!("`{id}` is not an event of this job."),
         )
     };

@@ -28,7 +28,7 @@ pub(crate) use events::events;
 pub(crate) use view::fine_tuned_models;
 
 use crate::auth::Tenant;
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, Code};
 use crate::records::finetune::FineTuneRecord;
 use crate::state::AppState;
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -105,7 +105,7 @@ fn idempotency_key(req: &HttpRequest) -> ApiResult<Option<String>> {
         .ok_or_else(|| {
             ApiError::invalid(
                 "Idempotency-Key",
-                "invalid_value",
+                Code::InvalidValue,
                 "Idempotency-Key must be 1 to 255 visible ASCII characters.",
             )
         })?;
@@ -165,7 +165,7 @@ pub(crate) async fn create(
         .await
         .map_err(|e| match e {
             QueueError::OverQuota(_) => ApiError::too_many(
-                "too_many_queued_jobs",
+                Code::TooManyQueuedJobs,
                 "You have as many fine-tuning jobs waiting as your limit allows; try again once some have started.",
                 QUEUED_RETRY_AFTER_S,
             ),
@@ -189,7 +189,7 @@ async fn same_request(
     if existing.request_hash != request_hash(body) {
         return Err(ApiError::invalid(
             "Idempotency-Key",
-            "idempotency_key_reused",
+            Code::IdempotencyKeyReused,
             "This Idempotency-Key was used for a different request; use a new key.",
         ));
     }
@@ -236,7 +236,7 @@ pub(crate) async fn list(
     {
         return Err(ApiError::invalid(
             "status",
-            "invalid_value",
+            Code::InvalidValue,
             format!("status must be one of {}.", STATUSES.join(", ")),
         ));
     }
@@ -247,7 +247,7 @@ pub(crate) async fn list(
     {
         return Err(ApiError::invalid(
             "after",
-            "invalid_cursor",
+            Code::InvalidCursor,
             format!("`{a}` is not one of your fine-tuning jobs."),
         ));
     }
@@ -355,7 +355,7 @@ pub(crate) async fn cancel(
 fn already_finished(status: &str) -> ApiError {
     ApiError::invalid(
         "id",
-        "job_already_finished",
+        Code::JobAlreadyFinished,
         format!("The job has already {status}; there is nothing to cancel."),
     )
 }

@@ -3,7 +3,7 @@
 //! never run is refused here with a 400 naming the field, before anything is written.
 
 use crate::auth::Tenant;
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, Code};
 use crate::records::{self, finetune::FineTuneRecord};
 use crate::state::AppState;
 use actix_web::http::StatusCode;
@@ -31,7 +31,7 @@ fn requested_hyperparameters(body: &FineTuneCreate) -> ApiResult<Hyperparameters
         if method.kind != "supervised" || method.dpo.is_some() || method.reinforcement.is_some() {
             return Err(ApiError::invalid(
                 "method.type",
-                "unsupported_method",
+                Code::UnsupportedMethod,
                 format!(
                     "Only the supervised method is offered, not `{}`.",
                     method.kind
@@ -46,7 +46,7 @@ fn requested_hyperparameters(body: &FineTuneCreate) -> ApiResult<Hyperparameters
             if body.hyperparameters.is_some() {
                 return Err(ApiError::invalid(
                     "hyperparameters",
-                    "conflicting_values",
+                    Code::ConflictingValues,
                     "Give hyperparameters either at the top level or in method.supervised, not both.",
                 ));
             }
@@ -78,7 +78,7 @@ pub(super) fn check_range<T: PartialOrd + std::fmt::Display>(
     if value < low || value > high {
         return Err(ApiError::invalid(
             param,
-            "invalid_value",
+            Code::InvalidValue,
             format!("{param} must be {low} to {high}, not {value}."),
         ));
     }
@@ -94,7 +94,7 @@ fn check_suffix(suffix: &str) -> ApiResult<()> {
     if !ok {
         return Err(ApiError::invalid(
             "suffix",
-            "invalid_value",
+            Code::InvalidValue,
             "suffix must be 1 to 64 letters, digits, '-', '_' or '.'.",
         ));
     }
@@ -105,7 +105,7 @@ fn check_metadata(metadata: &BTreeMap<String, String>) -> ApiResult<()> {
     if metadata.len() > 16 {
         return Err(ApiError::invalid(
             "metadata",
-            "invalid_value",
+            Code::InvalidValue,
             "metadata holds at most 16 pairs.",
         ));
     }
@@ -134,7 +134,7 @@ async fn dataset(
             if e.status == StatusCode::NOT_FOUND {
                 ApiError::invalid(
                     param,
-                    "file_not_found",
+                    Code::FileNotFound,
                     format!("No uploaded file `{id}`: upload it with POST /v1/files first."),
                 )
             } else {
@@ -155,7 +155,7 @@ pub(super) async fn plan(
         .ok_or_else(|| {
             ApiError::invalid(
                 "model",
-                "model_not_found",
+                Code::ModelNotFound,
                 format!(
                     "No base model `{}`: GET /v1/models lists the ones you can fine-tune.",
                     body.model
@@ -167,7 +167,7 @@ pub(super) async fn plan(
         Some(v) if v == &body.training_file => {
             return Err(ApiError::invalid(
                 "validation_file",
-                "invalid_value",
+                Code::InvalidValue,
                 "The validation file must not be the training file.",
             ));
         }
@@ -177,7 +177,7 @@ pub(super) async fn plan(
     if body.integrations.as_ref().is_some_and(|i| !i.is_empty()) {
         return Err(ApiError::invalid(
             "integrations",
-            "unsupported_integration",
+            Code::UnsupportedIntegration,
             "Integrations are not offered; follow a job with its events instead.",
         ));
     }
@@ -186,7 +186,9 @@ pub(super) async fn plan(
     let webhook_url = match &body.webhook_url {
         Some(url) => Some(
             crate::webhook_target::check_url(url, &state.config.webhooks)
-                .map_err(|reason| ApiError::invalid("webhook_url", "invalid_webhook_url", reason))?
+                .map_err(|reason| {
+                    ApiError::invalid("webhook_url", Code::InvalidWebhookUrl, reason)
+                })?
                 .to_string(),
         ),
         None => None,
@@ -197,7 +199,7 @@ pub(super) async fn plan(
     {
         return Err(ApiError::invalid(
             "max_cost",
-            "invalid_value",
+            Code::InvalidValue,
             format!("max_cost must be a number above 0, not {max_cost}."),
         ));
     }
@@ -232,7 +234,7 @@ pub(super) async fn plan(
         Some(AutoOrNumber::Value(m)) => {
             return Err(ApiError::invalid(
                 "hyperparameters.learning_rate_multiplier",
-                "invalid_value",
+                Code::InvalidValue,
                 format!("learning_rate_multiplier must be 0.001 to 10, not {m}."),
             ));
         }
@@ -295,7 +297,7 @@ pub(super) async fn plan(
         if warmup > total_steps {
             return Err(ApiError::invalid(
                 "hyperparameters.warmup_steps",
-                "invalid_value",
+                Code::InvalidValue,
                 format!(
                     "warmup_steps {warmup} is more than the job's {total_steps} steps ({n_epochs} epoch(s) of {steps_per_epoch}); it would never reach its learning rate."
                 ),
@@ -366,7 +368,7 @@ fn spec_problems(problems: &[tuneq_openapi::SpecError]) -> ApiError {
     });
     ApiError::invalid(
         &param,
-        "invalid_value",
+        Code::InvalidValue,
         problems
             .iter()
             .map(ToString::to_string)

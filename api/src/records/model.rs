@@ -1,6 +1,6 @@
 //! Base models an operator registered, shared by every tenant.
 
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, Code};
 use serde::{Deserialize, Serialize};
 use tuneq_queue::Catalog;
 use tuneq_queue::catalog::check_identifier;
@@ -24,7 +24,7 @@ pub struct BaseModel {
 /// Registers (or re-points) a base model.
 pub async fn register(catalog: &dyn Catalog, model: &BaseModel) -> ApiResult<()> {
     check_identifier("model", &model.id)
-        .map_err(|e| ApiError::invalid("id", "invalid_value", e.to_string()))?;
+        .map_err(|e| ApiError::invalid("id", Code::InvalidValue, e.to_string()))?;
     let body = super::body(model)?;
     if !catalog
         .create_entry(BASE.0, BASE.1, &model.id, &body)

@@ -3,7 +3,7 @@
 //! keeps the key's tenant. Each tenant also has an index of its keys by a public id,
 //! to list and revoke them by.
 
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, Code};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tuneq_queue::{Catalog, catalog::check_identifier};
@@ -149,7 +149,7 @@ pub async fn add_key(
     if key.len() < 16 {
         return Err(ApiError::invalid(
             "api_key",
-            "key_too_short",
+            Code::KeyTooShort,
             "API keys must be at least 16 characters.",
         ));
     }
@@ -173,7 +173,7 @@ pub async fn add_key(
         }
         _ => Err(ApiError::invalid(
             "api_key",
-            "key_in_use",
+            Code::KeyInUse,
             "This API key already belongs to another tenant.",
         )),
     }
