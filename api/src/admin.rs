@@ -9,23 +9,6 @@ use actix_web::{HttpResponse, web};
 use serde::{Deserialize, Serialize};
 use tuneq_queue::JobQueue;
 
-/// Routes.
-pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.service(crate::resource("/admin/tenants", "POST").route(web::post().to(create_tenant)))
-        .service(
-            crate::resource("/admin/tenants/{id}/keys", "GET, POST")
-                .route(web::post().to(create_key))
-                .route(web::get().to(list_keys)),
-        )
-        .service(
-            crate::resource("/admin/tenants/{id}/keys/{key_id}", "DELETE")
-                .route(web::delete().to(revoke_key)),
-        )
-        .service(
-            crate::resource("/admin/tenants/{id}/limits", "PUT").route(web::put().to(set_limits)),
-        );
-}
-
 /// `POST /admin/tenants` body.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]

@@ -14,13 +14,6 @@ use serde_json::json;
 use tuneq_openapi::{AttemptReport, Progress, TrainEvent};
 use tuneq_queue::{JobQueue, QueueError};
 
-/// Routes.
-pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.service(
-        crate::resource("/internal/attempts/{job}/report", "POST").route(web::post().to(report)),
-    );
-}
-
 /// 410 to a trainer: stop this attempt (`code` says why).
 fn gone(code: Code, message: &str) -> ApiError {
     ApiError::new(code, message)
@@ -126,7 +119,7 @@ fn restart_at(progress: &mut Progress, step: u64) {
 
 /// `POST /internal/attempts/{job}/report`.
 #[tracing::instrument(skip_all, fields(job = %job))]
-async fn report(
+pub(crate) async fn report(
     state: web::Data<AppState>,
     req: HttpRequest,
     job: web::Path<String>,

@@ -10,6 +10,8 @@
 //!    - `internal`: where trainers report progress, fenced by their attempt's credential.
 //!    - `webhooks`: tenants' signing secrets, delivery, and the `settle` loop that files
 //!      each finished job's outcome and sends its event (run beside the server).
+//!    - `routes` declares every route once (a handler's `#[utoipa::path]` gives its
+//!      path, method and OpenAPI entry) and serves both prefixes of the aliased ones.
 //!    - `admin`: tenants and keys. `health`: liveness and readiness. `metrics`:
 //!      Prometheus counters at `/metrics`. `spec`: the OpenAPI document
 //!      (`/openapi.json`, committed as `openapi/openapi.json`) and its page (`/docs`).
@@ -40,6 +42,7 @@ pub mod models;
 pub mod pool_stats;
 pub mod records;
 pub mod redact;
+mod routes;
 pub mod sealed;
 pub mod spec;
 pub mod state;
@@ -84,55 +87,11 @@ pub fn configure(json_limit: usize) -> impl FnOnce(&mut web::ServiceConfig) {
         .app_data(web::PathConfig::default().error_handler(|e, _| {
             ApiError::invalid("path", Code::InvalidPath, e.to_string()).into()
         }))
-        .configure(health::routes)
-        .configure(files::routes)
-        .configure(finetunes::routes)
-        .configure(models::routes)
-        .configure(internal::routes)
-        .configure(spec::routes)
-        .configure(metrics::routes)
-        .configure(admin::routes)
-        .configure(webhooks::routes)
+        .configure(routes::configure)
         .default_service(web::to(|| async {
             Err::<actix_web::HttpResponse, _>(ApiError::new(Code::UnknownRoute, "No such route."))
         }));
     }
-}
-
-/// The route pattern a request was routed to (`/v1/fine_tuning/jobs/{id}`): what its
-/// metrics are labelled with. Set as the resource's data, so reading it costs no second
-/// walk through the routes (`HttpRequest::match_pattern` re-matches every pattern).
-#[derive(Debug, Clone)]
-pub(crate) struct RoutePattern(pub std::sync::Arc<str>);
-
-/// A route's resource at `path`: a method it does not serve (`allow` lists those it
-/// does) answers 405 with an `Allow` header and the error body.
-pub(crate) fn resource(path: impl Into<String>, allow: &'static str) -> actix_web::Resource {
-    let path: String = path.into();
-    scoped_resource("", &path, allow)
-}
-
-/// [`resource`] for `path` inside the scope at `prefix`.
-pub(crate) fn scoped_resource(
-    prefix: &str,
-    path: &str,
-    allow: &'static str,
-) -> actix_web::Resource {
-    let pattern = RoutePattern(format!("{prefix}{path}").into());
-    web::resource(path)
-        .app_data(pattern)
-        .default_service(web::to(move || async move {
-            let error = ApiError::new(
-                Code::MethodNotAllowed,
-                format!("This route serves {allow} only."),
-            );
-            let mut response = actix_web::ResponseError::error_response(&error);
-            response.headers_mut().insert(
-                actix_web::http::header::ALLOW,
-                actix_web::http::header::HeaderValue::from_static(allow),
-            );
-            response
-        }))
 }
 
 /// Serves the API on `listener` until the returned server is stopped (through its
@@ -207,7 +166,7 @@ pub fn serve(
                             value,
                         );
                     }
-                    let route = response.request().app_data::<RoutePattern>().cloned();
+                    let route = response.request().app_data::<routes::RoutePattern>().cloned();
                     metrics::observe(
                         method,
                         route.as_ref().map_or("unmatched", |r| &r.0),

@@ -10,12 +10,6 @@ use crate::state::AppState;
 use actix_web::{HttpResponse, web};
 use tuneq_openapi::{Model, ModelList};
 
-/// Routes, under both prefixes.
-pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.service(crate::resource("/v1/models", "GET").route(web::get().to(list)))
-        .service(crate::resource("/models", "GET").route(web::get().to(list)));
-}
-
 /// Every base model, then the tenant's fine-tuned models.
 #[utoipa::path(get, path = "/v1/models", tag = "models", operation_id = "list_models",
     responses(

@@ -4,8 +4,7 @@
 //! (a self-contained page: no CDN, works offline).
 
 use crate::error::Code;
-use crate::{admin, files, finetunes, health, metrics, models, webhooks};
-use actix_web::{HttpResponse, web};
+use actix_web::HttpResponse;
 use utoipa::OpenApi;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 
@@ -19,16 +18,6 @@ under /v1/files and /v1/fine_tuning/jobs is also served under /files and /finetu
         // OpenAPI 3.1 wants an SPDX `identifier` (or a `url`) beside the name; openapi-generator
         // refuses the document without one.
         license(name = "Apache-2.0", identifier = "Apache-2.0")
-    ),
-    paths(
-        files::upload, files::list, files::retrieve, files::content, files::delete,
-        finetunes::create, finetunes::list, finetunes::retrieve, finetunes::cancel,
-        finetunes::events::events, finetunes::artifacts::checkpoints,
-        finetunes::artifacts::adapter, finetunes::artifacts::adapter_urls,
-        models::list, webhooks::secret, webhooks::rotate_secret,
-        admin::create_tenant, admin::create_key, admin::list_keys, admin::revoke_key,
-        admin::set_limits,
-        health::healthz, health::readyz, metrics::metrics,
     ),
     components(schemas(tuneq_openapi::ErrorDetail, tuneq_openapi::LineProblem, tuneq_openapi::WebhookEvent)),
     modifiers(&Security, &ErrorCodes),
@@ -89,16 +78,10 @@ impl utoipa::Modify for ErrorCodes {
     }
 }
 
-/// The native prefixes each OpenAI-compatible prefix is also served under.
-const ALIASES: [(&str, &str); 3] = [
-    ("/v1/files", "/files"),
-    ("/v1/fine_tuning/jobs", "/finetunes"),
-    ("/v1/models", "/models"),
-];
-
 /// The whole document, native aliases included.
 pub fn document() -> utoipa::openapi::OpenApi {
     let mut doc = ApiDoc::openapi();
+    doc.merge(crate::routes::Documented::openapi());
     doc.info.version = env!("CARGO_PKG_VERSION").to_string();
     // Health routes need no key.
     for path in ["/healthz", "/readyz"] {
@@ -115,7 +98,7 @@ pub fn document() -> utoipa::openapi::OpenApi {
     }
     let mut native = Vec::new();
     for (path, item) in &doc.paths.paths {
-        for (openai, alias) in ALIASES {
+        for (openai, alias) in crate::routes::ALIASES {
             if let Some(rest) = path.strip_prefix(openai) {
                 let mut item = item.clone();
                 for op in [item.get.as_mut(), item.post.as_mut(), item.delete.as_mut()]
@@ -141,22 +124,18 @@ pub fn document_json() -> String {
     text
 }
 
-/// Routes: the document and its human-readable page.
-pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.service(
-        crate::resource("/openapi.json", "GET").route(web::get().to(|| async {
-            HttpResponse::Ok()
-                .content_type("application/json")
-                .body(served_json())
-        })),
-    )
-    .service(
-        crate::resource("/docs", "GET").route(web::get().to(|| async {
-            HttpResponse::Ok()
-                .content_type("text/html; charset=utf-8")
-                .body(DOCS_PAGE)
-        })),
-    );
+/// `GET /openapi.json`: the document.
+pub(crate) async fn openapi_json() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("application/json")
+        .body(served_json())
+}
+
+/// `GET /docs`: the document's human-readable page.
+pub(crate) async fn docs_page() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/html; charset=utf-8")
+        .body(DOCS_PAGE)
 }
 
 /// The document as served, generated once per process (not once per server worker).

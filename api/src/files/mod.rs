@@ -33,30 +33,6 @@ use spool::{broke_off, field_broke_off, spool, upload_slots};
 /// The only purpose a file can have here.
 const PURPOSE: &str = "fine-tune";
 
-/// Routes, under both prefixes. Each prefix is a scope, so the router compares one
-/// static prefix before it tries the patterns with an `{id}` in them.
-pub fn routes(cfg: &mut web::ServiceConfig) {
-    for prefix in ["/v1/files", "/files"] {
-        cfg.service(
-            web::scope(prefix)
-                .service(
-                    crate::scoped_resource(prefix, "", "GET, POST")
-                        .route(web::post().to(upload))
-                        .route(web::get().to(list)),
-                )
-                .service(
-                    crate::scoped_resource(prefix, "/{id}", "GET, DELETE")
-                        .route(web::get().to(retrieve))
-                        .route(web::delete().to(delete)),
-                )
-                .service(
-                    crate::scoped_resource(prefix, "/{id}/content", "GET")
-                        .route(web::get().to(content)),
-                ),
-        );
-    }
-}
-
 fn new_file_id() -> String {
     format!("file-{}", hex::encode(rand::random::<[u8; 12]>()))
 }

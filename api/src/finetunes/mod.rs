@@ -23,8 +23,11 @@ pub(crate) mod events;
 mod plan;
 mod view;
 
-pub(crate) use artifacts::{adapter, adapter_urls, checkpoints};
-pub(crate) use events::events;
+// The handlers, with their OpenAPI declarations, for `crate::routes`.
+pub(crate) use artifacts::{
+    __path_adapter, __path_adapter_urls, __path_checkpoints, adapter, adapter_urls, checkpoints,
+};
+pub(crate) use events::{__path_events, events};
 pub(crate) use view::fine_tuned_models;
 
 use crate::auth::Tenant;
@@ -43,44 +46,6 @@ use view::view;
 const MAX_ATTEMPTS: u32 = 3;
 /// `retry-after` of a create refused for the tenant's queued-jobs limit.
 const QUEUED_RETRY_AFTER_S: u64 = 30;
-
-/// Routes, under both prefixes. Each prefix is a scope, so the router compares one
-/// static prefix before it tries the patterns with an `{id}` in them.
-pub fn routes(cfg: &mut web::ServiceConfig) {
-    for prefix in ["/v1/fine_tuning/jobs", "/finetunes"] {
-        cfg.service(
-            web::scope(prefix)
-                .service(
-                    crate::scoped_resource(prefix, "", "GET, POST")
-                        .route(web::post().to(create))
-                        .route(web::get().to(list)),
-                )
-                .service(
-                    crate::scoped_resource(prefix, "/{id}", "GET").route(web::get().to(retrieve)),
-                )
-                .service(
-                    crate::scoped_resource(prefix, "/{id}/cancel", "POST")
-                        .route(web::post().to(cancel)),
-                )
-                .service(
-                    crate::scoped_resource(prefix, "/{id}/events", "GET")
-                        .route(web::get().to(events)),
-                )
-                .service(
-                    crate::scoped_resource(prefix, "/{id}/checkpoints", "GET")
-                        .route(web::get().to(checkpoints)),
-                )
-                .service(
-                    crate::scoped_resource(prefix, "/{id}/adapter", "GET")
-                        .route(web::get().to(adapter)),
-                )
-                .service(
-                    crate::scoped_resource(prefix, "/{id}/adapter/urls", "GET")
-                        .route(web::get().to(adapter_urls)),
-                ),
-        );
-    }
-}
 
 fn new_id() -> String {
     format!("ftjob-{}", hex::encode(rand::random::<[u8; 12]>()))

@@ -297,14 +297,6 @@ pub(crate) async fn deliver(
     }
 }
 
-/// Routes.
-pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.service(crate::resource("/webhooks/secret", "GET").route(web::get().to(secret)))
-        .service(
-            crate::resource("/webhooks/secret/rotate", "POST").route(web::post().to(rotate_secret)),
-        );
-}
-
 /// The tenant's webhook signing secret (made on first request): verify our events with
 /// it, e.g. `client.webhooks.unwrap(body, headers, secret=…)` in the OpenAI SDK.
 #[utoipa::path(get, path = "/webhooks/secret", tag = "webhooks", operation_id = "get_webhook_secret",
