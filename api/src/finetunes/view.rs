@@ -138,6 +138,7 @@ pub(super) async fn view(state: &AppState, record: FineTuneRecord) -> ApiResult<
         learning_rate: record.learning_rate,
         progress,
         queue,
+        failed_attempts: attempts,
         attempts,
         preemptions,
         estimate: record.estimate,
