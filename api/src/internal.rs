@@ -10,8 +10,7 @@ use crate::error::{ApiError, ApiResult, Code};
 use crate::records::finetune::AttemptResult;
 use crate::state::AppState;
 use actix_web::{HttpRequest, HttpResponse, web};
-use serde_json::json;
-use tuneq_openapi::{AttemptReport, Progress, TrainEvent};
+use tuneq_openapi::{AttemptReport, LogEntry, Progress, TrainEvent};
 use tuneq_queue::{JobQueue, QueueError};
 
 /// 410 to a trainer: stop this attempt (`code` says why).
@@ -23,7 +22,8 @@ fn gone(code: Code, message: &str) -> ApiError {
 /// capped event log keeps its first events too.
 const METRICS_EVENTS_PER_RUN: u64 = 50;
 
-/// Folds `events` into the job's progress and picks the ones its log records.
+/// Folds `events` into the job's progress and picks the ones its log records, as the
+/// log keeps them (kind, message): [`LogEntry`]s, and warnings as plain text.
 fn apply(progress: &mut Progress, events: &[TrainEvent]) -> Vec<(String, String)> {
     let mut log = Vec::new();
     for event in events {
@@ -38,21 +38,28 @@ fn apply(progress: &mut Progress, events: &[TrainEvent]) -> Vec<(String, String)
             } => {
                 progress.total_steps = *total_steps;
                 restart_at(progress, *start_step);
-                log.push((
-                    "training_started".into(),
-                    json!({"total_steps": total_steps, "start_step": start_step,
-                        "train_examples": train_examples, "validation_examples": validation_examples,
-                        "trainable_params": trainable_params, "dataset_format": dataset_format})
-                    .to_string(),
-                ));
+                log.push(
+                    LogEntry::TrainingStarted {
+                        total_steps: *total_steps,
+                        start_step: *start_step,
+                        train_examples: *train_examples,
+                        validation_examples: *validation_examples,
+                        trainable_params: *trainable_params,
+                        dataset_format: dataset_format.clone(),
+                    }
+                    .encode(),
+                );
             }
             TrainEvent::Resumed { step, checkpoint } => {
                 restart_at(progress, *step);
                 progress.checkpoint_step = Some(*step);
-                log.push((
-                    "resumed".into(),
-                    json!({"step": step, "location": checkpoint}).to_string(),
-                ));
+                log.push(
+                    LogEntry::Resumed {
+                        step: *step,
+                        location: checkpoint.clone(),
+                    }
+                    .encode(),
+                );
             }
             TrainEvent::Step(m) => {
                 progress.step = m.step;
@@ -63,13 +70,18 @@ fn apply(progress: &mut Progress, events: &[TrainEvent]) -> Vec<(String, String)
                 progress.tokens_seen = m.tokens_seen;
                 let every = (m.total_steps / METRICS_EVENTS_PER_RUN).max(1);
                 if m.step == 1 || m.step % every == 0 || m.step == m.total_steps {
-                    log.push((
-                        "metrics".into(),
-                        json!({"step": m.step, "total_steps": m.total_steps, "train_loss": m.loss,
-                            "learning_rate": m.lr, "tokens_per_s": m.tokens_per_s,
-                            "eta_s": m.eta_s, "tokens_seen": m.tokens_seen})
-                        .to_string(),
-                    ));
+                    log.push(
+                        LogEntry::Metrics {
+                            step: m.step,
+                            total_steps: m.total_steps,
+                            train_loss: Some(m.loss),
+                            learning_rate: Some(m.lr),
+                            tokens_per_s: Some(m.tokens_per_s),
+                            eta_s: Some(m.eta_s),
+                            tokens_seen: m.tokens_seen,
+                        }
+                        .encode(),
+                    );
                 }
             }
             TrainEvent::Eval {
@@ -77,17 +89,23 @@ fn apply(progress: &mut Progress, events: &[TrainEvent]) -> Vec<(String, String)
                 validation_loss,
             } => {
                 progress.validation_loss = Some(*validation_loss);
-                log.push((
-                    "eval".into(),
-                    json!({"step": step, "valid_loss": validation_loss}).to_string(),
-                ));
+                log.push(
+                    LogEntry::Eval {
+                        step: *step,
+                        valid_loss: Some(*validation_loss),
+                    }
+                    .encode(),
+                );
             }
             TrainEvent::Checkpoint { step, location } => {
                 progress.checkpoint_step = Some(*step);
-                log.push((
-                    "checkpoint".into(),
-                    json!({"step": step, "location": location}).to_string(),
-                ));
+                log.push(
+                    LogEntry::Checkpoint {
+                        step: *step,
+                        location: location.clone(),
+                    }
+                    .encode(),
+                );
             }
             TrainEvent::Warning { message } => log.push(("warning".into(), message.clone())),
             TrainEvent::Finished {

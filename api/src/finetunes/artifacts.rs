@@ -12,7 +12,7 @@ use actix_web::{HttpResponse, web};
 use serde::Deserialize;
 use tuneq_openapi::{
     AdapterFileUrl, AdapterUrls, CheckpointMetrics, ErrorBody, FineTuneCheckpoint,
-    FineTuneCheckpointList,
+    FineTuneCheckpointList, LogEntry,
 };
 use tuneq_queue::JobQueue;
 use tuneq_storage::layout::{self, Id};
@@ -53,12 +53,10 @@ pub(crate) async fn checkpoints(
     // Oldest first, to know each checkpoint's latest losses.
     let mut valid_loss = None;
     for event in events.iter().rev() {
-        let value: serde_json::Value = serde_json::from_str(&event.message).unwrap_or_default();
-        match event.kind.as_str() {
-            "metrics" => last_loss = value["train_loss"].as_f64(),
-            "eval" => valid_loss = value["valid_loss"].as_f64(),
-            "checkpoint" => {
-                let step = value["step"].as_u64().unwrap_or_default();
+        match LogEntry::decode(&event.kind, &event.message) {
+            Some(LogEntry::Metrics { train_loss, .. }) => last_loss = train_loss,
+            Some(LogEntry::Eval { valid_loss: v, .. }) => valid_loss = v,
+            Some(LogEntry::Checkpoint { step, location }) => {
                 all.push(FineTuneCheckpoint {
                     id: format!("ftckpt-{}-{step}", record.id.trim_start_matches("ftjob-")),
                     object: "fine_tuning.job.checkpoint".into(),
@@ -74,10 +72,7 @@ pub(crate) async fn checkpoints(
                         train_loss: last_loss,
                         valid_loss,
                     },
-                    location: redact::tenant_location(
-                        value["location"].as_str().unwrap_or_default(),
-                        &record.tenant,
-                    ),
+                    location: redact::tenant_location(&location, &record.tenant),
                 });
             }
             _ => {}

@@ -10,7 +10,7 @@ use crate::redact;
 use crate::state::AppState;
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Deserialize;
-use tuneq_openapi::{ErrorBody, FineTuneEvent, FineTuneEventList};
+use tuneq_openapi::{ErrorBody, FineTuneEvent, FineTuneEventList, LogEntry};
 use tuneq_queue::JobQueue;
 
 /// Query of the events list.
@@ -68,101 +68,16 @@ fn render_event(record: &FineTuneRecord, event: &tuneq_queue::JobEvent) -> FineT
     let mut level = "info";
     let mut kind = "message";
     let mut data = None;
-    let message = match event.kind.as_str() {
-        "queued" => format!("Created fine-tuning job: {}", record.id),
-        "leased" => placed(record, &event.message),
-        "started" => "Fine-tuning job started".into(),
-        "training_started" => {
-            data = serde_json::from_str(&event.message).ok();
-            "Training started".into()
-        }
-        "metrics" => {
-            kind = "metrics";
-            let value: serde_json::Value = serde_json::from_str(&event.message).unwrap_or_default();
-            let text = format!(
-                "Step {}/{}: training loss={}",
-                value["step"],
-                value["total_steps"],
-                value["train_loss"]
-                    .as_f64()
-                    .map_or("n/a".into(), |l| format!("{l:.4}"))
-            );
-            data = Some(value);
-            text
-        }
-        "eval" => {
-            kind = "metrics";
-            let value: serde_json::Value = serde_json::from_str(&event.message).unwrap_or_default();
-            let text = format!(
-                "Step {}: validation loss={}",
-                value["step"],
-                value["valid_loss"]
-                    .as_f64()
-                    .map_or("n/a".into(), |l| format!("{l:.4}"))
-            );
-            data = Some(value);
-            text
-        }
-        "checkpoint" | "resumed" => {
-            let mut value: serde_json::Value =
-                serde_json::from_str(&event.message).unwrap_or_default();
-            if let Some(location) = value["location"].as_str() {
-                value["location"] = redact::tenant_location(location, &record.tenant).into();
+    let message = match LogEntry::decode(&event.kind, &event.message) {
+        Some(entry) => {
+            let (text, is_metrics, fields) = render_entry(record, entry);
+            if is_metrics {
+                kind = "metrics";
             }
-            let text = if event.kind == "checkpoint" {
-                format!("Checkpoint saved at step {}", value["step"])
-            } else {
-                format!("Resumed from the checkpoint at step {}", value["step"])
-            };
-            data = Some(value);
+            data = Some(fields);
             text
         }
-        "warning" => {
-            level = "warn";
-            redact::paths(&event.message)
-        }
-        "preempted" => {
-            level = "warn";
-            format!(
-                "The attempt stopped ({}); the job resumes from its last checkpoint",
-                redact::paths(&event.message)
-            )
-        }
-        "unplaced" => {
-            level = "warn";
-            format!(
-                "The attempt found no node ({}); the job is back in line",
-                redact::paths(&event.message)
-            )
-        }
-        "moved" => {
-            level = "warn";
-            format!("Moved on to other node pools: {}", event.message)
-        }
-        "lease_expired" => {
-            level = "warn";
-            "The attempt stopped reporting; checking whether it is alive".into()
-        }
-        "lease_recovered" | "adopted" => "The attempt is alive and continues".into(),
-        "requeued" => {
-            level = "warn";
-            "The attempt was lost; the job is back in line".into()
-        }
-        "retry_scheduled" => {
-            level = "warn";
-            format!(
-                "The attempt failed ({}); it will be retried",
-                redact::paths(&event.message)
-            )
-        }
-        "failed" => {
-            level = "error";
-            format!("The job failed: {}", redact::paths(&event.message))
-        }
-        "cancel_requested" => "Cancelling: stopping the running attempt".into(),
-        "cancelled" => "The job was cancelled".into(),
-        "succeeded" => "The job has successfully completed".into(),
-        other => format!("{other}: {}", redact::paths(&event.message)),
+        None => render_plain(record, event, &mut level),
     };
     FineTuneEvent {
         id: event_id(&record.id, event.seq),
@@ -172,6 +87,103 @@ fn render_event(record: &FineTuneRecord, event: &tuneq_queue::JobEvent) -> FineT
         message,
         kind: kind.into(),
         data,
+    }
+}
+
+/// A loss as the event's text shows it.
+fn loss_text(loss: Option<f64>) -> String {
+    loss.map_or("n/a".into(), |l| format!("{l:.4}"))
+}
+
+/// A trainer's log entry as the client sees it: its text, whether it is a metrics
+/// event, and its fields (locations relative to the tenant's prefix).
+fn render_entry(record: &FineTuneRecord, mut entry: LogEntry) -> (String, bool, serde_json::Value) {
+    if let LogEntry::Checkpoint { location, .. } | LogEntry::Resumed { location, .. } = &mut entry {
+        *location = redact::tenant_location(location, &record.tenant);
+    }
+    let (text, is_metrics) = match &entry {
+        LogEntry::TrainingStarted { .. } => ("Training started".to_string(), false),
+        LogEntry::Metrics {
+            step,
+            total_steps,
+            train_loss,
+            ..
+        } => (
+            format!(
+                "Step {step}/{total_steps}: training loss={}",
+                loss_text(*train_loss)
+            ),
+            true,
+        ),
+        LogEntry::Eval { step, valid_loss } => (
+            format!("Step {step}: validation loss={}", loss_text(*valid_loss)),
+            true,
+        ),
+        LogEntry::Checkpoint { step, .. } => (format!("Checkpoint saved at step {step}"), false),
+        LogEntry::Resumed { step, .. } => {
+            (format!("Resumed from the checkpoint at step {step}"), false)
+        }
+    };
+    (text, is_metrics, entry.fields())
+}
+
+/// The text of a plain-text event (the queue's own, and trainers' warnings); `level`
+/// is raised for the ones that warn.
+fn render_plain(
+    record: &FineTuneRecord,
+    event: &tuneq_queue::JobEvent,
+    level: &mut &str,
+) -> String {
+    match event.kind.as_str() {
+        "queued" => format!("Created fine-tuning job: {}", record.id),
+        "leased" => placed(record, &event.message),
+        "started" => "Fine-tuning job started".into(),
+        "warning" => {
+            *level = "warn";
+            redact::paths(&event.message)
+        }
+        "preempted" => {
+            *level = "warn";
+            format!(
+                "The attempt stopped ({}); the job resumes from its last checkpoint",
+                redact::paths(&event.message)
+            )
+        }
+        "unplaced" => {
+            *level = "warn";
+            format!(
+                "The attempt found no node ({}); the job is back in line",
+                redact::paths(&event.message)
+            )
+        }
+        "moved" => {
+            *level = "warn";
+            format!("Moved on to other node pools: {}", event.message)
+        }
+        "lease_expired" => {
+            *level = "warn";
+            "The attempt stopped reporting; checking whether it is alive".into()
+        }
+        "lease_recovered" | "adopted" => "The attempt is alive and continues".into(),
+        "requeued" => {
+            *level = "warn";
+            "The attempt was lost; the job is back in line".into()
+        }
+        "retry_scheduled" => {
+            *level = "warn";
+            format!(
+                "The attempt failed ({}); it will be retried",
+                redact::paths(&event.message)
+            )
+        }
+        "failed" => {
+            *level = "error";
+            format!("The job failed: {}", redact::paths(&event.message))
+        }
+        "cancel_requested" => "Cancelling: stopping the running attempt".into(),
+        "cancelled" => "The job was cancelled".into(),
+        "succeeded" => "The job has successfully completed".into(),
+        other => format!("{other}: {}", redact::paths(&event.message)),
     }
 }
 
