@@ -87,7 +87,7 @@ pub fn configure(json_limit: usize) -> impl FnOnce(&mut web::ServiceConfig) {
         .app_data(web::PathConfig::default().error_handler(|e, _| {
             ApiError::invalid("path", Code::InvalidPath, e.to_string()).into()
         }))
-        .configure(routes::configure)
+        .configure(|cfg| routes::configure(cfg, spec::routes()))
         .default_service(web::to(|| async {
             Err::<actix_web::HttpResponse, _>(ApiError::new(Code::UnknownRoute, "No such route."))
         }));

@@ -1,8 +1,9 @@
 //! Every route, declared once. A handler's `#[utoipa::path]` attribute is its one
 //! declaration: its path, method and OpenAPI entry. [`declare!`] below lists the
 //! handlers; from that list come both the OpenAPI paths ([`Documented`]) and the
-//! router ([`configure`]). The few routes the document leaves out (the trainers' report
-//! route, the document itself and its page) are declared beside them, in [`hidden`].
+//! router ([`configure`]). The trainers' report route, which the document leaves out, is
+//! declared beside them, in [`hidden`]; the document's own routes are declared with it
+//! (`spec::routes`), which sits above this module and hands them to [`configure`].
 //!
 //! Routes under an OpenAI-compatible prefix are also served under the native one
 //! ([`ALIASES`]: `/v1/files` and `/files`, …); each prefix is a scope, so the router
@@ -10,7 +11,7 @@
 //! method a route does not serve answers 405 with an `Allow` header and the error body.
 
 use crate::error::{ApiError, Code};
-use crate::{admin, files, finetunes, health, internal, metrics, models, spec, webhooks};
+use crate::{admin, files, finetunes, health, internal, metrics, models, webhooks};
 use actix_web::http::Method;
 use actix_web::{Resource, web};
 use utoipa::openapi::path::HttpMethod;
@@ -23,16 +24,25 @@ pub(crate) const ALIASES: [(&str, &str); 3] = [
 ];
 
 /// Adds a route's handler for `method` to a resource.
-type AddHandler = fn(Resource, Method) -> Resource;
+pub(crate) type AddHandler = fn(Resource, Method) -> Resource;
 
 /// One route: where, which method, and its handler.
-struct Route {
+pub(crate) struct Route {
     path: String,
     method: Method,
     add: AddHandler,
 }
 
 impl Route {
+    /// A route the OpenAPI document leaves out.
+    pub(crate) fn hidden(path: &str, method: Method, add: AddHandler) -> Self {
+        Route {
+            path: path.into(),
+            method,
+            add,
+        }
+    }
+
     /// The route a `#[utoipa::path]` declares, served by `add`.
     fn documented<P: utoipa::Path>(add: AddHandler) -> Vec<Self> {
         P::methods()
@@ -95,26 +105,13 @@ declare! {
     health::healthz, health::readyz, metrics::metrics,
 }
 
-/// Routes the OpenAPI document leaves out: where trainers report (not a client's
-/// business), and the document and its page.
+/// Where trainers report: not a client's business, so not in the document.
 fn hidden() -> Vec<Route> {
-    vec![
-        Route {
-            path: "/internal/attempts/{job}/report".into(),
-            method: Method::POST,
-            add: |r, m| r.route(web::method(m).to(internal::report)),
-        },
-        Route {
-            path: "/openapi.json".into(),
-            method: Method::GET,
-            add: |r, m| r.route(web::method(m).to(spec::openapi_json)),
-        },
-        Route {
-            path: "/docs".into(),
-            method: Method::GET,
-            add: |r, m| r.route(web::method(m).to(spec::docs_page)),
-        },
-    ]
+    vec![Route::hidden(
+        "/internal/attempts/{job}/report",
+        Method::POST,
+        |r, m| r.route(web::method(m).to(internal::report)),
+    )]
 }
 
 /// The route pattern a request was routed to (`/v1/fine_tuning/jobs/{id}`): what its
@@ -129,10 +126,10 @@ struct PathRoutes {
     routes: Vec<(Method, AddHandler)>,
 }
 
-/// Every route, grouped by path in declaration order.
-fn by_path() -> Vec<PathRoutes> {
+/// Every route (and `more`), grouped by path in declaration order.
+fn by_path(more: Vec<Route>) -> Vec<PathRoutes> {
     let mut paths: Vec<PathRoutes> = Vec::new();
-    for route in documented().into_iter().chain(hidden()) {
+    for route in documented().into_iter().chain(hidden()).chain(more) {
         match paths.iter_mut().find(|p| p.path == route.path) {
             Some(p) => p.routes.push((route.method, route.add)),
             None => paths.push(PathRoutes {
@@ -144,9 +141,9 @@ fn by_path() -> Vec<PathRoutes> {
     paths
 }
 
-/// Registers every route (both prefixes of the aliased ones).
-pub(crate) fn configure(cfg: &mut web::ServiceConfig) {
-    let paths = by_path();
+/// Registers every route, and `more` (both prefixes of the aliased ones).
+pub(crate) fn configure(cfg: &mut web::ServiceConfig, more: Vec<Route>) {
+    let paths = by_path(more);
     for (openai, native) in ALIASES {
         for prefix in [openai, native] {
             let mut scope = web::scope(prefix);
@@ -208,71 +205,4 @@ fn resource(prefix: &str, path: &str, routes: &[(Method, AddHandler)]) -> Resour
         resource = add(resource, method.clone());
     }
     resource
-}
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod tests {
-    use super::*;
-    use actix_web::{App, test};
-
-    /// Every operation of the document (both prefixes), and every hidden route, reaches
-    /// a handler: none answers `unknown_route` or 405.
-    #[actix_web::test]
-    async fn the_router_serves_what_the_document_declares() {
-        let app = test::init_service(App::new().configure(configure)).await;
-        let doc = crate::spec::document();
-        let mut operations = Vec::new();
-        for (path, item) in &doc.paths.paths {
-            for (method, op) in [
-                (Method::GET, &item.get),
-                (Method::POST, &item.post),
-                (Method::PUT, &item.put),
-                (Method::DELETE, &item.delete),
-            ] {
-                if op.is_some() {
-                    operations.push((method, path.clone()));
-                }
-            }
-        }
-        assert_eq!(
-            operations.len(),
-            38,
-            "24 operations, 14 of them under two prefixes: {}",
-            operations.len()
-        );
-        for route in hidden() {
-            operations.push((route.method, route.path));
-        }
-        for (method, path) in operations {
-            let uri = path
-                .replace("{id}", "x")
-                .replace("{key_id}", "y")
-                .replace("{job}", "z");
-            let response = test::call_service(
-                &app,
-                test::TestRequest::default()
-                    .method(method.clone())
-                    .uri(&uri)
-                    .to_request(),
-            )
-            .await;
-            let status = response.status();
-            let body: serde_json::Value =
-                serde_json::from_slice(&test::read_body(response).await).unwrap_or_default();
-            assert_ne!(status, 405, "{method} {uri} is not routed to its handler");
-            assert_ne!(
-                body["error"]["code"], "unknown_route",
-                "{method} {uri} is not routed"
-            );
-        }
-        // A method the route does not serve: 405 naming those it does, GET first.
-        let response = test::call_service(
-            &app,
-            test::TestRequest::patch().uri("/files/x").to_request(),
-        )
-        .await;
-        assert_eq!(response.status(), 405);
-        assert_eq!(response.headers().get("allow").unwrap(), "GET, DELETE");
-    }
 }

@@ -124,15 +124,29 @@ pub fn document_json() -> String {
     text
 }
 
+/// The document's own routes (left out of it).
+pub(crate) fn routes() -> Vec<crate::routes::Route> {
+    use crate::routes::Route;
+    use actix_web::{http::Method, web};
+    vec![
+        Route::hidden("/openapi.json", Method::GET, |r, m| {
+            r.route(web::method(m).to(openapi_json))
+        }),
+        Route::hidden("/docs", Method::GET, |r, m| {
+            r.route(web::method(m).to(docs_page))
+        }),
+    ]
+}
+
 /// `GET /openapi.json`: the document.
-pub(crate) async fn openapi_json() -> HttpResponse {
+async fn openapi_json() -> HttpResponse {
     HttpResponse::Ok()
         .content_type("application/json")
         .body(served_json())
 }
 
 /// `GET /docs`: the document's human-readable page.
-pub(crate) async fn docs_page() -> HttpResponse {
+async fn docs_page() -> HttpResponse {
     HttpResponse::Ok()
         .content_type("text/html; charset=utf-8")
         .body(DOCS_PAGE)
