@@ -1,28 +1,13 @@
 //! Operator routes, behind the admin key: create tenants, their limits, and their API
 //! keys (create, list, revoke).
 
-use crate::auth::{self, Admin};
-use crate::error::{ApiError, ApiResult};
+use crate::auth::Admin;
+use crate::error::{ApiError, ApiResult, Code};
+use crate::records::tenant::{self, ApiKeyInfo, TenantLimits, TenantRecord};
 use crate::state::AppState;
 use actix_web::{HttpResponse, web};
 use serde::{Deserialize, Serialize};
-
-/// Routes.
-pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.service(crate::resource("/admin/tenants", "POST").route(web::post().to(create_tenant)))
-        .service(
-            crate::resource("/admin/tenants/{id}/keys", "GET, POST")
-                .route(web::post().to(create_key))
-                .route(web::get().to(list_keys)),
-        )
-        .service(
-            crate::resource("/admin/tenants/{id}/keys/{key_id}", "DELETE")
-                .route(web::delete().to(revoke_key)),
-        )
-        .service(
-            crate::resource("/admin/tenants/{id}/limits", "PUT").route(web::put().to(set_limits)),
-        );
-}
+use tuneq_queue::JobQueue;
 
 /// `POST /admin/tenants` body.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -40,7 +25,7 @@ pub(crate) struct NewTenant {
     request_body = NewTenant,
     security(("admin_key" = [])),
     responses(
-        (status = 201, description = "Created (or already there)", body = crate::auth::TenantRecord),
+        (status = 201, description = "Created (or already there)", body = TenantRecord),
         (status = 400, description = "Invalid id", body = tuneq_openapi::ErrorBody),
         (status = 401, description = "No key, or not the admin key", body = tuneq_openapi::ErrorBody),
         (status = 403, description = "Admin routes disabled", body = tuneq_openapi::ErrorBody),
@@ -53,13 +38,13 @@ pub(crate) async fn create_tenant(
     if tuneq_storage::layout::Id::parse(&body.id).is_err() {
         return Err(ApiError::invalid(
             "id",
-            "invalid_value",
+            Code::InvalidValue,
             "Tenant ids are 1 to 64 characters of a-z, 0-9, '-' and '_', starting with a letter or digit.",
         ));
     }
     let name = body.name.clone().unwrap_or_else(|| body.id.clone());
     crate::text::check("name", &name, 128, false)?;
-    let tenant = auth::create_tenant(&state, &body.id, &name).await?;
+    let tenant = tenant::create_tenant(&state.queue, &body.id, &name).await?;
     Ok(HttpResponse::Created().json(tenant))
 }
 
@@ -88,7 +73,7 @@ pub(crate) async fn create_key(
     _: Admin,
     tenant: web::Path<String>,
 ) -> ApiResult<HttpResponse> {
-    let api_key = auth::add_key(&state, &tenant, None).await?;
+    let api_key = tenant::add_key(&state.queue, &tenant, None).await?;
     tracing::info!(tenant = %tenant, "API key created");
     Ok(HttpResponse::Created().json(NewKey {
         tenant: tenant.into_inner(),
@@ -102,7 +87,7 @@ pub(crate) struct KeyList {
     /// Always `list`.
     object: String,
     /// The keys, newest first: ids and prefixes, never the keys.
-    data: Vec<auth::ApiKeyInfo>,
+    data: Vec<ApiKeyInfo>,
 }
 
 /// Lists a tenant's API keys by id and prefix (admin key only).
@@ -121,7 +106,7 @@ pub(crate) async fn list_keys(
     _: Admin,
     tenant: web::Path<String>,
 ) -> ApiResult<HttpResponse> {
-    let data = auth::list_keys(&state, &tenant).await?;
+    let data = tenant::list_keys(&state.queue, &tenant).await?;
     Ok(HttpResponse::Ok().json(KeyList {
         object: "list".into(),
         data,
@@ -137,7 +122,7 @@ pub(crate) async fn list_keys(
     ),
     security(("admin_key" = [])),
     responses(
-        (status = 200, description = "The revoked key", body = auth::ApiKeyInfo),
+        (status = 200, description = "The revoked key", body = ApiKeyInfo),
         (status = 400, description = "Not a tenant id", body = tuneq_openapi::ErrorBody),
         (status = 401, description = "No key, or not the admin key", body = tuneq_openapi::ErrorBody),
         (status = 403, description = "Admin routes disabled", body = tuneq_openapi::ErrorBody),
@@ -149,7 +134,7 @@ pub(crate) async fn revoke_key(
     path: web::Path<(String, String)>,
 ) -> ApiResult<HttpResponse> {
     let (tenant, key_id) = path.into_inner();
-    let revoked = auth::revoke_key(&state, &tenant, &key_id).await?;
+    let revoked = tenant::revoke_key(&state.queue, &tenant, &key_id).await?;
     Ok(HttpResponse::Ok().json(revoked))
 }
 
@@ -157,10 +142,10 @@ pub(crate) async fn revoke_key(
 /// once (the rest wait), largest upload (413 beyond), and fair-share weight.
 #[utoipa::path(put, path = "/admin/tenants/{id}/limits", tag = "admin", operation_id = "set_tenant_limits",
     params(("id" = String, Path, description = "The tenant")),
-    request_body = auth::TenantLimits,
+    request_body = TenantLimits,
     security(("admin_key" = [])),
     responses(
-        (status = 200, description = "The tenant with its limits", body = crate::auth::TenantRecord),
+        (status = 200, description = "The tenant with its limits", body = TenantRecord),
         (status = 400, description = "Invalid limits", body = tuneq_openapi::ErrorBody),
         (status = 401, description = "No key, or not the admin key", body = tuneq_openapi::ErrorBody),
         (status = 403, description = "Admin routes disabled", body = tuneq_openapi::ErrorBody),
@@ -170,8 +155,44 @@ pub(crate) async fn set_limits(
     state: web::Data<AppState>,
     _: Admin,
     tenant: web::Path<String>,
-    body: web::Json<auth::TenantLimits>,
+    body: web::Json<TenantLimits>,
 ) -> ApiResult<HttpResponse> {
-    let record = auth::set_limits(&state, &tenant, body.into_inner()).await?;
+    let record = set_tenant_limits(&state, &tenant, body.into_inner()).await?;
     Ok(HttpResponse::Ok().json(record))
+}
+
+/// Sets a tenant's limits: kept in its record and given to the queue, which enforces
+/// the queued and running ones atomically with enqueue and claim.
+async fn set_tenant_limits(
+    state: &AppState,
+    id: &str,
+    limits: TenantLimits,
+) -> ApiResult<TenantRecord> {
+    let mut record = tenant::get(&state.queue, id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("tenant", id))?;
+    if let Some(w) = limits.weight
+        && !(w > 0.0 && w <= 1000.0)
+    {
+        return Err(ApiError::invalid(
+            "weight",
+            Code::InvalidValue,
+            "weight must be above 0 and at most 1000.",
+        ));
+    }
+    state
+        .queue
+        .set_tenant(
+            id,
+            &tuneq_queue::TenantSettings {
+                weight: limits.weight.unwrap_or(1.0),
+                max_running: limits.max_running,
+                max_waiting: limits.max_queued,
+            },
+        )
+        .await?;
+    record.limits = limits;
+    tenant::update(&state.queue, &record).await?;
+    tracing::info!(tenant = id, limits = ?record.limits, "tenant limits set");
+    Ok(record)
 }

@@ -1,7 +1,7 @@
 //! Reading a JSON body by hand, for handlers that must check something (a credential)
 //! before they read a byte of it: within a limit, then parsed.
 
-use crate::error::ApiError;
+use crate::error::{ApiError, Code};
 use actix_web::http::header::{self, HeaderMap};
 use actix_web::web;
 use futures::StreamExt;
@@ -11,9 +11,7 @@ use serde::de::DeserializeOwned;
 /// (the extractor's own overflow errors are mapped to it as well).
 pub(crate) fn too_large(limit: usize) -> ApiError {
     ApiError::new(
-        actix_web::http::StatusCode::PAYLOAD_TOO_LARGE,
-        "invalid_request_error",
-        "body_too_large",
+        Code::BodyTooLarge,
         format!("The JSON body is larger than the limit of {limit} bytes."),
     )
 }
@@ -40,7 +38,11 @@ pub async fn read_json<T: DeserializeOwned>(
             if crate::guard::is_body_timeout(&e) {
                 crate::guard::body_timeout()
             } else {
-                ApiError::invalid("body", "invalid_json", format!("The body broke off: {e}"))
+                ApiError::invalid(
+                    "body",
+                    Code::InvalidJson,
+                    format!("The body broke off: {e}"),
+                )
             }
         })?;
         if body.len() + chunk.len() > limit {
@@ -51,7 +53,7 @@ pub async fn read_json<T: DeserializeOwned>(
     serde_json::from_slice(&body).map_err(|e| {
         ApiError::invalid(
             "body",
-            "invalid_json",
+            Code::InvalidJson,
             format!("The JSON body is invalid: {e}"),
         )
     })

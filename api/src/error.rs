@@ -7,6 +7,166 @@ use actix_web::{HttpResponse, ResponseError};
 use tuneq_openapi::{ErrorBody, ErrorDetail, LineProblem};
 use tuneq_queue::QueueError;
 
+/// Declares [`Code`]: each error code once, with its HTTP status and what it means. The
+/// doc comment of a code is its description, here and in the OpenAPI document.
+macro_rules! codes {
+    ($( $(#[doc = $doc:literal])+ $variant:ident = ($status:ident, $code:literal), )*) => {
+        /// What went wrong, as the `code` of OpenAI's error body: stable, for programs to
+        /// act on (the message is for people). Each code has one HTTP status.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Code {
+            $( $(#[doc = $doc])+ $variant, )*
+        }
+
+        impl Code {
+            /// Every code, in the order declared.
+            pub const ALL: &'static [Code] = &[$(Code::$variant),*];
+
+            /// The code as the error body carries it (`invalid_value`).
+            pub fn as_str(self) -> &'static str {
+                match self { $(Code::$variant => $code,)* }
+            }
+
+            /// The HTTP status every error with this code answers.
+            pub fn status(self) -> StatusCode {
+                match self { $(Code::$variant => StatusCode::$status,)* }
+            }
+
+            /// What the code means (its doc comment).
+            pub fn description(self) -> &'static str {
+                match self { $(Code::$variant => concat!($($doc),+),)* }
+            }
+        }
+    };
+}
+
+codes! {
+    /// A value is out of range or malformed; `param` names it.
+    InvalidValue = (BAD_REQUEST, "invalid_value"),
+    /// Two values given together contradict each other; `param` names one.
+    ConflictingValues = (BAD_REQUEST, "conflicting_values"),
+    /// The JSON body does not parse or does not have the expected shape.
+    InvalidJson = (BAD_REQUEST, "invalid_json"),
+    /// The query string does not parse.
+    InvalidQuery = (BAD_REQUEST, "invalid_query"),
+    /// A path segment does not parse.
+    InvalidPath = (BAD_REQUEST, "invalid_path"),
+    /// A pagination cursor (`after`) is not an item of this list.
+    InvalidCursor = (BAD_REQUEST, "invalid_cursor"),
+    /// The request has more than one `Authorization` header.
+    DuplicateHeader = (BAD_REQUEST, "duplicate_header"),
+    /// The multipart upload is malformed.
+    InvalidMultipart = (BAD_REQUEST, "invalid_multipart"),
+    /// A multipart form field appears more than once.
+    DuplicateField = (BAD_REQUEST, "duplicate_field"),
+    /// The multipart form has no `file` field.
+    MissingFile = (BAD_REQUEST, "missing_file"),
+    /// The upload broke off before its body was complete.
+    UploadInterrupted = (BAD_REQUEST, "upload_interrupted"),
+    /// The uploaded file is empty.
+    EmptyFile = (BAD_REQUEST, "empty_file"),
+    /// Lines of the dataset are invalid; `error.lines` lists each with its problem.
+    InvalidJsonl = (BAD_REQUEST, "invalid_jsonl"),
+    /// An unfinished fine-tuning job trains on the file, so it cannot be deleted.
+    FileInUse = (BAD_REQUEST, "file_in_use"),
+    /// The file named in a create request was never uploaded (or was deleted).
+    FileNotFound = (BAD_REQUEST, "file_not_found"),
+    /// No registered base model has this name.
+    ModelNotFound = (BAD_REQUEST, "model_not_found"),
+    /// Only the supervised fine-tuning method is offered.
+    UnsupportedMethod = (BAD_REQUEST, "unsupported_method"),
+    /// Integrations (such as Weights & Biases) are not offered.
+    UnsupportedIntegration = (BAD_REQUEST, "unsupported_integration"),
+    /// The webhook URL is not one the server may deliver to (see the webhooks tag).
+    InvalidWebhookUrl = (BAD_REQUEST, "invalid_webhook_url"),
+    /// The Idempotency-Key was used before for a different request.
+    IdempotencyKeyReused = (BAD_REQUEST, "idempotency_key_reused"),
+    /// `max_seq_len` is longer than the model's context.
+    ExceedsModelContext = (BAD_REQUEST, "exceeds_model_context"),
+    /// The LoRA rank is wider than a projection it adapts.
+    ExceedsProjectionWidth = (BAD_REQUEST, "exceeds_projection_width"),
+    /// No example of the training file has a token to learn from.
+    NoTrainableTokens = (BAD_REQUEST, "no_trainable_tokens"),
+    /// No node pool offers the requested hardware.
+    NoPoolFits = (BAD_REQUEST, "no_pool_fits"),
+    /// The job would not fit the memory of any pool that offers its hardware.
+    DoesNotFit = (BAD_REQUEST, "does_not_fit"),
+    /// Every pool that could run the job would cost more than `max_cost`.
+    OverBudget = (BAD_REQUEST, "over_budget"),
+    /// The job has already finished, so there is nothing to cancel.
+    JobAlreadyFinished = (BAD_REQUEST, "job_already_finished"),
+    /// The job has not succeeded, so it has no adapter yet.
+    AdapterNotReady = (BAD_REQUEST, "adapter_not_ready"),
+    /// This server's object store cannot presign URLs; use the tar download.
+    PresignUnsupported = (BAD_REQUEST, "presign_unsupported"),
+    /// API keys must be at least 16 characters.
+    KeyTooShort = (BAD_REQUEST, "key_too_short"),
+    /// The API key already belongs to another tenant.
+    KeyInUse = (BAD_REQUEST, "key_in_use"),
+    /// No API key, or not one the server knows (or not the admin key on admin routes).
+    InvalidApiKey = (UNAUTHORIZED, "invalid_api_key"),
+    /// A known key that may not do this (the admin routes are disabled).
+    Forbidden = (FORBIDDEN, "forbidden"),
+    /// No such object for this tenant; another tenant's ids answer the same.
+    NotFound = (NOT_FOUND, "not_found"),
+    /// No route has this path.
+    UnknownRoute = (NOT_FOUND, "unknown_route"),
+    /// The route does not serve this method; the `Allow` header lists those it does.
+    MethodNotAllowed = (METHOD_NOT_ALLOWED, "method_not_allowed"),
+    /// The request body arrived too slowly.
+    BodyTimeout = (REQUEST_TIMEOUT, "body_timeout"),
+    /// The stored content of the object is gone from the object store.
+    ObjectGone = (GONE, "object_gone"),
+    /// Trainers only: the job no longer exists.
+    JobGone = (GONE, "job_gone"),
+    /// Trainers only: this attempt is no longer the job's live attempt; stop.
+    AttemptSuperseded = (GONE, "attempt_superseded"),
+    /// Trainers only: the job was cancelled or has ended; stop this attempt.
+    AttemptStopped = (GONE, "attempt_stopped"),
+    /// The upload is larger than the server's limit.
+    FileTooLarge = (PAYLOAD_TOO_LARGE, "file_too_large"),
+    /// The JSON body is larger than the server's limit.
+    BodyTooLarge = (PAYLOAD_TOO_LARGE, "body_too_large"),
+    /// The body is content-encoded (compressed), which the server does not accept.
+    EncodedBodyUnsupported = (UNSUPPORTED_MEDIA_TYPE, "encoded_body_unsupported"),
+    /// The tenant has as many jobs waiting as its limit allows; retry after `retry-after`.
+    TooManyQueuedJobs = (TOO_MANY_REQUESTS, "too_many_queued_jobs"),
+    /// Too many uploads at once (for the tenant or the server); retry after `retry-after`.
+    TooManyUploads = (TOO_MANY_REQUESTS, "too_many_uploads"),
+    /// The upload is larger than the tenant's limit.
+    TenantUploadLimit = (TOO_MANY_REQUESTS, "tenant_upload_limit"),
+    /// The upload would take the tenant past its file count or stored bytes.
+    TenantStorageQuota = (TOO_MANY_REQUESTS, "tenant_storage_quota"),
+    /// Too many failed authentications from this address; wait before trying again.
+    TooManyFailedAuthentications = (TOO_MANY_REQUESTS, "too_many_failed_authentications"),
+    /// Our fault; the message says no more than is safe to show.
+    InternalError = (INTERNAL_SERVER_ERROR, "internal_error"),
+    /// The HTTP method is not one the server implements.
+    MethodNotSupported = (NOT_IMPLEMENTED, "method_not_supported"),
+    /// A backend (the job store, the object store) is unreachable; retry later.
+    Unavailable = (SERVICE_UNAVAILABLE, "unavailable"),
+}
+
+impl Code {
+    /// OpenAI's error `type` for the code's status.
+    pub fn kind(self) -> &'static str {
+        match self.status() {
+            StatusCode::UNAUTHORIZED => "authentication_error",
+            StatusCode::FORBIDDEN => "permission_error",
+            StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
+            StatusCode::INTERNAL_SERVER_ERROR | StatusCode::SERVICE_UNAVAILABLE => "server_error",
+            // 501 included: an unknown method is the request's fault.
+            _ => "invalid_request_error",
+        }
+    }
+}
+
+impl std::fmt::Display for Code {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// An error answer.
 #[derive(Debug, Clone)]
 pub struct ApiError {
@@ -25,80 +185,55 @@ impl std::fmt::Display for ApiError {
 }
 
 impl ApiError {
-    /// An error with the given status, `type` and `code`.
-    pub fn new(status: StatusCode, kind: &str, code: &str, message: impl Into<String>) -> Self {
+    /// An error with `code` (which decides the status and `type`).
+    pub fn new(code: Code, message: impl Into<String>) -> Self {
         Self {
-            status,
+            status: code.status(),
             detail: Box::new(ErrorDetail {
                 message: message.into(),
-                kind: kind.to_string(),
+                kind: code.kind().to_string(),
                 param: None,
-                code: Some(code.to_string()),
+                code: Some(code.as_str().to_string()),
                 lines: Vec::new(),
             }),
             retry_after: None,
         }
     }
 
-    /// 429: a limit of the tenant's is reached; try again after `retry_after` seconds.
-    pub fn too_many(code: &str, message: impl Into<String>, retry_after: u64) -> Self {
-        let mut e = Self::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "rate_limit_error",
-            code,
-            message,
-        );
+    /// A limit of the tenant's is reached (429); try again after `retry_after` seconds.
+    pub fn too_many(code: Code, message: impl Into<String>, retry_after: u64) -> Self {
+        let mut e = Self::new(code, message);
         e.retry_after = Some(retry_after);
         e
     }
 
-    /// 400: the request is wrong; `param` names the field.
-    pub fn invalid(param: &str, code: &str, message: impl Into<String>) -> Self {
-        let mut e = Self::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            code,
-            message,
-        );
+    /// The request is wrong (400); `param` names the field.
+    pub fn invalid(param: &str, code: Code, message: impl Into<String>) -> Self {
+        let mut e = Self::new(code, message);
         e.detail.param = Some(param.to_string());
         e
     }
 
     /// 400 for a dataset with bad lines, listing them.
     pub fn bad_lines(message: impl Into<String>, lines: Vec<LineProblem>) -> Self {
-        let mut e = Self::invalid("file", "invalid_jsonl", message);
+        let mut e = Self::invalid("file", Code::InvalidJsonl, message);
         e.detail.lines = lines;
         e
     }
 
     /// 401: no key, or not a key we know.
     pub fn unauthenticated(message: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::UNAUTHORIZED,
-            "authentication_error",
-            "invalid_api_key",
-            message,
-        )
+        Self::new(Code::InvalidApiKey, message)
     }
 
     /// 403: a known key that may not do this.
     pub fn forbidden(message: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::FORBIDDEN,
-            "permission_error",
-            "forbidden",
-            message,
-        )
+        Self::new(Code::Forbidden, message)
     }
 
     /// 404: no such object for this tenant (another tenant's ids answer the same).
     pub fn not_found(what: &str, id: &str) -> Self {
-        let mut e = Self::new(
-            StatusCode::NOT_FOUND,
-            "invalid_request_error",
-            "not_found",
-            format!("No such {what}: {id}"),
-        );
+        let mut e = Self::new(Code::NotFound, format!("No such {what}: {id}"));
         e.detail.param = Some("id".into());
         e
     }
@@ -106,31 +241,19 @@ impl ApiError {
     /// 413: the body is larger than allowed.
     pub fn too_large(limit: u64) -> Self {
         Self::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "invalid_request_error",
-            "file_too_large",
+            Code::FileTooLarge,
             format!("The upload is larger than the limit of {limit} bytes."),
         )
     }
 
     /// 500: our fault; the message is safe to show (no secrets, no internals).
     pub fn internal(message: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "server_error",
-            "internal_error",
-            message,
-        )
+        Self::new(Code::InternalError, message)
     }
 
     /// 503: a backend is unreachable; retrying later may help.
     pub fn unavailable(message: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "server_error",
-            "unavailable",
-            message,
-        )
+        Self::new(Code::Unavailable, message)
     }
 }
 
@@ -154,7 +277,7 @@ impl From<QueueError> for ApiError {
     fn from(e: QueueError) -> Self {
         match e {
             QueueError::Invalid { field, message } => {
-                Self::invalid(field, "invalid_value", message)
+                Self::invalid(field, Code::InvalidValue, message)
             }
             QueueError::Unavailable(cause) => {
                 tracing::warn!(
@@ -179,9 +302,7 @@ impl From<tuneq_storage::Error> for ApiError {
             // the operator's business, not the client's.
             tracing::warn!(error = %e, "a recorded object is missing from the store");
             return Self::new(
-                StatusCode::GONE,
-                "invalid_request_error",
-                "object_gone",
+                Code::ObjectGone,
                 "The stored content of this object is gone.",
             );
         }
@@ -196,3 +317,44 @@ impl From<tuneq_storage::Error> for ApiError {
 
 /// Result alias for handlers.
 pub type ApiResult<T> = Result<T, ApiError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_is_declared_once_and_described() {
+        let mut seen = std::collections::HashSet::new();
+        for code in Code::ALL {
+            assert!(seen.insert(code.as_str()), "{code} is declared twice");
+            assert!(
+                code.as_str()
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c == '_'),
+                "{code} is not snake_case"
+            );
+            assert!(!code.description().trim().is_empty(), "{code} has no doc");
+        }
+    }
+
+    #[test]
+    fn a_codes_status_and_type_are_what_its_body_carries() {
+        let e = ApiError::invalid("limit", Code::InvalidValue, "no");
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert_eq!(e.detail.kind, "invalid_request_error");
+        assert_eq!(e.detail.code.as_deref(), Some("invalid_value"));
+        assert_eq!(e.detail.param.as_deref(), Some("limit"));
+        let limited = ApiError::too_many(Code::TooManyQueuedJobs, "wait", 30);
+        assert_eq!(limited.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(limited.detail.kind, "rate_limit_error");
+        assert_eq!(limited.retry_after, Some(30));
+        assert_eq!(
+            ApiError::unauthenticated("x").detail.kind,
+            "authentication_error"
+        );
+        assert_eq!(ApiError::forbidden("x").detail.kind, "permission_error");
+        assert_eq!(ApiError::unavailable("x").detail.kind, "server_error");
+        // 501 stays a request error, as it was before codes were declared.
+        assert_eq!(Code::MethodNotSupported.kind(), "invalid_request_error");
+    }
+}

@@ -4,7 +4,7 @@
 //! projections' width, and the memory estimate placement compares with the pools'
 //! ([`tuneq_pools::memory`]); then which pools can take the job, and at what cost.
 
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, Code};
 use crate::state::AppState;
 use tuneq_openapi::{FileObject, JobEstimate, TrainSpec};
 use tuneq_pools::{Ask, ModelShape};
@@ -16,7 +16,7 @@ pub fn check(shape: &ModelShape, model: &str, ask: &Ask<'_>) -> ApiResult<()> {
     {
         return Err(ApiError::invalid(
             "hyperparameters.max_seq_len",
-            "exceeds_model_context",
+            Code::ExceedsModelContext,
             format!(
                 "max_seq_len {} is longer than {model}'s {positions} positions.",
                 ask.max_seq_len
@@ -34,7 +34,7 @@ pub fn check(shape: &ModelShape, model: &str, ask: &Ask<'_>) -> ApiResult<()> {
     {
         return Err(ApiError::invalid(
             "lora.r",
-            "exceeds_projection_width",
+            Code::ExceedsProjectionWidth,
             format!(
                 "lora.r {} is wider than {model}'s {module} ({width}); a rank above a projection's width adds nothing.",
                 ask.lora.r
@@ -49,7 +49,7 @@ pub fn check(shape: &ModelShape, model: &str, ask: &Ask<'_>) -> ApiResult<()> {
 /// an attempt needs, for placement. Only models with local files are checked here (and
 /// estimated); the trainer checks the others.
 pub(crate) fn check_job(
-    base: &crate::models::BaseModel,
+    base: &crate::records::model::BaseModel,
     spec: &TrainSpec,
     training: &FileObject,
 ) -> ApiResult<Option<u64>> {
@@ -63,7 +63,7 @@ pub(crate) fn check_job(
     {
         return Err(ApiError::invalid(
             "training_file",
-            "no_trainable_tokens",
+            Code::NoTrainableTokens,
             format!(
                 "No example of {} has a token to learn from at max_seq_len {} (every answer is cut off or empty); raise max_seq_len or fix the data.",
                 training.id, h.max_seq_len
@@ -110,7 +110,14 @@ pub(crate) fn place(
     let candidates = tuneq_pools::plan(&state.config.pools, needs, &|pool| {
         state.pool_stats.speed(pool)
     })
-    .map_err(|refusal| ApiError::invalid(refusal.field(), refusal.code(), refusal.to_string()))?;
+    .map_err(|refusal| {
+        let code = match refusal {
+            tuneq_pools::Refusal::NoHardware { .. } => Code::NoPoolFits,
+            tuneq_pools::Refusal::DoesNotFit { .. } => Code::DoesNotFit,
+            tuneq_pools::Refusal::OverBudget { .. } => Code::OverBudget,
+        };
+        ApiError::invalid(refusal.field(), code, refusal.to_string())
+    })?;
     let pools: Vec<String> = candidates.iter().map(|c| c.pool.name.clone()).collect();
     let estimate = candidates.first().and_then(|first| {
         first.estimate.map(|e| JobEstimate {

@@ -14,10 +14,10 @@
 //! - a client's `X-Request-Id` is kept only when it is short and plain ([`request_id`]),
 //!   else replaced by one of ours: it goes into every log line of the request.
 
-use crate::error::ApiError;
+use crate::error::{ApiError, Code};
 use actix_web::dev::{Payload, ServiceRequest};
 use actix_web::error::PayloadError;
-use actix_web::http::{Method, StatusCode, header};
+use actix_web::http::{Method, header};
 use bytes::Bytes;
 use std::future::Future;
 use std::pin::Pin;
@@ -97,9 +97,7 @@ pub const MAX_METHOD_LEN: usize = 16;
 pub fn refusal(req: &ServiceRequest) -> Option<ApiError> {
     if method_label(req.method()).is_none() && req.method().as_str().len() > MAX_METHOD_LEN {
         return Some(ApiError::new(
-            StatusCode::NOT_IMPLEMENTED,
-            "invalid_request_error",
-            "method_not_supported",
+            Code::MethodNotSupported,
             "This method is not supported.",
         ));
     }
@@ -109,17 +107,13 @@ pub fn refusal(req: &ServiceRequest) -> Option<ApiError> {
         .any(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"));
     if encoded {
         return Some(ApiError::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "invalid_request_error",
-            "encoded_body_unsupported",
+            Code::EncodedBodyUnsupported,
             "Request bodies must not be compressed: send them without Content-Encoding.",
         ));
     }
     if headers.get_all(header::AUTHORIZATION).nth(1).is_some() {
         let mut error = ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            "duplicate_header",
+            Code::DuplicateHeader,
             "The request has more than one Authorization header; send one.",
         );
         error.detail.param = Some("Authorization".into());
@@ -156,9 +150,7 @@ pub fn is_body_timeout(error: &PayloadError) -> bool {
 /// The answer to a body that [`Paced`] cut off.
 pub fn body_timeout() -> ApiError {
     ApiError::new(
-        StatusCode::REQUEST_TIMEOUT,
-        "invalid_request_error",
-        "body_timeout",
+        Code::BodyTimeout,
         "The request body arrived too slowly (it stalled, or kept under the minimum rate).",
     )
 }

@@ -27,9 +27,3 @@ pub(crate) async fn readyz(state: web::Data<AppState>) -> HttpResponse {
         }
     }
 }
-
-/// Routes.
-pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.service(crate::resource("/healthz", "GET").route(web::get().to(healthz)))
-        .service(crate::resource("/readyz", "GET").route(web::get().to(readyz)));
-}

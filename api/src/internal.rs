@@ -6,31 +6,24 @@
 //! attempt that was superseded, preempted or cancelled is refused with 410 and changes
 //! nothing, which tells that trainer to stop. A `finished` event completes the job.
 
-use crate::error::{ApiError, ApiResult};
-use crate::finetunes::AttemptResult;
+use crate::error::{ApiError, ApiResult, Code};
+use crate::records::finetune::AttemptResult;
 use crate::state::AppState;
-use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
-use serde_json::json;
-use tuneq_openapi::{AttemptReport, Progress, TrainEvent};
+use tuneq_openapi::{AttemptReport, LogEntry, Progress, TrainEvent};
 use tuneq_queue::{JobQueue, QueueError};
 
-/// Routes.
-pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.service(
-        crate::resource("/internal/attempts/{job}/report", "POST").route(web::post().to(report)),
-    );
-}
-
-fn gone(code: &str, message: &str) -> ApiError {
-    ApiError::new(StatusCode::GONE, "invalid_request_error", code, message)
+/// 410 to a trainer: stop this attempt (`code` says why).
+fn gone(code: Code, message: &str) -> ApiError {
+    ApiError::new(code, message)
 }
 
 /// Metrics events kept per run: enough to plot the loss, few enough that the job's
 /// capped event log keeps its first events too.
 const METRICS_EVENTS_PER_RUN: u64 = 50;
 
-/// Folds `events` into the job's progress and picks the ones its log records.
+/// Folds `events` into the job's progress and picks the ones its log records, as the
+/// log keeps them (kind, message): [`LogEntry`]s, and warnings as plain text.
 fn apply(progress: &mut Progress, events: &[TrainEvent]) -> Vec<(String, String)> {
     let mut log = Vec::new();
     for event in events {
@@ -45,21 +38,28 @@ fn apply(progress: &mut Progress, events: &[TrainEvent]) -> Vec<(String, String)
             } => {
                 progress.total_steps = *total_steps;
                 restart_at(progress, *start_step);
-                log.push((
-                    "training_started".into(),
-                    json!({"total_steps": total_steps, "start_step": start_step,
-                        "train_examples": train_examples, "validation_examples": validation_examples,
-                        "trainable_params": trainable_params, "dataset_format": dataset_format})
-                    .to_string(),
-                ));
+                log.push(
+                    LogEntry::TrainingStarted {
+                        total_steps: *total_steps,
+                        start_step: *start_step,
+                        train_examples: *train_examples,
+                        validation_examples: *validation_examples,
+                        trainable_params: *trainable_params,
+                        dataset_format: dataset_format.clone(),
+                    }
+                    .encode(),
+                );
             }
             TrainEvent::Resumed { step, checkpoint } => {
                 restart_at(progress, *step);
                 progress.checkpoint_step = Some(*step);
-                log.push((
-                    "resumed".into(),
-                    json!({"step": step, "location": checkpoint}).to_string(),
-                ));
+                log.push(
+                    LogEntry::Resumed {
+                        step: *step,
+                        location: checkpoint.clone(),
+                    }
+                    .encode(),
+                );
             }
             TrainEvent::Step(m) => {
                 progress.step = m.step;
@@ -70,13 +70,18 @@ fn apply(progress: &mut Progress, events: &[TrainEvent]) -> Vec<(String, String)
                 progress.tokens_seen = m.tokens_seen;
                 let every = (m.total_steps / METRICS_EVENTS_PER_RUN).max(1);
                 if m.step == 1 || m.step % every == 0 || m.step == m.total_steps {
-                    log.push((
-                        "metrics".into(),
-                        json!({"step": m.step, "total_steps": m.total_steps, "train_loss": m.loss,
-                            "learning_rate": m.lr, "tokens_per_s": m.tokens_per_s,
-                            "eta_s": m.eta_s, "tokens_seen": m.tokens_seen})
-                        .to_string(),
-                    ));
+                    log.push(
+                        LogEntry::Metrics {
+                            step: m.step,
+                            total_steps: m.total_steps,
+                            train_loss: Some(m.loss),
+                            learning_rate: Some(m.lr),
+                            tokens_per_s: Some(m.tokens_per_s),
+                            eta_s: Some(m.eta_s),
+                            tokens_seen: m.tokens_seen,
+                        }
+                        .encode(),
+                    );
                 }
             }
             TrainEvent::Eval {
@@ -84,17 +89,23 @@ fn apply(progress: &mut Progress, events: &[TrainEvent]) -> Vec<(String, String)
                 validation_loss,
             } => {
                 progress.validation_loss = Some(*validation_loss);
-                log.push((
-                    "eval".into(),
-                    json!({"step": step, "valid_loss": validation_loss}).to_string(),
-                ));
+                log.push(
+                    LogEntry::Eval {
+                        step: *step,
+                        valid_loss: Some(*validation_loss),
+                    }
+                    .encode(),
+                );
             }
             TrainEvent::Checkpoint { step, location } => {
                 progress.checkpoint_step = Some(*step);
-                log.push((
-                    "checkpoint".into(),
-                    json!({"step": step, "location": location}).to_string(),
-                ));
+                log.push(
+                    LogEntry::Checkpoint {
+                        step: *step,
+                        location: location.clone(),
+                    }
+                    .encode(),
+                );
             }
             TrainEvent::Warning { message } => log.push(("warning".into(), message.clone())),
             TrainEvent::Finished {
@@ -126,7 +137,7 @@ fn restart_at(progress: &mut Progress, step: u64) {
 
 /// `POST /internal/attempts/{job}/report`.
 #[tracing::instrument(skip_all, fields(job = %job))]
-async fn report(
+pub(crate) async fn report(
     state: web::Data<AppState>,
     req: HttpRequest,
     job: web::Path<String>,
@@ -152,7 +163,7 @@ async fn report(
         .queue
         .get(&id)
         .await?
-        .ok_or_else(|| gone("job_gone", "The job no longer exists."))?;
+        .ok_or_else(|| gone(Code::JobGone, "The job no longer exists."))?;
     let mut progress: Progress = record
         .progress
         .as_deref()
@@ -165,14 +176,14 @@ async fn report(
     let log_refs: Vec<(&str, &str)> = log.iter().map(|(k, m)| (k.as_str(), m.as_str())).collect();
     let refused = |e: QueueError| match e {
         QueueError::StaleToken(_) => gone(
-            "attempt_superseded",
+            Code::AttemptSuperseded,
             "This attempt is no longer the job's live attempt: stop.",
         ),
         QueueError::WrongState { state, .. } => gone(
-            "attempt_stopped",
+            Code::AttemptStopped,
             &format!("The job is {state}: stop this attempt."),
         ),
-        QueueError::NotFound(_) => gone("job_gone", "The job no longer exists."),
+        QueueError::NotFound(_) => gone(Code::JobGone, "The job no longer exists."),
         other => other.into(),
     };
     state

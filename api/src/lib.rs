@@ -1,20 +1,30 @@
 //! The REST service: native routes, OpenAI-compatible routes, tenants and API keys.
 //!
-//! Layout:
-//! - `state`: what handlers share (queue + catalog, object store, settings).
-//! - `error`: every error as OpenAI's error body, with a 4xx that names the field.
-//! - `auth`: API keys (stored hashed) → tenants; the admin key.
-//! - `files`: dataset upload with validation, list, retrieve, download, delete.
-//! - `finetunes`: fine-tuning jobs, their events, checkpoints and adapter; `settle`
-//!   files each finished job's outcome.
-//! - `models`: registered base models and the tenant's fine-tuned ones.
-//! - `internal`: where trainers report progress, fenced by their attempt's credential.
-//! - `admin`: tenants and keys. `health`: liveness and readiness.
-//! - `spec`: the OpenAPI document (`/openapi.json`, committed as `openapi/openapi.json`)
-//!   and its page (`/docs`).
+//! Layout, in floors: a module uses only modules on its own floor or below, so the way
+//! of the data never doubles back.
 //!
-//! - `metrics`: Prometheus counters at `/metrics`.
-//! - `guard`: what every request passes before routing (methods, encodings, body pace).
+//! 1. Handlers, one module per area of routes:
+//!    - `files`: dataset upload with validation, list, retrieve, download, delete.
+//!    - `finetunes`: fine-tuning jobs (create → `plan`, `view`, `events`, `artifacts`).
+//!    - `models`: registered base models and the tenant's fine-tuned ones.
+//!    - `internal`: where trainers report progress, fenced by their attempt's credential.
+//!    - `webhooks`: tenants' signing secrets, delivery, and the `settle` loop that files
+//!      each finished job's outcome and sends its event (run beside the server).
+//!    - `routes` declares every route once (a handler's `#[utoipa::path]` gives its
+//!      path, method and OpenAPI entry) and serves both prefixes of the aliased ones.
+//!    - `admin`: tenants and keys. `health`: liveness and readiness. `metrics`:
+//!      Prometheus counters at `/metrics`. `spec`: the OpenAPI document
+//!      (`/openapi.json`, committed as `openapi/openapi.json`) and its page (`/docs`).
+//! 2. What handlers share: `auth` (the `Tenant` and `Admin` extractors), `body` (JSON
+//!    read within a limit), `fit` (placement and cost checks), `text`, `tar`.
+//! 3. `state`: the queue, the object store, the settings and what the process learns
+//!    (`pool_stats`) or keeps copies of (`cache`).
+//! 4. `records`: typed access to the catalog's records (fine-tunes, files, models,
+//!    tenants and keys), taking the catalog and a tenant id, never the state.
+//! 5. At the bottom, each depending on nothing here but `error`: `error` (every error
+//!    as OpenAI's error body), `guard` (what every request passes before routing:
+//!    methods, encodings, body pace), `cache`, `pool_stats`, `redact`, `sealed`,
+//!    `webhook_target` (the SSRF guard).
 
 pub mod admin;
 pub mod auth;
@@ -30,18 +40,20 @@ pub mod internal;
 pub mod metrics;
 pub mod models;
 pub mod pool_stats;
-mod records;
+pub mod records;
 pub mod redact;
+mod routes;
 pub mod sealed;
 pub mod spec;
 pub mod state;
 mod tar;
 mod text;
+pub mod webhook_target;
 pub mod webhooks;
 
-pub use error::{ApiError, ApiResult};
+pub use error::{ApiError, ApiResult, Code};
 pub use state::{ApiConfig, AppState};
-pub use webhooks::WebhookPolicy;
+pub use webhook_target::WebhookPolicy;
 
 use actix_web::{App, HttpServer, web};
 
@@ -62,7 +74,7 @@ pub fn configure(json_limit: usize) -> impl FnOnce(&mut web::ServiceConfig) {
                     }
                     _ => ApiError::invalid(
                         "body",
-                        "invalid_json",
+                        Code::InvalidJson,
                         format!("The JSON body is invalid: {e}"),
                     )
                     .into(),
@@ -71,72 +83,19 @@ pub fn configure(json_limit: usize) -> impl FnOnce(&mut web::ServiceConfig) {
         .app_data(web::QueryConfig::default().error_handler(|e, _| {
             ApiError::invalid(
                 "query",
-                "invalid_query",
+                Code::InvalidQuery,
                 format!("The query is invalid: {e}"),
             )
             .into()
         }))
-        .app_data(
-            web::PathConfig::default().error_handler(|e, _| {
-                ApiError::invalid("path", "invalid_path", e.to_string()).into()
-            }),
-        )
-        .configure(health::routes)
-        .configure(files::routes)
-        .configure(finetunes::routes)
-        .configure(models::routes)
-        .configure(internal::routes)
-        .configure(spec::routes)
-        .configure(metrics::routes)
-        .configure(admin::routes)
-        .configure(webhooks::routes)
+        .app_data(web::PathConfig::default().error_handler(|e, _| {
+            ApiError::invalid("path", Code::InvalidPath, e.to_string()).into()
+        }))
+        .configure(|cfg| routes::configure(cfg, spec::routes()))
         .default_service(web::to(|| async {
-            Err::<actix_web::HttpResponse, _>(ApiError::new(
-                actix_web::http::StatusCode::NOT_FOUND,
-                "invalid_request_error",
-                "unknown_route",
-                "No such route.",
-            ))
+            Err::<actix_web::HttpResponse, _>(ApiError::new(Code::UnknownRoute, "No such route."))
         }));
     }
-}
-
-/// The route pattern a request was routed to (`/v1/fine_tuning/jobs/{id}`): what its
-/// metrics are labelled with. Set as the resource's data, so reading it costs no second
-/// walk through the routes (`HttpRequest::match_pattern` re-matches every pattern).
-#[derive(Debug, Clone)]
-pub(crate) struct RoutePattern(pub std::sync::Arc<str>);
-
-/// A route's resource at `path`: a method it does not serve (`allow` lists those it
-/// does) answers 405 with an `Allow` header and the error body.
-pub(crate) fn resource(path: impl Into<String>, allow: &'static str) -> actix_web::Resource {
-    let path: String = path.into();
-    scoped_resource("", &path, allow)
-}
-
-/// [`resource`] for `path` inside the scope at `prefix`.
-pub(crate) fn scoped_resource(
-    prefix: &str,
-    path: &str,
-    allow: &'static str,
-) -> actix_web::Resource {
-    let pattern = RoutePattern(format!("{prefix}{path}").into());
-    web::resource(path)
-        .app_data(pattern)
-        .default_service(web::to(move || async move {
-            let error = ApiError::new(
-                actix_web::http::StatusCode::METHOD_NOT_ALLOWED,
-                "invalid_request_error",
-                "method_not_allowed",
-                format!("This route serves {allow} only."),
-            );
-            let mut response = actix_web::ResponseError::error_response(&error);
-            response.headers_mut().insert(
-                actix_web::http::header::ALLOW,
-                actix_web::http::header::HeaderValue::from_static(allow),
-            );
-            response
-        }))
 }
 
 /// Serves the API on `listener` until the returned server is stopped (through its
@@ -211,7 +170,7 @@ pub fn serve(
                             value,
                         );
                     }
-                    let route = response.request().app_data::<RoutePattern>().cloned();
+                    let route = response.request().app_data::<routes::RoutePattern>().cloned();
                     metrics::observe(
                         method,
                         route.as_ref().map_or("unmatched", |r| &r.0),

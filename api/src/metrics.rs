@@ -194,11 +194,6 @@ async fn render(state: &AppState) -> String {
     out
 }
 
-/// Routes.
-pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.service(crate::resource("/metrics", "GET").route(web::get().to(metrics)));
-}
-
 /// Prometheus metrics (no key: scrape from inside the network).
 #[utoipa::path(get, path = "/metrics", tag = "health", operation_id = "metrics",
     security(()),

@@ -3,8 +3,8 @@
 //! fails when they drift. Served at `GET /openapi.json`, and read by people at `/docs`
 //! (a self-contained page: no CDN, works offline).
 
-use crate::{admin, files, finetunes, health, metrics, models, webhooks};
-use actix_web::{HttpResponse, web};
+use crate::error::Code;
+use actix_web::HttpResponse;
 use utoipa::OpenApi;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 
@@ -19,17 +19,8 @@ under /v1/files and /v1/fine_tuning/jobs is also served under /files and /finetu
         // refuses the document without one.
         license(name = "Apache-2.0", identifier = "Apache-2.0")
     ),
-    paths(
-        files::upload, files::list, files::retrieve, files::content, files::delete,
-        finetunes::create, finetunes::list, finetunes::retrieve, finetunes::cancel,
-        finetunes::events, finetunes::checkpoints, finetunes::adapter, finetunes::adapter_urls,
-        models::list, webhooks::secret, webhooks::rotate_secret,
-        admin::create_tenant, admin::create_key, admin::list_keys, admin::revoke_key,
-        admin::set_limits,
-        health::healthz, health::readyz, metrics::metrics,
-    ),
     components(schemas(tuneq_openapi::ErrorDetail, tuneq_openapi::LineProblem, tuneq_openapi::WebhookEvent)),
-    modifiers(&Security),
+    modifiers(&Security, &ErrorCodes),
     security(("api_key" = [])),
     tags(
         (name = "files", description = "Datasets: upload (validated at once), list, download, delete"),
@@ -57,16 +48,40 @@ impl utoipa::Modify for Security {
     }
 }
 
-/// The native prefixes each OpenAI-compatible prefix is also served under.
-const ALIASES: [(&str, &str); 3] = [
-    ("/v1/files", "/files"),
-    ("/v1/fine_tuning/jobs", "/finetunes"),
-    ("/v1/models", "/models"),
-];
+/// Documents every error code (see [`Code`]) as the `ErrorCode` schema: the codes,
+/// each with its status and meaning, taken from the one declaration of the codes.
+struct ErrorCodes;
+
+impl utoipa::Modify for ErrorCodes {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
+        let mut description =
+            String::from("The `code` of an error body, with the HTTP status it answers:\n");
+        for code in Code::ALL {
+            description.push_str(&format!(
+                "\n- `{}` ({}): {}",
+                code.as_str(),
+                code.status().as_u16(),
+                code.description().trim()
+            ));
+        }
+        let schema = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .enum_values(Some(Code::ALL.iter().map(|c| c.as_str())))
+            .description(Some(description))
+            .build();
+        openapi
+            .components
+            .get_or_insert_with(Default::default)
+            .schemas
+            .insert("ErrorCode".into(), Schema::Object(schema).into());
+    }
+}
 
 /// The whole document, native aliases included.
 pub fn document() -> utoipa::openapi::OpenApi {
     let mut doc = ApiDoc::openapi();
+    doc.merge(crate::routes::Documented::openapi());
     doc.info.version = env!("CARGO_PKG_VERSION").to_string();
     // Health routes need no key.
     for path in ["/healthz", "/readyz"] {
@@ -83,7 +98,7 @@ pub fn document() -> utoipa::openapi::OpenApi {
     }
     let mut native = Vec::new();
     for (path, item) in &doc.paths.paths {
-        for (openai, alias) in ALIASES {
+        for (openai, alias) in crate::routes::ALIASES {
             if let Some(rest) = path.strip_prefix(openai) {
                 let mut item = item.clone();
                 for op in [item.get.as_mut(), item.post.as_mut(), item.delete.as_mut()]
@@ -109,22 +124,32 @@ pub fn document_json() -> String {
     text
 }
 
-/// Routes: the document and its human-readable page.
-pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.service(
-        crate::resource("/openapi.json", "GET").route(web::get().to(|| async {
-            HttpResponse::Ok()
-                .content_type("application/json")
-                .body(served_json())
-        })),
-    )
-    .service(
-        crate::resource("/docs", "GET").route(web::get().to(|| async {
-            HttpResponse::Ok()
-                .content_type("text/html; charset=utf-8")
-                .body(DOCS_PAGE)
-        })),
-    );
+/// The document's own routes (left out of it).
+pub(crate) fn routes() -> Vec<crate::routes::Route> {
+    use crate::routes::Route;
+    use actix_web::{http::Method, web};
+    vec![
+        Route::hidden("/openapi.json", Method::GET, |r, m| {
+            r.route(web::method(m).to(openapi_json))
+        }),
+        Route::hidden("/docs", Method::GET, |r, m| {
+            r.route(web::method(m).to(docs_page))
+        }),
+    ]
+}
+
+/// `GET /openapi.json`: the document.
+async fn openapi_json() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("application/json")
+        .body(served_json())
+}
+
+/// `GET /docs`: the document's human-readable page.
+async fn docs_page() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/html; charset=utf-8")
+        .body(DOCS_PAGE)
 }
 
 /// The document as served, generated once per process (not once per server worker).

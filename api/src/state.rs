@@ -1,9 +1,10 @@
-//! What every handler shares: the queue (jobs and the catalog), the object store, and
-//! the server's settings.
+//! What every handler shares: the queue (jobs and the catalog), the object store, the
+//! server's settings, and what this process learns or keeps a copy of. It sits below the
+//! handlers and above the records: nothing here reaches up into a handler.
 
 use crate::cache::RecordCache;
-use crate::finetunes::FineTuneRecord;
-use crate::webhooks::WebhookPolicy;
+use crate::records::finetune::{FineTuneRecord, FineTunes};
+use crate::webhook_target::WebhookPolicy;
 use std::path::PathBuf;
 use std::sync::Arc;
 use tuneq_queue::{AttemptSigner, Queue};
@@ -69,7 +70,7 @@ pub struct AppState {
     /// Settings.
     pub config: ApiConfig,
     /// Copies of fine-tune records, so polling a job reads only its live state.
-    pub(crate) finetunes: Arc<RecordCache<FineTuneRecord>>,
+    pub(crate) finetune_cache: Arc<RecordCache<FineTuneRecord>>,
     /// Speeds and lost steps per pool, learned from the trainers' reports.
     pub pool_stats: Arc<crate::pool_stats::PoolStats>,
 }
@@ -82,7 +83,12 @@ impl AppState {
             store,
             pool_stats: Arc::new(crate::pool_stats::PoolStats::new(&config.pools)),
             config,
-            finetunes: Arc::new(RecordCache::new(CACHED_FINETUNES)),
+            finetune_cache: Arc::new(RecordCache::new(CACHED_FINETUNES)),
         }
+    }
+
+    /// The fine-tune records, read through this process's copies.
+    pub(crate) fn finetunes(&self) -> FineTunes<'_> {
+        FineTunes::new(&self.queue, &self.finetune_cache)
     }
 }

@@ -2,7 +2,7 @@
 //! without the characters that hide or reorder what an operator reads in a listing or a
 //! log — NUL and other controls, and Unicode's bidirectional overrides.
 
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, Code};
 
 /// Whether `c` reorders or hides text when displayed (bidi embeddings, overrides and
 /// isolates, and the zero-width marks that steer them).
@@ -21,7 +21,7 @@ pub fn check(param: &str, text: &str, max_chars: usize, multiline: bool) -> ApiR
     if count == 0 || count > max_chars {
         return Err(ApiError::invalid(
             param,
-            "invalid_value",
+            Code::InvalidValue,
             format!("{param} must be 1 to {max_chars} characters."),
         ));
     }
@@ -32,7 +32,7 @@ pub fn check(param: &str, text: &str, max_chars: usize, multiline: bool) -> ApiR
     {
         return Err(ApiError::invalid(
             param,
-            "invalid_value",
+            Code::InvalidValue,
             format!(
                 "{param} must not contain control or bidirectional-override characters (found U+{:04X}).",
                 u32::from(bad)

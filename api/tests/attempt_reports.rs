@@ -8,8 +8,9 @@
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::sync::Arc;
-use tuneq_api::models::{BaseModel, register_base};
-use tuneq_api::{ApiConfig, AppState, auth};
+use tuneq_api::records::model::{self, BaseModel};
+use tuneq_api::records::tenant;
+use tuneq_api::{ApiConfig, AppState};
 use tuneq_queue::{AttemptSigner, JobQueue, Queue, QueueConfig};
 use tuneq_storage::layout::{Id, job_output};
 use tuneq_storage::{LocalStore, ObjectStore, PutMode};
@@ -50,12 +51,16 @@ async fn start_with_store(store: Option<Arc<dyn ObjectStore>>) -> Server {
             ..ApiConfig::default()
         },
     );
-    auth::create_tenant(&state, "acme", "Acme").await.unwrap();
-    auth::create_tenant(&state, "other", "Other").await.unwrap();
-    let acme = auth::add_key(&state, "acme", None).await.unwrap();
-    let other = auth::add_key(&state, "other", None).await.unwrap();
-    register_base(
-        &state,
+    tenant::create_tenant(&state.queue, "acme", "Acme")
+        .await
+        .unwrap();
+    tenant::create_tenant(&state.queue, "other", "Other")
+        .await
+        .unwrap();
+    let acme = tenant::add_key(&state.queue, "acme", None).await.unwrap();
+    let other = tenant::add_key(&state.queue, "other", None).await.unwrap();
+    model::register(
+        &state.queue,
         &BaseModel {
             id: "base".into(),
             location: "/models/base".into(),
@@ -209,6 +214,28 @@ async fn reports_move_a_job_to_succeeded_and_stale_or_forged_ones_change_nothing
     assert_eq!(checkpoints["data"].as_array().unwrap().len(), 1);
     assert_eq!(checkpoints["data"][0]["step_number"], 2);
     assert_eq!(checkpoints["data"][0]["metrics"]["train_loss"], 1.5);
+    // The log entries the report left, rendered from their typed form.
+    let (_, events) = get(&s, &s.acme, &format!("/finetunes/{id}/events?limit=100")).await;
+    let events = events["data"].as_array().unwrap();
+    let find = |message: &str| {
+        events
+            .iter()
+            .find(|e| e["message"] == message)
+            .unwrap_or_else(|| panic!("no event `{message}` in {events:?}"))
+    };
+    let started = find("Training started");
+    assert_eq!(started["data"]["dataset_format"], "prompt_completion");
+    assert_eq!(started["data"]["total_steps"], 4);
+    let metrics = find("Step 1/4: training loss=2.0000");
+    assert_eq!(metrics["type"], "metrics");
+    assert_eq!(metrics["data"]["train_loss"], 2.0);
+    let saved = find("Checkpoint saved at step 2");
+    assert_eq!(saved["type"], "message");
+    assert_eq!(saved["data"]["step"], 2);
+    assert_eq!(
+        saved["data"]["location"], "step-00000002",
+        "a location outside the tenant's prefix shows only its last segment"
+    );
 
     let finished = json!({"seq": 2, "events": [step(3, 4, 1.2), step(4, 4, 1.0),
         {"event": "finished", "step": 4, "adapter": "file:///out", "train_loss": 1.0,

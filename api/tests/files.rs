@@ -8,7 +8,8 @@ use reqwest::StatusCode;
 use serde_json::Value;
 use std::path::PathBuf;
 use std::sync::Arc;
-use tuneq_api::{ApiConfig, AppState, auth};
+use tuneq_api::records::tenant;
+use tuneq_api::{ApiConfig, AppState};
 use tuneq_queue::{Queue, QueueConfig};
 use tuneq_storage::LocalStore;
 
@@ -37,15 +38,19 @@ async fn start(max_upload_bytes: u64) -> Server {
         Arc::new(LocalStore::new(dir.join("objects"))),
         ApiConfig {
             max_upload_bytes,
-            admin_key_hash: Some(auth::key_hash(ADMIN_KEY)),
+            admin_key_hash: Some(tenant::key_hash(ADMIN_KEY)),
             spool_dir: dir.clone(),
             ..ApiConfig::default()
         },
     );
-    auth::create_tenant(&state, "acme", "Acme").await.unwrap();
-    auth::create_tenant(&state, "other", "Other").await.unwrap();
-    let acme = auth::add_key(&state, "acme", None).await.unwrap();
-    let other = auth::add_key(&state, "other", None).await.unwrap();
+    tenant::create_tenant(&state.queue, "acme", "Acme")
+        .await
+        .unwrap();
+    tenant::create_tenant(&state.queue, "other", "Other")
+        .await
+        .unwrap();
+    let acme = tenant::add_key(&state.queue, "acme", None).await.unwrap();
+    let other = tenant::add_key(&state.queue, "other", None).await.unwrap();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let server = tuneq_api::serve(listener, state, None).unwrap();

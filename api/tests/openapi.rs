@@ -58,3 +58,68 @@ fn every_route_documents_its_errors_and_both_prefixes() {
         }
     }
 }
+
+/// Every operation of the document (both prefixes), and the routes it leaves out, reach
+/// a handler: none answers `unknown_route` or 405.
+#[actix_web::test]
+async fn the_router_serves_what_the_document_declares() {
+    use actix_web::http::Method;
+    use actix_web::{App, test};
+    let app = test::init_service(App::new().configure(tuneq_api::configure(1 << 20))).await;
+    let doc = tuneq_api::spec::document();
+    let mut operations = Vec::new();
+    for (path, item) in &doc.paths.paths {
+        for (method, op) in [
+            (Method::GET, &item.get),
+            (Method::POST, &item.post),
+            (Method::PUT, &item.put),
+            (Method::DELETE, &item.delete),
+        ] {
+            if op.is_some() {
+                operations.push((method, path.clone()));
+            }
+        }
+    }
+    assert_eq!(
+        operations.len(),
+        38,
+        "24 operations, 14 of them under two prefixes"
+    );
+    for (method, path) in [
+        (Method::POST, "/internal/attempts/{job}/report"),
+        (Method::GET, "/openapi.json"),
+        (Method::GET, "/docs"),
+    ] {
+        operations.push((method, path.to_string()));
+    }
+    for (method, path) in operations {
+        let uri = path
+            .replace("{id}", "x")
+            .replace("{key_id}", "y")
+            .replace("{job}", "z");
+        let response = test::call_service(
+            &app,
+            test::TestRequest::default()
+                .method(method.clone())
+                .uri(&uri)
+                .to_request(),
+        )
+        .await;
+        let status = response.status();
+        let body: serde_json::Value =
+            serde_json::from_slice(&test::read_body(response).await).unwrap_or_default();
+        assert_ne!(status, 405, "{method} {uri} is not routed to its handler");
+        assert_ne!(
+            body["error"]["code"], "unknown_route",
+            "{method} {uri} is not routed"
+        );
+    }
+    // A method the route does not serve: 405 naming those it does, GET first.
+    let response = test::call_service(
+        &app,
+        test::TestRequest::patch().uri("/files/x").to_request(),
+    )
+    .await;
+    assert_eq!(response.status(), 405);
+    assert_eq!(response.headers().get("allow").unwrap(), "GET, DELETE");
+}

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use support::{Server, examples, start, upload};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tuneq_api::AppState;
-use tuneq_api::finetunes::settle;
+use tuneq_api::webhooks::settle;
 
 /// README: "non-2xx is retried after 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 14 h, 20 h,
 /// 24 h", then given up.

@@ -119,7 +119,8 @@ pub struct ErrorDetail {
     pub kind: String,
     /// The request field at fault, if one is.
     pub param: Option<String>,
-    /// A stable machine-readable code, e.g. `invalid_jsonl`, `file_too_large`.
+    /// A stable machine-readable code, e.g. `invalid_jsonl`, `file_too_large`: one of
+    /// the `ErrorCode` schema, which lists them all.
     pub code: Option<String>,
     /// For a refused dataset: every bad line (at most 1 000; `message` gives the totals).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

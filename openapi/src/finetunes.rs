@@ -277,7 +277,12 @@ pub struct FineTuneJob {
     pub progress: Option<Progress>,
     /// Standing while queued (tuneq).
     pub queue: Option<QueueStanding>,
-    /// Attempts that failed and were retried (tuneq).
+    /// Attempts that failed (crashed, or the trainer reported an error) and so spent
+    /// one of the job's tries; preemptions are counted apart, in `preemptions` (tuneq).
+    pub failed_attempts: u32,
+    /// The same count as `failed_attempts`, under its first name: kept for clients that
+    /// read it (tuneq; deprecated).
+    #[schema(deprecated)]
     pub attempts: u32,
     /// Times its machine was taken away and it resumed (tuneq).
     pub preemptions: u32,

@@ -8,11 +8,14 @@
 //! - [`files`], [`finetunes`]: the REST API's objects (OpenAI's shapes plus tuneq's fields).
 //! - [`launch`]: how a dispatcher starts a trainer and reads its exit (the launch contract).
 //! - [`progress`]: events a trainer reports ([`TrainEvent`], [`StepMetrics`]).
+//! - [`log`]: what those reports leave in a job's event log ([`LogEntry`]), written and
+//!   read by the API.
 //! - [`train_spec`]: the complete description of one training run ([`TrainSpec`]) and its parts.
 
 pub mod files;
 pub mod finetunes;
 pub mod launch;
+pub mod log;
 pub mod progress;
 pub mod train_spec;
 
@@ -28,6 +31,7 @@ pub use finetunes::{
     ModelList, Progress, QueueStanding, SupervisedMethod, SupervisedSettings, WebhookEvent,
     WebhookEventData, WebhookSecret, WebhookStatus,
 };
+pub use log::LogEntry;
 pub use progress::{StepMetrics, TrainEvent};
 pub use train_spec::{
     ChatTemplateChoice, CheckpointPolicy, DatasetFormat, DeviceKind, DtypeKind, Hyperparameters,

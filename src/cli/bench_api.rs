@@ -184,15 +184,15 @@ pub async fn run(opts: &ApiBenchOptions, log: impl Fn(&str)) -> Result<ApiBenchR
         },
     );
     let fail = |e: tuneq_api::ApiError| anyhow::anyhow!("{}", e.detail.message);
-    tuneq_api::auth::create_tenant(&state, "bench", "Bench")
+    tuneq_api::records::tenant::create_tenant(&state.queue, "bench", "Bench")
         .await
         .map_err(fail)?;
-    let key = tuneq_api::auth::add_key(&state, "bench", None)
+    let key = tuneq_api::records::tenant::add_key(&state.queue, "bench", None)
         .await
         .map_err(fail)?;
-    tuneq_api::models::register_base(
-        &state,
-        &tuneq_api::models::BaseModel {
+    tuneq_api::records::model::register(
+        &state.queue,
+        &tuneq_api::records::model::BaseModel {
             id: "base".into(),
             location: "/models/base".into(),
             base_learning_rate: 2e-4,

@@ -150,9 +150,9 @@ pub fn model_arg(text: &str) -> Result<ModelArg> {
 
 /// Registers a `--model`.
 pub async fn register_model(state: &tuneq_api::AppState, model: ModelArg) -> Result<()> {
-    tuneq_api::models::register_base(
-        state,
-        &tuneq_api::models::BaseModel {
+    tuneq_api::records::model::register(
+        &state.queue,
+        &tuneq_api::records::model::BaseModel {
             id: model.id,
             location: model.location,
             base_learning_rate: 2e-4,
@@ -355,10 +355,10 @@ pub fn spawn_dispatcher(
     Ok(tokio::spawn(dispatcher.run(stop)))
 }
 
-/// Files finished jobs' outcomes (see `tuneq_api::finetunes::settle`) until stopped.
+/// Files finished jobs' outcomes (see `tuneq_api::webhooks::settle`) until stopped.
 pub async fn settle_loop(state: tuneq_api::AppState, mut stop: watch::Receiver<bool>) {
     while !*stop.borrow() {
-        if let Err(e) = tuneq_api::finetunes::settle(&state, 100).await {
+        if let Err(e) = tuneq_api::webhooks::settle(&state, 100).await {
             tracing::warn!(error = %e, "cannot file finished jobs; retrying");
         }
         tokio::select! {
@@ -366,7 +366,7 @@ pub async fn settle_loop(state: tuneq_api::AppState, mut stop: watch::Receiver<b
             _ = stop.changed() => {}
         }
     }
-    let _ = tuneq_api::finetunes::settle(&state, 100).await;
+    let _ = tuneq_api::webhooks::settle(&state, 100).await;
 }
 
 /// Resolves on the first Ctrl-C or SIGTERM.

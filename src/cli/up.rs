@@ -82,9 +82,9 @@ async fn register_demo_model(state: &tuneq_api::AppState, data_dir: &Path) -> Re
             .with_context(|| format!("cannot write the demo model to {}", dir.display()))?;
     }
     let location = std::fs::canonicalize(&dir)?.display().to_string();
-    tuneq_api::models::register_base(
-        state,
-        &tuneq_api::models::BaseModel {
+    tuneq_api::records::model::register(
+        &state.queue,
+        &tuneq_api::records::model::BaseModel {
             id: DEMO_MODEL.into(),
             location,
             // A tiny randomly initialised model learns at a rate a real one would not.
@@ -119,13 +119,14 @@ async fn default_key(
         (None, Some(k)) => (k.clone(), false),
         (None, None) => (tuneq_api::auth::new_key(), true),
     };
-    tuneq_api::auth::add_key(state, DEFAULT_TENANT, Some(&key))
+    tuneq_api::records::tenant::add_key(&state.queue, DEFAULT_TENANT, Some(&key))
         .await
         .map_err(|e| anyhow::anyhow!("{}", e.detail.message))?;
     if let Some(old) = kept.as_deref().filter(|old| *old != key) {
-        let retired = tuneq_api::auth::revoke_key_value(state, DEFAULT_TENANT, old)
-            .await
-            .map_err(|e| anyhow::anyhow!("{}", e.detail.message))?;
+        let retired =
+            tuneq_api::records::tenant::revoke_key_value(&state.queue, DEFAULT_TENANT, old)
+                .await
+                .map_err(|e| anyhow::anyhow!("{}", e.detail.message))?;
         if retired {
             eprintln!(
                 "the API key kept in {} was replaced and no longer works",
@@ -242,7 +243,7 @@ async fn serve(args: UpArgs) -> Result<()> {
             ..tuneq_api::ApiConfig::default()
         },
     );
-    tuneq_api::auth::create_tenant(&state, DEFAULT_TENANT, "Default tenant")
+    tuneq_api::records::tenant::create_tenant(&state.queue, DEFAULT_TENANT, "Default tenant")
         .await
         .map_err(|e| anyhow::anyhow!("{}", e.detail.message))?;
     let (key, generated) =

@@ -334,12 +334,14 @@ def test_a_trainer_stopped_from_outside_is_a_preemption_and_a_killed_one_a_retri
         resumed = wait_for(client, job.id,
                            lambda j: j.model_extra["preemptions"] == 1 and step_of(j) >= 60,
                            what="a resumed attempt")
-        assert resumed.model_extra["attempts"] == 0, "a preemption must not spend a retry"
+        assert resumed.model_extra["failed_attempts"] == 0, "a preemption must not spend a retry"
+        assert resumed.model_extra["attempts"] == 0, "the old name reads the same count"
         signal_the_trainer(service, signal.SIGKILL)
         done = wait_for(client, job.id, terminal)
         assert done.status == "succeeded", done.error
         assert done.model_extra["preemptions"] == 1
-        assert done.model_extra["attempts"] == 1, "a crash spends one retry"
+        assert done.model_extra["failed_attempts"] == 1, "a crash spends one retry"
+        assert done.model_extra["attempts"] == 1, "the old name reads the same count"
         assert done.model_extra["progress"]["step"] == 150
         events = [e.message for e in client.fine_tuning.jobs.list_events(job.id, limit=100)]
         resumes = [m for m in events if m.startswith("Resumed from the checkpoint")]

@@ -2,7 +2,7 @@
 //! one line in memory at a time, with token statistics counted one example at a time
 //! by a base model's tokenizer.
 
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, Code};
 use tuneq_dataset::{DataError, Encoder, LineValidator, Record, TokenCounter};
 use tuneq_openapi::{DatasetFormat, FileTokenStats, FileValidation, LineProblem};
 
@@ -179,7 +179,7 @@ pub(super) async fn validate(
         Err(DataError::Empty { .. }) => {
             return Err(ApiError::invalid(
                 "file",
-                "empty_file",
+                Code::EmptyFile,
                 "The file has no examples: it is empty or only blank lines.",
             ));
         }

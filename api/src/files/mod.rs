@@ -16,7 +16,8 @@ mod spool;
 pub use spool::clean_spool;
 
 use crate::auth::Tenant;
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, Code};
+use crate::records;
 use crate::state::AppState;
 use actix_web::http::header;
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -24,54 +25,16 @@ use futures::{StreamExt, TryStreamExt};
 use serde::Deserialize;
 use tuneq_openapi::ErrorBody;
 use tuneq_openapi::{Deleted, FileList, FileObject};
-use tuneq_queue::Catalog;
-use tuneq_storage::layout::{self, Id};
-use tuneq_storage::{ObjectKey, PutMode};
+use tuneq_storage::PutMode;
 
 use check::validate;
 use spool::{broke_off, field_broke_off, spool, upload_slots};
 
-/// Catalog kind of files.
-const KIND: &str = "file";
 /// The only purpose a file can have here.
 const PURPOSE: &str = "fine-tune";
 
-/// Routes, under both prefixes. Each prefix is a scope, so the router compares one
-/// static prefix before it tries the patterns with an `{id}` in them.
-pub fn routes(cfg: &mut web::ServiceConfig) {
-    for prefix in ["/v1/files", "/files"] {
-        cfg.service(
-            web::scope(prefix)
-                .service(
-                    crate::scoped_resource(prefix, "", "GET, POST")
-                        .route(web::post().to(upload))
-                        .route(web::get().to(list)),
-                )
-                .service(
-                    crate::scoped_resource(prefix, "/{id}", "GET, DELETE")
-                        .route(web::get().to(retrieve))
-                        .route(web::delete().to(delete)),
-                )
-                .service(
-                    crate::scoped_resource(prefix, "/{id}/content", "GET")
-                        .route(web::get().to(content)),
-                ),
-        );
-    }
-}
-
 fn new_file_id() -> String {
     format!("file-{}", hex::encode(rand::random::<[u8; 12]>()))
-}
-
-/// The storage key of a file's bytes.
-pub(crate) fn content_key(tenant: &str, file: &str) -> ApiResult<ObjectKey> {
-    let tenant =
-        Id::parse(tenant).map_err(|_| ApiError::internal("tenant id is not a storage id"))?;
-    let file = Id::parse(file).map_err(|_| ApiError::not_found("file", file))?;
-    layout::tenant_file(&tenant, &file)
-        .join("content.jsonl")
-        .map_err(|e| ApiError::internal(e.to_string()))
 }
 
 /// A display name: no control characters, at most 255 bytes.
@@ -139,7 +102,11 @@ struct UploadLimit {
 
 /// 429 for an upload past the tenant's storage quota (files or bytes kept).
 fn storage_quota(message: String) -> ApiError {
-    let mut e = ApiError::too_many("tenant_storage_quota", message, TENANT_UPLOAD_RETRY_AFTER_S);
+    let mut e = ApiError::too_many(
+        Code::TenantStorageQuota,
+        message,
+        TENANT_UPLOAD_RETRY_AFTER_S,
+    );
     e.detail.param = Some("file".into());
     e
 }
@@ -153,7 +120,7 @@ impl UploadLimit {
     fn exceeded(self) -> ApiError {
         if self.tenant {
             let mut e = ApiError::too_many(
-                "tenant_upload_limit",
+                Code::TenantUploadLimit,
                 format!(
                     "The upload is larger than this tenant's limit of {} bytes; ask an operator to raise max_upload_bytes.",
                     self.bytes
@@ -192,7 +159,7 @@ async fn receive(
         .is_some_and(|v| v.starts_with("multipart/form-data"));
     if !is_multipart {
         let query = web::Query::<RawUpload>::from_query(req.query_string())
-            .map_err(|e| ApiError::invalid("filename", "invalid_query", e.to_string()))?;
+            .map_err(|e| ApiError::invalid("filename", Code::InvalidQuery, e.to_string()))?;
         let (file, bytes) = spool(state, limit, payload.map_err(|e| broke_off(&e))).await?;
         return Ok(Spooled {
             file,
@@ -219,7 +186,7 @@ async fn receive(
         if repeated {
             return Err(ApiError::invalid(
                 &name,
-                "duplicate_field",
+                Code::DuplicateField,
                 format!("The form has more than one `{name}` field; send each once."),
             ));
         }
@@ -250,7 +217,7 @@ async fn receive(
     let (file, bytes, filename) = spooled.ok_or_else(|| {
         ApiError::invalid(
             "file",
-            "missing_file",
+            Code::MissingFile,
             "The form has no `file` field with the dataset.",
         )
     })?;
@@ -276,7 +243,7 @@ async fn small_field(
         if text.len() > max {
             return Err(ApiError::invalid(
                 name,
-                "invalid_value",
+                Code::InvalidValue,
                 format!("{name} is too long"),
             ));
         }
@@ -290,22 +257,27 @@ async fn counting_model(
     state: &AppState,
     requested: Option<&str>,
 ) -> ApiResult<Option<(String, std::path::PathBuf)>> {
-    let local = |m: &crate::models::BaseModel| match tuneq_storage::Location::parse(&m.location) {
+    let local = |m: &records::model::BaseModel| match tuneq_storage::Location::parse(&m.location) {
         Ok(tuneq_storage::Location::Local(path)) => Some((m.id.clone(), path)),
         _ => None,
     };
     match requested {
         Some(id) => {
-            let model = crate::models::base(state, id).await?.ok_or_else(|| {
-                ApiError::invalid(
-                    "model",
-                    "model_not_found",
-                    format!("The model `{id}` does not exist."),
-                )
-            })?;
+            let model = records::model::get(&state.queue, id)
+                .await?
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "model",
+                        Code::ModelNotFound,
+                        format!("The model `{id}` does not exist."),
+                    )
+                })?;
             Ok(local(&model))
         }
-        None => Ok(crate::models::bases(state).await?.iter().find_map(local)),
+        None => Ok(records::model::all(&state.queue)
+            .await?
+            .iter()
+            .find_map(local)),
     }
 }
 
@@ -332,12 +304,12 @@ pub(crate) async fn upload(
     payload: web::Payload,
 ) -> ApiResult<HttpResponse> {
     // The tenant's own limits, when it has them, within the server's.
-    let limits = crate::auth::tenant(&state, &tenant.0)
+    let limits = records::tenant::get(&state.queue, &tenant.0)
         .await?
         .map(|t| t.limits)
         .unwrap_or_default();
     if let Some(max) = limits.max_files
-        && state.queue.count_entries(KIND, &tenant.0).await? >= max
+        && records::file::count(&state.queue, &tenant.0).await? >= max
     {
         return Err(storage_quota(format!(
             "This tenant keeps {max} files already, its limit; delete some or ask an operator to raise max_files."
@@ -360,14 +332,13 @@ pub(crate) async fn upload(
         Some(other) => {
             return Err(ApiError::invalid(
                 "purpose",
-                "invalid_value",
+                Code::InvalidValue,
                 format!("purpose must be \"{PURPOSE}\", not {other:?}."),
             ));
         }
     }
     if let Some(max) = limits.max_stored_bytes {
-        let kept: Vec<FileObject> =
-            crate::records::read_all(&state, (KIND, &tenant.0), "file").await?;
+        let kept: Vec<FileObject> = records::file::all(&state.queue, &tenant.0).await?;
         let stored: u64 = kept.iter().map(|f| f.bytes).sum();
         if stored.saturating_add(spooled.bytes) > max {
             return Err(storage_quota(format!(
@@ -385,35 +356,27 @@ pub(crate) async fn upload(
     )
     .await?;
     let id = new_file_id();
-    let key = content_key(&tenant.0, &id)?;
+    let key = records::file::content_key(&tenant.0, &id)?;
     tuneq_storage::transfer::upload_file(&*state.store, spooled.file.path(), &key, PutMode::Create)
         .await?;
     let object = FileObject {
         id: id.clone(),
         object: "file".into(),
         bytes: spooled.bytes,
-        created_at: now_seconds(),
+        created_at: records::now_seconds(),
         filename: spooled.filename,
         purpose: PURPOSE.into(),
         status: "processed".into(),
         validation,
     };
-    let body = serde_json::to_string(&object).map_err(|e| ApiError::internal(e.to_string()))?;
-    if let Err(e) = state.queue.create_entry(KIND, &tenant.0, &id, &body).await {
+    if let Err(e) = records::file::create(&state.queue, &tenant.0, &object).await {
         if let Err(cleanup) = state.store.delete(&key).await {
             tracing::warn!(error = %cleanup, file = %id, "could not delete an unrecorded upload");
         }
-        return Err(e.into());
+        return Err(e);
     }
     tracing::info!(tenant = %tenant.0, file = %id, bytes = object.bytes, examples = object.validation.examples, "file uploaded");
     Ok(HttpResponse::Ok().json(object))
-}
-
-pub(crate) fn now_seconds() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or_default()
 }
 
 /// Query of a list.
@@ -446,7 +409,7 @@ pub(crate) async fn list(
     if query.order.as_deref().is_some_and(|o| o != "desc") {
         return Err(ApiError::invalid(
             "order",
-            "invalid_value",
+            Code::InvalidValue,
             "Only order=desc is supported.",
         ));
     }
@@ -454,7 +417,7 @@ pub(crate) async fn list(
     if !(1..=1000).contains(&limit) {
         return Err(ApiError::invalid(
             "limit",
-            "invalid_value",
+            Code::InvalidValue,
             "limit must be 1 to 1000.",
         ));
     }
@@ -467,15 +430,8 @@ pub(crate) async fn list(
             last_id: None,
         }));
     }
-    let page = state
-        .queue
-        .list_entries(KIND, &tenant.0, query.after.as_deref(), limit)
-        .await?;
-    let data = page
-        .entries
-        .iter()
-        .map(|e| crate::records::parse::<FileObject>(&e.body, "file"))
-        .collect::<ApiResult<Vec<_>>>()?;
+    let page = records::file::page(&state.queue, &tenant.0, query.after.as_deref(), limit).await?;
+    let data = page.records;
     Ok(HttpResponse::Ok().json(FileList {
         object: "list".into(),
         first_id: data.first().map(|f| f.id.clone()),
@@ -483,16 +439,6 @@ pub(crate) async fn list(
         data,
         has_more: page.has_more,
     }))
-}
-
-/// The tenant's file, or 404 (also for another tenant's id or a malformed one).
-pub(crate) async fn find(state: &AppState, tenant: &Tenant, id: &str) -> ApiResult<FileObject> {
-    if tuneq_queue::catalog::check_identifier("id", id).is_err() {
-        return Err(ApiError::not_found("file", id));
-    }
-    crate::records::read(state, (KIND, &tenant.0), id, "file")
-        .await?
-        .ok_or_else(|| ApiError::not_found("file", id))
 }
 
 /// A file.
@@ -508,7 +454,7 @@ pub(crate) async fn retrieve(
     tenant: Tenant,
     id: web::Path<String>,
 ) -> ApiResult<HttpResponse> {
-    Ok(HttpResponse::Ok().json(find(&state, &tenant, &id).await?))
+    Ok(HttpResponse::Ok().json(records::file::find(&state.queue, &tenant.0, &id).await?))
 }
 
 /// The file's bytes as uploaded, streamed.
@@ -524,10 +470,10 @@ pub(crate) async fn content(
     tenant: Tenant,
     id: web::Path<String>,
 ) -> ApiResult<HttpResponse> {
-    let file = find(&state, &tenant, &id).await?;
+    let file = records::file::find(&state.queue, &tenant.0, &id).await?;
     let object = state
         .store
-        .get(&content_key(&tenant.0, &file.id)?, None)
+        .get(&records::file::content_key(&tenant.0, &file.id)?, None)
         .await?;
     Ok(HttpResponse::Ok()
         .content_type("application/jsonl")
@@ -556,20 +502,24 @@ pub(crate) async fn delete(
     tenant: Tenant,
     id: web::Path<String>,
 ) -> ApiResult<HttpResponse> {
-    let file = find(&state, &tenant, &id).await?;
-    if let Some(job) = crate::finetunes::unfinished_job_using(&state, &tenant.0, &file.id).await? {
+    let file = records::file::find(&state.queue, &tenant.0, &id).await?;
+    if let Some(job) = state
+        .finetunes()
+        .unfinished_using(&tenant.0, &file.id)
+        .await?
+    {
         return Err(ApiError::invalid(
             "id",
-            "file_in_use",
+            Code::FileInUse,
             format!(
                 "The fine-tuning job {job} trains on this file and has not finished; cancel it or wait for it, then delete the file."
             ),
         ));
     }
-    let key = content_key(&tenant.0, &file.id)?;
+    let key = records::file::content_key(&tenant.0, &file.id)?;
     // The record goes first: a crash between the two leaves an object no record names
     // (storage to reclaim), never a record whose content is gone.
-    state.queue.delete_entry(KIND, &tenant.0, &file.id).await?;
+    records::file::delete(&state.queue, &tenant.0, &file.id).await?;
     match state.store.delete(&key).await {
         Ok(()) => {}
         Err(e) if e.is_not_found() => {}

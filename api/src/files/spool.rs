@@ -2,7 +2,7 @@
 //! crash's leftovers are recognised and removed at the next start), within the size
 //! limit, and only while the tenant and the process have an upload slot free.
 
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, Code};
 use crate::state::AppState;
 use futures::StreamExt;
 use std::io::Write;
@@ -16,7 +16,7 @@ pub(super) fn broke_off(e: &actix_web::error::PayloadError) -> ApiError {
     }
     ApiError::invalid(
         "file",
-        "upload_interrupted",
+        Code::UploadInterrupted,
         format!("The upload broke off: {e}"),
     )
 }
@@ -25,7 +25,7 @@ pub(super) fn broke_off(e: &actix_web::error::PayloadError) -> ApiError {
 pub(super) fn field_broke_off(e: actix_multipart::MultipartError) -> ApiError {
     match e {
         actix_multipart::MultipartError::Payload(p) => broke_off(&p),
-        other => ApiError::invalid("file", "invalid_multipart", other.to_string()),
+        other => ApiError::invalid("file", Code::InvalidMultipart, other.to_string()),
     }
 }
 
@@ -104,7 +104,7 @@ pub fn clean_spool(dir: &std::path::Path) -> std::io::Result<u64> {
 /// spool file and, while it is validated, a core. Beyond the bounds an upload is
 /// answered 429 before its body is read.
 pub(super) mod upload_slots {
-    use crate::error::ApiError;
+    use crate::error::{ApiError, Code};
     use std::collections::HashMap;
     use std::sync::{Mutex, OnceLock};
 
@@ -150,7 +150,7 @@ pub(super) mod upload_slots {
             .map_err(|_| ApiError::internal("upload slots are poisoned"))?;
         if s.total >= PER_PROCESS {
             return Err(ApiError::too_many(
-                "too_many_uploads",
+                Code::TooManyUploads,
                 format!(
                     "The server is receiving {PER_PROCESS} uploads already; try again shortly."
                 ),
@@ -160,7 +160,7 @@ pub(super) mod upload_slots {
         let mine = s.by_tenant.get(tenant).copied().unwrap_or(0);
         if mine >= PER_TENANT {
             return Err(ApiError::too_many(
-                "too_many_uploads",
+                Code::TooManyUploads,
                 format!(
                     "This tenant has {PER_TENANT} uploads in progress; wait for one to finish."
                 ),

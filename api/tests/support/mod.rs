@@ -6,8 +6,9 @@
 #![allow(clippy::unwrap_used, dead_code)]
 
 use std::sync::Arc;
-use tuneq_api::models::{BaseModel, register_base};
-use tuneq_api::{ApiConfig, AppState, auth};
+use tuneq_api::records::model::{self, BaseModel};
+use tuneq_api::records::tenant;
+use tuneq_api::{ApiConfig, AppState};
 use tuneq_queue::{JobQueue, Queue, QueueConfig};
 use tuneq_storage::LocalStore;
 
@@ -40,7 +41,7 @@ pub async fn start(configure: impl FnOnce(&mut ApiConfig)) -> Server {
     std::fs::create_dir_all(&spool).unwrap();
     let mut config = ApiConfig {
         spool_dir: spool,
-        admin_key_hash: Some(auth::key_hash(ADMIN_KEY)),
+        admin_key_hash: Some(tenant::key_hash(ADMIN_KEY)),
         pools: Arc::new(tuneq_pools::PoolsFile::local(None)),
         ..ApiConfig::default()
     };
@@ -50,10 +51,14 @@ pub async fn start(configure: impl FnOnce(&mut ApiConfig)) -> Server {
         Arc::new(LocalStore::new(dir.path().join("objects"))),
         config,
     );
-    auth::create_tenant(&state, "acme", "Acme").await.unwrap();
-    auth::create_tenant(&state, "other", "Other").await.unwrap();
-    let acme = auth::add_key(&state, "acme", None).await.unwrap();
-    let other = auth::add_key(&state, "other", None).await.unwrap();
+    tenant::create_tenant(&state.queue, "acme", "Acme")
+        .await
+        .unwrap();
+    tenant::create_tenant(&state.queue, "other", "Other")
+        .await
+        .unwrap();
+    let acme = tenant::add_key(&state.queue, "acme", None).await.unwrap();
+    let other = tenant::add_key(&state.queue, "other", None).await.unwrap();
     let model = dir.path().join("models/base");
     std::fs::create_dir_all(&model).unwrap();
     std::fs::write(
@@ -67,8 +72,8 @@ pub async fn start(configure: impl FnOnce(&mut ApiConfig)) -> Server {
         .to_string(),
     )
     .unwrap();
-    register_base(
-        &state,
+    model::register(
+        &state.queue,
         &BaseModel {
             id: "base".into(),
             location: model.display().to_string(),

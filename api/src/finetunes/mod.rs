@@ -1,0 +1,340 @@
+//! Fine-tuning jobs: create, list, retrieve, cancel, events, checkpoints and the adapter
+//! — at `/v1/fine_tuning/jobs…` (OpenAI's shapes) and `/finetunes…` (the same handlers).
+//!
+//! A fine-tune is two records. The catalog keeps what was asked (and, once the job has
+//! finished, its outcome, because the queue trims finished jobs: see
+//! [`crate::records::finetune`]); the queue job is the source of truth for where the job
+//! is. Its payload is the complete [`TrainSpec`](tuneq_openapi::TrainSpec), so a
+//! dispatcher needs nothing else to run it. A request that can never run (unknown
+//! model, missing file, no pool with the hardware, values out of range) is refused
+//! before anything is written.
+//!
+//! - this module: the create, list, retrieve and cancel handlers.
+//! - `plan`: a create request → the record and the [`TrainSpec`](tuneq_openapi::TrainSpec)
+//!   to queue, or the 400 that says why it can never run.
+//! - `view`: the job as clients see it (the record with the queue's live state).
+//! - `events`: the job's event log as pages and as server-sent events.
+//! - `artifacts`: checkpoints and the trained adapter (tar download, presigned URLs).
+//!
+//! The settle loop that files outcomes and sends webhooks lives with the webhooks.
+
+pub(crate) mod artifacts;
+pub(crate) mod events;
+mod plan;
+mod view;
+
+// The handlers, with their OpenAPI declarations, for `crate::routes`.
+pub(crate) use artifacts::{
+    __path_adapter, __path_adapter_urls, __path_checkpoints, adapter, adapter_urls, checkpoints,
+};
+pub(crate) use events::{__path_events, events};
+pub(crate) use view::fine_tuned_models;
+
+use crate::auth::Tenant;
+use crate::error::{ApiError, ApiResult, Code};
+use crate::records::finetune::FineTuneRecord;
+use crate::state::AppState;
+use actix_web::{HttpRequest, HttpResponse, web};
+use plan::{check_range, plan, request_hash};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use tuneq_openapi::{ErrorBody, FineTuneCreate, FineTuneJob, FineTuneList, JobPayload};
+use tuneq_queue::{JobQueue, NewJob, QueueError};
+use view::view;
+
+/// Attempts before a job fails for good (preemptions do not count).
+const MAX_ATTEMPTS: u32 = 3;
+/// `retry-after` of a create refused for the tenant's queued-jobs limit.
+const QUEUED_RETRY_AFTER_S: u64 = 30;
+
+fn new_id() -> String {
+    format!("ftjob-{}", hex::encode(rand::random::<[u8; 12]>()))
+}
+
+/// The id a request with `Idempotency-Key` gets: the same key (per tenant) always maps
+/// to the same job.
+fn idempotent_id(tenant: &str, key: &str) -> String {
+    let digest = Sha256::digest(format!("{tenant}\0{key}").as_bytes());
+    format!("ftjob-{}", &hex::encode(digest)[..24])
+}
+
+fn idempotency_key(req: &HttpRequest) -> ApiResult<Option<String>> {
+    let Some(value) = req.headers().get("idempotency-key") else {
+        return Ok(None);
+    };
+    let key = value
+        .to_str()
+        .ok()
+        .map(str::trim)
+        .filter(|k| !k.is_empty() && k.len() <= 255)
+        .ok_or_else(|| {
+            ApiError::invalid(
+                "Idempotency-Key",
+                Code::InvalidValue,
+                "Idempotency-Key must be 1 to 255 visible ASCII characters.",
+            )
+        })?;
+    Ok(Some(key.to_string()))
+}
+
+/// Creates a fine-tuning job. A request that can never run (unknown model, missing
+/// file, hardware no pool offers, values out of range) is refused with 400 naming the
+/// field, and nothing is created. With `Idempotency-Key`, a retried request returns the
+/// job it created.
+#[utoipa::path(post, path = "/v1/fine_tuning/jobs", tag = "fine-tuning", operation_id = "create_fine_tuning_job",
+    params(("Idempotency-Key" = Option<String>, Header, description = "Makes a retried create return the same job")),
+    request_body = FineTuneCreate,
+    responses(
+        (status = 200, description = "The job, queued", body = FineTuneJob),
+        (status = 400, description = "The request can never run; `param` names the field", body = ErrorBody),
+        (status = 401, description = "No or unknown API key", body = ErrorBody),
+        (status = 429, description = "Too many jobs waiting", body = ErrorBody),
+    ))]
+#[tracing::instrument(skip_all, fields(tenant = %tenant.0))]
+pub(crate) async fn create(
+    state: web::Data<AppState>,
+    tenant: Tenant,
+    req: HttpRequest,
+    body: web::Json<FineTuneCreate>,
+) -> ApiResult<HttpResponse> {
+    let key = idempotency_key(&req)?;
+    let id = match &key {
+        Some(key) => idempotent_id(&tenant.0, key),
+        None => new_id(),
+    };
+    // A retry of a request that was accepted answers with its job.
+    if let Some(existing) = state.finetunes().get(&tenant.0, &id).await? {
+        return same_request(&state, existing, &body).await;
+    }
+    let mut plan = plan(&state, &tenant, &id, &body).await?;
+    let payload = serde_json::to_string(&JobPayload {
+        finetune: id.clone(),
+        spec: plan.spec,
+    })
+    .map_err(|e| ApiError::internal(e.to_string()))?;
+    // The fine-tune id is the queue's idempotency key: a request that died between
+    // enqueue and record, retried, finds the same queue job.
+    let enqueued = state
+        .queue
+        .enqueue(&NewJob {
+            tenant: tenant.0.clone(),
+            priority: plan.record.priority,
+            pools: plan.pools,
+            gpus: 1,
+            estimated_seconds: 0,
+            max_attempts: MAX_ATTEMPTS,
+            payload,
+            idempotency_key: Some(id.clone()),
+            notify: true,
+        })
+        .await
+        .map_err(|e| match e {
+            QueueError::OverQuota(_) => ApiError::too_many(
+                Code::TooManyQueuedJobs,
+                "You have as many fine-tuning jobs waiting as your limit allows; try again once some have started.",
+                QUEUED_RETRY_AFTER_S,
+            ),
+            other => other.into(),
+        })?;
+    plan.record.job_id = enqueued.id;
+    if !state.finetunes().create(&plan.record).await? {
+        // A concurrent identical request won the race.
+        let existing = state.finetunes().find(&tenant.0, &id).await?;
+        return same_request(&state, existing, &body).await;
+    }
+    tracing::info!(finetune = %id, job = %plan.record.job_id, model = %plan.record.model, "fine-tune queued");
+    Ok(HttpResponse::Ok().json(view(&state, plan.record).await?))
+}
+
+async fn same_request(
+    state: &AppState,
+    existing: FineTuneRecord,
+    body: &FineTuneCreate,
+) -> ApiResult<HttpResponse> {
+    if existing.request_hash != request_hash(body) {
+        return Err(ApiError::invalid(
+            "Idempotency-Key",
+            Code::IdempotencyKeyReused,
+            "This Idempotency-Key was used for a different request; use a new key.",
+        ));
+    }
+    Ok(HttpResponse::Ok().json(view(state, existing).await?))
+}
+
+/// Query of the job list.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct ListQuery {
+    /// The last id of the previous page.
+    after: Option<String>,
+    /// Page size, 1 to 100 (default 20).
+    limit: Option<u32>,
+    /// Only jobs with this status.
+    status: Option<String>,
+}
+
+/// Lists the tenant's jobs, newest first; `status=` and `metadata[key]=value` filter.
+#[utoipa::path(get, path = "/v1/fine_tuning/jobs", tag = "fine-tuning", operation_id = "list_fine_tuning_jobs",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page of jobs", body = FineTuneList),
+        (status = 400, description = "Invalid query", body = ErrorBody),
+        (status = 401, description = "No or unknown API key", body = ErrorBody),
+    ))]
+pub(crate) async fn list(
+    state: web::Data<AppState>,
+    tenant: Tenant,
+    req: HttpRequest,
+    query: web::Query<ListQuery>,
+) -> ApiResult<HttpResponse> {
+    let limit = check_range("limit", query.limit.unwrap_or(20), 1, 100)? as usize;
+    const STATUSES: [&str; 6] = [
+        "validating_files",
+        "queued",
+        "running",
+        "succeeded",
+        "failed",
+        "cancelled",
+    ];
+    if let Some(status) = &query.status
+        && !STATUSES.contains(&status.as_str())
+    {
+        return Err(ApiError::invalid(
+            "status",
+            Code::InvalidValue,
+            format!("status must be one of {}.", STATUSES.join(", ")),
+        ));
+    }
+    let metadata = metadata_filter(req.query_string());
+    let mut after = query.after.clone();
+    if let Some(a) = &after
+        && state.finetunes().get(&tenant.0, a).await?.is_none()
+    {
+        return Err(ApiError::invalid(
+            "after",
+            Code::InvalidCursor,
+            format!("`{a}` is not one of your fine-tuning jobs."),
+        ));
+    }
+    // Filters are applied to pages read from the catalog until `limit` jobs match.
+    let mut data = Vec::new();
+    let mut has_more = false;
+    'pages: loop {
+        let page = state
+            .finetunes()
+            .page(&tenant.0, after.as_deref(), 100)
+            .await?;
+        for record in page.records {
+            let meta = record.metadata.clone().unwrap_or_default();
+            if !metadata.iter().all(|(k, v)| meta.get(k) == Some(v)) {
+                continue;
+            }
+            let job = view(&state, record).await?;
+            if query.status.as_ref().is_some_and(|s| *s != job.status) {
+                continue;
+            }
+            if data.len() == limit {
+                has_more = true;
+                break 'pages;
+            }
+            data.push(job);
+        }
+        if !page.has_more {
+            break;
+        }
+        after = page.last_id;
+    }
+    Ok(HttpResponse::Ok().json(FineTuneList {
+        object: "list".into(),
+        first_id: data.first().map(|j| j.id.clone()),
+        last_id: data.last().map(|j| j.id.clone()),
+        data,
+        has_more,
+    }))
+}
+
+/// `metadata[key]=value` pairs of a query string.
+fn metadata_filter(query: &str) -> Vec<(String, String)> {
+    web::Query::<Vec<(String, String)>>::from_query(query)
+        .map(|q| q.into_inner())
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|(k, v)| {
+            k.strip_prefix("metadata[")
+                .and_then(|rest| rest.strip_suffix(']'))
+                .map(|key| (key.to_string(), v))
+        })
+        .collect()
+}
+
+/// A job: status, progress, queue standing, attempts, the adapter once succeeded.
+#[utoipa::path(get, path = "/v1/fine_tuning/jobs/{id}", tag = "fine-tuning", operation_id = "retrieve_fine_tuning_job",
+    params(("id" = String, Path, description = "`ftjob-…`")),
+    responses(
+        (status = 200, description = "The job", body = FineTuneJob),
+        (status = 401, description = "No or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such job for this tenant", body = ErrorBody),
+    ))]
+pub(crate) async fn retrieve(
+    state: web::Data<AppState>,
+    tenant: Tenant,
+    id: web::Path<String>,
+) -> ApiResult<HttpResponse> {
+    let record = state.finetunes().find(&tenant.0, &id).await?;
+    Ok(HttpResponse::Ok().json(view(&state, record).await?))
+}
+
+/// `POST /v1/fine_tuning/jobs/{id}/cancel`: a waiting job is cancelled at once; a
+/// running one is asked to stop (it shows `running` until its attempt is gone). A
+/// finished job is refused with 400 (not 409, which SDKs retry).
+#[utoipa::path(post, path = "/v1/fine_tuning/jobs/{id}/cancel", tag = "fine-tuning", operation_id = "cancel_fine_tuning_job",
+    params(("id" = String, Path, description = "`ftjob-…`")),
+    responses(
+        (status = 200, description = "The job, cancelled or being cancelled", body = FineTuneJob),
+        (status = 400, description = "The job has already finished", body = ErrorBody),
+        (status = 401, description = "No or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such job for this tenant", body = ErrorBody),
+    ))]
+#[tracing::instrument(skip_all, fields(tenant = %tenant.0, finetune = %id))]
+pub(crate) async fn cancel(
+    state: web::Data<AppState>,
+    tenant: Tenant,
+    id: web::Path<String>,
+) -> ApiResult<HttpResponse> {
+    let record = state.finetunes().find(&tenant.0, &id).await?;
+    if let Some(outcome) = &record.outcome {
+        return Err(already_finished(&outcome.status));
+    }
+    // The queue's cancel is repeatable (a finished job answers its state), so a job
+    // that had already finished is told apart by reading it first.
+    if let Some(job) = state.queue.get(&record.job_id).await?
+        && job.state.is_terminal()
+    {
+        return Err(already_finished(job.state.public_status()));
+    }
+    state.queue.cancel(&record.job_id).await?;
+    tracing::info!("fine-tune cancel requested");
+    Ok(HttpResponse::Ok().json(view(&state, record).await?))
+}
+
+fn already_finished(status: &str) -> ApiError {
+    ApiError::invalid(
+        "id",
+        Code::JobAlreadyFinished,
+        format!("The job has already {status}; there is nothing to cancel."),
+    )
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use tuneq_storage::layout::Id;
+
+    #[test]
+    fn idempotency_keys_map_to_one_id_per_tenant() {
+        assert_eq!(idempotent_id("a", "k"), idempotent_id("a", "k"));
+        assert_ne!(idempotent_id("a", "k"), idempotent_id("b", "k"));
+        assert!(Id::parse(&idempotent_id("a", "k")).is_ok());
+    }
+}

@@ -1,0 +1,399 @@
+//! A create request → everything decided about it: the fine-tune record, the
+//! [`TrainSpec`] the queue job carries, and the pools it may run on. A request that can
+//! never run is refused here with a 400 naming the field, before anything is written.
+
+use crate::auth::Tenant;
+use crate::error::{ApiError, ApiResult, Code};
+use crate::records::{self, finetune::FineTuneRecord};
+use crate::state::AppState;
+use actix_web::http::StatusCode;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use tuneq_openapi::{
+    AutoOrInt, AutoOrNumber, CheckpointPolicy, FineTuneCreate, HyperparametersRequest,
+    JobHyperparameters, SamplingSpec, TrainSpec,
+};
+use tuneq_storage::layout::{self, Id};
+
+/// Everything decided about a valid create request.
+pub(super) struct Plan {
+    /// The fine-tune record to write (its queue job id is set once enqueued).
+    pub(super) record: FineTuneRecord,
+    /// What the queue job carries.
+    pub(super) spec: TrainSpec,
+    /// The pools it may run on, in order of preference.
+    pub(super) pools: Vec<String>,
+}
+
+/// The hyperparameters a request gives, from `method.supervised` or the older place.
+fn requested_hyperparameters(body: &FineTuneCreate) -> ApiResult<HyperparametersRequest> {
+    if let Some(method) = &body.method {
+        if method.kind != "supervised" || method.dpo.is_some() || method.reinforcement.is_some() {
+            return Err(ApiError::invalid(
+                "method.type",
+                Code::UnsupportedMethod,
+                format!(
+                    "Only the supervised method is offered, not `{}`.",
+                    method.kind
+                ),
+            ));
+        }
+        if let Some(h) = method
+            .supervised
+            .as_ref()
+            .and_then(|s| s.hyperparameters.clone())
+        {
+            if body.hyperparameters.is_some() {
+                return Err(ApiError::invalid(
+                    "hyperparameters",
+                    Code::ConflictingValues,
+                    "Give hyperparameters either at the top level or in method.supervised, not both.",
+                ));
+            }
+            return Ok(h);
+        }
+    }
+    Ok(body.hyperparameters.clone().unwrap_or_default())
+}
+
+/// OpenAI's "auto" epochs: 3, moved so the run sees 100 to 25 000 examples, within 1–25.
+fn auto_epochs(examples: u64) -> u64 {
+    let examples = examples.max(1);
+    let mut epochs = 3u64;
+    if epochs * examples < 100 {
+        epochs = 100u64.div_ceil(examples);
+    }
+    if epochs * examples > 25_000 {
+        epochs = 25_000 / examples;
+    }
+    epochs.clamp(1, 25)
+}
+
+pub(super) fn check_range<T: PartialOrd + std::fmt::Display>(
+    param: &str,
+    value: T,
+    low: T,
+    high: T,
+) -> ApiResult<T> {
+    if value < low || value > high {
+        return Err(ApiError::invalid(
+            param,
+            Code::InvalidValue,
+            format!("{param} must be {low} to {high}, not {value}."),
+        ));
+    }
+    Ok(value)
+}
+
+fn check_suffix(suffix: &str) -> ApiResult<()> {
+    let ok = !suffix.is_empty()
+        && suffix.len() <= 64
+        && suffix
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if !ok {
+        return Err(ApiError::invalid(
+            "suffix",
+            Code::InvalidValue,
+            "suffix must be 1 to 64 letters, digits, '-', '_' or '.'.",
+        ));
+    }
+    Ok(())
+}
+
+fn check_metadata(metadata: &BTreeMap<String, String>) -> ApiResult<()> {
+    if metadata.len() > 16 {
+        return Err(ApiError::invalid(
+            "metadata",
+            Code::InvalidValue,
+            "metadata holds at most 16 pairs.",
+        ));
+    }
+    for (key, value) in metadata {
+        crate::text::check("metadata key", key, 64, false).map_err(|mut e| {
+            e.detail.param = Some("metadata".into());
+            e
+        })?;
+        if !value.is_empty() {
+            crate::text::check(&format!("metadata.{key}"), value, 512, true)?;
+        }
+    }
+    Ok(())
+}
+
+/// The tenant's uploaded file `id`, or a 400 naming `param`.
+async fn dataset(
+    state: &AppState,
+    tenant: &Tenant,
+    param: &str,
+    id: &str,
+) -> ApiResult<tuneq_openapi::FileObject> {
+    records::file::find(&state.queue, &tenant.0, id)
+        .await
+        .map_err(|e| {
+            if e.status == StatusCode::NOT_FOUND {
+                ApiError::invalid(
+                    param,
+                    Code::FileNotFound,
+                    format!("No uploaded file `{id}`: upload it with POST /v1/files first."),
+                )
+            } else {
+                e
+            }
+        })
+}
+
+/// Decides everything about a create request, refusing one that can never run.
+pub(super) async fn plan(
+    state: &AppState,
+    tenant: &Tenant,
+    id: &str,
+    body: &FineTuneCreate,
+) -> ApiResult<Plan> {
+    let base = records::model::get(&state.queue, &body.model)
+        .await?
+        .ok_or_else(|| {
+            ApiError::invalid(
+                "model",
+                Code::ModelNotFound,
+                format!(
+                    "No base model `{}`: GET /v1/models lists the ones you can fine-tune.",
+                    body.model
+                ),
+            )
+        })?;
+    let training = dataset(state, tenant, "training_file", &body.training_file).await?;
+    let validation = match &body.validation_file {
+        Some(v) if v == &body.training_file => {
+            return Err(ApiError::invalid(
+                "validation_file",
+                Code::InvalidValue,
+                "The validation file must not be the training file.",
+            ));
+        }
+        Some(v) => Some(dataset(state, tenant, "validation_file", v).await?),
+        None => None,
+    };
+    if body.integrations.as_ref().is_some_and(|i| !i.is_empty()) {
+        return Err(ApiError::invalid(
+            "integrations",
+            Code::UnsupportedIntegration,
+            "Integrations are not offered; follow a job with its events instead.",
+        ));
+    }
+    // The URL is kept as the url crate serialises it: what was checked is what is
+    // later called, whichever parser reads the record.
+    let webhook_url = match &body.webhook_url {
+        Some(url) => Some(
+            crate::webhook_target::check_url(url, &state.config.webhooks)
+                .map_err(|reason| {
+                    ApiError::invalid("webhook_url", Code::InvalidWebhookUrl, reason)
+                })?
+                .to_string(),
+        ),
+        None => None,
+    };
+    let hardware = body.hardware.clone().unwrap_or_else(|| "any".into());
+    if let Some(max_cost) = body.max_cost
+        && !(max_cost.is_finite() && max_cost > 0.0)
+    {
+        return Err(ApiError::invalid(
+            "max_cost",
+            Code::InvalidValue,
+            format!("max_cost must be a number above 0, not {max_cost}."),
+        ));
+    }
+    // The hardware class first: the cheapest refusal, before files are read.
+    crate::fit::place(
+        state,
+        &tuneq_pools::Needs {
+            class: &hardware,
+            ..Default::default()
+        },
+    )?;
+    let priority = check_range("priority", body.priority.unwrap_or(5), 0, 9)?;
+    if let Some(suffix) = &body.suffix {
+        check_suffix(suffix)?;
+    }
+    if let Some(metadata) = &body.metadata {
+        check_metadata(metadata)?;
+    }
+    let h = requested_hyperparameters(body)?;
+    let examples = training.validation.examples;
+    let n_epochs = match h.n_epochs {
+        None | Some(AutoOrInt::Auto(_)) => auto_epochs(examples),
+        Some(AutoOrInt::Value(n)) => check_range("hyperparameters.n_epochs", n, 1, 50)?,
+    };
+    let batch_size = match h.batch_size {
+        None | Some(AutoOrInt::Auto(_)) => examples.clamp(1, 8),
+        Some(AutoOrInt::Value(n)) => check_range("hyperparameters.batch_size", n, 1, 256)?,
+    };
+    let multiplier = match h.learning_rate_multiplier {
+        None | Some(AutoOrNumber::Auto(_)) => 1.0,
+        Some(AutoOrNumber::Value(m)) if (0.001..=10.0).contains(&m) => m,
+        Some(AutoOrNumber::Value(m)) => {
+            return Err(ApiError::invalid(
+                "hyperparameters.learning_rate_multiplier",
+                Code::InvalidValue,
+                format!("learning_rate_multiplier must be 0.001 to 10, not {m}."),
+            ));
+        }
+    };
+    let learning_rate = h
+        .learning_rate
+        .unwrap_or(base.base_learning_rate * multiplier);
+    let seed = body
+        .seed
+        .unwrap_or_else(|| u64::from(rand::random::<u32>()));
+    let lora = body.lora.clone().unwrap_or_default();
+
+    let tenant_id = Id::parse(&tenant.0).map_err(|_| ApiError::internal("tenant id"))?;
+    let job_key = Id::parse(id).map_err(|_| ApiError::internal("job id"))?;
+    let steps_per_epoch = examples.div_ceil(batch_size).max(1);
+    let mut spec = TrainSpec {
+        model: base.location.clone(),
+        training_files: vec![
+            state
+                .store
+                .uri(&records::file::content_key(&tenant.0, &training.id)?),
+        ],
+        validation_file: match &validation {
+            Some(v) => Some(
+                state
+                    .store
+                    .uri(&records::file::content_key(&tenant.0, &v.id)?),
+            ),
+            None => None,
+        },
+        output: state.store.uri(&layout::job_output(&tenant_id, &job_key)),
+        dataset_format: Default::default(),
+        chat_template: Default::default(),
+        hyperparameters: Default::default(),
+        lora: lora.clone(),
+        // Checkpoints about ten times per run (and every five minutes) bound what a
+        // preemption can cost.
+        checkpoint: CheckpointPolicy {
+            every_steps: Some((steps_per_epoch * n_epochs / 10).max(1)),
+            every_seconds: Some(300),
+            keep_last: 2,
+        },
+        sampling: SamplingSpec {
+            num_samples: 0,
+            ..SamplingSpec::default()
+        },
+        device: Default::default(),
+        dtype: Default::default(),
+    };
+    let hp = &mut spec.hyperparameters;
+    hp.epochs = u32::try_from(n_epochs).unwrap_or(u32::MAX);
+    hp.batch_size = u32::try_from(batch_size).unwrap_or(u32::MAX);
+    hp.learning_rate = learning_rate;
+    hp.seed = seed;
+    if let Some(len) = h.max_seq_len {
+        hp.max_seq_len = check_range("hyperparameters.max_seq_len", len, 8, 32_768)?;
+    }
+    if let Some(warmup) = h.warmup_steps {
+        let total_steps = steps_per_epoch * n_epochs;
+        if warmup > total_steps {
+            return Err(ApiError::invalid(
+                "hyperparameters.warmup_steps",
+                Code::InvalidValue,
+                format!(
+                    "warmup_steps {warmup} is more than the job's {total_steps} steps ({n_epochs} epoch(s) of {steps_per_epoch}); it would never reach its learning rate."
+                ),
+            ));
+        }
+        hp.warmup_steps = warmup;
+    }
+    if validation.is_some() {
+        hp.eval_every_steps = spec.checkpoint.every_steps;
+    }
+    if let Err(problems) = spec.validate() {
+        return Err(spec_problems(&problems));
+    }
+    let memory_bytes = crate::fit::check_job(&base, &spec, &training)?;
+    let tokens =
+        crate::fit::tokens_to_process(&training, &base.id, spec.hyperparameters.max_seq_len)
+            .saturating_mul(n_epochs);
+    let (pools, estimate) = crate::fit::place(
+        state,
+        &tuneq_pools::Needs {
+            class: &hardware,
+            memory_bytes,
+            tokens: Some(tokens),
+            max_cost: body.max_cost,
+        },
+    )?;
+    let record = FineTuneRecord {
+        id: id.to_string(),
+        tenant: tenant.0.clone(),
+        created_at: records::now_seconds(),
+        model: body.model.clone(),
+        training_file: training.id,
+        validation_file: validation.map(|v| v.id),
+        hyperparameters: JobHyperparameters {
+            batch_size,
+            learning_rate_multiplier: multiplier,
+            n_epochs,
+        },
+        learning_rate,
+        lora,
+        seed,
+        suffix: body.suffix.clone(),
+        metadata: body.metadata.clone(),
+        priority,
+        hardware,
+        job_id: String::new(),
+        request_hash: request_hash(body),
+        outcome: None,
+        webhook_url,
+        webhook: None,
+        max_cost: body.max_cost,
+        estimate,
+    };
+    Ok(Plan {
+        record,
+        spec,
+        pools,
+    })
+}
+
+/// The answer to a spec that does not validate: the first problem's field, every
+/// problem in the message.
+fn spec_problems(problems: &[tuneq_openapi::SpecError]) -> ApiError {
+    let param = problems.first().map_or_else(String::new, |first| {
+        first
+            .field
+            .replace("hyperparameters.epochs", "hyperparameters.n_epochs")
+    });
+    ApiError::invalid(
+        &param,
+        Code::InvalidValue,
+        problems
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; "),
+    )
+}
+
+pub(super) fn request_hash(body: &FineTuneCreate) -> String {
+    let canonical = serde_json::to_string(body).unwrap_or_default();
+    hex::encode(Sha256::digest(canonical.as_bytes()))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_epochs_follow_openais_rule() {
+        assert_eq!(auto_epochs(10), 10);
+        assert_eq!(auto_epochs(1), 25);
+        assert_eq!(auto_epochs(50), 3);
+        assert_eq!(auto_epochs(1_000), 3);
+        assert_eq!(auto_epochs(10_000), 2);
+        assert_eq!(auto_epochs(100_000), 1);
+    }
+}

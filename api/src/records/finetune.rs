@@ -1,0 +1,257 @@
+//! Fine-tune records: what was asked (the catalog keeps it), and the outcome once the
+//! job has finished (filed here too, because the queue trims finished jobs).
+//!
+//! The queue job is the source of truth for where a job is while it runs; this record
+//! is what outlives it. An API process keeps copies of the records it read (see
+//! [`crate::cache`] for why a copy is safe to use).
+
+use crate::cache::RecordCache;
+use crate::error::{ApiError, ApiResult};
+use crate::redact;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use tuneq_openapi::{JobError, JobHyperparameters, LoraSpec, Progress};
+use tuneq_queue::{Catalog, JobRecord, JobState};
+
+/// Catalog kind of fine-tune records.
+const KIND: &str = "finetune";
+
+/// What the catalog keeps about a fine-tune.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct FineTuneRecord {
+    pub(crate) id: String,
+    pub(crate) tenant: String,
+    pub(crate) created_at: u64,
+    pub(crate) model: String,
+    pub(crate) training_file: String,
+    pub(crate) validation_file: Option<String>,
+    pub(crate) hyperparameters: JobHyperparameters,
+    pub(crate) learning_rate: f64,
+    pub(crate) lora: LoraSpec,
+    pub(crate) seed: u64,
+    pub(crate) suffix: Option<String>,
+    pub(crate) metadata: Option<BTreeMap<String, String>>,
+    pub(crate) priority: u8,
+    pub(crate) hardware: String,
+    /// The queue job.
+    pub(crate) job_id: String,
+    /// SHA-256 of the create request, to tell a retry from a reused idempotency key.
+    pub(crate) request_hash: String,
+    /// Set once the job has finished (see `webhooks::settle`).
+    #[serde(default)]
+    pub(crate) outcome: Option<Outcome>,
+    /// Where to send the finished job's event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) webhook_url: Option<String>,
+    /// How sending it went so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) webhook: Option<WebhookProgress>,
+    /// The most it may cost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) max_cost: Option<f64>,
+    /// What it was expected to take, at create.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) estimate: Option<tuneq_openapi::JobEstimate>,
+}
+
+impl FineTuneRecord {
+    /// The fine-tuned model's name, OpenAI-style.
+    pub(crate) fn fine_tuned_model_name(&self) -> String {
+        format!(
+            "ft:{}:{}:{}:{}",
+            self.model,
+            self.tenant,
+            self.suffix.as_deref().unwrap_or(""),
+            self.id.trim_start_matches("ftjob-")
+        )
+    }
+}
+
+/// A webhook's delivery, as the record keeps it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(crate) struct WebhookProgress {
+    /// `retrying`, `delivered` or `failed`.
+    pub(crate) status: String,
+    pub(crate) attempts: u32,
+    pub(crate) delivered_at: Option<u64>,
+    pub(crate) last_error: Option<String>,
+}
+
+/// A finished job, as the catalog keeps it after the queue has forgotten the job.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Outcome {
+    pub(crate) status: String,
+    pub(crate) finished_at: u64,
+    pub(crate) error: Option<JobError>,
+    pub(crate) trained_tokens: Option<u64>,
+    pub(crate) adapter: Option<String>,
+    pub(crate) progress: Option<Progress>,
+    pub(crate) attempts: u32,
+    pub(crate) preemptions: u32,
+}
+
+/// A succeeded attempt's result, as the queue job keeps it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct AttemptResult {
+    /// Where the adapter was written.
+    pub adapter: String,
+    /// Tokens trained on.
+    pub trained_tokens: u64,
+    /// Steps done.
+    pub step: u64,
+    /// Final training loss.
+    pub train_loss: Option<f64>,
+    /// Final validation loss.
+    pub validation_loss: Option<f64>,
+}
+
+/// Unix milliseconds (the queue's clock) as seconds (the API's).
+pub(crate) fn ms_to_seconds(ms: u64) -> u64 {
+    ms / 1000
+}
+
+/// The progress a queue job's trainer last reported.
+pub(crate) fn progress_of(job: &JobRecord) -> Option<Progress> {
+    job.progress
+        .as_deref()
+        .and_then(|p| serde_json::from_str(p).ok())
+}
+
+/// The outcome of a finished queue job.
+pub(crate) fn outcome_of(job: &JobRecord) -> Outcome {
+    let result: Option<AttemptResult> = job
+        .result
+        .as_deref()
+        .and_then(|r| serde_json::from_str(r).ok());
+    let error = (job.state == JobState::Failed).then(|| {
+        let detail = job.error.as_deref().unwrap_or("The job failed.");
+        // The full message stays in the operator's log; the tenant sees it without
+        // server paths or store locations.
+        tracing::info!(job = %job.id, error = detail, "job failed");
+        JobError {
+            code: failure_code(detail).into(),
+            message: redact::paths(detail),
+            param: None,
+        }
+    });
+    Outcome {
+        status: job.state.public_status().to_string(),
+        finished_at: ms_to_seconds(job.finished_ms.unwrap_or(job.enqueued_ms)),
+        error,
+        trained_tokens: result.as_ref().map(|r| r.trained_tokens),
+        adapter: result.map(|r| r.adapter),
+        progress: progress_of(job),
+        attempts: job.attempts,
+        preemptions: job.preemptions,
+    }
+}
+
+/// A stable code for how a job failed, from the dispatcher's account of its last
+/// attempt: its input could not train (never retried), it diverged, or it failed
+/// however many times it was tried.
+fn failure_code(detail: &str) -> &'static str {
+    if detail.contains("loss became") {
+        "training_diverged"
+    } else if detail.starts_with("invalid input:") {
+        "invalid_training_input"
+    } else {
+        "training_failed"
+    }
+}
+
+/// The fine-tune records in the catalog, through this process's copies.
+pub(crate) struct FineTunes<'a> {
+    catalog: &'a dyn Catalog,
+    cache: &'a RecordCache<FineTuneRecord>,
+}
+
+impl<'a> FineTunes<'a> {
+    /// The records in `catalog`, with copies kept in `cache`.
+    pub(crate) fn new(catalog: &'a dyn Catalog, cache: &'a RecordCache<FineTuneRecord>) -> Self {
+        Self { catalog, cache }
+    }
+
+    /// The tenant's fine-tune `id`, from this process's copy when it has one.
+    pub(crate) async fn get(&self, tenant: &str, id: &str) -> ApiResult<Option<FineTuneRecord>> {
+        if let Some(record) = self.cache.get(tenant, id) {
+            return Ok(Some(FineTuneRecord::clone(&record)));
+        }
+        self.get_fresh(tenant, id).await
+    }
+
+    /// The tenant's fine-tune `id` as the catalog has it now.
+    pub(crate) async fn get_fresh(
+        &self,
+        tenant: &str,
+        id: &str,
+    ) -> ApiResult<Option<FineTuneRecord>> {
+        if tuneq_queue::catalog::check_identifier("id", id).is_err() {
+            return Ok(None);
+        }
+        let record: Option<FineTuneRecord> =
+            super::read(self.catalog, (KIND, tenant), id, "fine-tune").await?;
+        if let Some(record) = &record {
+            self.cache.put(tenant, id, Arc::new(record.clone()));
+        }
+        Ok(record)
+    }
+
+    /// The tenant's fine-tune `id`, or 404 (also for another tenant's id).
+    pub(crate) async fn find(&self, tenant: &str, id: &str) -> ApiResult<FineTuneRecord> {
+        self.get(tenant, id)
+            .await?
+            .ok_or_else(|| ApiError::not_found("fine-tuning job", id))
+    }
+
+    /// Records a new fine-tune; false (and nothing written) if its id is taken.
+    pub(crate) async fn create(&self, record: &FineTuneRecord) -> ApiResult<bool> {
+        Ok(self
+            .catalog
+            .create_entry(KIND, &record.tenant, &record.id, &super::body(record)?)
+            .await?)
+    }
+
+    /// Writes `record` back to the catalog (and this process's copy).
+    pub(crate) async fn save(&self, record: &FineTuneRecord) -> ApiResult<()> {
+        self.catalog
+            .update_entry(KIND, &record.tenant, &record.id, &super::body(record)?)
+            .await?;
+        self.cache
+            .put(&record.tenant, &record.id, Arc::new(record.clone()));
+        Ok(())
+    }
+
+    /// Every fine-tune of the tenant, newest first.
+    pub(crate) async fn all(&self, tenant: &str) -> ApiResult<Vec<FineTuneRecord>> {
+        super::read_all(self.catalog, (KIND, tenant), "fine-tune").await
+    }
+
+    /// A page of the tenant's fine-tunes, newest first, after the fine-tune `after`.
+    pub(crate) async fn page(
+        &self,
+        tenant: &str,
+        after: Option<&str>,
+        limit: u32,
+    ) -> ApiResult<super::Page<FineTuneRecord>> {
+        super::page(self.catalog, (KIND, tenant), after, limit, "fine-tune").await
+    }
+
+    /// The first of the tenant's jobs that has not finished and trains on `file` (so
+    /// the file must stay). Reads every job record of the tenant: deletes are rare.
+    pub(crate) async fn unfinished_using(
+        &self,
+        tenant: &str,
+        file: &str,
+    ) -> ApiResult<Option<String>> {
+        Ok(self
+            .all(tenant)
+            .await?
+            .into_iter()
+            .find(|j| {
+                j.outcome.is_none()
+                    && (j.training_file == file || j.validation_file.as_deref() == Some(file))
+            })
+            .map(|j| j.id))
+    }
+}
