@@ -4,71 +4,15 @@
 
 #![allow(clippy::unwrap_used, missing_docs)]
 
+use crate::support;
+
 use reqwest::StatusCode;
 use serde_json::Value;
-use std::path::PathBuf;
-use std::sync::Arc;
-use tuneq_api::records::tenant;
-use tuneq_api::{ApiConfig, AppState};
-use tuneq_queue::{Queue, QueueConfig};
-use tuneq_storage::LocalStore;
+use support::{ADMIN_KEY, Server};
 
-const ADMIN_KEY: &str = "admin-key-for-tests-0123456789";
-
-struct Server {
-    url: String,
-    dir: PathBuf,
-    acme: String,
-    other: String,
-    _handle: actix_web::dev::ServerHandle,
-}
-
+/// A server that accepts uploads of at most `max_upload_bytes`.
 async fn start(max_upload_bytes: u64) -> Server {
-    let dir = std::env::temp_dir().join(format!(
-        "tuneq-api-{}-{:08x}",
-        std::process::id(),
-        rand::random::<u32>()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let queue = Queue::open_embedded(&dir.join("queue.db"), "tuneq", QueueConfig::default())
-        .await
-        .unwrap();
-    let state = AppState::new(
-        queue,
-        Arc::new(LocalStore::new(dir.join("objects"))),
-        ApiConfig {
-            max_upload_bytes,
-            admin_key_hash: Some(tenant::key_hash(ADMIN_KEY)),
-            spool_dir: dir.clone(),
-            ..ApiConfig::default()
-        },
-    );
-    tenant::create_tenant(&state.queue, "acme", "Acme")
-        .await
-        .unwrap();
-    tenant::create_tenant(&state.queue, "other", "Other")
-        .await
-        .unwrap();
-    let acme = tenant::add_key(&state.queue, "acme", None).await.unwrap();
-    let other = tenant::add_key(&state.queue, "other", None).await.unwrap();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let server = tuneq_api::serve(listener, state, None).unwrap();
-    let handle = server.handle();
-    tokio::spawn(server);
-    Server {
-        url,
-        dir,
-        acme,
-        other,
-        _handle: handle,
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+    support::start(|c| c.max_upload_bytes = max_upload_bytes).await
 }
 
 fn chat_lines(n: usize) -> String {
@@ -111,7 +55,7 @@ fn stored_files(s: &Server) -> usize {
                 .sum()
         })
     }
-    count(&s.dir.join("objects/tenants"))
+    count(&s.dir.path().join("objects/tenants"))
 }
 
 /// Stores one valid dataset and returns the count of stored files with it: above zero,

@@ -3,7 +3,7 @@
 //! and the figures — a job that no pool can run or afford.
 #![allow(clippy::unwrap_used, missing_docs)]
 
-mod support;
+use crate::support;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};

@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used, missing_docs)]
 
-mod support;
+use crate::support;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};

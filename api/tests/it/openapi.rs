@@ -1,5 +1,5 @@
 //! `openapi/openapi.json` is the document the handlers generate: this fails when they
-//! drift. Regenerate with `UPDATE_OPENAPI=1 cargo test -p tuneq-api --test openapi`.
+//! drift. Regenerate with `UPDATE_OPENAPI=1 cargo test -p tuneq-api --test it openapi`.
 
 #![allow(clippy::unwrap_used, missing_docs)]
 
@@ -17,7 +17,7 @@ fn the_committed_document_matches_the_handlers() {
     assert!(
         committed == generated,
         "openapi/openapi.json is out of date with the handlers; regenerate it with\n  \
-         UPDATE_OPENAPI=1 cargo test -p tuneq-api --test openapi\nand commit the result"
+         UPDATE_OPENAPI=1 cargo test -p tuneq-api --test it openapi\nand commit the result"
     );
 }
 

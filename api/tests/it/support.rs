@@ -9,17 +9,25 @@ use std::sync::Arc;
 use tuneq_api::records::model::{self, BaseModel};
 use tuneq_api::records::tenant;
 use tuneq_api::{ApiConfig, AppState};
-use tuneq_queue::{JobQueue, Queue, QueueConfig};
-use tuneq_storage::LocalStore;
+use tuneq_queue::{AttemptSigner, JobQueue, Queue, QueueConfig};
+use tuneq_storage::{LocalStore, ObjectStore};
 
 /// The admin key every test server takes.
 pub const ADMIN_KEY: &str = "admin-key-for-tests-0123456789-abcdef";
+
+/// The secret the test servers sign attempt credentials with, so a test can act as a
+/// dispatcher (see [`Server::signer`]).
+pub const ATTEMPT_SECRET: &[u8] = b"test secret for attempt credentials";
 
 /// A running test server.
 pub struct Server {
     pub url: String,
     pub addr: std::net::SocketAddr,
     pub state: AppState,
+    /// The server's queue (the same as `state.queue`), to act as a dispatcher would.
+    pub queue: Queue,
+    /// Signs attempt credentials the server accepts.
+    pub signer: AttemptSigner,
     pub acme: String,
     pub other: String,
     pub dir: tempfile::TempDir,
@@ -28,6 +36,15 @@ pub struct Server {
 
 /// A server with the default settings changed by `configure`.
 pub async fn start(configure: impl FnOnce(&mut ApiConfig)) -> Server {
+    start_with_store(None, configure).await
+}
+
+/// A server whose objects live in `store` (default: a folder of its temp dir), with the
+/// default settings changed by `configure`.
+pub async fn start_with_store(
+    store: Option<Arc<dyn ObjectStore>>,
+    configure: impl FnOnce(&mut ApiConfig),
+) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let queue = Queue::open_embedded(
         &dir.path().join("queue.db"),
@@ -39,18 +56,17 @@ pub async fn start(configure: impl FnOnce(&mut ApiConfig)) -> Server {
     queue.set_pool("local", 1).await.unwrap();
     let spool = dir.path().join("spool");
     std::fs::create_dir_all(&spool).unwrap();
+    let signer = AttemptSigner::new(ATTEMPT_SECRET.to_vec());
     let mut config = ApiConfig {
         spool_dir: spool,
         admin_key_hash: Some(tenant::key_hash(ADMIN_KEY)),
         pools: Arc::new(tuneq_pools::PoolsFile::local(None)),
+        attempt_signer: signer.clone(),
         ..ApiConfig::default()
     };
     configure(&mut config);
-    let state = AppState::new(
-        queue,
-        Arc::new(LocalStore::new(dir.path().join("objects"))),
-        config,
-    );
+    let store = store.unwrap_or_else(|| Arc::new(LocalStore::new(dir.path().join("objects"))));
+    let state = AppState::new(queue.clone(), store, config);
     tenant::create_tenant(&state.queue, "acme", "Acme")
         .await
         .unwrap();
@@ -92,6 +108,8 @@ pub async fn start(configure: impl FnOnce(&mut ApiConfig)) -> Server {
         url: format!("http://{addr}"),
         addr,
         state,
+        queue,
+        signer,
         acme,
         other,
         dir,

@@ -10,7 +10,7 @@
 
 #![allow(clippy::unwrap_used, missing_docs)]
 
-mod support;
+use crate::support;
 
 use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};

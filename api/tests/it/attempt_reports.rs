@@ -5,25 +5,15 @@
 
 #![allow(clippy::unwrap_used, missing_docs)]
 
+use crate::support;
+
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::sync::Arc;
-use tuneq_api::records::model::{self, BaseModel};
-use tuneq_api::records::tenant;
-use tuneq_api::{ApiConfig, AppState};
-use tuneq_queue::{AttemptSigner, JobQueue, Queue, QueueConfig};
+use support::Server;
+use tuneq_queue::JobQueue;
 use tuneq_storage::layout::{Id, job_output};
-use tuneq_storage::{LocalStore, ObjectStore, PutMode};
-
-struct Server {
-    url: String,
-    queue: Queue,
-    signer: AttemptSigner,
-    acme: String,
-    other: String,
-    _dir: tempfile::TempDir,
-    _handle: actix_web::dev::ServerHandle,
-}
+use tuneq_storage::{ObjectStore, PutMode};
 
 async fn start() -> Server {
     start_with_store(None).await
@@ -31,59 +21,7 @@ async fn start() -> Server {
 
 /// A server whose objects live in `store` (default: a folder in its temp dir).
 async fn start_with_store(store: Option<Arc<dyn ObjectStore>>) -> Server {
-    let dir = tempfile::tempdir().unwrap();
-    let queue = Queue::open_embedded(
-        &dir.path().join("queue.db"),
-        "tuneq",
-        QueueConfig::default(),
-    )
-    .await
-    .unwrap();
-    queue.set_pool("local", 1).await.unwrap();
-    let signer = AttemptSigner::new(b"test secret for attempt credentials".to_vec());
-    let state = AppState::new(
-        queue.clone(),
-        store.unwrap_or_else(|| Arc::new(LocalStore::new(dir.path().join("objects")))),
-        ApiConfig {
-            spool_dir: dir.path().to_path_buf(),
-            pools: Arc::new(tuneq_pools::PoolsFile::local(None)),
-            attempt_signer: signer.clone(),
-            ..ApiConfig::default()
-        },
-    );
-    tenant::create_tenant(&state.queue, "acme", "Acme")
-        .await
-        .unwrap();
-    tenant::create_tenant(&state.queue, "other", "Other")
-        .await
-        .unwrap();
-    let acme = tenant::add_key(&state.queue, "acme", None).await.unwrap();
-    let other = tenant::add_key(&state.queue, "other", None).await.unwrap();
-    model::register(
-        &state.queue,
-        &BaseModel {
-            id: "base".into(),
-            location: "/models/base".into(),
-            base_learning_rate: 1e-3,
-            created: 0,
-        },
-    )
-    .await
-    .unwrap();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let server = tuneq_api::serve(listener, state, None).unwrap();
-    let handle = server.handle();
-    tokio::spawn(server);
-    Server {
-        url,
-        queue,
-        signer,
-        acme,
-        other,
-        _dir: dir,
-        _handle: handle,
-    }
+    support::start_with_store(store, |_| {}).await
 }
 
 async fn create_job(s: &Server) -> Value {
