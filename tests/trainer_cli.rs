@@ -388,21 +388,66 @@ fn the_tiny_model_learns_the_shipped_task() {
         Some(64)
     );
 
-    let generated = tuneq(&[
-        "generate",
+    // Generation with the adapter applied on the fly must equal generation with the
+    // adapter folded into the weights, and differ from the base model's: `generate`
+    // really applies the adapter, and `merge` really folds it.
+    let generate = |model: &Path, adapter: Option<&Path>| {
+        let mut args = vec![
+            "generate".to_string(),
+            "--model".into(),
+            model.display().to_string(),
+            "--prompt".into(),
+            "Next number after 4?".into(),
+            "--max-new-tokens".into(),
+            "8".into(),
+        ];
+        if let Some(adapter) = adapter {
+            args.extend(["--adapter".into(), adapter.display().to_string()]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let generated = tuneq(&args);
+        assert!(
+            generated.status.success(),
+            "{}",
+            String::from_utf8_lossy(&generated.stderr)
+        );
+        String::from_utf8(generated.stdout).expect("utf8")
+    };
+    let with_adapter = generate(tiny_model(), Some(&out));
+    // `generate` prints the completion alone.
+    assert!(
+        !with_adapter.trim().is_empty(),
+        "nothing was generated: {with_adapter:?}"
+    );
+    let merged = dir.path().join("merged");
+    let merge = tuneq(&[
+        "merge",
         "--model",
         tiny_model().to_str().expect("utf8"),
         "--adapter",
         out.to_str().expect("utf8"),
-        "--prompt",
-        "Next number after 4?",
-        "--max-new-tokens",
-        "8",
+        "--out",
+        merged.to_str().expect("utf8"),
     ]);
     assert!(
-        generated.status.success(),
+        merge.status.success(),
         "{}",
-        String::from_utf8_lossy(&generated.stderr)
+        String::from_utf8_lossy(&merge.stderr)
+    );
+    assert_eq!(
+        generate(&merged, None),
+        with_adapter,
+        "the merged model generates otherwise than base + adapter"
+    );
+    assert_eq!(
+        generate(tiny_model(), Some(&out)),
+        with_adapter,
+        "greedy generation is not deterministic"
+    );
+    assert_ne!(
+        generate(tiny_model(), None),
+        with_adapter,
+        "the adapter changed nothing in what the model generates"
     );
 }
 
