@@ -175,23 +175,25 @@ pub fn wait_until(
 /// Whether `url` (`http://HOST:PORT/PATH`) answers a plain HTTP/1.0 GET with a status
 /// below 500: a dependency-free readiness probe.
 pub fn http_answers(url: &str) -> bool {
+    http_get(url).is_some_and(|(status, _)| status < 500)
+}
+
+/// A plain HTTP/1.0 GET of `url` (`http://HOST:PORT/PATH`): its status and body, or
+/// `None` when nothing answered within a few seconds.
+pub fn http_get(url: &str) -> Option<(u16, String)> {
     use std::io::{Read, Write};
-    let Some(rest) = url.strip_prefix("http://") else {
-        return false;
-    };
+    let rest = url.strip_prefix("http://")?;
     let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
-    let Ok(mut s) = std::net::TcpStream::connect(host) else {
-        return false;
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    if write!(s, "GET /{path} HTTP/1.0\r\nHost: {host}\r\n\r\n").is_err() {
-        return false;
-    }
-    let mut head = [0u8; 12];
-    if s.read_exact(&mut head).is_err() {
-        return false;
-    }
-    matches!(head[9], b'2' | b'3' | b'4')
+    let mut s = std::net::TcpStream::connect(host).ok()?;
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    write!(s, "GET /{path} HTTP/1.0\r\nHost: {host}\r\n\r\n").ok()?;
+    let mut answer = Vec::new();
+    // HTTP/1.0: the server closes when done; a timeout keeps what arrived.
+    let _ = s.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer);
+    let status = answer.get(9..12)?.parse().ok()?;
+    let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    Some((status, body.to_string()))
 }
 
 /// One blocking HTTP/1.0 request with a JSON body; panics unless it answers 2xx.

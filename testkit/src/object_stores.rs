@@ -2,7 +2,9 @@
 //! fake-gcs-server. Each is started once per test process (and stops with it), with
 //! [`TEST_BUCKET`] created; tests share a server and keep apart by key prefix.
 
-use crate::{http_answers, http_request, log_dir, spawn_logged, venv, venv_bin, wait_until};
+use crate::{
+    http_answers, http_get, http_request, log_dir, spawn_logged, venv, venv_bin, wait_until,
+};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -83,6 +85,7 @@ pub fn seaweedfs() -> &'static TestServer {
         // after something (not S3) answered the probe. So: fresh ports, up to 3 tries.
         for attempt in 1..=3 {
             let s3_port = crate::free_port();
+            let master_port = crate::free_port();
             let mut args = vec![
                 "mini".to_string(),
                 format!("-dir={}", dir.join("data").display()),
@@ -96,9 +99,9 @@ pub fn seaweedfs() -> &'static TestServer {
                 "-s3.port.iceberg=0".into(),
                 "-s3.port.lance=0".into(),
                 "-master.telemetry=false".into(),
+                format!("-master.port={master_port}"),
             ];
             for flag in [
-                "master.port",
                 "master.port.grpc",
                 "volume.port",
                 "volume.port.grpc",
@@ -118,6 +121,19 @@ pub fn seaweedfs() -> &'static TestServer {
             let text = std::fs::read_to_string(&log).unwrap_or_default();
             if http_answers(&format!("{endpoint}/")) && !text.contains("address already in use")
             {
+                // S3 answers before a volume can take writes; on a loaded machine the
+                // first PUTs then fail for many seconds. A file id from the master
+                // means a writable volume exists.
+                wait_until(
+                    "seaweedfs has no writable volume",
+                    Duration::from_secs(120),
+                    Duration::from_millis(250),
+                    || {
+                        http_get(&format!("http://127.0.0.1:{master_port}/dir/assign"))
+                            .is_some_and(|(status, body)| status == 200 && body.contains("\"fid\""))
+                    },
+                    || format!("its log ({}):\n{}", log.display(), std::fs::read_to_string(&log).unwrap_or_default()),
+                );
                 return TestServer { endpoint, log };
             }
             eprintln!(

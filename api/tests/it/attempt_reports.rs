@@ -30,16 +30,16 @@ async fn create_job(s: &Server) -> Value {
         .map(|i| format!(r#"{{"prompt":"p{i}","completion":"c{i}"}}"#))
         .collect::<Vec<_>>()
         .join("\n");
-    let file: Value = http
+    let uploaded = http
         .post(format!("{}/files?filename=d.jsonl", s.url))
         .bearer_auth(&s.acme)
         .body(data)
         .send()
         .await
-        .unwrap()
-        .json()
-        .await
         .unwrap();
+    let status = uploaded.status();
+    let file: Value = uploaded.json().await.unwrap();
+    assert_eq!(status, StatusCode::OK, "upload: {file}");
     let response = http
         .post(format!("{}/finetunes", s.url))
         .bearer_auth(&s.acme)
@@ -47,8 +47,10 @@ async fn create_job(s: &Server) -> Value {
         .send()
         .await
         .unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
-    response.json().await.unwrap()
+    let status = response.status();
+    let created: Value = response.json().await.unwrap();
+    assert_eq!(status, StatusCode::OK, "create: {created}");
+    created
 }
 
 async fn report(s: &Server, job: &str, credential: &str, body: Value) -> StatusCode {
