@@ -1,0 +1,19 @@
+//! CPU kernels for the trainer's fast path, on plain `f32` slices.
+//!
+//! candle's autograd pays for generality on the CPU: every edge of the graph zero-fills
+//! and adds a fresh gradient, every op allocates its output, and its GEMM runs AVX2
+//! kernels at half of what the core can do (see `../shared/research/trainer-speed.md`).
+//! The fused LoRA step is built from the pieces here instead; candle's graph stays the
+//! CUDA path and the test oracle the fast path is checked against.
+//!
+//! Everything here is deterministic for a given backend: parallel work is split into
+//! fixed chunks whose arithmetic does not depend on the thread count, so a resumed run
+//! replays the same bytes.
+//!
+//! Modules:
+//! - [`gemm`]: `C = α·A·B + β·C` on strided views, split over rayon in fixed row or
+//!   column blocks. The crate's only `unsafe` (the library takes raw pointers).
+
+pub mod gemm;
+
+pub use gemm::{Mat, MatMut, backend, gemm};
