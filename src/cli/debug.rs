@@ -29,6 +29,40 @@ pub enum DebugCommand {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Optimiser steps as training runs them (micro-batches, clipping, AdamW, dropout)
+    /// over batches in a safetensors file, writing the adapter after every step.
+    Steps {
+        #[arg(long)]
+        model: PathBuf,
+        /// The adapter to start from (its factors become the trainable tensors).
+        #[arg(long)]
+        adapter: PathBuf,
+        /// `input_ids`, `labels`, `attention_mask`: int64 (micro-batches, rows, len).
+        #[arg(long)]
+        batches: PathBuf,
+        /// A folder for `step-N.safetensors` (and `masks.safetensors` with dropout).
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value_t = 1)]
+        micro_batches: usize,
+        #[arg(long, default_value_t = 1e-3)]
+        lr: f64,
+        /// ≤ 0 turns clipping off.
+        #[arg(long, default_value_t = 0.0)]
+        max_grad_norm: f64,
+        #[arg(long, default_value_t = 0.0)]
+        weight_decay: f64,
+        #[arg(long, default_value_t = 0.9)]
+        beta1: f64,
+        #[arg(long, default_value_t = 0.999)]
+        beta2: f64,
+        #[arg(long, default_value_t = 1e-8)]
+        eps: f64,
+        #[arg(long, default_value_t = 0.0)]
+        dropout: f64,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
 }
 
 pub fn run(cmd: DebugCommand) -> Result<ExitCode> {
@@ -51,6 +85,41 @@ pub fn run(cmd: DebugCommand) -> Result<ExitCode> {
             let m = tuneq_trainer::debug::load_model(&model, Some(&adapter))?;
             let loss = tuneq_trainer::debug::write_grads(&m, &input_ids, &out)?;
             println!("{}", serde_json::json!({"loss": loss}));
+        }
+        DebugCommand::Steps {
+            model,
+            adapter,
+            batches,
+            out,
+            micro_batches,
+            lr,
+            max_grad_norm,
+            weight_decay,
+            beta1,
+            beta2,
+            eps,
+            dropout,
+            seed,
+        } => {
+            if !(0.0..1.0).contains(&dropout) {
+                anyhow::bail!("--dropout must be in [0, 1), not {dropout}");
+            }
+            let m = tuneq_trainer::debug::load_model(&model, Some(&adapter))?;
+            let cfg = tuneq_trainer::debug::StepsConfig {
+                micro_batches,
+                lr,
+                max_grad_norm,
+                adamw: tuneq_trainer::optim::AdamWConfig {
+                    beta1,
+                    beta2,
+                    eps,
+                    weight_decay,
+                },
+                dropout,
+                seed,
+            };
+            let losses = tuneq_trainer::debug::write_steps(&m, &batches, &out, &cfg)?;
+            println!("{}", serde_json::json!({"losses": losses}));
         }
     }
     Ok(ExitCode::SUCCESS)

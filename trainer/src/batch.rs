@@ -103,6 +103,36 @@ pub fn lm_batch(ids: Vec<u32>, rows: usize, len: usize) -> Batch {
     }
 }
 
+/// A batch from token ids and Hugging Face style labels (unshifted, −100 where no loss),
+/// both `rows × len`: position i is trained to predict `labels[i + 1]`. `attention`
+/// marks real tokens (1) and right padding (0).
+pub fn labelled_batch(
+    ids: Vec<u32>,
+    labels: &[i64],
+    attention: &[i64],
+    rows: usize,
+    len: usize,
+) -> Batch {
+    let targets: Vec<i64> = (0..rows * len)
+        .map(|k| {
+            if k % len + 1 < len && labels[k + 1] >= 0 {
+                labels[k + 1]
+            } else {
+                -100
+            }
+        })
+        .collect();
+    let labelled = targets.iter().filter(|&&t| t >= 0).count();
+    Batch {
+        ids,
+        rows,
+        len,
+        targets,
+        tokens: attention.iter().filter(|&&a| a != 0).count(),
+        labelled,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,6 +1,8 @@
 //! Reference computations for cross-checking against PyTorch (`tuneq debug …`):
-//! full-sequence logits, and the loss and LoRA gradients of one batch.
+//! full-sequence logits, the loss and LoRA gradients of one batch, and a run of
+//! optimiser steps (micro-batches, clipping, AdamW, dropout) with the adapter after each.
 
+use crate::batch::Batch;
 use crate::error::{Error, Result};
 use crate::model::Llama;
 use candle_core::{DType, Device, Tensor};
@@ -51,4 +53,146 @@ pub fn write_grads(model: &Llama, input: &Path, out: &Path) -> Result<f64> {
     }
     crate::weights::save_safetensors(out, &tensors)?;
     Ok(r.loss)
+}
+
+/// The optimiser settings of [`write_steps`].
+#[derive(Debug, Clone, Copy)]
+pub struct StepsConfig {
+    /// Micro-batches per optimiser step.
+    pub micro_batches: usize,
+    /// Constant learning rate.
+    pub lr: f64,
+    /// Global-norm clipping threshold (≤ 0: off).
+    pub max_grad_norm: f64,
+    /// AdamW settings.
+    pub adamw: crate::optim::AdamWConfig,
+    /// LoRA dropout probability.
+    pub dropout: f64,
+    /// Seed of the dropout streams (one per step, as in training).
+    pub seed: u64,
+}
+
+/// One `i64` tensor of a safetensors file as a flat vector with its shape.
+fn read_i64(
+    tensors: &std::collections::HashMap<String, Tensor>,
+    name: &str,
+    path: &Path,
+) -> Result<(Vec<i64>, Vec<usize>)> {
+    let t = tensors.get(name).ok_or_else(|| Error::Safetensors {
+        path: path.display().to_string(),
+        message: format!("no tensor named {name}"),
+    })?;
+    Ok((
+        t.to_dtype(DType::I64)?.flatten_all()?.to_vec1::<i64>()?,
+        t.dims().to_vec(),
+    ))
+}
+
+/// Runs optimiser steps exactly as training does, over the micro-batches in `input`
+/// (`input_ids`, `labels` and `attention_mask`, each (micro-batches, rows, len); step s
+/// takes micro-batches `s·m … s·m + m − 1`). After each step `out/step-N.safetensors`
+/// holds the adapter (PEFT keys) with `loss` and `grad_norm`; with dropout,
+/// `out/masks.safetensors` holds every mask as `s{step}.m{micro}.{module}`. Returns the
+/// losses.
+pub fn write_steps(model: &Llama, input: &Path, out: &Path, cfg: &StepsConfig) -> Result<Vec<f64>> {
+    let tensors = crate::weights::load_safetensors(input, &Device::Cpu)?;
+    let (ids, shape) = read_i64(&tensors, "input_ids", input)?;
+    let (labels, label_shape) = read_i64(&tensors, "labels", input)?;
+    let (attention, mask_shape) = read_i64(&tensors, "attention_mask", input)?;
+    let bad = |message: String| Error::Safetensors {
+        path: input.display().to_string(),
+        message,
+    };
+    let [count, rows, len] = shape[..] else {
+        return Err(bad(format!(
+            "input_ids has shape {shape:?}, expected (micro-batches, rows, len)"
+        )));
+    };
+    if label_shape != shape || mask_shape != shape {
+        return Err(bad(
+            "input_ids, labels and attention_mask differ in shape".into()
+        ));
+    }
+    let m = cfg.micro_batches.max(1);
+    if count == 0 || count % m != 0 {
+        return Err(bad(format!(
+            "{count} micro-batches are not whole steps of {m}"
+        )));
+    }
+    let vocab = model.cfg.vocab_size as i64;
+    if ids.iter().any(|&t| !(0..vocab).contains(&t)) {
+        return Err(bad("a token id is outside the vocabulary".into()));
+    }
+    let size = rows * len;
+    let batches: Vec<Batch> = (0..count)
+        .map(|i| {
+            let span = i * size..(i + 1) * size;
+            let ids = ids[span.clone()].iter().map(|&t| t as u32).collect();
+            crate::batch::labelled_batch(ids, &labels[span.clone()], &attention[span], rows, len)
+        })
+        .collect();
+    let modules: Vec<String> = model
+        .lora_vars()
+        .iter()
+        .filter_map(|v| v.name.strip_suffix(".lora_A.weight").map(str::to_string))
+        .collect();
+    let mut opt = crate::optim::AdamW::new(model.lora_vars(), cfg.adamw)?;
+    std::fs::create_dir_all(out).map_err(Error::io(out))?;
+    let mut masks = BTreeMap::new();
+    let mut losses = Vec::new();
+    for (step, micro) in batches.chunks(m).enumerate() {
+        let mut rng = crate::batch::rng_for(cfg.seed, crate::batch::streams::DROPOUT + step as u64);
+        let mut drawn = Vec::new();
+        let done = crate::train::optimiser_step(
+            model,
+            &mut opt,
+            micro,
+            Some(crate::train::StepDropout {
+                p: cfg.dropout,
+                rng: &mut rng,
+                record: Some(&mut drawn),
+            }),
+            cfg.max_grad_norm,
+            cfg.lr,
+        )?;
+        // Masks come micro-batch by micro-batch, each in the order the adapted
+        // projections run: layer by layer, in `model::PROJECTIONS` order.
+        if !drawn.is_empty() && drawn.len() != modules.len() * micro.len() {
+            return Err(Error::Model {
+                path: "debug steps".into(),
+                message: format!(
+                    "{} dropout masks for {} adapted projections",
+                    drawn.len(),
+                    modules.len()
+                ),
+            });
+        }
+        for (i, mask) in drawn.into_iter().enumerate() {
+            let name = format!(
+                "s{step}.m{}.{}",
+                i / modules.len(),
+                modules[i % modules.len()]
+            );
+            masks.insert(name, mask);
+        }
+        let mut saved: BTreeMap<String, Tensor> = model
+            .lora_vars()
+            .into_iter()
+            .map(|v| (v.name, v.var.as_tensor().clone()))
+            .collect();
+        saved.insert("loss".into(), Tensor::new(done.loss as f32, &Device::Cpu)?);
+        saved.insert(
+            "grad_norm".into(),
+            Tensor::new(done.grad_norm as f32, &Device::Cpu)?,
+        );
+        crate::weights::save_safetensors(
+            &out.join(format!("step-{}.safetensors", step + 1)),
+            &saved,
+        )?;
+        losses.push(done.loss);
+    }
+    if !masks.is_empty() {
+        crate::weights::save_safetensors(&out.join("masks.safetensors"), &masks)?;
+    }
+    Ok(losses)
 }

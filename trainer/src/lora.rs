@@ -74,6 +74,10 @@ pub struct DropoutCtx<'a> {
     pub p: f64,
     /// The step's seeded stream; draws happen in a fixed order, so runs replay exactly.
     pub rng: &'a mut ChaCha20Rng,
+    /// Where each drawn mask (rows × in, already scaled by 1/(1−p)) is appended, in the
+    /// order the adapted projections run; `tuneq debug steps` exports them so PyTorch
+    /// can apply the very same masks.
+    pub record: Option<&'a mut Vec<Tensor>>,
 }
 
 /// A frozen projection with an optional LoRA update.
@@ -108,8 +112,11 @@ impl LoraLinear {
                         }
                     })
                     .collect();
-                let mask = Tensor::from_vec(mask, (rows, in_dim), x.device())?.to_dtype(dtype)?;
-                (x2 * mask)?
+                let mask = Tensor::from_vec(mask, (rows, in_dim), x.device())?;
+                if let Some(record) = ctx.record.as_deref_mut() {
+                    record.push(mask.clone());
+                }
+                (x2 * mask.to_dtype(dtype)?)?
             }
             _ => x2,
         };

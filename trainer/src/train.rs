@@ -211,24 +211,35 @@ pub struct StepResult {
     pub tokens: usize,
 }
 
+/// Dropout for one optimiser step: the probability, the step's stream, and optionally
+/// where to record the masks drawn (see [`DropoutCtx::record`]).
+pub struct StepDropout<'a> {
+    /// Probability of zeroing a LoRA input element.
+    pub p: f64,
+    /// The step's stream.
+    pub rng: &'a mut rand_chacha::ChaCha20Rng,
+    /// Receives every mask, micro-batch by micro-batch.
+    pub record: Option<&'a mut Vec<Tensor>>,
+}
+
 /// Runs forward and backward over `batches` (the micro-batches of one step).
 pub fn accumulate(
     model: &Llama,
     batches: &[Batch],
-    dropout: Option<(f64, &mut rand_chacha::ChaCha20Rng)>,
+    mut dropout: Option<StepDropout<'_>>,
 ) -> Result<StepResult> {
     let vars = model.lora_vars();
     let denom = batches.iter().map(|b| b.labelled).sum::<usize>().max(1) as f64;
     let mut grads: Vec<Option<Tensor>> = vec![None; vars.len()];
     let mut loss = 0f64;
     let mut tokens = 0;
-    let mut dropout = dropout;
     for b in batches {
         let ids = Tensor::from_vec(b.ids.clone(), (b.rows, b.len), model.device())?;
-        let mut ctx = dropout
-            .as_mut()
-            .filter(|(p, _)| *p > 0.0)
-            .map(|(p, rng)| DropoutCtx { p: *p, rng });
+        let mut ctx = dropout.as_mut().filter(|d| d.p > 0.0).map(|d| DropoutCtx {
+            p: d.p,
+            rng: &mut *d.rng,
+            record: d.record.as_deref_mut(),
+        });
         let hidden = model.hidden_states(&ids, ctx.as_mut())?;
         let logits = model.logits(&hidden)?;
         let l = crate::ops::masked_cross_entropy(&logits, &b.targets, denom)?;
@@ -253,6 +264,49 @@ pub fn accumulate(
         loss,
         grads,
         tokens,
+    })
+}
+
+/// What one optimiser step did.
+#[derive(Debug, Clone, Copy)]
+pub struct Stepped {
+    /// Mean loss over the step's labelled tokens (before the update).
+    pub loss: f64,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Non-padding tokens.
+    pub tokens: usize,
+}
+
+/// One optimiser step: forward and backward over the micro-batches, clipping by global
+/// norm (`max_grad_norm` ≤ 0 turns it off, as in Hugging Face), then AdamW at `lr`.
+/// A non-finite loss is refused before anything is updated.
+pub fn optimiser_step(
+    model: &Llama,
+    opt: &mut AdamW,
+    batches: &[Batch],
+    dropout: Option<StepDropout<'_>>,
+    max_grad_norm: f64,
+    lr: f64,
+) -> Result<Stepped> {
+    let r = accumulate(model, batches, dropout)?;
+    if !r.loss.is_finite() {
+        return Err(Error::Diverged {
+            step: opt.step_count() + 1,
+            loss: r.loss,
+        });
+    }
+    let grad_norm = global_norm(&r.grads)?;
+    let clip = if max_grad_norm > 0.0 {
+        (max_grad_norm / (grad_norm + 1e-6)).min(1.0)
+    } else {
+        1.0
+    };
+    opt.step(&r.grads, lr, clip)?;
+    Ok(Stepped {
+        loss: r.loss,
+        grad_norm,
+        tokens: r.tokens,
     })
 }
 

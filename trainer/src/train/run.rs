@@ -402,25 +402,20 @@ impl<'a> Run<'a> {
             let batches = self.batches(&order);
             let t0 = Instant::now();
             let mut drop_rng = batch::rng_for(self.h.seed, streams::DROPOUT + self.step);
-            let r = accumulate(
-                &self.model,
-                &batches,
-                Some((self.settings.dropout, &mut drop_rng)),
-            )?;
-            if !r.loss.is_finite() {
-                return Err(Error::Diverged {
-                    step: self.step + 1,
-                    loss: r.loss,
-                });
-            }
-            let norm = global_norm(&r.grads)?;
-            let clip = if self.h.max_grad_norm > 0.0 {
-                (self.h.max_grad_norm / (norm + 1e-6)).min(1.0)
-            } else {
-                1.0
-            };
             let lr = self.schedule.lr_at(self.step);
-            self.opt.step(&r.grads, lr, clip)?;
+            let r = optimiser_step(
+                &self.model,
+                &mut self.opt,
+                &batches,
+                Some(StepDropout {
+                    p: self.settings.dropout,
+                    rng: &mut drop_rng,
+                    record: None,
+                }),
+                self.h.max_grad_norm,
+                lr,
+            )?;
+            let norm = r.grad_norm;
             self.step += 1;
             self.tokens_seen += r.tokens as u64;
             self.last_loss = Some(r.loss);

@@ -1,0 +1,210 @@
+"""Several optimiser steps of `tuneq debug steps` against PEFT + torch.optim.AdamW.
+
+One batch's gradients (test_grads.py) do not exercise what happens between steps: AdamW's
+moments past step 1, clipping that actually clips, gradient accumulation over
+micro-batches with unequal labelled-token counts (every micro-batch loss divided by the
+step's total, as Hugging Face does), right-padded rows with an attention mask, and LoRA
+dropout. Each test runs the same steps both ways and compares the loss of every step and
+every adapter tensor after every step (rel_max_err <= GRAD_RTOL = 1e-4 against PEFT in
+float64; PyTorch fp32's own distance is printed as the floor).
+
+AdamW's first update is lr·g/(|g| + eps), nearly lr·sign(g): with the default eps = 1e-8 a
+gradient entry within float32 rounding of zero flips its whole update, in PyTorch's own
+fp32 run as much as in ours. The tests therefore use eps = 1e-4 (EPS), which keeps every
+update a continuous function of the gradient (an error e moves it by at most lr·e/eps)
+while still exercising the moments, bias correction and decoupled weight decay.
+
+Dropout cannot share an RNG with PyTorch, so tuneq exports each mask it drew
+(`masks.safetensors`) and the PEFT model applies exactly those masks in place of its
+dropout modules.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+import harness
+from harness import GRAD_RTOL
+
+VOCAB = harness.TINY["vocab_size"]
+EPS = 1e-4
+PAD = 0
+
+
+def make_batches(micro_batches: int, rows: int, length: int, seed: int, *,
+                 ragged: bool) -> dict[str, torch.Tensor]:
+    """Random token rows, each (micro_batches, rows, length). With `ragged`, rows have
+    random lengths (right-padded with PAD, attention_mask 0) and a random prompt whose
+    labels are -100, so micro-batches carry unequal numbers of labelled tokens."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, VOCAB, (micro_batches, rows, length), generator=g)
+    attention = torch.ones_like(ids)
+    labels = ids.clone()
+    if ragged:
+        for m in range(micro_batches):
+            for r in range(rows):
+                n = int(torch.randint(8, length + 1, (1,), generator=g))
+                prompt = int(torch.randint(1, n - 2, (1,), generator=g))
+                ids[m, r, n:] = PAD
+                attention[m, r, n:] = 0
+                labels[m, r, n:] = -100
+                labels[m, r, :prompt] = -100
+    return {"input_ids": ids, "labels": labels, "attention_mask": attention}
+
+
+def labelled(labels: torch.Tensor) -> int:
+    """Positions that carry a loss after the shift (HF: position i predicts label i+1)."""
+    return int((labels[..., 1:] != -100).sum())
+
+
+def peft_steps(model_dir, adapter_dir, data, *, micro: int, lr: float, max_grad_norm: float,
+               weight_decay: float, betas=(0.9, 0.999), eps=EPS, masks=None,
+               dtype=torch.float64):
+    """The same steps in PyTorch: (losses, norms before clipping, adapter after each step)."""
+    model = harness.load_peft(model_dir, adapter_dir, trainable=True).to(dtype)
+    model.train()
+    params = harness.lora_params(model)
+    opt = torch.optim.AdamW(list(params.values()), lr=lr, betas=betas, eps=eps,
+                            weight_decay=weight_decay)
+    where = {"step": 0, "micro": 0}
+    if masks is not None:
+        for name, module in model.named_modules():
+            if name.endswith(".lora_dropout.default"):
+                key = name[: -len(".lora_dropout.default")]
+
+                def apply(x, key=key):
+                    mask = masks[f"s{where['step']}.m{where['micro']}.{key}"]
+                    return x * mask.reshape(x.shape).to(x.dtype)
+
+                module.forward = apply
+    count = data["input_ids"].shape[0]
+    losses, norms, states = [], [], []
+    for step in range(count // micro):
+        span = range(step * micro, (step + 1) * micro)
+        denom = sum(labelled(data["labels"][i]) for i in span)
+        total = 0.0
+        for j, i in enumerate(span):
+            where.update(step=step, micro=j)
+            logits = model(input_ids=data["input_ids"][i],
+                           attention_mask=data["attention_mask"][i]).logits
+            loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                                   data["labels"][i][:, 1:].reshape(-1),
+                                   ignore_index=-100, reduction="sum") / denom
+            loss.backward()
+            total += float(loss.detach())
+        if max_grad_norm > 0:
+            norm = torch.nn.utils.clip_grad_norm_(list(params.values()), max_grad_norm)
+        else:
+            norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params.values()]))
+        opt.step()
+        opt.zero_grad()
+        losses.append(total)
+        norms.append(float(norm))
+        states.append({k: p.detach().double().clone() for k, p in params.items()})
+    return losses, norms, states
+
+
+def run_tuneq(tuneq, tmp_path, model_dir, adapter_dir, data, **flags) -> tuple[list, list, dict]:
+    batches = tmp_path / "batches.safetensors"
+    save_file({k: v.to(torch.int64).contiguous() for k, v in data.items()}, str(batches))
+    out = tmp_path / "steps"
+    args = ["debug", "steps", "--model", model_dir, "--adapter", adapter_dir,
+            "--batches", batches, "--out", out, "--eps", EPS]
+    for flag, value in flags.items():
+        args += [f"--{flag.replace('_', '-')}", value]
+    tuneq.run(*args)
+    steps = []
+    n = 1
+    while (out / f"step-{n}.safetensors").exists():
+        steps.append(load_file(str(out / f"step-{n}.safetensors")))
+        n += 1
+    masks = load_file(str(out / "masks.safetensors")) if (out / "masks.safetensors").exists() else {}
+    return steps, [float(s.pop("grad_norm")) for s in steps], masks
+
+
+def compare(name: str, got_steps: list, ref: tuple, fp32: tuple) -> None:
+    ref_losses, _, ref_states = ref
+    _, _, fp32_states = fp32
+    assert len(got_steps) == len(ref_states), f"{len(got_steps)} steps written, {len(ref_states)} expected"
+    for step, (got, want, floor) in enumerate(zip(got_steps, ref_states, fp32_states), start=1):
+        loss = float(got.pop("loss"))
+        loss_err = abs(loss - ref_losses[step - 1]) / abs(ref_losses[step - 1])
+        assert set(got) == set(want), f"step {step}: adapter keys differ: {sorted(set(got) ^ set(want))[:4]}"
+        errors = {k: harness.rel_max_err(got[k], want[k]) for k in want}
+        worst = max(errors, key=errors.get)
+        torch_floor = max(harness.rel_max_err(floor[k], want[k]) for k in want)
+        print(f"{name} step {step}: loss {loss:.6f} (rel err {loss_err:.1e}); worst adapter "
+              f"rel_max_err {errors[worst]:.1e} at {worst}; PyTorch fp32 {torch_floor:.1e}")
+        assert loss_err <= GRAD_RTOL, f"step {step}: loss {loss} vs {ref_losses[step - 1]} (rel {loss_err:.1e})"
+        bad = {k: f"{e:.1e}" for k, e in errors.items() if not e <= GRAD_RTOL}
+        assert not bad, f"step {step}: {len(bad)} adapter tensors over {GRAD_RTOL:g}: {dict(list(bad.items())[:6])}"
+
+
+@pytest.mark.parametrize("name", ["all7", "rslora_qv"])
+def test_adamw_over_several_steps_matches_peft(adapters, tiny_model, tuneq, tmp_path, name):
+    adapter = adapters.get(name)
+    data = make_batches(4, 2, 48, seed=11, ragged=False)
+    opts = dict(micro=1, lr=2e-3, max_grad_norm=0.0, weight_decay=0.05, betas=(0.9, 0.99))
+    ref = peft_steps(tiny_model, adapter, data, **opts)
+    fp32 = peft_steps(tiny_model, adapter, data, dtype=torch.float32, **opts)
+    steps, _, _ = run_tuneq(tuneq, tmp_path, tiny_model, adapter, data, micro_batches=1, lr=2e-3,
+                            max_grad_norm=0, weight_decay=0.05, beta2=0.99)
+    compare(name, steps, ref, fp32)
+    # The moments did their work: later steps moved the adapter, not only the first.
+    first, last = ref[2][0], ref[2][-1]
+    assert any(harness.max_abs_diff(first[k], last[k]) > 0 for k in first)
+
+
+def test_clipping_that_clips_matches_peft(adapters, tiny_model, tuneq, tmp_path):
+    adapter = adapters.get("all7")
+    data = make_batches(3, 2, 48, seed=12, ragged=False)
+    probe = peft_steps(tiny_model, adapter, data, micro=1, lr=2e-3, max_grad_norm=0.0, weight_decay=0.0)
+    max_norm = 0.1 * min(probe[1])
+    opts = dict(micro=1, lr=2e-3, max_grad_norm=max_norm, weight_decay=0.0)
+    ref = peft_steps(tiny_model, adapter, data, **opts)
+    fp32 = peft_steps(tiny_model, adapter, data, dtype=torch.float32, **opts)
+    assert all(n > 2 * max_norm for n in ref[1]), f"clipping must engage at every step: norms {ref[1]}, max {max_norm}"
+    steps, norms, _ = run_tuneq(tuneq, tmp_path, tiny_model, adapter, data, micro_batches=1, lr=2e-3,
+                                max_grad_norm=max_norm)
+    for step, (got, want) in enumerate(zip(norms, ref[1]), start=1):
+        assert abs(got - want) <= GRAD_RTOL * want, f"step {step}: grad norm {got} vs PyTorch {want}"
+    compare("clipped", steps, ref, fp32)
+
+
+def test_accumulation_over_padded_micro_batches_with_unequal_tokens_matches_peft(
+        adapters, tiny_model, tuneq, tmp_path):
+    adapter = adapters.get("all7")
+    data = make_batches(6, 3, 40, seed=13, ragged=True)
+    counts = [labelled(data["labels"][i]) for i in range(6)]
+    assert len(set(counts)) > 1 and (data["attention_mask"] == 0).any(), counts
+    opts = dict(micro=3, lr=2e-3, max_grad_norm=1.0, weight_decay=0.01)
+    ref = peft_steps(tiny_model, adapter, data, **opts)
+    fp32 = peft_steps(tiny_model, adapter, data, dtype=torch.float32, **opts)
+    steps, _, _ = run_tuneq(tuneq, tmp_path, tiny_model, adapter, data, micro_batches=3, lr=2e-3,
+                            max_grad_norm=1.0, weight_decay=0.01)
+    print(f"labelled tokens per micro-batch: {counts}")
+    compare("accumulated", steps, ref, fp32)
+
+
+def test_dropout_with_the_masks_tuneq_drew_matches_peft(adapters, tiny_model, tuneq, tmp_path):
+    adapter = adapters.get("all7")
+    p = 0.1
+    data = make_batches(4, 2, 32, seed=14, ragged=True)
+    steps, _, masks = run_tuneq(tuneq, tmp_path, tiny_model, adapter, data, micro_batches=2, lr=2e-3,
+                                max_grad_norm=1.0, dropout=p, seed=7)
+    modules = {k.split(".", 2)[2] for k in masks}
+    assert len(modules) == 4 * 7, f"masks for {len(modules)} projections, expected 28"
+    assert len(masks) == 2 * 2 * 28, f"{len(masks)} masks for 2 steps x 2 micro-batches x 28 projections"
+    values = torch.cat([m.flatten() for m in masks.values()])
+    kept = 1 / (1 - p)
+    assert bool(((values == 0) | ((values - kept).abs() < 1e-6)).all()), "masks hold only 0 and 1/(1-p)"
+    dropped = float((values == 0).double().mean())
+    assert abs(dropped - p) < 0.01, f"{dropped:.3f} of inputs dropped, expected about {p}"
+    masks64 = {k: v.double() for k, v in masks.items()}
+    opts = dict(micro=2, lr=2e-3, max_grad_norm=1.0, weight_decay=0.0)
+    ref = peft_steps(tiny_model, adapter, data, masks=masks64, **opts)
+    fp32 = peft_steps(tiny_model, adapter, data, masks=masks, dtype=torch.float32, **opts)
+    compare("dropout", steps, ref, fp32)
