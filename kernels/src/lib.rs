@@ -13,7 +13,9 @@
 //! Modules:
 //! - [`gemm`]: `C = α·A·B + β·C` on strided views, split over rayon in fixed row or
 //!   column blocks. The crate's only `unsafe` (the library takes raw pointers).
+//! - [`exp`]: a branch-free `f32` exp (≤ 2 ulp) that loops vectorise around.
 
+pub mod exp;
 pub mod gemm;
 
 pub use gemm::{Mat, MatMut, backend, gemm};
