@@ -14,8 +14,13 @@
 //! - [`gemm`]: `C = α·A·B + β·C` on strided views, split over rayon in fixed row or
 //!   column blocks. The crate's only `unsafe` (the library takes raw pointers).
 //! - [`exp`]: a branch-free `f32` exp (≤ 2 ulp) that loops vectorise around.
+//! - [`norm`]: RMSNorm forward (saving `1/rms` per row) and backward into `dx`, optionally
+//!   adding to it so the residual gradient is folded in.
+//! - `reduce` (private): fixed-order 16-lane sums and max, shared by the row kernels.
 
 pub mod exp;
 pub mod gemm;
+pub mod norm;
+mod reduce;
 
 pub use gemm::{Mat, MatMut, backend, gemm};
