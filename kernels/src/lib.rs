@@ -16,11 +16,14 @@
 //! - [`exp`]: a branch-free `f32` exp (≤ 2 ulp) that loops vectorise around.
 //! - [`norm`]: RMSNorm forward (saving `1/rms` per row) and backward into `dx`, optionally
 //!   adding to it so the residual gradient is folded in.
+//! - [`rope`]: rotate-half RoPE in place on head vectors inside token rows (the qkv
+//!   buffer), forward and inverse (for dq, dk).
 //! - `reduce` (private): fixed-order 16-lane sums and max, shared by the row kernels.
 
 pub mod exp;
 pub mod gemm;
 pub mod norm;
 mod reduce;
+pub mod rope;
 
 pub use gemm::{Mat, MatMut, backend, gemm};
