@@ -18,6 +18,7 @@
 //!   adding to it so the residual gradient is folded in.
 //! - [`rope`]: rotate-half RoPE in place on head vectors inside token rows (the qkv
 //!   buffer), forward and inverse (for dq, dk).
+//! - [`swiglu`]: `silu(g)·u` over `[gate | up]` rows, and the backward into `[dg | du]`.
 //! - `reduce` (private): fixed-order 16-lane sums and max, shared by the row kernels.
 
 pub mod exp;
@@ -25,5 +26,6 @@ pub mod gemm;
 pub mod norm;
 mod reduce;
 pub mod rope;
+pub mod swiglu;
 
 pub use gemm::{Mat, MatMut, backend, gemm};
