@@ -19,10 +19,13 @@
 //! - [`rope`]: rotate-half RoPE in place on head vectors inside token rows (the qkv
 //!   buffer), forward and inverse (for dq, dk).
 //! - [`swiglu`]: `silu(g)·u` over `[gate | up]` rows, and the backward into `[dg | du]`.
+//! - [`loss`]: the lm_head fused with masked cross-entropy over labelled rows, 128 rows
+//!   at a time, writing the hidden-state gradient in the same pass.
 //! - `reduce` (private): fixed-order 16-lane sums and max, shared by the row kernels.
 
 pub mod exp;
 pub mod gemm;
+pub mod loss;
 pub mod norm;
 mod reduce;
 pub mod rope;

@@ -1,4 +1,4 @@
-//! Sums over slices in a fixed order that vectorises.
+//! Sums and maxima over slices in a fixed order that vectorises.
 //!
 //! A plain `iter().sum()` is one serial chain of adds: LLVM may not reorder float
 //! additions, so it stays scalar. Here each of 16 lanes accumulates every 16th element,
@@ -39,6 +39,12 @@ fn lane_sum(n: usize, f: impl Fn(usize) -> f32) -> f32 {
     finish(acc, tail)
 }
 
+/// `Σ xᵢ`.
+#[inline]
+pub(crate) fn sum(xs: &[f32]) -> f32 {
+    lane_sum(xs.len(), |i| xs[i])
+}
+
 /// `Σ xᵢ²`.
 #[inline]
 pub(crate) fn sum_squares(xs: &[f32]) -> f32 {
@@ -51,6 +57,26 @@ pub(crate) fn dot3(a: &[f32], b: &[f32], c: &[f32]) -> f32 {
     let n = a.len();
     let (b, c) = (&b[..n], &c[..n]);
     lane_sum(n, |i| a[i] * b[i] * c[i])
+}
+
+/// The largest element (−∞ for an empty slice; NaN if any element is NaN).
+#[inline]
+pub(crate) fn max(xs: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; LANES];
+    let mut chunks = xs.chunks_exact(LANES);
+    let mut nan = false;
+    for chunk in &mut chunks {
+        for (a, &x) in acc.iter_mut().zip(chunk) {
+            nan |= x.is_nan();
+            *a = if x > *a { x } else { *a };
+        }
+    }
+    let mut m = f32::NEG_INFINITY;
+    for &x in chunks.remainder().iter().chain(&acc) {
+        nan |= x.is_nan();
+        m = if x > m { x } else { m };
+    }
+    if nan { f32::NAN } else { m }
 }
 
 #[cfg(test)]
@@ -72,6 +98,8 @@ mod tests {
                     "n = {n}: {got} vs {want}"
                 )
             };
+            let abs: f64 = a.iter().map(|x| f(x).abs()).sum();
+            close(sum(&a), a.iter().map(f).sum(), abs);
             let sq: f64 = a.iter().map(|x| f(x) * f(x)).sum();
             close(sum_squares(&a), sq, sq);
             let d3 = |i: usize| f(&a[i]) * f(&b[i]) * f(&c[i]);
@@ -80,6 +108,20 @@ mod tests {
                 (0..n).map(d3).sum(),
                 (0..n).map(|i| d3(i).abs()).sum(),
             );
+            let want = a.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            assert_eq!(max(&a), want);
         }
+    }
+
+    #[test]
+    fn max_sees_nan_and_infinity() {
+        let mut xs = vec![1.0f32; 40];
+        xs[33] = f32::INFINITY;
+        assert_eq!(max(&xs), f32::INFINITY);
+        xs[3] = f32::NAN;
+        assert!(max(&xs).is_nan());
+        xs[3] = 0.0;
+        xs[39] = f32::NAN; // in the remainder
+        assert!(max(&xs).is_nan());
     }
 }
