@@ -11,7 +11,7 @@
 //! replays the same bytes.
 //!
 //! Modules:
-//! - [`gemm`]: `C = α·A·B + β·C` on strided views, split over rayon in fixed row or
+//! - [`gemm`](mod@gemm): `C = α·A·B + β·C` on strided views, split over rayon in fixed row or
 //!   column blocks. The crate's only `unsafe` (the library takes raw pointers).
 //! - [`exp`]: a branch-free `f32` exp (≤ 2 ulp) that loops vectorise around.
 //! - [`norm`]: RMSNorm forward (saving `1/rms` per row) and backward into `dx`, optionally
