@@ -101,6 +101,26 @@ fn main() {
         let mut d_hidden = vec![0f32; rows * h];
         let scale = 1.0 / rows as f32;
         let flops = 4.0 * (rows * vocab * h) as f64;
+        // The loss's logits GEMM alone, in its chunks of 128 rows: the rest of the
+        // loss-only time is the softmax, the gathers and the buffers' first touch.
+        let mut logits = vec![0f32; 128 * vocab];
+        let t = best(3, || {
+            for chunk in hidden.chunks(128 * h) {
+                let m = chunk.len() / h;
+                gemm(
+                    1.0,
+                    Mat::new(chunk, m, h),
+                    Mat::new(&head, vocab, h).t(),
+                    0.0,
+                    MatMut::new(&mut logits[..m * vocab], m, vocab),
+                );
+            }
+        });
+        println!(
+            "lm_head GEMM in chunks of 128 rows: {:6.1} ms ({:.1} GFLOP/s)",
+            t.as_secs_f64() * 1e3,
+            flops / 2.0 / t.as_secs_f64() / 1e9
+        );
         for grad in [false, true] {
             let t = best(3, || {
                 let d = grad.then_some(&mut d_hidden[..]);
