@@ -11,9 +11,24 @@
 //! replays the same bytes.
 //!
 //! Modules:
-//! - [`gemm`]: `C = α·A·B + β·C` on strided views, split over rayon in fixed row or
+//! - [`gemm`](mod@gemm): `C = α·A·B + β·C` on strided views, split over rayon in fixed row or
 //!   column blocks. The crate's only `unsafe` (the library takes raw pointers).
+//! - [`exp`]: a branch-free `f32` exp (≤ 2 ulp) that loops vectorise around.
+//! - [`norm`]: RMSNorm forward (saving `1/rms` per row) and backward into `dx`, optionally
+//!   adding to it so the residual gradient is folded in.
+//! - [`rope`]: rotate-half RoPE in place on head vectors inside token rows (the qkv
+//!   buffer), forward and inverse (for dq, dk).
+//! - [`swiglu`]: `silu(g)·u` over `[gate | up]` rows, and the backward into `[dg | du]`.
+//! - [`loss`]: the lm_head fused with masked cross-entropy over labelled rows, 128 rows
+//!   at a time, writing the hidden-state gradient in the same pass.
+//! - `reduce` (private): fixed-order 16-lane sums and max, shared by the row kernels.
 
+pub mod exp;
 pub mod gemm;
+pub mod loss;
+pub mod norm;
+mod reduce;
+pub mod rope;
+pub mod swiglu;
 
 pub use gemm::{Mat, MatMut, backend, gemm};

@@ -1,0 +1,447 @@
+//! The language-model head fused with masked cross-entropy, its gradient computed in the
+//! forward pass (as in Liger-Kernel and Apple's "Cut Your Losses").
+//!
+//! candle's path materialises the N × V logits (125 MiB on small), composes log-softmax
+//! from 6 ops, and recomputes softmax in backward: ~26 passes over N × V and two scalar
+//! exps per logit. Here only rows with a target are computed, [`CHUNK`] at a time: their
+//! hidden states are gathered into a small buffer, `L = H_c·Wᵀ` (128 × V, 16 MiB at
+//! V = 32000, so it stays in L3) comes from [`gemm`], and each row is turned in place
+//! into `exp(l − max)` (one vectorised exp per logit), its sum, its loss, and then the
+//! gradient of the logits `G = (softmax − onehot)·scale`. `dH_c = G·W` goes straight back
+//! to the rows of `d_hidden`. Nothing of size N × V ever exists, and the loss op's
+//! backward only has to scale `d_hidden` by the upstream gradient.
+//!
+//! Determinism: the GEMM splits in fixed blocks, the per-row work is independent (rayon
+//! over rows), and row losses are added in row order in `f64`.
+
+use crate::exp::exp;
+use crate::gemm::{Mat, MatMut, gemm};
+use crate::reduce::{max, sum};
+use rayon::prelude::*;
+
+/// Labelled rows per chunk: the 128 × V logits block fits in L3, and 128 rows make a
+/// GEMM tall enough to run near full speed.
+pub const CHUNK: usize = 128;
+
+/// Why [`linear_cross_entropy`] refused its inputs; nothing was written when it did.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LossError {
+    /// A target id is not a row of the head.
+    #[error("target {target} of row {row} is outside the vocabulary of {vocab}")]
+    TargetOutOfVocabulary {
+        /// The row (position) whose target it is.
+        row: usize,
+        /// The target id.
+        target: i64,
+        /// The head's number of rows.
+        vocab: usize,
+    },
+    /// A buffer's length does not match the others.
+    #[error("{buffer} holds {len} elements where {expected} were expected")]
+    Length {
+        /// Which argument.
+        buffer: &'static str,
+        /// Its length.
+        len: usize,
+        /// The length the other arguments imply.
+        expected: usize,
+    },
+}
+
+/// `scale · Σ (logsumexp(hᵣ·Wᵀ) − hᵣ·W[tᵣ])` over the rows `r` of `hidden` whose target
+/// `tᵣ ≥ 0`, where `hidden` is N × `hidden_dim` (N = `targets.len()`), `lm_head` is
+/// `vocab` × `hidden_dim`, both row-major, and `scale` is 1/denominator. Accumulated in
+/// `f64`. This is `trainer::ops::masked_cross_entropy` applied to `hidden · lm_headᵀ`.
+///
+/// With `d_hidden`, also writes the loss's gradient with respect to `hidden` there
+/// (N × `hidden_dim`): `(softmax(hᵣ·Wᵀ) − onehot(tᵣ))·scale·W` for labelled rows and
+/// zeros for the others. With `None` (evaluation) no gradient work is done. The head is
+/// frozen, so it gets no gradient.
+///
+/// Memory: one block of [`CHUNK`] × `vocab` logits and two of [`CHUNK`] × `hidden_dim`,
+/// allocated per call.
+///
+/// # Errors
+/// [`LossError::Length`] if `hidden`, `lm_head` or `d_hidden` do not have the lengths
+/// above; [`LossError::TargetOutOfVocabulary`] for a target ≥ `vocab`. Both are checked
+/// before anything is computed or written.
+pub fn linear_cross_entropy(
+    hidden: &[f32],
+    hidden_dim: usize,
+    lm_head: &[f32],
+    vocab: usize,
+    targets: &[i64],
+    scale: f32,
+    d_hidden: Option<&mut [f32]>,
+) -> Result<f64, LossError> {
+    let h = hidden_dim;
+    let n = targets.len();
+    expect_len("hidden", hidden.len(), n * h)?;
+    expect_len("lm_head", lm_head.len(), vocab * h)?;
+    if let Some(d) = &d_hidden {
+        expect_len("d_hidden", d.len(), n * h)?;
+    }
+    if let Some((row, &target)) = targets
+        .iter()
+        .enumerate()
+        .find(|&(_, &t)| t >= 0 && t as u64 >= vocab as u64)
+    {
+        return Err(LossError::TargetOutOfVocabulary { row, target, vocab });
+    }
+
+    let labelled: Vec<usize> = (0..n).filter(|&r| targets[r] >= 0).collect();
+    let mut d_hidden = d_hidden;
+    if let Some(d) = d_hidden.as_deref_mut() {
+        for (row, &t) in d.chunks_mut(h.max(1)).zip(targets) {
+            if t < 0 {
+                row.fill(0.0);
+            }
+        }
+    }
+    if labelled.is_empty() {
+        return Ok(0.0);
+    }
+
+    let rows = CHUNK.min(labelled.len());
+    let mut h_c = vec![0f32; rows * h];
+    let mut logits = vec![0f32; rows * vocab];
+    let mut dh_c = vec![0f32; if d_hidden.is_some() { rows * h } else { 0 }];
+    let mut row_loss = vec![0f64; rows];
+    let grad = d_hidden.is_some();
+    let head = Mat::new(lm_head, vocab, h);
+    let mut total = 0f64;
+
+    for chunk in labelled.chunks(CHUNK) {
+        let m = chunk.len();
+        for (dst, &r) in h_c.chunks_mut(h.max(1)).zip(chunk) {
+            dst.copy_from_slice(&hidden[r * h..(r + 1) * h]);
+        }
+        let logits = &mut logits[..m * vocab];
+        gemm(
+            1.0,
+            Mat::new(&h_c[..m * h], m, h),
+            head.t(),
+            0.0,
+            MatMut::new(logits, m, vocab),
+        );
+        logits
+            .par_chunks_mut(vocab)
+            .zip(chunk.par_iter())
+            .zip(row_loss[..m].par_iter_mut())
+            .for_each(|((l, &r), loss)| {
+                // The check above makes every labelled target a valid index.
+                let t = targets[r] as usize;
+                *loss = softmax_row(l, t, grad.then_some(scale));
+            });
+        total += row_loss[..m].iter().sum::<f64>();
+
+        if let Some(d) = d_hidden.as_deref_mut() {
+            let dh_c = &mut dh_c[..m * h];
+            gemm(
+                1.0,
+                Mat::new(logits, m, vocab),
+                head,
+                0.0,
+                MatMut::new(dh_c, m, h),
+            );
+            for (src, &r) in dh_c.chunks(h.max(1)).zip(chunk) {
+                d[r * h..(r + 1) * h].copy_from_slice(src);
+            }
+        }
+    }
+    Ok(total * scale as f64)
+}
+
+/// One row of logits `l` with target `t`: returns `logsumexp(l) − l[t]` in `f64`, and
+/// leaves in `l` the logit gradient `(softmax(l) − onehot(t))·scale` when a scale is
+/// given (`exp(l − max)` otherwise).
+fn softmax_row(l: &mut [f32], t: usize, scale: Option<f32>) -> f64 {
+    let target = l[t];
+    let m = max(l);
+    for x in l.iter_mut() {
+        *x = exp(*x - m);
+    }
+    let s = sum(l);
+    let loss = (s as f64).ln() + m as f64 - target as f64;
+    if let Some(scale) = scale {
+        let k = scale / s;
+        for x in l.iter_mut() {
+            *x *= k;
+        }
+        l[t] -= scale;
+    }
+    loss
+}
+
+fn expect_len(buffer: &'static str, len: usize, expected: usize) -> Result<(), LossError> {
+    if len == expected {
+        Ok(())
+    } else {
+        Err(LossError::Length {
+            buffer,
+            len,
+            expected,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    fn random(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        (0..n).map(|_| rng.random_range(-scale..scale)).collect()
+    }
+
+    /// The naive computation in f64: logits, log-softmax, the scaled loss, and
+    /// dH = Σ_v (p_v − [v = t])·scale·W_v. Also, per element of dH, the size of its
+    /// terms Σ_v |G_v·W_vj|, which bounds the rounding of the f32 sum; and per labelled
+    /// row, |logsumexp| + |l_t|, which bounds the rounding of its loss.
+    struct Reference {
+        loss: f64,
+        loss_size: f64,
+        dh: Vec<f64>,
+        dh_size: Vec<f64>,
+    }
+
+    fn reference(
+        hidden: &[f32],
+        h: usize,
+        w: &[f32],
+        vocab: usize,
+        targets: &[i64],
+        scale: f32,
+    ) -> Reference {
+        let scale = scale as f64;
+        let mut out = Reference {
+            loss: 0.0,
+            loss_size: 0.0,
+            dh: vec![0.0; targets.len() * h],
+            dh_size: vec![0.0; targets.len() * h],
+        };
+        for (r, &t) in targets.iter().enumerate() {
+            if t < 0 {
+                continue;
+            }
+            let t = t as usize;
+            let x = &hidden[r * h..(r + 1) * h];
+            let logits: Vec<f64> = (0..vocab)
+                .map(|v| {
+                    (0..h)
+                        .map(|j| x[j] as f64 * w[v * h + j] as f64)
+                        .sum::<f64>()
+                })
+                .collect();
+            let m = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let lse = m + logits.iter().map(|l| (l - m).exp()).sum::<f64>().ln();
+            let log_softmax: Vec<f64> = logits.iter().map(|l| l - lse).collect();
+            out.loss -= scale * log_softmax[t];
+            out.loss_size += scale * (lse.abs() + logits[t].abs());
+            for (v, lsm) in log_softmax.iter().enumerate() {
+                let g = (lsm.exp() - if v == t { 1.0 } else { 0.0 }) * scale;
+                for j in 0..h {
+                    out.dh[r * h + j] += g * w[v * h + j] as f64;
+                    out.dh_size[r * h + j] += (g * w[v * h + j] as f64).abs();
+                }
+            }
+        }
+        out
+    }
+
+    /// Targets for `n` rows: every `gap`-th row unlabelled (none if `gap` is 0), the
+    /// others cycling through the vocabulary including its first and last ids.
+    fn targets(n: usize, vocab: usize, gap: usize) -> Vec<i64> {
+        (0..n)
+            .map(|r| {
+                if gap > 0 && r % gap == gap - 1 {
+                    -100
+                } else {
+                    ((r * 7919) % vocab) as i64
+                }
+            })
+            .collect()
+    }
+
+    fn check(n: usize, h: usize, vocab: usize, gap: usize, spread: f32) {
+        let hidden = random(n * h, 1, spread);
+        let w = random(vocab * h, 2, 0.5);
+        let t = targets(n, vocab, gap);
+        let scale = 1.0 / 37.0;
+        let want = reference(&hidden, h, &w, vocab, &t, scale);
+        let mut dh = vec![f32::NAN; n * h];
+        let got = linear_cross_entropy(&hidden, h, &w, vocab, &t, scale, Some(&mut dh))
+            .expect("valid inputs");
+        let at = format!("{n} rows, h {h}, vocab {vocab}, gap {gap}, spread {spread}");
+        // Each row's loss is lse − l_t from f32 logits: relative to the size of those
+        // terms, not to the (possibly small) difference. Measured ≤ 1e-8 of it; 1e-6
+        // still catches a 1e-5 relative slip in either term.
+        assert!(
+            (got - want.loss).abs() <= 1e-6 * want.loss_size,
+            "{at}: loss {got} vs {}",
+            want.loss
+        );
+        // dH is a sum over the vocabulary with cancelling terms: relative to Σ|terms|.
+        // Measured ≤ 7e-7 of it for logits of order 1, 4e-6 for logits in the hundreds
+        // (where f32 logits carry absolute errors ~1e-5 into the softmax).
+        for i in 0..n * h {
+            assert!(
+                (dh[i] as f64 - want.dh[i]).abs() <= 1e-5 * want.dh_size[i],
+                "{at}: dH[{i}] (row {}) {} vs {}",
+                i / h,
+                dh[i],
+                want.dh[i]
+            );
+            if t[i / h] < 0 {
+                assert_eq!(
+                    dh[i].to_bits(),
+                    0,
+                    "{at}: unlabelled row {} not zero",
+                    i / h
+                );
+            }
+        }
+        // Evaluation gives the same loss, bit for bit, and needs no gradient buffer.
+        let eval = linear_cross_entropy(&hidden, h, &w, vocab, &t, scale, None).expect("valid");
+        assert_eq!(eval.to_bits(), got.to_bits(), "{at}: evaluation loss");
+    }
+
+    #[test]
+    fn matches_the_f64_reference_with_and_without_labels() {
+        check(7, 16, 50, 3, 1.0);
+        check(1, 1, 1, 0, 1.0);
+        check(5, 8, 33, 2, 1.0);
+    }
+
+    #[test]
+    fn matches_the_f64_reference_across_chunk_boundaries() {
+        // 300 labelled rows: chunks of 128, 128, 44. Then 240 labelled (128 + 112).
+        check(300, 24, 200, 0, 1.0);
+        check(300, 24, 200, 5, 1.0);
+        // 129 labelled rows: a chunk of one.
+        check(129, 8, 130, 0, 1.0);
+    }
+
+    #[test]
+    fn large_logits_neither_overflow_nor_lose_the_gradient() {
+        // Logits in the hundreds: exp without the max shift would overflow.
+        check(20, 16, 64, 4, 100.0);
+    }
+
+    #[test]
+    fn all_rows_unlabelled_give_zero_loss_and_zero_gradient() {
+        let (n, h, vocab) = (10, 6, 9);
+        let hidden = random(n * h, 3, 1.0);
+        let w = random(vocab * h, 4, 1.0);
+        let mut dh = vec![f32::NAN; n * h];
+        let loss = linear_cross_entropy(&hidden, h, &w, vocab, &[-100; 10], 0.5, Some(&mut dh))
+            .expect("valid inputs");
+        assert_eq!(loss, 0.0);
+        assert!(dh.iter().all(|x| x.to_bits() == 0), "{dh:?}");
+    }
+
+    #[test]
+    fn the_gradient_agrees_with_finite_differences() {
+        let (n, h, vocab) = (3, 4, 6);
+        let hidden = random(n * h, 5, 1.0);
+        let w = random(vocab * h, 6, 1.0);
+        let t = [2i64, -1, 5];
+        let scale = 0.5;
+        let loss = |x: &[f32]| {
+            linear_cross_entropy(x, h, &w, vocab, &t, scale, None).expect("valid inputs")
+        };
+        let mut dh = vec![0f32; n * h];
+        linear_cross_entropy(&hidden, h, &w, vocab, &t, scale, Some(&mut dh)).expect("valid");
+        // Central differences of the kernel's own f32 loss, step 1e-2: truncation error
+        // ~1e-5 here, f32 rounding of the loss ~1e-7/1e-2, so 1e-4 is a fair bound.
+        let eps = 1e-2f32;
+        for i in 0..n * h {
+            let (mut plus, mut minus) = (hidden.clone(), hidden.clone());
+            plus[i] += eps;
+            minus[i] -= eps;
+            let fd = (loss(&plus) - loss(&minus)) / (2.0 * eps as f64);
+            assert!(
+                (fd - dh[i] as f64).abs() <= 1e-4,
+                "dH[{i}]: {} vs finite difference {fd}",
+                dh[i]
+            );
+        }
+    }
+
+    #[test]
+    fn results_do_not_depend_on_the_thread_count() {
+        let (n, h, vocab) = (300, 40, 300);
+        let hidden = random(n * h, 7, 1.0);
+        let w = random(vocab * h, 8, 0.5);
+        let t = targets(n, vocab, 7);
+        let run = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .expect("a pool");
+            let mut dh = vec![0f32; n * h];
+            let loss = pool
+                .install(|| linear_cross_entropy(&hidden, h, &w, vocab, &t, 0.01, Some(&mut dh)))
+                .expect("valid inputs");
+            (
+                loss.to_bits(),
+                dh.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            )
+        };
+        let one = run(1);
+        assert_eq!(one, run(2));
+        assert_eq!(one, run(3));
+    }
+
+    #[test]
+    fn bad_inputs_are_refused_before_anything_is_written() {
+        let (h, vocab) = (2, 3);
+        let hidden = [0.5f32; 6];
+        let w = [0.1f32; 6];
+        let mut dh = [7f32; 6];
+        let err = linear_cross_entropy(&hidden, h, &w, vocab, &[0, -100, 3], 1.0, Some(&mut dh));
+        assert_eq!(
+            err,
+            Err(LossError::TargetOutOfVocabulary {
+                row: 2,
+                target: 3,
+                vocab: 3
+            })
+        );
+        assert_eq!(dh, [7.0; 6], "d_hidden was written");
+        let err = linear_cross_entropy(&hidden, h, &w, vocab, &[0, 1], 1.0, None);
+        assert!(
+            matches!(
+                err,
+                Err(LossError::Length {
+                    buffer: "hidden",
+                    ..
+                })
+            ),
+            "{err:?}"
+        );
+        let err = linear_cross_entropy(&hidden, h, &w[..5], vocab, &[0, 1, 2], 1.0, None);
+        assert!(
+            matches!(
+                err,
+                Err(LossError::Length {
+                    buffer: "lm_head",
+                    ..
+                })
+            ),
+            "{err:?}"
+        );
+        let err = linear_cross_entropy(&hidden, h, &w, vocab, &[0, 1, 2], 1.0, Some(&mut dh[..4]));
+        assert!(
+            matches!(
+                err,
+                Err(LossError::Length {
+                    buffer: "d_hidden",
+                    ..
+                })
+            ),
+            "{err:?}"
+        );
+    }
+}
