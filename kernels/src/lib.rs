@@ -13,7 +13,11 @@
 //! Modules:
 //! - [`gemm`]: `C = α·A·B + β·C` on strided views, split over rayon in fixed row or
 //!   column blocks. The crate's only `unsafe` (the library takes raw pointers).
+//! - [`attention`]: fused causal attention forward and backward (flash-attention style,
+//!   grouped-query by index, block-diagonal masks for packed rows), one deterministic
+//!   task per (batch row, kv head).
 
+pub mod attention;
 pub mod gemm;
 
 pub use gemm::{Mat, MatMut, backend, gemm};
