@@ -171,30 +171,125 @@ pub fn attention_forward(
         .into_par_iter()
         .zip(lse.par_chunks_mut(group * seq))
         .enumerate()
-        .for_each(|(task, (mut out_rows, lse))| {
-            forward_task(shape, qkv, starts, task / kv, task % kv, &mut out_rows, lse);
-        });
+        .for_each_init(
+            || Scratch::new(shape, false),
+            |scratch, (task, (mut out_rows, lse))| {
+                let (b, g) = (task / kv, task % kv);
+                let (width, row) = (shape.qkv_width(), b * seq..(b + 1) * seq);
+                let qkv = &qkv[row.start * width..row.end * width];
+                forward_task(shape, qkv, &starts[row], g, &mut out_rows, lse, scratch);
+            },
+        );
 }
 
-/// Forward for batch row `b`, kv head `g`: all its query heads.
+/// A kv head's column of one batch row, transposed: `head_dim × seq`, row-major.
+///
+/// The GEMM library packs each operand into panels; it copies whole runs when the
+/// panel's direction is contiguous and gathers one element at a time otherwise. K and V
+/// are packed again for every query block of every head, so they are transposed once per
+/// task into the layout that packs by runs.
+///
+/// In tiles of 16 tokens, so that the rows read and the runs written both stay in L1 (a
+/// plain scatter with a stride of `seq` floats thrashes a few cache sets).
+fn transposed(qkv: &[f32], seq: usize, width: usize, col: usize, d: usize, into: &mut [f32]) {
+    const TILE: usize = 16;
+    for first in (0..seq).step_by(TILE) {
+        let rows = &qkv[first * width..(first + TILE).min(seq) * width];
+        for c in 0..d {
+            let run = &mut into[c * seq + first..][..rows.len() / width];
+            for (y, row) in run.iter_mut().zip(rows.chunks_exact(width)) {
+                *y = row[col + c];
+            }
+        }
+    }
+}
+
+/// A task's buffers, made once per rayon job rather than per task or block. Every task
+/// writes what it reads before reading it, so which tasks share a scratch cannot change
+/// a result.
+struct Scratch {
+    /// Kᵀ, `head_dim × seq`.
+    kt: Vec<f32>,
+    /// Vᵀ (backward), `head_dim × seq`.
+    vt: Vec<f32>,
+    /// Scores or probabilities of one query block, `QUERY_BLOCK × seq`.
+    p: Vec<f32>,
+    /// dP then dS of one query block (backward), `QUERY_BLOCK × seq`.
+    ds: Vec<f32>,
+    /// O or dQ of one query block, `QUERY_BLOCK × head_dim`.
+    block: Vec<f32>,
+    /// dK of the kv head (backward), `seq × head_dim`.
+    dk: Vec<f32>,
+    /// dV of the kv head (backward), `seq × head_dim`.
+    dv: Vec<f32>,
+}
+
+impl Scratch {
+    fn new(shape: &AttentionShape, backward: bool) -> Self {
+        let (seq, d) = (shape.seq, shape.head_dim);
+        let block = QUERY_BLOCK.min(seq);
+        let only_backward = |n: usize| vec![0f32; if backward { n } else { 0 }];
+        Self {
+            kt: vec![0f32; d * seq],
+            vt: only_backward(d * seq),
+            p: vec![0f32; block * seq],
+            ds: only_backward(block * seq),
+            block: vec![0f32; block * d],
+            dk: only_backward(seq * d),
+            dv: only_backward(seq * d),
+        }
+    }
+}
+
+/// `Σ aᵢbᵢ` in 16 interleaved partial sums, so that it vectorises; the order is fixed.
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    const LANES: usize = 16;
+    let mut acc = [0f32; LANES];
+    let (a_main, a_rest) = a.split_at(a.len() / LANES * LANES);
+    let (b_main, b_rest) = b.split_at(a_main.len());
+    for (x, y) in a_main.chunks_exact(LANES).zip(b_main.chunks_exact(LANES)) {
+        for ((s, &x), &y) in acc.iter_mut().zip(x).zip(y) {
+            *s += x * y;
+        }
+    }
+    let tail: f32 = a_rest.iter().zip(b_rest).map(|(x, y)| x * y).sum();
+    acc.iter().sum::<f32>() + tail
+}
+
+/// Whether key position `key` may be hidden from some query of the block starting at
+/// `first`, whose latest segment start is `last_start`: it lies after the block's first
+/// query or before some query's segment.
+fn key_partly_hidden(key: usize, first: usize, last_start: usize) -> bool {
+    key > first || key < last_start
+}
+
+/// Forward for kv head `g` of one batch row (`qkv` and `starts` are that row's): all
+/// its query heads.
+///
+/// Scores are kept transposed, keys × queries (`Sᵀ = K·Qᵀ`), so that `P·V` reads P
+/// column-major, the layout the library packs by runs; the softmax then runs down the
+/// key rows with one lane per query, which vectorises.
 fn forward_task(
     shape: &AttentionShape,
     qkv: &[f32],
     starts: &[u32],
-    b: usize,
     g: usize,
     out_rows: &mut [&mut [f32]],
     lse: &mut [f32],
+    scratch: &mut Scratch,
 ) {
     let (seq, d, width) = (shape.seq, shape.head_dim, shape.qkv_width());
     let group = shape.group();
-    let starts = &starts[b * seq..(b + 1) * seq];
-    let qkv = &qkv[b * seq * width..(b + 1) * seq * width];
-    let k_col = (shape.heads + g) * d;
     let v_col = (shape.heads + shape.kv_heads + g) * d;
-    let block = QUERY_BLOCK.min(seq);
-    let mut scores = vec![0f32; block * seq];
-    let mut o = vec![0f32; block * d];
+    let Scratch {
+        kt,
+        p: scores,
+        block: o,
+        ..
+    } = scratch;
+    transposed(qkv, seq, width, (shape.heads + g) * d, d, kt);
+    let mut max = [0f32; QUERY_BLOCK];
+    let mut sum = [0f32; QUERY_BLOCK];
     for hl in 0..group {
         let q_col = (g * group + hl) * d;
         let lse = &mut lse[hl * seq..(hl + 1) * seq];
@@ -202,31 +297,49 @@ fn forward_task(
             let end = (first + QUERY_BLOCK).min(seq);
             let m = end - first;
             let lo = key_range(starts, first, end);
+            let last_start = starts[first..end]
+                .iter()
+                .map(|&s| s as usize)
+                .max()
+                .unwrap_or(0);
             let n = end - lo;
-            let s = &mut scores[..m * n];
+            let st = &mut scores[..n * m];
             let q = Mat::strided(&qkv[first * width + q_col..], m, d, width, 1);
-            let k = Mat::strided(&qkv[lo * width + k_col..], n, d, width, 1);
-            gemm(shape.scale(), q, k.t(), 0.0, MatMut::new(s, m, n));
-            // Softmax of each row over its visible keys, unnormalised; 1/Σ goes on O.
-            let mut inv_sum = [0f32; QUERY_BLOCK];
-            for (i, row) in s.chunks_exact_mut(n).enumerate() {
-                let t = first + i;
-                let (a, z) = (starts[t] as usize - lo, t - lo + 1);
-                let max = row[a..z].iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let mut sum = 0f32;
-                for x in &mut row[a..z] {
-                    *x = exp(*x - max);
-                    sum += *x;
+            let k = Mat::strided(&kt[lo..], n, d, 1, seq);
+            gemm(shape.scale(), k, q.t(), 0.0, MatMut::new(st, n, m));
+            // Softmax down each query's column over its visible keys, unnormalised;
+            // 1/Σ goes on O. Hidden keys become −∞, so exp makes them 0.
+            let (max, sum) = (&mut max[..m], &mut sum[..m]);
+            let block_starts = &starts[first..end];
+            max.fill(f32::NEG_INFINITY);
+            for (j, row) in st.chunks_exact_mut(m).enumerate() {
+                let key = lo + j;
+                if key_partly_hidden(key, first, last_start) {
+                    for (i, (x, &s)) in row.iter_mut().zip(block_starts).enumerate() {
+                        if key > first + i || key < s as usize {
+                            *x = f32::NEG_INFINITY;
+                        }
+                    }
                 }
-                row[..a].fill(0.0);
-                row[z..].fill(0.0);
-                lse[t] = max + sum.ln();
-                inv_sum[i] = 1.0 / sum;
+                for (mx, &x) in max.iter_mut().zip(row.iter()) {
+                    *mx = mx.max(x);
+                }
+            }
+            sum.fill(0.0);
+            for row in st.chunks_exact_mut(m) {
+                for ((x, &mx), s) in row.iter_mut().zip(max.iter()).zip(sum.iter_mut()) {
+                    *x = exp(*x - mx);
+                    *s += *x;
+                }
+            }
+            for (i, (&mx, s)) in max.iter().zip(sum.iter_mut()).enumerate() {
+                lse[first + i] = mx + s.ln();
+                *s = 1.0 / *s;
             }
             let v = Mat::strided(&qkv[lo * width + v_col..], n, d, width, 1);
             gemm(
                 1.0,
-                Mat::new(s, m, n),
+                Mat::new(st, n, m).t(),
                 v,
                 0.0,
                 MatMut::new(&mut o[..m * d], m, d),
@@ -234,7 +347,7 @@ fn forward_task(
             for (i, src) in o[..m * d].chunks_exact(d).enumerate() {
                 let dst = &mut out_rows[first + i][hl * d..(hl + 1) * d];
                 for (y, &x) in dst.iter_mut().zip(src) {
-                    *y = x * inv_sum[i];
+                    *y = x * sum[i];
                 }
             }
         }
@@ -301,10 +414,12 @@ pub fn attention_backward(
         lse,
         d_out,
     };
-    pieces
-        .into_par_iter()
-        .enumerate()
-        .for_each(|(task, mut grads)| backward_task(&inputs, task / kv, task % kv, &mut grads));
+    pieces.into_par_iter().enumerate().for_each_init(
+        || Scratch::new(shape, true),
+        |scratch, (task, mut grads)| {
+            backward_task(&inputs, task / kv, task % kv, &mut grads, scratch);
+        },
+    );
 }
 
 /// A backward task's pieces of `d_qkv`, one slice per token row of its batch row.
@@ -328,7 +443,13 @@ struct Inputs<'a> {
 }
 
 /// Backward for batch row `b`, kv head `g`: all its query heads, then dk and dv.
-fn backward_task(inputs: &Inputs<'_>, b: usize, g: usize, grads: &mut TaskGrads<'_>) {
+fn backward_task(
+    inputs: &Inputs<'_>,
+    b: usize,
+    g: usize,
+    grads: &mut TaskGrads<'_>,
+    scratch: &mut Scratch,
+) {
     let shape = inputs.shape;
     let (seq, d, width, ow) = (
         shape.seq,
@@ -343,12 +464,21 @@ fn backward_task(inputs: &Inputs<'_>, b: usize, g: usize, grads: &mut TaskGrads<
     let d_out = &inputs.d_out[b * seq * ow..(b + 1) * seq * ow];
     let k_col = (shape.heads + g) * d;
     let v_col = (shape.heads + shape.kv_heads + g) * d;
-    let block = QUERY_BLOCK.min(seq);
-    let mut p = vec![0f32; block * seq];
-    let mut ds = vec![0f32; block * seq];
-    let mut dq = vec![0f32; block * d];
-    let mut dk = vec![0f32; seq * d];
-    let mut dv = vec![0f32; seq * d];
+    let Scratch {
+        kt,
+        vt,
+        p,
+        ds,
+        block: dq,
+        dk,
+        dv,
+    } = scratch;
+    // Kᵀ and Vᵀ are the right-hand operands of S and dP for every block: transposed once
+    // so the library packs them by runs (see `transposed`).
+    transposed(qkv, seq, width, k_col, d, kt);
+    transposed(qkv, seq, width, v_col, d, vt);
+    dk.fill(0.0);
+    dv.fill(0.0);
     for hl in 0..group {
         let h = g * group + hl;
         let q_col = h * d;
@@ -360,13 +490,14 @@ fn backward_task(inputs: &Inputs<'_>, b: usize, g: usize, grads: &mut TaskGrads<
             let n = end - lo;
             let q = Mat::strided(&qkv[first * width + q_col..], m, d, width, 1);
             let k = Mat::strided(&qkv[lo * width + k_col..], n, d, width, 1);
-            let v = Mat::strided(&qkv[lo * width + v_col..], n, d, width, 1);
+            let kt = Mat::strided(&kt[lo..], d, n, seq, 1);
+            let vt = Mat::strided(&vt[lo..], d, n, seq, 1);
             let d_o = Mat::strided(&d_out[first * ow + q_col..], m, d, ow, 1);
             let p = &mut p[..m * n];
             let ds = &mut ds[..m * n];
 
             // P = exp(S − lse) on the visible keys, 0 elsewhere.
-            gemm(scale, q, k.t(), 0.0, MatMut::new(p, m, n));
+            gemm(scale, q, kt, 0.0, MatMut::new(p, m, n));
             for (i, row) in p.chunks_exact_mut(n).enumerate() {
                 let t = first + i;
                 let (a, z) = (starts[t] as usize - lo, t - lo + 1);
@@ -385,12 +516,12 @@ fn backward_task(inputs: &Inputs<'_>, b: usize, g: usize, grads: &mut TaskGrads<
                 MatMut::new(&mut dv[lo * d..end * d], n, d),
             );
             // dP = dO·Vᵀ, then dS = P∘(dP − rowsum(dO∘O)) in place.
-            gemm(1.0, d_o, v.t(), 0.0, MatMut::new(ds, m, n));
+            gemm(1.0, d_o, vt, 0.0, MatMut::new(ds, m, n));
             for (i, (ds_row, p_row)) in ds.chunks_exact_mut(n).zip(p.chunks_exact(n)).enumerate() {
                 let t = first + i;
                 let o_row = &out[t * ow + q_col..][..d];
                 let do_row = &d_out[t * ow + q_col..][..d];
-                let delta: f32 = o_row.iter().zip(do_row).map(|(x, y)| x * y).sum();
+                let delta = dot(o_row, do_row);
                 for (x, &pv) in ds_row.iter_mut().zip(p_row) {
                     *x = pv * (*x - delta);
                 }
@@ -573,10 +704,25 @@ mod tests {
     /// Tolerance for forward and backward against f64, relative to the largest value.
     const TOLERANCE: f64 = 1e-5;
 
+    /// Checks the kernel against [`reference`], in the default pool and on one thread (where
+    /// one scratch serves every task in turn).
     fn check_against_reference(shape: AttentionShape, starts: &[u32], seed: u64) {
         let (qkv, d_out) = inputs(&shape, seed);
         let want = reference(&shape, &widen(&qkv), starts, &widen(&d_out));
-        let (out, lse, d_qkv) = run(&shape, &qkv, starts, &d_out);
+        let one_thread = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .expect("a pool");
+        check_run(&shape, &want, run(&shape, &qkv, starts, &d_out));
+        check_run(
+            &shape,
+            &want,
+            one_thread.install(|| run(&shape, &qkv, starts, &d_out)),
+        );
+    }
+
+    fn check_run(shape: &AttentionShape, want: &Reference, got: (Vec<f32>, Vec<f32>, Vec<f32>)) {
+        let (out, lse, d_qkv) = got;
         for (what, got, want) in [
             ("out", &out, &want.out),
             ("lse", &lse, &want.lse),
