@@ -14,7 +14,7 @@
 //! `batch × heads × T × T` is ever made: forward saves only the log-sum-exp of each
 //! query's scaled scores, and backward recomputes the probabilities from it.
 //!
-//! **Products.** Every block product goes through [`crate::gemm`]: matrixmultiply picks
+//! **Products.** Every block product goes through [`gemm()`](crate::gemm()): matrixmultiply picks
 //! its AVX-512 kernel at run time, while loops in this crate are compiled for baseline
 //! x86-64; on a 64×256×64 score block plain loops measured 6–9 GFLOP/s against 30–40 for
 //! the GEMM on this (shared) machine. The library packs both operands per call, cheaply
