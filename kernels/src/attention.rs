@@ -926,6 +926,14 @@ mod tests {
     }
 
     #[test]
+    fn empty_batches_and_rows_do_nothing() {
+        for s in [shape(0, 5, 4, 2, 8), shape(3, 0, 4, 2, 8)] {
+            let (out, lse, d_qkv) = run(&s, &[], &[], &[]);
+            assert!(out.is_empty() && lse.is_empty() && d_qkv.is_empty());
+        }
+    }
+
+    #[test]
     #[should_panic(expected = "after itself")]
     fn a_segment_starting_after_its_row_is_refused() {
         let s = shape(1, 4, 1, 1, 2);
