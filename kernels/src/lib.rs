@@ -23,6 +23,11 @@
 //!   at a time, writing the hidden-state gradient in the same pass.
 //! - `reduce` (private): fixed-order 16-lane sums and max, shared by the row kernels.
 
+//! - [`attention`]: fused causal attention forward and backward (flash-attention style,
+//!   grouped-query by index, block-diagonal masks for packed rows), one deterministic
+//!   task per (batch row, kv head).
+
+pub mod attention;
 pub mod exp;
 pub mod gemm;
 pub mod loss;
