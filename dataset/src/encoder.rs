@@ -228,8 +228,15 @@ impl Encoder {
         }
     }
 
+    /// The full text a record is trained on, as [`Encoder::encode`] tokenises it: the
+    /// chat template applied to a chat or alpaca record, `bos + prompt + completion + eos`,
+    /// or `bos + text + eos`.
+    pub fn render(&self, record: &Record) -> Result<String> {
+        Ok(self.render_with_spans(record)?.text)
+    }
+
     /// The conversation a chat or alpaca record stands for (empty for other records).
-    fn conversation(&self, record: &Record) -> Vec<Message> {
+    pub fn conversation(&self, record: &Record) -> Vec<Message> {
         match record {
             Record::Chat { messages } => messages.clone(),
             Record::Alpaca {

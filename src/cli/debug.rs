@@ -29,6 +29,20 @@ pub enum DebugCommand {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Each record of a dataset as training sees it: the conversation, the rendered text,
+    /// the token ids and the labels (−100 where no loss), one JSON object per line, with
+    /// the chat template's source first.
+    Encode {
+        #[arg(long)]
+        model: PathBuf,
+        /// A JSONL dataset.
+        #[arg(long)]
+        data: PathBuf,
+        #[arg(long, value_enum, default_value = "model")]
+        chat_template: crate::cli::train::TemplateArg,
+        #[arg(long, default_value_t = 4096)]
+        max_seq_len: usize,
+    },
     /// Optimiser steps as training runs them (micro-batches, clipping, AdamW, dropout)
     /// over batches in a safetensors file, writing the adapter after every step.
     Steps {
@@ -85,6 +99,36 @@ pub fn run(cmd: DebugCommand) -> Result<ExitCode> {
             let m = tuneq_trainer::debug::load_model(&model, Some(&adapter))?;
             let loss = tuneq_trainer::debug::write_grads(&m, &input_ids, &out)?;
             println!("{}", serde_json::json!({"loss": loss}));
+        }
+        DebugCommand::Encode {
+            model,
+            data,
+            chat_template,
+            max_seq_len,
+        } => {
+            let choice = tuneq_openapi::ChatTemplateChoice::from(chat_template);
+            let encoder = tuneq_trainer::data::Encoder::from_model_dir(&model, choice)?;
+            let parsed =
+                tuneq_trainer::data::read_jsonl(&data, tuneq_openapi::DatasetFormat::Auto)?;
+            let template = encoder.template();
+            println!(
+                "{}",
+                serde_json::json!({"template": template.source(), "bos_token": template.bos_token(),
+                    "eos_token": template.eos_token(), "format": parsed.format})
+            );
+            for record in &parsed.records {
+                let example = encoder.encode(record, max_seq_len)?;
+                let messages: Vec<_> = encoder
+                    .conversation(record)
+                    .into_iter()
+                    .map(|m| serde_json::json!({"role": m.role, "content": m.content}))
+                    .collect();
+                println!(
+                    "{}",
+                    serde_json::json!({"messages": messages, "text": encoder.render(record)?,
+                        "input_ids": example.input_ids, "labels": example.labels})
+                );
+            }
         }
         DebugCommand::Steps {
             model,
