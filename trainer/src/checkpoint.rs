@@ -40,6 +40,10 @@ pub struct TrainerState {
     pub rng: RngState,
     /// Compute threads; the summation order of CPU kernels depends on it.
     pub threads: usize,
+    /// The compute path, GEMM library and CPU features (absent in checkpoints written
+    /// before tuneq recorded them).
+    #[serde(default)]
+    pub compute: Option<crate::compute::ComputeEnv>,
     /// Version of the trainer that wrote it.
     pub trainer_version: String,
 }

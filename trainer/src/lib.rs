@@ -15,7 +15,8 @@
 //! - [`data`]: JSONL datasets (chat, prompt/completion, alpaca, text), chat templates,
 //!   tokenisation with loss masks, and the tokenizer `tuneq model init` ships.
 //! - [`batch`]: padded micro-batches in a seed-determined order.
-//! - [`checkpoint`]: atomic, manifest-last checkpoints and exact resume.
+//! - [`checkpoint`]: atomic, manifest-last checkpoints and exact resume; [`compute`]: the
+//!   compute path, GEMM library and CPU features a checkpoint records.
 //! - [`peft`]: the adapter format PEFT, vLLM and LoRAX load.
 //! - [`remote`]: models and datasets staged from S3/GCS, outputs mirrored back, manifest last.
 //! - [`train`]: the training run.
@@ -28,6 +29,7 @@
 pub mod batch;
 pub mod bench;
 pub mod checkpoint;
+pub mod compute;
 pub mod config;
 /// Datasets live in their own crate, so the API can validate uploads without candle.
 pub use tuneq_dataset as data;

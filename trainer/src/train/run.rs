@@ -266,6 +266,18 @@ impl<'a> Run<'a> {
                 message: "it belongs to a run with a different spec, dataset or model; use a new output location".into(),
             });
         }
+        let here = crate::compute::ComputeEnv::detect(&self.device);
+        let changed = match &ck.state.compute {
+            Some(then) => here.difference(then),
+            None => Some("the checkpoint does not record its compute backend".into()),
+        };
+        if let Some(changed) = changed {
+            sink.event(&TrainEvent::Warning {
+                message: format!(
+                    "resuming on a different compute environment ({changed}): the result will not be bit-identical to an uninterrupted run"
+                ),
+            });
+        }
         if ck.state.threads != self.threads {
             sink.event(&TrainEvent::Warning {
                 message: format!(
@@ -326,6 +338,7 @@ impl<'a> Run<'a> {
                 dropout_stream: streams::DROPOUT + step,
             },
             threads: self.threads,
+            compute: Some(crate::compute::ComputeEnv::detect(&self.device)),
             trainer_version: env!("CARGO_PKG_VERSION").into(),
         }
     }

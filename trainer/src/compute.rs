@@ -1,0 +1,104 @@
+//! What computed a run: the path through the trainer, the GEMM library and the CPU
+//! features its kernels dispatch on. Each of these can change the rounding of a step,
+//! so a checkpoint records them beside the thread count, and a resume on a different
+//! machine or build warns that it will not be bit-identical.
+
+use candle_core::Device;
+use serde::{Deserialize, Serialize};
+
+/// The compute environment of a run, as recorded in a checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ComputeEnv {
+    /// `candle-graph-cpu` or `candle-graph-cuda` (candle's autograd).
+    pub path: String,
+    /// The GEMM library the path multiplies with.
+    pub gemm: String,
+    /// The SIMD features of this CPU that GEMM and elementwise kernels choose between.
+    pub cpu_features: Vec<String>,
+}
+
+impl ComputeEnv {
+    /// The environment a run on `device` uses in this build on this machine.
+    pub fn detect(device: &Device) -> Self {
+        let (path, gemm) = if device.is_cpu() {
+            ("candle-graph-cpu", "gemm-0.19 (candle)")
+        } else {
+            ("candle-graph-cuda", "cublas (candle)")
+        };
+        Self {
+            path: path.into(),
+            gemm: gemm.into(),
+            cpu_features: cpu_features(),
+        }
+    }
+
+    /// A sentence naming what differs from `other`, or `None` when nothing does.
+    pub fn difference(&self, other: &ComputeEnv) -> Option<String> {
+        let mut parts = Vec::new();
+        if self.path != other.path {
+            parts.push(format!("compute path {} → {}", other.path, self.path));
+        }
+        if self.gemm != other.gemm {
+            parts.push(format!("GEMM {} → {}", other.gemm, self.gemm));
+        }
+        if self.cpu_features != other.cpu_features {
+            parts.push(format!(
+                "CPU features [{}] → [{}]",
+                other.cpu_features.join(" "),
+                self.cpu_features.join(" ")
+            ));
+        }
+        (!parts.is_empty()).then(|| parts.join(", "))
+    }
+}
+
+/// The dispatch-relevant SIMD features this CPU has, in a fixed order.
+fn cpu_features() -> Vec<String> {
+    let mut found = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        let features = [
+            ("avx2", std::arch::is_x86_feature_detected!("avx2")),
+            ("fma", std::arch::is_x86_feature_detected!("fma")),
+            ("avx512f", std::arch::is_x86_feature_detected!("avx512f")),
+            ("avx512bw", std::arch::is_x86_feature_detected!("avx512bw")),
+            ("avx512vl", std::arch::is_x86_feature_detected!("avx512vl")),
+            (
+                "avx512bf16",
+                std::arch::is_x86_feature_detected!("avx512bf16"),
+            ),
+        ];
+        found.extend(
+            features
+                .iter()
+                .filter(|(_, on)| *on)
+                .map(|(n, _)| n.to_string()),
+        );
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        if std::arch::is_aarch64_feature_detected!("neon") {
+            found.push("neon".to_string());
+        }
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_change_of_any_part_is_named() {
+        let here = ComputeEnv::detect(&Device::Cpu);
+        assert_eq!(here.difference(&here), None);
+        let mut other = here.clone();
+        other.cpu_features = vec!["avx2".into()];
+        other.gemm = "openblas".into();
+        let said = here.difference(&other).expect("a difference");
+        assert!(
+            said.contains("GEMM openblas") && said.contains("CPU features [avx2]"),
+            "{said}"
+        );
+    }
+}
