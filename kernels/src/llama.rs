@@ -34,12 +34,12 @@
 //! **Determinism:** every product goes through [`gemm`] and every row kernel splits in
 //! fixed blocks; the rest is sequential. Results do not depend on the thread count.
 
-use crate::attention::{AttentionShape, attention_forward};
+use crate::attention::{AttentionShape, attention_backward, attention_forward};
 use crate::gemm::{Mat, MatMut, gemm};
 use crate::loss::{LossError, linear_cross_entropy};
-use crate::norm::rms_norm_forward;
+use crate::norm::{rms_norm_backward, rms_norm_forward};
 use crate::rope::rope_in_place;
-use crate::swiglu::swiglu_forward;
+use crate::swiglu::{swiglu_backward, swiglu_forward};
 
 /// The seven projections of a layer, in [`Layer::proj`] order (PEFT's module names).
 pub const PROJECTIONS: [&str; 7] = [
@@ -417,6 +417,41 @@ fn validate(model: &Model<'_>, batch: &Batch<'_>) -> Result<(), StepError> {
     Ok(())
 }
 
+/// The index of each LoRA projection's A gradient in the gradient list (B follows it),
+/// after checking the list against the model.
+fn gradient_slots(
+    model: &Model<'_>,
+    grads: &[Vec<f32>],
+) -> Result<Vec<[Option<usize>; 7]>, StepError> {
+    let lengths = model.lora_lengths();
+    if grads.len() != lengths.len() {
+        return Err(StepError::GradientCount {
+            got: grads.len(),
+            expected: lengths.len(),
+        });
+    }
+    let mut slots = Vec::with_capacity(model.layers.len());
+    let mut next = 0;
+    for (l, layer) in model.layers.iter().enumerate() {
+        let mut s = [None; 7];
+        for (p, proj) in layer.proj.iter().enumerate() {
+            if proj.lora.is_some() {
+                for (k, ab) in ["A", "B"].iter().enumerate() {
+                    expect_len(
+                        || format!("gradient of layer {l} {} lora {ab}", PROJECTIONS[p]),
+                        grads[next + k].len(),
+                        lengths[next + k],
+                    )?;
+                }
+                s[p] = Some(next);
+                next += 2;
+            }
+        }
+        slots.push(s);
+    }
+    Ok(slots)
+}
+
 /// What a layer's forward keeps for its backward (see the module notes).
 struct Saved {
     /// The layer's input, N × h.
@@ -541,14 +576,14 @@ fn projection_forward(
 
 /// One decoder layer forward: `x` (N × h) goes in as the layer's input and comes out as
 /// its output; `saved` receives what backward needs.
-fn layer_forward(
+fn layer_forward<'m>(
     model: &Model<'_>,
     l: usize,
     batch: &Batch<'_>,
     x: &mut [f32],
     saved: &mut Saved,
     work: &mut ForwardWork,
-    mut dropout: Option<&mut dyn FnMut(usize, usize) -> Vec<f32>>,
+    mut dropout: Option<&mut (dyn FnMut(usize, usize) -> Vec<f32> + 'm)>,
 ) -> Result<(), StepError> {
     let layer = &model.layers[l];
     let d = &model.dims;
@@ -673,6 +708,409 @@ fn embed(model: &Model<'_>, ids: &[u32]) -> Vec<f32> {
     x
 }
 
+/// The widest projection input, for the masked-input scratch.
+fn widest_input(d: &Dims) -> usize {
+    (0..7).map(|p| d.projection_shape(p).0).max().unwrap_or(0)
+}
+
+/// Scratch of the LoRA backward, sized for the largest rank and projection.
+struct LoraWork {
+    /// `du = scale·dY·B`, N × r.
+    du: Vec<f32>,
+    /// The masked input `x_d`, N × in (with dropout).
+    xd: Vec<f32>,
+    /// `du·A` before the mask, N × in (with dropout).
+    tmp: Vec<f32>,
+    /// One gradient before it is added, `r × in` or `out × r`.
+    grad: Vec<f32>,
+}
+
+impl LoraWork {
+    fn new(model: &Model<'_>, n: usize, dropout: bool) -> Self {
+        let d = &model.dims;
+        let (mut rank, mut grad) = (0, 0);
+        for layer in &model.layers {
+            for (p, proj) in layer.proj.iter().enumerate() {
+                if let Some(l) = &proj.lora {
+                    let (i, o) = d.projection_shape(p);
+                    rank = rank.max(l.r);
+                    grad = grad.max(l.r * i.max(o));
+                }
+            }
+        }
+        let masked = if dropout { n * widest_input(d) } else { 0 };
+        Self {
+            du: vec![0.0; n * rank],
+            xd: vec![0.0; masked],
+            tmp: vec![0.0; masked],
+            grad: vec![0.0; grad],
+        }
+    }
+}
+
+/// Backward scratch, reused by every layer.
+struct BackwardWork {
+    /// A normed input, recomputed, N × h.
+    hn: Vec<f32>,
+    /// Its 1/rms, recomputed (equal to the saved one), N.
+    inv: Vec<f32>,
+    /// SwiGLU output, recomputed, N × I.
+    act: Vec<f32>,
+    /// Its gradient, N × I.
+    d_act: Vec<f32>,
+    /// `[dg | du]`, N × 2I.
+    d_gu: Vec<f32>,
+    /// The gradient of a normed input, N × h.
+    d_hn: Vec<f32>,
+    /// The gradient of the attention output, N × heads·head_dim.
+    d_attn: Vec<f32>,
+    /// `[dq | dk | dv]`, N × qkv_width.
+    d_qkv: Vec<f32>,
+    /// The LoRA branches'.
+    lora: LoraWork,
+}
+
+/// `dst += src`, elementwise.
+fn add(dst: &mut [f32], src: &[f32]) {
+    dst.iter_mut().zip(src).for_each(|(d, &s)| *d += s);
+}
+
+/// The backward of [`projection_forward`] given `dy` (N × out): adds `dA = duᵀ·x_d` and
+/// `dB = scale·dYᵀ·u` into `grads` (A's at `slot`, B's right after) and, with
+/// `dx = Some((dx, β))`, writes `dx = β·dx + dY·W + (du·A)∘mask` (N × in), where
+/// `du = scale·dY·B` and `x_d = input∘mask`.
+#[allow(clippy::too_many_arguments)]
+fn projection_backward(
+    d: &Dims,
+    p: usize,
+    proj: &Projection<'_>,
+    n: usize,
+    dy: Mat<'_>,
+    input: &[f32],
+    mask: Option<&[f32]>,
+    u: &[f32],
+    grads: &mut [Vec<f32>],
+    slot: Option<usize>,
+    mut dx: Option<(&mut [f32], f32)>,
+    work: &mut LoraWork,
+) {
+    let (i, o) = d.projection_shape(p);
+    if let Some((dx, beta)) = dx.as_mut() {
+        gemm(
+            1.0,
+            dy,
+            Mat::new(proj.weight, o, i),
+            *beta,
+            MatMut::new(&mut dx[..n * i], n, i),
+        );
+    }
+    let (Some(lora), Some(slot)) = (&proj.lora, slot) else {
+        return;
+    };
+    let r = lora.r;
+    let LoraWork { du, xd, tmp, grad } = work;
+    let du = &mut du[..n * r];
+    gemm(
+        lora.scale,
+        dy,
+        Mat::new(lora.b, o, r),
+        0.0,
+        MatMut::new(du, n, r),
+    );
+    let g = &mut grad[..o * r];
+    gemm(
+        lora.scale,
+        dy.t(),
+        Mat::new(u, n, r),
+        0.0,
+        MatMut::new(g, o, r),
+    );
+    add(&mut grads[slot + 1], g);
+    let x = match mask {
+        Some(mask) => {
+            let xd = &mut xd[..n * i];
+            for ((y, &a), &m) in xd.iter_mut().zip(&input[..n * i]).zip(mask) {
+                *y = a * m;
+            }
+            Mat::new(xd, n, i)
+        }
+        None => Mat::new(&input[..n * i], n, i),
+    };
+    let g = &mut grad[..r * i];
+    gemm(1.0, Mat::new(du, n, r).t(), x, 0.0, MatMut::new(g, r, i));
+    add(&mut grads[slot], g);
+    let Some((dx, _)) = dx else { return };
+    let dx = &mut dx[..n * i];
+    match mask {
+        None => gemm(
+            1.0,
+            Mat::new(du, n, r),
+            Mat::new(lora.a, r, i),
+            1.0,
+            MatMut::new(dx, n, i),
+        ),
+        Some(mask) => {
+            let tmp = &mut tmp[..n * i];
+            gemm(
+                1.0,
+                Mat::new(du, n, r),
+                Mat::new(lora.a, r, i),
+                0.0,
+                MatMut::new(tmp, n, i),
+            );
+            for ((y, &t), &m) in dx.iter_mut().zip(tmp.iter()).zip(mask) {
+                *y += t * m;
+            }
+        }
+    }
+}
+
+/// One decoder layer backward: `dx` goes in as the gradient of the layer's output and
+/// comes out as that of its input, unless `bottom` (no layer below needs it: q, k and v
+/// then skip their input gradient and the input norm its backward). LoRA gradients are
+/// added into `grads` at the layer's `slots`.
+#[allow(clippy::too_many_arguments)]
+fn layer_backward(
+    model: &Model<'_>,
+    l: usize,
+    batch: &Batch<'_>,
+    saved: &Saved,
+    dx: &mut [f32],
+    work: &mut BackwardWork,
+    grads: &mut [Vec<f32>],
+    bottom: bool,
+    slots: &[Option<usize>; 7],
+) {
+    let layer = &model.layers[l];
+    let d = &model.dims;
+    let n = batch.rows * batch.len;
+    let (h, inter) = (d.hidden, d.intermediate);
+    let eps = d.rms_eps;
+
+    // MLP: down, SwiGLU, gate and up, then the post-attention norm into dx.
+    swiglu_forward(&saved.gu, inter, &mut work.act);
+    projection_backward(
+        d,
+        DOWN,
+        &layer.proj[DOWN],
+        n,
+        Mat::new(dx, n, h),
+        &work.act,
+        saved.masks[DOWN].as_deref(),
+        &saved.u[DOWN],
+        grads,
+        slots[DOWN],
+        Some((&mut work.d_act, 0.0)),
+        &mut work.lora,
+    );
+    swiglu_backward(&saved.gu, inter, &work.d_act, &mut work.d_gu);
+    rms_norm_forward(
+        &saved.x_mid,
+        layer.post_norm,
+        eps,
+        &mut work.hn,
+        &mut work.inv,
+    );
+    for (p, beta) in [(GATE, 0.0), (UP, 1.0)] {
+        projection_backward(
+            d,
+            p,
+            &layer.proj[p],
+            n,
+            Mat::strided(&work.d_gu[d.output_column(p)..], n, inter, 2 * inter, 1),
+            &work.hn,
+            saved.masks[p].as_deref(),
+            &saved.u[p],
+            grads,
+            slots[p],
+            Some((&mut work.d_hn, beta)),
+            &mut work.lora,
+        );
+    }
+    rms_norm_backward(
+        &saved.x_mid,
+        layer.post_norm,
+        &saved.inv2,
+        &work.d_hn,
+        dx,
+        true,
+    );
+
+    // Attention: o, attention, inverse RoPE, q/k/v, then the input norm into dx.
+    projection_backward(
+        d,
+        O,
+        &layer.proj[O],
+        n,
+        Mat::new(dx, n, h),
+        &saved.attn,
+        saved.masks[O].as_deref(),
+        &saved.u[O],
+        grads,
+        slots[O],
+        Some((&mut work.d_attn, 0.0)),
+        &mut work.lora,
+    );
+    let shape = attention_shape(d, batch);
+    attention_backward(
+        &shape,
+        &saved.qkv,
+        batch.starts,
+        &saved.attn,
+        &saved.lse,
+        &work.d_attn,
+        &mut work.d_qkv,
+    );
+    rope_in_place(
+        &mut work.d_qkv,
+        d.qkv_width(),
+        0,
+        d.heads + d.kv_heads,
+        d.head_dim,
+        batch.positions,
+        model.cos,
+        model.sin,
+        true,
+    );
+    rms_norm_forward(
+        &saved.x_in,
+        layer.input_norm,
+        eps,
+        &mut work.hn,
+        &mut work.inv,
+    );
+    for p in [Q, K, V] {
+        let out = d.projection_shape(p).1;
+        let beta = if p == Q { 0.0 } else { 1.0 };
+        projection_backward(
+            d,
+            p,
+            &layer.proj[p],
+            n,
+            Mat::strided(&work.d_qkv[d.output_column(p)..], n, out, d.qkv_width(), 1),
+            &work.hn,
+            saved.masks[p].as_deref(),
+            &saved.u[p],
+            grads,
+            slots[p],
+            (!bottom).then_some((&mut work.d_hn[..], beta)),
+            &mut work.lora,
+        );
+    }
+    if !bottom {
+        rms_norm_backward(
+            &saved.x_in,
+            layer.input_norm,
+            &saved.inv1,
+            &work.d_hn,
+            dx,
+            true,
+        );
+    }
+}
+
+/// Forward and backward of one micro-batch: returns `scale·Σ CE` over the labelled
+/// tokens (`scale` is 1/the labelled-token count of the whole optimiser step) and ADDS
+/// each LoRA gradient into `grads`, one buffer per LoRA tensor in the order layer,
+/// projection (q … down), A then B, only for projections with LoRA (see
+/// [`Model::lora_lengths`]), so that micro-batches accumulate.
+///
+/// With `dropout`, a mask is drawn for every adapted projection in forward order (see
+/// [`MaskSource`]) and applied to the LoRA branch's input, as `trainer::lora` does.
+///
+/// Memory: the saved state of every layer (see the module notes), plus one layer's
+/// backward scratch.
+///
+/// # Errors
+/// [`StepError`] when the model, the batch, the gradient buffers or a drawn mask do not
+/// fit together, or an id, target, position or segment start is out of range. Nothing is
+/// added to `grads` then.
+pub fn forward_backward(
+    model: &Model<'_>,
+    batch: &Batch<'_>,
+    scale: f32,
+    dropout: Option<MaskSource<'_>>,
+    grads: &mut [Vec<f32>],
+) -> Result<f64, StepError> {
+    validate(model, batch)?;
+    let slots = gradient_slots(model, grads)?;
+    let d = &model.dims;
+    let (n, h) = (batch.rows * batch.len, d.hidden);
+    if n == 0 {
+        return Ok(0.0);
+    }
+    let with_dropout = dropout.is_some();
+    let mut dropout = dropout;
+    let mut x = embed(model, batch.ids);
+    let mut saved: Vec<Saved> = model
+        .layers
+        .iter()
+        .map(|layer| Saved::new(d, n, layer))
+        .collect();
+    let mut work = ForwardWork {
+        hn: vec![0.0; n * h],
+        act: vec![0.0; n * d.intermediate],
+        xd: vec![0.0; if with_dropout { n * widest_input(d) } else { 0 }],
+    };
+    for (l, saved) in saved.iter_mut().enumerate() {
+        layer_forward(
+            model,
+            l,
+            batch,
+            &mut x,
+            saved,
+            &mut work,
+            dropout.as_deref_mut(),
+        )?;
+    }
+    let mut inv = vec![0f32; n];
+    rms_norm_forward(&x, model.norm, d.rms_eps, &mut work.hn, &mut inv);
+    let mut d_hidden = vec![0f32; n * h];
+    let loss = linear_cross_entropy(
+        &work.hn,
+        h,
+        model.lm_head,
+        d.vocab,
+        batch.targets,
+        scale,
+        Some(&mut d_hidden),
+    )?;
+    // Layers below the lowest one with LoRA need no backward at all.
+    let Some(lowest) = slots.iter().position(|s| s.iter().any(Option::is_some)) else {
+        return Ok(loss);
+    };
+    if batch.targets.iter().all(|&t| t < 0) {
+        return Ok(loss);
+    }
+    let mut dx = vec![0f32; n * h];
+    rms_norm_backward(&x, model.norm, &inv, &d_hidden, &mut dx, false);
+    let mut work = BackwardWork {
+        hn: work.hn,
+        inv,
+        act: work.act,
+        d_act: vec![0.0; n * d.intermediate],
+        d_gu: vec![0.0; n * 2 * d.intermediate],
+        d_hn: d_hidden,
+        d_attn: vec![0.0; n * d.heads * d.head_dim],
+        d_qkv: vec![0.0; n * d.qkv_width()],
+        lora: LoraWork::new(model, n, with_dropout),
+    };
+    for l in (lowest..model.layers.len()).rev() {
+        layer_backward(
+            model,
+            l,
+            batch,
+            &saved[l],
+            &mut dx,
+            &mut work,
+            grads,
+            l == lowest,
+            &slots[l],
+        );
+    }
+    Ok(loss)
+}
+
 /// The loss only, for evaluation: `scale·Σ CE` over the labelled tokens, without dropout
 /// and without any gradient work. Layers reuse one set of buffers.
 ///
@@ -728,8 +1166,8 @@ mod tests {
         weights: Vec<[Vec<f32>; 7]>,
         /// LoRA tensors in gradient order (layer, projection, A then B).
         lora: Vec<Vec<f32>>,
-        /// Which projections carry LoRA.
-        targets: [bool; 7],
+        /// Per layer, which projections carry LoRA.
+        targets: Vec<[bool; 7]>,
         r: usize,
         lora_scale: f32,
         norm: Vec<f32>,
@@ -766,14 +1204,14 @@ mod tests {
     }
 
     impl Owned {
-        fn random(dims: Dims, targets: [bool; 7], r: usize, seed: u64) -> Self {
+        fn random(dims: Dims, targets: &[[bool; 7]], r: usize, seed: u64) -> Self {
             let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
             let (v, h) = (dims.vocab, dims.hidden);
             let embed = random(v * h, &mut rng, -1.0, 1.0);
             let mut norms = vec![];
             let mut weights = vec![];
             let mut lora = vec![];
-            for _ in 0..dims.layers {
+            for targets in targets.iter().cycle().take(dims.layers) {
                 norms.push([random(h, &mut rng, 0.5, 1.5), random(h, &mut rng, 0.5, 1.5)]);
                 let w: [Vec<f32>; 7] = std::array::from_fn(|p| {
                     let (i, o) = dims.projection_shape(p);
@@ -794,14 +1232,14 @@ mod tests {
             let norm = random(h, &mut rng, 0.5, 1.5);
             let bound = 1.0 / (h as f32).sqrt();
             let lm_head = random(v * h, &mut rng, -4.0 * bound, 4.0 * bound);
-            let (cos, sin) = rope_tables(64, dims.head_dim);
+            let (cos, sin) = rope_tables(128, dims.head_dim);
             Self {
                 dims,
                 embed,
                 norms,
                 weights,
                 lora,
-                targets,
+                targets: targets.iter().cycle().take(dims.layers).copied().collect(),
                 r,
                 lora_scale: 1.5,
                 norm,
@@ -819,7 +1257,7 @@ mod tests {
                     post_norm: &self.norms[l][1],
                     proj: std::array::from_fn(|p| Projection {
                         weight: &self.weights[l][p],
-                        lora: self.targets[p].then(|| {
+                        lora: self.targets[l][p].then(|| {
                             next += 2;
                             Lora {
                                 a: &self.lora[next - 2],
@@ -840,6 +1278,10 @@ mod tests {
                 cos: &self.cos,
                 sin: &self.sin,
             }
+        }
+
+        fn zero_grads(&self) -> Vec<Vec<f32>> {
+            self.lora.iter().map(|t| vec![0.0; t.len()]).collect()
         }
 
         fn lora64(&self) -> Vec<Vec<f64>> {
@@ -948,7 +1390,7 @@ mod tests {
                     y[t * o + c] = (0..i).map(|k| x[t * i + k] * w[c * i + k] as f64).sum();
                 }
             }
-            if m.targets[p] {
+            if m.targets[l][p] {
                 let (a, b) = (&lora[next_lora], &lora[next_lora + 1]);
                 next_lora += 2;
                 let mut xd = x.to_vec();
@@ -1065,6 +1507,221 @@ mod tests {
     }
 
     const ALL: [bool; 7] = [true; 7];
+    const QV: [bool; 7] = [true, false, true, false, false, false, false];
+    const NONE: [bool; 7] = [false; 7];
+
+    /// Central differences of the f64 reference loss for every LoRA parameter, in
+    /// gradient order.
+    fn finite_differences(
+        m: &Owned,
+        b: &OwnedBatch,
+        scale: f64,
+        masks: &[Vec<f32>],
+    ) -> Vec<Vec<f64>> {
+        let base = m.lora64();
+        let step = 1e-5;
+        (0..base.len())
+            .map(|t| {
+                (0..base[t].len())
+                    .map(|e| {
+                        let mut lora = base.clone();
+                        lora[t][e] = base[t][e] + step;
+                        let plus = reference_loss(m, &lora, b, scale, masks);
+                        lora[t][e] = base[t][e] - step;
+                        let minus = reference_loss(m, &lora, b, scale, masks);
+                        (plus - minus) / (2.0 * step)
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Checks the step's loss against the reference and every gradient tensor against
+    /// finite differences, within 1e-4 of the tensor's largest |gradient|; returns the
+    /// worst loss and gradient errors.
+    fn check_gradients(m: &Owned, b: &OwnedBatch, masks: &[Vec<f32>]) -> (f64, f64) {
+        let scale = 1.0 / b.labelled() as f32;
+        let mut grads = m.zero_grads();
+        let mut queue = masks.iter().cloned();
+        let mut source = |rows: usize, inputs: usize| {
+            let mask = queue.next().expect("a mask for every adapted projection");
+            assert_eq!(mask.len(), rows * inputs);
+            mask
+        };
+        let dropout: Option<MaskSource<'_>> = if masks.is_empty() {
+            None
+        } else {
+            Some(&mut source)
+        };
+        let got =
+            forward_backward(&m.view(), &b.view(), scale, dropout, &mut grads).expect("a step");
+        let want = reference_loss(m, &m.lora64(), b, scale as f64, masks);
+        let loss_err = (got - want).abs() / want.abs();
+        assert!(loss_err <= 1e-5, "loss {got} vs {want}");
+        let fd = finite_differences(m, b, scale as f64, masks);
+        let mut worst = 0f64;
+        for (t, (g, f)) in grads.iter().zip(&fd).enumerate() {
+            let size = f.iter().fold(0f64, |a, v| a.max(v.abs()));
+            assert!(size > 0.0, "tensor {t} has no gradient");
+            for (e, (&g, &f)) in g.iter().zip(f).enumerate() {
+                let err = (g as f64 - f).abs() / size;
+                worst = worst.max(err);
+                assert!(err <= 1e-4, "tensor {t}[{e}]: {g} vs finite difference {f}");
+            }
+        }
+        (loss_err, worst)
+    }
+
+    #[test]
+    fn gradients_match_finite_differences_with_lora_on_all_seven() {
+        let m = Owned::random(tiny_dims(), &[ALL], 2, 5);
+        let b = tiny_batch(m.dims.vocab, 6);
+        let (loss_err, grad_err) = check_gradients(&m, &b, &[]);
+        eprintln!("all seven: loss {loss_err:e}, gradients {grad_err:e} of their max");
+    }
+
+    #[test]
+    fn gradients_match_finite_differences_with_lora_on_q_and_v() {
+        let m = Owned::random(tiny_dims(), &[QV], 2, 7);
+        let b = tiny_batch(m.dims.vocab, 8);
+        let (loss_err, grad_err) = check_gradients(&m, &b, &[]);
+        eprintln!("q and v: loss {loss_err:e}, gradients {grad_err:e} of their max");
+    }
+
+    /// LoRA only above layer 0 (the layers below get no backward at all), and a rank
+    /// of 3 on a third layer.
+    #[test]
+    fn gradients_match_finite_differences_with_lora_only_in_upper_layers() {
+        let dims = Dims {
+            layers: 3,
+            ..tiny_dims()
+        };
+        let m = Owned::random(
+            dims,
+            &[NONE, [false, true, false, true, false, false, true], ALL],
+            3,
+            9,
+        );
+        let b = tiny_batch(m.dims.vocab, 10);
+        let (loss_err, grad_err) = check_gradients(&m, &b, &[]);
+        eprintln!("upper layers: loss {loss_err:e}, gradients {grad_err:e} of their max");
+    }
+
+    #[test]
+    fn micro_batches_accumulate() {
+        let m = Owned::random(tiny_dims(), &[ALL], 2, 11);
+        let (b1, b2) = (tiny_batch(m.dims.vocab, 12), tiny_batch(m.dims.vocab, 13));
+        let scale = 1.0 / (b1.labelled() + b2.labelled()) as f32;
+        let run = |batches: &[&OwnedBatch]| {
+            let mut grads = m.zero_grads();
+            let losses: Vec<f64> = batches
+                .iter()
+                .map(|b| {
+                    forward_backward(&m.view(), &b.view(), scale, None, &mut grads).expect("a step")
+                })
+                .collect();
+            (losses, grads)
+        };
+        let (one, g1) = run(&[&b1]);
+        let (two, g2) = run(&[&b2]);
+        let (both, g) = run(&[&b1, &b2]);
+        assert_eq!(both, [one[0], two[0]]);
+        for (t, ((g, g1), g2)) in g.iter().zip(&g1).zip(&g2).enumerate() {
+            for (e, ((&g, &a), &b)) in g.iter().zip(g1).zip(g2).enumerate() {
+                assert_eq!(g.to_bits(), (a + b).to_bits(), "tensor {t}[{e}]");
+            }
+        }
+        assert!(g1.iter().flatten().any(|&v| v != 0.0));
+    }
+
+    /// A larger model and batch, so that GEMMs split into several blocks and attention
+    /// into several query blocks: the same bits on 1 and 2 threads.
+    #[test]
+    fn results_do_not_depend_on_the_thread_count() {
+        let dims = Dims {
+            vocab: 200,
+            hidden: 32,
+            intermediate: 144,
+            layers: 2,
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 8,
+            rms_eps: 1e-6,
+        };
+        let m = Owned::random(dims, &[ALL], 4, 14);
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(15);
+        let (rows, len) = (3, 70);
+        let b = OwnedBatch {
+            ids: (0..rows * len).map(|_| rng.random_range(0..200)).collect(),
+            rows,
+            len,
+            targets: (0..rows * len)
+                .map(|i| {
+                    if i % 5 == 0 {
+                        -100
+                    } else {
+                        rng.random_range(0..200)
+                    }
+                })
+                .collect(),
+            positions: (0..rows * len).map(|i| (i % len) as u32).collect(),
+            starts: vec![0; rows * len],
+        };
+        let run = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .expect("a pool");
+            pool.install(|| {
+                let mut grads = m.zero_grads();
+                let loss =
+                    forward_backward(&m.view(), &b.view(), 0.01, None, &mut grads).expect("a step");
+                let eval = loss_only(&m, &b);
+                let bits: Vec<Vec<u32>> = grads
+                    .iter()
+                    .map(|g| g.iter().map(|v| v.to_bits()).collect())
+                    .collect();
+                (loss.to_bits(), eval.to_bits(), bits)
+            })
+        };
+        let one = run(1);
+        assert_eq!(
+            one.0, one.1,
+            "the evaluation loss differs from the training one"
+        );
+        assert_eq!(one, run(2));
+    }
+
+    fn loss_only(m: &Owned, b: &OwnedBatch) -> f64 {
+        loss(&m.view(), &b.view(), 0.01).expect("a loss")
+    }
+
+    #[test]
+    fn bad_gradient_buffers_are_errors_and_nothing_is_added() {
+        let m = Owned::random(tiny_dims(), &[QV], 2, 16);
+        let b = tiny_batch(m.dims.vocab, 17);
+        let model = m.view();
+        let mut grads = m.zero_grads();
+        grads.pop();
+        let err = forward_backward(&model, &b.view(), 1.0, None, &mut grads)
+            .expect_err("a missing gradient");
+        eprintln!("{err}");
+        let mut grads = m.zero_grads();
+        grads[2].push(0.0);
+        let err = forward_backward(&model, &b.view(), 1.0, None, &mut grads)
+            .expect_err("a long gradient");
+        eprintln!("{err}");
+        // A bad batch: the gradients are left as they were.
+        let mut grads: Vec<Vec<f32>> = m
+            .zero_grads()
+            .into_iter()
+            .map(|g| vec![7.0; g.len()])
+            .collect();
+        let mut bad = tiny_batch(m.dims.vocab, 17);
+        bad.targets[3] = 1000;
+        assert!(forward_backward(&model, &bad.view(), 1.0, None, &mut grads).is_err());
+        assert!(grads.iter().flatten().all(|&v| v == 7.0));
+    }
 
     #[test]
     fn the_loss_matches_the_f64_reference() {
@@ -1072,7 +1729,7 @@ mod tests {
             (ALL, 1),
             ([true, false, true, false, false, false, false], 2),
         ] {
-            let m = Owned::random(tiny_dims(), targets, 2, seed);
+            let m = Owned::random(tiny_dims(), &[targets], 2, seed);
             let b = tiny_batch(m.dims.vocab, seed + 10);
             let scale = 1.0 / b.labelled() as f32;
             let got = loss(&m.view(), &b.view(), scale).expect("a loss");
@@ -1085,7 +1742,7 @@ mod tests {
 
     #[test]
     fn bad_inputs_are_errors() {
-        let m = Owned::random(tiny_dims(), ALL, 2, 3);
+        let m = Owned::random(tiny_dims(), &[ALL], 2, 3);
         let model = m.view();
         let good = tiny_batch(m.dims.vocab, 4);
         assert!(loss(&model, &good.view(), 1.0).is_ok());
@@ -1097,7 +1754,7 @@ mod tests {
         };
         check(&|b| b.ids[5] = 61, "a token past the vocabulary");
         check(&|b| b.targets[7] = 61, "a target past the vocabulary");
-        check(&|b| b.positions[2] = 64, "a position past the tables");
+        check(&|b| b.positions[2] = 128, "a position past the tables");
         check(&|b| b.starts[10] = 2, "a segment starting after its token");
         check(&|b| b.ids.pop().map_or((), drop), "too few ids");
         check(&|b| b.targets.push(0), "too many targets");
