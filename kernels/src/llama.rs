@@ -1607,6 +1607,97 @@ mod tests {
         eprintln!("upper layers: loss {loss_err:e}, gradients {grad_err:e} of their max");
     }
 
+    /// Dropout masks (0 or 1/(1 − p)) for every adapted projection of `m`, in forward
+    /// order, each `n × in`.
+    fn dropout_masks(m: &Owned, n: usize, p: f64, seed: u64) -> Vec<Vec<f32>> {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let keep = (1.0 / (1.0 - p)) as f32;
+        let mut masks = vec![];
+        for targets in &m.targets {
+            for (proj, _) in targets.iter().enumerate().filter(|&(_, &t)| t) {
+                let i = m.dims.projection_shape(proj).0;
+                masks.push(
+                    (0..n * i)
+                        .map(|_| if rng.random::<f64>() < p { 0.0 } else { keep })
+                        .collect(),
+                );
+            }
+        }
+        masks
+    }
+
+    #[test]
+    fn gradients_match_finite_differences_with_dropout() {
+        for (targets, seed) in [(ALL, 20), (QV, 21)] {
+            let m = Owned::random(tiny_dims(), &[targets], 2, seed);
+            let b = tiny_batch(m.dims.vocab, seed + 10);
+            let masks = dropout_masks(&m, b.rows * b.len, 0.3, seed + 20);
+            let (loss_err, grad_err) = check_gradients(&m, &b, &masks);
+            eprintln!("dropout: loss {loss_err:e}, gradients {grad_err:e} of their max");
+            // The masks matter: without them the loss is another.
+            let plain = reference_loss(&m, &m.lora64(), &b, 1.0, &[]);
+            let masked = reference_loss(&m, &m.lora64(), &b, 1.0, &masks);
+            assert!((plain - masked).abs() > 1e-3 * plain.abs());
+        }
+    }
+
+    /// One draw per adapted projection, in forward order, with its shape; a mask of the
+    /// wrong length is an error and nothing is added.
+    #[test]
+    fn masks_are_drawn_in_forward_order() {
+        let dims = Dims {
+            layers: 3,
+            ..tiny_dims()
+        };
+        let layers = [ALL, NONE, [false, false, false, true, false, true, true]];
+        let m = Owned::random(dims, &layers, 2, 22);
+        let b = tiny_batch(m.dims.vocab, 23);
+        let n = b.rows * b.len;
+        let (h, q, i) = (16, 16, 24);
+        let want = [
+            (n, h),
+            (n, h),
+            (n, h),
+            (n, q),
+            (n, h),
+            (n, h),
+            (n, i),
+            (n, q),
+            (n, h),
+            (n, i),
+        ];
+        let mut calls = vec![];
+        let mut source = |rows: usize, inputs: usize| {
+            calls.push((rows, inputs));
+            vec![1.0; rows * inputs]
+        };
+        let mut grads = m.zero_grads();
+        let with_ones = forward_backward(&m.view(), &b.view(), 0.1, Some(&mut source), &mut grads)
+            .expect("a step");
+        assert_eq!(calls, want);
+        // Masks of ones change nothing.
+        let mut plain = m.zero_grads();
+        let without =
+            forward_backward(&m.view(), &b.view(), 0.1, None, &mut plain).expect("a step");
+        assert_eq!(with_ones, without);
+        assert_eq!(grads, plain);
+
+        let mut count = 0;
+        let mut short = |rows: usize, inputs: usize| {
+            count += 1;
+            vec![1.0; rows * inputs - usize::from(count == 5)]
+        };
+        let mut grads: Vec<Vec<f32>> = m
+            .zero_grads()
+            .into_iter()
+            .map(|g| vec![7.0; g.len()])
+            .collect();
+        let err = forward_backward(&m.view(), &b.view(), 0.1, Some(&mut short), &mut grads)
+            .expect_err("a short mask");
+        eprintln!("{err}");
+        assert!(grads.iter().flatten().all(|&v| v == 7.0));
+    }
+
     #[test]
     fn micro_batches_accumulate() {
         let m = Owned::random(tiny_dims(), &[ALL], 2, 11);
