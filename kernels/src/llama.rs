@@ -24,8 +24,9 @@
 //! A projection's backward is `dX = dY·W` (β = 0 for the first term into a buffer, 1
 //! after) plus, for LoRA, `du = scale·dY·B`, `dB = scale·dYᵀ·u`, `dA = duᵀ·x_d` and
 //! `dX += (du·A)∘mask`. The norms' backward adds into the residual gradient. The
-//! embeddings are frozen, so layer 0 skips q/k/v's input gradient and its input norm's
-//! backward (its LoRA factors still get theirs).
+//! embeddings are frozen, so layers below the lowest one with LoRA get no backward at
+//! all, and that layer (layer 0 when every layer is adapted) skips q/k/v's input
+//! gradient and its input norm's backward; its LoRA factors still get theirs.
 //!
 //! **Gradients accumulate** across calls (micro-batches): each LoRA gradient is computed
 //! into a scratch and then added elementwise, so after two calls a gradient is exactly
@@ -1696,6 +1697,34 @@ mod tests {
             .expect_err("a short mask");
         eprintln!("{err}");
         assert!(grads.iter().flatten().all(|&v| v == 7.0));
+    }
+
+    /// A batch without labels or without tokens: a zero loss, and nothing added.
+    #[test]
+    fn empty_and_unlabelled_batches_add_nothing() {
+        let m = Owned::random(tiny_dims(), &[ALL], 2, 24);
+        let mut b = tiny_batch(m.dims.vocab, 25);
+        b.targets.fill(-100);
+        let mut grads: Vec<Vec<f32>> = m
+            .zero_grads()
+            .into_iter()
+            .map(|g| vec![0.5; g.len()])
+            .collect();
+        let l = forward_backward(&m.view(), &b.view(), 1.0, None, &mut grads).expect("a step");
+        assert_eq!(l, 0.0);
+        assert_eq!(loss(&m.view(), &b.view(), 1.0), Ok(0.0));
+        let empty = OwnedBatch {
+            ids: vec![],
+            rows: 0,
+            len: 9,
+            targets: vec![],
+            positions: vec![],
+            starts: vec![],
+        };
+        let l = forward_backward(&m.view(), &empty.view(), 1.0, None, &mut grads).expect("a step");
+        assert_eq!(l, 0.0);
+        assert_eq!(loss(&m.view(), &empty.view(), 1.0), Ok(0.0));
+        assert!(grads.iter().flatten().all(|&v| v == 0.5));
     }
 
     #[test]
