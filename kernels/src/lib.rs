@@ -21,6 +21,8 @@
 //! - [`swiglu`]: `silu(g)·u` over `[gate | up]` rows, and the backward into `[dg | du]`.
 //! - [`loss`]: the lm_head fused with masked cross-entropy over labelled rows, 128 rows
 //!   at a time, writing the hidden-state gradient in the same pass.
+//! - [`llama`]: the whole Llama LoRA forward and backward of one micro-batch, built from
+//!   the kernels above, returning the loss and adding into the LoRA gradients.
 //! - `reduce` (private): fixed-order 16-lane sums and max, shared by the row kernels.
 
 //! - [`attention`]: fused causal attention forward and backward (flash-attention style,
@@ -30,6 +32,7 @@
 pub mod attention;
 pub mod exp;
 pub mod gemm;
+pub mod llama;
 pub mod loss;
 pub mod norm;
 mod reduce;

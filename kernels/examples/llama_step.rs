@@ -1,0 +1,157 @@
+//! Times the whole LoRA step ([`forward_backward`]) and the evaluation loss on the
+//! benchmark presets: batch 4 × 256, LoRA r = 8 on all seven projections, every token
+//! labelled, random f32 weights.
+//!
+//! `cargo run -p tuneq-kernels --example llama_step [iterations] [tiny|small]`; set
+//! `RAYON_NUM_THREADS` to choose the pool. Prints the median seconds per call and the
+//! peak resident memory.
+
+use std::time::Instant;
+
+use rand::{Rng, SeedableRng};
+use tuneq_kernels::llama::{Batch, Dims, Layer, Lora, Model, Projection, forward_backward, loss};
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+/// Peak resident set size in MiB, from `/proc/self/status` (Linux).
+fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
+fn main() {
+    let iterations: usize = std::env::args()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
+    let preset = std::env::args().nth(2).unwrap_or_else(|| "tiny".into());
+    let dims = match preset.as_str() {
+        "small" => Dims {
+            vocab: 32000,
+            hidden: 768,
+            intermediate: 2048,
+            layers: 12,
+            heads: 12,
+            kv_heads: 12,
+            head_dim: 64,
+            rms_eps: 1e-5,
+        },
+        _ => Dims {
+            vocab: 4096,
+            hidden: 256,
+            intermediate: 688,
+            layers: 4,
+            heads: 8,
+            kv_heads: 4,
+            head_dim: 32,
+            rms_eps: 1e-5,
+        },
+    };
+    let (rows, len, r) = (4, 256, 8);
+    println!(
+        "{preset}: rayon threads {}, {iterations} iterations",
+        rayon::current_num_threads()
+    );
+
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+    let mut random = |n: usize, bound: f32| -> Vec<f32> {
+        (0..n).map(|_| rng.random_range(-bound..bound)).collect()
+    };
+    let (v, h) = (dims.vocab, dims.hidden);
+    let embed = random(v * h, 1.0);
+    let lm_head = random(v * h, 1.0 / (h as f32).sqrt());
+    let ones = vec![1f32; h];
+    let shapes: Vec<(usize, usize)> = (0..7).map(|p| dims.projection_shape(p)).collect();
+    let weights: Vec<Vec<Vec<f32>>> = (0..dims.layers)
+        .map(|_| {
+            shapes
+                .iter()
+                .map(|&(i, o)| random(o * i, 1.0 / (i as f32).sqrt()))
+                .collect()
+        })
+        .collect();
+    let factors: Vec<Vec<(Vec<f32>, Vec<f32>)>> = (0..dims.layers)
+        .map(|_| {
+            shapes
+                .iter()
+                .map(|&(i, o)| (random(r * i, 1.0 / (i as f32).sqrt()), random(o * r, 0.01)))
+                .collect()
+        })
+        .collect();
+    let half = dims.head_dim / 2;
+    let (cos, sin): (Vec<f32>, Vec<f32>) = (0..len * half)
+        .map(|k| {
+            let (p, i) = (k / half, k % half);
+            let angle = p as f64 / 10_000f64.powf(2.0 * i as f64 / dims.head_dim as f64);
+            (angle.cos() as f32, angle.sin() as f32)
+        })
+        .unzip();
+    let layers = (0..dims.layers)
+        .map(|l| Layer {
+            input_norm: &ones,
+            post_norm: &ones,
+            proj: std::array::from_fn(|p| Projection {
+                weight: &weights[l][p],
+                lora: Some(Lora {
+                    a: &factors[l][p].0,
+                    b: &factors[l][p].1,
+                    r,
+                    scale: 2.0,
+                }),
+            }),
+        })
+        .collect();
+    let model = Model {
+        dims,
+        embed: &embed,
+        layers,
+        norm: &ones,
+        lm_head: &lm_head,
+        cos: &cos,
+        sin: &sin,
+    };
+    let n = rows * len;
+    let ids: Vec<u32> = (0..n).map(|_| rng.random_range(0..v as u32)).collect();
+    let targets: Vec<i64> = (0..n).map(|_| rng.random_range(0..v as i64)).collect();
+    let positions: Vec<u32> = (0..n).map(|i| (i % len) as u32).collect();
+    let starts = vec![0u32; n];
+    let batch = Batch {
+        ids: &ids,
+        rows,
+        len,
+        targets: &targets,
+        positions: &positions,
+        starts: &starts,
+    };
+    let mut grads: Vec<Vec<f32>> = model
+        .lora_lengths()
+        .into_iter()
+        .map(|len| vec![0f32; len])
+        .collect();
+    let scale = 1.0 / n as f32;
+    let (mut step, mut eval) = (Vec::new(), Vec::new());
+    let mut last = 0.0;
+    for i in 0..iterations + 1 {
+        let t0 = Instant::now();
+        last = forward_backward(&model, &batch, scale, None, &mut grads).expect("a step");
+        let t1 = Instant::now();
+        let l = loss(&model, &batch, scale).expect("a loss");
+        let t2 = Instant::now();
+        assert_eq!(l.to_bits(), last.to_bits());
+        if i >= 1 {
+            step.push((t1 - t0).as_secs_f64());
+            eval.push((t2 - t1).as_secs_f64());
+        }
+    }
+    println!(
+        "loss {last:.4}; forward_backward {:.3} s, loss only {:.3} s (median); peak RSS {:.0} MiB",
+        median(step),
+        median(eval),
+        peak_rss_mib().unwrap_or(f64::NAN)
+    );
+}
