@@ -65,6 +65,8 @@ pub struct BenchResult {
     pub loss_last: f64,
     /// Load average before and after.
     pub loadavg_1m_before_after: [f64; 2],
+    /// The compute path, GEMM library and CPU features the steps ran on.
+    pub compute: crate::compute::ComputeEnv,
 }
 
 /// Peak resident set size of this process in MiB (Linux; 0 elsewhere).
@@ -176,5 +178,6 @@ pub fn run(opts: &BenchOptions, mut progress: impl FnMut(&str)) -> Result<BenchR
         loss_first: losses.first().copied().unwrap_or(f64::NAN),
         loss_last: losses.last().copied().unwrap_or(f64::NAN),
         loadavg_1m_before_after: [load_before, loadavg()],
+        compute: crate::compute::ComputeEnv::detect(&model),
     })
 }

@@ -3,13 +3,15 @@
 //! so a checkpoint records them beside the thread count, and a resume on a different
 //! machine or build warns that it will not be bit-identical.
 
-use candle_core::Device;
+use crate::fast::ComputePath;
+use crate::model::Llama;
 use serde::{Deserialize, Serialize};
 
 /// The compute environment of a run, as recorded in a checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ComputeEnv {
-    /// `candle-graph-cpu` or `candle-graph-cuda` (candle's autograd).
+    /// `cpu-fused` (the kernels of `tuneq-kernels`), `candle-graph-cpu` or
+    /// `candle-graph-cuda` (candle's autograd).
     pub path: String,
     /// The GEMM library the path multiplies with.
     pub gemm: String,
@@ -18,12 +20,12 @@ pub struct ComputeEnv {
 }
 
 impl ComputeEnv {
-    /// The environment a run on `device` uses in this build on this machine.
-    pub fn detect(device: &Device) -> Self {
-        let (path, gemm) = if device.is_cpu() {
-            ("candle-graph-cpu", "gemm-0.19 (candle)")
-        } else {
-            ("candle-graph-cuda", "cublas (candle)")
+    /// The environment a step of `model` uses in this build on this machine.
+    pub fn detect(model: &Llama) -> Self {
+        let (path, gemm) = match (ComputePath::for_model(model), model.device().is_cpu()) {
+            (ComputePath::CpuFused, _) => ("cpu-fused", tuneq_kernels::backend()),
+            (ComputePath::Graph, true) => ("candle-graph-cpu", "gemm-0.19 (candle)"),
+            (ComputePath::Graph, false) => ("candle-graph-cuda", "cublas (candle)"),
         };
         Self {
             path: path.into(),
@@ -90,7 +92,11 @@ mod tests {
 
     #[test]
     fn a_change_of_any_part_is_named() {
-        let here = ComputeEnv::detect(&Device::Cpu);
+        let here = ComputeEnv {
+            path: "cpu-fused".into(),
+            gemm: "matrixmultiply-0.3".into(),
+            cpu_features: cpu_features(),
+        };
         assert_eq!(here.difference(&here), None);
         let mut other = here.clone();
         other.cpu_features = vec!["avx2".into()];

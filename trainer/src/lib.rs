@@ -35,6 +35,7 @@ pub mod config;
 pub use tuneq_dataset as data;
 pub mod debug;
 pub mod error;
+pub mod fast;
 pub mod generate;
 pub mod init;
 pub mod lora;

@@ -80,6 +80,16 @@ pub struct DropoutCtx<'a> {
     pub record: Option<&'a mut Vec<Tensor>>,
 }
 
+/// The next dropout mask of `n` elements from a step's stream: 0 with probability `p`,
+/// else `1/(1−p)`, one `f64` draw per element. Both compute paths draw through here, in
+/// the same order, so they apply the same masks and a resumed run replays them.
+pub fn draw_mask(rng: &mut ChaCha20Rng, p: f64, n: usize) -> Vec<f32> {
+    let kept = (1.0 / (1.0 - p)) as f32;
+    (0..n)
+        .map(|_| if rng.random::<f64>() < p { 0.0 } else { kept })
+        .collect()
+}
+
 /// A frozen projection with an optional LoRA update.
 #[derive(Debug, Clone)]
 pub struct LoraLinear {
@@ -102,16 +112,7 @@ impl LoraLinear {
         let x2 = x.reshape((rows, in_dim))?;
         let x2 = match dropout {
             Some(ctx) if ctx.p > 0.0 => {
-                let keep = 1.0 - ctx.p;
-                let mask: Vec<f32> = (0..rows * in_dim)
-                    .map(|_| {
-                        if ctx.rng.random::<f64>() < ctx.p {
-                            0.0
-                        } else {
-                            (1.0 / keep) as f32
-                        }
-                    })
-                    .collect();
+                let mask = draw_mask(ctx.rng, ctx.p, rows * in_dim);
                 let mask = Tensor::from_vec(mask, (rows, in_dim), x.device())?;
                 if let Some(record) = ctx.record.as_deref_mut() {
                     record.push(mask.clone());

@@ -210,6 +210,24 @@ impl Llama {
         Ok(())
     }
 
+    /// The frozen tensors in the order the CPU fast path reads them in place: embeddings,
+    /// final norm, lm_head, the RoPE cos and sin tables, then per layer its two norms.
+    pub(crate) fn frozen_parts(&self) -> (Vec<&Tensor>, Vec<[&Tensor; 2]>) {
+        let top = vec![
+            &self.embed_tokens,
+            &self.norm,
+            &self.lm_head,
+            &self.cos,
+            &self.sin,
+        ];
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| [&l.input_layernorm, &l.post_attention_layernorm])
+            .collect();
+        (top, layers)
+    }
+
     /// Final hidden states (batch, seq, hidden) for token ids (batch, seq).
     pub fn hidden_states(
         &self,

@@ -222,8 +222,21 @@ pub struct StepDropout<'a> {
     pub record: Option<&'a mut Vec<Tensor>>,
 }
 
-/// Runs forward and backward over `batches` (the micro-batches of one step).
+/// Runs forward and backward over `batches` (the micro-batches of one step), on the
+/// model's compute path ([`crate::fast::ComputePath::for_model`]).
 pub fn accumulate(
+    model: &Llama,
+    batches: &[Batch],
+    dropout: Option<StepDropout<'_>>,
+) -> Result<StepResult> {
+    match crate::fast::ComputePath::for_model(model) {
+        crate::fast::ComputePath::CpuFused => crate::fast::accumulate(model, batches, dropout),
+        crate::fast::ComputePath::Graph => accumulate_on_graph(model, batches, dropout),
+    }
+}
+
+/// [`accumulate`] through candle's autograd graph (the CUDA path and the test oracle).
+pub fn accumulate_on_graph(
     model: &Llama,
     batches: &[Batch],
     mut dropout: Option<StepDropout<'_>>,
@@ -328,6 +341,10 @@ pub fn evaluate(
     for chunk in examples.chunks(batch_size.max(1)) {
         let refs: Vec<&Example> = chunk.iter().collect();
         let b = make_batch(&refs, pad_id);
+        if crate::fast::ComputePath::for_model(model) == crate::fast::ComputePath::CpuFused {
+            loss += crate::fast::loss(model, &b, total as f64)? as f32 as f64;
+            continue;
+        }
         let ids = Tensor::from_vec(b.ids.clone(), (b.rows, b.len), model.device())?;
         let hidden = model.hidden_states(&ids, None)?;
         let l =

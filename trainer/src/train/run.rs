@@ -266,7 +266,7 @@ impl<'a> Run<'a> {
                 message: "it belongs to a run with a different spec, dataset or model; use a new output location".into(),
             });
         }
-        let here = crate::compute::ComputeEnv::detect(&self.device);
+        let here = crate::compute::ComputeEnv::detect(&self.model);
         let changed = match &ck.state.compute {
             Some(then) => here.difference(then),
             None => Some("the checkpoint does not record its compute backend".into()),
@@ -338,7 +338,7 @@ impl<'a> Run<'a> {
                 dropout_stream: streams::DROPOUT + step,
             },
             threads: self.threads,
-            compute: Some(crate::compute::ComputeEnv::detect(&self.device)),
+            compute: Some(crate::compute::ComputeEnv::detect(&self.model)),
             trainer_version: env!("CARGO_PKG_VERSION").into(),
         }
     }

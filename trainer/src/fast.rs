@@ -1,0 +1,443 @@
+//! The CPU fast path: a whole LoRA step through `tuneq-kernels`, reading the model's
+//! own tensors in place.
+//!
+//! candle's autograd moves about six times the bytes a LoRA step needs on the CPU (see
+//! `../shared/research/trainer-speed.md`); the fused kernels do the same arithmetic
+//! without the graph. The candle graph stays the CUDA path, the bf16 path, and the
+//! oracle this path is tested against (`fast_path_matches_the_graph`): loss and every
+//! LoRA gradient within 1e-5.
+//!
+//! Which path runs is [`ComputePath::for_model`]: this one for f32 on the CPU unless
+//! `TUNEQ_CPU_PATH=graph` asks for the graph (to compare, or to rule the fast path out).
+
+use crate::batch::Batch;
+use crate::error::{Error, Result};
+use crate::model::Llama;
+use crate::train::{StepDropout, StepResult};
+use candle_core::{DType, Device, Storage, StorageRef, Tensor};
+use tuneq_kernels::llama;
+
+/// How a step is computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ComputePath {
+    /// candle's autograd graph (any device and dtype).
+    Graph,
+    /// The fused CPU kernels (f32 on the CPU).
+    CpuFused,
+}
+
+impl ComputePath {
+    /// The path for `model`: fused on an f32 CPU model, unless `TUNEQ_CPU_PATH=graph`.
+    pub fn for_model(model: &Llama) -> Self {
+        let forced_graph = std::env::var("TUNEQ_CPU_PATH").is_ok_and(|v| v == "graph");
+        if model.device().is_cpu() && model.dtype() == DType::F32 && !forced_graph {
+            Self::CpuFused
+        } else {
+            Self::Graph
+        }
+    }
+
+    /// Its name in checkpoints and benchmark reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Graph => "candle-graph",
+            Self::CpuFused => "cpu-fused",
+        }
+    }
+}
+
+/// Read guards on the model's tensors, so their CPU slices can be lent to the kernels.
+struct Held<'t> {
+    guards: Vec<(StorageRef<'t>, usize, usize)>,
+}
+
+impl<'t> Held<'t> {
+    /// Holds `t` (which must be a contiguous f32 CPU tensor); its index for [`Self::slice`].
+    fn hold(&mut self, t: &'t Tensor) -> Result<usize> {
+        let (storage, layout) = t.storage_and_layout();
+        let Some((start, end)) = layout.contiguous_offsets() else {
+            return Err(not_fused("a model tensor is not contiguous"));
+        };
+        if !matches!(&*storage, Storage::Cpu(_)) || t.dtype() != DType::F32 {
+            return Err(not_fused("a model tensor is not f32 on the CPU"));
+        }
+        self.guards.push((storage, start, end));
+        Ok(self.guards.len() - 1)
+    }
+
+    fn slice(&self, i: usize) -> &[f32] {
+        let (storage, start, end) = &self.guards[i];
+        match &**storage {
+            Storage::Cpu(cpu) => cpu.as_slice::<f32>().map_or(&[][..], |s| &s[*start..*end]),
+            _ => &[],
+        }
+    }
+}
+
+fn not_fused(message: &str) -> Error {
+    Error::Model {
+        path: "cpu fast path".into(),
+        message: message.into(),
+    }
+}
+
+fn kernel_error(e: llama::StepError) -> Error {
+    Error::Model {
+        path: "cpu fast path".into(),
+        message: e.to_string(),
+    }
+}
+
+/// Indices of one layer's tensors in [`Held`].
+struct LayerIdx {
+    norms: [usize; 2],
+    proj: Vec<(usize, Option<(usize, usize, usize, f32)>)>,
+}
+
+/// Runs `f` with the kernels' view of `model`.
+fn with_model<T>(model: &Llama, f: impl FnOnce(&llama::Model<'_>) -> Result<T>) -> Result<T> {
+    let cfg = &model.cfg;
+    let mut held = Held { guards: Vec::new() };
+    let (top, layer_norms) = model.frozen_parts();
+    let top: Vec<usize> = top
+        .into_iter()
+        .map(|t| held.hold(t))
+        .collect::<Result<_>>()?;
+    let mut layers = Vec::with_capacity(model.layers.len());
+    for (layer, norms) in model.layers.iter().zip(&layer_norms) {
+        let norms = [held.hold(norms[0])?, held.hold(norms[1])?];
+        let mut proj = Vec::with_capacity(7);
+        for lin in &layer.projections {
+            let w = held.hold(&lin.weight)?;
+            let lora = match &lin.lora {
+                Some(l) => Some((
+                    held.hold(l.a.as_tensor())?,
+                    held.hold(l.b.as_tensor())?,
+                    l.a.dim(0)?,
+                    lin.scale as f32,
+                )),
+                None => None,
+            };
+            proj.push((w, lora));
+        }
+        layers.push(LayerIdx { norms, proj });
+    }
+    let layers = layers
+        .iter()
+        .map(|l| {
+            let proj: Vec<llama::Projection<'_>> = l
+                .proj
+                .iter()
+                .map(|&(w, lora)| llama::Projection {
+                    weight: held.slice(w),
+                    lora: lora.map(|(a, b, r, scale)| llama::Lora {
+                        a: held.slice(a),
+                        b: held.slice(b),
+                        r,
+                        scale,
+                    }),
+                })
+                .collect();
+            let proj: [llama::Projection<'_>; 7] = proj
+                .try_into()
+                .map_err(|_| not_fused("a layer without seven projections"))?;
+            Ok(llama::Layer {
+                input_norm: held.slice(l.norms[0]),
+                post_norm: held.slice(l.norms[1]),
+                proj,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let kernels = llama::Model {
+        dims: llama::Dims {
+            vocab: cfg.vocab_size,
+            hidden: cfg.hidden_size,
+            intermediate: cfg.intermediate_size,
+            layers: cfg.num_hidden_layers,
+            heads: cfg.num_attention_heads,
+            kv_heads: cfg.num_kv_heads(),
+            head_dim: cfg.head_dim(),
+            rms_eps: cfg.rms_norm_eps as f32,
+        },
+        embed: held.slice(top[0]),
+        layers,
+        norm: held.slice(top[1]),
+        lm_head: held.slice(top[2]),
+        cos: held.slice(top[3]),
+        sin: held.slice(top[4]),
+    };
+    f(&kernels)
+}
+
+/// The kernels' view of a micro-batch: positions count from 0 in every row, and every
+/// token may see its row from the start (ordinary causal attention).
+struct BatchView {
+    positions: Vec<u32>,
+    starts: Vec<u32>,
+}
+
+impl BatchView {
+    fn new(b: &Batch) -> Self {
+        Self {
+            positions: (0..b.rows * b.len).map(|k| (k % b.len) as u32).collect(),
+            starts: vec![0; b.rows * b.len],
+        }
+    }
+
+    fn of<'a>(&'a self, b: &'a Batch) -> llama::Batch<'a> {
+        llama::Batch {
+            ids: &b.ids,
+            rows: b.rows,
+            len: b.len,
+            targets: &b.targets,
+            positions: &self.positions,
+            starts: &self.starts,
+        }
+    }
+}
+
+/// [`crate::train::accumulate`] on the fused kernels: the same loss, gradients and
+/// dropout masks (drawn from the same stream in the same order).
+pub fn accumulate(
+    model: &Llama,
+    batches: &[Batch],
+    mut dropout: Option<StepDropout<'_>>,
+) -> Result<StepResult> {
+    let vars = model.lora_vars();
+    let denom = batches.iter().map(|b| b.labelled).sum::<usize>().max(1) as f64;
+    let scale = (1.0 / denom) as f32;
+    let mut grads: Vec<Vec<f32>> = vars.iter().map(|v| vec![0.0; v.var.elem_count()]).collect();
+    let mut loss = 0f64;
+    let mut tokens = 0;
+    with_model(model, |kernels| {
+        for b in batches {
+            let view = BatchView::new(b);
+            let l = match dropout.as_mut().filter(|d| d.p > 0.0) {
+                Some(d) => {
+                    let p = d.p;
+                    let mut draw = |rows: usize, width: usize| -> Vec<f32> {
+                        let mask = crate::lora::draw_mask(d.rng, p, rows * width);
+                        if let Some(record) = d.record.as_deref_mut()
+                            && let Ok(t) =
+                                Tensor::from_vec(mask.clone(), (rows, width), &Device::Cpu)
+                        {
+                            record.push(t);
+                        }
+                        mask
+                    };
+                    llama::forward_backward(
+                        kernels,
+                        &view.of(b),
+                        scale,
+                        Some(&mut draw),
+                        &mut grads,
+                    )
+                }
+                None => llama::forward_backward(kernels, &view.of(b), scale, None, &mut grads),
+            }
+            .map_err(kernel_error)?;
+            // Summed as the graph path sums its per-micro-batch f32 losses.
+            loss += l as f32 as f64;
+            tokens += b.tokens;
+        }
+        Ok(())
+    })?;
+    let grads = grads
+        .into_iter()
+        .zip(&vars)
+        .map(|(g, v)| Tensor::from_vec(g, v.var.shape(), &Device::Cpu))
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    Ok(StepResult {
+        loss,
+        grads,
+        tokens,
+    })
+}
+
+/// The summed loss of `batch` divided by `denominator`, without gradients or dropout.
+pub fn loss(model: &Llama, batch: &Batch, denominator: f64) -> Result<f64> {
+    let view = BatchView::new(batch);
+    with_model(model, |kernels| {
+        llama::loss(kernels, &view.of(batch), (1.0 / denominator) as f32).map_err(kernel_error)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::init::{InitOptions, Preset, preset_config, random_weights};
+    use crate::lora::LoraSettings;
+    use crate::weights::WeightMap;
+    use rand::{Rng, SeedableRng};
+
+    /// A tiny-preset model with LoRA on `targets` and every B drawn non-zero, so every
+    /// gradient depends on the whole adapter.
+    fn model(targets: &[&str], tie: bool, llama3_rope: bool, kv_heads: usize) -> Llama {
+        let opts = InitOptions {
+            preset: Preset::Tiny,
+            seed: 3,
+            shards: 1,
+            tie_embeddings: tie,
+            llama3_rope,
+        };
+        let mut cfg = preset_config(&opts);
+        cfg.num_key_value_heads = Some(kv_heads);
+        let tensors = random_weights(&cfg, 3).expect("weights");
+        let mut weights = WeightMap::from_tensors(tensors, "test");
+        let settings = LoraSettings {
+            r: 4,
+            alpha: 8.0,
+            dropout: 0.0,
+            targets: targets.iter().map(|t| t.to_string()).collect(),
+            rslora: false,
+        };
+        let mut rng = crate::batch::rng_for(5, 0);
+        let m = Llama::from_weights(
+            cfg,
+            &mut weights,
+            DType::F32,
+            &Device::Cpu,
+            Some((&settings, &mut rng)),
+        )
+        .expect("model");
+        let mut fill = rand_chacha::ChaCha8Rng::seed_from_u64(9);
+        for v in m
+            .lora_vars()
+            .iter()
+            .filter(|v| v.name.ends_with("lora_B.weight"))
+        {
+            let values: Vec<f32> = (0..v.var.elem_count())
+                .map(|_| fill.random_range(-0.05..0.05))
+                .collect();
+            v.var
+                .set(&Tensor::from_vec(values, v.var.shape(), &Device::Cpu).expect("B"))
+                .expect("set B");
+        }
+        m
+    }
+
+    /// Two micro-batches: right-padded rows with unlabelled prompts.
+    fn batches(vocab: u32) -> Vec<Batch> {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+        let mut examples = Vec::new();
+        for len in [40usize, 23, 31, 17] {
+            let ids: Vec<u32> = (0..len).map(|_| rng.random_range(1..vocab)).collect();
+            let prompt = len / 3;
+            let labels = ids
+                .iter()
+                .enumerate()
+                .map(|(i, &t)| if i < prompt { -100 } else { t as i64 })
+                .collect();
+            examples.push(crate::data::Example {
+                input_ids: ids,
+                labels,
+            });
+        }
+        examples
+            .chunks(2)
+            .map(|pair| crate::batch::make_batch(&pair.iter().collect::<Vec<_>>(), 0))
+            .collect()
+    }
+
+    fn compare(name: &str, m: &Llama, dropout: f64) {
+        let data = batches(m.cfg.vocab_size as u32);
+        let run = |fused: bool| {
+            let mut rng = crate::batch::rng_for(7, crate::batch::streams::DROPOUT);
+            let mut masks = Vec::new();
+            let d = Some(StepDropout {
+                p: dropout,
+                rng: &mut rng,
+                record: Some(&mut masks),
+            });
+            let r = if fused {
+                accumulate(m, &data, d)
+            } else {
+                crate::train::accumulate_on_graph(m, &data, d)
+            };
+            (r.expect("a step"), masks)
+        };
+        let ((fast, fast_masks), (graph, graph_masks)) = (run(true), run(false));
+        assert_eq!(fast_masks.len(), graph_masks.len(), "{name}: masks drawn");
+        for (a, b) in fast_masks.iter().zip(&graph_masks) {
+            let diff = (a - b)
+                .and_then(|d| d.abs()?.max_all()?.to_scalar::<f32>())
+                .expect("diff");
+            assert_eq!(diff, 0.0, "{name}: the paths drew different dropout masks");
+        }
+        let loss_err = (fast.loss - graph.loss).abs() / graph.loss.abs();
+        assert!(
+            loss_err <= 1e-5,
+            "{name}: loss {} vs graph {} ({loss_err:.1e})",
+            fast.loss,
+            graph.loss
+        );
+        let mut worst = 0f64;
+        for (v, (f, g)) in m
+            .lora_vars()
+            .iter()
+            .zip(fast.grads.iter().zip(&graph.grads))
+        {
+            let scale = g
+                .abs()
+                .and_then(|t| t.max_all()?.to_scalar::<f32>())
+                .expect("max") as f64;
+            let err = (f - g)
+                .and_then(|d| d.abs()?.max_all()?.to_scalar::<f32>())
+                .expect("err") as f64;
+            assert!(
+                scale > 0.0,
+                "{name}: {} has a zero gradient; the check would be vacuous",
+                v.name
+            );
+            let rel = err / scale;
+            worst = worst.max(rel);
+            assert!(
+                rel <= 1e-5,
+                "{name}: {} differs from the graph by {rel:.1e} of its largest entry",
+                v.name
+            );
+        }
+        eprintln!("{name}: loss rel {loss_err:.1e}, worst gradient rel {worst:.1e}");
+    }
+
+    #[test]
+    fn fast_path_matches_the_graph() {
+        let all = [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ];
+        compare("all seven, GQA 8/4", &model(&all, false, false, 4), 0.0);
+        compare(
+            "q and v, MHA, tied, llama3 rope",
+            &model(&["q_proj", "v_proj"], true, true, 8),
+            0.0,
+        );
+        compare("all seven, dropout 0.1", &model(&all, false, false, 2), 0.1);
+    }
+
+    #[test]
+    fn evaluation_loss_matches_the_graph() {
+        let m = model(&["q_proj", "down_proj"], false, false, 4);
+        for b in batches(m.cfg.vocab_size as u32) {
+            let fast = loss(&m, &b, 57.0).expect("fast loss");
+            let ids = Tensor::from_vec(b.ids.clone(), (b.rows, b.len), &Device::Cpu).expect("ids");
+            let hidden = m.hidden_states(&ids, None).expect("hidden");
+            let graph = crate::ops::masked_cross_entropy(
+                &m.logits(&hidden).expect("logits"),
+                &b.targets,
+                57.0,
+            )
+            .and_then(|l| l.to_scalar::<f32>())
+            .expect("graph loss") as f64;
+            assert!(
+                (fast - graph).abs() <= 1e-5 * graph.abs(),
+                "{fast} vs {graph}"
+            );
+        }
+    }
+}
