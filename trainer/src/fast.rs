@@ -88,10 +88,19 @@ fn kernel_error(e: llama::StepError) -> Error {
     }
 }
 
+/// Where a LoRA branch's factors are in [`Held`], with its rank and scale.
+#[derive(Clone, Copy)]
+struct LoraIdx {
+    a: usize,
+    b: usize,
+    r: usize,
+    scale: f32,
+}
+
 /// Indices of one layer's tensors in [`Held`].
 struct LayerIdx {
     norms: [usize; 2],
-    proj: Vec<(usize, Option<(usize, usize, usize, f32)>)>,
+    proj: Vec<(usize, Option<LoraIdx>)>,
 }
 
 /// Runs `f` with the kernels' view of `model`.
@@ -110,12 +119,12 @@ fn with_model<T>(model: &Llama, f: impl FnOnce(&llama::Model<'_>) -> Result<T>) 
         for lin in &layer.projections {
             let w = held.hold(&lin.weight)?;
             let lora = match &lin.lora {
-                Some(l) => Some((
-                    held.hold(l.a.as_tensor())?,
-                    held.hold(l.b.as_tensor())?,
-                    l.a.dim(0)?,
-                    lin.scale as f32,
-                )),
+                Some(l) => Some(LoraIdx {
+                    a: held.hold(l.a.as_tensor())?,
+                    b: held.hold(l.b.as_tensor())?,
+                    r: l.a.dim(0)?,
+                    scale: lin.scale as f32,
+                }),
                 None => None,
             };
             proj.push((w, lora));
@@ -130,11 +139,11 @@ fn with_model<T>(model: &Llama, f: impl FnOnce(&llama::Model<'_>) -> Result<T>) 
                 .iter()
                 .map(|&(w, lora)| llama::Projection {
                     weight: held.slice(w),
-                    lora: lora.map(|(a, b, r, scale)| llama::Lora {
-                        a: held.slice(a),
-                        b: held.slice(b),
-                        r,
-                        scale,
+                    lora: lora.map(|l| llama::Lora {
+                        a: held.slice(l.a),
+                        b: held.slice(l.b),
+                        r: l.r,
+                        scale: l.scale,
                     }),
                 })
                 .collect();
