@@ -47,7 +47,15 @@ pub fn run(args: GenerateArgs) -> Result<ExitCode> {
         .get_ids()
         .to_vec();
     let stop = tuneq_trainer::generate::stop_ids(&model, &encoder);
+    let started = std::time::Instant::now();
     let out = tuneq_trainer::generate::greedy(&model, &ids, args.max_new_tokens, &stop)?;
+    let took = started.elapsed().as_secs_f64();
     println!("{}", encoder.decode(&out)?);
+    eprintln!(
+        "generated {} tokens after a {}-token prompt in {took:.2} s ({:.0} tokens/s, key/value cache)",
+        out.len(),
+        ids.len(),
+        out.len() as f64 / took.max(1e-9)
+    );
     Ok(ExitCode::SUCCESS)
 }

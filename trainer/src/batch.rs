@@ -47,6 +47,20 @@ pub struct Batch {
     pub tokens: usize,
     /// Positions that carry a loss.
     pub labelled: usize,
+    /// Where several examples share a row (see [`pack_batch`]); `None` for one example
+    /// per row from position 0.
+    pub packing: Option<Packing>,
+}
+
+/// The layout of a packed batch, one entry per position: its position within its own
+/// example (RoPE restarts at 0), and the index in the row where its example starts, so
+/// attention sees only its own example (a block-diagonal causal mask).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Packing {
+    /// Position of each token within its example.
+    pub positions: Vec<u32>,
+    /// Row index of the first token of each token's example.
+    pub starts: Vec<u32>,
 }
 
 /// Pads `examples` to the longest and shifts labels by one (position i predicts i+1).
@@ -78,6 +92,72 @@ pub fn make_batch(examples: &[&Example], pad_id: u32) -> Batch {
         targets,
         tokens,
         labelled,
+        packing: None,
+    }
+}
+
+/// The same micro-batch as [`make_batch`] with the padding squeezed out: examples, in
+/// order, are laid end to end into the first row with room for them (rows as long as the
+/// longest example), each with its own positions and attention block. The examples, the
+/// targets of every real token and the labelled count are those of the padded batch, so
+/// the loss and gradients are the same up to rounding; only rows of padding disappear.
+/// Only the fused CPU path reads [`Packing`].
+pub fn pack_batch(examples: &[&Example], pad_id: u32) -> Batch {
+    let len = examples
+        .iter()
+        .map(|e| e.input_ids.len())
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    // First fit, in order: row r holds `fill[r]` tokens so far.
+    let mut fill: Vec<usize> = Vec::new();
+    let mut placed = Vec::with_capacity(examples.len());
+    for e in examples {
+        let n = e.input_ids.len();
+        let row = match fill.iter().position(|&used| used + n <= len) {
+            Some(row) => row,
+            None => {
+                fill.push(0);
+                fill.len() - 1
+            }
+        };
+        placed.push((row, fill[row]));
+        fill[row] += n;
+    }
+    let rows = fill.len().max(1);
+    let mut ids = vec![pad_id; rows * len];
+    let mut targets = vec![-100i64; rows * len];
+    let mut positions: Vec<u32> = (0..rows * len).map(|k| (k % len) as u32).collect();
+    let mut starts: Vec<u32> = (0..rows * len).map(|k| (k % len) as u32).collect();
+    let mut tokens = 0;
+    for (e, &(row, at)) in examples.iter().zip(&placed) {
+        let base = row * len + at;
+        let n = e.input_ids.len();
+        ids[base..base + n].copy_from_slice(&e.input_ids);
+        tokens += n;
+        for i in 0..n {
+            positions[base + i] = i as u32;
+            starts[base + i] = at as u32;
+            if i + 1 < n {
+                targets[base + i] = e.labels[i + 1];
+            }
+        }
+    }
+    // Padding after the last example of a row sees only itself.
+    for (row, &used) in fill.iter().enumerate() {
+        for k in used..len {
+            positions[row * len + k] = 0;
+        }
+    }
+    let labelled = targets.iter().filter(|&&t| t >= 0).count();
+    Batch {
+        ids,
+        rows,
+        len,
+        targets,
+        tokens,
+        labelled,
+        packing: Some(Packing { positions, starts }),
     }
 }
 
@@ -100,6 +180,7 @@ pub fn lm_batch(ids: Vec<u32>, rows: usize, len: usize) -> Batch {
         targets,
         tokens: rows * len,
         labelled: rows * len.saturating_sub(1),
+        packing: None,
     }
 }
 
@@ -130,6 +211,7 @@ pub fn labelled_batch(
         targets,
         tokens: attention.iter().filter(|&&a| a != 0).count(),
         labelled,
+        packing: None,
     }
 }
 
@@ -151,6 +233,36 @@ mod tests {
         assert_eq!(batch.ids, vec![1, 2, 3, 4, 5, 0]);
         assert_eq!(batch.targets, vec![2, 3, -100, 5, -100, -100]);
         assert_eq!((batch.tokens, batch.labelled), (5, 3));
+    }
+
+    #[test]
+    fn packing_keeps_every_target_and_drops_only_padding() {
+        let ex = |ids: &[u32]| Example {
+            input_ids: ids.to_vec(),
+            labels: ids.iter().map(|&t| t as i64).collect(),
+        };
+        let (a, b, c) = (ex(&[1, 2, 3, 4]), ex(&[5, 6]), ex(&[7, 8]));
+        let packed = pack_batch(&[&a, &b, &c], 0);
+        let padded = make_batch(&[&a, &b, &c], 0);
+        assert_eq!(
+            (packed.rows, packed.len),
+            (2, 4),
+            "b and c share the second row"
+        );
+        assert_eq!(packed.ids, vec![1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(packed.targets, vec![2, 3, 4, -100, 6, -100, 8, -100]);
+        let layout = packed.packing.as_ref().expect("packed");
+        assert_eq!(layout.positions, vec![0, 1, 2, 3, 0, 1, 0, 1]);
+        assert_eq!(layout.starts, vec![0, 0, 0, 0, 0, 0, 2, 2]);
+        assert_eq!(
+            (packed.tokens, packed.labelled),
+            (padded.tokens, padded.labelled)
+        );
+        let mut want: Vec<i64> = padded.targets.iter().copied().filter(|&t| t >= 0).collect();
+        let mut got: Vec<i64> = packed.targets.iter().copied().filter(|&t| t >= 0).collect();
+        want.sort();
+        got.sort();
+        assert_eq!(got, want);
     }
 
     #[test]

@@ -178,8 +178,9 @@ fn with_model<T>(model: &Llama, f: impl FnOnce(&llama::Model<'_>) -> Result<T>) 
     f(&kernels)
 }
 
-/// The kernels' view of a micro-batch: positions count from 0 in every row, and every
-/// token may see its row from the start (ordinary causal attention).
+/// The kernels' view of a micro-batch: a packed batch's own layout, or positions from 0
+/// in every row with every token seeing its row from the start (ordinary causal
+/// attention).
 struct BatchView {
     positions: Vec<u32>,
     starts: Vec<u32>,
@@ -187,9 +188,15 @@ struct BatchView {
 
 impl BatchView {
     fn new(b: &Batch) -> Self {
-        Self {
-            positions: (0..b.rows * b.len).map(|k| (k % b.len) as u32).collect(),
-            starts: vec![0; b.rows * b.len],
+        match &b.packing {
+            Some(p) => Self {
+                positions: p.positions.clone(),
+                starts: p.starts.clone(),
+            },
+            None => Self {
+                positions: (0..b.rows * b.len).map(|k| (k % b.len) as u32).collect(),
+                starts: vec![0; b.rows * b.len],
+            },
         }
     }
 
@@ -427,6 +434,67 @@ mod tests {
             0.0,
         );
         compare("all seven, dropout 0.1", &model(&all, false, false, 2), 0.1);
+    }
+
+    #[test]
+    fn a_packed_micro_batch_gives_the_padded_batch_s_loss_and_gradients() {
+        let all = [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ];
+        let m = model(&all, false, false, 4);
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(12);
+        let examples: Vec<crate::data::Example> = [48usize, 9, 20, 13, 30, 6]
+            .iter()
+            .map(|&len| {
+                let ids: Vec<u32> = (0..len).map(|_| rng.random_range(1..4096)).collect();
+                let labels = ids
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &t)| if i < 2 { -100 } else { t as i64 })
+                    .collect();
+                crate::data::Example {
+                    input_ids: ids,
+                    labels,
+                }
+            })
+            .collect();
+        let refs: Vec<_> = examples.iter().collect();
+        let padded = crate::batch::make_batch(&refs, 0);
+        let packed = crate::batch::pack_batch(&refs, 0);
+        assert!(
+            packed.rows * packed.len < padded.rows * padded.len,
+            "packing saved nothing"
+        );
+        let a = accumulate(&m, std::slice::from_ref(&padded), None).expect("padded");
+        let b = accumulate(&m, std::slice::from_ref(&packed), None).expect("packed");
+        assert!(
+            (a.loss - b.loss).abs() <= 1e-6 * a.loss.abs(),
+            "{} vs {}",
+            a.loss,
+            b.loss
+        );
+        for (v, (x, y)) in m.lora_vars().iter().zip(a.grads.iter().zip(&b.grads)) {
+            let scale = x
+                .abs()
+                .and_then(|t| t.max_all()?.to_scalar::<f32>())
+                .expect("max");
+            let err = (x - y)
+                .and_then(|d| d.abs()?.max_all()?.to_scalar::<f32>())
+                .expect("err");
+            assert!(
+                err <= 1e-5 * scale,
+                "{}: packed differs by {err} (max {scale})",
+                v.name
+            );
+        }
+        let graph = crate::train::accumulate_on_graph(&m, std::slice::from_ref(&packed), None);
+        assert!(graph.is_err(), "the graph must refuse a packed batch");
     }
 
     #[test]

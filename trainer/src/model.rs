@@ -287,6 +287,83 @@ impl Llama {
         Ok(rms_norm(&x, &self.norm, eps)?)
     }
 
+    /// An empty key/value cache for [`Self::forward_cached`].
+    pub fn new_cache(&self) -> KvCache {
+        KvCache {
+            layers: vec![None; self.layers.len()],
+            len: 0,
+        }
+    }
+
+    /// Logits (vocab) of the last of `ids`, which continue the tokens `cache` already
+    /// holds; their keys and values are appended to it. Feeding a prompt and then one
+    /// token at a time gives the logits of [`Self::forward`] on the whole sequence,
+    /// without recomputing the prefix for every new token. No dropout, no gradients.
+    pub fn forward_cached(&self, ids: &[u32], cache: &mut KvCache) -> Result<Tensor> {
+        let (start, t) = (cache.len, ids.len());
+        let limit = self.cos.dim(0)?;
+        if t == 0 || start + t > limit || cache.layers.len() != self.layers.len() {
+            return Err(Error::Model {
+                path: "model".into(),
+                message: format!(
+                    "cannot append {t} tokens to a cache of {start} (max_position_embeddings {limit})"
+                ),
+            });
+        }
+        let cfg = &self.cfg;
+        let (nh, nkv, hd) = (cfg.num_attention_heads, cfg.num_kv_heads(), cfg.head_dim());
+        let input = Tensor::from_vec(ids.to_vec(), t, &self.device)?;
+        let mut x = self
+            .embed_tokens
+            .index_select(&input, 0)?
+            .reshape((1, t, cfg.hidden_size))?;
+        let cos = self.cos.narrow(0, start, t)?.contiguous()?;
+        let sin = self.sin.narrow(0, start, t)?.contiguous()?;
+        let eps = cfg.rms_norm_eps;
+        for (layer, slot) in self.layers.iter().zip(cache.layers.iter_mut()) {
+            let [q_p, k_p, v_p, o_p, gate_p, up_p, down_p] = layer.projections.as_slice() else {
+                return Err(Error::Model {
+                    path: "model".into(),
+                    message: "layer without seven projections".into(),
+                });
+            };
+            let hn = rms_norm(&x, &layer.input_layernorm, eps)?;
+            let heads = |p: &LoraLinear, n: usize| -> Result<Tensor> {
+                Ok(p.forward(&hn, None)?
+                    .reshape((1, t, n, hd))?
+                    .transpose(1, 2)?
+                    .contiguous()?)
+            };
+            let q = rope(&heads(q_p, nh)?, &cos, &sin)?;
+            let k = rope(&heads(k_p, nkv)?, &cos, &sin)?;
+            let v = heads(v_p, nkv)?;
+            let (k, v) = match slot.take() {
+                Some((past_k, past_v)) => (
+                    Tensor::cat(&[&past_k, &k], 2)?,
+                    Tensor::cat(&[&past_v, &v], 2)?,
+                ),
+                None => (k, v),
+            };
+            *slot = Some((k.clone(), v.clone()));
+            let (k, v) = (repeat_kv(&k, nh / nkv)?, repeat_kv(&v, nh / nkv)?);
+            let scores = q
+                .matmul(&k.t()?.contiguous()?)?
+                .affine(1.0 / (hd as f64).sqrt(), 0.0)?;
+            let attn = causal_softmax(&scores)?
+                .matmul(&v.contiguous()?)?
+                .transpose(1, 2)?
+                .reshape((1, t, nh * hd))?;
+            x = (x + o_p.forward(&attn, None)?)?;
+            let hn = rms_norm(&x, &layer.post_attention_layernorm, eps)?;
+            let gate = gate_p.forward(&hn, None)?.silu()?;
+            let up = up_p.forward(&hn, None)?;
+            x = (x + down_p.forward(&(gate * up)?, None)?)?;
+        }
+        cache.len += t;
+        let last = rms_norm(&x, &self.norm, eps)?.narrow(1, t - 1, 1)?;
+        Ok(self.logits(&last)?.flatten_all()?.to_dtype(DType::F32)?)
+    }
+
     /// Logits (rows, vocab) for hidden states (…, hidden).
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
         let h = self.cfg.hidden_size;
@@ -302,6 +379,26 @@ impl Llama {
             .logits(&hidden)?
             .to_dtype(DType::F32)?
             .reshape((b, t, self.cfg.vocab_size))?)
+    }
+}
+
+/// Keys and values (each (1, kv heads, tokens, head dim), after RoPE) of every layer for
+/// the tokens generated so far.
+#[derive(Debug, Clone)]
+pub struct KvCache {
+    layers: Vec<Option<(Tensor, Tensor)>>,
+    len: usize,
+}
+
+impl KvCache {
+    /// Tokens held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no token.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 }
 

@@ -247,6 +247,13 @@ pub fn accumulate_on_graph(
     let mut loss = 0f64;
     let mut tokens = 0;
     for b in batches {
+        if b.packing.is_some() {
+            return Err(Error::Model {
+                path: "training step".into(),
+                message: "a packed batch reached candle's graph, which has no block-diagonal mask"
+                    .into(),
+            });
+        }
         let ids = Tensor::from_vec(b.ids.clone(), (b.rows, b.len), model.device())?;
         let mut ctx = dropout.as_mut().filter(|d| d.p > 0.0).map(|d| DropoutCtx {
             p: d.p,
@@ -340,11 +347,12 @@ pub fn evaluate(
     let mut loss = 0f64;
     for chunk in examples.chunks(batch_size.max(1)) {
         let refs: Vec<&Example> = chunk.iter().collect();
-        let b = make_batch(&refs, pad_id);
         if crate::fast::ComputePath::for_model(model) == crate::fast::ComputePath::CpuFused {
+            let b = crate::batch::pack_batch(&refs, pad_id);
             loss += crate::fast::loss(model, &b, total as f64)? as f32 as f64;
             continue;
         }
+        let b = make_batch(&refs, pad_id);
         let ids = Tensor::from_vec(b.ids.clone(), (b.rows, b.len), model.device())?;
         let hidden = model.hidden_states(&ids, None)?;
         let l =

@@ -382,7 +382,15 @@ impl<'a> Run<'a> {
             .map(|m| {
                 let idx = &order[m * bs..((m + 1) * bs).min(order.len())];
                 let refs: Vec<&Example> = idx.iter().map(|&i| &train.examples[i]).collect();
-                make_batch(&refs, self.pad_id)
+                // The fused path packs each micro-batch's examples end to end: the same
+                // examples and labelled tokens per step, without the padding.
+                if crate::fast::ComputePath::for_model(&self.model)
+                    == crate::fast::ComputePath::CpuFused
+                {
+                    batch::pack_batch(&refs, self.pad_id)
+                } else {
+                    make_batch(&refs, self.pad_id)
+                }
             })
             .collect()
     }
