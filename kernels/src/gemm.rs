@@ -550,6 +550,28 @@ mod tests {
     }
 
     #[test]
+    fn copied_operands_give_the_same_product() {
+        // A row-major over five 1024-column panels (copied at any thread count), and
+        // B = Wᵀ over five row blocks (copied with five threads): both still match the
+        // naive product, and the copy's scratch is reused across the calls.
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(5)
+            .build()
+            .expect("a pool");
+        pool.install(|| {
+            for (m, n, k) in [(20, 4200, 30), (1300, 40, 70), (1300, 33, 50)] {
+                let plan = Plan::new(m, n, k, 5);
+                assert!(plan.a_packs.max(plan.b_packs) >= COPY_MIN_PACKS);
+                for ta in [false, true] {
+                    for tb in [false, true] {
+                        check(m, n, k, ta, tb, -0.5);
+                    }
+                }
+            }
+        });
+    }
+
+    #[test]
     fn beta_zero_ignores_what_c_held() {
         let a = vec![1.0f32; 4];
         let b = vec![2.0f32; 4];
@@ -668,6 +690,7 @@ mod tests {
             (77, 1030, 65),
             (1300, 9, 270),
             (9, 1300, 270),
+            (20, 4200, 30),
         ] {
             for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
                 let case = Case::new(m, n, k, ta, tb);
