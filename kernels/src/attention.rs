@@ -29,7 +29,7 @@
 //! head of its kv group, so the key and value gradients of that kv head are summed inside
 //! one task in a fixed order (heads, then query blocks): deterministic and independent
 //! of the thread count, with no atomics. Inside a task, `gemm` may split a product into
-//! its own fixed 128-row or column blocks; each element's arithmetic is the same
+//! its own tile-aligned row or column blocks; each element's arithmetic is the same
 //! whichever thread runs it. Scratch buffers are made once per rayon job (see
 //! `Scratch`), never per block.
 //!

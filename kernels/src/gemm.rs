@@ -1,9 +1,20 @@
 //! `C = α·A·B + β·C` on strided `f32` views.
 //!
 //! The backend is `matrixmultiply` (pure Rust, AVX-512 and AVX2 kernels chosen at run
-//! time), called once per fixed block of C's rows or columns from rayon. Each element of
+//! time), called once per block of C's rows (or columns, when C is wider than tall) from
+//! rayon. There are as many blocks as rayon threads (one, for small products), each a
+//! multiple of 64 rows: the library packs the shared operand once per call, so fewer,
+//! larger blocks pack it fewer times (fixed 128-row blocks packed a weight 8 times for
+//! 1024 token rows). Blocks are cut along the library's tile edges, and each element of
 //! C is computed by the same kernel over the same order of `k` whichever block it falls
-//! in, so the result does not depend on the thread count.
+//! in, so the result does not depend on the thread count or the split (tested bit for
+//! bit).
+//!
+//! The library packs an operand with contiguous copies only when A's columns, or B's
+//! rows, are contiguous, and element by element otherwise; an operand it would gather
+//! like that several times (A of a 32000-column product, packed once per 1024-column
+//! panel) is first copied into that layout, in 32 × 32 tiles, in a per-thread scratch
+//! buffer.
 //!
 //! This is the crate's only module with `unsafe`: the library takes raw pointers and
 //! strides. Every view is checked against its slice's length when it is made, and the
@@ -12,10 +23,6 @@
 #![allow(unsafe_code)]
 
 use rayon::prelude::*;
-
-/// Rows (or columns) of C per parallel task: large enough that packing the other
-/// operand once per task is a small cost beside the multiply.
-const BLOCK: usize = 128;
 
 /// A read-only matrix view: element `(i, j)` is `data[i·row_stride + j·col_stride]`.
 #[derive(Debug, Clone, Copy)]
@@ -186,56 +193,185 @@ pub fn gemm(alpha: f32, a: Mat<'_>, b: Mat<'_>, beta: f32, c: MatMut<'_>) {
         scale(beta, c);
         return;
     }
-    let stride = c.row_stride;
-    if m >= n {
-        // Blocks of C's rows, each with the matching rows of A.
-        c.data[..(m - 1) * stride + n]
-            .par_chunks_mut(BLOCK * stride)
-            .enumerate()
-            .for_each(|(block, out)| {
-                let first = block * BLOCK;
-                let rows = BLOCK.min(m - first);
-                let a_block = Mat {
-                    data: &a.data[first * a.row_stride..],
-                    rows,
-                    ..a
-                };
-                sequential(
-                    alpha,
-                    a_block,
-                    b,
-                    beta,
-                    MatMut::strided(out, rows, n, stride),
-                );
-            });
+    let plan = Plan::new(m, n, k, rayon::current_num_threads());
+    // Operands the library would gather element by element, more than once, are first
+    // copied into the layout it packs with contiguous runs (see `Plan`).
+    let mut a_copy =
+        (plan.a_packs >= COPY_MIN_PACKS && a.row_stride != 1 && m > 1).then(|| SCRATCH_A.take());
+    let mut b_copy =
+        (plan.b_packs >= COPY_MIN_PACKS && b.col_stride != 1 && n > 1).then(|| SCRATCH_B.take());
+    let a = match a_copy.as_mut() {
+        // A column-major: the copy holds Aᵀ row-major.
+        Some(buf) => Mat::new(copy_row_major(a.t(), buf), k, m).t(),
+        None => a,
+    };
+    let b = match b_copy.as_mut() {
+        Some(buf) => Mat::new(copy_row_major(b, buf), k, n),
+        None => b,
+    };
+    if plan.by_rows {
+        row_blocks(alpha, a, b, beta, c, plan.block);
     } else {
-        // Blocks of C's columns, each with the matching columns of B. Column blocks of
-        // C interleave in memory, so each task gets its own rows' sub-slices through
-        // raw views checked above; see `column_blocks`.
-        column_blocks(alpha, a, b, beta, c);
+        column_blocks(alpha, a, b, beta, c, plan.block);
+    }
+    if let Some(buf) = a_copy {
+        SCRATCH_A.set(buf);
+    }
+    if let Some(buf) = b_copy {
+        SCRATCH_B.set(buf);
     }
 }
 
-/// Splits C into blocks of `BLOCK` columns and runs them in parallel.
-fn column_blocks(alpha: f32, a: Mat<'_>, b: Mat<'_>, beta: f32, c: MatMut<'_>) {
+/// Rows (or columns) of C per parallel block are a multiple of this: of every
+/// matrixmultiply kernel tile (16 × 16 with AVX-512, 8 × 8 with AVX2) and of its row
+/// panel (64). Blocks then cut C along tile edges, so every tile of C (and whether the
+/// library runs it through its full or its edge kernel, whose `β` epilogues round
+/// differently) is the same whatever the split.
+const ALIGN: usize = 64;
+
+/// matrixmultiply's column panel of B (`nc`): A is packed once per panel of C's columns.
+const NC: usize = 1024;
+
+/// Below this many multiply-adds a product runs as one call on the current thread.
+const SERIAL_WORK: usize = 1 << 21;
+
+/// An operand that would be packed element by element at least this many times is
+/// copied into a contiguous layout first. The copy costs about one gather, and a
+/// contiguous pack is not much cheaper than a gathering one when the operand stays in
+/// cache: measured on the trainer's shapes (2 threads), copying at 2 packs (x for
+/// 1024 × 2048 × 768, dlogits for the lm_head's dH) was even or slower, while at 16–32
+/// (A of the 32000-wide lm_head, packed once per 1024-column panel) it gained ~10 %.
+const COPY_MIN_PACKS: usize = 4;
+
+thread_local! {
+    /// Per-thread buffers for the copied operands, reused across calls. Taken out of the
+    /// cell for the duration of a call, so a nested call on the same thread (rayon runs
+    /// other tasks while it waits) finds it empty and allocates its own.
+    static SCRATCH_A: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+    static SCRATCH_B: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// How a product is split: C's rows (or columns) in as many blocks as there are threads,
+/// so the operand shared by all blocks is packed once per thread, not once per fixed
+/// small block.
+struct Plan {
+    by_rows: bool,
+    block: usize,
+    /// How many times the library packs each element of A, and of B, over all blocks.
+    a_packs: usize,
+    b_packs: usize,
+}
+
+impl Plan {
+    fn new(m: usize, n: usize, k: usize, threads: usize) -> Self {
+        let parts = if m.saturating_mul(n).saturating_mul(k) < SERIAL_WORK {
+            1
+        } else {
+            threads.max(1)
+        };
+        let by_rows = m >= n;
+        let len = if by_rows { m } else { n };
+        let block = len.div_ceil(parts).next_multiple_of(ALIGN);
+        let blocks = len.div_ceil(block);
+        let (a_packs, b_packs) = if by_rows {
+            (n.div_ceil(NC), blocks)
+        } else {
+            (blocks * block.min(n).div_ceil(NC), 1)
+        };
+        Self {
+            by_rows,
+            block,
+            a_packs,
+            b_packs,
+        }
+    }
+}
+
+/// Copies the view into `buf` row-major (resized to fit) and returns the filled part.
+/// Transposing views are copied in 32 × 32 tiles, in parallel over row bands.
+fn copy_row_major<'b>(v: Mat<'_>, buf: &'b mut Vec<f32>) -> &'b [f32] {
+    const TILE: usize = 32;
+    let (rows, cols) = (v.rows, v.cols);
+    buf.clear();
+    buf.resize(rows * cols, 0.0);
+    let band = |(band, out): (usize, &mut [f32])| {
+        let first = band * TILE;
+        let band_rows = out.len() / cols;
+        for j0 in (0..cols).step_by(TILE) {
+            let j1 = (j0 + TILE).min(cols);
+            for i in 0..band_rows {
+                let src = (first + i) * v.row_stride;
+                let dst = &mut out[i * cols + j0..i * cols + j1];
+                for (j, d) in (j0..j1).zip(dst) {
+                    *d = v.data[src + j * v.col_stride];
+                }
+            }
+        }
+    };
+    if rows * cols < SERIAL_WORK / 16 {
+        buf.chunks_mut(TILE * cols).enumerate().for_each(band);
+    } else {
+        buf.par_chunks_mut(TILE * cols).enumerate().for_each(band);
+    }
+    buf
+}
+
+/// Splits C into blocks of `block` rows and runs them in parallel.
+fn row_blocks(alpha: f32, a: Mat<'_>, b: Mat<'_>, beta: f32, c: MatMut<'_>, block: usize) {
+    let (m, n) = (c.rows, c.cols);
+    let stride = c.row_stride;
+    let body = |(index, out): (usize, &mut [f32])| {
+        let first = index * block;
+        let rows = block.min(m - first);
+        let a_block = Mat {
+            data: &a.data[first * a.row_stride..],
+            rows,
+            ..a
+        };
+        sequential(
+            alpha,
+            a_block,
+            b,
+            beta,
+            MatMut::strided(out, rows, n, stride),
+        );
+    };
+    let data = &mut c.data[..(m - 1) * stride + n];
+    if block >= m {
+        body((0, data));
+    } else {
+        data.par_chunks_mut(block * stride)
+            .enumerate()
+            .for_each(body);
+    }
+}
+
+/// Splits C into blocks of `block` columns and runs them in parallel.
+fn column_blocks(alpha: f32, a: Mat<'_>, b: Mat<'_>, beta: f32, c: MatMut<'_>, block: usize) {
     let (m, n) = (c.rows, c.cols);
     let stride = c.row_stride;
     let base = SendPtr(c.data.as_mut_ptr());
-    (0..n.div_ceil(BLOCK)).into_par_iter().for_each(|block| {
-        let first = block * BLOCK;
-        let cols = BLOCK.min(n - first);
+    let body = |index: usize| {
+        let first = index * block;
+        let cols = block.min(n - first);
         let b_block = Mat {
             data: &b.data[first * b.col_stride..],
             cols,
             ..b
         };
         // SAFETY: `c` was checked to hold `m` rows of `n` columns `stride ≥ n` apart, so
-        // columns `first..first + cols` of every row lie inside it, and tasks write
+        // columns `first..first + cols` of every row lie inside it, and blocks write
         // disjoint column ranges. The exclusive borrow of `c.data` lasts for this call.
         unsafe {
             kernel(alpha, a, b_block, beta, base.at(first), m, cols, stride);
         }
-    });
+    };
+    let blocks = n.div_ceil(block);
+    if blocks == 1 {
+        body(0);
+    } else {
+        (0..blocks).into_par_iter().for_each(body);
+    }
 }
 
 /// A raw pointer that may cross to rayon's threads; see the SAFETY note where it is used.
@@ -252,7 +388,7 @@ impl SendPtr {
     }
 }
 
-// SAFETY: only used by `column_blocks`, whose tasks write disjoint elements.
+// SAFETY: only used by `column_blocks`, whose blocks write disjoint elements.
 unsafe impl Send for SendPtr {}
 // SAFETY: as above.
 unsafe impl Sync for SendPtr {}
@@ -414,6 +550,28 @@ mod tests {
     }
 
     #[test]
+    fn copied_operands_give_the_same_product() {
+        // A row-major over five 1024-column panels (copied at any thread count), and
+        // B = Wᵀ over five row blocks (copied with five threads): both still match the
+        // naive product, and the copy's scratch is reused across the calls.
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(5)
+            .build()
+            .expect("a pool");
+        pool.install(|| {
+            for (m, n, k) in [(20, 4200, 30), (1300, 40, 70), (1300, 33, 50)] {
+                let plan = Plan::new(m, n, k, 5);
+                assert!(plan.a_packs.max(plan.b_packs) >= COPY_MIN_PACKS);
+                for ta in [false, true] {
+                    for tb in [false, true] {
+                        check(m, n, k, ta, tb, -0.5);
+                    }
+                }
+            }
+        });
+    }
+
+    #[test]
     fn beta_zero_ignores_what_c_held() {
         let a = vec![1.0f32; 4];
         let b = vec![2.0f32; 4];
@@ -441,36 +599,127 @@ mod tests {
         assert_eq!(c, vec![1.0; 6]);
     }
 
+    /// A, B (stored transposed or not) and C for `C = α·A·B + β·C`, bit-compared across
+    /// thread counts and partitions. `α ≠ 1` with `β ≠ 0` matters: the library's full and
+    /// edge tiles round that epilogue differently, so a split that moved tile edges
+    /// would show here.
+    struct Case {
+        m: usize,
+        n: usize,
+        k: usize,
+        a: Vec<f32>,
+        b: Vec<f32>,
+        c: Vec<f32>,
+        ta: bool,
+        tb: bool,
+    }
+
+    impl Case {
+        fn new(m: usize, n: usize, k: usize, ta: bool, tb: bool) -> Self {
+            Self {
+                m,
+                n,
+                k,
+                a: random(m * k, 4),
+                b: random(k * n, 5),
+                c: random(m * n, 6),
+                ta,
+                tb,
+            }
+        }
+
+        fn a(&self) -> Mat<'_> {
+            if self.ta {
+                Mat::new(&self.a, self.k, self.m).t()
+            } else {
+                Mat::new(&self.a, self.m, self.k)
+            }
+        }
+
+        fn b(&self) -> Mat<'_> {
+            if self.tb {
+                Mat::new(&self.b, self.n, self.k).t()
+            } else {
+                Mat::new(&self.b, self.k, self.n)
+            }
+        }
+
+        /// `gemm` in a pool of `threads`.
+        fn run(&self, threads: usize) -> Vec<f32> {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .expect("a pool");
+            let mut c = self.c.clone();
+            let (m, n) = (self.m, self.n);
+            pool.install(|| gemm(0.7, self.a(), self.b(), -0.3, MatMut::new(&mut c, m, n)));
+            c
+        }
+
+        /// The library on C cut into `block` rows (or columns), in order, on this thread.
+        fn split(&self, by_rows: bool, block: usize) -> Vec<f32> {
+            let mut c = self.c.clone();
+            let (m, n) = (self.m, self.n);
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(1)
+                .build()
+                .expect("a pool");
+            pool.install(|| {
+                let c = MatMut::new(&mut c, m, n);
+                if by_rows {
+                    row_blocks(0.7, self.a(), self.b(), -0.3, c, block);
+                } else {
+                    column_blocks(0.7, self.a(), self.b(), -0.3, c, block);
+                }
+            });
+            c
+        }
+    }
+
+    fn same_bits(x: &[f32], y: &[f32]) -> bool {
+        x.len() == y.len() && x.iter().zip(y).all(|(x, y)| x.to_bits() == y.to_bits())
+    }
+
     #[test]
     fn the_result_does_not_depend_on_the_thread_count() {
-        for (m, n, k) in [(1000, 96, 200), (64, 700, 300)] {
-            let a = random(m * k, 4);
-            let b = random(k * n, 5);
-            let run = |threads: usize| {
-                let pool = rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .build()
-                    .expect("a pool");
-                let mut c = vec![0f32; m * n];
-                pool.install(|| {
-                    gemm(
-                        1.0,
-                        Mat::new(&a, m, k),
-                        Mat::new(&b, k, n),
-                        0.0,
-                        MatMut::new(&mut c, m, n),
-                    )
-                });
-                c
-            };
-            let one = run(1);
-            for threads in [2, 3] {
-                assert!(
-                    one.iter()
-                        .zip(run(threads))
-                        .all(|(x, y)| x.to_bits() == y.to_bits()),
-                    "{m}×{n}×{k} with {threads} threads"
-                );
+        for (m, n, k) in [
+            (1000, 96, 200),
+            (64, 700, 300),
+            (1024, 688, 256),
+            (331, 257, 129),
+            (77, 1030, 65),
+            (1300, 9, 270),
+            (9, 1300, 270),
+            (20, 4200, 30),
+        ] {
+            for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+                let case = Case::new(m, n, k, ta, tb);
+                let one = case.run(1);
+                for threads in [2, 3, 5] {
+                    assert!(
+                        same_bits(&one, &case.run(threads)),
+                        "{m}×{n}×{k} tA={ta} tB={tb} with {threads} threads"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_result_does_not_depend_on_the_partition() {
+        for (m, n, k) in [(331, 257, 129), (200, 1100, 300)] {
+            for (ta, tb) in [(false, true), (true, false)] {
+                let case = Case::new(m, n, k, ta, tb);
+                let whole = case.split(true, m.next_multiple_of(ALIGN));
+                for block in [ALIGN, 2 * ALIGN, 3 * ALIGN, 5 * ALIGN] {
+                    for by_rows in [true, false] {
+                        assert!(
+                            same_bits(&whole, &case.split(by_rows, block)),
+                            "{m}×{n}×{k} tA={ta} tB={tb}, blocks of {block} {}",
+                            if by_rows { "rows" } else { "columns" }
+                        );
+                    }
+                }
             }
         }
     }

@@ -11,8 +11,11 @@
 //! replays the same bytes.
 //!
 //! Modules:
-//! - [`gemm`](mod@gemm): `C = α·A·B + β·C` on strided views, split over rayon in fixed row or
-//!   column blocks. The crate's only `unsafe` (the library takes raw pointers).
+//! - [`gemm`](mod@gemm): `C = α·A·B + β·C` on strided views, split over rayon into one
+//!   block of C's rows (or columns) per thread, cut on the library's tile edges: fewer
+//!   blocks pack the shared operand (the weight) fewer times, and tile-aligned cuts keep
+//!   every element's arithmetic the same for any thread count. The crate's only `unsafe`
+//!   (the library takes raw pointers).
 //! - [`exp`]: a branch-free `f32` exp (≤ 2 ulp) that loops vectorise around.
 //! - [`norm`]: RMSNorm forward (saving `1/rms` per row) and backward into `dx`, optionally
 //!   adding to it so the residual gradient is folded in.
