@@ -1119,9 +1119,13 @@ impl StoredMask {
             Self::Full(mask) => out.extend_from_slice(mask),
             Self::Bits { keep, bits, len } => {
                 out.reserve_exact(*len);
-                out.extend(
-                    (0..*len).map(|i| if bits[i / 64] >> (i % 64) & 1 == 1 { *keep } else { 0.0 }),
-                );
+                out.extend((0..*len).map(|i| {
+                    if bits[i / 64] >> (i % 64) & 1 == 1 {
+                        *keep
+                    } else {
+                        0.0
+                    }
+                }));
             }
         }
     }
@@ -1236,14 +1240,7 @@ pub fn forward_backward(
     dropout: Option<MaskSource<'_>>,
     grads: &mut [Vec<f32>],
 ) -> Result<f64, StepError> {
-    forward_backward_with(
-        model,
-        batch,
-        scale,
-        dropout,
-        grads,
-        StepOptions::default(),
-    )
+    forward_backward_with(model, batch, scale, dropout, grads, StepOptions::default())
 }
 
 /// Forward and backward of one micro-batch: returns `scale·Σ CE` over the labelled
@@ -2031,9 +2028,8 @@ mod tests {
     }
 
     /// A larger model and batch, so that GEMMs split into several blocks and attention
-    /// into several query blocks: the same bits on 1 and 2 threads.
-    #[test]
-    fn results_do_not_depend_on_the_thread_count() {
+    /// into several query blocks.
+    fn larger_case() -> (Owned, OwnedBatch) {
         let dims = Dims {
             vocab: 200,
             hidden: 32,
@@ -2063,6 +2059,13 @@ mod tests {
             positions: (0..rows * len).map(|i| (i % len) as u32).collect(),
             starts: vec![0; rows * len],
         };
+        (m, b)
+    }
+
+    /// The same bits on 1 and 2 threads.
+    #[test]
+    fn results_do_not_depend_on_the_thread_count() {
+        let (m, b) = larger_case();
         let run = |threads: usize| {
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
@@ -2179,5 +2182,195 @@ mod tests {
             },
             "a LoRA rank its factors do not have",
         );
+    }
+    /// Two accumulating micro-batches on a pool of `threads`, with `masks[k]` the dropout
+    /// masks of micro-batch `k` in forward order (none: no dropout): the losses' and the
+    /// gradients' bits.
+    fn step_bits(
+        m: &Owned,
+        batches: &[&OwnedBatch],
+        masks: &[Vec<Vec<f32>>],
+        threads: usize,
+        checkpoint_layers: bool,
+    ) -> (Vec<u64>, Vec<Vec<u32>>) {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .expect("a pool");
+        let scale = 1.0 / batches.iter().map(|b| b.labelled()).sum::<usize>() as f32;
+        pool.install(|| {
+            let mut grads = m.zero_grads();
+            let mut losses = vec![];
+            for (k, b) in batches.iter().enumerate() {
+                let mut queue = masks.get(k).into_iter().flatten().cloned();
+                let mut source = |rows: usize, inputs: usize| {
+                    let mask = queue.next().expect("a mask for every adapted projection");
+                    assert_eq!(mask.len(), rows * inputs);
+                    mask
+                };
+                let dropout: Option<MaskSource<'_>> = if masks.is_empty() {
+                    None
+                } else {
+                    Some(&mut source)
+                };
+                let options = StepOptions { checkpoint_layers };
+                let loss = forward_backward_with(
+                    &m.view(),
+                    &b.view(),
+                    scale,
+                    dropout,
+                    &mut grads,
+                    options,
+                )
+                .expect("a step");
+                losses.push(loss.to_bits());
+            }
+            assert!(grads.iter().flatten().any(|&v| v != 0.0));
+            let bits = grads
+                .iter()
+                .map(|g| g.iter().map(|v| v.to_bits()).collect())
+                .collect();
+            (losses, bits)
+        })
+    }
+
+    /// Masks that are not two-valued (0, −0, and two keep values), which a checkpointed
+    /// step must keep whole.
+    fn odd_masks(m: &Owned, n: usize, seed: u64) -> Vec<Vec<f32>> {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        dropout_masks(m, n, 0.3, seed)
+            .into_iter()
+            .map(|mask| {
+                mask.into_iter()
+                    .map(|v| match rng.random_range(0..10) {
+                        0 => -0.0,
+                        1 => 1.25,
+                        _ => v,
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Checkpointing recomputes each layer's forward with the same code, inputs and masks,
+    /// so the losses and the accumulated gradients are the same bits as without it: on
+    /// the oracle-checked models (GQA; LoRA on all seven, on q and v, and only above
+    /// layer 0 with a gap), without dropout, with two-valued (packed) masks and with odd
+    /// (kept whole) masks, over two micro-batches, on 1 and 2 threads; and on a model
+    /// large enough that the kernels split into several blocks.
+    #[test]
+    fn checkpointing_gives_the_same_bits() {
+        let three = Dims {
+            layers: 3,
+            ..tiny_dims()
+        };
+        let upper = [NONE, [false, true, false, true, false, false, true], ALL];
+        let models = [
+            Owned::random(tiny_dims(), &[ALL], 2, 30),
+            Owned::random(tiny_dims(), &[QV], 2, 31),
+            Owned::random(three, &upper, 3, 32),
+        ];
+        for (k, m) in models.iter().enumerate() {
+            let seed = 40 + 10 * k as u64;
+            let (b1, b2) = (
+                tiny_batch(m.dims.vocab, seed),
+                tiny_batch(m.dims.vocab, seed + 1),
+            );
+            let n = b1.rows * b1.len;
+            let drawn = [
+                dropout_masks(m, n, 0.3, seed + 2),
+                dropout_masks(m, n, 0.3, seed + 3),
+            ];
+            let odd = [odd_masks(m, n, seed + 4), odd_masks(m, n, seed + 5)];
+            for masks in [&[][..], &drawn[..], &odd[..]] {
+                let plain = step_bits(m, &[&b1, &b2], masks, 1, false);
+                for threads in [1, 2] {
+                    let checkpointed = step_bits(m, &[&b1, &b2], masks, threads, true);
+                    assert!(
+                        plain == checkpointed,
+                        "model {k}, {} masks, {threads} threads: checkpointing changed the bits",
+                        masks.len()
+                    );
+                }
+            }
+        }
+        let (m, b) = larger_case();
+        let masks = [dropout_masks(&m, b.rows * b.len, 0.1, 33)];
+        for masks in [&[][..], &masks[..]] {
+            let plain = step_bits(&m, &[&b], masks, 2, false);
+            assert!(plain == step_bits(&m, &[&b], masks, 2, true));
+            assert!(plain == step_bits(&m, &[&b], masks, 1, true));
+        }
+    }
+
+    /// A stored mask unpacks to the bits drawn: two-valued masks pack to a bit each
+    /// (any length, all zeros too), anything else is kept whole.
+    #[test]
+    fn stored_masks_unpack_to_the_drawn_bits() {
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let keep = 1.0 / 0.9f32;
+        let two: Vec<f32> = (0..131)
+            .map(|i| if i % 3 == 0 { 0.0 } else { keep })
+            .collect();
+        let cases = [
+            (two.clone(), true),
+            (vec![0.0; 70], true),
+            (vec![keep; 64], true),
+            (vec![], true),
+            ([&two[..5], &[-0.0], &two[6..]].concat(), false),
+            ([&two[..5], &[2.0], &two[6..]].concat(), false),
+        ];
+        let mut out = vec![9.0; 3];
+        for (mask, packed) in cases {
+            let stored = StoredMask::pack(&mask);
+            assert_eq!(
+                matches!(stored, StoredMask::Bits { .. }),
+                packed,
+                "{mask:?}"
+            );
+            stored.unpack_into(&mut out);
+            assert_eq!(bits(&out), bits(&mask));
+        }
+    }
+
+    /// What the step holds, by [`step_bytes`]: checkpointing keeps one layer's state and
+    /// the layer inputs; the 7B figures for the module notes.
+    #[test]
+    fn step_bytes_shrinks_with_checkpointing() {
+        let llama7b = Dims {
+            vocab: 32000,
+            hidden: 4096,
+            intermediate: 11008,
+            layers: 32,
+            heads: 32,
+            kv_heads: 32,
+            head_dim: 128,
+            rms_eps: 1e-5,
+        };
+        let ranks = vec![[8; 7]; 32];
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        for dropout in [false, true] {
+            let full = step_bytes(&llama7b, 2048, &ranks, dropout, false);
+            let ckpt = step_bytes(&llama7b, 2048, &ranks, dropout, true);
+            eprintln!(
+                "7B, 2048 tokens, r = 8 on all seven, dropout {dropout}: {:.2} GiB, checkpointed {:.2} GiB",
+                gib(full),
+                gib(ckpt)
+            );
+            assert!(ckpt * 4 < full);
+        }
+        // The layer inputs dominate what a checkpointed step keeps per layer.
+        let d = tiny_dims();
+        let ranks = vec![ALL.map(|t| 2 * usize::from(t)); d.layers];
+        let one = step_bytes(&d, 100, &ranks, true, true);
+        let more = step_bytes(&Dims { layers: 3, ..d }, 100, &[ranks[0]; 3], true, true);
+        let packed: u64 = (0..7)
+            .map(|p| packed_mask_bytes(100 * d.projection_shape(p).0))
+            .sum();
+        assert_eq!(more - one, 4 * 100 * d.hidden as u64 + packed);
+        assert_eq!(step_bytes(&d, 0, &ranks, true, true), 0);
+        // No LoRA: no backward, no inputs kept.
+        let none = vec![[0; 7]; d.layers];
+        assert!(step_bytes(&d, 100, &none, false, true) < step_bytes(&d, 100, &none, false, false));
     }
 }

@@ -26,7 +26,12 @@ pub const CHUNK: usize = 128;
 /// Rows per chunk and the lengths of the chunk buffers [`linear_cross_entropy`] allocates
 /// for `labelled` labelled rows: the hidden rows, the logits, and (with `grad`) the
 /// hidden-state gradient rows.
-fn chunk_lengths(hidden_dim: usize, vocab: usize, labelled: usize, grad: bool) -> (usize, [usize; 3]) {
+fn chunk_lengths(
+    hidden_dim: usize,
+    vocab: usize,
+    labelled: usize,
+    grad: bool,
+) -> (usize, [usize; 3]) {
     let rows = CHUNK.min(labelled);
     let dh = if grad { rows * hidden_dim } else { 0 };
     (rows, [rows * hidden_dim, rows * vocab, dh])
