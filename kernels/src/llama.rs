@@ -1933,8 +1933,9 @@ mod tests {
         }
     }
 
-    /// One draw per adapted projection, in forward order, with its shape; a mask of the
-    /// wrong length is an error and nothing is added.
+    /// One draw per adapted projection, in forward order, with its shape, with and
+    /// without checkpointing; a mask of the wrong length is an error and nothing is
+    /// added.
     #[test]
     fn masks_are_drawn_in_forward_order() {
         let dims = Dims {
@@ -1958,36 +1959,42 @@ mod tests {
             (n, h),
             (n, i),
         ];
-        let mut calls = vec![];
-        let mut source = |rows: usize, inputs: usize| {
-            calls.push((rows, inputs));
-            vec![1.0; rows * inputs]
-        };
-        let mut grads = m.zero_grads();
-        let with_ones = forward_backward(&m.view(), &b.view(), 0.1, Some(&mut source), &mut grads)
-            .expect("a step");
-        assert_eq!(calls, want);
-        // Masks of ones change nothing.
-        let mut plain = m.zero_grads();
-        let without =
-            forward_backward(&m.view(), &b.view(), 0.1, None, &mut plain).expect("a step");
-        assert_eq!(with_ones, without);
-        assert_eq!(grads, plain);
+        for checkpoint_layers in [false, true] {
+            let options = StepOptions { checkpoint_layers };
+            let step = |dropout: Option<MaskSource<'_>>, grads: &mut [Vec<f32>]| {
+                forward_backward_with(&m.view(), &b.view(), 0.1, dropout, grads, options)
+            };
+            // Checkpointing replays the stored masks: nothing is drawn twice.
+            let mut calls = vec![];
+            let mut source = |rows: usize, inputs: usize| {
+                calls.push((rows, inputs));
+                vec![1.0; rows * inputs]
+            };
+            let mut grads = m.zero_grads();
+            let with_ones = step(Some(&mut source), &mut grads).expect("a step");
+            assert_eq!(calls, want);
+            // Masks of ones change nothing.
+            let mut plain = m.zero_grads();
+            let without = step(None, &mut plain).expect("a step");
+            assert_eq!(with_ones, without);
+            assert_eq!(grads, plain);
 
-        let mut count = 0;
-        let mut short = |rows: usize, inputs: usize| {
-            count += 1;
-            vec![1.0; rows * inputs - usize::from(count == 5)]
-        };
-        let mut grads: Vec<Vec<f32>> = m
-            .zero_grads()
-            .into_iter()
-            .map(|g| vec![7.0; g.len()])
-            .collect();
-        let err = forward_backward(&m.view(), &b.view(), 0.1, Some(&mut short), &mut grads)
-            .expect_err("a short mask");
-        eprintln!("{err}");
-        assert!(grads.iter().flatten().all(|&v| v == 7.0));
+            for bad in [5, 10] {
+                let mut count = 0;
+                let mut short = |rows: usize, inputs: usize| {
+                    count += 1;
+                    vec![1.0; rows * inputs - usize::from(count == bad)]
+                };
+                let mut grads: Vec<Vec<f32>> = m
+                    .zero_grads()
+                    .into_iter()
+                    .map(|g| vec![7.0; g.len()])
+                    .collect();
+                let err = step(Some(&mut short), &mut grads).expect_err("a short mask");
+                eprintln!("{err}");
+                assert!(grads.iter().flatten().all(|&v| v == 7.0));
+            }
+        }
     }
 
     /// A batch without labels or without tokens: a zero loss, and nothing added.
