@@ -1187,11 +1187,14 @@ impl Model<'_> {
 /// forward scratch, the final norm's state and the hidden-state gradient, and then the
 /// larger of the loss's chunk buffers and the backward scratch (the two are never
 /// alive together), all from the same length helpers the step allocates with. Not
-/// counted: the model and the gradients (the caller's), and the kernels' small
-/// transient buffers (attention's per-task scratch and task lists, the GEMM library's
-/// packing), which scale with `tokens × kv_heads` pointers or a block of a few hundred
-/// KiB at most. With dropout, masks the source draws as anything but `0` and one keep
-/// value are kept whole rather than packed, and are not counted that way here.
+/// counted: the model and the gradients (the caller's), and the kernels' transient
+/// buffers: attention's task lists (48 bytes per token and kv head in the backward),
+/// its scratch of about `(4·head_dim + 128)·seq` floats per running thread, and the GEMM
+/// library's packing (1–3 % of the total in `tests/step_bytes.rs`; more with long rows
+/// on many threads). With dropout, masks the source draws as anything but `0` and one
+/// keep value are kept whole rather than packed, and are not counted that way here.
+/// With checkpointing and layers of different LoRA shapes, the one-layer terms take
+/// the largest layer's, so the figure is then an upper bound.
 pub fn step_bytes(
     dims: &Dims,
     tokens: usize,
