@@ -2,14 +2,19 @@
 //! benchmark presets: batch 4 × 256, LoRA r = 8 on all seven projections, every token
 //! labelled, random f32 weights.
 //!
-//! `cargo run -p tuneq-kernels --example llama_step [iterations] [tiny|small]`; set
-//! `RAYON_NUM_THREADS` to choose the pool. Prints the median seconds per call and the
-//! peak resident memory.
+//! `cargo run -p tuneq-kernels --example llama_step [iterations] [tiny|small]
+//! [--checkpoint]`; set `RAYON_NUM_THREADS` to choose the pool. `--checkpoint` runs the
+//! step with per-layer activation checkpointing ([`StepOptions::checkpoint_layers`]).
+//! Prints the median seconds per call, the step's [`step_bytes`] and the process's peak
+//! resident memory (`VmHWM`, which includes the model's weights).
 
 use std::time::Instant;
 
 use rand::{Rng, SeedableRng};
-use tuneq_kernels::llama::{Batch, Dims, Layer, Lora, Model, Projection, forward_backward, loss};
+use tuneq_kernels::llama::{
+    Batch, Dims, Layer, Lora, Model, Projection, StepOptions, forward_backward_with, loss,
+    step_bytes,
+};
 
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
@@ -25,11 +30,14 @@ fn peak_rss_mib() -> Option<f64> {
 }
 
 fn main() {
-    let iterations: usize = std::env::args()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(5);
-    let preset = std::env::args().nth(2).unwrap_or_else(|| "tiny".into());
+    let checkpoint_layers = std::env::args().any(|a| a == "--checkpoint");
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let iterations: usize = args.first().and_then(|s| s.parse().ok()).unwrap_or(5);
+    let preset = args.get(1).cloned().unwrap_or_else(|| "tiny".into());
+    let options = StepOptions { checkpoint_layers };
     let dims = match preset.as_str() {
         "small" => Dims {
             vocab: 32000,
@@ -54,7 +62,7 @@ fn main() {
     };
     let (rows, len, r) = (4, 256, 8);
     println!(
-        "{preset}: rayon threads {}, {iterations} iterations",
+        "{preset}: rayon threads {}, {iterations} iterations, checkpointing {checkpoint_layers}",
         rayon::current_num_threads()
     );
 
@@ -138,7 +146,8 @@ fn main() {
     let mut last = 0.0;
     for i in 0..iterations + 1 {
         let t0 = Instant::now();
-        last = forward_backward(&model, &batch, scale, None, &mut grads).expect("a step");
+        last = forward_backward_with(&model, &batch, scale, None, &mut grads, options)
+            .expect("a step");
         let t1 = Instant::now();
         let l = loss(&model, &batch, scale).expect("a loss");
         let t2 = Instant::now();
@@ -148,10 +157,13 @@ fn main() {
             eval.push((t2 - t1).as_secs_f64());
         }
     }
+    let held = step_bytes(&dims, n, &model.lora_ranks(), false, checkpoint_layers);
     println!(
-        "loss {last:.4}; forward_backward {:.3} s, loss only {:.3} s (median); peak RSS {:.0} MiB",
+        "loss {last:.4}; forward_backward {:.3} s, loss only {:.3} s (median); step_bytes {:.0} MiB; \
+         peak RSS {:.0} MiB",
         median(step),
         median(eval),
+        held as f64 / (1 << 20) as f64,
         peak_rss_mib().unwrap_or(f64::NAN)
     );
 }

@@ -23,14 +23,16 @@
 //!   buffer), forward and inverse (for dq, dk).
 //! - [`swiglu`]: `silu(g)·u` over `[gate | up]` rows, and the backward into `[dg | du]`.
 //! - [`loss`]: the lm_head fused with masked cross-entropy over labelled rows, 128 rows
-//!   at a time, writing the hidden-state gradient in the same pass.
-//! - [`llama`]: the whole Llama LoRA forward and backward of one micro-batch, built from
-//!   the kernels above, returning the loss and adding into the LoRA gradients.
-//! - `reduce` (private): fixed-order 16-lane sums and max, shared by the row kernels.
-
+//!   at a time, writing the hidden-state gradient in the same pass; its chunk buffers'
+//!   size is public ([`loss::scratch_bytes`]) for sizing a step.
 //! - [`attention`]: fused causal attention forward and backward (flash-attention style,
 //!   grouped-query by index, block-diagonal masks for packed rows), one deterministic
 //!   task per (batch row, kv head).
+//! - [`llama`]: the whole Llama LoRA forward and backward of one micro-batch, built from
+//!   the kernels above, returning the loss and adding into the LoRA gradients; with
+//!   optional per-layer activation checkpointing (bit-identical results, a fraction of
+//!   the memory), and [`llama::step_bytes`] to size a step before running it.
+//! - `reduce` (private): fixed-order 16-lane sums and max, shared by the row kernels.
 
 pub mod attention;
 pub mod exp;

@@ -28,6 +28,24 @@
 //! all, and that layer (layer 0 when every layer is adapted) skips q/k/v's input
 //! gradient and its input norm's backward; its LoRA factors still get theirs.
 //!
+//! **Checkpointing** ([`StepOptions::checkpoint_layers`], through
+//! [`forward_backward_with`]): the saved state above is ~186 KB per token per layer at
+//! 7B (hidden 4096, intermediate 11008), 12 GiB for 2048 tokens over 32 layers, more than
+//! the model itself. With checkpointing the forward runs every layer into one shared
+//! `Saved` and keeps, for each layer from the lowest adapted one up, only its input
+//! (N × hidden) and the dropout masks it drew: the mask source is a random stream that
+//! cannot be asked again, so they are stored, one bit per element when they hold only
+//! `0` and one keep value (kept whole otherwise, so replaying is exact). The backward,
+//! per layer in reverse, first reruns that layer's forward from the stored input with
+//! the stored masks into the shared `Saved` (borrowing the backward's scratch as the
+//! forward's), then runs the layer's backward as without checkpointing. Same code, same
+//! inputs: the loss and gradients are bit-identical either way. It costs one more
+//! forward of the adapted layers, without the head: about +25 % per step on the
+//! `llama_step` small preset and +40 % on tiny (measured on a loaded 2-core machine),
+//! and brings 7B at 2048 tokens from 12.0 to 1.9 GiB (20.8 to 2.7 GiB with dropout),
+//! the layer inputs (1 GiB) being most of what is left. [`step_bytes`] gives the
+//! figure for any shape, from the same length helpers the allocation sites use.
+//!
 //! **Gradients accumulate** across calls (micro-batches): each LoRA gradient is computed
 //! into a scratch and then added elementwise, so after two calls a gradient is exactly
 //! the sum of what each call would give alone.
@@ -453,7 +471,9 @@ fn gradient_slots(
     Ok(slots)
 }
 
-/// What a layer's forward keeps for its backward (see the module notes).
+/// What a layer's forward keeps for its backward (see the module notes). Without
+/// checkpointing there is one per layer; with it, one for the whole step, refilled by
+/// recomputing each layer's forward right before its backward.
 struct Saved {
     /// The layer's input, N × h.
     x_in: Vec<f32>,
@@ -471,33 +491,45 @@ struct Saved {
     inv2: Vec<f32>,
     /// `[gate | up]`, N × 2I.
     gu: Vec<f32>,
-    /// Per projection, `u = x_d·Aᵀ` (N × r; empty without LoRA).
+    /// Per projection, `u = x_d·Aᵀ`: N × r for the layer's rank r in the first N·r
+    /// elements (a shared `Saved` is sized for the largest rank; empty without LoRA).
     u: [Vec<f32>; 7],
     /// Per projection, the dropout mask (N × in) when one was drawn.
     masks: [Option<Vec<f32>>; 7],
 }
 
-impl Saved {
-    fn new(d: &Dims, n: usize, layer: &Layer<'_>) -> Self {
-        let h = d.hidden;
-        Self {
-            x_in: vec![0.0; n * h],
-            inv1: vec![0.0; n],
-            qkv: vec![0.0; n * d.qkv_width()],
-            attn: vec![0.0; n * d.heads * d.head_dim],
-            lse: vec![0.0; n * d.heads],
-            x_mid: vec![0.0; n * h],
-            inv2: vec![0.0; n],
-            gu: vec![0.0; n * 2 * d.intermediate],
-            u: std::array::from_fn(|p| vec![0.0; layer.proj[p].lora.map_or(0, |l| n * l.r)]),
-            masks: Default::default(),
-        }
-    }
+/// The lengths of [`Saved`]'s fixed buffers, in field order (`x_in` … `gu`). Shared by
+/// [`Saved::new`] and [`step_bytes`], so that the count is the allocation.
+fn saved_lengths(d: &Dims, n: usize) -> [usize; 8] {
+    let h = d.hidden;
+    [
+        n * h,
+        n,
+        n * d.qkv_width(),
+        n * d.heads * d.head_dim,
+        n * d.heads,
+        n * h,
+        n,
+        n * 2 * d.intermediate,
+    ]
+}
 
-    /// Makes `u` fit `layer`'s ranks (for a `Saved` reused across layers).
-    fn fit(&mut self, n: usize, layer: &Layer<'_>) {
-        for (u, p) in self.u.iter_mut().zip(&layer.proj) {
-            u.resize(p.lora.map_or(0, |l| n * l.r), 0.0);
+impl Saved {
+    /// Buffers for `n` tokens and, per projection, LoRA rank `ranks[p]` (0: none).
+    fn new(d: &Dims, n: usize, ranks: &[usize; 7]) -> Self {
+        let [x_in, inv1, qkv, attn, lse, x_mid, inv2, gu] =
+            saved_lengths(d, n).map(|len| vec![0.0; len]);
+        Self {
+            x_in,
+            inv1,
+            qkv,
+            attn,
+            lse,
+            x_mid,
+            inv2,
+            gu,
+            u: std::array::from_fn(|p| vec![0.0; n * ranks[p]]),
+            masks: Default::default(),
         }
     }
 }
@@ -549,6 +581,7 @@ fn projection_forward(
         MatMut::strided(out, n, o, stride),
     );
     let Some(lora) = &proj.lora else { return };
+    let u = &mut u[..n * lora.r];
     let x = match mask {
         Some(mask) => {
             let xd = &mut xd[..n * i];
@@ -575,16 +608,27 @@ fn projection_forward(
     );
 }
 
+/// Where a layer's forward gets its dropout masks.
+enum Masks<'a, 'm> {
+    /// No dropout.
+    Off,
+    /// Drawn from the source, in forward order.
+    Draw(&'a mut (dyn FnMut(usize, usize) -> Vec<f32> + 'm)),
+    /// Already in `Saved::masks`, put there from what the first forward drew (a
+    /// checkpointed layer's recomputation).
+    Replay,
+}
+
 /// One decoder layer forward: `x` (N × h) goes in as the layer's input and comes out as
 /// its output; `saved` receives what backward needs.
-fn layer_forward<'m>(
+fn layer_forward(
     model: &Model<'_>,
     l: usize,
     batch: &Batch<'_>,
     x: &mut [f32],
     saved: &mut Saved,
     work: &mut ForwardWork,
-    mut dropout: Option<&mut (dyn FnMut(usize, usize) -> Vec<f32> + 'm)>,
+    mut masks: Masks<'_, '_>,
 ) -> Result<(), StepError> {
     let layer = &model.layers[l];
     let d = &model.dims;
@@ -592,8 +636,13 @@ fn layer_forward<'m>(
     let eps = d.rms_eps;
     // Masks are drawn in forward order, before the projection that uses them.
     let mut draw = |p: usize, saved: &mut Saved| -> Result<(), StepError> {
+        let source = match &mut masks {
+            Masks::Replay => return Ok(()),
+            Masks::Off => None,
+            Masks::Draw(source) => Some(source),
+        };
         saved.masks[p] = None;
-        if let (Some(source), true) = (dropout.as_deref_mut(), layer.proj[p].lora.is_some()) {
+        if let (Some(source), true) = (source, layer.proj[p].lora.is_some()) {
             let i = d.projection_shape(p).0;
             let mask = source(n, i);
             expect_len(
@@ -718,7 +767,7 @@ fn widest_input(d: &Dims) -> usize {
 struct LoraWork {
     /// `du = scale·dY·B`, N × r.
     du: Vec<f32>,
-    /// The masked input `x_d`, N × in (with dropout).
+    /// The masked input `x_d`, N × in (with dropout); the forward's, handed on.
     xd: Vec<f32>,
     /// `du·A` before the mask, N × in (with dropout).
     tmp: Vec<f32>,
@@ -726,27 +775,37 @@ struct LoraWork {
     grad: Vec<f32>,
 }
 
-impl LoraWork {
-    fn new(model: &Model<'_>, n: usize, dropout: bool) -> Self {
-        let d = &model.dims;
-        let (mut rank, mut grad) = (0, 0);
-        for layer in &model.layers {
-            for (p, proj) in layer.proj.iter().enumerate() {
-                if let Some(l) = &proj.lora {
-                    let (i, o) = d.projection_shape(p);
-                    rank = rank.max(l.r);
-                    grad = grad.max(l.r * i.max(o));
-                }
+/// The lengths of the forward scratch ([`ForwardWork`]'s `hn`, `act`, `xd`).
+fn forward_work_lengths(d: &Dims, n: usize, dropout: bool) -> [usize; 3] {
+    let masked = if dropout { n * widest_input(d) } else { 0 };
+    [n * d.hidden, n * d.intermediate, masked]
+}
+
+/// The lengths of the buffers only the backward allocates: `dx`, then
+/// [`BackwardWork`]'s `d_act`, `d_gu`, `d_attn`, `d_qkv`, then [`LoraWork`]'s `du`,
+/// `tmp` and `grad` (its `xd` is the forward's). `ranks`: per layer and projection.
+fn backward_lengths(d: &Dims, n: usize, ranks: &[[usize; 7]], dropout: bool) -> [usize; 8] {
+    let (mut rank, mut grad) = (0, 0);
+    for layer in ranks {
+        for (p, &r) in layer.iter().enumerate() {
+            if r > 0 {
+                let (i, o) = d.projection_shape(p);
+                rank = rank.max(r);
+                grad = grad.max(r * i.max(o));
             }
         }
-        let masked = if dropout { n * widest_input(d) } else { 0 };
-        Self {
-            du: vec![0.0; n * rank],
-            xd: vec![0.0; masked],
-            tmp: vec![0.0; masked],
-            grad: vec![0.0; grad],
-        }
     }
+    let masked = if dropout { n * widest_input(d) } else { 0 };
+    [
+        n * d.hidden,
+        n * d.intermediate,
+        n * 2 * d.intermediate,
+        n * d.heads * d.head_dim,
+        n * d.qkv_width(),
+        n * rank,
+        masked,
+        grad,
+    ]
 }
 
 /// Backward scratch, reused by every layer.
@@ -822,7 +881,7 @@ fn projection_backward(
     gemm(
         lora.scale,
         dy.t(),
-        Mat::new(u, n, r),
+        Mat::new(&u[..n * r], n, r),
         0.0,
         MatMut::new(g, o, r),
     );
@@ -1010,6 +1069,201 @@ fn layer_backward(
     }
 }
 
+/// How a step trades memory for time. The default is the fastest: every layer's forward
+/// state is kept for its backward.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StepOptions {
+    /// Activation checkpointing per layer: the forward keeps only each layer's input
+    /// (N × hidden) and its dropout masks, and the backward recomputes the layer's
+    /// forward state into one shared set of buffers right before the layer's backward.
+    /// One more forward of the layers with a backward (about a third more compute) for
+    /// a saved state of `layers × N × hidden` instead of every layer's (see
+    /// [`step_bytes`]). Results are bit-identical either way: the recomputation runs
+    /// the same code on the same inputs and masks.
+    pub checkpoint_layers: bool,
+}
+
+/// A dropout mask kept through a checkpointed forward until its layer is recomputed.
+/// The source cannot be asked again (it is a random stream), so the masks are stored;
+/// packed to a bit each when, as dropout draws them, every element is `+0.0` or one
+/// keep value, which makes them 32 times smaller than the layer input they sit beside.
+#[derive(Debug, Clone, PartialEq)]
+enum StoredMask {
+    /// Bit `i` set: element `i` is `keep`, else `+0.0`.
+    Bits {
+        /// The kept elements' value, `1/(1 − p)`.
+        keep: f32,
+        /// One bit per element, 64 to a word.
+        bits: Vec<u64>,
+        /// Elements.
+        len: usize,
+    },
+    /// Any other mask, as drawn.
+    Full(Vec<f32>),
+}
+
+impl StoredMask {
+    /// Packs `mask` when it is two-valued (compared by bits, so that unpacking is
+    /// exact: a `-0.0` or a second non-zero value keeps the mask whole).
+    fn pack(mask: &[f32]) -> Self {
+        let keep = mask
+            .iter()
+            .copied()
+            .find(|v| v.to_bits() != 0)
+            .unwrap_or(1.0);
+        if !mask
+            .iter()
+            .all(|v| v.to_bits() == 0 || v.to_bits() == keep.to_bits())
+        {
+            return Self::Full(mask.to_vec());
+        }
+        let mut bits = vec![0u64; mask.len().div_ceil(64)];
+        for (word, chunk) in bits.iter_mut().zip(mask.chunks(64)) {
+            for (i, v) in chunk.iter().enumerate() {
+                *word |= u64::from(v.to_bits() != 0) << i;
+            }
+        }
+        Self::Bits {
+            keep,
+            bits,
+            len: mask.len(),
+        }
+    }
+
+    /// Writes the mask as drawn into `out`, replacing its contents.
+    fn unpack_into(&self, out: &mut Vec<f32>) {
+        out.clear();
+        match self {
+            Self::Full(mask) => out.extend_from_slice(mask),
+            Self::Bits { keep, bits, len } => {
+                out.reserve_exact(*len);
+                out.extend((0..*len).map(|i| {
+                    if bits[i / 64] >> (i % 64) & 1 == 1 {
+                        *keep
+                    } else {
+                        0.0
+                    }
+                }));
+            }
+        }
+    }
+}
+
+/// The bytes a two-valued mask of `len` elements takes packed ([`StoredMask::Bits`]).
+fn packed_mask_bytes(len: usize) -> u64 {
+    8 * len.div_ceil(64) as u64
+}
+
+/// Per projection, the largest rank over the layers (a shared [`Saved`]'s `u` sizes).
+fn max_ranks(ranks: &[[usize; 7]]) -> [usize; 7] {
+    let mut top = [0; 7];
+    for layer in ranks {
+        for (t, &r) in top.iter_mut().zip(layer) {
+            *t = (*t).max(r);
+        }
+    }
+    top
+}
+
+impl Model<'_> {
+    /// Per layer, each projection's LoRA rank (0 without LoRA), for [`step_bytes`].
+    pub fn lora_ranks(&self) -> Vec<[usize; 7]> {
+        self.layers
+            .iter()
+            .map(|layer| std::array::from_fn(|p| layer.proj[p].lora.map_or(0, |l| l.r)))
+            .collect()
+    }
+}
+
+/// The most bytes [`forward_backward_with`] holds at once for a micro-batch of `tokens`
+/// tokens (rows × len), every one labelled (fewer labels only shrink the loss's chunk
+/// buffers), with LoRA ranks `ranks` (per layer, per projection in [`PROJECTIONS`]
+/// order, 0 for none; see [`Model::lora_ranks`]), with or without dropout and
+/// checkpointing. For choosing checkpointing and a micro-batch size against the memory
+/// of a node.
+///
+/// Counted: the hidden state, the saved forward state (every layer's, or with
+/// checkpointing the layer inputs, the packed masks and one layer's state), the
+/// forward scratch, the final norm's state and the hidden-state gradient, and then the
+/// larger of the loss's chunk buffers and the backward scratch (the two are never
+/// alive together), all from the same length helpers the step allocates with. Not
+/// counted: the model and the gradients (the caller's), and the kernels' transient
+/// buffers: attention's task lists (48 bytes per token and kv head in the backward),
+/// its scratch of about `(4·head_dim + 128)·seq` floats per running thread, and the GEMM
+/// library's packing (1–3 % of the total in `tests/step_bytes.rs`; more with long rows
+/// on many threads). With dropout, masks the source draws as anything but `0` and one
+/// keep value are kept whole rather than packed, and are not counted that way here.
+/// With checkpointing and layers of different LoRA shapes, the one-layer terms take
+/// the largest layer's, so the figure is then an upper bound.
+pub fn step_bytes(
+    dims: &Dims,
+    tokens: usize,
+    ranks: &[[usize; 7]],
+    dropout: bool,
+    checkpoint_layers: bool,
+) -> u64 {
+    let (d, n) = (dims, tokens);
+    if n == 0 {
+        return 0;
+    }
+    let f32s = |len: usize| 4 * len as u64;
+    let mask_len = |p: usize| n * d.projection_shape(p).0;
+    let masks = |layer: &[usize; 7]| -> usize {
+        (0..7)
+            .filter(|&p| dropout && layer[p] > 0)
+            .map(mask_len)
+            .sum()
+    };
+    let saved = |r: &[usize; 7]| -> usize {
+        saved_lengths(d, n).iter().sum::<usize>() + r.iter().map(|r| n * r).sum::<usize>()
+    };
+    let lowest = ranks.iter().position(|r| r.iter().any(|&r| r > 0));
+    let state = if checkpoint_layers {
+        let kept = &ranks[lowest.unwrap_or(ranks.len())..];
+        let one_layer = saved(&max_ranks(ranks)) + ranks.iter().map(masks).max().unwrap_or(0);
+        let packed: u64 = kept
+            .iter()
+            .flat_map(|layer| (0..7).filter(|&p| dropout && layer[p] > 0))
+            .map(|p| packed_mask_bytes(mask_len(p)))
+            .sum();
+        f32s(one_layer + kept.len() * n * d.hidden) + packed
+    } else {
+        ranks.iter().map(|r| f32s(saved(r) + masks(r))).sum()
+    };
+    // x, the forward scratch, the final norm's 1/rms and the hidden-state gradient.
+    let forward: usize = forward_work_lengths(d, n, dropout).iter().sum();
+    let common = state + f32s(n * d.hidden + forward + n + n * d.hidden);
+    let ce = crate::loss::scratch_bytes(d.hidden, d.vocab, n, true);
+    let backward = match lowest {
+        Some(_) => f32s(backward_lengths(d, n, ranks, dropout).iter().sum()),
+        None => 0,
+    };
+    common + ce.max(backward)
+}
+
+/// The [`Masks`] of a forward that draws from `dropout`, if any.
+fn drawn<'a, 'm>(dropout: &'a mut Option<MaskSource<'m>>) -> Masks<'a, 'm> {
+    match dropout {
+        Some(source) => Masks::Draw(&mut **source),
+        None => Masks::Off,
+    }
+}
+
+/// Forward and backward of one micro-batch with the default [`StepOptions`] (every
+/// layer's state kept); see [`forward_backward_with`].
+///
+/// # Errors
+/// As [`forward_backward_with`].
+pub fn forward_backward(
+    model: &Model<'_>,
+    batch: &Batch<'_>,
+    scale: f32,
+    dropout: Option<MaskSource<'_>>,
+    grads: &mut [Vec<f32>],
+) -> Result<f64, StepError> {
+    forward_backward_with(model, batch, scale, dropout, grads, StepOptions::default())
+}
+
 /// Forward and backward of one micro-batch: returns `scale·Σ CE` over the labelled
 /// tokens (`scale` is 1/the labelled-token count of the whole optimiser step) and ADDS
 /// each LoRA gradient into `grads`, one buffer per LoRA tensor in the order layer,
@@ -1019,19 +1273,21 @@ fn layer_backward(
 /// With `dropout`, a mask is drawn for every adapted projection in forward order (see
 /// [`MaskSource`]) and applied to the LoRA branch's input, as `trainer::lora` does.
 ///
-/// Memory: the saved state of every layer (see the module notes), plus one layer's
-/// backward scratch.
+/// Memory: see [`step_bytes`]; `options.checkpoint_layers` trades a second forward of
+/// the adapted layers for keeping one layer's state instead of all of them. The loss
+/// and the gradients' bits do not depend on it.
 ///
 /// # Errors
 /// [`StepError`] when the model, the batch, the gradient buffers or a drawn mask do not
 /// fit together, or an id, target, position or segment start is out of range. Nothing is
 /// added to `grads` then.
-pub fn forward_backward(
+pub fn forward_backward_with(
     model: &Model<'_>,
     batch: &Batch<'_>,
     scale: f32,
     dropout: Option<MaskSource<'_>>,
     grads: &mut [Vec<f32>],
+    options: StepOptions,
 ) -> Result<f64, StepError> {
     validate(model, batch)?;
     let slots = gradient_slots(model, grads)?;
@@ -1040,29 +1296,40 @@ pub fn forward_backward(
     if n == 0 {
         return Ok(0.0);
     }
+    let ranks = model.lora_ranks();
     let with_dropout = dropout.is_some();
     let mut dropout = dropout;
+    // Layers below the lowest one with LoRA need no backward at all.
+    let lowest = slots.iter().position(|s| s.iter().any(Option::is_some));
+    let checkpoint = options.checkpoint_layers;
     let mut x = embed(model, batch.ids);
-    let mut saved: Vec<Saved> = model
-        .layers
-        .iter()
-        .map(|layer| Saved::new(d, n, layer))
-        .collect();
-    let mut work = ForwardWork {
-        hn: vec![0.0; n * h],
-        act: vec![0.0; n * d.intermediate],
-        xd: vec![0.0; if with_dropout { n * widest_input(d) } else { 0 }],
-    };
-    for (l, saved) in saved.iter_mut().enumerate() {
-        layer_forward(
-            model,
-            l,
-            batch,
-            &mut x,
-            saved,
-            &mut work,
-            dropout.as_deref_mut(),
-        )?;
+    let [hn, act, xd] = forward_work_lengths(d, n, with_dropout).map(|len| vec![0.0; len]);
+    let mut work = ForwardWork { hn, act, xd };
+    // Without checkpointing, one `Saved` per layer; with it, one shared by all, and
+    // per layer from `lowest` up its input and its masks.
+    let mut saved: Vec<Saved>;
+    let mut inputs: Vec<Vec<f32>> = Vec::new();
+    let mut masks: Vec<[Option<StoredMask>; 7]> = Vec::new();
+    if checkpoint {
+        saved = vec![Saved::new(d, n, &max_ranks(&ranks))];
+        let keep_from = lowest.unwrap_or(model.layers.len());
+        for l in 0..model.layers.len() {
+            if l >= keep_from {
+                inputs.push(x.clone());
+            }
+            let s = &mut saved[0];
+            layer_forward(model, l, batch, &mut x, s, &mut work, drawn(&mut dropout))?;
+            if l >= keep_from {
+                masks.push(std::array::from_fn(|p| {
+                    s.masks[p].as_deref().map(StoredMask::pack)
+                }));
+            }
+        }
+    } else {
+        saved = ranks.iter().map(|r| Saved::new(d, n, r)).collect();
+        for (l, s) in saved.iter_mut().enumerate() {
+            layer_forward(model, l, batch, &mut x, s, &mut work, drawn(&mut dropout))?;
+        }
     }
     let mut inv = vec![0f32; n];
     rms_norm_forward(&x, model.norm, d.rms_eps, &mut work.hn, &mut inv);
@@ -1076,32 +1343,65 @@ pub fn forward_backward(
         scale,
         Some(&mut d_hidden),
     )?;
-    // Layers below the lowest one with LoRA need no backward at all.
-    let Some(lowest) = slots.iter().position(|s| s.iter().any(Option::is_some)) else {
+    let Some(lowest) = lowest else {
         return Ok(loss);
     };
     if batch.targets.iter().all(|&t| t < 0) {
         return Ok(loss);
     }
-    let mut dx = vec![0f32; n * h];
+    let [dx, d_act, d_gu, d_attn, d_qkv, du, tmp, grad] =
+        backward_lengths(d, n, &ranks, with_dropout).map(|len| vec![0f32; len]);
+    let mut dx = dx;
     rms_norm_backward(&x, model.norm, &inv, &d_hidden, &mut dx, false);
     let mut work = BackwardWork {
         hn: work.hn,
         inv,
         act: work.act,
-        d_act: vec![0.0; n * d.intermediate],
-        d_gu: vec![0.0; n * 2 * d.intermediate],
+        d_act,
+        d_gu,
         d_hn: d_hidden,
-        d_attn: vec![0.0; n * d.heads * d.head_dim],
-        d_qkv: vec![0.0; n * d.qkv_width()],
-        lora: LoraWork::new(model, n, with_dropout),
+        d_attn,
+        d_qkv,
+        lora: LoraWork {
+            du,
+            xd: work.xd,
+            tmp,
+            grad,
+        },
     };
     for l in (lowest..model.layers.len()).rev() {
+        let s = if checkpoint {
+            // Recompute the layer's forward state from its input and its masks, with the
+            // backward's buffers lent as the forward's scratch (the backward recomputes
+            // what it needs of them itself).
+            let (Some(mut input), Some(stored)) = (inputs.pop(), masks.pop()) else {
+                unreachable!("an input and masks were kept for every layer from the lowest");
+            };
+            let s = &mut saved[0];
+            for (p, stored) in stored.iter().enumerate() {
+                s.masks[p] = stored.as_ref().map(|m| {
+                    let mut buf = s.masks[p].take().unwrap_or_default();
+                    m.unpack_into(&mut buf);
+                    buf
+                });
+            }
+            let mut lent = ForwardWork {
+                hn: std::mem::take(&mut work.hn),
+                act: std::mem::take(&mut work.act),
+                xd: std::mem::take(&mut work.lora.xd),
+            };
+            // Replaying draws nothing, so this cannot fail (and add half a step).
+            layer_forward(model, l, batch, &mut input, s, &mut lent, Masks::Replay)?;
+            (work.hn, work.act, work.lora.xd) = (lent.hn, lent.act, lent.xd);
+            &saved[0]
+        } else {
+            &saved[l]
+        };
         layer_backward(
             model,
             l,
             batch,
-            &saved[l],
+            s,
             &mut dx,
             &mut work,
             grads,
@@ -1125,17 +1425,11 @@ pub fn loss(model: &Model<'_>, batch: &Batch<'_>, scale: f32) -> Result<f64, Ste
         return Ok(0.0);
     }
     let mut x = embed(model, batch.ids);
-    let mut work = ForwardWork {
-        hn: vec![0.0; n * d.hidden],
-        act: vec![0.0; n * d.intermediate],
-        xd: Vec::new(),
-    };
-    if let Some(first) = model.layers.first() {
-        let mut saved = Saved::new(d, n, first);
-        for (l, layer) in model.layers.iter().enumerate() {
-            saved.fit(n, layer);
-            layer_forward(model, l, batch, &mut x, &mut saved, &mut work, None)?;
-        }
+    let [hn, act, xd] = forward_work_lengths(d, n, false).map(|len| vec![0.0; len]);
+    let mut work = ForwardWork { hn, act, xd };
+    let mut saved = Saved::new(d, n, &max_ranks(&model.lora_ranks()));
+    for l in 0..model.layers.len() {
+        layer_forward(model, l, batch, &mut x, &mut saved, &mut work, Masks::Off)?;
     }
     let mut inv = vec![0f32; n];
     rms_norm_forward(&x, model.norm, d.rms_eps, &mut work.hn, &mut inv);
@@ -1642,8 +1936,9 @@ mod tests {
         }
     }
 
-    /// One draw per adapted projection, in forward order, with its shape; a mask of the
-    /// wrong length is an error and nothing is added.
+    /// One draw per adapted projection, in forward order, with its shape, with and
+    /// without checkpointing; a mask of the wrong length is an error and nothing is
+    /// added.
     #[test]
     fn masks_are_drawn_in_forward_order() {
         let dims = Dims {
@@ -1667,36 +1962,42 @@ mod tests {
             (n, h),
             (n, i),
         ];
-        let mut calls = vec![];
-        let mut source = |rows: usize, inputs: usize| {
-            calls.push((rows, inputs));
-            vec![1.0; rows * inputs]
-        };
-        let mut grads = m.zero_grads();
-        let with_ones = forward_backward(&m.view(), &b.view(), 0.1, Some(&mut source), &mut grads)
-            .expect("a step");
-        assert_eq!(calls, want);
-        // Masks of ones change nothing.
-        let mut plain = m.zero_grads();
-        let without =
-            forward_backward(&m.view(), &b.view(), 0.1, None, &mut plain).expect("a step");
-        assert_eq!(with_ones, without);
-        assert_eq!(grads, plain);
+        for checkpoint_layers in [false, true] {
+            let options = StepOptions { checkpoint_layers };
+            let step = |dropout: Option<MaskSource<'_>>, grads: &mut [Vec<f32>]| {
+                forward_backward_with(&m.view(), &b.view(), 0.1, dropout, grads, options)
+            };
+            // Checkpointing replays the stored masks: nothing is drawn twice.
+            let mut calls = vec![];
+            let mut source = |rows: usize, inputs: usize| {
+                calls.push((rows, inputs));
+                vec![1.0; rows * inputs]
+            };
+            let mut grads = m.zero_grads();
+            let with_ones = step(Some(&mut source), &mut grads).expect("a step");
+            assert_eq!(calls, want);
+            // Masks of ones change nothing.
+            let mut plain = m.zero_grads();
+            let without = step(None, &mut plain).expect("a step");
+            assert_eq!(with_ones, without);
+            assert_eq!(grads, plain);
 
-        let mut count = 0;
-        let mut short = |rows: usize, inputs: usize| {
-            count += 1;
-            vec![1.0; rows * inputs - usize::from(count == 5)]
-        };
-        let mut grads: Vec<Vec<f32>> = m
-            .zero_grads()
-            .into_iter()
-            .map(|g| vec![7.0; g.len()])
-            .collect();
-        let err = forward_backward(&m.view(), &b.view(), 0.1, Some(&mut short), &mut grads)
-            .expect_err("a short mask");
-        eprintln!("{err}");
-        assert!(grads.iter().flatten().all(|&v| v == 7.0));
+            for bad in [5, 10] {
+                let mut count = 0;
+                let mut short = |rows: usize, inputs: usize| {
+                    count += 1;
+                    vec![1.0; rows * inputs - usize::from(count == bad)]
+                };
+                let mut grads: Vec<Vec<f32>> = m
+                    .zero_grads()
+                    .into_iter()
+                    .map(|g| vec![7.0; g.len()])
+                    .collect();
+                let err = step(Some(&mut short), &mut grads).expect_err("a short mask");
+                eprintln!("{err}");
+                assert!(grads.iter().flatten().all(|&v| v == 7.0));
+            }
+        }
     }
 
     /// A batch without labels or without tokens: a zero loss, and nothing added.
@@ -1755,9 +2056,8 @@ mod tests {
     }
 
     /// A larger model and batch, so that GEMMs split into several blocks and attention
-    /// into several query blocks: the same bits on 1 and 2 threads.
-    #[test]
-    fn results_do_not_depend_on_the_thread_count() {
+    /// into several query blocks.
+    fn larger_case() -> (Owned, OwnedBatch) {
         let dims = Dims {
             vocab: 200,
             hidden: 32,
@@ -1787,6 +2087,13 @@ mod tests {
             positions: (0..rows * len).map(|i| (i % len) as u32).collect(),
             starts: vec![0; rows * len],
         };
+        (m, b)
+    }
+
+    /// The same bits on 1 and 2 threads.
+    #[test]
+    fn results_do_not_depend_on_the_thread_count() {
+        let (m, b) = larger_case();
         let run = |threads: usize| {
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
@@ -1903,5 +2210,195 @@ mod tests {
             },
             "a LoRA rank its factors do not have",
         );
+    }
+    /// Two accumulating micro-batches on a pool of `threads`, with `masks[k]` the dropout
+    /// masks of micro-batch `k` in forward order (none: no dropout): the losses' and the
+    /// gradients' bits.
+    fn step_bits(
+        m: &Owned,
+        batches: &[&OwnedBatch],
+        masks: &[Vec<Vec<f32>>],
+        threads: usize,
+        checkpoint_layers: bool,
+    ) -> (Vec<u64>, Vec<Vec<u32>>) {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .expect("a pool");
+        let scale = 1.0 / batches.iter().map(|b| b.labelled()).sum::<usize>() as f32;
+        pool.install(|| {
+            let mut grads = m.zero_grads();
+            let mut losses = vec![];
+            for (k, b) in batches.iter().enumerate() {
+                let mut queue = masks.get(k).into_iter().flatten().cloned();
+                let mut source = |rows: usize, inputs: usize| {
+                    let mask = queue.next().expect("a mask for every adapted projection");
+                    assert_eq!(mask.len(), rows * inputs);
+                    mask
+                };
+                let dropout: Option<MaskSource<'_>> = if masks.is_empty() {
+                    None
+                } else {
+                    Some(&mut source)
+                };
+                let options = StepOptions { checkpoint_layers };
+                let loss = forward_backward_with(
+                    &m.view(),
+                    &b.view(),
+                    scale,
+                    dropout,
+                    &mut grads,
+                    options,
+                )
+                .expect("a step");
+                losses.push(loss.to_bits());
+            }
+            assert!(grads.iter().flatten().any(|&v| v != 0.0));
+            let bits = grads
+                .iter()
+                .map(|g| g.iter().map(|v| v.to_bits()).collect())
+                .collect();
+            (losses, bits)
+        })
+    }
+
+    /// Masks that are not two-valued (0, −0, and two keep values), which a checkpointed
+    /// step must keep whole.
+    fn odd_masks(m: &Owned, n: usize, seed: u64) -> Vec<Vec<f32>> {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        dropout_masks(m, n, 0.3, seed)
+            .into_iter()
+            .map(|mask| {
+                mask.into_iter()
+                    .map(|v| match rng.random_range(0..10) {
+                        0 => -0.0,
+                        1 => 1.25,
+                        _ => v,
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Checkpointing recomputes each layer's forward with the same code, inputs and masks,
+    /// so the losses and the accumulated gradients are the same bits as without it: on
+    /// the oracle-checked models (GQA; LoRA on all seven, on q and v, and only above
+    /// layer 0 with a gap), without dropout, with two-valued (packed) masks and with odd
+    /// (kept whole) masks, over two micro-batches, on 1 and 2 threads; and on a model
+    /// large enough that the kernels split into several blocks.
+    #[test]
+    fn checkpointing_gives_the_same_bits() {
+        let three = Dims {
+            layers: 3,
+            ..tiny_dims()
+        };
+        let upper = [NONE, [false, true, false, true, false, false, true], ALL];
+        let models = [
+            Owned::random(tiny_dims(), &[ALL], 2, 30),
+            Owned::random(tiny_dims(), &[QV], 2, 31),
+            Owned::random(three, &upper, 3, 32),
+        ];
+        for (k, m) in models.iter().enumerate() {
+            let seed = 40 + 10 * k as u64;
+            let (b1, b2) = (
+                tiny_batch(m.dims.vocab, seed),
+                tiny_batch(m.dims.vocab, seed + 1),
+            );
+            let n = b1.rows * b1.len;
+            let drawn = [
+                dropout_masks(m, n, 0.3, seed + 2),
+                dropout_masks(m, n, 0.3, seed + 3),
+            ];
+            let odd = [odd_masks(m, n, seed + 4), odd_masks(m, n, seed + 5)];
+            for masks in [&[][..], &drawn[..], &odd[..]] {
+                let plain = step_bits(m, &[&b1, &b2], masks, 1, false);
+                for threads in [1, 2] {
+                    let checkpointed = step_bits(m, &[&b1, &b2], masks, threads, true);
+                    assert!(
+                        plain == checkpointed,
+                        "model {k}, {} masks, {threads} threads: checkpointing changed the bits",
+                        masks.len()
+                    );
+                }
+            }
+        }
+        let (m, b) = larger_case();
+        let masks = [dropout_masks(&m, b.rows * b.len, 0.1, 33)];
+        for masks in [&[][..], &masks[..]] {
+            let plain = step_bits(&m, &[&b], masks, 2, false);
+            assert!(plain == step_bits(&m, &[&b], masks, 2, true));
+            assert!(plain == step_bits(&m, &[&b], masks, 1, true));
+        }
+    }
+
+    /// A stored mask unpacks to the bits drawn: two-valued masks pack to a bit each
+    /// (any length, all zeros too), anything else is kept whole.
+    #[test]
+    fn stored_masks_unpack_to_the_drawn_bits() {
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let keep = 1.0 / 0.9f32;
+        let two: Vec<f32> = (0..131)
+            .map(|i| if i % 3 == 0 { 0.0 } else { keep })
+            .collect();
+        let cases = [
+            (two.clone(), true),
+            (vec![0.0; 70], true),
+            (vec![keep; 64], true),
+            (vec![], true),
+            ([&two[..5], &[-0.0], &two[6..]].concat(), false),
+            ([&two[..5], &[2.0], &two[6..]].concat(), false),
+        ];
+        let mut out = vec![9.0; 3];
+        for (mask, packed) in cases {
+            let stored = StoredMask::pack(&mask);
+            assert_eq!(
+                matches!(stored, StoredMask::Bits { .. }),
+                packed,
+                "{mask:?}"
+            );
+            stored.unpack_into(&mut out);
+            assert_eq!(bits(&out), bits(&mask));
+        }
+    }
+
+    /// What the step holds, by [`step_bytes`]: checkpointing keeps one layer's state and
+    /// the layer inputs; the 7B figures for the module notes.
+    #[test]
+    fn step_bytes_shrinks_with_checkpointing() {
+        let llama7b = Dims {
+            vocab: 32000,
+            hidden: 4096,
+            intermediate: 11008,
+            layers: 32,
+            heads: 32,
+            kv_heads: 32,
+            head_dim: 128,
+            rms_eps: 1e-5,
+        };
+        let ranks = vec![[8; 7]; 32];
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        for dropout in [false, true] {
+            let full = step_bytes(&llama7b, 2048, &ranks, dropout, false);
+            let ckpt = step_bytes(&llama7b, 2048, &ranks, dropout, true);
+            eprintln!(
+                "7B, 2048 tokens, r = 8 on all seven, dropout {dropout}: {:.2} GiB, checkpointed {:.2} GiB",
+                gib(full),
+                gib(ckpt)
+            );
+            assert!(ckpt * 4 < full);
+        }
+        // The layer inputs dominate what a checkpointed step keeps per layer.
+        let d = tiny_dims();
+        let ranks = vec![ALL.map(|t| 2 * usize::from(t)); d.layers];
+        let one = step_bytes(&d, 100, &ranks, true, true);
+        let more = step_bytes(&Dims { layers: 3, ..d }, 100, &[ranks[0]; 3], true, true);
+        let packed: u64 = (0..7)
+            .map(|p| packed_mask_bytes(100 * d.projection_shape(p).0))
+            .sum();
+        assert_eq!(more - one, 4 * 100 * d.hidden as u64 + packed);
+        assert_eq!(step_bytes(&d, 0, &ranks, true, true), 0);
+        // No LoRA: no backward, no inputs kept.
+        let none = vec![[0; 7]; d.layers];
+        assert!(step_bytes(&d, 100, &none, false, true) < step_bytes(&d, 100, &none, false, false));
     }
 }

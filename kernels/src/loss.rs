@@ -23,6 +23,29 @@ use rayon::prelude::*;
 /// GEMM tall enough to run near full speed.
 pub const CHUNK: usize = 128;
 
+/// Rows per chunk and the lengths of the chunk buffers [`linear_cross_entropy`] allocates
+/// for `labelled` labelled rows: the hidden rows, the logits, and (with `grad`) the
+/// hidden-state gradient rows.
+fn chunk_lengths(
+    hidden_dim: usize,
+    vocab: usize,
+    labelled: usize,
+    grad: bool,
+) -> (usize, [usize; 3]) {
+    let rows = CHUNK.min(labelled);
+    let dh = if grad { rows * hidden_dim } else { 0 };
+    (rows, [rows * hidden_dim, rows * vocab, dh])
+}
+
+/// The bytes [`linear_cross_entropy`] allocates for a call with `labelled` labelled rows
+/// (`grad`: with `d_hidden`): the index of labelled rows, the chunk buffers and the
+/// per-row losses. For sizing a step (`llama::step_bytes`).
+pub fn scratch_bytes(hidden_dim: usize, vocab: usize, labelled: usize, grad: bool) -> u64 {
+    let (rows, lengths) = chunk_lengths(hidden_dim, vocab, labelled, grad);
+    let floats: usize = lengths.iter().sum();
+    (4 * floats + 8 * rows + std::mem::size_of::<usize>() * labelled) as u64
+}
+
 /// Why [`linear_cross_entropy`] refused its inputs; nothing was written when it did.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LossError {
@@ -89,7 +112,9 @@ pub fn linear_cross_entropy(
         return Err(LossError::TargetOutOfVocabulary { row, target, vocab });
     }
 
-    let labelled: Vec<usize> = (0..n).filter(|&r| targets[r] >= 0).collect();
+    // Sized exactly, so that [`scratch_bytes`] is what this holds.
+    let mut labelled = Vec::with_capacity(targets.iter().filter(|&&t| t >= 0).count());
+    labelled.extend((0..n).filter(|&r| targets[r] >= 0));
     let mut d_hidden = d_hidden;
     if let Some(d) = d_hidden.as_deref_mut() {
         for (row, &t) in d.chunks_mut(h.max(1)).zip(targets) {
@@ -102,12 +127,12 @@ pub fn linear_cross_entropy(
         return Ok(0.0);
     }
 
-    let rows = CHUNK.min(labelled.len());
-    let mut h_c = vec![0f32; rows * h];
-    let mut logits = vec![0f32; rows * vocab];
-    let mut dh_c = vec![0f32; if d_hidden.is_some() { rows * h } else { 0 }];
-    let mut row_loss = vec![0f64; rows];
     let grad = d_hidden.is_some();
+    let (rows, [h_c, logits, dh_c]) = chunk_lengths(h, vocab, labelled.len(), grad);
+    let mut h_c = vec![0f32; h_c];
+    let mut logits = vec![0f32; logits];
+    let mut dh_c = vec![0f32; dh_c];
+    let mut row_loss = vec![0f64; rows];
     let head = Mat::new(lm_head, vocab, h);
     let mut total = 0f64;
 

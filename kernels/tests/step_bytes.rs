@@ -1,0 +1,187 @@
+//! [`step_bytes`] against what a step really allocates: a counting global allocator
+//! records the peak of live heap bytes during `forward_backward_with`. Its own binary
+//! with one test, so that no other test allocates meanwhile; on a one-thread pool, so
+//! that the kernels' per-job scratch is made one at a time.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use rand::{Rng, SeedableRng};
+use tuneq_kernels::llama::{
+    Batch, Dims, Layer, Lora, MaskSource, Model, Projection, StepOptions, forward_backward_with,
+    step_bytes,
+};
+
+/// The system allocator, counting live bytes and their peak.
+struct Counting;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every call is forwarded to `System` unchanged; the counters are only
+// arithmetic on the sizes.
+#[allow(unsafe_code)]
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let live = LIVE.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
+        PEAK.fetch_max(live, Ordering::Relaxed);
+        // SAFETY: the caller's contract is `System`'s.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if new_size >= layout.size() {
+            let grow = new_size - layout.size();
+            let live = LIVE.fetch_add(grow, Ordering::Relaxed) + grow;
+            PEAK.fetch_max(live, Ordering::Relaxed);
+        } else {
+            LIVE.fetch_sub(layout.size() - new_size, Ordering::Relaxed);
+        }
+        // SAFETY: as above.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+#[test]
+fn step_bytes_is_what_a_step_allocates() {
+    let dims = Dims {
+        vocab: 300,
+        hidden: 64,
+        intermediate: 176,
+        layers: 3,
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 16,
+        rms_eps: 1e-5,
+    };
+    let (rows, len, r) = (4, 128, 4);
+    let n = rows * len;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+    let mut random = |n: usize, bound: f32| -> Vec<f32> {
+        (0..n).map(|_| rng.random_range(-bound..bound)).collect()
+    };
+    let (v, h) = (dims.vocab, dims.hidden);
+    let embed = random(v * h, 1.0);
+    let lm_head = random(v * h, 0.1);
+    let ones = vec![1f32; h];
+    let weights: Vec<Vec<Vec<f32>>> = (0..dims.layers)
+        .map(|_| {
+            (0..7)
+                .map(|p| {
+                    let (i, o) = dims.projection_shape(p);
+                    random(o * i, 1.0 / (i as f32).sqrt())
+                })
+                .collect()
+        })
+        .collect();
+    let factors: Vec<Vec<(Vec<f32>, Vec<f32>)>> = (0..dims.layers)
+        .map(|_| {
+            (0..7)
+                .map(|p| {
+                    let (i, o) = dims.projection_shape(p);
+                    (random(r * i, 0.1), random(o * r, 0.1))
+                })
+                .collect()
+        })
+        .collect();
+    let half = dims.head_dim / 2;
+    let cos = vec![1f32; len * half];
+    let sin = vec![0f32; len * half];
+    let layers = (0..dims.layers)
+        .map(|l| Layer {
+            input_norm: &ones,
+            post_norm: &ones,
+            proj: std::array::from_fn(|p| Projection {
+                weight: &weights[l][p],
+                lora: Some(Lora {
+                    a: &factors[l][p].0,
+                    b: &factors[l][p].1,
+                    r,
+                    scale: 2.0,
+                }),
+            }),
+        })
+        .collect();
+    let model = Model {
+        dims,
+        embed: &embed,
+        layers,
+        norm: &ones,
+        lm_head: &lm_head,
+        cos: &cos,
+        sin: &sin,
+    };
+    let ids: Vec<u32> = (0..n).map(|i| (i * 7 % v) as u32).collect();
+    let targets: Vec<i64> = (0..n).map(|i| (i * 11 % v) as i64).collect();
+    let positions: Vec<u32> = (0..n).map(|i| (i % len) as u32).collect();
+    let starts = vec![0u32; n];
+    let batch = Batch {
+        ids: &ids,
+        rows,
+        len,
+        targets: &targets,
+        positions: &positions,
+        starts: &starts,
+    };
+    let mut grads: Vec<Vec<f32>> = model
+        .lora_lengths()
+        .into_iter()
+        .map(|len| vec![0f32; len])
+        .collect();
+    let ranks = model.lora_ranks();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .expect("a pool");
+    let mut run = |dropout: bool, checkpoint_layers: bool| -> u64 {
+        pool.install(|| {
+            let mut k = 0u32;
+            // Two-valued masks, made on demand: the step holds them, the source does not.
+            let mut source = |rows: usize, inputs: usize| -> Vec<f32> {
+                k += 1;
+                (0..rows * inputs)
+                    .map(|i| {
+                        if (i as u32 ^ k).is_multiple_of(7) {
+                            0.0
+                        } else {
+                            1.25
+                        }
+                    })
+                    .collect()
+            };
+            let dropout: Option<MaskSource<'_>> = dropout.then_some(&mut source);
+            let options = StepOptions { checkpoint_layers };
+            let base = LIVE.load(Ordering::Relaxed);
+            PEAK.store(base, Ordering::Relaxed);
+            forward_backward_with(&model, &batch, 0.01, dropout, &mut grads, options)
+                .expect("a step");
+            (PEAK.load(Ordering::Relaxed) - base) as u64
+        })
+    };
+    run(false, false); // warms the pool and the allocator's bookkeeping
+    for dropout in [false, true] {
+        for checkpoint in [false, true] {
+            let counted = step_bytes(&dims, n, &ranks, dropout, checkpoint);
+            let measured = run(dropout, checkpoint);
+            let extra = measured as f64 / counted as f64 - 1.0;
+            eprintln!(
+                "dropout {dropout}, checkpoint {checkpoint}: step_bytes {counted}, measured peak \
+                 {measured} ({:+.2} %)",
+                100.0 * extra
+            );
+            // Everything counted is live at the peak; what is not counted is the kernels'
+            // small transient scratch.
+            assert!(measured >= counted, "{measured} < {counted}");
+            assert!(extra < 0.05, "{measured} is more than 5 % over {counted}");
+        }
+    }
+}
