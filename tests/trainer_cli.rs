@@ -654,3 +654,46 @@ fn a_trainer_past_its_memory_limit_stops_as_bad_input_with_the_figures() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn activation_checkpointing_changes_no_byte_of_the_adapter() {
+    // With dropout, so the recomputed layers must replay the very masks drawn.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let train = small_train_file(dir.path(), 24);
+    let adapter = |setting: &str| {
+        let output = dir.path().join(setting);
+        let out = Command::new(BIN)
+            .args([
+                "train",
+                "--model",
+                tiny_model().to_str().expect("utf8"),
+                "--train-file",
+                train.to_str().expect("utf8"),
+                "--output",
+                output.to_str().expect("utf8"),
+                "--max-steps",
+                "3",
+                "--batch-size",
+                "4",
+                "--lora-dropout",
+                "0.1",
+                "--activation-checkpointing",
+                setting,
+                "--progress",
+                "json",
+            ])
+            .env("RAYON_NUM_THREADS", "2")
+            .output()
+            .expect("run tuneq");
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::read(output.join("adapter_model.safetensors")).expect("adapter")
+    };
+    let (kept, recomputed) = (adapter("off"), adapter("on"));
+    assert!(!kept.is_empty());
+    assert!(kept == recomputed, "checkpointing changed the adapter");
+}

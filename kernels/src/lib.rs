@@ -35,6 +35,8 @@
 //! - `reduce` (private): fixed-order 16-lane sums and max, shared by the row kernels.
 
 pub mod attention;
+#[cfg(feature = "blas")]
+mod blas;
 pub mod exp;
 pub mod gemm;
 pub mod llama;

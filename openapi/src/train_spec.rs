@@ -56,6 +56,24 @@ pub struct TrainSpec {
     /// Compute dtype of the frozen base weights (LoRA factors and optimiser state stay f32).
     #[serde(default)]
     pub dtype: DtypeKind,
+    /// Whether each layer's activations are recomputed in backward instead of kept:
+    /// about a third more compute for a fraction of the activation memory. `auto` turns
+    /// it on only when the run would not fit its memory limit otherwise.
+    #[serde(default)]
+    pub activation_checkpointing: ActivationCheckpointing,
+}
+
+/// Per-layer activation (gradient) checkpointing. Results are bit-identical either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ActivationCheckpointing {
+    /// On when the memory limit (`TUNEQ_MEMORY_LIMIT_BYTES`) would be passed without it.
+    #[default]
+    Auto,
+    /// Always recompute.
+    On,
+    /// Never recompute.
+    Off,
 }
 
 fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {

@@ -7,7 +7,8 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use tuneq_openapi::{
-    ChatTemplateChoice, DatasetFormat, DeviceKind, DtypeKind, Scheduler, TrainSpec,
+    ActivationCheckpointing, ChatTemplateChoice, DatasetFormat, DeviceKind, DtypeKind, Scheduler,
+    TrainSpec,
 };
 use tuneq_trainer::progress::{JsonLines, ProgressSink, Tee, TerminalBar};
 use tuneq_trainer::train::{Outcome, StopFlag};
@@ -111,6 +112,10 @@ pub struct TrainArgs {
     /// Compute dtype of frozen weights.
     #[arg(long, value_enum)]
     pub dtype: Option<DtypeArg>,
+    /// Recompute each layer's activations in backward (`auto`: only when the run would
+    /// not fit its memory limit otherwise).
+    #[arg(long, value_enum)]
+    pub activation_checkpointing: Option<CheckpointingArg>,
     /// Progress output: `json` lines, a terminal `bar`, or `auto` (bar when stdout is a terminal).
     #[arg(long, value_enum, default_value = "auto")]
     pub progress: ProgressArg,
@@ -170,6 +175,7 @@ value_enum!(TemplateArg => ChatTemplateChoice { Model = ChatTemplateChoice::Mode
 value_enum!(SchedulerArg => Scheduler { Linear = Scheduler::Linear, Cosine = Scheduler::Cosine, Constant = Scheduler::Constant });
 value_enum!(DeviceArg => DeviceKind { Cpu = DeviceKind::Cpu, Cuda = DeviceKind::Cuda });
 value_enum!(DtypeArg => DtypeKind { F32 = DtypeKind::F32, Bf16 = DtypeKind::Bf16 });
+value_enum!(CheckpointingArg => ActivationCheckpointing { Auto = ActivationCheckpointing::Auto, On = ActivationCheckpointing::On, Off = ActivationCheckpointing::Off });
 
 /// Where progress goes.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default)]
@@ -275,6 +281,12 @@ pub fn build_spec(args: &TrainArgs) -> Result<TrainSpec> {
     }
     if let Some(d) = args.dtype {
         obj.insert("dtype".into(), serde_json::to_value(DtypeKind::from(d))?);
+    }
+    if let Some(c) = args.activation_checkpointing {
+        obj.insert(
+            "activation_checkpointing".into(),
+            serde_json::to_value(ActivationCheckpointing::from(c))?,
+        );
     }
     // A CUDA build picks the GPU (and bf16 for the frozen weights) when neither the spec
     // nor a flag chose a device and a GPU is present; a CPU build never changes the spec.

@@ -225,6 +225,9 @@ pub fn accumulate(
     let mut grads: Vec<Vec<f32>> = vars.iter().map(|v| vec![0.0; v.var.elem_count()]).collect();
     let mut loss = 0f64;
     let mut tokens = 0;
+    let options = llama::StepOptions {
+        checkpoint_layers: model.checkpoint_layers,
+    };
     with_model(model, |kernels| {
         for b in batches {
             let view = BatchView::new(b);
@@ -241,15 +244,23 @@ pub fn accumulate(
                         }
                         mask
                     };
-                    llama::forward_backward(
+                    llama::forward_backward_with(
                         kernels,
                         &view.of(b),
                         scale,
                         Some(&mut draw),
                         &mut grads,
+                        options,
                     )
                 }
-                None => llama::forward_backward(kernels, &view.of(b), scale, None, &mut grads),
+                None => llama::forward_backward_with(
+                    kernels,
+                    &view.of(b),
+                    scale,
+                    None,
+                    &mut grads,
+                    options,
+                ),
             }
             .map_err(kernel_error)?;
             // Summed as the graph path sums its per-micro-batch f32 losses.
@@ -267,6 +278,25 @@ pub fn accumulate(
         loss,
         grads,
         tokens,
+    })
+}
+
+/// The bytes one micro-batch of `tokens` positions holds on the fused path besides the
+/// model and the gradients (see `tuneq_kernels::llama::step_bytes`).
+pub fn step_bytes(
+    model: &Llama,
+    tokens: usize,
+    dropout: bool,
+    checkpoint_layers: bool,
+) -> Result<u64> {
+    with_model(model, |kernels| {
+        Ok(llama::step_bytes(
+            &kernels.dims,
+            tokens,
+            &kernels.lora_ranks(),
+            dropout,
+            checkpoint_layers,
+        ))
     })
 }
 
@@ -495,6 +525,52 @@ mod tests {
         }
         let graph = crate::train::accumulate_on_graph(&m, std::slice::from_ref(&packed), None);
         assert!(graph.is_err(), "the graph must refuse a packed batch");
+    }
+
+    #[test]
+    fn checkpointing_layers_changes_no_bit() {
+        let all = [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ];
+        let mut m = model(&all, false, false, 4);
+        let data = batches(m.cfg.vocab_size as u32);
+        let run = |m: &Llama| {
+            let mut rng = crate::batch::rng_for(7, crate::batch::streams::DROPOUT);
+            let d = Some(StepDropout {
+                p: 0.1,
+                rng: &mut rng,
+                record: None,
+            });
+            accumulate(m, &data, d).expect("a step")
+        };
+        let kept = run(&m);
+        m.checkpoint_layers = true;
+        let recomputed = run(&m);
+        assert_eq!(kept.loss.to_bits(), recomputed.loss.to_bits());
+        for (a, b) in kept.grads.iter().zip(&recomputed.grads) {
+            let (a, b) = (
+                a.flatten_all().and_then(|t| t.to_vec1::<f32>()).expect("a"),
+                b.flatten_all().and_then(|t| t.to_vec1::<f32>()).expect("b"),
+            );
+            assert!(
+                a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "a gradient changed"
+            );
+        }
+        let (without, with) = (
+            step_bytes(&m, 512, true, false).expect("bytes"),
+            step_bytes(&m, 512, true, true).expect("bytes"),
+        );
+        assert!(
+            with < without / 2,
+            "checkpointing should hold far less: {with} vs {without}"
+        );
     }
 
     #[test]

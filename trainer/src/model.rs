@@ -46,6 +46,9 @@ pub struct Llama {
     sin: Tensor,
     dtype: DType,
     device: Device,
+    /// Recompute each layer's activations in backward instead of keeping them (the
+    /// fused CPU path; the same bits either way). Set by the run from the spec.
+    pub checkpoint_layers: bool,
 }
 
 /// A trainable tensor with its PEFT name.
@@ -133,6 +136,7 @@ impl Llama {
             sin,
             dtype,
             device: device.clone(),
+            checkpoint_layers: false,
         })
     }
 

@@ -283,6 +283,7 @@ pub(super) async fn plan(
         },
         device: Default::default(),
         dtype: Default::default(),
+        activation_checkpointing: Default::default(),
     };
     let hp = &mut spec.hyperparameters;
     hp.epochs = u32::try_from(n_epochs).unwrap_or(u32::MAX);

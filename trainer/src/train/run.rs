@@ -198,7 +198,12 @@ impl<'a> Run<'a> {
         }
 
         let mut init_rng = batch::rng_for(h.seed, streams::LORA_INIT);
-        let model = Llama::load(&model_dir, dtype, &device, Some((&settings, &mut init_rng)))?;
+        let mut model = Llama::load(&model_dir, dtype, &device, Some((&settings, &mut init_rng)))?;
+        // The largest micro-batch: batch_size rows of the longest example (packing only
+        // ever makes it smaller).
+        let longest = train.examples.iter().map(|e| e.input_ids.len()).max().unwrap_or(1);
+        let step_tokens = h.batch_size as usize * longest;
+        model.checkpoint_layers = choose_checkpointing(spec, &model, step_tokens, sink)?;
         let vars = model.lora_vars();
         let trainable: u64 = vars.iter().map(|v| v.var.elem_count() as u64).sum();
         let opt = AdamW::new(vars, adamw_config(&h))?;
@@ -625,4 +630,69 @@ fn adamw_config(h: &tuneq_openapi::Hyperparameters) -> AdamWConfig {
         weight_decay: h.weight_decay,
         ..Default::default()
     }
+}
+
+/// Whether to recompute each layer's activations: as the spec says, or with `auto` only
+/// when the memory limit the launcher set (`TUNEQ_MEMORY_LIMIT_BYTES`) would be passed
+/// by what the process holds now plus the activations of the largest micro-batch
+/// (`tokens` positions). Only the fused CPU path
+/// recomputes; elsewhere `on` is reported and ignored.
+fn choose_checkpointing(
+    spec: &TrainSpec,
+    model: &Llama,
+    tokens: usize,
+    sink: &mut dyn ProgressSink,
+) -> Result<bool> {
+    use tuneq_openapi::ActivationCheckpointing;
+    let fused = crate::fast::ComputePath::for_model(model) == crate::fast::ComputePath::CpuFused;
+    if !fused {
+        if spec.activation_checkpointing == ActivationCheckpointing::On {
+            sink.event(&TrainEvent::Warning {
+                message: "activation_checkpointing is only implemented on the CPU fast path; this run keeps its activations".into(),
+            });
+        }
+        return Ok(false);
+    }
+    match spec.activation_checkpointing {
+        ActivationCheckpointing::On => Ok(true),
+        ActivationCheckpointing::Off => Ok(false),
+        ActivationCheckpointing::Auto => {
+            let Some(limit) = std::env::var(tuneq_openapi::launch::ENV_MEMORY_LIMIT_BYTES)
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+            else {
+                return Ok(false);
+            };
+            let dropout = spec.lora.dropout > 0.0;
+            let resident = resident_bytes().unwrap_or(0);
+            let keep = resident + crate::fast::step_bytes(model, tokens, dropout, false)?;
+            if keep <= limit {
+                return Ok(false);
+            }
+            let recompute = resident + crate::fast::step_bytes(model, tokens, dropout, true)?;
+            sink.event(&TrainEvent::Warning {
+                message: format!(
+                    "activation checkpointing is on: a step of {tokens} tokens needs about {} MiB with its activations kept, over the limit of {} MiB, and about {} MiB recomputing them",
+                    keep >> 20,
+                    limit >> 20,
+                    recompute >> 20
+                ),
+            });
+            Ok(true)
+        }
+    }
+}
+
+/// This process's resident memory, from `VmRSS` in `/proc/self/status` (Linux).
+fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib << 10)
 }
