@@ -201,7 +201,12 @@ impl<'a> Run<'a> {
         let mut model = Llama::load(&model_dir, dtype, &device, Some((&settings, &mut init_rng)))?;
         // The largest micro-batch: batch_size rows of the longest example (packing only
         // ever makes it smaller).
-        let longest = train.examples.iter().map(|e| e.input_ids.len()).max().unwrap_or(1);
+        let longest = train
+            .examples
+            .iter()
+            .map(|e| e.input_ids.len())
+            .max()
+            .unwrap_or(1);
         let step_tokens = h.batch_size as usize * longest;
         model.checkpoint_layers = choose_checkpointing(spec, &model, step_tokens, sink)?;
         let vars = model.lora_vars();
