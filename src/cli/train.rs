@@ -367,12 +367,11 @@ fn watch_memory() -> Result<()> {
             tuneq_dispatcher::local::MEMORY_LIMIT_ENV
         ))
     })?;
-    let page = rustix::param::page_size() as u64;
     std::thread::Builder::new()
         .name("memory-watchdog".into())
         .spawn(move || {
             loop {
-                if let Some(resident) = resident_pages().map(|p| p * page)
+                if let Some(resident) = tuneq_trainer::bench::resident_bytes()
                     && resident > limit
                 {
                     eprintln!(
@@ -387,16 +386,6 @@ fn watch_memory() -> Result<()> {
         })
         .context("cannot start the memory watchdog")?;
     Ok(())
-}
-
-/// This process's resident pages (the second field of `/proc/self/statm`).
-fn resident_pages() -> Option<u64> {
-    std::fs::read_to_string("/proc/self/statm")
-        .ok()?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
 }
 
 pub fn run(mut args: TrainArgs) -> Result<ExitCode> {

@@ -71,16 +71,24 @@ pub struct BenchResult {
 
 /// Peak resident set size of this process in MiB (Linux; 0 elsewhere).
 pub fn peak_rss_mib() -> f64 {
+    status_kib("VmHWM:").map_or(0.0, |kib| kib as f64 / 1024.0)
+}
+
+/// This process's resident memory now (`VmRSS`), in bytes; `None` off Linux.
+pub fn resident_bytes() -> Option<u64> {
+    status_kib("VmRSS:").map(|kib| kib << 10)
+}
+
+/// A `kB` field of `/proc/self/status`, e.g. `VmRSS:`.
+fn status_kib(field: &str) -> Option<u64> {
     std::fs::read_to_string("/proc/self/status")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix(field))?
+        .split_whitespace()
+        .next()?
+        .parse()
         .ok()
-        .and_then(|s| {
-            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| {
-                l.split_whitespace()
-                    .nth(1)
-                    .and_then(|v| v.parse::<f64>().ok())
-            })
-        })
-        .map_or(0.0, |kib| kib / 1024.0)
 }
 
 fn loadavg() -> f64 {

@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 use crate::model::Llama;
 use crate::train::{StepDropout, StepResult};
 use candle_core::{DType, Device, Storage, StorageRef, Tensor};
+use std::borrow::Cow;
 use tuneq_kernels::llama;
 
 /// How a step is computed.
@@ -181,21 +182,21 @@ fn with_model<T>(model: &Llama, f: impl FnOnce(&llama::Model<'_>) -> Result<T>) 
 /// The kernels' view of a micro-batch: a packed batch's own layout, or positions from 0
 /// in every row with every token seeing its row from the start (ordinary causal
 /// attention).
-struct BatchView {
-    positions: Vec<u32>,
-    starts: Vec<u32>,
+struct BatchView<'b> {
+    positions: Cow<'b, [u32]>,
+    starts: Cow<'b, [u32]>,
 }
 
-impl BatchView {
-    fn new(b: &Batch) -> Self {
+impl<'b> BatchView<'b> {
+    fn new(b: &'b Batch) -> Self {
         match &b.packing {
             Some(p) => Self {
-                positions: p.positions.clone(),
-                starts: p.starts.clone(),
+                positions: Cow::Borrowed(&p.positions),
+                starts: Cow::Borrowed(&p.starts),
             },
             None => Self {
                 positions: (0..b.rows * b.len).map(|k| (k % b.len) as u32).collect(),
-                starts: vec![0; b.rows * b.len],
+                starts: vec![0; b.rows * b.len].into(),
             },
         }
     }

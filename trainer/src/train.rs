@@ -344,10 +344,11 @@ pub fn evaluate(
     if total == 0 {
         return Ok(f64::NAN);
     }
+    let fused = crate::fast::ComputePath::for_model(model) == crate::fast::ComputePath::CpuFused;
     let mut loss = 0f64;
     for chunk in examples.chunks(batch_size.max(1)) {
         let refs: Vec<&Example> = chunk.iter().collect();
-        if crate::fast::ComputePath::for_model(model) == crate::fast::ComputePath::CpuFused {
+        if fused {
             let b = crate::batch::pack_batch(&refs, pad_id);
             loss += crate::fast::loss(model, &b, total as f64)? as f32 as f64;
             continue;

@@ -388,15 +388,15 @@ impl<'a> Run<'a> {
         let j = (self.step % self.per_epoch) as usize;
         let accum = h.gradient_accumulation_steps as usize;
         let bs = h.batch_size as usize;
+        let fused =
+            crate::fast::ComputePath::for_model(&self.model) == crate::fast::ComputePath::CpuFused;
         (j * accum..((j + 1) * accum).min(micro_per_epoch))
             .map(|m| {
                 let idx = &order[m * bs..((m + 1) * bs).min(order.len())];
                 let refs: Vec<&Example> = idx.iter().map(|&i| &train.examples[i]).collect();
                 // The fused path packs each micro-batch's examples end to end: the same
                 // examples and labelled tokens per step, without the padding.
-                if crate::fast::ComputePath::for_model(&self.model)
-                    == crate::fast::ComputePath::CpuFused
-                {
+                if fused {
                     batch::pack_batch(&refs, self.pad_id)
                 } else {
                     make_batch(&refs, self.pad_id)
@@ -669,7 +669,7 @@ fn choose_checkpointing(
                 return Ok(false);
             };
             let dropout = spec.lora.dropout > 0.0;
-            let resident = resident_bytes().unwrap_or(0);
+            let resident = crate::bench::resident_bytes().unwrap_or(0);
             let keep = resident + crate::fast::step_bytes(model, tokens, dropout, false)?;
             if keep <= limit {
                 return Ok(false);
@@ -686,18 +686,4 @@ fn choose_checkpointing(
             Ok(true)
         }
     }
-}
-
-/// This process's resident memory, from `VmRSS` in `/proc/self/status` (Linux).
-fn resident_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kib << 10)
 }
