@@ -4,11 +4,9 @@
 //! AdamW, labels = inputs.
 
 use crate::error::Result;
-use crate::init::{InitOptions, Preset, preset_config, random_weights};
+use crate::init::{InitOptions, Preset, preset_config};
 use crate::lora::LoraSettings;
-use crate::model::Llama;
 use crate::optim::{AdamW, AdamWConfig};
-use candle_core::{DType, Device};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use std::time::Instant;
@@ -108,8 +106,6 @@ pub fn run(opts: &BenchOptions, mut progress: impl FnMut(&str)) -> Result<BenchR
         llama3_rope: false,
     };
     let cfg = preset_config(&init);
-    let tensors = random_weights(&cfg, opts.seed)?;
-    let mut map = crate::weights::WeightMap::from_tensors(tensors, "random");
     let settings = LoraSettings {
         r: 8,
         alpha: 16.0,
@@ -121,13 +117,7 @@ pub fn run(opts: &BenchOptions, mut progress: impl FnMut(&str)) -> Result<BenchR
         rslora: false,
     };
     let mut rng = crate::batch::rng_for(opts.seed, crate::batch::streams::LORA_INIT);
-    let model = Llama::from_weights(
-        cfg.clone(),
-        &mut map,
-        DType::F32,
-        &Device::Cpu,
-        Some((&settings, &mut rng)),
-    )?;
+    let model = crate::init::random_model(cfg.clone(), opts.seed, Some((&settings, &mut rng)))?;
     let vars = model.lora_vars();
     let trainable = vars.iter().map(|v| v.var.elem_count() as u64).sum();
     let mut opt = AdamW::new(

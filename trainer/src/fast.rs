@@ -312,9 +312,8 @@ pub fn loss(model: &Llama, batch: &Batch, denominator: f64) -> Result<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::init::{InitOptions, Preset, preset_config, random_weights};
+    use crate::init::{InitOptions, Preset, preset_config};
     use crate::lora::LoraSettings;
-    use crate::weights::WeightMap;
     use rand::{Rng, SeedableRng};
 
     /// A tiny-preset model with LoRA on `targets` and every B drawn non-zero, so every
@@ -329,8 +328,6 @@ mod tests {
         };
         let mut cfg = preset_config(&opts);
         cfg.num_key_value_heads = Some(kv_heads);
-        let tensors = random_weights(&cfg, 3).expect("weights");
-        let mut weights = WeightMap::from_tensors(tensors, "test");
         let settings = LoraSettings {
             r: 4,
             alpha: 8.0,
@@ -339,14 +336,7 @@ mod tests {
             rslora: false,
         };
         let mut rng = crate::batch::rng_for(5, 0);
-        let m = Llama::from_weights(
-            cfg,
-            &mut weights,
-            DType::F32,
-            &Device::Cpu,
-            Some((&settings, &mut rng)),
-        )
-        .expect("model");
+        let m = crate::init::random_model(cfg, 3, Some((&settings, &mut rng))).expect("model");
         let mut fill = rand_chacha::ChaCha8Rng::seed_from_u64(9);
         for v in m
             .lora_vars()
@@ -449,15 +439,7 @@ mod tests {
 
     #[test]
     fn fast_path_matches_the_graph() {
-        let all = [
-            "q_proj",
-            "k_proj",
-            "v_proj",
-            "o_proj",
-            "gate_proj",
-            "up_proj",
-            "down_proj",
-        ];
+        let all = tuneq_openapi::train_spec::ALL_TARGET_MODULES;
         compare("all seven, GQA 8/4", &model(&all, false, false, 4), 0.0);
         compare(
             "q and v, MHA, tied, llama3 rope",
@@ -469,15 +451,7 @@ mod tests {
 
     #[test]
     fn a_packed_micro_batch_gives_the_padded_batch_s_loss_and_gradients() {
-        let all = [
-            "q_proj",
-            "k_proj",
-            "v_proj",
-            "o_proj",
-            "gate_proj",
-            "up_proj",
-            "down_proj",
-        ];
+        let all = tuneq_openapi::train_spec::ALL_TARGET_MODULES;
         let m = model(&all, false, false, 4);
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(12);
         let examples: Vec<crate::data::Example> = [48usize, 9, 20, 13, 30, 6]
@@ -530,15 +504,7 @@ mod tests {
 
     #[test]
     fn checkpointing_layers_changes_no_bit() {
-        let all = [
-            "q_proj",
-            "k_proj",
-            "v_proj",
-            "o_proj",
-            "gate_proj",
-            "up_proj",
-            "down_proj",
-        ];
+        let all = tuneq_openapi::train_spec::ALL_TARGET_MODULES;
         let mut m = model(&all, false, false, 4);
         let data = batches(m.cfg.vocab_size as u32);
         let run = |m: &Llama| {

@@ -120,9 +120,8 @@ pub fn stop_ids(model: &Llama, encoder: &Encoder) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::init::{InitOptions, Preset, preset_config, random_weights};
-    use crate::weights::WeightMap;
-    use candle_core::{DType, Device};
+    use crate::init::{InitOptions, Preset, preset_config};
+    use candle_core::Device;
 
     fn tiny(kv_heads: usize) -> Llama {
         let opts = InitOptions {
@@ -134,8 +133,7 @@ mod tests {
         };
         let mut cfg = preset_config(&opts);
         cfg.num_key_value_heads = Some(kv_heads);
-        let mut w = WeightMap::from_tensors(random_weights(&cfg, 4).expect("weights"), "test");
-        Llama::from_weights(cfg, &mut w, DType::F32, &Device::Cpu, None).expect("model")
+        crate::init::random_model(cfg, 4, None).expect("model")
     }
 
     #[test]

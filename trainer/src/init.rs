@@ -180,6 +180,18 @@ pub fn write_weights(out: &Path, tensors: Vec<(String, Tensor)>, shards: usize) 
     )
 }
 
+/// An f32 CPU model of `cfg` with [`random_weights`] from `seed`, held in memory (no
+/// folder), with fresh LoRA factors when `lora` is given: for benchmarks and tests.
+pub fn random_model(
+    cfg: LlamaConfig,
+    seed: u64,
+    lora: Option<(&crate::lora::LoraSettings, &mut ChaCha20Rng)>,
+) -> Result<crate::model::Llama> {
+    let tensors = random_weights(&cfg, seed)?;
+    let mut map = crate::weights::WeightMap::from_tensors(tensors, "random");
+    crate::model::Llama::from_weights(cfg, &mut map, candle_core::DType::F32, &Device::Cpu, lora)
+}
+
 /// Random weights for `cfg` by Hugging Face name: N(0, 0.02) matrices (as HF's
 /// `initializer_range`), norm weights near 1, drawn from a ChaCha20 stream seeded by `seed`.
 pub fn random_weights(cfg: &LlamaConfig, seed: u64) -> Result<Vec<(String, Tensor)>> {
