@@ -1,0 +1,280 @@
+use super::forward::attention_shape;
+use super::*;
+use crate::attention::attention_backward;
+use crate::gemm::{Mat, MatMut, gemm};
+use crate::norm::{rms_norm_backward, rms_norm_forward};
+use crate::rope::rope_in_place;
+use crate::swiglu::{swiglu_backward, swiglu_forward};
+
+/// Scratch of the LoRA backward, sized for the largest rank and projection.
+pub(super) struct LoraWork {
+    /// `du = scale·dY·B`, N × r.
+    pub(super) du: Vec<f32>,
+    /// The masked input `x_d`, N × in (with dropout); the forward's, handed on.
+    pub(super) xd: Vec<f32>,
+    /// `du·A` before the mask, N × in (with dropout).
+    pub(super) tmp: Vec<f32>,
+    /// One gradient before it is added, `r × in` or `out × r`.
+    pub(super) grad: Vec<f32>,
+}
+
+/// Backward scratch, reused by every layer.
+pub(super) struct BackwardWork {
+    /// A normed input, recomputed, N × h.
+    pub(super) hn: Vec<f32>,
+    /// Its 1/rms, recomputed (equal to the saved one), N.
+    pub(super) inv: Vec<f32>,
+    /// SwiGLU output, recomputed, N × I.
+    pub(super) act: Vec<f32>,
+    /// Its gradient, N × I.
+    pub(super) d_act: Vec<f32>,
+    /// `[dg | du]`, N × 2I.
+    pub(super) d_gu: Vec<f32>,
+    /// The gradient of a normed input, N × h.
+    pub(super) d_hn: Vec<f32>,
+    /// The gradient of the attention output, N × heads·head_dim.
+    pub(super) d_attn: Vec<f32>,
+    /// `[dq | dk | dv]`, N × qkv_width.
+    pub(super) d_qkv: Vec<f32>,
+    /// The LoRA branches'.
+    pub(super) lora: LoraWork,
+}
+
+/// `dst += src`, elementwise.
+pub(super) fn add(dst: &mut [f32], src: &[f32]) {
+    dst.iter_mut().zip(src).for_each(|(d, &s)| *d += s);
+}
+
+/// The backward of [`projection_forward`](super::forward::projection_forward) given
+/// `dy` (N × out): adds `dA = duᵀ·x_d` and `dB = scale·dYᵀ·u` into `grads` (A's at
+/// `slot`, B's right after) and, with `dx = Some((dx, β))`, writes `dx = β·dx + dY·W + (du·A)∘mask` (N × in), where
+/// `du = scale·dY·B` and `x_d = input∘mask`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn projection_backward(
+    d: &Dims,
+    p: usize,
+    proj: &Projection<'_>,
+    n: usize,
+    dy: Mat<'_>,
+    input: &[f32],
+    mask: Option<&[f32]>,
+    u: &[f32],
+    grads: &mut [Vec<f32>],
+    slot: Option<usize>,
+    mut dx: Option<(&mut [f32], f32)>,
+    work: &mut LoraWork,
+) {
+    let (i, o) = d.projection_shape(p);
+    if let Some((dx, beta)) = dx.as_mut() {
+        gemm(
+            1.0,
+            dy,
+            Mat::new(proj.weight, o, i),
+            *beta,
+            MatMut::new(&mut dx[..n * i], n, i),
+        );
+    }
+    let (Some(lora), Some(slot)) = (&proj.lora, slot) else {
+        return;
+    };
+    let r = lora.r;
+    let LoraWork { du, xd, tmp, grad } = work;
+    let du = &mut du[..n * r];
+    gemm(
+        lora.scale,
+        dy,
+        Mat::new(lora.b, o, r),
+        0.0,
+        MatMut::new(du, n, r),
+    );
+    let g = &mut grad[..o * r];
+    gemm(
+        lora.scale,
+        dy.t(),
+        Mat::new(&u[..n * r], n, r),
+        0.0,
+        MatMut::new(g, o, r),
+    );
+    add(&mut grads[slot + 1], g);
+    let x = match mask {
+        Some(mask) => {
+            let xd = &mut xd[..n * i];
+            for ((y, &a), &m) in xd.iter_mut().zip(&input[..n * i]).zip(mask) {
+                *y = a * m;
+            }
+            Mat::new(xd, n, i)
+        }
+        None => Mat::new(&input[..n * i], n, i),
+    };
+    let g = &mut grad[..r * i];
+    gemm(1.0, Mat::new(du, n, r).t(), x, 0.0, MatMut::new(g, r, i));
+    add(&mut grads[slot], g);
+    let Some((dx, _)) = dx else { return };
+    let dx = &mut dx[..n * i];
+    match mask {
+        None => gemm(
+            1.0,
+            Mat::new(du, n, r),
+            Mat::new(lora.a, r, i),
+            1.0,
+            MatMut::new(dx, n, i),
+        ),
+        Some(mask) => {
+            let tmp = &mut tmp[..n * i];
+            gemm(
+                1.0,
+                Mat::new(du, n, r),
+                Mat::new(lora.a, r, i),
+                0.0,
+                MatMut::new(tmp, n, i),
+            );
+            for ((y, &t), &m) in dx.iter_mut().zip(tmp.iter()).zip(mask) {
+                *y += t * m;
+            }
+        }
+    }
+}
+
+/// One decoder layer backward: `dx` goes in as the gradient of the layer's output and
+/// comes out as that of its input, unless `bottom` (no layer below needs it: q, k and v
+/// then skip their input gradient and the input norm its backward). LoRA gradients are
+/// added into `grads` at the layer's `slots`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn layer_backward(
+    model: &Model<'_>,
+    l: usize,
+    batch: &Batch<'_>,
+    saved: &Saved,
+    dx: &mut [f32],
+    work: &mut BackwardWork,
+    grads: &mut [Vec<f32>],
+    bottom: bool,
+    slots: &[Option<usize>; 7],
+) {
+    let layer = &model.layers[l];
+    let d = &model.dims;
+    let n = batch.rows * batch.len;
+    let (h, inter) = (d.hidden, d.intermediate);
+    let eps = d.rms_eps;
+
+    // MLP: down, SwiGLU, gate and up, then the post-attention norm into dx.
+    swiglu_forward(&saved.gu, inter, &mut work.act);
+    projection_backward(
+        d,
+        DOWN,
+        &layer.proj[DOWN],
+        n,
+        Mat::new(dx, n, h),
+        &work.act,
+        saved.masks[DOWN].as_deref(),
+        &saved.u[DOWN],
+        grads,
+        slots[DOWN],
+        Some((&mut work.d_act, 0.0)),
+        &mut work.lora,
+    );
+    swiglu_backward(&saved.gu, inter, &work.d_act, &mut work.d_gu);
+    rms_norm_forward(
+        &saved.x_mid,
+        layer.post_norm,
+        eps,
+        &mut work.hn,
+        &mut work.inv,
+    );
+    for (p, beta) in [(GATE, 0.0), (UP, 1.0)] {
+        projection_backward(
+            d,
+            p,
+            &layer.proj[p],
+            n,
+            Mat::strided(&work.d_gu[d.output_column(p)..], n, inter, 2 * inter, 1),
+            &work.hn,
+            saved.masks[p].as_deref(),
+            &saved.u[p],
+            grads,
+            slots[p],
+            Some((&mut work.d_hn, beta)),
+            &mut work.lora,
+        );
+    }
+    rms_norm_backward(
+        &saved.x_mid,
+        layer.post_norm,
+        &saved.inv2,
+        &work.d_hn,
+        dx,
+        true,
+    );
+
+    // Attention: o, attention, inverse RoPE, q/k/v, then the input norm into dx.
+    projection_backward(
+        d,
+        O,
+        &layer.proj[O],
+        n,
+        Mat::new(dx, n, h),
+        &saved.attn,
+        saved.masks[O].as_deref(),
+        &saved.u[O],
+        grads,
+        slots[O],
+        Some((&mut work.d_attn, 0.0)),
+        &mut work.lora,
+    );
+    let shape = attention_shape(d, batch);
+    attention_backward(
+        &shape,
+        &saved.qkv,
+        batch.starts,
+        &saved.attn,
+        &saved.lse,
+        &work.d_attn,
+        &mut work.d_qkv,
+    );
+    rope_in_place(
+        &mut work.d_qkv,
+        d.qkv_width(),
+        0,
+        d.heads + d.kv_heads,
+        d.head_dim,
+        batch.positions,
+        model.cos,
+        model.sin,
+        true,
+    );
+    rms_norm_forward(
+        &saved.x_in,
+        layer.input_norm,
+        eps,
+        &mut work.hn,
+        &mut work.inv,
+    );
+    for p in [Q, K, V] {
+        let out = d.projection_shape(p).1;
+        let beta = if p == Q { 0.0 } else { 1.0 };
+        projection_backward(
+            d,
+            p,
+            &layer.proj[p],
+            n,
+            Mat::strided(&work.d_qkv[d.output_column(p)..], n, out, d.qkv_width(), 1),
+            &work.hn,
+            saved.masks[p].as_deref(),
+            &saved.u[p],
+            grads,
+            slots[p],
+            (!bottom).then_some((&mut work.d_hn[..], beta)),
+            &mut work.lora,
+        );
+    }
+    if !bottom {
+        rms_norm_backward(
+            &saved.x_in,
+            layer.input_norm,
+            &saved.inv1,
+            &work.d_hn,
+            dx,
+            true,
+        );
+    }
+}

@@ -1,0 +1,286 @@
+use super::memory::saved_lengths;
+use super::*;
+use crate::attention::{AttentionShape, attention_forward};
+use crate::gemm::{Mat, MatMut, gemm};
+use crate::norm::rms_norm_forward;
+use crate::rope::rope_in_place;
+use crate::swiglu::swiglu_forward;
+
+/// What a layer's forward keeps for its backward (see the module notes). Without
+/// checkpointing there is one per layer; with it, one for the whole step, refilled by
+/// recomputing each layer's forward right before its backward.
+pub(super) struct Saved {
+    /// The layer's input, N × h.
+    pub(super) x_in: Vec<f32>,
+    /// 1/rms of the input norm, N.
+    pub(super) inv1: Vec<f32>,
+    /// q, k (after RoPE) and v, N × qkv_width.
+    pub(super) qkv: Vec<f32>,
+    /// Attention output, N × heads·head_dim.
+    pub(super) attn: Vec<f32>,
+    /// Attention log-sum-exp.
+    pub(super) lse: Vec<f32>,
+    /// The residual after attention, N × h.
+    pub(super) x_mid: Vec<f32>,
+    /// 1/rms of the post-attention norm, N.
+    pub(super) inv2: Vec<f32>,
+    /// `[gate | up]`, N × 2I.
+    pub(super) gu: Vec<f32>,
+    /// Per projection, `u = x_d·Aᵀ`: N × r for the layer's rank r in the first N·r
+    /// elements (a shared `Saved` is sized for the largest rank; empty without LoRA).
+    pub(super) u: [Vec<f32>; 7],
+    /// Per projection, the dropout mask (N × in) when one was drawn.
+    pub(super) masks: [Option<Vec<f32>>; 7],
+}
+
+impl Saved {
+    /// Buffers for `n` tokens and, per projection, LoRA rank `ranks[p]` (0: none).
+    pub(super) fn new(d: &Dims, n: usize, ranks: &[usize; 7]) -> Self {
+        let [x_in, inv1, qkv, attn, lse, x_mid, inv2, gu] =
+            saved_lengths(d, n).map(|len| vec![0.0; len]);
+        Self {
+            x_in,
+            inv1,
+            qkv,
+            attn,
+            lse,
+            x_mid,
+            inv2,
+            gu,
+            u: std::array::from_fn(|p| vec![0.0; n * ranks[p]]),
+            masks: Default::default(),
+        }
+    }
+}
+
+/// Forward scratch, reused by every layer.
+pub(super) struct ForwardWork {
+    /// A normed input, N × h.
+    pub(super) hn: Vec<f32>,
+    /// SwiGLU output, N × I.
+    pub(super) act: Vec<f32>,
+    /// A masked LoRA input, N × max in.
+    pub(super) xd: Vec<f32>,
+}
+
+/// The shape of the attention call.
+pub(super) fn attention_shape(d: &Dims, batch: &Batch<'_>) -> AttentionShape {
+    AttentionShape {
+        batch: batch.rows,
+        seq: batch.len,
+        heads: d.heads,
+        kv_heads: d.kv_heads,
+        head_dim: d.head_dim,
+    }
+}
+
+/// `out = β·out + input·Wᵀ`, plus `scale·(input∘mask)·Aᵀ·Bᵀ` with LoRA, saving
+/// `u = (input∘mask)·Aᵀ`. `out` starts at the output's first element, rows `stride` apart.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn projection_forward(
+    d: &Dims,
+    p: usize,
+    proj: &Projection<'_>,
+    n: usize,
+    input: &[f32],
+    beta: f32,
+    out: &mut [f32],
+    mask: Option<&[f32]>,
+    u: &mut [f32],
+    xd: &mut [f32],
+) {
+    let (i, o) = d.projection_shape(p);
+    let stride = d.output_stride(p);
+    let x = Mat::new(&input[..n * i], n, i);
+    gemm(
+        1.0,
+        x,
+        Mat::new(proj.weight, o, i).t(),
+        beta,
+        MatMut::strided(out, n, o, stride),
+    );
+    let Some(lora) = &proj.lora else { return };
+    let u = &mut u[..n * lora.r];
+    let x = match mask {
+        Some(mask) => {
+            let xd = &mut xd[..n * i];
+            for ((y, &a), &m) in xd.iter_mut().zip(&input[..n * i]).zip(mask) {
+                *y = a * m;
+            }
+            Mat::new(xd, n, i)
+        }
+        None => x,
+    };
+    gemm(
+        1.0,
+        x,
+        Mat::new(lora.a, lora.r, i).t(),
+        0.0,
+        MatMut::new(u, n, lora.r),
+    );
+    gemm(
+        lora.scale,
+        Mat::new(u, n, lora.r),
+        Mat::new(lora.b, o, lora.r).t(),
+        1.0,
+        MatMut::strided(out, n, o, stride),
+    );
+}
+
+/// Where a layer's forward gets its dropout masks.
+pub(super) enum Masks<'a, 'm> {
+    /// No dropout.
+    Off,
+    /// Drawn from the source, in forward order.
+    Draw(&'a mut (dyn FnMut(usize, usize) -> Vec<f32> + 'm)),
+    /// Already in `Saved::masks`, put there from what the first forward drew (a
+    /// checkpointed layer's recomputation).
+    Replay,
+}
+
+/// One decoder layer forward: `x` (N × h) goes in as the layer's input and comes out as
+/// its output; `saved` receives what backward needs.
+pub(super) fn layer_forward(
+    model: &Model<'_>,
+    l: usize,
+    batch: &Batch<'_>,
+    x: &mut [f32],
+    saved: &mut Saved,
+    work: &mut ForwardWork,
+    mut masks: Masks<'_, '_>,
+) -> Result<(), StepError> {
+    let layer = &model.layers[l];
+    let d = &model.dims;
+    let n = batch.rows * batch.len;
+    let eps = d.rms_eps;
+    // Masks are drawn in forward order, before the projection that uses them.
+    let mut draw = |p: usize, saved: &mut Saved| -> Result<(), StepError> {
+        let source = match &mut masks {
+            Masks::Replay => return Ok(()),
+            Masks::Off => None,
+            Masks::Draw(source) => Some(source),
+        };
+        saved.masks[p] = None;
+        if let (Some(source), true) = (source, layer.proj[p].lora.is_some()) {
+            let i = d.projection_shape(p).0;
+            let mask = source(n, i);
+            expect_len(
+                || format!("dropout mask of layer {l} {}", PROJECTIONS[p]),
+                mask.len(),
+                n * i,
+            )?;
+            saved.masks[p] = Some(mask);
+        }
+        Ok(())
+    };
+
+    saved.x_in.copy_from_slice(x);
+    rms_norm_forward(x, layer.input_norm, eps, &mut work.hn, &mut saved.inv1);
+    for p in [Q, K, V] {
+        draw(p, saved)?;
+        let col = d.output_column(p);
+        projection_forward(
+            d,
+            p,
+            &layer.proj[p],
+            n,
+            &work.hn,
+            0.0,
+            &mut saved.qkv[col..],
+            saved.masks[p].as_deref(),
+            &mut saved.u[p],
+            &mut work.xd,
+        );
+    }
+    // q and k are adjacent: one call rotates both.
+    rope_in_place(
+        &mut saved.qkv,
+        d.qkv_width(),
+        0,
+        d.heads + d.kv_heads,
+        d.head_dim,
+        batch.positions,
+        model.cos,
+        model.sin,
+        false,
+    );
+    let shape = attention_shape(d, batch);
+    attention_forward(
+        &shape,
+        &saved.qkv,
+        batch.starts,
+        &mut saved.attn,
+        &mut saved.lse,
+    );
+    draw(O, saved)?;
+    saved.x_mid.copy_from_slice(x);
+    projection_forward(
+        d,
+        O,
+        &layer.proj[O],
+        n,
+        &saved.attn,
+        1.0,
+        &mut saved.x_mid,
+        saved.masks[O].as_deref(),
+        &mut saved.u[O],
+        &mut work.xd,
+    );
+    rms_norm_forward(
+        &saved.x_mid,
+        layer.post_norm,
+        eps,
+        &mut work.hn,
+        &mut saved.inv2,
+    );
+    for p in [GATE, UP] {
+        draw(p, saved)?;
+        let col = d.output_column(p);
+        projection_forward(
+            d,
+            p,
+            &layer.proj[p],
+            n,
+            &work.hn,
+            0.0,
+            &mut saved.gu[col..],
+            saved.masks[p].as_deref(),
+            &mut saved.u[p],
+            &mut work.xd,
+        );
+    }
+    swiglu_forward(&saved.gu, d.intermediate, &mut work.act);
+    draw(DOWN, saved)?;
+    x.copy_from_slice(&saved.x_mid);
+    projection_forward(
+        d,
+        DOWN,
+        &layer.proj[DOWN],
+        n,
+        &work.act,
+        1.0,
+        x,
+        saved.masks[DOWN].as_deref(),
+        &mut saved.u[DOWN],
+        &mut work.xd,
+    );
+    Ok(())
+}
+
+/// The embedding rows of `ids`, N × h.
+pub(super) fn embed(model: &Model<'_>, ids: &[u32]) -> Vec<f32> {
+    let h = model.dims.hidden;
+    let mut x = vec![0f32; ids.len() * h];
+    for (row, &id) in x.chunks_mut(h).zip(ids) {
+        row.copy_from_slice(&model.embed[id as usize * h..][..h]);
+    }
+    x
+}
+
+/// The [`Masks`] of a forward that draws from `dropout`, if any.
+pub(super) fn drawn<'a, 'm>(dropout: &'a mut Option<MaskSource<'m>>) -> Masks<'a, 'm> {
+    match dropout {
+        Some(source) => Masks::Draw(&mut **source),
+        None => Masks::Off,
+    }
+}

@@ -1,0 +1,208 @@
+use super::*;
+
+/// The lengths of [`Saved`]'s fixed buffers, in field order (`x_in` … `gu`). Shared by
+/// [`Saved::new`] and [`step_bytes`], so that the count is the allocation.
+pub(super) fn saved_lengths(d: &Dims, n: usize) -> [usize; 8] {
+    let h = d.hidden;
+    [
+        n * h,
+        n,
+        n * d.qkv_width(),
+        n * d.heads * d.head_dim,
+        n * d.heads,
+        n * h,
+        n,
+        n * 2 * d.intermediate,
+    ]
+}
+
+/// The widest projection input, for the masked-input scratch.
+pub(super) fn widest_input(d: &Dims) -> usize {
+    (0..7).map(|p| d.projection_shape(p).0).max().unwrap_or(0)
+}
+
+/// The lengths of the forward scratch ([`ForwardWork`]'s `hn`, `act`, `xd`).
+pub(super) fn forward_work_lengths(d: &Dims, n: usize, dropout: bool) -> [usize; 3] {
+    let masked = if dropout { n * widest_input(d) } else { 0 };
+    [n * d.hidden, n * d.intermediate, masked]
+}
+
+/// The lengths of the buffers only the backward allocates: `dx`, then
+/// [`BackwardWork`]'s `d_act`, `d_gu`, `d_attn`, `d_qkv`, then [`LoraWork`]'s `du`,
+/// `tmp` and `grad` (its `xd` is the forward's). `ranks`: per layer and projection.
+pub(super) fn backward_lengths(
+    d: &Dims,
+    n: usize,
+    ranks: &[[usize; 7]],
+    dropout: bool,
+) -> [usize; 8] {
+    let (mut rank, mut grad) = (0, 0);
+    for layer in ranks {
+        for (p, &r) in layer.iter().enumerate() {
+            if r > 0 {
+                let (i, o) = d.projection_shape(p);
+                rank = rank.max(r);
+                grad = grad.max(r * i.max(o));
+            }
+        }
+    }
+    let masked = if dropout { n * widest_input(d) } else { 0 };
+    [
+        n * d.hidden,
+        n * d.intermediate,
+        n * 2 * d.intermediate,
+        n * d.heads * d.head_dim,
+        n * d.qkv_width(),
+        n * rank,
+        masked,
+        grad,
+    ]
+}
+
+/// A dropout mask kept through a checkpointed forward until its layer is recomputed.
+/// The source cannot be asked again (it is a random stream), so the masks are stored;
+/// packed to a bit each when, as dropout draws them, every element is `+0.0` or one
+/// keep value, which makes them 32 times smaller than the layer input they sit beside.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum StoredMask {
+    /// Bit `i` set: element `i` is `keep`, else `+0.0`.
+    Bits {
+        /// The kept elements' value, `1/(1 − p)`.
+        keep: f32,
+        /// One bit per element, 64 to a word.
+        bits: Vec<u64>,
+        /// Elements.
+        len: usize,
+    },
+    /// Any other mask, as drawn.
+    Full(Vec<f32>),
+}
+
+impl StoredMask {
+    /// Packs `mask` when it is two-valued (compared by bits, so that unpacking is
+    /// exact: a `-0.0` or a second non-zero value keeps the mask whole).
+    pub(super) fn pack(mask: &[f32]) -> Self {
+        let keep = mask
+            .iter()
+            .copied()
+            .find(|v| v.to_bits() != 0)
+            .unwrap_or(1.0);
+        if !mask
+            .iter()
+            .all(|v| v.to_bits() == 0 || v.to_bits() == keep.to_bits())
+        {
+            return Self::Full(mask.to_vec());
+        }
+        let mut bits = vec![0u64; mask.len().div_ceil(64)];
+        for (word, chunk) in bits.iter_mut().zip(mask.chunks(64)) {
+            for (i, v) in chunk.iter().enumerate() {
+                *word |= u64::from(v.to_bits() != 0) << i;
+            }
+        }
+        Self::Bits {
+            keep,
+            bits,
+            len: mask.len(),
+        }
+    }
+
+    /// Writes the mask as drawn into `out`, replacing its contents.
+    pub(super) fn unpack_into(&self, out: &mut Vec<f32>) {
+        out.clear();
+        match self {
+            Self::Full(mask) => out.extend_from_slice(mask),
+            Self::Bits { keep, bits, len } => {
+                out.reserve_exact(*len);
+                out.extend((0..*len).map(|i| {
+                    if bits[i / 64] >> (i % 64) & 1 == 1 {
+                        *keep
+                    } else {
+                        0.0
+                    }
+                }));
+            }
+        }
+    }
+}
+
+/// The bytes a two-valued mask of `len` elements takes packed ([`StoredMask::Bits`]).
+pub(super) fn packed_mask_bytes(len: usize) -> u64 {
+    8 * len.div_ceil(64) as u64
+}
+
+/// Per projection, the largest rank over the layers (a shared [`Saved`]'s `u` sizes).
+pub(super) fn max_ranks(ranks: &[[usize; 7]]) -> [usize; 7] {
+    let mut top = [0; 7];
+    for layer in ranks {
+        for (t, &r) in top.iter_mut().zip(layer) {
+            *t = (*t).max(r);
+        }
+    }
+    top
+}
+
+/// The most bytes [`forward_backward_with`] holds at once for a micro-batch of `tokens`
+/// tokens (rows × len), every one labelled (fewer labels only shrink the loss's chunk
+/// buffers), with LoRA ranks `ranks` (per layer, per projection in [`PROJECTIONS`]
+/// order, 0 for none; see [`Model::lora_ranks`]), with or without dropout and
+/// checkpointing. For choosing checkpointing and a micro-batch size against the memory
+/// of a node.
+///
+/// Counted: the hidden state, the saved forward state (every layer's, or with
+/// checkpointing the layer inputs, the packed masks and one layer's state), the
+/// forward scratch, the final norm's state and the hidden-state gradient, and then the
+/// larger of the loss's chunk buffers and the backward scratch (the two are never
+/// alive together), all from the same length helpers the step allocates with. Not
+/// counted: the model and the gradients (the caller's), and the kernels' transient
+/// buffers: attention's task lists (48 bytes per token and kv head in the backward),
+/// its scratch of about `(4·head_dim + 128)·seq` floats per running thread, and the GEMM
+/// library's packing (1–3 % of the total in `tests/step_bytes.rs`; more with long rows
+/// on many threads). With dropout, masks the source draws as anything but `0` and one
+/// keep value are kept whole rather than packed, and are not counted that way here.
+/// With checkpointing and layers of different LoRA shapes, the one-layer terms take
+/// the largest layer's, so the figure is then an upper bound.
+pub fn step_bytes(
+    dims: &Dims,
+    tokens: usize,
+    ranks: &[[usize; 7]],
+    dropout: bool,
+    checkpoint_layers: bool,
+) -> u64 {
+    let (d, n) = (dims, tokens);
+    if n == 0 {
+        return 0;
+    }
+    let f32s = |len: usize| 4 * len as u64;
+    let mask_len = |p: usize| n * d.projection_shape(p).0;
+    let masks = |layer: &[usize; 7]| -> usize {
+        (0..7)
+            .filter(|&p| dropout && layer[p] > 0)
+            .map(mask_len)
+            .sum()
+    };
+    let saved = |r: &[usize; 7]| -> usize {
+        saved_lengths(d, n).iter().sum::<usize>() + r.iter().map(|r| n * r).sum::<usize>()
+    };
+    let lowest = ranks.iter().position(|r| r.iter().any(|&r| r > 0));
+    let state = if checkpoint_layers {
+        let kept = &ranks[lowest.unwrap_or(ranks.len())..];
+        let one_layer = saved(&max_ranks(ranks)) + ranks.iter().map(masks).max().unwrap_or(0);
+        let packed: u64 = kept
+            .iter()
+            .flat_map(|layer| (0..7).filter(|&p| dropout && layer[p] > 0))
+            .map(|p| packed_mask_bytes(mask_len(p)))
+            .sum();
+        f32s(one_layer + kept.len() * n * d.hidden) + packed
+    } else {
+        ranks.iter().map(|r| f32s(saved(r) + masks(r))).sum()
+    };
+    // x, the forward scratch, the final norm's 1/rms and the hidden-state gradient.
+    let forward: usize = forward_work_lengths(d, n, dropout).iter().sum();
+    let common = state + f32s(n * d.hidden + forward + n + n * d.hidden);
+    let ce = crate::loss::scratch_bytes(d.hidden, d.vocab, n, true);
+    let backward = match lowest {
+        Some(_) => f32s(backward_lengths(d, n, ranks, dropout).iter().sum()),
+        None => 0,
+    };
+    common + ce.max(backward)
+}

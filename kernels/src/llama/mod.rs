@@ -1,0 +1,700 @@
+//! A whole Llama decoder with LoRA, forward and backward, on plain `f32` slices.
+//!
+//! This is the trainer's fused step (`trainer-speed.md` §7) built from the crate's
+//! kernels: the semantics are those of `trainer::model::Llama::hidden_states` followed by
+//! `trainer::ops::masked_cross_entropy`, with LoRA as in `trainer::lora`:
+//! `y = x·Wᵀ + scale·(dropout(x)·Aᵀ)·Bᵀ`.
+//!
+//! **Forward, per layer.** `hn = rms_norm(x)` (saving `1/rms`); q, k and v are written by
+//! their GEMMs straight into column blocks of one `[q heads | k heads | v heads]` buffer,
+//! and each LoRA branch adds `scale·u·Bᵀ` into the same block (β = 1) after saving
+//! `u = x_d·Aᵀ` (N × r). RoPE rotates q and k in place, attention saves its output and
+//! log-sum-exp, the o projection adds into a copy of the residual (β = 1), and the MLP
+//! writes gate and up into column blocks of one `[gate | up]` buffer, then SwiGLU, then
+//! the down projection adds into the residual. The final norm feeds
+//! [`linear_cross_entropy`], which writes the hidden-state gradient in the same pass.
+//!
+//! **Saved per layer:** the layer's input, `x_mid` (after attention), both norms' `1/rms`,
+//! qkv after RoPE, attention output and log-sum-exp, `[gate | up]`, each LoRA branch's
+//! `u`, and the dropout masks when there are any. The normed inputs and the SwiGLU output
+//! are recomputed in backward by the same code, so they are bit-identical to the
+//! forward's.
+//!
+//! **Backward, per layer in reverse,** with one set of scratch buffers for every layer.
+//! A projection's backward is `dX = dY·W` (β = 0 for the first term into a buffer, 1
+//! after) plus, for LoRA, `du = scale·dY·B`, `dB = scale·dYᵀ·u`, `dA = duᵀ·x_d` and
+//! `dX += (du·A)∘mask`. The norms' backward adds into the residual gradient. The
+//! embeddings are frozen, so layers below the lowest one with LoRA get no backward at
+//! all, and that layer (layer 0 when every layer is adapted) skips q/k/v's input
+//! gradient and its input norm's backward; its LoRA factors still get theirs.
+//!
+//! **Checkpointing** ([`StepOptions::checkpoint_layers`], through
+//! [`forward_backward_with`]): the saved state above is ~186 KB per token per layer at
+//! 7B (hidden 4096, intermediate 11008), 12 GiB for 2048 tokens over 32 layers, more than
+//! the model itself. With checkpointing the forward runs every layer into one shared
+//! `Saved` and keeps, for each layer from the lowest adapted one up, only its input
+//! (N × hidden) and the dropout masks it drew: the mask source is a random stream that
+//! cannot be asked again, so they are stored, one bit per element when they hold only
+//! `0` and one keep value (kept whole otherwise, so replaying is exact). The backward,
+//! per layer in reverse, first reruns that layer's forward from the stored input with
+//! the stored masks into the shared `Saved` (borrowing the backward's scratch as the
+//! forward's), then runs the layer's backward as without checkpointing. Same code, same
+//! inputs: the loss and gradients are bit-identical either way. It costs one more
+//! forward of the adapted layers, without the head: about +25 % per step on the
+//! `llama_step` small preset and +40 % on tiny (measured on a loaded 2-core machine),
+//! and brings 7B at 2048 tokens from 12.0 to 1.9 GiB (20.8 to 2.7 GiB with dropout),
+//! the layer inputs (1 GiB) being most of what is left. [`step_bytes`] gives the
+//! figure for any shape, from the same length helpers the allocation sites use.
+//!
+//! **Gradients accumulate** across calls (micro-batches): each LoRA gradient is computed
+//! into a scratch and then added elementwise, so after two calls a gradient is exactly
+//! the sum of what each call would give alone.
+//!
+//! **Determinism:** every product goes through [`gemm`](crate::gemm::gemm) and every
+//! row kernel splits in fixed blocks; the rest is sequential. Results do not depend on
+//! the thread count.
+
+use crate::loss::{LossError, linear_cross_entropy};
+use crate::norm::{rms_norm_backward, rms_norm_forward};
+
+mod backward;
+mod forward;
+mod memory;
+#[cfg(test)]
+mod tests;
+
+use backward::{BackwardWork, LoraWork, layer_backward};
+use forward::{ForwardWork, Masks, Saved, drawn, embed, layer_forward};
+pub use memory::step_bytes;
+use memory::{StoredMask, backward_lengths, forward_work_lengths, max_ranks};
+
+/// The seven projections of a layer, in [`Layer::proj`] order (PEFT's module names).
+pub const PROJECTIONS: [&str; 7] = [
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+];
+
+/// Indices into [`PROJECTIONS`].
+const Q: usize = 0;
+const K: usize = 1;
+const V: usize = 2;
+const O: usize = 3;
+const GATE: usize = 4;
+const UP: usize = 5;
+const DOWN: usize = 6;
+
+/// The architecture.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Dims {
+    /// Rows of the embedding and of the head.
+    pub vocab: usize,
+    /// Width of the residual stream.
+    pub hidden: usize,
+    /// Width of the MLP.
+    pub intermediate: usize,
+    /// Decoder layers.
+    pub layers: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads; `heads` must be a multiple of it.
+    pub kv_heads: usize,
+    /// Width of one head (even).
+    pub head_dim: usize,
+    /// RMSNorm's ε.
+    pub rms_eps: f32,
+}
+
+impl Dims {
+    /// `(in, out)` of projection `p` ([`PROJECTIONS`] order).
+    pub fn projection_shape(&self, p: usize) -> (usize, usize) {
+        let (h, q, kv, i) = (
+            self.hidden,
+            self.heads * self.head_dim,
+            self.kv_heads * self.head_dim,
+            self.intermediate,
+        );
+        match p {
+            Q => (h, q),
+            K | V => (h, kv),
+            O => (q, h),
+            GATE | UP => (h, i),
+            _ => (i, h),
+        }
+    }
+
+    /// Width of a row of the qkv buffer, `(heads + 2·kv_heads)·head_dim`.
+    fn qkv_width(&self) -> usize {
+        (self.heads + 2 * self.kv_heads) * self.head_dim
+    }
+
+    /// The first column of projection `p`'s output inside the buffer it writes (the qkv
+    /// buffer, the `[gate | up]` buffer, or a buffer of its own).
+    fn output_column(&self, p: usize) -> usize {
+        match p {
+            K => self.heads * self.head_dim,
+            V => (self.heads + self.kv_heads) * self.head_dim,
+            UP => self.intermediate,
+            _ => 0,
+        }
+    }
+
+    /// Row stride of the buffer projection `p` writes.
+    fn output_stride(&self, p: usize) -> usize {
+        match p {
+            Q | K | V => self.qkv_width(),
+            GATE | UP => 2 * self.intermediate,
+            _ => self.projection_shape(p).1,
+        }
+    }
+}
+
+/// A LoRA update of a projection: `y += scale·(x_d·Aᵀ)·Bᵀ`.
+#[derive(Debug, Clone, Copy)]
+pub struct Lora<'a> {
+    /// A, `r × in`, row-major.
+    pub a: &'a [f32],
+    /// B, `out × r`, row-major.
+    pub b: &'a [f32],
+    /// Rank.
+    pub r: usize,
+    /// Scale of the branch (alpha/r or alpha/√r).
+    pub scale: f32,
+}
+
+/// A frozen linear layer with an optional LoRA update.
+#[derive(Debug, Clone, Copy)]
+pub struct Projection<'a> {
+    /// `out × in`, row-major, frozen.
+    pub weight: &'a [f32],
+    /// The trainable update, when this projection is a target.
+    pub lora: Option<Lora<'a>>,
+}
+
+/// One decoder layer.
+#[derive(Debug, Clone, Copy)]
+pub struct Layer<'a> {
+    /// RMSNorm weight before attention, `hidden`.
+    pub input_norm: &'a [f32],
+    /// RMSNorm weight before the MLP, `hidden`.
+    pub post_norm: &'a [f32],
+    /// q, k, v, o, gate, up, down ([`PROJECTIONS`] order).
+    pub proj: [Projection<'a>; 7],
+}
+
+/// A Llama causal LM with LoRA, as views of its tensors.
+#[derive(Debug, Clone)]
+pub struct Model<'a> {
+    /// Architecture.
+    pub dims: Dims,
+    /// Token embeddings, `vocab × hidden` (frozen).
+    pub embed: &'a [f32],
+    /// Decoder layers, `dims.layers` of them.
+    pub layers: Vec<Layer<'a>>,
+    /// Final RMSNorm weight, `hidden`.
+    pub norm: &'a [f32],
+    /// Language-model head, `vocab × hidden` (may be the embedding itself).
+    pub lm_head: &'a [f32],
+    /// RoPE cosines, `(max_pos, head_dim/2)`.
+    pub cos: &'a [f32],
+    /// RoPE sines, like `cos`.
+    pub sin: &'a [f32],
+}
+
+impl Model<'_> {
+    /// The LoRA tensors' lengths, in gradient order: layer, projection, A then B.
+    pub fn lora_lengths(&self) -> Vec<usize> {
+        let mut out = Vec::new();
+        for layer in &self.layers {
+            for (p, proj) in layer.proj.iter().enumerate() {
+                if let Some(l) = &proj.lora {
+                    let (i, o) = self.dims.projection_shape(p);
+                    out.push(l.r * i);
+                    out.push(o * l.r);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// One micro-batch: `rows` sequences of `len` tokens, flattened row-major.
+#[derive(Debug, Clone, Copy)]
+pub struct Batch<'a> {
+    /// Token ids, `rows·len`.
+    pub ids: &'a [u32],
+    /// Sequence rows.
+    pub rows: usize,
+    /// Tokens per row (padded or packed).
+    pub len: usize,
+    /// Per token, the id it must predict; negative for no loss.
+    pub targets: &'a [i64],
+    /// Per token, its RoPE position.
+    pub positions: &'a [u32],
+    /// Per token, the position within its row of the first token of its segment (see
+    /// [`attention_forward`](crate::attention::attention_forward)): all zeros is plain
+    /// causal attention.
+    pub starts: &'a [u32],
+}
+
+/// Draws the dropout mask (`rows·len × in`, values 0 or 1/(1−p)) for the next adapted
+/// projection. Called in forward order: layer by layer, q, k, v, o, gate, up, down, only
+/// for projections with LoRA. The arguments are the number of token rows and `in`.
+pub type MaskSource<'m> = &'m mut dyn FnMut(usize, usize) -> Vec<f32>;
+
+/// Why a step refused its inputs. Nothing is added to the gradients when it does.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum StepError {
+    /// The architecture is inconsistent.
+    #[error("invalid dimensions: {0}")]
+    Dims(String),
+    /// A buffer's length does not match the dimensions.
+    #[error("{what} holds {len} elements where {expected} were expected")]
+    Length {
+        /// Which buffer.
+        what: String,
+        /// Its length.
+        len: usize,
+        /// The length the dimensions imply.
+        expected: usize,
+    },
+    /// A token id is not a row of the embedding.
+    #[error("token {id} at index {index} is outside the vocabulary of {vocab}")]
+    TokenOutOfVocabulary {
+        /// Index in the flattened batch.
+        index: usize,
+        /// The id.
+        id: u32,
+        /// The vocabulary size.
+        vocab: usize,
+    },
+    /// A target id is not a row of the head.
+    #[error("target {target} at index {index} is outside the vocabulary of {vocab}")]
+    TargetOutOfVocabulary {
+        /// Index in the flattened batch.
+        index: usize,
+        /// The target.
+        target: i64,
+        /// The vocabulary size.
+        vocab: usize,
+    },
+    /// A position is past the RoPE tables.
+    #[error("position {position} at index {index} is past the RoPE tables' {max_pos} positions")]
+    PositionOutOfRange {
+        /// Index in the flattened batch.
+        index: usize,
+        /// The position.
+        position: u32,
+        /// Positions in the tables.
+        max_pos: usize,
+    },
+    /// A token's segment starts after the token.
+    #[error("token {index} (column {column} of its row) starts its segment at {start}")]
+    SegmentStart {
+        /// Index in the flattened batch.
+        index: usize,
+        /// Its column in its row.
+        column: usize,
+        /// The start given.
+        start: u32,
+    },
+    /// The gradient list does not hold one buffer per LoRA tensor.
+    #[error("{got} gradient buffers for {expected} LoRA tensors")]
+    GradientCount {
+        /// Buffers given.
+        got: usize,
+        /// LoRA tensors in the model.
+        expected: usize,
+    },
+    /// The loss refused its inputs (not expected after the checks above).
+    #[error(transparent)]
+    Loss(#[from] LossError),
+}
+
+fn expect_len(what: impl FnOnce() -> String, len: usize, expected: usize) -> Result<(), StepError> {
+    if len == expected {
+        Ok(())
+    } else {
+        Err(StepError::Length {
+            what: what(),
+            len,
+            expected,
+        })
+    }
+}
+
+/// Checks the model's and the batch's shapes and contents.
+fn validate(model: &Model<'_>, batch: &Batch<'_>) -> Result<(), StepError> {
+    let d = &model.dims;
+    let bad = |m: String| Err(StepError::Dims(m));
+    if d.vocab == 0 || d.hidden == 0 || d.intermediate == 0 {
+        return bad(format!(
+            "{d:?} has an empty vocabulary, hidden or intermediate width"
+        ));
+    }
+    if d.heads == 0 || d.kv_heads == 0 || !d.heads.is_multiple_of(d.kv_heads) {
+        return bad(format!(
+            "{} query heads cannot be grouped over {} kv heads",
+            d.heads, d.kv_heads
+        ));
+    }
+    if d.head_dim == 0 || !d.head_dim.is_multiple_of(2) {
+        return bad(format!("head_dim {} must be even and positive", d.head_dim));
+    }
+    let (v, h) = (d.vocab, d.hidden);
+    expect_len(|| "embed".into(), model.embed.len(), v * h)?;
+    expect_len(|| "lm_head".into(), model.lm_head.len(), v * h)?;
+    expect_len(|| "norm".into(), model.norm.len(), h)?;
+    expect_len(|| "layers".into(), model.layers.len(), d.layers)?;
+    for (l, layer) in model.layers.iter().enumerate() {
+        expect_len(
+            || format!("layer {l} input_norm"),
+            layer.input_norm.len(),
+            h,
+        )?;
+        expect_len(|| format!("layer {l} post_norm"), layer.post_norm.len(), h)?;
+        for (p, proj) in layer.proj.iter().enumerate() {
+            let (i, o) = d.projection_shape(p);
+            let name = PROJECTIONS[p];
+            expect_len(
+                || format!("layer {l} {name} weight"),
+                proj.weight.len(),
+                o * i,
+            )?;
+            if let Some(lora) = &proj.lora {
+                expect_len(
+                    || format!("layer {l} {name} lora A (rank {})", lora.r),
+                    lora.a.len(),
+                    lora.r * i,
+                )?;
+                expect_len(
+                    || format!("layer {l} {name} lora B (rank {})", lora.r),
+                    lora.b.len(),
+                    o * lora.r,
+                )?;
+            }
+        }
+    }
+    let half = d.head_dim / 2;
+    expect_len(|| "sin".into(), model.sin.len(), model.cos.len())?;
+    if !model.cos.len().is_multiple_of(half) {
+        return bad(format!(
+            "RoPE tables of {} are not rows of head_dim/2 = {half}",
+            model.cos.len()
+        ));
+    }
+    let max_pos = model.cos.len() / half;
+
+    let n = batch.rows * batch.len;
+    expect_len(|| "ids".into(), batch.ids.len(), n)?;
+    expect_len(|| "targets".into(), batch.targets.len(), n)?;
+    expect_len(|| "positions".into(), batch.positions.len(), n)?;
+    expect_len(|| "starts".into(), batch.starts.len(), n)?;
+    if let Some((index, &id)) = batch
+        .ids
+        .iter()
+        .enumerate()
+        .find(|&(_, &id)| id as usize >= v)
+    {
+        return Err(StepError::TokenOutOfVocabulary {
+            index,
+            id,
+            vocab: v,
+        });
+    }
+    if let Some((index, &target)) = batch
+        .targets
+        .iter()
+        .enumerate()
+        .find(|&(_, &t)| t >= 0 && t as u64 >= v as u64)
+    {
+        return Err(StepError::TargetOutOfVocabulary {
+            index,
+            target,
+            vocab: v,
+        });
+    }
+    if let Some((index, &position)) = batch
+        .positions
+        .iter()
+        .enumerate()
+        .find(|&(_, &p)| p as usize >= max_pos)
+    {
+        return Err(StepError::PositionOutOfRange {
+            index,
+            position,
+            max_pos,
+        });
+    }
+    if let Some((index, &start)) = batch
+        .starts
+        .iter()
+        .enumerate()
+        .find(|&(i, &s)| s as usize > i % batch.len)
+    {
+        return Err(StepError::SegmentStart {
+            index,
+            column: index % batch.len,
+            start,
+        });
+    }
+    Ok(())
+}
+
+/// The index of each LoRA projection's A gradient in the gradient list (B follows it),
+/// after checking the list against the model.
+fn gradient_slots(
+    model: &Model<'_>,
+    grads: &[Vec<f32>],
+) -> Result<Vec<[Option<usize>; 7]>, StepError> {
+    let lengths = model.lora_lengths();
+    if grads.len() != lengths.len() {
+        return Err(StepError::GradientCount {
+            got: grads.len(),
+            expected: lengths.len(),
+        });
+    }
+    let mut slots = Vec::with_capacity(model.layers.len());
+    let mut next = 0;
+    for (l, layer) in model.layers.iter().enumerate() {
+        let mut s = [None; 7];
+        for (p, proj) in layer.proj.iter().enumerate() {
+            if proj.lora.is_some() {
+                for (k, ab) in ["A", "B"].iter().enumerate() {
+                    expect_len(
+                        || format!("gradient of layer {l} {} lora {ab}", PROJECTIONS[p]),
+                        grads[next + k].len(),
+                        lengths[next + k],
+                    )?;
+                }
+                s[p] = Some(next);
+                next += 2;
+            }
+        }
+        slots.push(s);
+    }
+    Ok(slots)
+}
+
+/// How a step trades memory for time. The default is the fastest: every layer's forward
+/// state is kept for its backward.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StepOptions {
+    /// Activation checkpointing per layer: the forward keeps only each layer's input
+    /// (N × hidden) and its dropout masks, and the backward recomputes the layer's
+    /// forward state into one shared set of buffers right before the layer's backward.
+    /// One more forward of the layers with a backward (about a third more compute) for
+    /// a saved state of `layers × N × hidden` instead of every layer's (see
+    /// [`step_bytes`]). Results are bit-identical either way: the recomputation runs
+    /// the same code on the same inputs and masks.
+    pub checkpoint_layers: bool,
+}
+
+impl Model<'_> {
+    /// Per layer, each projection's LoRA rank (0 without LoRA), for [`step_bytes`].
+    pub fn lora_ranks(&self) -> Vec<[usize; 7]> {
+        self.layers
+            .iter()
+            .map(|layer| std::array::from_fn(|p| layer.proj[p].lora.map_or(0, |l| l.r)))
+            .collect()
+    }
+}
+
+/// Forward and backward of one micro-batch with the default [`StepOptions`] (every
+/// layer's state kept); see [`forward_backward_with`].
+///
+/// # Errors
+/// As [`forward_backward_with`].
+pub fn forward_backward(
+    model: &Model<'_>,
+    batch: &Batch<'_>,
+    scale: f32,
+    dropout: Option<MaskSource<'_>>,
+    grads: &mut [Vec<f32>],
+) -> Result<f64, StepError> {
+    forward_backward_with(model, batch, scale, dropout, grads, StepOptions::default())
+}
+
+/// Forward and backward of one micro-batch: returns `scale·Σ CE` over the labelled
+/// tokens (`scale` is 1/the labelled-token count of the whole optimiser step) and ADDS
+/// each LoRA gradient into `grads`, one buffer per LoRA tensor in the order layer,
+/// projection (q … down), A then B, only for projections with LoRA (see
+/// [`Model::lora_lengths`]), so that micro-batches accumulate.
+///
+/// With `dropout`, a mask is drawn for every adapted projection in forward order (see
+/// [`MaskSource`]) and applied to the LoRA branch's input, as `trainer::lora` does.
+///
+/// Memory: see [`step_bytes`]; `options.checkpoint_layers` trades a second forward of
+/// the adapted layers for keeping one layer's state instead of all of them. The loss
+/// and the gradients' bits do not depend on it.
+///
+/// # Errors
+/// [`StepError`] when the model, the batch, the gradient buffers or a drawn mask do not
+/// fit together, or an id, target, position or segment start is out of range. Nothing is
+/// added to `grads` then.
+pub fn forward_backward_with(
+    model: &Model<'_>,
+    batch: &Batch<'_>,
+    scale: f32,
+    dropout: Option<MaskSource<'_>>,
+    grads: &mut [Vec<f32>],
+    options: StepOptions,
+) -> Result<f64, StepError> {
+    validate(model, batch)?;
+    let slots = gradient_slots(model, grads)?;
+    let d = &model.dims;
+    let (n, h) = (batch.rows * batch.len, d.hidden);
+    if n == 0 {
+        return Ok(0.0);
+    }
+    let ranks = model.lora_ranks();
+    let with_dropout = dropout.is_some();
+    let mut dropout = dropout;
+    // Layers below the lowest one with LoRA need no backward at all.
+    let lowest = slots.iter().position(|s| s.iter().any(Option::is_some));
+    let checkpoint = options.checkpoint_layers;
+    let mut x = embed(model, batch.ids);
+    let [hn, act, xd] = forward_work_lengths(d, n, with_dropout).map(|len| vec![0.0; len]);
+    let mut work = ForwardWork { hn, act, xd };
+    // Without checkpointing, one `Saved` per layer; with it, one shared by all, and
+    // per layer from `lowest` up its input and its masks.
+    let mut saved: Vec<Saved>;
+    let mut inputs: Vec<Vec<f32>> = Vec::new();
+    let mut masks: Vec<[Option<StoredMask>; 7]> = Vec::new();
+    if checkpoint {
+        saved = vec![Saved::new(d, n, &max_ranks(&ranks))];
+        let keep_from = lowest.unwrap_or(model.layers.len());
+        for l in 0..model.layers.len() {
+            if l >= keep_from {
+                inputs.push(x.clone());
+            }
+            let s = &mut saved[0];
+            layer_forward(model, l, batch, &mut x, s, &mut work, drawn(&mut dropout))?;
+            if l >= keep_from {
+                masks.push(std::array::from_fn(|p| {
+                    s.masks[p].as_deref().map(StoredMask::pack)
+                }));
+            }
+        }
+    } else {
+        saved = ranks.iter().map(|r| Saved::new(d, n, r)).collect();
+        for (l, s) in saved.iter_mut().enumerate() {
+            layer_forward(model, l, batch, &mut x, s, &mut work, drawn(&mut dropout))?;
+        }
+    }
+    let mut inv = vec![0f32; n];
+    rms_norm_forward(&x, model.norm, d.rms_eps, &mut work.hn, &mut inv);
+    let mut d_hidden = vec![0f32; n * h];
+    let loss = linear_cross_entropy(
+        &work.hn,
+        h,
+        model.lm_head,
+        d.vocab,
+        batch.targets,
+        scale,
+        Some(&mut d_hidden),
+    )?;
+    let Some(lowest) = lowest else {
+        return Ok(loss);
+    };
+    if batch.targets.iter().all(|&t| t < 0) {
+        return Ok(loss);
+    }
+    let [dx, d_act, d_gu, d_attn, d_qkv, du, tmp, grad] =
+        backward_lengths(d, n, &ranks, with_dropout).map(|len| vec![0f32; len]);
+    let mut dx = dx;
+    rms_norm_backward(&x, model.norm, &inv, &d_hidden, &mut dx, false);
+    let mut work = BackwardWork {
+        hn: work.hn,
+        inv,
+        act: work.act,
+        d_act,
+        d_gu,
+        d_hn: d_hidden,
+        d_attn,
+        d_qkv,
+        lora: LoraWork {
+            du,
+            xd: work.xd,
+            tmp,
+            grad,
+        },
+    };
+    for l in (lowest..model.layers.len()).rev() {
+        let s = if checkpoint {
+            // Recompute the layer's forward state from its input and its masks, with the
+            // backward's buffers lent as the forward's scratch (the backward recomputes
+            // what it needs of them itself).
+            let (Some(mut input), Some(stored)) = (inputs.pop(), masks.pop()) else {
+                unreachable!("an input and masks were kept for every layer from the lowest");
+            };
+            let s = &mut saved[0];
+            for (p, stored) in stored.iter().enumerate() {
+                s.masks[p] = stored.as_ref().map(|m| {
+                    let mut buf = s.masks[p].take().unwrap_or_default();
+                    m.unpack_into(&mut buf);
+                    buf
+                });
+            }
+            let mut lent = ForwardWork {
+                hn: std::mem::take(&mut work.hn),
+                act: std::mem::take(&mut work.act),
+                xd: std::mem::take(&mut work.lora.xd),
+            };
+            // Replaying draws nothing, so this cannot fail (and add half a step).
+            layer_forward(model, l, batch, &mut input, s, &mut lent, Masks::Replay)?;
+            (work.hn, work.act, work.lora.xd) = (lent.hn, lent.act, lent.xd);
+            &saved[0]
+        } else {
+            &saved[l]
+        };
+        layer_backward(
+            model,
+            l,
+            batch,
+            s,
+            &mut dx,
+            &mut work,
+            grads,
+            l == lowest,
+            &slots[l],
+        );
+    }
+    Ok(loss)
+}
+
+/// The loss only, for evaluation: `scale·Σ CE` over the labelled tokens, without dropout
+/// and without any gradient work. Layers reuse one set of buffers.
+///
+/// # Errors
+/// [`StepError`] when the model or batch is inconsistent; see [`forward_backward`].
+pub fn loss(model: &Model<'_>, batch: &Batch<'_>, scale: f32) -> Result<f64, StepError> {
+    validate(model, batch)?;
+    let d = &model.dims;
+    let n = batch.rows * batch.len;
+    if n == 0 {
+        return Ok(0.0);
+    }
+    let mut x = embed(model, batch.ids);
+    let [hn, act, xd] = forward_work_lengths(d, n, false).map(|len| vec![0.0; len]);
+    let mut work = ForwardWork { hn, act, xd };
+    let mut saved = Saved::new(d, n, &max_ranks(&model.lora_ranks()));
+    for l in 0..model.layers.len() {
+        layer_forward(model, l, batch, &mut x, &mut saved, &mut work, Masks::Off)?;
+    }
+    let mut inv = vec![0f32; n];
+    rms_norm_forward(&x, model.norm, d.rms_eps, &mut work.hn, &mut inv);
+    Ok(linear_cross_entropy(
+        &work.hn,
+        d.hidden,
+        model.lm_head,
+        d.vocab,
+        batch.targets,
+        scale,
+        None,
+    )?)
+}
