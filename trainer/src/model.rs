@@ -348,6 +348,9 @@ impl Llama {
                 ),
                 None => (k, v),
             };
+            // Detached: a cached tensor must not keep this call's graph (every
+            // activation of every earlier token) alive through its op's inputs.
+            let (k, v) = (k.detach(), v.detach());
             *slot = Some((k.clone(), v.clone()));
             let (k, v) = (repeat_kv(&k, nh / nkv)?, repeat_kv(&v, nh / nkv)?);
             let scores = q
@@ -361,7 +364,7 @@ impl Llama {
             let hn = rms_norm(&x, &layer.post_attention_layernorm, eps)?;
             let gate = gate_p.forward(&hn, None)?.silu()?;
             let up = up_p.forward(&hn, None)?;
-            x = (x + down_p.forward(&(gate * up)?, None)?)?;
+            x = (x + down_p.forward(&(gate * up)?, None)?)?.detach();
         }
         cache.len += t;
         let last = rms_norm(&x, &self.norm, eps)?.narrow(1, t - 1, 1)?;
