@@ -210,6 +210,7 @@ pub(crate) async fn report(
             train_loss,
             validation_loss,
             trained_tokens,
+            ..
         } = event
         {
             let result = serde_json::to_string(&AttemptResult {

@@ -79,6 +79,11 @@ pub enum TrainEvent {
         validation_loss: Option<f64>,
         /// Tokens seen in training (not counting padding).
         trained_tokens: u64,
+        /// The trainer process's peak resident memory in bytes, where the OS tells it
+        /// (Linux): what sizing a pool's memory, or checking the estimate placement
+        /// made, needs.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        peak_memory_bytes: Option<u64>,
     },
 }
 

@@ -72,6 +72,11 @@ pub fn peak_rss_mib() -> f64 {
     status_kib("VmHWM:").map_or(0.0, |kib| kib as f64 / 1024.0)
 }
 
+/// This process's peak resident memory so far (`VmHWM`), in bytes; `None` off Linux.
+pub fn peak_resident_bytes() -> Option<u64> {
+    status_kib("VmHWM:").map(|kib| kib << 10)
+}
+
 /// This process's resident memory now (`VmRSS`), in bytes; `None` off Linux.
 pub fn resident_bytes() -> Option<u64> {
     status_kib("VmRSS:").map(|kib| kib << 10)

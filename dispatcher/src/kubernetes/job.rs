@@ -19,8 +19,9 @@ use k8s_openapi::api::core::v1::{
     Affinity, CSIVolumeSource, Capabilities, ConfigMapVolumeSource, Container,
     EmptyDirVolumeSource, EnvVar, EnvVarSource, KeyToPath, NodeAffinity, NodeSelector,
     NodeSelectorRequirement, NodeSelectorTerm, PersistentVolumeClaimVolumeSource,
-    PodSecurityContext, PodSpec, PodTemplateSpec, ResourceRequirements, SeccompProfile, Secret,
-    SecretKeySelector, SecretVolumeSource, SecurityContext, Toleration, Volume, VolumeMount,
+    PodSecurityContext, PodSpec, PodTemplateSpec, ResourceFieldSelector, ResourceRequirements,
+    SeccompProfile, Secret, SecretKeySelector, SecretVolumeSource, SecurityContext, Toleration,
+    Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -321,6 +322,22 @@ pub fn build_job(
         EnvVar {
             name: launch::ENV_CACHE_DIR.to_string(),
             value: Some(CACHE_DIR.to_string()),
+            ..Default::default()
+        },
+        // The container's own memory limit, in bytes, from the kubelet: the trainer
+        // turns activation checkpointing on when a step would not fit under it
+        // (`activation_checkpointing: auto`) and stops with the figures before the
+        // kernel's OOM killer would.
+        EnvVar {
+            name: launch::ENV_MEMORY_LIMIT_BYTES.to_string(),
+            value_from: Some(EnvVarSource {
+                resource_field_ref: Some(ResourceFieldSelector {
+                    container_name: Some(CONTAINER.to_string()),
+                    resource: "limits.memory".to_string(),
+                    divisor: None,
+                }),
+                ..Default::default()
+            }),
             ..Default::default()
         },
     ];

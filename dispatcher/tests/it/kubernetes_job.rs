@@ -202,6 +202,16 @@ fn each_example_pool_gets_a_job_by_the_rules() {
             Some(l.report_url.as_str())
         );
         assert_eq!(var(launch::ENV_CACHE_DIR).value.as_deref(), Some(CACHE_DIR));
+        let limit = var(launch::ENV_MEMORY_LIMIT_BYTES)
+            .value_from
+            .as_ref()
+            .and_then(|v| v.resource_field_ref.as_ref())
+            .unwrap();
+        assert_eq!(
+            (limit.container_name.as_deref(), limit.resource.as_str()),
+            (Some(CONTAINER), "limits.memory"),
+            "{at}"
+        );
         for (name, value) in &k.env {
             assert_eq!(var(name).value.as_ref(), Some(value), "{at}");
         }

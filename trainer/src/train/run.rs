@@ -190,6 +190,7 @@ impl<'a> Run<'a> {
                 train_loss: done.metrics.train_loss,
                 validation_loss: done.metrics.validation_loss,
                 trained_tokens: done.metrics.trained_tokens,
+                peak_memory_bytes: None,
             });
             return Ok(Prepared::Done(Outcome::Finished {
                 steps: done.metrics.steps,
@@ -621,6 +622,7 @@ impl<'a> Run<'a> {
             train_loss: last_loss,
             validation_loss: val_loss,
             trained_tokens: tokens_seen,
+            peak_memory_bytes: crate::bench::peak_resident_bytes(),
         });
         Ok(Outcome::Finished {
             steps: step,
