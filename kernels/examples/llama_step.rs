@@ -1,6 +1,6 @@
 //! Times the whole LoRA step ([`forward_backward`]) and the evaluation loss on the
 //! benchmark presets: batch 4 × 256, LoRA r = 8 on all seven projections, every token
-//! labelled, random f32 weights.
+//! labelled, random weights (f32, or bf16 with `--bf16`).
 //!
 //! `cargo run -p tuneq-kernels --example llama_step [iterations] [tiny|small]
 //! [--checkpoint] [--bf16]`; set `RAYON_NUM_THREADS` to choose the pool. `--checkpoint`

@@ -59,7 +59,10 @@
 //! widens, the head's `vocab × hidden` when it is bf16 (0.5 GiB at 7B, counted by
 //! [`step_bytes`]); with every frozen matrix in f32 there is none. Widening costs a
 //! pass over the weights per use (the forward, the backward's `dX`, and the
-//! recomputation when checkpointing).
+//! recomputation when checkpointing): under 1 % of the samples on the `llama_step`
+//! small preset, whose step time is unchanged within the noise of a loaded 2-core
+//! machine, while its peak RSS drops from 1000 to 842 MiB (256 MiB of weights saved,
+//! 94 MiB of head scratch added).
 //!
 //! **Gradients accumulate** across calls (micro-batches): each LoRA gradient is computed
 //! into a scratch and then added elementwise, so after two calls a gradient is exactly
