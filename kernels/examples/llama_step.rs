@@ -1,20 +1,48 @@
 //! Times the whole LoRA step ([`forward_backward`]) and the evaluation loss on the
 //! benchmark presets: batch 4 × 256, LoRA r = 8 on all seven projections, every token
-//! labelled, random f32 weights.
+//! labelled, random weights (f32, or bf16 with `--bf16`).
 //!
 //! `cargo run -p tuneq-kernels --example llama_step [iterations] [tiny|small]
-//! [--checkpoint]`; set `RAYON_NUM_THREADS` to choose the pool. `--checkpoint` runs the
-//! step with per-layer activation checkpointing ([`StepOptions::checkpoint_layers`]).
+//! [--checkpoint] [--bf16]`; set `RAYON_NUM_THREADS` to choose the pool. `--checkpoint`
+//! runs the step with per-layer activation checkpointing
+//! ([`StepOptions::checkpoint_layers`]); `--bf16` stores the frozen weights (embedding,
+//! projections, head) as bf16, widened to f32 where they are used ([`Frozen`]).
 //! Prints the median seconds per call, the step's [`step_bytes`] and the process's peak
 //! resident memory (`VmHWM`, which includes the model's weights).
 
 use std::time::Instant;
 
+use half::bf16;
 use rand::{Rng, SeedableRng};
 use tuneq_kernels::llama::{
-    Batch, Dims, Layer, Lora, Model, Projection, StepOptions, forward_backward_with, loss,
+    Batch, Dims, Frozen, Layer, Lora, Model, Projection, StepOptions, forward_backward_with, loss,
     step_bytes,
 };
+
+/// A frozen matrix as the example stores it.
+enum Stored {
+    F32(Vec<f32>),
+    Bf16(Vec<bf16>),
+}
+
+impl Stored {
+    /// `w` as f32, or rounded to bf16 (the f32 copy is dropped, so that the peak RSS is
+    /// that of the bf16 storage).
+    fn new(w: Vec<f32>, as_bf16: bool) -> Self {
+        if as_bf16 {
+            Self::Bf16(w.into_iter().map(bf16::from_f32).collect())
+        } else {
+            Self::F32(w)
+        }
+    }
+
+    fn view(&self) -> Frozen<'_> {
+        match self {
+            Self::F32(w) => Frozen::F32(w),
+            Self::Bf16(w) => Frozen::Bf16(w),
+        }
+    }
+}
 
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
@@ -31,6 +59,7 @@ fn peak_rss_mib() -> Option<f64> {
 
 fn main() {
     let checkpoint_layers = std::env::args().any(|a| a == "--checkpoint");
+    let frozen_bf16 = std::env::args().any(|a| a == "--bf16");
     let args: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with("--"))
@@ -62,7 +91,8 @@ fn main() {
     };
     let (rows, len, r) = (4, 256, 8);
     println!(
-        "{preset}: rayon threads {}, {iterations} iterations, checkpointing {checkpoint_layers}",
+        "{preset}: rayon threads {}, {iterations} iterations, checkpointing {checkpoint_layers}, \
+         bf16 weights {frozen_bf16}",
         rayon::current_num_threads()
     );
 
@@ -71,15 +101,15 @@ fn main() {
         (0..n).map(|_| rng.random_range(-bound..bound)).collect()
     };
     let (v, h) = (dims.vocab, dims.hidden);
-    let embed = random(v * h, 1.0);
-    let lm_head = random(v * h, 1.0 / (h as f32).sqrt());
+    let embed = Stored::new(random(v * h, 1.0), frozen_bf16);
+    let lm_head = Stored::new(random(v * h, 1.0 / (h as f32).sqrt()), frozen_bf16);
     let ones = vec![1f32; h];
     let shapes: Vec<(usize, usize)> = (0..7).map(|p| dims.projection_shape(p)).collect();
-    let weights: Vec<Vec<Vec<f32>>> = (0..dims.layers)
+    let weights: Vec<Vec<Stored>> = (0..dims.layers)
         .map(|_| {
             shapes
                 .iter()
-                .map(|&(i, o)| random(o * i, 1.0 / (i as f32).sqrt()))
+                .map(|&(i, o)| Stored::new(random(o * i, 1.0 / (i as f32).sqrt()), frozen_bf16))
                 .collect()
         })
         .collect();
@@ -104,7 +134,7 @@ fn main() {
             input_norm: &ones,
             post_norm: &ones,
             proj: std::array::from_fn(|p| Projection {
-                weight: &weights[l][p],
+                weight: weights[l][p].view(),
                 lora: Some(Lora {
                     a: &factors[l][p].0,
                     b: &factors[l][p].1,
@@ -116,10 +146,10 @@ fn main() {
         .collect();
     let model = Model {
         dims,
-        embed: &embed,
+        embed: embed.view(),
         layers,
         norm: &ones,
-        lm_head: &lm_head,
+        lm_head: lm_head.view(),
         cos: &cos,
         sin: &sin,
     };
@@ -157,13 +187,22 @@ fn main() {
             eval.push((t2 - t1).as_secs_f64());
         }
     }
-    let held = step_bytes(&dims, n, &model.lora_ranks(), false, checkpoint_layers);
+    let held = step_bytes(
+        &dims,
+        n,
+        &model.lora_ranks(),
+        false,
+        checkpoint_layers,
+        frozen_bf16,
+    );
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
     println!(
         "loss {last:.4}; forward_backward {:.3} s, loss only {:.3} s (median); step_bytes {:.0} MiB; \
-         peak RSS {:.0} MiB",
+         frozen weights {:.0} MiB; peak RSS {:.0} MiB",
         median(step),
         median(eval),
-        held as f64 / (1 << 20) as f64,
+        mib(held),
+        mib(model.frozen_bytes()),
         peak_rss_mib().unwrap_or(f64::NAN)
     );
 }

@@ -1,4 +1,5 @@
-//! CPU kernels for the trainer's fast path, on plain `f32` slices.
+//! CPU kernels for the trainer's fast path, on plain `f32` slices (frozen weights may be
+//! `bf16`, widened to `f32` as they are used).
 //!
 //! candle's autograd pays for generality on the CPU: every edge of the graph zero-fills
 //! and adds a fresh gradient, every op allocates its output, and its GEMM runs AVX2
@@ -31,7 +32,9 @@
 //! - [`llama`]: the whole Llama LoRA forward and backward of one micro-batch, built from
 //!   the kernels above, returning the loss and adding into the LoRA gradients; with
 //!   optional per-layer activation checkpointing (bit-identical results, a fraction of
-//!   the memory), and [`llama::step_bytes`] to size a step before running it.
+//!   the memory), frozen weights stored as f32 or bf16 ([`llama::Frozen`], widened
+//!   exactly to f32 where they are used), and [`llama::step_bytes`] to size a step
+//!   before running it.
 //! - `reduce` (private): fixed-order 16-lane sums and max, shared by the row kernels.
 
 pub mod attention;

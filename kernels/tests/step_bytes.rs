@@ -1,15 +1,18 @@
 //! [`step_bytes`] against what a step really allocates: a counting global allocator
 //! records the peak of live heap bytes during `forward_backward_with`. Its own binary
 //! with one test, so that no other test allocates meanwhile; on a one-thread pool, so
-//! that the kernels' per-job scratch is made one at a time.
+//! that the kernels' per-job scratch is made one at a time. Once with f32 frozen
+//! weights and once with the same weights stored as bf16 (which adds the widening
+//! scratch).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use half::bf16;
 use rand::{Rng, SeedableRng};
 use tuneq_kernels::llama::{
-    Batch, Dims, Layer, Lora, MaskSource, Model, Projection, StepOptions, forward_backward_with,
-    step_bytes,
+    Batch, Dims, Frozen, Layer, Lora, MaskSource, Model, Projection, StepOptions,
+    forward_backward_with, step_bytes,
 };
 
 /// The system allocator, counting live bytes and their peak.
@@ -96,30 +99,52 @@ fn step_bytes_is_what_a_step_allocates() {
     let half = dims.head_dim / 2;
     let cos = vec![1f32; len * half];
     let sin = vec![0f32; len * half];
-    let layers = (0..dims.layers)
-        .map(|l| Layer {
-            input_norm: &ones,
-            post_norm: &ones,
-            proj: std::array::from_fn(|p| Projection {
-                weight: &weights[l][p],
-                lora: Some(Lora {
-                    a: &factors[l][p].0,
-                    b: &factors[l][p].1,
-                    r,
-                    scale: 2.0,
-                }),
-            }),
-        })
+    let to_bf16 = |w: &[f32]| -> Vec<bf16> { w.iter().map(|&x| bf16::from_f32(x)).collect() };
+    let (embed16, lm_head16) = (to_bf16(&embed), to_bf16(&lm_head));
+    let weights16: Vec<Vec<Vec<bf16>>> = weights
+        .iter()
+        .map(|l| l.iter().map(|w| to_bf16(w)).collect())
         .collect();
-    let model = Model {
+    let layers = |frozen_bf16: bool| -> Vec<Layer<'_>> {
+        (0..dims.layers)
+            .map(|l| Layer {
+                input_norm: &ones,
+                post_norm: &ones,
+                proj: std::array::from_fn(|p| Projection {
+                    weight: if frozen_bf16 {
+                        Frozen::Bf16(&weights16[l][p])
+                    } else {
+                        Frozen::F32(&weights[l][p])
+                    },
+                    lora: Some(Lora {
+                        a: &factors[l][p].0,
+                        b: &factors[l][p].1,
+                        r,
+                        scale: 2.0,
+                    }),
+                }),
+            })
+            .collect()
+    };
+    let model = |frozen_bf16: bool| Model {
         dims,
-        embed: &embed,
-        layers,
+        embed: if frozen_bf16 {
+            Frozen::Bf16(&embed16)
+        } else {
+            Frozen::F32(&embed)
+        },
+        layers: layers(frozen_bf16),
         norm: &ones,
-        lm_head: &lm_head,
+        lm_head: if frozen_bf16 {
+            Frozen::Bf16(&lm_head16)
+        } else {
+            Frozen::F32(&lm_head)
+        },
         cos: &cos,
         sin: &sin,
     };
+    let (f32_model, bf16_model) = (model(false), model(true));
+    let model = &f32_model;
     let ids: Vec<u32> = (0..n).map(|i| (i * 7 % v) as u32).collect();
     let targets: Vec<i64> = (0..n).map(|i| (i * 11 % v) as i64).collect();
     let positions: Vec<u32> = (0..n).map(|i| (i % len) as u32).collect();
@@ -138,11 +163,12 @@ fn step_bytes_is_what_a_step_allocates() {
         .map(|len| vec![0f32; len])
         .collect();
     let ranks = model.lora_ranks();
+    assert_eq!(bf16_model.frozen_bytes() * 2, f32_model.frozen_bytes());
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(1)
         .build()
         .expect("a pool");
-    let mut run = |dropout: bool, checkpoint_layers: bool| -> u64 {
+    let mut run = |model: &Model<'_>, dropout: bool, checkpoint_layers: bool| -> u64 {
         pool.install(|| {
             let mut k = 0u32;
             // Two-valued masks, made on demand: the step holds them, the source does not.
@@ -162,26 +188,39 @@ fn step_bytes_is_what_a_step_allocates() {
             let options = StepOptions { checkpoint_layers };
             let base = LIVE.load(Ordering::Relaxed);
             PEAK.store(base, Ordering::Relaxed);
-            forward_backward_with(&model, &batch, 0.01, dropout, &mut grads, options)
+            forward_backward_with(model, &batch, 0.01, dropout, &mut grads, options)
                 .expect("a step");
             (PEAK.load(Ordering::Relaxed) - base) as u64
         })
     };
-    run(false, false); // warms the pool and the allocator's bookkeeping
-    for dropout in [false, true] {
-        for checkpoint in [false, true] {
-            let counted = step_bytes(&dims, n, &ranks, dropout, checkpoint);
-            let measured = run(dropout, checkpoint);
-            let extra = measured as f64 / counted as f64 - 1.0;
-            eprintln!(
-                "dropout {dropout}, checkpoint {checkpoint}: step_bytes {counted}, measured peak \
-                 {measured} ({:+.2} %)",
-                100.0 * extra
-            );
-            // Everything counted is live at the peak; what is not counted is the kernels'
-            // small transient scratch.
-            assert!(measured >= counted, "{measured} < {counted}");
-            assert!(extra < 0.05, "{measured} is more than 5 % over {counted}");
+    run(model, false, false); // warms the pool and the allocator's bookkeeping
+    let mut scratch = vec![];
+    for (frozen_bf16, model) in [(false, &f32_model), (true, &bf16_model)] {
+        for dropout in [false, true] {
+            for checkpoint in [false, true] {
+                let counted = step_bytes(&dims, n, &ranks, dropout, checkpoint, frozen_bf16);
+                let measured = run(model, dropout, checkpoint);
+                let extra = measured as f64 / counted as f64 - 1.0;
+                eprintln!(
+                    "bf16 {frozen_bf16}, dropout {dropout}, checkpoint {checkpoint}: step_bytes \
+                     {counted}, measured peak {measured} ({:+.2} %)",
+                    100.0 * extra
+                );
+                // Everything counted is live at the peak; what is not counted is the
+                // kernels' small transient scratch.
+                assert!(measured >= counted, "{measured} < {counted}");
+                assert!(extra < 0.05, "{measured} is more than 5 % over {counted}");
+                scratch.push((frozen_bf16, counted, measured));
+            }
         }
+    }
+    // The bf16 steps hold the widening scratch on top of the f32 ones: the head's
+    // vocab × hidden floats here, the largest frozen matrix.
+    let widening = 4 * (dims.vocab * dims.hidden) as u64;
+    for k in 0..4 {
+        let ((_, f32_counted, f32_measured), (_, bf16_counted, bf16_measured)) =
+            (scratch[k], scratch[k + 4]);
+        assert_eq!(bf16_counted - f32_counted, widening);
+        assert!(bf16_measured >= f32_measured + widening);
     }
 }

@@ -38,6 +38,8 @@ pub(super) struct BackwardWork {
     pub(super) d_qkv: Vec<f32>,
     /// The LoRA branches'.
     pub(super) lora: LoraWork,
+    /// The forward's widening scratch for bf16 frozen matrices, handed on.
+    pub(super) frozen: Vec<f32>,
 }
 
 /// `dst += src`, elementwise.
@@ -48,7 +50,7 @@ pub(super) fn add(dst: &mut [f32], src: &[f32]) {
 /// The backward of [`projection_forward`](super::forward::projection_forward) given
 /// `dy` (N × out): adds `dA = duᵀ·x_d` and `dB = scale·dYᵀ·u` into `grads` (A's at
 /// `slot`, B's right after) and, with `dx = Some((dx, β))`, writes `dx = β·dx + dY·W + (du·A)∘mask` (N × in), where
-/// `du = scale·dY·B` and `x_d = input∘mask`.
+/// `du = scale·dY·B` and `x_d = input∘mask`. A bf16 `W` is widened into `frozen` first.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn projection_backward(
     d: &Dims,
@@ -63,13 +65,14 @@ pub(super) fn projection_backward(
     slot: Option<usize>,
     mut dx: Option<(&mut [f32], f32)>,
     work: &mut LoraWork,
+    frozen: &mut [f32],
 ) {
     let (i, o) = d.projection_shape(p);
     if let Some((dx, beta)) = dx.as_mut() {
         gemm(
             1.0,
             dy,
-            Mat::new(proj.weight, o, i),
+            Mat::new(proj.weight.as_f32(frozen), o, i),
             *beta,
             MatMut::new(&mut dx[..n * i], n, i),
         );
@@ -172,6 +175,7 @@ pub(super) fn layer_backward(
         slots[DOWN],
         Some((&mut work.d_act, 0.0)),
         &mut work.lora,
+        &mut work.frozen,
     );
     swiglu_backward(&saved.gu, inter, &work.d_act, &mut work.d_gu);
     rms_norm_forward(
@@ -195,6 +199,7 @@ pub(super) fn layer_backward(
             slots[p],
             Some((&mut work.d_hn, beta)),
             &mut work.lora,
+            &mut work.frozen,
         );
     }
     rms_norm_backward(
@@ -220,6 +225,7 @@ pub(super) fn layer_backward(
         slots[O],
         Some((&mut work.d_attn, 0.0)),
         &mut work.lora,
+        &mut work.frozen,
     );
     let shape = attention_shape(d, batch);
     attention_backward(
@@ -265,6 +271,7 @@ pub(super) fn layer_backward(
             slots[p],
             (!bottom).then_some((&mut work.d_hn[..], beta)),
             &mut work.lora,
+            &mut work.frozen,
         );
     }
     if !bottom {

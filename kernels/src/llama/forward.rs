@@ -61,6 +61,9 @@ pub(super) struct ForwardWork {
     pub(super) act: Vec<f32>,
     /// A masked LoRA input, N × max in.
     pub(super) xd: Vec<f32>,
+    /// Where a bf16 frozen matrix is widened to f32 before its product, sized for the
+    /// largest one (empty when every frozen matrix is f32).
+    pub(super) frozen: Vec<f32>,
 }
 
 /// The shape of the attention call.
@@ -76,6 +79,7 @@ pub(super) fn attention_shape(d: &Dims, batch: &Batch<'_>) -> AttentionShape {
 
 /// `out = β·out + input·Wᵀ`, plus `scale·(input∘mask)·Aᵀ·Bᵀ` with LoRA, saving
 /// `u = (input∘mask)·Aᵀ`. `out` starts at the output's first element, rows `stride` apart.
+/// A bf16 `W` is widened into `frozen` first.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn projection_forward(
     d: &Dims,
@@ -88,6 +92,7 @@ pub(super) fn projection_forward(
     mask: Option<&[f32]>,
     u: &mut [f32],
     xd: &mut [f32],
+    frozen: &mut [f32],
 ) {
     let (i, o) = d.projection_shape(p);
     let stride = d.output_stride(p);
@@ -95,7 +100,7 @@ pub(super) fn projection_forward(
     gemm(
         1.0,
         x,
-        Mat::new(proj.weight, o, i).t(),
+        Mat::new(proj.weight.as_f32(frozen), o, i).t(),
         beta,
         MatMut::strided(out, n, o, stride),
     );
@@ -190,6 +195,7 @@ pub(super) fn layer_forward(
             saved.masks[p].as_deref(),
             &mut saved.u[p],
             &mut work.xd,
+            &mut work.frozen,
         );
     }
     // q and k are adjacent: one call rotates both.
@@ -225,6 +231,7 @@ pub(super) fn layer_forward(
         saved.masks[O].as_deref(),
         &mut saved.u[O],
         &mut work.xd,
+        &mut work.frozen,
     );
     rms_norm_forward(
         &saved.x_mid,
@@ -247,6 +254,7 @@ pub(super) fn layer_forward(
             saved.masks[p].as_deref(),
             &mut saved.u[p],
             &mut work.xd,
+            &mut work.frozen,
         );
     }
     swiglu_forward(&saved.gu, d.intermediate, &mut work.act);
@@ -263,16 +271,17 @@ pub(super) fn layer_forward(
         saved.masks[DOWN].as_deref(),
         &mut saved.u[DOWN],
         &mut work.xd,
+        &mut work.frozen,
     );
     Ok(())
 }
 
-/// The embedding rows of `ids`, N × h.
+/// The embedding rows of `ids`, N × h (widened row by row when the embedding is bf16).
 pub(super) fn embed(model: &Model<'_>, ids: &[u32]) -> Vec<f32> {
     let h = model.dims.hidden;
     let mut x = vec![0f32; ids.len() * h];
     for (row, &id) in x.chunks_mut(h).zip(ids) {
-        row.copy_from_slice(&model.embed[id as usize * h..][..h]);
+        model.embed.copy_to(id as usize * h, row);
     }
     x
 }

@@ -21,6 +21,26 @@ pub(super) fn widest_input(d: &Dims) -> usize {
     (0..7).map(|p| d.projection_shape(p).0).max().unwrap_or(0)
 }
 
+/// The length of the widening scratch: the largest of the bf16 frozen matrices a step
+/// widens whole, the head (`vocab × hidden`) when `head_bf16` and each projection `p` of
+/// `bf16_projections` (`out × in`); 0 when there are none, so an all-f32 model
+/// allocates nothing for it. The embedding is widened row by row into the hidden state
+/// and needs none.
+pub(super) fn widening_len(
+    d: &Dims,
+    head_bf16: bool,
+    bf16_projections: impl IntoIterator<Item = usize>,
+) -> usize {
+    let head = if head_bf16 { d.vocab * d.hidden } else { 0 };
+    bf16_projections
+        .into_iter()
+        .map(|p| {
+            let (i, o) = d.projection_shape(p);
+            i * o
+        })
+        .fold(head, usize::max)
+}
+
 /// The lengths of the forward scratch ([`ForwardWork`]'s `hn`, `act`, `xd`).
 pub(super) fn forward_work_lengths(d: &Dims, n: usize, dropout: bool) -> [usize; 3] {
     let masked = if dropout { n * widest_input(d) } else { 0 };
@@ -161,12 +181,19 @@ pub(super) fn max_ranks(ranks: &[[usize; 7]]) -> [usize; 7] {
 /// keep value are kept whole rather than packed, and are not counted that way here.
 /// With checkpointing and layers of different LoRA shapes, the one-layer terms take
 /// the largest layer's, so the figure is then an upper bound.
+///
+/// `frozen_bf16`: the projections and the head are stored as bf16 ([`Frozen::Bf16`]),
+/// which adds the one f32 scratch they are widened into, live for the whole step:
+/// `4·max(vocab·hidden, largest projection)` bytes (0.5 GiB at 7B, against the 13.5
+/// GiB bf16 saves). A model with only some of them in bf16 needs at most that; the
+/// embedding's storage costs nothing here either way.
 pub fn step_bytes(
     dims: &Dims,
     tokens: usize,
     ranks: &[[usize; 7]],
     dropout: bool,
     checkpoint_layers: bool,
+    frozen_bf16: bool,
 ) -> u64 {
     let (d, n) = (dims, tokens);
     if n == 0 {
@@ -198,7 +225,12 @@ pub fn step_bytes(
     };
     // x, the forward scratch, the final norm's 1/rms and the hidden-state gradient.
     let forward: usize = forward_work_lengths(d, n, dropout).iter().sum();
-    let common = state + f32s(n * d.hidden + forward + n + n * d.hidden);
+    let widening = if frozen_bf16 {
+        widening_len(d, true, 0..7)
+    } else {
+        0
+    };
+    let common = state + f32s(n * d.hidden + forward + widening + n + n * d.hidden);
     let ce = crate::loss::scratch_bytes(d.hidden, d.vocab, n, true);
     let backward = match lowest {
         Some(_) => f32s(backward_lengths(d, n, ranks, dropout).iter().sum()),

@@ -2,6 +2,7 @@ use super::memory::packed_mask_bytes;
 use super::*;
 use rand::{Rng, SeedableRng};
 
+mod bf16;
 mod oracle;
 use oracle::*;
 
@@ -331,15 +332,33 @@ fn bad_inputs_are_errors() {
         let err = loss(&model, &good.view(), 1.0).expect_err(what);
         eprintln!("{what}: {err}");
     };
+    // Every element but the first.
+    fn tail(f: Frozen<'_>) -> Frozen<'_> {
+        match f {
+            Frozen::F32(w) => Frozen::F32(&w[1..]),
+            Frozen::Bf16(w) => Frozen::Bf16(&w[1..]),
+        }
+    }
     bad_model(&|m| m.dims.layers = 3, "a missing layer");
     bad_model(&|m| m.dims.kv_heads = 3, "heads not a multiple of kv heads");
     bad_model(&|m| m.dims.head_dim = 3, "an odd head_dim");
-    bad_model(&|m| m.embed = &m.embed[1..], "a short embedding");
+    bad_model(&|m| m.embed = tail(m.embed), "a short embedding");
     bad_model(&|m| m.sin = &m.sin[2..], "tables of different lengths");
     bad_model(
-        &|m| m.layers[1].proj[5].weight = &m.layers[1].proj[5].weight[1..],
+        &|m| m.layers[1].proj[5].weight = tail(m.layers[1].proj[5].weight),
         "a short weight",
     );
+    // bf16 storage is checked the same way, by elements.
+    let short_head = vec![half::bf16::ZERO; m.lm_head.len() - 1];
+    let long_down = vec![half::bf16::ONE; m.weights[0][6].len() + 1];
+    let mut model = m.view();
+    model.lm_head = Frozen::Bf16(&short_head);
+    let err = loss(&model, &good.view(), 1.0).expect_err("a short bf16 head");
+    eprintln!("a short bf16 head: {err}");
+    let mut model = m.view();
+    model.layers[0].proj[6].weight = Frozen::Bf16(&long_down);
+    let err = loss(&model, &good.view(), 1.0).expect_err("a long bf16 weight");
+    eprintln!("a long bf16 weight: {err}");
     bad_model(
         &|m| {
             if let Some(l) = m.layers[0].proj[2].lora.as_mut() {
@@ -510,8 +529,8 @@ fn step_bytes_shrinks_with_checkpointing() {
     let ranks = vec![[8; 7]; 32];
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     for dropout in [false, true] {
-        let full = step_bytes(&llama7b, 2048, &ranks, dropout, false);
-        let ckpt = step_bytes(&llama7b, 2048, &ranks, dropout, true);
+        let full = step_bytes(&llama7b, 2048, &ranks, dropout, false, false);
+        let ckpt = step_bytes(&llama7b, 2048, &ranks, dropout, true, false);
         eprintln!(
             "7B, 2048 tokens, r = 8 on all seven, dropout {dropout}: {:.2} GiB, checkpointed {:.2} GiB",
             gib(full),
@@ -522,14 +541,24 @@ fn step_bytes_shrinks_with_checkpointing() {
     // The layer inputs dominate what a checkpointed step keeps per layer.
     let d = tiny_dims();
     let ranks = vec![ALL.map(|t| 2 * usize::from(t)); d.layers];
-    let one = step_bytes(&d, 100, &ranks, true, true);
-    let more = step_bytes(&Dims { layers: 3, ..d }, 100, &[ranks[0]; 3], true, true);
+    let one = step_bytes(&d, 100, &ranks, true, true, false);
+    let more = step_bytes(
+        &Dims { layers: 3, ..d },
+        100,
+        &[ranks[0]; 3],
+        true,
+        true,
+        false,
+    );
     let packed: u64 = (0..7)
         .map(|p| packed_mask_bytes(100 * d.projection_shape(p).0))
         .sum();
     assert_eq!(more - one, 4 * 100 * d.hidden as u64 + packed);
-    assert_eq!(step_bytes(&d, 0, &ranks, true, true), 0);
+    assert_eq!(step_bytes(&d, 0, &ranks, true, true, false), 0);
     // No LoRA: no backward, no inputs kept.
     let none = vec![[0; 7]; d.layers];
-    assert!(step_bytes(&d, 100, &none, false, true) < step_bytes(&d, 100, &none, false, false));
+    assert!(
+        step_bytes(&d, 100, &none, false, true, false)
+            < step_bytes(&d, 100, &none, false, false, false)
+    );
 }

@@ -107,7 +107,7 @@ impl Owned {
                 input_norm: &self.norms[l][0],
                 post_norm: &self.norms[l][1],
                 proj: std::array::from_fn(|p| Projection {
-                    weight: &self.weights[l][p],
+                    weight: Frozen::F32(&self.weights[l][p]),
                     lora: self.targets[l][p].then(|| {
                         next += 2;
                         Lora {
@@ -122,10 +122,10 @@ impl Owned {
             .collect();
         Model {
             dims: self.dims,
-            embed: &self.embed,
+            embed: Frozen::F32(&self.embed),
             layers,
             norm: &self.norm,
-            lm_head: &self.lm_head,
+            lm_head: Frozen::F32(&self.lm_head),
             cos: &self.cos,
             sin: &self.sin,
         }
