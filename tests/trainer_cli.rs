@@ -534,14 +534,16 @@ fn every_flag_overrides_the_demo_spec() {
 }
 
 #[test]
-fn unavailable_devices_and_dtypes_exit_as_bad_input() {
+fn an_unavailable_device_exits_as_bad_input() {
     if cfg!(feature = "cuda") {
         return; // a CUDA build may well have the device
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let train = small_train_file(dir.path(), 4);
     let output = dir.path().join("o");
-    let base = [
+    // (`--dtype bf16` trains on the CPU: bf16 storage, f32 compute; see
+    // tests/memory_estimate.rs.)
+    let out = tuneq(&[
         "train",
         "--model",
         tiny_model().to_str().expect("utf8"),
@@ -549,22 +551,15 @@ fn unavailable_devices_and_dtypes_exit_as_bad_input() {
         train.to_str().expect("utf8"),
         "--output",
         output.to_str().expect("utf8"),
-    ];
-    for (flag, value, needle) in [
-        ("--device", "cuda", "--features cuda"),
-        ("--dtype", "bf16", "dtype"),
-    ] {
-        let mut args = base.to_vec();
-        args.extend([flag, value]);
-        let out = tuneq(&args);
-        assert_eq!(
-            out.status.code(),
-            Some(tuneq_openapi::launch::EXIT_BAD_INPUT),
-            "{flag} {value}"
-        );
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(stderr.contains(needle), "{flag} {value}: {stderr}");
-    }
+        "--device",
+        "cuda",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(tuneq_openapi::launch::EXIT_BAD_INPUT)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--features cuda"), "{stderr}");
 }
 
 #[test]

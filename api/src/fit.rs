@@ -44,6 +44,14 @@ pub fn check(shape: &ModelShape, model: &str, ask: &Ask<'_>) -> ApiResult<()> {
     Ok(())
 }
 
+/// The memory an attempt needs, for placement: on a CPU pool (the fused step,
+/// recomputing layers when the job allows it) and on a GPU pool (candle's graph).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct MemoryNeeds {
+    pub cpu: u64,
+    pub gpu: u64,
+}
+
 /// Refuses what the base model cannot give the job (context, projection width) and a
 /// training file with nothing to learn at the job's sequence length; returns the memory
 /// an attempt needs, for placement. Only models with local files are checked here (and
@@ -52,7 +60,7 @@ pub(crate) fn check_job(
     base: &crate::records::model::BaseModel,
     spec: &TrainSpec,
     training: &FileObject,
-) -> ApiResult<Option<u64>> {
+) -> ApiResult<Option<MemoryNeeds>> {
     let h = &spec.hyperparameters;
     // The upload's statistics were counted at their own length, with some model's
     // tokenizer: they prove "nothing to learn" only for this model at a length no longer.
@@ -82,9 +90,14 @@ pub(crate) fn check_job(
         max_seq_len: u64::from(h.max_seq_len),
         batch_size: u64::from(h.batch_size),
         dtype: spec.dtype,
+        checkpointing: spec.activation_checkpointing,
+        dataset_tokens: tokens_to_process(training, &base.id, h.max_seq_len),
     };
     check(&shape, &base.id, &ask)?;
-    Ok(Some(tuneq_pools::memory_bytes(&shape, &ask)))
+    Ok(Some(MemoryNeeds {
+        cpu: tuneq_pools::cpu_memory_needed(&shape, &ask),
+        gpu: tuneq_pools::gpu_memory_bytes(&shape, &ask),
+    }))
 }
 
 /// The tokens one epoch over `training` puts through the model, for estimates: the
@@ -151,6 +164,8 @@ mod tests {
             max_seq_len,
             batch_size,
             dtype: DtypeKind::F32,
+            checkpointing: tuneq_openapi::ActivationCheckpointing::Auto,
+            dataset_tokens: 0,
         }
     }
 

@@ -267,14 +267,15 @@ pub enum DeviceKind {
     Cuda,
 }
 
-/// Compute dtype for frozen weights.
+/// The dtype frozen weights are held in (LoRA factors and optimiser state are f32).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DtypeKind {
     /// 32-bit float (the CPU default).
     #[default]
     F32,
-    /// bfloat16 (CUDA).
+    /// bfloat16: half the weights' memory. On the CPU the weights are widened exactly
+    /// to f32 where used (f32 compute); on CUDA the graph computes in bf16.
     Bf16,
 }
 

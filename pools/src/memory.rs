@@ -3,7 +3,8 @@
 //! ever hold is refused at create with the numbers instead of failing on a node.
 
 use serde::Deserialize;
-use tuneq_openapi::{DtypeKind, LoraSpec};
+use tuneq_kernels::llama::{Dims, PROJECTIONS, step_bytes};
+use tuneq_openapi::{ActivationCheckpointing, DtypeKind, LoraSpec};
 
 /// The shape of a Llama-family model, from its `config.json`.
 #[derive(Debug, Clone, Deserialize)]
@@ -27,6 +28,12 @@ pub struct ModelShape {
     #[serde(default)]
     /// Longest sequence it was trained for.
     pub max_position_embeddings: Option<u64>,
+    #[serde(default)]
+    /// Whether the head is the embedding matrix itself.
+    pub tie_word_embeddings: bool,
+    #[serde(default)]
+    /// The dtype its files hold (`float32`, `bfloat16`, `float16`).
+    pub torch_dtype: Option<String>,
 }
 
 impl ModelShape {
@@ -73,7 +80,47 @@ impl ModelShape {
         .filter_map(|p| self.projection(p))
         .map(|(i, o)| i * o)
         .sum();
-        per_layer * self.num_hidden_layers + 2 * self.vocab_size * self.hidden_size
+        let matrices = if self.tie_word_embeddings { 1 } else { 2 };
+        per_layer * self.num_hidden_layers + matrices * self.vocab_size * self.hidden_size
+    }
+
+    /// Bytes per weight in its files (4 unless `torch_dtype` says a 16-bit type).
+    pub fn file_bytes_per_weight(&self) -> u64 {
+        match self.torch_dtype.as_deref() {
+            Some("bfloat16" | "float16") => 2,
+            _ => 4,
+        }
+    }
+
+    /// Elements of its largest matrix (the embedding, or an MLP projection).
+    pub fn largest_matrix(&self) -> u64 {
+        let mlp = self.hidden_size * self.intermediate_size;
+        (self.vocab_size * self.hidden_size).max(mlp)
+    }
+
+    /// Trainable parameters of `lora` on this model.
+    pub fn lora_parameters(&self, lora: &LoraSpec) -> u64 {
+        lora.target_modules
+            .iter()
+            .filter_map(|m| self.projection(m))
+            .map(|(i, o)| u64::from(lora.r) * (i + o))
+            .sum::<u64>()
+            * self.num_hidden_layers
+    }
+
+    /// The architecture as the CPU kernels take it.
+    pub fn dims(&self) -> Dims {
+        let heads = self.num_attention_heads as usize;
+        Dims {
+            vocab: self.vocab_size as usize,
+            hidden: self.hidden_size as usize,
+            intermediate: self.intermediate_size as usize,
+            layers: self.num_hidden_layers as usize,
+            heads,
+            kv_heads: self.num_key_value_heads.map_or(heads, |k| k as usize),
+            head_dim: self.head_dim() as usize,
+            rms_eps: 1e-5,
+        }
     }
 }
 
@@ -88,43 +135,159 @@ pub struct Ask<'a> {
     pub batch_size: u64,
     /// The frozen weights' dtype.
     pub dtype: DtypeKind,
+    /// Whether the CPU step may recompute layers instead of keeping them.
+    pub checkpointing: ActivationCheckpointing,
+    /// Tokens of the training data, when known (the trainer holds them encoded).
+    pub dataset_tokens: u64,
 }
 
-/// A rough upper estimate of the memory an attempt needs, in bytes: frozen weights at
-/// their dtype, LoRA parameters with their gradients and AdamW's two moments (fp32),
-/// and the activations a backward pass keeps for batch × sequence length.
-pub fn memory_bytes(shape: &ModelShape, ask: &Ask<'_>) -> u64 {
+/// What an attempt on the CPU holds at its peak, in bytes, by part.
+///
+/// The trainer's peak is the larger of two moments: loading (the weights read so far
+/// plus the tensor being read and converted) and the optimiser step (the weights, the
+/// LoRA state, the encoded data, the step's own buffers, which
+/// [`tuneq_kernels::llama::step_bytes`] counts from the same helpers the step allocates
+/// with, and the scratch it does not count). Checked against the peak `tuneq train`
+/// reports on three model shapes, f32 and bf16, with and without checkpointing, in
+/// `tests/memory_estimate.rs` (within 10 %; most within 3 %; the tiny model's peak moves
+/// by ±8 % from run to run, so there it is the median of five).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuMemory {
+    /// The program and the tokenizer.
+    pub runtime: u64,
+    /// The frozen weights as held.
+    pub weights: u64,
+    /// The largest tensor's extra copies while loading (read buffer, and the file's
+    /// dtype before conversion).
+    pub loading: u64,
+    /// LoRA factors with their gradients, AdamW's moments and checkpoint copies.
+    pub lora_state: u64,
+    /// The encoded training data.
+    pub data: u64,
+    /// The step's activations and buffers for the largest micro-batch.
+    pub step: u64,
+    /// What the step uses besides: GEMM packing, attention's per-thread scratch, thread
+    /// stacks and the allocator's per-thread arenas.
+    pub scratch: u64,
+    /// Whether `step` is with layers recomputed.
+    pub checkpointing: bool,
+}
+
+impl CpuMemory {
+    /// The peak.
+    pub fn total(&self) -> u64 {
+        self.runtime
+            + self.weights
+            + self
+                .loading
+                .max(self.lora_state + self.data + self.step + self.scratch)
+    }
+}
+
+/// The program before it reads a tokenizer or a model, measured (Linux, resident).
+pub const PROCESS_BYTES: u64 = 24 << 20;
+
+/// A tokenizer's resident bytes per vocabulary entry, measured on `tuneq model init`'s
+/// byte-level BPE tokenizers (11 MiB for 4096 entries, 54 MiB for 32000).
+const TOKENIZER_BYTES_PER_ENTRY: u64 = 1741;
+
+/// The step's scratch besides [`step_bytes`], measured with 2 threads on three model
+/// shapes (16–76 MiB; most about 60; more on tiny models, whose peak can fall in the
+/// samples' candle graph after training).
+pub const STEP_SCRATCH_BYTES: u64 = 64 << 20;
+
+/// Copies of the LoRA parameters an attempt holds: the factors, their gradients (the
+/// kernels' and the optimiser's), AdamW's two moments, and a checkpoint's serialised
+/// adapter and optimiser state.
+const LORA_COPIES: u64 = 8;
+
+/// Bytes the trainer keeps per token of training data (ids, targets, offsets).
+const DATA_BYTES_PER_TOKEN: u64 = 16;
+
+/// The peak memory of an attempt on the CPU (the fused step), by part. With
+/// `checkpointing: auto` and a `limit` (the pool's memory), layers are recomputed only
+/// when keeping them would pass it, as the trainer decides.
+pub fn cpu_memory(shape: &ModelShape, ask: &Ask<'_>, limit: Option<u64>) -> CpuMemory {
+    let dims = shape.dims();
     let weight_bytes = match ask.dtype {
         DtypeKind::F32 => 4,
         DtypeKind::Bf16 => 2,
     };
-    let frozen = shape.parameters() * weight_bytes;
-    let lora_params: u64 = ask
-        .lora
-        .target_modules
-        .iter()
-        .filter_map(|m| shape.projection(m))
-        .map(|(i, o)| u64::from(ask.lora.r) * (i + o))
-        .sum::<u64>()
-        * shape.num_hidden_layers;
-    let lora = lora_params * 4 * 4;
+    let file_bytes = shape.file_bytes_per_weight();
+    let converting = if file_bytes == weight_bytes {
+        0
+    } else {
+        file_bytes
+    };
+    let largest_tensor = shape.largest_matrix();
+    let ranks = vec![
+        std::array::from_fn(|p| {
+            if ask.lora.target_modules.iter().any(|m| m == PROJECTIONS[p]) {
+                ask.lora.r as usize
+            } else {
+                0
+            }
+        });
+        dims.layers
+    ];
+    let tokens = (ask.batch_size * ask.max_seq_len) as usize;
+    let dropout = ask.lora.dropout > 0.0;
+    let bf16 = ask.dtype == DtypeKind::Bf16;
+    let step = |recompute| step_bytes(&dims, tokens, &ranks, dropout, recompute, bf16);
+    let mut memory = CpuMemory {
+        runtime: PROCESS_BYTES + TOKENIZER_BYTES_PER_ENTRY * shape.vocab_size,
+        weights: shape.parameters() * weight_bytes,
+        loading: largest_tensor * (file_bytes + converting),
+        lora_state: shape.lora_parameters(ask.lora) * 4 * LORA_COPIES,
+        data: ask.dataset_tokens * DATA_BYTES_PER_TOKEN,
+        step: step(false),
+        scratch: STEP_SCRATCH_BYTES,
+        checkpointing: false,
+    };
+    let recompute = match ask.checkpointing {
+        ActivationCheckpointing::On => true,
+        ActivationCheckpointing::Off => false,
+        ActivationCheckpointing::Auto => limit.is_some_and(|limit| memory.total() > limit),
+    };
+    if recompute {
+        memory.step = step(true);
+        memory.checkpointing = true;
+    }
+    memory
+}
+
+/// The least memory an attempt on the CPU needs: with layers recomputed when the job
+/// allows it (`on`, or `auto`, which turns it on when a pool's memory asks for it).
+/// What placement compares with a CPU pool's memory.
+pub fn cpu_memory_needed(shape: &ModelShape, ask: &Ask<'_>) -> u64 {
+    cpu_memory(shape, ask, Some(0)).total()
+}
+
+/// A rough upper estimate of the accelerator memory an attempt on a GPU needs, in
+/// bytes (candle's graph, which keeps every intermediate for backward): frozen weights
+/// at their dtype, LoRA with its optimiser state, and about 16 hidden-sized and 3
+/// intermediate-sized vectors per token and layer plus the attention scores and the
+/// logits. Not yet checked against a GPU (none was available to measure).
+pub fn gpu_memory_bytes(shape: &ModelShape, ask: &Ask<'_>) -> u64 {
+    let weight_bytes = match ask.dtype {
+        DtypeKind::F32 => 4,
+        DtypeKind::Bf16 => 2,
+    };
     let tokens = ask.batch_size * ask.max_seq_len;
-    // Per token and layer: the residual stream, attention and MLP inputs/outputs kept
-    // for backward (about 16 hidden-sized and 3 intermediate-sized fp32 vectors), plus
-    // the attention scores (heads × sequence length), and the logits at the end.
     let per_token_layer = (16 * shape.hidden_size
         + 3 * shape.intermediate_size
         + shape.num_attention_heads * ask.max_seq_len)
         * 4;
     let activations =
         tokens * (per_token_layer * shape.num_hidden_layers + 2 * shape.vocab_size * 4);
-    RUNTIME_BYTES + frozen + lora + activations
+    GPU_RUNTIME_BYTES
+        + shape.parameters() * weight_bytes
+        + shape.lora_parameters(ask.lora) * 4 * LORA_COPIES
+        + activations
 }
 
-/// What a trainer process holds besides the model and its training state: the program,
-/// the tokenizer, thread stacks and the allocator's pools (a tiny model's run peaks at
-/// about 290 MB resident).
-pub const RUNTIME_BYTES: u64 = 256 << 20;
+/// The CUDA context, cuBLAS workspace and allocator slack on a GPU.
+pub const GPU_RUNTIME_BYTES: u64 = 512 << 20;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
@@ -146,37 +309,161 @@ mod tests {
             max_seq_len: 512,
             batch_size,
             dtype,
+            checkpointing: ActivationCheckpointing::Auto,
+            dataset_tokens: 0,
         }
+    }
+
+    fn llama2_7b() -> ModelShape {
+        serde_json::from_value(serde_json::json!({
+            "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+            "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000,
+            "max_position_embeddings": 4096
+        }))
+        .unwrap()
     }
 
     #[test]
     fn memory_grows_with_the_batch_and_halves_its_weights_in_bf16() {
         let shape = small();
         let lora = LoraSpec::default();
-        let one = memory_bytes(&shape, &ask(&lora, 1, DtypeKind::F32));
-        let eight = memory_bytes(&shape, &ask(&lora, 8, DtypeKind::F32));
-        // Past the program's own share, the batch's activations dominate.
-        assert!(
-            eight - RUNTIME_BYTES > (one - RUNTIME_BYTES) * 4,
-            "{one} {eight}"
+        let one = cpu_memory(&shape, &ask(&lora, 1, DtypeKind::F32), None);
+        let eight = cpu_memory(&shape, &ask(&lora, 8, DtypeKind::F32), None);
+        assert!(eight.step > one.step * 7, "{one:?} {eight:?}");
+        let bf16 = cpu_memory(&shape, &ask(&lora, 1, DtypeKind::Bf16), None);
+        assert_eq!(one.weights - bf16.weights, shape.parameters() * 2);
+        let gpu = |dtype| gpu_memory_bytes(&shape, &ask(&lora, 1, dtype));
+        assert_eq!(
+            gpu(DtypeKind::F32) - gpu(DtypeKind::Bf16),
+            shape.parameters() * 2
         );
-        let bf16 = memory_bytes(&shape, &ask(&lora, 1, DtypeKind::Bf16));
-        assert_eq!(one - bf16, shape.parameters() * 2);
     }
 
     #[test]
-    fn a_7b_llama_needs_its_weights_and_more() {
-        // Llama 2 7B's config.json.
-        let shape: ModelShape = serde_json::from_value(serde_json::json!({
-            "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
-            "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000,
-            "max_position_embeddings": 4096
-        }))
-        .unwrap();
+    fn tied_embeddings_are_counted_once() {
+        let mut shape = small();
+        let untied = shape.parameters();
+        shape.tie_word_embeddings = true;
+        assert_eq!(untied - shape.parameters(), 256 * 64);
+    }
+
+    #[test]
+    fn auto_checkpointing_recomputes_only_when_the_limit_asks_for_it() {
+        let shape = llama2_7b();
+        let lora = LoraSpec::default();
+        let a = ask(&lora, 4, DtypeKind::Bf16);
+        let roomy = cpu_memory(&shape, &a, Some(1 << 40));
+        assert!(!roomy.checkpointing);
+        let tight = cpu_memory(&shape, &a, Some(roomy.total() - 1));
+        assert!(
+            tight.checkpointing && tight.total() < roomy.total(),
+            "{tight:?}"
+        );
+        let never = cpu_memory(
+            &shape,
+            &Ask {
+                checkpointing: ActivationCheckpointing::Off,
+                ..a.clone()
+            },
+            Some(roomy.total() - 1),
+        );
+        assert_eq!(never, roomy);
+        let always = cpu_memory(
+            &shape,
+            &Ask {
+                checkpointing: ActivationCheckpointing::On,
+                ..a
+            },
+            None,
+        );
+        assert_eq!(always, tight);
+    }
+
+    #[test]
+    fn a_7b_llama_in_bf16_with_checkpointing_fits_a_32_gib_xeon_node() {
+        let shape = llama2_7b();
         let params = shape.parameters();
         assert!((6_500_000_000..7_000_000_000).contains(&params), "{params}");
         let lora = LoraSpec::default();
-        let bf16 = memory_bytes(&shape, &ask(&lora, 1, DtypeKind::Bf16));
-        assert!(bf16 > params * 2, "{bf16}");
+        let mut a = ask(&lora, 4, DtypeKind::Bf16);
+        a.max_seq_len = 2048;
+        a.checkpointing = ActivationCheckpointing::On;
+        let m = cpu_memory(&shape, &a, None);
+        assert!(m.weights > params * 2 - 1 && m.total() < 32 << 30, "{m:?}");
+        a.dtype = DtypeKind::F32;
+        assert!(cpu_memory(&shape, &a, None).total() > 32 << 30);
+    }
+
+    fn llama32_1b() -> ModelShape {
+        serde_json::from_value(serde_json::json!({
+            "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+            "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
+            "vocab_size": 128256, "max_position_embeddings": 131072,
+            "tie_word_embeddings": true
+        }))
+        .unwrap()
+    }
+
+    /// The table in README "What fits where": each row's claim, checked, and printed
+    /// (`cargo test -p tuneq-pools fit_table -- --nocapture`).
+    #[test]
+    fn fit_table() {
+        const GIB: u64 = 1 << 30;
+        let lora = LoraSpec::default();
+        let (on, off) = (ActivationCheckpointing::On, ActivationCheckpointing::Off);
+        let (f32, bf16) = (DtypeKind::F32, DtypeKind::Bf16);
+        let rows = [
+            ("Llama 2 7B", llama2_7b(), bf16, 2048, on, 32, true),
+            ("Llama 2 7B", llama2_7b(), bf16, 2048, off, 32, false),
+            ("Llama 2 7B", llama2_7b(), f32, 2048, on, 32, false),
+            ("Llama 2 7B", llama2_7b(), bf16, 512, off, 32, true),
+            ("Llama 2 7B", llama2_7b(), f32, 512, on, 32, true),
+            ("Llama 3.2 1B", llama32_1b(), bf16, 512, on, 8, true),
+            ("Llama 3.2 1B", llama32_1b(), f32, 512, off, 8, false),
+            ("Llama 3.2 1B", llama32_1b(), f32, 2048, on, 16, true),
+        ];
+        for (name, shape, dtype, seq, checkpointing, node_gib, fits) in rows {
+            let ask = Ask {
+                lora: &lora,
+                max_seq_len: seq,
+                batch_size: 4,
+                dtype,
+                checkpointing,
+                dataset_tokens: 10_000_000,
+            };
+            let m = cpu_memory(&shape, &ask, None);
+            eprintln!(
+                "| {name} | {dtype:?} | 4 × {seq} | {checkpointing:?} | {:.1} GiB (weights {:.1}, step {:.1}) | {node_gib} GiB | {} |",
+                m.total() as f64 / GIB as f64,
+                m.weights as f64 / GIB as f64,
+                m.step as f64 / GIB as f64,
+                if fits { "fits" } else { "does not fit" }
+            );
+            assert_eq!(
+                m.total() <= node_gib * GIB,
+                fits,
+                "{name} {dtype:?} {seq} {checkpointing:?} {m:?}"
+            );
+        }
+        // On an L4 (24 GB) candle's graph keeps every activation: bf16 weights and one
+        // 512-token row fit, four do not.
+        let l4 = 24_000_000_000;
+        let gpu = |batch_size| {
+            let ask = Ask {
+                lora: &lora,
+                max_seq_len: 512,
+                batch_size,
+                dtype: bf16,
+                checkpointing: off,
+                dataset_tokens: 0,
+            };
+            gpu_memory_bytes(&llama2_7b(), &ask)
+        };
+        eprintln!(
+            "Llama 2 7B bf16 on an L4: 1 × 512 {:.1} GiB, 4 × 512 {:.1} GiB",
+            gpu(1) as f64 / GIB as f64,
+            gpu(4) as f64 / GIB as f64
+        );
+        assert!(gpu(1) <= l4 && gpu(4) > l4);
     }
 }

@@ -19,9 +19,11 @@ use crate::file::{Hardware, PlacementSettings, Pool, PoolsFile};
 pub struct Needs<'a> {
     /// The hardware class asked for: `any`, `cpu`, `gpu`, `spot-cpu`, `spot-gpu`.
     pub class: &'a str,
-    /// Memory its training needs (None: the model's shape is not known here, and the
-    /// trainer checks).
+    /// Memory its training needs on a CPU pool (None: the model's shape is not known
+    /// here, and the trainer checks).
     pub memory_bytes: Option<u64>,
+    /// Accelerator memory its training needs on a GPU pool (None: as `memory_bytes`).
+    pub accelerator_memory_bytes: Option<u64>,
     /// Tokens it will train on (examples' tokens × epochs), for estimates.
     pub tokens: Option<u64>,
     /// The most it may cost.
@@ -153,29 +155,28 @@ pub fn plan<'a>(
             },
         });
     }
-    let fitting: Vec<&Pool> = match needs.memory_bytes {
-        Some(needed) => {
-            let fitting: Vec<&Pool> = of_class
-                .iter()
-                .copied()
-                .filter(|p| p.training_memory_bytes().is_none_or(|m| m >= needed))
-                .collect();
-            if fitting.is_empty() {
-                let largest = of_class
-                    .iter()
-                    .max_by_key(|p| p.training_memory_bytes())
-                    .copied()
-                    .unwrap_or(of_class[0]);
-                return Err(Refusal::DoesNotFit {
-                    needed,
-                    largest_pool: largest.name.clone(),
-                    largest: largest.training_memory_bytes().unwrap_or_default(),
-                });
-            }
-            fitting
-        }
-        None => of_class,
+    let needed_on = |p: &Pool| match p.hardware {
+        Hardware::Cpu => needs.memory_bytes,
+        Hardware::Gpu => needs.accelerator_memory_bytes.or(needs.memory_bytes),
     };
+    let fits = |p: &Pool| match (needed_on(p), p.training_memory_bytes()) {
+        (Some(needed), Some(has)) => has >= needed,
+        _ => true,
+    };
+    let fitting: Vec<&Pool> = of_class.iter().copied().filter(|p| fits(p)).collect();
+    if fitting.is_empty() {
+        // Every pool of the class has a known memory and a known need above it.
+        let largest = of_class
+            .iter()
+            .max_by_key(|p| p.training_memory_bytes())
+            .copied()
+            .unwrap_or(of_class[0]);
+        return Err(Refusal::DoesNotFit {
+            needed: needed_on(largest).unwrap_or_default(),
+            largest_pool: largest.name.clone(),
+            largest: largest.training_memory_bytes().unwrap_or_default(),
+        });
+    }
     let mut candidates: Vec<Candidate<'a>> = fitting
         .into_iter()
         .map(|pool| Candidate {

@@ -93,6 +93,38 @@ fn pools_are_chosen_by_class_and_memory_and_ordered_spot_gpu_price() {
 }
 
 #[test]
+fn cpu_and_gpu_pools_are_held_to_their_own_estimates() {
+    let file = cluster();
+    // 20 GiB on the CPU (fused step), 30 GiB on a GPU (candle's graph): only Xeon.
+    let needs = Needs {
+        class: "any",
+        memory_bytes: Some(20 * GIB),
+        accelerator_memory_bytes: Some(30 * GIB),
+        ..Needs::default()
+    };
+    assert_eq!(names(&file, &needs).unwrap(), ["xeon"]);
+    // 2 GiB on the CPU, 20 GiB on a GPU: every pool.
+    let needs = Needs {
+        memory_bytes: Some(2 * GIB),
+        accelerator_memory_bytes: Some(20 * GIB),
+        ..needs
+    };
+    assert_eq!(names(&file, &needs).unwrap().len(), 4);
+    // A GPU job too big for the L4s is refused with the GPU figure.
+    let e = names(
+        &file,
+        &Needs {
+            class: "gpu",
+            memory_bytes: Some(GIB),
+            accelerator_memory_bytes: Some(30 * GIB),
+            ..Needs::default()
+        },
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("30720 MiB"), "{e}");
+}
+
+#[test]
 fn a_job_no_pool_can_hold_is_refused_with_the_numbers() {
     let file = cluster();
     let e = names(
@@ -133,6 +165,7 @@ fn estimates_come_from_price_and_speed_and_max_cost_refuses_or_narrows() {
     let needs = Needs {
         class: "any",
         memory_bytes: Some(10 * GIB),
+        accelerator_memory_bytes: None,
         tokens: Some(90_000_000),
         max_cost: None,
     };

@@ -10,7 +10,8 @@ use tuneq_trainer::init::{InitOptions, Preset};
 pub enum ModelCommand {
     /// Write a Hugging Face–layout Llama with random weights and a real BPE tokenizer.
     Init {
-        /// Size: tiny (≈5 M parameters) or small (≈134 M).
+        /// Size: tiny (≈5 M parameters), small (≈134 M) or smollm2-135m (SmolLM2-135M's
+        /// shape, tied embeddings).
         #[arg(long, default_value = "tiny")]
         preset: Preset,
         /// Seed of the random weights.

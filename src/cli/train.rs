@@ -109,7 +109,7 @@ pub struct TrainArgs {
     /// Compute device.
     #[arg(long, value_enum)]
     pub device: Option<DeviceArg>,
-    /// Compute dtype of frozen weights.
+    /// Dtype the frozen weights are held in (bf16: half the memory; f32 compute on the CPU).
     #[arg(long, value_enum)]
     pub dtype: Option<DtypeArg>,
     /// Recompute each layer's activations in backward (`auto`: only when the run would

@@ -167,6 +167,7 @@ pub fn run(opts: &BenchOptions, mut progress: impl FnMut(&str)) -> Result<BenchR
         preset: match opts.preset {
             Preset::Tiny => "tiny".into(),
             Preset::Small => "small".into(),
+            Preset::Smollm2 => "smollm2-135m".into(),
         },
         batch: b,
         seq: t,

@@ -23,15 +23,18 @@ use tuneq_kernels::llama;
 pub enum ComputePath {
     /// candle's autograd graph (any device and dtype).
     Graph,
-    /// The fused CPU kernels (f32 on the CPU).
+    /// The fused CPU kernels (f32 compute on the CPU; frozen weights f32 or bf16).
     CpuFused,
 }
 
 impl ComputePath {
-    /// The path for `model`: fused on an f32 CPU model, unless `TUNEQ_CPU_PATH=graph`.
+    /// The path for `model`: fused on a CPU model (f32, or bf16 weights with f32
+    /// compute), unless `TUNEQ_CPU_PATH=graph` asks for the graph (which then computes
+    /// in the model's dtype).
     pub fn for_model(model: &Llama) -> Self {
         let forced_graph = std::env::var("TUNEQ_CPU_PATH").is_ok_and(|v| v == "graph");
-        if model.device().is_cpu() && model.dtype() == DType::F32 && !forced_graph {
+        let fused_dtype = matches!(model.dtype(), DType::F32 | DType::BF16);
+        if model.device().is_cpu() && fused_dtype && !forced_graph {
             Self::CpuFused
         } else {
             Self::Graph
@@ -47,30 +50,75 @@ impl ComputePath {
     }
 }
 
-/// Read guards on the model's tensors, so their CPU slices can be lent to the kernels.
+/// Read guards on the model's tensors, so their CPU slices can be lent to the kernels,
+/// and f32 copies of the few small bf16 tensors the kernels take only in f32 (norms).
 struct Held<'t> {
     guards: Vec<(StorageRef<'t>, usize, usize)>,
+    widened: Vec<Vec<f32>>,
+}
+
+/// Where a held tensor is: lent in place, or widened into [`Held::widened`].
+#[derive(Clone, Copy)]
+enum HeldAt {
+    Guard(usize),
+    Widened(usize),
 }
 
 impl<'t> Held<'t> {
-    /// Holds `t` (which must be a contiguous f32 CPU tensor); its index for [`Self::slice`].
-    fn hold(&mut self, t: &'t Tensor) -> Result<usize> {
+    /// Holds `t`, a contiguous f32 or bf16 CPU tensor, in place.
+    fn hold(&mut self, t: &'t Tensor) -> Result<HeldAt> {
         let (storage, layout) = t.storage_and_layout();
         let Some((start, end)) = layout.contiguous_offsets() else {
             return Err(not_fused("a model tensor is not contiguous"));
         };
-        if !matches!(&*storage, Storage::Cpu(_)) || t.dtype() != DType::F32 {
-            return Err(not_fused("a model tensor is not f32 on the CPU"));
+        if !matches!(&*storage, Storage::Cpu(_)) || !matches!(t.dtype(), DType::F32 | DType::BF16) {
+            return Err(not_fused("a model tensor is not f32 or bf16 on the CPU"));
         }
         self.guards.push((storage, start, end));
-        Ok(self.guards.len() - 1)
+        Ok(HeldAt::Guard(self.guards.len() - 1))
     }
 
-    fn slice(&self, i: usize) -> &[f32] {
+    /// Holds `t` as f32: in place when it is f32, else as an exact f32 copy (for the
+    /// small tensors the kernels only take in f32).
+    fn hold_f32(&mut self, t: &'t Tensor) -> Result<HeldAt> {
+        if t.dtype() == DType::F32 {
+            return self.hold(t);
+        }
+        let widened = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        self.widened.push(widened);
+        Ok(HeldAt::Widened(self.widened.len() - 1))
+    }
+
+    /// An f32 tensor held by [`Self::hold_f32`] (or [`Self::hold`] of an f32 tensor).
+    fn slice(&self, at: HeldAt) -> &[f32] {
+        match at {
+            HeldAt::Widened(i) => &self.widened[i],
+            HeldAt::Guard(_) => match self.frozen(at) {
+                llama::Frozen::F32(s) => s,
+                // Only f32 tensors are held in place where f32 is needed; an empty
+                // view makes the kernels refuse the model by its lengths.
+                llama::Frozen::Bf16(_) => &[],
+            },
+        }
+    }
+
+    /// A frozen matrix held by [`Self::hold`], as stored.
+    fn frozen(&self, at: HeldAt) -> llama::Frozen<'_> {
+        let HeldAt::Guard(i) = at else {
+            return llama::Frozen::F32(self.slice(at));
+        };
         let (storage, start, end) = &self.guards[i];
         match &**storage {
-            Storage::Cpu(cpu) => cpu.as_slice::<f32>().map_or(&[][..], |s| &s[*start..*end]),
-            _ => &[],
+            Storage::Cpu(cpu) => match cpu.as_slice::<f32>() {
+                Ok(s) => llama::Frozen::F32(&s[*start..*end]),
+                Err(_) => llama::Frozen::Bf16(
+                    cpu.as_slice::<half::bf16>()
+                        .map_or(&[][..], |s| &s[*start..*end]),
+                ),
+            },
+            // `hold` refuses every other storage; an empty view makes the kernels
+            // refuse the model by its lengths rather than panic.
+            _ => llama::Frozen::F32(&[]),
         }
     }
 }
@@ -92,30 +140,38 @@ fn kernel_error(e: llama::StepError) -> Error {
 /// Where a LoRA branch's factors are in [`Held`], with its rank and scale.
 #[derive(Clone, Copy)]
 struct LoraIdx {
-    a: usize,
-    b: usize,
+    a: HeldAt,
+    b: HeldAt,
     r: usize,
     scale: f32,
 }
 
-/// Indices of one layer's tensors in [`Held`].
+/// Where one layer's tensors are in [`Held`].
 struct LayerIdx {
-    norms: [usize; 2],
-    proj: Vec<(usize, Option<LoraIdx>)>,
+    norms: [HeldAt; 2],
+    proj: Vec<(HeldAt, Option<LoraIdx>)>,
 }
 
 /// Runs `f` with the kernels' view of `model`.
 fn with_model<T>(model: &Llama, f: impl FnOnce(&llama::Model<'_>) -> Result<T>) -> Result<T> {
     let cfg = &model.cfg;
-    let mut held = Held { guards: Vec::new() };
+    let mut held = Held {
+        guards: Vec::new(),
+        widened: Vec::new(),
+    };
     let (top, layer_norms) = model.frozen_parts();
-    let top: Vec<usize> = top
+    // embed, norm, lm_head, cos, sin: the two matrices as stored, the rest in f32.
+    let top: Vec<HeldAt> = top
         .into_iter()
-        .map(|t| held.hold(t))
+        .enumerate()
+        .map(|(i, t)| match i {
+            0 | 2 => held.hold(t),
+            _ => held.hold_f32(t),
+        })
         .collect::<Result<_>>()?;
     let mut layers = Vec::with_capacity(model.layers.len());
     for (layer, norms) in model.layers.iter().zip(&layer_norms) {
-        let norms = [held.hold(norms[0])?, held.hold(norms[1])?];
+        let norms = [held.hold_f32(norms[0])?, held.hold_f32(norms[1])?];
         let mut proj = Vec::with_capacity(7);
         for lin in &layer.projections {
             let w = held.hold(&lin.weight)?;
@@ -139,7 +195,7 @@ fn with_model<T>(model: &Llama, f: impl FnOnce(&llama::Model<'_>) -> Result<T>) 
                 .proj
                 .iter()
                 .map(|&(w, lora)| llama::Projection {
-                    weight: held.slice(w),
+                    weight: held.frozen(w),
                     lora: lora.map(|l| llama::Lora {
                         a: held.slice(l.a),
                         b: held.slice(l.b),
@@ -169,10 +225,10 @@ fn with_model<T>(model: &Llama, f: impl FnOnce(&llama::Model<'_>) -> Result<T>) 
             head_dim: cfg.head_dim(),
             rms_eps: cfg.rms_norm_eps as f32,
         },
-        embed: held.slice(top[0]),
+        embed: held.frozen(top[0]),
         layers,
         norm: held.slice(top[1]),
-        lm_head: held.slice(top[2]),
+        lm_head: held.frozen(top[2]),
         cos: held.slice(top[3]),
         sin: held.slice(top[4]),
     };
@@ -297,6 +353,7 @@ pub fn step_bytes(
             &kernels.lora_ranks(),
             dropout,
             checkpoint_layers,
+            model.dtype() == DType::BF16,
         ))
     })
 }
@@ -337,6 +394,12 @@ mod tests {
         };
         let mut rng = crate::batch::rng_for(5, 0);
         let m = crate::init::random_model(cfg, 3, Some((&settings, &mut rng))).expect("model");
+        fill_b(&m);
+        m
+    }
+
+    /// Draws every LoRA B non-zero (the same values for models of the same shape).
+    fn fill_b(m: &Llama) {
         let mut fill = rand_chacha::ChaCha8Rng::seed_from_u64(9);
         for v in m
             .lora_vars()
@@ -350,7 +413,6 @@ mod tests {
                 .set(&Tensor::from_vec(values, v.var.shape(), &Device::Cpu).expect("B"))
                 .expect("set B");
         }
-        m
     }
 
     /// Two micro-batches: right-padded rows with unlabelled prompts.
@@ -557,6 +619,80 @@ mod tests {
             assert!(
                 (fast - graph).abs() <= 1e-5 * graph.abs(),
                 "{fast} vs {graph}"
+            );
+        }
+    }
+
+    #[test]
+    fn bf16_weights_train_bit_for_bit_as_their_f32_widening() {
+        for tie in [false, true] {
+            let opts = InitOptions {
+                preset: Preset::Tiny,
+                seed: 3,
+                shards: 1,
+                tie_embeddings: tie,
+                llama3_rope: false,
+            };
+            let cfg = preset_config(&opts);
+            let settings = LoraSettings {
+                r: 4,
+                alpha: 8.0,
+                dropout: 0.0,
+                targets: tuneq_openapi::train_spec::ALL_TARGET_MODULES
+                    .iter()
+                    .map(|t| t.to_string())
+                    .collect(),
+                rslora: false,
+            };
+            let bf16: Vec<(String, Tensor)> = crate::init::random_weights(&cfg, 3)
+                .expect("weights")
+                .into_iter()
+                .map(|(n, t)| (n, t.to_dtype(DType::BF16).expect("bf16")))
+                .collect();
+            let widened: Vec<(String, Tensor)> = bf16
+                .iter()
+                .map(|(n, t)| (n.clone(), t.to_dtype(DType::F32).expect("f32")))
+                .collect();
+            let build = |tensors: Vec<(String, Tensor)>, dtype| {
+                let mut rng = crate::batch::rng_for(5, 0);
+                let mut map = crate::weights::WeightMap::from_tensors(tensors, "random");
+                let m = Llama::from_weights(
+                    cfg.clone(),
+                    &mut map,
+                    dtype,
+                    &Device::Cpu,
+                    Some((&settings, &mut rng)),
+                )
+                .expect("model");
+                fill_b(&m);
+                m
+            };
+            let (wide, narrow) = (build(widened, DType::F32), build(bf16, DType::BF16));
+            assert_eq!(ComputePath::for_model(&narrow), ComputePath::CpuFused);
+            let data = batches(cfg.vocab_size as u32);
+            let (a, b) = (
+                accumulate(&wide, &data, None).expect("f32 step"),
+                accumulate(&narrow, &data, None).expect("bf16 step"),
+            );
+            assert_eq!(a.loss.to_bits(), b.loss.to_bits(), "tie {tie}: loss");
+            for (x, y) in a.grads.iter().zip(&b.grads) {
+                let (x, y) = (
+                    x.flatten_all().and_then(|t| t.to_vec1::<f32>()).expect("x"),
+                    y.flatten_all().and_then(|t| t.to_vec1::<f32>()).expect("y"),
+                );
+                assert!(x.iter().any(|v| *v != 0.0), "tie {tie}: a zero gradient");
+                let same = x.iter().zip(&y).all(|(p, q)| p.to_bits() == q.to_bits());
+                assert!(same, "tie {tie}: bf16 storage changed a gradient");
+            }
+            let (la, lb) = (
+                loss(&wide, &data[0], 9.0).expect("f32 loss"),
+                loss(&narrow, &data[0], 9.0).expect("bf16 loss"),
+            );
+            assert_eq!(la.to_bits(), lb.to_bits(), "tie {tie}: evaluation loss");
+            let bytes = |m: &Llama| step_bytes(m, 512, false, false).expect("bytes");
+            assert!(
+                bytes(&narrow) > bytes(&wide),
+                "the widening buffer is counted"
             );
         }
     }

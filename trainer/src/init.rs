@@ -17,6 +17,10 @@ pub enum Preset {
     Tiny,
     /// vocab 32000, hidden 768, intermediate 2048, 12 layers, 12 heads (≈134 M parameters).
     Small,
+    /// SmolLM2-135M's shape: vocab 49152, hidden 576, intermediate 1536, 30 layers, 9
+    /// heads, 3 KV heads, tied embeddings (≈135 M parameters); for sizing a real model
+    /// without downloading it.
+    Smollm2,
 }
 
 impl std::str::FromStr for Preset {
@@ -25,7 +29,10 @@ impl std::str::FromStr for Preset {
         match s {
             "tiny" => Ok(Preset::Tiny),
             "small" => Ok(Preset::Small),
-            other => Err(format!("unknown preset {other:?}; use tiny or small")),
+            "smollm2-135m" => Ok(Preset::Smollm2),
+            other => Err(format!(
+                "unknown preset {other:?}; use tiny, small or smollm2-135m"
+            )),
         }
     }
 }
@@ -50,7 +57,9 @@ pub fn preset_config(opts: &InitOptions) -> LlamaConfig {
     let (vocab, hidden, inter, layers, heads, kv, max_pos) = match opts.preset {
         Preset::Tiny => (4096, 256, 688, 4, 8, 4, 1024),
         Preset::Small => (32000, 768, 2048, 12, 12, 12, 2048),
+        Preset::Smollm2 => (49152, 576, 1536, 30, 9, 3, 8192),
     };
+    let smollm2 = opts.preset == Preset::Smollm2;
     LlamaConfig {
         vocab_size: vocab,
         hidden_size: hidden,
@@ -60,7 +69,7 @@ pub fn preset_config(opts: &InitOptions) -> LlamaConfig {
         num_key_value_heads: Some(kv),
         head_dim: Some(hidden / heads),
         rms_norm_eps: 1e-5,
-        rope_theta: 10000.0,
+        rope_theta: if smollm2 { 100000.0 } else { 10000.0 },
         rope_scaling: opts.llama3_rope.then(|| RopeScaling {
             rope_type: "llama3".into(),
             factor: 8.0,
@@ -69,7 +78,7 @@ pub fn preset_config(opts: &InitOptions) -> LlamaConfig {
             original_max_position_embeddings: 256,
         }),
         max_position_embeddings: max_pos,
-        tie_word_embeddings: opts.tie_embeddings,
+        tie_word_embeddings: opts.tie_embeddings || smollm2,
         bos_token_id: Some(TokenIds::One(1)),
         eos_token_id: Some(TokenIds::One(2)),
         torch_dtype: Some("float32".into()),

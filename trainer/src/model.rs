@@ -44,6 +44,9 @@ pub struct Llama {
     lm_head: Tensor,
     cos: Tensor,
     sin: Tensor,
+    /// The RoPE tables in f32 for the CPU fast path, which computes in f32 whatever
+    /// the weights' dtype (the same tensors as `cos`/`sin` on an f32 model).
+    rope_f32: (Tensor, Tensor),
     dtype: DType,
     device: Device,
     /// Recompute each layer's activations in backward instead of keeping them (the
@@ -125,7 +128,12 @@ impl Llama {
         } else {
             w.take("lm_head.weight", &[v, h])?
         };
-        let (cos, sin) = rope_tables(&cfg, device, dtype)?;
+        let rope_f32 = rope_tables(&cfg, device, DType::F32)?;
+        let (cos, sin) = if dtype == DType::F32 {
+            rope_f32.clone()
+        } else {
+            rope_tables(&cfg, device, dtype)?
+        };
         Ok(Self {
             cfg,
             embed_tokens,
@@ -134,6 +142,7 @@ impl Llama {
             lm_head,
             cos,
             sin,
+            rope_f32,
             dtype,
             device: device.clone(),
             checkpoint_layers: false,
@@ -215,14 +224,14 @@ impl Llama {
     }
 
     /// The frozen tensors in the order the CPU fast path reads them in place: embeddings,
-    /// final norm, lm_head, the RoPE cos and sin tables, then per layer its two norms.
+    /// final norm, lm_head, the f32 RoPE cos and sin tables, then per layer its two norms.
     pub(crate) fn frozen_parts(&self) -> (Vec<&Tensor>, Vec<[&Tensor; 2]>) {
         let top = vec![
             &self.embed_tokens,
             &self.norm,
             &self.lm_head,
-            &self.cos,
-            &self.sin,
+            &self.rope_f32.0,
+            &self.rope_f32.1,
         ];
         let layers = self
             .layers

@@ -64,18 +64,13 @@ pub fn cuda_available() -> bool {
     cfg!(feature = "cuda") && Device::new_cuda(0).is_ok()
 }
 
-/// The dtype for a spec on `device`: bf16 on CPU is refused because candle widens it to
-/// f32 for every matmul (slower, no memory saved during compute).
-pub fn select_dtype(kind: tuneq_openapi::DtypeKind, device: &Device) -> Result<DType> {
-    match (kind, device.is_cpu()) {
-        (tuneq_openapi::DtypeKind::F32, _) => Ok(DType::F32),
-        (tuneq_openapi::DtypeKind::Bf16, false) => Ok(DType::BF16),
-        (tuneq_openapi::DtypeKind::Bf16, true) => {
-            Err(Error::Spec(vec![tuneq_openapi::SpecError {
-                field: "dtype".into(),
-                message: "bf16 is only supported on cuda; use f32 on cpu".into(),
-            }]))
-        }
+/// The dtype the frozen weights are held in. With bf16 on the CPU they are stored in
+/// bf16 and widened exactly where the fused step uses them (f32 compute at half the
+/// weights' memory); on CUDA candle's graph computes in bf16.
+pub fn select_dtype(kind: tuneq_openapi::DtypeKind) -> DType {
+    match kind {
+        tuneq_openapi::DtypeKind::F32 => DType::F32,
+        tuneq_openapi::DtypeKind::Bf16 => DType::BF16,
     }
 }
 

@@ -312,7 +312,7 @@ pub(super) async fn plan(
     if let Err(problems) = spec.validate() {
         return Err(spec_problems(&problems));
     }
-    let memory_bytes = crate::fit::check_job(&base, &spec, &training)?;
+    let memory = crate::fit::check_job(&base, &spec, &training)?;
     let tokens =
         crate::fit::tokens_to_process(&training, &base.id, spec.hyperparameters.max_seq_len)
             .saturating_mul(n_epochs);
@@ -320,7 +320,8 @@ pub(super) async fn plan(
         state,
         &tuneq_pools::Needs {
             class: &hardware,
-            memory_bytes,
+            memory_bytes: memory.map(|m| m.cpu),
+            accelerator_memory_bytes: memory.map(|m| m.gpu),
             tokens: Some(tokens),
             max_cost: body.max_cost,
         },
