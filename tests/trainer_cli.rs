@@ -322,6 +322,28 @@ fn bad_specs_and_missing_models_exit_as_bad_input_naming_the_problem() {
         stderr.contains("lora.r") && stderr.contains("qkv"),
         "{stderr}"
     );
+
+    // Every answer cut off by a short max_seq_len: the field to change is named.
+    let out = tuneq(&[
+        "train",
+        "--model",
+        tiny_model().to_str().expect("utf8"),
+        "--train-file",
+        train.to_str().expect("utf8"),
+        "--output",
+        dir.path().join("o").to_str().expect("utf8"),
+        "--max-seq-len",
+        "4",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(tuneq_openapi::launch::EXIT_BAD_INPUT)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("max_seq_len") && stderr.contains("no example"),
+        "{stderr}"
+    );
 }
 
 #[test]

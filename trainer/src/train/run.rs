@@ -136,6 +136,16 @@ impl<'a> Run<'a> {
             )?),
             None => None,
         };
+        if train.examples.is_empty() && train.dropped > 0 {
+            // Records parsed, but none kept a labelled token within max_seq_len.
+            return Err(Error::Spec(vec![tuneq_openapi::SpecError {
+                field: "hyperparameters.max_seq_len".into(),
+                message: format!(
+                    "no example of {} has a token to learn from at max_seq_len {max_len} (every answer is cut off or empty); raise max_seq_len or fix the data",
+                    spec.training_files.join(", ")
+                ),
+            }]));
+        }
         if train.examples.is_empty() {
             return Err(Error::Data(crate::data::DataError::Empty {
                 file: spec.training_files.join(", "),
