@@ -76,6 +76,9 @@ pub enum DebugCommand {
         dropout: f64,
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// The dtype the frozen weights are held in (bf16: widened to f32 where used).
+        #[arg(long, value_enum, default_value = "f32")]
+        dtype: super::train::DtypeArg,
     },
 }
 
@@ -87,7 +90,11 @@ pub fn run(cmd: DebugCommand) -> Result<ExitCode> {
             input_ids,
             out,
         } => {
-            let m = tuneq_trainer::debug::load_model(&model, adapter.as_deref())?;
+            let m = tuneq_trainer::debug::load_model(
+                &model,
+                adapter.as_deref(),
+                tuneq_openapi::DtypeKind::F32,
+            )?;
             tuneq_trainer::debug::write_logits(&m, &input_ids, &out)?;
         }
         DebugCommand::Grads {
@@ -96,7 +103,11 @@ pub fn run(cmd: DebugCommand) -> Result<ExitCode> {
             input_ids,
             out,
         } => {
-            let m = tuneq_trainer::debug::load_model(&model, Some(&adapter))?;
+            let m = tuneq_trainer::debug::load_model(
+                &model,
+                Some(&adapter),
+                tuneq_openapi::DtypeKind::F32,
+            )?;
             let loss = tuneq_trainer::debug::write_grads(&m, &input_ids, &out)?;
             println!("{}", serde_json::json!({"loss": loss}));
         }
@@ -144,11 +155,12 @@ pub fn run(cmd: DebugCommand) -> Result<ExitCode> {
             eps,
             dropout,
             seed,
+            dtype,
         } => {
             if !(0.0..1.0).contains(&dropout) {
                 anyhow::bail!("--dropout must be in [0, 1), not {dropout}");
             }
-            let m = tuneq_trainer::debug::load_model(&model, Some(&adapter))?;
+            let m = tuneq_trainer::debug::load_model(&model, Some(&adapter), dtype.into())?;
             let cfg = tuneq_trainer::debug::StepsConfig {
                 micro_batches,
                 lr,

@@ -27,7 +27,11 @@ pub struct GenerateArgs {
 }
 
 pub fn run(args: GenerateArgs) -> Result<ExitCode> {
-    let model = tuneq_trainer::debug::load_model(&args.model, args.adapter.as_deref())?;
+    let model = tuneq_trainer::debug::load_model(
+        &args.model,
+        args.adapter.as_deref(),
+        tuneq_openapi::DtypeKind::F32,
+    )?;
     let encoder = Encoder::from_model_dir(&args.model, ChatTemplateChoice::Model)?;
     let text = if args.raw {
         args.prompt.clone()

@@ -212,3 +212,31 @@ def test_dropout_with_the_masks_tuneq_drew_matches_peft(adapters, tiny_model, tu
     ref = peft_steps(tiny_model, adapter, data, masks=masks64, **opts)
     fp32 = peft_steps(tiny_model, adapter, data, masks=masks, dtype=torch.float32, **opts)
     compare("dropout", steps, ref, fp32)
+
+
+def test_bf16_weights_match_peft_on_the_same_values(adapters, tiny_model, tuneq, tmp_path):
+    """`--dtype bf16` holds the frozen weights in bf16 and computes in f32, so against PEFT
+    on the model whose weights are those bf16 values it keeps the f32 guarantee. tuneq reads
+    the f32 checkpoint and rounds on load; PyTorch rounds the same file itself (both to
+    nearest even), so the two start from the same values."""
+    import shutil
+
+    adapter = adapters.get("all7")
+    rounded = tmp_path / "tiny-bf16"
+    shutil.copytree(tiny_model, rounded)
+    weights = load_file(str(tiny_model / "model.safetensors"))
+    save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in weights.items()},
+              str(rounded / "model.safetensors"), metadata={"format": "pt"})
+    assert any(not torch.equal(v, v.to(torch.bfloat16).to(v.dtype))
+               for v in weights.values() if v.is_floating_point()), "rounding changed nothing"
+    data = make_batches(3, 2, 48, seed=13, ragged=False)
+    opts = dict(micro=1, lr=2e-3, max_grad_norm=0.0, weight_decay=0.0)
+    ref = peft_steps(rounded, adapter, data, **opts)
+    fp32 = peft_steps(rounded, adapter, data, dtype=torch.float32, **opts)
+    steps, _, _ = run_tuneq(tuneq, tmp_path, tiny_model, adapter, data, micro_batches=1, lr=2e-3,
+                            dtype="bf16")
+    compare("bf16", steps, ref, fp32)
+    # And it is a different model: PEFT on the f32 weights ends elsewhere.
+    f32_ref = peft_steps(tiny_model, adapter, data, **opts)
+    last = ref[2][-1]
+    assert max(harness.rel_max_err(f32_ref[2][-1][k], last[k]) for k in last) > 1e-4

@@ -9,9 +9,15 @@ use candle_core::{DType, Device, Tensor};
 use std::collections::BTreeMap;
 use std::path::Path;
 
-/// Loads the model (and adapter when given) for evaluation in f32 on the CPU.
-pub fn load_model(model_dir: &Path, adapter: Option<&Path>) -> Result<Llama> {
-    let mut model = Llama::load(model_dir, DType::F32, &Device::Cpu, None)?;
+/// Loads the model (and adapter when given) on the CPU with its frozen weights held in
+/// `dtype` (f32, or bf16 widened to f32 where used; compute is f32 either way).
+pub fn load_model(
+    model_dir: &Path,
+    adapter: Option<&Path>,
+    dtype: tuneq_openapi::DtypeKind,
+) -> Result<Llama> {
+    let dtype = crate::train::select_dtype(dtype);
+    let mut model = Llama::load(model_dir, dtype, &Device::Cpu, None)?;
     if let Some(dir) = adapter {
         let (settings, tensors) = crate::peft::load_adapter(dir, &Device::Cpu)?;
         model.set_adapter(&settings, &tensors, &dir.display().to_string())?;
