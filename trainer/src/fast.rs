@@ -696,4 +696,58 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn checkpointing_on_the_graph_gives_the_graph_s_gradients_and_masks() {
+        let all = tuneq_openapi::train_spec::ALL_TARGET_MODULES;
+        let mut m = model(&all, false, false, 4);
+        let data = batches(m.cfg.vocab_size as u32);
+        let mut run = |checkpoint: bool| {
+            m.checkpoint_layers = checkpoint;
+            let mut rng = crate::batch::rng_for(7, crate::batch::streams::DROPOUT);
+            let mut masks = Vec::new();
+            let d = Some(StepDropout {
+                p: 0.1,
+                rng: &mut rng,
+                record: Some(&mut masks),
+            });
+            let r = crate::train::accumulate_on_graph(&m, &data, d).expect("a step");
+            (r, masks)
+        };
+        let ((kept, kept_masks), (recomputed, recomputed_masks)) = (run(false), run(true));
+        assert_eq!(kept_masks.len(), recomputed_masks.len());
+        assert!(!kept_masks.is_empty());
+        for (a, b) in kept_masks.iter().zip(&recomputed_masks) {
+            let diff = (a - b)
+                .and_then(|d| d.abs()?.max_all()?.to_scalar::<f32>())
+                .expect("diff");
+            assert_eq!(diff, 0.0, "checkpointing drew different masks");
+        }
+        assert!(
+            (kept.loss - recomputed.loss).abs() <= 1e-7 * kept.loss.abs(),
+            "{} vs {}",
+            kept.loss,
+            recomputed.loss
+        );
+        for (v, (a, b)) in m
+            .lora_vars()
+            .iter()
+            .zip(kept.grads.iter().zip(&recomputed.grads))
+        {
+            let scale = a
+                .abs()
+                .and_then(|t| t.max_all()?.to_scalar::<f32>())
+                .expect("max");
+            let err = (a - b)
+                .and_then(|d| d.abs()?.max_all()?.to_scalar::<f32>())
+                .expect("err");
+            assert!(scale > 0.0, "{}: a zero gradient", v.name);
+            assert!(
+                err <= 1e-6 * scale,
+                "{}: recomputing moved the gradient by {:.1e} of its largest entry",
+                v.name,
+                err / scale
+            );
+        }
+    }
 }

@@ -76,8 +76,11 @@ pub struct DropoutCtx<'a> {
     pub rng: &'a mut ChaCha20Rng,
     /// Where each drawn mask (rows × in, already scaled by 1/(1−p)) is appended, in the
     /// order the adapted projections run; `tuneq debug steps` exports them so PyTorch
-    /// can apply the very same masks.
+    /// can apply the very same masks, and a checkpointed layer keeps its own.
     pub record: Option<&'a mut Vec<Tensor>>,
+    /// When set, masks are taken from here in order instead of drawn: a checkpointed
+    /// layer recomputed in backward applies exactly the masks its forward drew.
+    pub replay: Option<&'a mut std::collections::VecDeque<Tensor>>,
 }
 
 /// The next dropout mask of `n` elements from a step's stream: 0 with probability `p`,
@@ -112,11 +115,22 @@ impl LoraLinear {
         let x2 = x.reshape((rows, in_dim))?;
         let x2 = match dropout {
             Some(ctx) if ctx.p > 0.0 => {
-                let mask = draw_mask(ctx.rng, ctx.p, rows * in_dim);
-                let mask = Tensor::from_vec(mask, (rows, in_dim), x.device())?;
-                if let Some(record) = ctx.record.as_deref_mut() {
-                    record.push(mask.clone());
-                }
+                let mask = match ctx.replay.as_deref_mut() {
+                    Some(queue) => queue.pop_front().ok_or_else(|| {
+                        candle_core::Error::Msg(
+                            "a recomputed layer asked for more dropout masks than its forward drew"
+                                .into(),
+                        )
+                    })?,
+                    None => {
+                        let mask = draw_mask(ctx.rng, ctx.p, rows * in_dim);
+                        let mask = Tensor::from_vec(mask, (rows, in_dim), x.device())?;
+                        if let Some(record) = ctx.record.as_deref_mut() {
+                            record.push(mask.clone());
+                        }
+                        mask
+                    }
+                };
                 (x2 * mask.to_dtype(dtype)?)?
             }
             _ => x2,

@@ -247,7 +247,31 @@ impl Llama {
         ids: &Tensor,
         mut dropout: Option<&mut DropoutCtx<'_>>,
     ) -> Result<Tensor> {
+        let (_, t) = ids.dims2()?;
+        let (cos, sin) = self.rope_prefix(t)?;
+        let mut x = self.embed(ids)?;
+        for layer in &self.layers {
+            x = self.layer_forward(layer, &x, (&cos, &sin), dropout.as_deref_mut())?;
+        }
+        self.final_norm(&x)
+    }
+
+    /// The frozen embeddings of `ids` (batch, seq) → (batch, seq, hidden).
+    pub(crate) fn embed(&self, ids: &Tensor) -> Result<Tensor> {
         let (b, t) = ids.dims2()?;
+        Ok(self
+            .embed_tokens
+            .index_select(&ids.flatten_all()?, 0)?
+            .reshape((b, t, self.cfg.hidden_size))?)
+    }
+
+    /// The final RMSNorm.
+    pub(crate) fn final_norm(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(rms_norm(x, &self.norm, self.cfg.rms_norm_eps)?)
+    }
+
+    /// RoPE tables for the first `t` positions; an error past the model's positions.
+    pub(crate) fn rope_prefix(&self, t: usize) -> Result<(Tensor, Tensor)> {
         if t > self.cos.dim(0)? {
             return Err(Error::Model {
                 path: "model".into(),
@@ -257,47 +281,50 @@ impl Llama {
                 ),
             });
         }
+        Ok((self.cos.narrow(0, 0, t)?, self.sin.narrow(0, 0, t)?))
+    }
+
+    /// One decoder layer on `x` (batch, seq, hidden), residuals included.
+    pub(crate) fn layer_forward(
+        &self,
+        layer: &Layer,
+        x: &Tensor,
+        (cos, sin): (&Tensor, &Tensor),
+        mut dropout: Option<&mut DropoutCtx<'_>>,
+    ) -> Result<Tensor> {
+        let (b, t, _) = x.dims3()?;
         let cfg = &self.cfg;
         let (nh, nkv, hd) = (cfg.num_attention_heads, cfg.num_kv_heads(), cfg.head_dim());
-        let mut x = self
-            .embed_tokens
-            .index_select(&ids.flatten_all()?, 0)?
-            .reshape((b, t, cfg.hidden_size))?;
-        let cos = self.cos.narrow(0, 0, t)?;
-        let sin = self.sin.narrow(0, 0, t)?;
         let eps = cfg.rms_norm_eps;
-        for layer in &self.layers {
-            let [q_p, k_p, v_p, o_p, gate_p, up_p, down_p] = layer.projections.as_slice() else {
-                return Err(Error::Model {
-                    path: "model".into(),
-                    message: "layer without seven projections".into(),
-                });
+        let [q_p, k_p, v_p, o_p, gate_p, up_p, down_p] = layer.projections.as_slice() else {
+            return Err(Error::Model {
+                path: "model".into(),
+                message: "layer without seven projections".into(),
+            });
+        };
+        let hn = rms_norm(x, &layer.input_layernorm, eps)?;
+        let heads =
+            |p: &LoraLinear, n: usize, d: &mut Option<&mut DropoutCtx<'_>>| -> Result<Tensor> {
+                Ok(p.forward(&hn, d.as_deref_mut())?
+                    .reshape((b, t, n, hd))?
+                    .transpose(1, 2)?
+                    .contiguous()?)
             };
-            let hn = rms_norm(&x, &layer.input_layernorm, eps)?;
-            let heads =
-                |p: &LoraLinear, n: usize, d: &mut Option<&mut DropoutCtx<'_>>| -> Result<Tensor> {
-                    Ok(p.forward(&hn, d.as_deref_mut())?
-                        .reshape((b, t, n, hd))?
-                        .transpose(1, 2)?
-                        .contiguous()?)
-                };
-            let q = rope(&heads(q_p, nh, &mut dropout)?, &cos, &sin)?;
-            let k = rope(&heads(k_p, nkv, &mut dropout)?, &cos, &sin)?;
-            let v = heads(v_p, nkv, &mut dropout)?;
-            let (k, v) = (repeat_kv(&k, nh / nkv)?, repeat_kv(&v, nh / nkv)?);
-            let scores = q.matmul(&k.t()?)?.affine(1.0 / (hd as f64).sqrt(), 0.0)?;
-            let probs = causal_softmax(&scores)?;
-            let attn = probs
-                .matmul(&v)?
-                .transpose(1, 2)?
-                .reshape((b, t, nh * hd))?;
-            x = (x + o_p.forward(&attn, dropout.as_deref_mut())?)?;
-            let hn = rms_norm(&x, &layer.post_attention_layernorm, eps)?;
-            let gate = gate_p.forward(&hn, dropout.as_deref_mut())?.silu()?;
-            let up = up_p.forward(&hn, dropout.as_deref_mut())?;
-            x = (x + down_p.forward(&(gate * up)?, dropout.as_deref_mut())?)?;
-        }
-        Ok(rms_norm(&x, &self.norm, eps)?)
+        let q = rope(&heads(q_p, nh, &mut dropout)?, cos, sin)?;
+        let k = rope(&heads(k_p, nkv, &mut dropout)?, cos, sin)?;
+        let v = heads(v_p, nkv, &mut dropout)?;
+        let (k, v) = (repeat_kv(&k, nh / nkv)?, repeat_kv(&v, nh / nkv)?);
+        let scores = q.matmul(&k.t()?)?.affine(1.0 / (hd as f64).sqrt(), 0.0)?;
+        let probs = causal_softmax(&scores)?;
+        let attn = probs
+            .matmul(&v)?
+            .transpose(1, 2)?
+            .reshape((b, t, nh * hd))?;
+        let x = (x + o_p.forward(&attn, dropout.as_deref_mut())?)?;
+        let hn = rms_norm(&x, &layer.post_attention_layernorm, eps)?;
+        let gate = gate_p.forward(&hn, dropout.as_deref_mut())?.silu()?;
+        let up = up_p.forward(&hn, dropout.as_deref_mut())?;
+        Ok((&x + down_p.forward(&(gate * up)?, dropout.as_deref_mut())?)?)
     }
 
     /// An empty key/value cache for [`Self::forward_cached`].

@@ -663,12 +663,9 @@ fn choose_checkpointing(
     use tuneq_openapi::ActivationCheckpointing;
     let fused = crate::fast::ComputePath::for_model(model) == crate::fast::ComputePath::CpuFused;
     if !fused {
-        if spec.activation_checkpointing == ActivationCheckpointing::On {
-            sink.event(&TrainEvent::Warning {
-                message: "activation_checkpointing is only implemented on the CPU fast path; this run keeps its activations".into(),
-            });
-        }
-        return Ok(false);
+        // candle's graph (CUDA) checkpoints when asked; `auto` would need the
+        // accelerator's memory and a graph estimate, which this process does not have.
+        return Ok(spec.activation_checkpointing == ActivationCheckpointing::On);
     }
     match spec.activation_checkpointing {
         ActivationCheckpointing::On => Ok(true),
