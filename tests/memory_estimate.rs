@@ -1,6 +1,8 @@
-//! The memory estimate placement uses (`tuneq_pools::cpu_memory`) against the peak a
-//! real `tuneq train` reports, on three model shapes (tiny, small, and SmolLM2-135M's),
-//! f32 and bf16 weights, with and without activation checkpointing: within 10 %.
+//! The memory estimates placement uses against the peak a real `tuneq train` reports, on
+//! three model shapes (tiny, small, and SmolLM2-135M's), with and without activation
+//! checkpointing, within 10 %: `tuneq_pools::cpu_memory` (the fused CPU step, f32 and
+//! bf16 weights) and `tuneq_pools::graph_memory_bytes` (candle's graph, the CUDA path,
+//! measured through the CPU graph).
 
 mod common;
 
@@ -8,7 +10,7 @@ use common::{BIN, tuneq};
 use std::path::Path;
 use std::process::Command;
 use tuneq_openapi::{ActivationCheckpointing, DtypeKind, LoraSpec};
-use tuneq_pools::{Ask, ModelShape, cpu_memory};
+use tuneq_pools::{Ask, ModelShape, cpu_memory, graph_memory_bytes};
 
 const BATCH: u64 = 4;
 const SEQ: u64 = 256;
@@ -46,9 +48,20 @@ fn long_examples(dir: &Path) -> std::path::PathBuf {
     path
 }
 
-/// `tuneq train`'s reported peak, in bytes.
-fn measured_peak(model: &Path, train: &Path, out: &Path, dtype: &str, checkpointing: &str) -> u64 {
-    let output = Command::new(BIN)
+/// `tuneq train`'s reported peak, in bytes (`graph`: on candle's graph).
+fn measured_peak(
+    model: &Path,
+    train: &Path,
+    out: &Path,
+    dtype: &str,
+    checkpointing: &str,
+    graph: bool,
+) -> u64 {
+    let mut command = Command::new(BIN);
+    if graph {
+        command.env("TUNEQ_CPU_PATH", "graph");
+    }
+    let output = command
         .args([
             "train",
             "--model",
@@ -91,6 +104,22 @@ fn measured_peak(model: &Path, train: &Path, out: &Path, dtype: &str, checkpoint
         .unwrap_or_else(|| panic!("no peak_memory_bytes in the finished event: {stdout}"))
 }
 
+/// A random model of `preset` in `dir`, with its shape.
+fn init_model(dir: &Path, preset: &str) -> (std::path::PathBuf, ModelShape) {
+    let model = dir.join(preset);
+    let init = tuneq(&[
+        "model",
+        "init",
+        "--preset",
+        preset,
+        "--out",
+        model.to_str().expect("utf8"),
+    ]);
+    assert!(init.status.success(), "{init:?}");
+    let shape = ModelShape::read(&model).expect("config.json");
+    (model, shape)
+}
+
 #[test]
 fn the_cpu_memory_estimate_is_within_a_tenth_of_the_measured_peak() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -99,17 +128,7 @@ fn the_cpu_memory_estimate_is_within_a_tenth_of_the_measured_peak() {
     let mut table = Vec::new();
     let mut worst = 0f64;
     for preset in ["tiny", "small", "smollm2-135m"] {
-        let model = dir.path().join(preset);
-        let init = tuneq(&[
-            "model",
-            "init",
-            "--preset",
-            preset,
-            "--out",
-            model.to_str().expect("utf8"),
-        ]);
-        assert!(init.status.success(), "{init:?}");
-        let shape = ModelShape::read(&model).expect("config.json");
+        let (model, shape) = init_model(dir.path(), preset);
         for (dtype, kind) in [("f32", DtypeKind::F32), ("bf16", DtypeKind::Bf16)] {
             for (setting, checkpointing) in [
                 ("off", ActivationCheckpointing::Off),
@@ -121,7 +140,7 @@ fn the_cpu_memory_estimate_is_within_a_tenth_of_the_measured_peak() {
                 let mut peaks: Vec<u64> = (0..runs)
                     .map(|run| {
                         let out = dir.path().join(format!("{preset}-{dtype}-{setting}-{run}"));
-                        measured_peak(&model, &train, &out, dtype, setting)
+                        measured_peak(&model, &train, &out, dtype, setting, false)
                     })
                     .collect();
                 peaks.sort_unstable();
@@ -144,6 +163,48 @@ fn the_cpu_memory_estimate_is_within_a_tenth_of_the_measured_peak() {
                     100.0 * error
                 ));
             }
+        }
+    }
+    let table = table.join("\n");
+    eprintln!("{table}");
+    assert!(
+        worst <= 0.10,
+        "an estimate is off by more than 10 %:\n{table}"
+    );
+}
+
+#[test]
+fn the_graph_memory_estimate_is_within_a_tenth_of_the_measured_peak() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let train = long_examples(dir.path());
+    let lora = LoraSpec::default();
+    let mut table = Vec::new();
+    let mut worst = 0f64;
+    for preset in ["tiny", "small", "smollm2-135m"] {
+        let (model, shape) = init_model(dir.path(), preset);
+        for (setting, checkpointing) in [
+            ("off", ActivationCheckpointing::Off),
+            ("on", ActivationCheckpointing::On),
+        ] {
+            let out = dir.path().join(format!("{preset}-graph-{setting}"));
+            let measured = measured_peak(&model, &train, &out, "f32", setting, true);
+            let ask = Ask {
+                lora: &lora,
+                max_seq_len: SEQ,
+                batch_size: BATCH,
+                dtype: DtypeKind::F32,
+                checkpointing,
+                dataset_tokens: 8 * SEQ,
+            };
+            let estimate = graph_memory_bytes(&shape, &ask, false);
+            let error = (estimate as f64 - measured as f64) / measured as f64;
+            worst = worst.max(error.abs());
+            table.push(format!(
+                "{preset:>13} graph checkpointing {setting:>3}: measured {:>5} MiB, estimated {:>5} MiB ({:+.1} %)",
+                measured >> 20,
+                estimate >> 20,
+                100.0 * error
+            ));
         }
     }
     let table = table.join("\n");

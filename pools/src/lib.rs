@@ -14,5 +14,7 @@ pub mod placement;
 pub mod quantity;
 
 pub use file::{Hardware, KubernetesPool, Pool, PoolsError, PoolsFile, RuntimeKind};
-pub use memory::{Ask, CpuMemory, ModelShape, cpu_memory, cpu_memory_needed, gpu_memory_bytes};
+pub use memory::{
+    Ask, CpuMemory, ModelShape, cpu_memory, cpu_memory_needed, gpu_memory_bytes, graph_memory_bytes,
+};
 pub use placement::{Candidate, Estimate, Needs, Refusal, Setback, choose, plan, usable};

@@ -324,7 +324,7 @@ impl Llama {
         let hn = rms_norm(&x, &layer.post_attention_layernorm, eps)?;
         let gate = gate_p.forward(&hn, dropout.as_deref_mut())?.silu()?;
         let up = up_p.forward(&hn, dropout.as_deref_mut())?;
-        Ok((&x + down_p.forward(&(gate * up)?, dropout.as_deref_mut())?)?)
+        Ok((&x + down_p.forward(&(gate * up)?, dropout)?)?)
     }
 
     /// An empty key/value cache for [`Self::forward_cached`].
