@@ -714,3 +714,34 @@ fn activation_checkpointing_changes_no_byte_of_the_adapter() {
     assert!(!kept.is_empty());
     assert!(kept == recomputed, "checkpointing changed the adapter");
 }
+
+#[test]
+fn model_estimate_prints_the_memory_by_part_and_refuses_bad_flags() {
+    let model = tiny_model().to_str().expect("utf8");
+    let out = tuneq(&["model", "estimate", "--model", model, "--memory", "1Mi"]);
+    assert!(out.status.success(), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let total = v["cpu"]["total_mib"].as_u64().expect("total");
+    let parts: u64 = ["runtime_mib", "weights_mib"]
+        .iter()
+        .map(|k| v["cpu"][k].as_u64().expect("part"))
+        .sum();
+    assert!(total > parts && parts > 0, "{v}");
+    // 1 MiB holds nothing: auto checkpointing is on, and it still does not fit.
+    assert_eq!(v["cpu"]["fits"], false, "{v}");
+    assert_eq!(v["cpu"]["checkpointing"], true, "{v}");
+    assert!(v["gpu"]["total_mib"].as_u64().expect("gpu") > 0);
+    for bad in [
+        vec!["--memory", "12XB"],
+        vec!["--batch-size", "0"],
+        vec!["--max-seq-len", "99999999999"],
+    ] {
+        let mut args = vec!["model", "estimate", "--model", model];
+        args.extend(bad.iter().copied());
+        let out = tuneq(&args);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {out:?}");
+    }
+    let out = tuneq(&["model", "estimate", "--model", "/nonexistent"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("config.json"));
+}

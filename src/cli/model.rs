@@ -30,6 +30,32 @@ pub enum ModelCommand {
         #[arg(long)]
         llama3_rope: bool,
     },
+    /// The memory a fine-tune of a local model needs, by part (the estimate placement
+    /// compares with a pool's memory), on the CPU and on a GPU.
+    Estimate {
+        /// A model folder (config.json is enough).
+        #[arg(long)]
+        model: PathBuf,
+        /// Examples per micro-batch.
+        #[arg(long, default_value_t = 4)]
+        batch_size: u64,
+        /// Tokens per example.
+        #[arg(long, default_value_t = 512)]
+        max_seq_len: u64,
+        /// LoRA rank (on all seven projections).
+        #[arg(long, default_value_t = 8)]
+        lora_r: u32,
+        /// The dtype the frozen weights are held in.
+        #[arg(long, value_enum, default_value = "f32")]
+        dtype: super::train::DtypeArg,
+        /// Activation checkpointing.
+        #[arg(long, value_enum, default_value = "auto")]
+        activation_checkpointing: super::train::CheckpointingArg,
+        /// A pool's memory per attempt (`32Gi`): with `auto`, layers are recomputed
+        /// only when they would not fit in it otherwise.
+        #[arg(long)]
+        memory: Option<String>,
+    },
 }
 
 pub fn run(cmd: ModelCommand) -> Result<ExitCode> {
@@ -60,6 +86,71 @@ pub fn run(cmd: ModelCommand) -> Result<ExitCode> {
                     "shards": shards,
                     "tie_word_embeddings": cfg.tie_word_embeddings,
                 })
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        ModelCommand::Estimate {
+            model,
+            batch_size,
+            max_seq_len,
+            lora_r,
+            dtype,
+            activation_checkpointing,
+            memory,
+        } => {
+            let Some(shape) = tuneq_pools::ModelShape::read(&model) else {
+                anyhow::bail!(super::BadInput(format!(
+                    "{}: no readable config.json",
+                    model.display()
+                )));
+            };
+            let limit = match memory {
+                Some(text) => Some(
+                    tuneq_pools::quantity::Quantity::memory(&text)
+                        .map_err(|e| super::BadInput(format!("--memory {text:?}: {e}")))?
+                        .value(),
+                ),
+                None => None,
+            };
+            if !(1..=4096).contains(&batch_size)
+                || !(1..=1 << 20).contains(&max_seq_len)
+                || !(1..=256).contains(&lora_r)
+            {
+                anyhow::bail!(super::BadInput(
+                    "--batch-size must be 1–4096, --max-seq-len 1–1048576 and --lora-r 1–256"
+                        .into()
+                ));
+            }
+            let lora = tuneq_openapi::LoraSpec {
+                r: lora_r,
+                ..tuneq_openapi::LoraSpec::default()
+            };
+            let ask = tuneq_pools::Ask {
+                lora: &lora,
+                max_seq_len,
+                batch_size,
+                dtype: dtype.into(),
+                checkpointing: activation_checkpointing.into(),
+                dataset_tokens: 0,
+            };
+            let cpu = tuneq_pools::cpu_memory(&shape, &ask, limit);
+            let mib = |b: u64| b >> 20;
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&serde_json::json!({
+                    "cpu": {
+                        "total_mib": mib(cpu.total()),
+                        "checkpointing": cpu.checkpointing,
+                        "runtime_mib": mib(cpu.runtime),
+                        "weights_mib": mib(cpu.weights),
+                        "loading_mib": mib(cpu.loading),
+                        "lora_state_mib": mib(cpu.lora_state),
+                        "step_mib": mib(cpu.step),
+                        "scratch_mib": mib(cpu.scratch),
+                        "fits": limit.map(|l| cpu.total() <= l),
+                    },
+                    "gpu": {"total_mib": mib(tuneq_pools::gpu_memory_bytes(&shape, &ask))},
+                }))?
             );
             Ok(ExitCode::SUCCESS)
         }
