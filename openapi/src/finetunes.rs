@@ -134,6 +134,11 @@ pub struct FineTuneCreate {
     /// address, unless the server allows private targets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webhook_url: Option<String>,
+    /// The dtype the base model's frozen weights are held in (tuneq): `f32`, `bf16`
+    /// (half the memory; on the CPU widened exactly to f32 where used), or `auto`, the
+    /// default: bf16 on GPU pools, f32 on CPU pools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<crate::DtypeKind>,
 }
 
 /// Hyperparameters as the job runs them (`"auto"` resolved).

@@ -277,6 +277,20 @@ pub enum DtypeKind {
     /// bfloat16: half the weights' memory. On the CPU the weights are widened exactly
     /// to f32 where used (f32 compute); on CUDA the graph computes in bf16.
     Bf16,
+    /// bf16 on a GPU, f32 on the CPU (what jobs created through the API run with
+    /// unless they choose).
+    Auto,
+}
+
+impl DtypeKind {
+    /// The dtype this resolves to on a GPU (`true`) or on the CPU.
+    pub fn on(self, gpu: bool) -> Self {
+        match self {
+            Self::Auto if gpu => Self::Bf16,
+            Self::Auto => Self::F32,
+            chosen => chosen,
+        }
+    }
 }
 
 /// A spec that parsed but cannot run, naming the field.

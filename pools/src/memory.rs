@@ -209,10 +209,7 @@ const DATA_BYTES_PER_TOKEN: u64 = 16;
 /// when keeping them would pass it, as the trainer decides.
 pub fn cpu_memory(shape: &ModelShape, ask: &Ask<'_>, limit: Option<u64>) -> CpuMemory {
     let dims = shape.dims();
-    let weight_bytes = match ask.dtype {
-        DtypeKind::F32 => 4,
-        DtypeKind::Bf16 => 2,
-    };
+    let weight_bytes = weight_bytes(ask.dtype, false);
     let file_bytes = shape.file_bytes_per_weight();
     let converting = if file_bytes == weight_bytes {
         0
@@ -232,7 +229,7 @@ pub fn cpu_memory(shape: &ModelShape, ask: &Ask<'_>, limit: Option<u64>) -> CpuM
     ];
     let tokens = (ask.batch_size * ask.max_seq_len) as usize;
     let dropout = ask.lora.dropout > 0.0;
-    let bf16 = ask.dtype == DtypeKind::Bf16;
+    let bf16 = ask.dtype.on(false) == DtypeKind::Bf16;
     let step = |recompute| step_bytes(&dims, tokens, &ranks, dropout, recompute, bf16);
     let mut memory = CpuMemory {
         runtime: PROCESS_BYTES + TOKENIZER_BYTES_PER_ENTRY * shape.vocab_size,
@@ -254,6 +251,14 @@ pub fn cpu_memory(shape: &ModelShape, ask: &Ask<'_>, limit: Option<u64>) -> CpuM
         memory.checkpointing = true;
     }
     memory
+}
+
+/// Bytes per frozen weight of `dtype` on a GPU or on the CPU.
+fn weight_bytes(dtype: DtypeKind, gpu: bool) -> u64 {
+    match dtype.on(gpu) {
+        DtypeKind::Bf16 => 2,
+        _ => 4,
+    }
 }
 
 /// The least memory an attempt on the CPU needs: with layers recomputed when the job
@@ -286,10 +291,7 @@ const GRAPH_FIXED_BYTES: u64 = 64 << 20;
 /// layer's graph at a time; `auto` does not turn it on there (the trainer cannot see
 /// the accelerator's memory).
 pub fn graph_memory_bytes(shape: &ModelShape, ask: &Ask<'_>, on_gpu: bool) -> u64 {
-    let weight_bytes = match ask.dtype {
-        DtypeKind::F32 => 4,
-        DtypeKind::Bf16 => 2,
-    };
+    let weight_bytes = weight_bytes(ask.dtype, on_gpu);
     let activation_bytes = if on_gpu { weight_bytes } else { 4 };
     let tokens = ask.batch_size * ask.max_seq_len;
     let per_layer =
@@ -367,6 +369,17 @@ mod tests {
         let gpu = |dtype| gpu_memory_bytes(&shape, &ask(&lora, 1, dtype));
         // Weights and activations both halve on a GPU.
         assert!(gpu(DtypeKind::F32) - gpu(DtypeKind::Bf16) > shape.parameters() * 2);
+    }
+
+    #[test]
+    fn auto_is_f32_on_the_cpu_and_bf16_on_a_gpu() {
+        let shape = small();
+        let lora = LoraSpec::default();
+        let cpu = |dtype| cpu_memory(&shape, &ask(&lora, 2, dtype), None);
+        let gpu = |dtype| gpu_memory_bytes(&shape, &ask(&lora, 2, dtype));
+        assert_eq!(cpu(DtypeKind::Auto), cpu(DtypeKind::F32));
+        assert_eq!(gpu(DtypeKind::Auto), gpu(DtypeKind::Bf16));
+        assert_ne!(gpu(DtypeKind::Auto), gpu(DtypeKind::F32));
     }
 
     #[test]

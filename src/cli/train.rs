@@ -174,7 +174,7 @@ value_enum!(FormatArg => DatasetFormat { Auto = DatasetFormat::Auto, Chat = Data
 value_enum!(TemplateArg => ChatTemplateChoice { Model = ChatTemplateChoice::Model, Llama2 = ChatTemplateChoice::Llama2, Chatml = ChatTemplateChoice::Chatml, Alpaca = ChatTemplateChoice::Alpaca });
 value_enum!(SchedulerArg => Scheduler { Linear = Scheduler::Linear, Cosine = Scheduler::Cosine, Constant = Scheduler::Constant });
 value_enum!(DeviceArg => DeviceKind { Cpu = DeviceKind::Cpu, Cuda = DeviceKind::Cuda });
-value_enum!(DtypeArg => DtypeKind { F32 = DtypeKind::F32, Bf16 = DtypeKind::Bf16 });
+value_enum!(DtypeArg => DtypeKind { F32 = DtypeKind::F32, Bf16 = DtypeKind::Bf16, Auto = DtypeKind::Auto });
 value_enum!(CheckpointingArg => ActivationCheckpointing { Auto = ActivationCheckpointing::Auto, On = ActivationCheckpointing::On, Off = ActivationCheckpointing::Off });
 
 /// Where progress goes.

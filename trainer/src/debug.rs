@@ -16,7 +16,7 @@ pub fn load_model(
     adapter: Option<&Path>,
     dtype: tuneq_openapi::DtypeKind,
 ) -> Result<Llama> {
-    let dtype = crate::train::select_dtype(dtype);
+    let dtype = crate::train::select_dtype(dtype, &Device::Cpu);
     let mut model = Llama::load(model_dir, dtype, &Device::Cpu, None)?;
     if let Some(dir) = adapter {
         let (settings, tensors) = crate::peft::load_adapter(dir, &Device::Cpu)?;

@@ -64,13 +64,14 @@ pub fn cuda_available() -> bool {
     cfg!(feature = "cuda") && Device::new_cuda(0).is_ok()
 }
 
-/// The dtype the frozen weights are held in. With bf16 on the CPU they are stored in
-/// bf16 and widened exactly where the fused step uses them (f32 compute at half the
-/// weights' memory); on CUDA candle's graph computes in bf16.
-pub fn select_dtype(kind: tuneq_openapi::DtypeKind) -> DType {
-    match kind {
-        tuneq_openapi::DtypeKind::F32 => DType::F32,
+/// The dtype the frozen weights are held in on `device` (`auto`: bf16 on CUDA, f32 on
+/// the CPU). With bf16 on the CPU they are stored in bf16 and widened exactly where the
+/// fused step uses them (f32 compute at half the weights' memory); on CUDA candle's
+/// graph computes in bf16.
+pub fn select_dtype(kind: tuneq_openapi::DtypeKind, device: &Device) -> DType {
+    match kind.on(device.is_cuda()) {
         tuneq_openapi::DtypeKind::Bf16 => DType::BF16,
+        _ => DType::F32,
     }
 }
 

@@ -282,7 +282,7 @@ pub(super) async fn plan(
             ..SamplingSpec::default()
         },
         device: Default::default(),
-        dtype: Default::default(),
+        dtype: body.dtype.unwrap_or(tuneq_openapi::DtypeKind::Auto),
         activation_checkpointing: Default::default(),
     };
     let hp = &mut spec.hyperparameters;

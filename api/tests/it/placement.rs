@@ -109,6 +109,20 @@ async fn a_job_lists_the_pools_that_fit_spot_first_with_its_estimate_and_max_cos
             .ends_with("this service has: cpu, spot-cpu."),
         "{body}"
     );
+
+    // The weights' dtype is the job's to choose; an unknown one is refused with the
+    // values that exist.
+    for dtype in ["f32", "bf16", "auto"] {
+        let (status, job) = create(&s, &file, json!({"dtype": dtype})).await;
+        assert_eq!(status, StatusCode::OK, "{dtype}: {job}");
+    }
+    let (status, body) = create(&s, &file, json!({"dtype": "fp8"})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("fp8") && message.contains("bf16"),
+        "{body}"
+    );
 }
 
 /// One trainer report on attempt `token` of `job`.

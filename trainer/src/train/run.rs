@@ -99,7 +99,7 @@ impl<'a> Run<'a> {
             .map(|f| storage.input_file("validation_file", f))
             .transpose()?;
         let device = select_device(spec.device)?;
-        let dtype = select_dtype(spec.dtype);
+        let dtype = select_dtype(spec.dtype, &device);
         let settings = lora_settings(spec);
 
         // The model folder is checked before anything else reads from it, so a wrong path
