@@ -123,6 +123,12 @@ async fn a_job_lists_the_pools_that_fit_spot_first_with_its_estimate_and_max_cos
         message.contains("fp8") && message.contains("bf16"),
         "{body}"
     );
+    for setting in ["auto", "on", "off"] {
+        let (status, job) = create(&s, &file, json!({"activation_checkpointing": setting})).await;
+        assert_eq!(status, StatusCode::OK, "{setting}: {job}");
+    }
+    let (status, body) = create(&s, &file, json!({"activation_checkpointing": "maybe"})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
 }
 
 /// One trainer report on attempt `token` of `job`.
