@@ -81,58 +81,6 @@ impl Rounded {
     }
 }
 
-/// Everything a step yields, as bits: per micro-batch the training loss and the
-/// evaluation loss ([`loss`]), then the accumulated gradients.
-type Bits = (Vec<u64>, Vec<u64>, Vec<Vec<u32>>);
-
-/// Two accumulating micro-batches on a pool of `threads`, with `masks[k]` the dropout
-/// masks of micro-batch `k` (none: no dropout), plus the evaluation loss of each.
-fn step(
-    model: &Model<'_>,
-    batches: &[&OwnedBatch],
-    masks: &[Vec<Vec<f32>>],
-    threads: usize,
-    checkpoint_layers: bool,
-) -> Bits {
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .expect("a pool");
-    let scale = 1.0 / batches.iter().map(|b| b.labelled()).sum::<usize>() as f32;
-    pool.install(|| {
-        let mut grads: Vec<Vec<f32>> = model
-            .lora_lengths()
-            .into_iter()
-            .map(|len| vec![0.0; len])
-            .collect();
-        let (mut losses, mut evals) = (vec![], vec![]);
-        for (k, b) in batches.iter().enumerate() {
-            let mut queue = masks.get(k).into_iter().flatten().cloned();
-            let mut source = |rows: usize, inputs: usize| {
-                let mask = queue.next().expect("a mask for every adapted projection");
-                assert_eq!(mask.len(), rows * inputs);
-                mask
-            };
-            let dropout: Option<MaskSource<'_>> = if masks.is_empty() {
-                None
-            } else {
-                Some(&mut source)
-            };
-            let options = StepOptions { checkpoint_layers };
-            let l = forward_backward_with(model, &b.view(), scale, dropout, &mut grads, options)
-                .expect("a step");
-            losses.push(l.to_bits());
-            evals.push(loss(model, &b.view(), scale).expect("a loss").to_bits());
-        }
-        assert!(grads.iter().flatten().any(|&v| v != 0.0));
-        let bits = grads
-            .iter()
-            .map(|g| g.iter().map(|v| v.to_bits()).collect())
-            .collect();
-        (losses, evals, bits)
-    })
-}
-
 /// GQA models with LoRA on all seven, on q and v, and only above layer 0; untied and
 /// tied (the head is the embedding's slice); every frozen matrix in bf16, only the
 /// projections, only the embedding and head: the losses (training and evaluation) and
@@ -166,13 +114,14 @@ fn bf16_weights_give_the_same_bits_as_their_f32_widening() {
             let f32_view = rounded.view(Storage::F32);
             for masks in [&[][..], &drawn[..]] {
                 for checkpoint in [false, true] {
-                    let want = step(&f32_view, &[&b1, &b2], masks, 1, checkpoint);
+                    let want = step_bits(&f32_view, &[&b1, &b2], masks, 1, checkpoint);
                     for storage in [
                         Storage::Bf16,
                         Storage::ProjectionsOnly,
                         Storage::EmbedAndHeadOnly,
                     ] {
-                        let got = step(&rounded.view(storage), &[&b1, &b2], masks, 1, checkpoint);
+                        let got =
+                            step_bits(&rounded.view(storage), &[&b1, &b2], masks, 1, checkpoint);
                         assert!(
                             got == want,
                             "model {k}, tied {tied}, {storage:?}, {} masks, checkpoint \
@@ -198,12 +147,12 @@ fn bf16_results_do_not_depend_on_the_thread_count() {
         let bf16 = rounded.view(Storage::Bf16);
         for masks in [&[][..], &masks[..]] {
             for checkpoint in [false, true] {
-                let one = step(&bf16, &[&b], masks, 1, checkpoint);
+                let one = step_bits(&bf16, &[&b], masks, 1, checkpoint);
                 assert!(
-                    one == step(&bf16, &[&b], masks, 3, checkpoint),
+                    one == step_bits(&bf16, &[&b], masks, 3, checkpoint),
                     "1 vs 3 threads"
                 );
-                let f32 = step(&rounded.view(Storage::F32), &[&b], masks, 3, checkpoint);
+                let f32 = step_bits(&rounded.view(Storage::F32), &[&b], masks, 3, checkpoint);
                 assert!(one == f32, "bf16 vs its f32 widening");
             }
         }

@@ -368,24 +368,32 @@ fn bad_inputs_are_errors() {
         "a LoRA rank its factors do not have",
     );
 }
+/// Everything a step yields, as bits: per micro-batch the training loss and the
+/// evaluation loss ([`loss`]), then the accumulated gradients.
+type Bits = (Vec<u64>, Vec<u64>, Vec<Vec<u32>>);
+
 /// Two accumulating micro-batches on a pool of `threads`, with `masks[k]` the dropout
-/// masks of micro-batch `k` in forward order (none: no dropout): the losses' and the
-/// gradients' bits.
+/// masks of micro-batch `k` in forward order (none: no dropout), plus the evaluation
+/// loss of each: their bits.
 fn step_bits(
-    m: &Owned,
+    model: &Model<'_>,
     batches: &[&OwnedBatch],
     masks: &[Vec<Vec<f32>>],
     threads: usize,
     checkpoint_layers: bool,
-) -> (Vec<u64>, Vec<Vec<u32>>) {
+) -> Bits {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
         .expect("a pool");
     let scale = 1.0 / batches.iter().map(|b| b.labelled()).sum::<usize>() as f32;
     pool.install(|| {
-        let mut grads = m.zero_grads();
-        let mut losses = vec![];
+        let mut grads: Vec<Vec<f32>> = model
+            .lora_lengths()
+            .into_iter()
+            .map(|len| vec![0.0; len])
+            .collect();
+        let (mut losses, mut evals) = (vec![], vec![]);
         for (k, b) in batches.iter().enumerate() {
             let mut queue = masks.get(k).into_iter().flatten().cloned();
             let mut source = |rows: usize, inputs: usize| {
@@ -399,17 +407,17 @@ fn step_bits(
                 Some(&mut source)
             };
             let options = StepOptions { checkpoint_layers };
-            let loss =
-                forward_backward_with(&m.view(), &b.view(), scale, dropout, &mut grads, options)
-                    .expect("a step");
-            losses.push(loss.to_bits());
+            let l = forward_backward_with(model, &b.view(), scale, dropout, &mut grads, options)
+                .expect("a step");
+            losses.push(l.to_bits());
+            evals.push(loss(model, &b.view(), scale).expect("a loss").to_bits());
         }
         assert!(grads.iter().flatten().any(|&v| v != 0.0));
         let bits = grads
             .iter()
             .map(|g| g.iter().map(|v| v.to_bits()).collect())
             .collect();
-        (losses, bits)
+        (losses, evals, bits)
     })
 }
 
@@ -462,9 +470,9 @@ fn checkpointing_gives_the_same_bits() {
         ];
         let odd = [odd_masks(m, n, seed + 4), odd_masks(m, n, seed + 5)];
         for masks in [&[][..], &drawn[..], &odd[..]] {
-            let plain = step_bits(m, &[&b1, &b2], masks, 1, false);
+            let plain = step_bits(&m.view(), &[&b1, &b2], masks, 1, false);
             for threads in [1, 2] {
-                let checkpointed = step_bits(m, &[&b1, &b2], masks, threads, true);
+                let checkpointed = step_bits(&m.view(), &[&b1, &b2], masks, threads, true);
                 assert!(
                     plain == checkpointed,
                     "model {k}, {} masks, {threads} threads: checkpointing changed the bits",
@@ -476,9 +484,9 @@ fn checkpointing_gives_the_same_bits() {
     let (m, b) = larger_case();
     let masks = [dropout_masks(&m, b.rows * b.len, 0.1, 33)];
     for masks in [&[][..], &masks[..]] {
-        let plain = step_bits(&m, &[&b], masks, 2, false);
-        assert!(plain == step_bits(&m, &[&b], masks, 2, true));
-        assert!(plain == step_bits(&m, &[&b], masks, 1, true));
+        let plain = step_bits(&m.view(), &[&b], masks, 2, false);
+        assert!(plain == step_bits(&m.view(), &[&b], masks, 2, true));
+        assert!(plain == step_bits(&m.view(), &[&b], masks, 1, true));
     }
 }
 
