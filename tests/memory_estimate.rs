@@ -120,20 +120,62 @@ fn init_model(dir: &Path, preset: &str) -> (std::path::PathBuf, ModelShape) {
     (model, shape)
 }
 
+/// The job the runs train: `BATCH × SEQ` tokens, LoRA's defaults, 8 examples.
+fn ask(lora: &LoraSpec, dtype: DtypeKind, checkpointing: ActivationCheckpointing) -> Ask<'_> {
+    Ask {
+        lora,
+        max_seq_len: SEQ,
+        batch_size: BATCH,
+        dtype,
+        checkpointing,
+        dataset_tokens: 8 * SEQ,
+    }
+}
+
+/// Measured peaks beside their estimates; fails when any is off by more than 10 %.
+#[derive(Default)]
+struct Comparison {
+    rows: Vec<String>,
+    worst: f64,
+}
+
+impl Comparison {
+    fn add(&mut self, label: String, measured: u64, estimate: u64) {
+        let error = (estimate as f64 - measured as f64) / measured as f64;
+        self.worst = self.worst.max(error.abs());
+        self.rows.push(format!(
+            "{label}: measured {:>5} MiB, estimated {:>5} MiB ({:+.1} %)",
+            measured >> 20,
+            estimate >> 20,
+            100.0 * error
+        ));
+    }
+
+    fn check(self) {
+        let table = self.rows.join("\n");
+        eprintln!("{table}");
+        assert!(
+            self.worst <= 0.10,
+            "an estimate is off by more than 10 %:\n{table}"
+        );
+    }
+}
+
+const SETTINGS: [(&str, ActivationCheckpointing); 2] = [
+    ("off", ActivationCheckpointing::Off),
+    ("on", ActivationCheckpointing::On),
+];
+
 #[test]
 fn the_cpu_memory_estimate_is_within_a_tenth_of_the_measured_peak() {
     let dir = tempfile::tempdir().expect("tempdir");
     let train = long_examples(dir.path());
     let lora = LoraSpec::default();
-    let mut table = Vec::new();
-    let mut worst = 0f64;
+    let mut comparison = Comparison::default();
     for preset in ["tiny", "small", "smollm2-135m"] {
         let (model, shape) = init_model(dir.path(), preset);
         for (dtype, kind) in [("f32", DtypeKind::F32), ("bf16", DtypeKind::Bf16)] {
-            for (setting, checkpointing) in [
-                ("off", ActivationCheckpointing::Off),
-                ("on", ActivationCheckpointing::On),
-            ] {
+            for (setting, checkpointing) in SETTINGS {
                 // Half of the tiny model's peak is scratch whose reuse varies from run
                 // to run (±8 %): there the median of five is compared.
                 let runs = if preset == "tiny" { 5 } else { 1 };
@@ -144,33 +186,16 @@ fn the_cpu_memory_estimate_is_within_a_tenth_of_the_measured_peak() {
                     })
                     .collect();
                 peaks.sort_unstable();
-                let measured = peaks[runs / 2];
-                let ask = Ask {
-                    lora: &lora,
-                    max_seq_len: SEQ,
-                    batch_size: BATCH,
-                    dtype: kind,
-                    checkpointing,
-                    dataset_tokens: 8 * SEQ,
-                };
-                let estimate = cpu_memory(&shape, &ask, None).total();
-                let error = (estimate as f64 - measured as f64) / measured as f64;
-                worst = worst.max(error.abs());
-                table.push(format!(
-                    "{preset:>13} {dtype:>4} checkpointing {setting:>3}: measured {:>5} MiB, estimated {:>5} MiB ({:+.1} %)",
-                    measured >> 20,
-                    estimate >> 20,
-                    100.0 * error
-                ));
+                let estimate = cpu_memory(&shape, &ask(&lora, kind, checkpointing), None).total();
+                comparison.add(
+                    format!("{preset:>13} {dtype:>4} checkpointing {setting:>3}"),
+                    peaks[runs / 2],
+                    estimate,
+                );
             }
         }
     }
-    let table = table.join("\n");
-    eprintln!("{table}");
-    assert!(
-        worst <= 0.10,
-        "an estimate is off by more than 10 %:\n{table}"
-    );
+    comparison.check();
 }
 
 #[test]
@@ -178,39 +203,20 @@ fn the_graph_memory_estimate_is_within_a_tenth_of_the_measured_peak() {
     let dir = tempfile::tempdir().expect("tempdir");
     let train = long_examples(dir.path());
     let lora = LoraSpec::default();
-    let mut table = Vec::new();
-    let mut worst = 0f64;
+    let mut comparison = Comparison::default();
     for preset in ["tiny", "small", "smollm2-135m"] {
         let (model, shape) = init_model(dir.path(), preset);
-        for (setting, checkpointing) in [
-            ("off", ActivationCheckpointing::Off),
-            ("on", ActivationCheckpointing::On),
-        ] {
+        for (setting, checkpointing) in SETTINGS {
             let out = dir.path().join(format!("{preset}-graph-{setting}"));
             let measured = measured_peak(&model, &train, &out, "f32", setting, true);
-            let ask = Ask {
-                lora: &lora,
-                max_seq_len: SEQ,
-                batch_size: BATCH,
-                dtype: DtypeKind::F32,
-                checkpointing,
-                dataset_tokens: 8 * SEQ,
-            };
-            let estimate = graph_memory_bytes(&shape, &ask, false);
-            let error = (estimate as f64 - measured as f64) / measured as f64;
-            worst = worst.max(error.abs());
-            table.push(format!(
-                "{preset:>13} graph checkpointing {setting:>3}: measured {:>5} MiB, estimated {:>5} MiB ({:+.1} %)",
-                measured >> 20,
-                estimate >> 20,
-                100.0 * error
-            ));
+            let estimate =
+                graph_memory_bytes(&shape, &ask(&lora, DtypeKind::F32, checkpointing), false);
+            comparison.add(
+                format!("{preset:>13} graph checkpointing {setting:>3}"),
+                measured,
+                estimate,
+            );
         }
     }
-    let table = table.join("\n");
-    eprintln!("{table}");
-    assert!(
-        worst <= 0.10,
-        "an estimate is off by more than 10 %:\n{table}"
-    );
+    comparison.check();
 }
