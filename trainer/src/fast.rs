@@ -376,6 +376,18 @@ mod tests {
     /// A tiny-preset model with LoRA on `targets` and every B drawn non-zero, so every
     /// gradient depends on the whole adapter.
     fn model(targets: &[&str], tie: bool, llama3_rope: bool, kv_heads: usize) -> Llama {
+        build(targets, tie, llama3_rope, kv_heads, None)
+    }
+
+    /// [`model`], or with `bf16_held_as`, the same model with every frozen tensor
+    /// rounded to bf16 and held in that dtype (bf16 itself, or its exact f32 widening).
+    fn build(
+        targets: &[&str],
+        tie: bool,
+        llama3_rope: bool,
+        kv_heads: usize,
+        bf16_held_as: Option<DType>,
+    ) -> Llama {
         let opts = InitOptions {
             preset: Preset::Tiny,
             seed: 3,
@@ -392,8 +404,26 @@ mod tests {
             targets: targets.iter().map(|t| t.to_string()).collect(),
             rslora: false,
         };
+        let mut weights = crate::init::random_weights(&cfg, 3).expect("weights");
+        let dtype = bf16_held_as.unwrap_or(DType::F32);
+        if bf16_held_as.is_some() {
+            for (_, t) in &mut weights {
+                *t = t
+                    .to_dtype(DType::BF16)
+                    .and_then(|b| b.to_dtype(dtype))
+                    .expect("rounded");
+            }
+        }
+        let mut map = crate::weights::WeightMap::from_tensors(weights, "random");
         let mut rng = crate::batch::rng_for(5, 0);
-        let m = crate::init::random_model(cfg, 3, Some((&settings, &mut rng))).expect("model");
+        let m = Llama::from_weights(
+            cfg,
+            &mut map,
+            dtype,
+            &Device::Cpu,
+            Some((&settings, &mut rng)),
+        )
+        .expect("model");
         fill_b(&m);
         m
     }
@@ -625,51 +655,12 @@ mod tests {
 
     #[test]
     fn bf16_weights_train_bit_for_bit_as_their_f32_widening() {
+        let all = tuneq_openapi::train_spec::ALL_TARGET_MODULES;
         for tie in [false, true] {
-            let opts = InitOptions {
-                preset: Preset::Tiny,
-                seed: 3,
-                shards: 1,
-                tie_embeddings: tie,
-                llama3_rope: false,
-            };
-            let cfg = preset_config(&opts);
-            let settings = LoraSettings {
-                r: 4,
-                alpha: 8.0,
-                dropout: 0.0,
-                targets: tuneq_openapi::train_spec::ALL_TARGET_MODULES
-                    .iter()
-                    .map(|t| t.to_string())
-                    .collect(),
-                rslora: false,
-            };
-            let bf16: Vec<(String, Tensor)> = crate::init::random_weights(&cfg, 3)
-                .expect("weights")
-                .into_iter()
-                .map(|(n, t)| (n, t.to_dtype(DType::BF16).expect("bf16")))
-                .collect();
-            let widened: Vec<(String, Tensor)> = bf16
-                .iter()
-                .map(|(n, t)| (n.clone(), t.to_dtype(DType::F32).expect("f32")))
-                .collect();
-            let build = |tensors: Vec<(String, Tensor)>, dtype| {
-                let mut rng = crate::batch::rng_for(5, 0);
-                let mut map = crate::weights::WeightMap::from_tensors(tensors, "random");
-                let m = Llama::from_weights(
-                    cfg.clone(),
-                    &mut map,
-                    dtype,
-                    &Device::Cpu,
-                    Some((&settings, &mut rng)),
-                )
-                .expect("model");
-                fill_b(&m);
-                m
-            };
-            let (wide, narrow) = (build(widened, DType::F32), build(bf16, DType::BF16));
+            let wide = build(&all, tie, false, 4, Some(DType::F32));
+            let narrow = build(&all, tie, false, 4, Some(DType::BF16));
             assert_eq!(ComputePath::for_model(&narrow), ComputePath::CpuFused);
-            let data = batches(cfg.vocab_size as u32);
+            let data = batches(wide.cfg.vocab_size as u32);
             let (a, b) = (
                 accumulate(&wide, &data, None).expect("f32 step"),
                 accumulate(&narrow, &data, None).expect("bf16 step"),
