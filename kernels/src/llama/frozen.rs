@@ -98,18 +98,6 @@ impl<'a> From<&'a [bf16]> for Frozen<'a> {
     }
 }
 
-impl<'a> From<&'a Vec<f32>> for Frozen<'a> {
-    fn from(w: &'a Vec<f32>) -> Self {
-        Self::F32(w)
-    }
-}
-
-impl<'a> From<&'a Vec<bf16>> for Frozen<'a> {
-    fn from(w: &'a Vec<bf16>) -> Self {
-        Self::Bf16(w)
-    }
-}
-
 /// Elements per parallel widening job: 256 KiB of f32 written, large enough that
 /// rayon's per-job cost vanishes against the memory traffic.
 const WIDEN_CHUNK: usize = 1 << 16;
