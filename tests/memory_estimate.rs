@@ -48,18 +48,25 @@ fn long_examples(dir: &Path) -> std::path::PathBuf {
     path
 }
 
-/// `tuneq train`'s reported peak, in bytes (`graph`: on candle's graph).
-fn measured_peak(
+/// The events of one step of `tuneq train` (`graph`: on candle's graph), under the
+/// memory limit `limit` when given; fails unless it finishes.
+fn train_events(
     model: &Path,
     train: &Path,
     out: &Path,
-    dtype: &str,
-    checkpointing: &str,
-    graph: bool,
-) -> u64 {
+    settings: (&str, &str, bool),
+    limit: Option<u64>,
+) -> Vec<serde_json::Value> {
+    let (dtype, checkpointing, graph) = settings;
     let mut command = Command::new(BIN);
     if graph {
         command.env("TUNEQ_CPU_PATH", "graph");
+    }
+    if let Some(limit) = limit {
+        command.env(
+            tuneq_openapi::launch::ENV_MEMORY_LIMIT_BYTES,
+            limit.to_string(),
+        );
     }
     let output = command
         .args([
@@ -99,9 +106,34 @@ fn measured_peak(
     stdout
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .collect()
+}
+
+/// The peak a run reports in its `finished` event, in bytes.
+fn peak(events: &[serde_json::Value]) -> u64 {
+    events
+        .iter()
         .find(|e| e["event"] == "finished")
         .and_then(|e| e["peak_memory_bytes"].as_u64())
-        .unwrap_or_else(|| panic!("no peak_memory_bytes in the finished event: {stdout}"))
+        .unwrap_or_else(|| panic!("no peak_memory_bytes in the finished event: {events:?}"))
+}
+
+/// `tuneq train`'s reported peak, in bytes (`graph`: on candle's graph).
+fn measured_peak(
+    model: &Path,
+    train: &Path,
+    out: &Path,
+    dtype: &str,
+    checkpointing: &str,
+    graph: bool,
+) -> u64 {
+    peak(&train_events(
+        model,
+        train,
+        out,
+        (dtype, checkpointing, graph),
+        None,
+    ))
 }
 
 /// A random model of `preset` in `dir`, with its shape.
@@ -219,4 +251,37 @@ fn the_graph_memory_estimate_is_within_a_tenth_of_the_measured_peak() {
         }
     }
     comparison.check();
+}
+
+#[test]
+fn auto_checkpointing_on_the_graph_turns_on_when_the_limit_asks_for_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let train = long_examples(dir.path());
+    let lora = LoraSpec::default();
+    let (model, shape) = init_model(dir.path(), "tiny");
+    let estimate = |checkpointing| {
+        graph_memory_bytes(&shape, &ask(&lora, DtypeKind::F32, checkpointing), false)
+    };
+    let (keep, recompute) = (
+        estimate(ActivationCheckpointing::Off),
+        estimate(ActivationCheckpointing::On),
+    );
+    let turned_on = |events: &[serde_json::Value]| {
+        events.iter().any(|e| {
+            e["event"] == "warning"
+                && e["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("activation checkpointing is on"))
+        })
+    };
+    // Between the two estimates: kept activations would not fit, recomputed ones do.
+    let tight = (keep + recompute) / 2;
+    let out = dir.path().join("tight");
+    let events = train_events(&model, &train, &out, ("f32", "auto", true), Some(tight));
+    assert!(turned_on(&events), "{events:?}");
+    assert!(peak(&events) <= tight, "{} > {tight}", peak(&events));
+    // Room for everything: nothing is recomputed.
+    let out = dir.path().join("roomy");
+    let events = train_events(&model, &train, &out, ("f32", "auto", true), Some(2 * keep));
+    assert!(!turned_on(&events), "{events:?}");
 }

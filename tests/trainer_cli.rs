@@ -731,8 +731,29 @@ fn model_estimate_prints_the_memory_by_part_and_refuses_bad_flags() {
     assert_eq!(v["cpu"]["fits"], false, "{v}");
     assert_eq!(v["cpu"]["checkpointing"], true, "{v}");
     assert!(v["gpu"]["total_mib"].as_u64().expect("gpu") > 0);
+    assert_eq!(v["gpu"]["fits"], serde_json::Value::Null, "{v}");
+    // The same on a GPU: 1 MiB of accelerator memory turns recomputation on.
+    let out = tuneq(&[
+        "model",
+        "estimate",
+        "--model",
+        model,
+        "--accelerator-memory",
+        "1Mi",
+    ]);
+    let on: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(
+        (&on["gpu"]["checkpointing"], &on["gpu"]["fits"]),
+        (&serde_json::json!(true), &serde_json::json!(false)),
+        "{on}"
+    );
+    assert!(
+        on["gpu"]["total_mib"].as_u64() < v["gpu"]["total_mib"].as_u64(),
+        "{on} {v}"
+    );
     for bad in [
         vec!["--memory", "12XB"],
+        vec!["--accelerator-memory", "-1"],
         vec!["--batch-size", "0"],
         vec!["--max-seq-len", "99999999999"],
     ] {

@@ -96,7 +96,7 @@ pub(crate) fn check_job(
     check(&shape, &base.id, &ask)?;
     Ok(Some(MemoryNeeds {
         cpu: tuneq_pools::cpu_memory_needed(&shape, &ask),
-        gpu: tuneq_pools::gpu_memory_bytes(&shape, &ask),
+        gpu: tuneq_pools::gpu_memory_needed(&shape, &ask),
     }))
 }
 

@@ -35,6 +35,9 @@ pub struct LocalSettings {
     /// Memory one attempt may use, in bytes: a trainer past it stops as bad input
     /// (see [`MEMORY_LIMIT_ENV`]). None: no limit.
     pub memory_limit_bytes: Option<u64>,
+    /// Memory of the accelerator a trainer uses, in bytes (GPU pools), for
+    /// `activation_checkpointing: auto` (see [`launch::ENV_ACCELERATOR_MEMORY_BYTES`]).
+    pub accelerator_memory_bytes: Option<u64>,
 }
 
 /// The environment variable that gives a trainer its memory limit in bytes: past it,
@@ -255,6 +258,9 @@ impl LocalSettings {
         let mut command = tokio::process::Command::new(&self.exe);
         if let Some(limit) = self.memory_limit_bytes {
             command.env(MEMORY_LIMIT_ENV, limit.to_string());
+        }
+        if let Some(bytes) = self.accelerator_memory_bytes {
+            command.env(launch::ENV_ACCELERATOR_MEMORY_BYTES, bytes.to_string());
         }
         let child = command
             .args(launch::trainer_args(&spec_path.to_string_lossy()))

@@ -40,6 +40,10 @@ pub const ENV_PARENT_PID: &str = "TUNEQ_PARENT_PID";
 /// Memory the attempt may use, in bytes: past it the trainer stops as bad input, with
 /// the figures.
 pub const ENV_MEMORY_LIMIT_BYTES: &str = "TUNEQ_MEMORY_LIMIT_BYTES";
+/// Memory of the one accelerator the attempt trains on, in bytes (GPU pools): with
+/// `activation_checkpointing: auto`, the trainer recomputes layers when keeping them
+/// would not fit in it.
+pub const ENV_ACCELERATOR_MEMORY_BYTES: &str = "TUNEQ_ACCELERATOR_MEMORY_BYTES";
 /// The object store's settings file (endpoints, path style), when not the default.
 pub const ENV_STORAGE_CONFIG: &str = "TUNEQ_STORAGE_CONFIG";
 

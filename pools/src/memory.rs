@@ -288,8 +288,8 @@ const GRAPH_FIXED_BYTES: u64 = 64 << 20;
 /// loss in f32, and the CUDA context), else the process's on the CPU graph
 /// (`TUNEQ_CPU_PATH=graph`, where `tests/memory_estimate.rs` checks it within 10 %).
 /// With `activation_checkpointing: on` the graph keeps each layer's input and one
-/// layer's graph at a time; `auto` does not turn it on there (the trainer cannot see
-/// the accelerator's memory).
+/// layer's graph at a time; this figure counts `auto` as off (see
+/// [`graph_checkpointing`] for when `auto` turns it on).
 pub fn graph_memory_bytes(shape: &ModelShape, ask: &Ask<'_>, on_gpu: bool) -> u64 {
     let weight_bytes = weight_bytes(ask.dtype, on_gpu);
     let activation_bytes = if on_gpu { weight_bytes } else { 4 };
@@ -318,6 +318,44 @@ pub fn graph_memory_bytes(shape: &ModelShape, ask: &Ask<'_>, on_gpu: bool) -> u6
 /// Not yet checked on a GPU (none was available); its graph terms are the CPU graph's.
 pub fn gpu_memory_bytes(shape: &ModelShape, ask: &Ask<'_>) -> u64 {
     graph_memory_bytes(shape, ask, true)
+}
+
+/// Whether candle's graph recomputes layers: `on`; `off`; or, for `auto`, when keeping
+/// every layer's activations would pass `limit` (the accelerator's memory on a GPU, the
+/// process's limit on the CPU graph). The trainer decides with this, from the limit its
+/// launcher passes, and placement assumes it (see [`gpu_memory_needed`]).
+pub fn graph_checkpointing(
+    shape: &ModelShape,
+    ask: &Ask<'_>,
+    on_gpu: bool,
+    limit: Option<u64>,
+) -> bool {
+    match ask.checkpointing {
+        ActivationCheckpointing::On => true,
+        ActivationCheckpointing::Off => false,
+        ActivationCheckpointing::Auto => limit.is_some_and(|limit| {
+            let keep = Ask {
+                checkpointing: ActivationCheckpointing::Off,
+                ..ask.clone()
+            };
+            graph_memory_bytes(shape, &keep, on_gpu) > limit
+        }),
+    }
+}
+
+/// The least accelerator memory an attempt on a GPU needs: with layers recomputed when
+/// the job allows it (`on`, or `auto`, which the trainer turns on when the GPU's memory
+/// asks for it). What placement compares with a GPU pool's memory.
+pub fn gpu_memory_needed(shape: &ModelShape, ask: &Ask<'_>) -> u64 {
+    let least = Ask {
+        checkpointing: if graph_checkpointing(shape, ask, true, Some(0)) {
+            ActivationCheckpointing::On
+        } else {
+            ActivationCheckpointing::Off
+        },
+        ..ask.clone()
+    };
+    graph_memory_bytes(shape, &least, true)
 }
 
 /// The CUDA context, cuBLAS workspace and allocator slack on a GPU.
@@ -388,6 +426,33 @@ mod tests {
         let untied = shape.parameters();
         shape.tie_word_embeddings = true;
         assert_eq!(untied - shape.parameters(), 256 * 64);
+    }
+
+    #[test]
+    fn auto_checkpointing_on_the_graph_follows_the_accelerator_memory() {
+        let shape = llama2_7b();
+        let lora = LoraSpec::default();
+        let a = ask(&lora, 1, DtypeKind::Bf16);
+        assert_eq!(a.checkpointing, ActivationCheckpointing::Auto);
+        let with = |checkpointing| Ask {
+            checkpointing,
+            ..a.clone()
+        };
+        let keep = gpu_memory_bytes(&shape, &with(ActivationCheckpointing::Off));
+        let recompute = gpu_memory_bytes(&shape, &with(ActivationCheckpointing::On));
+        assert!(recompute < keep, "{recompute} < {keep}");
+        // `auto` recomputes exactly when keeping would not fit, and never without a limit.
+        assert!(!graph_checkpointing(&shape, &a, true, None));
+        assert!(!graph_checkpointing(&shape, &a, true, Some(keep)));
+        assert!(graph_checkpointing(&shape, &a, true, Some(keep - 1)));
+        // `on` and `off` are what they say, whatever the limit.
+        let off = with(ActivationCheckpointing::Off);
+        assert!(!graph_checkpointing(&shape, &off, true, Some(0)));
+        let on = with(ActivationCheckpointing::On);
+        assert!(graph_checkpointing(&shape, &on, true, None));
+        // Placement counts `auto` at its least, like `on`; `off` at its most.
+        assert_eq!(gpu_memory_needed(&shape, &a), recompute);
+        assert_eq!(gpu_memory_needed(&shape, &off), keep);
     }
 
     #[test]
@@ -496,6 +561,8 @@ mod tests {
             (4, 512, on, true),
             (1, 2048, on, true),
             (4, 2048, on, false),
+            // `auto` (the API's default): the trainer turns recomputation on.
+            (1, 512, ActivationCheckpointing::Auto, true),
         ];
         for (batch_size, seq, checkpointing, fits) in gpu_rows {
             let ask = Ask {
@@ -506,7 +573,7 @@ mod tests {
                 checkpointing,
                 dataset_tokens: 0,
             };
-            let bytes = gpu_memory_bytes(&llama2_7b(), &ask);
+            let bytes = gpu_memory_needed(&llama2_7b(), &ask);
             eprintln!(
                 "| Llama 2 7B | bf16 | {batch_size} × {seq} | {checkpointing:?} | {:.1} GiB | L4 24 GB | {} |",
                 bytes as f64 / GIB as f64,

@@ -237,6 +237,7 @@ async fn serve(args: DispatcherArgs) -> Result<()> {
                 .clone()
                 .unwrap_or_else(|| format!("{}@{host}", args.pool)),
             memory_limit_bytes: service::attempt_memory(args.attempt_memory_mib, args.slots),
+            accelerator_memory_bytes: None,
             placement: Default::default(),
             metrics: metrics.clone(),
         })),

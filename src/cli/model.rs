@@ -55,6 +55,10 @@ pub enum ModelCommand {
         /// only when they would not fit in it otherwise.
         #[arg(long)]
         memory: Option<String>,
+        /// One GPU's memory (`24G` for an L4): with `auto`, candle's graph recomputes
+        /// layers only when they would not fit in it otherwise.
+        #[arg(long)]
+        accelerator_memory: Option<String>,
     },
 }
 
@@ -97,6 +101,7 @@ pub fn run(cmd: ModelCommand) -> Result<ExitCode> {
             dtype,
             activation_checkpointing,
             memory,
+            accelerator_memory,
         } => {
             let Some(shape) = tuneq_pools::ModelShape::read(&model) else {
                 anyhow::bail!(super::BadInput(format!(
@@ -104,14 +109,18 @@ pub fn run(cmd: ModelCommand) -> Result<ExitCode> {
                     model.display()
                 )));
             };
-            let limit = match memory {
-                Some(text) => Some(
-                    tuneq_pools::quantity::Quantity::memory(&text)
-                        .map_err(|e| super::BadInput(format!("--memory {text:?}: {e}")))?
-                        .value(),
-                ),
-                None => None,
+            let bytes = |flag: &str, text: Option<String>| -> Result<Option<u64>> {
+                match text {
+                    Some(text) => Ok(Some(
+                        tuneq_pools::quantity::Quantity::memory(&text)
+                            .map_err(|e| super::BadInput(format!("--{flag} {text:?}: {e}")))?
+                            .value(),
+                    )),
+                    None => Ok(None),
+                }
             };
+            let limit = bytes("memory", memory)?;
+            let accelerator_limit = bytes("accelerator-memory", accelerator_memory)?;
             if !(1..=4096).contains(&batch_size)
                 || !(1..=1 << 20).contains(&max_seq_len)
                 || !(1..=256).contains(&lora_r)
@@ -134,6 +143,19 @@ pub fn run(cmd: ModelCommand) -> Result<ExitCode> {
                 dataset_tokens: 0,
             };
             let cpu = tuneq_pools::cpu_memory(&shape, &ask, limit);
+            let gpu_checkpointing =
+                tuneq_pools::graph_checkpointing(&shape, &ask, true, accelerator_limit);
+            let gpu = tuneq_pools::gpu_memory_bytes(
+                &shape,
+                &tuneq_pools::Ask {
+                    checkpointing: if gpu_checkpointing {
+                        tuneq_openapi::ActivationCheckpointing::On
+                    } else {
+                        tuneq_openapi::ActivationCheckpointing::Off
+                    },
+                    ..ask.clone()
+                },
+            );
             let mib = |b: u64| b >> 20;
             println!(
                 "{}",
@@ -149,7 +171,11 @@ pub fn run(cmd: ModelCommand) -> Result<ExitCode> {
                         "scratch_mib": mib(cpu.scratch),
                         "fits": limit.map(|l| cpu.total() <= l),
                     },
-                    "gpu": {"total_mib": mib(tuneq_pools::gpu_memory_bytes(&shape, &ask))},
+                    "gpu": {
+                        "total_mib": mib(gpu),
+                        "checkpointing": gpu_checkpointing,
+                        "fits": accelerator_limit.map(|l| gpu <= l),
+                    },
                 }))?
             );
             Ok(ExitCode::SUCCESS)

@@ -255,6 +255,8 @@ pub struct LocalDispatch {
     pub owner: String,
     /// Memory one attempt may use, in bytes (None: no limit).
     pub memory_limit_bytes: Option<u64>,
+    /// Memory of one accelerator, in bytes (GPU pools that say it).
+    pub accelerator_memory_bytes: Option<u64>,
     /// When a job preempted here moves on to the rest of its pools.
     pub placement: tuneq_pools::file::PlacementSettings,
     /// Where it counts what it does.
@@ -284,6 +286,13 @@ impl LocalDispatch {
                 .memory
                 .as_ref()
                 .map(tuneq_pools::quantity::Memory::bytes),
+            accelerator_memory_bytes: match pool.hardware {
+                tuneq_pools::Hardware::Gpu => pool
+                    .accelerator_memory
+                    .as_ref()
+                    .map(tuneq_pools::quantity::Memory::bytes),
+                tuneq_pools::Hardware::Cpu => None,
+            },
             placement: placement.clone(),
             metrics: Default::default(),
         }
@@ -344,6 +353,7 @@ pub fn spawn_dispatcher(
         device: local.device,
         cache_dir: local.work_dir.join("cache"),
         memory_limit_bytes: local.memory_limit_bytes,
+        accelerator_memory_bytes: local.accelerator_memory_bytes,
     };
     let mut config = tuneq_dispatcher::DispatcherConfig::new(&local.pool, &local.owner);
     config.slots = local.slots.max(1);

@@ -341,6 +341,17 @@ pub fn build_job(
             ..Default::default()
         },
     ];
+    // One accelerator's memory (the trainer uses one device): with `auto`, the graph
+    // recomputes layers when keeping them would not fit.
+    if pool.hardware == Hardware::Gpu
+        && let Some(memory) = &pool.accelerator_memory
+    {
+        env.push(EnvVar {
+            name: launch::ENV_ACCELERATOR_MEMORY_BYTES.to_string(),
+            value: Some(memory.bytes().to_string()),
+            ..Default::default()
+        });
+    }
     env.extend(k.env.iter().map(|(name, value)| EnvVar {
         name: name.clone(),
         value: Some(value.clone()),

@@ -80,6 +80,7 @@ fn local_settings(exe: &Path, work: &Path) -> LocalSettings {
         device: Default::default(),
         cache_dir: work.join("cache"),
         memory_limit_bytes: None,
+        accelerator_memory_bytes: None,
     }
 }
 

@@ -212,6 +212,21 @@ fn each_example_pool_gets_a_job_by_the_rules() {
             (Some(CONTAINER), "limits.memory"),
             "{at}"
         );
+        // One GPU's memory, for `activation_checkpointing: auto` on the graph.
+        let accelerator = env
+            .iter()
+            .find(|e| e.name == launch::ENV_ACCELERATOR_MEMORY_BYTES)
+            .and_then(|e| e.value.clone());
+        match pool.hardware {
+            Hardware::Gpu => assert_eq!(
+                accelerator,
+                pool.accelerator_memory
+                    .as_ref()
+                    .map(|m| m.bytes().to_string()),
+                "{at}"
+            ),
+            Hardware::Cpu => assert_eq!(accelerator, None, "{at}"),
+        }
         for (name, value) in &k.env {
             assert_eq!(var(name).value.as_ref(), Some(value), "{at}");
         }

@@ -25,6 +25,7 @@ fn settings(dir: &Path) -> LocalSettings {
         device: Default::default(),
         cache_dir: dir.join("cache"),
         memory_limit_bytes: None,
+        accelerator_memory_bytes: None,
     }
 }
 

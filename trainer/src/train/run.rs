@@ -218,8 +218,7 @@ impl<'a> Run<'a> {
             .map(|e| e.input_ids.len())
             .max()
             .unwrap_or(1);
-        let step_tokens = h.batch_size as usize * longest;
-        model.checkpoint_layers = choose_checkpointing(spec, &model, step_tokens, sink)?;
+        model.checkpoint_layers = choose_checkpointing(spec, &model, &model_dir, longest, sink)?;
         let vars = model.lora_vars();
         let trainable: u64 = vars.iter().map(|v| v.var.elem_count() as u64).sum();
         let opt = AdamW::new(vars, adamw_config(&h))?;
@@ -649,23 +648,25 @@ fn adamw_config(h: &tuneq_openapi::Hyperparameters) -> AdamWConfig {
     }
 }
 
-/// Whether to recompute each layer's activations: as the spec says, or with `auto` only
-/// when the memory limit the launcher set (`TUNEQ_MEMORY_LIMIT_BYTES`) would be passed
-/// by what the process holds now plus the activations of the largest micro-batch
-/// (`tokens` positions). Only the fused CPU path
-/// recomputes; elsewhere `on` is reported and ignored.
+/// Whether to recompute each layer's activations: as the spec says, or, with `auto`,
+/// when keeping them would pass the limit the launcher set for the micro-batch of
+/// `batch_size` rows of `longest` tokens. On the fused CPU path that is the process's
+/// limit (`TUNEQ_MEMORY_LIMIT_BYTES`) against what it holds now plus the step's bytes;
+/// on candle's graph it is the accelerator's memory on CUDA
+/// (`TUNEQ_ACCELERATOR_MEMORY_BYTES`) or the process's limit on the CPU graph, against
+/// placement's own estimate of the graph. No limit: `auto` keeps the activations.
 fn choose_checkpointing(
     spec: &TrainSpec,
     model: &Llama,
-    tokens: usize,
+    model_dir: &Path,
+    longest: usize,
     sink: &mut dyn ProgressSink,
 ) -> Result<bool> {
     use tuneq_openapi::ActivationCheckpointing;
+    let tokens = spec.hyperparameters.batch_size as usize * longest;
     let fused = crate::fast::ComputePath::for_model(model) == crate::fast::ComputePath::CpuFused;
     if !fused {
-        // candle's graph (CUDA) checkpoints when asked; `auto` would need the
-        // accelerator's memory and a graph estimate, which this process does not have.
-        return Ok(spec.activation_checkpointing == ActivationCheckpointing::On);
+        return Ok(graph_checkpointing(spec, model, model_dir, longest, sink));
     }
     match spec.activation_checkpointing {
         ActivationCheckpointing::On => Ok(true),
@@ -695,4 +696,57 @@ fn choose_checkpointing(
             Ok(true)
         }
     }
+}
+
+/// [`choose_checkpointing`] on candle's graph.
+fn graph_checkpointing(
+    spec: &TrainSpec,
+    model: &Llama,
+    model_dir: &Path,
+    longest: usize,
+    sink: &mut dyn ProgressSink,
+) -> bool {
+    use tuneq_openapi::{ActivationCheckpointing, launch};
+    let on_gpu = model.device().is_cuda();
+    let limit_env = if on_gpu {
+        launch::ENV_ACCELERATOR_MEMORY_BYTES
+    } else {
+        launch::ENV_MEMORY_LIMIT_BYTES
+    };
+    let limit = std::env::var(limit_env)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    // The model folder was just loaded from, so its config.json is there.
+    let (Some(shape), Some(limit), ActivationCheckpointing::Auto) = (
+        tuneq_pools::ModelShape::read(model_dir),
+        limit,
+        spec.activation_checkpointing,
+    ) else {
+        return spec.activation_checkpointing == ActivationCheckpointing::On;
+    };
+    let ask = |checkpointing| tuneq_pools::Ask {
+        lora: &spec.lora,
+        max_seq_len: longest as u64,
+        batch_size: u64::from(spec.hyperparameters.batch_size),
+        dtype: spec.dtype,
+        checkpointing,
+        dataset_tokens: 0,
+    };
+    let auto = ask(ActivationCheckpointing::Auto);
+    if !tuneq_pools::graph_checkpointing(&shape, &auto, on_gpu, Some(limit)) {
+        return false;
+    }
+    let bytes =
+        |checkpointing| tuneq_pools::graph_memory_bytes(&shape, &ask(checkpointing), on_gpu);
+    sink.event(&TrainEvent::Warning {
+        message: format!(
+            "activation checkpointing is on: a step of {} × {longest} tokens on {} needs about {} MiB with its activations kept, over the limit of {} MiB ({limit_env}), and about {} MiB recomputing them",
+            spec.hyperparameters.batch_size,
+            if on_gpu { "the GPU" } else { "the CPU graph" },
+            bytes(ActivationCheckpointing::Off) >> 20,
+            limit >> 20,
+            bytes(ActivationCheckpointing::On) >> 20
+        ),
+    });
+    true
 }
