@@ -13,7 +13,8 @@ fn main() {
     let which = std::env::var("TUNEQ_BLAS").unwrap_or_else(|_| "openblas".into());
     if let Ok(dir) = std::env::var("TUNEQ_BLAS_LIB_DIR") {
         println!("cargo:rustc-link-search=native={dir}");
-        // Found again at run time without LD_LIBRARY_PATH.
+        // Found at run time by this package's tests; a dependency's link arguments do
+        // not reach other packages' binaries, so `tuneq` sets its own (root build.rs).
         println!("cargo:rustc-link-arg=-Wl,-rpath,{dir}");
     }
     match which.as_str() {

@@ -37,6 +37,7 @@ unsafe extern "C" {
 
 #[cfg(tuneq_blas_mkl)]
 unsafe extern "C" {
+    fn MKL_Set_Threading_Layer(layer: i32) -> i32;
     fn MKL_Set_Num_Threads(n: i32);
     fn MKL_CBWR_Set(setting: i32) -> i32;
 }
@@ -61,6 +62,10 @@ fn configure() {
             openblas_set_num_threads(1);
             #[cfg(tuneq_blas_mkl)]
             {
+                // MKL_THREADING_SEQUENTIAL, before any other call: tuneq splits the
+                // work over its own threads, and the default (Intel OpenMP) layer
+                // needs libiomp5, which the wheel does not bring.
+                let _ = MKL_Set_Threading_Layer(1);
                 MKL_Set_Num_Threads(1);
                 // MKL_CBWR_AUTO | MKL_CBWR_STRICT
                 let _ = MKL_CBWR_Set(2 | 0x10000);
