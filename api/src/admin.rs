@@ -33,7 +33,7 @@ pub(crate) struct NewTenant {
 pub(crate) async fn create_tenant(
     state: web::Data<AppState>,
     _: Admin,
-    body: web::Json<NewTenant>,
+    body: crate::body::JsonBody<NewTenant>,
 ) -> ApiResult<HttpResponse> {
     if tuneq_storage::layout::Id::parse(&body.id).is_err() {
         return Err(ApiError::invalid(
@@ -155,9 +155,9 @@ pub(crate) async fn set_limits(
     state: web::Data<AppState>,
     _: Admin,
     tenant: web::Path<String>,
-    body: web::Json<TenantLimits>,
+    body: crate::body::JsonBody<TenantLimits>,
 ) -> ApiResult<HttpResponse> {
-    let record = set_tenant_limits(&state, &tenant, body.into_inner()).await?;
+    let record = set_tenant_limits(&state, &tenant, body.0).await?;
     Ok(HttpResponse::Ok().json(record))
 }
 

@@ -214,6 +214,11 @@ impl ApiError {
         e
     }
 
+    /// The field the error is about, when it names one.
+    pub fn param(&self) -> Option<&str> {
+        self.detail.param.as_deref()
+    }
+
     /// 400 for a dataset with bad lines, listing them.
     pub fn bad_lines(message: impl Into<String>, lines: Vec<LineProblem>) -> Self {
         let mut e = Self::invalid("file", Code::InvalidJsonl, message);

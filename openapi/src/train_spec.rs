@@ -67,7 +67,9 @@ pub struct TrainSpec {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ActivationCheckpointing {
-    /// On when the memory limit (`TUNEQ_MEMORY_LIMIT_BYTES`) would be passed without it.
+    /// On when the memory limit would be passed without it: the process's
+    /// (`TUNEQ_MEMORY_LIMIT_BYTES`) on the CPU, one GPU's
+    /// (`TUNEQ_ACCELERATOR_MEMORY_BYTES`) on CUDA.
     #[default]
     Auto,
     /// Always recompute.

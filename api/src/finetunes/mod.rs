@@ -95,7 +95,7 @@ pub(crate) async fn create(
     state: web::Data<AppState>,
     tenant: Tenant,
     req: HttpRequest,
-    body: web::Json<FineTuneCreate>,
+    body: crate::body::JsonBody<FineTuneCreate>,
 ) -> ApiResult<HttpResponse> {
     let key = idempotency_key(&req)?;
     let id = match &key {

@@ -428,6 +428,23 @@ async fn settings_that_can_never_train_are_refused_at_create_naming_the_field() 
         assert_eq!(status, StatusCode::BAD_REQUEST, "{extra}: {body}");
         assert_eq!(body["error"]["param"], param, "{extra}: {body}");
     }
+    // Values of the wrong type, and fields that do not exist, are named the same way,
+    // by their path in the body.
+    for (extra, param) in [
+        (json!({"lora": {"r": "eight"}}), "lora.r"),
+        (json!({"lora": {"rank": 8}}), "lora.rank"),
+        (
+            hp(json!({"n_epochs": -1})),
+            "method.supervised.hyperparameters.n_epochs",
+        ),
+        (json!({"suffix": 7}), "suffix"),
+        (json!({"epochs": 3}), "epochs"),
+    ] {
+        let (status, body) = create(&s, &file, extra.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{extra}: {body}");
+        assert_eq!(body["error"]["code"], "invalid_json", "{extra}: {body}");
+        assert_eq!(body["error"]["param"], param, "{extra}: {body}");
+    }
     // Nothing was created.
     let jobs: Value = reqwest::Client::new()
         .get(format!("{}/v1/fine_tuning/jobs", s.url))

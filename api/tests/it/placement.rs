@@ -118,6 +118,7 @@ async fn a_job_lists_the_pools_that_fit_spot_first_with_its_estimate_and_max_cos
     }
     let (status, body) = create(&s, &file, json!({"dtype": "fp8"})).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["param"], "dtype", "{body}");
     let message = body["error"]["message"].as_str().unwrap();
     assert!(
         message.contains("fp8") && message.contains("bf16"),
@@ -129,6 +130,7 @@ async fn a_job_lists_the_pools_that_fit_spot_first_with_its_estimate_and_max_cos
     }
     let (status, body) = create(&s, &file, json!({"activation_checkpointing": "maybe"})).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["param"], "activation_checkpointing", "{body}");
 }
 
 /// One trainer report on attempt `token` of `job`.
