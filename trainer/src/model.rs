@@ -251,7 +251,7 @@ impl Llama {
         let (cos, sin) = self.rope_prefix(t)?;
         let mut x = self.embed(ids)?;
         for layer in &self.layers {
-            x = self.layer_forward(layer, &x, (&cos, &sin), dropout.as_deref_mut())?;
+            x = self.layer_forward(layer, &x, (&cos, &sin), dropout.as_deref_mut(), None)?;
         }
         self.final_norm(&x)
     }
@@ -284,13 +284,16 @@ impl Llama {
         Ok((self.cos.narrow(0, 0, t)?, self.sin.narrow(0, 0, t)?))
     }
 
-    /// One decoder layer on `x` (batch, seq, hidden), residuals included.
+    /// One decoder layer on `x` (batch, seq, hidden), residuals included. With `cache`
+    /// (generation: no dropout, no gradients), the positions of `x` follow the keys and
+    /// values the cache holds, attend to them as well, and append theirs to it.
     pub(crate) fn layer_forward(
         &self,
         layer: &Layer,
         x: &Tensor,
         (cos, sin): (&Tensor, &Tensor),
         mut dropout: Option<&mut DropoutCtx<'_>>,
+        cache: Option<&mut LayerCache>,
     ) -> Result<Tensor> {
         let (b, t, _) = x.dims3()?;
         let cfg = &self.cfg;
@@ -313,8 +316,26 @@ impl Llama {
         let q = rope(&heads(q_p, nh, &mut dropout)?, cos, sin)?;
         let k = rope(&heads(k_p, nkv, &mut dropout)?, cos, sin)?;
         let v = heads(v_p, nkv, &mut dropout)?;
+        let (k, v) = match cache {
+            Some(slot) => {
+                let (k, v) = match slot.take() {
+                    Some((past_k, past_v)) => (
+                        Tensor::cat(&[&past_k, &k], 2)?,
+                        Tensor::cat(&[&past_v, &v], 2)?,
+                    ),
+                    None => (k, v),
+                };
+                // Detached: a cached tensor must not keep this call's graph (every
+                // activation of every earlier token) alive through its op's inputs.
+                let (k, v) = (k.detach(), v.detach());
+                *slot = Some((k.clone(), v.clone()));
+                (k, v)
+            }
+            None => (k, v),
+        };
         let (k, v) = (repeat_kv(&k, nh / nkv)?, repeat_kv(&v, nh / nkv)?);
         let scores = q.matmul(&k.t()?)?.affine(1.0 / (hd as f64).sqrt(), 0.0)?;
+        // Rectangular with a cache: the queries are the last rows of the causal mask.
         let probs = causal_softmax(&scores)?;
         let attn = probs
             .matmul(&v)?
@@ -351,7 +372,6 @@ impl Llama {
             });
         }
         let cfg = &self.cfg;
-        let (nh, nkv, hd) = (cfg.num_attention_heads, cfg.num_kv_heads(), cfg.head_dim());
         let input = Tensor::from_vec(ids.to_vec(), t, &self.device)?;
         let mut x = self
             .embed_tokens
@@ -359,51 +379,13 @@ impl Llama {
             .reshape((1, t, cfg.hidden_size))?;
         let cos = self.cos.narrow(0, start, t)?.contiguous()?;
         let sin = self.sin.narrow(0, start, t)?.contiguous()?;
-        let eps = cfg.rms_norm_eps;
         for (layer, slot) in self.layers.iter().zip(cache.layers.iter_mut()) {
-            let [q_p, k_p, v_p, o_p, gate_p, up_p, down_p] = layer.projections.as_slice() else {
-                return Err(Error::Model {
-                    path: "model".into(),
-                    message: "layer without seven projections".into(),
-                });
-            };
-            let hn = rms_norm(&x, &layer.input_layernorm, eps)?;
-            let heads = |p: &LoraLinear, n: usize| -> Result<Tensor> {
-                Ok(p.forward(&hn, None)?
-                    .reshape((1, t, n, hd))?
-                    .transpose(1, 2)?
-                    .contiguous()?)
-            };
-            let q = rope(&heads(q_p, nh)?, &cos, &sin)?;
-            let k = rope(&heads(k_p, nkv)?, &cos, &sin)?;
-            let v = heads(v_p, nkv)?;
-            let (k, v) = match slot.take() {
-                Some((past_k, past_v)) => (
-                    Tensor::cat(&[&past_k, &k], 2)?,
-                    Tensor::cat(&[&past_v, &v], 2)?,
-                ),
-                None => (k, v),
-            };
-            // Detached: a cached tensor must not keep this call's graph (every
-            // activation of every earlier token) alive through its op's inputs.
-            let (k, v) = (k.detach(), v.detach());
-            *slot = Some((k.clone(), v.clone()));
-            let (k, v) = (repeat_kv(&k, nh / nkv)?, repeat_kv(&v, nh / nkv)?);
-            let scores = q
-                .matmul(&k.t()?.contiguous()?)?
-                .affine(1.0 / (hd as f64).sqrt(), 0.0)?;
-            let attn = causal_softmax(&scores)?
-                .matmul(&v.contiguous()?)?
-                .transpose(1, 2)?
-                .reshape((1, t, nh * hd))?;
-            x = (x + o_p.forward(&attn, None)?)?;
-            let hn = rms_norm(&x, &layer.post_attention_layernorm, eps)?;
-            let gate = gate_p.forward(&hn, None)?.silu()?;
-            let up = up_p.forward(&hn, None)?;
-            x = (x + down_p.forward(&(gate * up)?, None)?)?.detach();
+            x = self
+                .layer_forward(layer, &x, (&cos, &sin), None, Some(slot))?
+                .detach();
         }
         cache.len += t;
-        let last = rms_norm(&x, &self.norm, eps)?.narrow(1, t - 1, 1)?;
+        let last = rms_norm(&x, &self.norm, cfg.rms_norm_eps)?.narrow(1, t - 1, 1)?;
         Ok(self.logits(&last)?.flatten_all()?.to_dtype(DType::F32)?)
     }
 
@@ -425,11 +407,15 @@ impl Llama {
     }
 }
 
+/// One layer's cached keys and values (batch, kv heads, positions, head_dim), once it
+/// has seen a token.
+pub(crate) type LayerCache = Option<(Tensor, Tensor)>;
+
 /// Keys and values (each (1, kv heads, tokens, head dim), after RoPE) of every layer for
 /// the tokens generated so far.
 #[derive(Debug, Clone)]
 pub struct KvCache {
-    layers: Vec<Option<(Tensor, Tensor)>>,
+    layers: Vec<LayerCache>,
     len: usize,
 }
 

@@ -332,7 +332,7 @@ fn checkpointed_on_graph(
             record: Some(&mut drawn),
             replay: None,
         });
-        let y = model.layer_forward(layer, &x, (&cos, &sin), ctx.as_mut())?;
+        let y = model.layer_forward(layer, &x, (&cos, &sin), ctx.as_mut(), None)?;
         if let Some(record) = dropout.as_mut().and_then(|d| d.record.as_deref_mut()) {
             record.extend(drawn.iter().cloned());
         }
@@ -360,7 +360,7 @@ fn checkpointed_on_graph(
             record: None,
             replay: Some(&mut replay),
         });
-        let y = model.layer_forward(layer, input.as_tensor(), (&cos, &sin), ctx.as_mut())?;
+        let y = model.layer_forward(layer, input.as_tensor(), (&cos, &sin), ctx.as_mut(), None)?;
         let surrogate = (y * g.detach())?.sum_all()?;
         let mut store = surrogate.backward()?;
         add_grads(grads, vars, &mut store)?;
