@@ -214,6 +214,16 @@ impl ApiError {
         e
     }
 
+    /// Its machine-readable code.
+    pub fn code(&self) -> Option<&str> {
+        self.detail.code.as_deref()
+    }
+
+    /// Its message.
+    pub fn message(&self) -> &str {
+        &self.detail.message
+    }
+
     /// The field the error is about, when it names one.
     pub fn param(&self) -> Option<&str> {
         self.detail.param.as_deref()

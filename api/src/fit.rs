@@ -114,6 +114,44 @@ pub(crate) fn tokens_to_process(training: &FileObject, model: &str, max_seq_len:
     }
 }
 
+/// Lighter settings of `spec` that need less memory and change nothing else the job
+/// asked for, lightest last: bf16 frozen weights (unless it holds them in bf16 already),
+/// recomputed activations where needed (if it turned that off), both. Each with the
+/// field to blame and the advice, in the body's own terms.
+pub(crate) fn lighter(spec: &TrainSpec) -> Vec<(&'static str, &'static str, TrainSpec)> {
+    use tuneq_openapi::{ActivationCheckpointing, DtypeKind};
+    let to_bf16 = spec.dtype != DtypeKind::Bf16;
+    let to_auto = spec.activation_checkpointing == ActivationCheckpointing::Off;
+    let with = |bf16: bool, auto: bool| TrainSpec {
+        dtype: if bf16 { DtypeKind::Bf16 } else { spec.dtype },
+        activation_checkpointing: if auto {
+            ActivationCheckpointing::Auto
+        } else {
+            spec.activation_checkpointing
+        },
+        ..spec.clone()
+    };
+    let mut out = Vec::new();
+    if to_bf16 {
+        out.push(("dtype", r#""dtype": "bf16""#, with(true, false)));
+    }
+    if to_auto {
+        out.push((
+            "activation_checkpointing",
+            r#""activation_checkpointing": "auto""#,
+            with(false, true),
+        ));
+    }
+    if to_bf16 && to_auto {
+        out.push((
+            "dtype",
+            r#""dtype": "bf16" and "activation_checkpointing": "auto""#,
+            with(true, true),
+        ));
+    }
+    out
+}
+
 /// The pools a job may use, best first, and its estimate on the first; or the refusal,
 /// naming the field and the figures.
 pub(crate) fn place(

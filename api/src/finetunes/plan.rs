@@ -316,16 +316,31 @@ pub(super) async fn plan(
     let tokens =
         crate::fit::tokens_to_process(&training, &base.id, spec.hyperparameters.max_seq_len)
             .saturating_mul(n_epochs);
-    let (pools, estimate) = crate::fit::place(
-        state,
-        &tuneq_pools::Needs {
-            class: &hardware,
-            memory_bytes: memory.map(|m| m.cpu),
-            accelerator_memory_bytes: memory.map(|m| m.gpu),
-            tokens: Some(tokens),
-            max_cost: body.max_cost,
-        },
-    )?;
+    let needs = |memory: Option<crate::fit::MemoryNeeds>| tuneq_pools::Needs {
+        class: &hardware,
+        memory_bytes: memory.map(|m| m.cpu),
+        accelerator_memory_bytes: memory.map(|m| m.gpu),
+        tokens: Some(tokens),
+        max_cost: body.max_cost,
+    };
+    let (pools, estimate) = match crate::fit::place(state, &needs(memory)) {
+        Ok(placed) => placed,
+        // Too large as asked: say which of the job's own settings would make it fit.
+        Err(refused) if refused.code() == Some(Code::DoesNotFit.as_str()) => {
+            for (param, advice, lighter) in crate::fit::lighter(&spec) {
+                let memory = crate::fit::check_job(&base, &lighter, &training)?;
+                if crate::fit::place(state, &needs(memory)).is_ok() {
+                    return Err(ApiError::invalid(
+                        param,
+                        Code::DoesNotFit,
+                        format!("{} With {advice} it fits.", refused.message()),
+                    ));
+                }
+            }
+            return Err(refused);
+        }
+        Err(refused) => return Err(refused),
+    };
     let record = FineTuneRecord {
         id: id.to_string(),
         tenant: tenant.0.clone(),

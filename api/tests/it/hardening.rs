@@ -477,6 +477,87 @@ async fn a_job_that_needs_more_memory_than_an_attempt_has_is_refused_with_the_nu
     assert!(body["error"]["message"].as_str().unwrap().contains("MiB"));
 }
 
+/// Registers `llama-7b`, a base model of Llama 2 7B's shape (its config only: nothing
+/// here reads its weights).
+async fn register_7b(s: &support::Server) {
+    let dir = s.dir.path().join("models/llama-7b");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("config.json"),
+        json!({
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+            "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+            "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000,
+            "max_position_embeddings": 4096, "rms_norm_eps": 1e-5
+        })
+        .to_string(),
+    )
+    .unwrap();
+    tuneq_api::records::model::register(
+        &s.state.queue,
+        &tuneq_api::records::model::BaseModel {
+            id: "llama-7b".into(),
+            location: dir.display().to_string(),
+            base_learning_rate: 1e-4,
+            created: 0,
+        },
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_job_that_fits_only_in_bf16_is_refused_naming_dtype_and_fits_when_asked() {
+    let on_pool = |bytes: u64| {
+        start(move |c| c.pools = std::sync::Arc::new(tuneq_pools::PoolsFile::local(Some(bytes))))
+    };
+    // What a 7B job needs with f32 weights (the CPU's `auto`) and with bf16 weights, from
+    // the refusals on a pool too small for either.
+    let s = on_pool(1 << 30).await;
+    register_7b(&s).await;
+    let file = upload(&s, &s.acme, &examples(8)).await;
+    let mut mib = Vec::new();
+    for body in [
+        json!({"model": "llama-7b"}),
+        json!({"model": "llama-7b", "dtype": "bf16"}),
+    ] {
+        let (status, refused) = create(&s, &file, body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{refused}");
+        assert_eq!(refused["error"]["code"], "does_not_fit", "{refused}");
+        let message = refused["error"]["message"].as_str().unwrap();
+        mib.push(
+            message
+                .split("needs about ")
+                .nth(1)
+                .and_then(|rest| rest.split(' ').next())
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("no figure in {message}")),
+        );
+    }
+    let (f32_mib, bf16_mib) = (mib[0], mib[1]);
+    assert!(
+        bf16_mib + 1024 < f32_mib,
+        "bf16 {bf16_mib} MiB, f32 {f32_mib} MiB"
+    );
+
+    // A pool between the two: the default is refused, naming dtype and saying what fits.
+    let s = on_pool(((bf16_mib + f32_mib) / 2) << 20).await;
+    register_7b(&s).await;
+    let file = upload(&s, &s.acme, &examples(8)).await;
+    let (status, body) = create(&s, &file, json!({"model": "llama-7b"})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["code"], "does_not_fit", "{body}");
+    assert_eq!(body["error"]["param"], "dtype", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(r#"With "dtype": "bf16" it fits."#),
+        "{message}"
+    );
+    // Following the advice works.
+    let (status, body) = create(&s, &file, json!({"model": "llama-7b", "dtype": "bf16"})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}
+
 #[tokio::test]
 async fn a_deleted_file_goes_from_the_catalog_first_and_missing_content_is_410() {
     let s = start(|_| {}).await;
