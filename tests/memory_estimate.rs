@@ -48,14 +48,15 @@ fn long_examples(dir: &Path) -> std::path::PathBuf {
     path
 }
 
-/// The events of one step of `tuneq train` (`graph`: on candle's graph), under the
-/// memory limit `limit` when given; fails unless it finishes.
+/// The events of one step of `tuneq train` on `threads` threads (`graph`: on candle's
+/// graph), under the memory limit `limit` when given; fails unless it finishes.
 fn train_events(
     model: &Path,
     train: &Path,
     out: &Path,
     settings: (&str, &str, bool),
     limit: Option<u64>,
+    threads: usize,
 ) -> Vec<serde_json::Value> {
     let (dtype, checkpointing, graph) = settings;
     let mut command = Command::new(BIN);
@@ -94,7 +95,7 @@ fn train_events(
             "--progress",
             "json",
         ])
-        .env("RAYON_NUM_THREADS", "2")
+        .env("RAYON_NUM_THREADS", threads.to_string())
         .output()
         .expect("run tuneq");
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -133,6 +134,7 @@ fn measured_peak(
         out,
         (dtype, checkpointing, graph),
         None,
+        2,
     ))
 }
 
@@ -277,11 +279,44 @@ fn auto_checkpointing_on_the_graph_turns_on_when_the_limit_asks_for_it() {
     // Between the two estimates: kept activations would not fit, recomputed ones do.
     let tight = (keep + recompute) / 2;
     let out = dir.path().join("tight");
-    let events = train_events(&model, &train, &out, ("f32", "auto", true), Some(tight));
+    let events = train_events(&model, &train, &out, ("f32", "auto", true), Some(tight), 2);
     assert!(turned_on(&events), "{events:?}");
     assert!(peak(&events) <= tight, "{} > {tight}", peak(&events));
     // Room for everything: nothing is recomputed.
     let out = dir.path().join("roomy");
-    let events = train_events(&model, &train, &out, ("f32", "auto", true), Some(2 * keep));
+    let events = train_events(
+        &model,
+        &train,
+        &out,
+        ("f32", "auto", true),
+        Some(2 * keep),
+        2,
+    );
     assert!(!turned_on(&events), "{events:?}");
+}
+
+#[test]
+fn the_cpu_estimate_follows_the_thread_count() {
+    // Memory, not speed: more threads than this machine has cores still allocate their
+    // scratch.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let train = long_examples(dir.path());
+    let lora = LoraSpec::default();
+    let mut comparison = Comparison::default();
+    for preset in ["small", "smollm2-135m"] {
+        let (model, shape) = init_model(dir.path(), preset);
+        for threads in [8, 16] {
+            let out = dir.path().join(format!("{preset}-{threads}"));
+            let events = train_events(&model, &train, &out, ("f32", "off", false), None, threads);
+            let ask = ask(&lora, DtypeKind::F32, ActivationCheckpointing::Off);
+            let estimate = cpu_memory(&shape, &ask, None).total()
+                + tuneq_pools::thread_scratch_bytes(threads as u64);
+            comparison.add(
+                format!("{preset:>13} f32 {threads:>2} threads"),
+                peak(&events),
+                estimate,
+            );
+        }
+    }
+    comparison.check();
 }

@@ -732,6 +732,13 @@ fn model_estimate_prints_the_memory_by_part_and_refuses_bad_flags() {
     assert_eq!(v["cpu"]["checkpointing"], true, "{v}");
     assert!(v["gpu"]["total_mib"].as_u64().expect("gpu") > 0);
     assert_eq!(v["gpu"]["fits"], serde_json::Value::Null, "{v}");
+    // Each compute thread past the estimate's two adds its scratch.
+    let scratch = |threads: &str| {
+        let out = tuneq(&["model", "estimate", "--model", model, "--threads", threads]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        v["cpu"]["scratch_mib"].as_u64().expect("scratch")
+    };
+    assert_eq!(scratch("34") - scratch("2"), 32 * 16);
     // The same on a GPU: 1 MiB of accelerator memory turns recomputation on.
     let out = tuneq(&[
         "model",

@@ -191,10 +191,25 @@ pub const PROCESS_BYTES: u64 = 24 << 20;
 /// byte-level BPE tokenizers (11 MiB for 4096 entries, 54 MiB for 32000).
 const TOKENIZER_BYTES_PER_ENTRY: u64 = 1741;
 
-/// The step's scratch besides [`step_bytes`], measured with 2 threads on three model
-/// shapes (16–76 MiB; most about 60; more on tiny models, whose peak can fall in the
-/// samples' candle graph after training).
+/// The step's scratch besides [`step_bytes`], measured with [`REFERENCE_THREADS`]
+/// threads on three model shapes (16–76 MiB; most about 60; more on tiny models, whose
+/// peak can fall in the samples' candle graph after training).
 pub const STEP_SCRATCH_BYTES: u64 = 64 << 20;
+
+/// The thread count the estimate's constants were measured with.
+pub const REFERENCE_THREADS: u64 = 2;
+
+/// Scratch each further compute thread adds (GEMM packing and operand copies, the
+/// allocator's per-thread caches): measured 15.7 MiB per thread from 1 to 16 threads on
+/// small and on SmolLM2-135M's shape, 8.6 on tiny.
+pub const SCRATCH_PER_THREAD_BYTES: u64 = 16 << 20;
+
+/// What an attempt with `threads` compute threads holds beyond the estimate (which
+/// counts [`REFERENCE_THREADS`]); nothing for fewer threads, so that it stays an upper
+/// bound.
+pub fn thread_scratch_bytes(threads: u64) -> u64 {
+    SCRATCH_PER_THREAD_BYTES * threads.saturating_sub(REFERENCE_THREADS)
+}
 
 /// Copies of the LoRA parameters an attempt holds: the factors, their gradients (the
 /// kernels' and the optimiser's), AdamW's two moments, and a checkpoint's serialised

@@ -156,7 +156,10 @@ pub fn plan<'a>(
         });
     }
     let needed_on = |p: &Pool| match p.hardware {
-        Hardware::Cpu => needs.memory_bytes,
+        // An attempt runs a compute thread per core of the pool.
+        Hardware::Cpu => needs
+            .memory_bytes
+            .map(|m| m + crate::memory::thread_scratch_bytes(p.cpu.millis().div_ceil(1000))),
         Hardware::Gpu => needs.accelerator_memory_bytes.or(needs.memory_bytes),
     };
     let fits = |p: &Pool| match (needed_on(p), p.training_memory_bytes()) {

@@ -77,6 +77,9 @@ fn pools_are_chosen_by_class_and_memory_and_ordered_spot_gpu_price() {
         ("cpu", Some(10 * GIB), &["xeon"]),
         // 64 GiB: only the Xeon pool holds it.
         ("any", Some(64 * GIB), &["xeon"]),
+        // The Xeon's 32 compute threads add 30 × 16 MiB of scratch to what the estimate
+        // counts at 2 threads: 128 GiB less 480 MiB still fits its 128 GiB.
+        ("cpu", Some(128 * GIB - 480 * (1 << 20)), &["xeon"]),
     ];
     for (class, memory, expected) in table {
         let needs = Needs {
@@ -90,6 +93,17 @@ fn pools_are_chosen_by_class_and_memory_and_ordered_spot_gpu_price() {
             "{class} {memory:?}"
         );
     }
+    // …and 128 GiB less 100 MiB does not.
+    let needs = Needs {
+        class: "cpu",
+        memory_bytes: Some(128 * GIB - 100 * (1 << 20)),
+        ..Needs::default()
+    };
+    assert!(
+        matches!(names(&file, &needs), Err(Refusal::DoesNotFit { .. })),
+        "{:?}",
+        names(&file, &needs)
+    );
 }
 
 #[test]

@@ -121,6 +121,15 @@ pub fn run(cmd: ModelCommand) -> Result<ExitCode> {
             };
             let limit = bytes("memory", memory)?;
             let accelerator_limit = bytes("accelerator-memory", accelerator_memory)?;
+            // The compute threads a trainer would run with: the global `--threads` (a
+            // pool's cores), else this machine's. Each adds some scratch.
+            let threads = std::env::var("RAYON_NUM_THREADS")
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .filter(|&n| n > 0)
+                .unwrap_or_else(|| {
+                    std::thread::available_parallelism().map_or(1, |n| n.get() as u64)
+                });
             if !(1..=4096).contains(&batch_size)
                 || !(1..=1 << 20).contains(&max_seq_len)
                 || !(1..=256).contains(&lora_r)
@@ -142,7 +151,13 @@ pub fn run(cmd: ModelCommand) -> Result<ExitCode> {
                 checkpointing: activation_checkpointing.into(),
                 dataset_tokens: 0,
             };
-            let cpu = tuneq_pools::cpu_memory(&shape, &ask, limit);
+            let thread_scratch = tuneq_pools::thread_scratch_bytes(threads);
+            let mut cpu = tuneq_pools::cpu_memory(
+                &shape,
+                &ask,
+                limit.map(|l| l.saturating_sub(thread_scratch)),
+            );
+            cpu.scratch += thread_scratch;
             let gpu_checkpointing =
                 tuneq_pools::graph_checkpointing(&shape, &ask, true, accelerator_limit);
             let gpu = tuneq_pools::gpu_memory_bytes(
@@ -169,6 +184,7 @@ pub fn run(cmd: ModelCommand) -> Result<ExitCode> {
                         "lora_state_mib": mib(cpu.lora_state),
                         "step_mib": mib(cpu.step),
                         "scratch_mib": mib(cpu.scratch),
+                        "threads": threads,
                         "fits": limit.map(|l| cpu.total() <= l),
                     },
                     "gpu": {
