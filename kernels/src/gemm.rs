@@ -724,6 +724,21 @@ mod tests {
         x.len() == y.len() && x.iter().zip(y).all(|(x, y)| x.to_bits() == y.to_bits())
     }
 
+    /// The library linked is the one the build asked for (`TUNEQ_BLAS`, which the test
+    /// process inherits from cargo's environment), so a BLAS test run cannot silently
+    /// test another.
+    #[test]
+    fn the_backend_is_the_one_the_build_asked_for() {
+        let want = if !cfg!(feature = "blas") {
+            "matrixmultiply"
+        } else if std::env::var("TUNEQ_BLAS").as_deref() == Ok("mkl") {
+            "mkl"
+        } else {
+            "openblas"
+        };
+        assert!(backend().starts_with(want), "{} is not {want}", backend());
+    }
+
     #[test]
     fn the_result_does_not_depend_on_the_thread_count() {
         for (m, n, k) in [
