@@ -522,14 +522,12 @@ impl PoolsFile {
 }
 
 impl Pool {
-    /// The memory an attempt's training must fit in: the accelerator's on GPU pools,
-    /// the attempt's own on CPU pools (None: not known, not checked).
+    /// The memory an attempt's training must fit in: one accelerator's on GPU pools (the
+    /// trainer runs on one device, whatever the pool requests), the attempt's own on CPU
+    /// pools (None: not known, not checked).
     pub fn training_memory_bytes(&self) -> Option<u64> {
         match self.hardware {
-            Hardware::Gpu => self
-                .accelerator_memory
-                .as_ref()
-                .map(|m| m.bytes() * u64::from(self.accelerators)),
+            Hardware::Gpu => self.accelerator_memory.as_ref().map(Memory::bytes),
             Hardware::Cpu => self.memory.as_ref().map(Memory::bytes),
         }
     }

@@ -139,6 +139,35 @@ fn cpu_and_gpu_pools_are_held_to_their_own_estimates() {
 }
 
 #[test]
+fn a_pool_of_two_gpus_per_attempt_holds_what_one_gpu_holds() {
+    // The trainer trains on one device: two L4s per attempt do not make 48 GB.
+    let file = PoolsFile::parse(
+        r#"
+[[pool]]
+name = "two-l4"
+runtime = "local"
+hardware = "gpu"
+accelerators = 2
+accelerator_memory = "24Gi"
+cpu = 16
+memory = "64Gi"
+"#,
+        "two.toml",
+    )
+    .unwrap();
+    let needs = |gib| Needs {
+        class: "gpu",
+        accelerator_memory_bytes: Some(gib * GIB),
+        ..Needs::default()
+    };
+    assert_eq!(names(&file, &needs(20)).unwrap(), ["two-l4"]);
+    assert!(matches!(
+        names(&file, &needs(30)),
+        Err(Refusal::DoesNotFit { .. })
+    ));
+}
+
+#[test]
 fn a_job_no_pool_can_hold_is_refused_with_the_numbers() {
     let file = cluster();
     let e = names(
