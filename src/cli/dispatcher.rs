@@ -34,7 +34,8 @@ pub struct DispatcherArgs {
     /// The pools file (TOML; see docs/pools.md): serve its pools (those named with
     /// `--serve`, else all) instead of `--pool`/`--slots`/`--device`.
     #[arg(long = "pools", env = "TUNEQ_POOLS", value_name = "FILE",
-          conflicts_with_all = ["pool", "slots", "device", "attempt_memory_mib"])]
+          conflicts_with_all = ["pool", "slots", "device", "attempt_memory_mib",
+                                "accelerator_memory_mib"])]
     pools_file: Option<PathBuf>,
     /// With `--pools`: a pool to serve (repeat; default: every pool of the file).
     #[arg(long = "serve", value_name = "POOL", requires = "pools_file")]
@@ -64,6 +65,11 @@ pub struct DispatcherArgs {
     /// `--slots`); a trainer that uses more stops, and its job fails with the figures.
     #[arg(long, env = "TUNEQ_ATTEMPT_MEMORY_MIB")]
     attempt_memory_mib: Option<u64>,
+    /// With `--device cuda`: one GPU's memory, in MiB, so that a trainer with
+    /// `activation_checkpointing: auto` recomputes layers when they would not fit in it.
+    #[arg(long, env = "TUNEQ_ACCELERATOR_MEMORY_MIB",
+          value_parser = clap::value_parser!(u64).range(1..=1 << 30))]
+    accelerator_memory_mib: Option<u64>,
 }
 
 pub fn run(args: DispatcherArgs) -> Result<ExitCode> {
@@ -237,7 +243,12 @@ async fn serve(args: DispatcherArgs) -> Result<()> {
                 .clone()
                 .unwrap_or_else(|| format!("{}@{host}", args.pool)),
             memory_limit_bytes: service::attempt_memory(args.attempt_memory_mib, args.slots),
-            accelerator_memory_bytes: None,
+            accelerator_memory_bytes: match args.device {
+                super::train::DeviceArg::Cuda => {
+                    args.accelerator_memory_mib.map(|mib| mib << 20)
+                }
+                _ => None,
+            },
             placement: Default::default(),
             metrics: metrics.clone(),
         })),
