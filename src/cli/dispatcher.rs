@@ -244,9 +244,7 @@ async fn serve(args: DispatcherArgs) -> Result<()> {
                 .unwrap_or_else(|| format!("{}@{host}", args.pool)),
             memory_limit_bytes: service::attempt_memory(args.attempt_memory_mib, args.slots),
             accelerator_memory_bytes: match args.device {
-                super::train::DeviceArg::Cuda => {
-                    args.accelerator_memory_mib.map(|mib| mib << 20)
-                }
+                super::train::DeviceArg::Cuda => args.accelerator_memory_mib.map(|mib| mib << 20),
                 _ => None,
             },
             placement: Default::default(),

@@ -238,3 +238,43 @@ async fn a_start_whose_journal_cannot_be_written_fails_and_leaves_no_trainer_run
         "the runtime forgot it"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trainer_gets_its_memory_limit_and_its_gpu_memory_in_the_environment() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    // A trainer that writes its environment beside its spec (`train --spec PATH …`).
+    let exe = dir.path().join("env-tuneq");
+    std::fs::write(&exe, "#!/bin/sh\nenv > \"$(dirname \"$3\")/env.txt\"\n").unwrap();
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let settings = LocalSettings {
+        exe,
+        memory_limit_bytes: Some(3 << 30),
+        accelerator_memory_bytes: Some(24 << 30),
+        ..settings(dir.path())
+    };
+    let job = &unique("jenv");
+    let _reaper = Reaper(job);
+    let mut runtime = LocalRuntime::new(settings, dir.path().join("attempts.json"));
+    start(&mut runtime, job, 1).await.unwrap();
+    wait_ended(&mut runtime, job, 1).await;
+    let env = std::fs::read_to_string(
+        dir.path()
+            .join("attempts")
+            .join(job)
+            .join("attempt-1/env.txt"),
+    )
+    .unwrap();
+    for (name, value) in [
+        (tuneq_openapi::launch::ENV_MEMORY_LIMIT_BYTES, 3u64 << 30),
+        (
+            tuneq_openapi::launch::ENV_ACCELERATOR_MEMORY_BYTES,
+            24 << 30,
+        ),
+    ] {
+        assert!(
+            env.lines().any(|l| l == format!("{name}={value}")),
+            "no {name}={value} in {env}"
+        );
+    }
+}
