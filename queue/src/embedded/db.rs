@@ -6,7 +6,7 @@
 //! holds effects, not scripts: replaying a log never depends on the scripts' code.
 
 use redis::Value;
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 /// One command as Redis receives it: the name, then the arguments.
 pub type Command = Vec<Vec<u8>>;
@@ -25,82 +25,14 @@ fn err<T>(message: impl Into<String>) -> Result<T, CommandError> {
     Err(CommandError(message.into()))
 }
 
+mod args;
+mod sorted_set;
+
+pub use args::format_score;
+use args::{bound, bulk, count, float, glob, index_range, integer, text};
+use sorted_set::{Score, SortedSet, ZaddFlags, scored};
+
 const WRONG_TYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
-
-/// ZADD's leading options.
-#[derive(Debug, Default, Clone, Copy)]
-struct ZaddFlags {
-    nx: bool,
-    xx: bool,
-    gt: bool,
-    lt: bool,
-    ch: bool,
-}
-
-impl ZaddFlags {
-    /// These flags plus `arg`, or None when `arg` is not a flag (the scores begin).
-    fn parse(self, arg: &[u8]) -> Option<Self> {
-        let mut next = self;
-        match arg.to_ascii_uppercase().as_slice() {
-            b"NX" => next.nx = true,
-            b"XX" => next.xx = true,
-            b"GT" => next.gt = true,
-            b"LT" => next.lt = true,
-            b"CH" => next.ch = true,
-            _ => return None,
-        }
-        Some(next)
-    }
-}
-
-/// A sorted set: members ordered by (score, member), as Redis orders them.
-#[derive(Debug, Default, Clone)]
-struct SortedSet {
-    scores: HashMap<Vec<u8>, f64>,
-    order: BTreeSet<(Score, Vec<u8>)>,
-}
-
-/// A score with the total order Redis uses (scores are never NaN).
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Score(f64);
-
-impl Eq for Score {}
-impl PartialOrd for Score {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Score {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.0.total_cmp(&other.0)
-    }
-}
-
-impl SortedSet {
-    /// Adds or moves a member; true when it is new.
-    fn insert(&mut self, member: Vec<u8>, score: f64) -> bool {
-        let old = self.scores.insert(member.clone(), score);
-        if let Some(old) = old {
-            self.order.remove(&(Score(old), member.clone()));
-        }
-        self.order.insert((Score(score), member));
-        old.is_none()
-    }
-
-    fn remove(&mut self, member: &[u8]) -> bool {
-        match self.scores.remove(member) {
-            Some(score) => {
-                self.order.remove(&(Score(score), member.to_vec()));
-                true
-            }
-            None => false,
-        }
-    }
-
-    fn len(&self) -> usize {
-        self.scores.len()
-    }
-}
 
 /// A hash's fields and values.
 type Fields = HashMap<Vec<u8>, Vec<u8>>;
@@ -150,100 +82,6 @@ pub fn wall_clock_us() -> u128 {
 
 fn now_ms() -> u64 {
     u64::try_from(wall_clock_us() / 1000).unwrap_or(u64::MAX)
-}
-
-fn text(arg: &[u8]) -> Result<&str, CommandError> {
-    std::str::from_utf8(arg).or_else(|_| err("ERR value is not valid UTF-8"))
-}
-
-fn integer(arg: &[u8]) -> Result<i64, CommandError> {
-    text(arg)?
-        .parse::<i64>()
-        .or_else(|_| err("ERR value is not an integer or out of range"))
-}
-
-fn float(arg: &[u8]) -> Result<f64, CommandError> {
-    let s = text(arg)?;
-    let v = match s.to_ascii_lowercase().as_str() {
-        "inf" | "+inf" => f64::INFINITY,
-        "-inf" => f64::NEG_INFINITY,
-        _ => s
-            .parse::<f64>()
-            .or_else(|_| err("ERR value is not a valid float"))?,
-    };
-    if v.is_nan() {
-        return err("ERR value is not a valid float");
-    }
-    Ok(v)
-}
-
-/// A score bound of ZRANGEBYSCORE: `5`, `(5` (exclusive), `-inf`, `+inf`.
-fn bound(arg: &[u8]) -> Result<(f64, bool), CommandError> {
-    match arg.strip_prefix(b"(") {
-        Some(rest) => Ok((float(rest)?, true)),
-        None => Ok((float(arg)?, false)),
-    }
-}
-
-/// Formats a score the way Redis replies with one (shortest exact form).
-pub fn format_score(v: f64) -> String {
-    if v == f64::INFINITY {
-        "inf".into()
-    } else if v == f64::NEG_INFINITY {
-        "-inf".into()
-    } else {
-        format!("{v}")
-    }
-}
-
-fn bulk(b: &[u8]) -> Value {
-    Value::BulkString(b.to_vec())
-}
-
-fn count(n: usize) -> Value {
-    Value::Int(i64::try_from(n).unwrap_or(i64::MAX))
-}
-
-/// Resolves Redis's inclusive, possibly negative `start..=stop` over `len` items.
-fn index_range(len: usize, start: i64, stop: i64) -> Option<(usize, usize)> {
-    let len = i64::try_from(len).ok()?;
-    let start = if start < 0 {
-        (len + start).max(0)
-    } else {
-        start
-    };
-    let stop = if stop < 0 {
-        len + stop
-    } else {
-        stop.min(len - 1)
-    };
-    if start > stop || start >= len || stop < 0 {
-        return None;
-    }
-    Some((usize::try_from(start).ok()?, usize::try_from(stop).ok()?))
-}
-
-/// Redis's glob matching for KEYS/SCAN (`*`, `?`, `[abc]`, `\x`).
-fn glob(pattern: &[u8], s: &[u8]) -> bool {
-    match pattern.split_first() {
-        None => s.is_empty(),
-        Some((b'*', rest)) => (0..=s.len()).any(|i| glob(rest, &s[i..])),
-        Some((b'?', rest)) => !s.is_empty() && glob(rest, &s[1..]),
-        Some((b'[', rest)) => {
-            let Some(close) = rest.iter().position(|&c| c == b']') else {
-                return s.first() == Some(&b'[') && glob(rest, &s[1..]);
-            };
-            let (class, after) = (&rest[..close], &rest[close + 1..]);
-            match s.split_first() {
-                Some((c, tail)) => class.contains(c) && glob(after, tail),
-                None => false,
-            }
-        }
-        Some((b'\\', rest)) if !rest.is_empty() => {
-            s.first() == Some(&rest[0]) && glob(&rest[1..], &s[1..])
-        }
-        Some((c, rest)) => s.first() == Some(c) && glob(rest, &s[1..]),
-    }
 }
 
 impl Db {
@@ -877,17 +715,6 @@ impl Db {
         keys.sort();
         keys.into_iter().map(|k| bulk(k)).collect()
     }
-}
-
-fn scored<'a>(picked: impl Iterator<Item = &'a (Score, Vec<u8>)>, with_scores: bool) -> Vec<Value> {
-    let mut out = Vec::new();
-    for (score, member) in picked {
-        out.push(bulk(member));
-        if with_scores {
-            out.push(bulk(format_score(score.0).as_bytes()));
-        }
-    }
-    out
 }
 
 #[cfg(test)]
