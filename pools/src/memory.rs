@@ -358,19 +358,43 @@ pub fn graph_checkpointing(
     }
 }
 
-/// The least accelerator memory an attempt on a GPU needs: with layers recomputed when
-/// the job allows it (`on`, or `auto`, which the trainer turns on when the GPU's memory
-/// asks for it). What placement compares with a GPU pool's memory.
-pub fn gpu_memory_needed(shape: &ModelShape, ask: &Ask<'_>) -> u64 {
-    let least = Ask {
-        checkpointing: if graph_checkpointing(shape, ask, true, Some(0)) {
+/// What an attempt holds on candle's graph, with `auto` resolved against a limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GraphMemory {
+    /// Bytes ([`graph_memory_bytes`]).
+    pub bytes: u64,
+    /// Whether layers are recomputed ([`graph_checkpointing`]).
+    pub checkpointing: bool,
+}
+
+/// The memory of an attempt on candle's graph, recomputing layers as
+/// [`graph_checkpointing`] decides for `limit`.
+pub fn graph_memory(
+    shape: &ModelShape,
+    ask: &Ask<'_>,
+    on_gpu: bool,
+    limit: Option<u64>,
+) -> GraphMemory {
+    let checkpointing = graph_checkpointing(shape, ask, on_gpu, limit);
+    let resolved = Ask {
+        checkpointing: if checkpointing {
             ActivationCheckpointing::On
         } else {
             ActivationCheckpointing::Off
         },
         ..ask.clone()
     };
-    graph_memory_bytes(shape, &least, true)
+    GraphMemory {
+        bytes: graph_memory_bytes(shape, &resolved, on_gpu),
+        checkpointing,
+    }
+}
+
+/// The least accelerator memory an attempt on a GPU needs: with layers recomputed when
+/// the job allows it (`on`, or `auto`, which the trainer turns on when the GPU's memory
+/// asks for it). What placement compares with a GPU pool's memory.
+pub fn gpu_memory_needed(shape: &ModelShape, ask: &Ask<'_>) -> u64 {
+    graph_memory(shape, ask, true, Some(0)).bytes
 }
 
 /// The CUDA context, cuBLAS workspace and allocator slack on a GPU.

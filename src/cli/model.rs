@@ -158,19 +158,7 @@ pub fn run(cmd: ModelCommand) -> Result<ExitCode> {
                 limit.map(|l| l.saturating_sub(thread_scratch)),
             );
             cpu.scratch += thread_scratch;
-            let gpu_checkpointing =
-                tuneq_pools::graph_checkpointing(&shape, &ask, true, accelerator_limit);
-            let gpu = tuneq_pools::gpu_memory_bytes(
-                &shape,
-                &tuneq_pools::Ask {
-                    checkpointing: if gpu_checkpointing {
-                        tuneq_openapi::ActivationCheckpointing::On
-                    } else {
-                        tuneq_openapi::ActivationCheckpointing::Off
-                    },
-                    ..ask.clone()
-                },
-            );
+            let gpu = tuneq_pools::graph_memory(&shape, &ask, true, accelerator_limit);
             let mib = |b: u64| b >> 20;
             println!(
                 "{}",
@@ -188,9 +176,9 @@ pub fn run(cmd: ModelCommand) -> Result<ExitCode> {
                         "fits": limit.map(|l| cpu.total() <= l),
                     },
                     "gpu": {
-                        "total_mib": mib(gpu),
-                        "checkpointing": gpu_checkpointing,
-                        "fits": accelerator_limit.map(|l| gpu <= l),
+                        "total_mib": mib(gpu.bytes),
+                        "checkpointing": gpu.checkpointing,
+                        "fits": accelerator_limit.map(|l| gpu.bytes <= l),
                     },
                 }))?
             );
