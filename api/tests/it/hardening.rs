@@ -480,30 +480,18 @@ async fn a_job_that_needs_more_memory_than_an_attempt_has_is_refused_with_the_nu
 /// Registers `llama-7b`, a base model of Llama 2 7B's shape (its config only: nothing
 /// here reads its weights).
 async fn register_7b(s: &support::Server) {
-    let dir = s.dir.path().join("models/llama-7b");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("config.json"),
+    support::register_model(
+        &s.state,
+        s.dir.path(),
+        "llama-7b",
+        1e-4,
         json!({
-            "architectures": ["LlamaForCausalLM"], "model_type": "llama",
             "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
             "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000,
             "max_position_embeddings": 4096, "rms_norm_eps": 1e-5
-        })
-        .to_string(),
+        }),
     )
-    .unwrap();
-    tuneq_api::records::model::register(
-        &s.state.queue,
-        &tuneq_api::records::model::BaseModel {
-            id: "llama-7b".into(),
-            location: dir.display().to_string(),
-            base_learning_rate: 1e-4,
-            created: 0,
-        },
-    )
-    .await
-    .unwrap();
+    .await;
 }
 
 #[tokio::test]

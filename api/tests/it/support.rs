@@ -75,30 +75,18 @@ pub async fn start_with_store(
         .unwrap();
     let acme = tenant::add_key(&state.queue, "acme", None).await.unwrap();
     let other = tenant::add_key(&state.queue, "other", None).await.unwrap();
-    let model = dir.path().join("models/base");
-    std::fs::create_dir_all(&model).unwrap();
-    std::fs::write(
-        model.join("config.json"),
+    register_model(
+        &state,
+        dir.path(),
+        "base",
+        1e-3,
         serde_json::json!({
-            "architectures": ["LlamaForCausalLM"], "model_type": "llama",
             "hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 2,
             "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
             "max_position_embeddings": 1024, "rms_norm_eps": 1e-5
-        })
-        .to_string(),
+        }),
     )
-    .unwrap();
-    model::register(
-        &state.queue,
-        &BaseModel {
-            id: "base".into(),
-            location: model.display().to_string(),
-            base_learning_rate: 1e-3,
-            created: 0,
-        },
-    )
-    .await
-    .unwrap();
+    .await;
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let server = tuneq_api::serve(listener, state.clone(), Some(2)).unwrap();
@@ -115,6 +103,38 @@ pub async fn start_with_store(
         dir,
         handle,
     }
+}
+
+/// Registers base model `id`: a Llama `config.json` with `shape`'s fields under
+/// `dir/models/{id}` (nothing here reads weights).
+pub async fn register_model(
+    state: &AppState,
+    dir: &std::path::Path,
+    id: &str,
+    base_learning_rate: f64,
+    shape: serde_json::Value,
+) {
+    let model = dir.join("models").join(id);
+    std::fs::create_dir_all(&model).unwrap();
+    let mut config = serde_json::json!({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama"
+    });
+    config
+        .as_object_mut()
+        .unwrap()
+        .extend(shape.as_object().unwrap().clone());
+    std::fs::write(model.join("config.json"), config.to_string()).unwrap();
+    model::register(
+        &state.queue,
+        &BaseModel {
+            id: id.into(),
+            location: model.display().to_string(),
+            base_learning_rate,
+            created: 0,
+        },
+    )
+    .await
+    .unwrap();
 }
 
 /// Uploads `body` as a raw-body dataset for the tenant of `key`; the file's id.
