@@ -15,8 +15,8 @@ use std::time::Instant;
 use half::bf16;
 use rand::{Rng, SeedableRng};
 use tuneq_kernels::llama::{
-    Batch, Dims, Frozen, Layer, Lora, Model, Projection, StepOptions, forward_backward_with, loss,
-    step_bytes,
+    Batch, Compute, Dims, Frozen, Layer, Lora, Model, Projection, StepOptions,
+    forward_backward_with, loss, step_bytes,
 };
 
 /// A frozen matrix as the example stores it.
@@ -60,6 +60,11 @@ fn peak_rss_mib() -> Option<f64> {
 fn main() {
     let checkpoint_layers = std::env::args().any(|a| a == "--checkpoint");
     let frozen_bf16 = std::env::args().any(|a| a == "--bf16");
+    let compute = if std::env::args().any(|a| a == "--bf16-compute") {
+        Compute::Bf16
+    } else {
+        Compute::F32
+    };
     let args: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with("--"))
@@ -152,6 +157,7 @@ fn main() {
         lm_head: lm_head.view(),
         cos: &cos,
         sin: &sin,
+        compute,
     };
     let n = rows * len;
     let ids: Vec<u32> = (0..n).map(|_| rng.random_range(0..v as u32)).collect();
@@ -194,6 +200,7 @@ fn main() {
         false,
         checkpoint_layers,
         frozen_bf16,
+        compute,
     );
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     println!(

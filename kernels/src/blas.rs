@@ -37,6 +37,22 @@ unsafe extern "C" {
 
 #[cfg(tuneq_blas_mkl)]
 unsafe extern "C" {
+    fn cblas_gemm_bf16bf16f32(
+        layout: i32,
+        trans_a: i32,
+        trans_b: i32,
+        m: i32,
+        n: i32,
+        k: i32,
+        alpha: f32,
+        a: *const u16,
+        lda: i32,
+        b: *const u16,
+        ldb: i32,
+        beta: f32,
+        c: *mut f32,
+        ldc: i32,
+    );
     fn MKL_Set_Threading_Layer(layer: i32) -> i32;
     fn MKL_Set_Num_Threads(n: i32);
     fn MKL_CBWR_Set(setting: i32) -> i32;
@@ -127,6 +143,49 @@ pub(crate) unsafe fn sgemm(
             a,
             i(lda),
             b,
+            i(ldb),
+            beta,
+            c,
+            i(ldc),
+        );
+    }
+}
+
+/// `C = A·op(B) + β·C` through oneMKL's `cblas_gemm_bf16bf16f32`: bf16 operands, f32
+/// products and accumulation (AMX tiles or AVX512-BF16 where the CPU has them). A is
+/// row-major and not transposed.
+///
+/// # Safety
+/// As for [`sgemm`], with `a` and `b` pointing at bf16 elements.
+#[cfg(tuneq_blas_mkl)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn gemm_bf16(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: *const half::bf16,
+    lda: usize,
+    b: *const half::bf16,
+    (trans_b, ldb): (bool, usize),
+    beta: f32,
+    c: *mut f32,
+    ldc: usize,
+) {
+    configure();
+    let i = |x: usize| i32::try_from(x).unwrap_or(i32::MAX);
+    // SAFETY: the caller's; `half::bf16` is a `u16` in memory (`repr(transparent)`).
+    unsafe {
+        cblas_gemm_bf16bf16f32(
+            ROW_MAJOR,
+            NO_TRANS,
+            if trans_b { TRANS } else { NO_TRANS },
+            i(m),
+            i(n),
+            i(k),
+            1.0,
+            a.cast(),
+            i(lda),
+            b.cast(),
             i(ldb),
             beta,
             c,

@@ -93,6 +93,16 @@ impl<'a> Mat<'a> {
     pub fn at(&self, i: usize, j: usize) -> f32 {
         self.data[i * self.row_stride + j * self.col_stride]
     }
+
+    /// Row `i` as a slice, when the view's columns are contiguous (`None` otherwise).
+    ///
+    /// # Panics
+    /// If `i` is not a row of the view.
+    pub fn row(&self, i: usize) -> Option<&'a [f32]> {
+        assert!(i < self.rows, "row {i} of a view of {} rows", self.rows);
+        let start = i * self.row_stride;
+        (self.col_stride == 1).then(|| &self.data[start..start + self.cols])
+    }
 }
 
 /// A writable matrix view with contiguous rows that never overlap: element `(i, j)` is
@@ -226,6 +236,85 @@ pub fn gemm(alpha: f32, a: Mat<'_>, b: Mat<'_>, beta: f32, c: MatMut<'_>) {
     }
     if let Some(buf) = b_copy {
         SCRATCH_B.set(buf);
+    }
+}
+
+/// `C = A·op(W) + β·C` with bf16 operands and f32 products and accumulation, through
+/// oneMKL's `cblas_gemm_bf16bf16f32` (AMX tiles on Sapphire Rapids and later): `a` is
+/// `m × k` row-major with `m = C`'s rows, `w` is `rows × cols` row-major, used
+/// transposed (`C = A·Wᵀ`, `k = cols`) when `transposed`, as is (`k = rows`) otherwise.
+/// Split like [`gemm`] on a BLAS: fixed blocks of C's rows, so the result does not
+/// depend on the thread count.
+///
+/// # Panics
+/// If the shapes do not agree.
+#[cfg(tuneq_blas_mkl)]
+pub(crate) fn gemm_bf16(
+    a: &[half::bf16],
+    w: &[half::bf16],
+    (rows, cols): (usize, usize),
+    transposed: bool,
+    beta: f32,
+    c: MatMut<'_>,
+) {
+    let (m, n) = (c.rows, c.cols);
+    let (k, w_out) = if transposed {
+        (cols, rows)
+    } else {
+        (rows, cols)
+    };
+    assert_eq!(n, w_out, "C has {n} columns, op(W) {w_out}");
+    assert!(
+        a.len() >= m * k,
+        "A holds {} elements, {m}×{k} needed",
+        a.len()
+    );
+    assert!(
+        w.len() >= rows * cols,
+        "W holds {} elements, {rows}×{cols} needed",
+        w.len()
+    );
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        scale(beta, c);
+        return;
+    }
+    let block = if m.saturating_mul(n).saturating_mul(k) < SERIAL_WORK {
+        m
+    } else {
+        BLAS_BLOCK
+    };
+    let stride = c.row_stride;
+    let body = |(index, out): (usize, &mut [f32])| {
+        let first = index * block;
+        let rows_here = block.min(m - first);
+        let out = MatMut::strided(out, rows_here, n, stride);
+        // SAFETY: A's rows `first..first + rows_here` and all of W lie in their slices
+        // (checked above); `out` is an exclusive, bounds-checked view of those rows of C.
+        unsafe {
+            crate::blas::gemm_bf16(
+                rows_here,
+                n,
+                k,
+                a[first * k..].as_ptr(),
+                k,
+                w.as_ptr(),
+                (transposed, cols),
+                beta,
+                out.data.as_mut_ptr(),
+                stride,
+            );
+        }
+    };
+    let data = &mut c.data[..(m - 1) * stride + n];
+    if block >= m {
+        body((0, data));
+    } else {
+        data.par_chunks_mut(block * stride)
+            .enumerate()
+            .for_each(body);
     }
 }
 

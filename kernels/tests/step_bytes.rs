@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use half::bf16;
 use rand::{Rng, SeedableRng};
 use tuneq_kernels::llama::{
-    Batch, Dims, Frozen, Layer, Lora, MaskSource, Model, Projection, StepOptions,
+    Batch, Compute, Dims, Frozen, Layer, Lora, MaskSource, Model, Projection, StepOptions,
     forward_backward_with, step_bytes,
 };
 
@@ -126,7 +126,7 @@ fn step_bytes_is_what_a_step_allocates() {
             })
             .collect()
     };
-    let model = |frozen_bf16: bool| Model {
+    let model = |frozen_bf16: bool, compute: Compute| Model {
         dims,
         embed: if frozen_bf16 {
             Frozen::Bf16(&embed16)
@@ -142,8 +142,10 @@ fn step_bytes_is_what_a_step_allocates() {
         },
         cos: &cos,
         sin: &sin,
+        compute,
     };
-    let (f32_model, bf16_model) = (model(false), model(true));
+    let (f32_model, bf16_model) = (model(false, Compute::F32), model(true, Compute::F32));
+    let bf16_compute_model = model(true, Compute::Bf16);
     let model = &f32_model;
     let ids: Vec<u32> = (0..n).map(|i| (i * 7 % v) as u32).collect();
     let targets: Vec<i64> = (0..n).map(|i| (i * 11 % v) as i64).collect();
@@ -195,15 +197,28 @@ fn step_bytes_is_what_a_step_allocates() {
     };
     run(model, false, false); // warms the pool and the allocator's bookkeeping
     let mut scratch = vec![];
-    for (frozen_bf16, model) in [(false, &f32_model), (true, &bf16_model)] {
+    for (frozen_bf16, model) in [
+        (false, &f32_model),
+        (true, &bf16_model),
+        (true, &bf16_compute_model),
+    ] {
         for dropout in [false, true] {
             for checkpoint in [false, true] {
-                let counted = step_bytes(&dims, n, &ranks, dropout, checkpoint, frozen_bf16);
+                let counted = step_bytes(
+                    &dims,
+                    n,
+                    &ranks,
+                    dropout,
+                    checkpoint,
+                    frozen_bf16,
+                    model.compute,
+                );
                 let measured = run(model, dropout, checkpoint);
                 let extra = measured as f64 / counted as f64 - 1.0;
                 eprintln!(
-                    "bf16 {frozen_bf16}, dropout {dropout}, checkpoint {checkpoint}: step_bytes \
-                     {counted}, measured peak {measured} ({:+.2} %)",
+                    "bf16 {frozen_bf16}, {:?} compute, dropout {dropout}, checkpoint \
+                     {checkpoint}: step_bytes {counted}, measured peak {measured} ({:+.2} %)",
+                    model.compute,
                     100.0 * extra
                 );
                 // Everything counted is live at the peak; what is not counted is the
@@ -222,5 +237,19 @@ fn step_bytes_is_what_a_step_allocates() {
             (scratch[k], scratch[k + 4]);
         assert_eq!(bf16_counted - f32_counted, widening);
         assert!(bf16_measured >= f32_measured + widening);
+    }
+    // bf16 compute adds the rounded activation operand, N × the widest projection side
+    // (the intermediate width here): f32, or bf16 for oneMKL's bf16 GEMM. The widening
+    // scratch stays the head's.
+    let rounded = if cfg!(feature = "blas") && tuneq_kernels::backend().starts_with("mkl") {
+        2
+    } else {
+        4
+    } * (n * dims.intermediate) as u64;
+    for k in 0..4 {
+        let ((_, bf16_counted, bf16_measured), (_, compute_counted, compute_measured)) =
+            (scratch[k + 4], scratch[k + 8]);
+        assert_eq!(compute_counted - bf16_counted, rounded);
+        assert!(compute_measured >= bf16_measured + rounded);
     }
 }

@@ -38,8 +38,8 @@ pub(super) struct BackwardWork {
     pub(super) d_qkv: Vec<f32>,
     /// The LoRA branches'.
     pub(super) lora: LoraWork,
-    /// The forward's widening scratch for bf16 frozen matrices, handed on.
-    pub(super) frozen: Vec<f32>,
+    /// The forward's frozen-product scratch, handed on.
+    pub(super) frozen: FrozenWork,
 }
 
 /// `dst += src`, elementwise.
@@ -50,7 +50,7 @@ pub(super) fn add(dst: &mut [f32], src: &[f32]) {
 /// The backward of [`projection_forward`](super::forward::projection_forward) given
 /// `dy` (N × out): adds `dA = duᵀ·x_d` and `dB = scale·dYᵀ·u` into `grads` (A's at
 /// `slot`, B's right after) and, with `dx = Some((dx, β))`, writes `dx = β·dx + dY·W + (du·A)∘mask` (N × in), where
-/// `du = scale·dY·B` and `x_d = input∘mask`. A bf16 `W` is widened into `frozen` first.
+/// `du = scale·dY·B` and `x_d = input∘mask`. `dY·W` runs in `frozen`'s compute mode.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn projection_backward(
     d: &Dims,
@@ -65,14 +65,15 @@ pub(super) fn projection_backward(
     slot: Option<usize>,
     mut dx: Option<(&mut [f32], f32)>,
     work: &mut LoraWork,
-    frozen: &mut [f32],
+    frozen: &mut FrozenWork,
 ) {
     let (i, o) = d.projection_shape(p);
     if let Some((dx, beta)) = dx.as_mut() {
-        gemm(
-            1.0,
+        frozen.product(
             dy,
-            Mat::new(proj.weight.as_f32(frozen), o, i),
+            proj.weight,
+            (o, i),
+            false,
             *beta,
             MatMut::new(&mut dx[..n * i], n, i),
         );

@@ -61,9 +61,8 @@ pub(super) struct ForwardWork {
     pub(super) act: Vec<f32>,
     /// A masked LoRA input, N × max in.
     pub(super) xd: Vec<f32>,
-    /// Where a bf16 frozen matrix is widened to f32 before its product, sized for the
-    /// largest one (empty when every frozen matrix is f32).
-    pub(super) frozen: Vec<f32>,
+    /// The frozen products' scratch and compute mode.
+    pub(super) frozen: FrozenWork,
 }
 
 /// The shape of the attention call.
@@ -79,7 +78,7 @@ pub(super) fn attention_shape(d: &Dims, batch: &Batch<'_>) -> AttentionShape {
 
 /// `out = β·out + input·Wᵀ`, plus `scale·(input∘mask)·Aᵀ·Bᵀ` with LoRA, saving
 /// `u = (input∘mask)·Aᵀ`. `out` starts at the output's first element, rows `stride` apart.
-/// A bf16 `W` is widened into `frozen` first.
+/// The frozen product runs in `frozen`'s compute mode.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn projection_forward(
     d: &Dims,
@@ -92,15 +91,16 @@ pub(super) fn projection_forward(
     mask: Option<&[f32]>,
     u: &mut [f32],
     xd: &mut [f32],
-    frozen: &mut [f32],
+    frozen: &mut FrozenWork,
 ) {
     let (i, o) = d.projection_shape(p);
     let stride = d.output_stride(p);
     let x = Mat::new(&input[..n * i], n, i);
-    gemm(
-        1.0,
+    frozen.product(
         x,
-        Mat::new(proj.weight.as_f32(frozen), o, i).t(),
+        proj.weight,
+        (o, i),
+        true,
         beta,
         MatMut::strided(out, n, o, stride),
     );

@@ -1,11 +1,153 @@
-//! Frozen matrices as they are stored: `f32`, or `bf16` widened to `f32` where used.
+//! Frozen matrices as they are stored (`f32`, or `bf16` widened to `f32` where used),
+//! and the products the step takes with them, in f32 or in bf16 ([`Compute`]).
 //!
 //! A bf16 value is the top half of an f32, so widening is a shift (exact, no rounding)
 //! and a step on bf16-stored weights computes the same bits as one on their f32
 //! widening: the widened matrix goes through the same [`gemm`](crate::gemm::gemm).
+//!
+//! In bf16 compute the activation operand is rounded to bf16 too (to nearest, ties to
+//! even, as PyTorch rounds), and the product of two bf16 values is exact in f32, so the
+//! result is that of bf16 operands with f32 accumulation whichever way it is computed:
+//! on a oneMKL build with bf16-stored weights through `cblas_gemm_bf16bf16f32` (AMX
+//! tiles on Sapphire Rapids and later), elsewhere by widening both operands and running
+//! the f32 GEMM (the same values, only the order of the sums may differ).
 
+use crate::gemm::{Mat, MatMut, gemm};
 use half::bf16;
 use rayon::prelude::*;
+
+/// How the frozen projections' products (`x·Wᵀ` forward, `dY·W` backward) are computed.
+/// LoRA's products, the norms, attention, the head and the loss stay f32 either way.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Compute {
+    /// f32 operands: bf16-stored weights are widened exactly, so results are those of
+    /// the f32 model (the PEFT parity guarantee).
+    #[default]
+    F32,
+    /// bf16 operands, f32 accumulation: the activation (or its gradient) is rounded to
+    /// bf16 and multiplied with the bf16 weight (an f32-stored weight is rounded too).
+    /// What PyTorch's bf16 autocast does to a linear layer's inputs, and what AMX tiles
+    /// compute; outside the f32 parity guarantee.
+    Bf16,
+}
+
+/// The scratch the frozen products need, and the [`Compute`] mode they run in.
+#[derive(Default)]
+pub(super) struct FrozenWork {
+    pub(super) compute: Compute,
+    /// Where a frozen matrix is widened (or, in bf16 compute, rounded and widened) to
+    /// f32 before its product: sized for the largest one it holds, empty when none is.
+    pub(super) widened: Vec<f32>,
+    /// In bf16 compute, the rounded activation operand: N × the widest projection side
+    /// (empty in f32 compute, and when oneMKL takes it as bf16).
+    rounded: Vec<f32>,
+    /// The same as bf16, for oneMKL's bf16 GEMM: allocated (and that GEMM used) when
+    /// every projection is stored as bf16.
+    #[cfg(tuneq_blas_mkl)]
+    rounded_bf16: Vec<bf16>,
+}
+
+impl FrozenWork {
+    /// Scratch for `compute`: `widened` elements for the weights and, in bf16 compute,
+    /// `rounded` for the activation operand, as bf16 when `mkl_bf16` (see
+    /// [`uses_mkl_bf16`]), else as f32.
+    pub(super) fn new(compute: Compute, widened: usize, rounded: usize, mkl_bf16: bool) -> Self {
+        let rounded = if compute == Compute::Bf16 { rounded } else { 0 };
+        let mkl_bf16 = mkl_bf16 && cfg!(tuneq_blas_mkl);
+        Self {
+            compute,
+            widened: vec![0.0; widened],
+            #[cfg(tuneq_blas_mkl)]
+            rounded_bf16: vec![bf16::ZERO; if mkl_bf16 { rounded } else { 0 }],
+            rounded: vec![0.0; if mkl_bf16 { 0 } else { rounded }],
+        }
+    }
+
+    /// `C = A·op(W) + β·C` for a frozen `W` of `rows × cols` (row-major), used
+    /// transposed (`A·Wᵀ`, the forward) when `transposed`, in this scratch's
+    /// [`Compute`] mode.
+    pub(super) fn product(
+        &mut self,
+        a: Mat<'_>,
+        w: Frozen<'_>,
+        (rows, cols): (usize, usize),
+        transposed: bool,
+        beta: f32,
+        c: MatMut<'_>,
+    ) {
+        match self.compute {
+            Compute::F32 => {
+                let w = Mat::new(w.as_f32(&mut self.widened), rows, cols);
+                gemm(1.0, a, oriented(w, transposed), beta, c);
+            }
+            Compute::Bf16 => {
+                #[cfg(tuneq_blas_mkl)]
+                if let (Frozen::Bf16(w), false) = (w, self.rounded_bf16.is_empty()) {
+                    let a = round_rows(a, &mut self.rounded_bf16, |x| {
+                        bf16::from_bits((rounded_bits(x) >> 16) as u16)
+                    });
+                    crate::gemm::gemm_bf16(a, w, (rows, cols), transposed, beta, c);
+                    return;
+                }
+                let (m, k) = (a.rows(), a.cols());
+                let a = round_rows(a, &mut self.rounded, |x| f32::from_bits(rounded_bits(x)));
+                let w = Mat::new(w.as_bf16_values(&mut self.widened), rows, cols);
+                gemm(1.0, Mat::new(a, m, k), oriented(w, transposed), beta, c);
+            }
+        }
+    }
+}
+
+/// Whether bf16 compute hands the products to oneMKL's bf16 GEMM: on a oneMKL build,
+/// when every projection is stored as bf16 (`projections_bf16`).
+pub(super) fn uses_mkl_bf16(compute: Compute, projections_bf16: bool) -> bool {
+    compute == Compute::Bf16 && projections_bf16 && cfg!(tuneq_blas_mkl)
+}
+
+/// `w`, or its transpose when `transposed`.
+fn oriented(w: Mat<'_>, transposed: bool) -> Mat<'_> {
+    if transposed { w.t() } else { w }
+}
+
+/// Rows of the operand at a time per parallel job when rounding it.
+const ROUND_ROWS: usize = 64;
+
+/// Writes `f(a[i][j])` into `out` row-major (`a.rows() × a.cols()`) and returns that
+/// part of it. Elementwise, in parallel over fixed blocks of rows.
+fn round_rows<'o, T: Send>(a: Mat<'_>, out: &'o mut [T], f: impl Fn(f32) -> T + Sync) -> &'o [T] {
+    let (m, k) = (a.rows(), a.cols());
+    let out = &mut out[..m * k];
+    if k == 0 {
+        return out;
+    }
+    out.par_chunks_mut(ROUND_ROWS * k)
+        .enumerate()
+        .for_each(|(block, rows)| {
+            for (r, row) in rows.chunks_mut(k).enumerate() {
+                let i = block * ROUND_ROWS + r;
+                match a.row(i) {
+                    Some(src) => row.iter_mut().zip(src).for_each(|(o, &x)| *o = f(x)),
+                    None => row
+                        .iter_mut()
+                        .enumerate()
+                        .for_each(|(j, o)| *o = f(a.at(i, j))),
+                }
+            }
+        });
+    out
+}
+
+/// The bits of `x` rounded to the nearest bf16 (ties to even), as an f32 whose low 16
+/// bits are zero: what `half::bf16::from_f32` gives, widened back, for every input but
+/// a NaN, which stays a (quiet) NaN of the same sign. Overflow rounds to infinity.
+#[inline]
+pub(super) fn rounded_bits(x: f32) -> u32 {
+    let b = x.to_bits();
+    if x.is_nan() {
+        return (b | 0x0040_0000) & 0xFFFF_0000;
+    }
+    b.wrapping_add(0x7FFF + ((b >> 16) & 1)) & 0xFFFF_0000
+}
 
 /// A frozen matrix as stored: f32, or bf16 widened to f32 where it is used.
 ///
@@ -71,6 +213,28 @@ impl<'a> Frozen<'a> {
             Self::Bf16(w) => {
                 let out = &mut scratch[..w.len()];
                 widen(w, out);
+                out
+            }
+        }
+    }
+
+    /// The whole matrix as f32 values that are bf16 values: bf16 storage widened, f32
+    /// storage rounded to bf16 first, into the first `len()` elements of `scratch`.
+    pub(super) fn as_bf16_values<'s>(&self, scratch: &'s mut [f32]) -> &'s [f32]
+    where
+        'a: 's,
+    {
+        match *self {
+            Self::Bf16(_) => self.as_f32(scratch),
+            Self::F32(w) => {
+                let out = &mut scratch[..w.len()];
+                out.par_chunks_mut(WIDEN_CHUNK)
+                    .zip(w.par_chunks(WIDEN_CHUNK))
+                    .for_each(|(o, s)| {
+                        for (o, &x) in o.iter_mut().zip(s) {
+                            *o = f32::from_bits(rounded_bits(x));
+                        }
+                    });
                 out
             }
         }

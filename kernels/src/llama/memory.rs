@@ -21,6 +21,18 @@ pub(super) fn widest_input(d: &Dims) -> usize {
     (0..7).map(|p| d.projection_shape(p).0).max().unwrap_or(0)
 }
 
+/// The widest side (input or output) of any projection: the rounded operand of a
+/// bf16-compute product is N × this at most (`x` forward, `dY` backward).
+pub(super) fn widest_side(d: &Dims) -> usize {
+    (0..7)
+        .map(|p| {
+            let (i, o) = d.projection_shape(p);
+            i.max(o)
+        })
+        .max()
+        .unwrap_or(0)
+}
+
 /// The length of the widening scratch: the largest of the bf16 frozen matrices a step
 /// widens whole, the head (`vocab × hidden`) when `head_bf16` and each projection `p` of
 /// `bf16_projections` (`out × in`); 0 when there are none, so an all-f32 model
@@ -187,6 +199,11 @@ pub(super) fn max_ranks(ranks: &[[usize; 7]]) -> [usize; 7] {
 /// `4·max(vocab·hidden, largest projection)` bytes (0.5 GiB at 7B, against the 13.5
 /// GiB bf16 saves). A model with only some of them in bf16 needs at most that; the
 /// embedding's storage costs nothing here either way.
+///
+/// `compute`: [`Compute::Bf16`] adds the rounded activation operand, `4·N·widest side`
+/// bytes (2 on a oneMKL build with bf16 weights, whose bf16 GEMM takes it as bf16 and
+/// the weights as stored), and, for f32-stored projections, the scratch they are
+/// rounded into.
 pub fn step_bytes(
     dims: &Dims,
     tokens: usize,
@@ -194,6 +211,7 @@ pub fn step_bytes(
     dropout: bool,
     checkpoint_layers: bool,
     frozen_bf16: bool,
+    compute: Compute,
 ) -> u64 {
     let (d, n) = (dims, tokens);
     if n == 0 {
@@ -225,12 +243,18 @@ pub fn step_bytes(
     };
     // x, the forward scratch, the final norm's 1/rms and the hidden-state gradient.
     let forward: usize = forward_work_lengths(d, n, dropout).iter().sum();
-    let widening = if frozen_bf16 {
-        widening_len(d, true, 0..7)
-    } else {
-        0
+    let mkl_bf16 = super::frozen::uses_mkl_bf16(compute, frozen_bf16);
+    let projections = if mkl_bf16 { 0..0 } else { 0..7 };
+    let widening = match (frozen_bf16, compute) {
+        (true, _) => widening_len(d, true, projections),
+        (false, Compute::Bf16) => widening_len(d, false, projections),
+        (false, Compute::F32) => 0,
     };
-    let common = state + f32s(n * d.hidden + forward + widening + n + n * d.hidden);
+    let rounded = match compute {
+        Compute::F32 => 0,
+        Compute::Bf16 => 4 * (n * widest_side(d)) as u64 / if mkl_bf16 { 2 } else { 1 },
+    };
+    let common = state + f32s(n * d.hidden + forward + widening + n + n * d.hidden) + rounded;
     let ce = crate::loss::scratch_bytes(d.hidden, d.vocab, n, true);
     let backward = match lowest {
         Some(_) => f32s(backward_lengths(d, n, ranks, dropout).iter().sum()),

@@ -84,9 +84,12 @@ mod tests;
 
 use backward::{BackwardWork, LoraWork, layer_backward};
 use forward::{ForwardWork, Masks, Saved, drawn, embed, layer_forward};
-pub use frozen::Frozen;
+use frozen::FrozenWork;
+pub use frozen::{Compute, Frozen};
 pub use memory::step_bytes;
-use memory::{StoredMask, backward_lengths, forward_work_lengths, max_ranks, widening_len};
+use memory::{
+    StoredMask, backward_lengths, forward_work_lengths, max_ranks, widening_len, widest_side,
+};
 
 /// The seven projections of a layer, in [`Layer::proj`] order (PEFT's module names).
 pub const PROJECTIONS: [&str; 7] = [
@@ -224,6 +227,8 @@ pub struct Model<'a> {
     pub cos: &'a [f32],
     /// RoPE sines, like `cos`.
     pub sin: &'a [f32],
+    /// How the projections' frozen products are computed (f32 by default).
+    pub compute: Compute,
 }
 
 impl Model<'_> {
@@ -259,14 +264,28 @@ impl Model<'_> {
         self.embed.bytes() + head + layers
     }
 
-    /// The widening scratch the step allocates: the largest bf16 matrix it widens whole
-    /// (a projection, or the head), 0 when they are all f32.
-    fn widening_scratch(&self) -> Vec<f32> {
-        let bf16_projections = self
+    /// The frozen products' scratch for `n` tokens: room for the largest matrix the
+    /// step widens whole (the head when it is bf16; each bf16 projection in f32
+    /// compute; in bf16 compute, every projection unless oneMKL's bf16 GEMM takes them
+    /// as stored), and in bf16 compute the rounded activation operand.
+    fn frozen_work(&self, n: usize) -> FrozenWork {
+        let all_bf16 = self
             .layers
             .iter()
-            .flat_map(|l| (0..7).filter(move |&p| l.proj[p].weight.is_bf16()));
-        vec![0.0; widening_len(&self.dims, self.lm_head.is_bf16(), bf16_projections)]
+            .all(|l| l.proj.iter().all(|p| p.weight.is_bf16()));
+        let mkl_bf16 = frozen::uses_mkl_bf16(self.compute, all_bf16);
+        let widened = self.layers.iter().flat_map(|l| {
+            (0..7).filter(move |&p| match self.compute {
+                Compute::F32 => l.proj[p].weight.is_bf16(),
+                Compute::Bf16 => !mkl_bf16,
+            })
+        });
+        FrozenWork::new(
+            self.compute,
+            widening_len(&self.dims, self.lm_head.is_bf16(), widened),
+            n * widest_side(&self.dims),
+            mkl_bf16,
+        )
     }
 }
 
@@ -607,7 +626,7 @@ pub fn forward_backward_with(
     let checkpoint = options.checkpoint_layers;
     let mut x = embed(model, batch.ids);
     let [hn, act, xd] = forward_work_lengths(d, n, with_dropout).map(|len| vec![0.0; len]);
-    let frozen = model.widening_scratch();
+    let frozen = model.frozen_work(n);
     let mut work = ForwardWork {
         hn,
         act,
@@ -646,7 +665,7 @@ pub fn forward_backward_with(
     let loss = linear_cross_entropy(
         &work.hn,
         h,
-        model.lm_head.as_f32(&mut work.frozen),
+        model.lm_head.as_f32(&mut work.frozen.widened),
         d.vocab,
         batch.targets,
         scale,
@@ -738,7 +757,7 @@ pub fn loss(model: &Model<'_>, batch: &Batch<'_>, scale: f32) -> Result<f64, Ste
     }
     let mut x = embed(model, batch.ids);
     let [hn, act, xd] = forward_work_lengths(d, n, false).map(|len| vec![0.0; len]);
-    let frozen = model.widening_scratch();
+    let frozen = model.frozen_work(n);
     let mut work = ForwardWork {
         hn,
         act,
@@ -754,7 +773,7 @@ pub fn loss(model: &Model<'_>, batch: &Batch<'_>, scale: f32) -> Result<f64, Ste
     Ok(linear_cross_entropy(
         &work.hn,
         d.hidden,
-        model.lm_head.as_f32(&mut work.frozen),
+        model.lm_head.as_f32(&mut work.frozen.widened),
         d.vocab,
         batch.targets,
         scale,

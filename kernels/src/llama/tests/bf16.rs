@@ -255,8 +255,24 @@ fn bf16_storage_halves_the_frozen_bytes() {
     };
     let ranks = vec![[8; 7]; 32];
     for (dropout, checkpoint) in [(false, false), (true, true)] {
-        let f32 = step_bytes(&llama7b, 2048, &ranks, dropout, checkpoint, false);
-        let bf16 = step_bytes(&llama7b, 2048, &ranks, dropout, checkpoint, true);
+        let f32 = step_bytes(
+            &llama7b,
+            2048,
+            &ranks,
+            dropout,
+            checkpoint,
+            false,
+            Compute::F32,
+        );
+        let bf16 = step_bytes(
+            &llama7b,
+            2048,
+            &ranks,
+            dropout,
+            checkpoint,
+            true,
+            Compute::F32,
+        );
         assert_eq!(bf16 - f32, 4 * 32000 * 4096);
     }
     // When a projection is the largest matrix, it sets the scratch.
@@ -266,8 +282,8 @@ fn bf16_storage_halves_the_frozen_bytes() {
     };
     let (ranks, i) = (vec![[2; 7]; 2], wide.intermediate * wide.hidden);
     assert_eq!(
-        step_bytes(&wide, 50, &ranks, false, false, true)
-            - step_bytes(&wide, 50, &ranks, false, false, false),
+        step_bytes(&wide, 50, &ranks, false, false, true, Compute::F32)
+            - step_bytes(&wide, 50, &ranks, false, false, false, Compute::F32),
         4 * i as u64
     );
 }

@@ -3,6 +3,7 @@ use super::*;
 use rand::{Rng, SeedableRng};
 
 mod bf16;
+mod bf16_compute;
 mod oracle;
 use oracle::*;
 
@@ -537,8 +538,8 @@ fn step_bytes_shrinks_with_checkpointing() {
     let ranks = vec![[8; 7]; 32];
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     for dropout in [false, true] {
-        let full = step_bytes(&llama7b, 2048, &ranks, dropout, false, false);
-        let ckpt = step_bytes(&llama7b, 2048, &ranks, dropout, true, false);
+        let full = step_bytes(&llama7b, 2048, &ranks, dropout, false, false, Compute::F32);
+        let ckpt = step_bytes(&llama7b, 2048, &ranks, dropout, true, false, Compute::F32);
         eprintln!(
             "7B, 2048 tokens, r = 8 on all seven, dropout {dropout}: {:.2} GiB, checkpointed {:.2} GiB",
             gib(full),
@@ -549,7 +550,7 @@ fn step_bytes_shrinks_with_checkpointing() {
     // The layer inputs dominate what a checkpointed step keeps per layer.
     let d = tiny_dims();
     let ranks = vec![ALL.map(|t| 2 * usize::from(t)); d.layers];
-    let one = step_bytes(&d, 100, &ranks, true, true, false);
+    let one = step_bytes(&d, 100, &ranks, true, true, false, Compute::F32);
     let more = step_bytes(
         &Dims { layers: 3, ..d },
         100,
@@ -557,16 +558,20 @@ fn step_bytes_shrinks_with_checkpointing() {
         true,
         true,
         false,
+        Compute::F32,
     );
     let packed: u64 = (0..7)
         .map(|p| packed_mask_bytes(100 * d.projection_shape(p).0))
         .sum();
     assert_eq!(more - one, 4 * 100 * d.hidden as u64 + packed);
-    assert_eq!(step_bytes(&d, 0, &ranks, true, true, false), 0);
+    assert_eq!(
+        step_bytes(&d, 0, &ranks, true, true, false, Compute::F32),
+        0
+    );
     // No LoRA: no backward, no inputs kept.
     let none = vec![[0; 7]; d.layers];
     assert!(
-        step_bytes(&d, 100, &none, false, true, false)
-            < step_bytes(&d, 100, &none, false, false, false)
+        step_bytes(&d, 100, &none, false, true, false, Compute::F32)
+            < step_bytes(&d, 100, &none, false, false, false, Compute::F32)
     );
 }

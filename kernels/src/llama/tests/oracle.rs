@@ -128,6 +128,7 @@ impl Owned {
             lm_head: Frozen::F32(&self.lm_head),
             cos: &self.cos,
             sin: &self.sin,
+            compute: Compute::F32,
         }
     }
 
