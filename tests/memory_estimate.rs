@@ -161,6 +161,7 @@ fn ask(lora: &LoraSpec, dtype: DtypeKind, checkpointing: ActivationCheckpointing
         max_seq_len: SEQ,
         batch_size: BATCH,
         dtype,
+        compute: tuneq_openapi::ComputeKind::F32,
         checkpointing,
         dataset_tokens: 8 * SEQ,
     }

@@ -555,6 +555,86 @@ fn every_flag_overrides_the_demo_spec() {
     );
 }
 
+/// `--compute bf16` trains on the fused CPU path with bf16 operands (weights loaded as
+/// bf16 from `auto`), records that path in its checkpoints, and is refused with f32
+/// weights and on the CPU graph, naming the field.
+#[test]
+fn bf16_compute_trains_and_is_refused_where_it_cannot_run() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let train = small_train_file(dir.path(), 4);
+    let model = tiny_model();
+    let run = |output: &str, extra: &[&str], env: &[(&str, &str)]| {
+        let output = dir.path().join(output);
+        let mut args = vec![
+            "train",
+            "--model",
+            model.to_str().expect("utf8"),
+            "--train-file",
+            train.to_str().expect("utf8"),
+            "--output",
+            output.to_str().expect("utf8"),
+            "--epochs",
+            "1",
+            "--progress",
+            "json",
+            "--compute",
+            "bf16",
+            "--checkpoint-every",
+            "1",
+        ];
+        args.extend_from_slice(extra);
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tuneq"));
+        cmd.args(&args).envs(env.iter().copied());
+        (cmd.output().expect("run tuneq"), output)
+    };
+    let (out, output) = run("bf16", &[], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(output.join("adapter_model.safetensors").exists());
+    let states = files_named(&output, "trainer_state.json");
+    assert!(!states.is_empty(), "no checkpoint under {output:?}");
+    let state = std::fs::read_to_string(&states[0]).expect("state");
+    assert!(state.contains("cpu-fused-bf16"), "{state}");
+
+    let (out, _) = run("f32-weights", &["--dtype", "f32"], &[]);
+    assert_eq!(
+        out.status.code(),
+        Some(tuneq_openapi::launch::EXIT_BAD_INPUT)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("compute"), "{stderr}");
+    let (out, _) = run("graph", &[], &[("TUNEQ_CPU_PATH", "graph")]);
+    assert_eq!(
+        out.status.code(),
+        Some(tuneq_openapi::launch::EXIT_BAD_INPUT)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("compute") && stderr.contains("graph"),
+        "{stderr}"
+    );
+}
+
+/// Every file called `name` under `dir`, at any depth.
+fn files_named(dir: &Path, name: &str) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(d) = pending.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if path.file_name().is_some_and(|n| n == name) {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
+
 #[test]
 fn an_unavailable_device_exits_as_bad_input() {
     if cfg!(feature = "cuda") {

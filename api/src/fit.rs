@@ -90,6 +90,7 @@ pub(crate) fn check_job(
         max_seq_len: u64::from(h.max_seq_len),
         batch_size: u64::from(h.batch_size),
         dtype: spec.dtype,
+        compute: spec.compute,
         checkpointing: spec.activation_checkpointing,
         dataset_tokens: tokens_to_process(training, &base.id, h.max_seq_len),
     };
@@ -120,7 +121,7 @@ pub(crate) fn tokens_to_process(training: &FileObject, model: &str, max_seq_len:
 /// field to blame and the advice, in the body's own terms.
 pub(crate) fn lighter(spec: &TrainSpec) -> Vec<(&'static str, &'static str, TrainSpec)> {
     use tuneq_openapi::{ActivationCheckpointing, DtypeKind};
-    let to_bf16 = spec.dtype != DtypeKind::Bf16;
+    let to_bf16 = spec.dtype.with_compute(spec.compute, false) != DtypeKind::Bf16;
     let to_auto = spec.activation_checkpointing == ActivationCheckpointing::Off;
     let with = |bf16: bool, auto: bool| TrainSpec {
         dtype: if bf16 { DtypeKind::Bf16 } else { spec.dtype },
@@ -202,6 +203,7 @@ mod tests {
             max_seq_len,
             batch_size,
             dtype: DtypeKind::F32,
+            compute: tuneq_openapi::ComputeKind::F32,
             checkpointing: tuneq_openapi::ActivationCheckpointing::Auto,
             dataset_tokens: 0,
         }

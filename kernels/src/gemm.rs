@@ -183,6 +183,19 @@ pub fn backend() -> &'static str {
     }
 }
 
+/// What multiplies the frozen projections in bf16 compute
+/// ([`Compute::Bf16`](crate::llama::Compute)) with bf16-stored weights: oneMKL's bf16
+/// GEMM on a oneMKL build, else [`backend`] on operands widened back to f32.
+pub fn bf16_backend() -> &'static str {
+    if cfg!(tuneq_blas_mkl) {
+        "mkl cblas_gemm_bf16bf16f32"
+    } else if cfg!(feature = "blas") {
+        "openblas (cblas) on widened bf16 operands"
+    } else {
+        "matrixmultiply-0.3 on widened bf16 operands"
+    }
+}
+
 /// `C = α·A·B + β·C`. With `β = 0`, C's old contents are ignored (NaNs included).
 ///
 /// # Panics

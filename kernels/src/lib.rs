@@ -49,4 +49,4 @@ mod reduce;
 pub mod rope;
 pub mod swiglu;
 
-pub use gemm::{Mat, MatMut, backend, gemm};
+pub use gemm::{Mat, MatMut, backend, bf16_backend, gemm};

@@ -34,7 +34,7 @@ pub use finetunes::{
 pub use log::LogEntry;
 pub use progress::{StepMetrics, TrainEvent};
 pub use train_spec::{
-    ActivationCheckpointing, ChatTemplateChoice, CheckpointPolicy, DatasetFormat, DeviceKind,
-    DtypeKind, Hyperparameters, LoraSpec, MAX_LEARNING_RATE, MAX_LORA_ALPHA, MAX_LORA_RANK,
-    MAX_SEQ_LEN, MIN_LEARNING_RATE, SamplingSpec, Scheduler, SpecError, TrainSpec,
+    ActivationCheckpointing, ChatTemplateChoice, CheckpointPolicy, ComputeKind, DatasetFormat,
+    DeviceKind, DtypeKind, Hyperparameters, LoraSpec, MAX_LEARNING_RATE, MAX_LORA_ALPHA,
+    MAX_LORA_RANK, MAX_SEQ_LEN, MIN_LEARNING_RATE, SamplingSpec, Scheduler, SpecError, TrainSpec,
 };

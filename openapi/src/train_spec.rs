@@ -61,6 +61,45 @@ pub struct TrainSpec {
     /// it on only when the run would not fit its memory limit otherwise.
     #[serde(default)]
     pub activation_checkpointing: ActivationCheckpointing,
+    /// How the CPU computes the frozen projections: `f32` (the default, within the PEFT
+    /// parity guarantee) or `bf16` (bf16 operands, f32 accumulation; AMX on a oneMKL
+    /// build). `bf16` needs the weights in bf16 (`dtype` `bf16`, or `auto`, which it
+    /// then resolves to bf16 on the CPU too).
+    #[serde(default, skip_serializing_if = "ComputeKind::is_f32")]
+    pub compute: ComputeKind,
+}
+
+/// How the CPU computes the frozen projections' products. LoRA, norms, attention, the
+/// head, the loss and the optimiser stay f32 either way; on CUDA candle's graph
+/// computes in the weights' dtype whatever this says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ComputeKind {
+    /// f32 operands (bf16 weights widened exactly): results within 1e-4 of PyTorch +
+    /// PEFT in f32.
+    #[default]
+    F32,
+    /// bf16 operands with f32 accumulation, as PyTorch's bf16 autocast rounds a linear
+    /// layer's inputs: on Sapphire Rapids and later Xeons with a oneMKL build, the
+    /// products run on AMX tiles. Outside the f32 parity guarantee; elsewhere it is no
+    /// faster than `f32`.
+    Bf16,
+}
+
+impl ComputeKind {
+    /// Whether this is the default, `f32` (left out of serialised specs, so that specs
+    /// and run fingerprints from before the field existed stay the same).
+    pub fn is_f32(&self) -> bool {
+        *self == Self::F32
+    }
+}
+
+impl TrainSpec {
+    /// The dtype the frozen weights are loaded in on a GPU (`true`) or the CPU (see
+    /// [`DtypeKind::with_compute`]).
+    pub fn weights_dtype(&self, gpu: bool) -> DtypeKind {
+        self.dtype.with_compute(self.compute, gpu)
+    }
 }
 
 /// Per-layer activation (gradient) checkpointing. Results are bit-identical either way.
@@ -293,6 +332,15 @@ impl DtypeKind {
             chosen => chosen,
         }
     }
+
+    /// The dtype this resolves to for a job computing in `compute`: as [`Self::on`],
+    /// except that `auto` is bf16 on the CPU too when the compute is bf16.
+    pub fn with_compute(self, compute: ComputeKind, gpu: bool) -> Self {
+        match (self, compute) {
+            (Self::Auto, ComputeKind::Bf16) => Self::Bf16,
+            (dtype, _) => dtype.on(gpu),
+        }
+    }
 }
 
 /// A spec that parsed but cannot run, naming the field.
@@ -404,6 +452,14 @@ impl TrainSpec {
             );
         }
         let l = &self.lora;
+        if self.compute == ComputeKind::Bf16 && self.dtype == DtypeKind::F32 {
+            bad(
+                "compute",
+                "bf16 compute multiplies bf16 weights: set dtype to bf16 or auto, or compute \
+                 to f32"
+                    .into(),
+            );
+        }
         if !(1..=MAX_LORA_RANK).contains(&l.r) {
             bad(
                 "lora.r",
@@ -507,5 +563,30 @@ mod tests {
                 "lora.target_modules"
             ]
         );
+    }
+
+    #[test]
+    fn bf16_compute_needs_bf16_weights_and_makes_auto_bf16() {
+        let mut spec: TrainSpec = serde_json::from_value(minimal()).expect("parses");
+        assert_eq!(spec.compute, ComputeKind::F32);
+        // The default stays out of serialised specs (fingerprints from before it match).
+        assert!(
+            !serde_json::to_string(&spec)
+                .expect("json")
+                .contains("compute")
+        );
+        spec.compute = ComputeKind::Bf16;
+        let errs = spec.validate().expect_err("f32 weights");
+        assert_eq!(errs[0].field, "compute");
+        for dtype in [DtypeKind::Auto, DtypeKind::Bf16] {
+            spec.dtype = dtype;
+            assert!(spec.validate().is_ok());
+            assert_eq!(spec.weights_dtype(false), DtypeKind::Bf16);
+            assert_eq!(spec.weights_dtype(true), DtypeKind::Bf16);
+        }
+        spec.compute = ComputeKind::F32;
+        spec.dtype = DtypeKind::Auto;
+        assert_eq!(spec.weights_dtype(false), DtypeKind::F32);
+        assert_eq!(spec.weights_dtype(true), DtypeKind::Bf16);
     }
 }

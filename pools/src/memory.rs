@@ -3,8 +3,8 @@
 //! ever hold is refused at create with the numbers instead of failing on a node.
 
 use serde::Deserialize;
-use tuneq_kernels::llama::{Dims, PROJECTIONS, step_bytes};
-use tuneq_openapi::{ActivationCheckpointing, DtypeKind, LoraSpec};
+use tuneq_kernels::llama::{Compute, Dims, PROJECTIONS, step_bytes};
+use tuneq_openapi::{ActivationCheckpointing, ComputeKind, DtypeKind, LoraSpec};
 
 /// The shape of a Llama-family model, from its `config.json`.
 #[derive(Debug, Clone, Deserialize)]
@@ -135,6 +135,9 @@ pub struct Ask<'a> {
     pub batch_size: u64,
     /// The frozen weights' dtype.
     pub dtype: DtypeKind,
+    /// How the CPU computes the frozen projections (bf16 makes `auto` weights bf16, and
+    /// the step holds a rounded copy of each product's input).
+    pub compute: ComputeKind,
     /// Whether the CPU step may recompute layers instead of keeping them.
     pub checkpointing: ActivationCheckpointing,
     /// Tokens of the training data, when known (the trainer holds them encoded).
@@ -224,7 +227,7 @@ const DATA_BYTES_PER_TOKEN: u64 = 16;
 /// when keeping them would pass it, as the trainer decides.
 pub fn cpu_memory(shape: &ModelShape, ask: &Ask<'_>, limit: Option<u64>) -> CpuMemory {
     let dims = shape.dims();
-    let weight_bytes = weight_bytes(ask.dtype, false);
+    let weight_bytes = weight_bytes(ask, false);
     let file_bytes = shape.file_bytes_per_weight();
     let converting = if file_bytes == weight_bytes {
         0
@@ -244,8 +247,12 @@ pub fn cpu_memory(shape: &ModelShape, ask: &Ask<'_>, limit: Option<u64>) -> CpuM
     ];
     let tokens = (ask.batch_size * ask.max_seq_len) as usize;
     let dropout = ask.lora.dropout > 0.0;
-    let bf16 = ask.dtype.on(false) == DtypeKind::Bf16;
-    let step = |recompute| step_bytes(&dims, tokens, &ranks, dropout, recompute, bf16);
+    let bf16 = ask.dtype.with_compute(ask.compute, false) == DtypeKind::Bf16;
+    let compute = match ask.compute {
+        ComputeKind::F32 => Compute::F32,
+        ComputeKind::Bf16 => Compute::Bf16,
+    };
+    let step = |recompute| step_bytes(&dims, tokens, &ranks, dropout, recompute, bf16, compute);
     let mut memory = CpuMemory {
         runtime: PROCESS_BYTES + TOKENIZER_BYTES_PER_ENTRY * shape.vocab_size,
         weights: shape.parameters() * weight_bytes,
@@ -269,8 +276,8 @@ pub fn cpu_memory(shape: &ModelShape, ask: &Ask<'_>, limit: Option<u64>) -> CpuM
 }
 
 /// Bytes per frozen weight of `dtype` on a GPU or on the CPU.
-fn weight_bytes(dtype: DtypeKind, gpu: bool) -> u64 {
-    match dtype.on(gpu) {
+fn weight_bytes(ask: &Ask<'_>, gpu: bool) -> u64 {
+    match ask.dtype.with_compute(ask.compute, gpu) {
         DtypeKind::Bf16 => 2,
         _ => 4,
     }
@@ -306,7 +313,7 @@ const GRAPH_FIXED_BYTES: u64 = 64 << 20;
 /// layer's graph at a time; this figure counts `auto` as off (see
 /// [`graph_checkpointing`] for when `auto` turns it on).
 pub fn graph_memory_bytes(shape: &ModelShape, ask: &Ask<'_>, on_gpu: bool) -> u64 {
-    let weight_bytes = weight_bytes(ask.dtype, on_gpu);
+    let weight_bytes = weight_bytes(ask, on_gpu);
     let activation_bytes = if on_gpu { weight_bytes } else { 4 };
     let tokens = ask.batch_size * ask.max_seq_len;
     let per_layer =
@@ -420,6 +427,7 @@ mod tests {
             max_seq_len: 512,
             batch_size,
             dtype,
+            compute: ComputeKind::F32,
             checkpointing: ActivationCheckpointing::Auto,
             dataset_tokens: 0,
         }
@@ -457,6 +465,30 @@ mod tests {
         assert_eq!(cpu(DtypeKind::Auto), cpu(DtypeKind::F32));
         assert_eq!(gpu(DtypeKind::Auto), gpu(DtypeKind::Bf16));
         assert_ne!(gpu(DtypeKind::Auto), gpu(DtypeKind::F32));
+    }
+
+    /// bf16 compute holds `auto` weights in bf16 on the CPU too, and its step holds the
+    /// rounded operand (512 tokens × the widest projection side, 172, as f32).
+    #[test]
+    fn bf16_compute_holds_bf16_weights_and_a_rounded_operand() {
+        let shape = small();
+        let lora = LoraSpec::default();
+        let bf16 = cpu_memory(&shape, &ask(&lora, 1, DtypeKind::Bf16), None);
+        let computing = |dtype| {
+            cpu_memory(
+                &shape,
+                &Ask {
+                    compute: ComputeKind::Bf16,
+                    ..ask(&lora, 1, dtype)
+                },
+                None,
+            )
+        };
+        assert_eq!(computing(DtypeKind::Auto), computing(DtypeKind::Bf16));
+        let with = computing(DtypeKind::Auto);
+        assert_eq!(with.weights, bf16.weights);
+        let rounded = 4 * 512 * 172; // f32: oneMKL builds hold it as bf16, half that
+        assert_eq!(with.step - bf16.step, rounded);
     }
 
     #[test]
@@ -575,6 +607,7 @@ mod tests {
                 max_seq_len: seq,
                 batch_size: 4,
                 dtype,
+                compute: ComputeKind::F32,
                 checkpointing,
                 dataset_tokens: 10_000_000,
             };
@@ -609,6 +642,7 @@ mod tests {
                 max_seq_len: seq,
                 batch_size,
                 dtype: bf16,
+                compute: ComputeKind::F32,
                 checkpointing,
                 dataset_tokens: 0,
             };

@@ -31,6 +31,11 @@ pub enum BenchCommand {
         /// Seed.
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// How the frozen projections are computed: `f32` (what the PyTorch peer is
+        /// compared in) or `bf16` (weights in bf16, bf16 operands: AMX on Sapphire
+        /// Rapids and later with a oneMKL build).
+        #[arg(long, value_enum, default_value = "f32")]
+        compute: super::train::ComputeArg,
     },
     /// API request rate and p99 on the Redis backend, beside an actix-web hello-world
     /// in the same run (scripts/bench-api starts a redis-server for it).
@@ -97,6 +102,7 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
             warmup,
             lr,
             seed,
+            compute,
         } => {
             let opts = BenchOptions {
                 preset,
@@ -106,6 +112,7 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
                 warmup,
                 lr,
                 seed,
+                compute: compute.into(),
             };
             let r = tuneq_trainer::bench::run(&opts, |line| eprintln!("{line}"))?;
             println!("{}", serde_json::to_string(&r)?);

@@ -79,6 +79,10 @@ pub enum DebugCommand {
         /// The dtype the frozen weights are held in (bf16: widened to f32 where used).
         #[arg(long, value_enum, default_value = "f32")]
         dtype: super::train::DtypeArg,
+        /// How the frozen projections are computed (bf16: bf16 operands, f32
+        /// accumulation; needs `--dtype bf16`).
+        #[arg(long, value_enum, default_value = "f32")]
+        compute: super::train::ComputeArg,
     },
 }
 
@@ -156,11 +160,20 @@ pub fn run(cmd: DebugCommand) -> Result<ExitCode> {
             dropout,
             seed,
             dtype,
+            compute,
         } => {
             if !(0.0..1.0).contains(&dropout) {
                 anyhow::bail!("--dropout must be in [0, 1), not {dropout}");
             }
-            let m = tuneq_trainer::debug::load_model(&model, Some(&adapter), dtype.into())?;
+            let compute = tuneq_openapi::ComputeKind::from(compute);
+            let dtype = tuneq_openapi::DtypeKind::from(dtype);
+            if compute == tuneq_openapi::ComputeKind::Bf16
+                && dtype != tuneq_openapi::DtypeKind::Bf16
+            {
+                anyhow::bail!("--compute bf16 multiplies bf16 weights: add --dtype bf16");
+            }
+            let mut m = tuneq_trainer::debug::load_model(&model, Some(&adapter), dtype)?;
+            m.set_cpu_compute(compute);
             let cfg = tuneq_trainer::debug::StepsConfig {
                 micro_batches,
                 lr,

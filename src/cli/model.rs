@@ -51,6 +51,9 @@ pub enum ModelCommand {
         /// Activation checkpointing.
         #[arg(long, value_enum, default_value = "auto")]
         activation_checkpointing: super::train::CheckpointingArg,
+        /// How the CPU computes the frozen projections (bf16 makes `auto` weights bf16).
+        #[arg(long, value_enum, default_value = "f32")]
+        compute: super::train::ComputeArg,
         /// A pool's memory per attempt (`32Gi`): with `auto`, layers are recomputed
         /// only when they would not fit in it otherwise.
         #[arg(long)]
@@ -100,6 +103,7 @@ pub fn run(cmd: ModelCommand) -> Result<ExitCode> {
             lora_r,
             dtype,
             activation_checkpointing,
+            compute,
             memory,
             accelerator_memory,
         } => {
@@ -148,6 +152,7 @@ pub fn run(cmd: ModelCommand) -> Result<ExitCode> {
                 max_seq_len,
                 batch_size,
                 dtype: dtype.into(),
+                compute: compute.into(),
                 checkpointing: activation_checkpointing.into(),
                 dataset_tokens: 0,
             };

@@ -7,8 +7,8 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use tuneq_openapi::{
-    ActivationCheckpointing, ChatTemplateChoice, DatasetFormat, DeviceKind, DtypeKind, Scheduler,
-    TrainSpec,
+    ActivationCheckpointing, ChatTemplateChoice, ComputeKind, DatasetFormat, DeviceKind, DtypeKind,
+    Scheduler, TrainSpec,
 };
 use tuneq_trainer::progress::{JsonLines, ProgressSink, Tee, TerminalBar};
 use tuneq_trainer::train::{Outcome, StopFlag};
@@ -116,6 +116,11 @@ pub struct TrainArgs {
     /// not fit its memory limit otherwise).
     #[arg(long, value_enum)]
     pub activation_checkpointing: Option<CheckpointingArg>,
+    /// How the CPU computes the frozen projections: `f32` (the default, PEFT parity) or
+    /// `bf16` (bf16 operands, f32 accumulation: AMX on Sapphire Rapids and later with a
+    /// oneMKL build; needs `--dtype bf16` or `auto`).
+    #[arg(long, value_enum)]
+    pub compute: Option<ComputeArg>,
     /// Progress output: `json` lines, a terminal `bar`, or `auto` (bar when stdout is a terminal).
     #[arg(long, value_enum, default_value = "auto")]
     pub progress: ProgressArg,
@@ -175,6 +180,7 @@ value_enum!(TemplateArg => ChatTemplateChoice { Model = ChatTemplateChoice::Mode
 value_enum!(SchedulerArg => Scheduler { Linear = Scheduler::Linear, Cosine = Scheduler::Cosine, Constant = Scheduler::Constant });
 value_enum!(DeviceArg => DeviceKind { Cpu = DeviceKind::Cpu, Cuda = DeviceKind::Cuda });
 value_enum!(DtypeArg => DtypeKind { F32 = DtypeKind::F32, Bf16 = DtypeKind::Bf16, Auto = DtypeKind::Auto });
+value_enum!(ComputeArg => ComputeKind { F32 = ComputeKind::F32, Bf16 = ComputeKind::Bf16 });
 value_enum!(CheckpointingArg => ActivationCheckpointing { Auto = ActivationCheckpointing::Auto, On = ActivationCheckpointing::On, Off = ActivationCheckpointing::Off });
 
 /// Where progress goes.
@@ -281,6 +287,15 @@ pub fn build_spec(args: &TrainArgs) -> Result<TrainSpec> {
     }
     if let Some(d) = args.dtype {
         obj.insert("dtype".into(), serde_json::to_value(DtypeKind::from(d))?);
+    }
+    if let Some(c) = args.compute {
+        let c = ComputeKind::from(c);
+        obj.insert("compute".into(), serde_json::to_value(c)?);
+        // bf16 compute multiplies bf16 weights: unless a dtype was chosen, hold them so.
+        if c == ComputeKind::Bf16 {
+            obj.entry("dtype")
+                .or_insert(serde_json::to_value(DtypeKind::Bf16)?);
+        }
     }
     if let Some(c) = args.activation_checkpointing {
         obj.insert(

@@ -32,6 +32,9 @@ from harness import GRAD_RTOL
 VOCAB = harness.TINY["vocab_size"]
 EPS = 1e-3
 PAD = 0
+# AdamW with an eps far above every |gradient| updates by lr·m̂/eps: linear in the gradients,
+# so the adapter's update measures them (EPS's near-sign updates hide a gradient's error).
+LINEAR_EPS, LINEAR_LR = 1e3, 10.0
 
 
 def make_batches(micro_batches: int, rows: int, length: int, seed: int, *,
@@ -60,11 +63,42 @@ def labelled(labels: torch.Tensor) -> int:
     return int((labels[..., 1:] != -100).sum())
 
 
+class Bf16Operands(torch.autograd.Function):
+    """A frozen projection as tuneq's bf16 compute runs it: y = bf16(x)·Wᵀ forward,
+    dx = bf16(dy)·W backward (W holds bf16 values already), summed in the tensors' own
+    dtype (float64 here, so only the rounding of the operands is emulated)."""
+
+    @staticmethod
+    def forward(ctx, x, weight):
+        ctx.save_for_backward(weight)
+        return F.linear(x.to(torch.bfloat16).to(x.dtype), weight)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (weight,) = ctx.saved_tensors
+        return dy.to(torch.bfloat16).to(dy.dtype) @ weight, None
+
+
+def bf16_operands(model) -> int:
+    """Routes every frozen projection of the decoder layers (not LoRA's factors, not the
+    head) through Bf16Operands; returns how many."""
+    count = 0
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and ".layers." in name and ".lora_" not in name:
+            module.forward = lambda x, m=module: Bf16Operands.apply(x, m.weight)
+            count += 1
+    return count
+
+
 def peft_steps(model_dir, adapter_dir, data, *, micro: int, lr: float, max_grad_norm: float,
                weight_decay: float, betas=(0.9, 0.999), eps=EPS, masks=None,
-               dtype=torch.float64):
-    """The same steps in PyTorch: (losses, norms before clipping, adapter after each step)."""
+               dtype=torch.float64, bf16_projections=False, autocast=False):
+    """The same steps in PyTorch: (losses, norms before clipping, adapter after each step).
+    `bf16_projections`: the frozen projections take bf16 operands (Bf16Operands);
+    `autocast`: the forward runs under PyTorch's own CPU bf16 autocast."""
     model = harness.load_peft(model_dir, adapter_dir, trainable=True).to(dtype)
+    if bf16_projections:
+        assert bf16_operands(model) == 7 * harness.TINY["num_hidden_layers"]
     model.train()
     params = harness.lora_params(model)
     opt = torch.optim.AdamW(list(params.values()), lr=lr, betas=betas, eps=eps,
@@ -88,8 +122,9 @@ def peft_steps(model_dir, adapter_dir, data, *, micro: int, lr: float, max_grad_
         total = 0.0
         for j, i in enumerate(span):
             where.update(step=step, micro=j)
-            logits = model(input_ids=data["input_ids"][i],
-                           attention_mask=data["attention_mask"][i]).logits
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                logits = model(input_ids=data["input_ids"][i],
+                               attention_mask=data["attention_mask"][i]).logits.to(dtype)
             loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
                                    data["labels"][i][:, 1:].reshape(-1),
                                    ignore_index=-100, reduction="sum") / denom
@@ -107,12 +142,12 @@ def peft_steps(model_dir, adapter_dir, data, *, micro: int, lr: float, max_grad_
     return losses, norms, states
 
 
-def run_tuneq(tuneq, tmp_path, model_dir, adapter_dir, data, **flags) -> tuple[list, list, dict]:
+def run_tuneq(tuneq, tmp_path, model_dir, adapter_dir, data, eps=EPS, **flags) -> tuple[list, list, dict]:
     batches = tmp_path / "batches.safetensors"
     save_file({k: v.to(torch.int64).contiguous() for k, v in data.items()}, str(batches))
     out = tmp_path / "steps"
     args = ["debug", "steps", "--model", model_dir, "--adapter", adapter_dir,
-            "--batches", batches, "--out", out, "--eps", EPS]
+            "--batches", batches, "--out", out, "--eps", eps]
     for flag, value in flags.items():
         args += [f"--{flag.replace('_', '-')}", value]
     tuneq.run(*args)
@@ -240,3 +275,67 @@ def test_bf16_weights_match_peft_on_the_same_values(adapters, tiny_model, tuneq,
     f32_ref = peft_steps(tiny_model, adapter, data, **opts)
     last = ref[2][-1]
     assert max(harness.rel_max_err(f32_ref[2][-1][k], last[k]) for k in last) > 1e-4
+
+
+def test_bf16_compute_matches_its_emulation_and_pytorch_bf16_autocast(adapters, tiny_model, tuneq,
+                                                                      tmp_path):
+    """`--compute bf16` rounds each frozen projection's input (and, backward, the gradient
+    it is given) to bf16 and multiplies with the bf16 weights, summing in f32: outside the
+    f32 guarantee, so with tolerances of its own, on the adapter's update after each step
+    (|Δtuneq − Δref| / |Δref| over all tensors; AdamW made linear in the gradients, see
+    LINEAR_EPS) and the loss:
+
+    - against PyTorch computing the same thing (Bf16Operands) in float64, within 2× the
+      distance of PyTorch's own float32 run of it: a rounding boundary that falls between
+      an f32 and a float64 sum flips an operand by a bf16 ulp, which float32 PyTorch
+      suffers as much as tuneq (measured: 1.4e-3 against PyTorch float32's 1.3e-3; an
+      emulation that forgets to round the backward's gradients is 2.8× its floor away);
+    - against the exact f32 steps, no further than 1.5× PyTorch's own CPU bf16 autocast
+      (which rounds LoRA, attention and the head too), and further than the f32
+      guarantee (the mode is not a no-op)."""
+    import shutil
+
+    adapter = adapters.get("all7")
+    rounded = tmp_path / "tiny-bf16"
+    shutil.copytree(tiny_model, rounded)
+    weights = load_file(str(tiny_model / "model.safetensors"))
+    save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in weights.items()},
+              str(rounded / "model.safetensors"), metadata={"format": "pt"})
+    data = make_batches(3, 2, 48, seed=17, ragged=True)
+    opts = dict(micro=1, lr=LINEAR_LR, eps=LINEAR_EPS, max_grad_norm=0.0, weight_decay=0.0)
+    exact = peft_steps(rounded, adapter, data, **opts)
+    emulated = peft_steps(rounded, adapter, data, bf16_projections=True, **opts)
+    emulated32 = peft_steps(rounded, adapter, data, dtype=torch.float32, bf16_projections=True,
+                            **opts)
+    autocast = peft_steps(rounded, adapter, data, dtype=torch.float32, autocast=True, **opts)
+    steps, _, _ = run_tuneq(tuneq, tmp_path, tiny_model, adapter, data, eps=LINEAR_EPS,
+                            micro_batches=1, lr=LINEAR_LR, dtype="bf16", compute="bf16")
+    initial = {k: v.double() for k, v in load_file(str(adapter / "adapter_model.safetensors")).items()}
+
+    def update_err(a: dict, b: dict) -> float:
+        """How far a's update of the adapter is from b's: |Δa − Δb| / |Δb| over all tensors."""
+        diff = sum(float(((a[k].double() - initial[k]) - (b[k] - initial[k])).square().sum()) for k in b)
+        norm = sum(float((b[k] - initial[k]).square().sum()) for k in b)
+        return (diff / norm) ** 0.5
+
+    assert len(steps) == len(exact[2])
+    for step, got in enumerate(steps, start=1):
+        i = step - 1
+        loss = float(got.pop("loss"))
+        assert set(got) == set(exact[2][i]) <= set(initial)
+        vs_emulated = update_err(got, emulated[2][i])
+        floor = update_err(emulated32[2][i], emulated[2][i])
+        vs_exact, autocast_vs_exact = update_err(got, exact[2][i]), update_err(autocast[2][i], exact[2][i])
+        loss_vs_emulated = abs(loss - emulated[0][i]) / abs(emulated[0][i])
+        loss_vs_autocast = abs(loss - autocast[0][i]) / abs(autocast[0][i])
+        print(f"bf16 compute step {step}: update vs its float64 emulation {vs_emulated:.1e} "
+              f"(PyTorch float32 {floor:.1e}; loss {loss_vs_emulated:.1e}); vs the exact f32 "
+              f"steps {vs_exact:.1e} (PyTorch bf16 autocast {autocast_vs_exact:.1e}; loss vs "
+              f"autocast {loss_vs_autocast:.1e})")
+        assert loss_vs_emulated <= 1e-4, f"step {step}: loss {loss_vs_emulated:.1e} from its emulation"
+        assert vs_emulated <= 2 * floor, \
+            f"step {step}: update {vs_emulated:.1e} from its emulation, PyTorch float32's {floor:.1e}"
+        assert loss_vs_autocast <= 1e-3, f"step {step}: loss {loss_vs_autocast:.1e} from autocast's"
+        assert vs_exact <= 1.5 * autocast_vs_exact, \
+            f"step {step}: update {vs_exact:.1e} from the f32 steps', autocast's {autocast_vs_exact:.1e}"
+        assert vs_exact > GRAD_RTOL, f"step {step}: bf16 compute changed nothing"

@@ -28,6 +28,9 @@ pub struct BenchOptions {
     pub lr: f64,
     /// Seed.
     pub seed: u64,
+    /// How the frozen projections are computed: `f32` (the peer comparison's), or
+    /// `bf16` (weights held in bf16, bf16 operands: AMX with a oneMKL build).
+    pub compute: tuneq_openapi::ComputeKind,
 }
 
 /// What the benchmark measured (the last line of its output, as JSON).
@@ -122,7 +125,15 @@ pub fn run(opts: &BenchOptions, mut progress: impl FnMut(&str)) -> Result<BenchR
         rslora: false,
     };
     let mut rng = crate::batch::rng_for(opts.seed, crate::batch::streams::LORA_INIT);
-    let model = crate::init::random_model(cfg.clone(), opts.seed, Some((&settings, &mut rng)))?;
+    let bf16 = opts.compute == tuneq_openapi::ComputeKind::Bf16;
+    let dtype = if bf16 {
+        candle_core::DType::BF16
+    } else {
+        candle_core::DType::F32
+    };
+    let mut model =
+        crate::init::random_model_in(cfg.clone(), opts.seed, Some((&settings, &mut rng)), dtype)?;
+    model.set_cpu_compute(opts.compute);
     let vars = model.lora_vars();
     let trainable = vars.iter().map(|v| v.var.elem_count() as u64).sum();
     let mut opt = AdamW::new(

@@ -10,7 +10,8 @@ use serde::{Deserialize, Serialize};
 /// The compute environment of a run, as recorded in a checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ComputeEnv {
-    /// `cpu-fused` (the kernels of `tuneq-kernels`), `candle-graph-cpu` or
+    /// `cpu-fused` (the kernels of `tuneq-kernels`), `cpu-fused-bf16` (the same with
+    /// bf16 compute of the frozen projections), `candle-graph-cpu` or
     /// `candle-graph-cuda` (candle's autograd).
     pub path: String,
     /// The GEMM library the path multiplies with.
@@ -23,6 +24,11 @@ impl ComputeEnv {
     /// The environment a step of `model` uses in this build on this machine.
     pub fn detect(model: &Llama) -> Self {
         let (path, gemm) = match (ComputePath::for_model(model), model.device().is_cpu()) {
+            (ComputePath::CpuFused, _)
+                if model.cpu_compute == tuneq_kernels::llama::Compute::Bf16 =>
+            {
+                ("cpu-fused-bf16", tuneq_kernels::bf16_backend())
+            }
             (ComputePath::CpuFused, _) => ("cpu-fused", tuneq_kernels::backend()),
             (ComputePath::Graph, true) => ("candle-graph-cpu", "gemm-0.19 (candle)"),
             (ComputePath::Graph, false) => ("candle-graph-cuda", "cublas (candle)"),

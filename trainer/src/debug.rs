@@ -16,7 +16,10 @@ pub fn load_model(
     adapter: Option<&Path>,
     dtype: tuneq_openapi::DtypeKind,
 ) -> Result<Llama> {
-    let dtype = crate::train::select_dtype(dtype, &Device::Cpu);
+    let dtype = match dtype.on(false) {
+        tuneq_openapi::DtypeKind::Bf16 => DType::BF16,
+        _ => DType::F32,
+    };
     let mut model = Llama::load(model_dir, dtype, &Device::Cpu, None)?;
     if let Some(dir) = adapter {
         let (settings, tensors) = crate::peft::load_adapter(dir, &Device::Cpu)?;

@@ -231,6 +231,7 @@ fn with_model<T>(model: &Llama, f: impl FnOnce(&llama::Model<'_>) -> Result<T>) 
         lm_head: held.frozen(top[2]),
         cos: held.slice(top[3]),
         sin: held.slice(top[4]),
+        compute: model.cpu_compute,
     };
     f(&kernels)
 }
@@ -354,6 +355,7 @@ pub fn step_bytes(
             dropout,
             checkpoint_layers,
             model.dtype() == DType::BF16,
+            kernels.compute,
         ))
     })
 }

@@ -196,9 +196,19 @@ pub fn random_model(
     seed: u64,
     lora: Option<(&crate::lora::LoraSettings, &mut ChaCha20Rng)>,
 ) -> Result<crate::model::Llama> {
+    random_model_in(cfg, seed, lora, candle_core::DType::F32)
+}
+
+/// [`random_model`] with its frozen weights held in `dtype` (f32, or bf16: rounded).
+pub fn random_model_in(
+    cfg: LlamaConfig,
+    seed: u64,
+    lora: Option<(&crate::lora::LoraSettings, &mut ChaCha20Rng)>,
+    dtype: candle_core::DType,
+) -> Result<crate::model::Llama> {
     let tensors = random_weights(&cfg, seed)?;
     let mut map = crate::weights::WeightMap::from_tensors(tensors, "random");
-    crate::model::Llama::from_weights(cfg, &mut map, candle_core::DType::F32, &Device::Cpu, lora)
+    crate::model::Llama::from_weights(cfg, &mut map, dtype, &Device::Cpu, lora)
 }
 
 /// Random weights for `cfg` by Hugging Face name: N(0, 0.02) matrices (as HF's

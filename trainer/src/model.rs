@@ -52,6 +52,10 @@ pub struct Llama {
     /// Recompute each layer's activations in backward instead of keeping them (the
     /// fused CPU path; the same bits either way). Set by the run from the spec.
     pub checkpoint_layers: bool,
+    /// How the fused CPU path computes the frozen projections' products: f32 (the
+    /// default, PEFT parity) or bf16 operands with f32 accumulation (the spec's
+    /// `compute: bf16`). The graph computes in the weights' dtype and ignores it.
+    pub cpu_compute: tuneq_kernels::llama::Compute,
 }
 
 /// A trainable tensor with its PEFT name.
@@ -69,6 +73,15 @@ pub fn peft_key(layer: usize, module: &str, proj: &str, ab: &str) -> String {
 }
 
 impl Llama {
+    /// Sets how the fused CPU path computes the frozen projections (see
+    /// [`Self::cpu_compute`]).
+    pub fn set_cpu_compute(&mut self, kind: tuneq_openapi::ComputeKind) {
+        self.cpu_compute = match kind {
+            tuneq_openapi::ComputeKind::F32 => tuneq_kernels::llama::Compute::F32,
+            tuneq_openapi::ComputeKind::Bf16 => tuneq_kernels::llama::Compute::Bf16,
+        };
+    }
+
     /// Loads a Hugging Face Llama folder. With `lora`, the targeted projections get fresh
     /// factors drawn from `rng` (layer by layer, in [`PROJECTIONS`] order).
     pub fn load(
@@ -146,6 +159,7 @@ impl Llama {
             dtype,
             device: device.clone(),
             checkpoint_layers: false,
+            cpu_compute: tuneq_kernels::llama::Compute::F32,
         })
     }
 

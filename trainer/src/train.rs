@@ -68,8 +68,8 @@ pub fn cuda_available() -> bool {
 /// the CPU). With bf16 on the CPU they are stored in bf16 and widened exactly where the
 /// fused step uses them (f32 compute at half the weights' memory); on CUDA candle's
 /// graph computes in bf16.
-pub fn select_dtype(kind: tuneq_openapi::DtypeKind, device: &Device) -> DType {
-    match kind.on(device.is_cuda()) {
+pub fn select_dtype(spec: &TrainSpec, device: &Device) -> DType {
+    match spec.weights_dtype(device.is_cuda()) {
         tuneq_openapi::DtypeKind::Bf16 => DType::BF16,
         _ => DType::F32,
     }
@@ -159,6 +159,9 @@ struct Fingerprint<'a> {
     dataset_format: tuneq_openapi::DatasetFormat,
     chat_template: tuneq_openapi::ChatTemplateChoice,
     dtype: tuneq_openapi::DtypeKind,
+    /// Left out when f32, so that fingerprints from before the field stay the same.
+    #[serde(skip_serializing_if = "tuneq_openapi::ComputeKind::is_f32")]
+    compute: tuneq_openapi::ComputeKind,
     train_sha256: &'a [String],
     model_sha256: &'a str,
 }

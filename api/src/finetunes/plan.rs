@@ -284,6 +284,7 @@ pub(super) async fn plan(
         device: Default::default(),
         dtype: body.dtype.unwrap_or(tuneq_openapi::DtypeKind::Auto),
         activation_checkpointing: body.activation_checkpointing.unwrap_or_default(),
+        compute: body.compute.unwrap_or_default(),
     };
     let hp = &mut spec.hyperparameters;
     hp.epochs = u32::try_from(n_epochs).unwrap_or(u32::MAX);

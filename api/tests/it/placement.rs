@@ -131,6 +131,28 @@ async fn a_job_lists_the_pools_that_fit_spot_first_with_its_estimate_and_max_cos
     let (status, body) = create(&s, &file, json!({"activation_checkpointing": "maybe"})).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert_eq!(body["error"]["param"], "activation_checkpointing", "{body}");
+
+    // bf16 compute multiplies bf16 weights: with `auto` (or bf16) weights it is taken,
+    // with f32 weights refused naming `compute`, and nothing is queued.
+    for body in [
+        json!({"compute": "bf16"}),
+        json!({"compute": "bf16", "dtype": "bf16"}),
+    ] {
+        let (status, job) = create(&s, &file, body.clone()).await;
+        assert_eq!(status, StatusCode::OK, "{body}: {job}");
+    }
+    let before = s.state.queue.inspect().await.unwrap().jobs.len();
+    let (status, body) = create(&s, &file, json!({"compute": "bf16", "dtype": "f32"})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["param"], "compute", "{body}");
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("dtype"),
+        "{body}"
+    );
+    assert_eq!(s.state.queue.inspect().await.unwrap().jobs.len(), before);
+    let (status, body) = create(&s, &file, json!({"compute": "fp8"})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["param"], "compute", "{body}");
 }
 
 /// One trainer report on attempt `token` of `job`.

@@ -99,7 +99,7 @@ impl<'a> Run<'a> {
             .map(|f| storage.input_file("validation_file", f))
             .transpose()?;
         let device = select_device(spec.device)?;
-        let dtype = select_dtype(spec.dtype, &device);
+        let dtype = select_dtype(spec, &device);
         let settings = lora_settings(spec);
 
         // The model folder is checked before anything else reads from it, so a wrong path
@@ -177,6 +177,7 @@ impl<'a> Run<'a> {
                 dataset_format: spec.dataset_format,
                 chat_template: spec.chat_template,
                 dtype: spec.dtype,
+                compute: spec.compute,
                 train_sha256: &train.sha256,
                 model_sha256: &model_sha,
             };
@@ -210,6 +211,7 @@ impl<'a> Run<'a> {
 
         let mut init_rng = batch::rng_for(h.seed, streams::LORA_INIT);
         let mut model = Llama::load(&model_dir, dtype, &device, Some((&settings, &mut init_rng)))?;
+        model.cpu_compute = cpu_compute(spec, &model)?;
         // The largest micro-batch: batch_size rows of the longest example (packing only
         // ever makes it smaller).
         let longest = train
@@ -655,6 +657,26 @@ fn adamw_config(h: &tuneq_openapi::Hyperparameters) -> AdamWConfig {
 /// on candle's graph it is the accelerator's memory on CUDA
 /// (`TUNEQ_ACCELERATOR_MEMORY_BYTES`) or the process's limit on the CPU graph, against
 /// placement's own estimate of the graph. No limit: `auto` keeps the activations.
+/// How the fused CPU path computes the frozen projections for `spec`. bf16 compute is
+/// the fused path's: on CUDA the graph computes in the weights' dtype (bf16 already, as
+/// `compute: bf16` asks), while the CPU graph (`TUNEQ_CPU_PATH=graph`) has no bf16
+/// products to offer, so the run is refused there rather than run in f32 unasked.
+fn cpu_compute(spec: &TrainSpec, model: &Llama) -> Result<tuneq_kernels::llama::Compute> {
+    use tuneq_kernels::llama::Compute;
+    let fused = crate::fast::ComputePath::for_model(model) == crate::fast::ComputePath::CpuFused;
+    match spec.compute {
+        tuneq_openapi::ComputeKind::F32 => Ok(Compute::F32),
+        tuneq_openapi::ComputeKind::Bf16 if fused => Ok(Compute::Bf16),
+        tuneq_openapi::ComputeKind::Bf16 if !model.device().is_cpu() => Ok(Compute::F32),
+        tuneq_openapi::ComputeKind::Bf16 => Err(Error::Spec(vec![tuneq_openapi::SpecError {
+            field: "compute".into(),
+            message: "bf16 compute runs on the fused CPU path, and TUNEQ_CPU_PATH=graph \
+                      asks for candle's graph, which computes in f32 on the CPU"
+                .into(),
+        }])),
+    }
+}
+
 fn choose_checkpointing(
     spec: &TrainSpec,
     model: &Llama,
@@ -729,6 +751,7 @@ fn graph_checkpointing(
         max_seq_len: longest as u64,
         batch_size: u64::from(spec.hyperparameters.batch_size),
         dtype: spec.dtype,
+        compute: spec.compute,
         checkpointing,
         dataset_tokens: 0,
     };
