@@ -33,8 +33,9 @@
 //!   the kernels above, returning the loss and adding into the LoRA gradients; with
 //!   optional per-layer activation checkpointing (bit-identical results, a fraction of
 //!   the memory), frozen weights stored as f32 or bf16 ([`llama::Frozen`], widened
-//!   exactly to f32 where they are used), and [`llama::step_bytes`] to size a step
-//!   before running it.
+//!   exactly to f32 where they are used), an opt-in bf16 compute of the frozen
+//!   projections ([`llama::Compute`]: bf16 operands, f32 sums; AMX through oneMKL), and
+//!   [`llama::step_bytes`] to size a step before running it.
 //! - `reduce` (private): fixed-order 16-lane sums and max, shared by the row kernels.
 
 pub mod attention;

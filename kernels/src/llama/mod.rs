@@ -64,6 +64,15 @@
 //! machine, while its peak RSS drops from 1000 to 842 MiB (256 MiB of weights saved,
 //! 94 MiB of head scratch added).
 //!
+//! **bf16 compute** ([`Model::compute`] = [`Compute::Bf16`], opt-in): the frozen
+//! projections' products (`x·Wᵀ` forward, `dY·W` backward) take bf16 operands, the
+//! activation or gradient rounded to bf16 (to nearest even) and the weight as stored
+//! (or rounded), with f32 products and sums: on a oneMKL build with every projection
+//! stored as bf16 through `cblas_gemm_bf16bf16f32` (AMX on Sapphire Rapids and later),
+//! elsewhere by widening both operands for the f32 GEMM. LoRA, the head and everything
+//! else stay f32. Outside the f32 parity guarantee; deterministic like the rest, and
+//! unchanged by checkpointing. [`step_bytes`] counts the rounded operand.
+//!
 //! **Gradients accumulate** across calls (micro-batches): each LoRA gradient is computed
 //! into a scratch and then added elementwise, so after two calls a gradient is exactly
 //! the sum of what each call would give alone.
