@@ -561,60 +561,43 @@ fn every_flag_overrides_the_demo_spec() {
 #[test]
 fn bf16_compute_trains_and_is_refused_where_it_cannot_run() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let train = small_train_file(dir.path(), 4);
-    let model = tiny_model();
-    let run = |output: &str, extra: &[&str], env: &[(&str, &str)]| {
-        let output = dir.path().join(output);
-        let mut args = vec![
-            "train",
-            "--model",
-            model.to_str().expect("utf8"),
-            "--train-file",
-            train.to_str().expect("utf8"),
-            "--output",
-            output.to_str().expect("utf8"),
-            "--epochs",
-            "1",
-            "--progress",
-            "json",
-            "--compute",
-            "bf16",
-            "--checkpoint-every",
-            "1",
-        ];
-        args.extend_from_slice(extra);
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tuneq"));
-        cmd.args(&args).envs(env.iter().copied());
-        (cmd.output().expect("run tuneq"), output)
+    let train = small_train_file(dir.path(), 8);
+    let args = |output: &str, extra: &[&str]| -> Vec<String> {
+        let mut args = resume_args(&dir.path().join(output), &train);
+        args.extend(
+            ["--compute", "bf16"]
+                .iter()
+                .chain(extra)
+                .map(|s| s.to_string()),
+        );
+        args
     };
-    let (out, output) = run("bf16", &[], &[]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_to_end(&args("bf16", &[]));
+    let output = dir.path().join("bf16");
     assert!(output.join("adapter_model.safetensors").exists());
     let states = files_named(&output, "trainer_state.json");
     assert!(!states.is_empty(), "no checkpoint under {output:?}");
     let state = std::fs::read_to_string(&states[0]).expect("state");
     assert!(state.contains("cpu-fused-bf16"), "{state}");
 
-    let (out, _) = run("f32-weights", &["--dtype", "f32"], &[]);
-    assert_eq!(
-        out.status.code(),
-        Some(tuneq_openapi::launch::EXIT_BAD_INPUT)
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("compute"), "{stderr}");
-    let (out, _) = run("graph", &[], &[("TUNEQ_CPU_PATH", "graph")]);
-    assert_eq!(
-        out.status.code(),
-        Some(tuneq_openapi::launch::EXIT_BAD_INPUT)
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("compute") && stderr.contains("graph"),
-        "{stderr}"
+    let refused = |args: Vec<String>, env: &[(&str, &str)], words: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_tuneq"))
+            .args(&args)
+            .envs(env.iter().copied())
+            .output()
+            .expect("run tuneq");
+        assert_eq!(
+            out.status.code(),
+            Some(tuneq_openapi::launch::EXIT_BAD_INPUT)
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(words.iter().all(|w| stderr.contains(w)), "{stderr}");
+    };
+    refused(args("f32", &["--dtype", "f32"]), &[], &["compute", "dtype"]);
+    refused(
+        args("graph", &[]),
+        &[("TUNEQ_CPU_PATH", "graph")],
+        &["compute", "graph"],
     );
 }
 

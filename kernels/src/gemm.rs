@@ -299,16 +299,13 @@ pub(crate) fn gemm_bf16(
     } else {
         BLAS_BLOCK
     };
-    let stride = c.row_stride;
-    let body = |(index, out): (usize, &mut [f32])| {
-        let first = index * block;
-        let rows_here = block.min(m - first);
-        let out = MatMut::strided(out, rows_here, n, stride);
-        // SAFETY: A's rows `first..first + rows_here` and all of W lie in their slices
+    for_row_blocks(c, block, |first, out| {
+        let stride = out.row_stride;
+        // SAFETY: A's rows `first..first + out.rows` and all of W lie in their slices
         // (checked above); `out` is an exclusive, bounds-checked view of those rows of C.
         unsafe {
             crate::blas::gemm_bf16(
-                rows_here,
+                out.rows,
                 n,
                 k,
                 a[first * k..].as_ptr(),
@@ -320,15 +317,7 @@ pub(crate) fn gemm_bf16(
                 stride,
             );
         }
-    };
-    let data = &mut c.data[..(m - 1) * stride + n];
-    if block >= m {
-        body((0, data));
-    } else {
-        data.par_chunks_mut(block * stride)
-            .enumerate()
-            .for_each(body);
-    }
+    });
 }
 
 /// Rows (or columns) of C per parallel block are a multiple of this: of every
@@ -440,31 +429,31 @@ fn copy_row_major<'b>(v: Mat<'_>, buf: &'b mut Vec<f32>) -> &'b [f32] {
 
 /// Splits C into blocks of `block` rows and runs them in parallel.
 fn row_blocks(alpha: f32, a: Mat<'_>, b: Mat<'_>, beta: f32, c: MatMut<'_>, block: usize) {
-    let (m, n) = (c.rows, c.cols);
-    let stride = c.row_stride;
-    let body = |(index, out): (usize, &mut [f32])| {
-        let first = index * block;
-        let rows = block.min(m - first);
+    for_row_blocks(c, block, |first, out| {
         let a_block = Mat {
             data: &a.data[first * a.row_stride..],
-            rows,
+            rows: out.rows,
             ..a
         };
-        sequential(
-            alpha,
-            a_block,
-            b,
-            beta,
-            MatMut::strided(out, rows, n, stride),
-        );
+        sequential(alpha, a_block, b, beta, out);
+    });
+}
+
+/// Runs `body(first row, those rows of C)` for each block of `block` rows of C, in
+/// parallel when there is more than one block.
+fn for_row_blocks(c: MatMut<'_>, block: usize, body: impl Fn(usize, MatMut<'_>) + Sync) {
+    let (m, n, stride) = (c.rows, c.cols, c.row_stride);
+    let run = |(index, out): (usize, &mut [f32])| {
+        let first = index * block;
+        body(first, MatMut::strided(out, block.min(m - first), n, stride));
     };
     let data = &mut c.data[..(m - 1) * stride + n];
     if block >= m {
-        body((0, data));
+        run((0, data));
     } else {
         data.par_chunks_mut(block * stride)
             .enumerate()
-            .for_each(body);
+            .for_each(run);
     }
 }
 

@@ -249,19 +249,27 @@ def test_dropout_with_the_masks_tuneq_drew_matches_peft(adapters, tiny_model, tu
     compare("dropout", steps, ref, fp32)
 
 
+def rounded_to_bf16(model_dir, tmp_path):
+    """A copy of the model whose floating-point weights are rounded to bf16 (to nearest
+    even, as tuneq rounds on load), still stored in the file as bf16."""
+    import shutil
+
+    rounded = tmp_path / "tiny-bf16"
+    shutil.copytree(model_dir, rounded)
+    weights = load_file(str(model_dir / "model.safetensors"))
+    save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in weights.items()},
+              str(rounded / "model.safetensors"), metadata={"format": "pt"})
+    return rounded
+
+
 def test_bf16_weights_match_peft_on_the_same_values(adapters, tiny_model, tuneq, tmp_path):
     """`--dtype bf16` holds the frozen weights in bf16 and computes in f32, so against PEFT
     on the model whose weights are those bf16 values it keeps the f32 guarantee. tuneq reads
     the f32 checkpoint and rounds on load; PyTorch rounds the same file itself (both to
     nearest even), so the two start from the same values."""
-    import shutil
-
     adapter = adapters.get("all7")
-    rounded = tmp_path / "tiny-bf16"
-    shutil.copytree(tiny_model, rounded)
+    rounded = rounded_to_bf16(tiny_model, tmp_path)
     weights = load_file(str(tiny_model / "model.safetensors"))
-    save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in weights.items()},
-              str(rounded / "model.safetensors"), metadata={"format": "pt"})
     assert any(not torch.equal(v, v.to(torch.bfloat16).to(v.dtype))
                for v in weights.values() if v.is_floating_point()), "rounding changed nothing"
     data = make_batches(3, 2, 48, seed=13, ragged=False)
@@ -293,14 +301,8 @@ def test_bf16_compute_matches_its_emulation_and_pytorch_bf16_autocast(adapters, 
     - against the exact f32 steps, no further than 1.5× PyTorch's own CPU bf16 autocast
       (which rounds LoRA, attention and the head too), and further than the f32
       guarantee (the mode is not a no-op)."""
-    import shutil
-
     adapter = adapters.get("all7")
-    rounded = tmp_path / "tiny-bf16"
-    shutil.copytree(tiny_model, rounded)
-    weights = load_file(str(tiny_model / "model.safetensors"))
-    save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in weights.items()},
-              str(rounded / "model.safetensors"), metadata={"format": "pt"})
+    rounded = rounded_to_bf16(tiny_model, tmp_path)
     data = make_batches(3, 2, 48, seed=17, ragged=True)
     opts = dict(micro=1, lr=LINEAR_LR, eps=LINEAR_EPS, max_grad_norm=0.0, weight_decay=0.0)
     exact = peft_steps(rounded, adapter, data, **opts)
