@@ -15,8 +15,9 @@
 //! - [`gemm`](mod@gemm): `C = α·A·B + β·C` on strided views, split over rayon into one
 //!   block of C's rows (or columns) per thread, cut on the library's tile edges: fewer
 //!   blocks pack the shared operand (the weight) fewer times, and tile-aligned cuts keep
-//!   every element's arithmetic the same for any thread count. The crate's only `unsafe`
-//!   (the library takes raw pointers).
+//!   every element's arithmetic the same for any thread count. With `blas` (the FFI
+//!   declarations) and `simd`, one of the three modules allowed `unsafe` (the library
+//!   takes raw pointers).
 //! - [`exp`]: a branch-free `f32` exp (≤ 2 ulp) that loops vectorise around.
 //! - [`norm`]: RMSNorm forward (saving `1/rms` per row) and backward into `dx`, optionally
 //!   adding to it so the residual gradient is folded in.
@@ -37,6 +38,9 @@
 //!   projections ([`llama::Compute`]: bf16 operands, f32 sums; AMX through oneMKL), and
 //!   [`llama::step_bytes`] to size a step before running it.
 //! - `reduce` (private): fixed-order 16-lane sums and max, shared by the row kernels.
+//! - `simd` (private): runs the row kernels, the attention's loops and the loss's row
+//!   softmax compiled for AVX2 and FMA when the CPU has them (the crate itself targets
+//!   baseline x86-64); the same bits either way, tested.
 
 pub mod attention;
 #[cfg(feature = "blas")]
@@ -48,6 +52,7 @@ pub mod loss;
 pub mod norm;
 mod reduce;
 pub mod rope;
+mod simd;
 pub mod swiglu;
 
 pub use gemm::{Mat, MatMut, backend, bf16_backend, gemm};

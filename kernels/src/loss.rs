@@ -177,10 +177,15 @@ pub fn linear_cross_entropy(
     Ok(total * scale as f64)
 }
 
-/// One row of logits `l` with target `t`: returns `logsumexp(l) − l[t]` in `f64`, and
-/// leaves in `l` the logit gradient `(softmax(l) − onehot(t))·scale` when a scale is
-/// given (`exp(l − max)` otherwise).
-fn softmax_row(l: &mut [f32], t: usize, scale: Option<f32>) -> f64 {
+crate::simd::wide_twin!(
+    /// One row of logits `l` with target `t`: returns `logsumexp(l) − l[t]` in `f64`, and
+    /// leaves in `l` the logit gradient `(softmax(l) − onehot(t))·scale` when a scale is
+    /// given (`exp(l − max)` otherwise).
+    fn softmax_row(l: &mut [f32], t: usize, scale: Option<f32>) -> f64 => softmax_row_body
+);
+
+#[inline(always)]
+fn softmax_row_body(l: &mut [f32], t: usize, scale: Option<f32>) -> f64 {
     let target = l[t];
     let m = max(l);
     for x in l.iter_mut() {
@@ -330,6 +335,31 @@ mod tests {
         // Evaluation gives the same loss, bit for bit, and needs no gradient buffer.
         let eval = linear_cross_entropy(&hidden, h, &w, vocab, &t, scale, None).expect("valid");
         assert_eq!(eval.to_bits(), got.to_bits(), "{at}: evaluation loss");
+    }
+
+    /// The row softmax runs 8 lanes wide where the CPU has AVX2 (`crate::simd`); the
+    /// baseline build gives the same loss and gradient bits.
+    #[test]
+    fn the_avx2_build_of_the_row_softmax_gives_the_baseline_bits() {
+        use crate::simd::tests::on_baseline;
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(31);
+        let (n, h, vocab) = (40, 24, 301);
+        let hidden: Vec<f32> = (0..n * h).map(|_| rng.random_range(-2.0..2.0)).collect();
+        let w: Vec<f32> = (0..vocab * h)
+            .map(|_| rng.random_range(-1.0..1.0))
+            .collect();
+        let targets: Vec<i64> = (0..n as i64).map(|i| (i * 7) % vocab as i64 - 3).collect();
+        let run = || {
+            let mut d = vec![0f32; n * h];
+            let loss = linear_cross_entropy(&hidden, h, &w, vocab, &targets, 0.1, Some(&mut d))
+                .expect("valid");
+            (
+                loss.to_bits(),
+                d.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            )
+        };
+        let wide = run();
+        assert!(wide == on_baseline(run), "the AVX2 build changed the bits");
     }
 
     #[test]

@@ -33,15 +33,25 @@ pub fn rms_norm_forward(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32], in
     x.par_chunks(ROWS * h)
         .zip(out.par_chunks_mut(ROWS * h))
         .zip(inv_rms.par_chunks_mut(ROWS))
-        .for_each(|((x, out), inv_rms)| {
-            for ((x, out), r) in x.chunks(h).zip(out.chunks_mut(h)).zip(inv_rms) {
-                *r = 1.0 / (sum_squares(x) / h as f32 + eps).sqrt();
-                let r = *r;
-                for ((o, &xi), &wi) in out.iter_mut().zip(x).zip(weight) {
-                    *o = xi * r * wi;
-                }
-            }
-        });
+        .for_each(|((x, out), inv_rms)| forward_rows(x, weight, eps, out, inv_rms));
+}
+
+crate::simd::wide_twin!(
+    /// [`rms_norm_forward`] on some rows.
+    fn forward_rows(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32], inv_rms: &mut [f32])
+        => forward_rows_body
+);
+
+#[inline(always)]
+fn forward_rows_body(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32], inv_rms: &mut [f32]) {
+    let h = weight.len();
+    for ((x, out), r) in x.chunks(h).zip(out.chunks_mut(h)).zip(inv_rms) {
+        *r = 1.0 / (sum_squares(x) / h as f32 + eps).sqrt();
+        let r = *r;
+        for ((o, &xi), &wi) in out.iter_mut().zip(x).zip(weight) {
+            *o = xi * r * wi;
+        }
+    }
 }
 
 /// The gradient with respect to `x` of [`rms_norm_forward`] given `dy`, the gradient of
@@ -70,21 +80,44 @@ pub fn rms_norm_backward(
         .zip(dy.par_chunks(ROWS * h))
         .zip(dx.par_chunks_mut(ROWS * h))
         .zip(inv_rms.par_chunks(ROWS))
-        .for_each(|(((x, dy), dx), inv_rms)| {
-            let rows = x.chunks(h).zip(dy.chunks(h)).zip(dx.chunks_mut(h));
-            for (((x, dy), dx), &r) in rows.zip(inv_rms) {
-                let c = r * r * (dot3(dy, weight, x) / h as f32);
-                let terms = dy.iter().zip(weight).zip(x).map(|((&g, &w), &xi)| {
-                    // Written as one expression for both branches so they round alike.
-                    r * (g * w - xi * c)
-                });
-                if accumulate {
-                    dx.iter_mut().zip(terms).for_each(|(d, t)| *d += t);
-                } else {
-                    dx.iter_mut().zip(terms).for_each(|(d, t)| *d = t);
-                }
-            }
+        .for_each(|(((x, dy), dx), inv_rms)| backward_rows(x, weight, inv_rms, dy, dx, accumulate));
+}
+
+crate::simd::wide_twin!(
+    /// [`rms_norm_backward`] on some rows.
+    fn backward_rows(
+        x: &[f32],
+        weight: &[f32],
+        inv_rms: &[f32],
+        dy: &[f32],
+        dx: &mut [f32],
+        accumulate: bool,
+    ) => backward_rows_body
+);
+
+#[inline(always)]
+fn backward_rows_body(
+    x: &[f32],
+    weight: &[f32],
+    inv_rms: &[f32],
+    dy: &[f32],
+    dx: &mut [f32],
+    accumulate: bool,
+) {
+    let h = weight.len();
+    let rows = x.chunks(h).zip(dy.chunks(h)).zip(dx.chunks_mut(h));
+    for (((x, dy), dx), &r) in rows.zip(inv_rms) {
+        let c = r * r * (dot3(dy, weight, x) / h as f32);
+        let terms = dy.iter().zip(weight).zip(x).map(|((&g, &w), &xi)| {
+            // Written as one expression for both branches so they round alike.
+            r * (g * w - xi * c)
         });
+        if accumulate {
+            dx.iter_mut().zip(terms).for_each(|(d, t)| *d += t);
+        } else {
+            dx.iter_mut().zip(terms).for_each(|(d, t)| *d = t);
+        }
+    }
 }
 
 fn check_shapes(h: usize, len: usize, rows: usize) {

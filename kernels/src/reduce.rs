@@ -40,19 +40,19 @@ fn lane_sum(n: usize, f: impl Fn(usize) -> f32) -> f32 {
 }
 
 /// `Σ xᵢ`.
-#[inline]
+#[inline(always)]
 pub(crate) fn sum(xs: &[f32]) -> f32 {
     lane_sum(xs.len(), |i| xs[i])
 }
 
 /// `Σ xᵢ²`.
-#[inline]
+#[inline(always)]
 pub(crate) fn sum_squares(xs: &[f32]) -> f32 {
     lane_sum(xs.len(), |i| xs[i] * xs[i])
 }
 
 /// `Σ aᵢ·bᵢ·cᵢ` over slices of one length.
-#[inline]
+#[inline(always)]
 pub(crate) fn dot3(a: &[f32], b: &[f32], c: &[f32]) -> f32 {
     let n = a.len();
     let (b, c) = (&b[..n], &c[..n]);

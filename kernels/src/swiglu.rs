@@ -34,14 +34,22 @@ pub fn swiglu_forward(gu: &[f32], inter: usize, out: &mut [f32]) {
     assert_eq!(out.len(), rows * inter, "out is not {rows} rows of {inter}");
     gu.par_chunks(ROWS * 2 * inter)
         .zip(out.par_chunks_mut(ROWS * inter))
-        .for_each(|(gu, out)| {
-            for (gu, out) in gu.chunks(2 * inter).zip(out.chunks_mut(inter)) {
-                let (g, u) = gu.split_at(inter);
-                for ((o, &g), &u) in out.iter_mut().zip(g).zip(u) {
-                    *o = g * sigmoid(g) * u;
-                }
-            }
-        });
+        .for_each(|(gu, out)| forward_rows(gu, inter, out));
+}
+
+crate::simd::wide_twin!(
+    /// [`swiglu_forward`] on some rows.
+    fn forward_rows(gu: &[f32], inter: usize, out: &mut [f32]) => forward_rows_body
+);
+
+#[inline(always)]
+fn forward_rows_body(gu: &[f32], inter: usize, out: &mut [f32]) {
+    for (gu, out) in gu.chunks(2 * inter).zip(out.chunks_mut(inter)) {
+        let (g, u) = gu.split_at(inter);
+        for ((o, &g), &u) in out.iter_mut().zip(g).zip(u) {
+            *o = g * sigmoid(g) * u;
+        }
+    }
 }
 
 /// The gradients of [`swiglu_forward`] with respect to `g` and `u`, given `d_out`, the
@@ -62,19 +70,27 @@ pub fn swiglu_backward(gu: &[f32], inter: usize, d_out: &[f32], d_gu: &mut [f32]
     gu.par_chunks(ROWS * 2 * inter)
         .zip(d_out.par_chunks(ROWS * inter))
         .zip(d_gu.par_chunks_mut(ROWS * 2 * inter))
-        .for_each(|((gu, d_out), d_gu)| {
-            let rows = gu.chunks(2 * inter).zip(d_out.chunks(inter));
-            for ((gu, dh), d_gu) in rows.zip(d_gu.chunks_mut(2 * inter)) {
-                let (g, u) = gu.split_at(inter);
-                let (dg, du) = d_gu.split_at_mut(inter);
-                let lanes = g.iter().zip(u).zip(dh).zip(dg.iter_mut().zip(du));
-                for (((&g, &u), &dh), (dg, du)) in lanes {
-                    let s = sigmoid(g);
-                    *dg = dh * u * s * (1.0 + g * (1.0 - s));
-                    *du = dh * (g * s);
-                }
-            }
-        });
+        .for_each(|((gu, d_out), d_gu)| backward_rows(gu, inter, d_out, d_gu));
+}
+
+crate::simd::wide_twin!(
+    /// [`swiglu_backward`] on some rows.
+    fn backward_rows(gu: &[f32], inter: usize, d_out: &[f32], d_gu: &mut [f32]) => backward_rows_body
+);
+
+#[inline(always)]
+fn backward_rows_body(gu: &[f32], inter: usize, d_out: &[f32], d_gu: &mut [f32]) {
+    let rows = gu.chunks(2 * inter).zip(d_out.chunks(inter));
+    for ((gu, dh), d_gu) in rows.zip(d_gu.chunks_mut(2 * inter)) {
+        let (g, u) = gu.split_at(inter);
+        let (dg, du) = d_gu.split_at_mut(inter);
+        let lanes = g.iter().zip(u).zip(dh).zip(dg.iter_mut().zip(du));
+        for (((&g, &u), &dh), (dg, du)) in lanes {
+            let s = sigmoid(g);
+            *dg = dh * u * s * (1.0 + g * (1.0 - s));
+            *du = dh * (g * s);
+        }
+    }
 }
 
 /// The number of `[g | u]` rows in a buffer of `len`.

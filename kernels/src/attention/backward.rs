@@ -6,6 +6,7 @@ use crate::gemm::{Mat, MatMut, gemm};
 use super::{AttentionShape, QUERY_BLOCK, Scratch, exp, key_range, transposed};
 
 /// `Σ aᵢbᵢ` in 16 interleaved partial sums, so that it vectorises; the order is fixed.
+#[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     const LANES: usize = 16;
     let mut acc = [0f32; LANES];
@@ -40,8 +41,19 @@ pub(super) struct Inputs<'a> {
     pub(super) d_out: &'a [f32],
 }
 
-/// Backward for batch row `b`, kv head `g`: all its query heads, then dk and dv.
-pub(super) fn backward_task(
+crate::simd::wide_twin!(
+    /// Backward for batch row `b`, kv head `g`: all its query heads, then dk and dv.
+    pub(super) fn backward_task(
+        inputs: &Inputs<'_>,
+        b: usize,
+        g: usize,
+        grads: &mut TaskGrads<'_>,
+        scratch: &mut Scratch,
+    ) => backward_task_body
+);
+
+#[inline(always)]
+fn backward_task_body(
     inputs: &Inputs<'_>,
     b: usize,
     g: usize,

@@ -11,13 +11,26 @@ fn key_partly_hidden(key: usize, first: usize, last_start: usize) -> bool {
     key > first || key < last_start
 }
 
-/// Forward for kv head `g` of one batch row (`qkv` and `starts` are that row's): all
-/// its query heads.
-///
-/// Scores are kept transposed, keys × queries (`Sᵀ = K·Qᵀ`), so that `P·V` reads P
-/// column-major, the layout the library packs by runs; the softmax then runs down the
-/// key rows with one lane per query, which vectorises.
-pub(super) fn forward_task(
+crate::simd::wide_twin!(
+    /// Forward for kv head `g` of one batch row (`qkv` and `starts` are that row's): all
+    /// its query heads.
+    ///
+    /// Scores are kept transposed, keys × queries (`Sᵀ = K·Qᵀ`), so that `P·V` reads P
+    /// column-major, the layout the library packs by runs; the softmax then runs down the
+    /// key rows with one lane per query, which vectorises.
+    pub(super) fn forward_task(
+        shape: &AttentionShape,
+        qkv: &[f32],
+        starts: &[u32],
+        g: usize,
+        out_rows: &mut [&mut [f32]],
+        lse: &mut [f32],
+        scratch: &mut Scratch,
+    ) => forward_task_body
+);
+
+#[inline(always)]
+fn forward_task_body(
     shape: &AttentionShape,
     qkv: &[f32],
     starts: &[u32],

@@ -374,3 +374,27 @@ fn heads_not_a_multiple_of_kv_heads_are_refused() {
     let mut lse = vec![0f32; s.lse_len()];
     attention_forward(&s, &qkv, &[0, 0], &mut out, &mut lse);
 }
+
+/// The attention's loops run 8 lanes wide where the CPU has AVX2 (`crate::simd`); the
+/// baseline build of the same code gives the same bits, forward and backward, so a
+/// checkpoint resumes bit-identically on either kind of CPU.
+#[test]
+fn the_avx2_build_of_the_loops_gives_the_baseline_bits() {
+    use crate::simd::tests::{avx2_here, on_baseline};
+    let s = shape(2, 150, 8, 4, 32);
+    let starts = packed_starts(&[&[60, 90], &[150]]);
+    let qkv = random(s.rows() * s.qkv_width(), 21, 2.0);
+    let d_out = random(s.rows() * s.out_width(), 22, 1.0);
+    let run = || {
+        let mut out = vec![0f32; s.rows() * s.out_width()];
+        let mut lse = vec![0f32; s.lse_len()];
+        attention_forward(&s, &qkv, &starts, &mut out, &mut lse);
+        let mut d_qkv = vec![0f32; qkv.len()];
+        attention_backward(&s, &qkv, &starts, &out, &lse, &d_out, &mut d_qkv);
+        [out, lse, d_qkv].map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
+    };
+    let wide = run();
+    let baseline = on_baseline(run);
+    assert!(wide == baseline, "the AVX2 build changed the bits");
+    eprintln!("AVX2 build exercised: {}", avx2_here());
+}
