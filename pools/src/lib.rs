@@ -16,6 +16,7 @@ pub mod quantity;
 pub use file::{Hardware, KubernetesPool, Pool, PoolsError, PoolsFile, RuntimeKind};
 pub use memory::{
     Ask, CpuMemory, GraphMemory, ModelShape, cpu_memory, cpu_memory_needed, gpu_memory_bytes,
-    gpu_memory_needed, graph_checkpointing, graph_memory, graph_memory_bytes, thread_scratch_bytes,
+    gpu_memory_needed, graph_checkpointing, graph_memory, graph_memory_bytes, kernel_compute,
+    thread_scratch_bytes,
 };
 pub use placement::{Candidate, Estimate, Needs, Refusal, Setback, choose, plan, usable};

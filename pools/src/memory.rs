@@ -207,6 +207,14 @@ pub const REFERENCE_THREADS: u64 = 2;
 /// small and on SmolLM2-135M's shape, 8.6 on tiny.
 pub const SCRATCH_PER_THREAD_BYTES: u64 = 16 << 20;
 
+/// The kernels' compute mode for a job's `compute`.
+pub fn kernel_compute(kind: ComputeKind) -> Compute {
+    match kind {
+        ComputeKind::F32 => Compute::F32,
+        ComputeKind::Bf16 => Compute::Bf16,
+    }
+}
+
 /// What an attempt with `threads` compute threads holds beyond the estimate (which
 /// counts [`REFERENCE_THREADS`]); nothing for fewer threads, so that it stays an upper
 /// bound.

@@ -76,10 +76,7 @@ impl Llama {
     /// Sets how the fused CPU path computes the frozen projections (see
     /// [`Self::cpu_compute`]).
     pub fn set_cpu_compute(&mut self, kind: tuneq_openapi::ComputeKind) {
-        self.cpu_compute = match kind {
-            tuneq_openapi::ComputeKind::F32 => tuneq_kernels::llama::Compute::F32,
-            tuneq_openapi::ComputeKind::Bf16 => tuneq_kernels::llama::Compute::Bf16,
-        };
+        self.cpu_compute = tuneq_pools::kernel_compute(kind);
     }
 
     /// Loads a Hugging Face Llama folder. With `lora`, the targeted projections get fresh
