@@ -821,7 +821,22 @@ fn model_estimate_prints_the_memory_by_part_and_refuses_bad_flags() {
         on["gpu"]["total_mib"].as_u64() < v["gpu"]["total_mib"].as_u64(),
         "{on} {v}"
     );
+    // bf16 compute holds the weights in bf16 (half the f32 default's) unless told f32,
+    // which it refuses.
+    let weights = |extra: &[&str]| {
+        let mut args = vec!["model", "estimate", "--model", model];
+        args.extend(extra);
+        let out = tuneq(&args);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        v["cpu"]["weights_mib"].as_u64().expect("weights")
+    };
+    let (f32_weights, bf16_weights) = (weights(&[]), weights(&["--compute", "bf16"]));
+    assert!(
+        bf16_weights * 2 <= f32_weights + 1,
+        "{bf16_weights} vs {f32_weights}"
+    );
     for bad in [
+        vec!["--compute", "bf16", "--dtype", "f32"],
         vec!["--memory", "12XB"],
         vec!["--accelerator-memory", "-1"],
         vec!["--batch-size", "0"],

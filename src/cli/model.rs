@@ -45,9 +45,10 @@ pub enum ModelCommand {
         /// LoRA rank (on all seven projections).
         #[arg(long, default_value_t = 8)]
         lora_r: u32,
-        /// The dtype the frozen weights are held in.
-        #[arg(long, value_enum, default_value = "f32")]
-        dtype: super::train::DtypeArg,
+        /// The dtype the frozen weights are held in [default: f32, or bf16 with
+        /// `--compute bf16`].
+        #[arg(long, value_enum)]
+        dtype: Option<super::train::DtypeArg>,
         /// Activation checkpointing.
         #[arg(long, value_enum, default_value = "auto")]
         activation_checkpointing: super::train::CheckpointingArg,
@@ -147,12 +148,27 @@ pub fn run(cmd: ModelCommand) -> Result<ExitCode> {
                 r: lora_r,
                 ..tuneq_openapi::LoraSpec::default()
             };
+            let compute = tuneq_openapi::ComputeKind::from(compute);
+            if compute == tuneq_openapi::ComputeKind::Bf16
+                && dtype.is_some_and(|d| {
+                    tuneq_openapi::DtypeKind::from(d) == tuneq_openapi::DtypeKind::F32
+                })
+            {
+                return Err(super::BadInput(
+                    "--compute bf16 multiplies bf16 weights: use --dtype bf16 or auto".into(),
+                )
+                .into());
+            }
+            let default_dtype = match compute {
+                tuneq_openapi::ComputeKind::Bf16 => tuneq_openapi::DtypeKind::Bf16,
+                tuneq_openapi::ComputeKind::F32 => tuneq_openapi::DtypeKind::F32,
+            };
             let ask = tuneq_pools::Ask {
                 lora: &lora,
                 max_seq_len,
                 batch_size,
-                dtype: dtype.into(),
-                compute: compute.into(),
+                dtype: dtype.map_or(default_dtype, Into::into),
+                compute,
                 checkpointing: activation_checkpointing.into(),
                 dataset_tokens: 0,
             };
