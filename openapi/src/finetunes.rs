@@ -287,6 +287,16 @@ pub struct FineTuneJob {
     pub hardware: String,
     /// LoRA settings as run (tuneq).
     pub lora: LoraSpec,
+    /// The frozen weights' dtype as asked (`auto`: bf16 on GPU pools, f32 on CPU pools,
+    /// bf16 everywhere with `compute: bf16`; tuneq; null for jobs created before it was
+    /// kept).
+    pub dtype: Option<crate::DtypeKind>,
+    /// Activation checkpointing as asked (tuneq; null for jobs created before it was
+    /// kept).
+    pub activation_checkpointing: Option<crate::ActivationCheckpointing>,
+    /// How CPU pools compute the frozen projections (tuneq; null for jobs created before
+    /// it was kept).
+    pub compute: Option<crate::ComputeKind>,
     /// Peak learning rate as run (tuneq).
     pub learning_rate: f64,
     /// Progress while running and after (tuneq).

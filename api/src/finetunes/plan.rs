@@ -368,6 +368,9 @@ pub(super) async fn plan(
         webhook: None,
         max_cost: body.max_cost,
         estimate,
+        dtype: Some(spec.dtype),
+        activation_checkpointing: Some(spec.activation_checkpointing),
+        compute: Some(spec.compute),
     };
     Ok(Plan {
         record,

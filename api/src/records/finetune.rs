@@ -53,6 +53,14 @@ pub(crate) struct FineTuneRecord {
     /// What it was expected to take, at create.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) estimate: Option<tuneq_openapi::JobEstimate>,
+    /// The frozen weights' dtype, activation checkpointing and compute it runs with
+    /// (absent in records written before they were kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) dtype: Option<tuneq_openapi::DtypeKind>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) activation_checkpointing: Option<tuneq_openapi::ActivationCheckpointing>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) compute: Option<tuneq_openapi::ComputeKind>,
 }
 
 impl FineTuneRecord {

@@ -115,6 +115,10 @@ async fn a_job_lists_the_pools_that_fit_spot_first_with_its_estimate_and_max_cos
     for dtype in ["f32", "bf16", "auto"] {
         let (status, job) = create(&s, &file, json!({"dtype": dtype})).await;
         assert_eq!(status, StatusCode::OK, "{dtype}: {job}");
+        // The job says what it runs with; the defaults are shown as such.
+        assert_eq!(job["dtype"], dtype, "{job}");
+        assert_eq!(job["activation_checkpointing"], "auto", "{job}");
+        assert_eq!(job["compute"], "f32", "{job}");
     }
     let (status, body) = create(&s, &file, json!({"dtype": "fp8"})).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
@@ -127,6 +131,7 @@ async fn a_job_lists_the_pools_that_fit_spot_first_with_its_estimate_and_max_cos
     for setting in ["auto", "on", "off"] {
         let (status, job) = create(&s, &file, json!({"activation_checkpointing": setting})).await;
         assert_eq!(status, StatusCode::OK, "{setting}: {job}");
+        assert_eq!(job["activation_checkpointing"], setting, "{job}");
     }
     let (status, body) = create(&s, &file, json!({"activation_checkpointing": "maybe"})).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
@@ -140,6 +145,18 @@ async fn a_job_lists_the_pools_that_fit_spot_first_with_its_estimate_and_max_cos
     ] {
         let (status, job) = create(&s, &file, body.clone()).await;
         assert_eq!(status, StatusCode::OK, "{body}: {job}");
+        assert_eq!(job["compute"], "bf16", "{job}");
+        let id = job["id"].as_str().unwrap();
+        let got: Value = reqwest::Client::new()
+            .get(format!("{}/v1/fine_tuning/jobs/{id}", s.url))
+            .bearer_auth(&s.acme)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(got["compute"], "bf16", "{got}");
     }
     let before = s.state.queue.inspect().await.unwrap().jobs.len();
     let (status, body) = create(&s, &file, json!({"compute": "bf16", "dtype": "f32"})).await;
