@@ -24,7 +24,21 @@ pub(crate) fn avx2_fma() -> bool {
     let has = *HAS.get_or_init(|| {
         std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
     });
-    has && !tests::baseline_forced()
+    has && !baseline_forced()
+}
+
+/// Whether a test asked for the baseline build (never outside tests).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn baseline_forced() -> bool {
+    #[cfg(test)]
+    {
+        tests::forced()
+    }
+    #[cfg(not(test))]
+    {
+        false
+    }
 }
 
 /// `wide_twin!(vis fn name(arg: Type, …) => body);` defines `name`, which calls `body`
@@ -52,15 +66,6 @@ macro_rules! wide_twin {
 }
 pub(crate) use wide_twin;
 
-#[cfg(not(test))]
-mod tests {
-    /// Never: only tests force the baseline build.
-    #[inline(always)]
-    pub(super) fn baseline_forced() -> bool {
-        false
-    }
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -69,7 +74,7 @@ pub(crate) mod tests {
     /// same time then take it too, which changes their speed, not their bits.
     static BASELINE: AtomicBool = AtomicBool::new(false);
 
-    pub(super) fn baseline_forced() -> bool {
+    pub(super) fn forced() -> bool {
         BASELINE.load(Ordering::Relaxed)
     }
 

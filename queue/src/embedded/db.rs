@@ -58,10 +58,10 @@ impl Call<'_> {
     }
 
     /// The reply to a command this store does not have.
-    fn unknown<T>(&self, name: &str) -> Result<T, CommandError> {
+    fn unknown<T>(&self) -> Result<T, CommandError> {
         err(format!(
             "ERR unknown command '{}' (not supported by the embedded store)",
-            name.to_lowercase()
+            self.name.to_lowercase()
         ))
     }
 }
@@ -288,7 +288,7 @@ impl Db {
             "SADD" | "SREM" | "SMEMBERS" | "SISMEMBER" | "SCARD" => self.set_command(&call),
             "ZADD" | "ZREM" | "ZPOPMIN" | "ZCARD" | "ZSCORE" | "ZRANK" | "ZRANGE"
             | "ZRANGEBYSCORE" | "ZREVRANGEBYSCORE" => self.sorted_set_command(&call),
-            other => call.unknown(other),
+            _ => call.unknown(),
         }
     }
 }

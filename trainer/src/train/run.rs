@@ -662,18 +662,20 @@ fn adamw_config(h: &tuneq_openapi::Hyperparameters) -> AdamWConfig {
 /// `compute: bf16` asks), while the CPU graph (`TUNEQ_CPU_PATH=graph`) has no bf16
 /// products to offer, so the run is refused there rather than run in f32 unasked.
 fn cpu_compute(spec: &TrainSpec, model: &Llama) -> Result<tuneq_kernels::llama::Compute> {
-    use tuneq_kernels::llama::Compute;
     let fused = crate::fast::ComputePath::for_model(model) == crate::fast::ComputePath::CpuFused;
     match spec.compute {
-        tuneq_openapi::ComputeKind::F32 => Ok(Compute::F32),
-        tuneq_openapi::ComputeKind::Bf16 if fused => Ok(Compute::Bf16),
-        tuneq_openapi::ComputeKind::Bf16 if !model.device().is_cpu() => Ok(Compute::F32),
-        tuneq_openapi::ComputeKind::Bf16 => Err(Error::Spec(vec![tuneq_openapi::SpecError {
-            field: "compute".into(),
-            message: "bf16 compute runs on the fused CPU path, and TUNEQ_CPU_PATH=graph \
+        tuneq_openapi::ComputeKind::Bf16 if !fused && !model.device().is_cpu() => {
+            Ok(tuneq_kernels::llama::Compute::F32)
+        }
+        tuneq_openapi::ComputeKind::Bf16 if !fused => {
+            Err(Error::Spec(vec![tuneq_openapi::SpecError {
+                field: "compute".into(),
+                message: "bf16 compute runs on the fused CPU path, and TUNEQ_CPU_PATH=graph \
                       asks for candle's graph, which computes in f32 on the CPU"
-                .into(),
-        }])),
+                    .into(),
+            }]))
+        }
+        kind => Ok(tuneq_pools::kernel_compute(kind)),
     }
 }
 

@@ -80,7 +80,7 @@ impl Db {
                 }
                 Ok(count(removed))
             }
-            other => call.unknown(other),
+            _ => call.unknown(),
         }
     }
 }

@@ -118,7 +118,7 @@ impl Db {
                     Value::Array(self.matching(&pattern)),
                 ]))
             }
-            other => call.unknown(other),
+            _ => call.unknown(),
         }
     }
 

@@ -52,7 +52,7 @@ impl Db {
                 }
                 Ok(Value::Okay)
             }
-            other => call.unknown(other),
+            _ => call.unknown(),
         }
     }
 }

@@ -47,7 +47,7 @@ impl Db {
                 call.arity(1, 1)?;
                 Ok(count(self.set(&args[0])?.map_or(0, |s| s.len())))
             }
-            other => call.unknown(other),
+            _ => call.unknown(),
         }
     }
 }

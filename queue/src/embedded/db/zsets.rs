@@ -186,7 +186,7 @@ impl Db {
                     .take(limit);
                 Ok(Value::Array(scored(picked, false)))
             }
-            other => call.unknown(other),
+            _ => call.unknown(),
         }
     }
 }
