@@ -8,7 +8,7 @@ use crate::support;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::sync::Arc;
-use support::{create, examples, start, upload};
+use support::{create, examples, get_json, start, upload};
 use tuneq_queue::JobQueue;
 
 const POOLS: &str = r#"
@@ -59,19 +59,8 @@ async fn a_job_lists_the_pools_that_fit_spot_first_with_its_estimate_and_max_cos
     assert!(seconds > 0.0, "{estimate}");
     assert!((cost - seconds / 3600.0 * 3.6).abs() < 1e-9, "{estimate}");
     // Retrieved later, the job still shows it.
-    let got: Value = reqwest::Client::new()
-        .get(format!(
-            "{}/v1/fine_tuning/jobs/{}",
-            s.url,
-            job["id"].as_str().unwrap()
-        ))
-        .bearer_auth(&s.acme)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let id = job["id"].as_str().unwrap();
+    let got = get_json(&s, &format!("/v1/fine_tuning/jobs/{id}")).await;
     assert_eq!(got["estimate"], *estimate);
 
     // A budget the spot pool exceeds but the cheap one meets narrows the list.
@@ -147,15 +136,7 @@ async fn a_job_lists_the_pools_that_fit_spot_first_with_its_estimate_and_max_cos
         assert_eq!(status, StatusCode::OK, "{body}: {job}");
         assert_eq!(job["compute"], "bf16", "{job}");
         let id = job["id"].as_str().unwrap();
-        let got: Value = reqwest::Client::new()
-            .get(format!("{}/v1/fine_tuning/jobs/{id}", s.url))
-            .bearer_auth(&s.acme)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let got = get_json(&s, &format!("/v1/fine_tuning/jobs/{id}")).await;
         assert_eq!(got["compute"], "bf16", "{got}");
     }
     let before = s.state.queue.inspect().await.unwrap().jobs.len();

@@ -172,6 +172,19 @@ pub async fn create(
     (response.status(), response.json().await.unwrap())
 }
 
+/// `GET path` as the tenant `acme`, answered as JSON.
+pub async fn get_json(s: &Server, path: &str) -> serde_json::Value {
+    reqwest::Client::new()
+        .get(format!("{}{path}", s.url))
+        .bearer_auth(&s.acme)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 /// `n` prompt/completion examples.
 pub fn examples(n: usize) -> String {
     (0..n)
