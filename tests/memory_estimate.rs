@@ -212,7 +212,9 @@ fn the_cpu_memory_estimate_is_within_a_tenth_of_the_measured_peak() {
         for (dtype, kind) in [("f32", DtypeKind::F32), ("bf16", DtypeKind::Bf16)] {
             for (setting, checkpointing) in SETTINGS {
                 // Half of the tiny model's peak is scratch whose reuse varies from run
-                // to run (±8 %): there the median of five is compared.
+                // to run (130–147 MiB over five runs with checkpointing, on a 2-core
+                // AMD EPYC): there the largest of five is compared, the peak placement
+                // has to leave room for.
                 let runs = if preset == "tiny" { 5 } else { 1 };
                 let mut peaks: Vec<u64> = (0..runs)
                     .map(|run| {
@@ -224,7 +226,7 @@ fn the_cpu_memory_estimate_is_within_a_tenth_of_the_measured_peak() {
                 let estimate = cpu_memory(&shape, &ask(&lora, kind, checkpointing), None).total();
                 comparison.add(
                     format!("{preset:>13} {dtype:>4} checkpointing {setting:>3}"),
-                    peaks[runs / 2],
+                    peaks[runs - 1],
                     estimate,
                 );
             }
