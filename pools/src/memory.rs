@@ -153,7 +153,7 @@ pub struct Ask<'a> {
 /// with, and the scratch it does not count). Checked against the peak `tuneq train`
 /// reports on three model shapes, f32 and bf16, with and without checkpointing, in
 /// `tests/memory_estimate.rs` (within 10 %; most within 3 %; the tiny model's peak moves
-/// by up to ±15 % from run to run with its samples, so there the median of five is
+/// by up to ±20 % from run to run with its samples, so there the median of five is
 /// compared, within 32 MiB).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CpuMemory {
