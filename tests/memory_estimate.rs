@@ -230,9 +230,8 @@ fn the_cpu_memory_estimate_is_within_a_tenth_of_the_measured_peak() {
         let (model, shape) = init_model(dir.path(), preset);
         for (dtype, kind) in [("f32", DtypeKind::F32), ("bf16", DtypeKind::Bf16)] {
             for (setting, checkpointing) in SETTINGS {
-                // Half of the tiny model's peak is scratch whose reuse varies from run
-                // to run: there the median of five is compared, with an allowance
-                // (see TINY_ALLOWANCE).
+                // The tiny model's peak moves from run to run (see TINY_ALLOWANCE):
+                // there the median of five is compared, with an allowance.
                 let runs = if preset == "tiny" { 5 } else { 1 };
                 let mut peaks: Vec<u64> = (0..runs)
                     .map(|run| {
