@@ -210,7 +210,16 @@ impl<'a> Run<'a> {
         }
 
         let mut init_rng = batch::rng_for(h.seed, streams::LORA_INIT);
-        let mut model = Llama::load(&model_dir, dtype, &device, Some((&settings, &mut init_rng)))?;
+        // The config checked above is the one the model is built from (read once).
+        let mut weights = crate::weights::WeightMap::load(&model_dir, dtype, &device)?;
+        let mut model = Llama::from_weights(
+            cfg,
+            &mut weights,
+            dtype,
+            &device,
+            Some((&settings, &mut init_rng)),
+        )?;
+        drop(weights);
         model.cpu_compute = cpu_compute(spec, &model)?;
         // The largest micro-batch: batch_size rows of the longest example (packing only
         // ever makes it smaller).
