@@ -52,12 +52,23 @@ pub(crate) struct MemoryNeeds {
     pub gpu: u64,
 }
 
+/// The shape of `base` when its files are local and its `config.json` readable; None
+/// otherwise (the trainer checks those models). Read once per request: a refused job's
+/// lighter settings are checked against the same shape.
+pub(crate) fn local_shape(base: &crate::records::model::BaseModel) -> Option<ModelShape> {
+    match tuneq_storage::Location::parse(&base.location) {
+        Ok(tuneq_storage::Location::Local(dir)) => ModelShape::read(&dir),
+        _ => None,
+    }
+}
+
 /// Refuses what the base model cannot give the job (context, projection width) and a
 /// training file with nothing to learn at the job's sequence length; returns the memory
-/// an attempt needs, for placement. Only models with local files are checked here (and
-/// estimated); the trainer checks the others.
+/// an attempt needs, for placement. Only models with a local `shape` (see
+/// [`local_shape`]) are checked here (and estimated); the trainer checks the others.
 pub(crate) fn check_job(
     base: &crate::records::model::BaseModel,
+    shape: Option<&ModelShape>,
     spec: &TrainSpec,
     training: &FileObject,
 ) -> ApiResult<Option<MemoryNeeds>> {
@@ -78,11 +89,7 @@ pub(crate) fn check_job(
             ),
         ));
     }
-    let Ok(tuneq_storage::Location::Local(dir)) = tuneq_storage::Location::parse(&base.location)
-    else {
-        return Ok(None);
-    };
-    let Some(shape) = ModelShape::read(&dir) else {
+    let Some(shape) = shape else {
         return Ok(None);
     };
     let ask = Ask {
@@ -94,10 +101,10 @@ pub(crate) fn check_job(
         checkpointing: spec.activation_checkpointing,
         dataset_tokens: tokens_to_process(training, &base.id, h.max_seq_len),
     };
-    check(&shape, &base.id, &ask)?;
+    check(shape, &base.id, &ask)?;
     Ok(Some(MemoryNeeds {
-        cpu: tuneq_pools::cpu_memory_needed(&shape, &ask),
-        gpu: tuneq_pools::gpu_memory_needed(&shape, &ask),
+        cpu: tuneq_pools::cpu_memory_needed(shape, &ask),
+        gpu: tuneq_pools::gpu_memory_needed(shape, &ask),
     }))
 }
 

@@ -313,7 +313,8 @@ pub(super) async fn plan(
     if let Err(problems) = spec.validate() {
         return Err(spec_problems(&problems));
     }
-    let memory = crate::fit::check_job(&base, &spec, &training)?;
+    let shape = crate::fit::local_shape(&base);
+    let memory = crate::fit::check_job(&base, shape.as_ref(), &spec, &training)?;
     let tokens =
         crate::fit::tokens_to_process(&training, &base.id, spec.hyperparameters.max_seq_len)
             .saturating_mul(n_epochs);
@@ -329,7 +330,7 @@ pub(super) async fn plan(
         // Too large as asked: say which of the job's own settings would make it fit.
         Err(refused) if refused.code() == Some(Code::DoesNotFit.as_str()) => {
             for (param, advice, lighter) in crate::fit::lighter(&spec) {
-                let memory = crate::fit::check_job(&base, &lighter, &training)?;
+                let memory = crate::fit::check_job(&base, shape.as_ref(), &lighter, &training)?;
                 if crate::fit::place(state, &needs(memory)).is_ok() {
                     return Err(ApiError::invalid(
                         param,
