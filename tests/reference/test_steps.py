@@ -305,8 +305,9 @@ def test_bf16_compute_matches_its_emulation_and_pytorch_bf16_autocast(adapters, 
       adapter: the emulation without the forward's rounding is 2.7e-3 from the full one,
       without the backward's 1.2e-3, and the loss moves by ~1e-5, under its 1e-4 bound.
       So this check catches a wrong product (or no rounding: see the last bound), not a
-      missing rounding on one side; that is the kernels' product-level test
-      (`a_bf16_product_is_the_product_of_the_rounded_operands`, both orientations);
+      missing rounding on one side; the kernels' unit tests check that, exactly
+      (`a_bf16_product_is_the_product_of_the_rounded_operands` and
+      `every_frozen_product_of_a_step_rounds_its_operand`);
     - against the exact f32 steps, no further than 1.5× PyTorch's own CPU bf16 autocast
       (which rounds LoRA, attention and the head too), and further than the f32
       guarantee (the mode is not a no-op)."""

@@ -81,6 +81,8 @@ impl FrozenWork {
                 gemm(1.0, a, oriented(w, transposed), beta, c);
             }
             Compute::Bf16 => {
+                #[cfg(test)]
+                ROUNDED_OPERANDS.with_borrow_mut(|log| log.push((transposed, a.rows(), a.cols())));
                 #[cfg(tuneq_blas_mkl)]
                 if let (Frozen::Bf16(w), false) = (w, self.rounded_bf16.is_empty()) {
                     let a = round_rows(a, &mut self.rounded_bf16, |x| {
@@ -96,6 +98,15 @@ impl FrozenWork {
             }
         }
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Test-only record of this thread's bf16-compute products, in order: (`transposed`,
+    /// rows, columns) of each activation operand rounded, so a test can check that every
+    /// frozen product of a step went through the rounding.
+    pub(super) static ROUNDED_OPERANDS: std::cell::RefCell<Vec<(bool, usize, usize)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Whether bf16 compute hands the products to oneMKL's bf16 GEMM: on a oneMKL build,

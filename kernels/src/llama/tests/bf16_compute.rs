@@ -3,7 +3,7 @@
 //! operands), and over whole steps: deterministic, unchanged by checkpointing, close to
 //! the f32 step but not equal to it.
 
-use super::super::frozen::{FrozenWork, rounded_bits};
+use super::super::frozen::{FrozenWork, ROUNDED_OPERANDS, rounded_bits};
 use super::*;
 use crate::gemm::{Mat, MatMut};
 use half::bf16;
@@ -206,5 +206,66 @@ fn bf16_compute_does_not_depend_on_threads_checkpointing_or_storage() {
             stored == step_bits(&bf16_stored, &[&b], masks, 1, false),
             "1 vs 3 threads, bf16 storage"
         );
+    }
+}
+
+/// Every frozen product of a step takes its operand rounded, in the step's order: each
+/// layer's seven projections forward (the input, N × in), then from the top layer down
+/// the gradients they are given (N × out), except q/k/v of the lowest layer with LoRA
+/// (nothing below needs their input gradient). With checkpointing the backward is the
+/// same and each layer's forward is run again before it. The product itself is checked
+/// by `a_bf16_product_is_the_product_of_the_rounded_operands`; together they cover what
+/// the end-to-end comparison with PyTorch cannot resolve (its noise is as large as either
+/// side's rounding).
+#[test]
+fn every_frozen_product_of_a_step_rounds_its_operand() {
+    let m = Owned::random(tiny_dims(), &[ALL], 2, 91);
+    let b = tiny_batch(m.dims.vocab, 92);
+    let d = &m.dims;
+    let n = b.rows * b.len;
+    let order = [Q, K, V, O, GATE, UP, DOWN];
+    let forward: Vec<_> = order
+        .iter()
+        .map(|&p| (true, n, d.projection_shape(p).0))
+        .collect();
+    let backward = |l: usize| {
+        let ps: &[usize] = if l == 0 {
+            &[DOWN, GATE, UP, O]
+        } else {
+            &[DOWN, GATE, UP, O, Q, K, V]
+        };
+        ps.iter()
+            .map(|&p| (false, n, d.projection_shape(p).1))
+            .collect::<Vec<_>>()
+    };
+    let mut view = m.view();
+    view.compute = Compute::Bf16;
+    let scale = 1.0 / b.labelled() as f32;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .expect("a pool");
+    for checkpoint_layers in [false, true] {
+        // The products run on the thread that calls the step (their insides fan out).
+        let log = pool.install(|| {
+            ROUNDED_OPERANDS.with_borrow_mut(Vec::clear);
+            let mut grads: Vec<Vec<f32>> = view
+                .lora_lengths()
+                .into_iter()
+                .map(|len| vec![0.0; len])
+                .collect();
+            let options = StepOptions { checkpoint_layers };
+            forward_backward_with(&view, &b.view(), scale, None, &mut grads, options)
+                .expect("a step");
+            ROUNDED_OPERANDS.with_borrow_mut(std::mem::take)
+        });
+        let mut want: Vec<_> = (0..d.layers).flat_map(|_| forward.clone()).collect();
+        for l in (0..d.layers).rev() {
+            if checkpoint_layers {
+                want.extend(forward.iter().copied());
+            }
+            want.extend(backward(l));
+        }
+        assert_eq!(log, want, "checkpointing {checkpoint_layers}");
     }
 }
