@@ -208,12 +208,18 @@ impl Comparison {
     }
 }
 
-/// How far the tiny model's estimate may be from the median of its five peaks: its
-/// samples, drawn on candle's graph after training, move the peak from run to run, by
-/// more than 10 % of a 150 MiB process. On a 2-core AMD EPYC (Zen 3) the medians of one
-/// setting moved from 147 to 179 MiB between test runs, and single peaks with
-/// checkpointing spanned 123–167 MiB (123–134 without samples).
+/// How far the tiny model's estimate may be from the median of its five peaks: its peak
+/// moves from run to run by more than 10 % of so small a process. On the fused path its
+/// samples, drawn on candle's graph after training, move it: on a 2-core AMD EPYC (Zen 3)
+/// the medians of one setting moved from 147 to 179 MiB between test runs, and single
+/// peaks with checkpointing spanned 123–167 MiB (123–134 without samples).
 const TINY_ALLOWANCE: u64 = 32 << 20;
+
+/// The same on candle's graph, with checkpointing: on an AVX-512 EPYC, eight hand runs
+/// peaked at 315–346 MiB (324 typical, with and without samples alike), a single test
+/// run at 347 and a median of five in the test at 336, against an estimate of 305 (the
+/// estimate sits within 4 % on small's shape, so this is not a term that scales).
+const TINY_GRAPH_ALLOWANCE: u64 = 48 << 20;
 
 const SETTINGS: [(&str, ActivationCheckpointing); 2] = [
     ("off", ActivationCheckpointing::Off),
@@ -263,14 +269,28 @@ fn the_graph_memory_estimate_is_within_a_tenth_of_the_measured_peak() {
     for preset in ["tiny", "small", "smollm2-135m"] {
         let (model, shape) = init_model(dir.path(), preset);
         for (setting, checkpointing) in SETTINGS {
-            let out = dir.path().join(format!("{preset}-graph-{setting}"));
-            let measured = measured_peak(&model, &train, &out, "f32", setting, true);
+            // As on the fused path, the tiny model's peak moves from run to run
+            // (see TINY_GRAPH_ALLOWANCE).
+            let runs = if preset == "tiny" { 5 } else { 1 };
+            let mut peaks: Vec<u64> = (0..runs)
+                .map(|run| {
+                    let out = dir.path().join(format!("{preset}-graph-{setting}-{run}"));
+                    measured_peak(&model, &train, &out, "f32", setting, true)
+                })
+                .collect();
+            peaks.sort_unstable();
             let estimate =
                 graph_memory_bytes(&shape, &ask(&lora, DtypeKind::F32, checkpointing), false);
-            comparison.add(
+            let allowance = if preset == "tiny" {
+                TINY_GRAPH_ALLOWANCE
+            } else {
+                0
+            };
+            comparison.add_with_allowance(
                 format!("{preset:>13} graph checkpointing {setting:>3}"),
-                measured,
+                peaks[runs / 2],
                 estimate,
+                allowance,
             );
         }
     }
