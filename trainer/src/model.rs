@@ -87,7 +87,24 @@ impl Llama {
         device: &Device,
         lora: Option<(&LoraSettings, &mut ChaCha20Rng)>,
     ) -> Result<Self> {
-        let cfg = LlamaConfig::load(model_dir)?;
+        Self::load_with_config(
+            LlamaConfig::load(model_dir)?,
+            model_dir,
+            dtype,
+            device,
+            lora,
+        )
+    }
+
+    /// As [`Llama::load`], with the folder's `config.json` already read (and checked) by
+    /// the caller: the model is built from that config, not from a second read.
+    pub fn load_with_config(
+        cfg: LlamaConfig,
+        model_dir: &Path,
+        dtype: DType,
+        device: &Device,
+        lora: Option<(&LoraSettings, &mut ChaCha20Rng)>,
+    ) -> Result<Self> {
         let mut w = WeightMap::load(model_dir, dtype, device)?;
         Self::from_weights(cfg, &mut w, dtype, device, lora)
     }

@@ -210,16 +210,14 @@ impl<'a> Run<'a> {
         }
 
         let mut init_rng = batch::rng_for(h.seed, streams::LORA_INIT);
-        // The config checked above is the one the model is built from (read once).
-        let mut weights = crate::weights::WeightMap::load(&model_dir, dtype, &device)?;
-        let mut model = Llama::from_weights(
+        // Built from the config checked above, not from a second read of config.json.
+        let mut model = Llama::load_with_config(
             cfg,
-            &mut weights,
+            &model_dir,
             dtype,
             &device,
             Some((&settings, &mut init_rng)),
         )?;
-        drop(weights);
         model.cpu_compute = cpu_compute(spec, &model)?;
         // The largest micro-batch: batch_size rows of the longest example (packing only
         // ever makes it smaller).
