@@ -221,6 +221,15 @@ const TINY_ALLOWANCE: u64 = 32 << 20;
 /// estimate sits within 4 % on small's shape, so this is not a term that scales).
 const TINY_GRAPH_ALLOWANCE: u64 = 48 << 20;
 
+/// The peak to compare for `preset`: for the tiny model, whose peak moves from run to
+/// run, the median of five runs of `measure` (given the run's index); one run otherwise.
+fn typical_peak(preset: &str, measure: impl FnMut(usize) -> u64) -> u64 {
+    let runs = if preset == "tiny" { 5 } else { 1 };
+    let mut peaks: Vec<u64> = (0..runs).map(measure).collect();
+    peaks.sort_unstable();
+    peaks[runs / 2]
+}
+
 const SETTINGS: [(&str, ActivationCheckpointing); 2] = [
     ("off", ActivationCheckpointing::Off),
     ("on", ActivationCheckpointing::On),
@@ -238,19 +247,15 @@ fn the_cpu_memory_estimate_is_within_a_tenth_of_the_measured_peak() {
             for (setting, checkpointing) in SETTINGS {
                 // The tiny model's peak moves from run to run (see TINY_ALLOWANCE):
                 // there the median of five is compared, with an allowance.
-                let runs = if preset == "tiny" { 5 } else { 1 };
-                let mut peaks: Vec<u64> = (0..runs)
-                    .map(|run| {
-                        let out = dir.path().join(format!("{preset}-{dtype}-{setting}-{run}"));
-                        measured_peak(&model, &train, &out, dtype, setting, false)
-                    })
-                    .collect();
-                peaks.sort_unstable();
+                let peak = typical_peak(preset, |run| {
+                    let out = dir.path().join(format!("{preset}-{dtype}-{setting}-{run}"));
+                    measured_peak(&model, &train, &out, dtype, setting, false)
+                });
                 let estimate = cpu_memory(&shape, &ask(&lora, kind, checkpointing), None).total();
                 let allowance = if preset == "tiny" { TINY_ALLOWANCE } else { 0 };
                 comparison.add_with_allowance(
                     format!("{preset:>13} {dtype:>4} checkpointing {setting:>3}"),
-                    peaks[runs / 2],
+                    peak,
                     estimate,
                     allowance,
                 );
@@ -271,14 +276,10 @@ fn the_graph_memory_estimate_is_within_a_tenth_of_the_measured_peak() {
         for (setting, checkpointing) in SETTINGS {
             // As on the fused path, the tiny model's peak moves from run to run
             // (see TINY_GRAPH_ALLOWANCE).
-            let runs = if preset == "tiny" { 5 } else { 1 };
-            let mut peaks: Vec<u64> = (0..runs)
-                .map(|run| {
-                    let out = dir.path().join(format!("{preset}-graph-{setting}-{run}"));
-                    measured_peak(&model, &train, &out, "f32", setting, true)
-                })
-                .collect();
-            peaks.sort_unstable();
+            let peak = typical_peak(preset, |run| {
+                let out = dir.path().join(format!("{preset}-graph-{setting}-{run}"));
+                measured_peak(&model, &train, &out, "f32", setting, true)
+            });
             let estimate =
                 graph_memory_bytes(&shape, &ask(&lora, DtypeKind::F32, checkpointing), false);
             let allowance = if preset == "tiny" {
@@ -288,7 +289,7 @@ fn the_graph_memory_estimate_is_within_a_tenth_of_the_measured_peak() {
             };
             comparison.add_with_allowance(
                 format!("{preset:>13} graph checkpointing {setting:>3}"),
-                peaks[runs / 2],
+                peak,
                 estimate,
                 allowance,
             );
