@@ -212,7 +212,9 @@ impl Comparison {
 /// moves from run to run by more than 10 % of so small a process. On the fused path its
 /// samples, drawn on candle's graph after training, move it: on a 2-core AMD EPYC (Zen 3)
 /// the medians of one setting moved from 147 to 179 MiB between test runs, and single
-/// peaks with checkpointing spanned 123–167 MiB (123–134 without samples).
+/// peaks with checkpointing spanned 123–167 MiB (123–134 without samples). With the
+/// kernels' own x86 GEMM the estimate (its 48 MiB of step scratch sized for the larger
+/// models) is 20–26 MiB over the medians (AVX-512 EPYC).
 const TINY_ALLOWANCE: u64 = 32 << 20;
 
 /// The same on candle's graph, with checkpointing: on an AVX-512 EPYC, eight hand runs

@@ -13,11 +13,13 @@
 //!
 //! Modules:
 //! - [`gemm`](mod@gemm): `C = α·A·B + β·C` on strided views, split over rayon into one
-//!   block of C's rows (or columns) per thread, cut on the library's tile edges: fewer
+//!   block of C's rows (or columns) per thread, cut on the kernels' tile edges: fewer
 //!   blocks pack the shared operand (the weight) fewer times, and tile-aligned cuts keep
-//!   every element's arithmetic the same for any thread count. With `blas` (the FFI
-//!   declarations) and `simd`, one of the three modules allowed `unsafe` (the library
-//!   takes raw pointers).
+//!   every element's arithmetic the same for any thread count. On x86-64 with AVX2 (or
+//!   AVX-512) its own kernels, which pack with in-register transposes and give the same
+//!   bits on either instruction set; elsewhere matrixmultiply. With `blas` (the FFI
+//!   declarations) and `simd`, one of the modules allowed `unsafe` (the kernels take
+//!   raw pointers).
 //! - [`exp`]: a branch-free `f32` exp (≤ 2 ulp) that loops vectorise around.
 //! - [`norm`]: RMSNorm forward (saving `1/rms` per row) and backward into `dx`, optionally
 //!   adding to it so the residual gradient is folded in.

@@ -196,17 +196,20 @@ pub const PROCESS_BYTES: u64 = 24 << 20;
 const TOKENIZER_BYTES_PER_ENTRY: u64 = 1741;
 
 /// The step's scratch besides [`step_bytes`], measured with [`REFERENCE_THREADS`]
-/// threads on three model shapes (16–76 MiB; most about 60; more on tiny models, whose
-/// peak can fall in the samples' candle graph after training).
-pub const STEP_SCRATCH_BYTES: u64 = 64 << 20;
+/// threads on three model shapes with the kernels' own x86 GEMM (the estimates are then
+/// 12–52 MiB over the peaks at 64 MiB, one 15 MiB under). matrixmultiply, which the
+/// kernels fall back to on CPUs without AVX2 and on other architectures, copies more
+/// operands: 16–76 MiB were measured with it.
+pub const STEP_SCRATCH_BYTES: u64 = 48 << 20;
 
 /// The thread count the estimate's constants were measured with.
 pub const REFERENCE_THREADS: u64 = 2;
 
-/// Scratch each further compute thread adds (GEMM packing and operand copies, the
-/// allocator's per-thread caches): measured 15.7 MiB per thread from 1 to 16 threads on
-/// small and on SmolLM2-135M's shape, 8.6 on tiny.
-pub const SCRATCH_PER_THREAD_BYTES: u64 = 16 << 20;
+/// Scratch each further compute thread adds (GEMM packing, the allocator's per-thread
+/// caches): 6.0 MiB per thread from 8 to 16 threads on small, 4.0 on SmolLM2-135M's
+/// shape, with the kernels' own x86 GEMM (15.7 with matrixmultiply, whose operand copies
+/// were kept per thread).
+pub const SCRATCH_PER_THREAD_BYTES: u64 = 6 << 20;
 
 /// The kernels' compute mode for a job's `compute`.
 pub fn kernel_compute(kind: ComputeKind) -> Compute {

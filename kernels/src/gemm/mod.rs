@@ -1,28 +1,43 @@
 //! `C = α·A·B + β·C` on strided `f32` views.
 //!
-//! The backend is `matrixmultiply` (pure Rust, AVX-512 and AVX2 kernels chosen at run
-//! time), called once per block of C's rows (or columns, when C is wider than tall) from
-//! rayon. There are as many blocks as rayon threads (one, for small products), each a
-//! multiple of 64 rows: the library packs the shared operand once per call, so fewer,
-//! larger blocks pack it fewer times (fixed 128-row blocks packed a weight 8 times for
-//! 1024 token rows). Blocks are cut along the library's tile edges, and each element of
-//! C is computed by the same kernel over the same order of `k` whichever block it falls
-//! in, so the result does not depend on the thread count or the split (tested bit for
-//! bit).
+//! The backend, chosen at run time: on x86-64 with AVX-512F or AVX2 and FMA, the
+//! crate's own kernels ([`x86`]; the same bits with either instruction set), elsewhere
+//! `matrixmultiply` (pure Rust), and with the `blas` feature a system BLAS. It is called
+//! once per block of C's rows (or columns, when C is wider than tall) from rayon. There
+//! are as many blocks as rayon threads (one, for small products), each a multiple of 64
+//! rows: the shared operand is packed once per call, so fewer, larger blocks pack it
+//! fewer times (fixed 128-row blocks packed a weight 8 times for 1024 token rows).
+//! Blocks are cut along every kernel's tile edges, and each element of C is computed by
+//! the same kernel over the same order of `k` whichever block it falls in, so the
+//! result does not depend on the thread count or the split (tested bit for bit).
 //!
-//! The library packs an operand with contiguous copies only when A's columns, or B's
-//! rows, are contiguous, and element by element otherwise; an operand it would gather
-//! like that several times (A of a 32000-column product, packed once per 1024-column
-//! panel) is first copied into that layout, in 32 × 32 tiles, in a per-thread scratch
-//! buffer.
+//! matrixmultiply packs an operand with contiguous copies only when A's columns, or
+//! B's rows, are contiguous, and element by element otherwise; for it, an operand it
+//! would gather like that several times (A of a 32000-column product, packed once per
+//! 1024-column panel) is first copied into that layout, in 32 × 32 tiles, in a
+//! per-thread scratch buffer.
 //!
-//! This is the crate's only module with `unsafe`: the library takes raw pointers and
+//! `unsafe` here and in [`x86`]: the libraries and kernels take raw pointers and
 //! strides. Every view is checked against its slice's length when it is made, and the
-//! output view's rows never overlap, which is all the library needs to stay in bounds.
+//! output view's rows never overlap, which is all they need to stay in bounds.
 
 #![allow(unsafe_code)]
 
 use rayon::prelude::*;
+
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+/// The crate's own kernels, when this is an x86-64 CPU with AVX2 and FMA (or AVX-512F)
+/// and no BLAS was asked for; `None` means matrixmultiply (or the BLAS).
+#[cfg(target_arch = "x86_64")]
+fn own_kernels() -> Option<x86::Isa> {
+    if cfg!(feature = "blas") {
+        None
+    } else {
+        x86::Isa::detected()
+    }
+}
 
 /// A read-only matrix view: element `(i, j)` is `data[i·row_stride + j·col_stride]`.
 #[derive(Debug, Clone, Copy)]
@@ -179,6 +194,10 @@ pub fn backend() -> &'static str {
     }
     #[cfg(not(feature = "blas"))]
     {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(isa) = own_kernels() {
+            return isa.name();
+        }
         "matrixmultiply-0.3"
     }
 }
@@ -224,12 +243,14 @@ pub fn gemm(alpha: f32, a: Mat<'_>, b: Mat<'_>, beta: f32, c: MatMut<'_>) {
         return;
     }
     let plan = Plan::new(m, n, k, rayon::current_num_threads());
-    // Operands the library would gather element by element, more than once, are first
-    // copied into the layout it packs with contiguous runs (see `Plan`).
-    let mut a_copy =
-        (plan.a_packs >= COPY_MIN_PACKS && a.row_stride != 1 && m > 1).then(|| SCRATCH_A.take());
-    let mut b_copy =
-        (plan.b_packs >= COPY_MIN_PACKS && b.col_stride != 1 && n > 1).then(|| SCRATCH_B.take());
+    // Operands matrixmultiply would gather element by element, more than once, are
+    // first copied into the layout it packs with contiguous runs (see `Plan`). The own
+    // kernels read A in place and pack B with contiguous runs either way.
+    let gathers = !uses_own_kernels();
+    let mut a_copy = (gathers && plan.a_packs >= COPY_MIN_PACKS && a.row_stride != 1 && m > 1)
+        .then(|| SCRATCH_A.take());
+    let mut b_copy = (gathers && plan.b_packs >= COPY_MIN_PACKS && b.col_stride != 1 && n > 1)
+        .then(|| SCRATCH_B.take());
     let a = match a_copy.as_mut() {
         // A column-major: the copy holds Aᵀ row-major.
         Some(buf) => Mat::new(copy_row_major(a.t(), buf), k, m).t(),
@@ -559,6 +580,12 @@ unsafe fn kernel(
         }
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(isa) = own_kernels() {
+        // SAFETY: `isa` was detected on this CPU; C as the caller promises.
+        unsafe { x86::gemm(isa, alpha, a, b, beta, c, c_stride) };
+        return;
+    }
     // Views hold at most isize::MAX elements (they are slices), so strides fit.
     let s = |x: usize| x as isize;
     // SAFETY: A and B stay within their slices (checked when the views were made); C as
@@ -580,6 +607,18 @@ unsafe fn kernel(
             s(c_stride),
             1,
         );
+    }
+}
+
+/// Whether products run on the crate's own kernels (not matrixmultiply or a BLAS).
+fn uses_own_kernels() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        own_kernels().is_some()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
     }
 }
 
@@ -821,7 +860,11 @@ mod tests {
     #[test]
     fn the_backend_is_the_one_the_build_asked_for() {
         let want = if !cfg!(feature = "blas") {
-            "matrixmultiply"
+            if uses_own_kernels() {
+                "tuneq-gemm"
+            } else {
+                "matrixmultiply"
+            }
         } else if std::env::var("TUNEQ_BLAS").as_deref() == Ok("mkl") {
             "mkl"
         } else {
