@@ -641,19 +641,20 @@ mod tests {
         items.iter().map(|s| s.as_bytes().to_vec()).collect()
     }
 
-    fn temp_file(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!(
-            "tuneq-store-{name}-{}-{}",
-            std::process::id(),
-            db::wall_clock_us()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        dir.join("queue.db")
+    /// A fresh store path inside a temporary directory, removed when the guard drops.
+    fn temp_file() -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::Builder::new()
+            .prefix("tuneq-store-")
+            .tempdir()
+            .unwrap();
+        let path = dir.path().join("queue.db");
+        (dir, path)
     }
 
     #[test]
     fn scripts_see_redis_reply_shapes_and_numbers_pass_as_redis_formats_them() {
-        let store = Store::open(&temp_file("shapes")).unwrap();
+        let (_dir, path) = temp_file();
+        let store = Store::open(&path).unwrap();
         let script = r#"
             redis.call('HSET', KEYS[1], 'big', 1764484135000, 'half', 0.5)
             local missing = redis.call('GET', 'nothing')
@@ -679,7 +680,8 @@ mod tests {
 
     #[test]
     fn functions_libraries_load_once_and_are_called_by_name_like_fcall() {
-        let store = Store::open(&temp_file("fcall")).unwrap();
+        let (_dir, path) = temp_file();
+        let store = Store::open(&path).unwrap();
         let library = "#!lua name=lib\n\
             local calls = 0\n\
             redis.register_function('lib_count', function(KEYS, ARGV)\n\
@@ -700,7 +702,7 @@ mod tests {
 
     #[test]
     fn script_errors_are_error_replies_and_keep_earlier_writes_like_redis() {
-        let path = temp_file("errors");
+        let (_dir, path) = temp_file();
         let store = Store::open(&path).unwrap();
         let failing = "redis.call('SET', 'a', '1'); return redis.call('HGET', 'a', 'f')";
         let e = store.eval("s2", failing, &[], &[]).unwrap_err();
@@ -716,7 +718,7 @@ mod tests {
 
     #[test]
     fn a_reopened_store_has_every_acknowledged_change_and_compaction_keeps_them() {
-        let path = temp_file("reopen");
+        let (_dir, path) = temp_file();
         let store = Store::open(&path).unwrap();
         for i in 0..50 {
             let script = "redis.call('INCR', KEYS[1]); redis.call('ZADD', 'z', ARGV[1], ARGV[1])";

@@ -365,14 +365,22 @@ fn compaction_replaces_the_content_and_keeps_the_lock() {
     );
 }
 
-fn tempdir() -> PathBuf {
-    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "tuneq-log-{}-{}-{}",
-        std::process::id(),
-        crate::embedded::db::wall_clock_us(),
-        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A temporary directory, removed when it drops; derefs to its path.
+fn tempdir() -> Scratch {
+    Scratch(
+        tempfile::Builder::new()
+            .prefix("tuneq-log-")
+            .tempdir()
+            .unwrap(),
+    )
+}
+
+struct Scratch(tempfile::TempDir);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        self.0.path()
+    }
 }
