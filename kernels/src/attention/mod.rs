@@ -14,12 +14,13 @@
 //! `batch × heads × T × T` is ever made: forward saves only the log-sum-exp of each
 //! query's scaled scores, and backward recomputes the probabilities from it.
 //!
-//! **Products.** Every block product goes through [`gemm()`](crate::gemm()): matrixmultiply picks
-//! its AVX-512 kernel at run time, while loops in this crate are compiled for baseline
+//! **Products.** Every block product goes through [`gemm()`](crate::gemm()), whose kernels
+//! pick AVX-512 or AVX2 at run time, while loops in this crate are compiled for baseline
 //! x86-64; on a 64×256×64 score block plain loops measured 6–9 GFLOP/s against 30–40 for
-//! the GEMM on this (shared) machine. The library packs both operands per call, cheaply
-//! when the packed direction is contiguous and element by element otherwise, so the
-//! layouts are chosen for it: each task transposes its K (and V, for backward) once;
+//! the GEMM on this (shared) machine. The GEMM packs both operands per call, cheaply
+//! when the packed direction is contiguous; matrixmultiply (the GEMM when the layouts
+//! were chosen, still the one on CPUs without AVX2) gathers element by element
+//! otherwise, so the layouts are chosen for it: each task transposes its K (and V, for backward) once;
 //! forward keeps the scores as keys × queries (`Sᵀ = K·Qᵀ`) so that `P·V` reads P
 //! column-major, and the softmax runs down key rows with one lane per query; backward
 //! keeps queries × keys, which suits `dV += Pᵀ·dO`, `dP = dO·Vᵀ` and `dK += dSᵀ·Q`, and
