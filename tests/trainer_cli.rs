@@ -801,7 +801,8 @@ fn model_estimate_prints_the_memory_by_part_and_refuses_bad_flags() {
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
         v["cpu"]["scratch_mib"].as_u64().expect("scratch")
     };
-    assert_eq!(scratch("34") - scratch("2"), 32 * 16);
+    let per_thread_mib = tuneq_pools::memory::SCRATCH_PER_THREAD_BYTES >> 20;
+    assert_eq!(scratch("34") - scratch("2"), 32 * per_thread_mib);
     // The same on a GPU: 1 MiB of accelerator memory turns recomputation on.
     let out = tuneq(&[
         "model",

@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use std::time::Duration;
+use tuneq_pools::memory::SCRATCH_PER_THREAD_BYTES;
 use tuneq_pools::placement::{Needs, Refusal, Setback, choose, plan, usable};
 use tuneq_pools::{PoolsFile, file::PlacementSettings};
 
@@ -77,9 +78,13 @@ fn pools_are_chosen_by_class_and_memory_and_ordered_spot_gpu_price() {
         ("cpu", Some(10 * GIB), &["xeon"]),
         // 64 GiB: only the Xeon pool holds it.
         ("any", Some(64 * GIB), &["xeon"]),
-        // The Xeon's 32 compute threads add 30 × 16 MiB of scratch to what the estimate
-        // counts at 2 threads: 128 GiB less 480 MiB still fits its 128 GiB.
-        ("cpu", Some(128 * GIB - 480 * (1 << 20)), &["xeon"]),
+        // The Xeon's 32 compute threads add 30 threads' scratch (180 MiB) to what the
+        // estimate counts at 2 threads: 128 GiB less that still fits its 128 GiB.
+        (
+            "cpu",
+            Some(128 * GIB - 30 * SCRATCH_PER_THREAD_BYTES),
+            &["xeon"],
+        ),
     ];
     for (class, memory, expected) in table {
         let needs = Needs {
@@ -93,10 +98,10 @@ fn pools_are_chosen_by_class_and_memory_and_ordered_spot_gpu_price() {
             "{class} {memory:?}"
         );
     }
-    // …and 128 GiB less 100 MiB does not.
+    // …and a MiB more does not.
     let needs = Needs {
         class: "cpu",
-        memory_bytes: Some(128 * GIB - 100 * (1 << 20)),
+        memory_bytes: Some(128 * GIB - 30 * SCRATCH_PER_THREAD_BYTES + (1 << 20)),
         ..Needs::default()
     };
     assert!(

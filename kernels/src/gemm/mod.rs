@@ -188,16 +188,16 @@ fn last_index(rows: usize, cols: usize, row_stride: usize, col_stride: usize) ->
 
 /// The GEMM library in use, for the checkpoint's record and the benchmark's report.
 pub fn backend() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(isa) = own_kernels() {
+        return isa.name();
+    }
     #[cfg(feature = "blas")]
     {
         crate::blas::name()
     }
     #[cfg(not(feature = "blas"))]
     {
-        #[cfg(target_arch = "x86_64")]
-        if let Some(isa) = own_kernels() {
-            return isa.name();
-        }
         "matrixmultiply-0.3"
     }
 }

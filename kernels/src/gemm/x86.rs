@@ -66,11 +66,10 @@ impl Isa {
     /// Whether this CPU runs it.
     #[cfg(test)]
     pub(crate) fn available(self) -> bool {
-        match (self, Self::detected()) {
-            (Self::Avx512, Some(Self::Avx512)) => true,
-            (Self::Avx2, Some(_)) => true,
-            _ => false,
-        }
+        matches!(
+            (self, Self::detected()),
+            (Self::Avx512, Some(Self::Avx512)) | (Self::Avx2, Some(_))
+        )
     }
 
     /// The name recorded as the GEMM backend.
