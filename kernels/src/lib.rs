@@ -37,7 +37,8 @@
 //!   optional per-layer activation checkpointing (bit-identical results, a fraction of
 //!   the memory), frozen weights stored as f32 or bf16 ([`llama::Frozen`], widened
 //!   exactly to f32 where they are used), an opt-in bf16 compute of the frozen
-//!   projections ([`llama::Compute`]: bf16 operands, f32 sums; AMX through oneMKL), and
+//!   projections ([`llama::Compute`]: bf16 operands, f32 sums; AVX512-BF16 through
+//!   the own kernels, AMX through oneMKL), and
 //!   [`llama::step_bytes`] to size a step before running it.
 //! - `reduce` (private): fixed-order 16-lane sums and max, shared by the row kernels.
 //! - `simd` (private): runs the row kernels, the attention's loops and the loss's row

@@ -206,7 +206,7 @@ pub fn random_model_in(
     lora: Option<(&crate::lora::LoraSettings, &mut ChaCha20Rng)>,
     dtype: candle_core::DType,
 ) -> Result<crate::model::Llama> {
-    let tensors = random_weights(&cfg, seed)?;
+    let tensors = random_weights_in(&cfg, seed, dtype)?;
     let mut map = crate::weights::WeightMap::from_tensors(tensors, "random");
     crate::model::Llama::from_weights(cfg, &mut map, dtype, &Device::Cpu, lora)
 }
@@ -214,13 +214,24 @@ pub fn random_model_in(
 /// Random weights for `cfg` by Hugging Face name: N(0, 0.02) matrices (as HF's
 /// `initializer_range`), norm weights near 1, drawn from a ChaCha20 stream seeded by `seed`.
 pub fn random_weights(cfg: &LlamaConfig, seed: u64) -> Result<Vec<(String, Tensor)>> {
+    random_weights_in(cfg, seed, candle_core::DType::F32)
+}
+
+/// [`random_weights`] converted to `dtype` as they are drawn (as `WeightMap::load`
+/// converts a folder's), so at most one matrix is ever held in f32 besides them: the
+/// bf16 benchmark's peak memory is that of a bf16 model.
+fn random_weights_in(
+    cfg: &LlamaConfig,
+    seed: u64,
+    dtype: candle_core::DType,
+) -> Result<Vec<(String, Tensor)>> {
     let (h, v) = (cfg.hidden_size, cfg.vocab_size);
     let mut rng = ChaCha20Rng::seed_from_u64(seed);
     let dev = Device::Cpu;
     let mut tensors: Vec<(String, Tensor)> = Vec::new();
     let mut rand_t = |name: String, shape: (usize, usize), rng: &mut ChaCha20Rng| -> Result<()> {
         let data = normal(rng, shape.0 * shape.1, 0.02);
-        tensors.push((name, Tensor::from_vec(data, shape, &dev)?));
+        tensors.push((name, Tensor::from_vec(data, shape, &dev)?.to_dtype(dtype)?));
         Ok(())
     };
     rand_t("model.embed_tokens.weight".into(), (v, h), &mut rng)?;
@@ -246,7 +257,7 @@ pub fn random_weights(cfg: &LlamaConfig, seed: u64) -> Result<Vec<(String, Tenso
                 .collect();
             tensors.push((
                 format!("model.layers.{l}.{n}.weight"),
-                Tensor::from_vec(data, h, &dev)?,
+                Tensor::from_vec(data, h, &dev)?.to_dtype(dtype)?,
             ));
         }
     }
@@ -254,7 +265,10 @@ pub fn random_weights(cfg: &LlamaConfig, seed: u64) -> Result<Vec<(String, Tenso
         .into_iter()
         .map(|x| 1.0 + x)
         .collect();
-    tensors.push(("model.norm.weight".into(), Tensor::from_vec(data, h, &dev)?));
+    tensors.push((
+        "model.norm.weight".into(),
+        Tensor::from_vec(data, h, &dev)?.to_dtype(dtype)?,
+    ));
 
     Ok(tensors)
 }

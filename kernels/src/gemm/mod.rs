@@ -204,14 +204,16 @@ pub fn backend() -> &'static str {
 
 /// What multiplies the frozen projections in bf16 compute
 /// ([`Compute::Bf16`](crate::llama::Compute)) with bf16-stored weights: oneMKL's bf16
-/// GEMM on a oneMKL build, else [`backend`] on operands widened back to f32.
+/// GEMM on a oneMKL build, the crate's own bf16 kernels on a CPU with AVX512-BF16, else
+/// [`backend`] on operands widened back to f32.
 pub fn bf16_backend() -> &'static str {
     if cfg!(tuneq_blas_mkl) {
         "mkl cblas_gemm_bf16bf16f32"
-    } else if cfg!(feature = "blas") {
-        "openblas (cblas) on widened bf16 operands"
+    } else if own_bf16_kernels() {
+        "tuneq-gemm-1 (avx512-bf16 vdpbf16ps)"
     } else {
-        "matrixmultiply-0.3 on widened bf16 operands"
+        static WIDENED: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        WIDENED.get_or_init(|| format!("{} on widened bf16 operands", backend()))
     }
 }
 
@@ -270,6 +272,96 @@ pub fn gemm(alpha: f32, a: Mat<'_>, b: Mat<'_>, beta: f32, c: MatMut<'_>) {
     }
     if let Some(buf) = b_copy {
         SCRATCH_B.set(buf);
+    }
+}
+
+/// Whether bf16 products run on the crate's own bf16 kernels: an x86-64 CPU with
+/// AVX512-BF16, and no BLAS asked for.
+pub(crate) fn own_bf16_kernels() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        own_kernels().is_some() && x86::Isa::bf16_detected()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// `C = A·op(W) + β·C` with bf16 operands and f32 sums on the crate's own bf16 kernels
+/// (`vdpbf16ps`): `a` holds A's rows as bf16 pairs (`m × ⌈k/2⌉` f32s, each the bits of
+/// elements `2p` (low half) and `2p + 1` of its row, zero past an odd `k`), `w` is
+/// `rows × cols` row-major, used transposed (`C = A·Wᵀ`, `k = cols`) when
+/// `transposed`, as is (`k = rows`) otherwise. Split over threads like [`gemm`]; the
+/// bits do not depend on the split.
+///
+/// # Panics
+/// If the shapes do not agree, or [`own_bf16_kernels`] is false.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn gemm_bf16_pairs(
+    a: Mat<'_>,
+    w: &[half::bf16],
+    (rows, cols): (usize, usize),
+    transposed: bool,
+    beta: f32,
+    c: MatMut<'_>,
+) {
+    assert!(own_bf16_kernels(), "this CPU or build has no bf16 kernels");
+    assert!(
+        w.len() >= rows * cols,
+        "W holds {} elements, {rows}×{cols} needed",
+        w.len()
+    );
+    let b = if transposed {
+        x86::Bf16Mat {
+            data: w,
+            rows: cols,
+            cols: rows,
+            row_stride: 1,
+            col_stride: cols,
+        }
+    } else {
+        x86::Bf16Mat {
+            data: w,
+            rows,
+            cols,
+            row_stride: cols,
+            col_stride: 1,
+        }
+    };
+    let (m, n, k) = (c.rows, c.cols, b.rows);
+    assert_eq!(
+        (a.rows, a.cols, b.cols),
+        (m, k.div_ceil(2), n),
+        "A (pairs) is {}×{}, op(W) {k}×{}, C {m}×{n}",
+        a.rows,
+        a.cols,
+        b.cols
+    );
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        scale(beta, c);
+        return;
+    }
+    let plan = Plan::new(m, n, k, rayon::current_num_threads());
+    if plan.by_rows {
+        for_row_blocks(c, plan.block, |first, out| {
+            let a_block = Mat {
+                data: &a.data[first * a.row_stride..],
+                rows: out.rows,
+                ..a
+            };
+            // SAFETY: the bf16 kernels were detected (asserted above); `out` is an
+            // exclusive, bounds-checked view of these rows of C.
+            unsafe { x86::gemm_bf16(1.0, a_block, b, beta, out.data.as_mut_ptr(), out.row_stride) };
+        });
+    } else {
+        for_column_blocks(c, plan.block, |first, cols, out, stride| {
+            // SAFETY: as above; `out` as `for_column_blocks` promises.
+            unsafe { x86::gemm_bf16(1.0, a, b.columns(first, cols), beta, out, stride) };
+        });
     }
 }
 
@@ -480,29 +572,46 @@ fn for_row_blocks(c: MatMut<'_>, block: usize, body: impl Fn(usize, MatMut<'_>) 
 
 /// Splits C into blocks of `block` columns and runs them in parallel.
 fn column_blocks(alpha: f32, a: Mat<'_>, b: Mat<'_>, beta: f32, c: MatMut<'_>, block: usize) {
-    let (m, n) = (c.rows, c.cols);
-    let stride = c.row_stride;
-    let base = SendPtr(c.data.as_mut_ptr());
-    let body = |index: usize| {
-        let first = index * block;
-        let cols = block.min(n - first);
+    let m = c.rows;
+    for_column_blocks(c, block, |first, cols, out, stride| {
         let b_block = Mat {
             data: &b.data[first * b.col_stride..],
             cols,
             ..b
         };
-        // SAFETY: `c` was checked to hold `m` rows of `n` columns `stride ≥ n` apart, so
+        // SAFETY: as `for_column_blocks` promises for `out`.
+        unsafe { kernel(alpha, a, b_block, beta, out, m, cols, stride) };
+    });
+}
+
+/// Runs `body(first column, columns, pointer to that column of C's first row, C's row
+/// stride)` for each block of `block` columns of C, in parallel when there is more than
+/// one block. `body` may write the block's columns of C's rows, and nothing else.
+fn for_column_blocks(
+    c: MatMut<'_>,
+    block: usize,
+    body: impl Fn(usize, usize, *mut f32, usize) + Sync,
+) {
+    let n = c.cols;
+    let stride = c.row_stride;
+    let base = SendPtr(c.data.as_mut_ptr());
+    let run = |index: usize| {
+        let first = index * block;
+        // SAFETY: `c` was checked to hold its rows of `n` columns `stride ≥ n` apart, so
         // columns `first..first + cols` of every row lie inside it, and blocks write
         // disjoint column ranges. The exclusive borrow of `c.data` lasts for this call.
-        unsafe {
-            kernel(alpha, a, b_block, beta, base.at(first), m, cols, stride);
-        }
+        body(
+            first,
+            block.min(n - first),
+            unsafe { base.at(first) },
+            stride,
+        );
     };
     let blocks = n.div_ceil(block);
     if blocks == 1 {
-        body(0);
+        run(0);
     } else {
-        (0..blocks).into_par_iter().for_each(body);
+        (0..blocks).into_par_iter().for_each(run);
     }
 }
 
@@ -520,7 +629,7 @@ impl SendPtr {
     }
 }
 
-// SAFETY: only used by `column_blocks`, whose blocks write disjoint elements.
+// SAFETY: only used by `for_column_blocks`, whose blocks write disjoint elements.
 unsafe impl Send for SendPtr {}
 // SAFETY: as above.
 unsafe impl Sync for SendPtr {}

@@ -21,6 +21,18 @@
 //! columns are computed apart and thrown away. So the AVX-512 and the AVX2 kernels
 //! give the same bits (tested), and a checkpoint resumes exactly on either.
 //!
+//! **bf16 operands** (CPUs with AVX512-BF16: Cooper Lake, Sapphire Rapids and later,
+//! AMD Zen 4 and later): the same driver and tiles multiply bf16 pairs with `vdpbf16ps`,
+//! which takes two bf16 products per f32 lane and instruction, so twice the products of
+//! an f32 FMA. An "element" of A and B is then a pair of consecutive bf16 values along
+//! `k`, carried in an f32's 32 bits (low half the even `k`, high half the odd), so the
+//! packing copies those bits as it copies f32s. Each lane's sum still runs from zero
+//! over the pairs in increasing order and is folded into C once per [`KC`] pairs, so
+//! these kernels too give the same bits for any split; the instruction adds a pair's
+//! two exact products in its own order and flushes subnormals to zero, so the bits
+//! differ from the f32 kernels on widened operands (a different GEMM backend for a
+//! checkpoint's record).
+//!
 //! The `unsafe` here: the intrinsics, the kernels' raw pointers (into bounds-checked
 //! views and packed buffers, see each SAFETY note) and the calls of the AVX builds,
 //! made only after the CPU was checked for them.
@@ -28,12 +40,15 @@
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::{
-    __m256, __m512, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_set1_ps,
-    _mm256_setzero_ps, _mm256_storeu_ps, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_mul_ps,
-    _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps,
+    __m256, __m512, __m512bh, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_set1_ps,
+    _mm256_setzero_ps, _mm256_storeu_ps, _mm512_dpbf16_ps, _mm512_fmadd_ps, _mm512_loadu_ps,
+    _mm512_mul_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps,
 };
 use std::cell::Cell;
+use std::mem::transmute;
 use std::sync::OnceLock;
+
+use half::bf16;
 
 use super::Mat;
 
@@ -60,6 +75,15 @@ impl Isa {
             } else {
                 None
             }
+        })
+    }
+
+    /// Whether this CPU has the bf16 kernels (AVX-512F and AVX512-BF16), checked once.
+    pub(crate) fn bf16_detected() -> bool {
+        static FOUND: OnceLock<bool> = OnceLock::new();
+        *FOUND.get_or_init(|| {
+            std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bf16")
         })
     }
 
@@ -100,14 +124,28 @@ enum Tile {
     Avx512Narrow,
     Avx2Wide,
     Avx2Narrow,
+    /// bf16 pairs, `vdpbf16ps`: the AVX-512 tiles' shapes.
+    Bf16Wide,
+    Bf16Narrow,
+}
+
+impl Tile {
+    /// The tile for bf16 pairs and a product `n` columns wide.
+    fn bf16(n: usize) -> Self {
+        if n <= 16 {
+            Self::Bf16Narrow
+        } else {
+            Self::Bf16Wide
+        }
+    }
 }
 
 impl Tile {
     /// Rows of A per tile.
     fn mr(self) -> usize {
         match self {
-            Self::Avx512Wide => 12,
-            Self::Avx512Narrow => 24,
+            Self::Avx512Wide | Self::Bf16Wide => 12,
+            Self::Avx512Narrow | Self::Bf16Narrow => 24,
             Self::Avx2Wide => 6,
             Self::Avx2Narrow => 12,
         }
@@ -116,8 +154,8 @@ impl Tile {
     /// Columns of B per tile.
     fn nr(self) -> usize {
         match self {
-            Self::Avx512Wide => 32,
-            Self::Avx512Narrow => 16,
+            Self::Avx512Wide | Self::Bf16Wide => 32,
+            Self::Avx512Narrow | Self::Bf16Narrow => 16,
             Self::Avx2Wide => 16,
             Self::Avx2Narrow => 8,
         }
@@ -161,12 +199,99 @@ pub(crate) unsafe fn gemm(
     c: *mut f32,
     ldc: usize,
 ) {
-    let (m, k, n) = (a.rows, a.cols, b.cols);
-    debug_assert_eq!(k, b.rows);
+    // SAFETY: the caller's.
+    unsafe { drive(isa.tile(b.cols), alpha, a, SourceB::Mat(b), beta, c, ldc) }
+}
+
+/// A bf16 matrix view (`rows × cols`, element (i, j) at `data[i·row_stride +
+/// j·col_stride]`), used as the B of a bf16 product: its pairs run down the columns.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bf16Mat<'a> {
+    pub(crate) data: &'a [bf16],
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    pub(crate) row_stride: usize,
+    pub(crate) col_stride: usize,
+}
+
+impl<'a> Bf16Mat<'a> {
+    /// Columns `first..first + cols` of it.
+    pub(crate) fn columns(self, first: usize, cols: usize) -> Self {
+        Self {
+            data: &self.data[first * self.col_stride..],
+            cols,
+            ..self
+        }
+    }
+
+    /// Element (i, j)'s bits, 0 (a bf16 zero) past the last row.
+    #[inline]
+    fn bits(&self, i: usize, j: usize) -> u32 {
+        if i < self.rows {
+            u32::from(self.data[i * self.row_stride + j * self.col_stride].to_bits())
+        } else {
+            0
+        }
+    }
+}
+
+/// `C = α·A·B + β·C` over bf16 operands with f32 sums, on this thread: `a` holds A's
+/// rows as bf16 pairs (`m × ⌈k/2⌉` f32s whose bits are elements `2p` (low half) and
+/// `2p + 1` of the row, a zero past an odd `k`), `b` is B (`k × n`).
+///
+/// # Safety
+/// [`Isa::bf16_detected`] must be true; `c` as for [`gemm`].
+pub(crate) unsafe fn gemm_bf16(
+    alpha: f32,
+    a: Mat<'_>,
+    b: Bf16Mat<'_>,
+    beta: f32,
+    c: *mut f32,
+    ldc: usize,
+) {
+    debug_assert_eq!(a.cols, b.rows.div_ceil(2));
+    // SAFETY: the caller's.
+    unsafe { drive(Tile::bf16(b.cols), alpha, a, SourceB::Bf16(b), beta, c, ldc) }
+}
+
+/// B as the driver packs it.
+#[derive(Clone, Copy)]
+enum SourceB<'a> {
+    /// Elements as stored: f32s, or for the bf16 tiles pairs already in an f32's bits.
+    Mat(Mat<'a>),
+    /// bf16 values, paired down the columns while packing.
+    Bf16(Bf16Mat<'a>),
+}
+
+impl SourceB<'_> {
+    /// Rows in the driver's elements (bf16 pairs for [`Self::Bf16`]) and columns.
+    fn shape(&self) -> (usize, usize) {
+        match self {
+            Self::Mat(b) => (b.rows, b.cols),
+            Self::Bf16(b) => (b.rows.div_ceil(2), b.cols),
+        }
+    }
+}
+
+/// The blocked product for one tile shape; see the module's documentation.
+///
+/// # Safety
+/// The tile's kernel runs on this CPU; `c` as for [`gemm`].
+unsafe fn drive(
+    tile: Tile,
+    alpha: f32,
+    a: Mat<'_>,
+    b: SourceB<'_>,
+    beta: f32,
+    c: *mut f32,
+    ldc: usize,
+) {
+    let (m, k) = (a.rows, a.cols);
+    let (b_rows, n) = b.shape();
+    debug_assert_eq!(k, b_rows);
     if m == 0 || n == 0 || k == 0 {
         return;
     }
-    let tile = isa.tile(n);
     let (mr, nr) = (tile.mr(), tile.nr());
     // With one panel of B, each element of A is read once: packing it would cost more
     // than it saves, so the kernel reads it in place (a whole tile of rows is needed).
@@ -182,7 +307,10 @@ pub(crate) unsafe fn gemm(
         for pc in (0..k).step_by(KC) {
             let kc = KC.min(k - pc);
             let beta = if pc == 0 { beta } else { 1.0 };
-            pack_b(b, pc, kc, jc, nc, nr, &mut packed_b);
+            match b {
+                SourceB::Mat(b) => pack_b(b, pc, kc, jc, nc, nr, &mut packed_b),
+                SourceB::Bf16(b) => pack_b_bf16(b, pc, kc, jc, nc, nr, &mut packed_b),
+            }
             for ic in (0..m).step_by(MC) {
                 let mc = MC.min(m - ic);
                 if !in_place {
@@ -355,6 +483,62 @@ fn pack_b(b: Mat<'_>, pc: usize, kc: usize, jc: usize, nc: usize, nr: usize, out
     }
 }
 
+/// As [`pack_b`] for bf16 values: pair `p` of column `j` is rows `2p` and `2p + 1` of
+/// B (`pc..pc + kc` counts pairs), carried in one f32's bits.
+fn pack_b_bf16(
+    b: Bf16Mat<'_>,
+    pc: usize,
+    kc: usize,
+    jc: usize,
+    nc: usize,
+    nr: usize,
+    out: &mut [f32],
+) {
+    let pair = |lo: u32, hi: u32| f32::from_bits(lo | hi << 16);
+    let panels = nc.div_ceil(nr);
+    for (q, panel) in out[..panels * kc * nr]
+        .chunks_exact_mut(kc * nr)
+        .enumerate()
+    {
+        let j0 = jc + q * nr;
+        let cols = nr.min(jc + nc - j0);
+        if cols < nr {
+            panel.fill(0.0);
+        }
+        if b.row_stride == 1 {
+            // Columns contiguous (a weight used transposed, `x·Wᵀ`): walk each column
+            // down, two values per pair, writing it across the panel's rows.
+            let whole = (b.rows.saturating_sub(2 * pc) / 2).min(kc);
+            for jj in 0..cols {
+                let column = &b.data[(j0 + jj) * b.col_stride + 2 * pc..];
+                for (p, two) in column[..2 * whole].chunks_exact(2).enumerate() {
+                    panel[p * nr + jj] = pair(two[0].to_bits().into(), two[1].to_bits().into());
+                }
+                for p in whole..kc {
+                    let row = 2 * (pc + p);
+                    panel[p * nr + jj] = pair(b.bits(row, j0 + jj), b.bits(row + 1, j0 + jj));
+                }
+            }
+            continue;
+        }
+        for (p, dst) in panel.chunks_exact_mut(nr).enumerate() {
+            let row = 2 * (pc + p);
+            if b.col_stride == 1 && row + 1 < b.rows {
+                // Rows contiguous (a weight used as stored, `dY·W`): two rows side by side.
+                let lo = &b.data[row * b.row_stride + j0..][..cols];
+                let hi = &b.data[(row + 1) * b.row_stride + j0..][..cols];
+                for ((d, lo), hi) in dst.iter_mut().zip(lo).zip(hi) {
+                    *d = pair(lo.to_bits().into(), hi.to_bits().into());
+                }
+            } else {
+                for (jj, d) in dst[..cols].iter_mut().enumerate() {
+                    *d = pair(b.bits(row, j0 + jj), b.bits(row + 1, j0 + jj));
+                }
+            }
+        }
+    }
+}
+
 /// `dst[p·dst_stride + r] = src[r·src_stride + p]` for `r < 4`, `p < 8`: a 4 × 8 block
 /// transposed in AVX registers.
 ///
@@ -446,6 +630,8 @@ unsafe fn run_tile(
                 }
                 Tile::Avx2Wide => kernel_avx2::<6, 2>(kc, a, rsa, csa, b, alpha, beta, c, ldc),
                 Tile::Avx2Narrow => kernel_avx2::<12, 1>(kc, a, rsa, csa, b, alpha, beta, c, ldc),
+                Tile::Bf16Wide => kernel_bf16::<12, 2>(kc, a, rsa, csa, b, alpha, beta, c, ldc),
+                Tile::Bf16Narrow => kernel_bf16::<24, 1>(kc, a, rsa, csa, b, alpha, beta, c, ldc),
             }
         }
     };
@@ -474,10 +660,10 @@ unsafe fn run_tile(
 
 /// Defines a kernel `C[MR × NV·LANES] = α·A·B + β·C` over `kc` steps of `k`: A read in
 /// place (element (i, p) at `a + i·rsa + p·csa`), B from a packed panel (`kc` rows of
-/// `NV·LANES`), accumulators in registers.
+/// `NV·LANES`), accumulators in registers, each step `acc = dot(a, b, acc)`.
 macro_rules! kernel {
     ($name:ident, $feature:literal, $lanes:literal, $vec:ty, $zero:ident, $load:ident,
-     $set1:ident, $fmadd:ident, $mul:ident, $store:ident) => {
+     $set1:ident, $dot:ident, $fmadd:ident, $mul:ident, $store:ident) => {
         /// # Safety
         /// The CPU has the kernel's features; A's `MR × kc` elements and the panel's
         /// `kc × NV·LANES` are readable, C's `MR` rows of `NV·LANES` writable.
@@ -506,7 +692,7 @@ macro_rules! kernel {
                     for (i, row) in acc.iter_mut().enumerate() {
                         let x = $set1(*ap.add(i * rsa));
                         for (acc, bv) in row.iter_mut().zip(&bv) {
-                            *acc = $fmadd(x, *bv, *acc);
+                            *acc = $dot(x, *bv, *acc);
                         }
                     }
                 }
@@ -539,6 +725,7 @@ kernel!(
     _mm512_loadu_ps,
     _mm512_set1_ps,
     _mm512_fmadd_ps,
+    _mm512_fmadd_ps,
     _mm512_mul_ps,
     _mm512_storeu_ps
 );
@@ -551,9 +738,38 @@ kernel!(
     _mm256_loadu_ps,
     _mm256_set1_ps,
     _mm256_fmadd_ps,
+    _mm256_fmadd_ps,
     _mm256_mul_ps,
     _mm256_storeu_ps
 );
+kernel!(
+    kernel_bf16,
+    "avx512f,avx512bf16",
+    16,
+    __m512,
+    _mm512_setzero_ps,
+    _mm512_loadu_ps,
+    _mm512_set1_ps,
+    dot_bf16,
+    _mm512_fmadd_ps,
+    _mm512_mul_ps,
+    _mm512_storeu_ps
+);
+
+/// `acc + x·b` over bf16 pairs: lane i adds the two products of `x`'s and `b`'s pair i
+/// (each vector's 32 bits per lane read as two bf16 values).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bf16")]
+fn dot_bf16(x: __m512, b: __m512, acc: __m512) -> __m512 {
+    // SAFETY: bit casts between 512-bit vector types.
+    let (x, b) = unsafe {
+        (
+            transmute::<__m512, __m512bh>(x),
+            transmute::<__m512, __m512bh>(b),
+        )
+    };
+    _mm512_dpbf16_ps(acc, x, b)
+}
 
 #[cfg(test)]
 mod tests {
@@ -662,6 +878,134 @@ mod tests {
                                 .zip(&got)
                                 .all(|(x, y)| x.to_bits() == y.to_bits()),
                             "{m}×{n}×{k} tA={ta} tB={tb} β={beta}: AVX-512 and AVX2 differ"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// `C = 0.7·A·B + β·C` on the bf16 kernels for B (`k × n`, bf16) stored as is
+    /// (`as_stored`) or transposed, A given as pairs of `a16` (`m × k`), computed whole
+    /// and, when `split`, in blocks of rows and of columns as the threads' splits cut it.
+    fn bf16_product(
+        (m, n, k): (usize, usize, usize),
+        a16: &[bf16],
+        b16: &[bf16],
+        as_stored: bool,
+        beta: f32,
+        split: Option<(usize, usize)>,
+    ) -> Vec<f32> {
+        let pairs = k.div_ceil(2);
+        let a: Vec<f32> = (0..m * pairs)
+            .map(|e| {
+                let (i, p) = (e / pairs, e % pairs);
+                let lo = u32::from(a16[i * k + 2 * p].to_bits());
+                let hi = if 2 * p + 1 < k {
+                    u32::from(a16[i * k + 2 * p + 1].to_bits())
+                } else {
+                    0
+                };
+                f32::from_bits(lo | hi << 16)
+            })
+            .collect();
+        let b = if as_stored {
+            Bf16Mat {
+                data: b16,
+                rows: k,
+                cols: n,
+                row_stride: n,
+                col_stride: 1,
+            }
+        } else {
+            Bf16Mat {
+                data: b16,
+                rows: k,
+                cols: n,
+                row_stride: 1,
+                col_stride: k,
+            }
+        };
+        let ldc = n + 3;
+        let mut c = values(m * ldc, 3);
+        let (rows, cols) = split.unwrap_or((m, n));
+        for i0 in (0..m).step_by(rows) {
+            for j0 in (0..n).step_by(cols) {
+                let a_block = Mat::strided(&a[i0 * pairs..], rows.min(m - i0), pairs, pairs, 1);
+                let b_block = b.columns(j0, cols.min(n - j0));
+                // SAFETY: the bf16 kernels were detected (checked by the caller); the
+                // block of C lies inside `c` and is only this thread's.
+                unsafe {
+                    gemm_bf16(
+                        0.7,
+                        a_block,
+                        b_block,
+                        beta,
+                        c.as_mut_ptr().add(i0 * ldc + j0),
+                        ldc,
+                    )
+                };
+            }
+        }
+        c
+    }
+
+    #[test]
+    fn the_bf16_kernels_compute_the_product_and_any_split_gives_the_same_bits() {
+        if !Isa::bf16_detected() {
+            eprintln!("this CPU has no AVX512-BF16: the bf16 kernels are not run here");
+            return;
+        }
+        let to_bf16 = |v: Vec<f32>| -> Vec<bf16> { v.into_iter().map(bf16::from_f32).collect() };
+        // Odd and even k over more than one block of pairs, A read in place (n ≤ 16,
+        // m ≥ 24) and packed, edge tiles, more than one panel of B's columns.
+        for (m, n, k) in [
+            (1, 1, 1),
+            (30, 8, 1201),
+            (50, 16, 64),
+            (13, 33, 517),
+            (70, 1030, 40),
+        ] {
+            let (a16, b16) = (to_bf16(values(m * k, 1)), to_bf16(values(k * n, 2)));
+            let before = values(m * (n + 3), 3);
+            for as_stored in [true, false] {
+                for beta in [0.0, -0.3] {
+                    let got = bf16_product((m, n, k), &a16, &b16, as_stored, beta, None);
+                    let ldc = n + 3;
+                    for i in 0..m {
+                        for j in 0..n {
+                            let w = |p: usize| {
+                                if as_stored {
+                                    b16[p * n + j]
+                                } else {
+                                    b16[j * k + p]
+                                }
+                            };
+                            let dot: f64 = (0..k)
+                                .map(|p| {
+                                    f64::from(a16[i * k + p].to_f32()) * f64::from(w(p).to_f32())
+                                })
+                                .sum();
+                            let want = 0.7 * dot + f64::from(beta) * f64::from(before[i * ldc + j]);
+                            let got = f64::from(got[i * ldc + j]);
+                            assert!(
+                                (got - want).abs() <= 1e-5 * (1.0 + want.abs()) * (k as f64).sqrt(),
+                                "{m}×{n}×{k} stored {as_stored} β={beta}: ({i},{j}) {got} vs {want}"
+                            );
+                        }
+                        for j in n..ldc {
+                            assert_eq!(got[i * ldc + j].to_bits(), before[i * ldc + j].to_bits());
+                        }
+                    }
+                    for split in [(64, n), (m, 64), (7, 5)] {
+                        let parts =
+                            bf16_product((m, n, k), &a16, &b16, as_stored, beta, Some(split));
+                        assert!(
+                            parts
+                                .iter()
+                                .zip(&got)
+                                .all(|(x, y)| x.to_bits() == y.to_bits()),
+                            "{m}×{n}×{k} stored {as_stored} β={beta}: split {split:?} changed bits"
                         );
                     }
                 }

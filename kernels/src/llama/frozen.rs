@@ -9,8 +9,10 @@
 //! even, as PyTorch rounds), and the product of two bf16 values is exact in f32, so the
 //! result is that of bf16 operands with f32 accumulation whichever way it is computed:
 //! on a oneMKL build with bf16-stored weights through `cblas_gemm_bf16bf16f32` (AMX
-//! tiles on Sapphire Rapids and later), elsewhere by widening both operands and running
-//! the f32 GEMM (the same values, only the order of the sums may differ).
+//! tiles on Sapphire Rapids and later), on a CPU with AVX512-BF16 (and bf16-stored
+//! weights) through the crate's own `vdpbf16ps` kernels, which read the weights as
+//! stored and the activation as bf16 pairs, elsewhere by widening both operands and
+//! running the f32 GEMM (the same values, only the order of the sums may differ).
 
 use crate::gemm::{Mat, MatMut, gemm};
 use half::bf16;
@@ -45,21 +47,38 @@ pub(super) struct FrozenWork {
     /// every projection is stored as bf16.
     #[cfg(tuneq_blas_mkl)]
     rounded_bf16: Vec<bf16>,
+    /// The same as bf16 pairs (see [`pair_rows`]), for the own bf16 kernels: allocated
+    /// (and those kernels used) when every projection is stored as bf16 and the CPU has
+    /// them.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pairs: Vec<f32>,
 }
 
 impl FrozenWork {
     /// Scratch for `compute`: `widened` elements for the weights and, in bf16 compute,
-    /// `rounded` for the activation operand, as bf16 when `mkl_bf16` (see
-    /// [`uses_mkl_bf16`]), else as f32.
-    pub(super) fn new(compute: Compute, widened: usize, rounded: usize, mkl_bf16: bool) -> Self {
-        let rounded = if compute == Compute::Bf16 { rounded } else { 0 };
-        let mkl_bf16 = mkl_bf16 && cfg!(tuneq_blas_mkl);
+    /// room for the activation operand of `tokens` rows at most `widest` wide: as bf16
+    /// when `bf16_gemm` (see [`uses_bf16_gemm`]), else as f32.
+    pub(super) fn new(
+        compute: Compute,
+        widened: usize,
+        (tokens, widest): (usize, usize),
+        bf16_gemm: bool,
+    ) -> Self {
+        let bf16_gemm = bf16_gemm && compute == Compute::Bf16;
+        let mkl = bf16_gemm && cfg!(tuneq_blas_mkl);
+        let own = bf16_gemm && !mkl && crate::gemm::own_bf16_kernels();
+        let rounded = if compute == Compute::Bf16 && !mkl && !own {
+            tokens * widest
+        } else {
+            0
+        };
         Self {
             compute,
             widened: vec![0.0; widened],
             #[cfg(tuneq_blas_mkl)]
-            rounded_bf16: vec![bf16::ZERO; if mkl_bf16 { rounded } else { 0 }],
-            rounded: vec![0.0; if mkl_bf16 { 0 } else { rounded }],
+            rounded_bf16: vec![bf16::ZERO; if mkl { tokens * widest } else { 0 }],
+            rounded: vec![0.0; rounded],
+            pairs: vec![0.0; if own { tokens * widest.div_ceil(2) } else { 0 }],
         }
     }
 
@@ -91,6 +110,13 @@ impl FrozenWork {
                     crate::gemm::gemm_bf16(a, w, (rows, cols), transposed, beta, c);
                     return;
                 }
+                #[cfg(target_arch = "x86_64")]
+                if let (Frozen::Bf16(w), false) = (w, self.pairs.is_empty()) {
+                    let (m, k) = (a.rows(), a.cols());
+                    let a = Mat::new(pair_rows(a, &mut self.pairs), m, k.div_ceil(2));
+                    crate::gemm::gemm_bf16_pairs(a, w, (rows, cols), transposed, beta, c);
+                    return;
+                }
                 let (m, k) = (a.rows(), a.cols());
                 let a = round_rows(a, &mut self.rounded, |x| f32::from_bits(rounded_bits(x)));
                 let w = Mat::new(w.as_bf16_values(&mut self.widened), rows, cols);
@@ -113,6 +139,14 @@ thread_local! {
 /// when every projection is stored as bf16 (`projections_bf16`).
 pub(super) fn uses_mkl_bf16(compute: Compute, projections_bf16: bool) -> bool {
     compute == Compute::Bf16 && projections_bf16 && cfg!(tuneq_blas_mkl)
+}
+
+/// Whether bf16 compute hands the products to a GEMM that takes the weights as stored
+/// (bf16, `projections_bf16`): oneMKL's ([`uses_mkl_bf16`]) or, on a CPU with
+/// AVX512-BF16, the crate's own bf16 kernels.
+pub(super) fn uses_bf16_gemm(compute: Compute, projections_bf16: bool) -> bool {
+    uses_mkl_bf16(compute, projections_bf16)
+        || (compute == Compute::Bf16 && projections_bf16 && crate::gemm::own_bf16_kernels())
 }
 
 /// `w`, or its transpose when `transposed`.
@@ -142,6 +176,48 @@ fn round_rows<'o, T: Send>(a: Mat<'_>, out: &'o mut [T], f: impl Fn(f32) -> T + 
                         .iter_mut()
                         .enumerate()
                         .for_each(|(j, o)| *o = f(a.at(i, j))),
+                }
+            }
+        });
+    out
+}
+
+/// Writes `a`'s rows (`m × k`) into `out` rounded to bf16 and paired, `m × ⌈k/2⌉`
+/// row-major: each f32 of the result carries elements `2p` (low 16 bits) and `2p + 1`
+/// (high 16 bits) of its row, a zero past an odd `k`, as the own bf16 kernels read
+/// them. Returns that part of `out`; in parallel over fixed blocks of rows.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn pair_rows<'o>(a: Mat<'_>, out: &'o mut [f32]) -> &'o [f32] {
+    let (m, k) = (a.rows(), a.cols());
+    let pairs = k.div_ceil(2);
+    let out = &mut out[..m * pairs];
+    if pairs == 0 {
+        return out;
+    }
+    let pair = |even: f32, odd: f32| f32::from_bits(rounded_bits(even) >> 16 | rounded_bits(odd));
+    out.par_chunks_mut(ROUND_ROWS * pairs)
+        .enumerate()
+        .for_each(|(block, rows)| {
+            for (r, row) in rows.chunks_mut(pairs).enumerate() {
+                let i = block * ROUND_ROWS + r;
+                match a.row(i) {
+                    Some(src) => {
+                        let (whole, last) = src.split_at(k / 2 * 2);
+                        for (o, two) in row.iter_mut().zip(whole.chunks_exact(2)) {
+                            *o = pair(two[0], two[1]);
+                        }
+                        if let Some(&x) = last.first() {
+                            row[pairs - 1] = pair(x, 0.0);
+                        }
+                    }
+                    None => row.iter_mut().enumerate().for_each(|(p, o)| {
+                        let odd = if 2 * p + 1 < k {
+                            a.at(i, 2 * p + 1)
+                        } else {
+                            0.0
+                        };
+                        *o = pair(a.at(i, 2 * p), odd);
+                    }),
                 }
             }
         });

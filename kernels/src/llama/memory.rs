@@ -203,7 +203,10 @@ pub(super) fn max_ranks(ranks: &[[usize; 7]]) -> [usize; 7] {
 /// `compute`: [`Compute::Bf16`] adds the rounded activation operand, `4·N·widest side`
 /// bytes (2 on a oneMKL build with bf16 weights, whose bf16 GEMM takes it as bf16 and
 /// the weights as stored), and, for f32-stored projections, the scratch they are
-/// rounded into.
+/// rounded into. The crate's own bf16 kernels need as little as oneMKL, but only on a
+/// CPU with AVX512-BF16, and the estimate is made for nodes whose CPU the estimating
+/// machine does not know (placement), so it counts the widened operands there: an
+/// upper bound, by `4·(largest projection) + 2·N·widest side` bytes.
 pub fn step_bytes(
     dims: &Dims,
     tokens: usize,

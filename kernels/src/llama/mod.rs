@@ -69,7 +69,9 @@
 //! activation or gradient rounded to bf16 (to nearest even) and the weight as stored
 //! (or rounded), with f32 products and sums: on a oneMKL build with every projection
 //! stored as bf16 through `cblas_gemm_bf16bf16f32` (AMX on Sapphire Rapids and later),
-//! elsewhere by widening both operands for the f32 GEMM. LoRA, the head and everything
+//! on a CPU with AVX512-BF16 through the crate's own `vdpbf16ps` kernels (the weights
+//! read as stored, twice the products per instruction of f32), elsewhere by widening
+//! both operands for the f32 GEMM. LoRA, the head and everything
 //! else stay f32. Outside the f32 parity guarantee; deterministic like the rest, and
 //! unchanged by checkpointing. [`step_bytes`] counts the rounded operand.
 //!
@@ -275,25 +277,26 @@ impl Model<'_> {
 
     /// The frozen products' scratch for `n` tokens: room for the largest matrix the
     /// step widens whole (the head when it is bf16; each bf16 projection in f32
-    /// compute; in bf16 compute, every projection unless oneMKL's bf16 GEMM takes them
-    /// as stored), and in bf16 compute the rounded activation operand.
+    /// compute; in bf16 compute, every projection unless a bf16 GEMM, oneMKL's or the
+    /// own kernels, takes them as stored), and in bf16 compute the rounded activation
+    /// operand.
     fn frozen_work(&self, n: usize) -> FrozenWork {
         let all_bf16 = self
             .layers
             .iter()
             .all(|l| l.proj.iter().all(|p| p.weight.is_bf16()));
-        let mkl_bf16 = frozen::uses_mkl_bf16(self.compute, all_bf16);
+        let bf16_gemm = frozen::uses_bf16_gemm(self.compute, all_bf16);
         let widened = self.layers.iter().flat_map(|l| {
             (0..7).filter(move |&p| match self.compute {
                 Compute::F32 => l.proj[p].weight.is_bf16(),
-                Compute::Bf16 => !mkl_bf16,
+                Compute::Bf16 => !bf16_gemm,
             })
         });
         FrozenWork::new(
             self.compute,
             widening_len(&self.dims, self.lm_head.is_bf16(), widened),
-            n * widest_side(&self.dims),
-            mkl_bf16,
+            (n, widest_side(&self.dims)),
+            bf16_gemm,
         )
     }
 }
