@@ -12,7 +12,7 @@ use half::bf16;
 use rand::{Rng, SeedableRng};
 use tuneq_kernels::llama::{
     Batch, Compute, Dims, Frozen, Layer, Lora, MaskSource, Model, Projection, StepOptions,
-    forward_backward_with, step_bytes,
+    forward_backward_with, step_bytes, step_bytes_on_any_cpu,
 };
 
 /// The system allocator, counting live bytes and their peak.
@@ -239,17 +239,31 @@ fn step_bytes_is_what_a_step_allocates() {
         assert!(bf16_measured >= f32_measured + widening);
     }
     // bf16 compute adds the rounded activation operand, N × the widest projection side
-    // (the intermediate width here): f32, or bf16 for oneMKL's bf16 GEMM. The widening
+    // (the intermediate width here): f32 where the operands are widened, bf16 (as bf16
+    // pairs for the own AVX512-BF16 kernels) where a bf16 GEMM takes them. The widening
     // scratch stays the head's.
-    let rounded = if cfg!(feature = "blas") && tuneq_kernels::backend().starts_with("mkl") {
-        2
-    } else {
-        4
-    } * (n * dims.intermediate) as u64;
+    let widened = tuneq_kernels::bf16_backend().ends_with("on widened bf16 operands");
+    let rounded = 4
+        * (n * if widened {
+            dims.intermediate
+        } else {
+            dims.intermediate.div_ceil(2)
+        }) as u64;
     for k in 0..4 {
         let ((_, bf16_counted, bf16_measured), (_, compute_counted, compute_measured)) =
             (scratch[k + 4], scratch[k + 8]);
         assert_eq!(compute_counted - bf16_counted, rounded);
         assert!(compute_measured >= bf16_measured + rounded);
+    }
+    // Placement's figure, for a node whose CPU it does not know, is at least what a step
+    // here allocates, and the same where this machine widens the operands too.
+    for dropout in [false, true] {
+        for checkpoint in [false, true] {
+            let here = step_bytes(&dims, n, &ranks, dropout, checkpoint, true, Compute::Bf16);
+            let any =
+                step_bytes_on_any_cpu(&dims, n, &ranks, dropout, checkpoint, true, Compute::Bf16);
+            assert!(any >= here, "{any} < {here}");
+            assert!(!widened || any == here, "{any} ≠ {here}");
+        }
     }
 }

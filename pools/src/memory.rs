@@ -3,7 +3,7 @@
 //! ever hold is refused at create with the numbers instead of failing on a node.
 
 use serde::Deserialize;
-use tuneq_kernels::llama::{Compute, Dims, PROJECTIONS, step_bytes};
+use tuneq_kernels::llama::{Compute, Dims, PROJECTIONS, step_bytes_on_any_cpu};
 use tuneq_openapi::{ActivationCheckpointing, ComputeKind, DtypeKind, LoraSpec};
 
 /// The shape of a Llama-family model, from its `config.json`.
@@ -195,7 +195,7 @@ pub const PROCESS_BYTES: u64 = 24 << 20;
 /// byte-level BPE tokenizers (11 MiB for 4096 entries, 54 MiB for 32000).
 const TOKENIZER_BYTES_PER_ENTRY: u64 = 1741;
 
-/// The step's scratch besides [`step_bytes`], measured with [`REFERENCE_THREADS`]
+/// The step's scratch besides [`step_bytes_on_any_cpu`], measured with [`REFERENCE_THREADS`]
 /// threads on three model shapes with the kernels' own x86 GEMM (the estimates are then
 /// 12–52 MiB over the peaks at 64 MiB, one 15 MiB under). matrixmultiply, which the
 /// kernels fall back to on CPUs without AVX2 and on other architectures, copies more
@@ -264,7 +264,9 @@ pub fn cpu_memory(shape: &ModelShape, ask: &Ask<'_>, limit: Option<u64>) -> CpuM
         ComputeKind::F32 => Compute::F32,
         ComputeKind::Bf16 => Compute::Bf16,
     };
-    let step = |recompute| step_bytes(&dims, tokens, &ranks, dropout, recompute, bf16, compute);
+    // The node's CPU is not known here: bf16 compute counts the widened operands.
+    let step =
+        |recompute| step_bytes_on_any_cpu(&dims, tokens, &ranks, dropout, recompute, bf16, compute);
     let mut memory = CpuMemory {
         runtime: PROCESS_BYTES + TOKENIZER_BYTES_PER_ENTRY * shape.vocab_size,
         weights: shape.parameters() * weight_bytes,

@@ -203,10 +203,9 @@ pub(super) fn max_ranks(ranks: &[[usize; 7]]) -> [usize; 7] {
 /// `compute`: [`Compute::Bf16`] adds the rounded activation operand, `4·N·widest side`
 /// bytes (2 on a oneMKL build with bf16 weights, whose bf16 GEMM takes it as bf16 and
 /// the weights as stored), and, for f32-stored projections, the scratch they are
-/// rounded into. The crate's own bf16 kernels need as little as oneMKL, but only on a
-/// CPU with AVX512-BF16, and the estimate is made for nodes whose CPU the estimating
-/// machine does not know (placement), so it counts the widened operands there: an
-/// upper bound, by `4·(largest projection) + 2·N·widest side` bytes.
+/// rounded into. The crate's own bf16 kernels, on a CPU with AVX512-BF16, need as
+/// little as oneMKL: counted when this machine has them ([`step_bytes_on_any_cpu`]
+/// counts the widened operands wherever oneMKL does not take them).
 pub fn step_bytes(
     dims: &Dims,
     tokens: usize,
@@ -215,6 +214,38 @@ pub fn step_bytes(
     checkpoint_layers: bool,
     frozen_bf16: bool,
     compute: Compute,
+) -> u64 {
+    let bf16_gemm = super::frozen::uses_bf16_gemm(compute, frozen_bf16);
+    let step = (dims, tokens, ranks, dropout, checkpoint_layers);
+    step_bytes_with(step, frozen_bf16, compute, bf16_gemm)
+}
+
+/// [`step_bytes`] on whichever x86 or Arm CPU the step will run: in bf16 compute, the
+/// widened operands unless this is a oneMKL build, since only some CPUs have the own
+/// bf16 kernels. An upper bound by at most `4·(largest projection) + 2·N·widest side`
+/// bytes where the node's CPU has them. What placement counts, as it does not know the
+/// node's CPU.
+pub fn step_bytes_on_any_cpu(
+    dims: &Dims,
+    tokens: usize,
+    ranks: &[[usize; 7]],
+    dropout: bool,
+    checkpoint_layers: bool,
+    frozen_bf16: bool,
+    compute: Compute,
+) -> u64 {
+    let bf16_gemm = super::frozen::uses_mkl_bf16(compute, frozen_bf16);
+    let step = (dims, tokens, ranks, dropout, checkpoint_layers);
+    step_bytes_with(step, frozen_bf16, compute, bf16_gemm)
+}
+
+/// [`step_bytes`] for a step whose bf16 products, in bf16 compute, take the weights as
+/// stored and the operand as bf16 (`bf16_gemm`) or widen both.
+fn step_bytes_with(
+    (dims, tokens, ranks, dropout, checkpoint_layers): (&Dims, usize, &[[usize; 7]], bool, bool),
+    frozen_bf16: bool,
+    compute: Compute,
+    bf16_gemm: bool,
 ) -> u64 {
     let (d, n) = (dims, tokens);
     if n == 0 {
@@ -246,8 +277,7 @@ pub fn step_bytes(
     };
     // x, the forward scratch, the final norm's 1/rms and the hidden-state gradient.
     let forward: usize = forward_work_lengths(d, n, dropout).iter().sum();
-    let mkl_bf16 = super::frozen::uses_mkl_bf16(compute, frozen_bf16);
-    let projections = if mkl_bf16 { 0..0 } else { 0..7 };
+    let projections = if bf16_gemm { 0..0 } else { 0..7 };
     let widening = match (frozen_bf16, compute) {
         (true, _) => widening_len(d, true, projections),
         (false, Compute::Bf16) => widening_len(d, false, projections),
@@ -255,7 +285,9 @@ pub fn step_bytes(
     };
     let rounded = match compute {
         Compute::F32 => 0,
-        Compute::Bf16 => 4 * (n * widest_side(d)) as u64 / if mkl_bf16 { 2 } else { 1 },
+        // As bf16 (oneMKL) or bf16 pairs (the own kernels, `⌈widest/2⌉` per row).
+        Compute::Bf16 if bf16_gemm => 4 * (n * widest_side(d).div_ceil(2)) as u64,
+        Compute::Bf16 => 4 * (n * widest_side(d)) as u64,
     };
     let common = state + f32s(n * d.hidden + forward + widening + n + n * d.hidden) + rounded;
     let ce = crate::loss::scratch_bytes(d.hidden, d.vocab, n, true);

@@ -97,10 +97,10 @@ use backward::{BackwardWork, LoraWork, layer_backward};
 use forward::{ForwardWork, Masks, Saved, drawn, embed, layer_forward};
 use frozen::FrozenWork;
 pub use frozen::{Compute, Frozen};
-pub use memory::step_bytes;
 use memory::{
     StoredMask, backward_lengths, forward_work_lengths, max_ranks, widening_len, widest_side,
 };
+pub use memory::{step_bytes, step_bytes_on_any_cpu};
 
 /// The seven projections of a layer, in [`Layer::proj`] order (PEFT's module names).
 pub const PROJECTIONS: [&str; 7] = [
