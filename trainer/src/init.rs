@@ -272,3 +272,39 @@ fn random_weights_in(
 
     Ok(tensors)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::DType;
+
+    /// A random model asked for in bf16 holds its frozen weights in bf16, rounded from
+    /// the f32 model's: the bf16 benchmark once measured f32-stored weights because they
+    /// were never converted.
+    #[test]
+    fn a_random_model_in_bf16_holds_the_f32_models_weights_rounded() {
+        let opts = InitOptions {
+            preset: Preset::Tiny,
+            seed: 5,
+            shards: 1,
+            tie_embeddings: false,
+            llama3_rope: false,
+        };
+        let model = |dtype| random_model_in(preset_config(&opts), 5, None, dtype).expect("model");
+        let (f32_model, bf16_model) = (model(DType::F32), model(DType::BF16));
+        for (f, b) in f32_model.layers.iter().zip(&bf16_model.layers) {
+            for (f, b) in f.projections.iter().zip(&b.projections) {
+                assert_eq!(
+                    (f.weight.dtype(), b.weight.dtype()),
+                    (DType::F32, DType::BF16)
+                );
+                let rounded = f.weight.to_dtype(DType::BF16).expect("rounded");
+                let same = rounded
+                    .eq(&b.weight)
+                    .and_then(|t| t.to_dtype(DType::F32)?.min_all()?.to_scalar::<f32>())
+                    .expect("compared");
+                assert_eq!(same, 1.0, "a bf16 weight is not the f32 one rounded");
+            }
+        }
+    }
+}
