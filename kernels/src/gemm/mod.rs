@@ -262,11 +262,7 @@ pub fn gemm(alpha: f32, a: Mat<'_>, b: Mat<'_>, beta: f32, c: MatMut<'_>) {
         Some(buf) => Mat::new(copy_row_major(b, buf), k, n),
         None => b,
     };
-    if plan.by_rows {
-        row_blocks(alpha, a, b, beta, c, plan.block);
-    } else {
-        column_blocks(alpha, a, b, beta, c, plan.block);
-    }
+    in_blocks(alpha, a, b, beta, c, plan.by_rows, plan.block);
     if let Some(buf) = a_copy {
         SCRATCH_A.set(buf);
     }
@@ -346,23 +342,17 @@ pub(crate) fn gemm_bf16_pairs(
         return;
     }
     let plan = Plan::new(m, n, k, rayon::current_num_threads());
-    if plan.by_rows {
-        for_row_blocks(c, plan.block, |first, out| {
-            let a_block = Mat {
-                data: &a.data[first * a.row_stride..],
-                rows: out.rows,
-                ..a
-            };
-            // SAFETY: the bf16 kernels were detected (asserted above); `out` is an
-            // exclusive, bounds-checked view of these rows of C.
-            unsafe { x86::gemm_bf16(1.0, a_block, b, beta, out.data.as_mut_ptr(), out.row_stride) };
-        });
-    } else {
-        for_column_blocks(c, plan.block, |first, cols, out, stride| {
-            // SAFETY: as above; `out` as `for_column_blocks` promises.
+    for_blocks(
+        a,
+        c,
+        plan.by_rows,
+        plan.block,
+        |a, first, cols, out, stride| {
+            // SAFETY: the bf16 kernels were detected (asserted above); `out` is the block
+            // of C as `for_blocks` promises.
             unsafe { x86::gemm_bf16(1.0, a, b.columns(first, cols), beta, out, stride) };
-        });
-    }
+        },
+    );
 }
 
 /// `C = A·op(W) + β·C` with bf16 operands and f32 products and accumulation, through
@@ -540,16 +530,54 @@ fn copy_row_major<'b>(v: Mat<'_>, buf: &'b mut Vec<f32>) -> &'b [f32] {
     buf
 }
 
-/// Splits C into blocks of `block` rows and runs them in parallel.
-fn row_blocks(alpha: f32, a: Mat<'_>, b: Mat<'_>, beta: f32, c: MatMut<'_>, block: usize) {
-    for_row_blocks(c, block, |first, out| {
-        let a_block = Mat {
-            data: &a.data[first * a.row_stride..],
-            rows: out.rows,
-            ..a
+/// `C = α·A·B + β·C` with C split into blocks of `block` rows (`by_rows`) or columns,
+/// one library call per block, in parallel.
+fn in_blocks(
+    alpha: f32,
+    a: Mat<'_>,
+    b: Mat<'_>,
+    beta: f32,
+    c: MatMut<'_>,
+    by_rows: bool,
+    block: usize,
+) {
+    for_blocks(a, c, by_rows, block, |a, first, cols, out, stride| {
+        let b_block = Mat {
+            data: &b.data[first * b.col_stride..],
+            cols,
+            ..b
         };
-        sequential(alpha, a_block, b, beta, out);
+        // SAFETY: `out` is the block of C as `for_blocks` promises.
+        unsafe { kernel(alpha, a, b_block, beta, out, a.rows, cols, stride) };
     });
+}
+
+/// Runs `body(A's rows for the block, first column, columns, pointer to the block's
+/// first element of C, C's row stride)` for each block of `block` rows of C (`by_rows`,
+/// with those rows of A) or of `block` columns (with all of A), in parallel when there
+/// is more than one block. `body` may write its block of C, and nothing else.
+fn for_blocks(
+    a: Mat<'_>,
+    c: MatMut<'_>,
+    by_rows: bool,
+    block: usize,
+    body: impl Fn(Mat<'_>, usize, usize, *mut f32, usize) + Sync,
+) {
+    if by_rows {
+        let n = c.cols;
+        for_row_blocks(c, block, |first, out| {
+            let a_block = Mat {
+                data: &a.data[first * a.row_stride..],
+                rows: out.rows,
+                ..a
+            };
+            body(a_block, 0, n, out.data.as_mut_ptr(), out.row_stride);
+        });
+    } else {
+        for_column_blocks(c, block, |first, cols, out, stride| {
+            body(a, first, cols, out, stride);
+        });
+    }
 }
 
 /// Runs `body(first row, those rows of C)` for each block of `block` rows of C, in
@@ -568,20 +596,6 @@ fn for_row_blocks(c: MatMut<'_>, block: usize, body: impl Fn(usize, MatMut<'_>) 
             .enumerate()
             .for_each(run);
     }
-}
-
-/// Splits C into blocks of `block` columns and runs them in parallel.
-fn column_blocks(alpha: f32, a: Mat<'_>, b: Mat<'_>, beta: f32, c: MatMut<'_>, block: usize) {
-    let m = c.rows;
-    for_column_blocks(c, block, |first, cols, out, stride| {
-        let b_block = Mat {
-            data: &b.data[first * b.col_stride..],
-            cols,
-            ..b
-        };
-        // SAFETY: as `for_column_blocks` promises for `out`.
-        unsafe { kernel(alpha, a, b_block, beta, out, m, cols, stride) };
-    });
 }
 
 /// Runs `body(first column, columns, pointer to that column of C's first row, C's row
@@ -633,23 +647,6 @@ impl SendPtr {
 unsafe impl Send for SendPtr {}
 // SAFETY: as above.
 unsafe impl Sync for SendPtr {}
-
-/// One call of the library on the current thread.
-fn sequential(alpha: f32, a: Mat<'_>, b: Mat<'_>, beta: f32, c: MatMut<'_>) {
-    // SAFETY: `c` is an exclusive, bounds-checked view (see `MatMut::strided`).
-    unsafe {
-        kernel(
-            alpha,
-            a,
-            b,
-            beta,
-            c.data.as_mut_ptr(),
-            c.rows,
-            c.cols,
-            c.row_stride,
-        )
-    }
-}
 
 /// # Safety
 /// `c` must point at `m` rows of `n` writable elements, `c_stride` apart, that no other
@@ -949,11 +946,7 @@ mod tests {
                 .expect("a pool");
             pool.install(|| {
                 let c = MatMut::new(&mut c, m, n);
-                if by_rows {
-                    row_blocks(0.7, self.a(), self.b(), -0.3, c, block);
-                } else {
-                    column_blocks(0.7, self.a(), self.b(), -0.3, c, block);
-                }
+                in_blocks(0.7, self.a(), self.b(), -0.3, c, by_rows, block);
             });
             c
         }

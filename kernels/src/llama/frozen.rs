@@ -160,23 +160,33 @@ const ROUND_ROWS: usize = 64;
 /// Writes `f(a[i][j])` into `out` row-major (`a.rows() × a.cols()`) and returns that
 /// part of it. Elementwise, in parallel over fixed blocks of rows.
 fn round_rows<'o, T: Send>(a: Mat<'_>, out: &'o mut [T], f: impl Fn(f32) -> T + Sync) -> &'o [T] {
-    let (m, k) = (a.rows(), a.cols());
-    let out = &mut out[..m * k];
-    if k == 0 {
+    fill_rows(a.rows(), a.cols(), out, |i, row| match a.row(i) {
+        Some(src) => row.iter_mut().zip(src).for_each(|(o, &x)| *o = f(x)),
+        None => row
+            .iter_mut()
+            .enumerate()
+            .for_each(|(j, o)| *o = f(a.at(i, j))),
+    })
+}
+
+/// Fills the first `rows × width` elements of `out` row-major, row `i` by
+/// `fill(i, row)`, in parallel over fixed blocks of [`ROUND_ROWS`] rows, and returns
+/// that part of it.
+fn fill_rows<T: Send>(
+    rows: usize,
+    width: usize,
+    out: &mut [T],
+    fill: impl Fn(usize, &mut [T]) + Sync,
+) -> &[T] {
+    let out = &mut out[..rows * width];
+    if width == 0 {
         return out;
     }
-    out.par_chunks_mut(ROUND_ROWS * k)
+    out.par_chunks_mut(ROUND_ROWS * width)
         .enumerate()
-        .for_each(|(block, rows)| {
-            for (r, row) in rows.chunks_mut(k).enumerate() {
-                let i = block * ROUND_ROWS + r;
-                match a.row(i) {
-                    Some(src) => row.iter_mut().zip(src).for_each(|(o, &x)| *o = f(x)),
-                    None => row
-                        .iter_mut()
-                        .enumerate()
-                        .for_each(|(j, o)| *o = f(a.at(i, j))),
-                }
+        .for_each(|(block, chunk)| {
+            for (r, row) in chunk.chunks_mut(width).enumerate() {
+                fill(block * ROUND_ROWS + r, row);
             }
         });
     out
@@ -188,40 +198,28 @@ fn round_rows<'o, T: Send>(a: Mat<'_>, out: &'o mut [T], f: impl Fn(f32) -> T + 
 /// them. Returns that part of `out`; in parallel over fixed blocks of rows.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 fn pair_rows<'o>(a: Mat<'_>, out: &'o mut [f32]) -> &'o [f32] {
-    let (m, k) = (a.rows(), a.cols());
+    let k = a.cols();
     let pairs = k.div_ceil(2);
-    let out = &mut out[..m * pairs];
-    if pairs == 0 {
-        return out;
-    }
     let pair = |even: f32, odd: f32| f32::from_bits(rounded_bits(even) >> 16 | rounded_bits(odd));
-    out.par_chunks_mut(ROUND_ROWS * pairs)
-        .enumerate()
-        .for_each(|(block, rows)| {
-            for (r, row) in rows.chunks_mut(pairs).enumerate() {
-                let i = block * ROUND_ROWS + r;
-                match a.row(i) {
-                    Some(src) => {
-                        let (whole, last) = src.split_at(k / 2 * 2);
-                        for (o, two) in row.iter_mut().zip(whole.chunks_exact(2)) {
-                            *o = pair(two[0], two[1]);
-                        }
-                        if let Some(&x) = last.first() {
-                            row[pairs - 1] = pair(x, 0.0);
-                        }
-                    }
-                    None => row.iter_mut().enumerate().for_each(|(p, o)| {
-                        let odd = if 2 * p + 1 < k {
-                            a.at(i, 2 * p + 1)
-                        } else {
-                            0.0
-                        };
-                        *o = pair(a.at(i, 2 * p), odd);
-                    }),
-                }
+    fill_rows(a.rows(), pairs, out, |i, row| match a.row(i) {
+        Some(src) => {
+            let (whole, last) = src.split_at(k / 2 * 2);
+            for (o, two) in row.iter_mut().zip(whole.chunks_exact(2)) {
+                *o = pair(two[0], two[1]);
             }
-        });
-    out
+            if let Some(&x) = last.first() {
+                row[pairs - 1] = pair(x, 0.0);
+            }
+        }
+        None => row.iter_mut().enumerate().for_each(|(p, o)| {
+            let odd = if 2 * p + 1 < k {
+                a.at(i, 2 * p + 1)
+            } else {
+                0.0
+            };
+            *o = pair(a.at(i, 2 * p), odd);
+        }),
+    })
 }
 
 /// The bits of `x` rounded to the nearest bf16 (ties to even), as an f32 whose low 16
