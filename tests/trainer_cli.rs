@@ -852,3 +852,47 @@ fn model_estimate_prints_the_memory_by_part_and_refuses_bad_flags() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("config.json"));
 }
+
+/// `TUNEQ_GEMM_ISA` caps the own kernels' instruction set (what `scripts/bench-train
+/// --isa avx2` measures an AVX2-only node with), the cap is what the run records, and a
+/// value that is not a cap is refused before anything runs.
+#[test]
+fn an_instruction_set_cap_picks_the_kernels_and_a_bad_one_is_refused() {
+    let bench = |isa: &str, compute: &str| {
+        Command::new(env!("CARGO_BIN_EXE_tuneq"))
+            .args(["bench", "train", "--preset", "tiny", "--batch", "1"])
+            .args(["--seq", "16", "--steps", "1", "--warmup", "0"])
+            .args(["--compute", compute])
+            .env("TUNEQ_GEMM_ISA", isa)
+            .output()
+            .expect("run tuneq")
+    };
+    let gemm_of = |out: std::process::Output| -> String {
+        assert!(out.status.success(), "{out:?}");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let json = stdout.lines().last().expect("a JSON line");
+        let report: serde_json::Value = serde_json::from_str(json).expect("JSON");
+        report["compute"]["gemm"]
+            .as_str()
+            .expect("compute.gemm")
+            .to_string()
+    };
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        assert_eq!(gemm_of(bench("avx2", "f32")), "tuneq-gemm-1 (avx2)");
+        assert_eq!(
+            gemm_of(bench("AVX2", "bf16")),
+            "tuneq-gemm-1 (avx2) on widened bf16 operands"
+        );
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            assert_eq!(gemm_of(bench("avx512", "f32")), "tuneq-gemm-1 (avx512)");
+        }
+    }
+    let out = bench("sse2", "f32");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("TUNEQ_GEMM_ISA=\"sse2\"") && stderr.contains("avx512 or avx2"),
+        "{stderr}"
+    );
+}

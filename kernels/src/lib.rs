@@ -58,4 +58,4 @@ pub mod rope;
 mod simd;
 pub mod swiglu;
 
-pub use gemm::{Mat, MatMut, backend, bf16_backend, gemm};
+pub use gemm::{ISA_LIMIT_ENV, IsaLimit, IsaLimitError, Mat, MatMut, backend, bf16_backend, gemm};

@@ -146,8 +146,9 @@ pub struct FineTuneCreate {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub activation_checkpointing: Option<crate::ActivationCheckpointing>,
     /// How CPU pools compute the frozen projections (tuneq): `f32` (default; within
-    /// 1e-4 of PyTorch + PEFT) or `bf16` (bf16 operands, f32 accumulation: AMX on
-    /// Sapphire Rapids and later with a oneMKL build; needs `dtype` `bf16` or `auto`).
+    /// 1e-4 of PyTorch + PEFT) or `bf16` (bf16 operands, f32 accumulation: faster on
+    /// CPUs with AVX512-BF16 or, with a oneMKL build, AMX; needs `dtype` `bf16` or
+    /// `auto`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compute: Option<crate::ComputeKind>,
 }

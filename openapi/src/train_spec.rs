@@ -80,8 +80,9 @@ pub enum ComputeKind {
     #[default]
     F32,
     /// bf16 operands with f32 accumulation, as PyTorch's bf16 autocast rounds a linear
-    /// layer's inputs: on Sapphire Rapids and later Xeons with a oneMKL build, the
-    /// products run on AMX tiles. Outside the f32 parity guarantee; elsewhere it is no
+    /// layer's inputs: on CPUs with AVX512-BF16 (Cooper Lake, Sapphire Rapids and later
+    /// Xeons, AMD Zen 4 and later) the products run on `vdpbf16ps`, and on AMX tiles
+    /// with a oneMKL build. Outside the f32 parity guarantee; on other CPUs it is no
     /// faster than `f32`.
     Bf16,
 }

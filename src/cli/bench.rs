@@ -32,8 +32,8 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 0)]
         seed: u64,
         /// How the frozen projections are computed: `f32` (what the PyTorch peer is
-        /// compared in) or `bf16` (weights in bf16, bf16 operands: AMX on Sapphire
-        /// Rapids and later with a oneMKL build).
+        /// compared in) or `bf16` (weights in bf16, bf16 operands: the own AVX512-BF16
+        /// kernels, or AMX with a oneMKL build).
         #[arg(long, value_enum, default_value = "f32")]
         compute: super::train::ComputeArg,
     },

@@ -135,6 +135,11 @@ pub fn main() -> ExitCode {
     } else {
         EXIT_BAD_INPUT
     };
+    // The kernels read their instruction-set cap on first use and ignore a bad one;
+    // refuse it here, before anything runs (or a service hands it to its trainers).
+    if let Err(e) = tuneq_kernels::IsaLimit::from_env() {
+        return report(&anyhow::Error::new(BadInput(e.to_string())), bad_input);
+    }
     let result = match cli.command {
         Command::Up(args) => up::run(args),
         Command::Api(args) => api::run(args),

@@ -117,8 +117,8 @@ pub struct TrainArgs {
     #[arg(long, value_enum)]
     pub activation_checkpointing: Option<CheckpointingArg>,
     /// How the CPU computes the frozen projections: `f32` (the default, PEFT parity) or
-    /// `bf16` (bf16 operands, f32 accumulation: AMX on Sapphire Rapids and later with a
-    /// oneMKL build; needs `--dtype bf16` or `auto`).
+    /// `bf16` (bf16 operands, f32 accumulation: faster on CPUs with AVX512-BF16 or, with
+    /// a oneMKL build, AMX; needs `--dtype bf16` or `auto`).
     #[arg(long, value_enum)]
     pub compute: Option<ComputeArg>,
     /// Progress output: `json` lines, a terminal `bar`, or `auto` (bar when stdout is a terminal).

@@ -29,7 +29,8 @@ pub struct BenchOptions {
     /// Seed.
     pub seed: u64,
     /// How the frozen projections are computed: `f32` (the peer comparison's), or
-    /// `bf16` (weights held in bf16, bf16 operands: AMX with a oneMKL build).
+    /// `bf16` (weights held in bf16, bf16 operands: AVX512-BF16, or AMX with a oneMKL
+    /// build).
     pub compute: tuneq_openapi::ComputeKind,
 }
 

@@ -39,6 +39,56 @@ fn own_kernels() -> Option<x86::Isa> {
     }
 }
 
+/// The environment variable that caps the instruction set of the own kernels, as
+/// `ONEDNN_MAX_CPU_ISA` and `MKL_ENABLE_INSTRUCTIONS` do for oneDNN and oneMKL: `avx2`
+/// runs the AVX2 kernels (and no bf16 kernels) on an AVX-512 CPU, `avx512` (the
+/// default) the best the CPU has. For measuring on an AVX-512 machine what an
+/// AVX2-only node gets (`scripts/bench-train --isa avx2`); the checkpoint records the
+/// kernels used (`tuneq-gemm-1 (avx2)`).
+pub const ISA_LIMIT_ENV: &str = "TUNEQ_GEMM_ISA";
+
+/// The widest instruction set the own kernels may use ([`ISA_LIMIT_ENV`]); a cap, so a
+/// CPU without it runs what it has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IsaLimit {
+    /// AVX-512F (and AVX512-BF16 for bf16 products) where the CPU has them.
+    Avx512,
+    /// AVX2 and FMA at most.
+    Avx2,
+}
+
+/// [`ISA_LIMIT_ENV`] holds something other than an [`IsaLimit`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{ISA_LIMIT_ENV}={value:?} is not an instruction set limit; use avx512 or avx2")]
+pub struct IsaLimitError {
+    /// What the variable held.
+    pub value: String,
+}
+
+impl IsaLimit {
+    /// The limit [`ISA_LIMIT_ENV`] sets, `None` when it is unset or empty. The kernels
+    /// read it once, at their first product, and ignore a value that is not a limit:
+    /// a binary calls this at start to refuse one instead.
+    pub fn from_env() -> Result<Option<Self>, IsaLimitError> {
+        Self::from_value(std::env::var_os(ISA_LIMIT_ENV))
+    }
+
+    /// The limit a value of [`ISA_LIMIT_ENV`] sets (any case, spaces around ignored).
+    fn from_value(value: Option<std::ffi::OsString>) -> Result<Option<Self>, IsaLimitError> {
+        let Some(value) = value else {
+            return Ok(None);
+        };
+        match value.to_str().map(str::trim) {
+            Some("") => Ok(None),
+            Some(v) if v.eq_ignore_ascii_case("avx512") => Ok(Some(Self::Avx512)),
+            Some(v) if v.eq_ignore_ascii_case("avx2") => Ok(Some(Self::Avx2)),
+            _ => Err(IsaLimitError {
+                value: value.to_string_lossy().into_owned(),
+            }),
+        }
+    }
+}
+
 /// A read-only matrix view: element `(i, j)` is `data[i·row_stride + j·col_stride]`.
 #[derive(Debug, Clone, Copy)]
 pub struct Mat<'a> {

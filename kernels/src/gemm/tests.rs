@@ -284,3 +284,19 @@ fn overlapping_output_rows_are_refused() {
     let mut data = [0f32; 8];
     let _ = MatMut::strided(&mut data, 2, 4, 2);
 }
+
+#[test]
+fn an_isa_limit_is_read_in_any_case_and_a_bad_one_is_named() {
+    let read = |v: &str| IsaLimit::from_value(Some(v.into()));
+    assert_eq!(IsaLimit::from_value(None), Ok(None));
+    assert_eq!(read(""), Ok(None));
+    assert_eq!(read(" AVX2 "), Ok(Some(IsaLimit::Avx2)));
+    assert_eq!(read("avx512"), Ok(Some(IsaLimit::Avx512)));
+    let err = read("sse4").expect_err("not a limit");
+    assert_eq!(err.value, "sse4");
+    assert!(
+        err.to_string().contains("TUNEQ_GEMM_ISA=\"sse4\"")
+            && err.to_string().contains("avx512 or avx2"),
+        "{err}"
+    );
+}

@@ -50,7 +50,7 @@ use std::sync::OnceLock;
 
 use half::bf16;
 
-use super::Mat;
+use super::{IsaLimit, Mat};
 
 mod pack;
 use pack::{pack_a, pack_b, pack_b_bf16};
@@ -65,11 +65,13 @@ pub(crate) enum Isa {
 }
 
 impl Isa {
-    /// The best this CPU runs, checked once; `None` without AVX2 and FMA.
+    /// The best this CPU runs within the [`IsaLimit`] of the environment, checked once;
+    /// `None` without AVX2 and FMA.
     pub(crate) fn detected() -> Option<Self> {
         static FOUND: OnceLock<Option<Isa>> = OnceLock::new();
         *FOUND.get_or_init(|| {
-            if std::arch::is_x86_feature_detected!("avx512f") {
+            let avx512_allowed = IsaLimit::from_env() != Ok(Some(IsaLimit::Avx2));
+            if avx512_allowed && std::arch::is_x86_feature_detected!("avx512f") {
                 Some(Self::Avx512)
             } else if std::arch::is_x86_feature_detected!("avx2")
                 && std::arch::is_x86_feature_detected!("fma")
@@ -81,11 +83,14 @@ impl Isa {
         })
     }
 
-    /// Whether this CPU has the bf16 kernels (AVX-512F and AVX512-BF16), checked once.
+    /// Whether the bf16 kernels run here: the AVX-512 kernels do (see [`detected`]) and
+    /// the CPU has AVX512-BF16; checked once.
+    ///
+    /// [`detected`]: Isa::detected
     pub(crate) fn bf16_detected() -> bool {
         static FOUND: OnceLock<bool> = OnceLock::new();
         *FOUND.get_or_init(|| {
-            std::arch::is_x86_feature_detected!("avx512f")
+            Self::detected() == Some(Self::Avx512)
                 && std::arch::is_x86_feature_detected!("avx512bf16")
         })
     }
