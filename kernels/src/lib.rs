@@ -40,12 +40,14 @@
 //!   projections ([`llama::Compute`]: bf16 operands, f32 sums; AVX512-BF16 through
 //!   the own kernels, AMX through oneMKL), and
 //!   [`llama::step_bytes`] to size a step before running it.
+//! - `bf16` (private): rounding to bf16 and pairing for bf16 compute.
 //! - `reduce` (private): fixed-order 16-lane sums and max, shared by the row kernels.
 //! - `simd` (private): runs the row kernels, the attention's loops and the loss's row
 //!   softmax compiled for AVX2 and FMA when the CPU has them (the crate itself targets
 //!   baseline x86-64); the same bits either way, tested.
 
 pub mod attention;
+mod bf16;
 #[cfg(feature = "blas")]
 mod blas;
 pub mod exp;

@@ -97,10 +97,101 @@ pub fn linear_cross_entropy(
     scale: f32,
     d_hidden: Option<&mut [f32]>,
 ) -> Result<f64, LossError> {
+    let head = Head::F32(lm_head);
+    linear_cross_entropy_with(hidden, hidden_dim, head, vocab, targets, scale, d_hidden)
+}
+
+/// The head, and how its two products (`H·Wᵀ` for the logits, `G·W` for the hidden
+/// state's gradient) take their operands.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Head<'a> {
+    /// f32 operands.
+    F32(&'a [f32]),
+    /// bf16 operands and f32 sums, as bf16 compute (and PyTorch's bf16 autocast) takes
+    /// a linear layer's: each hidden row and each row of logit gradients is rounded to
+    /// bf16 before its product; the head holds bf16 values (widened, or rounded, to f32).
+    /// The softmax and the loss stay f32.
+    Bf16Values(&'a [f32]),
+    /// The same products on the own bf16 kernels, which read the head as stored and the
+    /// rows as bf16 pairs, paired where they lie (only where
+    /// [`own_bf16_kernels`](crate::gemm::own_bf16_kernels)).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Bf16(&'a [half::bf16]),
+}
+
+impl Head<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Self::F32(w) | Self::Bf16Values(w) => w.len(),
+            Self::Bf16(w) => w.len(),
+        }
+    }
+
+    /// Writes `src` (a hidden row) into `dst` as this head's products take it: as is,
+    /// rounded, or rounded and paired.
+    fn gather(&self, src: &[f32], dst: &mut [f32]) {
+        match self {
+            Self::F32(_) => dst.copy_from_slice(src),
+            Self::Bf16Values(_) => {
+                dst.copy_from_slice(src);
+                crate::bf16::round_in_place(dst);
+            }
+            Self::Bf16(_) => crate::bf16::pair_row(src, dst),
+        }
+    }
+
+    /// Turns a row of logit gradients into the operand of `G·W`, in place: unchanged,
+    /// rounded, or paired into its first half.
+    fn prepare_gradient(&self, row: &mut [f32]) {
+        match self {
+            Self::F32(_) => {}
+            Self::Bf16Values(_) => crate::bf16::round_in_place(row),
+            Self::Bf16(_) => crate::bf16::pair_in_place(row),
+        }
+    }
+
+    /// `C = A·op(W)` (`op(W) = Wᵀ` when `transposed`): `a` holds its `m` rows of `k`
+    /// operands as [`gather`](Self::gather) or
+    /// [`prepare_gradient`](Self::prepare_gradient) left them, `row_stride` apart.
+    fn product(
+        &self,
+        a: &[f32],
+        (m, k, row_stride): (usize, usize, usize),
+        (vocab, h): (usize, usize),
+        transposed: bool,
+        c: MatMut<'_>,
+    ) {
+        match *self {
+            Self::F32(w) | Self::Bf16Values(w) => {
+                let w = Mat::new(w, vocab, h);
+                let b = if transposed { w.t() } else { w };
+                gemm(1.0, Mat::strided(a, m, k, row_stride, 1), b, 0.0, c);
+            }
+            #[cfg(target_arch = "x86_64")]
+            Self::Bf16(w) => {
+                let a = Mat::strided(a, m, k.div_ceil(2), row_stride, 1);
+                crate::gemm::gemm_bf16_pairs(a, w, (vocab, h), transposed, 0.0, c);
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            Self::Bf16(_) => unreachable!("no bf16 kernels off x86-64"),
+        }
+    }
+}
+
+/// [`linear_cross_entropy`] with the head's products as `head` takes them.
+pub(crate) fn linear_cross_entropy_with(
+    hidden: &[f32],
+    hidden_dim: usize,
+    head: Head<'_>,
+    vocab: usize,
+    targets: &[i64],
+    scale: f32,
+    d_hidden: Option<&mut [f32]>,
+) -> Result<f64, LossError> {
     let h = hidden_dim;
     let n = targets.len();
     expect_len("hidden", hidden.len(), n * h)?;
-    expect_len("lm_head", lm_head.len(), vocab * h)?;
+    expect_len("lm_head", head.len(), vocab * h)?;
     if let Some(d) = &d_hidden {
         expect_len("d_hidden", d.len(), n * h)?;
     }
@@ -133,20 +224,23 @@ pub fn linear_cross_entropy(
     let mut logits = vec![0f32; logits];
     let mut dh_c = vec![0f32; dh_c];
     let mut row_loss = vec![0f64; rows];
-    let head = Mat::new(lm_head, vocab, h);
     let mut total = 0f64;
 
     for chunk in labelled.chunks(CHUNK) {
         let m = chunk.len();
         for (dst, &r) in h_c.chunks_mut(h.max(1)).zip(chunk) {
-            dst.copy_from_slice(&hidden[r * h..(r + 1) * h]);
+            let dst = match head {
+                Head::Bf16(_) => &mut dst[..h.div_ceil(2)],
+                _ => dst,
+            };
+            head.gather(&hidden[r * h..(r + 1) * h], dst);
         }
         let logits = &mut logits[..m * vocab];
-        gemm(
-            1.0,
-            Mat::new(&h_c[..m * h], m, h),
-            head.t(),
-            0.0,
+        head.product(
+            &h_c,
+            (m, h, h),
+            (vocab, h),
+            true,
             MatMut::new(logits, m, vocab),
         );
         logits
@@ -157,16 +251,19 @@ pub fn linear_cross_entropy(
                 // The check above makes every labelled target a valid index.
                 let t = targets[r] as usize;
                 *loss = softmax_row(l, t, grad.then_some(scale));
+                if grad {
+                    head.prepare_gradient(l);
+                }
             });
         total += row_loss[..m].iter().sum::<f64>();
 
         if let Some(d) = d_hidden.as_deref_mut() {
             let dh_c = &mut dh_c[..m * h];
-            gemm(
-                1.0,
-                Mat::new(logits, m, vocab),
-                head,
-                0.0,
+            head.product(
+                logits,
+                (m, vocab, vocab),
+                (vocab, h),
+                false,
                 MatMut::new(dh_c, m, h),
             );
             for (src, &r) in dh_c.chunks(h.max(1)).zip(chunk) {
@@ -360,6 +457,58 @@ mod tests {
         };
         let wide = run();
         assert!(wide == on_baseline(run), "the AVX2 build changed the bits");
+    }
+
+    /// bf16 compute's head rounds both operands of both products: the hidden rows
+    /// before `H·Wᵀ` and the logit gradients before `G·W`. With a permutation for the
+    /// head (V = h, odd, so the pairs end in a lone element; not symmetric, so a
+    /// transposed product would show) every product has one non-zero term and is exact,
+    /// so the bf16 paths must give the f32 path's loss on the rounded hidden rows, and
+    /// its hidden-state gradient rounded, bit for bit, across chunks.
+    #[test]
+    fn the_bf16_head_rounds_the_hidden_rows_and_the_logit_gradients() {
+        let (n, h) = (150, 37);
+        let vocab = h;
+        let permutation = |v: usize| (5 * v + 3) % vocab;
+        let mut head = vec![0f32; vocab * h];
+        for v in 0..vocab {
+            head[v * h + permutation(v)] = 1.0;
+        }
+        let hidden = random(n * h, 9, 3.0);
+        let rounded: Vec<f32> = hidden.iter().map(|&x| crate::bf16::rounded(x)).collect();
+        assert_ne!(hidden, rounded);
+        let t = targets(n, vocab, 4);
+        let scale = 1.0 / 113.0;
+        let run = |head: Head<'_>, hidden: &[f32]| {
+            let mut dh = vec![f32::NAN; n * h];
+            let loss = linear_cross_entropy_with(hidden, h, head, vocab, &t, scale, Some(&mut dh))
+                .expect("valid inputs");
+            let eval = linear_cross_entropy_with(hidden, h, head, vocab, &t, scale, None)
+                .expect("valid inputs");
+            assert_eq!(loss.to_bits(), eval.to_bits(), "evaluation loss");
+            (
+                loss.to_bits(),
+                dh.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            )
+        };
+        let (loss, dh) = run(Head::F32(&head), &rounded);
+        let dh_rounded: Vec<u32> = dh
+            .iter()
+            .map(|&b| crate::bf16::rounded_bits(f32::from_bits(b)))
+            .collect();
+        assert_ne!(dh, dh_rounded, "the gradient was already bf16");
+        let want = (loss, dh_rounded);
+        assert!(
+            run(Head::Bf16Values(&head), &hidden) == want,
+            "widened bf16 head"
+        );
+        if crate::gemm::own_bf16_kernels() {
+            let stored: Vec<half::bf16> = head.iter().map(|&x| half::bf16::from_f32(x)).collect();
+            assert!(
+                run(Head::Bf16(&stored), &hidden) == want,
+                "bf16 kernels' head"
+            );
+        }
     }
 
     #[test]

@@ -69,9 +69,9 @@ pub struct TrainSpec {
     pub compute: ComputeKind,
 }
 
-/// How the CPU computes the frozen projections' products. LoRA, norms, attention, the
-/// head, the loss and the optimiser stay f32 either way; on CUDA candle's graph
-/// computes in the weights' dtype whatever this says.
+/// How the CPU computes the frozen projections' and the head's products. LoRA, norms,
+/// attention, the softmax and loss, and the optimiser stay f32 either way; on CUDA
+/// candle's graph computes in the weights' dtype whatever this says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ComputeKind {

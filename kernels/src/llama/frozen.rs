@@ -14,12 +14,15 @@
 //! stored and the activation as bf16 pairs, elsewhere by widening both operands and
 //! running the f32 GEMM (the same values, only the order of the sums may differ).
 
+use crate::bf16::{pair, pair_row, rounded};
 use crate::gemm::{Mat, MatMut, gemm};
+use crate::loss::Head;
 use half::bf16;
 use rayon::prelude::*;
 
-/// How the frozen projections' products (`x·Wᵀ` forward, `dY·W` backward) are computed.
-/// LoRA's products, the norms, attention, the head and the loss stay f32 either way.
+/// How the frozen projections' products (`x·Wᵀ` forward, `dY·W` backward) and the
+/// head's (`H·Wᵀ`, `G·W`) are computed. LoRA's products, the norms, attention, the
+/// softmax and the loss stay f32 either way.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Compute {
     /// f32 operands: bf16-stored weights are widened exactly, so results are those of
@@ -105,7 +108,7 @@ impl FrozenWork {
                 #[cfg(tuneq_blas_mkl)]
                 if let (Frozen::Bf16(w), false) = (w, self.rounded_bf16.is_empty()) {
                     let a = round_rows(a, &mut self.rounded_bf16, |x| {
-                        bf16::from_bits((rounded_bits(x) >> 16) as u16)
+                        bf16::from_bits((crate::bf16::rounded_bits(x) >> 16) as u16)
                     });
                     crate::gemm::gemm_bf16(a, w, (rows, cols), transposed, beta, c);
                     return;
@@ -118,7 +121,7 @@ impl FrozenWork {
                     return;
                 }
                 let (m, k) = (a.rows(), a.cols());
-                let a = round_rows(a, &mut self.rounded, |x| f32::from_bits(rounded_bits(x)));
+                let a = round_rows(a, &mut self.rounded, rounded);
                 let w = Mat::new(w.as_bf16_values(&mut self.widened), rows, cols);
                 gemm(1.0, Mat::new(a, m, k), oriented(w, transposed), beta, c);
             }
@@ -147,6 +150,29 @@ pub(super) fn uses_mkl_bf16(compute: Compute, projections_bf16: bool) -> bool {
 pub(super) fn uses_bf16_gemm(compute: Compute, projections_bf16: bool) -> bool {
     uses_mkl_bf16(compute, projections_bf16)
         || (compute == Compute::Bf16 && projections_bf16 && crate::gemm::own_bf16_kernels())
+}
+
+/// Whether bf16 compute hands the head's products to the own bf16 kernels with the head
+/// as stored (bf16, `head_bf16`), on a CPU with AVX512-BF16; otherwise the head is
+/// widened (or rounded) to its bf16 values in f32 for them, which the step's widening
+/// scratch holds. oneMKL builds take this second way (no own kernels there).
+pub(super) fn head_as_stored(compute: Compute, head_bf16: bool) -> bool {
+    compute == Compute::Bf16 && head_bf16 && crate::gemm::own_bf16_kernels()
+}
+
+/// The head as the loss multiplies it in `compute`: f32 operands (a bf16 head widened
+/// into `scratch`), or bf16 operands, with the head as stored where
+/// [`head_as_stored`], else its bf16 values in `scratch`.
+pub(super) fn loss_head<'s, 'a: 's>(
+    lm_head: Frozen<'a>,
+    compute: Compute,
+    scratch: &'s mut [f32],
+) -> Head<'s> {
+    match (compute, lm_head) {
+        (Compute::F32, _) => Head::F32(lm_head.as_f32(scratch)),
+        (Compute::Bf16, Frozen::Bf16(w)) if head_as_stored(compute, true) => Head::Bf16(w),
+        (Compute::Bf16, _) => Head::Bf16Values(lm_head.as_bf16_values(scratch)),
+    }
 }
 
 /// `w`, or its transpose when `transposed`.
@@ -193,24 +219,14 @@ fn fill_rows<T: Send>(
 }
 
 /// Writes `a`'s rows (`m × k`) into `out` rounded to bf16 and paired, `m × ⌈k/2⌉`
-/// row-major: each f32 of the result carries elements `2p` (low 16 bits) and `2p + 1`
-/// (high 16 bits) of its row, a zero past an odd `k`, as the own bf16 kernels read
-/// them. Returns that part of `out`; in parallel over fixed blocks of rows.
+/// row-major (see [`pair_row`]), as the own bf16 kernels read them. Returns that part of
+/// `out`; in parallel over fixed blocks of rows.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 fn pair_rows<'o>(a: Mat<'_>, out: &'o mut [f32]) -> &'o [f32] {
     let k = a.cols();
     let pairs = k.div_ceil(2);
-    let pair = |even: f32, odd: f32| f32::from_bits(rounded_bits(even) >> 16 | rounded_bits(odd));
     fill_rows(a.rows(), pairs, out, |i, row| match a.row(i) {
-        Some(src) => {
-            let (whole, last) = src.split_at(k / 2 * 2);
-            for (o, two) in row.iter_mut().zip(whole.chunks_exact(2)) {
-                *o = pair(two[0], two[1]);
-            }
-            if let Some(&x) = last.first() {
-                row[pairs - 1] = pair(x, 0.0);
-            }
-        }
+        Some(src) => pair_row(src, row),
         None => row.iter_mut().enumerate().for_each(|(p, o)| {
             let odd = if 2 * p + 1 < k {
                 a.at(i, 2 * p + 1)
@@ -220,18 +236,6 @@ fn pair_rows<'o>(a: Mat<'_>, out: &'o mut [f32]) -> &'o [f32] {
             *o = pair(a.at(i, 2 * p), odd);
         }),
     })
-}
-
-/// The bits of `x` rounded to the nearest bf16 (ties to even), as an f32 whose low 16
-/// bits are zero: what `half::bf16::from_f32` gives, widened back, for every input but
-/// a NaN, which stays a (quiet) NaN of the same sign. Overflow rounds to infinity.
-#[inline]
-pub(super) fn rounded_bits(x: f32) -> u32 {
-    let b = x.to_bits();
-    if x.is_nan() {
-        return (b | 0x0040_0000) & 0xFFFF_0000;
-    }
-    b.wrapping_add(0x7FFF + ((b >> 16) & 1)) & 0xFFFF_0000
 }
 
 /// A frozen matrix as stored: f32, or bf16 widened to f32 where it is used.
@@ -317,7 +321,7 @@ impl<'a> Frozen<'a> {
                     .zip(w.par_chunks(WIDEN_CHUNK))
                     .for_each(|(o, s)| {
                         for (o, &x) in o.iter_mut().zip(s) {
-                            *o = f32::from_bits(rounded_bits(x));
+                            *o = rounded(x);
                         }
                     });
                 out

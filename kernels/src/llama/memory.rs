@@ -216,14 +216,15 @@ pub fn step_bytes(
     compute: Compute,
 ) -> u64 {
     let bf16_gemm = super::frozen::uses_bf16_gemm(compute, frozen_bf16);
+    let head_as_stored = super::frozen::head_as_stored(compute, frozen_bf16);
     let step = (dims, tokens, ranks, dropout, checkpoint_layers);
-    step_bytes_with(step, frozen_bf16, compute, bf16_gemm)
+    step_bytes_with(step, frozen_bf16, compute, (bf16_gemm, head_as_stored))
 }
 
 /// [`step_bytes`] on whichever x86 or Arm CPU the step will run: in bf16 compute, the
 /// widened operands unless this is a oneMKL build, since only some CPUs have the own
-/// bf16 kernels. An upper bound by at most `4·(largest projection) + 2·N·widest side`
-/// bytes where the node's CPU has them. What placement counts, as it does not know the
+/// bf16 kernels. An upper bound by at most `4·max(largest projection, head) + 2·N·widest
+/// side` bytes where the node's CPU has them. What placement counts, as it does not know the
 /// node's CPU.
 pub fn step_bytes_on_any_cpu(
     dims: &Dims,
@@ -236,16 +237,17 @@ pub fn step_bytes_on_any_cpu(
 ) -> u64 {
     let bf16_gemm = super::frozen::uses_mkl_bf16(compute, frozen_bf16);
     let step = (dims, tokens, ranks, dropout, checkpoint_layers);
-    step_bytes_with(step, frozen_bf16, compute, bf16_gemm)
+    step_bytes_with(step, frozen_bf16, compute, (bf16_gemm, false))
 }
 
 /// [`step_bytes`] for a step whose bf16 products, in bf16 compute, take the weights as
-/// stored and the operand as bf16 (`bf16_gemm`) or widen both.
+/// stored and the operand as bf16 (`bf16_gemm`) or widen both, and whose head the own
+/// bf16 kernels take as stored (`head_as_stored`) or not.
 fn step_bytes_with(
     (dims, tokens, ranks, dropout, checkpoint_layers): (&Dims, usize, &[[usize; 7]], bool, bool),
     frozen_bf16: bool,
     compute: Compute,
-    bf16_gemm: bool,
+    (bf16_gemm, head_as_stored): (bool, bool),
 ) -> u64 {
     let (d, n) = (dims, tokens);
     if n == 0 {
@@ -279,8 +281,9 @@ fn step_bytes_with(
     let forward: usize = forward_work_lengths(d, n, dropout).iter().sum();
     let projections = if bf16_gemm { 0..0 } else { 0..7 };
     let widening = match (frozen_bf16, compute) {
-        (true, _) => widening_len(d, true, projections),
-        (false, Compute::Bf16) => widening_len(d, false, projections),
+        (true, Compute::F32) => widening_len(d, true, projections),
+        // The head: widened, or rounded from f32, unless taken as stored.
+        (_, Compute::Bf16) => widening_len(d, !head_as_stored, projections),
         (false, Compute::F32) => 0,
     };
     let rounded = match compute {

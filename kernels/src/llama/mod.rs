@@ -71,9 +71,12 @@
 //! stored as bf16 through `cblas_gemm_bf16bf16f32` (AMX on Sapphire Rapids and later),
 //! on a CPU with AVX512-BF16 through the crate's own `vdpbf16ps` kernels (the weights
 //! read as stored, twice the products per instruction of f32), elsewhere by widening
-//! both operands for the f32 GEMM. LoRA, the head and everything
-//! else stay f32. Outside the f32 parity guarantee; deterministic like the rest, and
-//! unchanged by checkpointing. [`step_bytes`] counts the rounded operand.
+//! both operands for the f32 GEMM. The head's two products (`H·Wᵀ`, `G·W`) round their
+//! operands too, as PyTorch's autocast does: on the own kernels with the head as stored
+//! (so it is not widened) and the rows paired where they lie, elsewhere on the head's
+//! bf16 values widened. LoRA, the softmax and loss and everything else stay f32.
+//! Outside the f32 parity guarantee; deterministic like the rest, and unchanged by
+//! checkpointing. [`step_bytes`] counts the rounded operand.
 //!
 //! **Gradients accumulate** across calls (micro-batches): each LoRA gradient is computed
 //! into a scratch and then added elementwise, so after two calls a gradient is exactly
@@ -83,7 +86,7 @@
 //! row kernel splits in fixed blocks; the rest is sequential. Results do not depend on
 //! the thread count.
 
-use crate::loss::{LossError, linear_cross_entropy};
+use crate::loss::{LossError, linear_cross_entropy_with};
 use crate::norm::{rms_norm_backward, rms_norm_forward};
 
 mod backward;
@@ -275,11 +278,20 @@ impl Model<'_> {
         self.embed.bytes() + head + layers
     }
 
+    /// Whether the step widens the head whole for the loss: a bf16 head in f32 compute,
+    /// and in bf16 compute any head the own bf16 kernels do not take as stored.
+    fn head_widened(&self) -> bool {
+        match self.compute {
+            Compute::F32 => self.lm_head.is_bf16(),
+            Compute::Bf16 => !frozen::head_as_stored(self.compute, self.lm_head.is_bf16()),
+        }
+    }
+
     /// The frozen products' scratch for `n` tokens: room for the largest matrix the
-    /// step widens whole (the head when it is bf16; each bf16 projection in f32
-    /// compute; in bf16 compute, every projection unless a bf16 GEMM, oneMKL's or the
-    /// own kernels, takes them as stored), and in bf16 compute the rounded activation
-    /// operand.
+    /// step widens whole (the head, see [`head_widened`](Self::head_widened); each bf16
+    /// projection in f32 compute; in bf16 compute, every projection unless a bf16 GEMM,
+    /// oneMKL's or the own kernels, takes them as stored), and in bf16 compute the
+    /// rounded activation operand.
     fn frozen_work(&self, n: usize) -> FrozenWork {
         let all_bf16 = self
             .layers
@@ -294,7 +306,7 @@ impl Model<'_> {
         });
         FrozenWork::new(
             self.compute,
-            widening_len(&self.dims, self.lm_head.is_bf16(), widened),
+            widening_len(&self.dims, self.head_widened(), widened),
             (n, widest_side(&self.dims)),
             bf16_gemm,
         )
@@ -674,10 +686,10 @@ pub fn forward_backward_with(
     let mut inv = vec![0f32; n];
     rms_norm_forward(&x, model.norm, d.rms_eps, &mut work.hn, &mut inv);
     let mut d_hidden = vec![0f32; n * h];
-    let loss = linear_cross_entropy(
+    let loss = linear_cross_entropy_with(
         &work.hn,
         h,
-        model.lm_head.as_f32(&mut work.frozen.widened),
+        frozen::loss_head(model.lm_head, model.compute, &mut work.frozen.widened),
         d.vocab,
         batch.targets,
         scale,
@@ -782,10 +794,10 @@ pub fn loss(model: &Model<'_>, batch: &Batch<'_>, scale: f32) -> Result<f64, Ste
     }
     let mut inv = vec![0f32; n];
     rms_norm_forward(&x, model.norm, d.rms_eps, &mut work.hn, &mut inv);
-    Ok(linear_cross_entropy(
+    Ok(linear_cross_entropy_with(
         &work.hn,
         d.hidden,
-        model.lm_head.as_f32(&mut work.frozen.widened),
+        frozen::loss_head(model.lm_head, model.compute, &mut work.frozen.widened),
         d.vocab,
         batch.targets,
         scale,

@@ -3,8 +3,9 @@
 //! operands), and over whole steps: deterministic, unchanged by checkpointing, close to
 //! the f32 step but not equal to it.
 
-use super::super::frozen::{FrozenWork, ROUNDED_OPERANDS, rounded_bits};
+use super::super::frozen::{FrozenWork, ROUNDED_OPERANDS};
 use super::*;
+use crate::bf16::rounded_bits;
 use crate::gemm::{Mat, MatMut};
 use half::bf16;
 
