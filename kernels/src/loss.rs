@@ -127,8 +127,8 @@ impl Head<'_> {
         }
     }
 
-    /// Writes `src` (a hidden row) into `dst` as this head's products take it: as is,
-    /// rounded, or rounded and paired.
+    /// Writes `src` (a hidden row) into `dst` (as long) as this head's products take
+    /// it: as is, rounded, or rounded and paired into its first half.
     fn gather(&self, src: &[f32], dst: &mut [f32]) {
         match self {
             Self::F32(_) => dst.copy_from_slice(src),
@@ -136,7 +136,7 @@ impl Head<'_> {
                 dst.copy_from_slice(src);
                 crate::bf16::round_in_place(dst);
             }
-            Self::Bf16(_) => crate::bf16::pair_row(src, dst),
+            Self::Bf16(_) => crate::bf16::pair_row(src, &mut dst[..src.len().div_ceil(2)]),
         }
     }
 
@@ -229,10 +229,6 @@ pub(crate) fn linear_cross_entropy_with(
     for chunk in labelled.chunks(CHUNK) {
         let m = chunk.len();
         for (dst, &r) in h_c.chunks_mut(h.max(1)).zip(chunk) {
-            let dst = match head {
-                Head::Bf16(_) => &mut dst[..h.div_ceil(2)],
-                _ => dst,
-            };
             head.gather(&hidden[r * h..(r + 1) * h], dst);
         }
         let logits = &mut logits[..m * vocab];
