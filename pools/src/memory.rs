@@ -152,9 +152,9 @@ pub struct Ask<'a> {
 /// [`tuneq_kernels::llama::step_bytes`] counts from the same helpers the step allocates
 /// with, and the scratch it does not count). Checked against the peak `tuneq train`
 /// reports on three model shapes, f32 and bf16, with and without checkpointing, in
-/// `tests/memory_estimate.rs` (within 10 %; most within 3 %; the tiny model's peak moves
-/// by up to ±20 % from run to run with its samples, so there the median of five is
-/// compared, within 32 MiB).
+/// `tests/memory_estimate.rs` (within 10 %; all within 5 % on an AVX-512 EPYC; the tiny
+/// model's peak has moved between runs on other CPUs, so there the median of five is
+/// compared, within 10 % or 16 MiB).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CpuMemory {
     /// The program and the tokenizer.
@@ -191,16 +191,27 @@ impl CpuMemory {
 /// The program before it reads a tokenizer or a model, measured (Linux, resident).
 pub const PROCESS_BYTES: u64 = 24 << 20;
 
-/// A tokenizer's resident bytes per vocabulary entry, measured on `tuneq model init`'s
-/// byte-level BPE tokenizers (11 MiB for 4096 entries, 54 MiB for 32000).
-const TOKENIZER_BYTES_PER_ENTRY: u64 = 1741;
+/// A tokenizer's resident bytes: a fixed part and one per vocabulary entry, fitted on
+/// `tuneq model init`'s byte-level BPE tokenizers (11 MiB for 4096 entries, 54 MiB for
+/// 32000).
+fn tokenizer_bytes(vocab: u64) -> u64 {
+    (4 << 20) + 1616 * vocab
+}
 
-/// The step's scratch besides [`step_bytes_on_any_cpu`], measured with [`REFERENCE_THREADS`]
-/// threads on three model shapes with the kernels' own x86 GEMM (the estimates are then
-/// 12–52 MiB over the peaks at 64 MiB, one 15 MiB under). matrixmultiply, which the
-/// kernels fall back to on CPUs without AVX2 and on other architectures, copies more
-/// operands: 16–76 MiB were measured with it.
-pub const STEP_SCRATCH_BYTES: u64 = 48 << 20;
+/// What the step holds besides [`step_bytes_on_any_cpu`], for a step whose own buffers
+/// are `step` bytes, with [`REFERENCE_THREADS`] threads: GEMM packing, attention's
+/// per-thread scratch, thread stacks, and what mimalloc keeps of freed buffers (the
+/// trainer never hands them back between steps, see `MIMALLOC_PURGE_DELAY`), which grows
+/// with the buffers the step allocates and frees. Fitted on tiny, small and SmolLM2-135M's
+/// shape, f32 and bf16 weights, with and without checkpointing, with the kernels' own x86
+/// GEMM (the implied scratch ran from 22 MiB on tiny to 76 MiB on SmolLM2's shape, where
+/// the step's buffers are 829 MiB): the estimates are then within 5 % of every peak,
+/// where a constant 48 MiB was 14–20 % over on tiny. matrixmultiply, which the kernels
+/// fall back to on CPUs without AVX2 and on other architectures, copies more operands:
+/// 16–76 MiB were measured with it.
+pub fn step_scratch_bytes(step: u64) -> u64 {
+    (24 << 20) + step / 16
+}
 
 /// The thread count the estimate's constants were measured with.
 pub const REFERENCE_THREADS: u64 = 2;
@@ -267,14 +278,15 @@ pub fn cpu_memory(shape: &ModelShape, ask: &Ask<'_>, limit: Option<u64>) -> CpuM
     // The node's CPU is not known here: bf16 compute counts the widened operands.
     let step =
         |recompute| step_bytes_on_any_cpu(&dims, tokens, &ranks, dropout, recompute, bf16, compute);
+    let kept = step(false);
     let mut memory = CpuMemory {
-        runtime: PROCESS_BYTES + TOKENIZER_BYTES_PER_ENTRY * shape.vocab_size,
+        runtime: PROCESS_BYTES + tokenizer_bytes(shape.vocab_size),
         weights: shape.parameters() * weight_bytes,
         loading: largest_tensor * (file_bytes + converting),
         lora_state: shape.lora_parameters(ask.lora) * 4 * LORA_COPIES,
         data: ask.dataset_tokens * DATA_BYTES_PER_TOKEN,
-        step: step(false),
-        scratch: STEP_SCRATCH_BYTES,
+        step: kept,
+        scratch: step_scratch_bytes(kept),
         checkpointing: false,
     };
     let recompute = match ask.checkpointing {
@@ -284,6 +296,7 @@ pub fn cpu_memory(shape: &ModelShape, ask: &Ask<'_>, limit: Option<u64>) -> CpuM
     };
     if recompute {
         memory.step = step(true);
+        memory.scratch = step_scratch_bytes(memory.step);
         memory.checkpointing = true;
     }
     memory
@@ -341,7 +354,7 @@ pub fn graph_memory_bytes(shape: &ModelShape, ask: &Ask<'_>, on_gpu: bool) -> u6
     let fixed = if on_gpu {
         GPU_RUNTIME_BYTES
     } else {
-        PROCESS_BYTES + TOKENIZER_BYTES_PER_ENTRY * shape.vocab_size + GRAPH_FIXED_BYTES
+        PROCESS_BYTES + tokenizer_bytes(shape.vocab_size) + GRAPH_FIXED_BYTES
     };
     fixed
         + shape.parameters() * weight_bytes
