@@ -101,7 +101,7 @@ fn main() {
         let mut d_hidden = vec![0f32; rows * h];
         let scale = 1.0 / rows as f32;
         let flops = 4.0 * (rows * vocab * h) as f64;
-        // The loss's logits GEMM alone, in its chunks of 128 rows: the rest of the
+        // The loss's logits GEMM alone, in its chunks of 128 rows (V = 32000): the rest of the
         // loss-only time is the softmax, the gathers and the buffers' first touch.
         let mut logits = vec![0f32; 128 * vocab];
         let t = best(3, || {

@@ -26,8 +26,8 @@
 //! - [`rope`]: rotate-half RoPE in place on head vectors inside token rows (the qkv
 //!   buffer), forward and inverse (for dq, dk).
 //! - [`swiglu`]: `silu(g)·u` over `[gate | up]` rows, and the backward into `[dg | du]`.
-//! - [`loss`]: the lm_head fused with masked cross-entropy over labelled rows, 128 rows
-//!   at a time, writing the hidden-state gradient in the same pass; its chunk buffers'
+//! - [`loss`]: the lm_head fused with masked cross-entropy over labelled rows, about
+//!   16 MiB of logits at a time, writing the hidden-state gradient in the same pass; its chunk buffers'
 //!   size is public ([`loss::scratch_bytes`]) for sizing a step.
 //! - [`attention`]: fused causal attention forward and backward (flash-attention style,
 //!   grouped-query by index, block-diagonal masks for packed rows), one deterministic

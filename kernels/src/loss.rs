@@ -3,10 +3,10 @@
 //!
 //! candle's path materialises the N × V logits (125 MiB on small), composes log-softmax
 //! from 6 ops, and recomputes softmax in backward: ~26 passes over N × V and two scalar
-//! exps per logit. Here only rows with a target are computed, [`CHUNK`] at a time: their
-//! hidden states are gathered into a small buffer, `L = H_c·Wᵀ` (128 × V, 16 MiB at
-//! V = 32000, so it stays in L3) comes from [`gemm`], and each row is turned in place
-//! into `exp(l − max)` (one vectorised exp per logit), its sum, its loss, and then the
+//! exps per logit. Here only rows with a target are computed, [`chunk_rows`] at a time:
+//! their hidden states are gathered into a small buffer, `L = H_c·Wᵀ` (about 16 MiB of
+//! logits, 128 × V at V = 32000, so it stays in L3) comes from [`gemm`], and each row
+//! is turned in place into `exp(l − max)` (one vectorised exp per logit), its sum, its loss, and then the
 //! gradient of the logits `G = (softmax − onehot)·scale`. `dH_c = G·W` goes straight back
 //! to the rows of `d_hidden`. Nothing of size N × V ever exists, and the loss op's
 //! backward only has to scale `d_hidden` by the upstream gradient.
@@ -19,9 +19,25 @@ use crate::gemm::{Mat, MatMut, gemm};
 use crate::reduce::{max, sum};
 use rayon::prelude::*;
 
-/// Labelled rows per chunk: the 128 × V logits block fits in L3, and 128 rows make a
-/// GEMM tall enough to run near full speed.
-pub const CHUNK: usize = 128;
+/// The logits a chunk holds, at most (unless that is fewer than [`MIN_CHUNK_ROWS`] rows):
+/// 16 MiB, which stays in L3.
+const CHUNK_LOGITS: usize = 1 << 22;
+
+/// The fewest labelled rows per chunk: 128 rows make a GEMM tall enough to run near
+/// full speed.
+pub const MIN_CHUNK_ROWS: usize = 128;
+
+/// The most labelled rows per chunk: a taller GEMM is no faster.
+const MAX_CHUNK_ROWS: usize = 1024;
+
+/// Labelled rows per chunk for a head of `vocab` rows: as many as keep the chunk's
+/// logits within [`CHUNK_LOGITS`], in multiples of 64, from [`MIN_CHUNK_ROWS`] to
+/// [`MAX_CHUNK_ROWS`]. A small vocabulary takes many rows at once: each chunk packs the
+/// whole head for both of its products, so on the tiny preset (V = 4096) chunks of 1024
+/// rows instead of 128 cut a step's packing from 11 % to 8.5 % of its time.
+pub fn chunk_rows(vocab: usize) -> usize {
+    (CHUNK_LOGITS / vocab.max(1) / 64 * 64).clamp(MIN_CHUNK_ROWS, MAX_CHUNK_ROWS)
+}
 
 /// Rows per chunk and the lengths of the chunk buffers [`linear_cross_entropy`] allocates
 /// for `labelled` labelled rows: the hidden rows, the logits, and (with `grad`) the
@@ -32,7 +48,7 @@ fn chunk_lengths(
     labelled: usize,
     grad: bool,
 ) -> (usize, [usize; 3]) {
-    let rows = CHUNK.min(labelled);
+    let rows = chunk_rows(vocab).min(labelled);
     let dh = if grad { rows * hidden_dim } else { 0 };
     (rows, [rows * hidden_dim, rows * vocab, dh])
 }
@@ -81,8 +97,8 @@ pub enum LossError {
 /// zeros for the others. With `None` (evaluation) no gradient work is done. The head is
 /// frozen, so it gets no gradient.
 ///
-/// Memory: one block of [`CHUNK`] × `vocab` logits and two of [`CHUNK`] × `hidden_dim`,
-/// allocated per call.
+/// Memory: one block of [`chunk_rows`] × `vocab` logits and two of [`chunk_rows`] ×
+/// `hidden_dim`, allocated per call.
 ///
 /// # Errors
 /// [`LossError::Length`] if `hidden`, `lm_head` or `d_hidden` do not have the lengths
@@ -226,7 +242,7 @@ pub(crate) fn linear_cross_entropy_with(
     let mut row_loss = vec![0f64; rows];
     let mut total = 0f64;
 
-    for chunk in labelled.chunks(CHUNK) {
+    for chunk in labelled.chunks(rows) {
         let m = chunk.len();
         for (dst, &r) in h_c.chunks_mut(h.max(1)).zip(chunk) {
             head.gather(&hidden[r * h..(r + 1) * h], dst);
@@ -460,7 +476,8 @@ mod tests {
     /// head (V = h, odd, so the pairs end in a lone element; not symmetric, so a
     /// transposed product would show) every product has one non-zero term and is exact,
     /// so the bf16 paths must give the f32 path's loss on the rounded hidden rows, and
-    /// its hidden-state gradient rounded, bit for bit, across chunks.
+    /// its hidden-state gradient rounded, bit for bit (in one chunk: so small a head takes
+    /// 1024 rows at once).
     #[test]
     fn the_bf16_head_rounds_the_hidden_rows_and_the_logit_gradients() {
         let (n, h) = (150, 37);
@@ -515,12 +532,28 @@ mod tests {
     }
 
     #[test]
+    fn chunks_hold_about_16_mib_of_logits_in_64_row_steps() {
+        assert_eq!(chunk_rows(4096), 1024);
+        assert_eq!(chunk_rows(32000), 128);
+        assert_eq!(chunk_rows(128_256), MIN_CHUNK_ROWS);
+        assert_eq!(chunk_rows(10_000), 384);
+        assert_eq!(chunk_rows(1), MAX_CHUNK_ROWS);
+        assert_eq!(chunk_rows(0), MAX_CHUNK_ROWS);
+    }
+
+    #[test]
     fn matches_the_f64_reference_across_chunk_boundaries() {
+        // The largest vocabulary with the fewest rows per chunk (128).
+        let vocab = CHUNK_LOGITS / MIN_CHUNK_ROWS;
+        assert_eq!(chunk_rows(vocab), 128);
         // 300 labelled rows: chunks of 128, 128, 44. Then 240 labelled (128 + 112).
-        check(300, 24, 200, 0, 1.0);
-        check(300, 24, 200, 5, 1.0);
+        check(300, 8, vocab, 0, 1.0);
+        check(300, 8, vocab, 5, 1.0);
         // 129 labelled rows: a chunk of one.
-        check(129, 8, 130, 0, 1.0);
+        check(129, 4, vocab, 0, 1.0);
+        // Chunks of 1024 rows (a small vocabulary): 1100 rows, 1024 + 76.
+        assert_eq!(chunk_rows(200), 1024);
+        check(1100, 16, 200, 0, 1.0);
     }
 
     #[test]
