@@ -47,6 +47,15 @@ pub(super) fn add(dst: &mut [f32], src: &[f32]) {
     dst.iter_mut().zip(src).for_each(|(d, &s)| *d += s);
 }
 
+/// `dst += srcᵀ`, for `src` `rows × cols` and `dst` `cols × rows`, both row-major.
+fn add_transposed(dst: &mut [f32], src: &[f32], rows: usize, cols: usize) {
+    for (i, row) in src.chunks_exact(cols).take(rows).enumerate() {
+        for (j, &s) in row.iter().enumerate() {
+            dst[j * rows + i] += s;
+        }
+    }
+}
+
 /// The backward of [`projection_forward`](super::forward::projection_forward) given
 /// `dy` (N × out): adds `dA = duᵀ·x_d` and `dB = scale·dYᵀ·u` into `grads` (A's at
 /// `slot`, B's right after) and, with `dx = Some((dx, β))`, writes `dx = β·dx + dY·W + (du·A)∘mask` (N × in), where
@@ -110,9 +119,13 @@ pub(super) fn projection_backward(
         }
         None => Mat::new(&input[..n * i], n, i),
     };
+    // dAᵀ = x_dᵀ·du, whose A operand the GEMM reads in place (a product one panel of B
+    // wide): computed as `duᵀ·x_d`, it packed all of x_d (N × in) for an r-row result,
+    // most of a tiny step's packing. Each element is the same chain of FMAs over the
+    // tokens with its two factors swapped, so the bits are the same.
     let g = &mut grad[..r * i];
-    gemm(1.0, Mat::new(du, n, r).t(), x, 0.0, MatMut::new(g, r, i));
-    add(&mut grads[slot], g);
+    gemm(1.0, x.t(), Mat::new(du, n, r), 0.0, MatMut::new(g, i, r));
+    add_transposed(&mut grads[slot][..r * i], g, i, r);
     let Some((dx, _)) = dx else { return };
     let dx = &mut dx[..n * i];
     match mask {
