@@ -152,7 +152,7 @@ pub struct Ask<'a> {
 /// [`tuneq_kernels::llama::step_bytes`] counts from the same helpers the step allocates
 /// with, and the scratch it does not count). Checked against the peak `tuneq train`
 /// reports on three model shapes, f32 and bf16, with and without checkpointing, in
-/// `tests/memory_estimate.rs` (within 10 %; all within 5 % on an AVX-512 EPYC; the tiny
+/// `tests/memory_estimate.rs` (within 10 %; all within 8 % on an AVX-512 EPYC; the tiny
 /// model's peak has moved between runs on other CPUs, so there the median of five is
 /// compared, within 10 % or 16 MiB).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -204,13 +204,13 @@ fn tokenizer_bytes(vocab: u64) -> u64 {
 /// trainer never hands them back between steps, see `MIMALLOC_PURGE_DELAY`), which grows
 /// with the buffers the step allocates and frees. Fitted on tiny, small and SmolLM2-135M's
 /// shape, f32 and bf16 weights, with and without checkpointing, with the kernels' own x86
-/// GEMM (the implied scratch ran from 22 MiB on tiny to 76 MiB on SmolLM2's shape, where
-/// the step's buffers are 829 MiB): the estimates are then within 5 % of every peak,
+/// GEMM (the implied scratch ran from 14 MiB on tiny to 76 MiB on SmolLM2's shape, where
+/// the step's buffers are 829 MiB): the estimates are then within 8 % of every peak,
 /// where a constant 48 MiB was 14–20 % over on tiny. matrixmultiply, which the kernels
 /// fall back to on CPUs without AVX2 and on other architectures, copies more operands:
 /// 16–76 MiB were measured with it.
 pub fn step_scratch_bytes(step: u64) -> u64 {
-    (24 << 20) + step / 16
+    (20 << 20) + step / 16
 }
 
 /// The thread count the estimate's constants were measured with.
