@@ -213,7 +213,8 @@ impl Comparison {
 /// from run to run. On a 2-core AMD EPYC (Zen 3), with matrixmultiply as the GEMM and its
 /// samples drawn on candle's graph after training, the medians of one setting moved from
 /// 147 to 179 MiB between test runs. With the kernels' own x86 GEMM (AVX-512 EPYC) five
-/// hand runs all peaked at 138 MiB, samples or not, and the estimate is within 5 %.
+/// hand runs of one setting peaked within 1 MiB of each other, samples or not, and the
+/// estimates are within −2 to +8 % of the medians.
 const TINY_ALLOWANCE: u64 = 16 << 20;
 
 /// The same on candle's graph, with checkpointing: on an AVX-512 EPYC, eight hand runs
