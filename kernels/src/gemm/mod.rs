@@ -1,7 +1,7 @@
 //! `C = α·A·B + β·C` on strided `f32` views.
 //!
 //! The backend, chosen at run time: on x86-64 with AVX-512F or AVX2 and FMA, the
-//! crate's own kernels ([`x86`]; the same bits with either instruction set), elsewhere
+//! crate's own kernels (`x86`; the same bits with either instruction set), elsewhere
 //! `matrixmultiply` (pure Rust), and with the `blas` feature a system BLAS. It is called
 //! once per block of C's rows (or columns, when C is wider than tall) from rayon. There
 //! are as many blocks as rayon threads (one, for small products), each a multiple of 64
@@ -17,7 +17,7 @@
 //! 1024-column panel) is first copied into that layout, in 32 × 32 tiles, in a
 //! per-thread scratch buffer.
 //!
-//! `unsafe` here and in [`x86`]: the libraries and kernels take raw pointers and
+//! `unsafe` here and in `x86`: the libraries and kernels take raw pointers and
 //! strides. Every view is checked against its slice's length when it is made, and the
 //! output view's rows never overlap, which is all they need to stay in bounds.
 

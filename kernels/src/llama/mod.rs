@@ -12,7 +12,8 @@
 //! log-sum-exp, the o projection adds into a copy of the residual (β = 1), and the MLP
 //! writes gate and up into column blocks of one `[gate | up]` buffer, then SwiGLU, then
 //! the down projection adds into the residual. The final norm feeds
-//! [`linear_cross_entropy`], which writes the hidden-state gradient in the same pass.
+//! [`linear_cross_entropy`](crate::loss::linear_cross_entropy), which writes the
+//! hidden-state gradient in the same pass.
 //!
 //! **Saved per layer:** the layer's input, `x_mid` (after attention), both norms' `1/rms`,
 //! qkv after RoPE, attention output and log-sum-exp, `[gate | up]`, each LoRA branch's
@@ -52,8 +53,9 @@
 //! gradients stay f32: before each frozen product the step widens the bf16 matrix into
 //! one f32 scratch (in parallel over fixed chunks) and runs the same
 //! [`gemm`](crate::gemm::gemm) as on f32 weights; the embedding widens only the rows it
-//! gathers, and the head is widened whole for [`linear_cross_entropy`]. A bf16 value is
-//! the top half of an f32, so widening is exact and a step on bf16 storage gives the
+//! gathers, and the head is widened whole for
+//! [`linear_cross_entropy`](crate::loss::linear_cross_entropy). A bf16 value is the top
+//! half of an f32, so widening is exact and a step on bf16 storage gives the
 //! bits of the same step on the f32 widening of those values, for any thread count.
 //! The scratch is allocated once per call and sized for the largest bf16 matrix it
 //! widens, the head's `vocab × hidden` when it is bf16 (0.5 GiB at 7B, counted by
