@@ -1,8 +1,8 @@
 //! Webhook targets: which URLs the server may deliver to. The SSRF guard: a target must
 //! be `https://` to a host whose every address is public (no loopback, private,
 //! link-local — cloud metadata lives there — CGNAT, multicast or reserved ranges). The
-//! URL is checked when a job is created ([`check_url`]) and the resolved addresses again
-//! at every try ([`is_public`], see `webhooks`). An operator whose receivers are on a
+//! URL is checked when a job is created (`check_url`) and the resolved addresses again
+//! at every try (`is_public`, see `webhooks`). An operator whose receivers are on a
 //! private network allows private targets (and plain `http://`) with
 //! [`WebhookPolicy::allow_private`].
 

@@ -25,7 +25,7 @@
 //!   opens one; [`catalog`]: files, API keys, fine-tune records and models, kept beyond
 //!   a job's life in the queue, on the same backend.
 //! - [`attempt`]: signed credentials a trainer reports its attempt's progress with.
-//! - [`bench`]: `tuneq bench queue`, the BullMQ kit's workload on our queue.
+//! - [`bench`](mod@bench): `tuneq bench queue`, the BullMQ kit's workload on our queue.
 //! - Behind the `testing` feature: `test_ops` (the queue's movable clock),
 //!   `testing` (real redis-servers for tests), `fault_proxy`.
 //!

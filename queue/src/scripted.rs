@@ -1,9 +1,9 @@
 //! [`Queue`]: the queue, written once over a backend (Redis, a Redis Cluster, or the
 //! embedded single-file store), and its [`JobQueue`] operations. Every transition is
-//! one Lua script ([`crate::scripts`]) called through the domain's fenced-call
-//! machinery ([`crate::domain`]); replies are read by [`crate::reply`]. Time comes
+//! one Lua script (`crate::scripts`) called through the domain's fenced-call
+//! machinery (`crate::domain`); replies are read by `crate::reply`. Time comes
 //! from the backend's `TIME` (plus a test offset), kept monotonic by a high-water mark.
-//! Opening a queue is in [`crate::connection`].
+//! Opening a queue is in `crate::connection`.
 
 use crate::backend::{Backend, Origin};
 use crate::domain::{Domain, Done};

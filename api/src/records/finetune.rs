@@ -3,7 +3,7 @@
 //!
 //! The queue job is the source of truth for where a job is while it runs; this record
 //! is what outlives it. An API process keeps copies of the records it read (see
-//! [`crate::cache`] for why a copy is safe to use).
+//! `crate::cache` for why a copy is safe to use).
 
 use crate::cache::RecordCache;
 use crate::error::{ApiError, ApiResult};

@@ -245,7 +245,7 @@ pub async fn list_keys(catalog: &dyn Catalog, tenant_id: &str) -> ApiResult<Vec<
 }
 
 /// Revokes the tenant's key `key_id`: it stops working at once in this process, and
-/// within [`key_cache::TTL`] in every other API process.
+/// within `key_cache::TTL` in every other API process.
 pub async fn revoke_key(
     catalog: &dyn Catalog,
     tenant_id: &str,

@@ -1,7 +1,7 @@
 //! The Kubernetes runtime: each attempt is a `batch/v1` Job (and its per-attempt Secret)
 //! in the pool's namespace, created and read back through the API server with `kube`.
 //!
-//! Jobs and pods are watched (see [`super::observe`]), so following many attempts costs no
+//! Jobs and pods are watched (see `super::observe`), so following many attempts costs no
 //! request per tick; an end seen in the watch caches is confirmed by reading the API
 //! server itself before the attempt counts as over.
 //!

@@ -2,11 +2,11 @@
 //! no server to run.
 //!
 //! It runs the *same* Lua scripts as Redis, in an embedded Lua 5.1 (the version Redis
-//! embeds) against an in-memory keyspace ([`db`]) that answers the commands the
+//! embeds) against an in-memory keyspace (`db`) that answers the commands the
 //! scripts use with Redis's reply shapes. The transition logic therefore exists once,
 //! and one conformance suite checks both backends.
 //!
-//! Durability is by an append-only log of *effects* ([`log`]): every operation's
+//! Durability is by an append-only log of *effects* (`log`): every operation's
 //! changes are written as one record and synced before the operation is acknowledged;
 //! opening the file replays them. Operations run one at a time, as on Redis. An
 //! operation that changed nothing writes nothing, and neither does one that only moved

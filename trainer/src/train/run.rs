@@ -8,8 +8,8 @@ use super::*;
 /// (`s3://`, `gs://`) models and datasets are staged through `storage`, and a remote
 /// output is mirrored there as checkpoints and the adapter are committed.
 ///
-/// In four parts: [`Run::prepare`] (inputs, model, optimiser), [`Run::resume`] (from
-/// the latest sound checkpoint), [`Run::train`] (the step loop) and [`Run::finish`]
+/// In four parts: `Run::prepare` (inputs, model, optimiser), `Run::resume` (from
+/// the latest sound checkpoint), `Run::train` (the step loop) and `Run::finish`
 /// (adapter, samples, manifest).
 pub fn run_with(
     spec: &TrainSpec,
