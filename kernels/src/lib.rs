@@ -27,8 +27,8 @@
 //!   buffer), forward and inverse (for dq, dk).
 //! - [`swiglu`]: `silu(g)·u` over `[gate | up]` rows, and the backward into `[dg | du]`.
 //! - [`loss`]: the lm_head fused with masked cross-entropy over labelled rows, about
-//!   16 MiB of logits at a time, writing the hidden-state gradient in the same pass; its chunk buffers'
-//!   size is public ([`loss::scratch_bytes`]) for sizing a step.
+//!   16 MiB of logits at a time, writing the hidden-state gradient in the same pass; its
+//!   chunk buffers' size is public ([`loss::scratch_bytes`]) for sizing a step.
 //! - [`attention`]: fused causal attention forward and backward (flash-attention style,
 //!   grouped-query by index, block-diagonal masks for packed rows), one deterministic
 //!   task per (batch row, kv head).

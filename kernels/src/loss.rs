@@ -6,8 +6,8 @@
 //! exps per logit. Here only rows with a target are computed, [`chunk_rows`] at a time:
 //! their hidden states are gathered into a small buffer, `L = H_c·Wᵀ` (about 16 MiB of
 //! logits, 128 × V at V = 32000, so it stays in L3) comes from [`gemm`], and each row
-//! is turned in place into `exp(l − max)` (one vectorised exp per logit), its sum, its loss, and then the
-//! gradient of the logits `G = (softmax − onehot)·scale`. `dH_c = G·W` goes straight back
+//! is turned in place into `exp(l − max)` (one vectorised exp per logit), its sum, its
+//! loss, and then the gradient of the logits `G = (softmax − onehot)·scale`. `dH_c = G·W` goes straight back
 //! to the rows of `d_hidden`. Nothing of size N × V ever exists, and the loss op's
 //! backward only has to scale `d_hidden` by the upstream gradient.
 //!

@@ -1,8 +1,8 @@
 //! Node pools: where attempts run, and how a job is matched to them.
 //!
 //! Layout:
-//! - [`file`](mod@file): the pools file (TOML) that `tuneq api`, `tuneq dispatcher` and `tuneq up`
-//!   read, checked field by field.
+//! - [`file`](mod@file): the pools file (TOML) that `tuneq api`, `tuneq dispatcher` and
+//!   `tuneq up` read, checked field by field.
 //! - [`quantity`]: CPU and memory written as Kubernetes writes them.
 //! - [`memory`]: the memory an attempt needs, from the model's shape and the job.
 //! - [`placement`]: which pools a job may use, in which order, at what cost; when an

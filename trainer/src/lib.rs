@@ -21,7 +21,8 @@
 //! - [`remote`]: models and datasets staged from S3/GCS, outputs mirrored back, manifest last.
 //! - [`train`]: the training run.
 //! - [`progress`]: where progress goes (JSON lines, terminal bar).
-//! - [`generate`], [`merge`], [`init`], [`bench`](mod@bench), [`debug`]: the other `tuneq` commands.
+//! - [`generate`], [`merge`], [`init`], [`bench`](mod@bench), [`debug`]: the other `tuneq`
+//!   commands.
 //!
 //! Concurrency: one run is one thread of control; candle parallelises each kernel over
 //! `RAYON_NUM_THREADS` threads. Results are bit-reproducible for a fixed thread count.

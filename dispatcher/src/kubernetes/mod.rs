@@ -18,8 +18,8 @@
 //!   through the API server.
 //! - `observe`: the watches of the pool's Jobs and pods that the runtime reads from.
 //! - [`job`]: names, labels, the attempt Job and its Secret.
-//! - [`classify`](mod@classify): the first-match table from a Job and its pods to an [`AttemptEnd`], and
-//!   the double-run guard's view of which pods are still alive.
+//! - [`classify`](mod@classify): the first-match table from a Job and its pods to an
+//!   [`AttemptEnd`], and the double-run guard's view of which pods are still alive.
 
 pub mod classify;
 pub mod job;
