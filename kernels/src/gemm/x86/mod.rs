@@ -4,9 +4,10 @@
 //! the order its kernel reads them, but a row-major A (every activation the step
 //! multiplies) and a transposed B (every `x·Wᵀ`) are copied one element at a time,
 //! which took ~21 % of a tiny-preset step (perf, AMD EPYC with AVX-512), a third of the
-//! time of the multiply itself. Here those copies transpose 4 × 8 blocks in AVX
-//! registers, and an A used against a single panel of B (LoRA's rank-r products) is
-//! not copied at all: the kernel broadcasts its elements in place, with any strides.
+//! time of the multiply itself. Here B's copies transpose 4 × 8 blocks in AVX
+//! registers, and A is mostly not copied at all: the kernel broadcasts its elements in
+//! place, with any strides, when its rows are contiguous or it meets a single panel of
+//! B (LoRA's rank-r products); see [`reads_a_in_place`].
 //!
 //! The usual blocking: B in panels of `nr` columns and at most [`KC`] rows ([`NC`]
 //! columns at a time), A in panels of `mr` rows ([`MC`] rows at a time); a kernel
@@ -306,9 +307,7 @@ unsafe fn drive(
         return;
     }
     let (mr, nr) = (tile.mr(), tile.nr());
-    // With one panel of B, each element of A is read once: packing it would cost more
-    // than it saves, so the kernel reads it in place (a whole tile of rows is needed).
-    let in_place = n <= nr && m >= mr;
+    let in_place = reads_a_in_place(&a, n, tile);
     let mut packed_b = PACKED_B.take();
     grow(&mut packed_b, KC.min(k) * NC.min(n).next_multiple_of(nr));
     let mut packed_a = PACKED_A.take();
@@ -378,6 +377,26 @@ unsafe fn drive(
     }
     PACKED_B.set(packed_b);
     PACKED_A.set(packed_a);
+}
+
+/// Whether the kernel reads A where it is rather than from a packed copy. A whole tile
+/// of rows is needed (the last tile moves up to end at A's last row), and then:
+/// - with one panel of B, each element of A is read once, so packing it costs more than
+///   it saves;
+/// - with rows of A contiguous (every activation the step multiplies), a tile's rows
+///   are `mr` short streams the kernel broadcasts from as well as from a packed panel,
+///   and the copy, a transpose, was about 5 % of a tiny-preset step. Not when the rows
+///   are a multiple of 4 KiB apart (a 4096-wide vocabulary's logits, a 1024-wide
+///   hidden state): then every row of the tile falls in the same L1 set, and the
+///   evictions made such a product 30 % slower than packing.
+///
+/// Either way each element of C is computed the same way (see the module's notes), so
+/// this choice does not change a bit.
+fn reads_a_in_place(a: &Mat<'_>, n: usize, tile: Tile) -> bool {
+    /// Rows this many floats apart (4 KiB) share an L1 set.
+    const L1_SET_STRIDE: usize = 1024;
+    a.rows >= tile.mr()
+        && (n <= tile.nr() || (a.col_stride == 1 && !a.row_stride.is_multiple_of(L1_SET_STRIDE)))
 }
 
 /// Makes `buf` at least `len` long (packs overwrite what they use, so the values do

@@ -38,7 +38,7 @@ fn product(isa: Isa, (m, n, k): (usize, usize, usize), ta: bool, tb: bool, beta:
 /// The shapes: whole and edge tiles of both widths, A read in place (with its last
 /// tile moved up) and packed, more than one block of `k`, of A's rows and of B's
 /// columns.
-const SHAPES: [(usize, usize, usize); 8] = [
+const SHAPES: [(usize, usize, usize); 9] = [
     (1, 1, 1),
     (5, 3, 7),
     (7, 8, 9),
@@ -47,6 +47,8 @@ const SHAPES: [(usize, usize, usize); 8] = [
     (13, 33, 257),
     (250, 1030, 40),
     (37, 70, 520),
+    // Rows of A 4 KiB apart: packed even when they are contiguous.
+    (20, 40, 1024),
 ];
 
 #[test]
@@ -95,6 +97,43 @@ fn each_instruction_set_computes_the_product_and_both_give_the_same_bits() {
                 }
             }
         }
+    }
+}
+
+#[test]
+fn a_read_in_place_and_a_packed_give_the_same_bits() {
+    // The same A (37 × 520) as contiguous rows, which the kernel reads in place, and
+    // with its rows 4 KiB apart, which it packs; both against several panels of B.
+    let (m, n, k) = (37, 70, 520);
+    let a = values(m * k, 1);
+    let mut spread = vec![f32::NAN; (m - 1) * 1024 + k];
+    for (row, values) in spread.chunks_mut(1024).zip(a.chunks(k)) {
+        row[..k].copy_from_slice(values);
+    }
+    let b = values(k * n, 2);
+    let (contiguous, spread) = (Mat::new(&a, m, k), Mat::strided(&spread, m, k, 1024, 1));
+    for isa in [Isa::Avx2, Isa::Avx512]
+        .into_iter()
+        .filter(|i| i.available())
+    {
+        let tile = isa.tile(n);
+        assert!(reads_a_in_place(&contiguous, n, tile));
+        assert!(!reads_a_in_place(&spread, n, tile));
+        let run = |a: Mat<'_>| {
+            let mut c = vec![0f32; m * n];
+            // SAFETY: `isa` is available; C holds m rows of n elements and is only this
+            // thread's.
+            unsafe { gemm(isa, 0.7, a, Mat::new(&b, k, n), 0.0, c.as_mut_ptr(), n) };
+            c
+        };
+        let (in_place, packed) = (run(contiguous), run(spread));
+        assert!(
+            in_place
+                .iter()
+                .zip(&packed)
+                .all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{isa:?}: A in place and A packed differ"
+        );
     }
 }
 
