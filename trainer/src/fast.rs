@@ -448,10 +448,11 @@ mod tests {
     }
 
     /// Two micro-batches: right-padded rows with unlabelled prompts.
-    fn batches(vocab: u32) -> Vec<Batch> {
+    /// Two micro-batches of two padded rows, of the examples' lengths in pairs.
+    fn batches(vocab: u32, lens: [usize; 4]) -> Vec<Batch> {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
         let mut examples = Vec::new();
-        for len in [40usize, 23, 31, 17] {
+        for len in lens {
             let ids: Vec<u32> = (0..len).map(|_| rng.random_range(1..vocab)).collect();
             let prompt = len / 3;
             let labels = ids
@@ -470,8 +471,15 @@ mod tests {
             .collect()
     }
 
-    fn compare(name: &str, m: &Llama, dropout: f64) {
-        let data = batches(m.cfg.vocab_size as u32);
+    /// Short rows: the step runs its layers batch-wide.
+    const SHORT: [usize; 4] = [40, 23, 31, 17];
+
+    /// Rows of 260 and 256 tokens: two row groups per micro-batch (see
+    /// `tuneq_kernels::llama`'s row groups).
+    const GROUPED: [usize; 4] = [260, 200, 150, 256];
+
+    fn compare(name: &str, m: &Llama, dropout: f64, lens: [usize; 4]) {
+        let data = batches(m.cfg.vocab_size as u32, lens);
         let run = |fused: bool| {
             let mut rng = crate::batch::rng_for(7, crate::batch::streams::DROPOUT);
             let mut masks = Vec::new();
@@ -534,13 +542,26 @@ mod tests {
     #[test]
     fn fast_path_matches_the_graph() {
         let all = tuneq_openapi::train_spec::ALL_TARGET_MODULES;
-        compare("all seven, GQA 8/4", &model(&all, false, false, 4), 0.0);
+        compare(
+            "all seven, GQA 8/4",
+            &model(&all, false, false, 4),
+            0.0,
+            SHORT,
+        );
         compare(
             "q and v, MHA, tied, llama3 rope",
             &model(&["q_proj", "v_proj"], true, true, 8),
             0.0,
+            SHORT,
         );
-        compare("all seven, dropout 0.1", &model(&all, false, false, 2), 0.1);
+        let dropping = model(&all, false, false, 2);
+        compare("all seven, dropout 0.1", &dropping, 0.1, SHORT);
+        compare(
+            "all seven, dropout 0.1, row groups",
+            &dropping,
+            0.1,
+            GROUPED,
+        );
     }
 
     #[test]
@@ -600,7 +621,7 @@ mod tests {
     fn checkpointing_layers_changes_no_bit() {
         let all = tuneq_openapi::train_spec::ALL_TARGET_MODULES;
         let mut m = model(&all, false, false, 4);
-        let data = batches(m.cfg.vocab_size as u32);
+        let data = batches(m.cfg.vocab_size as u32, SHORT);
         let run = |m: &Llama| {
             let mut rng = crate::batch::rng_for(7, crate::batch::streams::DROPOUT);
             let d = Some(StepDropout {
@@ -637,7 +658,7 @@ mod tests {
     #[test]
     fn evaluation_loss_matches_the_graph() {
         let m = model(&["q_proj", "down_proj"], false, false, 4);
-        for b in batches(m.cfg.vocab_size as u32) {
+        for b in batches(m.cfg.vocab_size as u32, SHORT) {
             let fast = loss(&m, &b, 57.0).expect("fast loss");
             let ids = Tensor::from_vec(b.ids.clone(), (b.rows, b.len), &Device::Cpu).expect("ids");
             let hidden = m.hidden_states(&ids, None).expect("hidden");
@@ -662,7 +683,7 @@ mod tests {
             let wide = build(&all, tie, false, 4, Some(DType::F32));
             let narrow = build(&all, tie, false, 4, Some(DType::BF16));
             assert_eq!(ComputePath::for_model(&narrow), ComputePath::CpuFused);
-            let data = batches(wide.cfg.vocab_size as u32);
+            let data = batches(wide.cfg.vocab_size as u32, SHORT);
             let (a, b) = (
                 accumulate(&wide, &data, None).expect("f32 step"),
                 accumulate(&narrow, &data, None).expect("bf16 step"),
@@ -694,7 +715,7 @@ mod tests {
     fn checkpointing_on_the_graph_gives_the_graph_s_gradients_and_masks() {
         let all = tuneq_openapi::train_spec::ALL_TARGET_MODULES;
         let mut m = model(&all, false, false, 4);
-        let data = batches(m.cfg.vocab_size as u32);
+        let data = batches(m.cfg.vocab_size as u32, SHORT);
         let mut run = |checkpoint: bool| {
             m.checkpoint_layers = checkpoint;
             let mut rng = crate::batch::rng_for(7, crate::batch::streams::DROPOUT);

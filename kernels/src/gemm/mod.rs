@@ -294,7 +294,7 @@ pub fn gemm(alpha: f32, a: Mat<'_>, b: Mat<'_>, beta: f32, c: MatMut<'_>) {
         scale(beta, c);
         return;
     }
-    let plan = Plan::new(m, n, k, rayon::current_num_threads());
+    let plan = Plan::new(m, n, k, threads());
     // Operands matrixmultiply would gather element by element, more than once, are
     // first copied into the layout it packs with contiguous runs (see `Plan`). The own
     // kernels read A in place and pack B with contiguous runs either way.
@@ -391,7 +391,7 @@ pub(crate) fn gemm_bf16_pairs(
         scale(beta, c);
         return;
     }
-    let plan = Plan::new(m, n, k, rayon::current_num_threads());
+    let plan = Plan::new(m, n, k, threads());
     for_blocks(
         a,
         c,
@@ -487,6 +487,29 @@ const BLAS_BLOCK: usize = 256;
 
 /// matrixmultiply's column panel of B (`nc`): A is packed once per panel of C's columns.
 const NC: usize = 1024;
+
+thread_local! {
+    /// The share of the pool a product may split over on this thread (see
+    /// [`with_share`]); `None`: all of it.
+    static SHARE: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+/// The threads a product on this thread splits over.
+fn threads() -> usize {
+    let all = rayon::current_num_threads();
+    SHARE.get().map_or(all, |share| share.clamp(1, all))
+}
+
+/// Runs `body` with the products it computes on this thread split over at most
+/// `threads` blocks: for work already running as one of several parallel tasks, whose
+/// products would otherwise each split over the whole pool. The split never changes a
+/// result (see the module's notes), only how many blocks pack their operands.
+pub(crate) fn with_share<R>(threads: usize, body: impl FnOnce() -> R) -> R {
+    let before = SHARE.replace(Some(threads));
+    let result = body();
+    SHARE.set(before);
+    result
+}
 
 /// Below this many multiply-adds a product runs as one call on the current thread.
 const SERIAL_WORK: usize = 1 << 21;

@@ -132,19 +132,10 @@ pub(super) fn projection_forward(
     );
 }
 
-/// Where a layer's forward gets its dropout masks.
-pub(super) enum Masks<'a, 'm> {
-    /// No dropout.
-    Off,
-    /// Drawn from the source, in forward order.
-    Draw(&'a mut (dyn FnMut(usize, usize) -> Vec<f32> + 'm)),
-    /// Already in `Saved::masks`, put there from what the first forward drew (a
-    /// checkpointed layer's recomputation).
-    Replay,
-}
-
 /// One decoder layer forward: `x` (N × h) goes in as the layer's input and comes out as
-/// its output; `saved` receives what backward needs.
+/// its output; `saved` receives what backward needs. The dropout masks are the ones
+/// already in `saved.masks` (see [`super::groups`]: drawn for the whole batch, or kept
+/// for a checkpointed layer's recomputation).
 pub(super) fn layer_forward(
     model: &Model<'_>,
     l: usize,
@@ -152,37 +143,15 @@ pub(super) fn layer_forward(
     x: &mut [f32],
     saved: &mut Saved,
     work: &mut ForwardWork,
-    mut masks: Masks<'_, '_>,
-) -> Result<(), StepError> {
+) {
     let layer = &model.layers[l];
     let d = &model.dims;
     let n = batch.rows * batch.len;
     let eps = d.rms_eps;
-    // Masks are drawn in forward order, before the projection that uses them.
-    let mut draw = |p: usize, saved: &mut Saved| -> Result<(), StepError> {
-        let source = match &mut masks {
-            Masks::Replay => return Ok(()),
-            Masks::Off => None,
-            Masks::Draw(source) => Some(source),
-        };
-        saved.masks[p] = None;
-        if let (Some(source), true) = (source, layer.proj[p].lora.is_some()) {
-            let i = d.projection_shape(p).0;
-            let mask = source(n, i);
-            expect_len(
-                || format!("dropout mask of layer {l} {}", PROJECTIONS[p]),
-                mask.len(),
-                n * i,
-            )?;
-            saved.masks[p] = Some(mask);
-        }
-        Ok(())
-    };
 
     saved.x_in.copy_from_slice(x);
     rms_norm_forward(x, layer.input_norm, eps, &mut work.hn, &mut saved.inv1);
     for p in [Q, K, V] {
-        draw(p, saved)?;
         let col = d.output_column(p);
         projection_forward(
             d,
@@ -218,7 +187,6 @@ pub(super) fn layer_forward(
         &mut saved.attn,
         &mut saved.lse,
     );
-    draw(O, saved)?;
     saved.x_mid.copy_from_slice(x);
     projection_forward(
         d,
@@ -241,7 +209,6 @@ pub(super) fn layer_forward(
         &mut saved.inv2,
     );
     for p in [GATE, UP] {
-        draw(p, saved)?;
         let col = d.output_column(p);
         projection_forward(
             d,
@@ -258,7 +225,6 @@ pub(super) fn layer_forward(
         );
     }
     swiglu_forward(&saved.gu, d.intermediate, &mut work.act);
-    draw(DOWN, saved)?;
     x.copy_from_slice(&saved.x_mid);
     projection_forward(
         d,
@@ -273,7 +239,6 @@ pub(super) fn layer_forward(
         &mut work.xd,
         &mut work.frozen,
     );
-    Ok(())
 }
 
 /// The embedding rows of `ids`, N × h (widened row by row when the embedding is bf16).
@@ -284,12 +249,4 @@ pub(super) fn embed(model: &Model<'_>, ids: &[u32]) -> Vec<f32> {
         model.embed.copy_to(id as usize * h, row);
     }
     x
-}
-
-/// The [`Masks`] of a forward that draws from `dropout`, if any.
-pub(super) fn drawn<'a, 'm>(dropout: &'a mut Option<MaskSource<'m>>) -> Masks<'a, 'm> {
-    match dropout {
-        Some(source) => Masks::Draw(&mut **source),
-        None => Masks::Off,
-    }
 }

@@ -162,6 +162,17 @@ pub(super) fn packed_mask_bytes(len: usize) -> u64 {
     8 * len.div_ceil(64) as u64
 }
 
+/// The elements of a layer's LoRA factors (A: r × in, B: out × r, per projection of
+/// rank `ranks[p]`), and so of their gradients.
+fn lora_len(d: &Dims, ranks: &[usize; 7]) -> usize {
+    (0..7)
+        .map(|p| {
+            let (i, o) = d.projection_shape(p);
+            ranks[p] * (i + o)
+        })
+        .sum()
+}
+
 /// Per projection, the largest rank over the layers (a shared [`Saved`]'s `u` sizes).
 pub(super) fn max_ranks(ranks: &[[usize; 7]]) -> [usize; 7] {
     let mut top = [0; 7];
@@ -184,7 +195,10 @@ pub(super) fn max_ranks(ranks: &[[usize; 7]]) -> [usize; 7] {
 /// checkpointing the layer inputs, the packed masks and one layer's state), the
 /// forward scratch, the final norm's state and the hidden-state gradient, and then the
 /// larger of the loss's chunk buffers and the backward scratch (the two are never
-/// alive together), all from the same length helpers the step allocates with. Not
+/// alive together), all from the same length helpers the step allocates with. The
+/// step's row groups add the loss's own normed input (N × hidden) and, per group after
+/// the first, one layer's LoRA gradients and a gradient scratch; counted for as many
+/// groups as `tokens` can make, an upper bound when the batch has fewer rows. Not
 /// counted: the model and the gradients (the caller's), and the kernels' transient
 /// buffers: attention's task lists (48 bytes per token and kv head in the backward),
 /// its scratch of about `(4·head_dim + 128)·seq` floats per running thread, and the GEMM
@@ -293,9 +307,23 @@ fn step_bytes_with(
         Compute::Bf16 => 4 * (n * widest_side(d)) as u64,
     };
     let common = state + f32s(n * d.hidden + forward + widening + n + n * d.hidden) + rounded;
-    let ce = crate::loss::scratch_bytes(d.hidden, d.vocab, n, true);
+    // Row groups (see `groups`): none where weights are widened. With more than one,
+    // the loss's normed input is its own, and every later group holds one layer's LoRA
+    // gradients and its own gradient scratch during the backward.
+    let groups = if widening > 0 {
+        1
+    } else {
+        super::groups::max_groups(n)
+    };
+    let later = groups - 1;
+    let ce = crate::loss::scratch_bytes(d.hidden, d.vocab, n, true)
+        + if later > 0 { f32s(n * d.hidden) } else { 0 };
     let backward = match lowest {
-        Some(_) => f32s(backward_lengths(d, n, ranks, dropout).iter().sum()),
+        Some(_) => {
+            let lengths = backward_lengths(d, n, ranks, dropout);
+            let layer_gradients = ranks.iter().map(|r| lora_len(d, r)).max().unwrap_or(0);
+            f32s(lengths.iter().sum::<usize>() + later * (layer_gradients + lengths[7]))
+        }
         None => 0,
     };
     common + ce.max(backward)

@@ -56,7 +56,9 @@
 //! gathers, and the head is widened whole for
 //! [`linear_cross_entropy`](crate::loss::linear_cross_entropy). A bf16 value is the top
 //! half of an f32, so widening is exact and a step on bf16 storage gives the
-//! bits of the same step on the f32 widening of those values, for any thread count.
+//! bits of the same step on the f32 widening of those values, for any thread count,
+//! when that step runs as one row group (a batch of under 512 tokens or of one row;
+//! see below): a widening step always does, so that its scratch is not repeated.
 //! The scratch is allocated once per call and sized for the largest bf16 matrix it
 //! widens, the head's `vocab × hidden` when it is bf16 (0.5 GiB at 7B, counted by
 //! [`step_bytes`]); with every frozen matrix in f32 there is none. Widening costs a
@@ -84,9 +86,14 @@
 //! into a scratch and then added elementwise, so after two calls a gradient is exactly
 //! the sum of what each call would give alone.
 //!
+//! **Row groups:** the decoder layers run on groups of whole rows, one parallel task
+//! per group, so that the pool joins twice a layer rather than once per product and
+//! row kernel (the private `groups` module has the why and the figures). The grouping
+//! follows the batch's shape: at most four groups of at least 256 tokens each.
+//!
 //! **Determinism:** every product goes through [`gemm`](crate::gemm::gemm) and every
-//! row kernel splits in fixed blocks; the rest is sequential. Results do not depend on
-//! the thread count.
+//! row kernel splits in fixed blocks; the groups' gradients are added in group order;
+//! the rest is sequential. Results do not depend on the thread count.
 
 use crate::loss::{LossError, linear_cross_entropy_with};
 use crate::norm::{rms_norm_backward, rms_norm_forward};
@@ -94,17 +101,16 @@ use crate::norm::{rms_norm_backward, rms_norm_forward};
 mod backward;
 mod forward;
 mod frozen;
+mod groups;
 mod memory;
 #[cfg(test)]
 mod tests;
 
 use backward::{BackwardWork, LoraWork, layer_backward};
-use forward::{ForwardWork, Masks, Saved, drawn, embed, layer_forward};
+use forward::{ForwardWork, Saved, embed, layer_forward};
 use frozen::FrozenWork;
 pub use frozen::{Compute, Frozen};
-use memory::{
-    StoredMask, backward_lengths, forward_work_lengths, max_ranks, widening_len, widest_side,
-};
+use memory::{backward_lengths, forward_work_lengths, max_ranks, widening_len, widest_side};
 pub use memory::{step_bytes, step_bytes_on_any_cpu};
 
 /// The seven projections of a layer, in [`Layer::proj`] order (PEFT's module names).
@@ -289,28 +295,49 @@ impl Model<'_> {
         }
     }
 
-    /// The frozen products' scratch for `n` tokens: room for the largest matrix the
-    /// step widens whole (the head, see [`head_widened`](Self::head_widened); each bf16
-    /// projection in f32 compute; in bf16 compute, every projection unless a bf16 GEMM,
-    /// oneMKL's or the own kernels, takes them as stored), and in bf16 compute the
-    /// rounded activation operand.
-    fn frozen_work(&self, n: usize) -> FrozenWork {
+    /// How the step groups the batch's rows (see [`groups`]): by its shape, unless the
+    /// step widens bf16 weights, whose scratch is not repeated per group.
+    fn row_groups(&self, batch: &Batch<'_>) -> Vec<std::ops::Range<usize>> {
+        if self.widening_len() > 0 {
+            return std::iter::once(0..batch.rows).collect();
+        }
+        groups::row_groups(batch.rows, batch.len)
+    }
+
+    /// Whether a bf16 GEMM (oneMKL's or the own kernels) takes the projections as
+    /// stored, in bf16 compute.
+    fn projections_bf16_gemm(&self) -> bool {
         let all_bf16 = self
             .layers
             .iter()
             .all(|l| l.proj.iter().all(|p| p.weight.is_bf16()));
-        let bf16_gemm = frozen::uses_bf16_gemm(self.compute, all_bf16);
+        frozen::uses_bf16_gemm(self.compute, all_bf16)
+    }
+
+    /// The length of the scratch the step widens frozen matrices into: the largest
+    /// matrix it widens whole (the head, see [`head_widened`](Self::head_widened); each
+    /// bf16 projection in f32 compute; in bf16 compute, every projection unless a bf16
+    /// GEMM takes them as stored). 0 with f32 weights in f32 compute.
+    fn widening_len(&self) -> usize {
+        let bf16_gemm = self.projections_bf16_gemm();
         let widened = self.layers.iter().flat_map(|l| {
             (0..7).filter(move |&p| match self.compute {
                 Compute::F32 => l.proj[p].weight.is_bf16(),
                 Compute::Bf16 => !bf16_gemm,
             })
         });
+        widening_len(&self.dims, self.head_widened(), widened)
+    }
+
+    /// The frozen products' scratch for `n` tokens: the widening scratch
+    /// ([`widening_len`](Self::widening_len)) and, in bf16 compute, the rounded
+    /// activation operand.
+    fn frozen_work(&self, n: usize) -> FrozenWork {
         FrozenWork::new(
             self.compute,
-            widening_len(&self.dims, self.head_widened(), widened),
+            self.widening_len(),
             (n, widest_side(&self.dims)),
-            bf16_gemm,
+            self.projections_bf16_gemm(),
         )
     }
 }
@@ -640,7 +667,7 @@ pub fn forward_backward_with(
     validate(model, batch)?;
     let slots = gradient_slots(model, grads)?;
     let d = &model.dims;
-    let (n, h) = (batch.rows * batch.len, d.hidden);
+    let (n, h, len) = (batch.rows * batch.len, d.hidden, batch.len);
     if n == 0 {
         return Ok(0.0);
     }
@@ -650,48 +677,73 @@ pub fn forward_backward_with(
     // Layers below the lowest one with LoRA need no backward at all.
     let lowest = slots.iter().position(|s| s.iter().any(Option::is_some));
     let checkpoint = options.checkpoint_layers;
+    let keep_from = lowest.unwrap_or(model.layers.len());
+    let rows = model.row_groups(batch);
+    let batches: Vec<Batch<'_>> = rows.iter().map(|r| groups::sub_batch(batch, r)).collect();
     let mut x = embed(model, batch.ids);
-    let [hn, act, xd] = forward_work_lengths(d, n, with_dropout).map(|len| vec![0.0; len]);
-    let frozen = model.frozen_work(n);
-    let mut work = ForwardWork {
-        hn,
-        act,
-        xd,
-        frozen,
-    };
-    // Without checkpointing, one `Saved` per layer; with it, one shared by all, and
-    // per layer from `lowest` up its input and its masks.
-    let mut saved: Vec<Saved>;
+    let mut works: Vec<ForwardWork> = batches
+        .iter()
+        .map(|b| {
+            let [hn, act, xd] =
+                forward_work_lengths(d, b.rows * len, with_dropout).map(|len| vec![0.0; len]);
+            ForwardWork {
+                hn,
+                act,
+                xd,
+                frozen: model.frozen_work(b.rows * len),
+            }
+        })
+        .collect();
+    // Per group: without checkpointing one `Saved` per layer; with it, one shared by
+    // all layers, and per layer from `lowest` up its input (batch-wide) and its masks.
+    let mut saved: Vec<Vec<Saved>> = batches
+        .iter()
+        .map(|b| {
+            let tokens = b.rows * len;
+            if checkpoint {
+                vec![Saved::new(d, tokens, &max_ranks(&ranks))]
+            } else {
+                ranks.iter().map(|r| Saved::new(d, tokens, r)).collect()
+            }
+        })
+        .collect();
+    let layer_slot = |l: usize| if checkpoint { 0 } else { l };
     let mut inputs: Vec<Vec<f32>> = Vec::new();
-    let mut masks: Vec<[Option<StoredMask>; 7]> = Vec::new();
-    if checkpoint {
-        saved = vec![Saved::new(d, n, &max_ranks(&ranks))];
-        let keep_from = lowest.unwrap_or(model.layers.len());
-        for l in 0..model.layers.len() {
-            if l >= keep_from {
-                inputs.push(x.clone());
-            }
-            let s = &mut saved[0];
-            layer_forward(model, l, batch, &mut x, s, &mut work, drawn(&mut dropout))?;
-            if l >= keep_from {
-                masks.push(std::array::from_fn(|p| {
-                    s.masks[p].as_deref().map(StoredMask::pack)
-                }));
-            }
+    let mut kept: Vec<Vec<groups::KeptMasks>> = Vec::new();
+    for l in 0..model.layers.len() {
+        if checkpoint && l >= keep_from {
+            inputs.push(x.clone());
         }
-    } else {
-        saved = ranks.iter().map(|r| Saved::new(d, n, r)).collect();
-        for (l, s) in saved.iter_mut().enumerate() {
-            layer_forward(model, l, batch, &mut x, s, &mut work, drawn(&mut dropout))?;
+        let mut layer_saved: Vec<&mut Saved> =
+            saved.iter_mut().map(|s| &mut s[layer_slot(l)]).collect();
+        groups::draw_layer_masks(model, l, n, &mut dropout, &rows, len, &mut layer_saved)?;
+        let xs = groups::split_rows(&mut x, &rows, len, h);
+        let items: Vec<_> = batches
+            .iter()
+            .zip(xs)
+            .zip(layer_saved)
+            .zip(works.iter_mut())
+            .collect();
+        groups::for_each(items, |(((b, x), s), work)| {
+            layer_forward(model, l, b, x, s, work);
+        });
+        if checkpoint && l >= keep_from {
+            kept.push(saved.iter().map(|s| groups::keep_masks(&s[0])).collect());
         }
     }
+    // The final norm and the loss run batch-wide; one group lends its scratch.
     let mut inv = vec![0f32; n];
-    rms_norm_forward(&x, model.norm, d.rms_eps, &mut work.hn, &mut inv);
+    let mut hn = if works.len() == 1 {
+        std::mem::take(&mut works[0].hn)
+    } else {
+        vec![0f32; n * h]
+    };
+    rms_norm_forward(&x, model.norm, d.rms_eps, &mut hn, &mut inv);
     let mut d_hidden = vec![0f32; n * h];
     let loss = linear_cross_entropy_with(
-        &work.hn,
+        &hn,
         h,
-        frozen::loss_head(model.lm_head, model.compute, &mut work.frozen.widened),
+        frozen::loss_head(model.lm_head, model.compute, &mut works[0].frozen.widened),
         d.vocab,
         batch.targets,
         scale,
@@ -703,68 +755,97 @@ pub fn forward_backward_with(
     if batch.targets.iter().all(|&t| t < 0) {
         return Ok(loss);
     }
-    let [dx, d_act, d_gu, d_attn, d_qkv, du, tmp, grad] =
-        backward_lengths(d, n, &ranks, with_dropout).map(|len| vec![0f32; len]);
-    let mut dx = dx;
+    let mut dx = vec![0f32; n * h];
     rms_norm_backward(&x, model.norm, &inv, &d_hidden, &mut dx, false);
-    let mut work = BackwardWork {
-        hn: work.hn,
-        inv,
-        act: work.act,
-        d_act,
-        d_gu,
-        d_hn: d_hidden,
-        d_attn,
-        d_qkv,
-        lora: LoraWork {
-            du,
-            xd: work.xd,
-            tmp,
-            grad,
-        },
-        frozen: work.frozen,
-    };
-    for l in (lowest..model.layers.len()).rev() {
-        let s = if checkpoint {
-            // Recompute the layer's forward state from its input and its masks, with the
-            // backward's buffers lent as the forward's scratch (the backward recomputes
-            // what it needs of them itself).
-            let (Some(mut input), Some(stored)) = (inputs.pop(), masks.pop()) else {
-                unreachable!("an input and masks were kept for every layer from the lowest");
-            };
-            let s = &mut saved[0];
-            for (p, stored) in stored.iter().enumerate() {
-                s.masks[p] = stored.as_ref().map(|m| {
-                    let mut buf = s.masks[p].take().unwrap_or_default();
-                    m.unpack_into(&mut buf);
-                    buf
-                });
+    // One group takes over the batch-wide buffers, as an ungrouped step does; with more,
+    // they are freed before the groups' own are made.
+    let (mut hn, mut d_hidden, mut inv) = (Some(hn), Some(d_hidden), Some(inv));
+    if works.len() > 1 {
+        (hn, d_hidden, inv) = (None, None, None);
+    }
+    let mut backs: Vec<BackwardWork> = works
+        .into_iter()
+        .zip(&batches)
+        .map(|(work, b)| {
+            let tokens = b.rows * len;
+            let [_, d_act, d_gu, d_attn, d_qkv, du, tmp, grad] =
+                backward_lengths(d, tokens, &ranks, with_dropout).map(|len| vec![0f32; len]);
+            BackwardWork {
+                hn: hn.take().unwrap_or_else(|| vec![0f32; tokens * h]),
+                inv: inv.take().unwrap_or_else(|| vec![0f32; tokens]),
+                act: work.act,
+                d_act,
+                d_gu,
+                d_hn: d_hidden.take().unwrap_or_else(|| vec![0f32; tokens * h]),
+                d_attn,
+                d_qkv,
+                lora: LoraWork {
+                    du,
+                    xd: work.xd,
+                    tmp,
+                    grad,
+                },
+                frozen: work.frozen,
             }
-            let mut lent = ForwardWork {
-                hn: std::mem::take(&mut work.hn),
-                act: std::mem::take(&mut work.act),
-                xd: std::mem::take(&mut work.lora.xd),
-                frozen: std::mem::take(&mut work.frozen),
-            };
-            // Replaying draws nothing, so this cannot fail (and add half a step).
-            layer_forward(model, l, batch, &mut input, s, &mut lent, Masks::Replay)?;
-            (work.hn, work.act, work.lora.xd) = (lent.hn, lent.act, lent.xd);
-            work.frozen = lent.frozen;
-            &saved[0]
-        } else {
-            &saved[l]
-        };
-        layer_backward(
-            model,
-            l,
-            batch,
-            s,
-            &mut dx,
-            &mut work,
-            grads,
-            l == lowest,
-            &slots[l],
-        );
+        })
+        .collect();
+    // Every group after the first sums a layer's gradients from zero into buffers of its
+    // own, added into the caller's in group order once the layer is done.
+    let mut later_grads: Vec<Vec<Vec<f32>>> = (1..batches.len())
+        .map(|_| vec![Vec::new(); grads.len()])
+        .collect();
+    for l in (lowest..model.layers.len()).rev() {
+        let mut input = if checkpoint { inputs.pop() } else { None };
+        let layer_kept = if checkpoint { kept.pop() } else { None };
+        let layer_gradients = groups::layer_gradients(&slots[l]);
+        for later in &mut later_grads {
+            for s in layer_gradients.clone() {
+                later[s] = vec![0f32; grads[s].len()];
+            }
+        }
+        let group_grads =
+            std::iter::once(&mut *grads).chain(later_grads.iter_mut().map(Vec::as_mut_slice));
+        let inputs_of = input
+            .as_mut()
+            .map(|input| groups::split_rows(input, &rows, len, h));
+        let mut inputs_of = inputs_of.map(Vec::into_iter);
+        let items: Vec<_> = batches
+            .iter()
+            .enumerate()
+            .zip(groups::split_rows(&mut dx, &rows, len, h))
+            .zip(saved.iter_mut())
+            .zip(backs.iter_mut())
+            .zip(group_grads)
+            .map(|(((((g, b), dx), s), work), grads)| {
+                let input = inputs_of.as_mut().and_then(Iterator::next);
+                (g, b, dx, &mut s[layer_slot(l)], work, grads, input)
+            })
+            .collect();
+        let slots = &slots[l];
+        let layer_kept = layer_kept.as_deref();
+        groups::for_each(items, |(g, b, dx, s, work, grads, input)| {
+            if let (Some(input), Some(kept)) = (input, layer_kept) {
+                // Recompute the layer's forward state from its input and its masks, with
+                // the backward's buffers lent as the forward's scratch (the backward
+                // recomputes what it needs of them itself).
+                groups::restore_masks(&kept[g], s);
+                let mut lent = ForwardWork {
+                    hn: std::mem::take(&mut work.hn),
+                    act: std::mem::take(&mut work.act),
+                    xd: std::mem::take(&mut work.lora.xd),
+                    frozen: std::mem::take(&mut work.frozen),
+                };
+                layer_forward(model, l, b, input, s, &mut lent);
+                (work.hn, work.act, work.lora.xd) = (lent.hn, lent.act, lent.xd);
+                work.frozen = lent.frozen;
+            }
+            layer_backward(model, l, b, s, dx, work, grads, l == lowest, slots);
+        });
+        for later in &mut later_grads {
+            for s in layer_gradients.clone() {
+                backward::add(&mut grads[s], &std::mem::take(&mut later[s]));
+            }
+        }
     }
     Ok(loss)
 }
@@ -792,7 +873,7 @@ pub fn loss(model: &Model<'_>, batch: &Batch<'_>, scale: f32) -> Result<f64, Ste
     };
     let mut saved = Saved::new(d, n, &max_ranks(&model.lora_ranks()));
     for l in 0..model.layers.len() {
-        layer_forward(model, l, batch, &mut x, &mut saved, &mut work, Masks::Off)?;
+        layer_forward(model, l, batch, &mut x, &mut saved, &mut work);
     }
     let mut inv = vec![0f32; n];
     rms_norm_forward(&x, model.norm, d.rms_eps, &mut work.hn, &mut inv);

@@ -1,9 +1,10 @@
-use super::memory::packed_mask_bytes;
+use super::memory::{StoredMask, packed_mask_bytes};
 use super::*;
 use rand::{Rng, SeedableRng};
 
 mod bf16;
 mod bf16_compute;
+mod groups;
 mod oracle;
 use oracle::*;
 
@@ -233,7 +234,15 @@ fn larger_case() -> (Owned, OwnedBatch) {
 /// The same bits on 1 and 2 threads.
 #[test]
 fn results_do_not_depend_on_the_thread_count() {
-    let (m, b) = larger_case();
+    for (m, b) in [larger_case(), groups::grouped_case()] {
+        same_bits_on_any_thread_count(&m, &b);
+    }
+}
+
+/// The loss, the evaluation loss and the gradients of a step on `b`: the same bits on
+/// 1, 2 and 3 threads (the step's row groups, if any, fewer, as many and more than the
+/// threads).
+fn same_bits_on_any_thread_count(m: &Owned, b: &OwnedBatch) {
     let run = |threads: usize| {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -243,7 +252,7 @@ fn results_do_not_depend_on_the_thread_count() {
             let mut grads = m.zero_grads();
             let loss =
                 forward_backward(&m.view(), &b.view(), 0.01, None, &mut grads).expect("a step");
-            let eval = loss_only(&m, &b);
+            let eval = loss_only(m, b);
             let bits: Vec<Vec<u32>> = grads
                 .iter()
                 .map(|g| g.iter().map(|v| v.to_bits()).collect())
@@ -257,6 +266,7 @@ fn results_do_not_depend_on_the_thread_count() {
         "the evaluation loss differs from the training one"
     );
     assert_eq!(one, run(2));
+    assert_eq!(one, run(3));
 }
 
 fn loss_only(m: &Owned, b: &OwnedBatch) -> f64 {
@@ -445,7 +455,8 @@ fn odd_masks(m: &Owned, n: usize, seed: u64) -> Vec<Vec<f32>> {
 /// the oracle-checked models (GQA; LoRA on all seven, on q and v, and only above
 /// layer 0 with a gap), without dropout, with two-valued (packed) masks and with odd
 /// (kept whole) masks, over two micro-batches, on 1 and 2 threads; and on a model
-/// large enough that the kernels split into several blocks.
+/// large enough that the kernels split into several blocks, with a batch of one row
+/// group and one of two.
 #[test]
 fn checkpointing_gives_the_same_bits() {
     let three = Dims {
@@ -482,12 +493,13 @@ fn checkpointing_gives_the_same_bits() {
             }
         }
     }
-    let (m, b) = larger_case();
-    let masks = [dropout_masks(&m, b.rows * b.len, 0.1, 33)];
-    for masks in [&[][..], &masks[..]] {
-        let plain = step_bits(&m.view(), &[&b], masks, 2, false);
-        assert!(plain == step_bits(&m.view(), &[&b], masks, 2, true));
-        assert!(plain == step_bits(&m.view(), &[&b], masks, 1, true));
+    for (m, b) in [larger_case(), groups::grouped_case()] {
+        let masks = [dropout_masks(&m, b.rows * b.len, 0.1, 33)];
+        for masks in [&[][..], &masks[..]] {
+            let plain = step_bits(&m.view(), &[&b], masks, 2, false);
+            assert!(plain == step_bits(&m.view(), &[&b], masks, 2, true));
+            assert!(plain == step_bits(&m.view(), &[&b], masks, 1, true));
+        }
     }
 }
 
