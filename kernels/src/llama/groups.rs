@@ -29,7 +29,7 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use super::forward::Saved;
+use super::forward::{ForwardWork, Saved};
 use super::memory::StoredMask;
 use super::{Batch, Model, PROJECTIONS, StepError, expect_len};
 
@@ -104,6 +104,24 @@ pub(super) fn for_each<T: Send>(items: Vec<T>, body: impl Fn(T) + Sync + Send) {
             .into_par_iter()
             .for_each(|item| crate::gemm::with_share(share, || body(item)));
     }
+}
+
+/// Layer `l`'s forward on every group: `x` is the batch's hidden state (N × hidden),
+/// `saved` and `works` each group's, in group order.
+pub(super) fn layer_forward(
+    model: &Model<'_>,
+    l: usize,
+    batches: &[Batch<'_>],
+    groups: &[Range<usize>],
+    x: &mut [f32],
+    saved: Vec<&mut Saved>,
+    works: &mut [ForwardWork],
+) {
+    let xs = split_rows(x, groups, batches[0].len, model.dims.hidden);
+    let items: Vec<_> = batches.iter().zip(xs).zip(saved).zip(works).collect();
+    for_each(items, |(((b, x), s), work)| {
+        super::forward::layer_forward(model, l, b, x, s, work);
+    });
 }
 
 /// Draws layer `l`'s dropout masks for the whole batch (`n` tokens), in forward order

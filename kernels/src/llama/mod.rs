@@ -329,6 +329,18 @@ impl Model<'_> {
         widening_len(&self.dims, self.head_widened(), widened)
     }
 
+    /// A layer forward's scratch for `n` tokens, with room for masked inputs when the
+    /// step draws dropout masks.
+    fn forward_work(&self, n: usize, dropout: bool) -> ForwardWork {
+        let [hn, act, xd] = forward_work_lengths(&self.dims, n, dropout).map(|len| vec![0.0; len]);
+        ForwardWork {
+            hn,
+            act,
+            xd,
+            frozen: self.frozen_work(n),
+        }
+    }
+
     /// The frozen products' scratch for `n` tokens: the widening scratch
     /// ([`widening_len`](Self::widening_len)) and, in bf16 compute, the rounded
     /// activation operand.
@@ -681,32 +693,21 @@ pub fn forward_backward_with(
     let rows = model.row_groups(batch);
     let batches: Vec<Batch<'_>> = rows.iter().map(|r| groups::sub_batch(batch, r)).collect();
     let mut x = embed(model, batch.ids);
-    let mut works: Vec<ForwardWork> = batches
-        .iter()
-        .map(|b| {
-            let [hn, act, xd] =
-                forward_work_lengths(d, b.rows * len, with_dropout).map(|len| vec![0.0; len]);
-            ForwardWork {
-                hn,
-                act,
-                xd,
-                frozen: model.frozen_work(b.rows * len),
-            }
-        })
-        .collect();
-    // Per group: without checkpointing one `Saved` per layer; with it, one shared by
-    // all layers, and per layer from `lowest` up its input (batch-wide) and its masks.
-    let mut saved: Vec<Vec<Saved>> = batches
+    // Per group: the forward scratch and, without checkpointing, one `Saved` per layer;
+    // with it, one shared by all layers, and per layer from `lowest` up its input
+    // (batch-wide) and its masks.
+    let (mut works, mut saved): (Vec<ForwardWork>, Vec<Vec<Saved>>) = batches
         .iter()
         .map(|b| {
             let tokens = b.rows * len;
-            if checkpoint {
+            let saved = if checkpoint {
                 vec![Saved::new(d, tokens, &max_ranks(&ranks))]
             } else {
                 ranks.iter().map(|r| Saved::new(d, tokens, r)).collect()
-            }
+            };
+            (model.forward_work(tokens, with_dropout), saved)
         })
-        .collect();
+        .unzip();
     let layer_slot = |l: usize| if checkpoint { 0 } else { l };
     let mut inputs: Vec<Vec<f32>> = Vec::new();
     let mut kept: Vec<Vec<groups::KeptMasks>> = Vec::new();
@@ -717,16 +718,7 @@ pub fn forward_backward_with(
         let mut layer_saved: Vec<&mut Saved> =
             saved.iter_mut().map(|s| &mut s[layer_slot(l)]).collect();
         groups::draw_layer_masks(model, l, n, &mut dropout, &rows, len, &mut layer_saved)?;
-        let xs = groups::split_rows(&mut x, &rows, len, h);
-        let items: Vec<_> = batches
-            .iter()
-            .zip(xs)
-            .zip(layer_saved)
-            .zip(works.iter_mut())
-            .collect();
-        groups::for_each(items, |(((b, x), s), work)| {
-            layer_forward(model, l, b, x, s, work);
-        });
+        groups::layer_forward(model, l, &batches, &rows, &mut x, layer_saved, &mut works);
         if checkpoint && l >= keep_from {
             kept.push(saved.iter().map(|s| groups::keep_masks(&s[0])).collect());
         }
@@ -851,36 +843,46 @@ pub fn forward_backward_with(
 }
 
 /// The loss only, for evaluation: `scale·Σ CE` over the labelled tokens, without dropout
-/// and without any gradient work. Layers reuse one set of buffers.
+/// and without any gradient work. Layers reuse one set of buffers per row group.
 ///
 /// # Errors
 /// [`StepError`] when the model or batch is inconsistent; see [`forward_backward`].
 pub fn loss(model: &Model<'_>, batch: &Batch<'_>, scale: f32) -> Result<f64, StepError> {
     validate(model, batch)?;
     let d = &model.dims;
-    let n = batch.rows * batch.len;
+    let (n, h, len) = (batch.rows * batch.len, d.hidden, batch.len);
     if n == 0 {
         return Ok(0.0);
     }
+    let rows = model.row_groups(batch);
+    let batches: Vec<Batch<'_>> = rows.iter().map(|r| groups::sub_batch(batch, r)).collect();
     let mut x = embed(model, batch.ids);
-    let [hn, act, xd] = forward_work_lengths(d, n, false).map(|len| vec![0.0; len]);
-    let frozen = model.frozen_work(n);
-    let mut work = ForwardWork {
-        hn,
-        act,
-        xd,
-        frozen,
-    };
-    let mut saved = Saved::new(d, n, &max_ranks(&model.lora_ranks()));
+    let ranks = max_ranks(&model.lora_ranks());
+    let (mut works, mut saved): (Vec<ForwardWork>, Vec<Saved>) = batches
+        .iter()
+        .map(|b| {
+            let tokens = b.rows * len;
+            (
+                model.forward_work(tokens, false),
+                Saved::new(d, tokens, &ranks),
+            )
+        })
+        .unzip();
     for l in 0..model.layers.len() {
-        layer_forward(model, l, batch, &mut x, &mut saved, &mut work);
+        let layer_saved = saved.iter_mut().collect();
+        groups::layer_forward(model, l, &batches, &rows, &mut x, layer_saved, &mut works);
     }
     let mut inv = vec![0f32; n];
-    rms_norm_forward(&x, model.norm, d.rms_eps, &mut work.hn, &mut inv);
+    let mut hn = if works.len() == 1 {
+        std::mem::take(&mut works[0].hn)
+    } else {
+        vec![0f32; n * h]
+    };
+    rms_norm_forward(&x, model.norm, d.rms_eps, &mut hn, &mut inv);
     Ok(linear_cross_entropy_with(
-        &work.hn,
-        d.hidden,
-        frozen::loss_head(model.lm_head, model.compute, &mut work.frozen.widened),
+        &hn,
+        h,
+        frozen::loss_head(model.lm_head, model.compute, &mut works[0].frozen.widened),
         d.vocab,
         batch.targets,
         scale,
