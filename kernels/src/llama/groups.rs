@@ -2,14 +2,15 @@
 //! one rayon task per group, instead of one batch-wide call per product and row kernel.
 //!
 //! Why: a layer is some forty products and row kernels, each its own fork and join
-//! across the pool when it runs batch-wide, about 300 a tiny-preset step. On 2 threads
-//! the step then ran at 1.57× its 1-thread speed although its products alone scale
-//! 2×; two half batches run side by side on one thread each took 20 % less time.
-//! Sequences are independent through a layer (attention never crosses rows), so a
-//! group runs a whole layer without waiting for the others, and the pool joins twice
-//! a layer (forward and backward) instead of some forty times. Inside a group the
-//! products still split over the pool, so threads that finish their groups early take
-//! part of the others' work.
+//! across the pool when it runs batch-wide, about 300 a tiny-preset step, and on a
+//! shared VM every join waits for the slowest vCPU. Two half batches run side by side
+//! on one thread each took 20 % less time than the whole batch on both threads
+//! (`llama_step`, tiny, alternated, on a noisy 2-vCPU VM). Sequences are independent
+//! through a layer (attention never crosses rows), so a group runs a whole layer
+//! without waiting for the others, and the pool joins twice a layer (forward and
+//! backward) instead of some forty times. Inside a group the products split over the
+//! group's share of the pool. Measured on `tuneq bench train --preset tiny --threads
+//! 2`, six alternated pairs: +6 % median tokens/s (−2 to +17 %).
 //!
 //! **Same bits for any thread count.** How the rows are grouped depends on the batch's
 //! shape alone ([`row_groups`]), never on the pool. Each group's LoRA gradients are
