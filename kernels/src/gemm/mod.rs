@@ -505,10 +505,15 @@ fn threads() -> usize {
 /// products would otherwise each split over the whole pool. The split never changes a
 /// result (see the module's notes), only how many blocks pack their operands.
 pub(crate) fn with_share<R>(threads: usize, body: impl FnOnce() -> R) -> R {
-    let before = SHARE.replace(Some(threads));
-    let result = body();
-    SHARE.set(before);
-    result
+    /// Puts the previous share back, also when `body` unwinds.
+    struct Restore(Option<usize>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            SHARE.set(self.0);
+        }
+    }
+    let _restore = Restore(SHARE.replace(Some(threads)));
+    body()
 }
 
 /// Below this many multiply-adds a product runs as one call on the current thread.

@@ -300,3 +300,25 @@ fn an_isa_limit_is_read_in_any_case_and_a_bad_one_is_named() {
         "{err}"
     );
 }
+
+#[test]
+fn a_share_limits_the_split_while_it_lasts_even_when_its_body_panics() {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(4)
+        .build()
+        .expect("a pool");
+    pool.install(|| {
+        assert_eq!(threads(), 4);
+        with_share(2, || {
+            assert_eq!(threads(), 2);
+            with_share(9, || {
+                assert_eq!(threads(), 4, "a share is at most the pool")
+            });
+            assert_eq!(threads(), 2);
+        });
+        assert_eq!(threads(), 4);
+        let unwound = std::panic::catch_unwind(|| with_share(1, || panic!("in the body")));
+        assert!(unwound.is_err());
+        assert_eq!(threads(), 4, "the share outlived a panicking body");
+    });
+}
