@@ -18,6 +18,11 @@ pub struct ComputeEnv {
     pub gemm: String,
     /// The SIMD features of this CPU that GEMM and elementwise kernels choose between.
     pub cpu_features: Vec<String>,
+    /// The fused step's arithmetic ([`tuneq_kernels::llama::STEP_ARITHMETIC`]) on the
+    /// fused paths, empty on candle's graph. Empty in checkpoints written before it was
+    /// recorded, so a resume from one of those warns too.
+    #[serde(default)]
+    pub step: String,
 }
 
 impl ComputeEnv {
@@ -33,10 +38,15 @@ impl ComputeEnv {
             (ComputePath::Graph, true) => ("candle-graph-cpu", "gemm-0.19 (candle)"),
             (ComputePath::Graph, false) => ("candle-graph-cuda", "cublas (candle)"),
         };
+        let step = match ComputePath::for_model(model) {
+            ComputePath::CpuFused => tuneq_kernels::llama::STEP_ARITHMETIC,
+            ComputePath::Graph => "",
+        };
         Self {
             path: path.into(),
             gemm: gemm.into(),
             cpu_features: cpu_features(),
+            step: step.into(),
         }
     }
 
@@ -45,6 +55,20 @@ impl ComputeEnv {
         let mut parts = Vec::new();
         if self.path != other.path {
             parts.push(format!("compute path {} → {}", other.path, self.path));
+        }
+        if self.step != other.step {
+            let name = |s: &str| {
+                if s.is_empty() {
+                    "unrecorded".to_string()
+                } else {
+                    s.to_string()
+                }
+            };
+            parts.push(format!(
+                "fused step {} → {}",
+                name(&other.step),
+                name(&self.step)
+            ));
         }
         if self.gemm != other.gemm {
             parts.push(format!("GEMM {} → {}", other.gemm, self.gemm));
@@ -102,6 +126,7 @@ mod tests {
             path: "cpu-fused".into(),
             gemm: "matrixmultiply-0.3".into(),
             cpu_features: cpu_features(),
+            step: tuneq_kernels::llama::STEP_ARITHMETIC.into(),
         };
         assert_eq!(here.difference(&here), None);
         let mut other = here.clone();
@@ -112,5 +137,12 @@ mod tests {
             said.contains("GEMM openblas") && said.contains("CPU features [avx2]"),
             "{said}"
         );
+        // A checkpoint from before the step's arithmetic was recorded.
+        let old: ComputeEnv = serde_json::from_str(
+            r#"{"path": "cpu-fused", "gemm": "matrixmultiply-0.3", "cpu_features": []}"#,
+        )
+        .expect("an older record still reads");
+        let said = here.difference(&old).expect("a difference");
+        assert!(said.contains("fused step unrecorded → "), "{said}");
     }
 }

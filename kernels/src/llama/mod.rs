@@ -113,6 +113,12 @@ pub use frozen::{Compute, Frozen};
 use memory::{backward_lengths, forward_work_lengths, max_ranks, widening_len, widest_side};
 pub use memory::{step_bytes, step_bytes_on_any_cpu};
 
+/// Which arithmetic [`forward_backward_with`] does, for a checkpoint's record: it changes
+/// whenever a change to the step can move a bit of its results for the same inputs,
+/// threads and GEMM, so that a resume across such builds warns that it will not be
+/// bit-identical. `2`: the layers on row groups.
+pub const STEP_ARITHMETIC: &str = "2 (row groups)";
+
 /// The seven projections of a layer, in [`Layer::proj`] order (PEFT's module names).
 pub const PROJECTIONS: [&str; 7] = [
     "q_proj",
