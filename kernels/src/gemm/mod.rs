@@ -819,4 +819,4 @@ fn scale(beta: f32, c: MatMut<'_>) {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -201,7 +201,8 @@ impl Case {
     }
 }
 
-fn same_bits(x: &[f32], y: &[f32]) -> bool {
+/// Whether two results are the same, bit for bit (and of the same length).
+pub(crate) fn same_bits(x: &[f32], y: &[f32]) -> bool {
     x.len() == y.len() && x.iter().zip(y).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 

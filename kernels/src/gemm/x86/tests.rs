@@ -1,4 +1,5 @@
 use super::*;
+use crate::gemm::tests::same_bits;
 
 /// Deterministic values in [−1, 1).
 fn values(len: usize, seed: u64) -> Vec<f32> {
@@ -89,9 +90,7 @@ fn each_instruction_set_computes_the_product_and_both_give_the_same_bits() {
                 if avx512 {
                     let wide = product(Isa::Avx512, (m, n, k), ta, tb, beta);
                     assert!(
-                        wide.iter()
-                            .zip(&got)
-                            .all(|(x, y)| x.to_bits() == y.to_bits()),
+                        same_bits(&wide, &got),
                         "{m}×{n}×{k} tA={ta} tB={tb} β={beta}: AVX-512 and AVX2 differ"
                     );
                 }
@@ -128,10 +127,7 @@ fn a_read_in_place_and_a_packed_give_the_same_bits() {
         };
         let (in_place, packed) = (run(contiguous), run(spread));
         assert!(
-            in_place
-                .iter()
-                .zip(&packed)
-                .all(|(x, y)| x.to_bits() == y.to_bits()),
+            same_bits(&in_place, &packed),
             "{isa:?}: A in place and A packed differ"
         );
     }
@@ -250,10 +246,7 @@ fn the_bf16_kernels_compute_the_product_and_any_split_gives_the_same_bits() {
                 for split in [(64, n), (m, 64), (7, 5)] {
                     let parts = bf16_product((m, n, k), &a16, &b16, as_stored, beta, Some(split));
                     assert!(
-                        parts
-                            .iter()
-                            .zip(&got)
-                            .all(|(x, y)| x.to_bits() == y.to_bits()),
+                        same_bits(&parts, &got),
                         "{m}×{n}×{k} stored {as_stored} β={beta}: split {split:?} changed bits"
                     );
                 }

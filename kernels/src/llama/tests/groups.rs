@@ -93,11 +93,7 @@ fn a_grouped_step_adds_what_its_groups_add_one_after_the_other() {
             let parts_loss =
                 step(&first, cut(0..3), &mut parts) + step(&second, cut(3..5), &mut parts);
             assert!(
-                whole
-                    .iter()
-                    .flatten()
-                    .zip(parts.iter().flatten())
-                    .all(|(x, y)| x.to_bits() == y.to_bits()),
+                crate::gemm::tests::same_bits(&whole.concat(), &parts.concat()),
                 "masks {with_masks}, checkpointing {checkpoint_layers}: the gradients differ"
             );
             assert!(whole.iter().flatten().any(|&g| g != 0.0));
