@@ -41,16 +41,22 @@ const MAX_GROUPS: usize = 4;
 /// products keep rows enough to amortise packing the weights.
 const MIN_GROUP_TOKENS: usize = 256;
 
-/// The most groups a batch of `tokens` tokens is split into, whatever its rows.
-pub(super) fn max_groups(tokens: usize) -> usize {
+/// The most groups a batch of `tokens` tokens is split into, whatever its rows: one
+/// when the step `widens` bf16 weights (its scratch, the size of the largest weight, is
+/// not repeated per group).
+pub(super) fn max_groups(tokens: usize, widens: bool) -> usize {
+    if widens {
+        return 1;
+    }
     (tokens / MIN_GROUP_TOKENS).clamp(1, MAX_GROUPS)
 }
 
 /// The batch's rows in consecutive groups of as equal a size as they divide into:
 /// [`max_groups`] of the tokens, and no more groups than rows. A function of the
-/// batch's shape only, so the arithmetic does not follow the thread count.
-pub(super) fn row_groups(rows: usize, len: usize) -> Vec<Range<usize>> {
-    let count = max_groups(rows * len).min(rows).max(1);
+/// batch's shape (and whether the step widens weights) only, so the arithmetic does not
+/// follow the thread count.
+pub(super) fn row_groups(rows: usize, len: usize, widens: bool) -> Vec<Range<usize>> {
+    let count = max_groups(rows * len, widens).min(rows).max(1);
     let (base, extra) = (rows / count, rows % count);
     let mut first = 0;
     (0..count)
@@ -200,19 +206,21 @@ mod tests {
     #[test]
     fn groups_follow_the_batch_shape_only() {
         // Tokens per group at least 256, at most four groups, no more than the rows.
-        assert_eq!(row_groups(4, 256), vec![0..1, 1..2, 2..3, 3..4]);
-        assert_eq!(row_groups(1, 2048), vec![0..1]);
-        assert_eq!(row_groups(8, 64), vec![0..4, 4..8]);
-        assert_eq!(row_groups(7, 512), vec![0..2, 2..4, 4..6, 6..7]);
-        assert_eq!(row_groups(3, 100), vec![0..3]);
-        assert_eq!(row_groups(0, 256), vec![0..0]);
-        assert!(max_groups(4 * 256) >= row_groups(4, 256).len());
+        assert_eq!(row_groups(4, 256, false), vec![0..1, 1..2, 2..3, 3..4]);
+        assert_eq!(row_groups(1, 2048, false), vec![0..1]);
+        assert_eq!(row_groups(8, 64, false), vec![0..4, 4..8]);
+        assert_eq!(row_groups(7, 512, false), vec![0..2, 2..4, 4..6, 6..7]);
+        assert_eq!(row_groups(3, 100, false), vec![0..3]);
+        assert_eq!(row_groups(0, 256, false), vec![0..0]);
+        assert!(max_groups(4 * 256, false) >= row_groups(4, 256, false).len());
+        // A widening step is one group.
+        assert_eq!(row_groups(4, 256, true), vec![0..4]);
     }
 
     #[test]
     fn rows_split_into_the_groups_rows() {
         let mut data: Vec<f32> = (0..7 * 2 * 3).map(|v| v as f32).collect();
-        let groups = row_groups(7, 512);
+        let groups = row_groups(7, 512, false);
         let parts = split_rows(&mut data, &groups, 2, 3);
         let lens: Vec<usize> = parts.iter().map(|p| p.len()).collect();
         assert_eq!(lens, vec![12, 12, 12, 6]);

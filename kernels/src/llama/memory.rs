@@ -307,15 +307,10 @@ fn step_bytes_with(
         Compute::Bf16 => 4 * (n * widest_side(d)) as u64,
     };
     let common = state + f32s(n * d.hidden + forward + widening + n + n * d.hidden) + rounded;
-    // Row groups (see `groups`): none where weights are widened. With more than one,
-    // the loss's normed input is its own, and every later group holds one layer's LoRA
-    // gradients and its own gradient scratch during the backward.
-    let groups = if widening > 0 {
-        1
-    } else {
-        super::groups::max_groups(n)
-    };
-    let later = groups - 1;
+    // Row groups (see `groups`). With more than one, the loss's normed input is its own,
+    // and every later group holds one layer's LoRA gradients and its own gradient
+    // scratch during the backward.
+    let later = super::groups::max_groups(n, widening > 0) - 1;
     let ce = crate::loss::scratch_bytes(d.hidden, d.vocab, n, true)
         + if later > 0 { f32s(n * d.hidden) } else { 0 };
     let backward = match lowest {

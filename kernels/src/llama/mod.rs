@@ -304,10 +304,7 @@ impl Model<'_> {
     /// How the step groups the batch's rows (see [`groups`]): by its shape, unless the
     /// step widens bf16 weights, whose scratch is not repeated per group.
     fn row_groups(&self, batch: &Batch<'_>) -> Vec<std::ops::Range<usize>> {
-        if self.widening_len() > 0 {
-            return std::iter::once(0..batch.rows).collect();
-        }
-        groups::row_groups(batch.rows, batch.len)
+        groups::row_groups(batch.rows, batch.len, self.widening_len() > 0)
     }
 
     /// Whether a bf16 GEMM (oneMKL's or the own kernels) takes the projections as
@@ -729,14 +726,7 @@ pub fn forward_backward_with(
             kept.push(saved.iter().map(|s| groups::keep_masks(&s[0])).collect());
         }
     }
-    // The final norm and the loss run batch-wide; one group lends its scratch.
-    let mut inv = vec![0f32; n];
-    let mut hn = if works.len() == 1 {
-        std::mem::take(&mut works[0].hn)
-    } else {
-        vec![0f32; n * h]
-    };
-    rms_norm_forward(&x, model.norm, d.rms_eps, &mut hn, &mut inv);
+    let (hn, inv) = final_norm(model, &x, &mut works);
     let mut d_hidden = vec![0f32; n * h];
     let loss = linear_cross_entropy_with(
         &hn,
@@ -848,6 +838,20 @@ pub fn forward_backward_with(
     Ok(loss)
 }
 
+/// The final norm of the hidden state `x` (N × hidden), batch-wide, and its 1/rms. With
+/// one row group its normed-input scratch is lent (it holds N rows), as an ungrouped step
+/// does; with more, the normed input has a buffer of its own.
+fn final_norm(model: &Model<'_>, x: &[f32], works: &mut [ForwardWork]) -> (Vec<f32>, Vec<f32>) {
+    let h = model.dims.hidden;
+    let mut inv = vec![0f32; x.len() / h];
+    let mut hn = match works {
+        [only] => std::mem::take(&mut only.hn),
+        _ => vec![0f32; x.len()],
+    };
+    rms_norm_forward(x, model.norm, model.dims.rms_eps, &mut hn, &mut inv);
+    (hn, inv)
+}
+
 /// The loss only, for evaluation: `scale·Σ CE` over the labelled tokens, without dropout
 /// and without any gradient work. Layers reuse one set of buffers per row group.
 ///
@@ -878,13 +882,7 @@ pub fn loss(model: &Model<'_>, batch: &Batch<'_>, scale: f32) -> Result<f64, Ste
         let layer_saved = saved.iter_mut().collect();
         groups::layer_forward(model, l, &batches, &rows, &mut x, layer_saved, &mut works);
     }
-    let mut inv = vec![0f32; n];
-    let mut hn = if works.len() == 1 {
-        std::mem::take(&mut works[0].hn)
-    } else {
-        vec![0f32; n * h]
-    };
-    rms_norm_forward(&x, model.norm, d.rms_eps, &mut hn, &mut inv);
+    let (hn, _) = final_norm(model, &x, &mut works);
     Ok(linear_cross_entropy_with(
         &hn,
         h,

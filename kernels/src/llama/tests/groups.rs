@@ -61,7 +61,7 @@ fn a_grouped_step_adds_what_its_groups_add_one_after_the_other() {
     // batch-wide loss sums its chunks in another order).
     let (m, b) = grouped_case();
     assert_eq!(
-        crate::llama::groups::row_groups(b.rows, b.len),
+        crate::llama::groups::row_groups(b.rows, b.len, false),
         vec![0..3, 3..5]
     );
     let (first, second) = (rows_of(&b, 0..3), rows_of(&b, 3..5));
