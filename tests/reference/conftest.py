@@ -92,10 +92,10 @@ def chat_dataset(tmp_path_factory) -> Path:
 
 
 def train_adapter(tuneq: Tuneq, model_dir: Path, data: Path, out: Path, *, targets, r, alpha,
-                  rslora) -> Path:
+                  rslora, lr: float = 1e-2) -> Path:
     args = ["train", "--model", model_dir, "--train-file", data, "--output", out,
             "--epochs", 2, "--max-steps", 5, "--batch-size", 4, "--grad-accum", 1,
-            "--lr", "1e-2", "--warmup-steps", 0, "--scheduler", "constant", "--weight-decay", 0,
+            "--lr", lr, "--warmup-steps", 0, "--scheduler", "constant", "--weight-decay", 0,
             "--max-seq-len", 64, "--lora-r", r, "--lora-alpha", alpha, "--lora-dropout", 0,
             "--targets", ",".join(targets), "--seed", 0]
     if rslora:
@@ -138,3 +138,19 @@ def input_ids_file(tmp_path_factory) -> tuple[Path, torch.Tensor]:
     ids = harness.random_input_ids(harness.TINY["vocab_size"], batch=2, seq=64, seed=1234)
     path = harness.write_input_ids(tmp_path_factory.mktemp("inputs") / "ids.safetensors", ids)
     return path, ids
+
+
+@pytest.fixture(scope="session")
+def real_model() -> Path:
+    """SmolLM2-135M-Instruct, dequantized from its 4-bit GGUF by scripts/fetch-real-model
+    (scripts/test runs it and exports TUNEQ_REAL_MODEL). Missing, it fails every test that
+    asks for it, with the command that makes it."""
+    return harness.find_real_model()
+
+
+@pytest.fixture(scope="session")
+def real_adapter(tuneq, real_model, chat_dataset, tmp_path_factory) -> Path:
+    """An adapter on all seven projections of the real model, trained 5 steps (lr 1e-3,
+    which moves every lora_B off zero without wrecking a pretrained model)."""
+    return train_adapter(tuneq, real_model, chat_dataset, tmp_path_factory.mktemp("real") / "adapter",
+                         targets=ALL_TARGETS, r=8, alpha=16, rslora=False, lr=1e-3)

@@ -82,6 +82,20 @@ def find_tuneq() -> Path:
     return path
 
 
+def find_real_model() -> Path:
+    """TUNEQ_REAL_MODEL, default target/models/smollm2-135m-instruct-q4_1 (what
+    scripts/fetch-real-model writes); a loud failure naming that script when it is missing."""
+    raw = os.environ.get("TUNEQ_REAL_MODEL", "target/models/smollm2-135m-instruct-q4_1")
+    path = Path(raw)
+    if not path.is_absolute():
+        path = REPO_ROOT / path
+    if not (path / "model.safetensors").is_file():
+        pytest.fail(f"the real model is missing at {path} (TUNEQ_REAL_MODEL={raw!r}).\n"
+                    f"Fetch and convert it with `scripts/fetch-real-model` (scripts/test does).",
+                    pytrace=False)
+    return path
+
+
 # ----------------------------------------------------------------------------------- files
 
 def read_json(path: Path) -> dict:

@@ -1,6 +1,8 @@
 """The chat templates, rendered by tuneq (minijinja) and by transformers (jinja2), agree on
 every record of the shipped chat and alpaca datasets: the same text, the same token ids,
-and loss on the same tokens.
+and loss on the same tokens. Both with the tiny preset's tokenizer and with the real
+model's (SmolLM2-135M-Instruct: byte-level BPE, its own ChatML template with a default
+system prompt).
 
 `tuneq debug encode` prints each record as training sees it: the conversation, the
 rendered text, the token ids and the labels. transformers renders the same conversation
@@ -23,11 +25,18 @@ TEMPLATES = ["model", "chatml", "llama2", "alpaca"]
 MAX_LEN = 4096
 
 
-@pytest.fixture(scope="module")
-def hf_tokenizer(tiny_model):
+# The tiny preset's tokenizer, and the real model's (a 49152-token byte-level BPE with its
+# own chat template).
+MODELS = ["tiny_model", "real_model"]
+_TOKENIZERS: dict = {}
+
+
+def hf_tokenizer_of(model_dir):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(tiny_model))
+    if model_dir not in _TOKENIZERS:
+        _TOKENIZERS[model_dir] = AutoTokenizer.from_pretrained(str(model_dir))
+    return _TOKENIZERS[model_dir]
 
 
 def expected_labels(tok, source: str, messages: list, text: str) -> list[int]:
@@ -50,9 +59,12 @@ def expected_labels(tok, source: str, messages: list, text: str) -> list[int]:
 
 @pytest.mark.parametrize("template", TEMPLATES)
 @pytest.mark.parametrize("dataset", DATASETS)
-def test_tuneq_renders_and_labels_like_transformers(tuneq, tiny_model, hf_tokenizer, dataset, template):
+@pytest.mark.parametrize("model", MODELS)
+def test_tuneq_renders_and_labels_like_transformers(request, tuneq, model, dataset, template):
+    model_dir = request.getfixturevalue(model)
+    hf_tokenizer = hf_tokenizer_of(model_dir)
     path = REPO_ROOT / "examples" / "data" / dataset
-    out = tuneq.run("debug", "encode", "--model", tiny_model, "--data", path,
+    out = tuneq.run("debug", "encode", "--model", model_dir, "--data", path,
                     "--chat-template", template, "--max-seq-len", MAX_LEN).stdout
     lines = [json.loads(line) for line in out.splitlines() if line.strip()]
     head, records = lines[0], lines[1:]
@@ -74,4 +86,4 @@ def test_tuneq_renders_and_labels_like_transformers(tuneq, tiny_model, hf_tokeni
                                           f"{[i for i, (a, b) in enumerate(zip(record['labels'], want)) if a != b][:10]}")
         labelled_total += sum(1 for label in want if label != -100)
     assert labelled_total > 0, "no record took loss: the comparison would be vacuous"
-    print(f"{dataset} / {template}: {len(records)} records, {labelled_total} labelled tokens agree")
+    print(f"{model} {dataset} / {template}: {len(records)} records, {labelled_total} labelled tokens agree")

@@ -1,0 +1,70 @@
+"""Converts a Llama-family GGUF file into a Hugging Face model folder tuneq trains on.
+
+    python scripts/gguf_to_hf.py MODEL.gguf OUT_DIR
+
+transformers reads the GGUF (its tensors dequantized to float32, its tokenizer and chat
+template rebuilt) and writes config.json, model.safetensors (float32), tokenizer.json,
+tokenizer_config.json, chat_template.jinja and generation_config.json. The dequantized
+weights are the quantized model's values exactly; they are not the original checkpoint's.
+
+The folder is written beside OUT_DIR and renamed into place only after the saved model has
+been read back and gives the GGUF model's logits, so an interrupted or wrong conversion
+never leaves a folder that looks complete.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+PROBE = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def convert(gguf: Path, out: Path) -> None:
+    if not gguf.is_file():
+        sys.exit(f"gguf_to_hf: {gguf} is not a file")
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                 dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    if model.config.model_type != "llama":
+        sys.exit(f"gguf_to_hf: {gguf.name} holds a {model.config.model_type!r} model; tuneq trains Llama-family models")
+    # The dequantized weights are plain float32 tensors: the folder is an ordinary model,
+    # not a quantized one, and transformers saves it only without the GGUF marker.
+    del model.config.quantization_config
+    model.hf_quantizer = None
+    model.is_quantized = False
+    model.eval()
+    model.save_pretrained(str(partial), safe_serialization=True, max_shard_size="4GB")
+    tokenizer.save_pretrained(str(partial))
+
+    ids = tokenizer.apply_chat_template(PROBE, add_generation_prompt=True, return_tensors="pt",
+                                        return_dict=True)["input_ids"]
+    reread = LlamaForCausalLM.from_pretrained(str(partial), dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+        got = reread(input_ids=ids).logits
+    if not torch.equal(want, got):
+        sys.exit(f"gguf_to_hf: the saved model's logits differ from the GGUF model's "
+                 f"(max |diff| {float((want - got).abs().max()):.3e}); {partial} kept for inspection")
+    (partial / "tuneq-source.json").write_text(json.dumps({
+        "gguf": gguf.name,
+        "converted_by": "scripts/gguf_to_hf.py",
+        "dtype": "float32 (dequantized)",
+    }, indent=2) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    partial.rename(out)
+    print(f"gguf_to_hf: {gguf.name} -> {out} ({model.num_parameters() / 1e6:.0f}M parameters, "
+          f"{model.config.num_hidden_layers} layers, vocabulary {model.config.vocab_size})")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit(__doc__.strip().splitlines()[2].strip())
+    convert(Path(sys.argv[1]).resolve(), Path(sys.argv[2]).resolve())
