@@ -1,12 +1,13 @@
 //! The memory estimates placement uses against the peak a real `tuneq train` reports, on
-//! three model shapes (tiny, small, and SmolLM2-135M's), with and without activation
+//! three models (random tiny and small ones, and the real SmolLM2-135M-Instruct that
+//! `scripts/fetch-real-model` converts from its GGUF), with and without activation
 //! checkpointing, within 10 %: `tuneq_pools::cpu_memory` (the fused CPU step, f32 and
 //! bf16 weights) and `tuneq_pools::graph_memory_bytes` (candle's graph, the CUDA path,
 //! measured through the CPU graph).
 
 mod common;
 
-use common::{BIN, tuneq};
+use common::{BIN, real_model, tuneq};
 use std::path::Path;
 use std::process::Command;
 use tuneq_openapi::{ActivationCheckpointing, DtypeKind, LoraSpec};
@@ -138,6 +139,19 @@ fn measured_peak(
     ))
 }
 
+/// The models the estimates are checked on: two random presets and the real model.
+const MODELS: [&str; 3] = ["tiny", "small", "SmolLM2-135M"];
+
+/// `name` of [`MODELS`] with its shape: the real model, or a random preset written in `dir`.
+fn test_model(dir: &Path, name: &str) -> (std::path::PathBuf, ModelShape) {
+    if name == "SmolLM2-135M" {
+        let path = real_model();
+        let shape = ModelShape::read(&path).expect("the real model's config.json");
+        return (path, shape);
+    }
+    init_model(dir, name)
+}
+
 /// A random model of `preset` in `dir`, with its shape.
 fn init_model(dir: &Path, preset: &str) -> (std::path::PathBuf, ModelShape) {
     let model = dir.join(preset);
@@ -243,8 +257,8 @@ fn the_cpu_memory_estimate_is_within_a_tenth_of_the_measured_peak() {
     let train = long_examples(dir.path());
     let lora = LoraSpec::default();
     let mut comparison = Comparison::default();
-    for preset in ["tiny", "small", "smollm2-135m"] {
-        let (model, shape) = init_model(dir.path(), preset);
+    for preset in MODELS {
+        let (model, shape) = test_model(dir.path(), preset);
         for (dtype, kind) in [("f32", DtypeKind::F32), ("bf16", DtypeKind::Bf16)] {
             for (setting, checkpointing) in SETTINGS {
                 // The tiny model's peak moves from run to run (see TINY_ALLOWANCE):
@@ -273,8 +287,8 @@ fn the_graph_memory_estimate_is_within_a_tenth_of_the_measured_peak() {
     let train = long_examples(dir.path());
     let lora = LoraSpec::default();
     let mut comparison = Comparison::default();
-    for preset in ["tiny", "small", "smollm2-135m"] {
-        let (model, shape) = init_model(dir.path(), preset);
+    for preset in MODELS {
+        let (model, shape) = test_model(dir.path(), preset);
         for (setting, checkpointing) in SETTINGS {
             // As on the fused path, the tiny model's peak moves from run to run
             // (see TINY_GRAPH_ALLOWANCE).

@@ -34,6 +34,18 @@ pub struct ModelShape {
     #[serde(default)]
     /// The dtype its files hold (`float32`, `bfloat16`, `float16`).
     pub torch_dtype: Option<String>,
+    /// How many tokens its `tokenizer.json` adds beside the model's own vocabulary (each
+    /// costs about three times a vocabulary entry, see `tokenizer_bytes`). Read by
+    /// [`ModelShape::read`]; None where no tokenizer was read, counted as all added.
+    #[serde(skip)]
+    pub added_tokens: Option<u64>,
+}
+
+/// The one field of a `tokenizer.json` the estimate needs; the rest is skipped unread.
+#[derive(Deserialize)]
+struct TokenizerFile {
+    #[serde(default)]
+    added_tokens: Vec<serde::de::IgnoredAny>,
 }
 
 impl ModelShape {
@@ -41,7 +53,12 @@ impl ModelShape {
     /// `config.json` (the trainer will say why).
     pub fn read(dir: &std::path::Path) -> Option<Self> {
         let text = std::fs::read_to_string(dir.join("config.json")).ok()?;
-        serde_json::from_str(&text).ok()
+        let mut shape: Self = serde_json::from_str(&text).ok()?;
+        shape.added_tokens = std::fs::read(dir.join("tokenizer.json"))
+            .ok()
+            .and_then(|bytes| serde_json::from_slice::<TokenizerFile>(&bytes).ok())
+            .map(|t| t.added_tokens.len() as u64);
+        Some(shape)
     }
 
     fn head_dim(&self) -> u64 {
@@ -191,11 +208,20 @@ impl CpuMemory {
 /// The program before it reads a tokenizer or a model, measured (Linux, resident).
 pub const PROCESS_BYTES: u64 = 24 << 20;
 
-/// A tokenizer's resident bytes: a fixed part and one per vocabulary entry, fitted on
-/// `tuneq model init`'s byte-level BPE tokenizers (11 MiB for 4096 entries, 54 MiB for
-/// 32000).
-fn tokenizer_bytes(vocab: u64) -> u64 {
-    (4 << 20) + 1616 * vocab
+/// A tokenizer's resident bytes during training: a fixed part, and a part per entry that
+/// depends on where the entry lives. An added token (matched before the model splits the
+/// text) costs about 1.6 KiB, an entry of the model's own vocabulary with its merge about
+/// 0.6 KiB. Fitted on training peaks: `tuneq model init`'s byte-level BPE tokenizers, whose
+/// entries are mostly added tokens (small: 29106 of 32000, SmolLM2's shape: 46258 of
+/// 49152), and the real SmolLM2-135M's (49152 entries, 17 added), which peaked 47 MiB
+/// lower than the random tokenizer of the same size on the same weights. Without a
+/// tokenizer file every entry counts as added: the larger figure.
+fn tokenizer_bytes(shape: &ModelShape) -> u64 {
+    let added = shape
+        .added_tokens
+        .unwrap_or(shape.vocab_size)
+        .min(shape.vocab_size);
+    (4 << 20) + 1614 * added + 612 * (shape.vocab_size - added)
 }
 
 /// What the step holds besides [`step_bytes_on_any_cpu`], for a step whose own buffers
@@ -280,7 +306,7 @@ pub fn cpu_memory(shape: &ModelShape, ask: &Ask<'_>, limit: Option<u64>) -> CpuM
         |recompute| step_bytes_on_any_cpu(&dims, tokens, &ranks, dropout, recompute, bf16, compute);
     let kept = step(false);
     let mut memory = CpuMemory {
-        runtime: PROCESS_BYTES + tokenizer_bytes(shape.vocab_size),
+        runtime: PROCESS_BYTES + tokenizer_bytes(shape),
         weights: shape.parameters() * weight_bytes,
         loading: largest_tensor * (file_bytes + converting),
         lora_state: shape.lora_parameters(ask.lora) * 4 * LORA_COPIES,
@@ -354,7 +380,7 @@ pub fn graph_memory_bytes(shape: &ModelShape, ask: &Ask<'_>, on_gpu: bool) -> u6
     let fixed = if on_gpu {
         GPU_RUNTIME_BYTES
     } else {
-        PROCESS_BYTES + tokenizer_bytes(shape.vocab_size) + GRAPH_FIXED_BYTES
+        PROCESS_BYTES + tokenizer_bytes(shape) + GRAPH_FIXED_BYTES
     };
     fixed
         + shape.parameters() * weight_bytes
@@ -467,6 +493,40 @@ mod tests {
             "max_position_embeddings": 4096
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn a_tokenizer_of_added_tokens_is_counted_heavier_than_one_of_merges() {
+        let dir = std::env::temp_dir().join(format!("tuneq-pools-shape-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = serde_json::json!({
+            "hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "vocab_size": 32000
+        });
+        std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+        // No tokenizer file: every entry counts as added, the larger figure.
+        let unknown = ModelShape::read(&dir).unwrap();
+        assert_eq!(unknown.added_tokens, None);
+        let tokenizer = serde_json::json!({
+            "added_tokens": [{"id": 0, "content": "<s>"}, {"id": 1, "content": "</s>"}],
+            "model": {"type": "BPE", "vocab": {"a": 2}, "merges": []}
+        });
+        std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+        let merges = ModelShape::read(&dir).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(merges.added_tokens, Some(2));
+        let mostly_added = ModelShape {
+            added_tokens: Some(29_000),
+            ..merges.clone()
+        };
+        let (few, many, all) = (
+            tokenizer_bytes(&merges),
+            tokenizer_bytes(&mostly_added),
+            tokenizer_bytes(&unknown),
+        );
+        assert!(few < many && many < all, "{few} {many} {all}");
+        // 32000 entries of a real BPE: about 4 + 19 MiB.
+        assert_eq!(few >> 20, 22);
     }
 
     #[test]

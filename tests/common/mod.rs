@@ -41,6 +41,22 @@ pub fn tiny_model() -> &'static Path {
         .1
 }
 
+/// The real model: SmolLM2-135M-Instruct dequantized from its GGUF by
+/// `scripts/fetch-real-model` (which `scripts/test` runs), at `TUNEQ_REAL_MODEL` or
+/// `target/models/smollm2-135m-instruct-q4_1`. Missing, the test fails with that command.
+pub fn real_model() -> PathBuf {
+    let path = std::env::var_os("TUNEQ_REAL_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join("target/models/smollm2-135m-instruct-q4_1"));
+    assert!(
+        path.join("model.safetensors").is_file(),
+        "the real model is missing at {}: fetch and convert it with `scripts/fetch-real-model` \
+         (scripts/test does), or point TUNEQ_REAL_MODEL at it",
+        path.display()
+    );
+    path
+}
+
 pub fn tuneq(args: &[&str]) -> Output {
     Command::new(BIN)
         .args(args)
