@@ -11,13 +11,14 @@ float32's own distance from it as the floor:
 - logits of real text, with and without an adapter (max |tuneq − float64| within the
   reference suite's 1e-4, or within 2× PyTorch float32's own distance where the logits'
   scale puts that above 1e-4);
-- several AdamW steps with gradient accumulation over right-padded conversations whose
+- two AdamW steps with gradient accumulation over right-padded conversations whose
   micro-batches carry unequal labelled-token counts (every step's loss and adapter within
   1e-4 of PEFT);
 - the loss and LoRA gradients of one batch of real text on both CPU paths: the fused step
   within 1e-4 (where PyTorch float32 sits at about 1.3e-5 and the fused step at 2.2e-5),
   and candle's graph, the CUDA path's arithmetic, within GRAPH_RTOL (see there);
-- greedy generation (tuneq's key/value cache) against transformers' `generate`: the same text.
+- greedy generation (tuneq's key/value cache) against transformers' `generate`: the same
+  text, or texts that part only where the top two logits are within 1e-3.
 """
 
 from __future__ import annotations
@@ -176,4 +177,19 @@ def test_greedy_generation_matches_transformers(tuneq, real_model, real_tokenize
     want = real_tokenizer.decode(generated, skip_special_tokens=True)
     print(f"{prompt!r} -> {out.strip()!r}")
     assert len(want.split()) >= 3, f"transformers generated next to nothing: {want!r}"
-    assert out.strip() == want.strip(), f"tuneq generated\n{out.strip()!r}\ntransformers\n{want.strip()!r}"
+    if out.strip() == want.strip():
+        return
+    # Two float32 implementations may part where the top two logits are within rounding of
+    # each other; anywhere else the texts must agree.
+    got_ids = real_tokenizer(out.strip(), add_special_tokens=False)["input_ids"]
+    want_ids = generated.tolist()
+    n = next(i for i in range(min(len(got_ids), len(want_ids)) + 1)
+             if i == min(len(got_ids), len(want_ids)) or got_ids[i] != want_ids[i])
+    assert n < len(got_ids) and n < len(want_ids), \
+        f"one text is a prefix of the other:\ntuneq {out.strip()!r}\ntransformers {want.strip()!r}"
+    with torch.no_grad():
+        logits = model(input_ids=torch.cat([ids[0], generated[:n]])[None]).logits[0, -1].double()
+    margin = float(logits[want_ids[n]] - logits[got_ids[n]])
+    print(f"texts part at generated token {n}: logit margin {margin:.2e}")
+    assert margin <= 1e-3, (f"tuneq generated\n{out.strip()!r}\ntransformers\n{want.strip()!r}\n"
+                            f"parting at token {n}, where transformers' choice leads by {margin:.2e}")
