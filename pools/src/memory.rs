@@ -41,6 +41,21 @@ pub struct ModelShape {
     pub added_tokens: Option<u64>,
 }
 
+/// The largest `tokenizer.json` read for its added tokens (real ones are 2–20 MB); a larger
+/// one is not read, and its entries all count as added.
+const TOKENIZER_FILE_LIMIT: u64 = 64 << 20;
+
+/// How many tokens the tokenizer file at `path` adds; None when it is missing, larger than
+/// [`TOKENIZER_FILE_LIMIT`] or not a tokenizer file.
+fn read_added_tokens(path: &std::path::Path) -> Option<u64> {
+    if std::fs::metadata(path).ok()?.len() > TOKENIZER_FILE_LIMIT {
+        return None;
+    }
+    let bytes = std::fs::read(path).ok()?;
+    let file: TokenizerFile = serde_json::from_slice(&bytes).ok()?;
+    Some(file.added_tokens.len() as u64)
+}
+
 /// The one field of a `tokenizer.json` the estimate needs; the rest is skipped unread.
 #[derive(Deserialize)]
 struct TokenizerFile {
@@ -54,10 +69,7 @@ impl ModelShape {
     pub fn read(dir: &std::path::Path) -> Option<Self> {
         let text = std::fs::read_to_string(dir.join("config.json")).ok()?;
         let mut shape: Self = serde_json::from_str(&text).ok()?;
-        shape.added_tokens = std::fs::read(dir.join("tokenizer.json"))
-            .ok()
-            .and_then(|bytes| serde_json::from_slice::<TokenizerFile>(&bytes).ok())
-            .map(|t| t.added_tokens.len() as u64);
+        shape.added_tokens = read_added_tokens(&dir.join("tokenizer.json"));
         Some(shape)
     }
 
