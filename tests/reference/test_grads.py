@@ -35,10 +35,17 @@ def peft_loss_and_grads(model_dir, adapter_dir, ids: torch.Tensor,
     frozen = [n for n, p in model.named_parameters() if p.requires_grad and ".lora_" not in n]
     assert not frozen, f"non-LoRA parameters are trainable: {frozen[:5]}"
 
-    out = model(input_ids=ids, labels=ids)
-    out.loss.backward()
+    # Not `model(..., labels=ids).loss`: transformers' causal-LM loss casts the logits to
+    # float32 first, which would leave the float64 reference with a float32 loss gradient
+    # (on the real model up to 5e-8 from the exact one, 1.5e-5 of its largest entry, and
+    # PyTorch float32, which rounds the same way, would look far closer than it is). The
+    # same loss, in the model's dtype:
+    logits = model(input_ids=ids).logits
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                                             ids[:, 1:].reshape(-1))
+    loss.backward()
     grads = {k: p.grad.detach().double().clone() for k, p in params.items()}
-    return out.loss.detach().double(), grads
+    return loss.detach().double(), grads
 
 
 @pytest.mark.parametrize("name", sorted(ADAPTERS))

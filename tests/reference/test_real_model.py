@@ -14,9 +14,11 @@ float32's own distance from it as the floor:
 - two AdamW steps with gradient accumulation over right-padded conversations whose
   micro-batches carry unequal labelled-token counts (every step's loss and adapter within
   1e-4 of PEFT);
-- the loss and LoRA gradients of one batch of real text on both CPU paths: the fused step
-  within 1e-4 (where PyTorch float32 sits at about 1.3e-5 and the fused step at 2.2e-5),
-  and candle's graph, the CUDA path's arithmetic, within GRAPH_RTOL (see there);
+- the loss and LoRA gradients of one batch of real text on both CPU paths, the fused step
+  and candle's graph (the CUDA path's arithmetic): within 1e-4, or within 2x PyTorch
+  float32's own distance where that is above 1e-4. It is here: the last layer's attention
+  sums the gradient of the token every query attends to over all queries, and those terms
+  nearly cancel, so float32 itself lands about 2.3e-4 from float64 there;
 - greedy generation (tuneq's key/value cache) against transformers' `generate`: the same
   text, or texts that part only where the top two logits are within 1e-3.
 """
@@ -32,15 +34,6 @@ from conftest import CHATS
 from harness import GRAD_RTOL, LOGITS_ATOL
 from test_grads import peft_loss_and_grads
 from test_steps import compare, peft_steps, run_tuneq
-
-# candle's graph misses the suite's 1e-4 on this model's last layers: 1.39e-4 (layer 29's
-# v_proj lora_B) against 2.2e-5 for the fused step and 1.3e-5 for PyTorch float32, growing
-# from 1e-5 at layer 0 with depth, the same with 1 or 2 threads. Its logits and its loss are
-# as close as PyTorch's. Its loss gradient's target entries are 8x PyTorch's distance from
-# float64, and that error reaches layer 29's attention, where dV and dK of the token every
-# query attends to are sums over all queries that nearly cancel (README, "Proven against
-# PyTorch + PEFT"). The bound keeps the miss from growing unseen; the first cause is open.
-GRAPH_RTOL = 2e-4
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +152,7 @@ def test_loss_and_gradients_of_both_cpu_paths_match_peft(tuneq, real_model, real
     print(f"{path} on the real model: loss {loss_err:.1e}; {len(errors)} LoRA gradients, worst "
           f"rel_max_err {errors[worst]:.1e} at {worst}; PyTorch float32 {floor:.1e}")
     assert loss_err <= GRAD_RTOL, f"loss {loss_err:.1e} from float64"
-    bound = GRAD_RTOL if path == "fused" else GRAPH_RTOL
+    bound = max(GRAD_RTOL, 2 * floor)
     assert errors[worst] <= bound, f"{worst}: {errors[worst]:.1e} from float64 (bound {bound:g})"
 
 
