@@ -61,7 +61,6 @@ def write(tokenizer_dir: Path, out: Path) -> None:
     def ones() -> torch.Tensor:
         return torch.ones(HIDDEN, dtype=torch.bfloat16)
 
-    shards: list[dict[str, torch.Tensor]] = [{"model.embed_tokens.weight": normal(VOCAB, HIDDEN)}]
     layer_shards = LAYERS // LAYERS_PER_SHARD
     count = layer_shards + 2
     weight_map: dict[str, str] = {}
@@ -75,7 +74,7 @@ def write(tokenizer_dir: Path, out: Path) -> None:
             weight_map[key] = name
             total += tensor.numel() * tensor.element_size()
 
-    flush(0, shards.pop())
+    flush(0, {"model.embed_tokens.weight": normal(VOCAB, HIDDEN)})
     for s in range(layer_shards):
         tensors = {}
         for layer in range(s * LAYERS_PER_SHARD, (s + 1) * LAYERS_PER_SHARD):

@@ -54,12 +54,18 @@ pub(crate) struct MemoryNeeds {
 
 /// The shape of `base` when its files are local and its `config.json` readable; None
 /// otherwise (the trainer checks those models). Read once per request: a refused job's
-/// lighter settings are checked against the same shape.
-pub(crate) fn local_shape(base: &crate::records::model::BaseModel) -> Option<ModelShape> {
-    match tuneq_storage::Location::parse(&base.location) {
-        Ok(tuneq_storage::Location::Local(dir)) => ModelShape::read(&dir),
-        _ => None,
-    }
+/// lighter settings are checked against the same shape. The read (config.json, and the
+/// tokenizer file of up to 64 MiB that `ModelShape::read` parses) runs on the blocking
+/// pool, not on the request's runtime thread.
+pub(crate) async fn local_shape(base: &crate::records::model::BaseModel) -> Option<ModelShape> {
+    let Ok(tuneq_storage::Location::Local(dir)) = tuneq_storage::Location::parse(&base.location)
+    else {
+        return None;
+    };
+    tokio::task::spawn_blocking(move || ModelShape::read(&dir))
+        .await
+        .ok()
+        .flatten()
 }
 
 /// Refuses what the base model cannot give the job (context, projection width) and a

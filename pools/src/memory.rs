@@ -48,10 +48,17 @@ const TOKENIZER_FILE_LIMIT: u64 = 64 << 20;
 /// How many tokens the tokenizer file at `path` adds; None when it is missing, larger than
 /// [`TOKENIZER_FILE_LIMIT`] or not a tokenizer file.
 fn read_added_tokens(path: &std::path::Path) -> Option<u64> {
-    if std::fs::metadata(path).ok()?.len() > TOKENIZER_FILE_LIMIT {
+    use std::io::Read;
+    // Bounded by the read itself, so a file that grows after a size check cannot pass it.
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .ok()?
+        .take(TOKENIZER_FILE_LIMIT + 1)
+        .read_to_end(&mut bytes)
+        .ok()?;
+    if bytes.len() as u64 > TOKENIZER_FILE_LIMIT {
         return None;
     }
-    let bytes = std::fs::read(path).ok()?;
     let file: TokenizerFile = serde_json::from_slice(&bytes).ok()?;
     Some(file.added_tokens.len() as u64)
 }

@@ -313,7 +313,7 @@ pub(super) async fn plan(
     if let Err(problems) = spec.validate() {
         return Err(spec_problems(&problems));
     }
-    let shape = crate::fit::local_shape(&base);
+    let shape = crate::fit::local_shape(&base).await;
     let memory = crate::fit::check_job(&base, shape.as_ref(), &spec, &training)?;
     let tokens =
         crate::fit::tokens_to_process(&training, &base.id, spec.hyperparameters.max_seq_len)
