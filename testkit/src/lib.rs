@@ -134,6 +134,19 @@ pub fn spawn_watched(
         .unwrap_or_else(|e| panic!("starting {}: {e}", Path::new(program).display()))
 }
 
+/// Stops a program started by [`spawn_watched`] and waits until the watchdog is gone:
+/// SIGTERM to the watchdog shell, whose trap stops the program (a SIGKILL to the shell
+/// would leave the program running).
+pub fn stop_watched(mut child: Child) {
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    let _ = child.wait();
+}
+
 /// Waits for `child` on a thread of its own, so it never lingers as a zombie.
 pub fn reap(mut child: Child) {
     std::thread::spawn(move || child.wait());
