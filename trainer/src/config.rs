@@ -235,22 +235,32 @@ impl LlamaConfig {
     }
 
     /// Inverse RoPE frequencies, with Llama 3 scaling when configured.
+    ///
+    /// Rounded the way transformers computes them (the exponent `2i/d` in float32, the
+    /// power rounded to float32, its reciprocal in float32), not correctly: the exact
+    /// form differs by one ulp in a third of the frequencies (11 of SmolLM2's 32), a
+    /// difference every position's rotation then carries. This form gives PyTorch's bits
+    /// but where its float32 `pow` is itself an ulp off (1 of 64 for θ = 10⁶, d = 128).
     pub fn inv_freq(&self) -> Vec<f32> {
         let d = self.head_dim();
-        let base: Vec<f64> = (0..d / 2)
-            .map(|i| 1.0 / self.rope_theta.powf((2 * i) as f64 / d as f64))
+        let base: Vec<f32> = (0..d / 2)
+            .map(|i| {
+                let exponent = (2 * i) as f32 / d as f32;
+                1.0 / self.rope_theta.powf(f64::from(exponent)) as f32
+            })
             .collect();
         let Some(rs) = self
             .rope_scaling
             .as_ref()
             .filter(|r| r.rope_type == "llama3")
         else {
-            return base.into_iter().map(|f| f as f32).collect();
+            return base;
         };
         let old = rs.original_max_position_embeddings as f64;
         let low_wavelen = old / rs.low_freq_factor;
         let high_wavelen = old / rs.high_freq_factor;
         base.into_iter()
+            .map(f64::from)
             .map(|f| {
                 let wavelen = 2.0 * std::f64::consts::PI / f;
                 let scaled = if wavelen > low_wavelen {
