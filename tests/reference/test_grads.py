@@ -2,11 +2,16 @@
 backward pass (labels = input_ids, HF shift, mean over all b*(t-1) positions).
 
 Metric: for the loss |got - ref| / |ref|, for each gradient tensor max|got - ref| / max|ref|
-(see harness.rel_max_err for why); both must be <= GRAD_RTOL = 1e-4.
+(see harness.rel_max_err for why); the loss must be within GRAD_RTOL = 1e-4, every gradient
+within 1e-4 or within 2x PyTorch float32's own distance where that is above 1e-4 (the rule
+the real-model test uses).
 
 The reference is the same PEFT model run in float64. PyTorch's own fp32 gradients are not
-exact: on these adapters they sit up to ~5e-5 (by this metric) from the float64 ones, so an
-fp32-vs-fp32 comparison would spend half the tolerance on PyTorch's rounding. The test prints
+exact, and the adapter a short training leaves decides how far: the last layers' q_proj
+gradients are some 1e-3 of the others' size, sums whose terms nearly cancel, and on
+rslora_qv PyTorch float32 has measured anywhere from 3e-5 to 1.06e-4 from float64 by this
+metric as tuneq's training (which makes the adapter) changed in the last digits. An
+fp32-vs-fp32 comparison would spend the tolerance on PyTorch's rounding. The test prints
 PyTorch fp32's distance too, as the floor an fp32 implementation can be expected to reach."""
 
 from __future__ import annotations
@@ -81,5 +86,6 @@ def test_loss_and_lora_grads_match_peft(adapters, tiny_model, tuneq, input_ids_f
     worst = max(errors, key=errors.get)
     print(f"{name}: {len(errors)} LoRA grads, worst rel_max_err vs float64 {errors[worst]:.2e} at {worst}; "
           f"PyTorch fp32's own worst {torch_floor:.2e}")
-    bad = {k: f"{e:.2e}" for k, e in errors.items() if not e <= GRAD_RTOL}
-    assert not bad, f"{len(bad)} gradients over rel_max_err {GRAD_RTOL:g}: {dict(list(bad.items())[:8])}"
+    bound = max(GRAD_RTOL, 2 * torch_floor)
+    bad = {k: f"{e:.2e}" for k, e in errors.items() if not e <= bound}
+    assert not bad, f"{len(bad)} gradients over rel_max_err {bound:g}: {dict(list(bad.items())[:8])}"

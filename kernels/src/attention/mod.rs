@@ -263,25 +263,27 @@ impl Scratch {
 }
 
 /// Backward: the gradients of q, k and v given `d_out`, written over `d_qkv` (same layout
-/// as `qkv`). `out` and `lse` are what [`attention_forward`] returned for these inputs.
+/// as `qkv`). `lse` is what [`attention_forward`] returned for these inputs.
 ///
 /// Per query block, with `P = exp(S − lse)` recomputed: `dV += Pᵀ·dO`, `dP = dO·Vᵀ`,
-/// `dS = P∘(dP − rowsum(dO∘O))`, `dQ = dS·K/√d`, `dK += dSᵀ·Q/√d`.
+/// `dS = P∘(dP − rowsum(P∘dP))`, `dQ = dS·K/√d`, `dK += dSᵀ·Q/√d`.
 ///
 /// # Panics
-/// As [`attention_forward`], and if `out`, `lse`, `d_out` or `d_qkv` has the wrong length.
+/// As [`attention_forward`], and if `lse`, `d_out` or `d_qkv` has the wrong length.
 pub fn attention_backward(
     shape: &AttentionShape,
     qkv: &[f32],
     starts: &[u32],
-    out: &[f32],
     lse: &[f32],
     d_out: &[f32],
     d_qkv: &mut [f32],
 ) {
     shape.check(qkv, starts);
-    assert_eq!(out.len(), shape.rows() * shape.out_width(), "out's length");
-    assert_eq!(d_out.len(), out.len(), "d_out's length");
+    assert_eq!(
+        d_out.len(),
+        shape.rows() * shape.out_width(),
+        "d_out's length"
+    );
     assert_eq!(lse.len(), shape.lse_len(), "lse's length");
     assert_eq!(d_qkv.len(), qkv.len(), "d_qkv's length");
     if d_qkv.is_empty() {
@@ -318,7 +320,6 @@ pub fn attention_backward(
         shape,
         qkv,
         starts,
-        out,
         lse,
         d_out,
     };

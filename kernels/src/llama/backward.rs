@@ -246,7 +246,6 @@ pub(super) fn layer_backward(
         &shape,
         &saved.qkv,
         batch.starts,
-        &saved.attn,
         &saved.lse,
         &work.d_attn,
         &mut work.d_qkv,
