@@ -53,19 +53,61 @@ pub(crate) struct MemoryNeeds {
 }
 
 /// The shape of `base` when its files are local and its `config.json` readable; None
-/// otherwise (the trainer checks those models). Read once per request: a refused job's
-/// lighter settings are checked against the same shape. The read (config.json, and the
-/// tokenizer file of up to 64 MiB that `ModelShape::read` parses) runs on the blocking
-/// pool, not on the request's runtime thread.
+/// otherwise (the trainer checks those models). Looked up once per request: a refused
+/// job's lighter settings are checked against the same shape. The lookup ([`shape_of`])
+/// runs on the blocking pool, not on the request's runtime thread.
 pub(crate) async fn local_shape(base: &crate::records::model::BaseModel) -> Option<ModelShape> {
     let Ok(tuneq_storage::Location::Local(dir)) = tuneq_storage::Location::parse(&base.location)
     else {
         return None;
     };
-    tokio::task::spawn_blocking(move || ModelShape::read(&dir))
+    tokio::task::spawn_blocking(move || shape_of(&dir))
         .await
         .ok()
         .flatten()
+}
+
+/// The files a shape is read from, as they were: each one's modification time and length,
+/// None where it is missing.
+type Stamps = [Option<(std::time::SystemTime, u64)>; 2];
+
+/// How many model folders' shapes [`shape_of`] keeps; a full cache starts over.
+const SHAPE_CACHE_ENTRIES: usize = 64;
+
+fn stamps(dir: &std::path::Path) -> Stamps {
+    ["config.json", "tokenizer.json"].map(|file| {
+        let meta = std::fs::metadata(dir.join(file)).ok()?;
+        Some((meta.modified().ok()?, meta.len()))
+    })
+}
+
+/// The shape of the model in `dir`, read again only when its `config.json` or
+/// `tokenizer.json` changed (modification time or length) since the last read: parsing a
+/// real tokenizer file (2–20 MB) for its added tokens took 10–20 ms of every create.
+/// Blocking. The stamps are taken before the read, so a file changed during it is read
+/// again next time rather than kept stale.
+fn shape_of(dir: &std::path::Path) -> Option<ModelShape> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    type Shapes = HashMap<std::path::PathBuf, (Stamps, Option<ModelShape>)>;
+    static SHAPES: OnceLock<Mutex<Shapes>> = OnceLock::new();
+    let cache = SHAPES.get_or_init(Default::default);
+    let now = stamps(dir);
+    if let Some((_, shape)) = cache
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(dir)
+        .filter(|(read_at, _)| *read_at == now)
+    {
+        return shape.clone();
+    }
+    let shape = ModelShape::read(dir);
+    let mut shapes = cache.lock().unwrap_or_else(|e| e.into_inner());
+    if shapes.len() >= SHAPE_CACHE_ENTRIES && !shapes.contains_key(dir) {
+        shapes.clear();
+    }
+    shapes.insert(dir.to_path_buf(), (now, shape.clone()));
+    shape
 }
 
 /// Refuses what the base model cannot give the job (context, projection width) and a
@@ -220,6 +262,35 @@ mod tests {
             checkpointing: tuneq_openapi::ActivationCheckpointing::Auto,
             dataset_tokens: 0,
         }
+    }
+
+    /// A model folder whose files change is read again: a cached shape never outlives
+    /// the files it was read from.
+    #[test]
+    fn a_changed_config_is_read_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = |layers: u64| {
+            serde_json::json!({
+                "hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": layers,
+                "num_attention_heads": 4, "vocab_size": 256
+            })
+            .to_string()
+        };
+        assert!(shape_of(dir.path()).is_none(), "no config.json yet");
+        std::fs::write(dir.path().join("config.json"), config(2)).unwrap();
+        assert_eq!(shape_of(dir.path()).unwrap().num_hidden_layers, 2);
+        assert_eq!(shape_of(dir.path()).unwrap().num_hidden_layers, 2);
+        // A different length, whatever the clock's resolution.
+        std::fs::write(dir.path().join("config.json"), config(12)).unwrap();
+        let shape = shape_of(dir.path()).unwrap();
+        assert_eq!(shape.num_hidden_layers, 12);
+        assert_eq!(shape.added_tokens, None);
+        std::fs::write(
+            dir.path().join("tokenizer.json"),
+            r#"{"added_tokens": [{"id": 0, "content": "<s>"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(shape_of(dir.path()).unwrap().added_tokens, Some(1));
     }
 
     #[test]

@@ -45,20 +45,27 @@ pub struct ModelShape {
 /// one is not read, and its entries all count as added.
 const TOKENIZER_FILE_LIMIT: u64 = 64 << 20;
 
-/// How many tokens the tokenizer file at `path` adds; None when it is missing, larger than
-/// [`TOKENIZER_FILE_LIMIT`] or not a tokenizer file.
-fn read_added_tokens(path: &std::path::Path) -> Option<u64> {
+/// The largest `config.json` read (real ones are a few KiB).
+const CONFIG_FILE_LIMIT: u64 = 1 << 20;
+
+/// The bytes of the file at `path`; None when it cannot be read or holds more than
+/// `limit` bytes. Bounded by the read itself, so a file that grows after a size check
+/// cannot pass it.
+fn read_at_most(path: &std::path::Path, limit: u64) -> Option<Vec<u8>> {
     use std::io::Read;
-    // Bounded by the read itself, so a file that grows after a size check cannot pass it.
     let mut bytes = Vec::new();
     std::fs::File::open(path)
         .ok()?
-        .take(TOKENIZER_FILE_LIMIT + 1)
+        .take(limit + 1)
         .read_to_end(&mut bytes)
         .ok()?;
-    if bytes.len() as u64 > TOKENIZER_FILE_LIMIT {
-        return None;
-    }
+    (bytes.len() as u64 <= limit).then_some(bytes)
+}
+
+/// How many tokens the tokenizer file at `path` adds; None when it is missing, larger than
+/// [`TOKENIZER_FILE_LIMIT`] or not a tokenizer file.
+fn read_added_tokens(path: &std::path::Path) -> Option<u64> {
+    let bytes = read_at_most(path, TOKENIZER_FILE_LIMIT)?;
     let file: TokenizerFile = serde_json::from_slice(&bytes).ok()?;
     Some(file.added_tokens.len() as u64)
 }
@@ -72,10 +79,10 @@ struct TokenizerFile {
 
 impl ModelShape {
     /// The shape of the model in the local folder `dir`; None when it has no readable
-    /// `config.json` (the trainer will say why).
+    /// `config.json` of at most 1 MiB (the trainer will say why).
     pub fn read(dir: &std::path::Path) -> Option<Self> {
-        let text = std::fs::read_to_string(dir.join("config.json")).ok()?;
-        let mut shape: Self = serde_json::from_str(&text).ok()?;
+        let text = read_at_most(&dir.join("config.json"), CONFIG_FILE_LIMIT)?;
+        let mut shape: Self = serde_json::from_slice(&text).ok()?;
         shape.added_tokens = read_added_tokens(&dir.join("tokenizer.json"));
         Some(shape)
     }
@@ -546,6 +553,30 @@ mod tests {
         assert!(few < many && many < all, "{few} {many} {all}");
         // 32000 entries of a real BPE: about 4 + 19 MiB.
         assert_eq!(few >> 20, 22);
+    }
+
+    #[test]
+    fn a_config_file_over_its_limit_is_not_read() {
+        let dir = std::env::temp_dir().join(format!("tuneq-pools-big-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = serde_json::json!({
+            "hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "vocab_size": 256
+        })
+        .to_string();
+        // JSON allows trailing whitespace: the same config, `len` bytes long.
+        let padded = |len: u64| {
+            let mut text = config.clone();
+            text.push_str(&" ".repeat(len as usize - config.len()));
+            text
+        };
+        std::fs::write(dir.join("config.json"), padded(CONFIG_FILE_LIMIT)).unwrap();
+        let at_limit = ModelShape::read(&dir);
+        std::fs::write(dir.join("config.json"), padded(CONFIG_FILE_LIMIT + 1)).unwrap();
+        let over = ModelShape::read(&dir);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(at_limit.is_some(), "a config of exactly the limit is read");
+        assert!(over.is_none(), "a config one byte over the limit is not");
     }
 
     #[test]
