@@ -167,21 +167,31 @@ pub fn spawn_logged(name: &str, program: &Path, args: &[String]) -> PathBuf {
     log
 }
 
+/// Polls `ready` every `every` for up to `timeout`; whether it held.
+pub fn poll(timeout: Duration, every: Duration, mut ready: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if ready() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(every);
+    }
+}
+
 /// Polls `ready` every `every` until it holds, or panics after `timeout` with `what`
 /// and whatever `explain` says (a server's log, say).
 pub fn wait_until(
     what: &str,
     timeout: Duration,
     every: Duration,
-    mut ready: impl FnMut() -> bool,
+    ready: impl FnMut() -> bool,
     explain: impl FnOnce() -> String,
 ) {
-    let deadline = Instant::now() + timeout;
-    while !ready() {
-        if Instant::now() >= deadline {
-            panic!("{what} within {} s; {}", timeout.as_secs(), explain());
-        }
-        std::thread::sleep(every);
+    if !poll(timeout, every, ready) {
+        panic!("{what} within {} s; {}", timeout.as_secs(), explain());
     }
 }
 

