@@ -521,15 +521,23 @@ mod tests {
         .unwrap()
     }
 
-    #[test]
-    fn a_tokenizer_of_added_tokens_is_counted_heavier_than_one_of_merges() {
-        let dir = std::env::temp_dir().join(format!("tuneq-pools-shape-{}", std::process::id()));
+    /// A fresh model folder named after `tag` holding a two-layer `config.json` with
+    /// `vocab_size` entries; the folder and the config's text.
+    fn model_folder(tag: &str, vocab_size: u64) -> (std::path::PathBuf, String) {
+        let dir = std::env::temp_dir().join(format!("tuneq-pools-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let config = serde_json::json!({
             "hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 2,
-            "num_attention_heads": 4, "vocab_size": 32000
-        });
-        std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+            "num_attention_heads": 4, "vocab_size": vocab_size
+        })
+        .to_string();
+        std::fs::write(dir.join("config.json"), &config).unwrap();
+        (dir, config)
+    }
+
+    #[test]
+    fn a_tokenizer_of_added_tokens_is_counted_heavier_than_one_of_merges() {
+        let (dir, _) = model_folder("shape", 32000);
         // No tokenizer file: every entry counts as added, the larger figure.
         let unknown = ModelShape::read(&dir).unwrap();
         assert_eq!(unknown.added_tokens, None);
@@ -557,13 +565,7 @@ mod tests {
 
     #[test]
     fn a_config_file_over_its_limit_is_not_read() {
-        let dir = std::env::temp_dir().join(format!("tuneq-pools-big-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let config = serde_json::json!({
-            "hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 2,
-            "num_attention_heads": 4, "vocab_size": 256
-        })
-        .to_string();
+        let (dir, config) = model_folder("big", 256);
         // JSON allows trailing whitespace: the same config, `len` bytes long.
         let padded = |len: u64| {
             let mut text = config.clone();

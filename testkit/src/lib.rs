@@ -156,15 +156,20 @@ pub fn reap(mut child: Child) {
 /// `target/test-servers/NAME-PID.log`; the log's path.
 pub fn spawn_logged(name: &str, program: &Path, args: &[String]) -> PathBuf {
     let log = log_dir().join(format!("{name}-{}.log", std::process::id()));
-    let out = std::fs::File::create(&log).expect("a server log");
-    let child = spawn_watched(
+    reap(spawn_watched_into(&log, program, args));
+    log
+}
+
+/// Starts `program args…` under the watchdog with its output (both streams) in a new
+/// file at `log`; the watchdog shell's child handle, as [`spawn_watched`].
+pub fn spawn_watched_into(log: &Path, program: &Path, args: &[String]) -> Child {
+    let out = std::fs::File::create(log).expect("a server log");
+    spawn_watched(
         program,
         args,
         out.try_clone().expect("a log handle").into(),
         out.into(),
-    );
-    reap(child);
-    log
+    )
 }
 
 /// Polls `ready` every `every` for up to `timeout`; whether it held.

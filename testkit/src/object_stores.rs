@@ -3,8 +3,8 @@
 //! [`TEST_BUCKET`] created; tests share a server and keep apart by key prefix.
 
 use crate::{
-    http_answers, http_get, http_request, poll, reap, scratch_dir, spawn_logged, spawn_watched,
-    stop_watched, venv, venv_bin, wait_until,
+    http_answers, http_get, http_request, poll, reap, scratch_dir, spawn_logged,
+    spawn_watched_into, stop_watched, venv, venv_bin, wait_until,
 };
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -135,13 +135,7 @@ fn start_seaweedfs(bin: &Path) -> Result<TestServer, String> {
         args.push(format!("-{flag}={}", crate::free_port()));
     }
     let log = dir.join("weed.log");
-    let out = std::fs::File::create(&log).expect("a server log");
-    let mut child = spawn_watched(
-        bin,
-        &args,
-        out.try_clone().expect("a log handle").into(),
-        out.into(),
-    );
+    let mut child = spawn_watched_into(&log, bin, &args);
     let endpoint = format!("http://127.0.0.1:{s3_port}");
     let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
     let give_up = |child: Child, why: &str| {
