@@ -2,15 +2,17 @@
 //! `Authorization: Bearer <key>`: a tenant's API key decides the tenant ([`Tenant`]), and
 //! every object a handler touches is looked up under that tenant; the admin key from the
 //! configuration makes an operator ([`Admin`]). The keys themselves are records (see
-//! [`crate::records::tenant`]); failed attempts are slowed down per client address.
+//! [`crate::records::tenant`]). Every authentication first asks the process's
+//! [`crate::throttle`], so a source past its failures is refused whatever key it sends.
 
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, Code};
 use crate::records::tenant;
 use crate::state::AppState;
+use crate::throttle::{Pass, Source, Throttle};
 use actix_web::{FromRequest, HttpRequest, web};
 use futures::future::LocalBoxFuture;
 
-pub use crate::records::tenant::{key_hash, new_key};
+pub use crate::records::tenant::{WeakKey, check_strength, key_hash, new_key};
 
 fn bearer(req: &HttpRequest) -> ApiResult<String> {
     let header = req
@@ -46,19 +48,23 @@ impl FromRequest for Tenant {
     fn from_request(req: &HttpRequest, _: &mut actix_web::dev::Payload) -> Self::Future {
         let state = req.app_data::<web::Data<AppState>>().cloned();
         let key = bearer(req);
-        let client = req.peer_addr().map(|a| a.ip());
+        let source = source_of(req);
         Box::pin(async move {
             let state = state.ok_or_else(|| ApiError::internal("no application state"))?;
             let key = key?;
+            // Asked before the key is looked up, so a refusal says nothing of the key.
+            let pass = admit(&state.auth_throttle, source)?;
             match tenant::tenant_of_key(&state.queue, &key).await? {
-                Some(tenant) => Ok(Tenant(tenant)),
-                None => Err(failures::answer(
-                    client,
-                    ApiError::unauthenticated(
+                Some(tenant) => {
+                    settle(pass, true);
+                    Ok(Tenant(tenant))
+                }
+                None => {
+                    settle(pass, false);
+                    Err(ApiError::unauthenticated(
                         "Incorrect API key provided. Keys are created with `tuneq up` or the admin API.",
-                    ),
-                )
-                .await),
+                    ))
+                }
             }
         })
     }
@@ -73,135 +79,55 @@ impl FromRequest for Admin {
     type Future = LocalBoxFuture<'static, Result<Self, Self::Error>>;
 
     fn from_request(req: &HttpRequest, _: &mut actix_web::dev::Payload) -> Self::Future {
-        let expected = req
-            .app_data::<web::Data<AppState>>()
-            .and_then(|s| s.config.admin_key_hash.clone());
+        let state = req.app_data::<web::Data<AppState>>().cloned();
         let key = bearer(req);
-        let client = req.peer_addr().map(|a| a.ip());
+        let source = source_of(req);
         Box::pin(async move {
-            match (key, expected) {
-                (Err(e), _) => Err(e),
-                (Ok(_), None) => Err(ApiError::forbidden(
+            let state = state.ok_or_else(|| ApiError::internal("no application state"))?;
+            let key = key?;
+            let Some(hash) = state.config.admin_key_hash.as_deref() else {
+                return Err(ApiError::forbidden(
                     "The admin API is disabled: start the server with an admin key.",
-                )),
-                (Ok(key), Some(hash)) if key_hash(&key) == hash => Ok(Admin),
+                ));
+            };
+            let pass = admit(&state.auth_throttle, source)?;
+            if key_hash(&key) == hash {
+                settle(pass, true);
+                Ok(Admin)
+            } else {
+                settle(pass, false);
                 // As on every other route, a key that does not grant access is a 401.
-                (Ok(_), Some(_)) => Err(failures::answer(
-                    client,
-                    ApiError::unauthenticated("This key is not the admin key."),
-                )
-                .await),
+                Err(ApiError::unauthenticated("This key is not the admin key."))
             }
         })
     }
 }
 
-/// Failed authentications by client address. A client past [`failures::FREE`] failures
-/// in a [`failures::WINDOW`] gets each further failure answered only after
-/// [`failures::PENALTY`], and with 429 when it already has [`failures::IN_PENALTY`]
-/// answers waiting: guessing keys goes at a crawl. Keys that work are never slowed
-/// (they are answered before this is consulted), so a busy client behind the same
-/// address as a guesser keeps working.
-mod failures {
-    use crate::error::{ApiError, Code};
-    use std::collections::HashMap;
-    use std::net::IpAddr;
-    use std::sync::{Mutex, OnceLock};
-    use std::time::{Duration, Instant};
+/// Where a request comes from, for [`throttle`]: its peer address (None for a peer
+/// without one, which is not throttled).
+fn source_of(req: &HttpRequest) -> Option<Source> {
+    req.peer_addr().map(|a| Source::from(a.ip()))
+}
 
-    /// Failures a client may have in a window before it is slowed down.
-    pub const FREE: u32 = 30;
-    /// The window failures are counted in.
-    pub const WINDOW: Duration = Duration::from_secs(60);
-    /// How long a failure past [`FREE`] waits before it is answered.
-    pub const PENALTY: Duration = Duration::from_secs(1);
-    /// Answers a client may have waiting at once; more are refused at once with 429.
-    pub const IN_PENALTY: u32 = 8;
-    /// Clients tracked at most (expired ones are dropped first when full).
-    const CLIENTS: usize = 10_000;
+/// Asks the throttle to let one authentication of `source` go ahead: 429 while the
+/// source has used up its failures, whatever key it sends.
+fn admit(throttle: &Throttle, source: Option<Source>) -> ApiResult<Option<Pass<'_>>> {
+    let Some(source) = source else {
+        return Ok(None);
+    };
+    throttle.admit(source).map(Some).map_err(|refused| {
+        ApiError::too_many(
+            Code::TooManyFailedAuthentications,
+            "Too many failed authentications from this address; wait before trying again.",
+            refused.retry_after,
+        )
+    })
+}
 
-    struct Client {
-        since: Instant,
-        failures: u32,
-        waiting: u32,
-    }
-
-    fn clients() -> &'static Mutex<HashMap<IpAddr, Client>> {
-        static CLIENTS: OnceLock<Mutex<HashMap<IpAddr, Client>>> = OnceLock::new();
-        CLIENTS.get_or_init(Default::default)
-    }
-
-    /// What to do with one more failure of `ip`.
-    enum Verdict {
-        Now,
-        After,
-        Refuse(u64),
-    }
-
-    fn count(ip: IpAddr) -> Verdict {
-        let Ok(mut clients) = clients().lock() else {
-            return Verdict::Now;
-        };
-        let now = Instant::now();
-        if clients.len() >= CLIENTS && !clients.contains_key(&ip) {
-            clients.retain(|_, c| now.duration_since(c.since) < WINDOW || c.waiting > 0);
-            if clients.len() >= CLIENTS {
-                clients.clear();
-            }
-        }
-        let client = clients.entry(ip).or_insert(Client {
-            since: now,
-            failures: 0,
-            waiting: 0,
-        });
-        if now.duration_since(client.since) >= WINDOW {
-            client.since = now;
-            client.failures = 0;
-        }
-        client.failures = client.failures.saturating_add(1);
-        if client.failures <= FREE {
-            Verdict::Now
-        } else if client.waiting >= IN_PENALTY {
-            let left = WINDOW.saturating_sub(now.duration_since(client.since));
-            Verdict::Refuse(left.as_secs().max(1))
-        } else {
-            client.waiting += 1;
-            Verdict::After
-        }
-    }
-
-    /// One answer of a client's waiting out its penalty.
-    struct Waiting(IpAddr);
-
-    impl Drop for Waiting {
-        fn drop(&mut self) {
-            if let Ok(mut clients) = clients().lock()
-                && let Some(c) = clients.get_mut(&self.0)
-            {
-                c.waiting = c.waiting.saturating_sub(1);
-            }
-        }
-    }
-
-    /// `error` (a failed authentication of `client`), answered now, after the penalty,
-    /// or replaced by a 429.
-    pub async fn answer(client: Option<IpAddr>, error: ApiError) -> ApiError {
-        let Some(ip) = client else {
-            return error;
-        };
-        match count(ip) {
-            Verdict::Now => error,
-            Verdict::After => {
-                // Given back even when the client hangs up while it waits.
-                let _waiting = Waiting(ip);
-                tokio::time::sleep(PENALTY).await;
-                error
-            }
-            Verdict::Refuse(retry_after) => ApiError::too_many(
-                Code::TooManyFailedAuthentications,
-                "Too many failed authentications from this address; wait before trying again.",
-                retry_after,
-            ),
-        }
+fn settle(pass: Option<Pass<'_>>, right: bool) {
+    match pass {
+        Some(pass) if right => pass.succeeded(),
+        Some(pass) => pass.failed(),
+        None => {}
     }
 }

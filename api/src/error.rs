@@ -103,6 +103,10 @@ codes! {
     KeyTooShort = (BAD_REQUEST, "key_too_short"),
     /// The API key already belongs to another tenant.
     KeyInUse = (BAD_REQUEST, "key_in_use"),
+    /// A key chosen by a person that is too easy to guess.
+    KeyTooWeak = (BAD_REQUEST, "key_too_weak"),
+    /// The API key was revoked; a revoked key is never registered again.
+    KeyRevoked = (BAD_REQUEST, "key_revoked"),
     /// No API key, or not one the server knows (or not the admin key on admin routes).
     InvalidApiKey = (UNAUTHORIZED, "invalid_api_key"),
     /// A known key that may not do this (the admin routes are disabled).

@@ -24,7 +24,7 @@
 //! 5. At the bottom, each depending on nothing here but `error`: `error` (every error
 //!    as OpenAI's error body), `guard` (what every request passes before routing:
 //!    methods, encodings, body pace), `cache`, `pool_stats`, `redact`, `sealed`,
-//!    `webhook_target` (the SSRF guard).
+//!    `webhook_target` (the SSRF guard), `throttle` (how fast a source may try keys).
 
 pub mod admin;
 pub mod auth;
@@ -48,6 +48,7 @@ pub mod spec;
 pub mod state;
 mod tar;
 mod text;
+mod throttle;
 pub mod webhook_target;
 pub mod webhooks;
 

@@ -73,6 +73,8 @@ pub struct AppState {
     pub(crate) finetune_cache: Arc<RecordCache<FineTuneRecord>>,
     /// Speeds and lost steps per pool, learned from the trainers' reports.
     pub pool_stats: Arc<crate::pool_stats::PoolStats>,
+    /// How fast each source may try keys (see [`crate::throttle`]).
+    pub(crate) auth_throttle: Arc<crate::throttle::Throttle>,
 }
 
 impl AppState {
@@ -84,6 +86,7 @@ impl AppState {
             pool_stats: Arc::new(crate::pool_stats::PoolStats::new(&config.pools)),
             config,
             finetune_cache: Arc::new(RecordCache::new(CACHED_FINETUNES)),
+            auth_throttle: Arc::default(),
         }
     }
 

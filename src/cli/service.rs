@@ -39,16 +39,21 @@ impl ApiPolicyArgs {
     }
 
     /// The admin key as the API keeps it (hashed); None disables `/admin`. A key shorter
-    /// than [`MIN_ADMIN_KEY_LEN`] is refused: it opens every tenant's data.
+    /// than [`MIN_ADMIN_KEY_LEN`], or one that is easy to guess however long (32 × `a`,
+    /// a repeated word), is refused: it opens every tenant's data.
     pub fn admin_key_hash(&self) -> Result<Option<String>> {
-        match self.admin_key.as_ref().map(super::settings::Secret::expose) {
-            Some(key) if key.trim().chars().count() < MIN_ADMIN_KEY_LEN => Err(BadInput(format!(
+        let Some(key) = self.admin_key.as_ref().map(|k| k.expose().trim()) else {
+            return Ok(None);
+        };
+        if key.chars().count() < MIN_ADMIN_KEY_LEN {
+            return Err(BadInput(format!(
                 "the admin key must be at least {MIN_ADMIN_KEY_LEN} characters (e.g. `openssl rand -hex 32`)"
             ))
-            .into()),
-            Some(key) => Ok(Some(tuneq_api::auth::key_hash(key.trim()))),
-            None => Ok(None),
+            .into());
         }
+        tuneq_api::auth::check_strength(key)
+            .map_err(|weak| BadInput(format!("the admin key is refused: {weak}")))?;
+        Ok(Some(tuneq_api::auth::key_hash(key)))
     }
 }
 

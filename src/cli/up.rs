@@ -7,6 +7,7 @@
 //! Ctrl-C (or SIGTERM) stops it gracefully: running attempts checkpoint and their jobs
 //! go back in line; the next start resumes them from that checkpoint.
 
+use super::BadInput;
 use super::service;
 use super::settings::{self, Secret};
 use anyhow::{Context, Result};
@@ -102,8 +103,10 @@ async fn register_demo_model(state: &tuneq_api::AppState, data_dir: &Path) -> Re
 /// The default tenant's key: the one given, the one kept from an earlier start, or a
 /// new one. It is kept in `<data-dir>/api-key`, readable by its owner only, where
 /// scripts on this machine read it (`KEY=$(cat .tuneq/data/api-key)`). A given key that
-/// replaces the kept one retires it: the old key stops working. Also says whether the
-/// key was made now (only then is it printed).
+/// replaces the kept one retires it: the old key stops working. A key revoked through
+/// the admin API never comes back: a start that would register it again is refused,
+/// naming where the key came from. Also says whether the key was made now (only then
+/// is it printed).
 async fn default_key(
     state: &tuneq_api::AppState,
     given: Option<&str>,
@@ -119,9 +122,38 @@ async fn default_key(
         (None, Some(k)) => (k.clone(), false),
         (None, None) => (tuneq_api::auth::new_key(), true),
     };
-    tuneq_api::records::tenant::add_key(&state.queue, DEFAULT_TENANT, Some(&key))
+    let from = if given.is_some() {
+        "the API key given by --api-key (or TUNEQ_API_KEY)".to_string()
+    } else {
+        format!("the API key kept in {}", kept_path.display())
+    };
+    let what_to_do = if given.is_some() {
+        "pass a new one (e.g. `openssl rand -hex 32`)".to_string()
+    } else {
+        format!(
+            "remove {} to have a new one made, or pass a new one with --api-key",
+            kept_path.display()
+        )
+    };
+    let revoked = tuneq_api::records::tenant::revocation(&state.queue, &key)
         .await
         .map_err(|e| anyhow::anyhow!("{}", e.detail.message))?;
+    if let Some(revoked) = revoked {
+        return Err(BadInput(format!(
+            "{from} was revoked (at {} Unix time) and stays revoked: {what_to_do}",
+            revoked.revoked_at
+        ))
+        .into());
+    }
+    tuneq_api::records::tenant::add_key(&state.queue, DEFAULT_TENANT, Some(&key))
+        .await
+        .map_err(|e| -> anyhow::Error {
+            if e.status.is_client_error() {
+                BadInput(format!("{from} is refused: {}", e.detail.message)).into()
+            } else {
+                anyhow::anyhow!("{}", e.detail.message)
+            }
+        })?;
     if let Some(old) = kept.as_deref().filter(|old| *old != key) {
         let retired =
             tuneq_api::records::tenant::revoke_key_value(&state.queue, DEFAULT_TENANT, old)

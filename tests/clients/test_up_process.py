@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import time
 import urllib.error
@@ -82,7 +83,7 @@ def test_the_key_is_printed_once_and_a_replaced_key_stops_working(tmp_path):
     finally:
         again.stop()
 
-    replacement = Service(data, api_key="tq_" + "b" * 40)
+    replacement = Service(data, api_key="tq_" + secrets.token_hex(20))
     try:
         assert call(f"{replacement.url}/v1/models", replacement.api_key)[0] == 200
         status, body = call(f"{replacement.url}/v1/models", generated)
@@ -97,6 +98,87 @@ def test_a_short_admin_key_is_refused_at_start(tmp_path):
                              "--admin-key", "admin"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2, result.stdout + result.stderr
     assert "at least 32 characters" in result.stderr
+
+
+def refused_start(data: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    """Starts `tuneq up` expecting it to refuse (exit 2); its stderr."""
+    result = subprocess.run([str(tuneq_bin()), "up", "--port", "0", "--data-dir", str(data),
+                             *args], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, **(env or {})})
+    assert result.returncode == 2, result.stdout + result.stderr
+    return result.stderr
+
+
+def test_long_but_guessable_keys_are_refused_at_start(tmp_path):
+    for weak in ["a" * 32, "ab" * 16, "passwordpassword" * 2]:
+        stderr = refused_start(tmp_path / "data", "--admin-key", weak)
+        assert "too easy to guess" in stderr, stderr
+        assert weak not in stderr, "the key is never printed"
+    stderr = refused_start(tmp_path / "data", "--api-key", "b" * 40)
+    assert "too easy to guess" in stderr, stderr
+    assert not (tmp_path / "data" / "api-key").exists(), "a refused key is not kept"
+
+
+def revoke_every_key(service: Service) -> None:
+    keys = service.admin("GET", "/admin/tenants/default/keys")["data"]
+    assert keys, "the default tenant has its key"
+    for key in keys:
+        service.admin("DELETE", f"/admin/tenants/default/keys/{key['id']}")
+
+
+def test_a_revoked_key_stays_revoked_across_restarts(tmp_path):
+    # A key given with --api-key (as a systemd unit or a container passes it every
+    # time), revoked through the admin API, is not brought back by the next start.
+    given = Service(tmp_path / "given")
+    try:
+        revoke_every_key(given)
+        assert call(f"{given.url}/v1/models", given.api_key)[0] == 401
+    finally:
+        given.stop()
+    stderr = refused_start(tmp_path / "given", "--api-key", given.api_key)
+    assert "was revoked" in stderr and "--api-key" in stderr, stderr
+    assert given.api_key not in stderr, "the key is never printed"
+    # A new key starts it again, and the revoked one still does not work.
+    fresh = Service(tmp_path / "given", api_key="tq_" + secrets.token_hex(20))
+    try:
+        assert call(f"{fresh.url}/v1/models", fresh.api_key)[0] == 200
+        assert call(f"{fresh.url}/v1/models", given.api_key)[0] == 401
+    finally:
+        fresh.stop()
+
+    # The key `tuneq up` made and keeps in <data-dir>/api-key, revoked: a plain restart
+    # is refused, naming the file, which is left as it is.
+    data = tmp_path / "kept"
+    admin_key = "tq_admin_" + secrets.token_hex(20)
+    env = {"TUNEQ_ADMIN_KEY": admin_key}
+    first = Process([str(tuneq_bin()), "up", "--port", "0", "--data-dir", str(data)],
+                    ready="tuneq is up at ", timeout=30, env={**os.environ, **env})
+    url = first.line.removeprefix("tuneq is up at ").strip()
+    kept = (data / "api-key").read_text().strip()
+    try:
+        status, keys = call(f"{url}/admin/tenants/default/keys", admin_key)
+        assert status == 200, keys
+        for key in keys["data"]:
+            assert call(f"{url}/admin/tenants/default/keys/{key['id']}", admin_key,
+                        "DELETE")[0] == 200
+        assert call(f"{url}/v1/models", kept)[0] == 401
+    finally:
+        first.stop()
+    stderr = refused_start(data, env=env)
+    assert "was revoked" in stderr and str(data / "api-key") in stderr, stderr
+    assert (data / "api-key").read_text().strip() == kept
+    # Removing the file, as the message says, makes a new key.
+    (data / "api-key").unlink()
+    again = Process([str(tuneq_bin()), "up", "--port", "0", "--data-dir", str(data)],
+                    ready="tuneq is up at ", timeout=30, env={**os.environ, **env})
+    url = again.line.removeprefix("tuneq is up at ").strip()
+    try:
+        made = (data / "api-key").read_text().strip()
+        assert made != kept
+        assert call(f"{url}/v1/models", made)[0] == 200
+        assert call(f"{url}/v1/models", kept)[0] == 401
+    finally:
+        again.stop()
 
 
 def children(pid: int) -> list[int]:

@@ -1,7 +1,8 @@
 //! Tenants, their limits, and their API keys. A key (`tq_` + 40 hex characters) is
 //! shown once, when it is created; only its SHA-256 is stored, under which the catalog
 //! keeps the key's tenant. Each tenant also has an index of its keys by a public id,
-//! to list and revoke them by.
+//! to list and revoke them by. A revoked key leaves a [`Revocation`] under its hash, so
+//! it can never be registered again (not by a restart that passes it once more).
 
 use crate::error::{ApiError, ApiResult, Code};
 use serde::{Deserialize, Serialize};
@@ -14,6 +15,21 @@ const KEYS: (&str, &str) = ("apikey", "keys");
 const TENANT_KEYS: &str = "tenantkey";
 /// Catalog kind and owner of tenants.
 const TENANTS: (&str, &str) = ("tenant", "tenants");
+/// Catalog kind and owner of revoked keys' tombstones (their id is the key's SHA-256).
+/// One per revocation, which only operators make: bounded by their actions.
+const REVOKED: (&str, &str) = ("revokedkey", "keys");
+
+/// What the catalog keeps of a revoked key, under its hash: that it may never come back.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Revocation {
+    /// The tenant it belonged to.
+    pub tenant: String,
+    /// Its public id when it was revoked (none for a key made before ids existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_id: Option<String>,
+    /// When it was revoked (Unix seconds).
+    pub revoked_at: u64,
+}
 
 /// What the catalog keeps about a key, under its hash.
 #[derive(Debug, Serialize, Deserialize)]
@@ -109,6 +125,38 @@ pub fn new_key() -> String {
     format!("tq_{}", hex::encode(rand::random::<[u8; 20]>()))
 }
 
+/// Guesses (as a power of ten) a key chosen by a person must need at least, by the
+/// zxcvbn estimate (which knows repeats, sequences, keyboard walks and common words):
+/// 10¹² is decades at the failed-authentication rate ([`crate::throttle`]) of one
+/// source, and what a word or two with digits reaches. Generated keys are far above.
+pub const MIN_KEY_GUESSES_LOG10: f64 = 12.0;
+
+/// Characters of a key the strength estimate looks at (it grows faster than linearly
+/// with the length; a longer key is only stronger).
+const STRENGTH_PREFIX: usize = 128;
+
+/// A key a person chose that is too easy to guess.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error(
+    "the key is too easy to guess (about 10^{guesses_log10:.0} guesses; at least 10^{:.0} are needed): use a generated one, e.g. `openssl rand -hex 32`",
+    MIN_KEY_GUESSES_LOG10
+)]
+pub struct WeakKey {
+    /// The estimate of guesses it needs, as a power of ten.
+    pub guesses_log10: f64,
+}
+
+/// Whether `key` (an API or admin key given by an operator) is hard enough to guess.
+pub fn check_strength(key: &str) -> Result<(), WeakKey> {
+    let looked_at: String = key.chars().take(STRENGTH_PREFIX).collect();
+    let guesses_log10 = zxcvbn::zxcvbn(&looked_at, &[]).guesses_log10();
+    if guesses_log10 >= MIN_KEY_GUESSES_LOG10 {
+        Ok(())
+    } else {
+        Err(WeakKey { guesses_log10 })
+    }
+}
+
 /// Creates a tenant (idempotent: an existing one is returned as it is).
 pub async fn create_tenant(catalog: &dyn Catalog, id: &str, name: &str) -> ApiResult<TenantRecord> {
     check_identifier("tenant", id).map_err(ApiError::from)?;
@@ -153,7 +201,20 @@ pub async fn add_key(
             "API keys must be at least 16 characters.",
         ));
     }
+    if let Err(weak) = check_strength(&key) {
+        return Err(ApiError::invalid("api_key", Code::KeyTooWeak, weak.to_string()));
+    }
     let hash = key_hash(&key);
+    if let Some(revoked) = revocation(catalog, &key).await? {
+        return Err(ApiError::invalid(
+            "api_key",
+            Code::KeyRevoked,
+            format!(
+                "This API key was revoked (at {} Unix time) and cannot be registered again; use a new key.",
+                revoked.revoked_at
+            ),
+        ));
+    }
     let id = new_key_id();
     let body = serde_json::to_string(&KeyRecord {
         tenant: tenant_id.to_string(),
@@ -257,6 +318,9 @@ pub async fn revoke_key(
     let entry: KeyIndexEntry = super::read(catalog, (TENANT_KEYS, tenant_id), key_id, "key index")
         .await?
         .ok_or_else(|| ApiError::not_found("API key", key_id))?;
+    // The tombstone first: a crash after it leaves a key that is revoked twice over,
+    // never one that can come back.
+    record_revocation(catalog, &entry.hash, tenant_id, Some(key_id)).await?;
     catalog.delete_entry(KEYS.0, KEYS.1, &entry.hash).await?;
     key_cache::evict(&entry.hash);
     catalog.delete_entry(TENANT_KEYS, tenant_id, key_id).await?;
@@ -286,10 +350,34 @@ pub async fn revoke_key_value(
     if let Some(id) = &record.id {
         revoke_key(catalog, tenant_id, id).await?;
     } else {
+        record_revocation(catalog, &hash, tenant_id, None).await?;
         catalog.delete_entry(KEYS.0, KEYS.1, &hash).await?;
         key_cache::evict(&hash);
     }
     Ok(true)
+}
+
+/// Leaves the tombstone of the key whose hash is `hash` (kept if one is there already).
+async fn record_revocation(
+    catalog: &dyn Catalog,
+    hash: &str,
+    tenant_id: &str,
+    key_id: Option<&str>,
+) -> ApiResult<()> {
+    let tombstone = Revocation {
+        tenant: tenant_id.to_string(),
+        key_id: key_id.map(str::to_string),
+        revoked_at: super::now_seconds(),
+    };
+    catalog
+        .create_entry(REVOKED.0, REVOKED.1, hash, &super::body(&tombstone)?)
+        .await?;
+    Ok(())
+}
+
+/// The revocation of `key`, if it was ever revoked: such a key is refused for good.
+pub async fn revocation(catalog: &dyn Catalog, key: &str) -> ApiResult<Option<Revocation>> {
+    super::read(catalog, REVOKED, &key_hash(key), "key revocation").await
 }
 
 async fn read_key(catalog: &dyn Catalog, hash: &str) -> ApiResult<Option<KeyRecord>> {
