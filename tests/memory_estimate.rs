@@ -146,7 +146,9 @@ const MODELS: [&str; 3] = ["tiny", "small", "SmolLM2-135M"];
 fn test_model(dir: &Path, name: &str) -> (std::path::PathBuf, ModelShape) {
     if name == "SmolLM2-135M" {
         let path = real_model();
-        let shape = ModelShape::read(&path).expect("the real model's config.json");
+        let shape = ModelShape::read(&path)
+            .expect("the real model's config.json")
+            .expect("a Llama model");
         return (path, shape);
     }
     init_model(dir, name)
@@ -164,7 +166,9 @@ fn init_model(dir: &Path, preset: &str) -> (std::path::PathBuf, ModelShape) {
         model.to_str().expect("utf8"),
     ]);
     assert!(init.status.success(), "{init:?}");
-    let shape = ModelShape::read(&model).expect("config.json");
+    let shape = ModelShape::read(&model)
+        .expect("config.json")
+        .expect("a Llama model");
     (model, shape)
 }
 

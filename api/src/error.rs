@@ -75,6 +75,8 @@ codes! {
     ModelNotFound = (BAD_REQUEST, "model_not_found"),
     /// Only the supervised fine-tuning method is offered.
     UnsupportedMethod = (BAD_REQUEST, "unsupported_method"),
+    /// The base model is of an architecture (or has a config field) tuneq does not train.
+    UnsupportedModelArchitecture = (BAD_REQUEST, "unsupported_model_architecture"),
     /// Integrations (such as Weights & Biases) are not offered.
     UnsupportedIntegration = (BAD_REQUEST, "unsupported_integration"),
     /// The webhook URL is not one the server may deliver to (see the webhooks tag).
@@ -103,6 +105,8 @@ codes! {
     KeyTooShort = (BAD_REQUEST, "key_too_short"),
     /// The API key already belongs to another tenant.
     KeyInUse = (BAD_REQUEST, "key_in_use"),
+    /// A tenant with this id exists, with other settings than asked.
+    TenantExists = (CONFLICT, "tenant_exists"),
     /// A key chosen by a person that is too easy to guess.
     KeyTooWeak = (BAD_REQUEST, "key_too_weak"),
     /// The API key was revoked; a revoked key is never registered again.
@@ -252,7 +256,10 @@ impl ApiError {
 
     /// 404: no such object for this tenant (another tenant's ids answer the same).
     pub fn not_found(what: &str, id: &str) -> Self {
-        let mut e = Self::new(Code::NotFound, format!("No such {what}: {id}"));
+        let mut e = Self::new(
+            Code::NotFound,
+            format!("No such {what}: {}", crate::quote::shown(id)),
+        );
         e.detail.param = Some("id".into());
         e
     }

@@ -53,18 +53,32 @@ pub(crate) struct MemoryNeeds {
 }
 
 /// The shape of `base` when its files are local and its `config.json` readable; None
-/// otherwise (the trainer checks those models). Looked up once per request: a refused
-/// job's lighter settings are checked against the same shape. The lookup ([`shape_of`])
-/// runs on the blocking pool, not on the request's runtime thread.
-pub(crate) async fn local_shape(base: &crate::records::model::BaseModel) -> Option<ModelShape> {
+/// otherwise (the trainer checks those models). A local model of an architecture tuneq
+/// does not train is refused, naming it (registered before that was checked, or whose
+/// folder changed since). Looked up once per request: a refused job's lighter settings
+/// are checked against the same shape. The lookup ([`shape_of`]) runs on the blocking
+/// pool, not on the request's runtime thread.
+pub(crate) async fn local_shape(
+    base: &crate::records::model::BaseModel,
+) -> ApiResult<Option<ModelShape>> {
     let Ok(tuneq_storage::Location::Local(dir)) = tuneq_storage::Location::parse(&base.location)
     else {
-        return None;
+        return Ok(None);
     };
-    tokio::task::spawn_blocking(move || shape_of(&dir))
-        .await
-        .ok()
-        .flatten()
+    match tokio::task::spawn_blocking(move || shape_of(&dir)).await {
+        Ok(Some(Ok(shape))) => Ok(Some(shape)),
+        Ok(Some(Err(refusal))) => Err(unsupported_model(&base.id, &refusal)),
+        Ok(None) | Err(_) => Ok(None),
+    }
+}
+
+/// The refusal of a job on (or the registration of) a base model tuneq cannot train.
+pub fn unsupported_model(model: &str, refusal: &tuneq_pools::Unsupported) -> ApiError {
+    ApiError::invalid(
+        "model",
+        Code::UnsupportedModelArchitecture,
+        format!("The base model {model:?} cannot be fine-tuned: {refusal}."),
+    )
 }
 
 /// The files a shape is read from, as they were: each one's modification time and length,
@@ -86,10 +100,11 @@ fn stamps(dir: &std::path::Path) -> Stamps {
 /// real tokenizer file (2–20 MB) for its added tokens took 10–20 ms of every create.
 /// Blocking. The stamps are taken before the read, so a file changed during it is read
 /// again next time rather than kept stale.
-fn shape_of(dir: &std::path::Path) -> Option<ModelShape> {
+fn shape_of(dir: &std::path::Path) -> Option<Result<ModelShape, tuneq_pools::Unsupported>> {
     use std::collections::HashMap;
     use std::sync::{Mutex, OnceLock};
-    type Shapes = HashMap<std::path::PathBuf, (Stamps, Option<ModelShape>)>;
+    type Read = Option<Result<ModelShape, tuneq_pools::Unsupported>>;
+    type Shapes = HashMap<std::path::PathBuf, (Stamps, Read)>;
     static SHAPES: OnceLock<Mutex<Shapes>> = OnceLock::new();
     let cache = SHAPES.get_or_init(Default::default);
     let now = stamps(dir);
@@ -271,18 +286,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let config = |layers: u64| {
             serde_json::json!({
-                "hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": layers,
-                "num_attention_heads": 4, "vocab_size": 256
+                "model_type": "llama", "hidden_size": 64, "intermediate_size": 172,
+                "num_hidden_layers": layers, "num_attention_heads": 4, "vocab_size": 256
             })
             .to_string()
         };
+        let read = |dir: &std::path::Path| shape_of(dir).unwrap().unwrap();
         assert!(shape_of(dir.path()).is_none(), "no config.json yet");
         std::fs::write(dir.path().join("config.json"), config(2)).unwrap();
-        assert_eq!(shape_of(dir.path()).unwrap().num_hidden_layers, 2);
-        assert_eq!(shape_of(dir.path()).unwrap().num_hidden_layers, 2);
+        assert_eq!(read(dir.path()).num_hidden_layers, 2);
+        assert_eq!(read(dir.path()).num_hidden_layers, 2);
         // A different length, whatever the clock's resolution.
         std::fs::write(dir.path().join("config.json"), config(12)).unwrap();
-        let shape = shape_of(dir.path()).unwrap();
+        let shape = read(dir.path());
         assert_eq!(shape.num_hidden_layers, 12);
         assert_eq!(shape.added_tokens, None);
         std::fs::write(
@@ -290,7 +306,15 @@ mod tests {
             r#"{"added_tokens": [{"id": 0, "content": "<s>"}]}"#,
         )
         .unwrap();
-        assert_eq!(shape_of(dir.path()).unwrap().added_tokens, Some(1));
+        assert_eq!(read(dir.path()).added_tokens, Some(1));
+        // A folder that became another architecture's is refused, not kept as it was.
+        std::fs::write(
+            dir.path().join("config.json"),
+            config(12).replace("\"llama\"", "\"mistral\""),
+        )
+        .unwrap();
+        let refusal = shape_of(dir.path()).unwrap().unwrap_err();
+        assert_eq!(refusal.field(), "model_type");
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! Node pools: where attempts run, and how a job is matched to them.
 //!
 //! Layout:
+//! - [`architecture`]: which model architectures tuneq trains, from a `config.json`
+//!   (registration, job creation and the trainer's loader all ask it).
 //! - [`file`](mod@file): the pools file (TOML) that `tuneq api`, `tuneq dispatcher` and
 //!   `tuneq up` read, checked field by field.
 //! - [`quantity`]: CPU and memory written as Kubernetes writes them.
@@ -8,11 +10,13 @@
 //! - [`placement`]: which pools a job may use, in which order, at what cost; when an
 //!   attempt moves on to the next pool.
 
+pub mod architecture;
 pub mod file;
 pub mod memory;
 pub mod placement;
 pub mod quantity;
 
+pub use architecture::{Architecture, Unsupported, architecture_of};
 pub use file::{Hardware, KubernetesPool, Pool, PoolsError, PoolsFile, RuntimeKind};
 pub use memory::{
     Ask, CpuMemory, GraphMemory, ModelShape, cpu_memory, cpu_memory_needed, gpu_memory_bytes,

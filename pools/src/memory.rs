@@ -2,6 +2,7 @@
 //! settings: what placement compares with a pool's memory, so a job that no pool can
 //! ever hold is refused at create with the numbers instead of failing on a node.
 
+use crate::architecture::{Unsupported, architecture_of};
 use serde::Deserialize;
 use tuneq_kernels::llama::{Compute, Dims, PROJECTIONS, step_bytes_on_any_cpu};
 use tuneq_openapi::{ActivationCheckpointing, ComputeKind, DtypeKind, LoraSpec};
@@ -78,13 +79,18 @@ struct TokenizerFile {
 }
 
 impl ModelShape {
-    /// The shape of the model in the local folder `dir`; None when it has no readable
-    /// `config.json` of at most 1 MiB (the trainer will say why).
-    pub fn read(dir: &std::path::Path) -> Option<Self> {
+    /// The shape of the model in the local folder `dir`: None when it has no readable
+    /// `config.json` of at most 1 MiB (the trainer will say why), an error when the config
+    /// is of an architecture tuneq does not train ([`architecture_of`]).
+    pub fn read(dir: &std::path::Path) -> Option<Result<Self, Unsupported>> {
         let text = read_at_most(&dir.join("config.json"), CONFIG_FILE_LIMIT)?;
-        let mut shape: Self = serde_json::from_slice(&text).ok()?;
+        let config: serde_json::Value = serde_json::from_slice(&text).ok()?;
+        if let Err(refusal) = architecture_of(&config) {
+            return Some(Err(refusal));
+        }
+        let mut shape: Self = serde_json::from_value(config).ok()?;
         shape.added_tokens = read_added_tokens(&dir.join("tokenizer.json"));
-        Some(shape)
+        Some(Ok(shape))
     }
 
     fn head_dim(&self) -> u64 {
@@ -527,8 +533,8 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("tuneq-pools-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let config = serde_json::json!({
-            "hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 2,
-            "num_attention_heads": 4, "vocab_size": vocab_size
+            "model_type": "llama", "hidden_size": 64, "intermediate_size": 172,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": vocab_size
         })
         .to_string();
         std::fs::write(dir.join("config.json"), &config).unwrap();
@@ -539,14 +545,14 @@ mod tests {
     fn a_tokenizer_of_added_tokens_is_counted_heavier_than_one_of_merges() {
         let (dir, _) = model_folder("shape", 32000);
         // No tokenizer file: every entry counts as added, the larger figure.
-        let unknown = ModelShape::read(&dir).unwrap();
+        let unknown = ModelShape::read(&dir).unwrap().unwrap();
         assert_eq!(unknown.added_tokens, None);
         let tokenizer = serde_json::json!({
             "added_tokens": [{"id": 0, "content": "<s>"}, {"id": 1, "content": "</s>"}],
             "model": {"type": "BPE", "vocab": {"a": 2}, "merges": []}
         });
         std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
-        let merges = ModelShape::read(&dir).unwrap();
+        let merges = ModelShape::read(&dir).unwrap().unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(merges.added_tokens, Some(2));
         let mostly_added = ModelShape {
@@ -564,6 +570,22 @@ mod tests {
     }
 
     #[test]
+    fn a_folder_of_another_architecture_is_refused_not_read_as_llama() {
+        let (dir, _) = model_folder("qwen", 256);
+        let qwen = serde_json::json!({
+            "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 64,
+            "intermediate_size": 172, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "vocab_size": 256
+        });
+        std::fs::write(dir.join("config.json"), qwen.to_string()).unwrap();
+        let read = ModelShape::read(&dir);
+        std::fs::remove_dir_all(&dir).unwrap();
+        let refusal = read.expect("a readable config").unwrap_err();
+        assert_eq!(refusal.field(), "model_type");
+        assert!(refusal.to_string().contains("qwen2"), "{refusal}");
+    }
+
+    #[test]
     fn a_config_file_over_its_limit_is_not_read() {
         let (dir, config) = model_folder("big", 256);
         // JSON allows trailing whitespace: the same config, `len` bytes long.
@@ -577,7 +599,10 @@ mod tests {
         std::fs::write(dir.join("config.json"), padded(CONFIG_FILE_LIMIT + 1)).unwrap();
         let over = ModelShape::read(&dir);
         std::fs::remove_dir_all(&dir).unwrap();
-        assert!(at_limit.is_some(), "a config of exactly the limit is read");
+        assert!(
+            matches!(at_limit, Some(Ok(_))),
+            "a config of exactly the limit is read"
+        );
         assert!(over.is_none(), "a config one byte over the limit is not");
     }
 

@@ -108,11 +108,15 @@ pub fn run(cmd: ModelCommand) -> Result<ExitCode> {
             memory,
             accelerator_memory,
         } => {
-            let Some(shape) = tuneq_pools::ModelShape::read(&model) else {
-                anyhow::bail!(super::BadInput(format!(
+            let shape = match tuneq_pools::ModelShape::read(&model) {
+                Some(Ok(shape)) => shape,
+                Some(Err(refusal)) => {
+                    anyhow::bail!(super::BadInput(format!("{}: {refusal}", model.display())))
+                }
+                None => anyhow::bail!(super::BadInput(format!(
                     "{}: no readable config.json",
                     model.display()
-                )));
+                ))),
             };
             let bytes = |flag: &str, text: Option<String>| -> Result<Option<u64>> {
                 match text {

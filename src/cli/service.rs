@@ -23,9 +23,33 @@ pub struct ApiPolicyArgs {
     /// http:// (receivers on your own network). Off: https:// to public hosts only.
     #[arg(long, env = "TUNEQ_WEBHOOK_ALLOW_PRIVATE")]
     webhook_allow_private: bool,
+    /// Jobs a tenant may have waiting, where an operator set none of its own (0: no
+    /// limit). About 11 KB of the queue each.
+    #[arg(long, env = "TUNEQ_DEFAULT_MAX_QUEUED", default_value_t = 1000)]
+    default_max_queued: u32,
+    /// Files a tenant may keep, where an operator set none of its own (0: no limit).
+    #[arg(long, env = "TUNEQ_DEFAULT_MAX_FILES", default_value_t = 1000)]
+    default_max_files: u64,
+    /// GiB of files a tenant may keep, where an operator set none of its own (0: no
+    /// limit).
+    #[arg(long, env = "TUNEQ_DEFAULT_MAX_STORED_GIB", default_value_t = 50)]
+    default_max_stored_gib: u64,
 }
 
 impl ApiPolicyArgs {
+    /// The limits of every tenant that has none of its own (`PUT
+    /// /admin/tenants/{id}/limits` sets a tenant's), so that no tenant can fill the
+    /// disk with jobs or files by default.
+    pub fn default_limits(&self) -> tuneq_api::records::tenant::TenantLimits {
+        let set = |n: u64| (n > 0).then_some(n);
+        tuneq_api::records::tenant::TenantLimits {
+            max_queued: (self.default_max_queued > 0).then_some(self.default_max_queued),
+            max_files: set(self.default_max_files),
+            max_stored_bytes: set(self.default_max_stored_gib.saturating_mul(1 << 30)),
+            ..Default::default()
+        }
+    }
+
     /// The upload limit in bytes.
     pub fn max_upload_bytes(&self) -> u64 {
         self.max_upload_mib.saturating_mul(1 << 20)
@@ -141,6 +165,22 @@ pub fn model_arg(text: &str) -> Result<ModelArg> {
                     path.display()
                 ))
                 .into());
+            }
+            // A model of another architecture would be trained as Llama, wrongly and
+            // silently: refused now, naming it (remote folders are checked by the
+            // trainer when it loads them).
+            match tuneq_pools::ModelShape::read(&path) {
+                Some(Ok(_)) => {}
+                Some(Err(refusal)) => {
+                    return Err(BadInput(format!("--model {text}: {refusal}")).into());
+                }
+                None => {
+                    return Err(BadInput(format!(
+                        "--model {text}: {} holds no readable config.json of at most 1 MiB",
+                        path.display()
+                    ))
+                    .into());
+                }
             }
             std::fs::canonicalize(&path)
                 .with_context(|| format!("--model {text}"))?

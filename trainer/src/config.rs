@@ -114,7 +114,7 @@ pub struct LlamaConfig {
     /// Activation; only `silu` is supported.
     #[serde(default)]
     pub hidden_act: Option<String>,
-    /// Model type; `llama` (and Llama-compatible types) expected.
+    /// Model type; only `llama` is accepted (see `tuneq_pools::architecture_of`).
     #[serde(default)]
     pub model_type: Option<String>,
 }
@@ -130,6 +130,13 @@ impl LlamaConfig {
             });
         }
         let raw: serde_json::Value = crate::error::read_json(&path)?;
+        // Another family's config parses as Llama's (the same names for the same shapes)
+        // and would train wrongly and silently: refused here, by the rule registration
+        // and job creation use too.
+        tuneq_pools::architecture_of(&raw).map_err(|refusal| Error::Model {
+            path: path.display().to_string(),
+            message: refusal.to_string(),
+        })?;
         let cfg: Self =
             serde_json::from_value(Self::normalise(raw)).map_err(|source| Error::Json {
                 path: path.display().to_string(),
@@ -188,23 +195,8 @@ impl LlamaConfig {
         if !self.head_dim().is_multiple_of(2) {
             return Err("head_dim must be even for rotary embeddings".into());
         }
-        if self.attention_bias || self.mlp_bias {
-            return Err("attention_bias/mlp_bias are not supported (Llama has no biases)".into());
-        }
-        if let Some(act) = &self.hidden_act
-            && act != "silu"
-        {
-            return Err(format!("hidden_act {act:?} is not supported (only silu)"));
-        }
-        if let Some(rs) = &self.rope_scaling
-            && rs.rope_type != "llama3"
-            && rs.rope_type != "default"
-        {
-            return Err(format!(
-                "rope_scaling type {:?} is not supported (only llama3)",
-                rs.rope_type
-            ));
-        }
+        // The fields that change the maths (activation, biases, RoPE scaling kind) were
+        // checked against the architecture's rules before parsing.
         Ok(())
     }
 

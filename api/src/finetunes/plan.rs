@@ -34,7 +34,7 @@ fn requested_hyperparameters(body: &FineTuneCreate) -> ApiResult<Hyperparameters
                 Code::UnsupportedMethod,
                 format!(
                     "Only the supervised method is offered, not `{}`.",
-                    method.kind
+                    crate::quote::shown(&method.kind)
                 ),
             ));
         }
@@ -79,15 +79,20 @@ pub(super) fn check_range<T: PartialOrd + std::fmt::Display>(
         return Err(ApiError::invalid(
             param,
             Code::InvalidValue,
-            format!("{param} must be {low} to {high}, not {value}."),
+            format!(
+                "{param} must be {low} to {high}, not {}.",
+                crate::quote::shown(&value.to_string())
+            ),
         ));
     }
     Ok(value)
 }
 
 fn check_suffix(suffix: &str) -> ApiResult<()> {
-    let ok = !suffix.is_empty()
-        && suffix.len() <= 64
+    // It becomes a segment of the model name (`ft:base:tenant:suffix:id`): a segment
+    // such as `..` reads as a path wherever names are used as one.
+    let ok = suffix.len() <= 64
+        && suffix.starts_with(|c: char| c.is_ascii_alphanumeric())
         && suffix
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
@@ -95,7 +100,7 @@ fn check_suffix(suffix: &str) -> ApiResult<()> {
         return Err(ApiError::invalid(
             "suffix",
             Code::InvalidValue,
-            "suffix must be 1 to 64 letters, digits, '-', '_' or '.'.",
+            "suffix must be 1 to 64 letters, digits, '-', '_' or '.', starting with a letter or digit.",
         ));
     }
     Ok(())
@@ -135,7 +140,10 @@ async fn dataset(
                 ApiError::invalid(
                     param,
                     Code::FileNotFound,
-                    format!("No uploaded file `{id}`: upload it with POST /v1/files first."),
+                    format!(
+                        "No uploaded file `{}`: upload it with POST /v1/files first.",
+                        crate::quote::shown(id)
+                    ),
                 )
             } else {
                 e
@@ -158,7 +166,7 @@ pub(super) async fn plan(
                 Code::ModelNotFound,
                 format!(
                     "No base model `{}`: GET /v1/models lists the ones you can fine-tune.",
-                    body.model
+                    crate::quote::shown(&body.model)
                 ),
             )
         })?;
@@ -200,7 +208,10 @@ pub(super) async fn plan(
         return Err(ApiError::invalid(
             "max_cost",
             Code::InvalidValue,
-            format!("max_cost must be a number above 0, not {max_cost}."),
+            format!(
+                "max_cost must be a number above 0, not {}.",
+                crate::quote::shown(&max_cost.to_string())
+            ),
         ));
     }
     // The hardware class first: the cheapest refusal, before files are read.
@@ -235,7 +246,10 @@ pub(super) async fn plan(
             return Err(ApiError::invalid(
                 "hyperparameters.learning_rate_multiplier",
                 Code::InvalidValue,
-                format!("learning_rate_multiplier must be 0.001 to 10, not {m}."),
+                format!(
+                    "learning_rate_multiplier must be 0.001 to 10, not {}.",
+                    crate::quote::shown(&m.to_string())
+                ),
             ));
         }
     };
@@ -313,7 +327,7 @@ pub(super) async fn plan(
     if let Err(problems) = spec.validate() {
         return Err(spec_problems(&problems));
     }
-    let shape = crate::fit::local_shape(&base).await;
+    let shape = crate::fit::local_shape(&base).await?;
     let memory = crate::fit::check_job(&base, shape.as_ref(), &spec, &training)?;
     let tokens =
         crate::fit::tokens_to_process(&training, &base.id, spec.hyperparameters.max_seq_len)

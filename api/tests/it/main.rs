@@ -3,9 +3,12 @@
 
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod architectures;
 mod attempt_reports;
 mod files;
+mod guessing;
 mod hardening;
+mod input;
 mod limits;
 mod openapi;
 mod placement;

@@ -747,8 +747,9 @@ fn graph_checkpointing(
     let limit = std::env::var(limit_env)
         .ok()
         .and_then(|v| v.trim().parse::<u64>().ok());
-    // The model folder was just loaded from, so its config.json is there.
-    let (Some(shape), Some(limit), ActivationCheckpointing::Auto) = (
+    // The model folder was just loaded from, so its config.json is there (and of an
+    // architecture tuneq trains: the loader checked).
+    let (Some(Ok(shape)), Some(limit), ActivationCheckpointing::Auto) = (
         tuneq_pools::ModelShape::read(model_dir),
         limit,
         spec.activation_checkpointing,
