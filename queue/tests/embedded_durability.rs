@@ -615,3 +615,61 @@ async fn a_crash_at_any_point_of_compaction_loses_no_accepted_job() {
         );
     }
 }
+
+/// A full disk mid-write (the probe's M2): the append fails after writing part of its
+/// record. The store refuses calls for a moment, then goes back to what its file holds by
+/// itself — no restart — and works again once the disk has room: nothing acknowledged is
+/// lost, nothing refused is kept, and the file reopens to the same state with no torn tail.
+#[tokio::test]
+async fn a_full_disk_mid_write_heals_by_itself_once_space_returns() {
+    let file = testing::scratch_dir().join("queue.db");
+    let q = open(&file).await;
+    q.set_pool("gpu", 1).await.unwrap();
+    let mut acknowledged = vec![];
+    for i in 0..20 {
+        acknowledged.push(q.enqueue(&job(i, 100)).await.unwrap().id);
+    }
+    let store = q.embedded_store().unwrap();
+    // The disk is full: every write fails after writing part of its record (the
+    // client's own retries included), and nothing of it is kept.
+    store.fail_next_appends(u32::MAX);
+    assert!(
+        q.enqueue(&job(100, 100)).await.is_err(),
+        "the full disk refuses the write"
+    );
+    assert!(store.failure().is_some_and(|(_, recoverable)| recoverable));
+    tokio::time::sleep(tuneq_queue::embedded::RECOVERY_EVERY + Duration::from_millis(100)).await;
+    assert!(q.enqueue(&job(101, 100)).await.is_err(), "still full");
+    // Space is back: within the recovery pause the store works again, with no restart.
+    store.fail_next_appends(0);
+    tokio::time::sleep(tuneq_queue::embedded::RECOVERY_EVERY + Duration::from_millis(100)).await;
+    let after = q.enqueue(&job(103, 100)).await.unwrap().id;
+    assert!(store.failure().is_none());
+    acknowledged.push(after);
+    let held = everything(&q).await;
+    let ids: HashSet<String> = held.0.jobs.iter().map(|(j, _)| j.id.to_string()).collect();
+    for id in &acknowledged {
+        assert!(ids.contains(&id.to_string()), "acknowledged job {id} kept");
+    }
+    assert_eq!(
+        ids.len(),
+        acknowledged.len(),
+        "no refused enqueue was kept: {ids:?}"
+    );
+    drop(store);
+    drop(q);
+    let reopened = open(&file).await;
+    assert!(
+        everything(&reopened).await == held,
+        "the file holds what memory held"
+    );
+    let torn: Vec<_> = std::fs::read_dir(file.parent().unwrap())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains("torn"))
+        .collect();
+    assert!(
+        torn.is_empty(),
+        "the partial records were cut at once: {torn:?}"
+    );
+}

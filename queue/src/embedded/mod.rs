@@ -29,6 +29,11 @@ use redis::Value;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How often a store whose append failed tries to go back to what its file holds (see
+/// [`StoreError::Broken`]): each try reads the whole file again, so not on every call.
+pub const RECOVERY_EVERY: Duration = Duration::from_secs(1);
 
 /// Why an embedded operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -39,9 +44,11 @@ pub enum StoreError {
     /// A command or script was refused (its error reply).
     #[error("{0}")]
     Command(String),
-    /// An earlier write to the file failed, so memory is ahead of the disk; the store
-    /// refuses everything until it is reopened (which replays what the disk holds).
-    #[error("queue file {path} failed earlier and must be reopened")]
+    /// An earlier write to the file failed, so memory was ahead of the disk. After a
+    /// failed append (a full disk) the store goes back to what the file holds by itself
+    /// at most every [`RECOVERY_EVERY`], and answers this until it could; after a failed
+    /// compaction it refuses everything until it is reopened (which replays the file).
+    #[error("queue file {path} failed earlier and is not usable yet")]
     Broken {
         /// The file.
         path: PathBuf,
@@ -70,6 +77,17 @@ fn lua_error(e: mlua::Error) -> StoreError {
     StoreError::Lua(e)
 }
 
+/// A store whose memory went ahead of its file.
+struct Broken {
+    /// The write that failed.
+    cause: Arc<LogError>,
+    /// Whether rewinding to the file's last whole record makes memory and file agree
+    /// again (a failed append); not after a failed compaction, whose file is unknown.
+    recoverable: bool,
+    /// When memory was last found ahead (the failure, or the last try to recover).
+    since: Instant,
+}
+
 /// The keyspace, the Lua engine that scripts it, and the file that keeps it.
 pub struct Store {
     path: PathBuf,
@@ -92,7 +110,7 @@ struct Inner {
     /// The Functions libraries loaded so far, by name.
     libraries: HashSet<String>,
     log: Log,
-    broken: Option<Arc<LogError>>,
+    broken: Option<Broken>,
     /// Hash fields whose writes alone do not need a record (see [`Store::defer_field`]).
     deferrable: HashSet<(Vec<u8>, Vec<u8>)>,
     /// Their latest writes not yet in the file, one HSET each, in first-written order:
@@ -161,14 +179,38 @@ impl Store {
     }
 
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, Inner>, StoreError> {
-        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(broken) = &inner.broken else {
+            return Ok(inner);
+        };
+        if broken.recoverable && broken.since.elapsed() >= RECOVERY_EVERY {
+            match inner.recover() {
+                Ok(()) => return Ok(inner),
+                Err(e) => {
+                    tracing::warn!(path = %self.path.display(), error = %e, "queue file: cannot go back to its last whole record yet");
+                    if let Some(broken) = &mut inner.broken {
+                        broken.since = Instant::now();
+                    }
+                }
+            }
+        }
         match &inner.broken {
-            Some(cause) => Err(StoreError::Broken {
+            Some(broken) => Err(StoreError::Broken {
                 path: self.path.clone(),
-                cause: Arc::clone(cause),
+                cause: Arc::clone(&broken.cause),
             }),
             None => Ok(inner),
         }
+    }
+
+    /// Why the store refuses calls now, if it does: the write that failed (see
+    /// [`StoreError::Broken`]), and whether the store recovers by itself.
+    pub fn failure(&self) -> Option<(Arc<LogError>, bool)> {
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        inner
+            .broken
+            .as_ref()
+            .map(|b| (Arc::clone(&b.cause), b.recoverable))
     }
 
     /// Runs `commands` as one atomic unit (like MULTI/EXEC) and returns their replies.
@@ -226,6 +268,13 @@ impl Store {
     /// Compacts the file now, as the automatic trigger would.
     pub fn compact_now(&self) -> Result<(), StoreError> {
         self.lock()?.compact()
+    }
+
+    /// Makes the next `n` appends fail as on a full disk (ENOSPC), each after writing
+    /// half of its record, as a write cut short by the disk filling up does.
+    pub fn fail_next_appends(&self, n: u32) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        inner.log.failing_appends = n;
     }
 
     /// Makes the next compaction stop at `at` as if the process had crashed there. Like
@@ -342,7 +391,7 @@ impl Inner {
             changes.splice(0..0, std::mem::take(&mut self.deferred));
         }
         if let Err(e) = self.log.append(&changes) {
-            return Err(self.break_on(e));
+            return Err(self.break_on(e, true));
         }
         if self.log.wants_compaction() {
             self.compact()?;
@@ -368,17 +417,48 @@ impl Inner {
                 }
                 Ok(())
             }
-            Err(e) => Err(self.break_on(e)),
+            Err(e) => Err(self.break_on(e, false)),
         }
     }
 }
 
 impl Inner {
     /// Breaks the store on a failed write: memory is now ahead of the file.
-    fn break_on(&mut self, e: LogError) -> StoreError {
+    /// `recoverable`: a failed append, which [`Inner::recover`] undoes.
+    fn break_on(&mut self, e: LogError, recoverable: bool) -> StoreError {
         let e = Arc::new(e);
-        self.broken = Some(Arc::clone(&e));
+        tracing::error!(path = %self.log.path().display(), error = %e, recoverable, "queue file write failed; calls are refused until memory and file agree again");
+        self.broken = Some(Broken {
+            cause: Arc::clone(&e),
+            recoverable,
+            since: Instant::now(),
+        });
         StoreError::Log(e)
+    }
+
+    /// Makes memory what the file holds again after a failed append: the file is cut
+    /// back to its last whole record and the keyspace rebuilt from its records, which
+    /// drops the changes of the operation whose write failed (never acknowledged) and
+    /// the deferred high-water marks (which, as after a restart, the records cover).
+    fn recover(&mut self) -> Result<(), StoreError> {
+        let batches = self.log.rewind()?;
+        let mut keyspace = Db::default();
+        for (n, batch) in batches.iter().enumerate() {
+            for command in batch {
+                keyspace.execute(command).map_err(|e| {
+                    StoreError::Command(format!(
+                        "queue file {} record {n} does not replay: {e}",
+                        self.log.path().display()
+                    ))
+                })?;
+            }
+        }
+        keyspace.clear_changes();
+        self.lua.set_app_data(keyspace);
+        self.deferred.clear();
+        self.broken = None;
+        tracing::warn!(path = %self.log.path().display(), records = batches.len(), "queue file writable again: memory is back to what the file holds");
+        Ok(())
     }
 
     /// Whether `change` only sets one declared high-water mark field.

@@ -86,6 +86,10 @@ pub struct Log {
     /// Where the next compaction stops as a crash would (a test hook).
     #[cfg(feature = "testing")]
     pub(super) crash: Option<CompactionCrash>,
+    /// Appends that fail as on a full disk, after writing half their record (a test
+    /// hook).
+    #[cfg(feature = "testing")]
+    pub(super) failing_appends: u32,
 }
 
 /// The points [`Log::compact`] passes a test hook at.
@@ -191,6 +195,8 @@ impl Log {
                     compacted_len: HEADER as u64,
                     #[cfg(feature = "testing")]
                     crash: None,
+                    #[cfg(feature = "testing")]
+                    failing_appends: 0,
                 },
                 batches: Vec::new(),
                 truncated_bytes: 0,
@@ -246,6 +252,8 @@ impl Log {
                     compacted_len: whole as u64,
                     #[cfg(feature = "testing")]
                     crash: None,
+                    #[cfg(feature = "testing")]
+                    failing_appends: 0,
                 }
             }
             Format::V1 => {
@@ -266,6 +274,8 @@ impl Log {
                     compacted_len: written.len,
                     #[cfg(feature = "testing")]
                     crash: None,
+                    #[cfg(feature = "testing")]
+                    failing_appends: 0,
                 }
             }
         };
@@ -288,11 +298,48 @@ impl Log {
     /// Appends one batch and syncs it to disk.
     pub fn append(&mut self, batch: &[Command]) -> Result<(), LogError> {
         let record = encode(batch, &self.salt, self.next_seq);
+        #[cfg(feature = "testing")]
+        if self.failing_appends > 0 {
+            self.failing_appends -= 1;
+            self.file
+                .write_all(&record[..record.len() / 2])
+                .map_err(|e| self.io(e))?;
+            return Err(self.io(std::io::Error::from_raw_os_error(28)));
+        }
         self.file.write_all(&record).map_err(|e| self.io(e))?;
         self.file.sync_data().map_err(|e| self.io(e))?;
         self.len += record.len() as u64;
         self.next_seq += 1;
         Ok(())
+    }
+
+    /// Goes back to the last record that was written whole: cuts off whatever a failed
+    /// [`Log::append`] left after it (a partial record, on a full disk) and reads the
+    /// file's records again, through the handle this log holds (and the lock on it), for
+    /// the caller to rebuild its memory from. Needs no free space: a file only shrinks.
+    pub fn rewind(&mut self) -> Result<Vec<Vec<Command>>, LogError> {
+        use std::io::Read;
+        self.file.set_len(self.len).map_err(|e| self.io(e))?;
+        self.file.sync_all().map_err(|e| self.io(e))?;
+        self.file.seek(SeekFrom::Start(0)).map_err(|e| self.io(e))?;
+        let mut bytes = Vec::with_capacity(usize::try_from(self.len).unwrap_or(0));
+        (&self.file)
+            .read_to_end(&mut bytes)
+            .map_err(|e| self.io(e))?;
+        self.file
+            .seek(SeekFrom::Start(self.len))
+            .map_err(|e| self.io(e))?;
+        let format = Format::V2 { salt: self.salt };
+        let walk = walk(&bytes, format);
+        if let Some((first, before)) = walk.damage.first() {
+            return Err(LogError::Corrupt {
+                path: self.path.clone(),
+                offset: first.start as u64,
+                intact_before: *before,
+                valid_after: walk.records.len() - before,
+            });
+        }
+        Ok(walk.records.into_iter().map(|(_, batch)| batch).collect())
     }
 
     /// Whether the file has grown enough to be worth compacting.
