@@ -25,8 +25,10 @@ pub(crate) struct NewTenant {
     request_body = NewTenant,
     security(("admin_key" = [])),
     responses(
-        (status = 201, description = "Created (or already there)", body = TenantRecord),
+        (status = 201, description = "Created", body = TenantRecord),
+        (status = 200, description = "Already there as asked (same name, or none given): nothing changed", body = TenantRecord),
         (status = 400, description = "Invalid id", body = tuneq_openapi::ErrorBody),
+        (status = 409, description = "A tenant with this id exists under another name; nothing changed", body = tuneq_openapi::ErrorBody),
         (status = 401, description = "No key, or not the admin key", body = tuneq_openapi::ErrorBody),
         (status = 403, description = "Admin routes disabled", body = tuneq_openapi::ErrorBody),
     ))]
@@ -44,8 +46,22 @@ pub(crate) async fn create_tenant(
     }
     let name = body.name.clone().unwrap_or_else(|| body.id.clone());
     crate::text::check("name", &name, 128, false)?;
-    let tenant = tenant::create_tenant(&state.queue, &body.id, &name).await?;
-    Ok(HttpResponse::Created().json(tenant))
+    match tenant::create_tenant(&state.queue, &body.id, &name).await? {
+        tenant::Creation::Created(tenant) => {
+            apply_limits(&state, &tenant).await?;
+            Ok(HttpResponse::Created().json(tenant))
+        }
+        tenant::Creation::Existing(tenant)
+            if body.name.as_ref().is_none_or(|asked| *asked == tenant.name) =>
+        {
+            Ok(HttpResponse::Ok().json(tenant))
+        }
+        tenant::Creation::Existing(_) => Err(ApiError::invalid(
+            "id",
+            Code::TenantExists,
+            "A tenant with this id exists under another name; nothing was changed.",
+        )),
+    }
 }
 
 /// A new key, shown once.
@@ -161,6 +177,27 @@ pub(crate) async fn set_limits(
     Ok(HttpResponse::Ok().json(record))
 }
 
+/// Gives the queue what it enforces of `tenant`'s limits, its own or else the server's
+/// defaults.
+async fn apply_limits(state: &AppState, tenant: &TenantRecord) -> ApiResult<()> {
+    let limits = tenant.limits.or(&state.config.default_limits);
+    Ok(state
+        .queue
+        .set_tenant(&tenant.id, &limits.queue_settings())
+        .await?)
+}
+
+/// Gives the queue every tenant's limits, with the server's defaults where a tenant has
+/// none of its own: at start, so a change of the defaults reaches tenants made before it
+/// (and before there were defaults). Returns how many tenants there are.
+pub async fn apply_default_limits(state: &AppState) -> ApiResult<usize> {
+    let tenants = tenant::all(&state.queue).await?;
+    for tenant in &tenants {
+        apply_limits(state, tenant).await?;
+    }
+    Ok(tenants.len())
+}
+
 /// Sets a tenant's limits: kept in its record and given to the queue, which enforces
 /// the queued and running ones atomically with enqueue and claim.
 async fn set_tenant_limits(
@@ -184,11 +221,7 @@ async fn set_tenant_limits(
         .queue
         .set_tenant(
             id,
-            &tuneq_queue::TenantSettings {
-                weight: limits.weight.unwrap_or(1.0),
-                max_running: limits.max_running,
-                max_waiting: limits.max_queued,
-            },
+            &limits.or(&state.config.default_limits).queue_settings(),
         )
         .await?;
     record.limits = limits;

@@ -53,7 +53,7 @@ impl FromRequest for Tenant {
             let state = state.ok_or_else(|| ApiError::internal("no application state"))?;
             let key = key?;
             // Asked before the key is looked up, so a refusal says nothing of the key.
-            let pass = admit(&state.auth_throttle, source)?;
+            let pass = admit(&state.auth_throttle, source, &key)?;
             match tenant::tenant_of_key(&state.queue, &key).await? {
                 Some(tenant) => {
                     settle(pass, true);
@@ -90,7 +90,7 @@ impl FromRequest for Admin {
                     "The admin API is disabled: start the server with an admin key.",
                 ));
             };
-            let pass = admit(&state.auth_throttle, source)?;
+            let pass = admit(&state.auth_throttle, source, &key)?;
             if key_hash(&key) == hash {
                 settle(pass, true);
                 Ok(Admin)
@@ -109,25 +109,44 @@ fn source_of(req: &HttpRequest) -> Option<Source> {
     req.peer_addr().map(|a| Source::from(a.ip()))
 }
 
-/// Asks the throttle to let one authentication of `source` go ahead: 429 while the
-/// source has used up its failures, whatever key it sends.
-fn admit(throttle: &Throttle, source: Option<Source>) -> ApiResult<Option<Pass<'_>>> {
-    let Some(source) = source else {
-        return Ok(None);
-    };
-    throttle.admit(source).map(Some).map_err(|refused| {
+/// Asks the throttle to let one authentication of `key` from `source` go ahead: 429
+/// while the source, or the keys starting like this one, have used up their failures,
+/// whatever key it sends.
+fn admit<'t>(
+    throttle: &'t Throttle,
+    source: Option<Source>,
+    key: &str,
+) -> ApiResult<Vec<Pass<'t>>> {
+    let refuse = |refused: crate::throttle::Throttled, what: &str| {
         ApiError::too_many(
             Code::TooManyFailedAuthentications,
-            "Too many failed authentications from this address; wait before trying again.",
+            format!("Too many failed authentications {what}; wait before trying again."),
             refused.retry_after,
         )
-    })
+    };
+    let mut passes = Vec::with_capacity(2);
+    if let Some(source) = source {
+        passes.push(
+            throttle
+                .admit(source)
+                .map_err(|r| refuse(r, "from this address"))?,
+        );
+    }
+    // A refusal here drops the source's pass unsaid, which gives its credit back.
+    passes.push(
+        throttle
+            .admit(Source::key_prefix(key))
+            .map_err(|r| refuse(r, "with keys like this one"))?,
+    );
+    Ok(passes)
 }
 
-fn settle(pass: Option<Pass<'_>>, right: bool) {
-    match pass {
-        Some(pass) if right => pass.succeeded(),
-        Some(pass) => pass.failed(),
-        None => {}
+fn settle(passes: Vec<Pass<'_>>, right: bool) {
+    for pass in passes {
+        if right {
+            pass.succeeded();
+        } else {
+            pass.failed();
+        }
     }
 }

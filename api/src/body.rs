@@ -53,7 +53,7 @@ pub async fn read_json<T: DeserializeOwned>(
         }
         body.extend_from_slice(&chunk);
     }
-    let value: serde_json::Value = serde_json::from_slice(&body).map_err(|e| {
+    let UniqueKeys(value) = serde_json::from_slice(&body).map_err(|e| {
         ApiError::invalid(
             "body",
             Code::InvalidJson,
@@ -61,6 +61,85 @@ pub async fn read_json<T: DeserializeOwned>(
         )
     })?;
     parse(value)
+}
+
+/// A JSON value in which no object names a key twice. JSON leaves duplicates undefined,
+/// and parsers disagree on them (the last wins in serde_json, the first in others): a
+/// body whose meaning depends on the reader is refused instead, naming the key.
+#[derive(Debug)]
+pub(crate) struct UniqueKeys(pub serde_json::Value);
+
+impl<'de> serde::Deserialize<'de> for UniqueKeys {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer
+            .deserialize_any(UniqueKeysVisitor)
+            .map(UniqueKeys)
+    }
+}
+
+struct UniqueKeysVisitor;
+
+impl<'de> serde::de::Visitor<'de> for UniqueKeysVisitor {
+    type Value = serde_json::Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_f64<E>(self, v: f64) -> Result<Self::Value, E> {
+        Ok(serde_json::Number::from_f64(v).map_or(serde_json::Value::Null, Into::into))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(serde_json::Value::Null)
+    }
+
+    fn visit_none<E>(self) -> Result<Self::Value, E> {
+        Ok(serde_json::Value::Null)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1024));
+        while let Some(UniqueKeys(item)) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(serde_json::Value::Array(items))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut object = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if object.contains_key(&key) {
+                let shown: String = key.chars().take(64).collect();
+                return Err(serde::de::Error::custom(format_args!(
+                    "the key `{shown}` appears twice in one object"
+                )));
+            }
+            let UniqueKeys(value) = map.next_value()?;
+            object.insert(key, value);
+        }
+        Ok(serde_json::Value::Object(object))
+    }
 }
 
 /// A JSON body of type `T`: read within the app's [`web::JsonConfig`] (limit, content
@@ -85,9 +164,9 @@ impl<T: DeserializeOwned + 'static> actix_web::FromRequest for JsonBody<T> {
         req: &actix_web::HttpRequest,
         payload: &mut actix_web::dev::Payload,
     ) -> Self::Future {
-        let value = web::Json::<serde_json::Value>::from_request(req, payload);
+        let value = web::Json::<UniqueKeys>::from_request(req, payload);
         Box::pin(async move {
-            let web::Json(value) = value.await?;
+            let web::Json(UniqueKeys(value)) = value.await?;
             Ok(JsonBody(parse(value)?))
         })
     }
@@ -128,6 +207,7 @@ fn field_path(path: &str, message: &str) -> String {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -152,6 +232,29 @@ mod tests {
     fn param(value: serde_json::Value) -> String {
         let e = parse::<Create>(value).expect_err("refused");
         e.param().expect("param").to_string()
+    }
+
+    #[test]
+    fn a_key_named_twice_in_one_object_is_refused() {
+        let twice: Result<UniqueKeys, _> =
+            serde_json::from_str(r#"{"model": "a", "lora": {"r": 8}, "model": "b"}"#);
+        let message = twice.unwrap_err().to_string();
+        assert!(message.contains("`model` appears twice"), "{message}");
+        let nested: Result<UniqueKeys, _> = serde_json::from_str(r#"{"lora": {"r": 8, "r": 16}}"#);
+        assert!(
+            nested
+                .unwrap_err()
+                .to_string()
+                .contains("`r` appears twice")
+        );
+        // The same key in different objects is fine, and values come through unchanged.
+        let text =
+            r#"{"a": {"r": 1}, "b": [{"r": 2.5}, null, true, "x", -3, 18446744073709551615]}"#;
+        let UniqueKeys(value) = serde_json::from_str(text).unwrap();
+        assert_eq!(
+            value,
+            serde_json::from_str::<serde_json::Value>(text).unwrap()
+        );
     }
 
     #[test]

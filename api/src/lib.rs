@@ -24,7 +24,8 @@
 //! 5. At the bottom, each depending on nothing here but `error`: `error` (every error
 //!    as OpenAI's error body), `guard` (what every request passes before routing:
 //!    methods, encodings, body pace), `cache`, `pool_stats`, `redact`, `sealed`,
-//!    `webhook_target` (the SSRF guard), `throttle` (how fast a source may try keys).
+//!    `webhook_target` (the SSRF guard), `throttle` (how fast a source may try keys),
+//!    `quote` (how a message repeats a client's value).
 
 pub mod admin;
 pub mod auth;
@@ -40,6 +41,7 @@ pub mod internal;
 pub mod metrics;
 pub mod models;
 pub mod pool_stats;
+mod quote;
 pub mod records;
 pub mod redact;
 mod routes;

@@ -1,5 +1,6 @@
 //! Models: base models an operator registered (shared by every tenant) and the adapters
-//! a tenant's fine-tunes produced. `GET /v1/models` and `GET /models` list both. Base
+//! a tenant's fine-tunes produced. `GET /v1/models` and `GET /models` list both;
+//! `GET /v1/models/{model}` retrieves one. Base
 //! models are records ([`crate::records::model`]); fine-tuned ones come from the jobs.
 
 use crate::auth::Tenant;
@@ -9,6 +10,19 @@ use crate::records;
 use crate::state::AppState;
 use actix_web::{HttpResponse, web};
 use tuneq_openapi::{Model, ModelList};
+
+/// A registered base model as the API shows it.
+fn base(model: records::model::BaseModel) -> Model {
+    Model {
+        id: model.id,
+        object: "model".into(),
+        created: model.created,
+        owned_by: "tuneq".into(),
+        kind: "base".into(),
+        base_model: None,
+        fine_tuning_job_id: None,
+    }
+}
 
 /// Every base model, then the tenant's fine-tuned models.
 #[utoipa::path(get, path = "/v1/models", tag = "models", operation_id = "list_models",
@@ -20,19 +34,38 @@ pub(crate) async fn list(state: web::Data<AppState>, tenant: Tenant) -> ApiResul
     let mut data: Vec<Model> = records::model::all(&state.queue)
         .await?
         .into_iter()
-        .map(|model| Model {
-            id: model.id,
-            object: "model".into(),
-            created: model.created,
-            owned_by: "tuneq".into(),
-            kind: "base".into(),
-            base_model: None,
-            fine_tuning_job_id: None,
-        })
+        .map(base)
         .collect();
     data.extend(finetunes::fine_tuned_models(&state, &tenant.0).await?);
     Ok(HttpResponse::Ok().json(ModelList {
         object: "list".into(),
         data,
     }))
+}
+
+/// One model by its id: a base model, or one of the tenant's fine-tuned models (as
+/// OpenAI's `models.retrieve`). Another tenant's fine-tuned model answers 404, as an
+/// unknown one does.
+#[utoipa::path(get, path = "/v1/models/{model}", tag = "models", operation_id = "retrieve_model",
+    params(("model" = String, Path, description = "A base model's id or a fine-tuned model's name (`ft:…`)")),
+    responses(
+        (status = 200, description = "The model", body = Model),
+        (status = 401, description = "No or unknown API key", body = tuneq_openapi::ErrorBody),
+        (status = 404, description = "No such model for this tenant", body = tuneq_openapi::ErrorBody),
+    ))]
+pub(crate) async fn retrieve(
+    state: web::Data<AppState>,
+    tenant: Tenant,
+    id: web::Path<String>,
+) -> ApiResult<HttpResponse> {
+    let id = id.into_inner();
+    if let Some(model) = records::model::get(&state.queue, &id).await? {
+        return Ok(HttpResponse::Ok().json(base(model)));
+    }
+    finetunes::fine_tuned_models(&state, &tenant.0)
+        .await?
+        .into_iter()
+        .find(|model| model.id == id)
+        .map(|model| HttpResponse::Ok().json(model))
+        .ok_or_else(|| crate::error::ApiError::not_found("model", &id))
 }

@@ -35,6 +35,9 @@ pub struct ApiConfig {
     /// Connections the server holds at once (spread over its workers); more wait in
     /// the listen backlog. Keep it under the process's file limit.
     pub max_connections: usize,
+    /// The limits of every tenant where its own leave one unset (none by default here;
+    /// `tuneq up` and `tuneq api` set the server's from their flags).
+    pub default_limits: crate::records::tenant::TenantLimits,
 }
 
 impl Default for ApiConfig {
@@ -53,6 +56,7 @@ impl Default for ApiConfig {
             sealing_key: crate::sealed::SealingKey::random(),
             body_pace: crate::guard::BodyPace::default(),
             max_connections: 512,
+            default_limits: Default::default(),
         }
     }
 }

@@ -3,15 +3,7 @@
 //! log — NUL and other controls, and Unicode's bidirectional overrides.
 
 use crate::error::{ApiError, ApiResult, Code};
-
-/// Whether `c` reorders or hides text when displayed (bidi embeddings, overrides and
-/// isolates, and the zero-width marks that steer them).
-fn is_bidi_control(c: char) -> bool {
-    matches!(
-        c,
-        '\u{200E}' | '\u{200F}' | '\u{061C}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}'
-    )
-}
+use crate::quote::is_bidi_control;
 
 /// Refuses `text` (the field `param`) when it is empty, longer than `max_chars`, or
 /// holds a control character (tab and newline too when `multiline` is false) or a bidi

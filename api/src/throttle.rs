@@ -11,6 +11,12 @@
 //! would not bound anything). So from one source at most `BURST + t / REFILL` wrong keys
 //! are answered in `t` seconds — 30 at once, then one every 2 s — in each API process.
 //!
+//! Keys are also throttled by their prefix ([`Source::KeyPrefix`]: the first
+//! [`PREFIX_CHARS`] characters sent), with the same buckets: a guesser who knows part of
+//! a key (a truncated log line) and spreads its tries over many addresses still gets
+//! `BURST + t / REFILL` tries at that key. Random guesses have random prefixes and are
+//! bounded by their source.
+//!
 //! A busy client behind the same address as a guesser is slowed with it: that is the
 //! price of not telling right from wrong. Sources are kept at most [`SOURCES`] (full
 //! buckets are dropped first), so no client can grow this table without a bound.
@@ -26,6 +32,9 @@ pub const BURST: u32 = 30;
 pub const REFILL: Duration = Duration::from_secs(2);
 /// Sources tracked at most.
 const SOURCES: usize = 10_000;
+/// Characters of a key its prefix bucket is named by (after a `tq_`, 52 of its 160
+/// random bits: a tenant's prefix is not guessable, so no one can spend it for them).
+pub const PREFIX_CHARS: usize = 16;
 
 /// Where a request comes from, as far as guessing is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -34,6 +43,26 @@ pub enum Source {
     V4(u32),
     /// An IPv6 /64 (the upper 64 bits); IPv4-mapped addresses count as IPv4.
     V6(u64),
+    /// The keys that start alike: a keyed hash of their first [`PREFIX_CHARS`]
+    /// characters (the table never holds key material).
+    KeyPrefix(u64),
+}
+
+impl Source {
+    /// The prefix bucket of `key`.
+    pub fn key_prefix(key: &str) -> Self {
+        use std::hash::{BuildHasher, Hasher};
+        // One random hashing key per process: a prefix cannot be read back from the table.
+        static HASHING: std::sync::OnceLock<std::collections::hash_map::RandomState> =
+            std::sync::OnceLock::new();
+        let mut hasher = HASHING.get_or_init(Default::default).build_hasher();
+        let end = key
+            .char_indices()
+            .nth(PREFIX_CHARS)
+            .map_or(key.len(), |(i, _)| i);
+        hasher.write(&key.as_bytes()[..end]);
+        Source::KeyPrefix(hasher.finish())
+    }
 }
 
 impl From<IpAddr> for Source {
@@ -180,6 +209,7 @@ impl Drop for Pass<'_> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -238,7 +268,10 @@ mod tests {
             }
         }
         let bound = BURST + (100.0 / REFILL.as_secs_f64()) as u32;
-        assert!(answered <= bound, "{answered} guesses answered, bound {bound}");
+        assert!(
+            answered <= bound,
+            "{answered} guesses answered, bound {bound}"
+        );
         assert!(answered >= bound - 1, "the refill works: {answered}");
     }
 
@@ -264,14 +297,26 @@ mod tests {
     }
 
     #[test]
+    fn keys_sharing_a_prefix_share_a_bucket() {
+        let known = "tq_0123456789abcdef";
+        assert_eq!(
+            Source::key_prefix(&format!("{known}0000")),
+            Source::key_prefix(&format!("{known}ffff"))
+        );
+        assert_ne!(
+            Source::key_prefix("tq_0123456789abc000"),
+            Source::key_prefix("tq_0123456789abc111")
+        );
+        // Short and multi-byte keys are fine.
+        assert_eq!(Source::key_prefix("é"), Source::key_prefix("é"));
+    }
+
+    #[test]
     fn the_table_stays_bounded() {
         let throttle = Throttle::default();
         let now = Instant::now();
         for i in 0..(SOURCES as u32 + 500) {
-            throttle
-                .admit_at(Source::V4(i), now)
-                .unwrap()
-                .succeeded();
+            throttle.admit_at(Source::V4(i), now).unwrap().succeeded();
         }
         assert!(throttle.buckets.lock().unwrap().len() <= SOURCES);
     }

@@ -74,7 +74,8 @@ fn is_internal_name(name: &str) -> bool {
 }
 
 /// Whether `ip` is reachable on the public internet (and so a fair webhook target).
-/// IPv6 forms that carry an IPv4 address (mapped, compatible, NAT64, 6to4, Teredo) are
+/// IPv6 forms that carry an IPv4 address (mapped, compatible, translated, NAT64, 6to4,
+/// Teredo) are
 /// not public whatever they carry: a relay or translator may deliver them to the
 /// embedded address, which is how a guard that reads only the v6 bits is walked around.
 pub(crate) fn is_public(ip: IpAddr) -> bool {
@@ -88,7 +89,9 @@ pub(crate) fn is_public(ip: IpAddr) -> bool {
             !(ip.is_unspecified()
                 || ip.is_loopback()
                 || ip.is_multicast()
-                || s[0..6] == [0, 0, 0, 0, 0, 0] // IPv4-compatible (::/96, deprecated)
+                // Reserved 0000::/16: IPv4-compatible (::/96), IPv4-translated
+                // (::ffff:0:0/96, SIIT), and nothing that is routed on the internet.
+                || s[0] == 0
                 || (s[0] == 0x64 && s[1] == 0xff9b) // NAT64: 64:ff9b::/96 and 64:ff9b:1::/48
                 || s[0] == 0x2002 // 6to4
                 || (s[0] == 0x2001 && s[1] == 0) // Teredo (2001::/32)
@@ -158,6 +161,12 @@ mod tests {
             "2001:0:4136:e378:8000:63bf:3fff:fdd2",
             "fec0::1",
             "3fff::1",
+            // IPv4-translated (SIIT, ::ffff:0:0/96): 169.254.169.254 and 127.0.0.1,
+            // and one carrying a public address (a translator decides where it goes).
+            "::ffff:0:a9fe:a9fe",
+            "::ffff:0:7f00:1",
+            "::ffff:0:808:808",
+            "::1:2:3:4",
         ] {
             assert!(!is_public(private.parse().unwrap()), "{private}");
         }
@@ -178,6 +187,8 @@ mod tests {
             ("https://169.254.169.254/latest/meta-data", "public"),
             ("https://localhost/", "public"),
             ("https://metadata.google.internal/", "public"),
+            ("https://[::ffff:0:a9fe:a9fe]/", "public"),
+            ("https://[::ffff:0:7f00:1]/", "public"),
             ("https://printer/", "public"),
             ("https://user:pass@hooks.example.com/", "credentials"),
             ("not a url", "not a URL"),

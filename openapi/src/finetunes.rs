@@ -63,6 +63,7 @@ pub struct HyperparametersRequest {
 
 /// OpenAI's `method.supervised`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct SupervisedMethod {
     /// Its hyperparameters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -71,6 +72,7 @@ pub struct SupervisedMethod {
 
 /// OpenAI's `method`: only `supervised` is offered.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct MethodRequest {
     /// `supervised` (`dpo` and `reinforcement` are refused).
     #[serde(rename = "type")]

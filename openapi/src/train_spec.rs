@@ -410,7 +410,7 @@ impl TrainSpec {
                 "hyperparameters.learning_rate",
                 format!(
                     "must be between {MIN_LEARNING_RATE:e} and {MAX_LEARNING_RATE}, got {}",
-                    h.learning_rate
+                    readable(h.learning_rate)
                 ),
             );
         }
@@ -425,13 +425,13 @@ impl TrainSpec {
         if !(h.weight_decay.is_finite() && h.weight_decay >= 0.0) {
             bad(
                 "hyperparameters.weight_decay",
-                format!("must be ≥ 0, got {}", h.weight_decay),
+                format!("must be ≥ 0, got {}", readable(h.weight_decay)),
             );
         }
         if !(h.max_grad_norm.is_finite() && h.max_grad_norm >= 0.0) {
             bad(
                 "hyperparameters.max_grad_norm",
-                format!("must be ≥ 0, got {}", h.max_grad_norm),
+                format!("must be ≥ 0, got {}", readable(h.max_grad_norm)),
             );
         }
         if !(2..=MAX_SEQ_LEN).contains(&h.max_seq_len) {
@@ -472,14 +472,14 @@ impl TrainSpec {
                 "lora.alpha",
                 format!(
                     "must be above 0 and at most {MAX_LORA_ALPHA}, got {}",
-                    l.alpha
+                    readable(l.alpha)
                 ),
             );
         }
         if !(l.dropout.is_finite() && (0.0..1.0).contains(&l.dropout)) {
             bad(
                 "lora.dropout",
-                format!("must be in [0, 1), got {}", l.dropout),
+                format!("must be in [0, 1), got {}", readable(l.dropout)),
             );
         }
         if l.target_modules.is_empty() {
@@ -521,6 +521,17 @@ impl TrainSpec {
             bad("checkpoint.keep_last", "must be at least 1".into());
         }
         if errs.is_empty() { Ok(()) } else { Err(errs) }
+    }
+}
+
+/// `x` as a refusal repeats it: as Rust prints it while that is short, in scientific
+/// notation when it would be a wall of digits (`1e308` printed plainly is 309 of them).
+fn readable(x: f64) -> String {
+    let plain = x.to_string();
+    if plain.len() > 16 {
+        format!("{x:e}")
+    } else {
+        plain
     }
 }
 

@@ -106,6 +106,7 @@ async fn serve(args: ApiArgs) -> Result<()> {
         store,
         tuneq_api::ApiConfig {
             max_upload_bytes: args.policy.max_upload_bytes(),
+            default_limits: args.policy.default_limits(),
             webhooks: args.policy.webhooks(),
             admin_key_hash: args.policy.admin_key_hash()?,
             spool_dir,
@@ -116,6 +117,9 @@ async fn serve(args: ApiArgs) -> Result<()> {
             ..tuneq_api::ApiConfig::default()
         },
     );
+    tuneq_api::admin::apply_default_limits(&state)
+        .await
+        .map_err(|e| anyhow::anyhow!("{}", e.detail.message))?;
     for model in models {
         service::register_model(&state, model).await?;
     }

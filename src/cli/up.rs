@@ -266,6 +266,7 @@ async fn serve(args: UpArgs) -> Result<()> {
         Arc::new(tuneq_storage::LocalStore::new(data_dir.join("objects"))),
         tuneq_api::ApiConfig {
             max_upload_bytes: args.policy.max_upload_bytes(),
+            default_limits: args.policy.default_limits(),
             webhooks: args.policy.webhooks(),
             admin_key_hash: args.policy.admin_key_hash()?,
             spool_dir: data_dir.join("spool"),
@@ -276,6 +277,9 @@ async fn serve(args: UpArgs) -> Result<()> {
         },
     );
     tuneq_api::records::tenant::create_tenant(&state.queue, DEFAULT_TENANT, "Default tenant")
+        .await
+        .map_err(|e| anyhow::anyhow!("{}", e.detail.message))?;
+    tuneq_api::admin::apply_default_limits(&state)
         .await
         .map_err(|e| anyhow::anyhow!("{}", e.detail.message))?;
     let (key, generated) =

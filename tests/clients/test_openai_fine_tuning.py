@@ -149,6 +149,12 @@ def test_a_fine_tune_runs_to_an_adapter_that_peft_loads(client, service, tmp_pat
 
     models = [m.id for m in client.models.list()]
     assert DEMO_MODEL in models and done.fine_tuned_model in models
+    # models.retrieve, on a base model and on the tenant's own fine-tuned model.
+    assert client.models.retrieve(DEMO_MODEL).id == DEMO_MODEL
+    tuned = client.models.retrieve(done.fine_tuned_model)
+    assert tuned.id == done.fine_tuned_model and tuned.owned_by != "tuneq"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("ft:" + DEMO_MODEL + ":nobody:x:ftjob-000000000000000000000000")
 
     # The adapter download is a tar of the PEFT folder; PEFT loads it on the base model.
     archive = http_get(service, extra["adapter"]["download_url"])
@@ -183,6 +189,9 @@ def test_requests_that_can_never_run_are_refused_and_change_nothing(client):
         (dict(model=DEMO_MODEL, training_file=train, suffix="bad suffix!"), "suffix", "invalid_value"),
         (dict(model=DEMO_MODEL, training_file=train, method={"type": "dpo"}), "method.type",
          "unsupported_method"),
+        (dict(model=DEMO_MODEL, training_file=train,
+              method={"type": "supervised", "bogus": 1}), "method.bogus", "invalid_json"),
+        (dict(model=DEMO_MODEL, training_file=train, suffix=".."), "suffix", "invalid_value"),
         (dict(model=DEMO_MODEL, training_file=train, extra_body={"hardware": "gpu"}), "hardware",
          "no_pool_fits"),
         (dict(model=DEMO_MODEL, training_file=train, extra_body={"priority": 12}), "priority",

@@ -37,9 +37,13 @@ fn new_file_id() -> String {
     format!("file-{}", hex::encode(rand::random::<[u8; 12]>()))
 }
 
-/// A display name: no control characters, at most 255 bytes.
+/// A display name: no control characters and no bidi controls (which make
+/// `evil\u{202E}lmth.exe` read as `evilexe.html`), at most 255 bytes.
 fn clean_filename(name: &str) -> String {
-    let mut cleaned: String = name.chars().filter(|c| !c.is_control()).collect();
+    let mut cleaned: String = name
+        .chars()
+        .filter(|&c| !c.is_control() && !crate::quote::is_bidi_control(c))
+        .collect();
     while cleaned.len() > 255 {
         cleaned.pop();
     }
@@ -269,7 +273,7 @@ async fn counting_model(
                     ApiError::invalid(
                         "model",
                         Code::ModelNotFound,
-                        format!("The model `{id}` does not exist."),
+                        format!("The model `{}` does not exist.", crate::quote::shown(id)),
                     )
                 })?;
             Ok(local(&model))
@@ -303,11 +307,12 @@ pub(crate) async fn upload(
     req: HttpRequest,
     payload: web::Payload,
 ) -> ApiResult<HttpResponse> {
-    // The tenant's own limits, when it has them, within the server's.
+    // The tenant's own limits, else the server's defaults, within the server's.
     let limits = records::tenant::get(&state.queue, &tenant.0)
         .await?
         .map(|t| t.limits)
-        .unwrap_or_default();
+        .unwrap_or_default()
+        .or(&state.config.default_limits);
     if let Some(max) = limits.max_files
         && records::file::count(&state.queue, &tenant.0).await? >= max
     {

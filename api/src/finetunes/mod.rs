@@ -66,12 +66,16 @@ fn idempotency_key(req: &HttpRequest) -> ApiResult<Option<String>> {
         .to_str()
         .ok()
         .map(str::trim)
-        .filter(|k| !k.is_empty() && k.len() <= 255)
+        // Printable ASCII only: `to_str` lets a tab through, and a key is compared
+        // byte for byte, so a look-alike with a control character is another key.
+        .filter(|k| {
+            !k.is_empty() && k.len() <= 255 && k.bytes().all(|b| (b' '..=b'~').contains(&b))
+        })
         .ok_or_else(|| {
             ApiError::invalid(
                 "Idempotency-Key",
                 Code::InvalidValue,
-                "Idempotency-Key must be 1 to 255 visible ASCII characters.",
+                "Idempotency-Key must be 1 to 255 printable ASCII characters (no tabs or other control characters).",
             )
         })?;
     Ok(Some(key.to_string()))

@@ -115,6 +115,31 @@ pub struct TenantLimits {
     pub weight: Option<f64>,
 }
 
+impl TenantLimits {
+    /// These limits with `defaults` for each one left unset: what applies to the tenant.
+    /// The server's defaults bound every tenant an operator has not set otherwise, so a
+    /// new tenant cannot fill the disk with jobs or files before anyone looks.
+    pub fn or(&self, defaults: &TenantLimits) -> TenantLimits {
+        TenantLimits {
+            max_queued: self.max_queued.or(defaults.max_queued),
+            max_running: self.max_running.or(defaults.max_running),
+            max_upload_bytes: self.max_upload_bytes.or(defaults.max_upload_bytes),
+            max_files: self.max_files.or(defaults.max_files),
+            max_stored_bytes: self.max_stored_bytes.or(defaults.max_stored_bytes),
+            weight: self.weight.or(defaults.weight),
+        }
+    }
+
+    /// What the queue enforces of them (jobs waiting and running, fair-share weight).
+    pub fn queue_settings(&self) -> tuneq_queue::TenantSettings {
+        tuneq_queue::TenantSettings {
+            weight: self.weight.unwrap_or(1.0),
+            max_running: self.max_running,
+            max_waiting: self.max_queued,
+        }
+    }
+}
+
 /// The SHA-256 of a key, hex: what is stored and looked up.
 pub fn key_hash(key: &str) -> String {
     hex::encode(Sha256::digest(key.as_bytes()))
@@ -157,8 +182,17 @@ pub fn check_strength(key: &str) -> Result<(), WeakKey> {
     }
 }
 
-/// Creates a tenant (idempotent: an existing one is returned as it is).
-pub async fn create_tenant(catalog: &dyn Catalog, id: &str, name: &str) -> ApiResult<TenantRecord> {
+/// What [`create_tenant`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Creation {
+    /// The tenant is new.
+    Created(TenantRecord),
+    /// It was there already, and is left as it was.
+    Existing(TenantRecord),
+}
+
+/// Creates a tenant (idempotent: an existing one is left and returned as it is).
+pub async fn create_tenant(catalog: &dyn Catalog, id: &str, name: &str) -> ApiResult<Creation> {
     check_identifier("tenant", id).map_err(ApiError::from)?;
     let record = TenantRecord {
         id: id.to_string(),
@@ -172,10 +206,16 @@ pub async fn create_tenant(catalog: &dyn Catalog, id: &str, name: &str) -> ApiRe
     {
         return get(catalog, id)
             .await?
+            .map(Creation::Existing)
             .ok_or_else(|| ApiError::internal("tenant vanished while being created"));
     }
     tracing::info!(tenant = id, "tenant created");
-    Ok(record)
+    Ok(Creation::Created(record))
+}
+
+/// Every tenant.
+pub async fn all(catalog: &dyn Catalog) -> ApiResult<Vec<TenantRecord>> {
+    super::read_all(catalog, TENANTS, "tenant").await
 }
 
 /// The tenant, if it exists.
@@ -202,7 +242,11 @@ pub async fn add_key(
         ));
     }
     if let Err(weak) = check_strength(&key) {
-        return Err(ApiError::invalid("api_key", Code::KeyTooWeak, weak.to_string()));
+        return Err(ApiError::invalid(
+            "api_key",
+            Code::KeyTooWeak,
+            weak.to_string(),
+        ));
     }
     let hash = key_hash(&key);
     if let Some(revoked) = revocation(catalog, &key).await? {

@@ -10,7 +10,7 @@ use crate::support;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
-use support::{ADMIN_KEY, create, examples, raw, start, upload};
+use support::{ADMIN_KEY, create, examples, get, raw, start, upload};
 
 #[tokio::test]
 async fn extension_methods_are_refused_and_never_become_metric_labels() {
@@ -227,87 +227,6 @@ async fn repeated_form_fields_and_authorization_headers_are_refused() {
     assert!(answer.contains("duplicate_header"));
 }
 
-/// A client calling from `ip` (a loopback address of its own, so that the sources of
-/// one test stay apart).
-fn client_from(ip: [u8; 4]) -> reqwest::Client {
-    reqwest::Client::builder()
-        .local_address(std::net::IpAddr::from(ip))
-        .build()
-        .unwrap()
-}
-
-#[tokio::test]
-async fn a_source_past_its_failures_is_refused_whatever_key_it_sends() {
-    let s = start(|_| {}).await;
-    let guesser = client_from([127, 0, 0, 77]);
-    let response = guesser
-        .post(format!("{}/admin/tenants", s.url))
-        .bearer_auth(&s.acme)
-        .json(&json!({"id": "x"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
-    // Thirty failures (the one above among them) are answered as they are.
-    for i in 1..30 {
-        let response = get(
-            &guesser,
-            format!("{}/v1/models", s.url),
-            format!("tq_wrong_key_number_{i:04}"),
-        )
-        .await;
-        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
-    }
-    // Then the source is refused before any key is looked up: a wrong key and the right
-    // ones alike, so the answer tells a guesser nothing.
-    for key in ["tq_wrong_key_number_9999", &s.acme, ADMIN_KEY] {
-        let path = if key == ADMIN_KEY {
-            "/admin/tenants/acme/keys"
-        } else {
-            "/v1/models"
-        };
-        let response = get(&guesser, format!("{}{path}", s.url), key).await;
-        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS, "{path}");
-        assert!(response.headers().contains_key("retry-after"));
-        let body: Value = response.json().await.unwrap();
-        assert_eq!(body["error"]["code"], "too_many_failed_authentications");
-    }
-    // Another source is not affected.
-    let other = client_from([127, 0, 0, 78]);
-    let response = get(&other, format!("{}/v1/models", s.url), &s.acme).await;
-    assert_eq!(response.status(), StatusCode::OK);
-    let response = get(&other, format!("{}/admin/tenants/acme/keys", s.url), ADMIN_KEY).await;
-    assert_eq!(response.status(), StatusCode::OK);
-}
-
-#[tokio::test]
-async fn concurrent_guesses_cannot_share_a_failure_allowance() {
-    let s = start(|_| {}).await;
-    let guesser = client_from([127, 0, 0, 79]);
-    // 60 guesses at once, the admin key among them (the probe's 40-connection attack):
-    // at most the allowance of 30 is answered as a key check, the rest are refused.
-    let mut keys: Vec<String> = (0..60).map(|i| format!("tq_parallel_guess_{i:04}")).collect();
-    keys[45] = ADMIN_KEY.to_string();
-    let guesses = keys.iter().map(|key| {
-        guesser
-            .get(format!("{}/admin/tenants/acme/keys", s.url))
-            .bearer_auth(key)
-            .send()
-    });
-    let statuses: Vec<StatusCode> = futures::future::join_all(guesses)
-        .await
-        .into_iter()
-        .map(|r| r.unwrap().status())
-        .collect();
-    let checked = statuses
-        .iter()
-        .filter(|s| **s != StatusCode::TOO_MANY_REQUESTS)
-        .count();
-    assert!(checked <= 30, "{checked} of 60 were checked: {statuses:?}");
-    let refused = statuses.len() - checked;
-    assert!(refused >= 30, "{statuses:?}");
-}
-
 #[tokio::test]
 async fn keys_are_listed_by_id_and_a_revoked_key_stops_at_once() {
     let s = start(|_| {}).await;
@@ -347,12 +266,12 @@ async fn keys_are_listed_by_id_and_a_revoked_key_stops_at_once() {
     assert_eq!(after.status(), StatusCode::UNAUTHORIZED);
     // Revoked for good: registering the same key again (as a restart that passes it
     // once more would) is refused, and it still does not work.
-    let again = tenant::add_key(&s.state.queue, "acme", Some(&s.acme))
+    let again = tuneq_api::records::tenant::add_key(&s.state.queue, "acme", Some(&s.acme))
         .await
         .unwrap_err();
     assert_eq!(again.code(), Some("key_revoked"), "{again}");
     assert!(
-        tenant::revocation(&s.state.queue, &s.acme)
+        tuneq_api::records::tenant::revocation(&s.state.queue, &s.acme)
             .await
             .unwrap()
             .is_some()
@@ -414,14 +333,6 @@ async fn tenant_names_and_metadata_refuse_controls_and_bidi_overrides() {
 }
 
 /// `GET url` with `key`.
-async fn get(
-    http: &reqwest::Client,
-    url: String,
-    key: impl std::fmt::Display,
-) -> reqwest::Response {
-    http.get(url).bearer_auth(key).send().await.unwrap()
-}
-
 /// Creates a job with `extra` merged into a valid request; the answer's status and body.
 
 #[tokio::test]

@@ -83,3 +83,93 @@ async fn json_bodies_past_one_mib_are_refused_with_413_body_too_large() {
         .unwrap();
     assert_eq!(jobs["data"].as_array().unwrap().len(), 0, "{jobs}");
 }
+
+/// The server's default limits (the probe's M2: new tenants had none, so one could fill
+/// the disk with queued jobs): a tenant with no limits of its own gets them, one whose
+/// operator set its own keeps those, and a tenant made before the defaults gets them
+/// when the server starts.
+#[tokio::test]
+async fn tenants_without_limits_of_their_own_get_the_servers_defaults() {
+    use serde_json::json;
+    let s = start(|config| {
+        config.default_limits = tuneq_api::records::tenant::TenantLimits {
+            max_queued: Some(2),
+            max_files: Some(2),
+            ..Default::default()
+        };
+    })
+    .await;
+    let admin = |method: reqwest::Method, path: &str| {
+        reqwest::Client::new()
+            .request(method, format!("{}{path}", s.url))
+            .bearer_auth(support::ADMIN_KEY)
+    };
+    let made = admin(reqwest::Method::POST, "/admin/tenants")
+        .json(&json!({"id": "fresh"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(made.status(), StatusCode::CREATED);
+    let key: Value = admin(reqwest::Method::POST, "/admin/tenants/fresh/keys")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let key = key["api_key"].as_str().unwrap().to_string();
+    // Files: two, then 429.
+    let file = support::upload(&s, &key, &support::examples(8)).await;
+    support::upload(&s, &key, &support::examples(9)).await;
+    let third = reqwest::Client::new()
+        .post(format!("{}/v1/files?filename=d.jsonl", s.url))
+        .bearer_auth(&key)
+        .body(support::examples(10))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(third.status(), StatusCode::TOO_MANY_REQUESTS);
+    // Jobs waiting: two, then 429.
+    let create = || {
+        reqwest::Client::new()
+            .post(format!("{}/v1/fine_tuning/jobs", s.url))
+            .bearer_auth(&key)
+            .json(&json!({"model": "base", "training_file": file}))
+            .send()
+    };
+    assert_eq!(create().await.unwrap().status(), StatusCode::OK);
+    assert_eq!(create().await.unwrap().status(), StatusCode::OK);
+    assert_eq!(
+        create().await.unwrap().status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Its own limit, set by an operator, replaces the default.
+    let set = admin(reqwest::Method::PUT, "/admin/tenants/fresh/limits")
+        .json(&json!({"max_queued": 3}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(set.status(), StatusCode::OK);
+    assert_eq!(create().await.unwrap().status(), StatusCode::OK);
+    assert_eq!(
+        create().await.unwrap().status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // A tenant made before the defaults (the test kit's `acme`, made straight in the
+    // catalog) gets them when the server applies them at start.
+    assert_eq!(
+        tuneq_api::admin::apply_default_limits(&s.state)
+            .await
+            .unwrap(),
+        3
+    );
+    let acme_file = support::upload(&s, &s.acme, &support::examples(8)).await;
+    for expected in [
+        StatusCode::OK,
+        StatusCode::OK,
+        StatusCode::TOO_MANY_REQUESTS,
+    ] {
+        let (status, body) = support::create(&s, &acme_file, json!({})).await;
+        assert_eq!(status, expected, "{body}");
+    }
+}

@@ -172,6 +172,15 @@ pub async fn create(
     (response.status(), response.json().await.unwrap())
 }
 
+/// `GET url` with `key`, from `http` (which may call from an address of its own).
+pub async fn get(
+    http: &reqwest::Client,
+    url: String,
+    key: impl std::fmt::Display,
+) -> reqwest::Response {
+    http.get(url).bearer_auth(key).send().await.unwrap()
+}
+
 /// `GET path` as the tenant `acme`, answered as JSON.
 pub async fn get_json(s: &Server, path: &str) -> serde_json::Value {
     reqwest::Client::new()
