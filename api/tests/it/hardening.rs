@@ -11,6 +11,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 use support::{ADMIN_KEY, create, examples, raw, start, upload};
+use tuneq_api::records::tenant;
 
 #[tokio::test]
 async fn extension_methods_are_refused_and_never_become_metric_labels() {

@@ -10,4 +10,5 @@ mod limits;
 mod openapi;
 mod placement;
 mod support;
+mod validation;
 mod webhook_delivery;
