@@ -187,6 +187,10 @@ pub fn serve(
             .configure(configure(json_limit))
     })
     .disable_signals()
+    // A client that closes its side of the connection is gone: its request's work is
+    // dropped (an upload's validation stops) instead of running on for nobody. HTTP/1.1
+    // clients do not half-close while they wait for an answer.
+    .h1_allow_half_closed(false)
     .workers(workers)
     .max_connections(connections_per_worker);
     Ok(server.listen(listener)?.run())

@@ -1,10 +1,17 @@
 //! Records → token ids and labels.
 //!
 //! Loss masks are computed on the *rendered text*, not on token ids: the answer spans are
-//! byte ranges of the rendered string (found by rendering the conversation prefix with the
-//! generation prompt, and the conversation through the answer), then the full string is
-//! tokenized once with offsets and every token overlapping an answer span is labelled. That
-//! tokenizes exactly like inference does, and works with any tokenizer and template.
+//! byte ranges of the rendered string (by definition, what lies between the conversation
+//! prefix rendered with the generation prompt and the conversation rendered through the
+//! answer), then the full string is tokenized once with offsets and every token
+//! overlapping an answer span is labelled. That tokenizes exactly like inference does, and
+//! works with any tokenizer and template.
+//!
+//! Rendering two prefixes per assistant turn costs O(messages²); for the built-in
+//! templates, whose text grows a message at a time ([`Growth`]), the spans are found with
+//! one render per message instead, O(messages), and the same result (the tests compare
+//! both ways on random conversations). Other templates render prefixes, which the cap on
+//! messages per record ([`crate::MAX_MESSAGES`]) bounds.
 
 use std::ops::Range;
 use std::path::Path;
@@ -13,8 +20,12 @@ use tokenizers::Tokenizer;
 use tuneq_openapi::ChatTemplateChoice;
 
 use super::record::{Message, Record};
-use super::template::{ChatTemplate, TemplateKind};
+use super::template::{ChatTemplate, Growth, TemplateKind};
 use super::{DataError, Result};
+
+#[cfg(test)]
+#[path = "encoder_tests.rs"]
+mod tests;
 
 /// Label of a position that takes no loss (PyTorch's `ignore_index`).
 pub const IGNORE_INDEX: i64 = -100;
@@ -115,24 +126,82 @@ impl Encoder {
             .encode(text.as_str(), false)
             .map_err(|e| DataError::Tokenizer(e.to_string()))?;
         let ids = encoding.get_ids();
-        let offsets = encoding.get_offsets();
         let full_len = ids.len();
         let keep = full_len.min(max_seq_len);
-        let mut labels = Vec::with_capacity(keep);
-        for (i, (&id, &(start, end))) in ids.iter().zip(offsets).take(keep).enumerate() {
-            let trained = match &loss {
-                LossOn::AllButFirst => i > 0,
-                LossOn::Spans(spans) => spans.iter().any(|s| start < s.end && end > s.start),
-            };
-            labels.push(if trained { i64::from(id) } else { IGNORE_INDEX });
+        Ok((label(ids, encoding.get_offsets(), keep, &loss), full_len))
+    }
+
+    /// Measures a record for statistics: its first `max_seq_len` tokens and labels, as
+    /// [`Encoder::encode`] gives them, and its length, exact or a lower bound.
+    ///
+    /// Unlike [`Encoder::encode`] it never tokenizes more of the text than the first
+    /// `max_seq_len` tokens need: a window of the text, doubled until it holds
+    /// [`MEASURE_MARGIN`] tokens more than that (or all of the text). Tokenizing costs
+    /// a few hundred bytes of memory per byte of text, so the memory this takes is
+    /// bounded by `max_seq_len` (and the vocabulary's longest token), not by the
+    /// record's size. Tokens other than the last few of a window do not depend on where
+    /// the window ends (pre-tokenizers split text into words that no merge crosses), so
+    /// the tokens kept are the record's own. For a template of unknown growth, the
+    /// answer spans are located only up to the end of the tokens kept.
+    pub fn measure(&self, record: &Record, max_seq_len: usize) -> Result<Measured> {
+        let (text, loss) = match record {
+            Record::Chat { .. } | Record::Alpaca { .. } if self.template.growth().is_none() => {
+                let messages = self.conversation(record);
+                let text = self.template.render(&messages, false)?;
+                (text, Err(messages))
+            }
+            _ => {
+                let Rendered { text, loss } = self.render_with_spans(record)?;
+                (text, Ok(loss))
+            }
+        };
+        let window = self.window(&text, max_seq_len)?;
+        let keep = window.ids.len().min(max_seq_len);
+        let cut = window.offsets[..keep]
+            .iter()
+            .map(|&(_, end)| end)
+            .max()
+            .unwrap_or(0);
+        let loss = match loss {
+            Ok(loss) => loss,
+            Err(messages) => LossOn::Spans(self.spans_by_prefixes(&messages, &text, cut)?),
+        };
+        Ok(Measured {
+            example: label(&window.ids, &window.offsets, keep, &loss),
+            length: window.length,
+        })
+    }
+
+    /// The first tokens of `text`: at least `max_seq_len` + [`MEASURE_MARGIN`] of
+    /// them, or all of them when the text has fewer.
+    fn window(&self, text: &str, max_seq_len: usize) -> Result<Window> {
+        let need = max_seq_len.saturating_add(MEASURE_MARGIN);
+        let mut size = need.saturating_mul(16).max(4096);
+        loop {
+            let whole = size >= text.len();
+            let mut cut = size.min(text.len());
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            let encoding = self
+                .tokenizer
+                .encode(&text[..cut], false)
+                .map_err(|e| DataError::Tokenizer(e.to_string()))?;
+            let found = encoding.get_ids().len();
+            if whole || found > need {
+                let keep = if whole { found } else { max_seq_len };
+                return Ok(Window {
+                    ids: encoding.get_ids()[..keep].to_vec(),
+                    offsets: encoding.get_offsets()[..keep].to_vec(),
+                    length: if whole {
+                        Length::Exact(found)
+                    } else {
+                        Length::AtLeast(found - MEASURE_MARGIN)
+                    },
+                });
+            }
+            size = size.saturating_mul(2);
         }
-        Ok((
-            Example {
-                input_ids: ids[..keep].to_vec(),
-                labels,
-            },
-            full_len,
-        ))
     }
 
     /// Encodes every record; returns the examples and how many were truncated.
@@ -283,33 +352,182 @@ impl Encoder {
             }),
             Record::Chat { .. } | Record::Alpaca { .. } => {
                 let messages = self.conversation(record);
-                let full = self.template.render(&messages, false)?;
-                let mut spans = Vec::new();
-                for (i, message) in messages.iter().enumerate() {
-                    if message.role != "assistant" {
-                        continue;
-                    }
-                    let before = self.template.render(&messages[..i], true)?;
-                    let through = self.template.render(&messages[..=i], false)?;
-                    if !through.starts_with(&before) || !full.starts_with(&through) {
-                        return Err(DataError::Template(format!(
-                            "rendering is not prefix-stable at message {i}: the text before an \
-                             assistant turn changes when later messages are added, so the \
-                             answer cannot be located; choose a built-in template"
-                        )));
-                    }
-                    let end = through.trim_end().len().max(before.len());
-                    if end > before.len() {
-                        spans.push(before.len()..end);
-                    }
-                }
+                let (text, spans) = self.chat_spans(&messages)?;
                 Ok(Rendered {
-                    text: full,
+                    text,
                     loss: LossOn::Spans(spans),
                 })
             }
         }
     }
+
+    /// A conversation's text and its answer spans, by the fastest exact way: a message at
+    /// a time where the template's growth is known (O(messages) renders), else by
+    /// rendering every prefix ([`Encoder::spans_by_prefixes`], O(messages²) work).
+    pub(crate) fn chat_spans(&self, messages: &[Message]) -> Result<(String, Vec<Range<usize>>)> {
+        // Only a conversation the template refuses (a render error) falls through from
+        // the fast way: the reference way below reports it as before.
+        if let Some(growth) = self.template.growth()
+            && let Some(found) = self.spans_by_growth(messages, growth)
+        {
+            return Ok(found);
+        }
+        let full = self.template.render(messages, false)?;
+        let spans = self.spans_by_prefixes(messages, &full, usize::MAX)?;
+        Ok((full, spans))
+    }
+
+    /// The answer spans by definition: for every assistant turn `i`, the conversation
+    /// rendered up to it with the generation prompt (`before`) and through it
+    /// (`through`); the answer is what lies between, trailing whitespace trimmed. Both
+    /// renderings must be prefixes of `full`, the whole conversation's text. Two renders
+    /// of a prefix per turn: quadratic in the conversation's length, so it stops at the
+    /// first turn whose `before` reaches `stop` (bytes of `full`; `usize::MAX`: none).
+    pub(crate) fn spans_by_prefixes(
+        &self,
+        messages: &[Message],
+        full: &str,
+        stop: usize,
+    ) -> Result<Vec<Range<usize>>> {
+        let mut spans = Vec::new();
+        for (i, message) in messages.iter().enumerate() {
+            if message.role != "assistant" {
+                continue;
+            }
+            let before = self.template.render(&messages[..i], true)?;
+            if before.len() >= stop && full.starts_with(&before) {
+                break;
+            }
+            let through = self.template.render(&messages[..=i], false)?;
+            if let Some(span) = answer_span(full, &before, &through, i)? {
+                spans.push(span);
+            }
+        }
+        Ok(spans)
+    }
+
+    /// The text and answer spans rendered a message at a time ([`Growth`]): one render
+    /// per message plus one of the whole conversation, which must equal the text built
+    /// up (a check that costs one render). None when a render fails or the texts differ;
+    /// the caller then takes the reference way, which says why.
+    pub(crate) fn spans_by_growth(
+        &self,
+        messages: &[Message],
+        growth: Growth,
+    ) -> Option<(String, Vec<Range<usize>>)> {
+        let template = &self.template;
+        let context = growth.context();
+        let plain = template.render(&context, false).ok()?;
+        let prompt = template
+            .render(&context, true)
+            .ok()?
+            .strip_prefix(plain.as_str())?
+            .to_string();
+        let head = growth.head(messages);
+        let mut text = template.render(&messages[..head], false).ok()?;
+        let mut spans = Vec::new();
+        for (i, message) in messages[..head].iter().enumerate() {
+            if message.role == "assistant" {
+                let before = template.render(&messages[..i], true).ok()?;
+                let through = template.render(&messages[..=i], false).ok()?;
+                if let Some(span) = answer_span(&text, &before, &through, i).ok()? {
+                    spans.push(span);
+                }
+            }
+        }
+        let mut one = context;
+        for message in &messages[head..] {
+            one.push(message.clone());
+            let rendered = template.render(&one, false).ok()?;
+            one.pop();
+            let added = rendered.strip_prefix(plain.as_str())?;
+            let start = text.len();
+            text.push_str(added);
+            if message.role == "assistant" {
+                // `before` is the text so far and the prompt; it must open this turn.
+                if !added.starts_with(prompt.as_str()) {
+                    return None;
+                }
+                let before = start + prompt.len();
+                let end = text.trim_end().len().max(before);
+                if end > before {
+                    spans.push(before..end);
+                }
+            }
+        }
+        let full = template.render(messages, false).ok()?;
+        (full == text).then_some((text, spans))
+    }
+}
+
+/// The answer of assistant turn `i` within `full`, from the conversation rendered up to
+/// it with the generation prompt (`before`) and through it (`through`); None when the
+/// turn is empty after trimming trailing whitespace.
+fn answer_span(full: &str, before: &str, through: &str, i: usize) -> Result<Option<Range<usize>>> {
+    if !through.starts_with(before) || !full.starts_with(through) {
+        return Err(DataError::Template(format!(
+            "rendering is not prefix-stable at message {i}: the text before an \
+             assistant turn changes when later messages are added, so the \
+             answer cannot be located; choose a built-in template"
+        )));
+    }
+    let end = through.trim_end().len().max(before.len());
+    Ok((end > before.len()).then_some(before.len()..end))
+}
+
+/// The example of the first `keep` tokens of a text, labelled where `loss` says.
+fn label(ids: &[u32], offsets: &[(usize, usize)], keep: usize, loss: &LossOn) -> Example {
+    let mut labels = Vec::with_capacity(keep);
+    for (i, (&id, &(start, end))) in ids.iter().zip(offsets).take(keep).enumerate() {
+        let trained = match loss {
+            LossOn::AllButFirst => i > 0,
+            LossOn::Spans(spans) => spans.iter().any(|s| start < s.end && end > s.start),
+        };
+        labels.push(if trained { i64::from(id) } else { IGNORE_INDEX });
+    }
+    Example {
+        input_ids: ids[..keep.min(ids.len())].to_vec(),
+        labels,
+    }
+}
+
+/// Tokens [`Encoder::measure`] reads past the `max_seq_len` it keeps, so that the end
+/// of a window of the text, where tokens may differ from the whole text's, is never
+/// among them; the length a window shows is a lower bound by as much.
+pub const MEASURE_MARGIN: usize = 64;
+
+/// A record measured by [`Encoder::measure`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Measured {
+    /// The first `max_seq_len` tokens and their labels.
+    pub example: Example,
+    /// The record's length in tokens.
+    pub length: Length,
+}
+
+/// A record's length in tokens, as far as [`Encoder::measure`] read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Length {
+    /// The whole text was tokenized: this many tokens.
+    Exact(usize),
+    /// Only the start was: the text has at least this many tokens.
+    AtLeast(usize),
+}
+
+impl Length {
+    /// Whether the record is longer than `n` tokens.
+    pub fn exceeds(self, n: usize) -> bool {
+        match self {
+            Length::Exact(len) | Length::AtLeast(len) => len > n,
+        }
+    }
+}
+
+/// The first tokens of a text ([`Encoder::window`]).
+struct Window {
+    ids: Vec<u32>,
+    offsets: Vec<(usize, usize)>,
+    length: Length,
 }
 
 /// A record's full text and the positions that take loss.

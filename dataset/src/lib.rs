@@ -12,7 +12,9 @@
 //! - `record`: the four record shapes and their per-field validation.
 //! - `jsonl`: reading a JSONL file or upload, detecting its format, collecting every bad line.
 //! - `template`: chat templates (the model's own Jinja template via minijinja, or built-ins).
-//! - `encoder`: records → [`Example`]s, loss masks from character spans, sampling prompts.
+//! - `encoder`: records → [`Example`]s, loss masks from character spans (a chat rendered
+//!   once, a message at a time, where the template allows), sampling prompts, and
+//!   [`Encoder::measure`], the bounded-memory measure of a record that upload statistics use.
 //! - `stats`: token statistics of an encoded dataset.
 //! - `tokenizer_build`: the byte-level BPE tokenizer shipped with randomly initialised models.
 //!
@@ -26,11 +28,11 @@ mod stats;
 mod template;
 mod tokenizer_build;
 
-pub use encoder::{Encoder, Example, IGNORE_INDEX};
+pub use encoder::{Encoder, Example, IGNORE_INDEX, Length, MEASURE_MARGIN, Measured};
 pub use jsonl::{
     LineError, LineValidator, MAX_REPORTED_ERRORS, ParsedDataset, parse_jsonl, read_jsonl,
 };
-pub use record::{Message, Record};
+pub use record::{MAX_MESSAGES, Message, Record};
 pub use stats::{TokenCounter, TokenStats, token_stats};
 pub use template::{ALPACA_TEMPLATE, CHATML_TEMPLATE, ChatTemplate, LLAMA2_TEMPLATE};
 pub use tokenizer_build::{

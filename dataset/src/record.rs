@@ -68,6 +68,11 @@ impl Record {
     }
 }
 
+/// The most messages one chat record may have. Generous (a conversation that long does
+/// not fit any model's context), and it bounds the work of a template that has to be
+/// rendered once per assistant turn (see the encoder).
+pub const MAX_MESSAGES: usize = 2048;
+
 /// The roles a chat message may have.
 pub(crate) const ROLES: [&str; 3] = ["system", "user", "assistant"];
 
@@ -209,6 +214,16 @@ fn chat(obj: &Map<String, Value>, problems: &mut Vec<FieldProblem>) -> Option<Re
     };
     if items.is_empty() {
         problems.push(("messages".into(), "must not be empty".into()));
+        return None;
+    }
+    if items.len() > MAX_MESSAGES {
+        problems.push((
+            "messages".into(),
+            format!(
+                "has {} messages; a record may have at most {MAX_MESSAGES}",
+                items.len()
+            ),
+        ));
         return None;
     }
     let before = problems.len();

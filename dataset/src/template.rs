@@ -6,6 +6,7 @@
 //! string methods such as `.strip()`). The built-ins below are written for tuneq.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use minijinja::{Environment, ErrorKind, Value, context};
 use serde_json::Value as Json;
@@ -38,6 +39,47 @@ pub struct ChatTemplate {
     bos_token: String,
     eos_token: String,
     kind: TemplateKind,
+    /// Messages rendered so far (a render of n messages counts n): the work encoding a
+    /// chat costs, which tests bound (O(messages) per record, never O(messages²)).
+    rendered_messages: AtomicU64,
+}
+
+/// How the rendering of a conversation grows message by message, where that is known by
+/// reading the template: the three built-ins (also when a model's own `chat_template` is
+/// one of them word for word, as `tuneq model init` writes ChatML). It lets the encoder
+/// render a conversation once, a message at a time, instead of once per assistant turn.
+/// The encoder's tests check it against rendering every prefix, on random conversations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Growth {
+    /// ChatML and Alpaca: each message's text depends on that message only, so rendering
+    /// `m[..=i]` is rendering `m[..i]` followed by rendering `[m[i]]`; with the generation
+    /// prompt, rendering `m[..i]` is followed by rendering `[]` with it.
+    PerMessage,
+    /// Llama 2: the system text goes inside the first turn, and there is no generation
+    /// prompt. From the message after the first turn on, rendering `m[..=i]` is rendering
+    /// `m[..i]` followed by what `m[i]` adds after one placeholder user turn.
+    AfterFirstTurn,
+}
+
+impl Growth {
+    /// How many leading messages are rendered as they are, before the growth rule holds.
+    pub(crate) fn head(self, messages: &[Message]) -> usize {
+        let head = match self {
+            Growth::PerMessage => 0,
+            Growth::AfterFirstTurn => {
+                usize::from(messages.first().is_some_and(|m| m.role == "system")) + 1
+            }
+        };
+        head.min(messages.len())
+    }
+
+    /// The messages a message after the head is rendered behind to get its text.
+    pub(crate) fn context(self) -> Vec<Message> {
+        match self {
+            Growth::PerMessage => Vec::new(),
+            Growth::AfterFirstTurn => vec![Message::new("user", "x")],
+        }
+    }
 }
 
 /// Where a template came from; the encoder adapts Alpaca records to the Alpaca built-in.
@@ -163,12 +205,15 @@ impl ChatTemplate {
             bos_token: bos.to_string(),
             eos_token: eos.to_string(),
             kind,
+            rendered_messages: AtomicU64::new(0),
         })
     }
 
     /// Renders `messages`; with `add_generation_prompt` the text ends where the model's
     /// answer should begin (e.g. after `<|im_start|>assistant\n`).
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        self.rendered_messages
+            .fetch_add(messages.len() as u64 + 1, Ordering::Relaxed);
         let messages: Vec<Value> = messages
             .iter()
             .map(|m| {
@@ -209,6 +254,21 @@ impl ChatTemplate {
 
     pub(crate) fn kind(&self) -> TemplateKind {
         self.kind
+    }
+
+    /// The work this template has done so far: every render counts the messages it
+    /// rendered, plus one. Encoding a chat of n messages costs O(n) of it.
+    pub fn rendered_messages(&self) -> u64 {
+        self.rendered_messages.load(Ordering::Relaxed)
+    }
+
+    /// How rendering grows message by message, when this is a built-in template's text.
+    pub(crate) fn growth(&self) -> Option<Growth> {
+        match self.source.as_str() {
+            CHATML_TEMPLATE | ALPACA_TEMPLATE => Some(Growth::PerMessage),
+            LLAMA2_TEMPLATE => Some(Growth::AfterFirstTurn),
+            _ => None,
+        }
     }
 }
 

@@ -1,8 +1,11 @@
 //! The upload check: the trainer's own rules applied to the spooled file as a stream,
 //! one line in memory at a time, with token statistics counted one example at a time
-//! by a base model's tokenizer.
+//! by a base model's tokenizer (reading no more of an example than its first
+//! `max_seq_len` tokens), stopping when the request is gone.
 
+use super::spool::upload_slots;
 use crate::error::{ApiError, ApiResult, Code};
+use std::sync::atomic::{AtomicBool, Ordering};
 use tuneq_dataset::{DataError, Encoder, LineValidator, Record, TokenCounter};
 use tuneq_openapi::{DatasetFormat, FileTokenStats, FileValidation, LineProblem};
 
@@ -26,6 +29,13 @@ fn encoder_for(dir: &std::path::Path) -> Result<std::sync::Arc<Encoder>, String>
         c.insert(dir.to_path_buf(), Arc::clone(&encoder));
     }
     Ok(encoder)
+}
+
+/// The work the chat template of the model in `dir` has done for upload statistics in
+/// this process: messages rendered ([`tuneq_dataset::ChatTemplate::rendered_messages`]).
+/// Encoding a record of n messages costs O(n) of it; tests bound it.
+pub fn template_work(dir: &std::path::Path) -> u64 {
+    encoder_for(dir).map_or(0, |e| e.template().rendered_messages())
 }
 
 /// Counts an upload's tokens one example at a time with a model's tokenizer.
@@ -58,13 +68,13 @@ impl TokenCounting {
         if self.failed {
             return;
         }
-        match self
-            .encoder
-            .encode_with_length(record, STATS_MAX_SEQ_LEN as usize)
-        {
-            Ok((example, full_len)) => self
+        // Only the tokens kept count, so only those are read: the memory this takes is
+        // bounded by the sequence length, not by the record's size.
+        let max_seq_len = STATS_MAX_SEQ_LEN as usize;
+        match self.encoder.measure(record, max_seq_len) {
+            Ok(measured) => self
                 .counter
-                .add(&example, full_len > example.input_ids.len()),
+                .add(&measured.example, measured.length.exceeds(max_seq_len)),
             Err(e) => {
                 tracing::warn!(model = %self.model, error = %e, "cannot count an upload's tokens");
                 self.failed = true;
@@ -116,32 +126,35 @@ fn format_name(format: DatasetFormat) -> String {
 /// The longest line an upload may have: what validation holds in memory at once.
 const MAX_LINE_BYTES: usize = 8 << 20;
 
-/// Uploads validated at once in one process: validation takes a core for a while.
-fn validation_permits() -> &'static tokio::sync::Semaphore {
-    static PERMITS: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
-    PERMITS.get_or_init(|| {
-        tokio::sync::Semaphore::new(
-            std::thread::available_parallelism()
-                .map(std::num::NonZeroUsize::get)
-                .unwrap_or(2),
-        )
-    })
-}
-
 /// Validates the spooled file with the trainer's rules, reading it as a stream: memory
-/// stays within one line ([`MAX_LINE_BYTES`]) whatever the file's size.
+/// stays within one line ([`MAX_LINE_BYTES`], a small multiple of it while the line is
+/// checked) whatever the file's size.
+///
+/// The work waits for a core within the tenant's share ([`super::cpu`]) and runs on a
+/// blocking thread, which takes the upload's `slot` along: when the request is dropped
+/// (the client hung up), the work stops at its next line, and only then are the core
+/// and the slot given back. The slot comes back with the validation otherwise.
 pub(super) async fn validate(
     path: std::path::PathBuf,
     filename: String,
     counting: Option<(String, std::path::PathBuf)>,
-) -> ApiResult<FileValidation> {
-    let _permit = validation_permits()
-        .acquire()
-        .await
-        .map_err(|_| ApiError::internal("the validation semaphore is closed"))?;
-    let checked = tokio::task::spawn_blocking(move || scan(&path, &filename, counting))
-        .await
-        .map_err(|e| ApiError::internal(format!("validation task: {e}")))?;
+    tenant: &str,
+    slot: upload_slots::Slot,
+) -> ApiResult<(FileValidation, upload_slots::Slot)> {
+    let turn = super::cpu::turn(tenant).await?;
+    let cancel = super::cpu::CancelOnDrop::default();
+    let cancelled = cancel.flag();
+    let (checked, slot) = tokio::task::spawn_blocking(move || {
+        let _turn = turn;
+        (scan(&path, &filename, counting, &cancelled), slot)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("validation task: {e}")))?;
+    drop(cancel);
+    let Some(checked) = checked.transpose() else {
+        // Only a dropped request cancels, and then nobody waits for this answer.
+        return Err(ApiError::internal("the validation was cancelled"));
+    };
     let (format, examples, characters, tokens) = match checked {
         Ok(checked) => checked,
         Err(DataError::InvalidLines {
@@ -188,21 +201,29 @@ pub(super) async fn validate(
             return Err(ApiError::internal("The upload could not be validated."));
         }
     };
-    Ok(FileValidation {
-        format: format_name(format),
-        examples,
-        characters,
-        tokens,
-    })
+    Ok((
+        FileValidation {
+            format: format_name(format),
+            examples,
+            characters,
+            tokens,
+        },
+        slot,
+    ))
 }
 
+/// What [`scan`] finds: format, examples, characters and token statistics.
+type Scanned = (DatasetFormat, u64, u64, Option<FileTokenStats>);
+
 /// The checks of [`validate`], on a blocking thread: the format, examples, characters
-/// and token statistics of the file at `path`.
+/// and token statistics of the file at `path`; None when `cancelled` was set (checked
+/// before every line).
 fn scan(
     path: &std::path::Path,
     filename: &str,
     counting: Option<(String, std::path::PathBuf)>,
-) -> Result<(DatasetFormat, u64, u64, Option<FileTokenStats>), DataError> {
+    cancelled: &AtomicBool,
+) -> Result<Option<Scanned>, DataError> {
     use std::io::{BufRead, Read};
     let io = |source| DataError::Io {
         path: filename.to_string(),
@@ -215,6 +236,10 @@ fn scan(
     let (mut examples, mut chars) = (0u64, 0u64);
     let mut line = Vec::new();
     loop {
+        if cancelled.load(Ordering::Relaxed) {
+            tracing::info!(file = %filename, line = validator.line(), "upload validation stopped: the request is gone");
+            return Ok(None);
+        }
         line.clear();
         let read = (&mut reader)
             .take(MAX_LINE_BYTES as u64 + 1)
@@ -243,12 +268,12 @@ fn scan(
         }
     }
     let format = validator.finish()?;
-    Ok((
+    Ok(Some((
         format,
         examples,
         chars,
         counting.as_ref().and_then(TokenCounting::stats),
-    ))
+    )))
 }
 
 /// Reads past the rest of the current line.
@@ -282,12 +307,24 @@ mod tests {
         let path = dir.path().join("d.jsonl");
         let text = "\u{feff}{\"text\":\"héllo\"}\r\n\n{\"text\":\"b\"}";
         std::fs::write(&path, text).unwrap();
-        let (format, examples, chars, tokens) = scan(&path, "d.jsonl", None).unwrap();
+        let (format, examples, chars, tokens) =
+            scan(&path, "d.jsonl", None, &AtomicBool::new(false))
+                .unwrap()
+                .unwrap();
         let parsed =
             tuneq_dataset::parse_jsonl("d.jsonl", text.as_bytes(), DatasetFormat::Auto).unwrap();
         assert_eq!(format, parsed.format);
         assert_eq!(examples, parsed.records.len() as u64);
         assert_eq!(chars, 6);
         assert!(tokens.is_none());
+    }
+
+    #[test]
+    fn a_cancelled_scan_stops_before_the_next_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.jsonl");
+        std::fs::write(&path, "{\"text\":\"a\"}\n".repeat(1000)).unwrap();
+        let cancelled = AtomicBool::new(true);
+        assert!(scan(&path, "d.jsonl", None, &cancelled).unwrap().is_none());
     }
 }

@@ -9,11 +9,16 @@
 //!
 //! - `spool`: receiving the body into a private spool file, and the upload slots.
 //! - `check`: validating the spooled file as a stream, with token statistics.
+//! - `cpu`: the cores validation takes: one per core, a tenant's share, cancellation.
 
 mod check;
+mod cpu;
 mod spool;
 
+pub use check::template_work;
+pub use cpu::{tenant_share, validations};
 pub use spool::clean_spool;
+pub use spool::upload_slots::held as uploads_in_progress;
 
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult, Code};
@@ -330,7 +335,7 @@ pub(crate) async fn upload(
             tenant: false,
         },
     };
-    let _slot = upload_slots::take(&tenant.0)?;
+    let slot = upload_slots::take(&tenant.0)?;
     let spooled = receive(&state, limit, &req, payload).await?;
     match spooled.purpose.as_deref() {
         Some(PURPOSE) | None => {}
@@ -354,10 +359,12 @@ pub(crate) async fn upload(
         }
     }
     let counting = counting_model(&state, spooled.model.as_deref()).await?;
-    let validation = validate(
+    let (validation, _slot) = validate(
         spooled.file.path().to_path_buf(),
         spooled.filename.clone(),
         counting,
+        &tenant.0,
+        slot,
     )
     .await?;
     let id = new_file_id();

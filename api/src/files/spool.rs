@@ -143,6 +143,13 @@ pub(super) mod upload_slots {
         }
     }
 
+    /// How many uploads `tenant` has in progress (each holding a slot).
+    pub fn held(tenant: &str) -> usize {
+        slots()
+            .lock()
+            .map_or(0, |s| s.by_tenant.get(tenant).copied().unwrap_or(0))
+    }
+
     /// A slot for `tenant`, or 429 when the tenant or the process has none free.
     pub fn take(tenant: &str) -> Result<Slot, ApiError> {
         let mut s = slots()

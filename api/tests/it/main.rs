@@ -13,4 +13,5 @@ mod limits;
 mod openapi;
 mod placement;
 mod support;
+mod validation;
 mod webhook_delivery;
