@@ -153,6 +153,8 @@ codes! {
     MethodNotSupported = (NOT_IMPLEMENTED, "method_not_supported"),
     /// A backend (the job store, the object store) is unreachable; retry later.
     Unavailable = (SERVICE_UNAVAILABLE, "unavailable"),
+    /// The server's disk is full; nothing was stored (retry later).
+    InsufficientStorage = (INSUFFICIENT_STORAGE, "insufficient_storage"),
 }
 
 impl Code {
@@ -162,7 +164,9 @@ impl Code {
             StatusCode::UNAUTHORIZED => "authentication_error",
             StatusCode::FORBIDDEN => "permission_error",
             StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
-            StatusCode::INTERNAL_SERVER_ERROR | StatusCode::SERVICE_UNAVAILABLE => "server_error",
+            StatusCode::INTERNAL_SERVER_ERROR
+            | StatusCode::SERVICE_UNAVAILABLE
+            | StatusCode::INSUFFICIENT_STORAGE => "server_error",
             // 501 included: an unknown method is the request's fault.
             _ => "invalid_request_error",
         }
@@ -273,8 +277,28 @@ impl ApiError {
     }
 
     /// 500: our fault; the message is safe to show (no secrets, no internals).
+    ///
+    /// `message` is for the operator: it goes to the log, with the request's span (and so
+    /// its request id), and the client gets a fixed sentence. Internal messages can hold
+    /// what a tenant must not see (server paths, record contents).
     pub fn internal(message: impl Into<String>) -> Self {
-        Self::new(Code::InternalError, message)
+        let message = message.into();
+        tracing::error!(detail = %message, "internal error");
+        Self::new(
+            Code::InternalError,
+            "The server could not complete this request; the failure is logged under this request's id.",
+        )
+    }
+
+    /// 507: the server has no room to keep what the request sends (a full disk); a
+    /// retry later may find some.
+    pub fn storage_full(what: &str) -> Self {
+        tracing::error!(what, "no space left to store a request's data");
+        Self::too_many(
+            Code::InsufficientStorage,
+            format!("The server has no room to store {what} right now; try again later."),
+            60,
+        )
     }
 
     /// 503: a backend is unreachable; retrying later may help.

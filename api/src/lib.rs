@@ -25,7 +25,8 @@
 //!    as OpenAI's error body), `guard` (what every request passes before routing:
 //!    methods, encodings, body pace), `cache`, `pool_stats`, `redact`, `sealed`,
 //!    `webhook_target` (the SSRF guard), `throttle` (how fast a source may try keys),
-//!    `quote` (how a message repeats a client's value).
+//!    `quote` (how a message repeats a client's value), `upload_slots` (uploads at
+//!    once, per process and per tenant).
 
 pub mod admin;
 pub mod auth;
@@ -51,6 +52,7 @@ pub mod state;
 mod tar;
 mod text;
 mod throttle;
+pub mod upload_slots;
 pub mod webhook_target;
 pub mod webhooks;
 

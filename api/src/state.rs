@@ -79,6 +79,8 @@ pub struct AppState {
     pub pool_stats: Arc<crate::pool_stats::PoolStats>,
     /// How fast each source may try keys (see [`crate::throttle`]).
     pub(crate) auth_throttle: Arc<crate::throttle::Throttle>,
+    /// Uploads in progress, per process and per tenant (see [`crate::upload_slots`]).
+    pub upload_slots: crate::upload_slots::UploadSlots,
 }
 
 impl AppState {
@@ -91,6 +93,7 @@ impl AppState {
             config,
             finetune_cache: Arc::new(RecordCache::new(CACHED_FINETUNES)),
             auth_throttle: Arc::default(),
+            upload_slots: Default::default(),
         }
     }
 

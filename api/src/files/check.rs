@@ -3,8 +3,8 @@
 //! by a base model's tokenizer (reading no more of an example than its first
 //! `max_seq_len` tokens), stopping when the request is gone.
 
-use super::spool::upload_slots;
 use crate::error::{ApiError, ApiResult, Code};
+use crate::upload_slots;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tuneq_dataset::{DataError, Encoder, LineValidator, Record, TokenCounter};
 use tuneq_openapi::{DatasetFormat, FileTokenStats, FileValidation, LineProblem};

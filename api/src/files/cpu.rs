@@ -4,7 +4,7 @@
 //! only when the work has stopped, not when the client leaves).
 //!
 //! Uploads wait for a turn rather than being refused: each waiting upload holds an
-//! upload slot (`spool::upload_slots`: 4 per tenant, 32 per process), so the waiting
+//! upload slot (`crate::upload_slots`: 4 per tenant, 32 per process), so the waiting
 //! line is bounded, and a client that gives up leaves it at once.
 
 use crate::error::{ApiError, ApiResult};

@@ -18,7 +18,6 @@ mod spool;
 pub use check::template_work;
 pub use cpu::{tenant_share, validations};
 pub use spool::clean_spool;
-pub use spool::upload_slots::held as uploads_in_progress;
 
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult, Code};
@@ -33,7 +32,7 @@ use tuneq_openapi::{Deleted, FileList, FileObject};
 use tuneq_storage::PutMode;
 
 use check::validate;
-use spool::{broke_off, field_broke_off, spool, upload_slots};
+use spool::{broke_off, field_broke_off, spool};
 
 /// The only purpose a file can have here.
 const PURPOSE: &str = "fine-tune";
@@ -318,13 +317,9 @@ pub(crate) async fn upload(
         .map(|t| t.limits)
         .unwrap_or_default()
         .or(&state.config.default_limits);
-    if let Some(max) = limits.max_files
-        && records::file::count(&state.queue, &tenant.0).await? >= max
-    {
-        return Err(storage_quota(format!(
-            "This tenant keeps {max} files already, its limit; delete some or ask an operator to raise max_files."
-        )));
-    }
+    // Refused before the body is read when the tenant is full already; checked again
+    // when the file is recorded (see below).
+    check_quota(&state, &tenant.0, &limits, 0).await?;
     let limit = match limits.max_upload_bytes {
         Some(bytes) if bytes < state.config.max_upload_bytes => UploadLimit {
             bytes,
@@ -335,7 +330,7 @@ pub(crate) async fn upload(
             tenant: false,
         },
     };
-    let slot = upload_slots::take(&tenant.0)?;
+    let slot = state.upload_slots.take(&tenant.0)?;
     let spooled = receive(&state, limit, &req, payload).await?;
     match spooled.purpose.as_deref() {
         Some(PURPOSE) | None => {}
@@ -347,17 +342,7 @@ pub(crate) async fn upload(
             ));
         }
     }
-    if let Some(max) = limits.max_stored_bytes {
-        let kept: Vec<FileObject> = records::file::all(&state.queue, &tenant.0).await?;
-        let stored: u64 = kept.iter().map(|f| f.bytes).sum();
-        if stored.saturating_add(spooled.bytes) > max {
-            return Err(storage_quota(format!(
-                "This upload ({} bytes) would take the tenant's files to {} bytes, past its limit of {max}; delete some or ask an operator to raise max_stored_bytes.",
-                spooled.bytes,
-                stored.saturating_add(spooled.bytes)
-            )));
-        }
-    }
+    check_quota(&state, &tenant.0, &limits, spooled.bytes).await?;
     let counting = counting_model(&state, spooled.model.as_deref()).await?;
     let (validation, _slot) = validate(
         spooled.file.path().to_path_buf(),
@@ -381,7 +366,18 @@ pub(crate) async fn upload(
         status: "processed".into(),
         validation,
     };
-    if let Err(e) = records::file::create(&state.queue, &tenant.0, &object).await {
+    // The quota again, in the tenant's commit turn: uploads of one tenant that were
+    // validated side by side each saw room for themselves alone (the probe's L1: with
+    // max_files 2, four at once left 3). Within one API process; replicas each take
+    // their own turns.
+    let recorded = {
+        let _turn = state.upload_slots.commit_turn(&tenant.0).await;
+        match check_quota(&state, &tenant.0, &limits, object.bytes).await {
+            Ok(()) => records::file::create(&state.queue, &tenant.0, &object).await,
+            Err(e) => Err(e),
+        }
+    };
+    if let Err(e) = recorded {
         if let Err(cleanup) = state.store.delete(&key).await {
             tracing::warn!(error = %cleanup, file = %id, "could not delete an unrecorded upload");
         }
@@ -389,6 +385,36 @@ pub(crate) async fn upload(
     }
     tracing::info!(tenant = %tenant.0, file = %id, bytes = object.bytes, examples = object.validation.examples, "file uploaded");
     Ok(HttpResponse::Ok().json(object))
+}
+
+/// Refuses an upload of `bytes` (0: before its size is known) that would take
+/// `tenant` past its `max_files` or `max_stored_bytes`.
+async fn check_quota(
+    state: &AppState,
+    tenant: &str,
+    limits: &records::tenant::TenantLimits,
+    bytes: u64,
+) -> ApiResult<()> {
+    if let Some(max) = limits.max_files
+        && records::file::count(&state.queue, tenant).await? >= max
+    {
+        return Err(storage_quota(format!(
+            "This tenant keeps {max} files already, its limit; delete some or ask an operator to raise max_files."
+        )));
+    }
+    if let Some(max) = limits.max_stored_bytes
+        && bytes > 0
+    {
+        let kept: Vec<FileObject> = records::file::all(&state.queue, tenant).await?;
+        let stored: u64 = kept.iter().map(|f| f.bytes).sum();
+        if stored.saturating_add(bytes) > max {
+            return Err(storage_quota(format!(
+                "This upload ({bytes} bytes) would take the tenant's files to {} bytes, past its limit of {max}; delete some or ask an operator to raise max_stored_bytes.",
+                stored.saturating_add(bytes)
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Query of a list.

@@ -38,8 +38,7 @@ pub(super) async fn spool<S>(
 where
     S: futures::Stream<Item = Result<bytes::Bytes, ApiError>> + Unpin,
 {
-    let mut file = spool_file(&state.config.spool_dir)
-        .map_err(|e| ApiError::internal(format!("cannot spool the upload: {e}")))?;
+    let mut file = spool_file(&state.config.spool_dir).map_err(spool_failed)?;
     let mut bytes = 0u64;
     while let Some(chunk) = chunks.next().await {
         let chunk = chunk?;
@@ -47,10 +46,21 @@ where
         if bytes > limit.bytes {
             return Err(limit.exceeded());
         }
-        file.write_all(&chunk)
-            .map_err(|e| ApiError::internal(format!("cannot spool the upload: {e}")))?;
+        file.write_all(&chunk).map_err(spool_failed)?;
     }
     Ok((file, bytes))
+}
+
+/// The answer to a spool file that cannot be made or written: 507 with `retry-after`
+/// on a full disk, else an opaque 500; the cause, with the spool path, is only logged
+/// (tenants never see server paths).
+fn spool_failed(e: std::io::Error) -> ApiError {
+    tracing::error!(error = %e, "cannot spool an upload");
+    if e.kind() == std::io::ErrorKind::StorageFull {
+        ApiError::storage_full("this upload")
+    } else {
+        ApiError::internal("cannot spool an upload")
+    }
 }
 
 /// What spool files of this process are named with: a file whose process is gone was
@@ -100,90 +110,23 @@ pub fn clean_spool(dir: &std::path::Path) -> std::io::Result<u64> {
     Ok(freed)
 }
 
-/// Uploads in progress, in the whole process and per tenant: each holds a connection, a
-/// spool file and, while it is validated, a core. Beyond the bounds an upload is
-/// answered 429 before its body is read.
-pub(super) mod upload_slots {
-    use crate::error::{ApiError, Code};
-    use std::collections::HashMap;
-    use std::sync::{Mutex, OnceLock};
-
-    /// Uploads at once in one process.
-    pub const PER_PROCESS: usize = 32;
-    /// Uploads at once of one tenant.
-    pub const PER_TENANT: usize = 4;
-    /// `retry-after` when no slot is free.
-    const RETRY_AFTER_S: u64 = 5;
-
-    #[derive(Default)]
-    struct Slots {
-        total: usize,
-        by_tenant: HashMap<String, usize>,
-    }
-
-    fn slots() -> &'static Mutex<Slots> {
-        static SLOTS: OnceLock<Mutex<Slots>> = OnceLock::new();
-        SLOTS.get_or_init(Default::default)
-    }
-
-    /// A slot held for one upload, given back when dropped.
-    pub struct Slot(String);
-
-    impl Drop for Slot {
-        fn drop(&mut self) {
-            if let Ok(mut s) = slots().lock() {
-                s.total = s.total.saturating_sub(1);
-                if let Some(n) = s.by_tenant.get_mut(&self.0) {
-                    *n = n.saturating_sub(1);
-                    if *n == 0 {
-                        s.by_tenant.remove(&self.0);
-                    }
-                }
-            }
-        }
-    }
-
-    /// How many uploads `tenant` has in progress (each holding a slot).
-    pub fn held(tenant: &str) -> usize {
-        slots()
-            .lock()
-            .map_or(0, |s| s.by_tenant.get(tenant).copied().unwrap_or(0))
-    }
-
-    /// A slot for `tenant`, or 429 when the tenant or the process has none free.
-    pub fn take(tenant: &str) -> Result<Slot, ApiError> {
-        let mut s = slots()
-            .lock()
-            .map_err(|_| ApiError::internal("upload slots are poisoned"))?;
-        if s.total >= PER_PROCESS {
-            return Err(ApiError::too_many(
-                Code::TooManyUploads,
-                format!(
-                    "The server is receiving {PER_PROCESS} uploads already; try again shortly."
-                ),
-                RETRY_AFTER_S,
-            ));
-        }
-        let mine = s.by_tenant.get(tenant).copied().unwrap_or(0);
-        if mine >= PER_TENANT {
-            return Err(ApiError::too_many(
-                Code::TooManyUploads,
-                format!(
-                    "This tenant has {PER_TENANT} uploads in progress; wait for one to finish."
-                ),
-                RETRY_AFTER_S,
-            ));
-        }
-        s.total += 1;
-        s.by_tenant.insert(tenant.to_string(), mine + 1);
-        Ok(Slot(tenant.to_string()))
-    }
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_full_disk_is_507_with_retry_after_and_no_error_shows_the_spool_path() {
+        let full = spool_failed(std::io::Error::from_raw_os_error(28));
+        assert_eq!(full.status.as_u16(), 507);
+        assert!(full.retry_after.is_some());
+        assert_eq!(full.code(), Some("insufficient_storage"));
+        let other = spool_failed(std::io::Error::other("open /var/lib/tuneq/spool/x: EIO"));
+        assert_eq!(other.status.as_u16(), 500);
+        for e in [full, other] {
+            assert!(!e.detail.message.contains('/'), "{}", e.detail.message);
+        }
+    }
 
     #[test]
     fn spool_files_of_dead_processes_are_removed_and_live_ones_kept() {

@@ -173,3 +173,43 @@ async fn tenants_without_limits_of_their_own_get_the_servers_defaults() {
         assert_eq!(status, expected, "{body}");
     }
 }
+
+/// The probe's L1: with `max_files: 2`, four uploads at once left three files, because
+/// each was checked before any was recorded. The quota is checked again in the tenant's
+/// commit turn, so uploads at once never pass it.
+#[tokio::test]
+async fn uploads_at_once_cannot_pass_the_storage_quota_together() {
+    use serde_json::json;
+    let s = start(|_| {}).await;
+    let set = reqwest::Client::new()
+        .put(format!("{}/admin/tenants/acme/limits", s.url))
+        .bearer_auth(support::ADMIN_KEY)
+        .json(&json!({"max_files": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(set.status(), StatusCode::OK);
+    for round in 0..3 {
+        let uploads = (0..4).map(|i| {
+            reqwest::Client::new()
+                .post(format!("{}/v1/files?filename=d.jsonl", s.url))
+                .bearer_auth(&s.acme)
+                .body(support::examples(8 + i))
+                .send()
+        });
+        let statuses: Vec<StatusCode> = futures::future::join_all(uploads)
+            .await
+            .into_iter()
+            .map(|r| r.unwrap().status())
+            .collect();
+        let files = support::get_json(&s, "/v1/files").await;
+        let kept = files["data"].as_array().unwrap().len();
+        assert!(kept <= 2, "round {round}: {kept} files kept: {statuses:?}");
+        assert!(
+            statuses
+                .iter()
+                .all(|s| *s == StatusCode::OK || *s == StatusCode::TOO_MANY_REQUESTS),
+            "{statuses:?}"
+        );
+    }
+}

@@ -155,14 +155,14 @@ async fn a_client_that_hangs_up_stops_its_validation_and_frees_its_slot() {
     })
     .await;
     assert_eq!(tuneq_api::files::validations(tenant), 1);
-    assert_eq!(tuneq_api::files::uploads_in_progress(tenant), 1);
+    assert_eq!(s.state.upload_slots.held(tenant), 1);
     drop(stream);
     wait_until("the validation stops", || {
         tuneq_api::files::validations(tenant) == 0
     })
     .await;
     wait_until("the upload slot is free", || {
-        tuneq_api::files::uploads_in_progress(tenant) == 0
+        s.state.upload_slots.held(tenant) == 0
     })
     .await;
     let work = tuneq_api::files::template_work(&dir) - before;
