@@ -866,7 +866,11 @@ impl JobQueue for Queue {
     }
 
     async fn ack_delivery(&self, delivery: &Delivery) -> Result<()> {
-        let args = ["ack".to_string(), delivery.member(), delivery.tenant.clone()];
+        let args = [
+            "ack".to_string(),
+            delivery.member(),
+            delivery.tenant.clone(),
+        ];
         self.domain
             .call_as::<i64>(&self.scripts.outbox, &args)
             .await?;

@@ -11,3 +11,4 @@ mod openapi;
 mod placement;
 mod support;
 mod webhook_delivery;
+mod webhook_tenants;
