@@ -8,8 +8,9 @@
 //!    - `finetunes`: fine-tuning jobs (create → `plan`, `view`, `events`, `artifacts`).
 //!    - `models`: registered base models and the tenant's fine-tuned ones.
 //!    - `internal`: where trainers report progress, fenced by their attempt's credential.
-//!    - `webhooks`: tenants' signing secrets, delivery, and the `settle` loop that files
-//!      each finished job's outcome and sends its event (run beside the server).
+//!    - `webhooks`: tenants' signing secrets, delivery, the `settle` loop that files
+//!      each finished job's outcome, and the `sender` that sends its event with a share
+//!      per tenant and endpoint (both run beside the server).
 //!    - `routes` declares every route once (a handler's `#[utoipa::path]` gives its
 //!      path, method and OpenAPI entry) and serves both prefixes of the aliased ones.
 //!    - `admin`: tenants and keys. `health`: liveness and readiness. `metrics`:

@@ -1,5 +1,5 @@
 -- ARGV: prefix, op, kind, owner, id, then per op:
---   create body / update body / delete / list after limit / count.
+--   create body / update body / swap expected body / delete / list after limit / count.
 -- The catalog: entries of a kind (files, API keys, fine-tunes, models…) per owner (a
 -- tenant), kept beyond the queue's retention. Each entry is a hash (body, created_ms,
 -- seq); an index per (kind, owner) orders them by creation, newest first for listing.
@@ -16,6 +16,16 @@ if op == 'create' then
 elseif op == 'update' then
   if not redis.call('HGET', ek(id), 'seq') then return {-1} end
   redis.call('HSET', ek(id), 'body', ARGV[6])
+  return {0}
+elseif op == 'swap' then
+  -- Compare-and-set: the body becomes ARGV[7] only if it is still ARGV[6]. {0} swapped
+  -- (or already ARGV[7]: a repeat after a lost reply), {1} the body is something else,
+  -- {-1} no such entry.
+  local body = redis.call('HGET', ek(id), 'body')
+  if not body then return {-1} end
+  if body == ARGV[7] then return {0} end
+  if body ~= ARGV[6] then return {1} end
+  redis.call('HSET', ek(id), 'body', ARGV[7])
   return {0}
 elseif op == 'delete' then
   if redis.call('DEL', ek(id)) == 0 then return {-1} end

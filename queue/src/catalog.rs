@@ -23,6 +23,17 @@ pub struct Entry {
     pub created_ms: u64,
 }
 
+/// How a [`Catalog::swap_entry`] went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Swap {
+    /// The body was the expected one and is now the new one.
+    Swapped,
+    /// The body had changed: nothing was written.
+    Changed,
+    /// There is no such entry.
+    Missing,
+}
+
 /// A page of entries, newest first.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Page {
@@ -60,6 +71,17 @@ pub trait Catalog: Send + Sync {
     async fn get_entry(&self, kind: &str, owner: &str, id: &str) -> Result<Option<Entry>>;
     /// Replaces an entry's body; false if there is no such entry.
     async fn update_entry(&self, kind: &str, owner: &str, id: &str, body: &str) -> Result<bool>;
+    /// Compare-and-set: replaces the entry's body with `body` only if it is still
+    /// `expected`. Several writers that each read, change and swap lose no one's change:
+    /// the one whose swap fails reads again. A repeat after a lost reply reports the swap.
+    async fn swap_entry(
+        &self,
+        kind: &str,
+        owner: &str,
+        id: &str,
+        expected: &str,
+        body: &str,
+    ) -> Result<Swap>;
     /// Deletes an entry; false if there was none.
     async fn delete_entry(&self, kind: &str, owner: &str, id: &str) -> Result<bool>;
     /// Up to `limit` entries created before `after` (an entry id; None starts from the
@@ -146,6 +168,25 @@ impl Catalog for Queue {
             .catalog_call("update", kind, owner, id, &[body])
             .await?;
         Ok(int(reply.first())? == 0)
+    }
+
+    async fn swap_entry(
+        &self,
+        kind: &str,
+        owner: &str,
+        id: &str,
+        expected: &str,
+        body: &str,
+    ) -> Result<Swap> {
+        check(kind, owner, id)?;
+        let reply = self
+            .catalog_call("swap", kind, owner, id, &[expected, body])
+            .await?;
+        match int(reply.first())? {
+            0 => Ok(Swap::Swapped),
+            1 => Ok(Swap::Changed),
+            _ => Ok(Swap::Missing),
+        }
     }
 
     async fn delete_entry(&self, kind: &str, owner: &str, id: &str) -> Result<bool> {

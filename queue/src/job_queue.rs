@@ -141,10 +141,20 @@ pub trait JobQueue: Send + Sync {
     async fn trim(&self, batch: u32) -> Result<u64>;
     /// Reads the whole domain (tests check the invariants on it; operators debug with it).
     async fn inspect(&self) -> Result<Inspection>;
-    /// Outbox deliveries whose time has come (they stay until acknowledged).
+    /// Up to `limit` outbox deliveries whose time has come, oldest first: finished jobs
+    /// whose outcome is not filed yet (they stay until acknowledged or handed over).
     async fn due_deliveries(&self, limit: u32) -> Result<Vec<Delivery>>;
-    /// A delivery was made.
+    /// The delivery's outcome is filed and its webhook is still to be sent: moves it
+    /// from the outbox to its tenant's send queue, due now. False if it was not in the
+    /// outbox (already handed over or acknowledged).
+    async fn hand_over_delivery(&self, delivery: &Delivery) -> Result<bool>;
+    /// Webhooks whose time has come: of at most `tenants` tenants (those waiting
+    /// longest first), at most `per_tenant` each, oldest first. They stay in the send
+    /// queue until acknowledged or retried, so a sender that stops loses none.
+    async fn due_sends(&self, tenants: u32, per_tenant: u32) -> Result<Vec<Delivery>>;
+    /// A delivery was made, or is not needed (from the outbox or the send queue).
     async fn ack_delivery(&self, delivery: &Delivery) -> Result<()>;
-    /// A delivery failed; try again after `delay_ms`.
+    /// A delivery failed; try again after `delay_ms` (in the outbox or the send queue,
+    /// wherever it waits).
     async fn retry_delivery(&self, delivery: &Delivery, delay_ms: u64) -> Result<()>;
 }

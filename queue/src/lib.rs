@@ -54,7 +54,7 @@ mod test_ops;
 pub mod testing;
 
 pub use attempt::AttemptSigner;
-pub use catalog::{Catalog, Entry, Page};
+pub use catalog::{Catalog, Entry, Page, Swap};
 pub use config::QueueConfig;
 pub use error::{QueueError, Result};
 pub use job_queue::JobQueue;

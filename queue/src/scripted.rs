@@ -839,28 +839,38 @@ impl JobQueue for Queue {
             .domain
             .call(&self.scripts.outbox, &["due".into(), limit.to_string()])
             .await?;
-        reply
-            .chunks(2)
-            .map(|pair| {
-                let member = text(pair.first())?;
-                let mut parts = member.splitn(3, '|');
-                let (Some(job_id), Some(state), Some(tenant)) =
-                    (parts.next(), parts.next(), parts.next())
-                else {
-                    return Err(QueueError::Protocol(format!("outbox entry {member:?}")));
-                };
-                Ok(Delivery {
-                    job_id: job_id.to_string(),
-                    state: state.to_string(),
-                    tenant: tenant.to_string(),
-                    due_ms: unsigned(pair.get(1))?,
-                })
-            })
-            .collect()
+        deliveries(&reply)
+    }
+
+    async fn hand_over_delivery(&self, delivery: &Delivery) -> Result<bool> {
+        let args = [
+            "hand".to_string(),
+            delivery.member(),
+            delivery.tenant.clone(),
+        ];
+        let moved = self
+            .domain
+            .call_as::<i64>(&self.scripts.outbox, &args)
+            .await?;
+        Ok(moved == 1)
+    }
+
+    async fn due_sends(&self, tenants: u32, per_tenant: u32) -> Result<Vec<Delivery>> {
+        let args = [
+            "sends".to_string(),
+            tenants.max(1).to_string(),
+            per_tenant.max(1).to_string(),
+        ];
+        let reply = self.domain.call(&self.scripts.outbox, &args).await?;
+        deliveries(&reply)
     }
 
     async fn ack_delivery(&self, delivery: &Delivery) -> Result<()> {
-        let args = ["ack".to_string(), delivery.member()];
+        let args = [
+            "ack".to_string(),
+            delivery.member(),
+            delivery.tenant.clone(),
+        ];
         self.domain
             .call_as::<i64>(&self.scripts.outbox, &args)
             .await?;
@@ -868,7 +878,12 @@ impl JobQueue for Queue {
     }
 
     async fn retry_delivery(&self, delivery: &Delivery, delay_ms: u64) -> Result<()> {
-        let args = ["retry".to_string(), delivery.member(), delay_ms.to_string()];
+        let args = [
+            "retry".to_string(),
+            delivery.member(),
+            delivery.tenant.clone(),
+            delay_ms.to_string(),
+        ];
         self.domain
             .call_as::<i64>(&self.scripts.outbox, &args)
             .await?;
@@ -884,4 +899,26 @@ impl JobQueue for Queue {
         tracing::Span::current().record("removed", removed);
         Ok(u64::try_from(removed).unwrap_or(0))
     }
+}
+
+/// Outbox members with their due times (`member, score, member, score, …`) as deliveries.
+fn deliveries(reply: &[Value]) -> Result<Vec<Delivery>> {
+    reply
+        .chunks(2)
+        .map(|pair| {
+            let member = text(pair.first())?;
+            let mut parts = member.splitn(3, '|');
+            let (Some(job_id), Some(state), Some(tenant)) =
+                (parts.next(), parts.next(), parts.next())
+            else {
+                return Err(QueueError::Protocol(format!("outbox entry {member:?}")));
+            };
+            Ok(Delivery {
+                job_id: job_id.to_string(),
+                state: state.to_string(),
+                tenant: tenant.to_string(),
+                due_ms: unsigned(pair.get(1))?,
+            })
+        })
+        .collect()
 }

@@ -1307,6 +1307,121 @@ async fn the_catalog_keeps_entries_per_owner_and_pages_newest_first(backend: Bac
     q.destroy().await.unwrap();
 }
 
+async fn a_catalog_swap_writes_only_over_the_body_it_expects(backend: Backend) {
+    let q = queue(backend, "swap", QueueConfig::default()).await;
+    q.create_entry("secret", "acme", "current", "v1")
+        .await
+        .unwrap();
+    assert_eq!(
+        q.swap_entry("secret", "acme", "current", "v1", "v2")
+            .await
+            .unwrap(),
+        Swap::Swapped
+    );
+    // A writer that read v1 before the swap landed changes nothing.
+    assert_eq!(
+        q.swap_entry("secret", "acme", "current", "v1", "v3")
+            .await
+            .unwrap(),
+        Swap::Changed
+    );
+    // A repeat of the swap that landed (its reply lost) reports it.
+    assert_eq!(
+        q.swap_entry("secret", "acme", "current", "v1", "v2")
+            .await
+            .unwrap(),
+        Swap::Swapped
+    );
+    let body = q.get_entry("secret", "acme", "current").await.unwrap();
+    assert_eq!(body.unwrap().body, "v2");
+    assert_eq!(
+        q.swap_entry("secret", "acme", "nope", "v1", "v2")
+            .await
+            .unwrap(),
+        Swap::Missing
+    );
+    // Many writers at once, each reading and swapping until its change lands: every
+    // change is kept (each appends its mark to the body).
+    let writers = (0..8).map(|w| {
+        let q = q.clone();
+        async move {
+            loop {
+                let read = q.get_entry("secret", "acme", "current").await.unwrap();
+                let read = read.unwrap().body;
+                let changed = format!("{read},w{w}");
+                let swap = q.swap_entry("secret", "acme", "current", &read, &changed);
+                if swap.await.unwrap() == Swap::Swapped {
+                    break;
+                }
+            }
+        }
+    });
+    futures::future::join_all(writers).await;
+    let body = q.get_entry("secret", "acme", "current").await.unwrap();
+    let body = body.unwrap().body;
+    for w in 0..8 {
+        assert!(body.contains(&format!(",w{w}")), "w{w} was lost: {body}");
+    }
+    q.destroy().await.unwrap();
+}
+
+/// Finished jobs of `tenant` that asked for notice, cancelled at once: their deliveries.
+async fn notices(q: &Queue, tenant: &str, n: usize) -> Vec<String> {
+    let mut ids = Vec::new();
+    for _ in 0..n {
+        let mut asked = job(tenant, 5);
+        asked.notify = true;
+        let id = q.enqueue(&asked).await.unwrap().id;
+        q.cancel(&id).await.unwrap();
+        ids.push(id);
+    }
+    ids
+}
+
+async fn a_tenants_backlog_of_sends_cannot_hide_another_tenants(backend: Backend) {
+    let q = queue(backend, "sends", QueueConfig::default()).await;
+    let flood = notices(&q, "flood", 30).await;
+    q.advance_clock(1_000).await.unwrap();
+    let quiet = notices(&q, "quiet", 1).await;
+    // Outcomes are filed in order; each is handed to its tenant's send queue.
+    let due = q.due_deliveries(100).await.unwrap();
+    assert_eq!(due.len(), 31);
+    for delivery in &due {
+        assert!(q.hand_over_delivery(delivery).await.unwrap());
+        assert!(
+            !q.hand_over_delivery(delivery).await.unwrap(),
+            "handed over twice"
+        );
+    }
+    assert!(q.due_deliveries(100).await.unwrap().is_empty());
+
+    // Two tenants' worth, two per tenant: the flood's oldest two and the quiet one's.
+    let sends = q.due_sends(2, 2).await.unwrap();
+    let seen: Vec<&str> = sends.iter().map(|d| d.tenant.as_str()).collect();
+    assert_eq!(seen, ["flood", "flood", "quiet"]);
+    assert!(flood.contains(&sends[0].job_id) && flood.contains(&sends[1].job_id));
+    assert_eq!(sends[2].job_id, quiet[0]);
+    // A failed try waits for its retry; an acknowledged one is gone; the rest stay.
+    q.retry_delivery(&sends[0], 5_000).await.unwrap();
+    q.ack_delivery(&sends[2]).await.unwrap();
+    let retried = sends[0].job_id.clone();
+    let sends = q.due_sends(10, 100).await.unwrap();
+    assert_eq!(sends.len(), 29);
+    assert!(sends.iter().all(|d| d.tenant == "flood"));
+    assert!(!sends.iter().any(|d| d.job_id == retried));
+    q.advance_clock(5_001).await.unwrap();
+    let sends = q.due_sends(10, 100).await.unwrap();
+    assert_eq!(sends.len(), 30, "the retried one is due again");
+    for delivery in &sends {
+        q.ack_delivery(delivery).await.unwrap();
+    }
+    assert!(q.due_sends(10, 100).await.unwrap().is_empty());
+    q.advance_clock(60_000).await.unwrap();
+    assert!(q.due_sends(10, 100).await.unwrap().is_empty());
+    assert!(q.due_deliveries(10).await.unwrap().is_empty());
+    q.destroy().await.unwrap();
+}
+
 async fn a_worker_that_completes_and_claims_runs_each_job_through_every_step(backend: Backend) {
     let q = queue(backend, "chain", QueueConfig::default()).await;
     q.set_pool("gpu", 1).await.unwrap();
@@ -1755,6 +1870,8 @@ conformance! {
     #[tokio::test] complete_and_claim_charges_capacity_and_quotas_exactly,
     #[tokio::test] tenants_share_by_weight_when_workers_complete_and_claim,
     #[tokio::test] the_catalog_keeps_entries_per_owner_and_pages_newest_first,
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)] a_catalog_swap_writes_only_over_the_body_it_expects,
+    #[tokio::test] a_tenants_backlog_of_sends_cannot_hide_another_tenants,
     #[tokio::test] a_job_goes_from_queued_to_succeeded,
     #[tokio::test] attempt_reports_append_events_once_and_stale_reports_change_nothing,
     #[tokio::test] idempotency_keys_return_the_same_job_per_tenant,

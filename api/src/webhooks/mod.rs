@@ -7,7 +7,12 @@
 //!   `<id>.<timestamp>.<body>`, keyed with the tenant's `whsec_…` secret).
 //! - **Delivery:** at least once, unordered; a 2xx is success, anything else (redirects
 //!   included, which are never followed) is retried after 5 s, 5 min, 30 min, 2 h, 5 h,
-//!   10 h, 14 h, 20 h and 24 h, then given up. 410 Gone stops at once.
+//!   10 h, 14 h, 20 h and 24 h, then given up. 410 Gone stops at once. A try gets 5 s
+//!   ([`TRY_TIMEOUT`]) for the name lookup, and as much again for the connection and
+//!   the answer's status line; a receiver slower than that has failed the try.
+//! - **Isolation:** sends run beside each other with a share per tenant and per
+//!   endpoint (see [`sender`]), so one tenant's receiver that never answers delays
+//!   only that tenant's own webhooks, and filing outcomes never waits on a send.
 //! - **SSRF guard:** a target must be `https://` to a host whose every address is public
 //!   (no loopback, private, link-local — cloud metadata lives there — CGNAT, multicast
 //!   or reserved ranges), checked when the job is created and again, on the resolved
@@ -16,14 +21,17 @@
 //!   operator whose receivers are on a private network allows private targets (and
 //!   plain `http://`) with [`WebhookPolicy::allow_private`].
 //!
-//! - `settle`: the loop that files each finished job's outcome and sends its event.
+//! - `settle`: files each finished job's outcome and hands its webhook to the sender.
+//! - [`sender`]: sends webhooks, a bounded number at once per tenant and per endpoint.
 //! - [`crate::webhook_target`] (below the handlers) checks targets.
 //!
 //! [Standard Webhooks]: https://www.standardwebhooks.com/
 
+pub mod sender;
 mod settle;
 
-pub use settle::settle;
+pub use sender::{SendLimits, Sender};
+pub use settle::{file_outcomes, settle};
 
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult};
@@ -38,13 +46,16 @@ use sha2::Sha256;
 use std::net::SocketAddr;
 use std::time::Duration;
 use tuneq_openapi::{ErrorBody, WebhookEvent, WebhookSecret};
-use tuneq_queue::Catalog;
+use tuneq_queue::{Catalog, Swap};
 
 /// Catalog kind of tenants' signing secrets (one entry per tenant, id [`SECRET_ID`]).
 const SECRET_KIND: &str = "webhook_secret";
 const SECRET_ID: &str = "current";
-/// How long one try may take.
-const TRY_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long one try may wait for the name lookup, and again for the connection and the
+/// receiver's answer (the default of [`SendLimits::try_timeout`]).
+pub const TRY_TIMEOUT: Duration = Duration::from_secs(5);
+/// How many times a secret update re-reads the record after another write landed first.
+const SWAP_TRIES: usize = 32;
 /// Waits before each retry; after the last, delivery is given up.
 const RETRY_DELAYS_S: [u64; 9] = [5, 300, 1800, 7200, 18000, 36000, 50400, 72000, 86400];
 
@@ -81,6 +92,9 @@ pub(crate) struct Secrets {
     /// Unix seconds until which `previous` still signs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     previous_until: Option<u64>,
+    /// When the rotation that made `current` was made (Unix ms, the API's clock).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    rotated_ms: Option<u64>,
 }
 
 impl Secrets {
@@ -101,68 +115,100 @@ impl Secrets {
     }
 }
 
+/// The tenant's secrets record as stored: its body (for a compare-and-set) and what it
+/// holds.
+struct Stored {
+    body: String,
+    secrets: Secrets,
+    /// False for a record from before sealing, which holds the secret in plain text.
+    sealed: bool,
+}
+
+/// The tenant's secrets record, if it has one.
+async fn read_secrets(state: &AppState, tenant: &str) -> ApiResult<Option<Stored>> {
+    let Some(entry) = state
+        .queue
+        .get_entry(SECRET_KIND, tenant, SECRET_ID)
+        .await?
+    else {
+        return Ok(None);
+    };
+    let body = entry.body;
+    if SealingKey::is_sealed(&body) {
+        let plain = state.config.sealing_key.open(tenant, &body).map_err(|e| {
+            tracing::error!(tenant, error = %e, "cannot open a webhook secret");
+            ApiError::internal(
+                "The webhook secret cannot be read; an operator must check the server's sealing key.",
+            )
+        })?;
+        let secrets = serde_json::from_str::<Secrets>(&plain)
+            .map_err(|e| ApiError::internal(format!("webhook secret record: {e}")))?;
+        return Ok(Some(Stored {
+            body,
+            secrets,
+            sealed: true,
+        }));
+    }
+    // Records written before rotation existed hold the bare secret.
+    let secrets = if body.starts_with("whsec_") {
+        Secrets {
+            current: body.clone(),
+            previous: None,
+            previous_until: None,
+            rotated_ms: None,
+        }
+    } else {
+        serde_json::from_str::<Secrets>(&body)
+            .map_err(|e| ApiError::internal(format!("webhook secret record: {e}")))?
+    };
+    Ok(Some(Stored {
+        body,
+        secrets,
+        sealed: false,
+    }))
+}
+
 /// The tenant's signing secrets, made on first use. They are kept sealed (see
 /// [`crate::sealed`]); a record from before sealing is read as it is and sealed now.
+/// Every write is a compare-and-set over the record read, so a rotation landing at the
+/// same moment is never written over.
 pub(crate) async fn tenant_secrets(state: &AppState, tenant: &str) -> ApiResult<Secrets> {
-    let key = &state.config.sealing_key;
-    let parse = |body: &str| -> ApiResult<(Secrets, bool)> {
-        if SealingKey::is_sealed(body) {
-            let plain = key.open(tenant, body).map_err(|e| {
-                tracing::error!(tenant, error = %e, "cannot open a webhook secret");
-                ApiError::internal("The webhook secret cannot be read; an operator must check the server's sealing key.")
-            })?;
-            let secrets = serde_json::from_str::<Secrets>(&plain)
-                .map_err(|e| ApiError::internal(format!("webhook secret record: {e}")))?;
-            return Ok((secrets, true));
-        }
-        // Records written before rotation existed hold the bare secret.
-        if body.starts_with("whsec_") {
-            return Ok((
-                Secrets {
-                    current: body.to_string(),
+    for _ in 0..SWAP_TRIES {
+        match read_secrets(state, tenant).await? {
+            Some(stored) if stored.sealed => return Ok(stored.secrets),
+            Some(stored) => {
+                let sealed = seal(state, tenant, &stored.secrets)?;
+                if swap(state, tenant, &stored.body, &sealed).await? == Swap::Swapped {
+                    tracing::info!(tenant, "webhook secret sealed at rest");
+                    return Ok(stored.secrets);
+                }
+            }
+            None => {
+                // Two first uses at once: the one whose create lands is the secret.
+                let fresh = Secrets {
+                    current: new_secret(),
                     previous: None,
                     previous_until: None,
-                },
-                false,
-            ));
+                    rotated_ms: None,
+                };
+                state
+                    .queue
+                    .create_entry(
+                        SECRET_KIND,
+                        tenant,
+                        SECRET_ID,
+                        &seal(state, tenant, &fresh)?,
+                    )
+                    .await?;
+            }
         }
-        serde_json::from_str::<Secrets>(body)
-            .map(|s| (s, false))
-            .map_err(|e| ApiError::internal(format!("webhook secret record: {e}")))
-    };
-    if let Some(entry) = state
-        .queue
-        .get_entry(SECRET_KIND, tenant, SECRET_ID)
-        .await?
-    {
-        let (secrets, sealed) = parse(&entry.body)?;
-        if !sealed {
-            replace(state, tenant, &secrets).await?;
-            tracing::info!(tenant, "webhook secret sealed at rest");
-        }
-        return Ok(secrets);
     }
-    // Two first uses at once: the one whose create lands is the secret.
-    let fresh = Secrets {
-        current: new_secret(),
-        previous: None,
-        previous_until: None,
-    };
-    state
-        .queue
-        .create_entry(
-            SECRET_KIND,
-            tenant,
-            SECRET_ID,
-            &seal(state, tenant, &fresh)?,
-        )
-        .await?;
-    let entry = state
-        .queue
-        .get_entry(SECRET_KIND, tenant, SECRET_ID)
-        .await?
-        .ok_or_else(|| ApiError::internal("the webhook secret vanished"))?;
-    parse(&entry.body).map(|(secrets, _)| secrets)
+    Err(busy())
+}
+
+/// Too many writes to the tenant's secrets landed first, one after the other.
+fn busy() -> ApiError {
+    ApiError::unavailable("The webhook secret is being changed by other requests; try again.")
 }
 
 /// `secrets` as their catalog record: sealed for `tenant`.
@@ -171,31 +217,52 @@ fn seal(state: &AppState, tenant: &str, secrets: &Secrets) -> ApiResult<String> 
     Ok(state.config.sealing_key.seal(tenant, &plain))
 }
 
-/// Writes `secrets` over the tenant's record, sealed.
-async fn replace(state: &AppState, tenant: &str, secrets: &Secrets) -> ApiResult<()> {
-    state
+/// Writes `body` over the tenant's record if it still is `expected`.
+async fn swap(state: &AppState, tenant: &str, expected: &str, body: &str) -> ApiResult<Swap> {
+    Ok(state
         .queue
-        .update_entry(
-            SECRET_KIND,
-            tenant,
-            SECRET_ID,
-            &seal(state, tenant, secrets)?,
-        )
-        .await?;
-    Ok(())
+        .swap_entry(SECRET_KIND, tenant, SECRET_ID, expected, body)
+        .await?)
+}
+
+/// Unix milliseconds by this process's clock.
+fn now_ms() -> u64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    since.map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Replaces the tenant's current secret; the replaced one signs for another day.
-async fn rotate(state: &AppState, tenant: &str) -> ApiResult<Secrets> {
-    let old = tenant_secrets(state, tenant).await?;
-    let rotated = Secrets {
-        current: new_secret(),
-        previous: Some(old.current),
-        previous_until: Some(crate::records::now_seconds() + ROTATION_OVERLAP_S),
-    };
-    replace(state, tenant, &rotated).await?;
-    tracing::info!(tenant, "webhook secret rotated");
-    Ok(rotated)
+/// `asked_ms` is when the request arrived.
+///
+/// Rotations that overlap become one: a rotation made after this request arrived
+/// already replaced the secret it would replace, so its secret is the answer. Otherwise
+/// the new record is written with a compare-and-set over the one read (on any replica,
+/// since the record lives in the queue's store), and a write that lost reads again. So
+/// every caller is handed a secret that was stored as current and, after one more
+/// rotation, is kept as the previous one: none is handed a secret that never signs.
+async fn rotate(state: &AppState, tenant: &str, asked_ms: u64) -> ApiResult<Secrets> {
+    for _ in 0..SWAP_TRIES {
+        let Some(stored) = read_secrets(state, tenant).await? else {
+            tenant_secrets(state, tenant).await?;
+            continue;
+        };
+        if stored.secrets.rotated_ms.is_some_and(|at| at >= asked_ms) {
+            tracing::info!(tenant, "webhook secret rotated by an overlapping request");
+            return Ok(stored.secrets);
+        }
+        let rotated = Secrets {
+            current: new_secret(),
+            previous: Some(stored.secrets.current),
+            previous_until: Some(crate::records::now_seconds() + ROTATION_OVERLAP_S),
+            rotated_ms: Some(now_ms().max(asked_ms)),
+        };
+        let sealed = seal(state, tenant, &rotated)?;
+        if swap(state, tenant, &stored.body, &sealed).await? == Swap::Swapped {
+            tracing::info!(tenant, "webhook secret rotated");
+            return Ok(rotated);
+        }
+    }
+    Err(busy())
 }
 
 /// How one try went.
@@ -215,12 +282,14 @@ pub(crate) fn retry_delay(attempts: u32) -> Option<Duration> {
     RETRY_DELAYS_S.get(index).map(|s| Duration::from_secs(*s))
 }
 
-/// POSTs `event`, signed with `secret`, to `target` once.
+/// POSTs `event`, signed with `secret`, to `target` once, giving the lookup `timeout` and
+/// the connection and answer as much again.
 pub(crate) async fn deliver(
     policy: &WebhookPolicy,
     target: &str,
     secrets: &Secrets,
     event: &WebhookEvent,
+    timeout: Duration,
 ) -> Delivery {
     let url = match check_url(target, policy) {
         Ok(url) => url,
@@ -234,9 +303,11 @@ pub(crate) async fn deliver(
         .trim_end_matches(']')
         .to_string();
     // Resolve once, check every address, and connect to exactly those.
-    let addresses: Vec<SocketAddr> = match tokio::net::lookup_host((host.as_str(), port)).await {
-        Ok(found) => found.collect(),
-        Err(e) => return Delivery::Retry(format!("cannot resolve {host}: {e}")),
+    let lookup = tokio::net::lookup_host((host.as_str(), port));
+    let addresses: Vec<SocketAddr> = match tokio::time::timeout(timeout, lookup).await {
+        Ok(Ok(found)) => found.collect(),
+        Ok(Err(e)) => return Delivery::Retry(format!("cannot resolve {host}: {e}")),
+        Err(_) => return Delivery::Retry(format!("resolving {host} took over {timeout:?}")),
     };
     if addresses.is_empty() {
         return Delivery::Retry(format!("{host} has no address"));
@@ -251,8 +322,8 @@ pub(crate) async fn deliver(
     }
     let client = match reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
-        .timeout(TRY_TIMEOUT)
-        .connect_timeout(Duration::from_secs(5))
+        .timeout(timeout)
+        .connect_timeout(timeout)
         .no_proxy()
         .resolve_to_addrs(&host, &addresses)
         .user_agent(concat!("tuneq-webhooks/", env!("CARGO_PKG_VERSION")))
@@ -321,7 +392,7 @@ pub(crate) async fn rotate_secret(
     state: web::Data<AppState>,
     tenant: Tenant,
 ) -> ApiResult<HttpResponse> {
-    let secrets = rotate(&state, &tenant.0).await?;
+    let secrets = rotate(&state, &tenant.0, now_ms()).await?;
     Ok(HttpResponse::Ok().json(shown(&secrets)))
 }
 
@@ -354,6 +425,7 @@ mod tests {
             current: "whsec_new".into(),
             previous: Some("whsec_old".into()),
             previous_until: Some(100),
+            rotated_ms: None,
         };
         assert_eq!(rotated.signing(99), ["whsec_new", "whsec_old"]);
         assert_eq!(

@@ -227,6 +227,97 @@ async fn repeated_form_fields_and_authorization_headers_are_refused() {
     assert!(answer.contains("duplicate_header"));
 }
 
+<<<<<<< HEAD
+=======
+/// A client calling from `ip` (a loopback address of its own, so that the sources of
+/// one test stay apart).
+fn client_from(ip: [u8; 4]) -> reqwest::Client {
+    reqwest::Client::builder()
+        .local_address(std::net::IpAddr::from(ip))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_source_past_its_failures_is_refused_whatever_key_it_sends() {
+    let s = start(|_| {}).await;
+    let guesser = client_from([127, 0, 0, 77]);
+    let response = guesser
+        .post(format!("{}/admin/tenants", s.url))
+        .bearer_auth(&s.acme)
+        .json(&json!({"id": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    // Thirty failures (the one above among them) are answered as they are.
+    for i in 1..30 {
+        let response = get(
+            &guesser,
+            format!("{}/v1/models", s.url),
+            format!("tq_wrong_key_number_{i:04}"),
+        )
+        .await;
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    }
+    // Then the source is refused before any key is looked up: a wrong key and the right
+    // ones alike, so the answer tells a guesser nothing.
+    for key in ["tq_wrong_key_number_9999", &s.acme, ADMIN_KEY] {
+        let path = if key == ADMIN_KEY {
+            "/admin/tenants/acme/keys"
+        } else {
+            "/v1/models"
+        };
+        let response = get(&guesser, format!("{}{path}", s.url), key).await;
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS, "{path}");
+        assert!(response.headers().contains_key("retry-after"));
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "too_many_failed_authentications");
+    }
+    // Another source is not affected.
+    let other = client_from([127, 0, 0, 78]);
+    let response = get(&other, format!("{}/v1/models", s.url), &s.acme).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let response = get(
+        &other,
+        format!("{}/admin/tenants/acme/keys", s.url),
+        ADMIN_KEY,
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn concurrent_guesses_cannot_share_a_failure_allowance() {
+    let s = start(|_| {}).await;
+    let guesser = client_from([127, 0, 0, 79]);
+    // 60 guesses at once, the admin key among them (the probe's 40-connection attack):
+    // at most the allowance of 30 is answered as a key check, the rest are refused.
+    let mut keys: Vec<String> = (0..60)
+        .map(|i| format!("tq_parallel_guess_{i:04}"))
+        .collect();
+    keys[45] = ADMIN_KEY.to_string();
+    let guesses = keys.iter().map(|key| {
+        guesser
+            .get(format!("{}/admin/tenants/acme/keys", s.url))
+            .bearer_auth(key)
+            .send()
+    });
+    let statuses: Vec<StatusCode> = futures::future::join_all(guesses)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap().status())
+        .collect();
+    let checked = statuses
+        .iter()
+        .filter(|s| **s != StatusCode::TOO_MANY_REQUESTS)
+        .count();
+    assert!(checked <= 30, "{checked} of 60 were checked: {statuses:?}");
+    let refused = statuses.len() - checked;
+    assert!(refused >= 30, "{statuses:?}");
+}
+
+>>>>>>> webhooks
 #[tokio::test]
 async fn keys_are_listed_by_id_and_a_revoked_key_stops_at_once() {
     let s = start(|_| {}).await;

@@ -15,3 +15,4 @@ mod placement;
 mod support;
 mod validation;
 mod webhook_delivery;
+mod webhook_tenants;
