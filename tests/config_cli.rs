@@ -257,3 +257,59 @@ fn stop(child: &mut std::process::Child) {
         .status();
     let _ = child.wait();
 }
+
+/// A Kubernetes pools file whose one pool has `extra` added to its `[pool.kubernetes]`.
+fn kubernetes_pools(dir: &Path, extra: &str) -> std::path::PathBuf {
+    let path = dir.join("pools.toml");
+    let text = format!(
+        "[[pool]]\nname = \"xeon\"\nruntime = \"kubernetes\"\nhardware = \"cpu\"\ncpu = 8\nmemory = \"32Gi\"\n\
+         [pool.kubernetes]\nnamespace = \"tuneq\"\nimage = \"example.com/tuneq:0.1.0\"\n{extra}\n"
+    );
+    std::fs::write(&path, text).expect("write pools file");
+    path
+}
+
+#[test]
+fn check_config_refuses_pools_whose_job_kubernetes_or_the_runtime_would_refuse() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ok = kubernetes_pools(dir.path(), "");
+    let out = run(
+        &["dispatcher", "--check-config", ok.to_str().expect("utf8")],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let cases = [
+        // Volumes on the runtime's own mount paths, or with its volume names: found
+        // by building the pool's Job, as the dispatcher does for each attempt.
+        (
+            r#"volumes = [{ name = "scratch", mount_path = "/tmp", source = { empty_dir = {} } }]"#,
+            &["pool[0].kubernetes.volumes[0]", "mount path /tmp"][..],
+        ),
+        (
+            r#"volumes = [{ name = "spec", mount_path = "/var/run/tuneq/attempt", source = { empty_dir = {} } }]"#,
+            &["pool[0].kubernetes.volumes[0]", "/var/run/tuneq/attempt"][..],
+        ),
+        (
+            r#"volumes = [{ name = "x", mount_path = "/data", source = { empty_dir = {} } }, { name = "tuneq-tmp", mount_path = "/scratch", source = { empty_dir = {} } }]"#,
+            &["pool[0].kubernetes.volumes[1]", "volume tuneq-tmp"][..],
+        ),
+        // The probe's example: a nodeSelector Kubernetes answers with 422.
+        (
+            r#"node_selector = { "a/b/c" = "has space" }"#,
+            &[r#"pool[0].kubernetes.node_selector."a/b/c""#][..],
+        ),
+    ];
+    for (extra, wanted) in cases {
+        let path = kubernetes_pools(dir.path(), extra);
+        let out = run(
+            &["dispatcher", "--check-config", path.to_str().expect("utf8")],
+            &[],
+        );
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{extra}: {err}");
+        assert!(err.contains(path.to_str().expect("utf8")), "{extra}: {err}");
+        for want in wanted {
+            assert!(err.contains(want), "{extra}: `{want}` not in: {err}");
+        }
+    }
+}

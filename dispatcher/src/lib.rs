@@ -21,15 +21,18 @@
 //! Layout: [`runtime`] is the interface; [`local`] runs attempts as `tuneq train` child
 //! processes, with [`journal`] keeping them on disk; [`kubernetes`] builds an attempt's
 //! Job and Secret and reads its Job and pods back as the attempt's end (the pure parts of
-//! the Kubernetes runtime; its client comes next).
+//! the Kubernetes runtime; its client comes next); [`start_failure`] says what a job is
+//! told when its attempt could not be started (never the platform's own words).
 
 pub mod journal;
 pub mod kubernetes;
 pub mod local;
 pub mod metrics;
 pub mod runtime;
+pub mod start_failure;
 
 use runtime::{End, Launch, Runtime, State};
+use start_failure::StartFailure;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use tuneq_openapi::JobPayload;
@@ -672,13 +675,28 @@ impl Dispatcher {
                     );
                 }
                 Err(e) => {
+                    // The runtime's own words (the API server's, for a Job it refused)
+                    // stay in this log; the job gets a class and a plain reason.
+                    let failure = StartFailure::of(&e, &self.config.pool);
                     tracing::error!(
                         error = &e as &dyn std::error::Error,
+                        class = ?failure.class,
+                        retryable = failure.retryable,
                         "cannot start the attempt"
                     );
-                    self.queue
-                        .fail(&lease.id, lease.token, &e.to_string(), true)
-                        .await?;
+                    let (reason, retryable) = (&failure.reason, failure.retryable);
+                    match failure.class {
+                        Some(class) => {
+                            self.queue
+                                .fail_as(&lease.id, lease.token, class, reason, retryable)
+                                .await?
+                        }
+                        None => {
+                            self.queue
+                                .fail(&lease.id, lease.token, reason, retryable)
+                                .await?
+                        }
+                    };
                 }
             }
         }

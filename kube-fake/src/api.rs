@@ -350,6 +350,9 @@ fn create(
     mut body: Value,
     dry_run: bool,
 ) -> Result<Value, ApiError> {
+    if let Some(refusal) = s.refused_creates.get(&target.kind) {
+        return Err(refusal.clone());
+    }
     let namespace = target.namespace.clone().unwrap_or_default();
     if target.kind.namespaced() && namespace.is_empty() {
         return Err(ApiError::bad_request(

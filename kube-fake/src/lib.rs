@@ -226,6 +226,19 @@ impl FakeCluster {
         self.inner.signal.send_modify(|s| s.epoch += 1);
     }
 
+    /// From now on, every create of `kind` is answered `code` with `reason` and
+    /// `message`, as a real API server refuses an object its validation or an admission
+    /// webhook rejects (`422 Invalid`, `403 Forbidden`); the fake validates nothing itself.
+    pub fn refuse_creates(&self, kind: Kind, code: u16, reason: &'static str, message: &str) {
+        let refusal = store::ApiError {
+            code,
+            reason,
+            message: message.to_string(),
+            details: None,
+        };
+        self.with_state(|s| s.refused_creates.insert(kind, refusal));
+    }
+
     /// How often idle watches that allow bookmarks get one (default 1 s).
     pub fn set_bookmark_interval(&self, every: Duration) {
         self.with_state(|s| s.watch.bookmark_interval = every);

@@ -321,6 +321,9 @@ pub struct State {
     /// The job controller's memory: pod uid → (job uid, namespace, name, resourceVersion at
     /// creation) of every pod it made.
     pub created_pods: HashMap<String, (String, String, String, u64)>,
+    /// Creates of these kinds are answered with this error instead (what a real API
+    /// server's validation or admission would answer; the fake validates nothing).
+    pub refused_creates: HashMap<Kind, ApiError>,
 }
 
 /// The object's `metadata` as a map (created when missing).

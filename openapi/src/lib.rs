@@ -5,6 +5,7 @@
 //! utoipa schema so `openapi/openapi.json` is generated from these declarations.
 //!
 //! Layout:
+//! - [`failure`]: why a job failed, as a type ([`FailureClass`]) with a stable code.
 //! - [`files`], [`finetunes`]: the REST API's objects (OpenAI's shapes plus tuneq's fields).
 //! - [`launch`]: how a dispatcher starts a trainer and reads its exit (the launch contract).
 //! - [`progress`]: events a trainer reports ([`TrainEvent`], [`StepMetrics`]).
@@ -12,6 +13,7 @@
 //!   read by the API.
 //! - [`train_spec`]: the complete description of one training run ([`TrainSpec`]) and its parts.
 
+pub mod failure;
 pub mod files;
 pub mod finetunes;
 pub mod launch;
@@ -19,6 +21,7 @@ pub mod log;
 pub mod progress;
 pub mod train_spec;
 
+pub use failure::FailureClass;
 pub use files::{
     Binary, Deleted, ErrorBody, ErrorDetail, FileList, FileObject, FileTokenStats, FileValidation,
     LineProblem,

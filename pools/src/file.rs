@@ -7,6 +7,8 @@
 //! error names the file and the field. `docs/pools.md` documents each field; the
 //! examples in `examples/pools/` are parsed by the tests.
 
+mod kubernetes_check;
+
 use crate::quantity::{Cpu, Memory};
 use serde::{Deserialize, Deserializer, Serialize};
 use std::collections::BTreeMap;
@@ -600,143 +602,6 @@ impl Pool {
     }
 }
 
-impl KubernetesPool {
-    fn check(&self) -> Result<(), (String, String)> {
-        let err = |field: String, message: String| Err((field, message));
-        if !is_dns_label(&self.namespace, 63) {
-            return err(
-                "namespace".into(),
-                format!("`{}` is not a Kubernetes namespace name", self.namespace),
-            );
-        }
-        if self.image.is_empty() || self.image.contains(char::is_whitespace) {
-            return err("image".into(), "must be an image reference".into());
-        }
-        if self.image.ends_with(":latest")
-            || !(self.image.contains(':') || self.image.contains('@'))
-        {
-            return err(
-                "image".into(),
-                format!(
-                    "`{}` has no pinned tag; name a version or a digest (never `latest`), so every attempt of a job runs the same trainer",
-                    self.image
-                ),
-            );
-        }
-        if let Some(sa) = &self.service_account
-            && !is_dns_subdomain(sa)
-        {
-            return err(
-                "service_account".into(),
-                format!("`{sa}` is not a ServiceAccount name"),
-            );
-        }
-        for (key, value) in self.node_selector.iter().chain(&self.pod_annotations) {
-            if key.is_empty() || key.len() > 253 || key.contains(char::is_whitespace) {
-                return err(
-                    "node_selector".into(),
-                    format!("`{key}` is not a label key"),
-                );
-            }
-            if value.len() > 63 && self.node_selector.contains_key(key) {
-                return err(
-                    format!("node_selector.{key}"),
-                    "a label value has at most 63 characters".into(),
-                );
-            }
-        }
-        for (i, t) in self.tolerations.iter().enumerate() {
-            if t.operator == TolerationOperator::Exists && t.value.is_some() {
-                return err(
-                    format!("tolerations[{i}].value"),
-                    "a toleration with operator Exists takes no value".into(),
-                );
-            }
-            if t.operator == TolerationOperator::Equal && t.key.is_empty() {
-                return err(
-                    format!("tolerations[{i}].key"),
-                    "a toleration with operator Equal needs a key".into(),
-                );
-            }
-        }
-        for (i, r) in self.affinity.iter().enumerate() {
-            let wants_values = matches!(
-                r.operator,
-                NodeOperator::In | NodeOperator::NotIn | NodeOperator::Gt | NodeOperator::Lt
-            );
-            if wants_values == r.values.is_empty() {
-                return err(
-                    format!("affinity[{i}].values"),
-                    format!(
-                        "operator {:?} {}",
-                        r.operator,
-                        if wants_values {
-                            "needs values"
-                        } else {
-                            "takes no values"
-                        }
-                    ),
-                );
-            }
-        }
-        for name in self.env.keys() {
-            let valid = !name.is_empty()
-                && !name.starts_with(|c: char| c.is_ascii_digit())
-                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-            if !valid {
-                return err(
-                    format!("env.{name}"),
-                    "not an environment variable name".into(),
-                );
-            }
-            if name.starts_with("TUNEQ_") {
-                return err(
-                    format!("env.{name}"),
-                    "names starting with TUNEQ_ belong to the launch contract".into(),
-                );
-            }
-        }
-        let mut names = std::collections::HashSet::new();
-        for (i, v) in self.volumes.iter().enumerate() {
-            if !is_dns_label(&v.name, 63) || v.name == "dshm" || !names.insert(&v.name) {
-                return err(
-                    format!("volumes[{i}].name"),
-                    format!("`{}` must be a unique DNS label (and not `dshm`)", v.name),
-                );
-            }
-            if !v.mount_path.starts_with('/') || v.mount_path == "/dev/shm" {
-                return err(
-                    format!("volumes[{i}].mount_path"),
-                    "must be an absolute path other than /dev/shm".into(),
-                );
-            }
-        }
-        if self.termination_grace > MAX_TERMINATION_GRACE {
-            return err(
-                "termination_grace".into(),
-                format!(
-                    "at most {}s (GKE spot gives pods 15–25 s, at most 120 s)",
-                    MAX_TERMINATION_GRACE.as_secs()
-                ),
-            );
-        }
-        if self.platform_timeout.is_zero() {
-            return err(
-                "platform_timeout".into(),
-                "must be above zero (an image that cannot be pulled would hold the attempt until its deadline)".into(),
-            );
-        }
-        if self.placement_timeout.is_zero() || self.attempt_deadline < Duration::from_secs(60) {
-            return err(
-                "attempt_deadline".into(),
-                "placement_timeout must be above zero and attempt_deadline at least a minute"
-                    .into(),
-            );
-        }
-        Ok(())
-    }
-}
-
 /// An RFC 1123 label: lowercase alphanumerics and `-`, alphanumeric at both ends.
 pub fn is_dns_label(s: &str, max: usize) -> bool {
     !s.is_empty()
@@ -745,11 +610,6 @@ pub fn is_dns_label(s: &str, max: usize) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !s.starts_with('-')
         && !s.ends_with('-')
-}
-
-/// An RFC 1123 subdomain: dot-separated labels, at most 253 characters.
-fn is_dns_subdomain(s: &str) -> bool {
-    s.len() <= 253 && s.split('.').all(|l| is_dns_label(l, 63))
 }
 
 /// A duration written as `25s`, `15m`, `24h` or `1h 30m`.

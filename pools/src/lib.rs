@@ -5,6 +5,8 @@
 //!   (registration, job creation and the trainer's loader all ask it).
 //! - [`file`](mod@file): the pools file (TOML) that `tuneq api`, `tuneq dispatcher` and
 //!   `tuneq up` read, checked field by field.
+//! - [`kube_syntax`]: what the Kubernetes API server accepts in the names, keys, label
+//!   values, paths and image references a pools file hands to it.
 //! - [`quantity`]: CPU and memory written as Kubernetes writes them.
 //! - [`memory`]: the memory an attempt needs, from the model's shape and the job.
 //! - [`placement`]: which pools a job may use, in which order, at what cost; when an
@@ -12,6 +14,7 @@
 
 pub mod architecture;
 pub mod file;
+pub mod kube_syntax;
 pub mod memory;
 pub mod placement;
 pub mod quantity;

@@ -161,3 +161,106 @@ fn the_pool_flag_shorthand_makes_local_pools() {
         "{bad}"
     );
 }
+
+/// `GOOD` with `table` added to its `[pool.kubernetes]` table.
+fn with_kubernetes(table: &str) -> String {
+    GOOD.replacen(
+        "[pool.kubernetes]",
+        &format!("[pool.kubernetes]\n{table}"),
+        1,
+    )
+}
+
+#[test]
+fn what_kubernetes_would_refuse_is_refused_with_the_field_named() {
+    let digest_bad = "example.com/tuneq@sha256:xyz";
+    let big = "x".repeat(300_000);
+    let cases: Vec<(String, &str)> = vec![
+        // (added to [pool.kubernetes], the field the message must name)
+        // The probe's node_selector keys and values.
+        (r#"node_selector = { "a/b/c" = "x" }"#.into(), r#"node_selector."a/b/c""#),
+        (r#"node_selector = { "-bad" = "x" }"#.into(), r#"node_selector."-bad""#),
+        (r#"node_selector = { "a:b" = "x" }"#.into(), r#"node_selector."a:b""#),
+        (r#"node_selector = { a = "has space" }"#.into(), r#"node_selector."a""#),
+        (r#"node_selector = { a = "ü" }"#.into(), r#"node_selector."a""#),
+        // Toleration and affinity keys; a Gt that is no number.
+        (r#"tolerations = [{ key = "a b", operator = "Exists" }]"#.into(), "tolerations[0].key"),
+        (r#"tolerations = [{ key = "a", value = "has space" }]"#.into(), "tolerations[0].value"),
+        (r#"affinity = [{ key = "a b", operator = "Exists" }]"#.into(), "affinity[0].key"),
+        (r#"affinity = [{ key = "a", operator = "Gt", values = ["abc"] }]"#.into(), "affinity[0].values[0]"),
+        (r#"affinity = [{ key = "a", operator = "Lt", values = ["1", "2"] }]"#.into(), "affinity[0].values"),
+        // Volume sources named as Kubernetes never names them.
+        (
+            r#"volumes = [{ name = "v", mount_path = "/v", source = { config_map = { name = "A B" } } }]"#.into(),
+            "volumes[0].source.config_map.name",
+        ),
+        (
+            r#"volumes = [{ name = "v", mount_path = "/v", source = { persistent_volume_claim = { claim_name = "../x" } } }]"#.into(),
+            "volumes[0].source.persistent_volume_claim.claim_name",
+        ),
+        (
+            r#"volumes = [{ name = "v", mount_path = "/v", source = { secret = { secret_name = "UPPER" } } }]"#.into(),
+            "volumes[0].source.secret.secret_name",
+        ),
+        (
+            r#"volumes = [{ name = "v", mount_path = "/v", source = { csi = { driver = "a b" } } }]"#.into(),
+            "volumes[0].source.csi.driver",
+        ),
+        (
+            r#"volumes = [{ name = "V", mount_path = "/v", source = { empty_dir = {} } }]"#.into(),
+            "volumes[0].name",
+        ),
+        // Mount paths: a `:`, and two volumes on one path.
+        (
+            r#"volumes = [{ name = "v", mount_path = "/a:b", source = { empty_dir = {} } }]"#.into(),
+            "volumes[0].mount_path",
+        ),
+        (
+            r#"volumes = [{ name = "v", mount_path = "/data", source = { empty_dir = {} } }, { name = "w", mount_path = "/data", source = { empty_dir = {} } }]"#.into(),
+            "volumes[1].mount_path",
+        ),
+        // Annotations: too large in all, and a key that is no qualified name.
+        (format!(r#"pod_annotations = {{ a = "{big}" }}"#), "pool[0].kubernetes.pod_annotations"),
+        (r#"pod_annotations = { "UPPER_/x" = "1" }"#.into(), r#"pod_annotations."UPPER_/x""#),
+        // A ServiceAccount with upper case.
+        (r#"service_account = "Trainer""#.into(), "service_account"),
+    ];
+    for (table, field) in &cases {
+        let message = refused(&with_kubernetes(table));
+        assert!(
+            message.starts_with("pools.toml: pool[0].kubernetes."),
+            "{message}"
+        );
+        assert!(message.contains(field), "{field}: {message}");
+    }
+    // The probe's image with a digest that is none.
+    let message = refused(&GOOD.replace("example.com/tuneq:0.1.0", digest_bad));
+    assert!(message.contains("pool[0].kubernetes.image"), "{message}");
+    assert!(message.contains("sha256"), "{message}");
+    // A registry port is no tag.
+    let message = refused(&GOOD.replace("example.com/tuneq:0.1.0", "example.com:5000/tuneq"));
+    assert!(message.contains("pinned tag"), "{message}");
+    // An annotation key is never reported as a node_selector one.
+    let message = refused(&with_kubernetes(r#"pod_annotations = { "a b" = "1" }"#));
+    assert!(!message.contains("node_selector"), "{message}");
+}
+
+#[test]
+fn what_kubernetes_accepts_is_accepted() {
+    let digest = format!("example.com/tuneq@sha256:{}", "ab".repeat(32));
+    for table in [
+        r#"node_selector = { "cloud.google.com/gke-spot" = "true", "tier" = "" }"#.to_string(),
+        r#"pod_annotations = { "gke-gcsfuse/volumes" = "true", "Example.com/Note" = "any text at all" }"#.into(),
+        r#"tolerations = [{ operator = "Exists" }, { key = "nvidia.com/gpu", value = "present", effect = "NoSchedule" }]"#.into(),
+        r#"affinity = [{ key = "cloud.google.com/gke-spot", operator = "DoesNotExist" }, { key = "gpu-count", operator = "Gt", values = ["3"] }]"#.into(),
+        r#"volumes = [{ name = "models", mount_path = "/var/cache/tuneq", read_only = true, source = { csi = { driver = "gcsfuse.csi.storage.gke.io", attributes = { bucketName = "b" } } } }]"#.into(),
+        r#"service_account = "tuneq-trainer""#.into(),
+    ] {
+        let text = with_kubernetes(&table);
+        if let Err(e) = PoolsFile::parse(&text, "pools.toml") {
+            panic!("{table}: {e}");
+        }
+    }
+    let text = GOOD.replace("example.com/tuneq:0.1.0", &digest);
+    PoolsFile::parse(&text, "pools.toml").unwrap();
+}

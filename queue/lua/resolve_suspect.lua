@@ -18,6 +18,7 @@ release(id)
 local stalls = redis.call('HINCRBY', j, 'stalls', '1')
 if stalls >= max_stalls then
   redis.call('HSET', j, 'error', 'stalled ' .. stalls .. ' times')
+  redis.call('HDEL', j, 'failure')
   event(id, now_s, 'failed', 'stalled ' .. stalls .. ' times')
   finish(id, now_s, 'failed', 'dead')
   return {0, 'failed'}

@@ -72,6 +72,16 @@ pub trait JobQueue: Send + Sync {
         reason: &str,
         retryable: bool,
     ) -> Result<Option<u64>>;
+    /// [`JobQueue::fail`] for a failure of a known class: the job keeps `class` with the
+    /// reason (as [`JobRecord::failure`]), so its readers tell the failure by type.
+    async fn fail_as(
+        &self,
+        id: &str,
+        token: u64,
+        class: tuneq_openapi::FailureClass,
+        reason: &str,
+        retryable: bool,
+    ) -> Result<Option<u64>>;
     /// The attempt's machine was taken away: requeue in place, attempts unchanged.
     async fn preempt(&self, id: &str, token: u64, reason: &str) -> Result<()>;
     /// The attempt never got a node on its pool (no capacity within the placement

@@ -201,6 +201,10 @@ pub struct JobRecord {
     pub result: Option<String>,
     /// Last failure reason.
     pub error: Option<String>,
+    /// The class of the last failure, when the dispatcher named one (the reason is then
+    /// its rendering, never what a reader matches on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<tuneq_openapi::FailureClass>,
 }
 
 /// One entry of a job's event log.

@@ -187,5 +187,7 @@ pub(crate) fn job_record(
         progress: opt("progress"),
         result: opt("result"),
         error: opt("error"),
+        // A code this build does not know reads as none: the reason still says it.
+        failure: opt("failure").and_then(|c| tuneq_openapi::FailureClass::parse(&c)),
     })
 }

@@ -243,6 +243,57 @@ impl Queue {
             Backend::Cluster(_) | Backend::Embedded(_) => None,
         }
     }
+
+    /// An attempt's failure, of `class` when the caller knows it ([`JobQueue::fail`]).
+    #[tracing::instrument(name = "queue.fail", skip_all, fields(job_id = %id, retryable, class = ?class), err(level = "debug"))]
+    async fn fail_with(
+        &self,
+        id: &str,
+        token: u64,
+        class: Option<tuneq_openapi::FailureClass>,
+        reason: &str,
+        retryable: bool,
+    ) -> Result<Option<u64>> {
+        let c = &self.config;
+        let jitter: f64 = rand::random::<f64>() * 0.25;
+        let args = vec![
+            id.to_string(),
+            token.to_string(),
+            reason.to_string(),
+            if retryable { "1" } else { "0" }.to_string(),
+            c.retry_base_ms.to_string(),
+            c.retry_max_ms.to_string(),
+            format!("{jitter:.4}"),
+            class
+                .map_or("", tuneq_openapi::FailureClass::code)
+                .to_string(),
+        ];
+        let (reply, retried) = self
+            .domain
+            .run_script::<Vec<Value>>(&self.scripts.fail, &args, true)
+            .await;
+        let reply = reply?;
+        match int(reply.first())? {
+            0 => Ok(Some(unsigned(reply.get(1))?)),
+            1 => Ok(None),
+            _ => {
+                let e = status_error(id, &reply, "fail");
+                let done = Done {
+                    states: &[JobState::Delayed, JobState::Failed],
+                    or_deleted: true,
+                };
+                if self
+                    .domain
+                    .own_earlier_try(&e, id, Some(token), done, retried)
+                    .await
+                {
+                    let record = self.get(id).await?;
+                    return Ok(record.and_then(|r| r.due_ms));
+                }
+                Err(e)
+            }
+        }
+    }
 }
 
 #[async_trait]
@@ -448,7 +499,6 @@ impl JobQueue for Queue {
             .await
     }
 
-    #[tracing::instrument(name = "queue.fail", skip_all, fields(job_id = %id, retryable), err(level = "debug"))]
     async fn fail(
         &self,
         id: &str,
@@ -456,42 +506,19 @@ impl JobQueue for Queue {
         reason: &str,
         retryable: bool,
     ) -> Result<Option<u64>> {
-        let c = &self.config;
-        let jitter: f64 = rand::random::<f64>() * 0.25;
-        let args = vec![
-            id.to_string(),
-            token.to_string(),
-            reason.to_string(),
-            if retryable { "1" } else { "0" }.to_string(),
-            c.retry_base_ms.to_string(),
-            c.retry_max_ms.to_string(),
-            format!("{jitter:.4}"),
-        ];
-        let (reply, retried) = self
-            .domain
-            .run_script::<Vec<Value>>(&self.scripts.fail, &args, true)
-            .await;
-        let reply = reply?;
-        match int(reply.first())? {
-            0 => Ok(Some(unsigned(reply.get(1))?)),
-            1 => Ok(None),
-            _ => {
-                let e = status_error(id, &reply, "fail");
-                let done = Done {
-                    states: &[JobState::Delayed, JobState::Failed],
-                    or_deleted: true,
-                };
-                if self
-                    .domain
-                    .own_earlier_try(&e, id, Some(token), done, retried)
-                    .await
-                {
-                    let record = self.get(id).await?;
-                    return Ok(record.and_then(|r| r.due_ms));
-                }
-                Err(e)
-            }
-        }
+        self.fail_with(id, token, None, reason, retryable).await
+    }
+
+    async fn fail_as(
+        &self,
+        id: &str,
+        token: u64,
+        class: tuneq_openapi::FailureClass,
+        reason: &str,
+        retryable: bool,
+    ) -> Result<Option<u64>> {
+        self.fail_with(id, token, Some(class), reason, retryable)
+            .await
     }
 
     #[tracing::instrument(name = "queue.preempt", skip_all, fields(job_id = %id), err(level = "debug"))]

@@ -4,7 +4,8 @@
 //! pool of a pools file (`--pools`), each with its own loop. Ctrl-C or SIGTERM
 //! checkpoints its local attempts and puts their jobs back in line; Kubernetes attempts
 //! keep running and are adopted by the next start.
-//! `--check-config FILE` checks a pools file and says what it defines.
+//! `--check-config FILE` checks a pools file (by Kubernetes' rules, and by building each
+//! Kubernetes pool's Job as the dispatcher would) and says what it defines.
 
 use super::service;
 use super::settings::{self, Secret};
@@ -149,6 +150,7 @@ enum Dispatch {
 /// Checks a pools file and prints one line per pool.
 fn check_config(path: &std::path::Path) -> Result<ExitCode> {
     let file = service::load_pools(Some(path), &[], None)?;
+    service::check_kubernetes_pools(&file, &path.display().to_string(), |_| true)?;
     println!(
         "{}: {} pool(s); after {} preemptions within {} a job moves on",
         path.display(),
@@ -198,6 +200,9 @@ async fn serve(args: DispatcherArgs) -> Result<()> {
                     )));
                 }
             }
+            service::check_kubernetes_pools(&file, &path.display().to_string(), |p| {
+                args.serve.is_empty() || args.serve.contains(&p.name)
+            })?;
             let chosen = tuneq_pools::PoolsFile {
                 placement: file.placement.clone(),
                 pools: file

@@ -498,6 +498,23 @@ pub fn load_pools(
         .map_err(|e| BadInput(e.to_string()).into())
 }
 
+/// Refuses a pools file with a Kubernetes pool (of those `serves`) that the dispatcher
+/// cannot build a Job for, such as a volume on the runtime's own paths, naming the file
+/// (`shown`) and the field as the file's own errors do: found when the file is checked
+/// or the dispatcher starts, not when a job first runs there.
+pub fn check_kubernetes_pools(
+    file: &tuneq_pools::PoolsFile,
+    shown: &str,
+    serves: impl Fn(&tuneq_pools::Pool) -> bool,
+) -> Result<()> {
+    for (i, pool) in file.pools.iter().enumerate().filter(|(_, p)| serves(*p)) {
+        if let Err(e) = tuneq_dispatcher::kubernetes::check_pool(pool) {
+            return Err(BadInput(format!("{shown}: pool[{i}].{}: {e}", e.field())).into());
+        }
+    }
+    Ok(())
+}
+
 /// The local pools of `pools` (the ones this process runs attempts for), or a clear
 /// refusal naming those it cannot run.
 pub fn local_pools(pools: &tuneq_pools::PoolsFile) -> Result<Vec<tuneq_pools::Pool>> {

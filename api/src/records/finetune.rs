@@ -138,7 +138,10 @@ pub(crate) fn outcome_of(job: &JobRecord) -> Outcome {
         // server paths or store locations.
         tracing::info!(job = %job.id, error = detail, "job failed");
         JobError {
-            code: failure_code(detail).into(),
+            code: job
+                .failure
+                .map_or_else(|| failure_code(detail), |class| class.code())
+                .into(),
             message: redact::paths(detail),
             param: None,
         }
@@ -261,5 +264,50 @@ impl<'a> FineTunes<'a> {
                     && (j.training_file == file || j.validation_file.as_deref() == Some(file))
             })
             .map(|j| j.id))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failed(error: &str, failure: Option<tuneq_openapi::FailureClass>) -> JobRecord {
+        JobRecord {
+            id: "j000000000001".into(),
+            tenant: "t".into(),
+            state: JobState::Failed,
+            priority: 5,
+            pools: vec![],
+            gpus: 1,
+            payload: String::new(),
+            attempts: 1,
+            max_attempts: 3,
+            preemptions: 0,
+            stalls: 0,
+            epoch: 1,
+            pool: None,
+            enqueued_ms: 0,
+            finished_ms: Some(1000),
+            due_ms: None,
+            progress: None,
+            result: None,
+            error: Some(error.into()),
+            failure,
+        }
+    }
+
+    #[test]
+    fn a_failure_class_is_the_code_whatever_the_reason_says() {
+        let class = Some(tuneq_openapi::FailureClass::PoolMisconfigured);
+        let error = outcome_of(&failed("invalid input: pool x is misconfigured", class)).error;
+        assert_eq!(
+            error.map(|e| e.code),
+            Some("pool_misconfigured".to_string())
+        );
+        let error = outcome_of(&failed("invalid input: line 3", None)).error;
+        assert_eq!(
+            error.map(|e| e.code),
+            Some("invalid_training_input".to_string())
+        );
     }
 }

@@ -80,6 +80,8 @@ pub enum BuildError {
     VolumeClash {
         /// The pool.
         pool: String,
+        /// The volume's index in the pool's `volumes`.
+        index: usize,
         /// The pool's volume.
         volume: String,
         /// What it clashes with (a volume name or a mount path).
@@ -92,6 +94,35 @@ impl BuildError {
     pub fn is_retryable(&self) -> bool {
         false
     }
+
+    /// The pool's field at fault, as the pools file's errors name fields
+    /// (`kubernetes.volumes[2]`).
+    pub fn field(&self) -> String {
+        match self {
+            Self::NoMemory { .. } => "memory".into(),
+            Self::VolumeClash { index, .. } => format!("kubernetes.volumes[{index}]"),
+        }
+    }
+}
+
+/// Builds a Job for a sample attempt on `pool`, so what only the runtime knows (its own
+/// volumes and mount paths) is checked when the pools file is read, not when a job
+/// first runs there. A pool without a `kubernetes` table has no Job and passes.
+pub fn check_pool(pool: &Pool) -> Result<(), BuildError> {
+    let Some(k) = &pool.kubernetes else {
+        return Ok(());
+    };
+    let sample = AttemptLaunch {
+        job_id: "check".into(),
+        attempt: 1,
+        tenant: "check".into(),
+        pool: pool.name.clone(),
+        spec_json: "{}".into(),
+        report_url: "http://tuneq-api/internal/attempts/check/report".into(),
+        credential: String::new(),
+        spec_hash: AttemptLaunch::hash_spec("{}"),
+    };
+    build_job(&sample, pool, k).map(|_| ())
 }
 
 /// What the dispatcher knows about an attempt when it starts it on a Kubernetes pool.
@@ -569,9 +600,10 @@ fn volumes(
         });
         mounts.push(mount(VOLUME_CACHE, CACHE_DIR, false));
     }
-    for v in &k.volumes {
+    for (index, v) in k.volumes.iter().enumerate() {
         let clash = |what: &str| BuildError::VolumeClash {
             pool: pool.name.clone(),
+            index,
             volume: v.name.clone(),
             what: what.to_string(),
         };
@@ -580,6 +612,10 @@ fn volumes(
         }
         if let Some(ours) = mounts.iter().find(|m| m.mount_path == v.mount_path) {
             return Err(clash(&format!("mount path {}", ours.mount_path)));
+        }
+        // Nothing can be mounted inside the read-only Secret volume.
+        if v.mount_path.starts_with(&format!("{ATTEMPT_DIR}/")) {
+            return Err(clash(&format!("read-only mount path {ATTEMPT_DIR}")));
         }
         let mut volume = Volume {
             name: v.name.clone(),

@@ -27,7 +27,9 @@ mod observe;
 pub mod runtime;
 
 pub use classify::{AttemptEnd, Limits, classify, non_terminal_pods, pod_is_terminal};
-pub use job::{AttemptLaunch, BuildError, build_job, build_secret, job_name, secret_name};
+pub use job::{
+    AttemptLaunch, BuildError, build_job, build_secret, check_pool, job_name, secret_name,
+};
 pub use runtime::{KubernetesRuntime, KubernetesSettings, connect};
 
 /// Label every object tuneq creates carries: `app.kubernetes.io/managed-by=tuneq`.

@@ -14,7 +14,9 @@
 //! object is confirmed deleted, and until then the attempt is still running.
 
 use super::classify::{AttemptEnd, Limits, classify, non_terminal_pods};
-use super::job::{AttemptLaunch, build_job, build_secret, job_name, label_value, secret_name};
+use super::job::{
+    AttemptLaunch, build_job, build_secret, check_pool, job_name, label_value, secret_name,
+};
 use super::observe::Observer;
 use super::{ANNOTATION_ATTEMPT_UID, ANNOTATION_JOB_ID, LABEL_ATTEMPT, LABEL_JOB_ID, LABEL_POOL};
 use crate::DispatchError;
@@ -69,7 +71,8 @@ pub struct KubernetesRuntime {
 
 impl KubernetesRuntime {
     /// A runtime for `settings.pool` talking to the cluster through `client`; starts the
-    /// pool's watches, so it must be made inside a tokio runtime.
+    /// pool's watches, so it must be made inside a tokio runtime. A pool whose Job cannot
+    /// be built is refused here, before any job is claimed for it.
     pub fn new(client: kube::Client, settings: KubernetesSettings) -> Result<Self, DispatchError> {
         let k = settings.pool.kubernetes.clone().ok_or_else(|| {
             DispatchError::Runtime(format!(
@@ -77,6 +80,7 @@ impl KubernetesRuntime {
                 settings.pool.name
             ))
         })?;
+        check_pool(&settings.pool)?;
         Ok(Self {
             observer: Observer::start(client.clone(), &k.namespace, &settings.pool.name),
             jobs: Api::namespaced(client.clone(), &k.namespace),

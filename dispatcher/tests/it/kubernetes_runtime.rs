@@ -397,3 +397,92 @@ async fn an_image_that_cannot_be_pulled_ends_the_attempt_after_the_pools_platfor
     };
     assert!(why.contains("ImagePullBackOff"), "{why}");
 }
+
+/// What a real API server answers a Job whose nodeSelector key is no qualified name.
+const INVALID_JOB: &str = "Job.batch \"tq-j1-a1\" is invalid: spec.template.spec.nodeSelector: Invalid value: \"a/b/c\": prefix part a DNS-1123 subdomain must consist of lower case alphanumeric characters";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_the_api_server_refuses_fails_as_a_misconfigured_pool_without_the_apis_words() {
+    use tuneq_queue::{AttemptSigner, JobQueue, JobState, NewJob, Queue, QueueConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let queue = Queue::open_embedded(
+        &dir.path().join("queue.db"),
+        "tuneq",
+        QueueConfig::default(),
+    )
+    .await
+    .unwrap();
+    queue.set_pool("xeon", 1).await.unwrap();
+    let id = queue
+        .enqueue(&NewJob {
+            tenant: "acme".into(),
+            priority: 5,
+            pools: vec!["xeon".into()],
+            gpus: 1,
+            estimated_seconds: 0,
+            max_attempts: 3,
+            payload: json!({"finetune": "ftjob-1", "spec": spec()}).to_string(),
+            idempotency_key: None,
+            notify: false,
+        })
+        .await
+        .unwrap()
+        .id;
+    let cluster = FakeCluster::new();
+    cluster.refuse_creates(Kind::Job, 422, "Invalid", INVALID_JOB);
+    let mut config = tuneq_dispatcher::DispatcherConfig::new("xeon", "xeon@test");
+    config.tick = Duration::from_millis(20);
+    let dispatcher = tuneq_dispatcher::Dispatcher::new(
+        queue.clone(),
+        config,
+        Box::new(runtime(&cluster, xeon("xeon"))),
+        AttemptSigner::new(vec![7; 32]),
+    );
+    let (stop, rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(dispatcher.run(rx));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let record = loop {
+        let record = queue.get(&id).await.unwrap().unwrap();
+        if record.state.is_terminal() {
+            break record;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{record:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    stop.send(true).unwrap();
+    task.await.unwrap().unwrap();
+
+    // Failed at once (an invalid Job is invalid at every try), with a class the API
+    // shows as a stable code, and nothing of what the API server said.
+    assert_eq!(
+        (record.state, record.attempts),
+        (JobState::Failed, 1),
+        "{record:?}"
+    );
+    assert_eq!(
+        record.failure,
+        Some(tuneq_openapi::FailureClass::PoolMisconfigured)
+    );
+    let mut told: Vec<String> = record.error.clone().into_iter().collect();
+    told.extend(
+        queue
+            .events(&id, None, 100, false)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.message),
+    );
+    for text in &told {
+        for internal in ["422", "Invalid", "nodeSelector", "a/b/c", "tq-j1", "Status"] {
+            assert!(!text.contains(internal), "{internal} shown: {text}");
+        }
+    }
+    assert!(
+        record
+            .error
+            .as_deref()
+            .unwrap()
+            .contains("pool xeon is misconfigured"),
+        "{record:?}"
+    );
+}
