@@ -11,6 +11,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 use support::{ADMIN_KEY, create, examples, raw, start, upload};
+use tuneq_api::records::tenant;
 
 #[tokio::test]
 async fn extension_methods_are_refused_and_never_become_metric_labels() {
@@ -276,7 +277,12 @@ async fn a_source_past_its_failures_is_refused_whatever_key_it_sends() {
     let other = client_from([127, 0, 0, 78]);
     let response = get(&other, format!("{}/v1/models", s.url), &s.acme).await;
     assert_eq!(response.status(), StatusCode::OK);
-    let response = get(&other, format!("{}/admin/tenants/acme/keys", s.url), ADMIN_KEY).await;
+    let response = get(
+        &other,
+        format!("{}/admin/tenants/acme/keys", s.url),
+        ADMIN_KEY,
+    )
+    .await;
     assert_eq!(response.status(), StatusCode::OK);
 }
 
@@ -286,7 +292,9 @@ async fn concurrent_guesses_cannot_share_a_failure_allowance() {
     let guesser = client_from([127, 0, 0, 79]);
     // 60 guesses at once, the admin key among them (the probe's 40-connection attack):
     // at most the allowance of 30 is answered as a key check, the rest are refused.
-    let mut keys: Vec<String> = (0..60).map(|i| format!("tq_parallel_guess_{i:04}")).collect();
+    let mut keys: Vec<String> = (0..60)
+        .map(|i| format!("tq_parallel_guess_{i:04}"))
+        .collect();
     keys[45] = ADMIN_KEY.to_string();
     let guesses = keys.iter().map(|key| {
         guesser
