@@ -24,7 +24,8 @@
 //! 5. At the bottom, each depending on nothing here but `error`: `error` (every error
 //!    as OpenAI's error body), `guard` (what every request passes before routing:
 //!    methods, encodings, body pace), `cache`, `pool_stats`, `redact`, `sealed`,
-//!    `webhook_target` (the SSRF guard), `throttle` (how fast a source may try keys).
+//!    `webhook_target` (the SSRF guard), `throttle` (how fast a source may try keys),
+//!    `holds` (how many event streams and downloads a tenant and the process hold open).
 
 pub mod admin;
 pub mod auth;
@@ -36,6 +37,7 @@ pub mod finetunes;
 pub mod fit;
 pub mod guard;
 pub mod health;
+pub mod holds;
 pub mod internal;
 pub mod metrics;
 pub mod models;
@@ -53,6 +55,7 @@ pub mod webhook_target;
 pub mod webhooks;
 
 pub use error::{ApiError, ApiResult, Code};
+pub use holds::HoldLimits;
 pub use state::{ApiConfig, AppState};
 pub use webhook_target::WebhookPolicy;
 
@@ -185,6 +188,10 @@ pub fn serve(
             .configure(configure(json_limit))
     })
     .disable_signals()
+    // A client that closes its side of the connection has gone: its response (an event
+    // stream, a download) is dropped at once, and with it the slot it held (see
+    // `holds`), instead of when a write to it next fails.
+    .h1_allow_half_closed(false)
     .workers(workers)
     .max_connections(connections_per_worker);
     Ok(server.listen(listener)?.run())

@@ -35,6 +35,9 @@ pub struct ApiConfig {
     /// Connections the server holds at once (spread over its workers); more wait in
     /// the listen backlog. Keep it under the process's file limit.
     pub max_connections: usize,
+    /// What clients may hold open (event streams, downloads): per tenant, and for the
+    /// process at most half of `max_connections` (see [`crate::holds`]).
+    pub holds: crate::holds::HoldLimits,
 }
 
 impl Default for ApiConfig {
@@ -53,6 +56,7 @@ impl Default for ApiConfig {
             sealing_key: crate::sealed::SealingKey::random(),
             body_pace: crate::guard::BodyPace::default(),
             max_connections: 512,
+            holds: crate::holds::HoldLimits::default(),
         }
     }
 }
@@ -75,6 +79,8 @@ pub struct AppState {
     pub pool_stats: Arc<crate::pool_stats::PoolStats>,
     /// How fast each source may try keys (see [`crate::throttle`]).
     pub(crate) auth_throttle: Arc<crate::throttle::Throttle>,
+    /// The event streams and downloads clients hold open (see [`crate::holds`]).
+    pub holds: Arc<crate::holds::Holds>,
 }
 
 impl AppState {
@@ -84,6 +90,10 @@ impl AppState {
             queue,
             store,
             pool_stats: Arc::new(crate::pool_stats::PoolStats::new(&config.pools)),
+            holds: Arc::new(crate::holds::Holds::new(
+                config.holds.clone(),
+                config.max_connections,
+            )),
             config,
             finetune_cache: Arc::new(RecordCache::new(CACHED_FINETUNES)),
             auth_throttle: Arc::default(),

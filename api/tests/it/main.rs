@@ -9,5 +9,6 @@ mod hardening;
 mod limits;
 mod openapi;
 mod placement;
+mod streams;
 mod support;
 mod webhook_delivery;
