@@ -80,8 +80,10 @@ async fn read_to_close(conn: &mut TcpStream) -> String {
 async fn read_to_end_of_stream(conn: &mut TcpStream, read: &str) -> String {
     let mut got = read.as_bytes().to_vec();
     let mut buf = [0u8; 4096];
+    // One deadline for the whole stream: its keep-alive comments must not extend it.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
     while !got.ends_with(b"\r\n0\r\n\r\n") {
-        let n = tokio::time::timeout(PATIENCE, conn.read(&mut buf))
+        let n = tokio::time::timeout_at(deadline, conn.read(&mut buf))
             .await
             .expect("the stream did not end")
             .unwrap();
