@@ -37,9 +37,24 @@ fn bearer(req: &HttpRequest) -> ApiResult<String> {
     Ok(key.to_string())
 }
 
-/// The tenant a request acts for, from its API key.
-#[derive(Debug, Clone)]
-pub struct Tenant(pub String);
+/// The tenant a request acts for, from its API key (and the key's hash, for what must
+/// check later that the key still exists: an event stream).
+#[derive(Clone)]
+pub struct Tenant(pub String, String);
+
+impl Tenant {
+    /// The SHA-256 (hex) of the key the request authenticated with.
+    pub(crate) fn key_hash(&self) -> &str {
+        &self.1
+    }
+}
+
+impl std::fmt::Debug for Tenant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The key's hash stays out of logs.
+        f.debug_tuple("Tenant").field(&self.0).finish()
+    }
+}
 
 impl FromRequest for Tenant {
     type Error = ApiError;
@@ -57,7 +72,7 @@ impl FromRequest for Tenant {
             match tenant::tenant_of_key(&state.queue, &key).await? {
                 Some(tenant) => {
                     settle(pass, true);
-                    Ok(Tenant(tenant))
+                    Ok(Tenant(tenant, key_hash(&key)))
                 }
                 None => {
                     settle(pass, false);

@@ -141,6 +141,12 @@ codes! {
     TooManyQueuedJobs = (TOO_MANY_REQUESTS, "too_many_queued_jobs"),
     /// Too many uploads at once (for the tenant or the server); retry after `retry-after`.
     TooManyUploads = (TOO_MANY_REQUESTS, "too_many_uploads"),
+    /// Too many event streams open at once (for the tenant or the server); retry after
+    /// `retry-after`, or close one.
+    TooManyStreams = (TOO_MANY_REQUESTS, "too_many_streams"),
+    /// Too many downloads in progress at once (for the tenant or the server); retry
+    /// after `retry-after`.
+    TooManyDownloads = (TOO_MANY_REQUESTS, "too_many_downloads"),
     /// The upload is larger than the tenant's limit.
     TenantUploadLimit = (TOO_MANY_REQUESTS, "tenant_upload_limit"),
     /// The upload would take the tenant past its file count or stored bytes.

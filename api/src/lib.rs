@@ -27,7 +27,8 @@
 //!    methods, encodings, body pace), `cache`, `pool_stats`, `redact`, `sealed`,
 //!    `webhook_target` (the SSRF guard), `throttle` (how fast a source may try keys),
 //!    `quote` (how a message repeats a client's value), `upload_slots` (uploads at
-//!    once, per process and per tenant).
+//!    once, per process and per tenant),
+//!    `holds` (how many event streams and downloads a tenant and the process hold open).
 
 pub mod admin;
 pub mod auth;
@@ -39,6 +40,7 @@ pub mod finetunes;
 pub mod fit;
 pub mod guard;
 pub mod health;
+pub mod holds;
 pub mod internal;
 pub mod metrics;
 pub mod models;
@@ -58,6 +60,7 @@ pub mod webhook_target;
 pub mod webhooks;
 
 pub use error::{ApiError, ApiResult, Code};
+pub use holds::HoldLimits;
 pub use state::{ApiConfig, AppState};
 pub use webhook_target::WebhookPolicy;
 
@@ -190,9 +193,10 @@ pub fn serve(
             .configure(configure(json_limit))
     })
     .disable_signals()
-    // A client that closes its side of the connection is gone: its request's work is
-    // dropped (an upload's validation stops) instead of running on for nobody. HTTP/1.1
-    // clients do not half-close while they wait for an answer.
+    // A client that closes its side of the connection has gone: its request's work is
+    // dropped (an upload's validation stops, an event stream or a download ends and
+    // gives back the slot it held, see `holds`) instead of running on for nobody.
+    // HTTP/1.1 clients do not half-close while they wait for an answer.
     .h1_allow_half_closed(false)
     .workers(workers)
     .max_connections(connections_per_worker);

@@ -38,6 +38,9 @@ pub struct ApiConfig {
     /// The limits of every tenant where its own leave one unset (none by default here;
     /// `tuneq up` and `tuneq api` set the server's from their flags).
     pub default_limits: crate::records::tenant::TenantLimits,
+    /// What clients may hold open (event streams, downloads): per tenant, and for the
+    /// process at most half of `max_connections` (see [`crate::holds`]).
+    pub holds: crate::holds::HoldLimits,
 }
 
 impl Default for ApiConfig {
@@ -57,6 +60,7 @@ impl Default for ApiConfig {
             body_pace: crate::guard::BodyPace::default(),
             max_connections: 512,
             default_limits: Default::default(),
+            holds: crate::holds::HoldLimits::default(),
         }
     }
 }
@@ -81,6 +85,8 @@ pub struct AppState {
     pub(crate) auth_throttle: Arc<crate::throttle::Throttle>,
     /// Uploads in progress, per process and per tenant (see [`crate::upload_slots`]).
     pub upload_slots: crate::upload_slots::UploadSlots,
+    /// The event streams and downloads clients hold open (see [`crate::holds`]).
+    pub holds: Arc<crate::holds::Holds>,
 }
 
 impl AppState {
@@ -90,6 +96,10 @@ impl AppState {
             queue,
             store,
             pool_stats: Arc::new(crate::pool_stats::PoolStats::new(&config.pools)),
+            holds: Arc::new(crate::holds::Holds::new(
+                config.holds.clone(),
+                config.max_connections,
+            )),
             config,
             finetune_cache: Arc::new(RecordCache::new(CACHED_FINETUNES)),
             auth_throttle: Arc::default(),

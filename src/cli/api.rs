@@ -108,6 +108,7 @@ async fn serve(args: ApiArgs) -> Result<()> {
             max_upload_bytes: args.policy.max_upload_bytes(),
             default_limits: args.policy.default_limits(),
             webhooks: args.policy.webhooks(),
+            holds: args.policy.holds()?,
             admin_key_hash: args.policy.admin_key_hash()?,
             spool_dir,
             pools: std::sync::Arc::new(pools),
@@ -130,6 +131,7 @@ async fn serve(args: ApiArgs) -> Result<()> {
     let handle = server.handle();
     let server_task = tokio::spawn(server);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let holds = state.holds.clone();
     let settler = tokio::spawn(service::settle_loop(state, stop_rx));
     println!("tuneq api is up at {url}");
     use std::io::Write;
@@ -138,6 +140,9 @@ async fn serve(args: ApiArgs) -> Result<()> {
     let _ = stop_tx.send(true);
     let forced = service::force_on_second_signal();
     let _ = settler.await;
+    // Open event streams end now (their clients reconnect elsewhere with
+    // Last-Event-ID) instead of holding the graceful stop to its timeout.
+    holds.close();
     handle.stop(true).await;
     let _ = server_task.await;
     forced.abort();

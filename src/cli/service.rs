@@ -34,6 +34,24 @@ pub struct ApiPolicyArgs {
     /// limit).
     #[arg(long, env = "TUNEQ_DEFAULT_MAX_STORED_GIB", default_value_t = 50)]
     default_max_stored_gib: u64,
+    /// Event streams (`…/events?stream=true`) one tenant may hold open at once; more
+    /// answer 429 `too_many_streams`. All tenants' streams and downloads together stay
+    /// under half of the server's connections whatever this says.
+    #[arg(long, env = "TUNEQ_MAX_STREAMS_PER_TENANT", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    max_streams_per_tenant: u32,
+    /// Downloads (file content, adapter archives) one tenant may have in progress at
+    /// once; more answer 429 `too_many_downloads`.
+    #[arg(long, env = "TUNEQ_MAX_DOWNLOADS_PER_TENANT", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    max_downloads_per_tenant: u32,
+    /// How long one event stream lasts at most; it then ends without `done`, and the
+    /// client reconnects with `Last-Event-ID`.
+    #[arg(
+        long,
+        env = "TUNEQ_STREAM_LIFETIME",
+        default_value = "15m",
+        value_name = "DURATION"
+    )]
+    stream_lifetime: super::settings::Span,
 }
 
 impl ApiPolicyArgs {
@@ -60,6 +78,20 @@ impl ApiPolicyArgs {
         tuneq_api::WebhookPolicy {
             allow_private: self.webhook_allow_private,
         }
+    }
+
+    /// What clients may hold open: event streams and downloads per tenant, and how long a
+    /// stream lasts (a zero lifetime is refused: every stream would end at once).
+    pub fn holds(&self) -> Result<tuneq_api::HoldLimits> {
+        if self.stream_lifetime.0.is_zero() {
+            return Err(BadInput("--stream-lifetime must be more than zero".into()).into());
+        }
+        Ok(tuneq_api::HoldLimits {
+            streams_per_tenant: self.max_streams_per_tenant as usize,
+            downloads_per_tenant: self.max_downloads_per_tenant as usize,
+            stream_lifetime: self.stream_lifetime.0,
+            ..tuneq_api::HoldLimits::default()
+        })
     }
 
     /// The admin key as the API keeps it (hashed); None disables `/admin`. A key shorter

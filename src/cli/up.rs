@@ -268,6 +268,7 @@ async fn serve(args: UpArgs) -> Result<()> {
             max_upload_bytes: args.policy.max_upload_bytes(),
             default_limits: args.policy.default_limits(),
             webhooks: args.policy.webhooks(),
+            holds: args.policy.holds()?,
             admin_key_hash: args.policy.admin_key_hash()?,
             spool_dir: data_dir.join("spool"),
             pools: Arc::new(pools),
@@ -319,6 +320,7 @@ async fn serve(args: UpArgs) -> Result<()> {
             stop_rx.clone(),
         )?);
     }
+    let holds = state.holds.clone();
     let settler_task = tokio::spawn(service::settle_loop(state, stop_rx));
 
     let key_file = data_dir.join("api-key");
@@ -353,6 +355,9 @@ async fn serve(args: UpArgs) -> Result<()> {
         }
     }
     let _ = settler_task.await;
+    // Open event streams end now (their clients reconnect elsewhere with
+    // Last-Event-ID) instead of holding the graceful stop to its timeout.
+    holds.close();
     server_handle.stop(true).await;
     let _ = server_task.await;
     forced.abort();

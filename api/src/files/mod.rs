@@ -21,6 +21,7 @@ pub use spool::clean_spool;
 
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult, Code};
+use crate::holds::{self, HoldKind};
 use crate::records;
 use crate::state::AppState;
 use actix_web::http::header;
@@ -495,13 +496,16 @@ pub(crate) async fn retrieve(
     Ok(HttpResponse::Ok().json(records::file::find(&state.queue, &tenant.0, &id).await?))
 }
 
-/// The file's bytes as uploaded, streamed.
+/// The file's bytes as uploaded, streamed. A tenant holds a bounded number of
+/// downloads at once (8 by default).
 #[utoipa::path(get, path = "/v1/files/{id}/content", tag = "files", operation_id = "download_file",
     params(("id" = String, Path, description = "`file-…`")),
     responses(
         (status = 200, description = "The JSONL bytes", content_type = "application/jsonl", body = inline(tuneq_openapi::Binary)),
         (status = 401, description = "No or unknown API key", body = ErrorBody),
         (status = 404, description = "No such file for this tenant", body = ErrorBody),
+        (status = 429, description = "The tenant (or the server) has as many downloads in progress as it may \
+(`too_many_downloads`); retry after `retry-after`", body = ErrorBody),
     ))]
 pub(crate) async fn content(
     state: web::Data<AppState>,
@@ -509,6 +513,11 @@ pub(crate) async fn content(
     id: web::Path<String>,
 ) -> ApiResult<HttpResponse> {
     let file = records::file::find(&state.queue, &tenant.0, &id).await?;
+    // Held until the body is dropped: a client that reads slowly keeps its connection.
+    let hold = match state.holds.take(&tenant.0, HoldKind::Download) {
+        Ok(hold) => hold,
+        Err(refused) => return Ok(holds::refusal(&refused)),
+    };
     let object = state
         .store
         .get(&records::file::content_key(&tenant.0, &file.id)?, None)
@@ -520,10 +529,13 @@ pub(crate) async fn content(
             header::CONTENT_DISPOSITION,
             format!("attachment; filename=\"{}.jsonl\"", file.id),
         ))
-        .streaming(object.body.map_err(|e| {
-            tracing::warn!(error = %e, "file download broke off");
-            actix_web::error::ErrorInternalServerError("download broke off")
-        })))
+        .streaming(holds::holding(
+            hold,
+            object.body.map_err(|e| {
+                tracing::warn!(error = %e, "file download broke off");
+                actix_web::error::ErrorInternalServerError("download broke off")
+            }),
+        )))
 }
 
 /// Deletes a file.

@@ -5,6 +5,7 @@ use super::plan::check_range;
 use super::view::view;
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult, Code};
+use crate::holds::{self, HoldKind};
 use crate::records::finetune::{FineTuneRecord, ms_to_seconds};
 use crate::redact;
 use crate::state::AppState;
@@ -105,7 +106,7 @@ pub(crate) async fn checkpoints(
 const ADAPTER_FILES: [&str; 2] = ["adapter_config.json", "adapter_model.safetensors"];
 
 /// The trained PEFT adapter (`adapter_config.json`, `adapter_model.safetensors`) as a
-/// tar archive.
+/// tar archive. A tenant holds a bounded number of downloads at once (8 by default).
 #[utoipa::path(get, path = "/v1/fine_tuning/jobs/{id}/adapter", tag = "fine-tuning", operation_id = "download_adapter",
     params(("id" = String, Path, description = "`ftjob-…`")),
     responses(
@@ -113,6 +114,8 @@ const ADAPTER_FILES: [&str; 2] = ["adapter_config.json", "adapter_model.safetens
         (status = 400, description = "The job has not succeeded", body = ErrorBody),
         (status = 401, description = "No or unknown API key", body = ErrorBody),
         (status = 404, description = "No such job for this tenant", body = ErrorBody),
+        (status = 429, description = "The tenant (or the server) has as many downloads in progress as it may \
+(`too_many_downloads`); retry after `retry-after`", body = ErrorBody),
     ))]
 pub(crate) async fn adapter(
     state: web::Data<AppState>,
@@ -121,6 +124,11 @@ pub(crate) async fn adapter(
 ) -> ApiResult<HttpResponse> {
     use futures::TryStreamExt;
     let (record, output) = adapter_prefix(&state, &tenant, &id).await?;
+    // Held until the body is dropped: a client that reads slowly keeps its connection.
+    let hold = match state.holds.take(&tenant.0, HoldKind::Download) {
+        Ok(hold) => hold,
+        Err(refused) => return Ok(holds::refusal(&refused)),
+    };
     let mut entries = Vec::new();
     for name in ADAPTER_FILES {
         let key = output
@@ -144,7 +152,7 @@ pub(crate) async fn adapter(
             actix_web::http::header::CONTENT_DISPOSITION,
             format!("attachment; filename=\"{}-adapter.tar\"", record.id),
         ))
-        .streaming(archive))
+        .streaming(holds::holding(hold, archive)))
 }
 
 /// Where a succeeded job's adapter is stored; a job that has not succeeded is refused.

@@ -5,6 +5,7 @@ use super::plan::check_range;
 use super::view::view;
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult, Code};
+use crate::holds::{self, Hold, HoldKind};
 use crate::records::finetune::{FineTuneRecord, ms_to_seconds};
 use crate::redact;
 use crate::state::AppState;
@@ -188,20 +189,27 @@ fn render_plain(
 }
 
 /// The job's events, newest first; `after` = the last id seen. With `stream=true`,
-/// server-sent events instead: every event oldest first (after `after` or
-/// `Last-Event-ID`), then each new one as it happens, until the job has ended.
+/// server-sent events instead: every event oldest first (after `Last-Event-ID`, else
+/// `after`), then each new one as it happens, until the job has ended. A tenant holds a
+/// bounded number of streams at once (16 by default), and a stream lasts 15 minutes at
+/// most: it then ends without `done`, and the client reconnects with `Last-Event-ID`.
+/// A stream whose API key is revoked ends within seconds with an `error` event.
 #[utoipa::path(get, path = "/v1/fine_tuning/jobs/{id}/events", tag = "fine-tuning", operation_id = "list_fine_tuning_events",
     params(("id" = String, Path, description = "`ftjob-…`"), EventsQuery,
         ("Last-Event-ID" = Option<String>, Header, description = "With `stream`: resume after this event")),
     responses(
         (status = 200, description = "A page of events, or (with `stream`) server-sent events: \
-`event` is the type, `id` the event's id, `data` the event object; a last `done` event carries the job", content(
+`event` is the type, `id` the event's id, `data` the event object; a last `done` event carries the job. \
+A stream that ends without `done` (its lifetime is over, the server is stopping) is resumed by \
+reconnecting with `Last-Event-ID`; one whose key was revoked ends with an `error` event", content(
             (FineTuneEventList = "application/json"),
             (String = "text/event-stream"),
         )),
         (status = 400, description = "Invalid query", body = ErrorBody),
         (status = 401, description = "No or unknown API key", body = ErrorBody),
         (status = 404, description = "No such job for this tenant", body = ErrorBody),
+        (status = 429, description = "With `stream`: the tenant (or the server) has as many streams open \
+as it may (`too_many_streams`); retry after `retry-after`", body = ErrorBody),
     ))]
 pub(crate) async fn events(
     state: web::Data<AppState>,
@@ -217,12 +225,29 @@ pub(crate) async fn events(
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
-    let after = match query.after.as_ref().or(last_event_id.as_ref()) {
+    let stream = query.stream == Some(true);
+    // A client that reconnects to a stream keeps its URL (and so any `after` in it) and
+    // says where it got to with `Last-Event-ID`: that wins.
+    let cursor = if stream {
+        last_event_id.as_ref().or(query.after.as_ref())
+    } else {
+        query.after.as_ref().or(last_event_id.as_ref())
+    };
+    let after = match cursor {
         Some(a) => Some(event_seq(&record.id, a)?),
         None => None,
     };
-    if query.stream == Some(true) {
-        return Ok(stream_events(state.into_inner(), record, after));
+    if stream {
+        let hold = match state.holds.take(&tenant.0, HoldKind::EventStream) {
+            Ok(hold) => hold,
+            Err(refused) => return Ok(holds::refusal(&refused)),
+        };
+        let watch = Watch {
+            _hold: hold,
+            tenant: tenant.0.clone(),
+            key_hash: tenant.key_hash().to_string(),
+        };
+        return Ok(stream_events(state.into_inner(), record, after, watch));
     }
     let mut events = state
         .queue
@@ -252,12 +277,59 @@ fn sse(event: &str, id: Option<&str>, data: &str) -> bytes::Bytes {
     bytes::Bytes::from(text)
 }
 
+/// Who an open stream serves, and the slot it holds (given back when the stream is
+/// dropped: it ended, the client went away, the server stopped).
+struct Watch {
+    _hold: Hold,
+    tenant: String,
+    key_hash: String,
+}
+
+/// Why a stream ends before its job does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cut {
+    /// The server is stopping.
+    Closing,
+    /// The stream has lasted its lifetime.
+    Lifetime,
+    /// Its API key was revoked.
+    KeyRevoked,
+}
+
+impl Cut {
+    /// What the stream sends last: a comment for the client to reconnect on, or (for a
+    /// revoked key) an `error` event with the 401's body, after which reconnecting fails.
+    fn last_words(self) -> bytes::Bytes {
+        match self {
+            Cut::Closing => bytes::Bytes::from_static(
+                b": the server is stopping; reconnect with Last-Event-ID to go on\n\n",
+            ),
+            Cut::Lifetime => bytes::Bytes::from_static(
+                b": this stream has lasted its lifetime; reconnect with Last-Event-ID to go on\n\n",
+            ),
+            Cut::KeyRevoked => {
+                let error = ApiError::unauthenticated("The API key of this stream was revoked.");
+                let body = tuneq_openapi::ErrorBody {
+                    error: (*error.detail).clone(),
+                };
+                sse(
+                    "error",
+                    None,
+                    &serde_json::to_string(&body).unwrap_or_default(),
+                )
+            }
+        }
+    }
+}
+
 /// Server-sent events of a job: what it logged after `after`, then new events as they
-/// come, until it has ended (a last `done` event carries the job).
+/// come, until it has ended (a last `done` event carries the job) or the stream is cut
+/// short (see [`Cut`]).
 fn stream_events(
     state: std::sync::Arc<AppState>,
     record: FineTuneRecord,
     after: Option<u64>,
+    watch: Watch,
 ) -> HttpResponse {
     struct Cursor {
         state: std::sync::Arc<AppState>,
@@ -266,14 +338,61 @@ fn stream_events(
         pending: std::collections::VecDeque<bytes::Bytes>,
         quiet_since: std::time::Instant,
         done: bool,
+        watch: Watch,
+        /// None: a lifetime too long to count (it never ends by age).
+        ends_at: Option<std::time::Instant>,
+        key_checked: std::time::Instant,
     }
+
+    impl Cursor {
+        /// Whether the stream must end now, before its job does.
+        async fn cut(&mut self) -> Option<Cut> {
+            let holds = &self.state.holds;
+            if holds.closing() {
+                return Some(Cut::Closing);
+            }
+            let now = std::time::Instant::now();
+            if self.ends_at.is_some_and(|end| now >= end) {
+                return Some(Cut::Lifetime);
+            }
+            if now.duration_since(self.key_checked) < holds.limits().key_check {
+                return None;
+            }
+            self.key_checked = now;
+            let watch = &self.watch;
+            match crate::records::tenant::key_is_live(
+                &self.state.queue,
+                &watch.key_hash,
+                &watch.tenant,
+            )
+            .await
+            {
+                Ok(true) => None,
+                Ok(false) => {
+                    tracing::info!(tenant = %watch.tenant, job = %self.record.id, "event stream ended: its key was revoked");
+                    Some(Cut::KeyRevoked)
+                }
+                Err(e) => {
+                    // Checked again next time; the lifetime bounds a stream meanwhile.
+                    tracing::warn!(error = %e, "event stream: cannot check its key");
+                    None
+                }
+            }
+        }
+    }
+
+    let now = std::time::Instant::now();
+    let lifetime = state.holds.limits().stream_lifetime;
     let cursor = Cursor {
         state,
         record,
         last: after,
         pending: Default::default(),
-        quiet_since: std::time::Instant::now(),
+        quiet_since: now,
         done: false,
+        watch,
+        ends_at: now.checked_add(lifetime),
+        key_checked: now,
     };
     let stream = futures::stream::unfold(cursor, |mut c| async move {
         loop {
@@ -282,6 +401,11 @@ fn stream_events(
             }
             if c.done {
                 return None;
+            }
+            if let Some(cut) = c.cut().await {
+                c.pending.push_back(cut.last_words());
+                c.done = true;
+                continue;
             }
             let ended = match c.state.queue.get(&c.record.job_id).await {
                 Ok(job) => job.is_none_or(|j| j.state.is_terminal()),

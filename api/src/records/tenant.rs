@@ -448,6 +448,19 @@ pub(crate) async fn tenant_of_key(catalog: &dyn Catalog, key: &str) -> ApiResult
     Ok(Some(record.tenant))
 }
 
+/// Whether the key whose SHA-256 is `hash` still belongs to `tenant_id`, asked of the
+/// catalog itself rather than this process's [`key_cache`], so a revocation made through
+/// any API process is seen: what an open event stream checks every so often.
+pub(crate) async fn key_is_live(
+    catalog: &dyn Catalog,
+    hash: &str,
+    tenant_id: &str,
+) -> ApiResult<bool> {
+    Ok(read_key(catalog, hash)
+        .await?
+        .is_some_and(|record| record.tenant == tenant_id))
+}
+
 /// Writes the tenant's record back (its limits changed).
 pub(crate) async fn update(catalog: &dyn Catalog, record: &TenantRecord) -> ApiResult<()> {
     catalog

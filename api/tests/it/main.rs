@@ -12,6 +12,7 @@ mod input;
 mod limits;
 mod openapi;
 mod placement;
+mod streams;
 mod support;
 mod validation;
 mod webhook_delivery;
