@@ -539,7 +539,7 @@ pub fn check_kubernetes_pools(
     shown: &str,
     serves: impl Fn(&tuneq_pools::Pool) -> bool,
 ) -> Result<()> {
-    for (i, pool) in file.pools.iter().enumerate().filter(|(_, p)| serves(*p)) {
+    for (i, pool) in file.pools.iter().enumerate().filter(|(_, p)| serves(p)) {
         if let Err(e) = tuneq_dispatcher::kubernetes::check_pool(pool) {
             return Err(BadInput(format!("{shown}: pool[{i}].{}: {e}", e.field())).into());
         }
