@@ -19,6 +19,8 @@ use redis::aio::ConnectionManager;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+mod inspect;
+
 /// The queue of one scheduling domain, on Redis (one server or one slot of a Cluster)
 /// or in the embedded file.
 #[derive(Clone)]
@@ -187,6 +189,16 @@ impl Queue {
 
     /// Runs `preempt.lua` with `args` after the job and token (the reason, and for a
     /// move the new pools and why): back in line, in its place.
+    /// Runs the outbox script's `op` (`hand`, `ack`, `retry` with its delay) on one
+    /// delivery; its integer reply.
+    async fn outbox_on(&self, delivery: &Delivery, op: &str, delay_ms: Option<u64>) -> Result<i64> {
+        let mut args = vec![op.to_string(), delivery.member(), delivery.tenant.clone()];
+        args.extend(delay_ms.map(|ms| ms.to_string()));
+        self.domain
+            .call_as::<i64>(&self.scripts.outbox, &args)
+            .await
+    }
+
     async fn preempt_with(&self, id: &str, token: u64, args: &[String]) -> Result<()> {
         self.domain
             .fenced_transition(
@@ -781,84 +793,7 @@ impl JobQueue for Queue {
     }
 
     async fn inspect(&self) -> Result<Inspection> {
-        let p = self.domain.prefix();
-        let mut ids = Vec::new();
-        let mut cursor: u64 = 0;
-        loop {
-            let mut scan = redis::cmd("SCAN");
-            scan.arg(cursor)
-                .arg("MATCH")
-                .arg(format!("{p}job:*"))
-                .arg("COUNT")
-                .arg(1000);
-            let (next, keys): (u64, Vec<String>) = self.domain.scan_query("scan", &scan).await?;
-            ids.extend(keys.iter().map(|k| k[p.len() + 4..].to_string()));
-            if next == 0 {
-                break;
-            }
-            cursor = next;
-        }
-        let members = |key: String| {
-            let backend = self.domain.backend.clone();
-            async move {
-                let kind = if key.ends_with("cancelling") {
-                    "SMEMBERS"
-                } else {
-                    "ZRANGE"
-                };
-                let mut cmd = redis::cmd(kind);
-                cmd.arg(&key);
-                if kind == "ZRANGE" {
-                    cmd.arg(0).arg(-1);
-                }
-                backend
-                    .query::<Vec<String>>(&cmd)
-                    .await
-                    .map(|v| v.into_iter().collect::<std::collections::HashSet<_>>())
-            }
-        };
-        let mut indexes = Vec::new();
-        for name in ["delayed", "leases", "suspect", "cancelling", "done", "dead"] {
-            indexes.push((name, members(format!("{p}{name}")).await?));
-        }
-        let active_tenants = members(format!("{p}tenants")).await?.into_iter().collect();
-        let mut ready_of = std::collections::HashMap::new();
-        let mut out = Inspection {
-            active_tenants,
-            ..Inspection::default()
-        };
-        ids.sort();
-        for id in ids {
-            let Some(record) = self.get(&id).await? else {
-                continue;
-            };
-            if !ready_of.contains_key(&record.tenant) {
-                let ready = members(format!("{p}ready:{}", record.tenant)).await?;
-                if !ready.is_empty() {
-                    out.tenants_with_waiting.insert(record.tenant.clone());
-                }
-                ready_of.insert(record.tenant.clone(), ready);
-            }
-            let mut member_of = Vec::new();
-            if ready_of[&record.tenant].contains(&id) {
-                member_of.push("ready");
-            }
-            for (name, set) in &indexes {
-                if set.contains(&id) {
-                    member_of.push(*name);
-                }
-            }
-            out.jobs.push((record, member_of));
-        }
-        let mut cmd = redis::cmd("SMEMBERS");
-        cmd.arg(format!("{p}pools"));
-        let pools: Vec<String> = self.domain.query(&cmd).await?;
-        for pool in pools {
-            let usage = self.pool_usage(&pool).await?;
-            out.pools.push((pool, usage));
-        }
-        out.pools.sort_by(|a, b| a.0.cmp(&b.0));
-        Ok(out)
+        self.inspect_keys().await
     }
 
     async fn due_deliveries(&self, limit: u32) -> Result<Vec<Delivery>> {
@@ -870,16 +805,7 @@ impl JobQueue for Queue {
     }
 
     async fn hand_over_delivery(&self, delivery: &Delivery) -> Result<bool> {
-        let args = [
-            "hand".to_string(),
-            delivery.member(),
-            delivery.tenant.clone(),
-        ];
-        let moved = self
-            .domain
-            .call_as::<i64>(&self.scripts.outbox, &args)
-            .await?;
-        Ok(moved == 1)
+        Ok(self.outbox_on(delivery, "hand", None).await? == 1)
     }
 
     async fn due_sends(&self, tenants: u32, per_tenant: u32) -> Result<Vec<Delivery>> {
@@ -893,27 +819,12 @@ impl JobQueue for Queue {
     }
 
     async fn ack_delivery(&self, delivery: &Delivery) -> Result<()> {
-        let args = [
-            "ack".to_string(),
-            delivery.member(),
-            delivery.tenant.clone(),
-        ];
-        self.domain
-            .call_as::<i64>(&self.scripts.outbox, &args)
-            .await?;
+        self.outbox_on(delivery, "ack", None).await?;
         Ok(())
     }
 
     async fn retry_delivery(&self, delivery: &Delivery, delay_ms: u64) -> Result<()> {
-        let args = [
-            "retry".to_string(),
-            delivery.member(),
-            delivery.tenant.clone(),
-            delay_ms.to_string(),
-        ];
-        self.domain
-            .call_as::<i64>(&self.scripts.outbox, &args)
-            .await?;
+        self.outbox_on(delivery, "retry", Some(delay_ms)).await?;
         Ok(())
     }
 
