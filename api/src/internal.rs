@@ -10,8 +10,8 @@ use crate::error::{ApiError, ApiResult, Code};
 use crate::records::finetune::AttemptResult;
 use crate::state::AppState;
 use actix_web::{HttpRequest, HttpResponse, web};
-use tuneq_openapi::{AttemptReport, LogEntry, Progress, TrainEvent};
-use tuneq_queue::{JobQueue, QueueError};
+use tuneq_openapi::{AttemptReport, EventKind, LogEntry, Progress, StoredJson, TrainEvent};
+use tuneq_queue::{JobQueue, JobState, NewEvent, QueueError};
 
 /// 410 to a trainer: stop this attempt (`code` says why).
 fn gone(code: Code, message: &str) -> ApiError {
@@ -22,9 +22,43 @@ fn gone(code: Code, message: &str) -> ApiError {
 /// capped event log keeps its first events too.
 const METRICS_EVENTS_PER_RUN: u64 = 50;
 
-/// Folds `events` into the job's progress and picks the ones its log records, as the
-/// log keeps them (kind, message): [`LogEntry`]s, and warnings as plain text.
-fn apply(progress: &mut Progress, events: &[TrainEvent]) -> Vec<(String, String)> {
+/// What a report leaves in the job's log: a [`LogEntry`] (its kind and fields), or a
+/// warning in words.
+enum Logged {
+    Entry {
+        kind: EventKind,
+        fields: serde_json::Value,
+    },
+    Warning(String),
+}
+
+impl From<LogEntry> for Logged {
+    fn from(entry: LogEntry) -> Self {
+        let (kind, fields) = entry.encode();
+        Self::Entry { kind, fields }
+    }
+}
+
+impl Logged {
+    /// The event the log keeps.
+    fn event(&self) -> NewEvent<'_> {
+        match self {
+            Self::Entry { kind, fields } => NewEvent {
+                kind: *kind,
+                message: "",
+                data: Some(fields),
+            },
+            Self::Warning(message) => NewEvent {
+                kind: EventKind::Warning,
+                message,
+                data: None,
+            },
+        }
+    }
+}
+
+/// Folds `events` into the job's progress and picks the ones its log records.
+fn apply(progress: &mut Progress, events: &[TrainEvent]) -> Vec<Logged> {
     let mut log = Vec::new();
     for event in events {
         match event {
@@ -47,7 +81,7 @@ fn apply(progress: &mut Progress, events: &[TrainEvent]) -> Vec<(String, String)
                         trainable_params: *trainable_params,
                         dataset_format: dataset_format.clone(),
                     }
-                    .encode(),
+                    .into(),
                 );
             }
             TrainEvent::Resumed { step, checkpoint } => {
@@ -58,7 +92,7 @@ fn apply(progress: &mut Progress, events: &[TrainEvent]) -> Vec<(String, String)
                         step: *step,
                         location: checkpoint.clone(),
                     }
-                    .encode(),
+                    .into(),
                 );
             }
             TrainEvent::Step(m) => {
@@ -80,7 +114,7 @@ fn apply(progress: &mut Progress, events: &[TrainEvent]) -> Vec<(String, String)
                             eta_s: Some(m.eta_s),
                             tokens_seen: m.tokens_seen,
                         }
-                        .encode(),
+                        .into(),
                     );
                 }
             }
@@ -94,7 +128,7 @@ fn apply(progress: &mut Progress, events: &[TrainEvent]) -> Vec<(String, String)
                         step: *step,
                         valid_loss: Some(*validation_loss),
                     }
-                    .encode(),
+                    .into(),
                 );
             }
             TrainEvent::Checkpoint { step, location } => {
@@ -104,10 +138,10 @@ fn apply(progress: &mut Progress, events: &[TrainEvent]) -> Vec<(String, String)
                         step: *step,
                         location: location.clone(),
                     }
-                    .encode(),
+                    .into(),
                 );
             }
-            TrainEvent::Warning { message } => log.push(("warning".into(), message.clone())),
+            TrainEvent::Warning { message } => log.push(Logged::Warning(message.clone())),
             TrainEvent::Finished {
                 step,
                 validation_loss,
@@ -164,16 +198,15 @@ pub(crate) async fn report(
         .get(&id)
         .await?
         .ok_or_else(|| gone(Code::JobGone, "The job no longer exists."))?;
-    let mut progress: Progress = record
-        .progress
-        .as_deref()
-        .and_then(|p| serde_json::from_str(p).ok())
+    let mut progress = Progress::decode_optional(&id, record.progress.as_deref())
+        .map_err(|e| ApiError::internal(e.to_string()))?
         .unwrap_or_default();
     let lost_before = progress.lost_steps;
     let log = apply(&mut progress, &body.events);
-    let progress_json =
-        serde_json::to_string(&progress).map_err(|e| ApiError::internal(e.to_string()))?;
-    let log_refs: Vec<(&str, &str)> = log.iter().map(|(k, m)| (k.as_str(), m.as_str())).collect();
+    let progress_json = progress
+        .encode(&id)
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    let log_events: Vec<NewEvent<'_>> = log.iter().map(Logged::event).collect();
     let refused = |e: QueueError| match e {
         QueueError::StaleToken(_) => gone(
             Code::AttemptSuperseded,
@@ -181,14 +214,17 @@ pub(crate) async fn report(
         ),
         QueueError::WrongState { state, .. } => gone(
             Code::AttemptStopped,
-            &format!("The job is {state}: stop this attempt."),
+            &format!(
+                "The job is {}: stop this attempt.",
+                state.map_or("in another state", JobState::as_str)
+            ),
         ),
         QueueError::NotFound(_) => gone(Code::JobGone, "The job no longer exists."),
         other => other.into(),
     };
     state
         .queue
-        .report(&id, token, body.seq, Some(&progress_json), &log_refs)
+        .report(&id, token, body.seq, Some(&progress_json), &log_events)
         .await
         .map_err(refused)?;
     if let Some(pool) = record.pool.as_deref() {
@@ -213,13 +249,14 @@ pub(crate) async fn report(
             ..
         } = event
         {
-            let result = serde_json::to_string(&AttemptResult {
+            let result = AttemptResult {
                 adapter: adapter.clone(),
                 trained_tokens: *trained_tokens,
                 step: *step,
                 train_loss: *train_loss,
                 validation_loss: *validation_loss,
-            })
+            }
+            .encode(&id)
             .map_err(|e| ApiError::internal(e.to_string()))?;
             state
                 .queue
@@ -270,7 +307,13 @@ mod tests {
                 location: "file:///x".into(),
             }],
         );
-        assert_eq!(log[0].0, "checkpoint");
+        assert!(matches!(
+            log[0],
+            Logged::Entry {
+                kind: EventKind::Checkpoint,
+                ..
+            }
+        ));
         assert_eq!(progress.checkpoint_step, Some(200));
     }
 

@@ -160,3 +160,25 @@ fn served_json() -> &'static str {
 
 /// `/docs`: renders `/openapi.json` in the browser with nothing fetched from elsewhere.
 const DOCS_PAGE: &str = include_str!("docs.html");
+
+#[cfg(test)]
+mod tests {
+    use tuneq_openapi::FailureClass;
+
+    #[test]
+    fn the_document_lists_exactly_the_failure_codes_a_job_can_show() {
+        let document: serde_json::Value =
+            serde_json::from_str(&super::document_json()).unwrap_or_default();
+        let listed: Vec<&str> = document["components"]["schemas"]["FailureClass"]["enum"]
+            .as_array()
+            .map(|codes| codes.iter().filter_map(|c| c.as_str()).collect())
+            .unwrap_or_default();
+        let produced: Vec<&str> = FailureClass::ALL.iter().map(|c| c.code()).collect();
+        assert_eq!(listed, produced);
+        let error_code = &document["components"]["schemas"]["JobError"]["properties"]["code"];
+        assert_eq!(
+            error_code["$ref"], "#/components/schemas/FailureClass",
+            "a failed job's error.code is a FailureClass: {error_code}"
+        );
+    }
+}

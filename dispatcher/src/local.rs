@@ -298,6 +298,7 @@ pub fn classify(status: std::process::ExitStatus, dir: &Path) -> End {
         ),
         TrainerExit::Superseded => End::Superseded,
         TrainerExit::BadInput => End::BadInput(stderr_tail(dir)),
+        TrainerExit::Diverged => End::Diverged(stderr_tail(dir)),
         TrainerExit::Crashed {
             code: Some(code), ..
         } => End::Crashed(format!(

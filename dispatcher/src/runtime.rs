@@ -46,6 +46,8 @@ pub enum End {
     Interrupted(String),
     /// Input that can never train: fail the job, no retry.
     BadInput(String),
+    /// The run diverged (its loss became NaN or infinite): fail the job, no retry.
+    Diverged(String),
     /// The trainer was told its attempt is no longer live: nothing to report.
     Superseded,
     /// A crash: retry from the last checkpoint within the job's budget.

@@ -11,8 +11,8 @@ use tuneq_openapi::FailureClass;
 /// What a job is told when its attempt could not be started.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StartFailure {
-    /// The failure's class, when it has one the API shows as a code of its own.
-    pub class: Option<FailureClass>,
+    /// The failure's class, which the API shows as the job's `error.code`.
+    pub class: FailureClass,
     /// The reason the job (and its tenant) is given.
     pub reason: String,
     /// Whether another attempt can help.
@@ -35,7 +35,7 @@ impl StartFailure {
     /// grant, a namespace) is retried within the job's budget.
     pub fn of(error: &DispatchError, pool: &str) -> Self {
         let misconfigured = |retryable| Self {
-            class: Some(FailureClass::PoolMisconfigured),
+            class: FailureClass::PoolMisconfigured,
             reason: format!(
                 "pool {pool} is misconfigured: the cluster refused to start the attempt; an operator must fix the pool (the dispatcher's log has the details)"
             ),
@@ -48,14 +48,14 @@ impl StartFailure {
                 ..
             } if refused(status.code) => misconfigured(!matches!(status.code, 400 | 422)),
             DispatchError::Kubernetes { .. } => Self {
-                class: None,
+                class: FailureClass::TrainingFailed,
                 reason: format!(
                     "pool {pool}: the cluster could not start the attempt (the dispatcher's log has the details)"
                 ),
                 retryable: true,
             },
             other => Self {
-                class: None,
+                class: FailureClass::TrainingFailed,
                 reason: other.to_string(),
                 retryable: true,
             },
@@ -85,11 +85,7 @@ mod tests {
             (404, "NotFound", true),
         ] {
             let failure = StartFailure::of(&api(code, reason), "l4");
-            assert_eq!(
-                failure.class,
-                Some(FailureClass::PoolMisconfigured),
-                "{code}"
-            );
+            assert_eq!(failure.class, FailureClass::PoolMisconfigured, "{code}");
             assert_eq!(failure.retryable, retryable, "{code}");
             for internal in [
                 "nodeSelector",
@@ -120,7 +116,7 @@ mod tests {
             (500, "InternalError"),
         ] {
             let failure = StartFailure::of(&api(code, reason), "l4");
-            assert_eq!(failure.class, None, "{code}");
+            assert_eq!(failure.class, FailureClass::TrainingFailed, "{code}");
             assert!(failure.retryable, "{code}");
             assert!(
                 !failure.reason.contains("nodeSelector"),
@@ -139,7 +135,7 @@ mod tests {
             what: "mount path /tmp".into(),
         };
         let failure = StartFailure::of(&DispatchError::Build(clash), "l4");
-        assert_eq!(failure.class, Some(FailureClass::PoolMisconfigured));
+        assert_eq!(failure.class, FailureClass::PoolMisconfigured);
         assert!(!failure.retryable);
         assert!(!failure.reason.contains("/tmp"), "{}", failure.reason);
     }

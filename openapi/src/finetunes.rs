@@ -186,8 +186,8 @@ pub struct SupervisedSettings {
 /// Why a job failed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct JobError {
-    /// Stable code, e.g. `training_failed`, `invalid_training_file`.
-    pub code: String,
+    /// Stable code: the failure's class.
+    pub code: crate::FailureClass,
     /// What happened.
     pub message: String,
     /// The request field at fault, if one is.

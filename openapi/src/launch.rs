@@ -9,11 +9,18 @@
 //! |---|---|---|
 //! | 0 ([`EXIT_FINISHED`]) | finished; the adapter is committed and reported | completes the job |
 //! | 75 ([`EXIT_INTERRUPTED`]) | stopped from outside (SIGTERM: a preemption notice, a shutdown) after a checkpoint | requeues the job in place, no retry spent; the next attempt resumes |
-//! | 42 ([`EXIT_BAD_INPUT`]) | the input can never train (data, spec, model, memory) | fails the job, never retried |
+//! | 42 ([`EXIT_BAD_INPUT`]) | the input can never train (data, spec, model, memory) | fails the job (`invalid_training_input`), never retried |
+//! | 43 ([`EXIT_DIVERGED`]) | the loss became NaN or infinite | fails the job (`training_diverged`), never retried |
 //! | 76 ([`EXIT_SUPERSEDED`]) | the control plane said this attempt is no longer live | nothing: another attempt owns the job |
-//! | anything else, or killed by a signal other than SIGTERM | a crash | retries from the last checkpoint, within the job's budget |
+//! | anything else, or killed by a signal other than SIGTERM | a crash | retries from the last checkpoint, within the job's budget (then `training_failed`) |
+//!
+//! The exit code is the failure's class ([`TrainerExit::failure`]); with `--progress
+//! json` the trainer also prints it as the `failure` field of its last line (`{"error":
+//! {…}}`), for people and log collectors. Nobody reads the class from stderr's prose.
 //!
 //! A trainer never exits 0 after SIGTERM: Kubernetes would mark its Job Complete.
+
+use crate::FailureClass;
 
 /// Finished: the adapter is written and the final report delivered.
 pub const EXIT_FINISHED: i32 = 0;
@@ -22,6 +29,9 @@ pub const EXIT_INTERRUPTED: i32 = 75;
 /// The input can never train: not retried. Kubernetes pools match it in the Job's
 /// `podFailurePolicy`.
 pub const EXIT_BAD_INPUT: i32 = 42;
+/// The loss became NaN or infinite: not retried (the same run diverges again).
+/// Kubernetes pools match it in the Job's `podFailurePolicy` too.
+pub const EXIT_DIVERGED: i32 = 43;
 /// The attempt was superseded or cancelled: it stopped without writing anything more.
 pub const EXIT_SUPERSEDED: i32 = 76;
 /// What a shell reports for a process killed by SIGTERM (128 + 15); a container runtime
@@ -63,6 +73,8 @@ pub enum TrainerExit {
     Interrupted,
     /// Exit 42: fail the job for good.
     BadInput,
+    /// Exit 43: the run diverged; fail the job for good.
+    Diverged,
     /// Exit 76: nothing to report.
     Superseded,
     /// Anything else: retry from the last checkpoint. The exit code, or the signal.
@@ -86,8 +98,33 @@ impl TrainerExit {
                 Self::Interrupted
             }
             (Some(EXIT_BAD_INPUT), _) => Self::BadInput,
+            (Some(EXIT_DIVERGED), _) => Self::Diverged,
             (Some(EXIT_SUPERSEDED), _) => Self::Superseded,
             (code, signal) => Self::Crashed { code, signal },
+        }
+    }
+}
+
+impl TrainerExit {
+    /// The exit code a trainer that failed as `class` exits with (None: a class a
+    /// trainer never reports, or a crash, which exits 1).
+    pub fn code_for(class: FailureClass) -> Option<i32> {
+        match class {
+            FailureClass::InvalidTrainingInput => Some(EXIT_BAD_INPUT),
+            FailureClass::TrainingDiverged => Some(EXIT_DIVERGED),
+            FailureClass::TrainingFailed
+            | FailureClass::JobLost
+            | FailureClass::PoolMisconfigured => None,
+        }
+    }
+
+    /// The failure this end is (None: not a failure).
+    pub fn failure(self) -> Option<FailureClass> {
+        match self {
+            Self::Finished | Self::Interrupted | Self::Superseded => None,
+            Self::BadInput => Some(FailureClass::InvalidTrainingInput),
+            Self::Diverged => Some(FailureClass::TrainingDiverged),
+            Self::Crashed { .. } => Some(FailureClass::TrainingFailed),
         }
     }
 }
@@ -104,6 +141,7 @@ mod tests {
             ((Some(143), None), TrainerExit::Interrupted),
             ((None, Some(15)), TrainerExit::Interrupted),
             ((Some(42), None), TrainerExit::BadInput),
+            ((Some(43), None), TrainerExit::Diverged),
             ((Some(76), None), TrainerExit::Superseded),
             (
                 (Some(1), None),
@@ -133,6 +171,18 @@ mod tests {
                 expected,
                 "{code:?} {signal:?}"
             );
+        }
+    }
+
+    #[test]
+    fn a_failure_class_round_trips_through_the_exit_code() {
+        for class in FailureClass::ALL {
+            if let Some(code) = TrainerExit::code_for(*class) {
+                assert_eq!(
+                    TrainerExit::from_status(Some(code), None).failure(),
+                    Some(*class)
+                );
+            }
         }
     }
 }

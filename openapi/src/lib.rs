@@ -6,19 +6,23 @@
 //!
 //! Layout:
 //! - [`failure`]: why a job failed, as a type ([`FailureClass`]) with a stable code.
+//! - [`job_event`]: the vocabulary of a job's event log ([`EventKind`], [`StopCause`]).
 //! - [`files`], [`finetunes`]: the REST API's objects (OpenAI's shapes plus tuneq's fields).
 //! - [`launch`]: how a dispatcher starts a trainer and reads its exit (the launch contract).
 //! - [`progress`]: events a trainer reports ([`TrainEvent`], [`StepMetrics`]).
 //! - [`log`]: what those reports leave in a job's event log ([`LogEntry`]), written and
 //!   read by the API.
+//! - [`stored`]: the JSON a queue job keeps for the API, read and written in one place.
 //! - [`train_spec`]: the complete description of one training run ([`TrainSpec`]) and its parts.
 
 pub mod failure;
 pub mod files;
 pub mod finetunes;
+pub mod job_event;
 pub mod launch;
 pub mod log;
 pub mod progress;
+pub mod stored;
 pub mod train_spec;
 
 pub use failure::FailureClass;
@@ -34,8 +38,10 @@ pub use finetunes::{
     ModelList, Progress, QueueStanding, SupervisedMethod, SupervisedSettings, WebhookEvent,
     WebhookEventData, WebhookSecret, WebhookStatus,
 };
+pub use job_event::{EventKind, StopCause};
 pub use log::LogEntry;
 pub use progress::{StepMetrics, TrainEvent};
+pub use stored::{MalformedRecord, StoredJson};
 pub use train_spec::{
     ActivationCheckpointing, ChatTemplateChoice, CheckpointPolicy, ComputeKind, DatasetFormat,
     DeviceKind, DtypeKind, Hyperparameters, LoraSpec, MAX_LEARNING_RATE, MAX_LORA_ALPHA,

@@ -2,11 +2,11 @@
 //! arrives and read back to render the job's events and list its checkpoints, as one
 //! typed value on both sides (never re-parsed by field names).
 //!
-//! The queue's log keeps each entry as a kind and a message; for these entries the
-//! message is the JSON of the entry's fields, so entries written before this type
-//! existed read the same. Entries the queue writes itself (`queued`, `preempted`, …) and
-//! trainers' warnings are plain text and not [`LogEntry`]s.
+//! The queue's log keeps each entry as an event of the entry's [`EventKind`] whose
+//! `data` is the entry's fields. Entries the queue writes itself (`queued`,
+//! `preempted`, …) and trainers' warnings are not [`LogEntry`]s.
 
+use crate::EventKind;
 use serde::{Deserialize, Serialize};
 
 /// One entry of a job's event log that a trainer's report produced.
@@ -69,17 +69,25 @@ pub enum LogEntry {
 }
 
 impl LogEntry {
-    /// The entry as the log stores it: its kind and its message (the fields as JSON).
-    pub fn encode(&self) -> (String, String) {
-        let value = serde_json::to_value(self).unwrap_or_default();
-        let kind = value["kind"].as_str().unwrap_or_default().to_string();
-        (kind, value["fields"].to_string())
+    /// The kind of event the log keeps it as.
+    pub fn kind(&self) -> EventKind {
+        match self {
+            Self::TrainingStarted { .. } => EventKind::TrainingStarted,
+            Self::Resumed { .. } => EventKind::Resumed,
+            Self::Metrics { .. } => EventKind::Metrics,
+            Self::Eval { .. } => EventKind::Eval,
+            Self::Checkpoint { .. } => EventKind::Checkpoint,
+        }
     }
 
-    /// The entry a log event of `kind` with `message` holds; None for any other kind
-    /// (and for a message that does not parse as that kind's fields).
-    pub fn decode(kind: &str, message: &str) -> Option<Self> {
-        let fields: serde_json::Value = serde_json::from_str(message).ok()?;
+    /// The entry as the log stores it: its kind and its fields (a JSON object).
+    pub fn encode(&self) -> (EventKind, serde_json::Value) {
+        (self.kind(), self.fields())
+    }
+
+    /// The entry a log event of `kind` with `fields` holds; None for any other kind
+    /// (and for fields that do not read as that kind's).
+    pub fn decode(kind: EventKind, fields: &serde_json::Value) -> Option<Self> {
         serde_json::from_value(serde_json::json!({ "kind": kind, "fields": fields })).ok()
     }
 
@@ -107,13 +115,13 @@ mod tests {
             eta_s: Some(2.0),
             tokens_seen: 40,
         };
-        let (kind, message) = entry.encode();
-        assert_eq!(kind, "metrics");
-        assert_eq!(LogEntry::decode(&kind, &message), Some(entry));
+        let (kind, fields) = entry.encode();
+        assert_eq!(kind, EventKind::Metrics);
+        assert_eq!(LogEntry::decode(kind, &fields), Some(entry));
         // What the log held before this type: the same kind and fields, a NaN loss as null.
         let old = r#"{"step":3,"location":"s3://b/tenants/t/ckpt"}"#;
         assert_eq!(
-            LogEntry::decode("checkpoint", old),
+            LogEntry::decode(EventKind::Checkpoint, &serde_json::from_str(old).unwrap()),
             Some(LogEntry::Checkpoint {
                 step: 3,
                 location: "s3://b/tenants/t/ckpt".into()
@@ -123,16 +131,17 @@ mod tests {
             step: 2,
             valid_loss: Some(f64::NAN),
         };
-        let (kind, message) = nan.encode();
-        assert_eq!(message, r#"{"step":2,"valid_loss":null}"#);
+        let (kind, fields) = nan.encode();
+        assert_eq!(fields.to_string(), r#"{"step":2,"valid_loss":null}"#);
         assert_eq!(
-            LogEntry::decode(&kind, &message),
+            LogEntry::decode(kind, &fields),
             Some(LogEntry::Eval {
                 step: 2,
                 valid_loss: None
             })
         );
-        assert_eq!(LogEntry::decode("warning", "disk is slow"), None);
-        assert_eq!(LogEntry::decode("queued", "{}"), None);
+        let empty = serde_json::json!({});
+        assert_eq!(LogEntry::decode(EventKind::Warning, &empty), None);
+        assert_eq!(LogEntry::decode(EventKind::Queued, &empty), None);
     }
 }

@@ -17,11 +17,11 @@ elseif state == 'leased' or state == 'running' or state == 'suspect' then
   redis.call('ZREM', k('leases'), id)
   redis.call('ZREM', k('suspect'), id)
   redis.call('SADD', k('cancelling'), id)
-  event(id, now_s, 'cancel_requested', '')
+  event(id, now_s, KIND.cancel_requested, '')
   return {0, 'cancel_requested'}
 else
   return {1, state}
 end
-event(id, now_s, 'cancelled', '')
+event(id, now_s, KIND.cancelled, '')
 finish(id, now_s, 'cancelled', 'done')
 return {0, 'cancelled'}

@@ -6,6 +6,6 @@ if not state then return {-1} end
 if state ~= 'cancel_requested' then return {-3, state} end
 release(id)
 redis.call('SREM', k('cancelling'), id)
-event(id, now_s, 'cancelled', '')
+event(id, now_s, KIND.cancelled, '')
 finish(id, now_s, 'cancelled', 'done')
 return {0}

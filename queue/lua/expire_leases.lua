@@ -7,6 +7,6 @@ for _, id in ipairs(expired) do
   redis.call('ZREM', k('leases'), id)
   redis.call('HSET', jk(id), 'state', 'suspect')
   redis.call('ZADD', k('suspect'), now_s, id)
-  event(id, now_s, 'lease_expired', '')
+  event(id, now_s, KIND.lease_expired, '')
 end
 return expired

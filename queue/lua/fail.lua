@@ -1,21 +1,17 @@
 -- ARGV: prefix, id, token, reason, retryable (0/1), base_ms, max_ms, jitter (0..1),
--- failure class ('' for none; kept beside the reason, so the two always describe the
--- same failure).
+-- failure class (a FAILURE code; kept beside the reason, so the two always describe
+-- the same failure).
 -- Counts an attempt; retries after exponential backoff with jitter while the budget
 -- lasts (the job goes to the back: rank = retry time), then fails for good.
 local id, token, reason, retryable = ARGV[2], ARGV[3], ARGV[4], ARGV[5] == '1'
 local base, cap, jitter = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
-local class = ARGV[9] or ''
+local class = known(FAILURE, ARGV[9], 'failure')
 local now, now_s = now_ms()
 local j = jk(id)
 local s = holds(j, token, {'leased', 'running', 'suspect'})
 if s ~= 0 then return {s} end
 release(id)
-if class == '' then
-  redis.call('HDEL', j, 'failure')
-else
-  redis.call('HSET', j, 'failure', class)
-end
+redis.call('HSET', j, 'failure', class)
 local attempts = redis.call('HINCRBY', j, 'attempts', '1')
 local max_attempts = tonumber(redis.call('HGET', j, 'max_attempts'))
 if retryable and attempts < max_attempts then
@@ -26,10 +22,10 @@ if retryable and attempts < max_attempts then
   redis.call('HSET', j, 'error', reason, 'state', 'delayed', 'due_ms', due_s, 'rank_ms', due_s)
   redis.call('ZADD', k('delayed'), due_s, id)
   redis.call('HINCRBY', k('tenant:' .. redis.call('HGET', j, 'tenant')), 'waiting', '1')
-  event(id, now_s, 'retry_scheduled', reason)
+  event(id, now_s, KIND.retry_scheduled, reason, event_field('failure', class))
   return {0, due}
 end
 redis.call('HSET', j, 'error', reason)
-event(id, now_s, 'failed', reason)
+event(id, now_s, KIND.failed, reason, event_field('failure', class))
 finish(id, now_s, 'failed', 'dead')
 return {1}

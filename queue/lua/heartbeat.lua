@@ -1,5 +1,6 @@
 -- ARGV: prefix, id, token, lease_ms, progress_json ('' for none), report_seq ('' for a
--- plain heartbeat), then event kind, message pairs to append to the job's log.
+-- plain heartbeat), then (kind, message, data) triples to append to the job's log: a
+-- KIND code, text for people, and the event's fields as a JSON object ('' for none).
 -- Extends the lease (a suspect attempt that reports in is running again), records the
 -- progress and events, and returns {0, deadline}. A stale token gets -6: that attempt
 -- must stop. Reports are numbered per attempt: a repeated report (after a lost reply)
@@ -15,7 +16,7 @@ local next_state = state
 if state == 'suspect' then
   next_state = 'running'
   redis.call('ZREM', k('suspect'), id)
-  event(id, now_s, 'lease_recovered', '')
+  event(id, now_s, KIND.lease_recovered, '')
 end
 local fields = {'state', next_state, 'deadline', deadline_s}
 local fresh = true
@@ -31,12 +32,15 @@ if fresh then
     fields[#fields + 1] = 'progress'
     fields[#fields + 1] = progress
   end
-  if #ARGV >= 8 then
+  if #ARGV >= 9 then
     local seq = num(redis.call('HGET', j, 'event_seq') or '0')
     local lines = {}
-    for i = 7, #ARGV - 1, 2 do
+    for i = 7, #ARGV - 2, 3 do
       seq = seq + 1
-      lines[#lines + 1] = event_json(str(seq), now_s, ARGV[i], ARGV[i + 1])
+      local data = ARGV[i + 2]
+      local extra = ''
+      if data ~= '' then extra = ',"data":' .. data end
+      lines[#lines + 1] = event_json(str(seq), now_s, known(KIND, ARGV[i], 'event kind'), ARGV[i + 1], extra)
     end
     fields[#fields + 1] = 'event_seq'
     fields[#fields + 1] = str(seq)

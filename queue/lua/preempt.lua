@@ -1,25 +1,26 @@
--- ARGV: prefix, id, token, reason[, pools, why[, unplaced]]. The attempt's machine was
--- taken away (spot loss, drain): requeue keeping the job's place in line, without
--- spending its retry budget. With `pools` (comma-separated), the job may from now on run
--- only there (placement moved it on), and a `moved` event says `why`. With `unplaced`
--- = '1' the attempt never got a node (the pool had no capacity): the same requeue, but
--- it is no preemption (an `unplaced` event, the preemption count unchanged).
-local id, token, reason, pools, why, unplaced = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+-- ARGV: prefix, id, token, stop, reason[, pools, why]. The attempt stopped before the
+-- end: requeue keeping the job's place in line, without spending its retry budget.
+-- `stop` is a STOP code (who stopped it: the platform, a shutdown, a restart), or ''
+-- when the attempt never got a node (the pool had no capacity): the same requeue, but
+-- no preemption (an `unplaced` event, the preemption count unchanged). With `pools`
+-- (comma-separated), the job may from now on run only there (placement moved it on),
+-- and a `moved` event says `why`.
+local id, token, stop, reason, pools, why = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local now, now_s = now_ms()
 local j = jk(id)
 local s = holds(j, token, {'leased', 'running', 'suspect'})
 if s ~= 0 then return {s} end
 release(id)
 redis.call('HSET', j, 'state', 'queued')
-if unplaced == '1' then
-  event(id, now_s, 'unplaced', reason)
+if stop == '' then
+  event(id, now_s, KIND.unplaced, reason)
 else
   redis.call('HINCRBY', j, 'preemptions', '1')
-  event(id, now_s, 'preempted', reason)
+  event(id, now_s, KIND.preempted, reason, event_field('stop', known(STOP, stop, 'stop')))
 end
 if pools and pools ~= '' then
   redis.call('HSET', j, 'pools', pools)
-  event(id, now_s, 'moved', why or '')
+  event(id, now_s, KIND.moved, why or '')
 end
 local tenant, prio, rank = unpack(redis.call('HMGET', j, 'tenant', 'prio', 'rank_ms'))
 add_ready(id, tenant, tonumber(rank), tonumber(prio))

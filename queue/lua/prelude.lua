@@ -66,18 +66,25 @@ local function now_ms()
   return ms, s
 end
 
+-- A string as a JSON string literal: only one with quotes, backslashes or control
+-- characters needs cjson to escape it (every transition writes an event).
+local function json_string(text)
+  if string.find(text, '[%c"\\]') then return cjson.encode(text) end
+  return '"' .. text .. '"'
+end
+
 -- One event as the JSON line the log keeps, written by hand because every transition
--- writes one: only a message with quotes, backslashes or control characters needs
--- cjson to escape it. `seq` and `now_s` are strings (see str()).
-local function event_json(seq, now_s, kind, message)
-  if message == '' then
-    message = '""'
-  elseif string.find(message, '[%c"\\]') then
-    message = cjson.encode(message)
-  else
-    message = '"' .. message .. '"'
-  end
-  return '{"seq":' .. seq .. ',"at_ms":' .. now_s .. ',"kind":"' .. kind .. '","message":' .. message .. '}'
+-- writes one. `kind` is a code of the generated KIND table (never a literal: a test
+-- holds every script to it); `extra` is '' or more members, as event_field makes them.
+-- `seq` and `now_s` are strings (see str()).
+local function event_json(seq, now_s, kind, message, extra)
+  return '{"seq":' .. seq .. ',"at_ms":' .. now_s .. ',"kind":"' .. kind .. '"' .. (extra or '')
+    .. ',"message":' .. json_string(message) .. '}'
+end
+
+-- One typed member of an event (`pool`, `stop`, `failure`), for event_json's `extra`.
+local function event_field(name, value)
+  return ',"' .. name .. '":' .. json_string(value)
 end
 
 -- Appends event lines (the arguments after `id`) to a job's log, keeping the newest
@@ -89,9 +96,16 @@ local function push_events(id, ...)
 end
 
 -- Appends one event to the job's log (capped), numbered by the job's event_seq.
-local function event(id, now_s, kind, message)
+local function event(id, now_s, kind, message, extra)
   local seq = redis.call('HINCRBY', jk(id), 'event_seq', '1')
-  push_events(id, event_json(str(seq), now_s, kind, message))
+  push_events(id, event_json(str(seq), now_s, kind, message, extra))
+end
+
+-- A code the caller passed for one of the generated tables (STOP, FAILURE, KIND), or
+-- a script error: a code this library does not know is never stored.
+local function known(table, code, what)
+  if table[code] == nil then error('unknown ' .. what .. ' code: ' .. tostring(code)) end
+  return code
 end
 
 -- Puts a job in its tenant's ready set (aged score: rank + (9 - prio) * horizon;
@@ -264,7 +278,7 @@ local function enqueue_one(now, now_s, idem_ttl, a, i)
   -- (listpack) encoding.
   redis.call('SET', k('payload:' .. id), payload)
   add_ready(id, tenant, now, num(prio))
-  push_events(id, event_json('1', now_s, 'queued', ''))
+  push_events(id, event_json('1', now_s, KIND.queued, ''))
   return 0, id
 end
 
@@ -339,14 +353,14 @@ local function claim_next(now, now_s, p, owner, lease_ms, scan_tenants, scan_dep
           local deadline = now + num(lease_ms)
           local deadline_s = str(deadline)
           seq = num(seq or '0') + 1
-          local leased = event_json(str(seq), now_s, 'leased', p.name)
+          local leased = event_json(str(seq), now_s, KIND.leased, '', event_field('pool', p.name))
           if start then
             seq = seq + 1
             local seq_s = str(seq)
             redis.call('HSET', j, 'state', 'running', 'epoch', str(token), 'owner', owner,
               'deadline', deadline_s, 'pool', p.name, 'cancel_req', '0', 'event_seq', seq_s,
               'started_ms', now_s)
-            push_events(id, leased, event_json(seq_s, now_s, 'started', ''))
+            push_events(id, leased, event_json(seq_s, now_s, KIND.started, ''))
           else
             redis.call('HSET', j, 'state', 'leased', 'epoch', str(token), 'owner', owner,
               'deadline', deadline_s, 'pool', p.name, 'cancel_req', '0', 'event_seq', str(seq))
@@ -427,7 +441,7 @@ local function complete_job(now, now_s, id, token, result, p)
     seq = str(num(seq or '0') + 1)
     redis.call('HSET', j, 'state', 'succeeded', 'finished_ms', now_s, 'result', result, 'event_seq', seq)
     redis.call('HDEL', j, 'pool', 'owner', 'deadline')
-    push_events(id, event_json(seq, now_s, 'succeeded', ''))
+    push_events(id, event_json(seq, now_s, KIND.succeeded, ''))
     redis.call('ZADD', k('done'), now_s, id)
   end
   trim(now, 4)

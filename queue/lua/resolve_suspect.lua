@@ -1,7 +1,9 @@
--- ARGV: prefix, id, epoch, verdict ('adopt' | 'requeue'), lease_ms, max_stalls.
+-- ARGV: prefix, id, epoch, verdict ('adopt' | 'requeue'), lease_ms, max_stalls, reason
+-- (what the job's error says when it fails as lost).
 -- adopt: the attempt is alive, it runs on. requeue: it is gone; the job goes back to
 -- its place in line (stalls + 1), or fails once it stalled max_stalls times.
 local id, epoch, verdict, lease_ms, max_stalls = ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
+local reason = ARGV[7] or ''
 local now, now_s = now_ms()
 local j = jk(id)
 local s = holds(j, epoch, {'suspect'})
@@ -11,15 +13,14 @@ if verdict == 'adopt' then
   redis.call('ZREM', k('suspect'), id)
   redis.call('HSET', j, 'state', 'running', 'deadline', deadline)
   redis.call('ZADD', k('leases'), deadline, id)
-  event(id, now_s, 'adopted', '')
+  event(id, now_s, KIND.adopted, '')
   return {0, 'running'}
 end
 release(id)
 local stalls = redis.call('HINCRBY', j, 'stalls', '1')
 if stalls >= max_stalls then
-  redis.call('HSET', j, 'error', 'stalled ' .. stalls .. ' times')
-  redis.call('HDEL', j, 'failure')
-  event(id, now_s, 'failed', 'stalled ' .. stalls .. ' times')
+  redis.call('HSET', j, 'error', reason, 'failure', FAILURE.job_lost)
+  event(id, now_s, KIND.failed, reason, event_field('failure', FAILURE.job_lost))
   finish(id, now_s, 'failed', 'dead')
   return {0, 'failed'}
 end
@@ -27,5 +28,5 @@ end
 redis.call('HSET', j, 'state', 'queued', 'epoch', str(redis.call('INCR', k('fence'))))
 local tenant, prio, rank = unpack(redis.call('HMGET', j, 'tenant', 'prio', 'rank_ms'))
 add_ready(id, tenant, tonumber(rank), tonumber(prio))
-event(id, now_s, 'requeued', 'attempt lost')
+event(id, now_s, KIND.requeued, '')
 return {0, 'queued'}

@@ -10,7 +10,7 @@ if state == 'running' then
   redis.call('HSET', jk(id), 'deadline', deadline_s)
 else
   redis.call('HSET', jk(id), 'state', 'running', 'deadline', deadline_s, 'started_ms', now_s)
-  event(id, now_s, 'started', '')
+  event(id, now_s, KIND.started, '')
 end
 redis.call('ZADD', k('leases'), deadline_s, id)
 return {0, deadline}

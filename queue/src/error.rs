@@ -3,7 +3,7 @@
 //! show the whole chain.
 
 use crate::embedded::StoreError;
-use crate::model::JobId;
+use crate::model::{JobId, JobState};
 
 /// Errors from the queue.
 #[derive(Debug, thiserror::Error)]
@@ -16,12 +16,12 @@ pub enum QueueError {
     #[error("stale fencing token for job {0}: a newer attempt or a cancel superseded it")]
     StaleToken(JobId),
     /// The job is in a state where this transition does not apply.
-    #[error("job {id} is {state}, which does not allow {operation}")]
+    #[error("job {id} is {}, which does not allow {operation}", .state.map_or("in another state", JobState::as_str))]
     WrongState {
         /// The job.
         id: JobId,
-        /// Its state.
-        state: String,
+        /// Its state, when the refusal said.
+        state: Option<JobState>,
         /// What was tried.
         operation: &'static str,
     },

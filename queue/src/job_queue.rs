@@ -5,6 +5,7 @@
 use crate::Result;
 use crate::model::*;
 use async_trait::async_trait;
+use tuneq_openapi::{FailureClass, StopCause};
 
 /// The queue's operations; every backend passes the same conformance suite.
 ///
@@ -51,7 +52,7 @@ pub trait JobQueue: Send + Sync {
     ) -> Result<Option<Lease>>;
     /// Renews the lease and records progress (JSON).
     async fn heartbeat(&self, id: &str, token: u64, progress: Option<&str>) -> Result<u64>;
-    /// [`Self::heartbeat`] that also appends `events` (kind, message) to the job's log.
+    /// [`Self::heartbeat`] that also appends `events` to the job's log.
     /// Reports are numbered per attempt (`report_seq`, growing): a repeated report renews
     /// the lease but records nothing twice, so a lost reply is retried safely.
     async fn report(
@@ -60,30 +61,24 @@ pub trait JobQueue: Send + Sync {
         token: u64,
         report_seq: u64,
         progress: Option<&str>,
-        events: &[(&str, &str)],
+        events: &[NewEvent<'_>],
     ) -> Result<u64>;
     /// The attempt succeeded.
     async fn complete(&self, id: &str, token: u64, result: &str) -> Result<()>;
-    /// The attempt failed; returns when it will be retried, or None if the job failed for good.
+    /// The attempt failed as `class` (kept as [`JobRecord::failure`] beside `reason`,
+    /// which is for people only); returns when it will be retried, or None if the job
+    /// failed for good.
     async fn fail(
         &self,
         id: &str,
         token: u64,
+        class: FailureClass,
         reason: &str,
         retryable: bool,
     ) -> Result<Option<u64>>;
-    /// [`JobQueue::fail`] for a failure of a known class: the job keeps `class` with the
-    /// reason (as [`JobRecord::failure`]), so its readers tell the failure by type.
-    async fn fail_as(
-        &self,
-        id: &str,
-        token: u64,
-        class: tuneq_openapi::FailureClass,
-        reason: &str,
-        retryable: bool,
-    ) -> Result<Option<u64>>;
-    /// The attempt's machine was taken away: requeue in place, attempts unchanged.
-    async fn preempt(&self, id: &str, token: u64, reason: &str) -> Result<()>;
+    /// The attempt stopped before its end (`stop` says who stopped it): requeue in
+    /// place, attempts unchanged.
+    async fn preempt(&self, id: &str, token: u64, stop: StopCause, reason: &str) -> Result<()>;
     /// The attempt never got a node on its pool (no capacity within the placement
     /// timeout): requeue in place, no retry spent and no preemption counted (an
     /// `unplaced` event says `reason`); with `pools`, the job may from now on run only
@@ -102,6 +97,7 @@ pub trait JobQueue: Send + Sync {
         &self,
         id: &str,
         token: u64,
+        stop: StopCause,
         reason: &str,
         pools: &[String],
         why: &str,

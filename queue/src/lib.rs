@@ -10,6 +10,8 @@
 //!
 //! Layout, from the bottom up (each module uses only those above it):
 //! - [`model`]: the job record, states (and their public OpenAI names), leases, events.
+//! - [`prose`]: every message the queue stores passes one door (and can be reworded
+//!   in tests, to prove no behaviour depends on words).
 //! - `error`, `config`: [`QueueError`] (with `is_retryable`) and [`QueueConfig`].
 //! - `reply`: reading replies (numbers, strings, job hashes, script status codes).
 //! - `scripts`: the Lua scripts in `queue/lua/` as one Redis Functions library.
@@ -44,6 +46,7 @@ mod error;
 pub mod fault_proxy;
 mod job_queue;
 pub mod model;
+pub mod prose;
 mod reply;
 pub mod scripted;
 mod scripts;
@@ -61,6 +64,6 @@ pub use job_queue::JobQueue;
 pub use scripted::Queue;
 
 pub use model::{
-    Delivery, Enqueued, Inspection, JobEvent, JobId, JobRecord, JobState, Lease, NewJob, PoolUsage,
-    Position, SuspectVerdict, TenantSettings,
+    Delivery, Enqueued, Inspection, JobEvent, JobId, JobRecord, JobState, Lease, NewEvent, NewJob,
+    PoolUsage, Position, SuspectVerdict, TenantSettings,
 };

@@ -1,6 +1,7 @@
 //! The job record, its states, and what callers pass in and get back.
 
 use serde::{Deserialize, Serialize};
+use tuneq_openapi::{EventKind, FailureClass, StopCause};
 
 /// A job's identifier inside the queue (`j` and 12 digits: lexical order is arrival order).
 pub type JobId = String;
@@ -79,6 +80,12 @@ impl JobState {
     }
 }
 
+impl std::fmt::Display for JobState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A job to enqueue.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NewJob {
@@ -109,7 +116,7 @@ pub struct Delivery {
     /// The job.
     pub job_id: JobId,
     /// The state it reached (`succeeded`, `failed`, `cancelled`).
-    pub state: String,
+    pub state: JobState,
     /// Its tenant.
     pub tenant: String,
     /// When it is (next) due, queue clock (ms).
@@ -117,8 +124,9 @@ pub struct Delivery {
 }
 
 impl Delivery {
-    pub(crate) fn member(&self) -> String {
-        format!("{}|{}|{}", self.job_id, self.state, self.tenant)
+    /// Its identity in the outbox and the send queues: job, state and tenant.
+    pub fn member(&self) -> String {
+        format!("{}|{}|{}", self.job_id, self.state.as_str(), self.tenant)
     }
 }
 
@@ -204,20 +212,44 @@ pub struct JobRecord {
     /// The class of the last failure, when the dispatcher named one (the reason is then
     /// its rendering, never what a reader matches on).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub failure: Option<tuneq_openapi::FailureClass>,
+    pub failure: Option<FailureClass>,
 }
 
-/// One entry of a job's event log.
+/// One entry of a job's event log. What happened is typed ([`EventKind`] and the fields
+/// beside it); `message` is for people only, and rewording it changes no behaviour.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobEvent {
     /// Position in the job's log (1, 2, …): the cursor.
     pub seq: u64,
     /// Queue-clock time (ms).
     pub at_ms: u64,
-    /// What happened (`queued`, `leased`, `started`, `preempted`, …).
-    pub kind: String,
-    /// Details.
+    /// What happened.
+    pub kind: EventKind,
+    /// `leased`: the pool the job was leased on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+    /// `preempted`: who stopped the attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<StopCause>,
+    /// `failed`, `retry_scheduled`: the class of the failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<FailureClass>,
+    /// A trainer's report: the entry's fields (see `tuneq_openapi::LogEntry`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<serde_json::Value>,
+    /// Details, for people.
     pub message: String,
+}
+
+/// An event a caller appends to a job's log (a trainer's report, through the API).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NewEvent<'a> {
+    /// What happened.
+    pub kind: EventKind,
+    /// Details, for people ("" for none).
+    pub message: &'a str,
+    /// Its fields as a JSON object, when it has any.
+    pub data: Option<&'a serde_json::Value>,
 }
 
 /// Where a queued job stands.

@@ -131,7 +131,7 @@ pub(crate) fn status_error(id: &str, reply: &[Value], operation: &'static str) -
         Ok(-6) => QueueError::StaleToken(id.to_string()),
         Ok(-3) | Ok(1) => QueueError::WrongState {
             id: id.to_string(),
-            state: text(reply.get(1)).unwrap_or_default(),
+            state: text(reply.get(1)).ok().and_then(|s| JobState::parse(&s)),
             operation,
         },
         other => QueueError::Protocol(format!("{operation}: status {other:?}")),

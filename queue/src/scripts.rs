@@ -107,6 +107,21 @@ impl LuaScript {
 /// The helpers every script shares.
 const PRELUDE: &str = include_str!("../lua/prelude.lua");
 
+/// The codes the scripts store, generated from their one declaration: `KIND` (event
+/// kinds), `STOP` (who stopped an attempt) and `FAILURE` (failure classes), each a
+/// table from code to code. A script names a code as `KIND.preempted`; one this build
+/// does not declare is nil there, and the test below refuses it before it can run.
+fn vocabulary() -> String {
+    fn table(name: &str, codes: impl Iterator<Item = &'static str>) -> String {
+        let members: Vec<String> = codes.map(|c| format!("['{c}'] = '{c}'")).collect();
+        format!("local {name} = {{{}}}\n", members.join(", "))
+    }
+    use tuneq_openapi::{EventKind, FailureClass, StopCause};
+    table("KIND", EventKind::ALL.iter().map(|k| k.code()))
+        + &table("STOP", StopCause::ALL.iter().map(|c| c.code()))
+        + &table("FAILURE", FailureClass::ALL.iter().map(|c| c.code()))
+}
+
 /// Every script: its name and its body.
 const SOURCES: [(&str, &str); 16] = [
     ("enqueue", include_str!("../lua/enqueue.lua")),
@@ -162,7 +177,8 @@ impl Scripts {
     pub(crate) fn get() -> Arc<Self> {
         static SCRIPTS: OnceLock<Arc<Scripts>> = OnceLock::new();
         Arc::clone(SCRIPTS.get_or_init(|| {
-            let library = Arc::new(Library::new(PRELUDE, &SOURCES));
+            let prelude = format!("{}\n{PRELUDE}", vocabulary());
+            let library = Arc::new(Library::new(&prelude, &SOURCES));
             let script = |name| LuaScript::new(name, &library);
             Arc::new(Self {
                 enqueue: script("enqueue"),
@@ -184,5 +200,103 @@ impl Scripts {
                 library,
             })
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tuneq_openapi::{EventKind, FailureClass, StopCause};
+
+    /// Every script with its file name, the prelude included.
+    fn all_sources() -> Vec<(&'static str, &'static str)> {
+        let mut all = vec![("prelude", PRELUDE)];
+        all.extend(SOURCES);
+        all
+    }
+
+    /// The names a script takes from the generated table `table` (`TABLE.name`).
+    fn uses<'a>(source: &'a str, table: &str) -> Vec<&'a str> {
+        let prefix = format!("{table}.");
+        let mut found = Vec::new();
+        let mut rest = source;
+        while let Some(at) = rest.find(&prefix) {
+            let before = rest[..at].chars().next_back();
+            let after = &rest[at + prefix.len()..];
+            let name_len = after
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(after.len());
+            if !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+                found.push(&after[..name_len]);
+            }
+            rest = &after[name_len..];
+        }
+        found
+    }
+
+    #[test]
+    fn every_code_a_script_names_is_declared_once_in_rust() {
+        for (file, source) in all_sources() {
+            for name in uses(source, "KIND") {
+                assert!(
+                    EventKind::parse(name).is_some(),
+                    "{file}.lua: KIND.{name} is not an EventKind"
+                );
+            }
+            for name in uses(source, "STOP") {
+                assert!(
+                    StopCause::parse(name).is_some(),
+                    "{file}.lua: STOP.{name} is not a StopCause"
+                );
+            }
+            for name in uses(source, "FAILURE") {
+                assert!(
+                    FailureClass::parse(name).is_some(),
+                    "{file}.lua: FAILURE.{name} is not a FailureClass"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn every_kind_the_queue_writes_is_written_by_a_script_and_no_other() {
+        let written: Vec<&str> = all_sources()
+            .into_iter()
+            .flat_map(|(_, source)| uses(source, "KIND"))
+            .collect();
+        for kind in EventKind::ALL {
+            assert_eq!(
+                written.contains(&kind.code()),
+                kind.is_written_by_queue(),
+                "{kind:?}: written by a script? is_written_by_queue says otherwise"
+            );
+        }
+    }
+
+    #[test]
+    fn no_script_writes_an_event_kind_as_a_literal() {
+        for (file, source) in all_sources() {
+            for line in source.lines() {
+                let call = ["event(", "event_json("]
+                    .iter()
+                    .find_map(|f| line.find(f).map(|at| &line[at..]));
+                let Some(call) = call else { continue };
+                // The kind is the third argument of both.
+                let kind = call.split(',').nth(2).map(str::trim).unwrap_or_default();
+                assert!(
+                    !kind.starts_with('\'') && !kind.starts_with('"'),
+                    "{file}.lua writes an event kind as a literal: {line}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_generated_tables_hold_every_code() {
+        let vocabulary = vocabulary();
+        for kind in EventKind::ALL {
+            assert!(vocabulary.contains(&format!("['{0}'] = '{0}'", kind.code())));
+        }
+        assert!(vocabulary.starts_with("local KIND = {"));
     }
 }

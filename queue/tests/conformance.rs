@@ -10,6 +10,7 @@
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use std::collections::{HashMap, HashSet};
+use tuneq_openapi::EventKind;
 use tuneq_queue::testing;
 use tuneq_queue::*;
 use tuneq_queue::{JobQueue, Queue};
@@ -56,12 +57,25 @@ fn job(tenant: &str, priority: u8) -> NewJob {
     }
 }
 
+/// An event a report appends.
+fn event<'a>(
+    kind: EventKind,
+    message: &'a str,
+    data: Option<&'a serde_json::Value>,
+) -> tuneq_queue::NewEvent<'a> {
+    tuneq_queue::NewEvent {
+        kind,
+        message,
+        data,
+    }
+}
+
 async fn kinds(q: &Queue, id: &str) -> Vec<String> {
     q.events(id, None, 100, false)
         .await
         .unwrap()
         .into_iter()
-        .map(|e| e.kind)
+        .map(|e| e.kind.code().to_string())
         .collect()
 }
 
@@ -307,8 +321,17 @@ async fn an_expired_lease_is_suspect_and_stale_tokens_change_nothing(backend: Ba
     for stale in [
         q.complete(&id, first.token, "{}").await,
         q.heartbeat(&id, first.token, None).await.map(|_| ()),
-        q.preempt(&id, first.token, "x").await,
-        q.fail(&id, first.token, "x", true).await.map(|_| ()),
+        q.preempt(&id, first.token, tuneq_openapi::StopCause::Preemption, "x")
+            .await,
+        q.fail(
+            &id,
+            first.token,
+            tuneq_openapi::FailureClass::TrainingFailed,
+            "x",
+            true,
+        )
+        .await
+        .map(|_| ()),
         q.start(&id, first.token).await,
     ] {
         assert!(matches!(stale, Err(QueueError::StaleToken(_))), "{stale:?}");
@@ -360,7 +383,13 @@ async fn failures_retry_with_backoff_then_fail_for_good(backend: Backend) {
     let id = q.enqueue(&j).await.unwrap().id;
     let first = q.claim("gpu", "d", "").await.unwrap().unwrap();
     let due = q
-        .fail(&id, first.token, "OOM", true)
+        .fail(
+            &id,
+            first.token,
+            tuneq_openapi::FailureClass::TrainingFailed,
+            "OOM",
+            true,
+        )
         .await
         .unwrap()
         .unwrap();
@@ -380,7 +409,15 @@ async fn failures_retry_with_backoff_then_fail_for_good(backend: Backend) {
     let second = q.claim("gpu", "d", "").await.unwrap().unwrap();
     assert_eq!(second.attempts, 1);
     assert_eq!(
-        q.fail(&id, second.token, "OOM again", true).await.unwrap(),
+        q.fail(
+            &id,
+            second.token,
+            tuneq_openapi::FailureClass::TrainingFailed,
+            "OOM again",
+            true
+        )
+        .await
+        .unwrap(),
         None
     );
     let failed = q.get(&id).await.unwrap().unwrap();
@@ -390,9 +427,15 @@ async fn failures_retry_with_backoff_then_fail_for_good(backend: Backend) {
     let other = q.enqueue(&job("t", 5)).await.unwrap().id;
     let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
     assert_eq!(
-        q.fail(&other, lease.token, "bad dataset", false)
-            .await
-            .unwrap(),
+        q.fail(
+            &other,
+            lease.token,
+            tuneq_openapi::FailureClass::TrainingFailed,
+            "bad dataset",
+            false
+        )
+        .await
+        .unwrap(),
         None
     );
     check_invariants(&q, &["gpu"]).await;
@@ -407,9 +450,14 @@ async fn preemption_keeps_the_place_in_line_and_the_retry_budget(backend: Backen
     let lease = q.claim("spot", "d", "").await.unwrap().unwrap();
     assert_eq!(lease.id, first);
     q.start(&first, lease.token).await.unwrap();
-    q.preempt(&first, lease.token, "spot node reclaimed")
-        .await
-        .unwrap();
+    q.preempt(
+        &first,
+        lease.token,
+        tuneq_openapi::StopCause::Preemption,
+        "spot node reclaimed",
+    )
+    .await
+    .unwrap();
     let record = q.get(&first).await.unwrap().unwrap();
     assert_eq!(
         (record.state, record.preemptions, record.attempts),
@@ -444,13 +492,22 @@ async fn a_job_moved_on_after_preemptions_runs_only_on_its_new_pools(backend: Ba
     // A bad pool list changes nothing.
     for bad in [vec![], vec!["a,b".to_string()]] {
         assert!(matches!(
-            q.preempt_and_move(&id, lease.token, "x", &bad, "y").await,
+            q.preempt_and_move(
+                &id,
+                lease.token,
+                tuneq_openapi::StopCause::Preemption,
+                "x",
+                &bad,
+                "y"
+            )
+            .await,
             Err(QueueError::Invalid { .. })
         ));
     }
     q.preempt_and_move(
         &id,
         lease.token,
+        tuneq_openapi::StopCause::Preemption,
         "spot node reclaimed",
         &["on-demand".to_string()],
         "preempted 3 times on spot within 1h",
@@ -478,9 +535,16 @@ async fn a_job_moved_on_after_preemptions_runs_only_on_its_new_pools(backend: Ba
     assert_eq!(kinds[preempted + 1], "moved", "{kinds:?}");
     // A stale token moves nothing.
     assert!(
-        q.preempt_and_move(&id, lease.token, "x", &["spot".to_string()], "y")
-            .await
-            .is_err()
+        q.preempt_and_move(
+            &id,
+            lease.token,
+            tuneq_openapi::StopCause::Preemption,
+            "x",
+            &["spot".to_string()],
+            "y"
+        )
+        .await
+        .is_err()
     );
     assert_eq!(q.get(&id).await.unwrap().unwrap().pools, ["on-demand"]);
     check_invariants(&q, &["spot", "on-demand"]).await;
@@ -591,7 +655,14 @@ async fn events_page_by_cursor_both_ways_and_positions_count_who_is_ahead(backen
     let id = q.enqueue(&job("t", 5)).await.unwrap().id;
     let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
     q.start(&id, lease.token).await.unwrap();
-    q.preempt(&id, lease.token, "spot").await.unwrap();
+    q.preempt(
+        &id,
+        lease.token,
+        tuneq_openapi::StopCause::Preemption,
+        "spot",
+    )
+    .await
+    .unwrap();
     let all = q.events(&id, None, 10, false).await.unwrap();
     assert_eq!(all.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2, 3, 4]);
     assert_eq!(all[3].message, "spot");
@@ -949,9 +1020,20 @@ async fn run_ops(backend: Backend, ops: Vec<Op>) {
                     match how {
                         0 => q.complete(&id, token, "{}").await.unwrap(),
                         1 => {
-                            q.fail(&id, token, "x", true).await.unwrap();
+                            q.fail(
+                                &id,
+                                token,
+                                tuneq_openapi::FailureClass::TrainingFailed,
+                                "x",
+                                true,
+                            )
+                            .await
+                            .unwrap();
                         }
-                        2 => q.preempt(&id, token, "spot").await.unwrap(),
+                        2 => q
+                            .preempt(&id, token, tuneq_openapi::StopCause::Preemption, "spot")
+                            .await
+                            .unwrap(),
                         _ => {
                             let pool = if n % 2 == 0 { "a" } else { "b" };
                             let next = q.complete_and_claim(&id, token, "{}", pool, "d");
@@ -1641,7 +1723,11 @@ async fn attempt_reports_append_events_once_and_stale_reports_change_nothing(bac
     q.set_pool("cpu", 1).await.unwrap();
     let id = q.enqueue(&job("acme", 5)).await.unwrap().id;
     let lease = q.claim_started("cpu", "d1", "").await.unwrap().unwrap();
-    let step = [("metrics", r#"{"step":1}"#), ("checkpoint", "step 1")];
+    let step_fields = serde_json::json!({"step": 1});
+    let step = [
+        event(EventKind::Metrics, "", Some(&step_fields)),
+        event(EventKind::Checkpoint, "step 1", None),
+    ];
     q.report(&id, lease.token, 1, Some(r#"{"step":1}"#), &step)
         .await
         .unwrap();
@@ -1654,32 +1740,42 @@ async fn attempt_reports_append_events_once_and_stale_reports_change_nothing(bac
         lease.token,
         2,
         Some(r#"{"step":2}"#),
-        &[("warning", "a \"quoted\" word")],
+        &[event(EventKind::Warning, "a \"quoted\" word", None)],
     )
     .await
     .unwrap();
     let events = q.events(&id, None, 100, false).await.unwrap();
     let seen: Vec<(&str, &str)> = events
         .iter()
-        .map(|e| (e.kind.as_str(), e.message.as_str()))
+        .map(|e| (e.kind.code(), e.message.as_str()))
         .collect();
     assert_eq!(
         seen,
         [
             ("queued", ""),
-            ("leased", "cpu"),
+            ("leased", ""),
             ("started", ""),
-            ("metrics", r#"{"step":1}"#),
+            ("metrics", ""),
             ("checkpoint", "step 1"),
             ("warning", "a \"quoted\" word"),
         ]
     );
+    assert_eq!(events[1].pool.as_deref(), Some("cpu"));
+    assert_eq!(events[3].data.as_ref(), Some(&step_fields));
+    assert_eq!(events[4].data, None);
     assert!(events.windows(2).all(|w| w[1].seq == w[0].seq + 1));
     let record = q.get(&id).await.unwrap().unwrap();
     assert_eq!(record.progress.as_deref(), Some(r#"{"step":2}"#));
 
     // A newer attempt makes the old one's reports stale: refused, nothing recorded.
-    q.preempt(&id, lease.token, "spot reclaimed").await.unwrap();
+    q.preempt(
+        &id,
+        lease.token,
+        tuneq_openapi::StopCause::Preemption,
+        "spot reclaimed",
+    )
+    .await
+    .unwrap();
     let second = q.claim_started("cpu", "d1", "").await.unwrap().unwrap();
     let stale = q
         .report(
@@ -1687,16 +1783,29 @@ async fn attempt_reports_append_events_once_and_stale_reports_change_nothing(bac
             lease.token,
             3,
             Some(r#"{"step":50}"#),
-            &[("metrics", "late")],
+            &[event(EventKind::Metrics, "late", None)],
         )
         .await;
     assert!(matches!(stale, Err(QueueError::StaleToken(_))), "{stale:?}");
     // The new attempt numbers its reports from 1 again.
-    q.report(&id, second.token, 1, None, &[("metrics", r#"{"step":3}"#)])
-        .await
-        .unwrap();
+    let third = serde_json::json!({"step": 3});
+    q.report(
+        &id,
+        second.token,
+        1,
+        None,
+        &[event(EventKind::Metrics, "", Some(&third))],
+    )
+    .await
+    .unwrap();
     let events = q.events(&id, None, 100, false).await.unwrap();
-    assert_eq!(events.iter().filter(|e| e.kind == "metrics").count(), 2);
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e.kind == EventKind::Metrics)
+            .count(),
+        2
+    );
     assert!(!events.iter().any(|e| e.message == "late"));
     assert_eq!(
         q.get(&id).await.unwrap().unwrap().progress.as_deref(),
@@ -1740,7 +1849,7 @@ async fn a_job_whose_attempt_vanished_three_times_fails(backend: Backend) {
         } else {
             assert_eq!(verdict, JobState::Failed, "vanished 3 times");
             assert_eq!(record.state, JobState::Failed);
-            assert_eq!(record.error.as_deref(), Some("stalled 3 times"));
+            assert_eq!(record.failure, Some(tuneq_openapi::FailureClass::JobLost));
         }
     }
     assert!(
@@ -1816,12 +1925,22 @@ async fn retries_back_off_exponentially_with_bounded_jitter(backend: Backend) {
         let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
         assert_eq!(lease.id, id);
         let due = q
-            .fail(&id, lease.token, "OOM", true)
+            .fail(
+                &id,
+                lease.token,
+                tuneq_openapi::FailureClass::TrainingFailed,
+                "OOM",
+                true,
+            )
             .await
             .unwrap()
             .expect("retries left");
         let scheduled = q.events(&id, None, 1, true).await.unwrap();
-        assert_eq!(scheduled[0].kind, "retry_scheduled");
+        assert_eq!(scheduled[0].kind, EventKind::RetryScheduled);
+        assert_eq!(
+            scheduled[0].failure,
+            Some(tuneq_openapi::FailureClass::TrainingFailed)
+        );
         let delay = due - scheduled[0].at_ms;
         assert!(
             (base..=base + base / 4).contains(&delay),
@@ -1842,7 +1961,15 @@ async fn retries_back_off_exponentially_with_bounded_jitter(backend: Backend) {
     assert!(jittered > 0, "no retry was jittered");
     let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
     assert_eq!(
-        q.fail(&id, lease.token, "OOM", true).await.unwrap(),
+        q.fail(
+            &id,
+            lease.token,
+            tuneq_openapi::FailureClass::TrainingFailed,
+            "OOM",
+            true
+        )
+        .await
+        .unwrap(),
         None,
         "the seventh failure spends the last attempt"
     );

@@ -239,7 +239,15 @@ async fn busy_file(file: &Path) -> ((Inspection, Vec<Entry>), u64) {
                     .await
                     .unwrap();
             } else {
-                q.fail(&lease.id, lease.token, "boom", false).await.unwrap();
+                q.fail(
+                    &lease.id,
+                    lease.token,
+                    tuneq_openapi::FailureClass::TrainingFailed,
+                    "boom",
+                    false,
+                )
+                .await
+                .unwrap();
             }
         }
     }

@@ -41,7 +41,7 @@ async fn kinds(q: &Queue, id: &str) -> Vec<String> {
         .await
         .unwrap()
         .into_iter()
-        .map(|e| e.kind)
+        .map(|e| e.kind.code().to_string())
         .collect()
 }
 
@@ -119,7 +119,16 @@ async fn fenced_calls_whose_replies_are_lost_take_effect_once() {
     let id = q.enqueue(&job(None)).await.unwrap().id;
     let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
     proxy.lose_next_reply();
-    let due = q.fail(&id, lease.token, "oom", true).await.unwrap();
+    let due = q
+        .fail(
+            &id,
+            lease.token,
+            tuneq_openapi::FailureClass::TrainingFailed,
+            "oom",
+            true,
+        )
+        .await
+        .unwrap();
     let record = q.get(&id).await.unwrap().unwrap();
     assert_eq!(record.attempts, 1);
     assert_eq!(record.state, JobState::Delayed);
@@ -130,7 +139,14 @@ async fn fenced_calls_whose_replies_are_lost_take_effect_once() {
     let id = q.enqueue(&job(None)).await.unwrap().id;
     let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
     proxy.lose_next_reply();
-    q.preempt(&id, lease.token, "spot reclaimed").await.unwrap();
+    q.preempt(
+        &id,
+        lease.token,
+        tuneq_openapi::StopCause::Preemption,
+        "spot reclaimed",
+    )
+    .await
+    .unwrap();
     let record = q.get(&id).await.unwrap().unwrap();
     assert_eq!((record.state, record.preemptions), (JobState::Queued, 1));
 

@@ -17,6 +17,7 @@ mod up;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::process::ExitCode;
+use tuneq_openapi::FailureClass;
 
 /// tuneq: LoRA fine-tuning of Llama-family models, from one binary.
 #[derive(Parser)]
@@ -100,13 +101,32 @@ enum ShowService {
 /// ([`tuneq_openapi::launch::EXIT_BAD_INPUT`]).
 pub const EXIT_BAD_INPUT: u8 = 2;
 
-/// `tuneq train`'s exit code for bad input, as the launch contract says.
-pub const TRAIN_EXIT_BAD_INPUT: u8 = tuneq_openapi::launch::EXIT_BAD_INPUT as u8;
+/// How a command's failures become exit codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitCodes {
+    /// Every command but `tuneq train`: bad input 2, anything else 1.
+    Command,
+    /// `tuneq train`: the launch contract's code for each failure class (bad input 42,
+    /// a diverged run 43), anything else 1.
+    Trainer,
+}
+
+impl ExitCodes {
+    /// The exit code of a failure of `class`.
+    fn of(self, class: FailureClass) -> u8 {
+        let contract = tuneq_openapi::launch::TrainerExit::code_for(class);
+        match (self, class) {
+            (_, FailureClass::TrainingFailed) => 1,
+            (Self::Command, _) => EXIT_BAD_INPUT,
+            (Self::Trainer, _) => contract.and_then(|c| u8::try_from(c).ok()).unwrap_or(1),
+        }
+    }
+}
 
 pub fn main() -> ExitCode {
     let (mut cli_command, sources) = match command_with_config() {
         Ok(found) => found,
-        Err(e) => return report(&e, EXIT_BAD_INPUT),
+        Err(e) => return report(&e, ExitCodes::Command),
     };
     let matches = cli_command.get_matches_mut();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
@@ -130,15 +150,15 @@ pub fn main() -> ExitCode {
             "warn"
         },
     );
-    let bad_input = if matches!(cli.command, Command::Train(_)) {
-        TRAIN_EXIT_BAD_INPUT
+    let codes = if matches!(cli.command, Command::Train(_)) {
+        ExitCodes::Trainer
     } else {
-        EXIT_BAD_INPUT
+        ExitCodes::Command
     };
     // The kernels read their instruction-set cap on first use and ignore a bad one;
     // refuse it here, before anything runs (or a service hands it to its trainers).
     if let Err(e) = tuneq_kernels::IsaLimit::from_env() {
-        return report(&anyhow::Error::new(BadInput(e.to_string())), bad_input);
+        return report(&anyhow::Error::new(BadInput(e.to_string())), codes);
     }
     let result = match cli.command {
         Command::Up(args) => up::run(args),
@@ -157,7 +177,7 @@ pub fn main() -> ExitCode {
     };
     match result {
         Ok(code) => code,
-        Err(e) => report(&e, bad_input),
+        Err(e) => report(&e, codes),
     }
 }
 
@@ -196,25 +216,35 @@ fn show_settings(
     Ok(ExitCode::SUCCESS)
 }
 
-/// Prints an error with its cause chain; bad input exits `bad_input_code`, anything
-/// else 1.
-pub fn report(e: &anyhow::Error, bad_input_code: u8) -> ExitCode {
+/// Prints an error with its cause chain and exits with the code `codes` give its
+/// failure class.
+pub fn report(e: &anyhow::Error, codes: ExitCodes) -> ExitCode {
     eprintln!("error: {e}");
     for cause in e.chain().skip(1) {
         eprintln!("  caused by: {cause}");
     }
-    let bad_input = e.chain().any(|c| {
-        c.downcast_ref::<tuneq_trainer::Error>()
-            .is_some_and(|t| t.is_bad_input())
-            || c.downcast_ref::<BadInput>().is_some()
-    });
     if let Some(t) = e
         .chain()
         .find_map(|c| c.downcast_ref::<tuneq_trainer::Error>())
     {
         print_details(t);
     }
-    ExitCode::from(if bad_input { bad_input_code } else { 1 })
+    ExitCode::from(codes.of(failure_class(e)))
+}
+
+/// The class of failure an error is: a trainer error's own, the CLI's usage errors are
+/// invalid input, anything else a failure.
+fn failure_class(e: &anyhow::Error) -> FailureClass {
+    let trainer = e.chain().find_map(|c| {
+        c.downcast_ref::<tuneq_trainer::Error>()
+            .map(tuneq_trainer::Error::failure_class)
+            .filter(|class| *class != FailureClass::TrainingFailed)
+    });
+    let usage = e
+        .chain()
+        .any(|c| c.downcast_ref::<BadInput>().is_some())
+        .then_some(FailureClass::InvalidTrainingInput);
+    trainer.or(usage).unwrap_or(FailureClass::TrainingFailed)
 }
 
 /// Lists every bad line of a dataset error on stderr, one per line, and emits the same
@@ -253,6 +283,7 @@ fn print_details(e: &tuneq_trainer::Error) {
     };
     let body = serde_json::json!({"error": {
         "type": if e.is_bad_input() { "invalid_request_error" } else { "internal_error" },
+        "failure": e.failure_class(),
         "message": e.to_string(),
         "lines": lines,
         "fields": fields,

@@ -93,6 +93,18 @@ impl Error {
         ) || matches!(self, Error::Storage(e) if !e.is_retryable())
     }
 
+    /// The class of job failure this error is: what `tuneq train` exits with and
+    /// reports (the launch contract), so the dispatcher and the tenant never read it
+    /// from the message.
+    pub fn failure_class(&self) -> tuneq_openapi::FailureClass {
+        use tuneq_openapi::FailureClass;
+        match self {
+            Error::Diverged { .. } => FailureClass::TrainingDiverged,
+            _ if self.is_bad_input() => FailureClass::InvalidTrainingInput,
+            _ => FailureClass::TrainingFailed,
+        }
+    }
+
     pub(crate) fn io(path: impl AsRef<std::path::Path>) -> impl FnOnce(std::io::Error) -> Error {
         let path = path.as_ref().display().to_string();
         move |source| Error::Io { path, source }

@@ -54,7 +54,7 @@ pub(crate) async fn checkpoints(
     // Oldest first, to know each checkpoint's latest losses.
     let mut valid_loss = None;
     for event in events.iter().rev() {
-        match LogEntry::decode(&event.kind, &event.message) {
+        match super::events::log_entry(event) {
             Some(LogEntry::Metrics { train_loss, .. }) => last_loss = train_loss,
             Some(LogEntry::Eval { valid_loss: v, .. }) => valid_loss = v,
             Some(LogEntry::Checkpoint { step, location }) => {

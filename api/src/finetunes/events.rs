@@ -11,7 +11,9 @@ use crate::redact;
 use crate::state::AppState;
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Deserialize;
-use tuneq_openapi::{ErrorBody, FineTuneEvent, FineTuneEventList, LogEntry};
+use tuneq_openapi::{
+    ErrorBody, EventKind, FailureClass, FineTuneEvent, FineTuneEventList, LogEntry, StopCause,
+};
 use tuneq_queue::JobQueue;
 
 /// Query of the events list.
@@ -64,12 +66,18 @@ fn placed(record: &FineTuneRecord, pool: &str) -> String {
     }
 }
 
+/// The trainer's log entry a queue event holds, if it is one.
+pub(crate) fn log_entry(event: &tuneq_queue::JobEvent) -> Option<LogEntry> {
+    let data = event.data.as_ref()?;
+    LogEntry::decode(event.kind, data)
+}
+
 /// The client's view of one queue event.
 fn render_event(record: &FineTuneRecord, event: &tuneq_queue::JobEvent) -> FineTuneEvent {
     let mut level = "info";
     let mut kind = "message";
     let mut data = None;
-    let message = match LogEntry::decode(&event.kind, &event.message) {
+    let message = match log_entry(event) {
         Some(entry) => {
             let (text, is_metrics, fields) = render_entry(record, entry);
             if is_metrics {
@@ -128,63 +136,72 @@ fn render_entry(record: &FineTuneRecord, mut entry: LogEntry) -> (String, bool, 
     (text, is_metrics, entry.fields())
 }
 
-/// The text of a plain-text event (the queue's own, and trainers' warnings); `level`
-/// is raised for the ones that warn.
+/// How a stopped attempt's cause reads in its event.
+fn stopped_by(stop: Option<StopCause>) -> &'static str {
+    match stop {
+        Some(StopCause::Preemption) | None => "its machine was taken away",
+        Some(StopCause::Shutdown) => "the service was shutting down",
+        Some(StopCause::Restart) => "its dispatcher restarted",
+    }
+}
+
+/// The text of a plain event (the queue's own, a trainer's warning, and a trainer's
+/// entry whose fields do not read); `level` is raised for the ones that warn.
 fn render_plain(
     record: &FineTuneRecord,
     event: &tuneq_queue::JobEvent,
     level: &mut &str,
 ) -> String {
-    match event.kind.as_str() {
-        "queued" => format!("Created fine-tuning job: {}", record.id),
-        "leased" => placed(record, &event.message),
-        "started" => "Fine-tuning job started".into(),
-        "warning" => {
-            *level = "warn";
-            redact::paths(&event.message)
-        }
-        "preempted" => {
-            *level = "warn";
+    let message = redact::paths(&event.message);
+    let warn = |level: &mut &str, text: String| {
+        *level = "warn";
+        text
+    };
+    match event.kind {
+        EventKind::Queued => format!("Created fine-tuning job: {}", record.id),
+        EventKind::Leased => placed(record, event.pool.as_deref().unwrap_or("?")),
+        EventKind::Started => "Fine-tuning job started".into(),
+        EventKind::Warning => warn(level, message),
+        EventKind::Preempted => warn(
+            level,
             format!(
-                "The attempt stopped ({}); the job resumes from its last checkpoint",
-                redact::paths(&event.message)
-            )
+                "The attempt stopped ({}: {message}); the job resumes from its last checkpoint",
+                stopped_by(event.stop)
+            ),
+        ),
+        EventKind::Unplaced => warn(
+            level,
+            format!("The attempt found no node ({message}); the job is back in line"),
+        ),
+        EventKind::Moved => warn(level, format!("Moved on to other node pools: {message}")),
+        EventKind::LeaseExpired => warn(
+            level,
+            "The attempt stopped reporting; checking whether it is alive".into(),
+        ),
+        EventKind::LeaseRecovered | EventKind::Adopted => {
+            "The attempt is alive and continues".into()
         }
-        "unplaced" => {
-            *level = "warn";
-            format!(
-                "The attempt found no node ({}); the job is back in line",
-                redact::paths(&event.message)
-            )
-        }
-        "moved" => {
-            *level = "warn";
-            format!("Moved on to other node pools: {}", event.message)
-        }
-        "lease_expired" => {
-            *level = "warn";
-            "The attempt stopped reporting; checking whether it is alive".into()
-        }
-        "lease_recovered" | "adopted" => "The attempt is alive and continues".into(),
-        "requeued" => {
-            *level = "warn";
-            "The attempt was lost; the job is back in line".into()
-        }
-        "retry_scheduled" => {
-            *level = "warn";
-            format!(
-                "The attempt failed ({}); it will be retried",
-                redact::paths(&event.message)
-            )
-        }
-        "failed" => {
+        EventKind::Requeued => warn(
+            level,
+            "The attempt was lost; the job is back in line".into(),
+        ),
+        EventKind::RetryScheduled => warn(
+            level,
+            format!("The attempt failed ({message}); it will be retried"),
+        ),
+        EventKind::Failed => {
             *level = "error";
-            format!("The job failed: {}", redact::paths(&event.message))
+            let code = event.failure.map_or("", FailureClass::code);
+            format!("The job failed ({code}): {message}")
         }
-        "cancel_requested" => "Cancelling: stopping the running attempt".into(),
-        "cancelled" => "The job was cancelled".into(),
-        "succeeded" => "The job has successfully completed".into(),
-        other => format!("{other}: {}", redact::paths(&event.message)),
+        EventKind::CancelRequested => "Cancelling: stopping the running attempt".into(),
+        EventKind::Cancelled => "The job was cancelled".into(),
+        EventKind::Succeeded => "The job has successfully completed".into(),
+        EventKind::TrainingStarted
+        | EventKind::Resumed
+        | EventKind::Metrics
+        | EventKind::Eval
+        | EventKind::Checkpoint => format!("{}: {message}", event.kind.code()),
     }
 }
 

@@ -23,10 +23,10 @@ pub(super) async fn view(state: &AppState, record: FineTuneRecord) -> ApiResult<
     if outcome.is_none() {
         // The job and, while it waits, where it stands: one call to the queue.
         match state.queue.status(&record.job_id, &record.tenant).await? {
-            Some((job, _)) if job.state.is_terminal() => outcome = Some(outcome_of(&job)),
+            Some((job, _)) if job.state.is_terminal() => outcome = Some(outcome_of(&job)?),
             Some((job, standing)) => {
                 status = job.state.public_status().to_string();
-                progress = progress_of(&job);
+                progress = progress_of(&job)?;
                 attempts = job.attempts;
                 preemptions = job.preemptions;
                 queue = standing.map(|p| QueueStanding {
@@ -50,7 +50,7 @@ pub(super) async fn view(state: &AppState, record: FineTuneRecord) -> ApiResult<
                     status: "failed".into(),
                     finished_at: record.created_at,
                     error: Some(JobError {
-                        code: "job_lost".into(),
+                        code: tuneq_openapi::FailureClass::JobLost,
                         message: "The job's queue record is gone.".into(),
                         param: None,
                     }),
@@ -161,7 +161,8 @@ pub(crate) async fn fine_tuned_models(state: &AppState, tenant: &str) -> ApiResu
                 .get(&record.job_id)
                 .await?
                 .filter(|job| job.state.is_terminal())
-                .map(|job| outcome_of(&job)),
+                .map(|job| outcome_of(&job))
+                .transpose()?,
         };
         if let Some(outcome) = outcome.filter(|o| o.status == "succeeded") {
             models.push(Model {

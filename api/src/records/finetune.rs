@@ -11,7 +11,9 @@ use crate::redact;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use tuneq_openapi::{JobError, JobHyperparameters, LoraSpec, Progress};
+use tuneq_openapi::{
+    FailureClass, JobError, JobHyperparameters, LoraSpec, MalformedRecord, Progress, StoredJson,
+};
 use tuneq_queue::{Catalog, JobRecord, JobState};
 
 /// Catalog kind of fine-tune records.
@@ -119,56 +121,49 @@ pub(crate) fn ms_to_seconds(ms: u64) -> u64 {
     ms / 1000
 }
 
-/// The progress a queue job's trainer last reported.
-pub(crate) fn progress_of(job: &JobRecord) -> Option<Progress> {
-    job.progress
-        .as_deref()
-        .and_then(|p| serde_json::from_str(p).ok())
+impl StoredJson for AttemptResult {
+    const FIELD: &'static str = "result";
+}
+
+/// The progress a queue job's trainer last reported (a stored value that does not read
+/// is an error naming the job and the field).
+pub(crate) fn progress_of(job: &JobRecord) -> ApiResult<Option<Progress>> {
+    Progress::decode_optional(&job.id, job.progress.as_deref()).map_err(malformed)
+}
+
+/// A queue job's stored value that does not read: an internal error (the detail goes
+/// to the log, never to the client).
+pub(crate) fn malformed(e: MalformedRecord) -> ApiError {
+    ApiError::internal(e.to_string())
 }
 
 /// The outcome of a finished queue job.
-pub(crate) fn outcome_of(job: &JobRecord) -> Outcome {
-    let result: Option<AttemptResult> = job
-        .result
-        .as_deref()
-        .and_then(|r| serde_json::from_str(r).ok());
+pub(crate) fn outcome_of(job: &JobRecord) -> ApiResult<Outcome> {
+    let result =
+        AttemptResult::decode_optional(&job.id, job.result.as_deref()).map_err(malformed)?;
     let error = (job.state == JobState::Failed).then(|| {
         let detail = job.error.as_deref().unwrap_or("The job failed.");
         // The full message stays in the operator's log; the tenant sees it without
         // server paths or store locations.
-        tracing::info!(job = %job.id, error = detail, "job failed");
+        tracing::info!(job = %job.id, error = detail, failure = ?job.failure, "job failed");
         JobError {
-            code: job
-                .failure
-                .map_or_else(|| failure_code(detail), |class| class.code())
-                .into(),
+            // A job failed by a version that did not store its class yet failed as a
+            // training failure: that is what it was told then, too.
+            code: job.failure.unwrap_or(FailureClass::TrainingFailed),
             message: redact::paths(detail),
             param: None,
         }
     });
-    Outcome {
+    Ok(Outcome {
         status: job.state.public_status().to_string(),
         finished_at: ms_to_seconds(job.finished_ms.unwrap_or(job.enqueued_ms)),
         error,
         trained_tokens: result.as_ref().map(|r| r.trained_tokens),
         adapter: result.map(|r| r.adapter),
-        progress: progress_of(job),
+        progress: progress_of(job)?,
         attempts: job.attempts,
         preemptions: job.preemptions,
-    }
-}
-
-/// A stable code for how a job failed, from the dispatcher's account of its last
-/// attempt: its input could not train (never retried), it diverged, or it failed
-/// however many times it was tried.
-fn failure_code(detail: &str) -> &'static str {
-    if detail.contains("loss became") {
-        "training_diverged"
-    } else if detail.starts_with("invalid input:") {
-        "invalid_training_input"
-    } else {
-        "training_failed"
-    }
+    })
 }
 
 /// The fine-tune records in the catalog, through this process's copies.
@@ -297,17 +292,30 @@ mod tests {
     }
 
     #[test]
-    fn a_failure_class_is_the_code_whatever_the_reason_says() {
-        let class = Some(tuneq_openapi::FailureClass::PoolMisconfigured);
-        let error = outcome_of(&failed("invalid input: pool x is misconfigured", class)).error;
-        assert_eq!(
-            error.map(|e| e.code),
-            Some("pool_misconfigured".to_string())
+    fn the_code_is_the_stored_failure_class_whatever_the_reason_says() {
+        for class in FailureClass::ALL {
+            let outcome = outcome_of(&failed("invalid input: loss became NaN", Some(*class)));
+            let code = outcome.ok().and_then(|o| o.error).map(|e| e.code);
+            assert_eq!(code, Some(*class));
+        }
+        // Failed before classes were stored: a training failure, whatever it says.
+        let outcome = outcome_of(&failed("invalid input: line 3", None));
+        let code = outcome.ok().and_then(|o| o.error).map(|e| e.code);
+        assert_eq!(code, Some(FailureClass::TrainingFailed));
+    }
+
+    #[test]
+    fn a_malformed_stored_result_is_an_error_naming_the_job_and_the_field() {
+        let mut job = failed("x", None);
+        job.state = JobState::Succeeded;
+        job.result = Some("{\"adapter\": 7}".into());
+        let err = outcome_of(&job).err().map(|e| e.detail.message.clone());
+        assert!(
+            err.is_some(),
+            "a malformed result must not read as an empty one"
         );
-        let error = outcome_of(&failed("invalid input: line 3", None)).error;
-        assert_eq!(
-            error.map(|e| e.code),
-            Some("invalid_training_input".to_string())
-        );
+        job.result = None;
+        job.progress = Some("[1, 2]".into());
+        assert!(outcome_of(&job).is_err(), "nor a malformed progress");
     }
 }

@@ -208,7 +208,7 @@ impl Sender {
 
 /// A delivery's identity in the send queue.
 fn member_of(delivery: &Delivery) -> String {
-    format!("{}|{}|{}", delivery.job_id, delivery.state, delivery.tenant)
+    delivery.member()
 }
 
 /// Counts one try fewer under `key`, forgetting keys with none.

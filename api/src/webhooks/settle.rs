@@ -72,7 +72,7 @@ pub(super) async fn record_of(
     };
     let unfiled = record.outcome.is_none();
     if unfiled {
-        record.outcome = Some(outcome_of(&job));
+        record.outcome = Some(outcome_of(&job)?);
     }
     Ok(Some((record, unfiled)))
 }

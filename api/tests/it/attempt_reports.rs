@@ -98,7 +98,12 @@ async fn reports_move_a_job_to_succeeded_and_stale_or_forged_ones_change_nothing
         .unwrap();
     let first_credential = s.signer.sign(&first.id, first.token);
     s.queue
-        .preempt(&first.id, first.token, "spot reclaimed")
+        .preempt(
+            &first.id,
+            first.token,
+            tuneq_openapi::StopCause::Preemption,
+            "spot reclaimed",
+        )
         .await
         .unwrap();
     let lease = s

@@ -5,6 +5,7 @@
 
 mod architectures;
 mod attempt_reports;
+mod failure_codes;
 mod files;
 mod guessing;
 mod hardening;

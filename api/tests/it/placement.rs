@@ -202,7 +202,12 @@ async fn estimates_use_the_speed_trainers_report_and_lost_steps_are_counted_per_
     );
     s.state
         .queue
-        .preempt(&first.id, first.token, "spot reclaimed")
+        .preempt(
+            &first.id,
+            first.token,
+            tuneq_openapi::StopCause::Preemption,
+            "spot reclaimed",
+        )
         .await
         .unwrap();
     let second = s

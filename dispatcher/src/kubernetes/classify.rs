@@ -8,10 +8,10 @@
 //! | 1 | Job `Complete` (or `SuccessCriteriaMet`) | `Succeeded` |
 //! | 2 | Job `Failed`/`FailureTarget`, reason `DeadlineExceeded` | `DeadlineExceeded` |
 //! | 3 | … reason `PodFailurePolicy`, `… matching FailJob rule at index 0` | `Preempted` |
-//! | 4 | … reason `PodFailurePolicy`, `… at index 1` | `BadInput` |
+//! | 4 | … reason `PodFailurePolicy`, `… at index 1` | `Diverged` if the trainer exited 43, else `BadInput` |
 //! | 5 | Job `Suspended=True` (Kueue) | `Suspended` |
 //! | 6 | a failed pod with `DisruptionTarget=True`, or failed as `Evicted`, `Terminated` by a node shutdown, `NodeShutdown`, `UnexpectedAdmissionError`, `OutOf…` | `Preempted` |
-//! | 7 | the trainer exited 42 | `BadInput` |
+//! | 7 | the trainer exited 42 (43) | `BadInput` (`Diverged`) |
 //! | 8 | the trainer was `OOMKilled` | `OutOfMemory` |
 //! | 9 | the trainer exited 75 or 143 (SIGTERM) | `Preempted` |
 //! | 10 | the trainer exited 76 | `Superseded` |
@@ -70,6 +70,11 @@ pub enum AttemptEnd {
     /// The input can never train (exit 42): the job fails for good.
     BadInput {
         /// The trainer's termination message, or the Job's.
+        message: String,
+    },
+    /// The run diverged (exit 43): the job fails for good.
+    Diverged {
+        /// The trainer's termination message.
         message: String,
     },
     /// The trainer was killed for using more memory than the pool gives an attempt.
@@ -169,11 +174,15 @@ pub fn classify(job: &Job, pods: &[Pod], now: Timestamp, limits: &Limits) -> Att
                     return AttemptEnd::Preempted { reason, node };
                 }
                 Some(RULE_BAD_INPUT) => {
-                    let message = pods
-                        .iter()
-                        .filter_map(trainer_terminated)
-                        .find(|t| t.exit_code == tuneq_openapi::launch::EXIT_BAD_INPUT)
-                        .and_then(termination_message)
+                    let ended: Vec<&ContainerStateTerminated> =
+                        pods.iter().filter_map(trainer_terminated).collect();
+                    let exited = |code| ended.iter().find(|t| t.exit_code == code);
+                    if let Some(t) = exited(tuneq_openapi::launch::EXIT_DIVERGED) {
+                        let message = termination_message(t).unwrap_or_default();
+                        return AttemptEnd::Diverged { message };
+                    }
+                    let message = exited(tuneq_openapi::launch::EXIT_BAD_INPUT)
+                        .and_then(|t| termination_message(t))
                         .or_else(|| failed.message.clone())
                         .unwrap_or_default();
                     return AttemptEnd::BadInput { message };
@@ -317,6 +326,11 @@ pub fn classify(job: &Job, pods: &[Pod], now: Timestamp, limits: &Limits) -> Att
 /// Rows 7–12: the trainer's exit, read by the launch contract.
 fn trainer_end(ended: &[(&Pod, &ContainerStateTerminated)], limits: &Limits) -> Option<AttemptEnd> {
     let exit = |t: &ContainerStateTerminated| TrainerExit::from_status(Some(t.exit_code), t.signal);
+    if let Some((_, t)) = ended.iter().find(|(_, t)| exit(t) == TrainerExit::Diverged) {
+        return Some(AttemptEnd::Diverged {
+            message: termination_message(t).unwrap_or_else(|| "the training loss diverged".into()),
+        });
+    }
     if let Some((_, t)) = ended.iter().find(|(_, t)| exit(t) == TrainerExit::BadInput) {
         return Some(AttemptEnd::BadInput {
             message: termination_message(t)

@@ -74,12 +74,14 @@ impl KubernetesRuntime {
     /// pool's watches, so it must be made inside a tokio runtime. A pool whose Job cannot
     /// be built is refused here, before any job is claimed for it.
     pub fn new(client: kube::Client, settings: KubernetesSettings) -> Result<Self, DispatchError> {
-        let k = settings.pool.kubernetes.clone().ok_or_else(|| {
-            DispatchError::Runtime(format!(
-                "pool {} has no [pool.kubernetes] table",
-                settings.pool.name
-            ))
-        })?;
+        let k =
+            settings
+                .pool
+                .kubernetes
+                .clone()
+                .ok_or_else(|| DispatchError::NotAKubernetesPool {
+                    pool: settings.pool.name.clone(),
+                })?;
         check_pool(&settings.pool)?;
         Ok(Self {
             observer: Observer::start(client.clone(), &k.namespace, &settings.pool.name),
@@ -216,6 +218,7 @@ impl KubernetesRuntime {
                 None => format!("preempted ({reason})"),
             }),
             AttemptEnd::BadInput { message } => End::BadInput(message),
+            AttemptEnd::Diverged { message } => End::Diverged(message),
             AttemptEnd::OutOfMemory { message } => End::BadInput(message),
             AttemptEnd::Superseded => End::Superseded,
             AttemptEnd::Crashed { message, .. } => End::Crashed(message),
@@ -392,9 +395,7 @@ impl Runtime for KubernetesRuntime {
                     .as_ref()
                     .and_then(|a| a.get(ANNOTATION_ATTEMPT_UID));
                 if token.map(String::as_str) != Some(launch.token.to_string().as_str()) {
-                    return Err(DispatchError::Runtime(format!(
-                        "a Job {name} of another attempt exists; it is not adopted"
-                    )));
+                    return Err(DispatchError::NameTaken { name });
                 }
                 tracing::info!(job = launch.job, %name, "adopting the attempt's existing Job");
                 existing

@@ -3,6 +3,7 @@
 //! exit the contract names is driven on purpose: interrupted (75) is a preemption that
 //! spends no retry and, repeated on one pool, moves the job on; SIGKILL is a crash that
 //! spends one; bad input (42) fails the job for good.
+use crate::as_written;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tuneq_dispatcher::local::{LocalRuntime, LocalSettings};
@@ -115,8 +116,10 @@ fn dispatch_with(
 async fn wait_until(queue: &Queue, id: &str, done: impl Fn(&JobRecord) -> bool) -> JobRecord {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let record = queue.get(id).await.unwrap().unwrap();
+        let mut record = queue.get(id).await.unwrap().unwrap();
         if done(&record) {
+            // Its reason as written (see `as_written`), for the assertions on its words.
+            record.error = record.error.as_deref().map(as_written);
             return record;
         }
         assert!(
@@ -140,13 +143,16 @@ async fn wait_for_event(queue: &Queue, id: &str, kind: &str) -> Vec<(String, Str
     }
 }
 
+/// The job's events as (kind, message), each message as it was written: under
+/// `TUNEQ_TEST_REWORD_MESSAGES=1` the queue stores every message reworded (the
+/// dispatcher must not care), and this undoes it for the assertions on the words.
 async fn kinds_and_messages(queue: &Queue, id: &str) -> Vec<(String, String)> {
     queue
         .events(id, None, 100, false)
         .await
         .unwrap()
         .into_iter()
-        .map(|e| (e.kind, e.message))
+        .map(|e| (e.kind.code().to_string(), as_written(&e.message)))
         .collect()
 }
 
@@ -181,13 +187,18 @@ async fn preemptions_spend_no_retry_and_repeated_ones_move_the_job_to_its_next_p
             .contains("invalid input: error: no such dataset"),
         "{done:?}"
     );
-    let events = kinds_and_messages(&q, &id).await;
-    let leased: Vec<&str> = events
+    assert_eq!(
+        done.failure,
+        Some(tuneq_openapi::FailureClass::InvalidTrainingInput)
+    );
+    let typed = q.events(&id, None, 100, false).await.unwrap();
+    let leased: Vec<&str> = typed
         .iter()
-        .filter(|(k, _)| k == "leased")
-        .map(|(_, m)| m.as_str())
+        .filter(|e| e.kind == tuneq_openapi::EventKind::Leased)
+        .filter_map(|e| e.pool.as_deref())
         .collect();
-    assert_eq!(leased, ["spot", "spot", "on-demand"], "{events:?}");
+    assert_eq!(leased, ["spot", "spot", "on-demand"], "{typed:?}");
+    let events = kinds_and_messages(&q, &id).await;
     let moved = events.iter().find(|(k, _)| k == "moved").unwrap();
     assert!(moved.1.contains("preempted 2 times on spot"), "{moved:?}");
     let text = metrics.render();
@@ -351,9 +362,9 @@ impl tuneq_dispatcher::runtime::Runtime for Fake {
         let mut p = self.0.lock().unwrap();
         if p.failing_lists > 0 {
             p.failing_lists -= 1;
-            return Err(tuneq_dispatcher::DispatchError::Runtime(
-                "the API server is not answering".into(),
-            ));
+            return Err(tuneq_dispatcher::DispatchError::PlatformUnavailable {
+                what: "list the attempts",
+            });
         }
         Ok(p.attempts.keys().cloned().collect())
     }
@@ -646,11 +657,11 @@ async fn a_crashed_attempt_is_retried_after_a_doubling_back_off_until_its_3_atte
         let events = q.events(&id, None, 100, false).await.unwrap();
         let scheduled = events
             .iter()
-            .filter(|e| e.kind == "retry_scheduled")
+            .filter(|e| e.kind == tuneq_openapi::EventKind::RetryScheduled)
             .nth(failed as usize - 1)
             .unwrap();
         assert_eq!(
-            scheduled.message,
+            as_written(&scheduled.message),
             "trainer exited with status 3: out of coffee"
         );
         // The base delay doubles per failed attempt, plus up to a quarter of jitter.
@@ -717,12 +728,7 @@ async fn a_suspect_attempt_still_running_is_adopted_and_one_nobody_runs_is_reque
     .await;
     assert_eq!(rerun.stalls, 1);
     let events = kinds_and_messages(&q, &lost).await;
-    assert!(
-        events
-            .iter()
-            .any(|(k, m)| k == "requeued" && m == "attempt lost"),
-        "{events:?}"
-    );
+    assert!(events.iter().any(|(k, _)| k == "requeued"), "{events:?}");
     platform.with(|p| {
         assert_eq!(
             p.starts,
@@ -839,11 +845,12 @@ async fn a_trainer_that_ignores_a_stop_is_killed_after_the_grace_and_its_job_kee
         (JobState::Queued, 1, 0),
         "a shutdown spends no retry"
     );
-    let events = kinds_and_messages(&q, &id).await;
+    let events = q.events(&id, None, 100, false).await.unwrap();
     assert!(
         events
             .iter()
-            .any(|(k, m)| k == "preempted" && m == "the service is shutting down"),
+            .any(|e| e.kind == tuneq_openapi::EventKind::Preempted
+                && e.stop == Some(tuneq_openapi::StopCause::Shutdown)),
         "{events:?}"
     );
 }

@@ -3,6 +3,7 @@
 //! it reads each way an attempt ends, what it finds after a restart, and the double-run
 //! guard (an attempt is over only when no pod of it is alive).
 
+use crate::as_written;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
@@ -463,14 +464,14 @@ async fn a_job_the_api_server_refuses_fails_as_a_misconfigured_pool_without_the_
         record.failure,
         Some(tuneq_openapi::FailureClass::PoolMisconfigured)
     );
-    let mut told: Vec<String> = record.error.clone().into_iter().collect();
+    let mut told: Vec<String> = record.error.iter().map(|e| as_written(e)).collect();
     told.extend(
         queue
             .events(&id, None, 100, false)
             .await
             .unwrap()
             .into_iter()
-            .map(|e| e.message),
+            .map(|e| as_written(&e.message)),
     );
     for text in &told {
         for internal in ["422", "Invalid", "nodeSelector", "a/b/c", "tq-j1", "Status"] {
@@ -478,11 +479,7 @@ async fn a_job_the_api_server_refuses_fails_as_a_misconfigured_pool_without_the_
         }
     }
     assert!(
-        record
-            .error
-            .as_deref()
-            .unwrap()
-            .contains("pool xeon is misconfigured"),
+        as_written(record.error.as_deref().unwrap()).contains("pool xeon is misconfigured"),
         "{record:?}"
     );
 }

@@ -9,6 +9,7 @@ use crate::backend::{Backend, Origin};
 use crate::domain::{Domain, Done};
 use crate::job_queue::JobQueue;
 use crate::model::*;
+use crate::prose;
 use crate::reply::{self, claimed, enqueued, int, job_record, status_error, text, unsigned};
 use crate::scripts::Scripts;
 use crate::standing::{self, DomainFigures, FiguresCache};
@@ -18,6 +19,7 @@ use redis::Value;
 use redis::aio::ConnectionManager;
 use std::collections::HashMap;
 use std::sync::Arc;
+use tuneq_openapi::{FailureClass, StopCause};
 
 mod inspect;
 
@@ -256,13 +258,13 @@ impl Queue {
         }
     }
 
-    /// An attempt's failure, of `class` when the caller knows it ([`JobQueue::fail`]).
-    #[tracing::instrument(name = "queue.fail", skip_all, fields(job_id = %id, retryable, class = ?class), err(level = "debug"))]
+    /// An attempt's failure ([`JobQueue::fail`]).
+    #[tracing::instrument(name = "queue.fail", skip_all, fields(job_id = %id, retryable, class = %class), err(level = "debug"))]
     async fn fail_with(
         &self,
         id: &str,
         token: u64,
-        class: Option<tuneq_openapi::FailureClass>,
+        class: FailureClass,
         reason: &str,
         retryable: bool,
     ) -> Result<Option<u64>> {
@@ -271,14 +273,12 @@ impl Queue {
         let args = vec![
             id.to_string(),
             token.to_string(),
-            reason.to_string(),
+            prose::said(reason),
             if retryable { "1" } else { "0" }.to_string(),
             c.retry_base_ms.to_string(),
             c.retry_max_ms.to_string(),
             format!("{jitter:.4}"),
-            class
-                .map_or("", tuneq_openapi::FailureClass::code)
-                .to_string(),
+            class.code().to_string(),
         ];
         let (reply, retried) = self
             .domain
@@ -476,16 +476,26 @@ impl JobQueue for Queue {
         token: u64,
         report_seq: u64,
         progress: Option<&str>,
-        events: &[(&str, &str)],
+        events: &[NewEvent<'_>],
     ) -> Result<u64> {
         let mut args = vec![
             self.config.lease_ms.to_string(),
             progress.unwrap_or_default().to_string(),
             report_seq.to_string(),
         ];
-        for (kind, message) in events {
-            args.push(kind.to_string());
-            args.push(message.to_string());
+        for event in events {
+            args.push(event.kind.code().to_string());
+            args.push(prose::said(event.message));
+            args.push(match event.data {
+                Some(data @ serde_json::Value::Object(_)) => data.to_string(),
+                Some(other) => {
+                    return Err(QueueError::Invalid {
+                        field: "data",
+                        message: format!("an event's data must be a JSON object, not {other}"),
+                    });
+                }
+                None => String::new(),
+            });
         }
         let reply = self
             .domain
@@ -515,27 +525,17 @@ impl JobQueue for Queue {
         &self,
         id: &str,
         token: u64,
+        class: FailureClass,
         reason: &str,
         retryable: bool,
     ) -> Result<Option<u64>> {
-        self.fail_with(id, token, None, reason, retryable).await
+        self.fail_with(id, token, class, reason, retryable).await
     }
 
-    async fn fail_as(
-        &self,
-        id: &str,
-        token: u64,
-        class: tuneq_openapi::FailureClass,
-        reason: &str,
-        retryable: bool,
-    ) -> Result<Option<u64>> {
-        self.fail_with(id, token, Some(class), reason, retryable)
+    #[tracing::instrument(name = "queue.preempt", skip_all, fields(job_id = %id, stop = stop.code()), err(level = "debug"))]
+    async fn preempt(&self, id: &str, token: u64, stop: StopCause, reason: &str) -> Result<()> {
+        self.preempt_with(id, token, &[stop.code().to_string(), prose::said(reason)])
             .await
-    }
-
-    #[tracing::instrument(name = "queue.preempt", skip_all, fields(job_id = %id), err(level = "debug"))]
-    async fn preempt(&self, id: &str, token: u64, reason: &str) -> Result<()> {
-        self.preempt_with(id, token, &[reason.to_string()]).await
     }
 
     #[tracing::instrument(name = "queue.preempt", skip_all, fields(job_id = %id, pools = ?pools), err(level = "debug"))]
@@ -543,6 +543,7 @@ impl JobQueue for Queue {
         &self,
         id: &str,
         token: u64,
+        stop: StopCause,
         reason: &str,
         pools: &[String],
         why: &str,
@@ -551,7 +552,12 @@ impl JobQueue for Queue {
         self.preempt_with(
             id,
             token,
-            &[reason.to_string(), pools.join(","), why.to_string()],
+            &[
+                stop.code().to_string(),
+                prose::said(reason),
+                pools.join(","),
+                prose::said(why),
+            ],
         )
         .await
     }
@@ -569,10 +575,11 @@ impl JobQueue for Queue {
             check_pool_list(pools)?;
         }
         let pools = pools.map(|p| p.join(",")).unwrap_or_default();
+        // No stop cause: the attempt never got a node, which is no preemption.
         self.preempt_with(
             id,
             token,
-            &[reason.to_string(), pools, why.to_string(), "1".to_string()],
+            &[String::new(), prose::said(reason), pools, prose::said(why)],
         )
         .await
     }
@@ -648,10 +655,14 @@ impl JobQueue for Queue {
             SuspectVerdict::Adopt => "adopt",
             SuspectVerdict::Requeue => "requeue",
         };
+        let stalls = self.config.max_stalls;
         let args = [
             verdict.to_string(),
             self.config.lease_ms.to_string(),
-            self.config.max_stalls.to_string(),
+            stalls.to_string(),
+            prose::said(&format!(
+                "its attempt vanished without a word {stalls} times (no report, no exit)"
+            )),
         ];
         let reply = self
             .domain
@@ -694,8 +705,9 @@ impl JobQueue for Queue {
         let mut events = raw
             .iter()
             .map(|line| {
-                serde_json::from_str::<JobEvent>(line)
-                    .map_err(|e| QueueError::Protocol(format!("event of {id}: {e}")))
+                serde_json::from_str::<JobEvent>(line).map_err(|e| {
+                    QueueError::Protocol(format!("job {id}: a stored event does not read: {e}"))
+                })
             })
             .collect::<Result<Vec<_>>>()?;
         if newest_first {
@@ -721,7 +733,7 @@ impl JobQueue for Queue {
             Some((_, Some(position))) => Ok(position),
             Some((job, None)) => Err(QueueError::WrongState {
                 id: id.to_string(),
-                state: job.state.as_str().to_string(),
+                state: Some(job.state),
                 operation: "position",
             }),
         }
@@ -851,9 +863,11 @@ fn deliveries(reply: &[Value]) -> Result<Vec<Delivery>> {
             else {
                 return Err(QueueError::Protocol(format!("outbox entry {member:?}")));
             };
+            let state = JobState::parse(state)
+                .ok_or_else(|| QueueError::Protocol(format!("outbox entry {member:?}")))?;
             Ok(Delivery {
                 job_id: job_id.to_string(),
-                state: state.to_string(),
+                state,
                 tenant: tenant.to_string(),
                 due_ms: unsigned(pair.get(1))?,
             })
