@@ -25,14 +25,29 @@ def failed_event(client: OpenAI, job_id: str):
     return [e for e in events if e.level == "error"]
 
 
+def init_model(folder: Path) -> Path:
+    """A tiny random Llama written by `tuneq model init`."""
+    subprocess.run([str(tuneq_bin()), "model", "init", "--out", str(folder)], check=True,
+                   capture_output=True, timeout=120)
+    return folder
+
+
 def test_a_run_whose_loss_diverges_fails_as_training_diverged_and_is_not_retried(tmp_path):
-    service = Service(tmp_path / "data")
+    # A model whose last norm scales every hidden state past float32's range: its logits
+    # overflow, so the very first loss is NaN, whatever the learning rate.
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    model = init_model(tmp_path / "overflowing")
+    weights_file = next(model.glob("*.safetensors"))
+    weights = load_file(str(weights_file))
+    weights["model.norm.weight"] = np.full_like(weights["model.norm.weight"], 3e38)
+    save_file(weights, str(weights_file), metadata={"format": "pt"})
+    service = Service(tmp_path / "data", extra_args=["--model", f"overflowing={model}"])
     try:
         client = OpenAI(base_url=f"{service.url}/v1", api_key=service.api_key, max_retries=0)
         train = upload(client, TRAIN, "train.jsonl")
-        job = client.fine_tuning.jobs.create(
-            model=DEMO_MODEL, training_file=train,
-            hyperparameters={"n_epochs": 3, "batch_size": 1, "learning_rate_multiplier": 10})
+        job = client.fine_tuning.jobs.create(model="overflowing", training_file=train)
         done = wait_for(client, job.id, terminal, timeout=300)
         assert done.status == "failed", done
         assert done.error.code == "training_diverged", done.error
@@ -44,9 +59,7 @@ def test_a_run_whose_loss_diverges_fails_as_training_diverged_and_is_not_retried
 
 
 def test_a_model_the_trainer_cannot_read_fails_as_invalid_training_input(tmp_path):
-    model = tmp_path / "mine"
-    subprocess.run([str(tuneq_bin()), "model", "init", "--out", str(model)], check=True,
-                   capture_output=True, timeout=120)
+    model = init_model(tmp_path / "mine")
     service = Service(tmp_path / "data", extra_args=["--model", f"mine={model}"])
     try:
         # Registered while whole; its weights are damaged afterwards (a disk, a bad copy).

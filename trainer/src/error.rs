@@ -86,6 +86,9 @@ impl Error {
                 | Error::Spec(_)
                 | Error::Model { .. }
                 | Error::Json { .. }
+                // A weights file that does not read is as permanent as a config.json
+                // that does not: retrying the same file cannot help.
+                | Error::Safetensors { .. }
                 | Error::Checkpoint { .. }
                 | Error::Device(_)
                 // The same data, settings and seed diverge again: retrying cannot help.
