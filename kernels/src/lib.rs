@@ -3,7 +3,7 @@
 //!
 //! candle's autograd pays for generality on the CPU: every edge of the graph zero-fills
 //! and adds a fresh gradient, every op allocates its output, and its GEMM runs AVX2
-//! kernels at half of what the core can do (see `../shared/research/trainer-speed.md`).
+//! kernels at half of what the core can do (see `docs/trainer-speed.md`).
 //! The fused LoRA step is built from the pieces here instead; candle's graph stays the
 //! CUDA path and the test oracle the fast path is checked against.
 //!

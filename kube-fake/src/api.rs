@@ -156,6 +156,7 @@ fn json_response(status: u16, body: &Value, warning: Option<&str>) -> Response<R
     r
 }
 
+/// Answers one request: the version, or the object route's method on its target.
 fn dispatch(
     cluster: &FakeCluster,
     method: &Method,
@@ -184,14 +185,9 @@ fn dispatch(
                 cluster.with_state(|s| list(s, &target, req))
             }
         }
-        (&Method::GET, Some(name), None | Some("status")) => cluster.with_state(|s| {
-            let key = key(&target, name);
-            s.objects
-                .get(&key)
-                .cloned()
-                .ok_or_else(|| ApiError::not_found(target.kind, name))
-                .and_then(|o| ok(200, o))
-        }),
+        (&Method::GET, Some(name), None | Some("status")) => {
+            cluster.with_state(|s| get_one(s, &target, name))
+        }
         (&Method::POST, None, None) => {
             let body = req
                 .body
@@ -199,16 +195,9 @@ fn dispatch(
                 .ok_or_else(|| ApiError::bad_request("the body is not a JSON object"))?;
             cluster.with_state(|s| create(s, &target, body, dry_run).and_then(|o| ok(201, o)))
         }
-        (&Method::POST, Some(name), Some("eviction")) if target.kind == Kind::Pod => cluster
-            .with_state(|s| {
-                let key = key(&target, name);
-                kubelet::evict_in(s, &key)?;
-                ok(
-                    201,
-                    json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
-                           "status": "Success", "code": 201}),
-                )
-            }),
+        (&Method::POST, Some(name), Some("eviction")) if target.kind == Kind::Pod => {
+            cluster.with_state(|s| evict(s, &target, name))
+        }
         (&Method::PATCH, Some(name), sub @ (None | Some("status"))) => {
             let status = sub.is_some();
             cluster.with_state(|s| patch(s, &target, name, req, raw, status, dry_run))
@@ -224,49 +213,11 @@ fn dispatch(
         }),
         (&Method::DELETE, Some(name), None) => {
             let opts = delete_options(req)?;
-            cluster.with_state(|s| {
-                let key = key(&target, name);
-                if let Some(pre) = req.body.as_ref().and_then(|b| b.get("preconditions")) {
-                    let current = s
-                        .objects
-                        .get(&key)
-                        .ok_or_else(|| ApiError::not_found(target.kind, name))?;
-                    for field in ["uid", "resourceVersion"] {
-                        if let Some(want) = pre.get(field).and_then(Value::as_str)
-                            && meta_str(current, field) != Some(want)
-                        {
-                            return Err(ApiError::conflict(target.kind, name));
-                        }
-                    }
-                }
-                let d = s.delete(&key, &opts)?;
-                // As the real server: 200 even when the object stays (grace, finalizers),
-                // 202 only then and only for `orphanDependents: false`.
-                let accepted = !d.gone && req.param("orphanDependents").as_deref() == Some("false");
-                Ok(Reply::Json {
-                    status: if accepted { 202 } else { 200 },
-                    body: deleted_body(target.kind, d.gone, d.object),
-                    warning: d.warning,
-                })
-            })
+            cluster.with_state(|s| delete_one(s, &target, name, req, &opts))
         }
         (&Method::DELETE, None, None) => {
             let opts = delete_options(req)?;
-            cluster.with_state(|s| {
-                let keys = matching(s, &target, req)?;
-                let mut items = Vec::new();
-                let mut warning = None;
-                for k in keys {
-                    let d = s.delete(&k, &opts)?;
-                    warning = warning.or(d.warning);
-                    items.push(d.object);
-                }
-                Ok(Reply::Json {
-                    status: 200,
-                    body: list_body(target.kind, s.rv, items),
-                    warning,
-                })
-            })
+            cluster.with_state(|s| delete_collection(s, &target, req, &opts))
         }
         _ => Err(ApiError {
             code: 405,
@@ -275,6 +226,84 @@ fn dispatch(
             details: None,
         }),
     }
+}
+
+/// `GET` of one object (or its `status`, the whole object as the real server answers).
+fn get_one(s: &mut State, target: &Target, name: &str) -> Result<Reply, ApiError> {
+    let key = key(target, name);
+    s.objects
+        .get(&key)
+        .cloned()
+        .ok_or_else(|| ApiError::not_found(target.kind, name))
+        .and_then(|o| ok(200, o))
+}
+
+/// `POST …/pods/NAME/eviction`: the pod gets `DisruptionTarget` and a graceful delete.
+fn evict(s: &mut State, target: &Target, name: &str) -> Result<Reply, ApiError> {
+    let key = key(target, name);
+    kubelet::evict_in(s, &key)?;
+    ok(
+        201,
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+               "status": "Success", "code": 201}),
+    )
+}
+
+/// `DELETE` of one object, refused with 409 when the body's preconditions (`uid`,
+/// `resourceVersion`) do not hold.
+fn delete_one(
+    s: &mut State,
+    target: &Target,
+    name: &str,
+    req: &RequestRecord,
+    opts: &DeleteOptions,
+) -> Result<Reply, ApiError> {
+    let key = key(target, name);
+    if let Some(pre) = req.body.as_ref().and_then(|b| b.get("preconditions")) {
+        let current = s
+            .objects
+            .get(&key)
+            .ok_or_else(|| ApiError::not_found(target.kind, name))?;
+        for field in ["uid", "resourceVersion"] {
+            if let Some(want) = pre.get(field).and_then(Value::as_str)
+                && meta_str(current, field) != Some(want)
+            {
+                return Err(ApiError::conflict(target.kind, name));
+            }
+        }
+    }
+    let d = s.delete(&key, opts)?;
+    // As the real server: 200 even when the object stays (grace, finalizers),
+    // 202 only then and only for `orphanDependents: false`.
+    let accepted = !d.gone && req.param("orphanDependents").as_deref() == Some("false");
+    Ok(Reply::Json {
+        status: if accepted { 202 } else { 200 },
+        body: deleted_body(target.kind, d.gone, d.object),
+        warning: d.warning,
+    })
+}
+
+/// `DELETE` of a collection: every object the request's selectors match, answered with
+/// the list of them.
+fn delete_collection(
+    s: &mut State,
+    target: &Target,
+    req: &RequestRecord,
+    opts: &DeleteOptions,
+) -> Result<Reply, ApiError> {
+    let keys = matching(s, target, req)?;
+    let mut items = Vec::new();
+    let mut warning = None;
+    for k in keys {
+        let d = s.delete(&k, opts)?;
+        warning = warning.or(d.warning);
+        items.push(d.object);
+    }
+    Ok(Reply::Json {
+        status: 200,
+        body: list_body(target.kind, s.rv, items),
+        warning,
+    })
 }
 
 /// The body of a delete's answer. The real server returns the object when it stays

@@ -220,6 +220,31 @@ fn is_deleting(p: &Value) -> bool {
     p.pointer("/metadata/deletionTimestamp").is_some()
 }
 
+/// A terminal condition's reason and message.
+type Verdict = Option<(String, String)>;
+
+/// What one pass of the job controller knows of a Job's pods: the counts so far and the
+/// terminal condition it has reached, if any.
+struct Tally {
+    /// Pods counted as failed (`status.failed`).
+    failed: i64,
+    /// Pods counted as succeeded (`status.succeeded`).
+    succeeded: i64,
+    /// The `FailureTarget` condition, once set.
+    failure: Verdict,
+    /// The `SuccessCriteriaMet` condition, once set.
+    success: Verdict,
+}
+
+impl Tally {
+    /// Whether neither terminal condition is set yet.
+    fn undecided(&self) -> bool {
+        self.failure.is_none() && self.success.is_none()
+    }
+}
+
+/// One pass of the job controller over the Job at `key`: count its ended pods, decide
+/// whether it is over, terminate or replace pods, and write its status once.
 fn sync_job(s: &mut State, key: &Key) {
     let Some(mut job) = s.objects.get(key).cloned() else {
         return;
@@ -237,34 +262,63 @@ fn sync_job(s: &mut State, key: &Key) {
     if job.pointer("/status/startTime").is_none() {
         job["status"]["startTime"] = json!(now);
     }
-    let mut failed = int(&job, "/status/failed").unwrap_or(0);
-    let mut succeeded = int(&job, "/status/succeeded").unwrap_or(0);
-    let mut failure = condition(&job, "FailureTarget");
-    let mut success = condition(&job, "SuccessCriteriaMet");
+    let mut tally = Tally {
+        failed: int(&job, "/status/failed").unwrap_or(0),
+        succeeded: int(&job, "/status/succeeded").unwrap_or(0),
+        failure: condition(&job, "FailureTarget"),
+        success: condition(&job, "SuccessCriteriaMet"),
+    };
+    count_ended_pods(s, &key.1, &uid, &job, &mut tally);
+    tally.failed += count_vanished_pods(s, &uid);
+    decide(s, &job, &mut tally);
 
-    // Count the pods that ended since the last pass.
-    for (_, pod) in owned_pods(s, &key.1, &uid) {
+    job["status"]["failed"] = json!(tally.failed);
+    job["status"]["succeeded"] = json!(tally.succeeded);
+    if let Some((reason, message)) = &tally.failure {
+        add_condition(&mut job, "FailureTarget", reason, message, &now);
+    }
+    if let Some((reason, message)) = &tally.success {
+        add_condition(&mut job, "SuccessCriteriaMet", reason, message, &now);
+    }
+    if tally.undecided() {
+        replace_pod(s, &key.1, &uid, &job, &tally);
+    } else {
+        terminate_pods(s, &key.1, &uid);
+    }
+    write_pod_counts(s, &key.1, &uid, &mut job, &tally, &now);
+    // One status write per pass, as the real controller does.
+    s.write(key, job);
+    release_counted(s, &key.1, &uid);
+}
+
+/// Counts the pods of `uid` that ended since the last pass, applying the Job's pod
+/// failure policy to the failed ones.
+fn count_ended_pods(s: &mut State, namespace: &str, uid: &str, job: &Value, tally: &mut Tally) {
+    for (_, pod) in owned_pods(s, namespace, uid) {
         let pod_uid = meta_str(&pod, "uid").unwrap_or_default().to_string();
         if !pod_terminal(&pod) || s.counted_pods.contains_key(&pod_uid) {
             continue;
         }
-        s.counted_pods.insert(pod_uid, uid.clone());
+        s.counted_pods.insert(pod_uid, uid.to_string());
         if pod.pointer("/status/phase") == Some(&json!("Succeeded")) {
-            succeeded += 1;
+            tally.succeeded += 1;
             continue;
         }
-        match match_rules(&job, &pod) {
+        match match_rules(job, &pod) {
             RuleMatch::FailJob(message) => {
-                failed += 1;
-                if failure.is_none() && success.is_none() {
-                    failure = Some(("PodFailurePolicy".into(), message));
+                tally.failed += 1;
+                if tally.undecided() {
+                    tally.failure = Some(("PodFailurePolicy".into(), message));
                 }
             }
             RuleMatch::Ignore => {}
-            RuleMatch::Count => failed += 1,
+            RuleMatch::Count => tally.failed += 1,
         }
     }
-    // A pod that vanished before it ended counts as failed.
+}
+
+/// Counts (once) the pods of `uid` that vanished before they ended: each one failed.
+fn count_vanished_pods(s: &mut State, uid: &str) -> i64 {
     let vanished: Vec<String> = s
         .created_pods
         .iter()
@@ -277,66 +331,80 @@ fn sync_job(s: &mut State, key: &Key) {
         })
         .map(|(pod_uid, _)| pod_uid.clone())
         .collect();
+    let count = vanished.len();
     for pod_uid in vanished {
-        s.counted_pods.insert(pod_uid, uid.clone());
-        failed += 1;
+        s.counted_pods.insert(pod_uid, uid.to_string());
     }
+    i64::try_from(count).unwrap_or(i64::MAX)
+}
 
-    let completions = int(&job, "/spec/completions").unwrap_or(1);
-    let backoff_limit = int(&job, "/spec/backoffLimit").unwrap_or(6);
-    if failure.is_none() && success.is_none() {
-        if succeeded >= completions {
-            success = Some((
-                "CompletionsReached".into(),
-                "Reached expected number of succeeded pods".into(),
+/// Sets a terminal condition when none is set yet: completions reached, the backoff limit
+/// passed, or the active deadline run out.
+fn decide(s: &State, job: &Value, tally: &mut Tally) {
+    if !tally.undecided() {
+        return;
+    }
+    let completions = int(job, "/spec/completions").unwrap_or(1);
+    let backoff_limit = int(job, "/spec/backoffLimit").unwrap_or(6);
+    if tally.succeeded >= completions {
+        tally.success = Some((
+            "CompletionsReached".into(),
+            "Reached expected number of succeeded pods".into(),
+        ));
+    } else if tally.failed > backoff_limit {
+        tally.failure = Some((
+            "BackoffLimitExceeded".into(),
+            "Job has reached the specified backoff limit".into(),
+        ));
+    } else if let Some(deadline) = int(job, "/spec/activeDeadlineSeconds") {
+        let started = job["status"]["startTime"]
+            .as_str()
+            .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+            .map(|t| t.as_second());
+        if started.is_some_and(|t| s.now().as_second() - t >= deadline) {
+            tally.failure = Some((
+                "DeadlineExceeded".into(),
+                "Job was active longer than specified deadline".into(),
             ));
-        } else if failed > backoff_limit {
-            failure = Some((
-                "BackoffLimitExceeded".into(),
-                "Job has reached the specified backoff limit".into(),
-            ));
-        } else if let Some(deadline) = int(&job, "/spec/activeDeadlineSeconds") {
-            let started = job["status"]["startTime"]
-                .as_str()
-                .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
-                .map(|t| t.as_second());
-            if started.is_some_and(|t| s.now().as_second() - t >= deadline) {
-                failure = Some((
-                    "DeadlineExceeded".into(),
-                    "Job was active longer than specified deadline".into(),
-                ));
-            }
         }
     }
-    job["status"]["failed"] = json!(failed);
-    job["status"]["succeeded"] = json!(succeeded);
-    if let Some((reason, message)) = &failure {
-        add_condition(&mut job, "FailureTarget", reason, message, &now);
-    }
-    if let Some((reason, message)) = &success {
-        add_condition(&mut job, "SuccessCriteriaMet", reason, message, &now);
-    }
+}
 
-    if failure.is_some() || success.is_some() {
-        // The Job is over: what still runs is terminated.
-        for (pk, pod) in owned_pods(s, &key.1, &uid) {
-            if !pod_terminal(&pod) && !is_deleting(&pod) {
-                let _ = s.delete(&pk, &DeleteOptions::default());
-            }
-        }
-    } else {
-        let waits_for_terminating = job.pointer("/spec/podFailurePolicy").is_some()
-            || job.pointer("/spec/podReplacementPolicy") == Some(&json!("Failed"));
-        let alive = owned_pods(s, &key.1, &uid)
-            .iter()
-            .any(|(_, p)| !pod_terminal(p) && (waits_for_terminating || !is_deleting(p)));
-        if !alive && succeeded < completions {
-            create_pod(s, &job);
+/// The Job is over: what still runs of it is terminated.
+fn terminate_pods(s: &mut State, namespace: &str, uid: &str) {
+    for (pk, pod) in owned_pods(s, namespace, uid) {
+        if !pod_terminal(&pod) && !is_deleting(&pod) {
+            let _ = s.delete(&pk, &DeleteOptions::default());
         }
     }
+}
 
-    // The counts as the pods stand now, and the terminal condition once none is alive.
-    let pods = owned_pods(s, &key.1, &uid);
+/// The Job goes on: a new pod when none is alive and completions are missing. With a pod
+/// failure policy (or `podReplacementPolicy: Failed`) a terminating pod still counts as
+/// alive, so no replacement runs beside it.
+fn replace_pod(s: &mut State, namespace: &str, uid: &str, job: &Value, tally: &Tally) {
+    let completions = int(job, "/spec/completions").unwrap_or(1);
+    let waits_for_terminating = job.pointer("/spec/podFailurePolicy").is_some()
+        || job.pointer("/spec/podReplacementPolicy") == Some(&json!("Failed"));
+    let alive = owned_pods(s, namespace, uid)
+        .iter()
+        .any(|(_, p)| !pod_terminal(p) && (waits_for_terminating || !is_deleting(p)));
+    if !alive && tally.succeeded < completions {
+        create_pod(s, job);
+    }
+}
+
+/// The counts as the pods stand now (`active`, `ready`, `terminating`), and the terminal
+/// condition (`Failed` or `Complete`) once none of them is alive.
+fn write_pod_counts(
+    s: &State,
+    namespace: &str,
+    uid: &str,
+    job: &mut Value,
+    tally: &Tally,
+    now: &str,
+) {
+    let pods = owned_pods(s, namespace, uid);
     let alive: Vec<&Value> = pods
         .iter()
         .map(|(_, p)| p)
@@ -359,16 +427,13 @@ fn sync_job(s: &mut State, key: &Key) {
     job["status"]["terminating"] = json!(terminating);
     job["status"]["uncountedTerminatedPods"] = json!({});
     if alive.is_empty() {
-        if let Some((reason, message)) = &failure {
-            add_condition(&mut job, "Failed", reason, message, &now);
-        } else if let Some((reason, message)) = &success {
-            add_condition(&mut job, "Complete", reason, message, &now);
+        if let Some((reason, message)) = &tally.failure {
+            add_condition(job, "Failed", reason, message, now);
+        } else if let Some((reason, message)) = &tally.success {
+            add_condition(job, "Complete", reason, message, now);
             job["status"]["completionTime"] = json!(now);
         }
     }
-    // One status write per pass, as the real controller does.
-    s.write(key, job);
-    release_counted(s, &key.1, &uid);
 }
 
 /// Takes the tracking finalizer off the pods of `uid` already counted.

@@ -1,5 +1,5 @@
 //! The scheduler, the kubelet and the disruptions of a spot cluster, as simulators a test
-//! steps. Each writes the pod shapes the real component writes (research note §B.2): the
+//! steps. Each writes the pod shapes the real component writes (`docs/kubernetes.md`): the
 //! conditions, `status.reason`/`message`, container states and exit codes that tuneq's
 //! classifier reads.
 //!

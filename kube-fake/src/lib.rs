@@ -5,7 +5,7 @@
 //! and the disruptions of a spot cluster, so a test decides when each thing happens.
 //!
 //! Dev-only (`publish = false`). What no fake can prove (validation, admission, RBAC, real
-//! controller timing) is listed in the research note `k8s-runtime.md` §A.7.
+//! controller timing) is listed in `docs/kubernetes.md`.
 //!
 //! Layout:
 //! - [`store`]: the objects, the resourceVersion counter, the watch history, and the

@@ -508,14 +508,46 @@ fn start(
     name: &str,
 ) -> Result<Option<Proc>, String> {
     let ns = meta_str(pod, "namespace").unwrap_or_default();
-    let secret = |n: &str| cluster.get(Kind::Secret, &format!("{ns}/{n}"));
     let dir = shared.root.join(name);
-    let io = |e: std::io::Error| format!("{}: {e}", dir.display());
-    std::fs::create_dir_all(&dir).map_err(io)?;
+    std::fs::create_dir_all(&dir).map_err(io_error(&dir))?;
     let container = pod
         .pointer("/spec/containers/0")
         .ok_or("the pod has no container")?;
+    let Some(folders) = volume_folders(cluster, ns, pod, &dir)? else {
+        return Ok(None);
+    };
+    let mounts = mount_table(container, &folders);
+    let args: Vec<String> = container["args"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(|a| rewrite(a, &mounts))
+        .collect();
+    let Some(env) = container_env(cluster, ns, container, &mounts) else {
+        return Ok(None);
+    };
+    spawn(shared, &dir, container, &args, env).map(Some)
+}
 
+/// How an I/O error under the pod's folder `dir` is reported.
+fn io_error(dir: &Path) -> impl Fn(std::io::Error) -> String + '_ {
+    move |e| format!("{}: {e}", dir.display())
+}
+
+/// A Secret of namespace `ns`, by name.
+fn namespaced_secret(cluster: &FakeCluster, ns: &str, name: &str) -> Option<Value> {
+    cluster.get(Kind::Secret, &format!("{ns}/{name}"))
+}
+
+/// One folder under `dir` per volume of `pod`, by volume name, with each Secret volume's
+/// files written into its folder; `Ok(None)` when a Secret or one of its keys is missing.
+fn volume_folders(
+    cluster: &FakeCluster,
+    ns: &str,
+    pod: &Value,
+    dir: &Path,
+) -> Result<Option<HashMap<String, PathBuf>>, String> {
     let mut folders: HashMap<String, PathBuf> = HashMap::new();
     for v in pod
         .pointer("/spec/volumes")
@@ -525,32 +557,47 @@ fn start(
     {
         let vname = v["name"].as_str().unwrap_or_default();
         let folder = dir.join(vname);
-        std::fs::create_dir_all(&folder).map_err(io)?;
+        std::fs::create_dir_all(&folder).map_err(io_error(dir))?;
         if let Some(sname) = v.pointer("/secret/secretName").and_then(Value::as_str) {
-            let Some(s) = secret(sname) else {
+            let Some(s) = namespaced_secret(cluster, ns, sname) else {
                 return Ok(None);
             };
-            let data = secret_data(&s);
-            let files: Vec<(String, String)> = match v.pointer("/secret/items") {
-                Some(Value::Array(items)) => items
-                    .iter()
-                    .filter_map(|i| Some((i["key"].as_str()?.into(), i["path"].as_str()?.into())))
-                    .collect(),
-                _ => data.keys().map(|k| (k.clone(), k.clone())).collect(),
-            };
-            for (key, path) in files {
-                let Some(bytes) = data.get(&key) else {
-                    return Ok(None);
-                };
-                let file = folder.join(path);
-                if let Some(parent) = file.parent() {
-                    std::fs::create_dir_all(parent).map_err(io)?;
-                }
-                std::fs::write(&file, bytes).map_err(io)?;
+            if !write_secret_files(&s, v, &folder, dir)? {
+                return Ok(None);
             }
         }
         folders.insert(vname.to_string(), folder);
     }
+    Ok(Some(folders))
+}
+
+/// Writes the keys of Secret `s` that volume `v` projects (its `items`, or every key)
+/// into `folder`; `Ok(false)` when a key it names is missing.
+fn write_secret_files(s: &Value, v: &Value, folder: &Path, dir: &Path) -> Result<bool, String> {
+    let data = secret_data(s);
+    let files: Vec<(String, String)> = match v.pointer("/secret/items") {
+        Some(Value::Array(items)) => items
+            .iter()
+            .filter_map(|i| Some((i["key"].as_str()?.into(), i["path"].as_str()?.into())))
+            .collect(),
+        _ => data.keys().map(|k| (k.clone(), k.clone())).collect(),
+    };
+    for (key, path) in files {
+        let Some(bytes) = data.get(&key) else {
+            return Ok(false);
+        };
+        let file = folder.join(path);
+        if let Some(parent) = file.parent() {
+            std::fs::create_dir_all(parent).map_err(io_error(dir))?;
+        }
+        std::fs::write(&file, bytes).map_err(io_error(dir))?;
+    }
+    Ok(true)
+}
+
+/// The container's mount paths and the folders they stand for (a `subPath` inside its
+/// volume's folder), longest path first so `/a/b` wins over `/a`.
+fn mount_table(container: &Value, folders: &HashMap<String, PathBuf>) -> Vec<(String, PathBuf)> {
     let mut mounts: Vec<(String, PathBuf)> = container["volumeMounts"]
         .as_array()
         .into_iter()
@@ -567,51 +614,64 @@ fn start(
             ))
         })
         .collect();
-    // Longest first, so `/a/b` wins over `/a`.
     mounts.sort_by_key(|(m, _)| std::cmp::Reverse(m.len()));
+    mounts
+}
 
-    let args: Vec<String> = container["args"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .map(|a| rewrite(a, &mounts))
-        .collect();
+/// The container's environment: plain values with mount paths rewritten, Secret keys
+/// read from the Secret; `None` when a Secret key that is not optional is missing.
+fn container_env(
+    cluster: &FakeCluster,
+    ns: &str,
+    container: &Value,
+    mounts: &[(String, PathBuf)],
+) -> Option<Vec<(String, String)>> {
     let mut env: Vec<(String, String)> = Vec::new();
     for e in container["env"].as_array().into_iter().flatten() {
         let Some(key) = e["name"].as_str() else {
             continue;
         };
         if let Some(v) = e["value"].as_str() {
-            env.push((key.to_string(), rewrite(v, &mounts)));
+            env.push((key.to_string(), rewrite(v, mounts)));
         } else if let Some(r) = e.pointer("/valueFrom/secretKeyRef") {
             let optional = r["optional"].as_bool() == Some(true);
             let value = r["name"]
                 .as_str()
-                .and_then(secret)
+                .and_then(|n| namespaced_secret(cluster, ns, n))
                 .and_then(|s| secret_data(&s).remove(r["key"].as_str().unwrap_or_default()));
             match value {
                 Some(v) => env.push((key.to_string(), String::from_utf8_lossy(&v).into_owned())),
                 None if optional => {}
-                None => return Ok(None),
+                None => return None,
             }
         }
     }
+    Some(env)
+}
 
+/// Runs the fake's executable in the pod's folder `dir` with `args` and `env`, its output
+/// in `dir/log`.
+fn spawn(
+    shared: &Shared,
+    dir: &Path,
+    container: &Value,
+    args: &[String],
+    env: Vec<(String, String)>,
+) -> Result<Proc, String> {
     let log = dir.join("log");
-    let out = std::fs::File::create(&log).map_err(io)?;
-    let err = out.try_clone().map_err(io)?;
+    let out = std::fs::File::create(&log).map_err(io_error(dir))?;
+    let err = out.try_clone().map_err(io_error(dir))?;
     let child = tokio::process::Command::new(&shared.exe)
-        .args(&args)
+        .args(args)
         .envs(env)
-        .current_dir(&dir)
+        .current_dir(dir)
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err)
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| format!("cannot start {}: {e}", shared.exe.display()))?;
-    Ok(Some(Proc {
+    Ok(Proc {
         uid: String::new(),
         node: String::new(),
         child,
@@ -620,5 +680,5 @@ fn start(
         termed: false,
         kill_at: None,
         end: EndAs::Exit,
-    }))
+    })
 }

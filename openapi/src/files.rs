@@ -1,5 +1,5 @@
 //! Uploaded files and the API's error body: the shapes OpenAI's fine-tuning API uses
-//! (`../shared/research/openai-compat.md`), with tuneq's validation report added.
+//! (`docs/openai-compat.md`), with tuneq's validation report added.
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;

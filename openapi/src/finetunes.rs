@@ -1,5 +1,5 @@
 //! Fine-tuning jobs, their events and checkpoints, and models: OpenAI's object shapes
-//! (`../shared/research/openai-compat.md`, B.2–B.6) with tuneq's extra fields, which
+//! (`docs/openai-compat.md`) with tuneq's extra fields, which
 //! OpenAI's SDKs accept and keep.
 
 use crate::progress::TrainEvent;

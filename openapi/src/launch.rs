@@ -7,7 +7,7 @@
 //!
 //! | code | meaning | the dispatcher |
 //! |---|---|---|
-//! | 0 ([`EXIT_FINISHED`]) | finished; the adapter is committed and reported | completes the job |
+//! | 0 ([`EXIT_FINISHED`]) | finished; the adapter is committed and reported | nothing: the trainer's final report already completed the job (the API's report route); without that report, fails it (retried) |
 //! | 75 ([`EXIT_INTERRUPTED`]) | stopped from outside (SIGTERM: a preemption notice, a shutdown) after a checkpoint | requeues the job in place, no retry spent; the next attempt resumes |
 //! | 42 ([`EXIT_BAD_INPUT`]) | the input can never train (data, spec, model, memory) | fails the job (`invalid_training_input`), never retried |
 //! | 43 ([`EXIT_DIVERGED`]) | the loss became NaN or infinite | fails the job (`training_diverged`), never retried |

@@ -1,4 +1,4 @@
-//! `tuneq bench queue`: the BullMQ kit's workload (`../shared/bench/bullmq/`), run
+//! `tuneq bench queue`: the BullMQ kit's workload (`docs/benchmarks.md`), run
 //! against tuneq's Redis queue on the same server, reported under the same JSON keys.
 //!
 //! Same payload (200-byte JSON, `mulberry32(42)` drawing tenant then priority), same

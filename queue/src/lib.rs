@@ -31,7 +31,7 @@
 //! - Behind the `testing` feature: `test_ops` (the queue's movable clock),
 //!   `testing` (real redis-servers for tests), `fault_proxy`.
 //!
-//! The design and its invariants are in `../shared/research/queue-design.md` (B1–B7).
+//! The design and its invariants are in `docs/queue.md` (B1–B7).
 
 pub mod attempt;
 mod backend;

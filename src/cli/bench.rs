@@ -57,7 +57,7 @@ pub enum BenchCommand {
         runs: usize,
     },
     /// Queue throughput and memory on a redis-server, with the BullMQ kit's workload
-    /// and JSON keys (compare with ../shared/bench/bullmq; scripts/bench-queue runs both).
+    /// and JSON keys (the kit: docs/benchmarks.md; scripts/bench-queue runs both).
     Queue {
         /// The redis-server to use (the same one BullMQ is measured on).
         #[arg(long, env = "REDIS_URL")]

@@ -173,6 +173,10 @@ fn check_config(path: &std::path::Path) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// A pool loop's task: it ends when the loop stops.
+type PoolTask = tokio::task::JoinHandle<Result<(), tuneq_dispatcher::DispatchError>>;
+
+/// Serves the pools until Ctrl-C or SIGTERM, then stops every loop and waits for them.
 async fn serve(args: DispatcherArgs) -> Result<()> {
     let (Some(redis), Some(api_url), Some(secret)) =
         (args.queue.redis_url()?, &args.api_url, &args.attempt_secret)
@@ -188,74 +192,10 @@ async fn serve(args: DispatcherArgs) -> Result<()> {
         .unwrap_or_else(|_| "host".into());
     let work_dir = std::path::absolute(&args.work_dir)?;
     let metrics = tuneq_dispatcher::metrics::Metrics::default();
-    let mut dispatches = Vec::new();
-    match &args.pools_file {
-        Some(path) => {
-            let file = service::load_pools(Some(path), &[], None)?;
-            for name in &args.serve {
-                if file.pool(name).is_none() {
-                    anyhow::bail!(super::BadInput(format!(
-                        "--serve {name}: {} defines no such pool",
-                        path.display()
-                    )));
-                }
-            }
-            service::check_kubernetes_pools(&file, &path.display().to_string(), |p| {
-                args.serve.is_empty() || args.serve.contains(&p.name)
-            })?;
-            let chosen = tuneq_pools::PoolsFile {
-                placement: file.placement.clone(),
-                pools: file
-                    .pools
-                    .iter()
-                    .filter(|p| args.serve.is_empty() || args.serve.contains(&p.name))
-                    .cloned()
-                    .collect(),
-            };
-            for pool in &chosen.pools {
-                match pool.runtime {
-                    tuneq_pools::RuntimeKind::Local => {
-                        let mut dispatch = service::LocalDispatch::for_pool(
-                            pool,
-                            &file.placement,
-                            api_url.clone(),
-                            work_dir.join(&pool.name),
-                        );
-                        dispatch.owner = format!("{}@{host}", pool.name);
-                        dispatch.metrics = metrics.clone();
-                        dispatches.push(Dispatch::Local(dispatch));
-                    }
-                    tuneq_pools::RuntimeKind::Kubernetes => dispatches.push(Dispatch::Kubernetes(
-                        Box::new(service::KubernetesDispatch {
-                            pool: pool.clone(),
-                            placement: file.placement.clone(),
-                            report_url: api_url.clone(),
-                            owner: format!("{}@{host}", pool.name),
-                            metrics: metrics.clone(),
-                        }),
-                    )),
-                }
-            }
-        }
-        None => dispatches.push(Dispatch::Local(service::LocalDispatch {
-            pool: args.pool.clone(),
-            slots: args.slots,
-            device: args.device.into(),
-            report_url: api_url.clone(),
-            work_dir,
-            owner: args
-                .owner
-                .clone()
-                .unwrap_or_else(|| format!("{}@{host}", args.pool)),
-            memory_limit_bytes: service::attempt_memory(args.attempt_memory_mib, args.slots),
-            accelerator_memory_bytes: match args.device {
-                super::train::DeviceArg::Cuda => args.accelerator_memory_mib.map(|mib| mib << 20),
-                _ => None,
-            },
-            placement: Default::default(),
-            metrics: metrics.clone(),
-        })),
-    }
+    let dispatches = match &args.pools_file {
+        Some(path) => file_dispatches(&args, path, api_url, &host, &work_dir, &metrics)?,
+        None => vec![single_dispatch(&args, api_url, &host, work_dir, &metrics)],
+    };
     let queue = service::open_queue(
         Some(&redis),
         std::path::Path::new(""),
@@ -264,6 +204,116 @@ async fn serve(args: DispatcherArgs) -> Result<()> {
     .await?;
     let signer = service::attempt_signer(Some(secret.expose()))?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let tasks = spawn_pools(&queue, &signer, dispatches, &stop_rx).await?;
+    let metrics_server = match args.metrics_addr {
+        Some(addr) => Some(serve_metrics(addr, metrics.clone())?),
+        None => None,
+    };
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    service::shutdown_signal().await;
+    if let Some(server) = metrics_server {
+        server.abort();
+    }
+    let _ = stop_tx.send(true);
+    let forced = service::force_on_second_signal();
+    let mut outcome = Ok(());
+    for task in tasks {
+        match task.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => outcome = Err(e.into()),
+            Err(e) => outcome = Err(e.into()),
+        }
+    }
+    forced.abort();
+    outcome
+}
+
+/// The pools of the pools file at `path` this process serves (those named with
+/// `--serve`, else all), after checking the names and the Kubernetes pools' Jobs.
+fn file_dispatches(
+    args: &DispatcherArgs,
+    path: &std::path::Path,
+    api_url: &str,
+    host: &str,
+    work_dir: &std::path::Path,
+    metrics: &tuneq_dispatcher::metrics::Metrics,
+) -> Result<Vec<Dispatch>> {
+    let file = service::load_pools(Some(path), &[], None)?;
+    for name in &args.serve {
+        if file.pool(name).is_none() {
+            anyhow::bail!(super::BadInput(format!(
+                "--serve {name}: {} defines no such pool",
+                path.display()
+            )));
+        }
+    }
+    let chosen = |p: &tuneq_pools::Pool| args.serve.is_empty() || args.serve.contains(&p.name);
+    service::check_kubernetes_pools(&file, &path.display().to_string(), chosen)?;
+    let mut dispatches = Vec::new();
+    for pool in file.pools.iter().filter(|p| chosen(p)) {
+        match pool.runtime {
+            tuneq_pools::RuntimeKind::Local => {
+                let mut dispatch = service::LocalDispatch::for_pool(
+                    pool,
+                    &file.placement,
+                    api_url.to_string(),
+                    work_dir.join(&pool.name),
+                );
+                dispatch.owner = format!("{}@{host}", pool.name);
+                dispatch.metrics = metrics.clone();
+                dispatches.push(Dispatch::Local(dispatch));
+            }
+            tuneq_pools::RuntimeKind::Kubernetes => dispatches.push(Dispatch::Kubernetes(
+                Box::new(service::KubernetesDispatch {
+                    pool: pool.clone(),
+                    placement: file.placement.clone(),
+                    report_url: api_url.to_string(),
+                    owner: format!("{}@{host}", pool.name),
+                    metrics: metrics.clone(),
+                }),
+            )),
+        }
+    }
+    Ok(dispatches)
+}
+
+/// The one local pool of `--pool`, `--slots` and `--device`.
+fn single_dispatch(
+    args: &DispatcherArgs,
+    api_url: &str,
+    host: &str,
+    work_dir: PathBuf,
+    metrics: &tuneq_dispatcher::metrics::Metrics,
+) -> Dispatch {
+    Dispatch::Local(service::LocalDispatch {
+        pool: args.pool.clone(),
+        slots: args.slots,
+        device: args.device.into(),
+        report_url: api_url.to_string(),
+        work_dir,
+        owner: args
+            .owner
+            .clone()
+            .unwrap_or_else(|| format!("{}@{host}", args.pool)),
+        memory_limit_bytes: service::attempt_memory(args.attempt_memory_mib, args.slots),
+        accelerator_memory_bytes: match args.device {
+            super::train::DeviceArg::Cuda => args.accelerator_memory_mib.map(|mib| mib << 20),
+            _ => None,
+        },
+        placement: Default::default(),
+        metrics: metrics.clone(),
+    })
+}
+
+/// Starts one loop per pool, each saying what it serves; the Kubernetes pools share one
+/// client, connected when the first of them starts.
+async fn spawn_pools(
+    queue: &tuneq_queue::Queue,
+    signer: &tuneq_queue::AttemptSigner,
+    dispatches: Vec<Dispatch>,
+    stop_rx: &tokio::sync::watch::Receiver<bool>,
+) -> Result<Vec<PoolTask>> {
     let mut tasks = Vec::new();
     let mut client = None;
     for dispatch in dispatches {
@@ -281,7 +331,6 @@ async fn serve(args: DispatcherArgs) -> Result<()> {
                 )?);
             }
             Dispatch::Kubernetes(dispatch) => {
-                // One client for every Kubernetes pool of the process.
                 let client = match &client {
                     Some(client) => client,
                     None => client.insert(tuneq_dispatcher::kubernetes::connect().await?),
@@ -306,26 +355,5 @@ async fn serve(args: DispatcherArgs) -> Result<()> {
             }
         }
     }
-    let metrics_server = match args.metrics_addr {
-        Some(addr) => Some(serve_metrics(addr, metrics.clone())?),
-        None => None,
-    };
-    use std::io::Write;
-    let _ = std::io::stdout().flush();
-    service::shutdown_signal().await;
-    if let Some(server) = metrics_server {
-        server.abort();
-    }
-    let _ = stop_tx.send(true);
-    let forced = service::force_on_second_signal();
-    let mut outcome = Ok(());
-    for task in tasks {
-        match task.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => outcome = Err(e.into()),
-            Err(e) => outcome = Err(e.into()),
-        }
-    }
-    forced.abort();
-    outcome
+    Ok(tasks)
 }

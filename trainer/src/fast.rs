@@ -2,7 +2,7 @@
 //! own tensors in place.
 //!
 //! candle's autograd moves about six times the bytes a LoRA step needs on the CPU (see
-//! `../shared/research/trainer-speed.md`); the fused kernels do the same arithmetic
+//! `docs/trainer-speed.md`); the fused kernels do the same arithmetic
 //! without the graph. The candle graph stays the CUDA path, the bf16 path, and the
 //! oracle this path is tested against (`fast_path_matches_the_graph`): loss and every
 //! LoRA gradient within 1e-5.

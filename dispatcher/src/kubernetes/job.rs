@@ -1,6 +1,6 @@
 //! An attempt's `batch/v1` Job and its Secret, built from the attempt and its pool.
 //!
-//! The shape follows the runtime's research note (§B.7, §C.3): deterministic names, the
+//! The shape, and why, is in `docs/kubernetes.md`: deterministic names, the
 //! same labels on the Job and its pod template, `restartPolicy: Never`, `backoffLimit: 0`,
 //! the two `podFailurePolicy` rules the classifier reads back by index, requests equal to
 //! limits, a non-root read-only container, and the credential only in the Secret.
@@ -29,7 +29,10 @@ use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::fmt;
 use tuneq_openapi::launch;
-use tuneq_pools::file::{NodeOperator, TaintEffect, TolerationOperator, VolumeSource};
+use tuneq_pools::file::{
+    NodeOperator, TaintEffect, TolerationOperator, Volume as PoolVolume, VolumeSource,
+};
+use tuneq_pools::quantity::Memory;
 use tuneq_pools::{Hardware, KubernetesPool, Pool};
 
 /// Longest object name that is also a valid label value and pod hostname prefix.
@@ -169,7 +172,12 @@ impl fmt::Debug for AttemptLaunch {
 }
 
 /// The Job of attempt `attempt` of job `job_id`: `tq-<job-id>-a<attempt>`, a lowercase RFC
-/// 1123 label of at most 63 characters. A job id that would make it longer, or that has
+/// 1123 label of at most 63 characters.
+///
+/// `attempt` is the queue lease's fencing token, not a count of the job's attempts: the
+/// queue draws every token from one counter shared by all jobs of its scheduling domain,
+/// so one job's Jobs carry growing but not consecutive numbers (`-a7`, then `-a93`), and
+/// no two attempts of a job ever share a name. A job id that would make it longer, or that has
 /// characters other than `a-z`, `0-9` and `-`, is lowercased, cleaned, cut, and followed by
 /// a hash of the original id, so the name stays the same for the same attempt and
 /// differs between jobs.
@@ -314,7 +322,50 @@ pub fn build_job(
     })?;
     let secret = secret_name(&launch.job_id, launch.attempt);
     let labels = labels(launch);
+    let (volumes, mounts) = volumes(pool, k, &secret)?;
+    let container = trainer_container(
+        k,
+        resources(pool, memory),
+        trainer_env(launch, pool, k, &secret),
+        mounts,
+    );
+    let pod = pod_spec(k, container, volumes);
 
+    Ok(Job {
+        metadata: ObjectMeta {
+            name: Some(job_name(&launch.job_id, launch.attempt)),
+            namespace: Some(k.namespace.clone()),
+            labels: Some(labels.clone()),
+            annotations: Some(annotations(launch)),
+            ..Default::default()
+        },
+        spec: Some(JobSpec {
+            backoff_limit: Some(0),
+            completions: Some(1),
+            parallelism: Some(1),
+            active_deadline_seconds: Some(seconds(k.attempt_deadline)),
+            ttl_seconds_after_finished: Some(TTL_AFTER_FINISHED_SECS),
+            // No replacement pod while the old one terminates (the only value allowed with
+            // a podFailurePolicy; written out so nobody removes the policy unaware).
+            pod_replacement_policy: Some("Failed".to_string()),
+            pod_failure_policy: Some(pod_failure_policy()),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    annotations: (!k.pod_annotations.is_empty()).then(|| k.pod_annotations.clone()),
+                    ..Default::default()
+                }),
+                spec: Some(pod),
+            },
+            ..Default::default()
+        }),
+        status: None,
+    })
+}
+
+/// The trainer's CPU, memory and (on a GPU pool) GPUs, used as both its requests and its
+/// limits.
+fn resources(pool: &Pool, memory: &Memory) -> BTreeMap<String, Quantity> {
     let mut resources = BTreeMap::from([
         ("cpu".to_string(), Quantity(pool.cpu.0.as_str().to_string())),
         (
@@ -328,10 +379,17 @@ pub fn build_job(
             Quantity(pool.accelerators.to_string()),
         );
     }
+    resources
+}
 
-    let (volumes, mounts) = volumes(pool, k, &secret)?;
-
-    let spec_path = format!("{ATTEMPT_DIR}/{SPEC_KEY}");
+/// The trainer's environment: the launch contract's variables (report URL, the credential
+/// from the attempt's Secret, cache dir, memory limits), then the pool's own `env`.
+fn trainer_env(
+    launch: &AttemptLaunch,
+    pool: &Pool,
+    k: &KubernetesPool,
+    secret: &str,
+) -> Vec<EnvVar> {
     let mut env = vec![
         EnvVar {
             name: launch::ENV_REPORT_URL.to_string(),
@@ -342,7 +400,7 @@ pub fn build_job(
             name: launch::ENV_REPORT_CREDENTIAL.to_string(),
             value_from: Some(EnvVarSource {
                 secret_key_ref: Some(SecretKeySelector {
-                    name: secret.clone(),
+                    name: secret.to_string(),
                     key: CREDENTIAL_KEY.to_string(),
                     optional: Some(false),
                 }),
@@ -388,8 +446,20 @@ pub fn build_job(
         value: Some(value.clone()),
         ..Default::default()
     }));
+    env
+}
 
-    let container = Container {
+/// The trainer container: the pool's image running the launch contract's arguments, with
+/// `resources` as requests and limits, as a non-root user on a read-only root filesystem
+/// with every capability dropped.
+fn trainer_container(
+    k: &KubernetesPool,
+    resources: BTreeMap<String, Quantity>,
+    env: Vec<EnvVar>,
+    mounts: Vec<VolumeMount>,
+) -> Container {
+    let spec_path = format!("{ATTEMPT_DIR}/{SPEC_KEY}");
+    Container {
         name: CONTAINER.to_string(),
         image: Some(k.image.clone()),
         image_pull_policy: Some("IfNotPresent".to_string()),
@@ -418,9 +488,12 @@ pub fn build_job(
         // termination message, which the classifier reports.
         termination_message_policy: Some("FallbackToLogsOnError".to_string()),
         ..Default::default()
-    };
+    }
+}
 
-    let affinity = (!k.affinity.is_empty()).then(|| Affinity {
+/// The pool's `affinity` as a required node affinity, or none when the pool has no rules.
+fn node_affinity(k: &KubernetesPool) -> Option<Affinity> {
+    (!k.affinity.is_empty()).then(|| Affinity {
         node_affinity: Some(NodeAffinity {
             required_during_scheduling_ignored_during_execution: Some(NodeSelector {
                 // One term: its expressions must all hold.
@@ -441,9 +514,13 @@ pub fn build_job(
             ..Default::default()
         }),
         ..Default::default()
-    });
+    })
+}
 
-    let pod = PodSpec {
+/// The pod: never restarted, no API token, the pool's scheduling fields, grace and
+/// service account, a non-root pod security context with the runtime's seccomp profile.
+fn pod_spec(k: &KubernetesPool, container: Container, volumes: Vec<Volume>) -> PodSpec {
+    PodSpec {
         restart_policy: Some("Never".to_string()),
         service_account_name: k.service_account.clone(),
         // Trainers never call the Kubernetes API; Workload Identity and IRSA do not need
@@ -454,7 +531,7 @@ pub fn build_job(
         node_selector: (!k.node_selector.is_empty()).then(|| k.node_selector.clone()),
         tolerations: (!k.tolerations.is_empty())
             .then(|| k.tolerations.iter().map(toleration).collect()),
-        affinity,
+        affinity: node_affinity(k),
         security_context: Some(PodSecurityContext {
             run_as_non_root: Some(true),
             run_as_user: Some(TRAINER_UID),
@@ -469,38 +546,7 @@ pub fn build_job(
         containers: vec![container],
         volumes: Some(volumes),
         ..Default::default()
-    };
-
-    Ok(Job {
-        metadata: ObjectMeta {
-            name: Some(job_name(&launch.job_id, launch.attempt)),
-            namespace: Some(k.namespace.clone()),
-            labels: Some(labels.clone()),
-            annotations: Some(annotations(launch)),
-            ..Default::default()
-        },
-        spec: Some(JobSpec {
-            backoff_limit: Some(0),
-            completions: Some(1),
-            parallelism: Some(1),
-            active_deadline_seconds: Some(seconds(k.attempt_deadline)),
-            ttl_seconds_after_finished: Some(TTL_AFTER_FINISHED_SECS),
-            // No replacement pod while the old one terminates (the only value allowed with
-            // a podFailurePolicy; written out so nobody removes the policy unaware).
-            pod_replacement_policy: Some("Failed".to_string()),
-            pod_failure_policy: Some(pod_failure_policy()),
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(labels),
-                    annotations: (!k.pod_annotations.is_empty()).then(|| k.pod_annotations.clone()),
-                    ..Default::default()
-                }),
-                spec: Some(pod),
-            },
-            ..Default::default()
-        }),
-        status: None,
-    })
+    }
 }
 
 /// The Job's failure rules, at the indices [`RULE_DISRUPTION`] and [`RULE_BAD_INPUT`] that
@@ -544,10 +590,19 @@ fn volumes(
     k: &KubernetesPool,
     secret: &str,
 ) -> Result<(Vec<Volume>, Vec<VolumeMount>), BuildError> {
-    let empty_dir = |medium: Option<&str>, size: Option<String>| EmptyDirVolumeSource {
-        medium: medium.map(str::to_string),
-        size_limit: size.map(Quantity),
-    };
+    let (mut volumes, mut mounts) = runtime_volumes(k, secret);
+    for (index, v) in k.volumes.iter().enumerate() {
+        check_pool_volume(pool, index, v, &volumes, &mounts)?;
+        volumes.push(pool_volume(v));
+        mounts.push(mount(&v.name, &v.mount_path, v.read_only));
+    }
+    Ok((volumes, mounts))
+}
+
+/// The volumes the runtime adds itself, with their mounts: the attempt's Secret (spec
+/// only, read-only), `/dev/shm` in memory, a writable `/tmp`, and the cache unless the pool
+/// mounts a volume of its own there.
+fn runtime_volumes(k: &KubernetesPool, secret: &str) -> (Vec<Volume>, Vec<VolumeMount>) {
     let shm = k
         .shm_size
         .as_ref()
@@ -580,12 +635,6 @@ fn volumes(
             ..Default::default()
         },
     ];
-    let mount = |name: &str, path: &str, read_only: bool| VolumeMount {
-        name: name.to_string(),
-        mount_path: path.to_string(),
-        read_only: read_only.then_some(true),
-        ..Default::default()
-    };
     let mut mounts = vec![
         mount(VOLUME_ATTEMPT, ATTEMPT_DIR, true),
         mount(VOLUME_SHM, "/dev/shm", false),
@@ -600,65 +649,96 @@ fn volumes(
         });
         mounts.push(mount(VOLUME_CACHE, CACHE_DIR, false));
     }
-    for (index, v) in k.volumes.iter().enumerate() {
-        let clash = |what: &str| BuildError::VolumeClash {
-            pool: pool.name.clone(),
-            index,
-            volume: v.name.clone(),
-            what: what.to_string(),
-        };
-        if let Some(ours) = volumes.iter().find(|o| o.name == v.name) {
-            return Err(clash(&format!("volume {}", ours.name)));
-        }
-        if let Some(ours) = mounts.iter().find(|m| m.mount_path == v.mount_path) {
-            return Err(clash(&format!("mount path {}", ours.mount_path)));
-        }
-        // Nothing can be mounted inside the read-only Secret volume.
-        if v.mount_path.starts_with(&format!("{ATTEMPT_DIR}/")) {
-            return Err(clash(&format!("read-only mount path {ATTEMPT_DIR}")));
-        }
-        let mut volume = Volume {
-            name: v.name.clone(),
-            ..Default::default()
-        };
-        match &v.source {
-            VolumeSource::PersistentVolumeClaim { claim_name } => {
-                volume.persistent_volume_claim = Some(PersistentVolumeClaimVolumeSource {
-                    claim_name: claim_name.clone(),
-                    read_only: v.read_only.then_some(true),
-                });
-            }
-            VolumeSource::ConfigMap { name } => {
-                volume.config_map = Some(ConfigMapVolumeSource {
-                    name: name.clone(),
-                    ..Default::default()
-                });
-            }
-            VolumeSource::Secret { secret_name } => {
-                volume.secret = Some(SecretVolumeSource {
-                    secret_name: Some(secret_name.clone()),
-                    ..Default::default()
-                });
-            }
-            VolumeSource::EmptyDir { size_limit } => {
-                volume.empty_dir = Some(empty_dir(
-                    None,
-                    size_limit.as_ref().map(|m| m.0.as_str().to_string()),
-                ));
-            }
-            VolumeSource::Csi { driver, attributes } => {
-                volume.csi = Some(CSIVolumeSource {
-                    driver: driver.clone(),
-                    read_only: v.read_only.then_some(true),
-                    volume_attributes: (!attributes.is_empty()).then(|| attributes.clone()),
-                    ..Default::default()
-                });
-            }
-        }
-        volumes.push(volume);
-        mounts.push(mount(&v.name, &v.mount_path, v.read_only));
+    (volumes, mounts)
+}
+
+/// Refuses pool volume `index` when it takes a name or mount path already in `volumes`
+/// and `mounts`, or mounts inside the read-only Secret volume.
+fn check_pool_volume(
+    pool: &Pool,
+    index: usize,
+    v: &PoolVolume,
+    volumes: &[Volume],
+    mounts: &[VolumeMount],
+) -> Result<(), BuildError> {
+    let clash = |what: &str| BuildError::VolumeClash {
+        pool: pool.name.clone(),
+        index,
+        volume: v.name.clone(),
+        what: what.to_string(),
+    };
+    if let Some(ours) = volumes.iter().find(|o| o.name == v.name) {
+        return Err(clash(&format!("volume {}", ours.name)));
     }
-    Ok((volumes, mounts))
+    if let Some(ours) = mounts.iter().find(|m| m.mount_path == v.mount_path) {
+        return Err(clash(&format!("mount path {}", ours.mount_path)));
+    }
+    // Nothing can be mounted inside the read-only Secret volume.
+    if v.mount_path.starts_with(&format!("{ATTEMPT_DIR}/")) {
+        return Err(clash(&format!("read-only mount path {ATTEMPT_DIR}")));
+    }
+    Ok(())
+}
+
+/// A pool's volume as the pod declares it, from its source.
+fn pool_volume(v: &PoolVolume) -> Volume {
+    let mut volume = Volume {
+        name: v.name.clone(),
+        ..Default::default()
+    };
+    match &v.source {
+        VolumeSource::PersistentVolumeClaim { claim_name } => {
+            volume.persistent_volume_claim = Some(PersistentVolumeClaimVolumeSource {
+                claim_name: claim_name.clone(),
+                read_only: v.read_only.then_some(true),
+            });
+        }
+        VolumeSource::ConfigMap { name } => {
+            volume.config_map = Some(ConfigMapVolumeSource {
+                name: name.clone(),
+                ..Default::default()
+            });
+        }
+        VolumeSource::Secret { secret_name } => {
+            volume.secret = Some(SecretVolumeSource {
+                secret_name: Some(secret_name.clone()),
+                ..Default::default()
+            });
+        }
+        VolumeSource::EmptyDir { size_limit } => {
+            volume.empty_dir = Some(empty_dir(
+                None,
+                size_limit.as_ref().map(|m| m.0.as_str().to_string()),
+            ));
+        }
+        VolumeSource::Csi { driver, attributes } => {
+            volume.csi = Some(CSIVolumeSource {
+                driver: driver.clone(),
+                read_only: v.read_only.then_some(true),
+                volume_attributes: (!attributes.is_empty()).then(|| attributes.clone()),
+                ..Default::default()
+            });
+        }
+    }
+    volume
+}
+
+/// An emptyDir on `medium` (the node's disk when none), capped at `size` when given.
+fn empty_dir(medium: Option<&str>, size: Option<String>) -> EmptyDirVolumeSource {
+    EmptyDirVolumeSource {
+        medium: medium.map(str::to_string),
+        size_limit: size.map(Quantity),
+    }
+}
+
+/// The trainer's mount of volume `name` at `path` (`readOnly` written only when true).
+fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
+    VolumeMount {
+        name: name.to_string(),
+        mount_path: path.to_string(),
+        read_only: read_only.then_some(true),
+        ..Default::default()
+    }
 }
 
 fn toleration(t: &tuneq_pools::file::Toleration) -> Toleration {

@@ -1,6 +1,7 @@
 //! Each simulator's shapes, read back by tuneq's classifier: the Job tuneq builds is
 //! created through kube-rs, the Job controller makes its pod, the scheduler, kubelet and
-//! disruptions move it, and `classify` must name the end the research note expects.
+//! disruptions move it, and `classify` must name the end the README's "Running on
+//! Kubernetes" table gives it.
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;

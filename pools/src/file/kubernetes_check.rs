@@ -35,21 +35,36 @@ fn any_value(_: &str) -> k8s::Check {
 impl KubernetesPool {
     /// Returns the field (below `kubernetes.`) and the problem of the first thing wrong.
     pub(super) fn check(&self) -> Result<(), (String, String)> {
-        let err = |field: String, message: String| Err((field, message));
         k8s::dns_label(&self.namespace).map_err(|e| ("namespace".to_string(), e))?;
+        self.check_image()?;
+        self.check_pod_fields()?;
+        self.check_tolerations()?;
+        self.check_affinity()?;
+        self.check_env()?;
+        self.check_volumes()?;
+        self.check_durations()
+    }
+
+    /// The image: a valid reference with a pinned tag or digest.
+    fn check_image(&self) -> Result<(), (String, String)> {
         if self.image.is_empty() || self.image.contains(char::is_whitespace) {
-            return err("image".into(), "must be an image reference".into());
+            return Err(("image".into(), "must be an image reference".into()));
         }
         k8s::image_reference(&self.image).map_err(|e| ("image".to_string(), e))?;
         if !k8s::image_pinned(&self.image) {
-            return err(
+            return Err((
                 "image".into(),
                 format!(
                     "`{}` has no pinned tag; name a version or a digest (never `latest`), so every attempt of a job runs the same trainer",
                     self.image
                 ),
-            );
+            ));
         }
+        Ok(())
+    }
+
+    /// The pod's service account, node selector and annotations, by Kubernetes' rules.
+    fn check_pod_fields(&self) -> Result<(), (String, String)> {
         if let Some(sa) = &self.service_account {
             k8s::dns_subdomain(sa).map_err(|e| {
                 (
@@ -70,8 +85,11 @@ impl KubernetesPool {
             k8s::annotation_key,
             any_value,
         )?;
-        k8s::annotations_size(&self.pod_annotations)
-            .map_err(|e| ("pod_annotations".to_string(), e))?;
+        k8s::annotations_size(&self.pod_annotations).map_err(|e| ("pod_annotations".to_string(), e))
+    }
+
+    /// Each toleration: a valid key, and a value exactly when its operator takes one.
+    fn check_tolerations(&self) -> Result<(), (String, String)> {
         for (i, t) in self.tolerations.iter().enumerate() {
             let at = |f: &str| format!("tolerations[{i}].{f}");
             if !t.key.is_empty() {
@@ -79,16 +97,16 @@ impl KubernetesPool {
             }
             match t.operator {
                 TolerationOperator::Exists if t.value.is_some() => {
-                    return err(
+                    return Err((
                         at("value"),
                         "a toleration with operator Exists takes no value".into(),
-                    );
+                    ));
                 }
                 TolerationOperator::Equal if t.key.is_empty() => {
-                    return err(
+                    return Err((
                         at("key"),
                         "a toleration with operator Equal needs a key".into(),
-                    );
+                    ));
                 }
                 TolerationOperator::Equal => {
                     k8s::label_value(t.value.as_deref().unwrap_or_default())
@@ -97,6 +115,12 @@ impl KubernetesPool {
                 TolerationOperator::Exists => {}
             }
         }
+        Ok(())
+    }
+
+    /// Each node affinity rule: a valid key, as many values as its operator takes, and
+    /// values a label (or, for `Gt`/`Lt`, an integer) can have.
+    fn check_affinity(&self) -> Result<(), (String, String)> {
         for (i, r) in self.affinity.iter().enumerate() {
             let at = |f: &str| format!("affinity[{i}].{f}");
             k8s::qualified_name(&r.key).map_err(|e| (at("key"), e))?;
@@ -111,7 +135,7 @@ impl KubernetesPool {
                 _ => None,
             };
             if let Some(problem) = problem {
-                return err(at("values"), format!("operator {:?} {problem}", r.operator));
+                return Err((at("values"), format!("operator {:?} {problem}", r.operator)));
             }
             for (j, value) in r.values.iter().enumerate() {
                 let check = match r.operator {
@@ -122,45 +146,54 @@ impl KubernetesPool {
                 check(value).map_err(|e| (format!("affinity[{i}].values[{j}]"), e))?;
             }
         }
+        Ok(())
+    }
+
+    /// The extra environment: valid variable names, none of the launch contract's.
+    fn check_env(&self) -> Result<(), (String, String)> {
         for name in self.env.keys() {
             let valid = !name.is_empty()
                 && !name.starts_with(|c: char| c.is_ascii_digit())
                 && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
             if !valid {
-                return err(
+                return Err((
                     format!("env.{name}"),
                     "not an environment variable name".into(),
-                );
+                ));
             }
             if name.starts_with("TUNEQ_") {
-                return err(
+                return Err((
                     format!("env.{name}"),
                     "names starting with TUNEQ_ belong to the launch contract".into(),
-                );
+                ));
             }
         }
-        self.check_volumes()?;
+        Ok(())
+    }
+
+    /// The grace period within what spot nodes give, and timeouts that can end.
+    fn check_durations(&self) -> Result<(), (String, String)> {
         if self.termination_grace > MAX_TERMINATION_GRACE {
-            return err(
+            return Err((
                 "termination_grace".into(),
                 format!(
                     "at most {}s (GKE spot gives pods 15–25 s, at most 120 s)",
                     MAX_TERMINATION_GRACE.as_secs()
                 ),
-            );
+            ));
         }
         if self.platform_timeout.is_zero() {
-            return err(
+            return Err((
                 "platform_timeout".into(),
                 "must be above zero (an image that cannot be pulled would hold the attempt until its deadline)".into(),
-            );
+            ));
         }
         if self.placement_timeout.is_zero() || self.attempt_deadline < Duration::from_secs(60) {
-            return err(
+            return Err((
                 "attempt_deadline".into(),
                 "placement_timeout must be above zero and attempt_deadline at least a minute"
                     .into(),
-            );
+            ));
         }
         Ok(())
     }
