@@ -370,6 +370,28 @@ fn the_table_reads_each_documented_shape() {
             },
         ),
         (
+            "diverged: Job failed by rule 1, the pod exited 43",
+            failed_job("PodFailurePolicy", &bad_input_msg),
+            vec![pod(json!({}), json!({
+                "phase": "Failed",
+                "containerStatuses": terminated(43, "Error", Some("error: loss became NaN at step 3; lower the learning rate\n")),
+            }))],
+            AttemptEnd::Diverged {
+                message: "error: loss became NaN at step 3; lower the learning rate".into(),
+            },
+        ),
+        (
+            "diverged, seen on the pod before the Job",
+            active_job(),
+            vec![pod(json!({}), json!({
+                "phase": "Failed",
+                "containerStatuses": terminated(43, "Error", None),
+            }))],
+            AttemptEnd::Diverged {
+                message: "the training loss diverged".into(),
+            },
+        ),
+        (
             "bad input: Job failed by rule 1, pod gone",
             failed_job("PodFailurePolicy", &bad_input_msg),
             vec![],

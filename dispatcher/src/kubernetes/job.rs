@@ -571,7 +571,7 @@ pub fn pod_failure_policy() -> PodFailurePolicy {
                 on_exit_codes: Some(PodFailurePolicyOnExitCodesRequirement {
                     container_name: Some(CONTAINER.to_string()),
                     operator: "In".to_string(),
-                    values: vec![launch::EXIT_BAD_INPUT],
+                    values: vec![launch::EXIT_BAD_INPUT, launch::EXIT_DIVERGED],
                 }),
                 ..Default::default()
             },

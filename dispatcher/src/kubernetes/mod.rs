@@ -66,5 +66,6 @@ pub const CONTAINER: &str = "trainer";
 /// failure message ends in `matching FailJob rule at index 0`.
 pub const RULE_DISRUPTION: usize = 0;
 /// Index of the rule that fails the Job when the trainer exits with
-/// [`tuneq_openapi::launch::EXIT_BAD_INPUT`].
+/// [`tuneq_openapi::launch::EXIT_BAD_INPUT`] or [`tuneq_openapi::launch::EXIT_DIVERGED`]
+/// (the classifier tells them apart by the pod's exit code).
 pub const RULE_BAD_INPUT: usize = 1;

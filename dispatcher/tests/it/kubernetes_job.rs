@@ -101,7 +101,10 @@ fn each_example_pool_gets_a_job_by_the_rules() {
         let bad_input = rules[RULE_BAD_INPUT].on_exit_codes.as_ref().unwrap();
         assert_eq!(bad_input.container_name.as_deref(), Some(CONTAINER));
         assert_eq!(bad_input.operator, "In");
-        assert_eq!(bad_input.values, [launch::EXIT_BAD_INPUT]);
+        assert_eq!(
+            bad_input.values,
+            [launch::EXIT_BAD_INPUT, launch::EXIT_DIVERGED]
+        );
 
         // Clocks and grace from the pool.
         assert_eq!(
