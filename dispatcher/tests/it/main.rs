@@ -7,3 +7,4 @@ mod kubernetes_job;
 mod kubernetes_runtime;
 mod local_runtime;
 mod real_cluster;
+mod support;
