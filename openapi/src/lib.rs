@@ -8,6 +8,7 @@
 //! - [`failure`]: why a job failed, as a type ([`FailureClass`]) with a stable code.
 //! - [`files`], [`finetunes`]: the REST API's objects (OpenAI's shapes plus tuneq's fields).
 //! - [`launch`]: how a dispatcher starts a trainer and reads its exit (the launch contract).
+//! - [`projections`]: the seven projections LoRA can wrap ([`PROJECTIONS`]).
 //! - [`progress`]: events a trainer reports ([`TrainEvent`], [`StepMetrics`]).
 //! - [`log`]: what those reports leave in a job's event log ([`LogEntry`]), written and
 //!   read by the API.
@@ -19,6 +20,7 @@ pub mod finetunes;
 pub mod launch;
 pub mod log;
 pub mod progress;
+pub mod projections;
 pub mod train_spec;
 
 pub use failure::FailureClass;
@@ -36,6 +38,7 @@ pub use finetunes::{
 };
 pub use log::LogEntry;
 pub use progress::{StepMetrics, TrainEvent};
+pub use projections::PROJECTIONS;
 pub use train_spec::{
     ActivationCheckpointing, ChatTemplateChoice, CheckpointPolicy, ComputeKind, DatasetFormat,
     DeviceKind, DtypeKind, Hyperparameters, LoraSpec, MAX_LEARNING_RATE, MAX_LORA_ALPHA,
