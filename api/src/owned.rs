@@ -43,7 +43,11 @@ impl<T: Owned> FromRequest for Own<T> {
         Box::pin(async move {
             // As handlers taking the tenant and then the path did: 401 comes first.
             let tenant = tenant.await?;
-            let id = id.await?.into_inner();
+            // A path segment always reads as a string.
+            let id = id
+                .await
+                .map_err(|e| ApiError::internal(e.to_string()))?
+                .into_inner();
             let state = state.ok_or_else(|| ApiError::internal("no application state"))?;
             let object = T::find(&state, &tenant.0, &id).await?;
             Ok(Self { tenant, id, object })

@@ -54,7 +54,7 @@ fn step(step: u64, total: u64, loss: f64) -> Value {
 }
 
 async fn get(s: &Server, key: &str, path: &str) -> (StatusCode, Value) {
-    let response = s.get_as(key, &path).await;
+    let response = s.get_as(key, path).await;
     let status = response.status();
     (status, response.json().await.unwrap_or(Value::Null))
 }

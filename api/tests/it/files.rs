@@ -142,10 +142,10 @@ async fn a_dataset_with_bad_lines_is_refused_with_every_line_and_field_named() {
         .map(|l| l["line"].as_u64().unwrap())
         .collect();
     assert!(
-        lines.contains(&2) & lines.contains(&3) & lines.contains(&5),
+        lines.contains(&2) && lines.contains(&3) && lines.contains(&5),
         "{error}"
     );
-    assert!(!lines.contains(&1) & !lines.contains(&4));
+    assert!(!lines.contains(&1) && !lines.contains(&4));
     let fields: Vec<&str> = error["lines"]
         .as_array()
         .unwrap()

@@ -44,7 +44,7 @@ async fn extension_methods_are_refused_and_never_become_metric_labels() {
         .text()
         .await
         .unwrap();
-    assert!(!metrics.contains("PROPFIND") & !metrics.contains("BREW"));
+    assert!(!metrics.contains("PROPFIND") && !metrics.contains("BREW"));
     assert!(!metrics.contains("XXXXXXXX"), "a method became a label");
     assert!(
         metrics.len() < 64 << 10,
@@ -228,7 +228,7 @@ async fn keys_are_listed_by_id_and_a_revoked_key_stops_at_once() {
     let keys = listed["data"].as_array().unwrap();
     assert_eq!(keys.len(), 1, "{listed}");
     let prefix = keys[0]["prefix"].as_str().unwrap().trim_end_matches('…');
-    assert!(s.acme.starts_with(prefix) & prefix.len() < s.acme.len() / 2);
+    assert!(s.acme.starts_with(prefix) && prefix.len() < s.acme.len() / 2);
     assert!(
         !listed.to_string().contains(&s.acme),
         "the key itself is never listed"
@@ -629,8 +629,9 @@ async fn a_plain_request_id_is_kept_and_anything_else_replaced_by_ours() {
         }
         let id = id_of(&request.send().await.unwrap());
         assert!(
-            id.starts_with("req_") & id.len()
-                == 28 & id[4..].bytes().all(|b| b.is_ascii_hexdigit()),
+            id.starts_with("req_")
+                && id.len() == 28
+                && id[4..].bytes().all(|b| b.is_ascii_hexdigit()),
             "{given:?} gave {id}"
         );
         ours.insert(id);

@@ -125,7 +125,10 @@ async fn a_job_lists_the_pools_that_fit_spot_first_with_its_estimate_and_max_cos
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert_eq!(body["error"]["param"], "dtype", "{body}");
     let message = body["error"]["message"].as_str().unwrap();
-    assert!(message.contains("fp8") & message.contains("bf16"), "{body}");
+    assert!(
+        message.contains("fp8") && message.contains("bf16"),
+        "{body}"
+    );
     for setting in ["auto", "on", "off"] {
         let (status, job) = create(&s, &file, json!({"activation_checkpointing": setting})).await;
         assert_eq!(status, StatusCode::OK, "{setting}: {job}");
@@ -163,7 +166,7 @@ async fn a_job_lists_the_pools_that_fit_spot_first_with_its_estimate_and_max_cos
 async fn report(s: &support::Server, job: &str, token: u64, events: Value) -> StatusCode {
     let credential = s.state.config.attempt_signer.sign(job, token);
     s.post_json(
-        credential,
+        &credential,
         &format!("/internal/attempts/{job}/report"),
         &json!({"seq": token * 100, "events": events}),
     )

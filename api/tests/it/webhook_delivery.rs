@@ -15,7 +15,7 @@ use crate::support;
 use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
 use support::{Server, examples, start, upload};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tuneq_api::AppState;
 use tuneq_api::webhooks::settle;
 
@@ -238,7 +238,7 @@ async fn the_ssrf_guard_is_applied_again_at_every_try() {
     assert_eq!(webhook["status"], "failed", "{webhook}");
     let why = webhook["last_error"].as_str().unwrap();
     assert!(
-        why.contains("127.0.0.1") & why.contains("not a public address"),
+        why.contains("127.0.0.1") && why.contains("not a public address"),
         "the refusal says why: {why}"
     );
 }

@@ -19,7 +19,7 @@ use sha2::Sha256;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use support::{Server, examples, start, upload};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
 use tuneq_api::webhooks::{SendLimits, file_outcomes, sender, settle};
 use tuneq_queue::JobQueue;
@@ -302,7 +302,6 @@ async fn rotations_at_the_same_moment_hand_out_only_secrets_that_sign() {
     let s = open_server().await;
     let receiver = Recording::start().await;
     let file = upload(&s, &s.acme, &examples(8)).await;
-    let http = reqwest::Client::new();
     let rotate = || async {
         let response = s.post_as(&s.acme, "/webhooks/secret/rotate").await;
         assert_eq!(response.status(), 200);

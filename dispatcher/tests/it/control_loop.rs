@@ -398,7 +398,7 @@ fn outliving_dispatcher(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attempts_that_outlive_the_dispatcher_are_adopted_never_started_twice() {
     use tuneq_dispatcher::runtime::{End, State};
-    let (dir, q) = queue_with_pool("k8s", 2).await;
+    let (_dir, q) = queue_with_pool("k8s", 2).await;
     let platform = Fake::outliving();
     let id = q.enqueue(&job(&["k8s"])).await.unwrap().id;
     let stale = q.enqueue(&job(&["k8s"])).await.unwrap().id;
@@ -469,7 +469,7 @@ async fn attempts_that_outlive_the_dispatcher_are_adopted_never_started_twice() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_attempt_that_found_no_node_moves_the_job_on_without_a_preemption() {
     use tuneq_dispatcher::runtime::{End, State};
-    let (dir, q) = queue_with_pool("k8s", 2).await;
+    let (_dir, q) = queue_with_pool("k8s", 2).await;
     q.set_pool("other", 1).await.unwrap();
     let platform = Fake::outliving();
     let id = q.enqueue(&job(&["k8s", "other"])).await.unwrap().id;
@@ -511,7 +511,7 @@ async fn an_attempt_that_found_no_node_moves_the_job_on_without_a_preemption() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_platform_that_does_not_answer_at_start_is_waited_for() {
-    let (dir, q) = queue_with_pool("k8s", 2).await;
+    let (_dir, q) = queue_with_pool("k8s", 2).await;
     let platform = Fake::outliving();
     platform.0.lock().unwrap().failing_lists = 2;
     let id = q.enqueue(&job(&["k8s"])).await.unwrap().id;
@@ -674,7 +674,7 @@ async fn a_crashed_attempt_is_retried_after_a_doubling_back_off_until_its_3_atte
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_suspect_attempt_still_running_is_adopted_and_one_nobody_runs_is_requeued() {
-    let (dir, q) = queue_with_pool("k8s", 2).await;
+    let (_dir, q) = queue_with_pool("k8s", 2).await;
     // Another dispatcher of the pool claimed this job, started it and died.
     let lost = q.enqueue(&job(&["k8s"])).await.unwrap().id;
     let dead = q.claim("k8s", "dead", "dead-1").await.unwrap().unwrap();
@@ -730,7 +730,7 @@ async fn a_suspect_attempt_still_running_is_adopted_and_one_nobody_runs_is_reque
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_attempt_is_started_only_once_the_queue_has_confirmed_its_lease() {
-    let (dir, q) = queue_with_pool("k8s", 2).await;
+    let (_dir, q) = queue_with_pool("k8s", 2).await;
     let platform = Fake::default();
     platform.with(|p| p.queue = Some(q.clone()));
     let id = q.enqueue(&job(&["k8s"])).await.unwrap().id;
@@ -744,7 +744,7 @@ async fn an_attempt_is_started_only_once_the_queue_has_confirmed_its_lease() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_attempt_whose_lease_is_lost_while_it_starts_is_killed_at_once() {
-    let (dir, q) = queue_with_pool("k8s", 2).await;
+    let (_dir, q) = queue_with_pool("k8s", 2).await;
     let platform = Fake::default();
     platform.with(|p| {
         p.queue = Some(q.clone());
