@@ -104,29 +104,24 @@ fn flags_win_over_the_environment_which_wins_over_the_file_which_wins_over_defau
     let shown = show(&[], &[("TUNEQ_PORT", "9100")]);
     assert_eq!(line(&shown, "port"), "port = 9100  # env TUNEQ_PORT");
     let shown = show(&[], &[]);
-    assert_eq!(line(&shown, "port"), "port = 9000  # config file");
-    assert_eq!(line(&shown, "host"), "host = \"10.0.0.1\"  # config file");
-    assert_eq!(
-        line(&shown, "pool"),
-        "pool = [\"a=cpu\", \"b=spot-gpu\"]  # config file"
-    );
-    assert_eq!(
-        line(&shown, "job-retention"),
-        "job-retention = \"14d\"  # config file"
-    );
-    assert_eq!(
-        line(&shown, "max-upload-mib"),
-        "max-upload-mib = 512  # default"
-    );
-    // Secrets are masked wherever they came from; a URL keeps its host.
-    assert_eq!(
-        line(&shown, "attempt-secret"),
-        "attempt-secret = \"********\"  # config file"
-    );
-    assert_eq!(
-        line(&shown, "redis-password"),
-        "redis-password = \"********\"  # config file"
-    );
+    for (key, want) in [
+        ("port", "port = 9000  # config file"),
+        ("host", "host = \"10.0.0.1\"  # config file"),
+        ("pool", "pool = [\"a=cpu\", \"b=spot-gpu\"]  # config file"),
+        ("job-retention", "job-retention = \"14d\"  # config file"),
+        ("max-upload-mib", "max-upload-mib = 512  # default"),
+        // Secrets are masked wherever they came from; a URL keeps its host.
+        (
+            "attempt-secret",
+            "attempt-secret = \"********\"  # config file",
+        ),
+        (
+            "redis-password",
+            "redis-password = \"********\"  # config file",
+        ),
+    ] {
+        assert_eq!(line(&shown, key), want, "{key}");
+    }
     let with_url_password = show(&["--redis", "redis://:hunter2@cache:6379/0"], &[]);
     assert_eq!(
         line(&with_url_password, "redis"),

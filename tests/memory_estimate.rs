@@ -16,6 +16,13 @@ use tuneq_pools::{Ask, ModelShape, cpu_memory, graph_memory_bytes};
 const BATCH: u64 = 4;
 const SEQ: u64 = 256;
 
+/// A fresh temporary folder holding [`long_examples`]; the folder and the file.
+fn dir_with_long_examples() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let train = long_examples(dir.path());
+    (dir, train)
+}
+
 /// Chat examples long enough that every one fills `SEQ` tokens (so the largest
 /// micro-batch is BATCH × SEQ, as the estimate assumes).
 fn long_examples(dir: &Path) -> std::path::PathBuf {
@@ -173,9 +180,11 @@ fn init_model(dir: &Path, preset: &str) -> (std::path::PathBuf, ModelShape) {
 }
 
 /// The job the runs train: `BATCH × SEQ` tokens, LoRA's defaults, 8 examples.
-fn ask(lora: &LoraSpec, dtype: DtypeKind, checkpointing: ActivationCheckpointing) -> Ask<'_> {
+fn ask(dtype: DtypeKind, checkpointing: ActivationCheckpointing) -> Ask<'static> {
+    /// Every test's LoRA settings: the defaults.
+    static LORA: std::sync::LazyLock<LoraSpec> = std::sync::LazyLock::new(LoraSpec::default);
     Ask {
-        lora,
+        lora: &LORA,
         max_seq_len: SEQ,
         batch_size: BATCH,
         dtype,
@@ -213,6 +222,20 @@ impl Comparison {
             self.failures.push(row.clone());
         }
         self.rows.push(row);
+    }
+
+    /// As [`Comparison::add_with_allowance`], with `tiny_allowance` for the tiny model
+    /// (whose peak moves from run to run) and none for the others.
+    fn add_for(
+        &mut self,
+        preset: &str,
+        label: String,
+        measured: u64,
+        estimate: u64,
+        tiny_allowance: u64,
+    ) {
+        let allowance = if preset == "tiny" { tiny_allowance } else { 0 };
+        self.add_with_allowance(label, measured, estimate, allowance);
     }
 
     fn check(self) {
@@ -257,9 +280,7 @@ const SETTINGS: [(&str, ActivationCheckpointing); 2] = [
 
 #[test]
 fn the_cpu_memory_estimate_is_within_a_tenth_of_the_measured_peak() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let train = long_examples(dir.path());
-    let lora = LoraSpec::default();
+    let (dir, train) = dir_with_long_examples();
     let mut comparison = Comparison::default();
     for preset in MODELS {
         let (model, shape) = test_model(dir.path(), preset);
@@ -271,14 +292,9 @@ fn the_cpu_memory_estimate_is_within_a_tenth_of_the_measured_peak() {
                     let out = dir.path().join(format!("{preset}-{dtype}-{setting}-{run}"));
                     measured_peak(&model, &train, &out, dtype, setting, false)
                 });
-                let estimate = cpu_memory(&shape, &ask(&lora, kind, checkpointing), None).total();
-                let allowance = if preset == "tiny" { TINY_ALLOWANCE } else { 0 };
-                comparison.add_with_allowance(
-                    format!("{preset:>13} {dtype:>4} checkpointing {setting:>3}"),
-                    peak,
-                    estimate,
-                    allowance,
-                );
+                let estimate = cpu_memory(&shape, &ask(kind, checkpointing), None).total();
+                let label = format!("{preset:>13} {dtype:>4} checkpointing {setting:>3}");
+                comparison.add_for(preset, label, peak, estimate, TINY_ALLOWANCE);
             }
         }
     }
@@ -287,9 +303,7 @@ fn the_cpu_memory_estimate_is_within_a_tenth_of_the_measured_peak() {
 
 #[test]
 fn the_graph_memory_estimate_is_within_a_tenth_of_the_measured_peak() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let train = long_examples(dir.path());
-    let lora = LoraSpec::default();
+    let (dir, train) = dir_with_long_examples();
     let mut comparison = Comparison::default();
     for preset in MODELS {
         let (model, shape) = test_model(dir.path(), preset);
@@ -300,19 +314,9 @@ fn the_graph_memory_estimate_is_within_a_tenth_of_the_measured_peak() {
                 let out = dir.path().join(format!("{preset}-graph-{setting}-{run}"));
                 measured_peak(&model, &train, &out, "f32", setting, true)
             });
-            let estimate =
-                graph_memory_bytes(&shape, &ask(&lora, DtypeKind::F32, checkpointing), false);
-            let allowance = if preset == "tiny" {
-                TINY_GRAPH_ALLOWANCE
-            } else {
-                0
-            };
-            comparison.add_with_allowance(
-                format!("{preset:>13} graph checkpointing {setting:>3}"),
-                peak,
-                estimate,
-                allowance,
-            );
+            let estimate = graph_memory_bytes(&shape, &ask(DtypeKind::F32, checkpointing), false);
+            let label = format!("{preset:>13} graph checkpointing {setting:>3}");
+            comparison.add_for(preset, label, peak, estimate, TINY_GRAPH_ALLOWANCE);
         }
     }
     comparison.check();
@@ -320,13 +324,10 @@ fn the_graph_memory_estimate_is_within_a_tenth_of_the_measured_peak() {
 
 #[test]
 fn auto_checkpointing_on_the_graph_turns_on_when_the_limit_asks_for_it() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let train = long_examples(dir.path());
-    let lora = LoraSpec::default();
+    let (dir, train) = dir_with_long_examples();
     let (model, shape) = init_model(dir.path(), "tiny");
-    let estimate = |checkpointing| {
-        graph_memory_bytes(&shape, &ask(&lora, DtypeKind::F32, checkpointing), false)
-    };
+    let estimate =
+        |checkpointing| graph_memory_bytes(&shape, &ask(DtypeKind::F32, checkpointing), false);
     let (keep, recompute) = (
         estimate(ActivationCheckpointing::Off),
         estimate(ActivationCheckpointing::On),
@@ -362,16 +363,14 @@ fn auto_checkpointing_on_the_graph_turns_on_when_the_limit_asks_for_it() {
 fn the_cpu_estimate_follows_the_thread_count() {
     // Memory, not speed: more threads than this machine has cores still allocate their
     // scratch.
-    let dir = tempfile::tempdir().expect("tempdir");
-    let train = long_examples(dir.path());
-    let lora = LoraSpec::default();
+    let (dir, train) = dir_with_long_examples();
     let mut comparison = Comparison::default();
     for preset in ["small", "smollm2-135m"] {
         let (model, shape) = init_model(dir.path(), preset);
         for threads in [8, 16] {
             let out = dir.path().join(format!("{preset}-{threads}"));
             let events = train_events(&model, &train, &out, ("f32", "off", false), None, threads);
-            let ask = ask(&lora, DtypeKind::F32, ActivationCheckpointing::Off);
+            let ask = ask(DtypeKind::F32, ActivationCheckpointing::Off);
             let estimate = cpu_memory(&shape, &ask, None).total()
                 + tuneq_pools::thread_scratch_bytes(threads as u64);
             comparison.add(

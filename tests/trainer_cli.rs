@@ -14,8 +14,7 @@ use common::*;
 
 #[test]
 fn a_run_killed_at_any_point_resumes_to_a_byte_identical_adapter() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let train = small_train_file(dir.path(), 40);
+    let (dir, train) = dir_with_task(40);
     let reference = dir.path().join("reference");
     run_to_end(&resume_args(&reference, &train));
     let want = adapter_bytes(&reference);
@@ -59,8 +58,7 @@ fn a_run_killed_at_any_point_resumes_to_a_byte_identical_adapter() {
 
 #[test]
 fn sigterm_writes_a_checkpoint_and_exits_interrupted() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let train = small_train_file(dir.path(), 40);
+    let (dir, train) = dir_with_task(40);
     let out = dir.path().join("out");
     let mut args = resume_args(&out, &train);
     let at = args
@@ -105,15 +103,21 @@ fn sigterm_writes_a_checkpoint_and_exits_interrupted() {
     assert_eq!(ckpts, 1, "exactly one checkpoint written on SIGTERM");
 }
 
+/// A run of [`resume_args`] into `dir/out`, killed once it has written its checkpoint
+/// of step 2: its output folder and its arguments.
+fn killed_after_step_2_checkpoint(dir: &Path, train: &Path) -> (std::path::PathBuf, Vec<String>) {
+    let out = dir.join("out");
+    let args = resume_args(&out, train);
+    run_and_kill(&args, |e| e["event"] == "checkpoint" && e["step"] == 2);
+    (out, args)
+}
+
 #[test]
 fn incomplete_checkpoints_are_never_resumed() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let train = small_train_file(dir.path(), 16);
+    let (dir, train) = dir_with_task(16);
     let reference = dir.path().join("reference");
     run_to_end(&resume_args(&reference, &train));
-    let out = dir.path().join("out");
-    let args = resume_args(&out, &train);
-    run_and_kill(&args, |e| e["event"] == "checkpoint" && e["step"] == 2);
+    let (out, args) = killed_after_step_2_checkpoint(dir.path(), &train);
     // Fake a later checkpoint whose manifest never got written, and one whose file was cut short.
     let ck = out.join("checkpoints");
     let good = ck.join("step-00000002");
@@ -154,11 +158,8 @@ fn incomplete_checkpoints_are_never_resumed() {
 
 #[test]
 fn a_checkpoint_whose_bytes_changed_but_not_its_size_is_refused_by_its_sha256() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let train = small_train_file(dir.path(), 16);
-    let out = dir.path().join("out");
-    let args = resume_args(&out, &train);
-    run_and_kill(&args, |e| e["event"] == "checkpoint" && e["step"] == 2);
+    let (dir, train) = dir_with_task(16);
+    let (out, args) = killed_after_step_2_checkpoint(dir.path(), &train);
     // A later checkpoint, complete and of the right sizes, whose adapter rotted on disk:
     // only its SHA-256 tells it from a sound one.
     let ck = out.join("checkpoints");
@@ -223,23 +224,8 @@ fn bad_dataset_lines_are_all_listed_with_the_bad_input_exit_code() {
         ),
     )
     .expect("write");
-    let out = tuneq(&[
-        "train",
-        "--progress",
-        "json",
-        "--model",
-        tiny_model().to_str().expect("utf8"),
-        "--train-file",
-        bad.to_str().expect("utf8"),
-        "--output",
-        dir.path().join("o").to_str().expect("utf8"),
-    ]);
-    assert_eq!(
-        out.status.code(),
-        Some(tuneq_openapi::launch::EXIT_BAD_INPUT),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = train_tiny(&bad, &dir.path().join("o"), &["--progress", "json"]);
+    bad_input_stderr(&out);
     let stderr = String::from_utf8_lossy(&out.stderr);
     for needle in [
         "bad.jsonl:2",
@@ -266,8 +252,7 @@ fn bad_dataset_lines_are_all_listed_with_the_bad_input_exit_code() {
 
 #[test]
 fn bad_specs_and_missing_models_exit_as_bad_input_naming_the_problem() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let train = small_train_file(dir.path(), 4);
+    let (dir, train) = dir_with_task(4);
     let spec = dir.path().join("spec.json");
     std::fs::write(
         &spec,
@@ -275,10 +260,7 @@ fn bad_specs_and_missing_models_exit_as_bad_input_naming_the_problem() {
     )
     .expect("write");
     let out = tuneq(&["train", "--spec", spec.to_str().expect("utf8")]);
-    assert_eq!(
-        out.status.code(),
-        Some(tuneq_openapi::launch::EXIT_BAD_INPUT)
-    );
+    bad_input_stderr(&out);
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("rank"),
         "{}",
@@ -294,52 +276,23 @@ fn bad_specs_and_missing_models_exit_as_bad_input_naming_the_problem() {
         "--output",
         dir.path().join("o").to_str().expect("utf8"),
     ]);
-    assert_eq!(
-        out.status.code(),
-        Some(tuneq_openapi::launch::EXIT_BAD_INPUT)
-    );
+    bad_input_stderr(&out);
     assert!(String::from_utf8_lossy(&out.stderr).contains("config.json"));
 
-    let out = tuneq(&[
-        "train",
-        "--model",
-        tiny_model().to_str().expect("utf8"),
-        "--train-file",
-        train.to_str().expect("utf8"),
-        "--output",
-        dir.path().join("o").to_str().expect("utf8"),
-        "--lora-r",
-        "0",
-        "--targets",
-        "q_proj,qkv",
-    ]);
-    assert_eq!(
-        out.status.code(),
-        Some(tuneq_openapi::launch::EXIT_BAD_INPUT)
+    let out = train_tiny(
+        &train,
+        &dir.path().join("o"),
+        &["--lora-r", "0", "--targets", "q_proj,qkv"],
     );
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = bad_input_stderr(&out);
     assert!(
         stderr.contains("lora.r") && stderr.contains("qkv"),
         "{stderr}"
     );
 
     // Every answer cut off by a short max_seq_len: the field to change is named.
-    let out = tuneq(&[
-        "train",
-        "--model",
-        tiny_model().to_str().expect("utf8"),
-        "--train-file",
-        train.to_str().expect("utf8"),
-        "--output",
-        dir.path().join("o").to_str().expect("utf8"),
-        "--max-seq-len",
-        "4",
-    ]);
-    assert_eq!(
-        out.status.code(),
-        Some(tuneq_openapi::launch::EXIT_BAD_INPUT)
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let out = train_tiny(&train, &dir.path().join("o"), &["--max-seq-len", "4"]);
+    let stderr = bad_input_stderr(&out);
     assert!(
         stderr.contains("max_seq_len") && stderr.contains("no example"),
         "{stderr}"
@@ -351,33 +304,30 @@ fn the_tiny_model_learns_the_shipped_task() {
     let dir = tempfile::tempdir().expect("tempdir");
     let out = dir.path().join("out");
     let data = repo().join("examples/data");
-    let result = tuneq(&[
-        "train",
-        "--progress",
-        "json",
-        "--model",
-        tiny_model().to_str().expect("utf8"),
-        "--train-file",
-        data.join("tiny-task-train.jsonl").to_str().expect("utf8"),
-        "--validation-file",
-        data.join("tiny-task-val.jsonl").to_str().expect("utf8"),
-        "--output",
-        out.to_str().expect("utf8"),
-        "--epochs",
-        "4",
-        "--batch-size",
-        "8",
-        "--lr",
-        "2e-3",
-        "--warmup-steps",
-        "5",
-        "--max-seq-len",
-        "128",
-        "--samples",
-        "2",
-        "--sample-tokens",
-        "16",
-    ]);
+    let result = train_tiny(
+        &data.join("tiny-task-train.jsonl"),
+        &out,
+        &[
+            "--progress",
+            "json",
+            "--validation-file",
+            data.join("tiny-task-val.jsonl").to_str().expect("utf8"),
+            "--epochs",
+            "4",
+            "--batch-size",
+            "8",
+            "--lr",
+            "2e-3",
+            "--warmup-steps",
+            "5",
+            "--max-seq-len",
+            "128",
+            "--samples",
+            "2",
+            "--sample-tokens",
+            "16",
+        ],
+    );
     assert!(
         result.status.success(),
         "{}",
@@ -473,6 +423,16 @@ fn the_tiny_model_learns_the_shipped_task() {
     );
 }
 
+/// The spec a successful `tuneq train --print-spec` printed.
+fn printed_spec(out: &std::process::Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("spec JSON")
+}
+
 #[test]
 fn flags_override_the_spec_file() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -493,12 +453,7 @@ fn flags_override_the_spec_file() {
         "q_proj,v_proj",
         "--print-spec",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let effective: serde_json::Value = serde_json::from_slice(&out.stdout).expect("spec JSON");
+    let effective = printed_spec(&out);
     assert_eq!(effective["hyperparameters"]["learning_rate"], 0.5);
     assert_eq!(effective["hyperparameters"]["epochs"], 3);
     assert_eq!(effective["lora"]["r"], 4);
@@ -533,12 +488,7 @@ fn every_flag_overrides_the_demo_spec() {
         .env("RAYON_NUM_THREADS", "2")
         .output()
         .expect("run tuneq");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let effective: serde_json::Value = serde_json::from_slice(&out.stdout).expect("spec JSON");
+    let effective = printed_spec(&out);
     assert_eq!(effective["hyperparameters"]["epochs"], 1);
     assert_eq!(effective["lora"]["r"], 4);
     assert_eq!(effective["checkpoint"]["every_steps"], 7);
@@ -560,8 +510,7 @@ fn every_flag_overrides_the_demo_spec() {
 /// weights and on the CPU graph, naming the field.
 #[test]
 fn bf16_compute_trains_and_is_refused_where_it_cannot_run() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let train = small_train_file(dir.path(), 8);
+    let (dir, train) = dir_with_task(8);
     let args = |output: &str, extra: &[&str]| -> Vec<String> {
         let mut args = resume_args(&dir.path().join(output), &train);
         args.extend(
@@ -586,11 +535,7 @@ fn bf16_compute_trains_and_is_refused_where_it_cannot_run() {
             .envs(env.iter().copied())
             .output()
             .expect("run tuneq");
-        assert_eq!(
-            out.status.code(),
-            Some(tuneq_openapi::launch::EXIT_BAD_INPUT)
-        );
-        let stderr = String::from_utf8_lossy(&out.stderr);
+        let stderr = bad_input_stderr(&out);
         assert!(words.iter().all(|w| stderr.contains(w)), "{stderr}");
     };
     refused(args("f32", &["--dtype", "f32"]), &[], &["compute", "dtype"]);
@@ -629,27 +574,12 @@ fn an_unavailable_device_exits_as_bad_input() {
         );
         return;
     }
-    let dir = tempfile::tempdir().expect("tempdir");
-    let train = small_train_file(dir.path(), 4);
+    let (dir, train) = dir_with_task(4);
     let output = dir.path().join("o");
     // (`--dtype bf16` trains on the CPU: bf16 storage, f32 compute; see
     // tests/memory_estimate.rs.)
-    let out = tuneq(&[
-        "train",
-        "--model",
-        tiny_model().to_str().expect("utf8"),
-        "--train-file",
-        train.to_str().expect("utf8"),
-        "--output",
-        output.to_str().expect("utf8"),
-        "--device",
-        "cuda",
-    ]);
-    assert_eq!(
-        out.status.code(),
-        Some(tuneq_openapi::launch::EXIT_BAD_INPUT)
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let out = train_tiny(&train, &output, &["--device", "cuda"]);
+    let stderr = bad_input_stderr(&out);
     // Without CUDA support the message says how to get it; with it, which device failed.
     let why = if cfg!(feature = "cuda") {
         "CUDA device 0"
@@ -661,30 +591,19 @@ fn an_unavailable_device_exits_as_bad_input() {
 
 #[test]
 fn storage_config_files_are_checked_field_by_field() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let train = small_train_file(dir.path(), 4);
+    let (dir, train) = dir_with_task(4);
     let config = dir.path().join("tuneq.toml");
     std::fs::write(
         &config,
         "[storage.s3]\nendpiont = \"http://127.0.0.1:9000\"\n",
     )
     .expect("write");
-    let out = tuneq(&[
-        "train",
-        "--model",
-        tiny_model().to_str().expect("utf8"),
-        "--train-file",
-        train.to_str().expect("utf8"),
-        "--output",
-        dir.path().join("out").to_str().expect("utf8"),
-        "--storage-config",
-        config.to_str().expect("utf8"),
-    ]);
-    assert_eq!(
-        out.status.code(),
-        Some(tuneq_openapi::launch::EXIT_BAD_INPUT)
+    let out = train_tiny(
+        &train,
+        &dir.path().join("out"),
+        &["--storage-config", config.to_str().expect("utf8")],
     );
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = bad_input_stderr(&out);
     assert!(
         stderr.contains("tuneq.toml") && stderr.contains("endpiont"),
         "{stderr}"
@@ -697,24 +616,17 @@ fn storage_config_files_are_checked_field_by_field() {
 
 #[test]
 fn a_trainer_past_its_memory_limit_stops_as_bad_input_with_the_figures() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let train = small_train_file(dir.path(), 4);
+    let (dir, train) = dir_with_task(4);
     let output = dir.path().join("o");
-    let out = Command::new(BIN)
-        .args([
-            "train",
-            "--model",
-            tiny_model().to_str().expect("utf8"),
-            "--train-file",
-            train.to_str().expect("utf8"),
-            "--output",
-            output.to_str().expect("utf8"),
-        ])
-        .env("RAYON_NUM_THREADS", "2")
-        // 32 MiB: less than the program itself holds once it has loaded the model.
-        .env("TUNEQ_MEMORY_LIMIT_BYTES", (32u64 << 20).to_string())
-        .output()
-        .expect("run tuneq");
+    let out = train_tiny_with_env(
+        &train,
+        &output,
+        &[],
+        &[
+            // 32 MiB: less than the program itself holds once it has loaded the model.
+            ("TUNEQ_MEMORY_LIMIT_BYTES", (32u64 << 20).to_string()),
+        ],
+    );
     assert_eq!(
         out.status.code(),
         Some(tuneq_openapi::launch::EXIT_BAD_INPUT),
@@ -723,22 +635,12 @@ fn a_trainer_past_its_memory_limit_stops_as_bad_input_with_the_figures() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("over its limit of 32 MiB"), "{stderr}");
     // A limit it stays under changes nothing.
-    let out = Command::new(BIN)
-        .args([
-            "train",
-            "--model",
-            tiny_model().to_str().expect("utf8"),
-            "--train-file",
-            train.to_str().expect("utf8"),
-            "--output",
-            dir.path().join("o2").to_str().expect("utf8"),
-            "--epochs",
-            "1",
-        ])
-        .env("RAYON_NUM_THREADS", "2")
-        .env("TUNEQ_MEMORY_LIMIT_BYTES", (8u64 << 30).to_string())
-        .output()
-        .expect("run tuneq");
+    let out = train_tiny_with_env(
+        &train,
+        &dir.path().join("o2"),
+        &["--epochs", "1"],
+        &[("TUNEQ_MEMORY_LIMIT_BYTES", (8u64 << 30).to_string())],
+    );
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -750,19 +652,13 @@ fn a_trainer_past_its_memory_limit_stops_as_bad_input_with_the_figures() {
 #[test]
 fn activation_checkpointing_changes_no_byte_of_the_adapter() {
     // With dropout, so the recomputed layers must replay the very masks drawn.
-    let dir = tempfile::tempdir().expect("tempdir");
-    let train = small_train_file(dir.path(), 24);
+    let (dir, train) = dir_with_task(24);
     let adapter = |setting: &str| {
         let output = dir.path().join(setting);
-        let out = Command::new(BIN)
-            .args([
-                "train",
-                "--model",
-                tiny_model().to_str().expect("utf8"),
-                "--train-file",
-                train.to_str().expect("utf8"),
-                "--output",
-                output.to_str().expect("utf8"),
+        let out = train_tiny_with_env(
+            &train,
+            &output,
+            &[
                 "--max-steps",
                 "3",
                 "--batch-size",
@@ -773,10 +669,9 @@ fn activation_checkpointing_changes_no_byte_of_the_adapter() {
                 setting,
                 "--progress",
                 "json",
-            ])
-            .env("RAYON_NUM_THREADS", "2")
-            .output()
-            .expect("run tuneq");
+            ],
+            &[],
+        );
         assert_eq!(
             out.status.code(),
             Some(0),

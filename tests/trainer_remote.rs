@@ -25,6 +25,19 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// The store at `base`, holding the tiny model and the training file `train`.
+async fn open_with_inputs(
+    base: &str,
+    config: &tuneq_storage::StorageConfig,
+    train: &Path,
+) -> std::sync::Arc<dyn ObjectStore> {
+    let store = tuneq_storage::open(&Location::parse(base).unwrap(), config)
+        .await
+        .unwrap();
+    upload_inputs(store.as_ref(), train).await;
+    store
+}
+
 /// Uploads the tiny model folder and the training file under `root`.
 async fn upload_inputs(store: &dyn ObjectStore, train: &Path) {
     let model = ObjectKey::parse("models/tiny").unwrap();
@@ -42,21 +55,14 @@ async fn upload_inputs(store: &dyn ObjectStore, train: &Path) {
 }
 
 fn remote_round_trip(scheme: &str, env: &[(&str, &str)], config: tuneq_storage::StorageConfig) {
-    let dir = tempfile::tempdir().unwrap();
-    let train = small_train_file(dir.path(), 40);
+    let (dir, train) = dir_with_task(40);
     let reference = dir.path().join("reference");
     run_to_end(&resume_args(&reference, &train));
     let want = adapter_bytes(&reference);
 
     let base = format!("{scheme}://{TEST_BUCKET}/{}", testing::unique_prefix("e2e"));
     let rt = runtime();
-    let store = rt
-        .block_on(tuneq_storage::open(
-            &Location::parse(&base).unwrap(),
-            &config,
-        ))
-        .unwrap();
-    rt.block_on(upload_inputs(store.as_ref(), &train));
+    let store = rt.block_on(open_with_inputs(&base, &config, &train));
 
     let output = format!("{base}/tenants/t1/jobs/job-1/output");
     let mut args = resume_args_for(
@@ -208,17 +214,10 @@ fn staging_skips_unchanged_remote_objects_and_fetches_changed_ones() {
         s3: testing::s3_config(server),
         ..Default::default()
     };
-    let dir = tempfile::tempdir().unwrap();
-    let train = small_train_file(dir.path(), 8);
+    let (dir, train) = dir_with_task(8);
     let base = format!("s3://{TEST_BUCKET}/{}", testing::unique_prefix("cache"));
     let rt = runtime();
-    let store = rt
-        .block_on(tuneq_storage::open(
-            &Location::parse(&base).unwrap(),
-            &config,
-        ))
-        .unwrap();
-    rt.block_on(upload_inputs(store.as_ref(), &train));
+    let store = rt.block_on(open_with_inputs(&base, &config, &train));
     let model_uri = format!("{base}/models/tiny");
     let train_uri = format!("{base}/tenants/t1/files/file-1/train.jsonl");
     let storage = tuneq_trainer::remote::Storage::new(config, dir.path().join("cache")).unwrap();

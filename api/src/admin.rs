@@ -4,6 +4,7 @@
 use crate::auth::Admin;
 use crate::error::{ApiError, ApiResult, Code};
 use crate::records::tenant::{self, ApiKeyInfo, TenantLimits, TenantRecord};
+use crate::refusals::{NotAdmin, UnknownKey, UnknownTenant};
 use crate::state::AppState;
 use actix_web::{HttpResponse, web};
 use serde::{Deserialize, Serialize};
@@ -29,8 +30,7 @@ pub(crate) struct NewTenant {
         (status = 200, description = "Already there as asked (same name, or none given): nothing changed", body = TenantRecord),
         (status = 400, description = "Invalid id", body = tuneq_openapi::ErrorBody),
         (status = 409, description = "A tenant with this id exists under another name; nothing changed", body = tuneq_openapi::ErrorBody),
-        (status = 401, description = "No key, or not the admin key", body = tuneq_openapi::ErrorBody),
-        (status = 403, description = "Admin routes disabled", body = tuneq_openapi::ErrorBody),
+        NotAdmin,
     ))]
 pub(crate) async fn create_tenant(
     state: web::Data<AppState>,
@@ -80,9 +80,7 @@ pub(crate) struct NewKey {
     responses(
         (status = 201, description = "The new key", body = NewKey),
         (status = 400, description = "Invalid request", body = tuneq_openapi::ErrorBody),
-        (status = 401, description = "No key, or not the admin key", body = tuneq_openapi::ErrorBody),
-        (status = 403, description = "Admin routes disabled", body = tuneq_openapi::ErrorBody),
-        (status = 404, description = "No such tenant", body = tuneq_openapi::ErrorBody),
+        UnknownTenant,
     ))]
 pub(crate) async fn create_key(
     state: web::Data<AppState>,
@@ -113,9 +111,7 @@ pub(crate) struct KeyList {
     responses(
         (status = 200, description = "The tenant's keys", body = KeyList),
         (status = 400, description = "Not a tenant id", body = tuneq_openapi::ErrorBody),
-        (status = 401, description = "No key, or not the admin key", body = tuneq_openapi::ErrorBody),
-        (status = 403, description = "Admin routes disabled", body = tuneq_openapi::ErrorBody),
-        (status = 404, description = "No such tenant", body = tuneq_openapi::ErrorBody),
+        UnknownTenant,
     ))]
 pub(crate) async fn list_keys(
     state: web::Data<AppState>,
@@ -140,9 +136,7 @@ pub(crate) async fn list_keys(
     responses(
         (status = 200, description = "The revoked key", body = ApiKeyInfo),
         (status = 400, description = "Not a tenant id", body = tuneq_openapi::ErrorBody),
-        (status = 401, description = "No key, or not the admin key", body = tuneq_openapi::ErrorBody),
-        (status = 403, description = "Admin routes disabled", body = tuneq_openapi::ErrorBody),
-        (status = 404, description = "No such key for this tenant", body = tuneq_openapi::ErrorBody),
+        UnknownKey,
     ))]
 pub(crate) async fn revoke_key(
     state: web::Data<AppState>,
@@ -163,9 +157,7 @@ pub(crate) async fn revoke_key(
     responses(
         (status = 200, description = "The tenant with its limits", body = TenantRecord),
         (status = 400, description = "Invalid limits", body = tuneq_openapi::ErrorBody),
-        (status = 401, description = "No key, or not the admin key", body = tuneq_openapi::ErrorBody),
-        (status = 403, description = "Admin routes disabled", body = tuneq_openapi::ErrorBody),
-        (status = 404, description = "No such tenant", body = tuneq_openapi::ErrorBody),
+        UnknownTenant,
     ))]
 pub(crate) async fn set_limits(
     state: web::Data<AppState>,

@@ -61,27 +61,8 @@ impl FromRequest for Tenant {
     type Future = LocalBoxFuture<'static, Result<Self, Self::Error>>;
 
     fn from_request(req: &HttpRequest, _: &mut actix_web::dev::Payload) -> Self::Future {
-        let state = req.app_data::<web::Data<AppState>>().cloned();
-        let key = bearer(req);
-        let source = source_of(req);
-        Box::pin(async move {
-            let state = state.ok_or_else(|| ApiError::internal("no application state"))?;
-            let key = key?;
-            // Asked before the key is looked up, so a refusal says nothing of the key.
-            let pass = admit(&state.auth_throttle, source, &key)?;
-            match tenant::tenant_of_key(&state.queue, &key).await? {
-                Some(tenant) => {
-                    settle(pass, true);
-                    Ok(Tenant(tenant, key_hash(&key)))
-                }
-                None => {
-                    settle(pass, false);
-                    Err(ApiError::unauthenticated(
-                        "Incorrect API key provided. Keys are created with `tuneq up` or the admin API.",
-                    ))
-                }
-            }
-        })
+        let presented = Presented::of(req);
+        Box::pin(async move { presented?.tenant().await })
     }
 }
 
@@ -94,27 +75,71 @@ impl FromRequest for Admin {
     type Future = LocalBoxFuture<'static, Result<Self, Self::Error>>;
 
     fn from_request(req: &HttpRequest, _: &mut actix_web::dev::Payload) -> Self::Future {
-        let state = req.app_data::<web::Data<AppState>>().cloned();
-        let key = bearer(req);
-        let source = source_of(req);
-        Box::pin(async move {
-            let state = state.ok_or_else(|| ApiError::internal("no application state"))?;
-            let key = key?;
-            let Some(hash) = state.config.admin_key_hash.as_deref() else {
-                return Err(ApiError::forbidden(
-                    "The admin API is disabled: start the server with an admin key.",
-                ));
-            };
-            let pass = admit(&state.auth_throttle, source, &key)?;
-            if key_hash(&key) == hash {
-                settle(pass, true);
-                Ok(Admin)
-            } else {
-                settle(pass, false);
-                // As on every other route, a key that does not grant access is a 401.
-                Err(ApiError::unauthenticated("This key is not the admin key."))
-            }
+        // Nothing to look up: the admin key's hash is in the configuration.
+        Box::pin(std::future::ready(
+            Presented::of(req).and_then(Presented::admin),
+        ))
+    }
+}
+
+/// What a request presents to be authenticated: the key it sends, where it comes from,
+/// and the state to check the key against.
+struct Presented {
+    state: web::Data<AppState>,
+    key: String,
+    source: Option<Source>,
+}
+
+impl Presented {
+    /// What `req` presents; an error when it sends no well-formed key.
+    fn of(req: &HttpRequest) -> ApiResult<Self> {
+        let state = req
+            .app_data::<web::Data<AppState>>()
+            .cloned()
+            .ok_or_else(|| ApiError::internal("no application state"))?;
+        Ok(Self {
+            state,
+            key: bearer(req)?,
+            source: source_of(req),
         })
+    }
+
+    /// The tenant whose key this is.
+    async fn tenant(self) -> ApiResult<Tenant> {
+        let Self { state, key, source } = self;
+        // Asked before the key is looked up, so a refusal says nothing of the key.
+        let pass = admit(&state.auth_throttle, source, &key)?;
+        match tenant::tenant_of_key(&state.queue, &key).await? {
+            Some(tenant) => {
+                settle(pass, true);
+                Ok(Tenant(tenant, key_hash(&key)))
+            }
+            None => {
+                settle(pass, false);
+                Err(ApiError::unauthenticated(
+                    "Incorrect API key provided. Keys are created with `tuneq up` or the admin API.",
+                ))
+            }
+        }
+    }
+
+    /// An operator, when this is the admin key.
+    fn admin(self) -> ApiResult<Admin> {
+        let Self { state, key, source } = self;
+        let Some(hash) = state.config.admin_key_hash.as_deref() else {
+            return Err(ApiError::forbidden(
+                "The admin API is disabled: start the server with an admin key.",
+            ));
+        };
+        let pass = admit(&state.auth_throttle, source, &key)?;
+        if key_hash(&key) == hash {
+            settle(pass, true);
+            Ok(Admin)
+        } else {
+            settle(pass, false);
+            // As on every other route, a key that does not grant access is a 401.
+            Err(ApiError::unauthenticated("This key is not the admin key."))
+        }
     }
 }
 

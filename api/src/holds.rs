@@ -13,8 +13,8 @@
 //! A [`Hold`] is an RAII guard that the response body owns: its slot comes back whenever
 //! the body is dropped — the stream ended, the client went away, the server stopped.
 
+use crate::counts::{Counts, Full};
 use crate::error::{ApiError, Code};
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -73,11 +73,8 @@ pub struct Holds {
     closing: AtomicBool,
 }
 
-#[derive(Debug, Default)]
-struct Held {
-    total: usize,
-    by_tenant: HashMap<(String, HoldKind), usize>,
-}
+/// What is held, per tenant and kind.
+type Held = Counts<(String, HoldKind)>;
 
 impl Holds {
     /// The slots of a server that holds at most `max_connections` connections.
@@ -103,7 +100,7 @@ impl Holds {
 
     /// What is held now, in the whole process.
     pub fn held(&self) -> usize {
-        self.lock().total
+        self.lock().total()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
@@ -126,36 +123,29 @@ impl Holds {
                 self.limits.downloads_per_tenant,
             ),
         };
-        let mut held = self.lock();
-        if held.total >= self.per_process {
-            tracing::warn!(
-                tenant,
-                held = held.total,
-                ?kind,
-                "no slot left for long responses"
-            );
-            return Err(ApiError::too_many(
-                code,
-                format!(
-                    "The server holds {} streams and downloads open already; try again shortly.",
-                    self.per_process
-                ),
-                RETRY_AFTER_S,
-            ));
-        }
         let key = (tenant.to_string(), kind);
-        let mine = held.by_tenant.get(&key).copied().unwrap_or(0);
-        if mine >= per_tenant {
-            return Err(ApiError::too_many(
-                code,
-                format!(
-                    "This tenant has {per_tenant} {what} open, its limit; close one or wait for one to end."
-                ),
-                RETRY_AFTER_S,
-            ));
-        }
-        held.total += 1;
-        held.by_tenant.insert(key.clone(), mine + 1);
+        let mut held = self.lock();
+        held.take(key.clone(), self.per_process, per_tenant)
+            .map_err(|full| {
+                let message = match full {
+                    Full::Process => {
+                        tracing::warn!(
+                            tenant,
+                            held = held.total(),
+                            ?kind,
+                            "no slot left for long responses"
+                        );
+                        format!(
+                            "The server holds {} streams and downloads open already; try again shortly.",
+                            self.per_process
+                        )
+                    }
+                    Full::Key => format!(
+                        "This tenant has {per_tenant} {what} open, its limit; close one or wait for one to end."
+                    ),
+                };
+                ApiError::too_many(code, message, RETRY_AFTER_S)
+            })?;
         Ok(Hold {
             holds: Arc::clone(self),
             key,
@@ -193,14 +183,7 @@ pub struct Hold {
 
 impl Drop for Hold {
     fn drop(&mut self) {
-        let mut held = self.holds.lock();
-        held.total = held.total.saturating_sub(1);
-        if let Some(n) = held.by_tenant.get_mut(&self.key) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                held.by_tenant.remove(&self.key);
-            }
-        }
+        self.holds.lock().give_back(&self.key);
     }
 }
 

@@ -61,39 +61,19 @@ impl Logged {
 fn apply(progress: &mut Progress, events: &[TrainEvent]) -> Vec<Logged> {
     let mut log = Vec::new();
     for event in events {
+        let mut logged = true;
         match event {
             TrainEvent::Started {
                 total_steps,
                 start_step,
-                train_examples,
-                validation_examples,
-                trainable_params,
-                dataset_format,
+                ..
             } => {
                 progress.total_steps = *total_steps;
                 restart_at(progress, *start_step);
-                log.push(
-                    LogEntry::TrainingStarted {
-                        total_steps: *total_steps,
-                        start_step: *start_step,
-                        train_examples: *train_examples,
-                        validation_examples: *validation_examples,
-                        trainable_params: *trainable_params,
-                        dataset_format: dataset_format.clone(),
-                    }
-                    .into(),
-                );
             }
-            TrainEvent::Resumed { step, checkpoint } => {
+            TrainEvent::Resumed { step, .. } => {
                 restart_at(progress, *step);
                 progress.checkpoint_step = Some(*step);
-                log.push(
-                    LogEntry::Resumed {
-                        step: *step,
-                        location: checkpoint.clone(),
-                    }
-                    .into(),
-                );
             }
             TrainEvent::Step(m) => {
                 progress.step = m.step;
@@ -103,44 +83,12 @@ fn apply(progress: &mut Progress, events: &[TrainEvent]) -> Vec<Logged> {
                 progress.eta_seconds = Some(m.eta_s);
                 progress.tokens_seen = m.tokens_seen;
                 let every = (m.total_steps / METRICS_EVENTS_PER_RUN).max(1);
-                if m.step == 1 || m.step % every == 0 || m.step == m.total_steps {
-                    log.push(
-                        LogEntry::Metrics {
-                            step: m.step,
-                            total_steps: m.total_steps,
-                            train_loss: Some(m.loss),
-                            learning_rate: Some(m.lr),
-                            tokens_per_s: Some(m.tokens_per_s),
-                            eta_s: Some(m.eta_s),
-                            tokens_seen: m.tokens_seen,
-                        }
-                        .into(),
-                    );
-                }
+                logged = m.step == 1 || m.step % every == 0 || m.step == m.total_steps;
             }
             TrainEvent::Eval {
-                step,
-                validation_loss,
-            } => {
-                progress.validation_loss = Some(*validation_loss);
-                log.push(
-                    LogEntry::Eval {
-                        step: *step,
-                        valid_loss: Some(*validation_loss),
-                    }
-                    .into(),
-                );
-            }
-            TrainEvent::Checkpoint { step, location } => {
-                progress.checkpoint_step = Some(*step);
-                log.push(
-                    LogEntry::Checkpoint {
-                        step: *step,
-                        location: location.clone(),
-                    }
-                    .into(),
-                );
-            }
+                validation_loss, ..
+            } => progress.validation_loss = Some(*validation_loss),
+            TrainEvent::Checkpoint { step, .. } => progress.checkpoint_step = Some(*step),
             TrainEvent::Warning { message } => log.push(Logged::Warning(message.clone())),
             TrainEvent::Finished {
                 step,
@@ -154,6 +102,9 @@ fn apply(progress: &mut Progress, events: &[TrainEvent]) -> Vec<Logged> {
                 }
             }
             TrainEvent::Sample { .. } | TrainEvent::Interrupted { .. } => {}
+        }
+        if let Some(entry) = LogEntry::of(event).filter(|_| logged) {
+            log.push(entry.into());
         }
     }
     if progress.total_steps > 0 {

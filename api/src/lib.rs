@@ -17,7 +17,9 @@
 //!      Prometheus counters at `/metrics`. `spec`: the OpenAPI document
 //!      (`/openapi.json`, committed as `openapi/openapi.json`) and its page (`/docs`).
 //! 2. What handlers share: `auth` (the `Tenant` and `Admin` extractors), `body` (JSON
-//!    read within a limit), `fit` (placement and cost checks), `text`, `tar`.
+//!    read within a limit), `fit` (placement and cost checks), `owned` (the object of
+//!    the tenant's that a path names), `refusals` (the 401, 403 and 404 answers that
+//!    routes document alike), `text`, `tar`.
 //! 3. `state`: the queue, the object store, the settings and what the process learns
 //!    (`pool_stats`) or keeps copies of (`cache`).
 //! 4. `records`: typed access to the catalog's records (fine-tunes, files, models,
@@ -28,12 +30,14 @@
 //!    `webhook_target` (the SSRF guard), `throttle` (how fast a source may try keys),
 //!    `quote` (how a message repeats a client's value), `upload_slots` (uploads at
 //!    once, per process and per tenant),
-//!    `holds` (how many event streams and downloads a tenant and the process hold open).
+//!    `holds` (how many event streams and downloads a tenant and the process hold open),
+//!    both counted by `counts` (what is held, in all and per tenant).
 
 pub mod admin;
 pub mod auth;
 mod body;
 mod cache;
+mod counts;
 pub mod error;
 pub mod files;
 pub mod finetunes;
@@ -44,10 +48,12 @@ pub mod holds;
 pub mod internal;
 pub mod metrics;
 pub mod models;
+mod owned;
 pub mod pool_stats;
 mod quote;
 pub mod records;
 pub mod redact;
+mod refusals;
 mod routes;
 pub mod sealed;
 pub mod spec;

@@ -7,6 +7,7 @@ use crate::auth::Tenant;
 use crate::error::ApiResult;
 use crate::finetunes;
 use crate::records;
+use crate::refusals::{Unauthenticated, UnknownModel};
 use crate::state::AppState;
 use actix_web::{HttpResponse, web};
 use tuneq_openapi::{Model, ModelList};
@@ -28,7 +29,7 @@ fn base(model: records::model::BaseModel) -> Model {
 #[utoipa::path(get, path = "/v1/models", tag = "models", operation_id = "list_models",
     responses(
         (status = 200, description = "The models", body = ModelList),
-        (status = 401, description = "No or unknown API key", body = tuneq_openapi::ErrorBody),
+        Unauthenticated,
     ))]
 pub(crate) async fn list(state: web::Data<AppState>, tenant: Tenant) -> ApiResult<HttpResponse> {
     let mut data: Vec<Model> = records::model::all(&state.queue)
@@ -50,8 +51,7 @@ pub(crate) async fn list(state: web::Data<AppState>, tenant: Tenant) -> ApiResul
     params(("model" = String, Path, description = "A base model's id or a fine-tuned model's name (`ft:…`)")),
     responses(
         (status = 200, description = "The model", body = Model),
-        (status = 401, description = "No or unknown API key", body = tuneq_openapi::ErrorBody),
-        (status = 404, description = "No such model for this tenant", body = tuneq_openapi::ErrorBody),
+        UnknownModel,
     ))]
 pub(crate) async fn retrieve(
     state: web::Data<AppState>,

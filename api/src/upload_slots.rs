@@ -7,8 +7,8 @@
 //! storage quota is checked again and the file recorded under it, so uploads of one
 //! tenant that finish together cannot each see room for themselves alone.
 
+use crate::counts::{Counts, Full};
 use crate::error::{ApiError, Code};
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 /// Uploads at once in one process.
@@ -18,11 +18,8 @@ pub const PER_TENANT: usize = 4;
 /// `retry-after` when no slot is free.
 const RETRY_AFTER_S: u64 = 5;
 
-#[derive(Debug, Default)]
-struct Held {
-    total: usize,
-    by_tenant: HashMap<String, usize>,
-}
+/// Uploads in progress, per tenant.
+type Held = Counts<String>;
 
 /// Commit turns, striped by tenant: a fixed number of locks, however many tenants.
 const COMMIT_STRIPES: usize = 64;
@@ -55,13 +52,7 @@ pub struct Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         if let Ok(mut s) = self.slots.lock() {
-            s.total = s.total.saturating_sub(1);
-            if let Some(n) = s.by_tenant.get_mut(&self.tenant) {
-                *n = n.saturating_sub(1);
-                if *n == 0 {
-                    s.by_tenant.remove(&self.tenant);
-                }
-            }
+            s.give_back(self.tenant.as_str());
         }
     }
 }
@@ -69,9 +60,7 @@ impl Drop for Slot {
 impl UploadSlots {
     /// How many uploads `tenant` has in progress (each holding a slot).
     pub fn held(&self, tenant: &str) -> usize {
-        self.held
-            .lock()
-            .map_or(0, |s| s.by_tenant.get(tenant).copied().unwrap_or(0))
+        self.held.lock().map_or(0, |s| s.of(tenant))
     }
 
     /// A slot for `tenant`, or 429 when the tenant or the process has none free.
@@ -80,27 +69,18 @@ impl UploadSlots {
             .held
             .lock()
             .map_err(|_| ApiError::internal("upload slots are poisoned"))?;
-        if s.total >= PER_PROCESS {
-            return Err(ApiError::too_many(
-                Code::TooManyUploads,
-                format!(
-                    "The server is receiving {PER_PROCESS} uploads already; try again shortly."
-                ),
-                RETRY_AFTER_S,
-            ));
-        }
-        let mine = s.by_tenant.get(tenant).copied().unwrap_or(0);
-        if mine >= PER_TENANT {
-            return Err(ApiError::too_many(
-                Code::TooManyUploads,
-                format!(
-                    "This tenant has {PER_TENANT} uploads in progress; wait for one to finish."
-                ),
-                RETRY_AFTER_S,
-            ));
-        }
-        s.total += 1;
-        s.by_tenant.insert(tenant.to_string(), mine + 1);
+        s.take(tenant.to_string(), PER_PROCESS, PER_TENANT)
+            .map_err(|full| {
+                let message = match full {
+                    Full::Process => format!(
+                        "The server is receiving {PER_PROCESS} uploads already; try again shortly."
+                    ),
+                    Full::Key => format!(
+                        "This tenant has {PER_TENANT} uploads in progress; wait for one to finish."
+                    ),
+                };
+                ApiError::too_many(Code::TooManyUploads, message, RETRY_AFTER_S)
+            })?;
         Ok(Slot {
             slots: Arc::clone(&self.held),
             tenant: tenant.to_string(),

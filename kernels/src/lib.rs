@@ -59,5 +59,7 @@ mod reduce;
 pub mod rope;
 mod simd;
 pub mod swiglu;
+#[cfg(test)]
+mod testing;
 
 pub use gemm::{ISA_LIMIT_ENV, IsaLimit, IsaLimitError, Mat, MatMut, backend, bf16_backend, gemm};

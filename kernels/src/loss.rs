@@ -327,12 +327,8 @@ fn expect_len(buffer: &'static str, len: usize, expected: usize) -> Result<(), L
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::random;
     use rand::{Rng, SeedableRng};
-
-    fn random(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-        (0..n).map(|_| rng.random_range(-scale..scale)).collect()
-    }
 
     /// The naive computation in f64: logits, log-softmax, the scaled loss, and
     /// dH = Σ_v (p_v − [v = t])·scale·W_v. Also, per element of dH, the size of its

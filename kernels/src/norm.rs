@@ -132,12 +132,7 @@ fn check_shapes(h: usize, len: usize, rows: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::{Rng, SeedableRng};
-
-    fn random(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-        (0..n).map(|_| rng.random_range(-scale..scale)).collect()
-    }
+    use crate::testing::{assert_same_on_any_thread_count, bits, random};
 
     /// Forward and backward in f64, the composed formulas of `trainer::ops::rms_norm`:
     /// x̂ = x·r, y = x̂·w, dx = r·(g·w − x̂·mean(g·w·x̂)). Returns (y, r, dx, and per
@@ -278,24 +273,14 @@ mod tests {
         let x = random(rows * h, 12, 1.0);
         let w = random(h, 13, 1.0);
         let dy = random(rows * h, 14, 1.0);
-        let run = |threads: usize| {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .expect("a pool");
-            pool.install(|| {
-                let mut y = vec![0f32; rows * h];
-                let mut r = vec![0f32; rows];
-                rms_norm_forward(&x, &w, 1e-5, &mut y, &mut r);
-                let mut dx = vec![0f32; rows * h];
-                rms_norm_backward(&x, &w, &r, &dy, &mut dx, false);
-                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                (bits(&y), bits(&r), bits(&dx))
-            })
-        };
-        let one = run(1);
-        assert_eq!(one, run(2));
-        assert_eq!(one, run(3));
+        assert_same_on_any_thread_count(|| {
+            let mut y = vec![0f32; rows * h];
+            let mut r = vec![0f32; rows];
+            rms_norm_forward(&x, &w, 1e-5, &mut y, &mut r);
+            let mut dx = vec![0f32; rows * h];
+            rms_norm_backward(&x, &w, &r, &dy, &mut dx, false);
+            (bits(&y), bits(&r), bits(&dx))
+        });
     }
 
     #[test]

@@ -107,12 +107,7 @@ fn check_rows(len: usize, inter: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::{Rng, SeedableRng};
-
-    fn random(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-        (0..n).map(|_| rng.random_range(-scale..scale)).collect()
-    }
+    use crate::testing::{assert_same_on_any_thread_count, bits, random};
 
     fn sigmoid64(g: f64) -> f64 {
         1.0 / (1.0 + (-g).exp())
@@ -203,23 +198,13 @@ mod tests {
         let (rows, inter) = (67, 48);
         let gu = gates_and_ups(rows, inter, 3);
         let dh = random(rows * inter, 4, 1.0);
-        let run = |threads: usize| {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .expect("a pool");
-            pool.install(|| {
-                let mut out = vec![0f32; rows * inter];
-                swiglu_forward(&gu, inter, &mut out);
-                let mut d_gu = vec![0f32; rows * 2 * inter];
-                swiglu_backward(&gu, inter, &dh, &mut d_gu);
-                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                (bits(&out), bits(&d_gu))
-            })
-        };
-        let one = run(1);
-        assert_eq!(one, run(2));
-        assert_eq!(one, run(3));
+        assert_same_on_any_thread_count(|| {
+            let mut out = vec![0f32; rows * inter];
+            swiglu_forward(&gu, inter, &mut out);
+            let mut d_gu = vec![0f32; rows * 2 * inter];
+            swiglu_backward(&gu, inter, &dh, &mut d_gu);
+            (bits(&out), bits(&d_gu))
+        });
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! - [`job_event`]: the vocabulary of a job's event log ([`EventKind`], [`StopCause`]).
 //! - [`files`], [`finetunes`]: the REST API's objects (OpenAI's shapes plus tuneq's fields).
 //! - [`launch`]: how a dispatcher starts a trainer and reads its exit (the launch contract).
+//! - [`projections`]: the seven projections LoRA can wrap ([`PROJECTIONS`]).
 //! - [`progress`]: events a trainer reports ([`TrainEvent`], [`StepMetrics`]).
 //! - [`log`]: what those reports leave in a job's event log ([`LogEntry`]), written and
 //!   read by the API.
@@ -22,6 +23,7 @@ pub mod job_event;
 pub mod launch;
 pub mod log;
 pub mod progress;
+pub mod projections;
 pub mod stored;
 pub mod train_spec;
 
@@ -41,6 +43,7 @@ pub use finetunes::{
 pub use job_event::{EventKind, StopCause};
 pub use log::LogEntry;
 pub use progress::{StepMetrics, TrainEvent};
+pub use projections::PROJECTIONS;
 pub use stored::{MalformedRecord, StoredJson};
 pub use train_spec::{
     ActivationCheckpointing, ChatTemplateChoice, CheckpointPolicy, ComputeKind, DatasetFormat,

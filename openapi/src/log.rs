@@ -7,27 +7,16 @@
 //! `preempted`, …) and trainers' warnings are not [`LogEntry`]s.
 
 use crate::EventKind;
+use crate::progress::TrainEvent;
 use serde::{Deserialize, Serialize};
 
 /// One entry of a job's event log that a trainer's report produced.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", content = "fields", rename_all = "snake_case")]
 pub enum LogEntry {
-    /// An attempt loaded its data and model and starts (or resumes) training.
-    TrainingStarted {
-        /// Optimiser steps the whole run takes.
-        total_steps: u64,
-        /// Step the attempt starts from.
-        start_step: u64,
-        /// Training examples.
-        train_examples: u64,
-        /// Validation examples.
-        validation_examples: u64,
-        /// Parameters trained (the adapter's).
-        trainable_params: u64,
-        /// The dataset's format as detected.
-        dataset_format: String,
-    },
+    /// An attempt loaded its data and model and starts (or resumes) training: the
+    /// trainer's [`TrainEvent::Started`] as it reported it, its fields kept as they are.
+    TrainingStarted(#[serde(with = "started_fields")] TrainEvent),
     /// An attempt resumed from a checkpoint.
     Resumed {
         /// The checkpoint's step.
@@ -72,12 +61,48 @@ impl LogEntry {
     /// The kind of event the log keeps it as.
     pub fn kind(&self) -> EventKind {
         match self {
-            Self::TrainingStarted { .. } => EventKind::TrainingStarted,
+            Self::TrainingStarted(_) => EventKind::TrainingStarted,
             Self::Resumed { .. } => EventKind::Resumed,
             Self::Metrics { .. } => EventKind::Metrics,
             Self::Eval { .. } => EventKind::Eval,
             Self::Checkpoint { .. } => EventKind::Checkpoint,
         }
+    }
+
+    /// The entry a trainer's `event` leaves in the log; None for the events the log does
+    /// not keep as entries (warnings are kept as plain text, see the module's docs).
+    pub fn of(event: &TrainEvent) -> Option<Self> {
+        Some(match event {
+            TrainEvent::Started { .. } => Self::TrainingStarted(event.clone()),
+            TrainEvent::Resumed { step, checkpoint } => Self::Resumed {
+                step: *step,
+                location: checkpoint.clone(),
+            },
+            TrainEvent::Step(m) => Self::Metrics {
+                step: m.step,
+                total_steps: m.total_steps,
+                train_loss: Some(m.loss),
+                learning_rate: Some(m.lr),
+                tokens_per_s: Some(m.tokens_per_s),
+                eta_s: Some(m.eta_s),
+                tokens_seen: m.tokens_seen,
+            },
+            TrainEvent::Eval {
+                step,
+                validation_loss,
+            } => Self::Eval {
+                step: *step,
+                valid_loss: Some(*validation_loss),
+            },
+            TrainEvent::Checkpoint { step, location } => Self::Checkpoint {
+                step: *step,
+                location: location.clone(),
+            },
+            TrainEvent::Sample { .. }
+            | TrainEvent::Warning { .. }
+            | TrainEvent::Interrupted { .. }
+            | TrainEvent::Finished { .. } => return None,
+        })
     }
 
     /// The entry as the log stores it: its kind and its fields (a JSON object).
@@ -96,6 +121,29 @@ impl LogEntry {
         serde_json::to_value(self)
             .map(|mut v| v["fields"].take())
             .unwrap_or_default()
+    }
+}
+
+/// A trainer's `started` event as the log keeps it: its fields without the `event` tag
+/// (the tag is the entry's kind).
+mod started_fields {
+    use super::TrainEvent;
+    use serde::de::Error as _;
+    use serde::ser::Error as _;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(event: &TrainEvent, s: S) -> Result<S::Ok, S::Error> {
+        let mut value = serde_json::to_value(event).map_err(S::Error::custom)?;
+        if let Some(fields) = value.as_object_mut() {
+            fields.retain(|name, _| name != "event");
+        }
+        value.serialize(s)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<TrainEvent, D::Error> {
+        let mut fields = serde_json::Map::deserialize(d)?;
+        fields.insert("event".into(), "started".into());
+        serde_json::from_value(serde_json::Value::Object(fields)).map_err(D::Error::custom)
     }
 }
 
@@ -143,5 +191,16 @@ mod tests {
         let empty = serde_json::json!({});
         assert_eq!(LogEntry::decode(EventKind::Warning, &empty), None);
         assert_eq!(LogEntry::decode(EventKind::Queued, &empty), None);
+        // A trainer's `started` event keeps its own fields, under the entry's kind.
+        let fields = r#"{"dataset_format":"chat","start_step":20,"total_steps":100,"train_examples":8,"trainable_params":10,"validation_examples":0}"#;
+        let reported = format!(r#"{{"event":"started",{}"#, &fields[1..]);
+        let started: TrainEvent = serde_json::from_str(&reported).unwrap();
+        let (kind, data) = LogEntry::of(&started).unwrap().encode();
+        assert_eq!(kind, EventKind::TrainingStarted);
+        assert_eq!(data.to_string(), fields);
+        assert_eq!(
+            LogEntry::decode(kind, &data),
+            Some(LogEntry::TrainingStarted(started))
+        );
     }
 }

@@ -8,15 +8,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 /// The seven Llama projections LoRA can wrap, in PEFT's names.
-pub const ALL_TARGET_MODULES: [&str; 7] = [
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "o_proj",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
-];
+pub use crate::projections::PROJECTIONS as ALL_TARGET_MODULES;
 
 /// A complete, self-contained description of one LoRA training run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]

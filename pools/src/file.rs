@@ -10,7 +10,7 @@
 mod kubernetes_check;
 
 use crate::quantity::{Cpu, Memory};
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
@@ -37,11 +37,7 @@ pub struct PlacementSettings {
     #[serde(default = "default_preemptions_before_fallback")]
     pub preemptions_before_fallback: u32,
     /// The window those preemptions are counted in.
-    #[serde(
-        default = "default_preemption_window",
-        deserialize_with = "duration",
-        serialize_with = "show_duration"
-    )]
+    #[serde(default = "default_preemption_window", with = "duration_text")]
     pub preemption_window: Duration,
 }
 
@@ -171,34 +167,18 @@ pub struct KubernetesPool {
     pub shm_size: Option<Memory>,
     /// Time a stopping pod gets to checkpoint before it is killed
     /// (`terminationGracePeriodSeconds`; at most 25 s on GKE spot by default).
-    #[serde(
-        default = "default_termination_grace",
-        deserialize_with = "duration",
-        serialize_with = "show_duration"
-    )]
+    #[serde(default = "default_termination_grace", with = "duration_text")]
     pub termination_grace: Duration,
     /// How long an attempt may wait for a node (pod unschedulable) before the job's
     /// next attempt goes to the next pool of its list; not counted as a failure.
-    #[serde(
-        default = "default_placement_timeout",
-        deserialize_with = "duration",
-        serialize_with = "show_duration"
-    )]
+    #[serde(default = "default_placement_timeout", with = "duration_text")]
     pub placement_timeout: Duration,
     /// How long a pod may wait on its image (pull errors) or its configuration (a
     /// missing Secret or ConfigMap) before the attempt ends with a platform error.
-    #[serde(
-        default = "default_platform_timeout",
-        deserialize_with = "duration",
-        serialize_with = "show_duration"
-    )]
+    #[serde(default = "default_platform_timeout", with = "duration_text")]
     pub platform_timeout: Duration,
     /// Wall-clock budget of one attempt (`activeDeadlineSeconds`).
-    #[serde(
-        default = "default_attempt_deadline",
-        deserialize_with = "duration",
-        serialize_with = "show_duration"
-    )]
+    #[serde(default = "default_attempt_deadline", with = "duration_text")]
     pub attempt_deadline: Duration,
 }
 
@@ -613,15 +593,21 @@ pub fn is_dns_label(s: &str, max: usize) -> bool {
 }
 
 /// A duration written as `25s`, `15m`, `24h` or `1h 30m`.
-fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-    let text = String::deserialize(d)?;
-    humantime::parse_duration(&text).map_err(|e| {
-        serde::de::Error::custom(format!(
-            "`{text}` is not a duration ({e}); write e.g. `25s`, `15m`, `24h`"
-        ))
-    })
-}
+/// A duration in the file as humantime writes it (`25s`, `15m`, `24h`).
+mod duration_text {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
 
-fn show_duration<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&humantime::format_duration(*d).to_string())
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(d)?;
+        humantime::parse_duration(&text).map_err(|e| {
+            serde::de::Error::custom(format!(
+                "`{text}` is not a duration ({e}); write e.g. `25s`, `15m`, `24h`"
+            ))
+        })
+    }
+
+    pub(super) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*d).to_string())
+    }
 }

@@ -116,19 +116,11 @@ impl ModelShape {
 
     /// Parameters of the whole model.
     pub fn parameters(&self) -> u64 {
-        let per_layer: u64 = [
-            "q_proj",
-            "k_proj",
-            "v_proj",
-            "o_proj",
-            "gate_proj",
-            "up_proj",
-            "down_proj",
-        ]
-        .iter()
-        .filter_map(|p| self.projection(p))
-        .map(|(i, o)| i * o)
-        .sum();
+        let per_layer: u64 = PROJECTIONS
+            .iter()
+            .filter_map(|p| self.projection(p))
+            .map(|(i, o)| i * o)
+            .sum();
         let matrices = if self.tie_word_embeddings { 1 } else { 2 };
         per_layer * self.num_hidden_layers + matrices * self.vocab_size * self.hidden_size
     }

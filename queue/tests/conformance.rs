@@ -9,7 +9,10 @@
 
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod support;
+
 use std::collections::{HashMap, HashSet};
+use support::{kinds, new_job};
 use tuneq_openapi::EventKind;
 use tuneq_queue::testing;
 use tuneq_queue::*;
@@ -43,17 +46,39 @@ async fn queue(backend: Backend, name: &str, config: QueueConfig) -> Queue {
     q
 }
 
-fn job(tenant: &str, priority: u8) -> NewJob {
-    NewJob {
-        tenant: tenant.into(),
-        priority,
-        pools: vec![],
-        gpus: 1,
-        estimated_seconds: 0,
-        max_attempts: 3,
-        payload: format!("{{\"tenant\":\"{tenant}\"}}"),
-        idempotency_key: None,
-        notify: false,
+/// A fresh domain on `backend` (see [`queue`]) with the default configuration changed
+/// by `change`.
+async fn queue_with(backend: Backend, name: &str, change: impl FnOnce(&mut QueueConfig)) -> Queue {
+    let mut config = QueueConfig::default();
+    change(&mut config);
+    queue(backend, name, config).await
+}
+
+/// A fresh domain on `backend` (see [`queue`]) with the default configuration and
+/// `capacity` GPUs in `pool`.
+async fn queue_with_pool(backend: Backend, name: &str, pool: &str, capacity: u32) -> Queue {
+    let q = queue(backend, name, QueueConfig::default()).await;
+    q.set_pool(pool, capacity).await.unwrap();
+    q
+}
+
+/// Checks the invariants (see [`check_invariants`]) one last time, then removes the domain.
+async fn check_and_destroy(q: Queue, pools: &[&str]) {
+    check_invariants(&q, pools).await;
+    q.destroy().await.unwrap();
+}
+
+/// Tenant `big` (weight 2) enqueues 300 jobs, then `small-a` and `small-b` (weight 1)
+/// 100 each.
+async fn flood(q: &Queue) {
+    set_tenant(q, "big", |t| t.weight = 2.0).await;
+    for _ in 0..300 {
+        q.enqueue(&job("big", 5)).await.unwrap();
+    }
+    for t in ["small-a", "small-b"] {
+        for _ in 0..100 {
+            q.enqueue(&job(t, 5)).await.unwrap();
+        }
     }
 }
 
@@ -70,13 +95,36 @@ fn event<'a>(
     }
 }
 
-async fn kinds(q: &Queue, id: &str) -> Vec<String> {
-    q.events(id, None, 100, false)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|e| e.kind.code().to_string())
-        .collect()
+/// The first 200 dispatches after a [`flood`], `served` per tenant, follow the weights
+/// 2:1:1: 100, 50, 50, each within ±10%.
+fn assert_shares_by_weight(served: &HashMap<String, u32>) {
+    for (tenant, want) in [("big", 100.0), ("small-a", 50.0), ("small-b", 50.0)] {
+        let got = f64::from(served[tenant]);
+        assert!(
+            (got - want).abs() <= want * 0.1,
+            "{tenant}: {got} of 200, want {want}: {served:?}"
+        );
+    }
+}
+
+/// Sets `tenant`'s settings: the defaults, changed by `change`.
+async fn set_tenant(q: &Queue, tenant: &str, change: impl FnOnce(&mut TenantSettings)) {
+    let mut settings = TenantSettings::default();
+    change(&mut settings);
+    q.set_tenant(tenant, &settings).await.unwrap();
+}
+
+/// Enqueues a job of tenant `t` that may run on `spot`, then on `on-demand`; its id.
+async fn enqueue_spot_first(q: &Queue) -> String {
+    let spot_first = NewJob {
+        pools: vec!["spot".into(), "on-demand".into()],
+        ..job("t", 5)
+    };
+    q.enqueue(&spot_first).await.unwrap().id
+}
+
+fn job(tenant: &str, priority: u8) -> NewJob {
+    new_job(tenant, priority, format!("{{\"tenant\":\"{tenant}\"}}"))
 }
 
 /// Checks the invariants of queue-design.md B7 that can be seen from what a backend
@@ -133,8 +181,7 @@ async fn check_invariants(q: &dyn JobQueue, pools: &[&str]) {
 }
 
 async fn a_job_goes_from_queued_to_succeeded(backend: Backend) {
-    let q = queue(backend, "life", QueueConfig::default()).await;
-    q.set_pool("cpu", 1).await.unwrap();
+    let q = queue_with_pool(backend, "life", "cpu", 1).await;
     let id = q.enqueue(&job("acme", 5)).await.unwrap().id;
     assert_eq!(
         q.get(&id).await.unwrap().unwrap().state.public_status(),
@@ -162,8 +209,7 @@ async fn a_job_goes_from_queued_to_succeeded(backend: Backend) {
         kinds(&q, &id).await,
         ["queued", "leased", "started", "succeeded"]
     );
-    check_invariants(&q, &["cpu"]).await;
-    q.destroy().await.unwrap();
+    check_and_destroy(q, &["cpu"]).await;
 }
 
 async fn idempotency_keys_return_the_same_job_per_tenant(backend: Backend) {
@@ -182,11 +228,7 @@ async fn idempotency_keys_return_the_same_job_per_tenant(backend: Backend) {
 }
 
 async fn priority_then_fifo_within_a_tenant_and_aging_prevents_starvation(backend: Backend) {
-    let config = QueueConfig {
-        aging_horizon_ms: 1_000,
-        ..QueueConfig::default()
-    };
-    let q = queue(backend, "prio", config).await;
+    let q = queue_with(backend, "prio", |c| c.aging_horizon_ms = 1_000).await;
     q.set_pool("cpu", 100).await.unwrap();
     let a = q.enqueue(&job("t", 5)).await.unwrap().id;
     let b = q.enqueue(&job("t", 5)).await.unwrap().id;
@@ -210,56 +252,22 @@ async fn priority_then_fifo_within_a_tenant_and_aging_prevents_starvation(backen
 }
 
 async fn backlogged_tenants_share_by_weight_and_a_flood_cannot_starve_others(backend: Backend) {
-    let q = queue(backend, "fair", QueueConfig::default()).await;
-    q.set_pool("gpu", 1).await.unwrap();
-    q.set_tenant(
-        "big",
-        &TenantSettings {
-            weight: 2.0,
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    let q = queue_with_pool(backend, "fair", "gpu", 1).await;
     // The flooding tenant arrives first with far more work.
-    for _ in 0..300 {
-        q.enqueue(&job("big", 5)).await.unwrap();
-    }
-    for t in ["small-a", "small-b"] {
-        for _ in 0..100 {
-            q.enqueue(&job(t, 5)).await.unwrap();
-        }
-    }
+    flood(&q).await;
     let mut served: HashMap<String, u32> = HashMap::new();
     for _ in 0..200 {
         let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
         *served.entry(lease.tenant.clone()).or_default() += 1;
         q.complete(&lease.id, lease.token, "{}").await.unwrap();
     }
-    // Weights 2:1:1 over 200 dispatches: 100, 50, 50, each within ±10%.
-    for (tenant, want) in [("big", 100.0), ("small-a", 50.0), ("small-b", 50.0)] {
-        let got = f64::from(served[tenant]);
-        assert!(
-            (got - want).abs() <= want * 0.1,
-            "{tenant}: {got} of 200, want {want}: {served:?}"
-        );
-    }
-    check_invariants(&q, &["gpu"]).await;
-    q.destroy().await.unwrap();
+    assert_shares_by_weight(&served);
+    check_and_destroy(q, &["gpu"]).await;
 }
 
 async fn capacity_and_tenant_quotas_are_reserved_with_the_lease(backend: Backend) {
-    let q = queue(backend, "capacity", QueueConfig::default()).await;
-    q.set_pool("gpu", 3).await.unwrap();
-    q.set_tenant(
-        "capped",
-        &TenantSettings {
-            max_running: Some(1),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    let q = queue_with_pool(backend, "capacity", "gpu", 3).await;
+    set_tenant(&q, "capped", |t| t.max_running = Some(1)).await;
     let mut two = job("wide", 5);
     two.gpus = 2;
     q.enqueue(&two).await.unwrap();
@@ -284,20 +292,11 @@ async fn capacity_and_tenant_quotas_are_reserved_with_the_lease(backend: Backend
         q.claim("nowhere", "d", "").await,
         Err(QueueError::UnknownPool(_))
     ));
-    check_invariants(&q, &["gpu"]).await;
-    q.destroy().await.unwrap();
+    check_and_destroy(q, &["gpu"]).await;
 }
 
 async fn an_expired_lease_is_suspect_and_stale_tokens_change_nothing(backend: Backend) {
-    let q = queue(
-        backend,
-        "fence",
-        QueueConfig {
-            lease_ms: 1_000,
-            ..QueueConfig::default()
-        },
-    )
-    .await;
+    let q = queue_with(backend, "fence", |c| c.lease_ms = 1_000).await;
     q.set_pool("gpu", 1).await.unwrap();
     let id = q.enqueue(&job("t", 5)).await.unwrap().id;
     let first = q.claim("gpu", "d1", "").await.unwrap().unwrap();
@@ -340,20 +339,11 @@ async fn an_expired_lease_is_suspect_and_stale_tokens_change_nothing(backend: Ba
     assert_eq!(before, after, "stale calls changed the job");
     assert_eq!(after.stalls, 1);
     q.complete(&id, second.token, "{}").await.unwrap();
-    check_invariants(&q, &["gpu"]).await;
-    q.destroy().await.unwrap();
+    check_and_destroy(q, &["gpu"]).await;
 }
 
 async fn a_suspect_attempt_that_is_alive_is_adopted(backend: Backend) {
-    let q = queue(
-        backend,
-        "adopt",
-        QueueConfig {
-            lease_ms: 1_000,
-            ..QueueConfig::default()
-        },
-    )
-    .await;
+    let q = queue_with(backend, "adopt", |c| c.lease_ms = 1_000).await;
     q.set_pool("gpu", 1).await.unwrap();
     let id = q.enqueue(&job("t", 5)).await.unwrap().id;
     let lease = q.claim("gpu", "d1", "").await.unwrap().unwrap();
@@ -366,17 +356,15 @@ async fn a_suspect_attempt_that_is_alive_is_adopted(backend: Backend) {
         JobState::Running
     );
     q.complete(&id, lease.token, "{}").await.unwrap();
-    check_invariants(&q, &["gpu"]).await;
-    q.destroy().await.unwrap();
+    check_and_destroy(q, &["gpu"]).await;
 }
 
 async fn failures_retry_with_backoff_then_fail_for_good(backend: Backend) {
-    let config = QueueConfig {
-        retry_base_ms: 1_000,
-        retry_max_ms: 60_000,
-        ..QueueConfig::default()
-    };
-    let q = queue(backend, "retry", config).await;
+    let q = queue_with(backend, "retry", |c| {
+        c.retry_base_ms = 1_000;
+        c.retry_max_ms = 60_000;
+    })
+    .await;
     q.set_pool("gpu", 1).await.unwrap();
     let mut j = job("t", 5);
     j.max_attempts = 2;
@@ -438,13 +426,11 @@ async fn failures_retry_with_backoff_then_fail_for_good(backend: Backend) {
         .unwrap(),
         None
     );
-    check_invariants(&q, &["gpu"]).await;
-    q.destroy().await.unwrap();
+    check_and_destroy(q, &["gpu"]).await;
 }
 
 async fn preemption_keeps_the_place_in_line_and_the_retry_budget(backend: Backend) {
-    let q = queue(backend, "preempt", QueueConfig::default()).await;
-    q.set_pool("spot", 1).await.unwrap();
+    let q = queue_with_pool(backend, "preempt", "spot", 1).await;
     let first = q.enqueue(&job("t", 5)).await.unwrap().id;
     let second = q.enqueue(&job("t", 5)).await.unwrap().id;
     let lease = q.claim("spot", "d", "").await.unwrap().unwrap();
@@ -471,22 +457,13 @@ async fn preemption_keeps_the_place_in_line_and_the_retry_budget(backend: Backen
     assert_eq!(again.preemptions, 1);
     q.complete(&first, again.token, "{}").await.unwrap();
     assert_eq!(q.claim("spot", "d", "").await.unwrap().unwrap().id, second);
-    check_invariants(&q, &["spot"]).await;
-    q.destroy().await.unwrap();
+    check_and_destroy(q, &["spot"]).await;
 }
 
 async fn a_job_moved_on_after_preemptions_runs_only_on_its_new_pools(backend: Backend) {
-    let q = queue(backend, "move", QueueConfig::default()).await;
-    q.set_pool("spot", 1).await.unwrap();
+    let q = queue_with_pool(backend, "move", "spot", 1).await;
     q.set_pool("on-demand", 1).await.unwrap();
-    let id = q
-        .enqueue(&NewJob {
-            pools: vec!["spot".into(), "on-demand".into()],
-            ..job("t", 5)
-        })
-        .await
-        .unwrap()
-        .id;
+    let id = enqueue_spot_first(&q).await;
     let lease = q.claim("spot", "d", "").await.unwrap().unwrap();
     q.start(&id, lease.token).await.unwrap();
     // A bad pool list changes nothing.
@@ -547,22 +524,13 @@ async fn a_job_moved_on_after_preemptions_runs_only_on_its_new_pools(backend: Ba
         .is_err()
     );
     assert_eq!(q.get(&id).await.unwrap().unwrap().pools, ["on-demand"]);
-    check_invariants(&q, &["spot", "on-demand"]).await;
-    q.destroy().await.unwrap();
+    check_and_destroy(q, &["spot", "on-demand"]).await;
 }
 
 async fn an_attempt_that_found_no_node_is_back_in_line_without_a_preemption(backend: Backend) {
-    let q = queue(backend, "unplaced", QueueConfig::default()).await;
-    q.set_pool("spot", 1).await.unwrap();
+    let q = queue_with_pool(backend, "unplaced", "spot", 1).await;
     q.set_pool("on-demand", 1).await.unwrap();
-    let id = q
-        .enqueue(&NewJob {
-            pools: vec!["spot".into(), "on-demand".into()],
-            ..job("t", 5)
-        })
-        .await
-        .unwrap()
-        .id;
+    let id = enqueue_spot_first(&q).await;
     // No node on its only pool for now: back in line where it was, nothing counted.
     let lease = q.claim("spot", "d", "").await.unwrap().unwrap();
     q.start(&id, lease.token).await.unwrap();
@@ -605,15 +573,13 @@ async fn an_attempt_that_found_no_node_is_back_in_line_without_a_preemption(back
         Err(QueueError::Invalid { .. })
     ));
     assert_eq!(q.claim("on-demand", "d", "").await.unwrap().unwrap().id, id);
-    check_invariants(&q, &["spot", "on-demand"]).await;
-    q.destroy().await.unwrap();
+    check_and_destroy(q, &["spot", "on-demand"]).await;
 }
 
 async fn cancel_is_immediate_when_waiting_and_holds_capacity_until_the_attempt_is_gone(
     backend: Backend,
 ) {
-    let q = queue(backend, "cancel", QueueConfig::default()).await;
-    q.set_pool("gpu", 1).await.unwrap();
+    let q = queue_with_pool(backend, "cancel", "gpu", 1).await;
     let waiting = q.enqueue(&job("t", 9)).await.unwrap().id;
     assert_eq!(q.cancel(&waiting).await.unwrap(), JobState::Cancelled);
     let running = q.enqueue(&job("t", 5)).await.unwrap().id;
@@ -645,13 +611,11 @@ async fn cancel_is_immediate_when_waiting_and_holds_capacity_until_the_attempt_i
         q.cancel("j999999999999").await,
         Err(QueueError::NotFound(_))
     ));
-    check_invariants(&q, &["gpu"]).await;
-    q.destroy().await.unwrap();
+    check_and_destroy(q, &["gpu"]).await;
 }
 
 async fn events_page_by_cursor_both_ways_and_positions_count_who_is_ahead(backend: Backend) {
-    let q = queue(backend, "events", QueueConfig::default()).await;
-    q.set_pool("gpu", 1).await.unwrap();
+    let q = queue_with_pool(backend, "events", "gpu", 1).await;
     let id = q.enqueue(&job("t", 5)).await.unwrap().id;
     let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
     q.start(&id, lease.token).await.unwrap();
@@ -735,11 +699,7 @@ async fn events_page_by_cursor_both_ways_and_positions_count_who_is_ahead(backen
 }
 
 async fn retention_bounds_finished_jobs(backend: Backend) {
-    let config = QueueConfig {
-        retention_count: 5,
-        ..QueueConfig::default()
-    };
-    let q = queue(backend, "retention", config).await;
+    let q = queue_with(backend, "retention", |c| c.retention_count = 5).await;
     q.set_pool("gpu", 1).await.unwrap();
     let mut ids = vec![];
     for _ in 0..30 {
@@ -768,12 +728,11 @@ async fn retention_bounds_finished_jobs(backend: Backend) {
 /// README: finished jobs are kept "by age and count": with room to spare by count, a
 /// finished job goes once it is older than `retention_ms`, and not a moment before.
 async fn retention_removes_finished_jobs_past_their_age(backend: Backend) {
-    let config = QueueConfig {
-        retention_ms: 60_000,
-        retention_count: 1_000,
-        ..QueueConfig::default()
-    };
-    let q = queue(backend, "retention-age", config).await;
+    let q = queue_with(backend, "retention-age", |c| {
+        c.retention_ms = 60_000;
+        c.retention_count = 1_000;
+    })
+    .await;
     q.set_pool("gpu", 1).await.unwrap();
     let finish = |q: Queue| async move {
         let id = q.enqueue(&job("t", 5)).await.unwrap().id;
@@ -807,8 +766,7 @@ async fn retention_removes_finished_jobs_past_their_age(backend: Backend) {
 }
 
 async fn a_retried_claim_returns_the_same_lease(backend: Backend) {
-    let q = queue(backend, "claimreq", QueueConfig::default()).await;
-    q.set_pool("gpu", 2).await.unwrap();
+    let q = queue_with_pool(backend, "claimreq", "gpu", 2).await;
     q.enqueue(&job("t", 5)).await.unwrap();
     q.enqueue(&job("t", 5)).await.unwrap();
     let first = q.claim("gpu", "d1", "req-7").await.unwrap().unwrap();
@@ -819,8 +777,7 @@ async fn a_retried_claim_returns_the_same_lease(backend: Backend) {
 }
 
 async fn concurrent_claimers_never_double_lease(backend: Backend) {
-    let q = queue(backend, "race", QueueConfig::default()).await;
-    q.set_pool("gpu", 4).await.unwrap();
+    let q = queue_with_pool(backend, "race", "gpu", 4).await;
     for i in 0..400 {
         q.enqueue(&job(&format!("t{}", i % 5), (i % 10) as u8))
             .await
@@ -859,8 +816,7 @@ async fn concurrent_claimers_never_double_lease(backend: Backend) {
         }
     }
     assert_eq!(seen.len(), 400);
-    check_invariants(&q, &["gpu"]).await;
-    q.destroy().await.unwrap();
+    check_and_destroy(q, &["gpu"]).await;
 }
 
 /// One step of a random run (see [`random_sequences_keep_every_invariant`]).
@@ -939,11 +895,7 @@ fn pick<T: Clone>(items: &[T], n: usize) -> Option<T> {
 /// idempotency keys answering with their job, and FIFO among equals: a claim never
 /// passes over an older never-dispatched job of the same tenant, priority and pools.
 async fn run_ops(backend: Backend, ops: Vec<Op>) {
-    let config = QueueConfig {
-        lease_ms: 1_000,
-        ..QueueConfig::default()
-    };
-    let q = queue(backend, "random", config).await;
+    let q = queue_with(backend, "random", |c| c.lease_ms = 1_000).await;
     q.set_pool("a", 2).await.unwrap();
     q.set_pool("b", 1).await.unwrap();
     let mut m = Model::default();
@@ -1164,15 +1116,7 @@ async fn random_sequences_keep_every_invariant(backend: Backend) {
 }
 
 async fn delete_on_completion_leaves_no_keys_behind(backend: Backend) {
-    let q = queue(
-        backend,
-        "remove",
-        QueueConfig {
-            retention_count: 0,
-            ..QueueConfig::default()
-        },
-    )
-    .await;
+    let q = queue_with(backend, "remove", |c| c.retention_count = 0).await;
     q.set_pool("gpu", 1).await.unwrap();
     for _ in 0..10 {
         let id = q.enqueue(&job("t", 5)).await.unwrap().id;
@@ -1192,15 +1136,7 @@ async fn delete_on_completion_leaves_no_keys_behind(backend: Backend) {
 async fn finished_jobs_that_asked_for_notice_wait_in_the_outbox_until_acknowledged(
     backend: Backend,
 ) {
-    let q = queue(
-        backend,
-        "outbox",
-        QueueConfig {
-            retention_count: 0,
-            ..QueueConfig::default()
-        },
-    )
-    .await;
+    let q = queue_with(backend, "outbox", |c| c.retention_count = 0).await;
     q.set_pool("gpu", 1).await.unwrap();
     let mut noisy = job("acme", 5);
     noisy.notify = true;
@@ -1244,17 +1180,8 @@ async fn finished_jobs_that_asked_for_notice_wait_in_the_outbox_until_acknowledg
 }
 
 async fn bulk_enqueue_accepts_or_refuses_each_job_on_its_own(backend: Backend) {
-    let q = queue(backend, "bulk", QueueConfig::default()).await;
-    q.set_pool("gpu", 1).await.unwrap();
-    q.set_tenant(
-        "capped",
-        &TenantSettings {
-            max_waiting: Some(2),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    let q = queue_with_pool(backend, "bulk", "gpu", 1).await;
+    set_tenant(&q, "capped", |t| t.max_waiting = Some(2)).await;
     let mut jobs: Vec<NewJob> = (0..1200)
         .map(|i| job(&format!("t{}", i % 7), (i % 10) as u8))
         .collect();
@@ -1290,8 +1217,7 @@ async fn bulk_enqueue_accepts_or_refuses_each_job_on_its_own(backend: Backend) {
     let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
     assert_eq!(lease.tenant, "capped");
     assert_eq!(q.get(&lease.id).await.unwrap().unwrap().priority, 1);
-    check_invariants(&q, &["gpu"]).await;
-    q.destroy().await.unwrap();
+    check_and_destroy(q, &["gpu"]).await;
 }
 
 async fn the_catalog_keeps_entries_per_owner_and_pages_newest_first(backend: Backend) {
@@ -1505,8 +1431,7 @@ async fn a_tenants_backlog_of_sends_cannot_hide_another_tenants(backend: Backend
 }
 
 async fn a_worker_that_completes_and_claims_runs_each_job_through_every_step(backend: Backend) {
-    let q = queue(backend, "chain", QueueConfig::default()).await;
-    q.set_pool("gpu", 1).await.unwrap();
+    let q = queue_with_pool(backend, "chain", "gpu", 1).await;
     let a = q.enqueue(&job("t", 5)).await.unwrap().id;
     let b = q.enqueue(&job("t", 5)).await.unwrap().id;
     let first = q.claim_started("gpu", "w", "req-1").await.unwrap().unwrap();
@@ -1552,20 +1477,11 @@ async fn a_worker_that_completes_and_claims_runs_each_job_through_every_step(bac
         assert_eq!(seqs, [1, 2, 3, 4]);
     }
     assert_eq!(q.pool_usage("gpu").await.unwrap().used, 0);
-    check_invariants(&q, &["gpu"]).await;
-    q.destroy().await.unwrap();
+    check_and_destroy(q, &["gpu"]).await;
 }
 
 async fn complete_and_claim_with_a_stale_token_or_unknown_pool_changes_nothing(backend: Backend) {
-    let q = queue(
-        backend,
-        "chainfence",
-        QueueConfig {
-            lease_ms: 1_000,
-            ..QueueConfig::default()
-        },
-    )
-    .await;
+    let q = queue_with(backend, "chainfence", |c| c.lease_ms = 1_000).await;
     q.set_pool("gpu", 2).await.unwrap();
     let id = q.enqueue(&job("t", 5)).await.unwrap().id;
     let waiting = q.enqueue(&job("t", 5)).await.unwrap().id;
@@ -1607,22 +1523,12 @@ async fn complete_and_claim_with_a_stale_token_or_unknown_pool_changes_nothing(b
         matches!(again, Err(QueueError::WrongState { .. })),
         "{again:?}"
     );
-    check_invariants(&q, &["gpu"]).await;
-    q.destroy().await.unwrap();
+    check_and_destroy(q, &["gpu"]).await;
 }
 
 async fn complete_and_claim_charges_capacity_and_quotas_exactly(backend: Backend) {
-    let q = queue(backend, "chaincap", QueueConfig::default()).await;
-    q.set_pool("gpu", 3).await.unwrap();
-    q.set_tenant(
-        "capped",
-        &TenantSettings {
-            max_running: Some(1),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    let q = queue_with_pool(backend, "chaincap", "gpu", 3).await;
+    set_tenant(&q, "capped", |t| t.max_running = Some(1)).await;
     let mut wide = job("wide", 9);
     wide.gpus = 3;
     // Tenant order at equal virtual time is by name: capped, then wide.
@@ -1663,30 +1569,12 @@ async fn complete_and_claim_charges_capacity_and_quotas_exactly(backend: Backend
             .is_none()
     );
     assert_eq!(q.pool_usage("gpu").await.unwrap().used, 0);
-    check_invariants(&q, &["gpu"]).await;
-    q.destroy().await.unwrap();
+    check_and_destroy(q, &["gpu"]).await;
 }
 
 async fn tenants_share_by_weight_when_workers_complete_and_claim(backend: Backend) {
-    let q = queue(backend, "chainfair", QueueConfig::default()).await;
-    q.set_pool("gpu", 2).await.unwrap();
-    q.set_tenant(
-        "big",
-        &TenantSettings {
-            weight: 2.0,
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
-    for _ in 0..300 {
-        q.enqueue(&job("big", 5)).await.unwrap();
-    }
-    for t in ["small-a", "small-b"] {
-        for _ in 0..100 {
-            q.enqueue(&job(t, 5)).await.unwrap();
-        }
-    }
+    let q = queue_with_pool(backend, "chainfair", "gpu", 2).await;
+    flood(&q).await;
     // Two workers, each handing its finished job back and taking the next in one call.
     let mut served: HashMap<String, u32> = HashMap::new();
     let mut held = vec![];
@@ -1704,23 +1592,15 @@ async fn tenants_share_by_weight_when_workers_complete_and_claim(backend: Backen
             .unwrap();
         held.push(next);
     }
-    for (tenant, want) in [("big", 100.0), ("small-a", 50.0), ("small-b", 50.0)] {
-        let got = f64::from(served[tenant]);
-        assert!(
-            (got - want).abs() <= want * 0.1,
-            "{tenant}: {got} of 200, want {want}: {served:?}"
-        );
-    }
+    assert_shares_by_weight(&served);
     assert_eq!(q.pool_usage("gpu").await.unwrap().used, 2);
-    check_invariants(&q, &["gpu"]).await;
-    q.destroy().await.unwrap();
+    check_and_destroy(q, &["gpu"]).await;
 }
 
 /// Instantiates each conformance test once per backend, as `redis::name`,
 /// `cluster::name` and `embedded::name`.
 async fn attempt_reports_append_events_once_and_stale_reports_change_nothing(backend: Backend) {
-    let q = queue(backend, "report", QueueConfig::default()).await;
-    q.set_pool("cpu", 1).await.unwrap();
+    let q = queue_with_pool(backend, "report", "cpu", 1).await;
     let id = q.enqueue(&job("acme", 5)).await.unwrap().id;
     let lease = q.claim_started("cpu", "d1", "").await.unwrap().unwrap();
     let step_fields = serde_json::json!({"step": 1});
@@ -1811,8 +1691,7 @@ async fn attempt_reports_append_events_once_and_stale_reports_change_nothing(bac
         q.get(&id).await.unwrap().unwrap().progress.as_deref(),
         Some(r#"{"step":2}"#)
     );
-    check_invariants(&q, &["cpu"]).await;
-    q.destroy().await.unwrap();
+    check_and_destroy(q, &["cpu"]).await;
 }
 
 /// README: "a job that vanished 3 times fails". Each time its lease runs out and the
@@ -1856,8 +1735,7 @@ async fn a_job_whose_attempt_vanished_three_times_fails(backend: Backend) {
         q.claim("gpu", "d", "").await.unwrap().is_none(),
         "a failed job is never dispatched again"
     );
-    check_invariants(&q, &["gpu"]).await;
-    q.destroy().await.unwrap();
+    check_and_destroy(q, &["gpu"]).await;
 }
 
 /// Claims and completes `n` jobs on `pool`; how many each tenant got.
@@ -1875,8 +1753,7 @@ async fn serve(q: &Queue, pool: &str, n: usize) -> HashMap<String, usize> {
 /// pool busy comes back level with it, not with a burst of turns for the time it was
 /// away: from then on they take turns.
 async fn an_idle_tenant_banks_no_credit_while_away(backend: Backend) {
-    let q = queue(backend, "credit", QueueConfig::default()).await;
-    q.set_pool("gpu", 1).await.unwrap();
+    let q = queue_with_pool(backend, "credit", "gpu", 1).await;
     q.enqueue(&job("away", 5)).await.unwrap();
     assert_eq!(serve(&q, "gpu", 1).await["away"], 1);
     // While "away" has nothing waiting, "busy" has the pool to itself for 30 jobs.
@@ -1894,20 +1771,18 @@ async fn an_idle_tenant_banks_no_credit_while_away(backend: Backend) {
         (4..=6).contains(&away),
         "the returning tenant takes turns, no burst for the time it was away: {served:?}"
     );
-    check_invariants(&q, &["gpu"]).await;
-    q.destroy().await.unwrap();
+    check_and_destroy(q, &["gpu"]).await;
 }
 
 /// README: "retries back off exponentially with jitter". The delay before each retry
 /// is the base doubled per failed attempt, capped, plus up to a quarter of jitter; the
 /// job is not claimable a moment before it and is at once after.
 async fn retries_back_off_exponentially_with_bounded_jitter(backend: Backend) {
-    let config = QueueConfig {
-        retry_base_ms: 1_000,
-        retry_max_ms: 10_000,
-        ..QueueConfig::default()
-    };
-    let q = queue(backend, "backoff", config).await;
+    let q = queue_with(backend, "backoff", |c| {
+        c.retry_base_ms = 1_000;
+        c.retry_max_ms = 10_000;
+    })
+    .await;
     q.set_pool("gpu", 1).await.unwrap();
     let id = q
         .enqueue(&NewJob {
@@ -1973,8 +1848,7 @@ async fn retries_back_off_exponentially_with_bounded_jitter(backend: Backend) {
         None,
         "the seventh failure spends the last attempt"
     );
-    check_invariants(&q, &["gpu"]).await;
-    q.destroy().await.unwrap();
+    check_and_destroy(q, &["gpu"]).await;
 }
 
 macro_rules! conformance {

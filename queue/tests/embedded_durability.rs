@@ -12,6 +12,8 @@
 
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod support;
+
 use rand::{Rng, SeedableRng};
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader};
@@ -26,15 +28,12 @@ const DOMAIN: &str = "durable";
 
 fn job(i: usize, payload_bytes: usize) -> NewJob {
     NewJob {
-        tenant: format!("t{}", i % 3),
-        priority: (i % 10) as u8,
-        pools: vec![],
-        gpus: 1,
-        estimated_seconds: 0,
-        max_attempts: 3,
-        payload: "x".repeat(payload_bytes),
         idempotency_key: Some(format!("req-{i}")),
-        notify: false,
+        ..support::new_job(
+            format!("t{}", i % 3),
+            (i % 10) as u8,
+            "x".repeat(payload_bytes),
+        )
     }
 }
 

@@ -5,6 +5,8 @@
 
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod support;
+
 use std::collections::HashSet;
 use tuneq_queue::testing;
 use tuneq_queue::*;
@@ -41,15 +43,8 @@ async fn each_domain_lives_on_one_node_and_domains_spread_over_all_of_them() {
             .unwrap();
         q.set_pool("gpu", 1).await.unwrap();
         let job = NewJob {
-            tenant: "t".into(),
-            priority: 1,
-            pools: vec![],
-            gpus: 1,
-            estimated_seconds: 0,
             max_attempts: 1,
-            payload: "{}".into(),
-            idempotency_key: None,
-            notify: false,
+            ..support::new_job("t", 1, "{}")
         };
         let id = q.enqueue(&job).await.unwrap().id;
         let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();

@@ -8,6 +8,8 @@
 
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod support;
+
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -15,17 +17,7 @@ use tuneq_queue::*;
 use tuneq_queue::{JobQueue, Queue};
 
 fn job(i: usize) -> NewJob {
-    NewJob {
-        tenant: format!("t{}", i % 3),
-        priority: (i % 10) as u8,
-        pools: vec![],
-        gpus: 1,
-        estimated_seconds: 0,
-        max_attempts: 3,
-        payload: "{}".into(),
-        idempotency_key: None,
-        notify: false,
-    }
+    support::new_job(format!("t{}", i % 3), (i % 10) as u8, "{}")
 }
 
 fn spawn_child(url: &str, domain: &str, mode: &str) -> Child {

@@ -5,7 +5,10 @@
 
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod support;
+
 use std::time::Duration;
+use support::{kinds, new_job};
 use tuneq_queue::fault_proxy::FaultProxy;
 use tuneq_queue::*;
 
@@ -24,25 +27,9 @@ async fn through_proxy(name: &str, config: QueueConfig) -> (FaultProxy, Queue) {
 
 fn job(key: Option<&str>) -> NewJob {
     NewJob {
-        tenant: "acme".into(),
-        priority: 5,
-        pools: vec![],
-        gpus: 1,
-        estimated_seconds: 0,
-        max_attempts: 3,
-        payload: "{}".into(),
         idempotency_key: key.map(str::to_string),
-        notify: false,
+        ..new_job("acme", 5, "{}")
     }
-}
-
-async fn kinds(q: &Queue, id: &str) -> Vec<String> {
-    q.events(id, None, 100, false)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|e| e.kind.code().to_string())
-        .collect()
 }
 
 async fn job_count(q: &Queue) -> usize {

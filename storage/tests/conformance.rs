@@ -28,23 +28,16 @@ async fn local(_name: &str) -> Fixture {
 }
 
 async fn s3(name: &str) -> Fixture {
-    let server = testing::moto();
-    let store = tuneq_storage::s3::S3Store::connect(
-        &testing::s3_config(server),
-        TEST_BUCKET,
-        &testing::unique_prefix(name),
-    )
-    .await
-    .unwrap();
-    Fixture {
-        store: Arc::new(store),
-        _dir: None,
-    }
+    s3_on(testing::moto(), name).await
 }
 
 /// SeaweedFS checks SigV4, so presigned URLs and every signed request are verified for real.
 async fn seaweedfs(name: &str) -> Fixture {
-    let server = testing::seaweedfs();
+    s3_on(testing::seaweedfs(), name).await
+}
+
+/// An S3 store on `server`, under a fresh prefix named after `name`.
+async fn s3_on(server: &testing::TestServer, name: &str) -> Fixture {
     let store = tuneq_storage::s3::S3Store::connect(
         &testing::s3_config(server),
         TEST_BUCKET,

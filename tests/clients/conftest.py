@@ -4,10 +4,12 @@ it exactly as they would to a deployment."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import queue
 import secrets
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -24,6 +26,19 @@ def tuneq_bin() -> Path:
         pytest.fail(f"tuneq binary not found at {path} (TUNEQ_BIN={raw!r}); build it with `cargo build`.",
                     pytrace=False)
     return path
+
+
+def generated_package(command: list[str], out: Path, package: str):
+    """Runs the client generator `command`, which writes the Python package `package`
+    into `out`, and yields that package imported; after, `out` leaves the import path
+    and the package leaves `sys.modules`, so another generated client can take its place."""
+    result = subprocess.run(command, check=False, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-20000:] + result.stderr[-5000:]
+    sys.path.insert(0, str(out))
+    yield importlib.import_module(package)
+    sys.path.remove(str(out))
+    for name in [m for m in sys.modules if m == package or m.startswith(package + ".")]:
+        del sys.modules[name]
 
 
 class Process:

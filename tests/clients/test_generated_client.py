@@ -5,7 +5,6 @@ openapi-python-client, as a customer would) runs a fine-tune end to end against 
 from __future__ import annotations
 
 import io
-import subprocess
 import sys
 import tarfile
 import time
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, generated_package
 
 TRAIN = (REPO_ROOT / "examples/data/tiny-task-train.jsonl").read_text().splitlines()
 
@@ -22,17 +21,9 @@ TRAIN = (REPO_ROOT / "examples/data/tiny-task-train.jsonl").read_text().splitlin
 def generated(tmp_path_factory):
     out = tmp_path_factory.mktemp("generated")
     cli = Path(sys.executable).with_name("openapi-python-client")
-    result = subprocess.run(
-        [str(cli), "generate", "--path", str(REPO_ROOT / "openapi/openapi.json"),
-         "--meta", "none", "--output-path", str(out / "tuneq_client")],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    sys.path.insert(0, str(out))
-    import tuneq_client
-
-    yield tuneq_client
-    sys.path.remove(str(out))
+    command = [str(cli), "generate", "--path", str(REPO_ROOT / "openapi/openapi.json"),
+               "--meta", "none", "--output-path", str(out / "tuneq_client")]
+    yield from generated_package(command, out, "tuneq_client")
 
 
 def test_a_generated_client_runs_a_job_end_to_end(generated, service):

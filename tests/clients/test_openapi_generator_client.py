@@ -6,7 +6,6 @@ classes: upload, create, wait, events, checkpoints, and both downloads as bytes.
 from __future__ import annotations
 
 import io
-import subprocess
 import sys
 import tarfile
 import time
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, generated_package
 
 TRAIN = (REPO_ROOT / "examples/data/tiny-task-train.jsonl").read_text().splitlines()
 PACKAGE = "tuneq_og_client"
@@ -26,21 +25,11 @@ def generated(tmp_path_factory):
     # The PyPI package ships the generator's jar; `java` runs it (scripts/setup-test-deps
     # installs both). Validation stays on: a document it refuses is a failure here.
     cli = Path(sys.executable).with_name("openapi-generator-cli")
-    result = subprocess.run(
-        [str(cli), "generate", "--input-spec", str(REPO_ROOT / "openapi/openapi.json"),
-         "--generator-name", "python", "--output", str(out),
-         "--package-name", PACKAGE,
-         "--global-property", "apiTests=false,modelTests=false,apiDocs=false,modelDocs=false"],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert result.returncode == 0, result.stdout[-20000:] + result.stderr[-5000:]
-    sys.path.insert(0, str(out))
-    import tuneq_og_client
-
-    yield tuneq_og_client
-    sys.path.remove(str(out))
-    for name in [m for m in sys.modules if m == PACKAGE or m.startswith(PACKAGE + ".")]:
-        del sys.modules[name]
+    command = [str(cli), "generate", "--input-spec", str(REPO_ROOT / "openapi/openapi.json"),
+               "--generator-name", "python", "--output", str(out),
+               "--package-name", PACKAGE,
+               "--global-property", "apiTests=false,modelTests=false,apiDocs=false,modelDocs=false"]
+    yield from generated_package(command, out, PACKAGE)
 
 
 def test_an_openapi_generator_client_runs_a_job_end_to_end(generated, service):

@@ -65,6 +65,46 @@ pub fn tuneq(args: &[&str]) -> Output {
         .expect("run tuneq")
 }
 
+/// `tuneq train` of the tiny model on `train` into `output`, with the `extra` flags.
+pub fn train_tiny(train: &Path, output: &Path, extra: &[&str]) -> Output {
+    train_tiny_with_env(train, output, extra, &[])
+}
+
+/// [`train_tiny`] with extra environment variables.
+pub fn train_tiny_with_env(
+    train: &Path,
+    output: &Path,
+    extra: &[&str],
+    env: &[(&str, String)],
+) -> Output {
+    Command::new(BIN)
+        .args([
+            "train",
+            "--model",
+            tiny_model().to_str().expect("utf8"),
+            "--train-file",
+            train.to_str().expect("utf8"),
+            "--output",
+            output.to_str().expect("utf8"),
+        ])
+        .args(extra)
+        .env("RAYON_NUM_THREADS", "2")
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .expect("run tuneq")
+}
+
+/// The standard error of `out`, a run that must have exited as bad input.
+pub fn bad_input_stderr(out: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(tuneq_openapi::launch::EXIT_BAD_INPUT),
+        "stderr: {stderr}"
+    );
+    stderr
+}
+
 /// Training flags shared by the resume tests: small, but with dropout, accumulation,
 /// warmup and a cosine schedule so every piece of resumable state matters.
 pub fn resume_args(output: &Path, train: &Path) -> Vec<String> {
@@ -131,6 +171,14 @@ pub fn small_train_file(dir: &Path, n: usize) -> PathBuf {
     let path = dir.join("train.jsonl");
     std::fs::write(&path, lines.join("\n") + "\n").expect("write");
     path
+}
+
+/// A fresh temporary folder holding [`small_train_file`] of `n` lines; the folder and
+/// the file.
+pub fn dir_with_task(n: usize) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let train = small_train_file(dir.path(), n);
+    (dir, train)
 }
 
 pub fn run_to_end(args: &[String]) -> Output {

@@ -12,6 +12,19 @@ import harness
 from harness import LOGITS_ATOL
 
 
+def logits_matching_transformers(tuneq, model_dir, input_ids_file, tmp_path, what: str) -> torch.Tensor:
+    """tuneq's logits of `model_dir` (written under `tmp_path`), checked to be within
+    LOGITS_ATOL of transformers' for the same input ids."""
+    ids_file, ids = input_ids_file
+    with torch.no_grad():
+        ref = harness.load_hf(model_dir)(input_ids=ids).logits.float()
+    got = harness.tuneq_logits(tuneq, model_dir, ids_file, tmp_path / "logits.safetensors")
+    diff = harness.max_abs_diff(got, ref)
+    print(f"{what}: max |tuneq - transformers| logits = {diff:.3e}")
+    assert diff <= LOGITS_ATOL, f"max abs logits diff {diff:.3e} > {LOGITS_ATOL:g}"
+    return got
+
+
 def test_llama3_rope_scaling_matches_transformers(tuneq, input_ids_file, tmp_path):
     model_dir = tmp_path / "tiny-llama3-rope"
     tuneq.run("model", "init", "--preset", "tiny", "--seed", "4", "--out", model_dir, "--llama3-rope")
@@ -19,18 +32,12 @@ def test_llama3_rope_scaling_matches_transformers(tuneq, input_ids_file, tmp_pat
     scaling = config.get("rope_scaling") or {}
     assert scaling.get("rope_type") == "llama3" and scaling.get("factor") == 8.0, scaling
 
-    ids_file, ids = input_ids_file
-    with torch.no_grad():
-        ref = harness.load_hf(model_dir)(input_ids=ids).logits.float()
-    got = harness.tuneq_logits(tuneq, model_dir, ids_file, tmp_path / "logits.safetensors")
-    diff = harness.max_abs_diff(got, ref)
-    print(f"llama3 rope: max |tuneq - transformers| logits = {diff:.3e}")
-    assert diff <= LOGITS_ATOL, f"max abs logits diff {diff:.3e} > {LOGITS_ATOL:g}"
+    got = logits_matching_transformers(tuneq, model_dir, input_ids_file, tmp_path, "llama3 rope")
 
     # The same weights without scaling must give different logits.
     del config["rope_scaling"]
     (model_dir / "config.json").write_text(json.dumps(config))
-    plain = harness.tuneq_logits(tuneq, model_dir, ids_file, tmp_path / "plain.safetensors")
+    plain = harness.tuneq_logits(tuneq, model_dir, input_ids_file[0], tmp_path / "plain.safetensors")
     assert harness.max_abs_diff(plain, got) > 1e-3, "rope_scaling had no effect on the logits"
 
 
@@ -50,10 +57,4 @@ def test_rope_parameters_written_by_transformers_5_are_read(tuneq, input_ids_fil
         raise AssertionError(f"this transformers did not write rope_parameters: {sorted(saved)}")
     assert "rope_theta" not in saved, "expected rope_theta only inside rope_parameters"
 
-    ids_file, ids = input_ids_file
-    with torch.no_grad():
-        ref = harness.load_hf(model_dir)(input_ids=ids).logits.float()
-    got = harness.tuneq_logits(tuneq, model_dir, ids_file, tmp_path / "logits.safetensors")
-    diff = harness.max_abs_diff(got, ref)
-    print(f"rope_parameters config: max |tuneq - transformers| logits = {diff:.3e}")
-    assert diff <= LOGITS_ATOL, f"max abs logits diff {diff:.3e} > {LOGITS_ATOL:g}"
+    logits_matching_transformers(tuneq, model_dir, input_ids_file, tmp_path, "rope_parameters config")

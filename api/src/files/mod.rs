@@ -22,7 +22,9 @@ pub use spool::clean_spool;
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult, Code};
 use crate::holds::{self, HoldKind};
+use crate::owned::{Own, Owned};
 use crate::records;
+use crate::refusals::Unauthenticated;
 use crate::state::AppState;
 use actix_web::http::header;
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -302,7 +304,7 @@ async fn counting_model(
     responses(
         (status = 200, description = "Stored and validated", body = FileObject),
         (status = 400, description = "Invalid dataset or form", body = ErrorBody),
-        (status = 401, description = "No or unknown API key", body = ErrorBody),
+        Unauthenticated,
         (status = 413, description = "Over the server's size limit", body = ErrorBody),
         (status = 429, description = "Over the tenant's upload limit or storage quota, or too many uploads at once (`retry-after`)", body = ErrorBody),
     ))]
@@ -438,7 +440,7 @@ pub(crate) struct ListQuery {
     responses(
         (status = 200, description = "A page of files", body = FileList),
         (status = 400, description = "Invalid query", body = ErrorBody),
-        (status = 401, description = "No or unknown API key", body = ErrorBody),
+        Unauthenticated,
     ))]
 pub(crate) async fn list(
     state: web::Data<AppState>,
@@ -485,15 +487,10 @@ pub(crate) async fn list(
     params(("id" = String, Path, description = "`file-…`")),
     responses(
         (status = 200, description = "The file", body = FileObject),
-        (status = 401, description = "No or unknown API key", body = ErrorBody),
-        (status = 404, description = "No such file for this tenant", body = ErrorBody),
+        Own<FileObject>,
     ))]
-pub(crate) async fn retrieve(
-    state: web::Data<AppState>,
-    tenant: Tenant,
-    id: web::Path<String>,
-) -> ApiResult<HttpResponse> {
-    Ok(HttpResponse::Ok().json(records::file::find(&state.queue, &tenant.0, &id).await?))
+pub(crate) async fn retrieve(file: Own<FileObject>) -> ApiResult<HttpResponse> {
+    Ok(HttpResponse::Ok().json(file.object))
 }
 
 /// The file's bytes as uploaded, streamed. A tenant holds a bounded number of
@@ -502,17 +499,15 @@ pub(crate) async fn retrieve(
     params(("id" = String, Path, description = "`file-…`")),
     responses(
         (status = 200, description = "The JSONL bytes", content_type = "application/jsonl", body = inline(tuneq_openapi::Binary)),
-        (status = 401, description = "No or unknown API key", body = ErrorBody),
-        (status = 404, description = "No such file for this tenant", body = ErrorBody),
+        Own<FileObject>,
         (status = 429, description = "The tenant (or the server) has as many downloads in progress as it may \
 (`too_many_downloads`); retry after `retry-after`", body = ErrorBody),
     ))]
 pub(crate) async fn content(
     state: web::Data<AppState>,
-    tenant: Tenant,
-    id: web::Path<String>,
+    owned: Own<FileObject>,
 ) -> ApiResult<HttpResponse> {
-    let file = records::file::find(&state.queue, &tenant.0, &id).await?;
+    let (tenant, file) = (owned.tenant, owned.object);
     // Held until the body is dropped: a client that reads slowly keeps its connection.
     let hold = match state.holds.take(&tenant.0, HoldKind::Download) {
         Ok(hold) => hold,
@@ -544,15 +539,13 @@ pub(crate) async fn content(
     responses(
         (status = 200, description = "Deleted", body = Deleted),
         (status = 400, description = "An unfinished job trains on it (`file_in_use`)", body = ErrorBody),
-        (status = 401, description = "No or unknown API key", body = ErrorBody),
-        (status = 404, description = "No such file for this tenant", body = ErrorBody),
+        Own<FileObject>,
     ))]
 pub(crate) async fn delete(
     state: web::Data<AppState>,
-    tenant: Tenant,
-    id: web::Path<String>,
+    owned: Own<FileObject>,
 ) -> ApiResult<HttpResponse> {
-    let file = records::file::find(&state.queue, &tenant.0, &id).await?;
+    let (tenant, file) = (owned.tenant, owned.object);
     if let Some(job) = state
         .finetunes()
         .unfinished_using(&tenant.0, &file.id)
@@ -583,4 +576,12 @@ pub(crate) async fn delete(
         object: "file".into(),
         deleted: true,
     }))
+}
+
+impl Owned for FileObject {
+    const NOT_FOUND: &'static str = "No such file for this tenant";
+
+    async fn find(state: &AppState, tenant: &str, id: &str) -> ApiResult<Self> {
+        records::file::find(&state.queue, tenant, id).await
+    }
 }

@@ -6,6 +6,7 @@ use super::view::view;
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult, Code};
 use crate::holds::{self, HoldKind};
+use crate::owned::Own;
 use crate::records::finetune::{FineTuneRecord, ms_to_seconds};
 use crate::redact;
 use crate::state::AppState;
@@ -34,8 +35,7 @@ pub(crate) struct PageQuery {
     responses(
         (status = 200, description = "A page of checkpoints", body = FineTuneCheckpointList),
         (status = 400, description = "Invalid query", body = ErrorBody),
-        (status = 401, description = "No or unknown API key", body = ErrorBody),
-        (status = 404, description = "No such job for this tenant", body = ErrorBody),
+        Own<FineTuneRecord>,
     ))]
 pub(crate) async fn checkpoints(
     state: web::Data<AppState>,
@@ -112,20 +112,19 @@ const ADAPTER_FILES: [&str; 2] = ["adapter_config.json", "adapter_model.safetens
     responses(
         (status = 200, description = "The adapter", content_type = "application/x-tar", body = inline(tuneq_openapi::Binary)),
         (status = 400, description = "The job has not succeeded", body = ErrorBody),
-        (status = 401, description = "No or unknown API key", body = ErrorBody),
-        (status = 404, description = "No such job for this tenant", body = ErrorBody),
+        Own<FineTuneRecord>,
         (status = 429, description = "The tenant (or the server) has as many downloads in progress as it may \
 (`too_many_downloads`); retry after `retry-after`", body = ErrorBody),
     ))]
 pub(crate) async fn adapter(
     state: web::Data<AppState>,
-    tenant: Tenant,
-    id: web::Path<String>,
+    job: Own<FineTuneRecord>,
 ) -> ApiResult<HttpResponse> {
     use futures::TryStreamExt;
-    let (record, output) = adapter_prefix(&state, &tenant, &id).await?;
+    let tenant = job.tenant.0.clone();
+    let (record, output) = adapter_prefix(&state, job).await?;
     // Held until the body is dropped: a client that reads slowly keeps its connection.
-    let hold = match state.holds.take(&tenant.0, HoldKind::Download) {
+    let hold = match state.holds.take(&tenant, HoldKind::Download) {
         Ok(hold) => hold,
         Err(refused) => return Ok(holds::refusal(&refused)),
     };
@@ -158,10 +157,9 @@ pub(crate) async fn adapter(
 /// Where a succeeded job's adapter is stored; a job that has not succeeded is refused.
 async fn adapter_prefix(
     state: &AppState,
-    tenant: &Tenant,
-    id: &str,
+    job: Own<FineTuneRecord>,
 ) -> ApiResult<(FineTuneRecord, tuneq_storage::ObjectKey)> {
-    let record = state.finetunes().find(&tenant.0, id).await?;
+    let (tenant, record) = (job.tenant, job.object);
     let job = view(state, record.clone()).await?;
     if job.adapter.is_none() {
         return Err(ApiError::invalid(
@@ -189,15 +187,14 @@ const ADAPTER_URLS_VALID: std::time::Duration = std::time::Duration::from_secs(3
     responses(
         (status = 200, description = "One URL per file", body = AdapterUrls),
         (status = 400, description = "The job has not succeeded, or the store cannot presign", body = ErrorBody),
-        (status = 401, description = "No or unknown API key", body = ErrorBody),
-        (status = 404, description = "No such job for this tenant", body = ErrorBody),
+        Own<FineTuneRecord>,
     ))]
 pub(crate) async fn adapter_urls(
     state: web::Data<AppState>,
-    tenant: Tenant,
-    id: web::Path<String>,
+    job: Own<FineTuneRecord>,
 ) -> ApiResult<HttpResponse> {
-    let (_, output) = adapter_prefix(&state, &tenant, &id).await?;
+    let id = job.id.clone();
+    let (_, output) = adapter_prefix(&state, job).await?;
     let mut data = Vec::new();
     let mut expires_at = u64::MAX;
     for name in ADAPTER_FILES {
@@ -215,8 +212,7 @@ pub(crate) async fn adapter_urls(
                     "id",
                     Code::PresignUnsupported,
                     format!(
-                        "This server's object store cannot presign URLs; download the adapter as a tar at /v1/fine_tuning/jobs/{}/adapter.",
-                        id.as_str()
+                        "This server's object store cannot presign URLs; download the adapter as a tar at /v1/fine_tuning/jobs/{id}/adapter."
                     ),
                 ));
             }

@@ -32,7 +32,9 @@ pub(crate) use view::fine_tuned_models;
 
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult, Code};
+use crate::owned::{Own, Owned};
 use crate::records::finetune::FineTuneRecord;
+use crate::refusals::Unauthenticated;
 use crate::state::AppState;
 use actix_web::{HttpRequest, HttpResponse, web};
 use plan::{check_range, plan, request_hash};
@@ -91,7 +93,7 @@ fn idempotency_key(req: &HttpRequest) -> ApiResult<Option<String>> {
     responses(
         (status = 200, description = "The job, queued", body = FineTuneJob),
         (status = 400, description = "The request can never run; `param` names the field", body = ErrorBody),
-        (status = 401, description = "No or unknown API key", body = ErrorBody),
+        Unauthenticated,
         (status = 429, description = "Too many jobs waiting", body = ErrorBody),
     ))]
 #[tracing::instrument(skip_all, fields(tenant = %tenant.0))]
@@ -183,7 +185,7 @@ pub(crate) struct ListQuery {
     responses(
         (status = 200, description = "A page of jobs", body = FineTuneList),
         (status = 400, description = "Invalid query", body = ErrorBody),
-        (status = 401, description = "No or unknown API key", body = ErrorBody),
+        Unauthenticated,
     ))]
 pub(crate) async fn list(
     state: web::Data<AppState>,
@@ -276,16 +278,13 @@ fn metadata_filter(query: &str) -> Vec<(String, String)> {
     params(("id" = String, Path, description = "`ftjob-…`")),
     responses(
         (status = 200, description = "The job", body = FineTuneJob),
-        (status = 401, description = "No or unknown API key", body = ErrorBody),
-        (status = 404, description = "No such job for this tenant", body = ErrorBody),
+        Own<FineTuneRecord>,
     ))]
 pub(crate) async fn retrieve(
     state: web::Data<AppState>,
-    tenant: Tenant,
-    id: web::Path<String>,
+    job: Own<FineTuneRecord>,
 ) -> ApiResult<HttpResponse> {
-    let record = state.finetunes().find(&tenant.0, &id).await?;
-    Ok(HttpResponse::Ok().json(view(&state, record).await?))
+    Ok(HttpResponse::Ok().json(view(&state, job.object).await?))
 }
 
 /// `POST /v1/fine_tuning/jobs/{id}/cancel`: a waiting job is cancelled at once; a
@@ -296,16 +295,14 @@ pub(crate) async fn retrieve(
     responses(
         (status = 200, description = "The job, cancelled or being cancelled", body = FineTuneJob),
         (status = 400, description = "The job has already finished", body = ErrorBody),
-        (status = 401, description = "No or unknown API key", body = ErrorBody),
-        (status = 404, description = "No such job for this tenant", body = ErrorBody),
+        Own<FineTuneRecord>,
     ))]
-#[tracing::instrument(skip_all, fields(tenant = %tenant.0, finetune = %id))]
+#[tracing::instrument(skip_all, fields(tenant = %job.tenant.0, finetune = %job.id))]
 pub(crate) async fn cancel(
     state: web::Data<AppState>,
-    tenant: Tenant,
-    id: web::Path<String>,
+    job: Own<FineTuneRecord>,
 ) -> ApiResult<HttpResponse> {
-    let record = state.finetunes().find(&tenant.0, &id).await?;
+    let record = job.object;
     if let Some(outcome) = &record.outcome {
         return Err(already_finished(&outcome.status));
     }
@@ -319,6 +316,14 @@ pub(crate) async fn cancel(
     state.queue.cancel(&record.job_id).await?;
     tracing::info!("fine-tune cancel requested");
     Ok(HttpResponse::Ok().json(view(&state, record).await?))
+}
+
+impl Owned for FineTuneRecord {
+    const NOT_FOUND: &'static str = "No such job for this tenant";
+
+    async fn find(state: &AppState, tenant: &str, id: &str) -> ApiResult<Self> {
+        state.finetunes().find(tenant, id).await
+    }
 }
 
 fn already_finished(status: &str) -> ApiError {

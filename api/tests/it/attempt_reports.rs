@@ -25,43 +25,26 @@ async fn start_with_store(store: Option<Arc<dyn ObjectStore>>) -> Server {
 }
 
 async fn create_job(s: &Server) -> Value {
-    let http = reqwest::Client::new();
     let data = (0..8)
         .map(|i| format!(r#"{{"prompt":"p{i}","completion":"c{i}"}}"#))
         .collect::<Vec<_>>()
         .join("\n");
-    let uploaded = http
-        .post(format!("{}/files?filename=d.jsonl", s.url))
-        .bearer_auth(&s.acme)
-        .body(data)
-        .send()
-        .await
-        .unwrap();
+    let uploaded = s.post_body(&s.acme, "/files?filename=d.jsonl", data).await;
     let status = uploaded.status();
     let file: Value = uploaded.json().await.unwrap();
     assert_eq!(status, StatusCode::OK, "upload: {file}");
-    let response = http
-        .post(format!("{}/finetunes", s.url))
-        .bearer_auth(&s.acme)
-        .json(&json!({"model": "base", "training_file": file["id"], "hyperparameters": {"n_epochs": 2}}))
-        .send()
-        .await
-        .unwrap();
+    let response = s.post_json(&s.acme, "/finetunes", &json!({"model": "base", "training_file": file["id"], "hyperparameters": {"n_epochs": 2}})).await;
     let status = response.status();
     let created: Value = response.json().await.unwrap();
     assert_eq!(status, StatusCode::OK, "create: {created}");
     created
 }
 
-async fn report(s: &Server, job: &str, credential: &str, body: Value) -> StatusCode {
-    reqwest::Client::new()
-        .post(format!("{}/internal/attempts/{job}/report", s.url))
-        .bearer_auth(credential)
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .status()
+/// Reports `body` for `job` with `credential`, which the server must answer with `want`.
+async fn report(s: &Server, job: &str, credential: &str, body: Value, want: StatusCode) {
+    let path = format!("/internal/attempts/{job}/report");
+    let status = s.post_json(credential, &path, &body).await.status();
+    assert_eq!(status, want, "report {body}");
 }
 
 fn step(step: u64, total: u64, loss: f64) -> Value {
@@ -71,14 +54,22 @@ fn step(step: u64, total: u64, loss: f64) -> Value {
 }
 
 async fn get(s: &Server, key: &str, path: &str) -> (StatusCode, Value) {
-    let response = reqwest::Client::new()
-        .get(format!("{}{path}", s.url))
-        .bearer_auth(key)
-        .send()
-        .await
-        .unwrap();
+    let response = s.get_as(key, path).await;
     let status = response.status();
     (status, response.json().await.unwrap_or(Value::Null))
+}
+
+/// Claims the next job of pool `local` as a dispatcher would: the lease, and the
+/// credential its attempt is started with.
+async fn claim(s: &Server) -> (tuneq_queue::Lease, String) {
+    let lease = s
+        .queue
+        .claim_started("local", "test", "")
+        .await
+        .unwrap()
+        .unwrap();
+    let credential = s.signer.sign(&lease.id, lease.token);
+    (lease, credential)
 }
 
 #[tokio::test]
@@ -90,13 +81,7 @@ async fn reports_move_a_job_to_succeeded_and_stale_or_forged_ones_change_nothing
     assert_eq!(created["hyperparameters"]["n_epochs"], 2);
 
     // A dispatcher claims it; the first attempt's credential is refused once preempted.
-    let first = s
-        .queue
-        .claim_started("local", "test", "")
-        .await
-        .unwrap()
-        .unwrap();
-    let first_credential = s.signer.sign(&first.id, first.token);
+    let (first, first_credential) = claim(&s).await;
     s.queue
         .preempt(
             &first.id,
@@ -106,45 +91,45 @@ async fn reports_move_a_job_to_succeeded_and_stale_or_forged_ones_change_nothing
         )
         .await
         .unwrap();
-    let lease = s
-        .queue
-        .claim_started("local", "test", "")
-        .await
-        .unwrap()
-        .unwrap();
-    let credential = s.signer.sign(&lease.id, lease.token);
+    let (lease, credential) = claim(&s).await;
 
     let started = json!({"seq": 1, "events": [
         {"event": "started", "total_steps": 4, "start_step": 0, "train_examples": 8,
          "validation_examples": 0, "trainable_params": 10, "dataset_format": "prompt_completion"},
         step(1, 4, 2.0), step(2, 4, 1.5),
         {"event": "checkpoint", "step": 2, "location": "file:///out/checkpoints/step-00000002"}]});
-    assert_eq!(
-        report(&s, &lease.id, &credential, started.clone()).await,
-        StatusCode::NO_CONTENT
-    );
+    report(
+        &s,
+        &lease.id,
+        &credential,
+        started.clone(),
+        StatusCode::NO_CONTENT,
+    )
+    .await;
     // The same report again (a retry after a lost reply) records nothing twice.
-    assert_eq!(
-        report(&s, &lease.id, &credential, started).await,
-        StatusCode::NO_CONTENT
-    );
+    report(&s, &lease.id, &credential, started, StatusCode::NO_CONTENT).await;
     // The superseded attempt is told to stop (410) and changes nothing.
     let late = json!({"seq": 9, "events": [step(3, 4, 9.0)]});
-    assert_eq!(
-        report(&s, &lease.id, &first_credential, late).await,
-        StatusCode::GONE
-    );
+    report(&s, &lease.id, &first_credential, late, StatusCode::GONE).await;
     // A forged or foreign credential is not a credential.
     let forged = format!("{}.{}.{}", lease.id, lease.token, "00".repeat(32));
     let body = json!({"seq": 2, "events": []});
-    assert_eq!(
-        report(&s, &lease.id, &forged, body.clone()).await,
-        StatusCode::UNAUTHORIZED
-    );
-    assert_eq!(
-        report(&s, "j000000000999", &credential, body).await,
-        StatusCode::UNAUTHORIZED
-    );
+    report(
+        &s,
+        &lease.id,
+        &forged,
+        body.clone(),
+        StatusCode::UNAUTHORIZED,
+    )
+    .await;
+    report(
+        &s,
+        "j000000000999",
+        &credential,
+        body,
+        StatusCode::UNAUTHORIZED,
+    )
+    .await;
 
     let (status, job) = get(&s, &s.acme, &format!("/finetunes/{id}")).await;
     assert_eq!(status, StatusCode::OK);
@@ -155,12 +140,16 @@ async fn reports_move_a_job_to_succeeded_and_stale_or_forged_ones_change_nothing
     assert_eq!(job["progress"]["percent"], 50.0);
     assert_eq!(job["progress"]["loss"], 1.5);
     assert_eq!(job["progress"]["checkpoint_step"], 2);
-    let (_, checkpoints) = get(&s, &s.acme, &format!("/finetunes/{id}/checkpoints")).await;
+    let checkpoints = s
+        .json_as(&s.acme, &format!("/finetunes/{id}/checkpoints"))
+        .await;
     assert_eq!(checkpoints["data"].as_array().unwrap().len(), 1);
     assert_eq!(checkpoints["data"][0]["step_number"], 2);
     assert_eq!(checkpoints["data"][0]["metrics"]["train_loss"], 1.5);
     // The log entries the report left, rendered from their typed form.
-    let (_, events) = get(&s, &s.acme, &format!("/finetunes/{id}/events?limit=100")).await;
+    let events = s
+        .json_as(&s.acme, &format!("/finetunes/{id}/events?limit=100"))
+        .await;
     let events = events["data"].as_array().unwrap();
     let find = |message: &str| {
         events
@@ -185,11 +174,10 @@ async fn reports_move_a_job_to_succeeded_and_stale_or_forged_ones_change_nothing
     let finished = json!({"seq": 2, "events": [step(3, 4, 1.2), step(4, 4, 1.0),
         {"event": "finished", "step": 4, "adapter": "file:///out", "train_loss": 1.0,
          "validation_loss": null, "trained_tokens": 400}]});
-    assert_eq!(
-        report(&s, &lease.id, &credential, finished).await,
-        StatusCode::NO_CONTENT
-    );
-    let (_, job) = get(&s, &s.acme, &format!("/v1/fine_tuning/jobs/{id}")).await;
+    report(&s, &lease.id, &credential, finished, StatusCode::NO_CONTENT).await;
+    let job = s
+        .json_as(&s.acme, &format!("/v1/fine_tuning/jobs/{id}"))
+        .await;
     assert_eq!(job["status"], "succeeded");
     assert_eq!(job["trained_tokens"], 400);
     assert!(
@@ -200,17 +188,14 @@ async fn reports_move_a_job_to_succeeded_and_stale_or_forged_ones_change_nothing
     );
     // After the end, the attempt's credential is refused too.
     let after = json!({"seq": 3, "events": [step(5, 4, 0.1)]});
-    assert_eq!(
-        report(&s, &lease.id, &credential, after).await,
-        StatusCode::GONE
-    );
+    report(&s, &lease.id, &credential, after, StatusCode::GONE).await;
 
-    let (_, events) = get(
-        &s,
-        &s.acme,
-        &format!("/v1/fine_tuning/jobs/{id}/events?limit=100"),
-    )
-    .await;
+    let events = s
+        .json_as(
+            &s.acme,
+            &format!("/v1/fine_tuning/jobs/{id}/events?limit=100"),
+        )
+        .await;
     let messages: Vec<&str> = events["data"]
         .as_array()
         .unwrap()
@@ -248,7 +233,7 @@ async fn reports_move_a_job_to_succeeded_and_stale_or_forged_ones_change_nothing
         let (status, body) = get(&s, &s.other, &path).await;
         assert_eq!(status, StatusCode::NOT_FOUND, "{path}: {body}");
     }
-    let (_, list) = get(&s, &s.other, "/v1/fine_tuning/jobs").await;
+    let list = s.json_as(&s.other, "/v1/fine_tuning/jobs").await;
     assert_eq!(list["data"].as_array().unwrap().len(), 0);
 }
 
@@ -277,13 +262,7 @@ async fn a_succeeded_adapter_is_handed_out_as_presigned_urls_where_the_store_sig
     );
     assert_eq!(body["error"]["code"], "adapter_not_ready");
 
-    let lease = s
-        .queue
-        .claim_started("local", "test", "")
-        .await
-        .unwrap()
-        .unwrap();
-    let credential = s.signer.sign(&lease.id, lease.token);
+    let (lease, credential) = claim(&s).await;
     // What the trainer writes, then its last report.
     let output = job_output(&Id::parse("acme").unwrap(), &Id::parse(id).unwrap());
     let files: [(&str, &[u8]); 2] = [
@@ -303,10 +282,7 @@ async fn a_succeeded_adapter_is_handed_out_as_presigned_urls_where_the_store_sig
     let finished = json!({"seq": 1, "events": [
         {"event": "finished", "step": 4, "adapter": "s3://tuneq-test/out", "train_loss": 1.0,
          "validation_loss": null, "trained_tokens": 400}]});
-    assert_eq!(
-        report(&s, &lease.id, &credential, finished).await,
-        StatusCode::NO_CONTENT
-    );
+    report(&s, &lease.id, &credential, finished, StatusCode::NO_CONTENT).await;
 
     let (status, urls) = get(
         &s,

@@ -34,13 +34,7 @@ async fn upload(s: &Server, key: &str, name: &str, body: &str) -> reqwest::Respo
             "file",
             reqwest::multipart::Part::bytes(body.as_bytes().to_vec()).file_name(name.to_string()),
         );
-    reqwest::Client::new()
-        .post(format!("{}/v1/files", s.url))
-        .bearer_auth(key)
-        .multipart(form)
-        .send()
-        .await
-        .unwrap()
+    s.post_form(key, "/v1/files", form).await
 }
 
 fn stored_files(s: &Server) -> usize {
@@ -72,7 +66,6 @@ async fn stored_witness(s: &Server) -> usize {
 #[tokio::test]
 async fn a_valid_dataset_is_stored_listed_downloaded_and_deleted_by_its_tenant_only() {
     let s = start(1 << 20).await;
-    let http = reqwest::Client::new();
     let data = chat_lines(5);
     let response = upload(&s, &s.acme, "train.jsonl", &data).await;
     assert_eq!(response.status(), StatusCode::OK);
@@ -88,85 +81,38 @@ async fn a_valid_dataset_is_stored_listed_downloaded_and_deleted_by_its_tenant_o
     assert_eq!(file["validation"]["format"], "chat");
     assert_eq!(file["validation"]["examples"], 5);
 
-    let list: Value = http
-        .get(format!("{}/v1/files", s.url))
-        .bearer_auth(&s.acme)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let list: Value = s.json_as(&s.acme, "/v1/files").await;
     assert_eq!(list["object"], "list");
     assert_eq!(list["data"][0]["id"], id.as_str());
     assert_eq!(list["has_more"], false);
 
-    let got: Value = http
-        .get(format!("{}/files/{id}", s.url))
-        .bearer_auth(&s.acme)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let got: Value = s.json_as(&s.acme, &format!("/files/{id}")).await;
     assert_eq!(got, file, "native and OpenAI routes serve the same object");
-    let content = http
-        .get(format!("{}/v1/files/{id}/content", s.url))
-        .bearer_auth(&s.acme)
-        .send()
-        .await
-        .unwrap();
+    let content = s.get_as(&s.acme, &format!("/v1/files/{id}/content")).await;
     assert_eq!(content.status(), StatusCode::OK);
     assert_eq!(content.text().await.unwrap(), data);
 
     // Another tenant sees nothing of it.
     for path in [format!("/v1/files/{id}"), format!("/v1/files/{id}/content")] {
-        let r = http
-            .get(format!("{}{path}", s.url))
-            .bearer_auth(&s.other)
-            .send()
-            .await
-            .unwrap();
+        let r = s.get_as(&s.other, &path).await;
         assert_eq!(r.status(), StatusCode::NOT_FOUND, "{path}");
         let body: Value = r.json().await.unwrap();
         assert_eq!(body["error"]["type"], "invalid_request_error");
     }
-    let theirs: Value = http
-        .get(format!("{}/v1/files", s.url))
-        .bearer_auth(&s.other)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let theirs: Value = s.json_as(&s.other, "/v1/files").await;
     assert_eq!(theirs["data"].as_array().unwrap().len(), 0);
-    let r = http
-        .delete(format!("{}/v1/files/{id}", s.url))
-        .bearer_auth(&s.other)
-        .send()
-        .await
-        .unwrap();
+    let r = s.delete_as(&s.other, &format!("/v1/files/{id}")).await;
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
 
-    let deleted: Value = http
-        .delete(format!("{}/v1/files/{id}", s.url))
-        .bearer_auth(&s.acme)
-        .send()
+    let deleted: Value = s
+        .delete_as(&s.acme, &format!("/v1/files/{id}"))
         .await
-        .unwrap()
         .json()
         .await
         .unwrap();
     assert_eq!(deleted["deleted"], true);
     assert_eq!(stored_files(&s), 0);
-    let r = http
-        .get(format!("{}/v1/files/{id}", s.url))
-        .bearer_auth(&s.acme)
-        .send()
-        .await
-        .unwrap();
+    let r = s.get_as(&s.acme, &format!("/v1/files/{id}")).await;
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
 }
 
@@ -226,20 +172,11 @@ async fn a_dataset_with_bad_lines_is_refused_with_every_line_and_field_named() {
 async fn keys_sizes_and_purposes_are_checked() {
     let s = start(2_000).await;
     let http = reqwest::Client::new();
-    let r = http
-        .get(format!("{}/v1/files", s.url))
-        .send()
-        .await
-        .unwrap();
+    let r = s.get_without_key("/v1/files").await;
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["error"]["type"], "authentication_error");
-    let r = http
-        .get(format!("{}/v1/files", s.url))
-        .bearer_auth("tq_not-a-real-key-at-all")
-        .send()
-        .await
-        .unwrap();
+    let r = s.get_as("tq_not-a-real-key-at-all", "/v1/files").await;
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
 
     let stored = stored_witness(&s).await;
@@ -251,13 +188,13 @@ async fn keys_sizes_and_purposes_are_checked() {
     // Sent chunked, with no length declared up front: stopped once it passes the limit.
     let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
         (0..100).map(|_| Ok(chat_lines(1).into_bytes())).collect();
-    let big = http
-        .post(format!("{}/files?filename=big.jsonl", s.url))
-        .bearer_auth(&s.acme)
-        .body(reqwest::Body::wrap_stream(futures::stream::iter(chunks)))
-        .send()
-        .await
-        .unwrap();
+    let big = s
+        .post_body(
+            &s.acme,
+            "/files?filename=big.jsonl",
+            reqwest::Body::wrap_stream(futures::stream::iter(chunks)),
+        )
+        .await;
     assert_eq!(big.status(), StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(stored_files(&s), stored);
 
@@ -267,13 +204,7 @@ async fn keys_sizes_and_purposes_are_checked() {
             "file",
             reqwest::multipart::Part::bytes(chat_lines(1).into_bytes()),
         );
-    let r = http
-        .post(format!("{}/v1/files", s.url))
-        .bearer_auth(&s.acme)
-        .multipart(form)
-        .send()
-        .await
-        .unwrap();
+    let r = s.post_form(&s.acme, "/v1/files", form).await;
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["error"]["param"], "purpose");
@@ -292,7 +223,7 @@ async fn keys_sizes_and_purposes_are_checked() {
     assert_eq!(file["filename"], "raw.jsonl");
     assert_eq!(file["validation"]["format"], "text");
 
-    let r = http.get(format!("{}/nowhere", s.url)).send().await.unwrap();
+    let r = s.get_without_key("/nowhere").await;
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["error"]["code"], "unknown_route");
@@ -302,60 +233,47 @@ async fn keys_sizes_and_purposes_are_checked() {
 async fn operators_create_tenants_and_keys_with_the_admin_key() {
     let s = start(1 << 20).await;
     let http = reqwest::Client::new();
-    let r = http
-        .post(format!("{}/admin/tenants", s.url))
-        .bearer_auth(&s.acme)
-        .json(&serde_json::json!({"id": "newco"}))
-        .send()
-        .await
-        .unwrap();
+    let r = s
+        .post_json(
+            &s.acme,
+            "/admin/tenants",
+            &serde_json::json!({"id": "newco"}),
+        )
+        .await;
     assert_eq!(
         r.status(),
         StatusCode::UNAUTHORIZED,
         "a tenant key is not an admin key (401, as a wrong key is on every route)"
     );
-    let r = http
-        .post(format!("{}/admin/tenants", s.url))
-        .bearer_auth(ADMIN_KEY)
-        .json(&serde_json::json!({"id": "NewCo!"}))
-        .send()
-        .await
-        .unwrap();
+    let r = s
+        .post_json(
+            ADMIN_KEY,
+            "/admin/tenants",
+            &serde_json::json!({"id": "NewCo!"}),
+        )
+        .await;
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["error"]["param"], "id");
-    let r = http
-        .post(format!("{}/admin/tenants", s.url))
-        .bearer_auth(ADMIN_KEY)
-        .json(&serde_json::json!({"id": "newco", "name": "New Co"}))
-        .send()
-        .await
-        .unwrap();
+    let r = s
+        .post_json(
+            ADMIN_KEY,
+            "/admin/tenants",
+            &serde_json::json!({"id": "newco", "name": "New Co"}),
+        )
+        .await;
     assert_eq!(r.status(), StatusCode::CREATED);
-    let key: Value = http
-        .post(format!("{}/admin/tenants/newco/keys", s.url))
-        .bearer_auth(ADMIN_KEY)
-        .send()
+    let key: Value = s
+        .post_as(ADMIN_KEY, "/admin/tenants/newco/keys")
         .await
-        .unwrap()
         .json()
         .await
         .unwrap();
     let new_key = key["api_key"].as_str().unwrap();
     assert!(new_key.starts_with("tq_"));
-    let r = http
-        .get(format!("{}/v1/files", s.url))
-        .bearer_auth(new_key)
-        .send()
-        .await
-        .unwrap();
+    let r = s.get_as(new_key, "/v1/files").await;
     assert_eq!(r.status(), StatusCode::OK);
-    let r = http
-        .post(format!("{}/admin/tenants/ghost/keys", s.url))
-        .bearer_auth(ADMIN_KEY)
-        .send()
-        .await
-        .unwrap();
+    let r = s.post_as(ADMIN_KEY, "/admin/tenants/ghost/keys").await;
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
     let r = http
         .post(format!("{}/admin/tenants", s.url))
@@ -373,29 +291,12 @@ async fn operators_create_tenants_and_keys_with_the_admin_key() {
 #[tokio::test]
 async fn metrics_count_answers_by_route_pattern_never_by_raw_path() {
     let s = start(1 << 20).await;
-    let http = reqwest::Client::new();
     let id = "file-0123456789abcdef01234567";
-    let response = http
-        .get(format!("{}/v1/files/{id}", s.url))
-        .bearer_auth(&s.acme)
-        .send()
-        .await
-        .unwrap();
+    let response = s.get_as(&s.acme, &format!("/v1/files/{id}")).await;
     assert_eq!(response.status(), StatusCode::NOT_FOUND);
-    let response = http
-        .get(format!("{}/no/such/route", s.url))
-        .send()
-        .await
-        .unwrap();
+    let response = s.get_without_key("/no/such/route").await;
     assert_eq!(response.status(), StatusCode::NOT_FOUND);
-    let text = http
-        .get(format!("{}/metrics", s.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = s.get_without_key("/metrics").await.text().await.unwrap();
     assert!(
         text.contains(
             r#"tuneq_http_requests_total{method="GET",route="/v1/files/{id}",status="404"}"#

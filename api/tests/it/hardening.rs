@@ -145,13 +145,9 @@ async fn uploads_at_once_are_bounded_per_tenant() {
         held.push(stream);
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let response = reqwest::Client::new()
-        .post(format!("{}/v1/files?filename=b.jsonl", s.url))
-        .bearer_auth(&s.acme)
-        .body(examples(2))
-        .send()
-        .await
-        .unwrap();
+    let response = s
+        .post_body(&s.acme, "/v1/files?filename=b.jsonl", examples(2))
+        .await;
     assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
     assert!(response.headers().contains_key("retry-after"));
     let body: Value = response.json().await.unwrap();
@@ -169,13 +165,9 @@ async fn a_line_longer_than_the_limit_is_named_not_buffered() {
     let s = start(|c| c.max_upload_bytes = 32 << 20).await;
     let long = format!("{{\"text\":\"{}\"}}", "a".repeat(9 << 20));
     let body = format!("{}\n{long}\n{}\n", examples(1), examples(1));
-    let response = reqwest::Client::new()
-        .post(format!("{}/v1/files?filename=long.jsonl", s.url))
-        .bearer_auth(&s.acme)
-        .body(body)
-        .send()
-        .await
-        .unwrap();
+    let response = s
+        .post_body(&s.acme, "/v1/files?filename=long.jsonl", body)
+        .await;
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
     let body: Value = response.json().await.unwrap();
     assert_eq!(body["error"]["lines"][0]["line"], 2, "{body}");
@@ -201,13 +193,7 @@ async fn repeated_form_fields_and_authorization_headers_are_refused() {
             "file",
             reqwest::multipart::Part::text(data).file_name("b.jsonl"),
         );
-    let response = reqwest::Client::new()
-        .post(format!("{}/v1/files", s.url))
-        .bearer_auth(&s.acme)
-        .multipart(form)
-        .send()
-        .await
-        .unwrap();
+    let response = s.post_form(&s.acme, "/v1/files", form).await;
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
     let body: Value = response.json().await.unwrap();
     assert_eq!(body["error"]["code"], "duplicate_field");
@@ -233,15 +219,12 @@ async fn keys_are_listed_by_id_and_a_revoked_key_stops_at_once() {
     let http = reqwest::Client::new();
     let admin = |r: reqwest::RequestBuilder| r.bearer_auth(ADMIN_KEY);
     // The key works (and is now in the process's cache).
-    let ok = get(&http, format!("{}/v1/models", s.url), &s.acme).await;
+    let ok = s.get_as(&s.acme, "/v1/models").await;
     assert_eq!(ok.status(), StatusCode::OK);
-    let listed: Value = admin(http.get(format!("{}/admin/tenants/acme/keys", s.url)))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let listed: Value = support::json_of(admin(
+        http.get(format!("{}/admin/tenants/acme/keys", s.url)),
+    ))
+    .await;
     let keys = listed["data"].as_array().unwrap();
     assert_eq!(keys.len(), 1, "{listed}");
     let prefix = keys[0]["prefix"].as_str().unwrap().trim_end_matches('…');
@@ -262,7 +245,7 @@ async fn keys_are_listed_by_id_and_a_revoked_key_stops_at_once() {
         .await
         .unwrap();
     assert_eq!(revoked.status(), StatusCode::OK);
-    let after = get(&http, format!("{}/v1/models", s.url), &s.acme).await;
+    let after = s.get_as(&s.acme, "/v1/models").await;
     assert_eq!(after.status(), StatusCode::UNAUTHORIZED);
     // Revoked for good: registering the same key again (as a restart that passes it
     // once more would) is refused, and it still does not work.
@@ -276,25 +259,17 @@ async fn keys_are_listed_by_id_and_a_revoked_key_stops_at_once() {
             .unwrap()
             .is_some()
     );
-    let after = get(&http, format!("{}/v1/models", s.url), &s.acme).await;
+    let after = s.get_as(&s.acme, "/v1/models").await;
     assert_eq!(after.status(), StatusCode::UNAUTHORIZED);
     // The other tenant's key is untouched.
-    let other = get(&http, format!("{}/v1/models", s.url), &s.other).await;
+    let other = s.get_as(&s.other, "/v1/models").await;
     assert_eq!(other.status(), StatusCode::OK);
 }
 
 #[tokio::test]
 async fn webhook_secrets_are_not_readable_from_the_queue_file() {
     let s = start(|_| {}).await;
-    let secret: Value = reqwest::Client::new()
-        .get(format!("{}/webhooks/secret", s.url))
-        .bearer_auth(&s.acme)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let secret: Value = s.json_as(&s.acme, "/webhooks/secret").await;
     let secret = secret["secret"].as_str().unwrap().to_string();
     assert!(secret.starts_with("whsec_"));
     let file = std::fs::read(s.dir.path().join("queue.db")).unwrap();
@@ -308,26 +283,25 @@ async fn webhook_secrets_are_not_readable_from_the_queue_file() {
 #[tokio::test]
 async fn tenant_names_and_metadata_refuse_controls_and_bidi_overrides() {
     let s = start(|_| {}).await;
-    let http = reqwest::Client::new();
     for name in ["evil\u{202e}gnp.exe", "nul\0here", &"n".repeat(200)] {
-        let response = http
-            .post(format!("{}/admin/tenants", s.url))
-            .bearer_auth(ADMIN_KEY)
-            .json(&json!({"id": "named", "name": name}))
-            .send()
-            .await
-            .unwrap();
+        let response = s
+            .post_json(
+                ADMIN_KEY,
+                "/admin/tenants",
+                &json!({"id": "named", "name": name}),
+            )
+            .await;
         assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{name:.20}");
     }
     let file = upload(&s, &s.acme, &examples(4)).await;
     for metadata in [json!({"k\u{2066}": "v"}), json!({"k": "a\0b"})] {
-        let response = http
-            .post(format!("{}/v1/fine_tuning/jobs", s.url))
-            .bearer_auth(&s.acme)
-            .json(&json!({"model": "base", "training_file": file, "metadata": metadata}))
-            .send()
-            .await
-            .unwrap();
+        let response = s
+            .post_json(
+                &s.acme,
+                "/v1/fine_tuning/jobs",
+                &json!({"model": "base", "training_file": file, "metadata": metadata}),
+            )
+            .await;
         assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{metadata}");
     }
 }
@@ -388,15 +362,7 @@ async fn settings_that_can_never_train_are_refused_at_create_naming_the_field() 
         assert_eq!(body["error"]["param"], param, "{extra}: {body}");
     }
     // Nothing was created.
-    let jobs: Value = reqwest::Client::new()
-        .get(format!("{}/v1/fine_tuning/jobs", s.url))
-        .bearer_auth(&s.acme)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let jobs: Value = s.json_as(&s.acme, "/v1/fine_tuning/jobs").await;
     assert_eq!(jobs["data"].as_array().unwrap().len(), 0);
     // The same request within bounds is accepted.
     let (status, body) = create(&s, &file, json!({"lora": {"r": 16}})).await;
@@ -491,7 +457,6 @@ async fn a_job_that_fits_only_in_bf16_is_refused_naming_dtype_and_fits_when_aske
 #[tokio::test]
 async fn a_deleted_file_goes_from_the_catalog_first_and_missing_content_is_410() {
     let s = start(|_| {}).await;
-    let http = reqwest::Client::new();
     let file = upload(&s, &s.acme, &examples(3)).await;
     // The content vanishes behind the service's back (a crash, an operator).
     let content = s
@@ -499,35 +464,26 @@ async fn a_deleted_file_goes_from_the_catalog_first_and_missing_content_is_410()
         .path()
         .join(format!("objects/tenants/acme/files/{file}/content.jsonl"));
     std::fs::remove_file(&content).unwrap();
-    let response = get(&http, format!("{}/v1/files/{file}/content", s.url), &s.acme).await;
+    let response = s
+        .get_as(&s.acme, &format!("/v1/files/{file}/content"))
+        .await;
     assert_eq!(response.status(), StatusCode::GONE);
     let body = response.text().await.unwrap();
     assert!(!body.contains("objects/"), "a server path leaked: {body}");
     // Deleting it still works, and then it is 404.
-    let deleted = http
-        .delete(format!("{}/v1/files/{file}", s.url))
-        .bearer_auth(&s.acme)
-        .send()
-        .await
-        .unwrap();
+    let deleted = s.delete_as(&s.acme, &format!("/v1/files/{file}")).await;
     assert_eq!(deleted.status(), StatusCode::OK);
-    let gone = get(&http, format!("{}/v1/files/{file}", s.url), &s.acme).await;
+    let gone = s.get_as(&s.acme, &format!("/v1/files/{file}")).await;
     assert_eq!(gone.status(), StatusCode::NOT_FOUND);
 }
 
 #[tokio::test]
 async fn a_file_an_unfinished_job_trains_on_cannot_be_deleted() {
     let s = start(|_| {}).await;
-    let http = reqwest::Client::new();
     let file = upload(&s, &s.acme, &examples(4)).await;
     let (status, job) = create(&s, &file, json!({})).await;
     assert_eq!(status, StatusCode::OK, "{job}");
-    let response = http
-        .delete(format!("{}/v1/files/{file}", s.url))
-        .bearer_auth(&s.acme)
-        .send()
-        .await
-        .unwrap();
+    let response = s.delete_as(&s.acme, &format!("/v1/files/{file}")).await;
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
     let body: Value = response.json().await.unwrap();
     assert_eq!(body["error"]["code"], "file_in_use");
@@ -538,7 +494,9 @@ async fn a_file_an_unfinished_job_trains_on_cannot_be_deleted() {
             .contains(job["id"].as_str().unwrap())
     );
     // Still there, content and all.
-    let content = get(&http, format!("{}/v1/files/{file}/content", s.url), &s.acme).await;
+    let content = s
+        .get_as(&s.acme, &format!("/v1/files/{file}/content"))
+        .await;
     assert_eq!(content.status(), StatusCode::OK);
 }
 
@@ -558,13 +516,9 @@ async fn a_tenants_storage_quota_is_answered_429_and_stores_nothing() {
     );
     upload(&s, &s.acme, &examples(2)).await;
     upload(&s, &s.acme, &examples(2)).await;
-    let third = http
-        .post(format!("{}/v1/files?filename=c.jsonl", s.url))
-        .bearer_auth(&s.acme)
-        .body(examples(2))
-        .send()
-        .await
-        .unwrap();
+    let third = s
+        .post_body(&s.acme, "/v1/files?filename=c.jsonl", examples(2))
+        .await;
     assert_eq!(third.status(), StatusCode::TOO_MANY_REQUESTS);
     let body: Value = third.json().await.unwrap();
     assert_eq!(body["error"]["code"], "tenant_storage_quota");
@@ -577,13 +531,9 @@ async fn a_tenants_storage_quota_is_answered_429_and_stores_nothing() {
             .status(),
         StatusCode::OK
     );
-    let over = http
-        .post(format!("{}/v1/files?filename=d.jsonl", s.url))
-        .bearer_auth(&s.acme)
-        .body(examples(2))
-        .send()
-        .await
-        .unwrap();
+    let over = s
+        .post_body(&s.acme, "/v1/files?filename=d.jsonl", examples(2))
+        .await;
     assert_eq!(over.status(), StatusCode::TOO_MANY_REQUESTS);
     let files: Value = get(&http, format!("{}/v1/files", s.url), &s.acme)
         .await
@@ -612,7 +562,7 @@ async fn a_key_made_before_key_ids_gets_one_when_used_and_can_then_be_revoked() 
         )
         .await
         .unwrap();
-    let used = get(&http, format!("{}/v1/models", s.url), old_key).await;
+    let used = s.get_as(old_key, "/v1/models").await;
     assert_eq!(used.status(), StatusCode::OK);
     let listed: Value = get(
         &http,
@@ -629,18 +579,14 @@ async fn a_key_made_before_key_ids_gets_one_when_used_and_can_then_be_revoked() 
         .iter()
         .find(|k| old_key.starts_with(k["prefix"].as_str().unwrap().trim_end_matches('…')))
         .unwrap();
-    let revoked = http
-        .delete(format!(
-            "{}/admin/tenants/acme/keys/{}",
-            s.url,
-            old["id"].as_str().unwrap()
-        ))
-        .bearer_auth(ADMIN_KEY)
-        .send()
-        .await
-        .unwrap();
+    let revoked = s
+        .delete_as(
+            ADMIN_KEY,
+            &format!("/admin/tenants/acme/keys/{}", old["id"].as_str().unwrap()),
+        )
+        .await;
     assert_eq!(revoked.status(), StatusCode::OK);
-    let after = get(&http, format!("{}/v1/models", s.url), old_key).await;
+    let after = s.get_as(old_key, "/v1/models").await;
     assert_eq!(after.status(), StatusCode::UNAUTHORIZED);
 }
 

@@ -143,13 +143,13 @@ async fn a_suffix_that_reads_as_a_path_and_a_filename_with_bidi_controls_are_cle
         assert_eq!(status, StatusCode::BAD_REQUEST, "{suffix}: {body}");
         assert_eq!(body["error"]["param"], "suffix");
     }
-    let response = reqwest::Client::new()
-        .post(format!("{}/v1/files?filename=evil%E2%80%AEtxt.exe", s.url))
-        .bearer_auth(&s.acme)
-        .body(examples(8))
-        .send()
-        .await
-        .unwrap();
+    let response = s
+        .post_body(
+            &s.acme,
+            "/v1/files?filename=evil%E2%80%AEtxt.exe",
+            examples(8),
+        )
+        .await;
     assert_eq!(response.status(), StatusCode::OK);
     let uploaded: Value = response.json().await.unwrap();
     assert_eq!(uploaded["filename"], "eviltxt.exe");

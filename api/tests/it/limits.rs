@@ -72,15 +72,7 @@ async fn json_bodies_past_one_mib_are_refused_with_413_body_too_large() {
     assert_eq!(body["error"]["code"], "body_too_large", "{body}");
 
     // Nothing was created by any of them.
-    let jobs: Value = reqwest::Client::new()
-        .get(format!("{}/v1/fine_tuning/jobs", s.url))
-        .bearer_auth(&s.acme)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let jobs: Value = s.json_as(&s.acme, "/v1/fine_tuning/jobs").await;
     assert_eq!(jobs["data"].as_array().unwrap().len(), 0, "{jobs}");
 }
 
@@ -110,24 +102,15 @@ async fn tenants_without_limits_of_their_own_get_the_servers_defaults() {
         .await
         .unwrap();
     assert_eq!(made.status(), StatusCode::CREATED);
-    let key: Value = admin(reqwest::Method::POST, "/admin/tenants/fresh/keys")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let key: Value =
+        support::json_of(admin(reqwest::Method::POST, "/admin/tenants/fresh/keys")).await;
     let key = key["api_key"].as_str().unwrap().to_string();
     // Files: two, then 429.
     let file = support::upload(&s, &key, &support::examples(8)).await;
     support::upload(&s, &key, &support::examples(9)).await;
-    let third = reqwest::Client::new()
-        .post(format!("{}/v1/files?filename=d.jsonl", s.url))
-        .bearer_auth(&key)
-        .body(support::examples(10))
-        .send()
-        .await
-        .unwrap();
+    let third = s
+        .post_body(&key, "/v1/files?filename=d.jsonl", support::examples(10))
+        .await;
     assert_eq!(third.status(), StatusCode::TOO_MANY_REQUESTS);
     // Jobs waiting: two, then 429.
     let create = || {
@@ -181,13 +164,13 @@ async fn tenants_without_limits_of_their_own_get_the_servers_defaults() {
 async fn uploads_at_once_cannot_pass_the_storage_quota_together() {
     use serde_json::json;
     let s = start(|_| {}).await;
-    let set = reqwest::Client::new()
-        .put(format!("{}/admin/tenants/acme/limits", s.url))
-        .bearer_auth(support::ADMIN_KEY)
-        .json(&json!({"max_files": 2}))
-        .send()
-        .await
-        .unwrap();
+    let set = s
+        .put_json(
+            support::ADMIN_KEY,
+            "/admin/tenants/acme/limits",
+            &json!({"max_files": 2}),
+        )
+        .await;
     assert_eq!(set.status(), StatusCode::OK);
     for round in 0..3 {
         let uploads = (0..4).map(|i| {

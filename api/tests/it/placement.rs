@@ -8,7 +8,7 @@ use crate::support;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::sync::Arc;
-use support::{create, examples, get_json, start, upload};
+use support::{Server, create, examples, get_json, start, upload};
 use tuneq_queue::JobQueue;
 
 const POOLS: &str = r#"
@@ -39,14 +39,35 @@ cpu = 1
 memory = "1Mi"
 "#;
 
-#[tokio::test]
-async fn a_job_lists_the_pools_that_fit_spot_first_with_its_estimate_and_max_cost_is_kept() {
+/// Claims the next job of the spot pool as a dispatcher would.
+async fn claim_spot(s: &Server) -> tuneq_queue::Lease {
+    s.state
+        .queue
+        .claim_started("cpu-spot", "test", "")
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+/// The message of an error answer.
+fn error_message(body: &Value) -> &str {
+    body["error"]["message"].as_str().unwrap()
+}
+
+/// A server with the pools of [`POOLS`], a slot in each, and a dataset of `acme`'s (its id).
+async fn start_with_pools() -> (Server, String) {
     let pools = tuneq_pools::PoolsFile::parse(POOLS, "pools.toml").unwrap();
     let s = start(|c| c.pools = Arc::new(pools.clone())).await;
     for pool in &pools.pools {
         s.state.queue.set_pool(&pool.name, 1).await.unwrap();
     }
     let file = upload(&s, &s.acme, &examples(8)).await;
+    (s, file)
+}
+
+#[tokio::test]
+async fn a_job_lists_the_pools_that_fit_spot_first_with_its_estimate_and_max_cost_is_kept() {
+    let (s, file) = start_with_pools().await;
 
     let (status, job) = create(&s, &file, json!({})).await;
     assert_eq!(status, StatusCode::OK, "{job}");
@@ -74,13 +95,7 @@ async fn a_job_lists_the_pools_that_fit_spot_first_with_its_estimate_and_max_cos
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert_eq!(body["error"]["param"], "max_cost");
     assert_eq!(body["error"]["code"], "over_budget");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("on cpu-cheap"),
-        "{body}"
-    );
+    assert!(error_message(&body).contains("on cpu-cheap"), "{body}");
     assert_eq!(s.state.queue.inspect().await.unwrap().jobs.len(), before);
 
     for bad in [json!(-1.0), json!(0)] {
@@ -92,10 +107,7 @@ async fn a_job_lists_the_pools_that_fit_spot_first_with_its_estimate_and_max_cos
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert_eq!(body["error"]["code"], "no_pool_fits");
     assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .ends_with("this service has: cpu, spot-cpu."),
+        error_message(&body).ends_with("this service has: cpu, spot-cpu."),
         "{body}"
     );
 
@@ -143,10 +155,7 @@ async fn a_job_lists_the_pools_that_fit_spot_first_with_its_estimate_and_max_cos
     let (status, body) = create(&s, &file, json!({"compute": "bf16", "dtype": "f32"})).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert_eq!(body["error"]["param"], "compute", "{body}");
-    assert!(
-        body["error"]["message"].as_str().unwrap().contains("dtype"),
-        "{body}"
-    );
+    assert!(error_message(&body).contains("dtype"), "{body}");
     assert_eq!(s.state.queue.inspect().await.unwrap().jobs.len(), before);
     let (status, body) = create(&s, &file, json!({"compute": "fp8"})).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
@@ -156,14 +165,13 @@ async fn a_job_lists_the_pools_that_fit_spot_first_with_its_estimate_and_max_cos
 /// One trainer report on attempt `token` of `job`.
 async fn report(s: &support::Server, job: &str, token: u64, events: Value) -> StatusCode {
     let credential = s.state.config.attempt_signer.sign(job, token);
-    reqwest::Client::new()
-        .post(format!("{}/internal/attempts/{job}/report", s.url))
-        .bearer_auth(credential)
-        .json(&json!({"seq": token * 100, "events": events}))
-        .send()
-        .await
-        .unwrap()
-        .status()
+    s.post_json(
+        &credential,
+        &format!("/internal/attempts/{job}/report"),
+        &json!({"seq": token * 100, "events": events}),
+    )
+    .await
+    .status()
 }
 
 fn step(step: u64, tokens_per_s: f64) -> Value {
@@ -174,24 +182,13 @@ fn step(step: u64, tokens_per_s: f64) -> Value {
 
 #[tokio::test]
 async fn estimates_use_the_speed_trainers_report_and_lost_steps_are_counted_per_pool() {
-    let pools = tuneq_pools::PoolsFile::parse(POOLS, "pools.toml").unwrap();
-    let s = start(|c| c.pools = Arc::new(pools.clone())).await;
-    for pool in &pools.pools {
-        s.state.queue.set_pool(&pool.name, 1).await.unwrap();
-    }
-    let file = upload(&s, &s.acme, &examples(8)).await;
+    let (s, file) = start_with_pools().await;
     let (_, job) = create(&s, &file, json!({})).await;
     let from_file = job["estimate"]["seconds"].as_f64().unwrap();
 
     // Its first attempt on the spot pool trains at 100 times the file's figure, gets
     // to step 3 and is preempted; the next resumes from the checkpoint at step 1.
-    let first = s
-        .state
-        .queue
-        .claim_started("cpu-spot", "test", "")
-        .await
-        .unwrap()
-        .unwrap();
+    let first = claim_spot(&s).await;
     let started = json!({"event": "started", "total_steps": 10, "start_step": 0,
         "train_examples": 8, "validation_examples": 0, "trainable_params": 10,
         "dataset_format": "prompt_completion"});
@@ -210,13 +207,7 @@ async fn estimates_use_the_speed_trainers_report_and_lost_steps_are_counted_per_
         )
         .await
         .unwrap();
-    let second = s
-        .state
-        .queue
-        .claim_started("cpu-spot", "test", "")
-        .await
-        .unwrap()
-        .unwrap();
+    let second = claim_spot(&s).await;
     assert_eq!(second.id, first.id);
     let resumed = json!([{"event": "resumed", "step": 1, "checkpoint": "file:///c/step-1"}]);
     assert_eq!(
@@ -225,19 +216,15 @@ async fn estimates_use_the_speed_trainers_report_and_lost_steps_are_counted_per_
     );
 
     // Its events say where it was placed and why.
-    let events: Value = reqwest::Client::new()
-        .get(format!(
-            "{}/v1/fine_tuning/jobs/{}/events",
-            s.url,
-            job["id"].as_str().unwrap()
-        ))
-        .bearer_auth(&s.acme)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let events: Value = s
+        .json_as(
+            &s.acme,
+            &format!(
+                "/v1/fine_tuning/jobs/{}/events",
+                job["id"].as_str().unwrap()
+            ),
+        )
+        .await;
     let placed = events["data"]
         .as_array()
         .unwrap()
@@ -258,14 +245,7 @@ async fn estimates_use_the_speed_trainers_report_and_lost_steps_are_counted_per_
         (measured * 100.0 - from_file).abs() < from_file * 1e-9,
         "the estimate must follow the measured speed: {measured} s vs {from_file} s from the file"
     );
-    let metrics = reqwest::Client::new()
-        .get(format!("{}/metrics", s.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = s.get_without_key("/metrics").await.text().await.unwrap();
     for line in [
         "tuneq_pool_tokens_per_second{pool=\"cpu-spot\"} 1000",
         "tuneq_lost_steps_total{pool=\"cpu-spot\"} 2",

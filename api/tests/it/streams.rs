@@ -109,25 +109,19 @@ async fn assert_refused(conn: &mut TcpStream, head: &str, code: &str) {
 /// A new key of `acme`, and its public id.
 async fn new_acme_key(s: &Server) -> (String, String) {
     let client = reqwest::Client::new();
-    let created: Value = client
-        .post(format!("{}/admin/tenants/acme/keys", s.url))
-        .bearer_auth(ADMIN_KEY)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let created: Value = support::json_of(
+        client
+            .post(format!("{}/admin/tenants/acme/keys", s.url))
+            .bearer_auth(ADMIN_KEY),
+    )
+    .await;
     let key = created["api_key"].as_str().unwrap().to_string();
-    let listed: Value = client
-        .get(format!("{}/admin/tenants/acme/keys", s.url))
-        .bearer_auth(ADMIN_KEY)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let listed: Value = support::json_of(
+        client
+            .get(format!("{}/admin/tenants/acme/keys", s.url))
+            .bearer_auth(ADMIN_KEY),
+    )
+    .await;
     let id = listed["data"]
         .as_array()
         .unwrap()
@@ -245,12 +239,9 @@ async fn a_stream_ends_when_its_key_is_revoked() {
     // A stream of the tenant's other key stays.
     let (mut kept, kept_head) = stream(&s, &s.acme, &job).await;
     assert!(kept_head.starts_with("HTTP/1.1 200"), "{kept_head}");
-    let revoked = reqwest::Client::new()
-        .delete(format!("{}/admin/tenants/acme/keys/{key_id}", s.url))
-        .bearer_auth(ADMIN_KEY)
-        .send()
-        .await
-        .unwrap();
+    let revoked = s
+        .delete_as(ADMIN_KEY, &format!("/admin/tenants/acme/keys/{key_id}"))
+        .await;
     assert_eq!(revoked.status(), StatusCode::OK);
     let rest = read_to_end_of_stream(&mut conn, &head).await;
     assert!(rest.contains("event: error"), "{rest}");
@@ -286,12 +277,9 @@ async fn a_stream_ends_after_its_lifetime_and_resumes_with_last_event_id() {
     assert_eq!(s.state.holds.held(), 0);
     // New events, then a reconnect that says where it got to: only the new ones come,
     // even with an older `after` left in the URL (a reconnecting client keeps its URL).
-    let cancelled = reqwest::Client::new()
-        .post(format!("{}/v1/fine_tuning/jobs/{job}/cancel", s.url))
-        .bearer_auth(&s.acme)
-        .send()
-        .await
-        .unwrap();
+    let cancelled = s
+        .post_as(&s.acme, &format!("/v1/fine_tuning/jobs/{job}/cancel"))
+        .await;
     assert_eq!(cancelled.status(), StatusCode::OK);
     let (mut conn, head) = open(
         &s,
@@ -348,12 +336,9 @@ async fn downloads_held_open_are_bounded_per_tenant() {
     assert_refused(&mut conn, &head, "too_many_downloads").await;
     // Another tenant is not held up by it.
     let other = upload(&s, &s.other, &examples(2)).await;
-    let answer = reqwest::Client::new()
-        .get(format!("{}/v1/files/{other}/content", s.url))
-        .bearer_auth(&s.other)
-        .send()
-        .await
-        .unwrap();
+    let answer = s
+        .get_as(&s.other, &format!("/v1/files/{other}/content"))
+        .await;
     assert_eq!(answer.status(), StatusCode::OK);
     // Once the slow client is gone, its slot comes back.
     drop(slow);
@@ -363,12 +348,7 @@ async fn downloads_held_open_are_bounded_per_tenant() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let answer = reqwest::Client::new()
-        .get(format!("{}{path}", s.url))
-        .bearer_auth(&s.acme)
-        .send()
-        .await
-        .unwrap();
+    let answer = s.get_as(&s.acme, &path).await;
     assert_eq!(answer.status(), StatusCode::OK);
     assert_eq!(answer.bytes().await.unwrap().len(), big.len());
 }

@@ -75,18 +75,7 @@ pub async fn start_with_store(
         .unwrap();
     let acme = tenant::add_key(&state.queue, "acme", None).await.unwrap();
     let other = tenant::add_key(&state.queue, "other", None).await.unwrap();
-    register_model(
-        &state,
-        dir.path(),
-        "base",
-        1e-3,
-        serde_json::json!({
-            "hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 2,
-            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
-            "max_position_embeddings": 1024, "rms_norm_eps": 1e-5
-        }),
-    )
-    .await;
+    register_model(&state, dir.path(), "base", 1e-3, small_shape(256)).await;
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let server = tuneq_api::serve(listener, state.clone(), Some(2)).unwrap();
@@ -103,6 +92,109 @@ pub async fn start_with_store(
         dir,
         handle,
     }
+}
+
+impl Server {
+    /// A request for `path` on this server, as the holder of `key`.
+    pub fn request(
+        &self,
+        method: reqwest::Method,
+        key: &str,
+        path: &str,
+    ) -> reqwest::RequestBuilder {
+        reqwest::Client::new()
+            .request(method, format!("{}{path}", self.url))
+            .bearer_auth(key)
+    }
+
+    /// `GET path` as the holder of `key`.
+    pub async fn get_as(&self, key: &str, path: &str) -> reqwest::Response {
+        send(self.request(reqwest::Method::GET, key, path)).await
+    }
+
+    /// `GET path` without a key.
+    pub async fn get_without_key(&self, path: &str) -> reqwest::Response {
+        send(reqwest::Client::new().get(format!("{}{path}", self.url))).await
+    }
+
+    /// `GET path` as the holder of `key`, answered as JSON.
+    pub async fn json_as(&self, key: &str, path: &str) -> serde_json::Value {
+        self.get_as(key, path).await.json().await.unwrap()
+    }
+
+    /// `POST path` without a body, as the holder of `key`.
+    pub async fn post_as(&self, key: &str, path: &str) -> reqwest::Response {
+        send(self.request(reqwest::Method::POST, key, path)).await
+    }
+
+    /// `DELETE path` as the holder of `key`.
+    pub async fn delete_as(&self, key: &str, path: &str) -> reqwest::Response {
+        send(self.request(reqwest::Method::DELETE, key, path)).await
+    }
+
+    /// `POST path` with the JSON `body`, as the holder of `key`.
+    pub async fn post_json(
+        &self,
+        key: &str,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> reqwest::Response {
+        send(self.request(reqwest::Method::POST, key, path).json(body)).await
+    }
+
+    /// `PUT path` with the JSON `body`, as the holder of `key`.
+    pub async fn put_json(
+        &self,
+        key: &str,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> reqwest::Response {
+        send(self.request(reqwest::Method::PUT, key, path).json(body)).await
+    }
+
+    /// `POST path` with the multipart `form`, as the holder of `key`.
+    pub async fn post_form(
+        &self,
+        key: &str,
+        path: &str,
+        form: reqwest::multipart::Form,
+    ) -> reqwest::Response {
+        send(
+            self.request(reqwest::Method::POST, key, path)
+                .multipart(form),
+        )
+        .await
+    }
+
+    /// `POST path` with `body` as it is, as the holder of `key`.
+    pub async fn post_body(
+        &self,
+        key: &str,
+        path: &str,
+        body: impl Into<reqwest::Body>,
+    ) -> reqwest::Response {
+        send(self.request(reqwest::Method::POST, key, path).body(body)).await
+    }
+}
+
+/// Sends `request`; its answer, whatever the status.
+pub async fn send(request: reqwest::RequestBuilder) -> reqwest::Response {
+    request.send().await.unwrap()
+}
+
+/// Sends `request` and reads its answer as JSON.
+pub async fn json_of(request: reqwest::RequestBuilder) -> serde_json::Value {
+    send(request).await.json().await.unwrap()
+}
+
+/// The shape of a small Llama (two layers of width 64) with `vocab_size` tokens, as
+/// [`register_model`] takes it.
+pub fn small_shape(vocab_size: u64) -> serde_json::Value {
+    serde_json::json!({
+        "hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": vocab_size,
+        "max_position_embeddings": 1024, "rms_norm_eps": 1e-5
+    })
 }
 
 /// Registers base model `id`: a Llama `config.json` with `shape`'s fields under
@@ -139,13 +231,9 @@ pub async fn register_model(
 
 /// Uploads `body` as a raw-body dataset for the tenant of `key`; the file's id.
 pub async fn upload(s: &Server, key: &str, body: &str) -> String {
-    let response = reqwest::Client::new()
-        .post(format!("{}/v1/files?filename=d.jsonl", s.url))
-        .bearer_auth(key)
-        .body(body.to_string())
-        .send()
-        .await
-        .unwrap();
+    let response = s
+        .post_body(key, "/v1/files?filename=d.jsonl", body.to_string())
+        .await;
     assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
     let file: serde_json::Value = response.json().await.unwrap();
     file["id"].as_str().unwrap().to_string()
@@ -162,13 +250,7 @@ pub async fn create(
     for (k, v) in extra.as_object().unwrap() {
         request[k] = v.clone();
     }
-    let response = reqwest::Client::new()
-        .post(format!("{}/v1/fine_tuning/jobs", s.url))
-        .bearer_auth(&s.acme)
-        .json(&request)
-        .send()
-        .await
-        .unwrap();
+    let response = s.post_json(&s.acme, "/v1/fine_tuning/jobs", &request).await;
     (response.status(), response.json().await.unwrap())
 }
 
@@ -183,15 +265,7 @@ pub async fn get(
 
 /// `GET path` as the tenant `acme`, answered as JSON.
 pub async fn get_json(s: &Server, path: &str) -> serde_json::Value {
-    reqwest::Client::new()
-        .get(format!("{}{path}", s.url))
-        .bearer_auth(&s.acme)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
+    s.json_as(&s.acme, path).await
 }
 
 /// `n` prompt/completion examples.
@@ -200,6 +274,40 @@ pub fn examples(n: usize) -> String {
         .map(|i| format!(r#"{{"prompt":"p{i}","completion":"c{i}"}}"#))
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// Reads one HTTP request off `stream`: its head (request line and headers, as text)
+/// and its `content-length` body; None when the connection closes before a whole head
+/// or the head is not text (a TLS hello, say).
+pub async fn read_request(stream: &mut tokio::net::TcpStream) -> Option<(String, Vec<u8>)> {
+    use tokio::io::AsyncReadExt;
+    let mut data = Vec::new();
+    let mut buf = [0u8; 8192];
+    let head_end = loop {
+        let n = stream.read(&mut buf).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        data.extend_from_slice(&buf[..n]);
+        if let Some(i) = data.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+    };
+    let head = String::from_utf8(data[..head_end].to_vec()).ok()?;
+    let length = head
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .find(|(name, _)| name.trim().eq_ignore_ascii_case("content-length"))
+        .map_or(0, |(_, v)| v.trim().parse::<usize>().unwrap_or(0));
+    while data.len() < head_end + length {
+        let n = stream.read(&mut buf).await.ok()?;
+        if n == 0 {
+            break;
+        }
+        data.extend_from_slice(&buf[..n]);
+    }
+    let body = data.split_off(head_end);
+    Some((head, body))
 }
 
 /// Sends `head` (request line and headers, CRLF-terminated, with the blank line) and

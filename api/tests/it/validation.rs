@@ -16,18 +16,7 @@ use support::Server;
 /// template (as `tuneq model init` writes them), so uploads get token statistics;
 /// returns its folder.
 async fn model_with_tokenizer(s: &Server, id: &str) -> std::path::PathBuf {
-    support::register_model(
-        &s.state,
-        s.dir.path(),
-        id,
-        1e-3,
-        serde_json::json!({
-            "hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 2,
-            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
-            "max_position_embeddings": 1024, "rms_norm_eps": 1e-5
-        }),
-    )
-    .await;
+    support::register_model(&s.state, s.dir.path(), id, 1e-3, support::small_shape(512)).await;
     let dir = s.dir.path().join("models").join(id);
     tuneq_dataset::write_tokenizer_files(&dir, 512, 1024).unwrap();
     dir
@@ -51,13 +40,7 @@ async fn upload(s: &Server, key: &str, model: &str, body: String) -> reqwest::Re
             "file",
             reqwest::multipart::Part::bytes(body.into_bytes()).file_name("turns.jsonl"),
         );
-    reqwest::Client::new()
-        .post(format!("{}/v1/files", s.url))
-        .bearer_auth(key)
-        .multipart(form)
-        .send()
-        .await
-        .unwrap()
+    s.post_form(key, "/v1/files", form).await
 }
 
 #[tokio::test]

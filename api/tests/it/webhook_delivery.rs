@@ -15,7 +15,7 @@ use crate::support;
 use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
 use support::{Server, examples, start, upload};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tuneq_api::AppState;
 use tuneq_api::webhooks::settle;
 
@@ -74,34 +74,7 @@ impl Receiver {
 /// Reads one request (head and `content-length` body); its request line without the
 /// HTTP version, or None when the connection was not HTTP (a TLS hello, say).
 async fn read_request(stream: &mut tokio::net::TcpStream) -> Option<String> {
-    let mut data = Vec::new();
-    let mut buf = [0u8; 8192];
-    let head_end = loop {
-        let n = stream.read(&mut buf).await.ok()?;
-        if n == 0 {
-            return None;
-        }
-        data.extend_from_slice(&buf[..n]);
-        if let Some(i) = data.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
-        }
-    };
-    let head = String::from_utf8(data[..head_end].to_vec()).ok()?;
-    let length = head
-        .lines()
-        .find_map(|l| {
-            l.to_ascii_lowercase()
-                .strip_prefix("content-length:")
-                .map(|v| v.trim().parse::<usize>().unwrap_or(0))
-        })
-        .unwrap_or(0);
-    while data.len() < head_end + length {
-        let n = stream.read(&mut buf).await.ok()?;
-        if n == 0 {
-            break;
-        }
-        data.extend_from_slice(&buf[..n]);
-    }
+    let (head, _) = support::read_request(stream).await?;
     let line = head.lines().next()?;
     Some(line.rsplit_once(' ').map_or(line, |(l, _)| l).to_string())
 }
@@ -122,12 +95,9 @@ async fn finished_job_with_webhook(s: &Server, webhook_url: &str) -> String {
     let (code, job) = support::create(s, &file, json!({"webhook_url": webhook_url})).await;
     assert_eq!(code, 200, "{job}");
     let id = job["id"].as_str().unwrap().to_string();
-    let response = reqwest::Client::new()
-        .post(format!("{}/v1/fine_tuning/jobs/{id}/cancel", s.url))
-        .bearer_auth(&s.acme)
-        .send()
-        .await
-        .unwrap();
+    let response = s
+        .post_as(&s.acme, &format!("/v1/fine_tuning/jobs/{id}/cancel"))
+        .await;
     assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
     id
 }
@@ -139,15 +109,12 @@ async fn webhook_of(s: &Server, id: &str) -> Value {
 
 /// The job's `webhook` as the API at `url` shows it to the tenant of `key`.
 async fn webhook_at(url: &str, key: &str, id: &str) -> Value {
-    let job: Value = reqwest::Client::new()
-        .get(format!("{url}/v1/fine_tuning/jobs/{id}"))
-        .bearer_auth(key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let job: Value = support::json_of(
+        reqwest::Client::new()
+            .get(format!("{url}/v1/fine_tuning/jobs/{id}"))
+            .bearer_auth(key),
+    )
+    .await;
     job["webhook"].clone()
 }
 

@@ -19,7 +19,7 @@ use sha2::Sha256;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use support::{Server, examples, start, upload};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
 use tuneq_api::webhooks::{SendLimits, file_outcomes, sender, settle};
 use tuneq_queue::JobQueue;
@@ -107,40 +107,17 @@ impl Recording {
 
 /// Reads one HTTP request (head and `content-length` body).
 async fn read(stream: &mut tokio::net::TcpStream) -> Option<Seen> {
-    let mut data = Vec::new();
-    let mut buf = [0u8; 8192];
-    let head_end = loop {
-        let n = stream.read(&mut buf).await.ok()?;
-        if n == 0 {
-            return None;
-        }
-        data.extend_from_slice(&buf[..n]);
-        if let Some(i) = data.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
-        }
-    };
-    let head = String::from_utf8(data[..head_end].to_vec()).ok()?;
+    let (head, body) = support::read_request(stream).await?;
     let mut lines = head.lines();
     let path = lines.next()?.split(' ').nth(1)?.to_string();
     let headers: Vec<(String, String)> = lines
         .filter_map(|l| l.split_once(':'))
         .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
         .collect();
-    let length = headers
-        .iter()
-        .find(|(n, _)| n == "content-length")
-        .map_or(0, |(_, v)| v.parse::<usize>().unwrap_or(0));
-    while data.len() < head_end + length {
-        let n = stream.read(&mut buf).await.ok()?;
-        if n == 0 {
-            break;
-        }
-        data.extend_from_slice(&buf[..n]);
-    }
     Some(Seen {
         path,
         headers,
-        body: data[head_end..].to_vec(),
+        body,
     })
 }
 
@@ -152,25 +129,21 @@ async fn open_server() -> Server {
 /// Fine-tunes of the tenant of `key` on `file`, one per webhook URL, each cancelled at
 /// once so that it has finished and its event is due; their ids.
 async fn finished_jobs(s: &Server, key: &str, file: &str, urls: &[String]) -> Vec<String> {
-    let http = reqwest::Client::new();
     let mut ids = Vec::new();
     for url in urls {
-        let response = http
-            .post(format!("{}/v1/fine_tuning/jobs", s.url))
-            .bearer_auth(key)
-            .json(&json!({"model": "base", "training_file": file, "webhook_url": url}))
-            .send()
-            .await
-            .unwrap();
+        let response = s
+            .post_json(
+                key,
+                "/v1/fine_tuning/jobs",
+                &json!({"model": "base", "training_file": file, "webhook_url": url}),
+            )
+            .await;
         assert_eq!(response.status(), 200);
         let job: Value = response.json().await.unwrap();
         let id = job["id"].as_str().unwrap().to_string();
-        let cancelled = http
-            .post(format!("{}/v1/fine_tuning/jobs/{id}/cancel", s.url))
-            .bearer_auth(key)
-            .send()
-            .await
-            .unwrap();
+        let cancelled = s
+            .post_as(key, &format!("/v1/fine_tuning/jobs/{id}/cancel"))
+            .await;
         assert_eq!(cancelled.status(), 200);
         ids.push(id);
     }
@@ -179,15 +152,7 @@ async fn finished_jobs(s: &Server, key: &str, file: &str, urls: &[String]) -> Ve
 
 /// The job's `webhook` as the tenant of `key` sees it.
 async fn webhook_of(s: &Server, key: &str, id: &str) -> Value {
-    let job: Value = reqwest::Client::new()
-        .get(format!("{}/v1/fine_tuning/jobs/{id}", s.url))
-        .bearer_auth(key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let job: Value = s.json_as(key, &format!("/v1/fine_tuning/jobs/{id}")).await;
     job["webhook"].clone()
 }
 
@@ -337,14 +302,8 @@ async fn rotations_at_the_same_moment_hand_out_only_secrets_that_sign() {
     let s = open_server().await;
     let receiver = Recording::start().await;
     let file = upload(&s, &s.acme, &examples(8)).await;
-    let http = reqwest::Client::new();
     let rotate = || async {
-        let response = http
-            .post(format!("{}/webhooks/secret/rotate", s.url))
-            .bearer_auth(&s.acme)
-            .send()
-            .await
-            .unwrap();
+        let response = s.post_as(&s.acme, "/webhooks/secret/rotate").await;
         assert_eq!(response.status(), 200);
         let body: Value = response.json().await.unwrap();
         body["secret"].as_str().unwrap().to_string()

@@ -32,10 +32,17 @@ async fn queue(dir: &Path) -> Queue {
     .await
 }
 
+/// A queue (see [`queue`]) in a fresh temporary folder, with `capacity` in `pool`; the
+/// folder and the queue.
+async fn queue_with_pool(pool: &str, capacity: u32) -> (tempfile::TempDir, Queue) {
+    let dir = tempfile::tempdir().unwrap();
+    let q = queue(dir.path()).await;
+    q.set_pool(pool, capacity).await.unwrap();
+    (dir, q)
+}
+
 async fn queue_with(dir: &Path, config: QueueConfig) -> Queue {
-    Queue::open_embedded(&dir.join("queue.db"), "tuneq", config)
-        .await
-        .unwrap()
+    crate::support::embedded_queue(dir, config).await
 }
 
 fn job(pools: &[&str]) -> NewJob {
@@ -158,9 +165,7 @@ async fn kinds_and_messages(queue: &Queue, id: &str) -> Vec<(String, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn preemptions_spend_no_retry_and_repeated_ones_move_the_job_to_its_next_pool() {
-    let dir = tempfile::tempdir().unwrap();
-    let q = queue(dir.path()).await;
-    q.set_pool("spot", 1).await.unwrap();
+    let (dir, q) = queue_with_pool("spot", 1).await;
     q.set_pool("on-demand", 1).await.unwrap();
     // On the spot pool the trainer is always interrupted; elsewhere its input is bad.
     let exe = trainer(
@@ -217,9 +222,7 @@ async fn preemptions_spend_no_retry_and_repeated_ones_move_the_job_to_its_next_p
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interrupted_trainer_is_a_preemption_and_a_killed_one_a_retried_crash() {
-    let dir = tempfile::tempdir().unwrap();
-    let q = queue(dir.path()).await;
-    q.set_pool("local", 1).await.unwrap();
+    let (dir, q) = queue_with_pool("local", 1).await;
     // First run: interrupted. Second: killed outright. Third: bad input, to end it.
     let counter = dir.path().join("runs");
     let exe = trainer(
@@ -406,9 +409,7 @@ fn outliving_dispatcher(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attempts_that_outlive_the_dispatcher_are_adopted_never_started_twice() {
     use tuneq_dispatcher::runtime::{End, State};
-    let dir = tempfile::tempdir().unwrap();
-    let q = queue(dir.path()).await;
-    q.set_pool("k8s", 2).await.unwrap();
+    let (_dir, q) = queue_with_pool("k8s", 2).await;
     let platform = Fake::outliving();
     let id = q.enqueue(&job(&["k8s"])).await.unwrap().id;
     let stale = q.enqueue(&job(&["k8s"])).await.unwrap().id;
@@ -479,9 +480,7 @@ async fn attempts_that_outlive_the_dispatcher_are_adopted_never_started_twice() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_attempt_that_found_no_node_moves_the_job_on_without_a_preemption() {
     use tuneq_dispatcher::runtime::{End, State};
-    let dir = tempfile::tempdir().unwrap();
-    let q = queue(dir.path()).await;
-    q.set_pool("k8s", 2).await.unwrap();
+    let (_dir, q) = queue_with_pool("k8s", 2).await;
     q.set_pool("other", 1).await.unwrap();
     let platform = Fake::outliving();
     let id = q.enqueue(&job(&["k8s", "other"])).await.unwrap().id;
@@ -523,9 +522,7 @@ async fn an_attempt_that_found_no_node_moves_the_job_on_without_a_preemption() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_platform_that_does_not_answer_at_start_is_waited_for() {
-    let dir = tempfile::tempdir().unwrap();
-    let q = queue(dir.path()).await;
-    q.set_pool("k8s", 2).await.unwrap();
+    let (_dir, q) = queue_with_pool("k8s", 2).await;
     let platform = Fake::outliving();
     platform.0.lock().unwrap().failing_lists = 2;
     let id = q.enqueue(&job(&["k8s"])).await.unwrap().id;
@@ -564,11 +561,15 @@ fn count(events: &[(String, String)], kind: &str) -> usize {
     events.iter().filter(|(k, _)| k == kind).count()
 }
 
+/// Checks that the job's events hold `retries` scheduled retries.
+async fn assert_retries_scheduled(queue: &Queue, id: &str, retries: usize) {
+    let events = kinds_and_messages(queue, id).await;
+    assert_eq!(count(&events, "retry_scheduled"), retries, "{events:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trainer_that_exits_0_without_delivering_its_result_fails_its_attempt() {
-    let dir = tempfile::tempdir().unwrap();
-    let q = queue(dir.path()).await;
-    q.set_pool("local", 1).await.unwrap();
+    let (dir, q) = queue_with_pool("local", 1).await;
     // It exits 0 but never reports: the job is not complete.
     let exe = trainer(dir.path(), "exit 0");
     let id = q.enqueue(&job(&["local"])).await.unwrap().id;
@@ -584,8 +585,7 @@ async fn a_trainer_that_exits_0_without_delivering_its_result_fails_its_attempt(
         ),
         "every attempt is a failure that is retried within the budget"
     );
-    let events = kinds_and_messages(&q, &id).await;
-    assert_eq!(count(&events, "retry_scheduled"), 2, "{events:?}");
+    assert_retries_scheduled(&q, &id, 2).await;
     assert!(
         metrics.render().lines().any(
             |l| l == "tuneq_dispatcher_attempts_ended_total{pool=\"local\",end=\"finished\"} 3"
@@ -596,9 +596,7 @@ async fn a_trainer_that_exits_0_without_delivering_its_result_fails_its_attempt(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_fails_the_job_at_once_without_a_retry() {
-    let dir = tempfile::tempdir().unwrap();
-    let q = queue(dir.path()).await;
-    q.set_pool("local", 1).await.unwrap();
+    let (dir, q) = queue_with_pool("local", 1).await;
     let counter = dir.path().join("runs");
     let exe = trainer(
         dir.path(),
@@ -620,8 +618,7 @@ async fn bad_input_fails_the_job_at_once_without_a_retry() {
         "the budget allows 3 attempts, but bad input never trains"
     );
     assert_eq!(runs(&counter), 1);
-    let events = kinds_and_messages(&q, &id).await;
-    assert_eq!(count(&events, "retry_scheduled"), 0, "{events:?}");
+    assert_retries_scheduled(&q, &id, 0).await;
     shut_down(stop, task).await;
 }
 
@@ -688,9 +685,7 @@ async fn a_crashed_attempt_is_retried_after_a_doubling_back_off_until_its_3_atte
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_suspect_attempt_still_running_is_adopted_and_one_nobody_runs_is_requeued() {
-    let dir = tempfile::tempdir().unwrap();
-    let q = queue(dir.path()).await;
-    q.set_pool("k8s", 2).await.unwrap();
+    let (_dir, q) = queue_with_pool("k8s", 2).await;
     // Another dispatcher of the pool claimed this job, started it and died.
     let lost = q.enqueue(&job(&["k8s"])).await.unwrap().id;
     let dead = q.claim("k8s", "dead", "dead-1").await.unwrap().unwrap();
@@ -741,9 +736,7 @@ async fn a_suspect_attempt_still_running_is_adopted_and_one_nobody_runs_is_reque
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_attempt_is_started_only_once_the_queue_has_confirmed_its_lease() {
-    let dir = tempfile::tempdir().unwrap();
-    let q = queue(dir.path()).await;
-    q.set_pool("k8s", 2).await.unwrap();
+    let (_dir, q) = queue_with_pool("k8s", 2).await;
     let platform = Fake::default();
     platform.with(|p| p.queue = Some(q.clone()));
     let id = q.enqueue(&job(&["k8s"])).await.unwrap().id;
@@ -757,9 +750,7 @@ async fn an_attempt_is_started_only_once_the_queue_has_confirmed_its_lease() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_attempt_whose_lease_is_lost_while_it_starts_is_killed_at_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let q = queue(dir.path()).await;
-    q.set_pool("k8s", 2).await.unwrap();
+    let (_dir, q) = queue_with_pool("k8s", 2).await;
     let platform = Fake::default();
     platform.with(|p| {
         p.queue = Some(q.clone());
@@ -781,9 +772,7 @@ async fn an_attempt_whose_lease_is_lost_while_it_starts_is_killed_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trainer_that_cannot_be_spawned_is_a_failed_attempt_retried_within_its_budget() {
-    let dir = tempfile::tempdir().unwrap();
-    let q = queue(dir.path()).await;
-    q.set_pool("local", 1).await.unwrap();
+    let (dir, q) = queue_with_pool("local", 1).await;
     let missing = dir.path().join("no-such-tuneq");
     let id = q.enqueue(&job(&["local"])).await.unwrap().id;
     let (stop, task) = dispatch(&q, dir.path(), &missing, "local", &Default::default());
@@ -798,16 +787,13 @@ async fn a_trainer_that_cannot_be_spawned_is_a_failed_attempt_retried_within_its
         error.contains(&missing.display().to_string()) && error.contains("No such file"),
         "{error}"
     );
-    let events = kinds_and_messages(&q, &id).await;
-    assert_eq!(count(&events, "retry_scheduled"), 2, "{events:?}");
+    assert_retries_scheduled(&q, &id, 2).await;
     shut_down(stop, task).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trainer_that_ignores_a_stop_is_killed_after_the_grace_and_its_job_keeps_its_place() {
-    let dir = tempfile::tempdir().unwrap();
-    let q = queue(dir.path()).await;
-    q.set_pool("local", 1).await.unwrap();
+    let (dir, q) = queue_with_pool("local", 1).await;
     let ready = dir.path().join("ready");
     // A trainer deaf to SIGTERM: only SIGKILL ends it.
     let exe = trainer(

@@ -24,6 +24,26 @@ fn xeon(name: &str) -> Pool {
     pool
 }
 
+/// [`xeon`], its Kubernetes settings changed by `change`.
+fn xeon_with(change: impl FnOnce(&mut tuneq_pools::KubernetesPool)) -> Pool {
+    let mut pool = xeon("xeon");
+    if let Some(k) = pool.kubernetes.as_mut() {
+        change(k);
+    }
+    pool
+}
+
+/// A runtime for `pool` that has started attempt 1 of job `j1`, and the attempt's pod.
+async fn started(cluster: &FakeCluster, pool: Pool) -> (KubernetesRuntime, String) {
+    let mut rt = runtime(cluster, pool);
+    start(&mut rt, "j1", 1).await.unwrap();
+    cluster.sync_jobs();
+    let pod = cluster
+        .live_pod_of(&format!("tuneq/{}", job_name("j1", 1)))
+        .unwrap();
+    (rt, pod)
+}
+
 fn runtime(cluster: &FakeCluster, pool: Pool) -> KubernetesRuntime {
     let mut settings = KubernetesSettings::new(pool, "http://tuneq-api.tuneq.svc:8080".into());
     settings.node_check_every = Duration::ZERO;
@@ -276,17 +296,9 @@ async fn a_killed_attempt_ends_only_once_its_pods_are_gone() {
 #[tokio::test]
 async fn a_pod_with_no_node_past_the_placement_timeout_ends_as_no_capacity_and_is_removed() {
     let cluster = FakeCluster::new();
-    let mut pool = xeon("xeon");
-    if let Some(k) = pool.kubernetes.as_mut() {
-        // Timestamps have whole seconds: two of them are the shortest timeout to test.
-        k.placement_timeout = Duration::from_secs(2);
-    }
-    let mut rt = runtime(&cluster, pool);
-    start(&mut rt, "j1", 1).await.unwrap();
-    cluster.sync_jobs();
-    let pod = cluster
-        .live_pod_of(&format!("tuneq/{}", job_name("j1", 1)))
-        .unwrap();
+    // Timestamps have whole seconds: two of them are the shortest timeout to test.
+    let pool = xeon_with(|k| k.placement_timeout = Duration::from_secs(2));
+    let (mut rt, pod) = started(&cluster, pool).await;
     cluster
         .unschedulable(&pod, "0/3 nodes are available: 3 Insufficient cpu.")
         .unwrap();
@@ -375,16 +387,8 @@ async fn running_attempts_are_followed_through_watches_that_survive_expiry_and_r
 #[tokio::test]
 async fn an_image_that_cannot_be_pulled_ends_the_attempt_after_the_pools_platform_timeout() {
     let cluster = FakeCluster::new();
-    let mut pool = xeon("xeon");
-    if let Some(k) = pool.kubernetes.as_mut() {
-        k.platform_timeout = Duration::from_secs(2);
-    }
-    let mut rt = runtime(&cluster, pool);
-    start(&mut rt, "j1", 1).await.unwrap();
-    cluster.sync_jobs();
-    let pod = cluster
-        .live_pod_of(&format!("tuneq/{}", job_name("j1", 1)))
-        .unwrap();
+    let pool = xeon_with(|k| k.platform_timeout = Duration::from_secs(2));
+    let (mut rt, pod) = started(&cluster, pool).await;
     cluster.schedule(&pod, "node-1").unwrap();
     cluster.image_pull_backoff(&pod).unwrap();
     // Within the pool's timeout the pull may still succeed: pending.
@@ -404,15 +408,9 @@ const INVALID_JOB: &str = "Job.batch \"tq-j1-a1\" is invalid: spec.template.spec
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_the_api_server_refuses_fails_as_a_misconfigured_pool_without_the_apis_words() {
-    use tuneq_queue::{AttemptSigner, JobQueue, JobState, NewJob, Queue, QueueConfig};
+    use tuneq_queue::{AttemptSigner, JobQueue, JobState, NewJob, QueueConfig};
     let dir = tempfile::tempdir().unwrap();
-    let queue = Queue::open_embedded(
-        &dir.path().join("queue.db"),
-        "tuneq",
-        QueueConfig::default(),
-    )
-    .await
-    .unwrap();
+    let queue = crate::support::embedded_queue(dir.path(), QueueConfig::default()).await;
     queue.set_pool("xeon", 1).await.unwrap();
     let id = queue
         .enqueue(&NewJob {

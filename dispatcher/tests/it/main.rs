@@ -17,3 +17,4 @@ fn as_written(message: &str) -> String {
         None => message.to_string(),
     }
 }
+mod support;

@@ -120,15 +120,7 @@ pub use memory::{step_bytes, step_bytes_on_any_cpu};
 pub const STEP_ARITHMETIC: &str = "2 (row groups)";
 
 /// The seven projections of a layer, in [`Layer::proj`] order (PEFT's module names).
-pub const PROJECTIONS: [&str; 7] = [
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "o_proj",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
-];
+pub use tuneq_openapi::PROJECTIONS;
 
 /// Indices into [`PROJECTIONS`].
 const Q: usize = 0;
