@@ -339,6 +339,129 @@ impl Cut {
     }
 }
 
+/// Where an open event stream stands: what it has sent, what waits to be sent, and
+/// when it must end.
+struct StreamCursor {
+    state: std::sync::Arc<AppState>,
+    record: FineTuneRecord,
+    last: Option<u64>,
+    pending: std::collections::VecDeque<bytes::Bytes>,
+    quiet_since: std::time::Instant,
+    done: bool,
+    watch: Watch,
+    /// None: a lifetime too long to count (it never ends by age).
+    ends_at: Option<std::time::Instant>,
+    key_checked: std::time::Instant,
+}
+
+impl StreamCursor {
+    /// Whether the stream must end now, before its job does.
+    async fn cut(&mut self) -> Option<Cut> {
+        let holds = &self.state.holds;
+        if holds.closing() {
+            return Some(Cut::Closing);
+        }
+        let now = std::time::Instant::now();
+        if self.ends_at.is_some_and(|end| now >= end) {
+            return Some(Cut::Lifetime);
+        }
+        if now.duration_since(self.key_checked) < holds.limits().key_check {
+            return None;
+        }
+        self.key_checked = now;
+        let watch = &self.watch;
+        match crate::records::tenant::key_is_live(&self.state.queue, &watch.key_hash, &watch.tenant)
+            .await
+        {
+            Ok(true) => None,
+            Ok(false) => {
+                tracing::info!(tenant = %watch.tenant, job = %self.record.id, "event stream ended: its key was revoked");
+                Some(Cut::KeyRevoked)
+            }
+            Err(e) => {
+                // Checked again next time; the lifetime bounds a stream meanwhile.
+                tracing::warn!(error = %e, "event stream: cannot check its key");
+                None
+            }
+        }
+    }
+
+    /// Whether the job has ended (a store that does not answer: not yet).
+    async fn job_ended(&self) -> bool {
+        match self.state.queue.get(&self.record.job_id).await {
+            Ok(job) => job.is_none_or(|j| j.state.is_terminal()),
+            Err(e) => {
+                tracing::warn!(error = %e, "event stream: job store unavailable");
+                false
+            }
+        }
+    }
+
+    /// Queues the events logged since the last one sent; whether there were any.
+    async fn take_new_events(&mut self) -> bool {
+        let events = match self
+            .state
+            .queue
+            .events(&self.record.job_id, self.last, 1000, false)
+            .await
+        {
+            Ok(events) => events,
+            Err(e) => {
+                tracing::warn!(error = %e, "event stream: cannot read events");
+                return false;
+            }
+        };
+        for e in &events {
+            let rendered = render_event(&self.record, e);
+            let data = serde_json::to_string(&rendered).unwrap_or_default();
+            self.pending
+                .push_back(sse(&rendered.kind, Some(&rendered.id), &data));
+            self.last = Some(e.seq);
+        }
+        if !events.is_empty() {
+            self.quiet_since = std::time::Instant::now();
+        }
+        !events.is_empty()
+    }
+
+    /// The stream's next chunk, waiting for one as long as it takes; None: it is over.
+    async fn next_chunk(&mut self) -> Option<bytes::Bytes> {
+        loop {
+            if let Some(chunk) = self.pending.pop_front() {
+                return Some(chunk);
+            }
+            if self.done {
+                return None;
+            }
+            if let Some(cut) = self.cut().await {
+                self.pending.push_back(cut.last_words());
+                self.done = true;
+                continue;
+            }
+            // Whether it had ended is read before its events, so none logged before the
+            // end is missed.
+            let ended = self.job_ended().await;
+            if self.take_new_events().await {
+                continue;
+            }
+            if ended {
+                let job = match view(&self.state, self.record.clone()).await {
+                    Ok(job) => serde_json::to_string(&job).unwrap_or_default(),
+                    Err(_) => "{}".into(),
+                };
+                self.pending.push_back(sse("done", None, &job));
+                self.done = true;
+                continue;
+            }
+            if self.quiet_since.elapsed() >= STREAM_KEEPALIVE {
+                self.quiet_since = std::time::Instant::now();
+                return Some(bytes::Bytes::from_static(b": keep-alive\n\n"));
+            }
+            tokio::time::sleep(STREAM_POLL).await;
+        }
+    }
+}
+
 /// Server-sent events of a job: what it logged after `after`, then new events as they
 /// come, until it has ended (a last `done` event carries the job) or the stream is cut
 /// short (see [`Cut`]).
@@ -348,59 +471,9 @@ fn stream_events(
     after: Option<u64>,
     watch: Watch,
 ) -> HttpResponse {
-    struct Cursor {
-        state: std::sync::Arc<AppState>,
-        record: FineTuneRecord,
-        last: Option<u64>,
-        pending: std::collections::VecDeque<bytes::Bytes>,
-        quiet_since: std::time::Instant,
-        done: bool,
-        watch: Watch,
-        /// None: a lifetime too long to count (it never ends by age).
-        ends_at: Option<std::time::Instant>,
-        key_checked: std::time::Instant,
-    }
-
-    impl Cursor {
-        /// Whether the stream must end now, before its job does.
-        async fn cut(&mut self) -> Option<Cut> {
-            let holds = &self.state.holds;
-            if holds.closing() {
-                return Some(Cut::Closing);
-            }
-            let now = std::time::Instant::now();
-            if self.ends_at.is_some_and(|end| now >= end) {
-                return Some(Cut::Lifetime);
-            }
-            if now.duration_since(self.key_checked) < holds.limits().key_check {
-                return None;
-            }
-            self.key_checked = now;
-            let watch = &self.watch;
-            match crate::records::tenant::key_is_live(
-                &self.state.queue,
-                &watch.key_hash,
-                &watch.tenant,
-            )
-            .await
-            {
-                Ok(true) => None,
-                Ok(false) => {
-                    tracing::info!(tenant = %watch.tenant, job = %self.record.id, "event stream ended: its key was revoked");
-                    Some(Cut::KeyRevoked)
-                }
-                Err(e) => {
-                    // Checked again next time; the lifetime bounds a stream meanwhile.
-                    tracing::warn!(error = %e, "event stream: cannot check its key");
-                    None
-                }
-            }
-        }
-    }
-
     let now = std::time::Instant::now();
     let lifetime = state.holds.limits().stream_lifetime;
-    let cursor = Cursor {
+    let cursor = StreamCursor {
         state,
         record,
         last: after,
@@ -412,60 +485,8 @@ fn stream_events(
         key_checked: now,
     };
     let stream = futures::stream::unfold(cursor, |mut c| async move {
-        loop {
-            if let Some(chunk) = c.pending.pop_front() {
-                return Some((Ok::<_, actix_web::Error>(chunk), c));
-            }
-            if c.done {
-                return None;
-            }
-            if let Some(cut) = c.cut().await {
-                c.pending.push_back(cut.last_words());
-                c.done = true;
-                continue;
-            }
-            let ended = match c.state.queue.get(&c.record.job_id).await {
-                Ok(job) => job.is_none_or(|j| j.state.is_terminal()),
-                Err(e) => {
-                    tracing::warn!(error = %e, "event stream: job store unavailable");
-                    false
-                }
-            };
-            match c
-                .state
-                .queue
-                .events(&c.record.job_id, c.last, 1000, false)
-                .await
-            {
-                Ok(events) if !events.is_empty() => {
-                    for e in &events {
-                        let rendered = render_event(&c.record, e);
-                        let data = serde_json::to_string(&rendered).unwrap_or_default();
-                        c.pending
-                            .push_back(sse(&rendered.kind, Some(&rendered.id), &data));
-                        c.last = Some(e.seq);
-                    }
-                    c.quiet_since = std::time::Instant::now();
-                    continue;
-                }
-                Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, "event stream: cannot read events"),
-            }
-            if ended {
-                let job = match view(&c.state, c.record.clone()).await {
-                    Ok(job) => serde_json::to_string(&job).unwrap_or_default(),
-                    Err(_) => "{}".into(),
-                };
-                c.pending.push_back(sse("done", None, &job));
-                c.done = true;
-                continue;
-            }
-            if c.quiet_since.elapsed() >= STREAM_KEEPALIVE {
-                c.quiet_since = std::time::Instant::now();
-                return Some((Ok(bytes::Bytes::from_static(b": keep-alive\n\n")), c));
-            }
-            tokio::time::sleep(STREAM_POLL).await;
-        }
+        let chunk = c.next_chunk().await?;
+        Some((Ok::<_, actix_web::Error>(chunk), c))
     });
     HttpResponse::Ok()
         .content_type("text/event-stream")

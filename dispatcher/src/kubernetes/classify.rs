@@ -153,17 +153,35 @@ impl Limits {
 }
 
 /// Where the attempt whose Job is `job` stands, from the Job and its `pods`, at `now`.
-/// See the module's table.
+/// See the module's table: the first row group that says something wins.
 pub fn classify(job: &Job, pods: &[Pod], now: Timestamp, limits: &Limits) -> AttemptEnd {
+    let failure = job_condition(job, "Failed").or_else(|| job_condition(job, "FailureTarget"));
+    job_end(job, failure, pods)
+        .or_else(|| pods_end(pods, limits))
+        .or_else(|| {
+            // Row 13: failed otherwise.
+            failure.map(|failed| AttemptEnd::Crashed {
+                exit_code: None,
+                message: condition_text(failed),
+            })
+        })
+        .or_else(|| lost_node(pods, now))
+        .or_else(|| platform_gave_up(pods, now, limits))
+        .or_else(|| unschedulable(pods, now, limits))
+        .unwrap_or_else(|| not_over(job, pods, now, limits))
+}
+
+/// Rows 1–5: what the Job itself says (done, failed by a deadline or by one of its
+/// failure rules, suspended).
+fn job_end(job: &Job, failure: Option<&JobCondition>, pods: &[Pod]) -> Option<AttemptEnd> {
     if job_condition(job, "Complete").is_some()
         || job_condition(job, "SuccessCriteriaMet").is_some()
     {
-        return AttemptEnd::Succeeded;
+        return Some(AttemptEnd::Succeeded);
     }
-    let failure = job_condition(job, "Failed").or_else(|| job_condition(job, "FailureTarget"));
     if let Some(failed) = failure {
         match failed.reason.as_deref() {
-            Some("DeadlineExceeded") => return AttemptEnd::DeadlineExceeded,
+            Some("DeadlineExceeded") => return Some(AttemptEnd::DeadlineExceeded),
             Some("PodFailurePolicy") => match failed.message.as_deref().and_then(rule_index) {
                 Some(RULE_DISRUPTION) => {
                     let disrupted = pods
@@ -171,33 +189,37 @@ pub fn classify(job: &Job, pods: &[Pod], now: Timestamp, limits: &Limits) -> Att
                         .find_map(|p| disruption(p).map(|reason| (reason.to_string(), node(p))));
                     let (reason, node) =
                         disrupted.unwrap_or_else(|| ("DisruptionTarget".to_string(), None));
-                    return AttemptEnd::Preempted { reason, node };
+                    return Some(AttemptEnd::Preempted { reason, node });
                 }
-                Some(RULE_BAD_INPUT) => {
-                    let ended: Vec<&ContainerStateTerminated> =
-                        pods.iter().filter_map(trainer_terminated).collect();
-                    let exited = |code| ended.iter().find(|t| t.exit_code == code);
-                    if let Some(t) = exited(tuneq_openapi::launch::EXIT_DIVERGED) {
-                        let message = termination_message(t).unwrap_or_default();
-                        return AttemptEnd::Diverged { message };
-                    }
-                    let message = exited(tuneq_openapi::launch::EXIT_BAD_INPUT)
-                        .and_then(|t| termination_message(t))
-                        .or_else(|| failed.message.clone())
-                        .unwrap_or_default();
-                    return AttemptEnd::BadInput { message };
-                }
+                Some(RULE_BAD_INPUT) => return Some(refused_input(failed, pods)),
                 _ => {}
             },
             _ => {}
         }
     }
-    if job_condition(job, "Suspended").is_some() {
-        return AttemptEnd::Suspended;
-    }
+    job_condition(job, "Suspended").map(|_| AttemptEnd::Suspended)
+}
 
-    // Rows 6–12: what the pods say about how the trainer ended.
-    // Only a failed pod: one that succeeded while being disrupted has finished its work.
+/// Row 4: the Job failed by its bad-input rule: a diverged run when a pod exited 43,
+/// else bad input with the trainer's message (or the Job's).
+fn refused_input(failed: &JobCondition, pods: &[Pod]) -> AttemptEnd {
+    let ended: Vec<&ContainerStateTerminated> =
+        pods.iter().filter_map(trainer_terminated).collect();
+    let exited = |code| ended.iter().find(|t| t.exit_code == code);
+    if let Some(t) = exited(tuneq_openapi::launch::EXIT_DIVERGED) {
+        let message = termination_message(t).unwrap_or_default();
+        return AttemptEnd::Diverged { message };
+    }
+    let message = exited(tuneq_openapi::launch::EXIT_BAD_INPUT)
+        .and_then(|t| termination_message(t))
+        .or_else(|| failed.message.clone())
+        .unwrap_or_default();
+    AttemptEnd::BadInput { message }
+}
+
+/// Rows 6–12: what the pods say about how the trainer ended. Only a failed pod counts
+/// as disrupted: one that succeeded while being disrupted has finished its work.
+fn pods_end(pods: &[Pod], limits: &Limits) -> Option<AttemptEnd> {
     if let Some(end) = pods.iter().find_map(|p| {
         (phase(p) == Some("Failed"))
             .then(|| {
@@ -209,40 +231,33 @@ pub fn classify(job: &Job, pods: &[Pod], now: Timestamp, limits: &Limits) -> Att
             .flatten()
             .or_else(|| failed_by_node(p))
     }) {
-        return end;
+        return Some(end);
     }
     let ended: Vec<(&Pod, &ContainerStateTerminated)> = pods
         .iter()
         .filter_map(|p| trainer_terminated(p).map(|t| (p, t)))
         .collect();
-    if let Some(end) = trainer_end(&ended, limits) {
-        return end;
-    }
+    trainer_end(&ended, limits)
+}
 
-    if let Some(failed) = failure {
-        return AttemptEnd::Crashed {
-            exit_code: None,
-            message: condition_text(failed),
-        };
-    }
-
-    // Rows 14–19: the attempt is not over by itself.
-    for p in pods {
+/// Row 14: a pod still deleting well past its deletion time, or in phase `Unknown`.
+fn lost_node(pods: &[Pod], now: Timestamp) -> Option<AttemptEnd> {
+    pods.iter().find_map(|p| {
         let deleting_for = p
             .metadata
             .deletion_timestamp
             .as_ref()
             .and_then(|t| elapsed(now, t));
-        if !pod_is_terminal(p)
-            && (deleting_for.is_some_and(|d| d > NODE_LOST_AFTER) || phase(p) == Some("Unknown"))
-        {
-            return AttemptEnd::NodeLost { node: node(p) };
-        }
-    }
-    for p in pods {
-        let Some(waiting) = trainer_waiting(p) else {
-            continue;
-        };
+        (!pod_is_terminal(p)
+            && (deleting_for.is_some_and(|d| d > NODE_LOST_AFTER) || phase(p) == Some("Unknown")))
+        .then(|| AttemptEnd::NodeLost { node: node(p) })
+    })
+}
+
+/// Row 15: the trainer waits on its image or configuration past the platform timeout.
+fn platform_gave_up(pods: &[Pod], now: Timestamp, limits: &Limits) -> Option<AttemptEnd> {
+    pods.iter().find_map(|p| {
+        let waiting = trainer_waiting(p)?;
         let reason = waiting.reason.as_deref().unwrap_or_default();
         let waited = started(p).and_then(|t| elapsed(now, t));
         let gives_up = match reason {
@@ -253,15 +268,18 @@ pub fn classify(job: &Job, pods: &[Pod], now: Timestamp, limits: &Limits) -> Att
             | "CreateContainerError" => waited.is_some_and(|d| d > limits.platform_timeout),
             _ => false,
         };
-        if gives_up {
-            return AttemptEnd::PlatformError {
-                reason: reason.to_string(),
-                message: waiting.message.clone().unwrap_or_default(),
-            };
-        }
-    }
-    for p in pods {
-        let unschedulable = p
+        gives_up.then(|| AttemptEnd::PlatformError {
+            reason: reason.to_string(),
+            message: waiting.message.clone().unwrap_or_default(),
+        })
+    })
+}
+
+/// Row 16: a pod the scheduler cannot place: no capacity past the placement timeout,
+/// pending before it.
+fn unschedulable(pods: &[Pod], now: Timestamp, limits: &Limits) -> Option<AttemptEnd> {
+    pods.iter().find_map(|p| {
+        let c = p
             .status
             .as_ref()
             .and_then(|s| s.conditions.as_ref())
@@ -271,24 +289,29 @@ pub fn classify(job: &Job, pods: &[Pod], now: Timestamp, limits: &Limits) -> Att
                 c.type_ == "PodScheduled"
                     && c.status == "False"
                     && c.reason.as_deref() == Some("Unschedulable")
-            });
-        if let Some(c) = unschedulable {
-            let since = c
-                .last_transition_time
-                .as_ref()
-                .or(p.metadata.creation_timestamp.as_ref());
-            let message = c.message.clone().unwrap_or_default();
+            })?;
+        let since = c
+            .last_transition_time
+            .as_ref()
+            .or(p.metadata.creation_timestamp.as_ref());
+        let message = c.message.clone().unwrap_or_default();
+        Some(
             if since
                 .and_then(|t| elapsed(now, t))
                 .is_some_and(|d| d > limits.placement_timeout)
             {
-                return AttemptEnd::NoCapacity { message };
-            }
-            return AttemptEnd::Pending {
-                reason: format!("Unschedulable: {message}"),
-            };
-        }
-    }
+                AttemptEnd::NoCapacity { message }
+            } else {
+                AttemptEnd::Pending {
+                    reason: format!("Unschedulable: {message}"),
+                }
+            },
+        )
+    })
+}
+
+/// Rows 17–19: no pod past the platform timeout, else pending or running.
+fn not_over(job: &Job, pods: &[Pod], now: Timestamp, limits: &Limits) -> AttemptEnd {
     let live: Vec<&Pod> = non_terminal_pods(pods);
     if live.is_empty() {
         let waited = job
