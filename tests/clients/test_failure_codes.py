@@ -25,6 +25,15 @@ def failed_event(client: OpenAI, job_id: str):
     return [e for e in events if e.level == "error"]
 
 
+def fine_tune(service: Service, model: str, timeout: float, **create):
+    """Uploads the tiny task's data, fine-tunes `model` on it and waits for the end:
+    (the client, the finished job)."""
+    client = OpenAI(base_url=f"{service.url}/v1", api_key=service.api_key, max_retries=0)
+    train = upload(client, TRAIN, "train.jsonl")
+    job = client.fine_tuning.jobs.create(model=model, training_file=train, **create)
+    return client, wait_for(client, job.id, terminal, timeout=timeout)
+
+
 def init_model(folder: Path) -> Path:
     """A tiny random Llama written by `tuneq model init`."""
     subprocess.run([str(tuneq_bin()), "model", "init", "--out", str(folder)], check=True,
@@ -45,15 +54,12 @@ def test_a_run_whose_loss_diverges_fails_as_training_diverged_and_is_not_retried
     save_file(weights, str(weights_file), metadata={"format": "pt"})
     service = Service(tmp_path / "data", extra_args=["--model", f"overflowing={model}"])
     try:
-        client = OpenAI(base_url=f"{service.url}/v1", api_key=service.api_key, max_retries=0)
-        train = upload(client, TRAIN, "train.jsonl")
-        job = client.fine_tuning.jobs.create(model="overflowing", training_file=train)
-        done = wait_for(client, job.id, terminal, timeout=300)
+        client, done = fine_tune(service, "overflowing", timeout=300)
         assert done.status == "failed", done
         assert done.error.code == "training_diverged", done.error
         assert "learning rate" in done.error.message
         assert done.model_extra["failed_attempts"] == 1, "a diverged run is never retried"
-        assert failed_event(client, job.id), "the job's events say it failed"
+        assert failed_event(client, done.id), "the job's events say it failed"
     finally:
         service.stop()
 
@@ -65,10 +71,7 @@ def test_a_model_the_trainer_cannot_read_fails_as_invalid_training_input(tmp_pat
         # Registered while whole; its weights are damaged afterwards (a disk, a bad copy).
         weights = next(model.glob("*.safetensors"))
         weights.write_bytes(weights.read_bytes()[:64])
-        client = OpenAI(base_url=f"{service.url}/v1", api_key=service.api_key, max_retries=0)
-        train = upload(client, TRAIN, "train.jsonl")
-        job = client.fine_tuning.jobs.create(model="mine", training_file=train)
-        done = wait_for(client, job.id, terminal, timeout=120)
+        _, done = fine_tune(service, "mine", timeout=120)
         assert done.status == "failed", done
         assert done.error.code == "invalid_training_input", done.error
         assert done.model_extra["failed_attempts"] == 1, "bad input is never retried"

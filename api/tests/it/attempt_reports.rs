@@ -10,7 +10,7 @@ use crate::support;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::sync::Arc;
-use support::Server;
+use support::{Server, claim};
 use tuneq_queue::JobQueue;
 use tuneq_storage::layout::{Id, job_output};
 use tuneq_storage::{ObjectStore, PutMode};
@@ -57,19 +57,6 @@ async fn get(s: &Server, key: &str, path: &str) -> (StatusCode, Value) {
     let response = s.get_as(key, path).await;
     let status = response.status();
     (status, response.json().await.unwrap_or(Value::Null))
-}
-
-/// Claims the next job of pool `local` as a dispatcher would: the lease, and the
-/// credential its attempt is started with.
-async fn claim(s: &Server) -> (tuneq_queue::Lease, String) {
-    let lease = s
-        .queue
-        .claim_started("local", "test", "")
-        .await
-        .unwrap()
-        .unwrap();
-    let credential = s.signer.sign(&lease.id, lease.token);
-    (lease, credential)
 }
 
 #[tokio::test]

@@ -268,6 +268,19 @@ pub async fn get_json(s: &Server, path: &str) -> serde_json::Value {
     s.json_as(&s.acme, path).await
 }
 
+/// Claims the next job of pool `local` as a dispatcher would: the lease, and the
+/// credential its attempt is started with.
+pub async fn claim(s: &Server) -> (tuneq_queue::Lease, String) {
+    let lease = s
+        .queue
+        .claim_started("local", "test", "")
+        .await
+        .unwrap()
+        .unwrap();
+    let credential = s.signer.sign(&lease.id, lease.token);
+    (lease, credential)
+}
+
 /// `n` prompt/completion examples.
 pub fn examples(n: usize) -> String {
     (0..n)
