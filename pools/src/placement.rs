@@ -96,15 +96,6 @@ impl Refusal {
             Self::OverBudget { .. } => "max_cost",
         }
     }
-
-    /// The machine-readable code.
-    pub fn code(&self) -> &'static str {
-        match self {
-            Self::NoHardware { .. } => "no_pool_fits",
-            Self::DoesNotFit { .. } => "does_not_fit",
-            Self::OverBudget { .. } => "over_budget",
-        }
-    }
 }
 
 /// Whether `pool` offers the hardware class `class`.
