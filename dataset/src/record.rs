@@ -197,7 +197,38 @@ fn string_field(
     }
 }
 
+/// A chat record: a non-empty `messages` array of well-formed messages in a valid
+/// order, with at least one assistant message.
 fn chat(obj: &Map<String, Value>, problems: &mut Vec<FieldProblem>) -> Option<Record> {
+    let items = message_items(obj, problems)?;
+    let before = problems.len();
+    let mut messages = Vec::with_capacity(items.len());
+    let mut first_turn_checked = false;
+    for (i, item) in items.iter().enumerate() {
+        let at = format!("messages[{i}]");
+        let Value::Object(m) = item else {
+            problems.push((at, format!("expected an object, got {}", kind(item))));
+            continue;
+        };
+        if let Some(message) = message(m, &at, problems) {
+            messages.push(message);
+        }
+        check_turn_order(m, i, &at, &mut first_turn_checked, problems);
+    }
+    if problems.len() == before && !messages.iter().any(|m| m.role == "assistant") {
+        problems.push((
+            "messages".into(),
+            "needs at least one assistant message".into(),
+        ));
+    }
+    (problems.len() == before).then_some(Record::Chat { messages })
+}
+
+/// The `messages` array, when it is one of 1 to [`MAX_MESSAGES`] items.
+fn message_items<'o>(
+    obj: &'o Map<String, Value>,
+    problems: &mut Vec<FieldProblem>,
+) -> Option<&'o Vec<Value>> {
     let items = match obj.get("messages") {
         None => {
             problems.push(("messages".into(), "missing".into()));
@@ -226,85 +257,87 @@ fn chat(obj: &Map<String, Value>, problems: &mut Vec<FieldProblem>) -> Option<Re
         ));
         return None;
     }
-    let before = problems.len();
-    let mut messages = Vec::with_capacity(items.len());
-    let mut first_turn_checked = false;
-    for (i, item) in items.iter().enumerate() {
-        let at = format!("messages[{i}]");
-        let Value::Object(m) = item else {
-            problems.push((at, format!("expected an object, got {}", kind(item))));
-            continue;
-        };
-        for key in m.keys() {
-            if key != "role" && key != "content" {
-                problems.push((
-                    format!("{at}.{key}"),
-                    "unknown key; a message has only \"role\" and \"content\"".into(),
-                ));
-            }
-        }
-        let role = match m.get("role") {
-            None => {
-                problems.push((format!("{at}.role"), "missing".into()));
-                None
-            }
-            Some(Value::String(r)) if ROLES.contains(&r.as_str()) => Some(r.clone()),
-            Some(Value::String(r)) => {
-                problems.push((
-                    format!("{at}.role"),
-                    format!("unknown role {r:?}; expected system, user or assistant"),
-                ));
-                None
-            }
-            Some(other) => {
-                problems.push((
-                    format!("{at}.role"),
-                    format!("expected a string, got {}", kind(other)),
-                ));
-                None
-            }
-        };
-        let content = match m.get("content") {
-            None => {
-                problems.push((format!("{at}.content"), "missing".into()));
-                None
-            }
-            Some(Value::String(c)) => Some(c.clone()),
-            Some(other) => {
-                problems.push((
-                    format!("{at}.content"),
-                    format!("expected a string, got {}", kind(other)),
-                ));
-                None
-            }
-        };
-        // Order rules look at the raw role, so an unknown role is reported once, as unknown.
-        if let Some(raw_role) = m.get("role").and_then(Value::as_str) {
-            if raw_role == "system" && i != 0 {
-                problems.push((
-                    format!("{at}.role"),
-                    "a system message is only allowed as the first message".into(),
-                ));
-            } else if raw_role != "system" && !first_turn_checked {
-                first_turn_checked = true;
-                if raw_role == "assistant" {
-                    problems.push((
-                        format!("{at}.role"),
-                        "the conversation must start with a user message (after an optional system message)"
-                            .into(),
-                    ));
-                }
-            }
-        }
-        if let (Some(role), Some(content)) = (role, content) {
-            messages.push(Message { role, content });
+    Some(items)
+}
+
+/// The message `m` (at `at`): only `role` (a known one) and `content`, both strings.
+/// Every problem is reported; None when there is any.
+fn message(m: &Map<String, Value>, at: &str, problems: &mut Vec<FieldProblem>) -> Option<Message> {
+    for key in m.keys() {
+        if key != "role" && key != "content" {
+            problems.push((
+                format!("{at}.{key}"),
+                "unknown key; a message has only \"role\" and \"content\"".into(),
+            ));
         }
     }
-    if problems.len() == before && !messages.iter().any(|m| m.role == "assistant") {
+    let role = match m.get("role") {
+        None => {
+            problems.push((format!("{at}.role"), "missing".into()));
+            None
+        }
+        Some(Value::String(r)) if ROLES.contains(&r.as_str()) => Some(r.clone()),
+        Some(Value::String(r)) => {
+            problems.push((
+                format!("{at}.role"),
+                format!("unknown role {r:?}; expected system, user or assistant"),
+            ));
+            None
+        }
+        Some(other) => {
+            problems.push((
+                format!("{at}.role"),
+                format!("expected a string, got {}", kind(other)),
+            ));
+            None
+        }
+    };
+    let content = match m.get("content") {
+        None => {
+            problems.push((format!("{at}.content"), "missing".into()));
+            None
+        }
+        Some(Value::String(c)) => Some(c.clone()),
+        Some(other) => {
+            problems.push((
+                format!("{at}.content"),
+                format!("expected a string, got {}", kind(other)),
+            ));
+            None
+        }
+    };
+    Some(Message {
+        role: role?,
+        content: content?,
+    })
+}
+
+/// The order rules for message `i` (at `at`): a system message only first, and the
+/// first turn after it a user's. They look at the raw role, so an unknown role is
+/// reported once, as unknown.
+fn check_turn_order(
+    m: &Map<String, Value>,
+    i: usize,
+    at: &str,
+    first_turn_checked: &mut bool,
+    problems: &mut Vec<FieldProblem>,
+) {
+    let Some(raw_role) = m.get("role").and_then(Value::as_str) else {
+        return;
+    };
+    if raw_role == "system" && i != 0 {
         problems.push((
-            "messages".into(),
-            "needs at least one assistant message".into(),
+            format!("{at}.role"),
+            "a system message is only allowed as the first message".into(),
         ));
+    } else if raw_role != "system" && !*first_turn_checked {
+        *first_turn_checked = true;
+        if raw_role == "assistant" {
+            problems.push((
+                format!("{at}.role"),
+                "the conversation must start with a user message (after an optional system message)"
+                    .into(),
+            ));
+        }
     }
-    (problems.len() == before).then_some(Record::Chat { messages })
 }

@@ -57,22 +57,39 @@ fn peak_rss_mib() -> Option<f64> {
     Some(kib / 1024.0)
 }
 
-fn main() {
-    let checkpoint_layers = std::env::args().any(|a| a == "--checkpoint");
-    let frozen_bf16 = std::env::args().any(|a| a == "--bf16");
-    let compute = if std::env::args().any(|a| a == "--bf16-compute") {
-        Compute::Bf16
-    } else {
-        Compute::F32
-    };
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with("--"))
-        .collect();
-    let iterations: usize = args.first().and_then(|s| s.parse().ok()).unwrap_or(5);
-    let preset = args.get(1).cloned().unwrap_or_else(|| "tiny".into());
-    let options = StepOptions { checkpoint_layers };
-    let dims = match preset.as_str() {
+/// The command line: `[iterations] [tiny|small] [--checkpoint] [--bf16] [--bf16-compute]`.
+struct Args {
+    iterations: usize,
+    preset: String,
+    checkpoint_layers: bool,
+    frozen_bf16: bool,
+    compute: Compute,
+}
+
+impl Args {
+    fn parse() -> Self {
+        let flag = |name: &str| std::env::args().any(|a| a == name);
+        let args: Vec<String> = std::env::args()
+            .skip(1)
+            .filter(|a| !a.starts_with("--"))
+            .collect();
+        Self {
+            iterations: args.first().and_then(|s| s.parse().ok()).unwrap_or(5),
+            preset: args.get(1).cloned().unwrap_or_else(|| "tiny".into()),
+            checkpoint_layers: flag("--checkpoint"),
+            frozen_bf16: flag("--bf16"),
+            compute: if flag("--bf16-compute") {
+                Compute::Bf16
+            } else {
+                Compute::F32
+            },
+        }
+    }
+}
+
+/// The architecture of a preset (`small`, else tiny).
+fn preset_dims(preset: &str) -> Dims {
+    match preset {
         "small" => Dims {
             vocab: 32000,
             hidden: 768,
@@ -93,72 +110,163 @@ fn main() {
             head_dim: 32,
             rms_eps: 1e-5,
         },
-    };
+    }
+}
+
+/// `n` values drawn uniformly from `(-bound, bound)`.
+fn random(rng: &mut rand_chacha::ChaCha8Rng, n: usize, bound: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-bound..bound)).collect()
+}
+
+/// The model's tensors: random weights and LoRA factors of rank `r`, unit norms, and
+/// RoPE tables for `len` positions.
+struct Tensors {
+    embed: Stored,
+    lm_head: Stored,
+    ones: Vec<f32>,
+    /// Per layer and projection.
+    weights: Vec<Vec<Stored>>,
+    /// Per layer and projection: A, B.
+    factors: Vec<Vec<(Vec<f32>, Vec<f32>)>>,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    r: usize,
+}
+
+impl Tensors {
+    /// Draws the tensors of `dims` from `rng`, the frozen ones stored as bf16 when
+    /// `frozen_bf16`.
+    fn random(
+        dims: &Dims,
+        r: usize,
+        len: usize,
+        frozen_bf16: bool,
+        rng: &mut rand_chacha::ChaCha8Rng,
+    ) -> Self {
+        let (v, h) = (dims.vocab, dims.hidden);
+        let embed = Stored::new(random(rng, v * h, 1.0), frozen_bf16);
+        let lm_head = Stored::new(random(rng, v * h, 1.0 / (h as f32).sqrt()), frozen_bf16);
+        let shapes: Vec<(usize, usize)> = (0..7).map(|p| dims.projection_shape(p)).collect();
+        let weights: Vec<Vec<Stored>> = (0..dims.layers)
+            .map(|_| {
+                shapes
+                    .iter()
+                    .map(|&(i, o)| {
+                        Stored::new(random(rng, o * i, 1.0 / (i as f32).sqrt()), frozen_bf16)
+                    })
+                    .collect()
+            })
+            .collect();
+        let factors: Vec<Vec<(Vec<f32>, Vec<f32>)>> = (0..dims.layers)
+            .map(|_| {
+                shapes
+                    .iter()
+                    .map(|&(i, o)| {
+                        let a = random(rng, r * i, 1.0 / (i as f32).sqrt());
+                        (a, random(rng, o * r, 0.01))
+                    })
+                    .collect()
+            })
+            .collect();
+        let half = dims.head_dim / 2;
+        let (cos, sin): (Vec<f32>, Vec<f32>) = (0..len * half)
+            .map(|k| {
+                let (p, i) = (k / half, k % half);
+                let angle = p as f64 / 10_000f64.powf(2.0 * i as f64 / dims.head_dim as f64);
+                (angle.cos() as f32, angle.sin() as f32)
+            })
+            .unzip();
+        Self {
+            embed,
+            lm_head,
+            ones: vec![1f32; h],
+            weights,
+            factors,
+            cos,
+            sin,
+            r,
+        }
+    }
+
+    /// The model as views of these tensors, LoRA (scale 2) on every projection.
+    fn model(&self, dims: Dims, compute: Compute) -> Model<'_> {
+        let layers = (0..dims.layers)
+            .map(|l| Layer {
+                input_norm: &self.ones,
+                post_norm: &self.ones,
+                proj: std::array::from_fn(|p| Projection {
+                    weight: self.weights[l][p].view(),
+                    lora: Some(Lora {
+                        a: &self.factors[l][p].0,
+                        b: &self.factors[l][p].1,
+                        r: self.r,
+                        scale: 2.0,
+                    }),
+                }),
+            })
+            .collect();
+        Model {
+            dims,
+            embed: self.embed.view(),
+            layers,
+            norm: &self.ones,
+            lm_head: self.lm_head.view(),
+            cos: &self.cos,
+            sin: &self.sin,
+            compute,
+        }
+    }
+}
+
+/// Runs the step and the evaluation loss `iterations + 1` times (the first a warm-up)
+/// and returns each timed call's seconds and the last loss.
+fn time_calls(
+    model: &Model<'_>,
+    batch: &Batch<'_>,
+    iterations: usize,
+    options: StepOptions,
+) -> (Vec<f64>, Vec<f64>, f64) {
+    let mut grads: Vec<Vec<f32>> = model
+        .lora_lengths()
+        .into_iter()
+        .map(|len| vec![0f32; len])
+        .collect();
+    let scale = 1.0 / (batch.rows * batch.len) as f32;
+    let (mut step, mut eval) = (Vec::new(), Vec::new());
+    let mut last = 0.0;
+    for i in 0..iterations + 1 {
+        let t0 = Instant::now();
+        last =
+            forward_backward_with(model, batch, scale, None, &mut grads, options).expect("a step");
+        let t1 = Instant::now();
+        let l = loss(model, batch, scale).expect("a loss");
+        let t2 = Instant::now();
+        assert_eq!(l.to_bits(), last.to_bits());
+        if i >= 1 {
+            step.push((t1 - t0).as_secs_f64());
+            eval.push((t2 - t1).as_secs_f64());
+        }
+    }
+    (step, eval, last)
+}
+
+fn main() {
+    let args = Args::parse();
+    let (iterations, preset) = (args.iterations, &args.preset);
+    let (checkpoint_layers, frozen_bf16, compute) =
+        (args.checkpoint_layers, args.frozen_bf16, args.compute);
+    let options = StepOptions { checkpoint_layers };
+    let dims = preset_dims(preset);
     let (rows, len, r) = (4, 256, 8);
     println!(
         "{preset}: rayon threads {}, {iterations} iterations, checkpointing {checkpoint_layers}, \
          bf16 weights {frozen_bf16}",
         rayon::current_num_threads()
     );
-
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
-    let mut random = |n: usize, bound: f32| -> Vec<f32> {
-        (0..n).map(|_| rng.random_range(-bound..bound)).collect()
-    };
-    let (v, h) = (dims.vocab, dims.hidden);
-    let embed = Stored::new(random(v * h, 1.0), frozen_bf16);
-    let lm_head = Stored::new(random(v * h, 1.0 / (h as f32).sqrt()), frozen_bf16);
-    let ones = vec![1f32; h];
-    let shapes: Vec<(usize, usize)> = (0..7).map(|p| dims.projection_shape(p)).collect();
-    let weights: Vec<Vec<Stored>> = (0..dims.layers)
-        .map(|_| {
-            shapes
-                .iter()
-                .map(|&(i, o)| Stored::new(random(o * i, 1.0 / (i as f32).sqrt()), frozen_bf16))
-                .collect()
-        })
-        .collect();
-    let factors: Vec<Vec<(Vec<f32>, Vec<f32>)>> = (0..dims.layers)
-        .map(|_| {
-            shapes
-                .iter()
-                .map(|&(i, o)| (random(r * i, 1.0 / (i as f32).sqrt()), random(o * r, 0.01)))
-                .collect()
-        })
-        .collect();
-    let half = dims.head_dim / 2;
-    let (cos, sin): (Vec<f32>, Vec<f32>) = (0..len * half)
-        .map(|k| {
-            let (p, i) = (k / half, k % half);
-            let angle = p as f64 / 10_000f64.powf(2.0 * i as f64 / dims.head_dim as f64);
-            (angle.cos() as f32, angle.sin() as f32)
-        })
-        .unzip();
-    let layers = (0..dims.layers)
-        .map(|l| Layer {
-            input_norm: &ones,
-            post_norm: &ones,
-            proj: std::array::from_fn(|p| Projection {
-                weight: weights[l][p].view(),
-                lora: Some(Lora {
-                    a: &factors[l][p].0,
-                    b: &factors[l][p].1,
-                    r,
-                    scale: 2.0,
-                }),
-            }),
-        })
-        .collect();
-    let model = Model {
-        dims,
-        embed: embed.view(),
-        layers,
-        norm: &ones,
-        lm_head: lm_head.view(),
-        cos: &cos,
-        sin: &sin,
-        compute,
-    };
+    let tensors = Tensors::random(&dims, r, len, frozen_bf16, &mut rng);
+    let model = tensors.model(dims, compute);
+    let v = dims.vocab;
     let n = rows * len;
     let ids: Vec<u32> = (0..n).map(|_| rng.random_range(0..v as u32)).collect();
     let targets: Vec<i64> = (0..n).map(|_| rng.random_range(0..v as i64)).collect();
@@ -172,27 +280,7 @@ fn main() {
         positions: &positions,
         starts: &starts,
     };
-    let mut grads: Vec<Vec<f32>> = model
-        .lora_lengths()
-        .into_iter()
-        .map(|len| vec![0f32; len])
-        .collect();
-    let scale = 1.0 / n as f32;
-    let (mut step, mut eval) = (Vec::new(), Vec::new());
-    let mut last = 0.0;
-    for i in 0..iterations + 1 {
-        let t0 = Instant::now();
-        last = forward_backward_with(&model, &batch, scale, None, &mut grads, options)
-            .expect("a step");
-        let t1 = Instant::now();
-        let l = loss(&model, &batch, scale).expect("a loss");
-        let t2 = Instant::now();
-        assert_eq!(l.to_bits(), last.to_bits());
-        if i >= 1 {
-            step.push((t1 - t0).as_secs_f64());
-            eval.push((t2 - t1).as_secs_f64());
-        }
-    }
+    let (step, eval, last) = time_calls(&model, &batch, iterations, options);
     let held = step_bytes(
         &dims,
         n,

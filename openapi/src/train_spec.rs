@@ -359,6 +359,9 @@ pub const MAX_LEARNING_RATE: f64 = 1.0;
 /// The longest sequence accepted (a model may allow less: its `max_position_embeddings`).
 pub const MAX_SEQ_LEN: u32 = 131_072;
 
+/// Where a check reports a problem: the field's dotted path and what is wrong with it.
+type Report<'r> = &'r mut dyn FnMut(&str, String);
+
 impl TrainSpec {
     /// Checks every value that serde cannot, returning all problems at once.
     pub fn validate(&self) -> Result<(), Vec<SpecError>> {
@@ -369,6 +372,16 @@ impl TrainSpec {
                 message,
             })
         };
+        self.check_locations(&mut bad);
+        check_schedule(&self.hyperparameters, &mut bad);
+        check_limits(&self.hyperparameters, &mut bad);
+        self.check_lora(&mut bad);
+        check_checkpoint(&self.checkpoint, &mut bad);
+        if errs.is_empty() { Ok(()) } else { Err(errs) }
+    }
+
+    /// The model, the training files and the output are named.
+    fn check_locations(&self, bad: Report<'_>) {
         if self.model.trim().is_empty() {
             bad("model", "must name a model folder or URI".into());
         }
@@ -382,74 +395,16 @@ impl TrainSpec {
         if self.output.trim().is_empty() {
             bad("output", "must name an output folder or URI".into());
         }
-        let h = &self.hyperparameters;
-        if h.epochs == 0 {
-            bad("hyperparameters.epochs", "must be at least 1".into());
-        }
-        if h.batch_size == 0 {
-            bad("hyperparameters.batch_size", "must be at least 1".into());
-        }
-        if h.gradient_accumulation_steps == 0 {
-            bad(
-                "hyperparameters.gradient_accumulation_steps",
-                "must be at least 1".into(),
-            );
-        }
-        if !(h.learning_rate.is_finite()
-            && (MIN_LEARNING_RATE..=MAX_LEARNING_RATE).contains(&h.learning_rate))
-        {
-            bad(
-                "hyperparameters.learning_rate",
-                format!(
-                    "must be between {MIN_LEARNING_RATE:e} and {MAX_LEARNING_RATE}, got {}",
-                    readable(h.learning_rate)
-                ),
-            );
-        }
-        if let Some(max) = h.max_steps
-            && h.warmup_steps > max
-        {
-            bad(
-                "hyperparameters.warmup_steps",
-                format!("must be at most max_steps ({max}), got {}", h.warmup_steps),
-            );
-        }
-        if !(h.weight_decay.is_finite() && h.weight_decay >= 0.0) {
-            bad(
-                "hyperparameters.weight_decay",
-                format!("must be ≥ 0, got {}", readable(h.weight_decay)),
-            );
-        }
-        if !(h.max_grad_norm.is_finite() && h.max_grad_norm >= 0.0) {
-            bad(
-                "hyperparameters.max_grad_norm",
-                format!("must be ≥ 0, got {}", readable(h.max_grad_norm)),
-            );
-        }
-        if !(2..=MAX_SEQ_LEN).contains(&h.max_seq_len) {
-            bad(
-                "hyperparameters.max_seq_len",
-                format!("must be 2 to {MAX_SEQ_LEN}, got {}", h.max_seq_len),
-            );
-        }
-        if h.max_steps == Some(0) {
-            bad(
-                "hyperparameters.max_steps",
-                "must be at least 1 when set".into(),
-            );
-        }
-        if h.eval_every_steps == Some(0) {
-            bad(
-                "hyperparameters.eval_every_steps",
-                "must be at least 1 when set".into(),
-            );
-        }
+    }
+
+    /// The compute and dtype agree, and the LoRA settings are in range.
+    fn check_lora(&self, bad: Report<'_>) {
         let l = &self.lora;
         if self.compute == ComputeKind::Bf16 && self.dtype == DtypeKind::F32 {
             bad(
                 "compute",
                 "bf16 compute multiplies bf16 weights: set dtype to bf16 or auto, or compute \
-                 to f32"
+             to f32"
                     .into(),
             );
         }
@@ -497,22 +452,94 @@ impl TrainSpec {
                 );
             }
         }
-        if self.checkpoint.every_steps == Some(0) {
-            bad(
-                "checkpoint.every_steps",
-                "must be at least 1 when set".into(),
-            );
-        }
-        if self.checkpoint.every_seconds == Some(0) {
-            bad(
-                "checkpoint.every_seconds",
-                "must be at least 1 when set".into(),
-            );
-        }
-        if self.checkpoint.keep_last == 0 {
-            bad("checkpoint.keep_last", "must be at least 1".into());
-        }
-        if errs.is_empty() { Ok(()) } else { Err(errs) }
+    }
+}
+
+/// Epochs, batch, accumulation, learning rate and warmup.
+fn check_schedule(h: &Hyperparameters, bad: Report<'_>) {
+    if h.epochs == 0 {
+        bad("hyperparameters.epochs", "must be at least 1".into());
+    }
+    if h.batch_size == 0 {
+        bad("hyperparameters.batch_size", "must be at least 1".into());
+    }
+    if h.gradient_accumulation_steps == 0 {
+        bad(
+            "hyperparameters.gradient_accumulation_steps",
+            "must be at least 1".into(),
+        );
+    }
+    if !(h.learning_rate.is_finite()
+        && (MIN_LEARNING_RATE..=MAX_LEARNING_RATE).contains(&h.learning_rate))
+    {
+        bad(
+            "hyperparameters.learning_rate",
+            format!(
+                "must be between {MIN_LEARNING_RATE:e} and {MAX_LEARNING_RATE}, got {}",
+                readable(h.learning_rate)
+            ),
+        );
+    }
+    if let Some(max) = h.max_steps
+        && h.warmup_steps > max
+    {
+        bad(
+            "hyperparameters.warmup_steps",
+            format!("must be at most max_steps ({max}), got {}", h.warmup_steps),
+        );
+    }
+}
+
+/// Weight decay, gradient clipping, sequence length, step limit and evaluation period.
+fn check_limits(h: &Hyperparameters, bad: Report<'_>) {
+    if !(h.weight_decay.is_finite() && h.weight_decay >= 0.0) {
+        bad(
+            "hyperparameters.weight_decay",
+            format!("must be ≥ 0, got {}", readable(h.weight_decay)),
+        );
+    }
+    if !(h.max_grad_norm.is_finite() && h.max_grad_norm >= 0.0) {
+        bad(
+            "hyperparameters.max_grad_norm",
+            format!("must be ≥ 0, got {}", readable(h.max_grad_norm)),
+        );
+    }
+    if !(2..=MAX_SEQ_LEN).contains(&h.max_seq_len) {
+        bad(
+            "hyperparameters.max_seq_len",
+            format!("must be 2 to {MAX_SEQ_LEN}, got {}", h.max_seq_len),
+        );
+    }
+    if h.max_steps == Some(0) {
+        bad(
+            "hyperparameters.max_steps",
+            "must be at least 1 when set".into(),
+        );
+    }
+    if h.eval_every_steps == Some(0) {
+        bad(
+            "hyperparameters.eval_every_steps",
+            "must be at least 1 when set".into(),
+        );
+    }
+}
+
+/// The checkpoint policy's periods and how many to keep.
+fn check_checkpoint(c: &CheckpointPolicy, bad: Report<'_>) {
+    if c.every_steps == Some(0) {
+        bad(
+            "checkpoint.every_steps",
+            "must be at least 1 when set".into(),
+        );
+    }
+    if c.every_seconds == Some(0) {
+        bad(
+            "checkpoint.every_seconds",
+            "must be at least 1 when set".into(),
+        );
+    }
+    if c.keep_last == 0 {
+        bad("checkpoint.keep_last", "must be at least 1".into());
     }
 }
 

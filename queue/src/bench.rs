@@ -242,11 +242,7 @@ pub async fn run(opts: &QueueBenchOptions, log: impl Fn(&str)) -> Result<serde_j
     let jobs = workload(opts.n, opts.seed, opts.tenants, opts.payload_bytes);
     let payload_avg =
         jobs.iter().map(|j| j.payload.len()).sum::<usize>() as f64 / jobs.len().max(1) as f64;
-    let config = |retention_count: u64| QueueConfig {
-        retention_count,
-        ..QueueConfig::default()
-    };
-    let admin = Queue::connect(&opts.redis_url, &domain("admin"), config(0)).await?;
+    let admin = Queue::connect(&opts.redis_url, &domain("admin"), bench_config(0)).await?;
     let Some(mut conn) = admin.redis_connection() else {
         return Err(QueueError::Invalid {
             field: "redis",
@@ -257,22 +253,10 @@ pub async fn run(opts: &QueueBenchOptions, log: impl Fn(&str)) -> Result<serde_j
     let version = info_value(&server, "redis_version")
         .unwrap_or("unknown")
         .to_string();
-
     if opts.warmup > 0 {
-        let q = Queue::connect(&opts.redis_url, &domain("warmup"), config(0)).await?;
-        q.set_pool("bench", u32::MAX).await?;
-        let warm = workload(
-            opts.warmup,
-            opts.seed.wrapping_add(1),
-            opts.tenants,
-            opts.payload_bytes,
-        );
-        enqueue_all(&q, &warm, opts.producers).await?;
-        drain(&q, opts.warmup, 1).await?;
-        q.destroy().await?;
+        warm_up(opts).await?;
         log(&format!("warm-up done ({} jobs)", opts.warmup));
     }
-
     let mut out = serde_json::json!({
         "bench": "tuneq",
         "n": opts.n,
@@ -284,51 +268,102 @@ pub async fn run(opts: &QueueBenchOptions, log: impl Fn(&str)) -> Result<serde_j
         "versions": {"tuneq": env!("CARGO_PKG_VERSION"), "redis": version},
         "host": {"cpus": std::thread::available_parallelism().map_or(1, |n| n.get())},
     });
+    measure_enqueue(opts, &jobs, &mut conn, &mut out, &log).await?;
+    measure_bulk_enqueue(opts, &jobs, &mut out, &log).await?;
+    let figures = measure_processing(opts, &jobs, &mut conn, &mut out, &log).await?;
+    // Plain numbers and strings: serialising them cannot fail.
+    out["process"] = serde_json::to_value(&figures).unwrap_or_default();
+    measure_claim_latency(opts, &mut out, &log).await?;
+    admin.destroy().await?;
+    Ok(out)
+}
 
-    // Enqueue, 8 in flight, and memory per waiting job.
-    {
-        let q = Queue::connect(&opts.redis_url, &domain("add"), config(0)).await?;
-        let before = info_number(&mut conn, "memory", "used_memory").await?;
-        let (r0, c0) = (redis_cpu_s(&mut conn).await?, own_cpu_s());
-        let seconds = enqueue_all(&q, &jobs, opts.producers).await?;
-        let (r1, c1) = (redis_cpu_s(&mut conn).await?, own_cpu_s());
-        let after = info_number(&mut conn, "memory", "used_memory").await?;
-        let n = opts.n as f64;
-        out["enqueue_add_jobs_per_s"] = serde_json::json!((n / seconds).round() as u64);
-        out["enqueue_add_seconds"] = serde_json::json!((seconds * 1000.0).round() / 1000.0);
-        out["enqueue_add_cpu_us_per_job"] = serde_json::json!({
-            "redis": ((r1 - r0) * 1e6 / n).round(), "client": ((c1 - c0) * 1e6 / n).round()});
-        out["mem_bytes_per_waiting_job"] = serde_json::json!(((after - before) / n).round() as i64);
-        log(&format!(
-            "enqueue: {} jobs/s, {} B per waiting job",
-            out["enqueue_add_jobs_per_s"], out["mem_bytes_per_waiting_job"]
-        ));
-        q.destroy().await?;
+/// The queue settings of a benchmark queue keeping `retention_count` finished jobs.
+fn bench_config(retention_count: u64) -> QueueConfig {
+    QueueConfig {
+        retention_count,
+        ..QueueConfig::default()
     }
+}
 
-    // Bulk enqueue, one batch in flight.
-    {
-        let q = Queue::connect(&opts.redis_url, &domain("bulk"), config(0)).await?;
-        let seconds = enqueue_bulk_all(&q, &jobs, opts.batch).await?;
-        out["enqueue_addbulk_jobs_per_s"] =
-            serde_json::json!((opts.n as f64 / seconds).round() as u64);
-        log(&format!(
-            "bulk enqueue: {} jobs/s",
-            out["enqueue_addbulk_jobs_per_s"]
-        ));
-        q.destroy().await?;
-    }
+/// Runs `opts.warmup` jobs through a queue of their own, so that the measured phases
+/// start on a warm server.
+async fn warm_up(opts: &QueueBenchOptions) -> Result<()> {
+    let q = Queue::connect(&opts.redis_url, &domain("warmup"), bench_config(0)).await?;
+    q.set_pool("bench", u32::MAX).await?;
+    let warm = workload(
+        opts.warmup,
+        opts.seed.wrapping_add(1),
+        opts.tenants,
+        opts.payload_bytes,
+    );
+    enqueue_all(&q, &warm, opts.producers).await?;
+    drain(&q, opts.warmup, 1).await?;
+    q.destroy().await
+}
 
-    // Processing with deletion on completion and with the last 1 000 kept.
+/// Enqueue, 8 in flight, and memory per waiting job.
+async fn measure_enqueue(
+    opts: &QueueBenchOptions,
+    jobs: &[NewJob],
+    conn: &mut redis::aio::ConnectionManager,
+    out: &mut serde_json::Value,
+    log: &impl Fn(&str),
+) -> Result<()> {
+    let q = Queue::connect(&opts.redis_url, &domain("add"), bench_config(0)).await?;
+    let before = info_number(conn, "memory", "used_memory").await?;
+    let (r0, c0) = (redis_cpu_s(conn).await?, own_cpu_s());
+    let seconds = enqueue_all(&q, jobs, opts.producers).await?;
+    let (r1, c1) = (redis_cpu_s(conn).await?, own_cpu_s());
+    let after = info_number(conn, "memory", "used_memory").await?;
+    let n = opts.n as f64;
+    out["enqueue_add_jobs_per_s"] = serde_json::json!((n / seconds).round() as u64);
+    out["enqueue_add_seconds"] = serde_json::json!((seconds * 1000.0).round() / 1000.0);
+    out["enqueue_add_cpu_us_per_job"] = serde_json::json!({
+        "redis": ((r1 - r0) * 1e6 / n).round(), "client": ((c1 - c0) * 1e6 / n).round()});
+    out["mem_bytes_per_waiting_job"] = serde_json::json!(((after - before) / n).round() as i64);
+    log(&format!(
+        "enqueue: {} jobs/s, {} B per waiting job",
+        out["enqueue_add_jobs_per_s"], out["mem_bytes_per_waiting_job"]
+    ));
+    q.destroy().await
+}
+
+/// Bulk enqueue, one batch in flight.
+async fn measure_bulk_enqueue(
+    opts: &QueueBenchOptions,
+    jobs: &[NewJob],
+    out: &mut serde_json::Value,
+    log: &impl Fn(&str),
+) -> Result<()> {
+    let q = Queue::connect(&opts.redis_url, &domain("bulk"), bench_config(0)).await?;
+    let seconds = enqueue_bulk_all(&q, jobs, opts.batch).await?;
+    out["enqueue_addbulk_jobs_per_s"] = serde_json::json!((opts.n as f64 / seconds).round() as u64);
+    log(&format!(
+        "bulk enqueue: {} jobs/s",
+        out["enqueue_addbulk_jobs_per_s"]
+    ));
+    q.destroy().await
+}
+
+/// Processing with deletion on completion and with the last 1 000 kept, at each worker
+/// concurrency.
+async fn measure_processing(
+    opts: &QueueBenchOptions,
+    jobs: &[NewJob],
+    conn: &mut redis::aio::ConnectionManager,
+    out: &mut serde_json::Value,
+    log: &impl Fn(&str),
+) -> Result<Vec<ProcessFigure>> {
     let mut figures = Vec::new();
     for (label, keep) in [("remove", 0u64), ("keep1000", 1000)] {
         for &workers in &opts.workers {
-            let q = Queue::connect(&opts.redis_url, &domain("proc"), config(keep)).await?;
+            let q = Queue::connect(&opts.redis_url, &domain("proc"), bench_config(keep)).await?;
             q.set_pool("bench", u32::MAX).await?;
-            enqueue_all(&q, &jobs, opts.producers).await?;
-            let (r0, c0) = (redis_cpu_s(&mut conn).await?, own_cpu_s());
+            enqueue_all(&q, jobs, opts.producers).await?;
+            let (r0, c0) = (redis_cpu_s(conn).await?, own_cpu_s());
             let seconds = drain(&q, opts.n, workers).await?;
-            let (r1, c1) = (redis_cpu_s(&mut conn).await?, own_cpu_s());
+            let (r1, c1) = (redis_cpu_s(conn).await?, own_cpu_s());
             let n = opts.n as f64;
             let figure = ProcessFigure {
                 worker_concurrency: workers,
@@ -348,13 +383,18 @@ pub async fn run(opts: &QueueBenchOptions, log: impl Fn(&str)) -> Result<serde_j
             q.destroy().await?;
         }
     }
-    // Plain numbers and strings: serialising them cannot fail.
-    out["process"] = serde_json::to_value(&figures).unwrap_or_default();
+    Ok(figures)
+}
 
-    // Claim latency as the queue grows: it must stay flat (sorted sets are O(log n)).
+/// Claim latency as the queue grows: it must stay flat (sorted sets are O(log n)).
+async fn measure_claim_latency(
+    opts: &QueueBenchOptions,
+    out: &mut serde_json::Value,
+    log: &impl Fn(&str),
+) -> Result<()> {
     let mut latency = Vec::new();
     for &depth in &opts.latency_depths {
-        let q = Queue::connect(&opts.redis_url, &domain("latency"), config(0)).await?;
+        let q = Queue::connect(&opts.redis_url, &domain("latency"), bench_config(0)).await?;
         q.set_pool("bench", u32::MAX).await?;
         let samples = 2_000.min(depth.max(1));
         let fill = workload(
@@ -380,8 +420,7 @@ pub async fn run(opts: &QueueBenchOptions, log: impl Fn(&str)) -> Result<serde_j
             serde_json::json!((ratio * 100.0).round() / 100.0);
     }
     out["claim_latency"] = serde_json::Value::Array(latency);
-    admin.destroy().await?;
-    Ok(out)
+    Ok(())
 }
 
 #[cfg(test)]

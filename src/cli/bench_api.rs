@@ -151,20 +151,92 @@ async fn drive(
 
 /// Runs the three phases.
 pub async fn run(opts: &ApiBenchOptions, log: impl Fn(&str)) -> Result<ApiBenchResult> {
-    // The hello-world ceiling.
+    let (hello_url, hello_handle) = start_hello(opts.workers)?;
+    let api = start_api(opts).await?;
+    let (create_body, job_id) = create_job(&api).await?;
+    log(&format!(
+        "{} connections, {} server workers, {} s per phase",
+        opts.connections, opts.workers, opts.seconds
+    ));
+    let targets = Targets {
+        hello: Target {
+            method: reqwest::Method::GET,
+            url: hello_url,
+            key: None,
+            body: None,
+            expect: 200,
+        },
+        get: Target {
+            method: reqwest::Method::GET,
+            url: format!("{}/finetunes/{job_id}", api.url),
+            key: Some(api.key.clone()),
+            body: None,
+            expect: 200,
+        },
+        create: Target {
+            method: reqwest::Method::POST,
+            url: format!("{}/finetunes", api.url),
+            key: Some(api.key.clone()),
+            body: Some(create_body),
+            expect: 200,
+        },
+    };
+    let (hellos, gets, creates) = run_phases(opts, &targets, &log).await?;
+    let run_ratios: Vec<f64> = gets
+        .iter()
+        .zip(&hellos)
+        .map(|(g, h)| g.requests_per_s / h.requests_per_s.max(1e-9))
+        .collect();
+    let (hello, get, create) = (median(hellos), median(gets), median(creates));
+    hello_handle.stop(true).await;
+    api.handle.stop(true).await;
+    if let Err(e) = api.queue.destroy().await {
+        log(&format!("could not clean up the benchmark's keys: {e}"));
+    }
+    Ok(ApiBenchResult {
+        get_ratio: get.requests_per_s / hello.requests_per_s.max(1e-9),
+        create_ratio: create.requests_per_s / hello.requests_per_s.max(1e-9),
+        get_ratio_median_of_runs: median_of(run_ratios),
+        hello,
+        get_finetune: get,
+        create_finetune: create,
+        connections: opts.connections,
+        workers: opts.workers,
+        runs: opts.runs.max(1),
+    })
+}
+
+/// Starts the hello-world ceiling: a bare actix server on a free port. Returns its URL
+/// and its handle.
+fn start_hello(workers: usize) -> Result<(String, actix_web::dev::ServerHandle)> {
     let hello_listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     let hello_url = format!("http://{}/", hello_listener.local_addr()?);
     let hello = actix_web::HttpServer::new(|| {
         actix_web::App::new().route("/", actix_web::web::get().to(|| async { "Hello, world!" }))
     })
-    .workers(opts.workers)
+    .workers(workers)
     .disable_signals()
     .listen(hello_listener)?
     .run();
     let hello_handle = hello.handle();
     tokio::spawn(hello);
+    Ok((hello_url, hello_handle))
+}
 
-    // tuneq's API on Redis, with one tenant, a base model, a file and a job to read.
+/// tuneq's API under test, running on a free port.
+struct Api {
+    /// Holds the spool and the object store; removed when dropped.
+    _dir: tempfile::TempDir,
+    queue: tuneq_queue::Queue,
+    url: String,
+    /// The bench tenant's API key.
+    key: String,
+    handle: actix_web::dev::ServerHandle,
+}
+
+/// Starts tuneq's API on Redis, with one tenant and a base model, exactly as `tuneq
+/// api` runs it: middleware (request span, metrics, access log) included.
+async fn start_api(opts: &ApiBenchOptions) -> Result<Api> {
     let dir = tempfile::tempdir()?;
     let domain = format!("bench-api-{:08x}", rand::random::<u32>());
     let queue = tuneq_queue::Queue::connect(
@@ -183,6 +255,23 @@ pub async fn run(opts: &ApiBenchOptions, log: impl Fn(&str)) -> Result<ApiBenchR
             ..tuneq_api::ApiConfig::default()
         },
     );
+    let key = seed_tenant(&state).await?;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let server = tuneq_api::serve(listener, state.clone(), Some(opts.workers))?;
+    let handle = server.handle();
+    tokio::spawn(server);
+    Ok(Api {
+        _dir: dir,
+        queue,
+        url,
+        key,
+        handle,
+    })
+}
+
+/// Creates the bench tenant and registers a base model. Returns the tenant's key.
+async fn seed_tenant(state: &tuneq_api::AppState) -> Result<String> {
     let fail = |e: tuneq_api::ApiError| anyhow::anyhow!("{}", e.detail.message);
     tuneq_api::records::tenant::create_tenant(&state.queue, "bench", "Bench")
         .await
@@ -201,21 +290,20 @@ pub async fn run(opts: &ApiBenchOptions, log: impl Fn(&str)) -> Result<ApiBenchR
     )
     .await
     .map_err(fail)?;
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    let url = format!("http://{}", listener.local_addr()?);
-    // The server exactly as `tuneq api` runs it: middleware (request span, metrics,
-    // access log) included.
-    let server = tuneq_api::serve(listener, state.clone(), Some(opts.workers))?;
-    let handle = server.handle();
-    tokio::spawn(server);
+    Ok(key)
+}
 
+/// Uploads a small file and creates a job to read. Returns the create request's body
+/// and the job's id.
+async fn create_job(api: &Api) -> Result<(String, String)> {
+    let (url, key) = (&api.url, &api.key);
     let http = reqwest::Client::new();
     let data: String = (0..64)
         .map(|i| format!("{{\"prompt\":\"question {i}\",\"completion\":\"answer {i}\"}}\n"))
         .collect();
     let file: serde_json::Value = http
         .post(format!("{url}/files?filename=bench.jsonl"))
-        .bearer_auth(&key)
+        .bearer_auth(key)
         .body(data)
         .send()
         .await?
@@ -224,7 +312,7 @@ pub async fn run(opts: &ApiBenchOptions, log: impl Fn(&str)) -> Result<ApiBenchR
     let create_body = serde_json::json!({"model": "base", "training_file": file["id"]}).to_string();
     let job: serde_json::Value = http
         .post(format!("{url}/finetunes"))
-        .bearer_auth(&key)
+        .bearer_auth(key)
         .header("content-type", "application/json")
         .body(create_body.clone())
         .send()
@@ -235,87 +323,35 @@ pub async fn run(opts: &ApiBenchOptions, log: impl Fn(&str)) -> Result<ApiBenchR
         .as_str()
         .context("the benchmark could not create its job")?
         .to_string();
+    Ok((create_body, job_id))
+}
 
-    log(&format!(
-        "{} connections, {} server workers, {} s per phase",
-        opts.connections, opts.workers, opts.seconds
-    ));
+/// What each phase requests.
+struct Targets {
+    hello: Target,
+    get: Target,
+    create: Target,
+}
+
+/// Every run's three phases, in order: hello-world, GET and POST.
+async fn run_phases(
+    opts: &ApiBenchOptions,
+    targets: &Targets,
+    log: &impl Fn(&str),
+) -> Result<(Vec<Phase>, Vec<Phase>, Vec<Phase>)> {
     let (mut hellos, mut gets, mut creates) = (Vec::new(), Vec::new(), Vec::new());
+    let phase = |name: &'static str, target: &Target| {
+        drive(name, target.clone(), opts.connections, opts.seconds, log)
+    };
     for run in 1..=opts.runs.max(1) {
         if opts.runs > 1 {
             log(&format!("run {run} of {}", opts.runs));
         }
-        hellos.push(
-            drive(
-                "hello-world",
-                Target {
-                    method: reqwest::Method::GET,
-                    url: hello_url.clone(),
-                    key: None,
-                    body: None,
-                    expect: 200,
-                },
-                opts.connections,
-                opts.seconds,
-                &log,
-            )
-            .await?,
-        );
-        gets.push(
-            drive(
-                "GET /finetunes/id",
-                Target {
-                    method: reqwest::Method::GET,
-                    url: format!("{url}/finetunes/{job_id}"),
-                    key: Some(key.clone()),
-                    body: None,
-                    expect: 200,
-                },
-                opts.connections,
-                opts.seconds,
-                &log,
-            )
-            .await?,
-        );
-        creates.push(
-            drive(
-                "POST /finetunes",
-                Target {
-                    method: reqwest::Method::POST,
-                    url: format!("{url}/finetunes"),
-                    key: Some(key.clone()),
-                    body: Some(create_body.clone()),
-                    expect: 200,
-                },
-                opts.connections,
-                opts.seconds,
-                &log,
-            )
-            .await?,
-        );
+        hellos.push(phase("hello-world", &targets.hello).await?);
+        gets.push(phase("GET /finetunes/id", &targets.get).await?);
+        creates.push(phase("POST /finetunes", &targets.create).await?);
     }
-    let run_ratios: Vec<f64> = gets
-        .iter()
-        .zip(&hellos)
-        .map(|(g, h)| g.requests_per_s / h.requests_per_s.max(1e-9))
-        .collect();
-    let (hello, get, create) = (median(hellos), median(gets), median(creates));
-    hello_handle.stop(true).await;
-    handle.stop(true).await;
-    if let Err(e) = queue.destroy().await {
-        log(&format!("could not clean up the benchmark's keys: {e}"));
-    }
-    Ok(ApiBenchResult {
-        get_ratio: get.requests_per_s / hello.requests_per_s.max(1e-9),
-        create_ratio: create.requests_per_s / hello.requests_per_s.max(1e-9),
-        get_ratio_median_of_runs: median_of(run_ratios),
-        hello,
-        get_finetune: get,
-        create_finetune: create,
-        connections: opts.connections,
-        workers: opts.workers,
-        runs: opts.runs.max(1),
-    })
+    Ok((hellos, gets, creates))
 }
 
 /// The phase with the median request rate.

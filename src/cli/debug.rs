@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 use clap::Subcommand;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 #[derive(Subcommand)]
@@ -45,45 +45,49 @@ pub enum DebugCommand {
     },
     /// Optimiser steps as training runs them (micro-batches, clipping, AdamW, dropout)
     /// over batches in a safetensors file, writing the adapter after every step.
-    Steps {
-        #[arg(long)]
-        model: PathBuf,
-        /// The adapter to start from (its factors become the trainable tensors).
-        #[arg(long)]
-        adapter: PathBuf,
-        /// `input_ids`, `labels`, `attention_mask`: int64 (micro-batches, rows, len).
-        #[arg(long)]
-        batches: PathBuf,
-        /// A folder for `step-N.safetensors` (and `masks.safetensors` with dropout).
-        #[arg(long)]
-        out: PathBuf,
-        #[arg(long, default_value_t = 1)]
-        micro_batches: usize,
-        #[arg(long, default_value_t = 1e-3)]
-        lr: f64,
-        /// ≤ 0 turns clipping off.
-        #[arg(long, default_value_t = 0.0)]
-        max_grad_norm: f64,
-        #[arg(long, default_value_t = 0.0)]
-        weight_decay: f64,
-        #[arg(long, default_value_t = 0.9)]
-        beta1: f64,
-        #[arg(long, default_value_t = 0.999)]
-        beta2: f64,
-        #[arg(long, default_value_t = 1e-8)]
-        eps: f64,
-        #[arg(long, default_value_t = 0.0)]
-        dropout: f64,
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
-        /// The dtype the frozen weights are held in (bf16: widened to f32 where used).
-        #[arg(long, value_enum, default_value = "f32")]
-        dtype: super::train::DtypeArg,
-        /// How the frozen projections are computed (bf16: bf16 operands, f32
-        /// accumulation; needs `--dtype bf16`).
-        #[arg(long, value_enum, default_value = "f32")]
-        compute: super::train::ComputeArg,
-    },
+    Steps(StepsArgs),
+}
+
+/// What `tuneq debug steps` runs.
+#[derive(clap::Args)]
+pub struct StepsArgs {
+    #[arg(long)]
+    model: PathBuf,
+    /// The adapter to start from (its factors become the trainable tensors).
+    #[arg(long)]
+    adapter: PathBuf,
+    /// `input_ids`, `labels`, `attention_mask`: int64 (micro-batches, rows, len).
+    #[arg(long)]
+    batches: PathBuf,
+    /// A folder for `step-N.safetensors` (and `masks.safetensors` with dropout).
+    #[arg(long)]
+    out: PathBuf,
+    #[arg(long, default_value_t = 1)]
+    micro_batches: usize,
+    #[arg(long, default_value_t = 1e-3)]
+    lr: f64,
+    /// ≤ 0 turns clipping off.
+    #[arg(long, default_value_t = 0.0)]
+    max_grad_norm: f64,
+    #[arg(long, default_value_t = 0.0)]
+    weight_decay: f64,
+    #[arg(long, default_value_t = 0.9)]
+    beta1: f64,
+    #[arg(long, default_value_t = 0.999)]
+    beta2: f64,
+    #[arg(long, default_value_t = 1e-8)]
+    eps: f64,
+    #[arg(long, default_value_t = 0.0)]
+    dropout: f64,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// The dtype the frozen weights are held in (bf16: widened to f32 where used).
+    #[arg(long, value_enum, default_value = "f32")]
+    dtype: super::train::DtypeArg,
+    /// How the frozen projections are computed (bf16: bf16 operands, f32
+    /// accumulation; needs `--dtype bf16`).
+    #[arg(long, value_enum, default_value = "f32")]
+    compute: super::train::ComputeArg,
 }
 
 pub fn run(cmd: DebugCommand) -> Result<ExitCode> {
@@ -120,76 +124,71 @@ pub fn run(cmd: DebugCommand) -> Result<ExitCode> {
             data,
             chat_template,
             max_seq_len,
-        } => {
-            let choice = tuneq_openapi::ChatTemplateChoice::from(chat_template);
-            let encoder = tuneq_trainer::data::Encoder::from_model_dir(&model, choice)?;
-            let parsed =
-                tuneq_trainer::data::read_jsonl(&data, tuneq_openapi::DatasetFormat::Auto)?;
-            let template = encoder.template();
-            println!(
-                "{}",
-                serde_json::json!({"template": template.source(), "bos_token": template.bos_token(),
-                    "eos_token": template.eos_token(), "format": parsed.format})
-            );
-            for record in &parsed.records {
-                let example = encoder.encode(record, max_seq_len)?;
-                let messages: Vec<_> = encoder
-                    .conversation(record)
-                    .into_iter()
-                    .map(|m| serde_json::json!({"role": m.role, "content": m.content}))
-                    .collect();
-                println!(
-                    "{}",
-                    serde_json::json!({"messages": messages, "text": encoder.render(record)?,
-                        "input_ids": example.input_ids, "labels": example.labels})
-                );
-            }
-        }
-        DebugCommand::Steps {
-            model,
-            adapter,
-            batches,
-            out,
-            micro_batches,
-            lr,
-            max_grad_norm,
-            weight_decay,
-            beta1,
-            beta2,
-            eps,
-            dropout,
-            seed,
-            dtype,
-            compute,
-        } => {
-            if !(0.0..1.0).contains(&dropout) {
-                anyhow::bail!("--dropout must be in [0, 1), not {dropout}");
-            }
-            let compute = tuneq_openapi::ComputeKind::from(compute);
-            let dtype = tuneq_openapi::DtypeKind::from(dtype);
-            if compute == tuneq_openapi::ComputeKind::Bf16
-                && dtype != tuneq_openapi::DtypeKind::Bf16
-            {
-                anyhow::bail!("--compute bf16 multiplies bf16 weights: add --dtype bf16");
-            }
-            let mut m = tuneq_trainer::debug::load_model(&model, Some(&adapter), dtype)?;
-            m.set_cpu_compute(compute);
-            let cfg = tuneq_trainer::debug::StepsConfig {
-                micro_batches,
-                lr,
-                max_grad_norm,
-                adamw: tuneq_trainer::optim::AdamWConfig {
-                    beta1,
-                    beta2,
-                    eps,
-                    weight_decay,
-                },
-                dropout,
-                seed,
-            };
-            let losses = tuneq_trainer::debug::write_steps(&m, &batches, &out, &cfg)?;
-            println!("{}", serde_json::json!({"losses": losses}));
-        }
+        } => encode(&model, &data, chat_template, max_seq_len)?,
+        DebugCommand::Steps(args) => steps(args)?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `tuneq debug encode`: prints the chat template, then each record as training sees it.
+fn encode(
+    model: &Path,
+    data: &Path,
+    chat_template: crate::cli::train::TemplateArg,
+    max_seq_len: usize,
+) -> Result<()> {
+    let choice = tuneq_openapi::ChatTemplateChoice::from(chat_template);
+    let encoder = tuneq_trainer::data::Encoder::from_model_dir(model, choice)?;
+    let parsed = tuneq_trainer::data::read_jsonl(data, tuneq_openapi::DatasetFormat::Auto)?;
+    let template = encoder.template();
+    println!(
+        "{}",
+        serde_json::json!({"template": template.source(), "bos_token": template.bos_token(),
+            "eos_token": template.eos_token(), "format": parsed.format})
+    );
+    for record in &parsed.records {
+        let example = encoder.encode(record, max_seq_len)?;
+        let messages: Vec<_> = encoder
+            .conversation(record)
+            .into_iter()
+            .map(|m| serde_json::json!({"role": m.role, "content": m.content}))
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({"messages": messages, "text": encoder.render(record)?,
+                "input_ids": example.input_ids, "labels": example.labels})
+        );
+    }
+    Ok(())
+}
+
+/// `tuneq debug steps`: runs the optimiser steps and prints each step's loss.
+fn steps(args: StepsArgs) -> Result<()> {
+    let dropout = args.dropout;
+    if !(0.0..1.0).contains(&dropout) {
+        anyhow::bail!("--dropout must be in [0, 1), not {dropout}");
+    }
+    let compute = tuneq_openapi::ComputeKind::from(args.compute);
+    let dtype = tuneq_openapi::DtypeKind::from(args.dtype);
+    if compute == tuneq_openapi::ComputeKind::Bf16 && dtype != tuneq_openapi::DtypeKind::Bf16 {
+        anyhow::bail!("--compute bf16 multiplies bf16 weights: add --dtype bf16");
+    }
+    let mut m = tuneq_trainer::debug::load_model(&args.model, Some(&args.adapter), dtype)?;
+    m.set_cpu_compute(compute);
+    let cfg = tuneq_trainer::debug::StepsConfig {
+        micro_batches: args.micro_batches,
+        lr: args.lr,
+        max_grad_norm: args.max_grad_norm,
+        adamw: tuneq_trainer::optim::AdamWConfig {
+            beta1: args.beta1,
+            beta2: args.beta2,
+            eps: args.eps,
+            weight_decay: args.weight_decay,
+        },
+        dropout,
+        seed: args.seed,
+    };
+    let losses = tuneq_trainer::debug::write_steps(&m, &args.batches, &args.out, &cfg)?;
+    println!("{}", serde_json::json!({"losses": losses}));
+    Ok(())
 }

@@ -184,7 +184,7 @@ impl QueueArgs {
         self.redis
             .as_ref()
             .map(|r| {
-                super::service::redis_with_password(
+                super::service::queue::redis_with_password(
                     r.expose(),
                     self.redis_password.as_ref().map(Secret::expose),
                 )

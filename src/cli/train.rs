@@ -222,6 +222,22 @@ pub fn build_spec(args: &TrainArgs) -> Result<TrainSpec> {
     if let Some(o) = &args.output {
         obj.insert("output".into(), o.clone().into());
     }
+    set_section_flags(obj, args)?;
+    set_choice_flags(obj, args)?;
+    check_required(obj)?;
+    let source = args
+        .spec
+        .as_ref()
+        .map_or("flags".to_string(), |p| p.display().to_string());
+    serde_json::from_value(v).map_err(|e| BadInput(format!("{source}: {e}")).into())
+}
+
+/// The spec, as JSON, that flags write into.
+type SpecObject = serde_json::Map<String, serde_json::Value>;
+
+/// Writes the flags that set a field of a section (`hyperparameters`, `lora`,
+/// `checkpoint`, `sampling`) into `obj`, keeping the section's other fields.
+fn set_section_flags(obj: &mut SpecObject, args: &TrainArgs) -> Result<()> {
     let spec_json = |name: &str, v: serde_json::Value| (name.to_string(), v);
     let mut nested: Vec<(&str, (String, serde_json::Value))> = Vec::new();
     macro_rules! nest {
@@ -270,6 +286,12 @@ pub fn build_spec(args: &TrainArgs) -> Result<TrainSpec> {
             .ok_or_else(|| BadInput(format!("spec field {section} must be an object")))?;
         inner.insert(field, value);
     }
+    Ok(())
+}
+
+/// Writes the flags that choose among values (format, template, device, dtype, compute,
+/// checkpointing) into `obj`, and the GPU a CUDA build picks when nothing chose a device.
+fn set_choice_flags(obj: &mut SpecObject, args: &TrainArgs) -> Result<()> {
     if let Some(f) = args.format {
         obj.insert(
             "dataset_format".into(),
@@ -310,6 +332,11 @@ pub fn build_spec(args: &TrainArgs) -> Result<TrainSpec> {
         obj.entry("dtype")
             .or_insert(serde_json::to_value(DtypeKind::Bf16)?);
     }
+    Ok(())
+}
+
+/// Refuses a spec without a model, an output or a training file, naming the flags.
+fn check_required(obj: &SpecObject) -> Result<()> {
     let missing: Vec<&str> = [("model", "--model"), ("output", "--output")]
         .into_iter()
         .filter(|(k, _)| !obj.contains_key(*k))
@@ -326,11 +353,7 @@ pub fn build_spec(args: &TrainArgs) -> Result<TrainSpec> {
         ))
         .into());
     }
-    let source = args
-        .spec
-        .as_ref()
-        .map_or("flags".to_string(), |p| p.display().to_string());
-    serde_json::from_value(v).map_err(|e| BadInput(format!("{source}: {e}")).into())
+    Ok(())
 }
 
 /// When a dispatcher started this trainer (it says so in

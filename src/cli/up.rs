@@ -217,38 +217,14 @@ pub fn run(args: UpArgs) -> Result<ExitCode> {
 }
 
 async fn serve(args: UpArgs) -> Result<()> {
-    // Everything this process and its trainers write — the queue file, datasets,
-    // checkpoints, adapters, keys — is for this user only.
-    service::private_files();
-    let data_dir = &std::path::absolute(&args.data_dir)
-        .with_context(|| format!("bad data dir {}", args.data_dir.display()))?;
-    for sub in ["spool", "models"] {
-        std::fs::create_dir_all(data_dir.join(sub))
-            .with_context(|| format!("cannot create the data dir {}", data_dir.display()))?;
-    }
-    service::make_private(data_dir)?;
+    let data_dir = &private_data_dir(&args.data_dir)?;
     let models = args
         .models
         .iter()
         .map(|m| service::model_arg(m))
         .collect::<Result<Vec<_>>>()?;
     service::clean_spool(&data_dir.join("spool"));
-    let attempt_memory = service::attempt_memory(args.attempt_memory_mib, args.slots);
-    let device: tuneq_openapi::DeviceKind = args.device.into();
-    let hardware = match device {
-        tuneq_openapi::DeviceKind::Cpu => "cpu",
-        tuneq_openapi::DeviceKind::Cuda => "gpu",
-    };
-    // Attempts run on this machine: a job that needs more than one may use is refused
-    // at create.
-    let mut pools = service::load_pools(
-        args.pools_file.as_deref(),
-        &[format!("{LOCAL_POOL}={hardware}")],
-        attempt_memory,
-    )?;
-    if args.pools_file.is_none() {
-        pools.pools[0].slots = args.slots.max(1);
-    }
+    let pools = machine_pools(&args)?;
     let local_pools = service::local_pools(&pools)?;
     let placement = pools.placement.clone();
     let redis = args.queue.redis_url()?;
@@ -261,34 +237,8 @@ async fn serve(args: UpArgs) -> Result<()> {
     // The API and the dispatcher live in this process: a fresh secret per start will do
     // (trainers of an earlier run are stopped at start).
     let signer = service::attempt_signer(None)?;
-    let state = tuneq_api::AppState::new(
-        queue.clone(),
-        Arc::new(tuneq_storage::LocalStore::new(data_dir.join("objects"))),
-        tuneq_api::ApiConfig {
-            max_upload_bytes: args.policy.max_upload_bytes(),
-            default_limits: args.policy.default_limits(),
-            webhooks: args.policy.webhooks(),
-            holds: args.policy.holds()?,
-            admin_key_hash: args.policy.admin_key_hash()?,
-            spool_dir: data_dir.join("spool"),
-            pools: Arc::new(pools),
-            attempt_signer: signer.clone(),
-            sealing_key: sealing_key(data_dir)?,
-            ..tuneq_api::ApiConfig::default()
-        },
-    );
-    tuneq_api::records::tenant::create_tenant(&state.queue, DEFAULT_TENANT, "Default tenant")
-        .await
-        .map_err(|e| anyhow::anyhow!("{}", e.detail.message))?;
-    tuneq_api::admin::apply_default_limits(&state)
-        .await
-        .map_err(|e| anyhow::anyhow!("{}", e.detail.message))?;
-    let (key, generated) =
-        default_key(&state, args.api_key.as_ref().map(Secret::expose), data_dir).await?;
-    register_demo_model(&state, data_dir).await?;
-    for model in models {
-        service::register_model(&state, model).await?;
-    }
+    let state = api_state(&args, queue.clone(), pools, signer.clone(), data_dir)?;
+    let (key, generated) = seed_catalog(&state, &args, data_dir, models).await?;
     let listener = std::net::TcpListener::bind((args.host.as_str(), args.port))
         .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
     let address = listener.local_addr()?;
@@ -322,24 +272,7 @@ async fn serve(args: UpArgs) -> Result<()> {
     }
     let holds = state.holds.clone();
     let settler_task = tokio::spawn(service::settle_loop(state, stop_rx));
-
-    let key_file = data_dir.join("api-key");
-    println!("tuneq is up at {url}");
-    // The key is printed once, when it is made; after that it is in its 0600 file, not
-    // in every terminal scrollback and log the service's output lands in.
-    if generated {
-        println!("  API key (tenant \"{DEFAULT_TENANT}\", new): {key}");
-    }
-    println!("  API key file: {}", key_file.display());
-    println!("  base model: {DEMO_MODEL}");
-    println!("  data: {}", data_dir.display());
-    println!("  docs: {url}/docs");
-    println!(
-        "  try:  curl -H \"Authorization: Bearer $(cat {})\" {url}/v1/models",
-        key_file.display()
-    );
-    use std::io::Write;
-    let _ = std::io::stdout().flush();
+    print_welcome(&url, &key, generated, data_dir);
 
     service::shutdown_signal().await;
     eprintln!(
@@ -362,4 +295,111 @@ async fn serve(args: UpArgs) -> Result<()> {
     let _ = server_task.await;
     forced.abort();
     Ok(())
+}
+
+/// Makes everything this process and its trainers write (the queue file, datasets,
+/// checkpoints, adapters, keys) its user's only, and the data dir with its `spool` and
+/// `models` folders. Returns the data dir's absolute path.
+fn private_data_dir(dir: &Path) -> Result<PathBuf> {
+    service::private_files();
+    let data_dir =
+        std::path::absolute(dir).with_context(|| format!("bad data dir {}", dir.display()))?;
+    for sub in ["spool", "models"] {
+        std::fs::create_dir_all(data_dir.join(sub))
+            .with_context(|| format!("cannot create the data dir {}", data_dir.display()))?;
+    }
+    service::make_private(&data_dir)?;
+    Ok(data_dir)
+}
+
+/// The pools this machine serves: the pools file, else one local pool of the device's
+/// hardware with `--slots` slots. Attempts run on this machine: a job that needs more
+/// memory than one may use is refused at create.
+fn machine_pools(args: &UpArgs) -> Result<tuneq_pools::PoolsFile> {
+    let attempt_memory = service::attempt_memory(args.attempt_memory_mib, args.slots);
+    let device: tuneq_openapi::DeviceKind = args.device.into();
+    let hardware = match device {
+        tuneq_openapi::DeviceKind::Cpu => "cpu",
+        tuneq_openapi::DeviceKind::Cuda => "gpu",
+    };
+    let mut pools = service::load_pools(
+        args.pools_file.as_deref(),
+        &[format!("{LOCAL_POOL}={hardware}")],
+        attempt_memory,
+    )?;
+    if args.pools_file.is_none() {
+        pools.pools[0].slots = args.slots.max(1);
+    }
+    Ok(pools)
+}
+
+/// The API's state: the queue, the local object store under `data_dir`, and the
+/// policy from the flags.
+fn api_state(
+    args: &UpArgs,
+    queue: tuneq_queue::Queue,
+    pools: tuneq_pools::PoolsFile,
+    signer: tuneq_queue::AttemptSigner,
+    data_dir: &Path,
+) -> Result<tuneq_api::AppState> {
+    Ok(tuneq_api::AppState::new(
+        queue,
+        Arc::new(tuneq_storage::LocalStore::new(data_dir.join("objects"))),
+        tuneq_api::ApiConfig {
+            max_upload_bytes: args.policy.max_upload_bytes(),
+            default_limits: args.policy.default_limits(),
+            webhooks: args.policy.webhooks(),
+            holds: args.policy.holds()?,
+            admin_key_hash: args.policy.admin_key_hash()?,
+            spool_dir: data_dir.join("spool"),
+            pools: Arc::new(pools),
+            attempt_signer: signer,
+            sealing_key: sealing_key(data_dir)?,
+            ..tuneq_api::ApiConfig::default()
+        },
+    ))
+}
+
+/// The default tenant with its limits and key, the demo model and the `--model`s.
+/// Returns the key and whether it was made now.
+async fn seed_catalog(
+    state: &tuneq_api::AppState,
+    args: &UpArgs,
+    data_dir: &Path,
+    models: Vec<service::ModelArg>,
+) -> Result<(String, bool)> {
+    tuneq_api::records::tenant::create_tenant(&state.queue, DEFAULT_TENANT, "Default tenant")
+        .await
+        .map_err(|e| anyhow::anyhow!("{}", e.detail.message))?;
+    tuneq_api::admin::apply_default_limits(state)
+        .await
+        .map_err(|e| anyhow::anyhow!("{}", e.detail.message))?;
+    let (key, generated) =
+        default_key(state, args.api_key.as_ref().map(Secret::expose), data_dir).await?;
+    register_demo_model(state, data_dir).await?;
+    for model in models {
+        service::register_model(state, model).await?;
+    }
+    Ok((key, generated))
+}
+
+/// Prints where the service is and how to call it.
+fn print_welcome(url: &str, key: &str, generated: bool, data_dir: &Path) {
+    let key_file = data_dir.join("api-key");
+    println!("tuneq is up at {url}");
+    // The key is printed once, when it is made; after that it is in its 0600 file, not
+    // in every terminal scrollback and log the service's output lands in.
+    if generated {
+        println!("  API key (tenant \"{DEFAULT_TENANT}\", new): {key}");
+    }
+    println!("  API key file: {}", key_file.display());
+    println!("  base model: {DEMO_MODEL}");
+    println!("  data: {}", data_dir.display());
+    println!("  docs: {url}/docs");
+    println!(
+        "  try:  curl -H \"Authorization: Bearer $(cat {})\" {url}/v1/models",
+        key_file.display()
+    );
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
 }

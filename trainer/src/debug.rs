@@ -104,42 +104,8 @@ fn read_i64(
 /// `out/masks.safetensors` holds every mask as `s{step}.m{micro}.{module}`. Returns the
 /// losses.
 pub fn write_steps(model: &Llama, input: &Path, out: &Path, cfg: &StepsConfig) -> Result<Vec<f64>> {
-    let tensors = crate::weights::load_safetensors(input, &Device::Cpu)?;
-    let (ids, shape) = read_i64(&tensors, "input_ids", input)?;
-    let (labels, label_shape) = read_i64(&tensors, "labels", input)?;
-    let (attention, mask_shape) = read_i64(&tensors, "attention_mask", input)?;
-    let bad = |message: String| Error::Safetensors {
-        path: input.display().to_string(),
-        message,
-    };
-    let [count, rows, len] = shape[..] else {
-        return Err(bad(format!(
-            "input_ids has shape {shape:?}, expected (micro-batches, rows, len)"
-        )));
-    };
-    if label_shape != shape || mask_shape != shape {
-        return Err(bad(
-            "input_ids, labels and attention_mask differ in shape".into()
-        ));
-    }
     let m = cfg.micro_batches.max(1);
-    if count == 0 || count % m != 0 {
-        return Err(bad(format!(
-            "{count} micro-batches are not whole steps of {m}"
-        )));
-    }
-    let vocab = model.cfg.vocab_size as i64;
-    if ids.iter().any(|&t| !(0..vocab).contains(&t)) {
-        return Err(bad("a token id is outside the vocabulary".into()));
-    }
-    let size = rows * len;
-    let batches: Vec<Batch> = (0..count)
-        .map(|i| {
-            let span = i * size..(i + 1) * size;
-            let ids = ids[span.clone()].iter().map(|&t| t as u32).collect();
-            crate::batch::labelled_batch(ids, &labels[span.clone()], &attention[span], rows, len)
-        })
-        .collect();
+    let batches = read_micro_batches(model, input, m)?;
     let modules: Vec<String> = model
         .lora_vars()
         .iter()
@@ -164,44 +130,100 @@ pub fn write_steps(model: &Llama, input: &Path, out: &Path, cfg: &StepsConfig) -
             cfg.max_grad_norm,
             cfg.lr,
         )?;
-        // Masks come micro-batch by micro-batch, each in the order the adapted
-        // projections run: layer by layer, in `model::PROJECTIONS` order.
-        if !drawn.is_empty() && drawn.len() != modules.len() * micro.len() {
-            return Err(Error::Model {
-                path: "debug steps".into(),
-                message: format!(
-                    "{} dropout masks for {} adapted projections",
-                    drawn.len(),
-                    modules.len()
-                ),
-            });
-        }
-        for (i, mask) in drawn.into_iter().enumerate() {
-            let name = format!(
-                "s{step}.m{}.{}",
-                i / modules.len(),
-                modules[i % modules.len()]
-            );
-            masks.insert(name, mask);
-        }
-        let mut saved: BTreeMap<String, Tensor> = model
-            .lora_vars()
-            .into_iter()
-            .map(|v| (v.name, v.var.as_tensor().clone()))
-            .collect();
-        saved.insert("loss".into(), Tensor::new(done.loss as f32, &Device::Cpu)?);
-        saved.insert(
-            "grad_norm".into(),
-            Tensor::new(done.grad_norm as f32, &Device::Cpu)?,
-        );
-        crate::weights::save_safetensors(
-            &out.join(format!("step-{}.safetensors", step + 1)),
-            &saved,
-        )?;
+        name_masks(&mut masks, drawn, &modules, step, micro.len())?;
+        save_step(model, out, step, &done)?;
         losses.push(done.loss);
     }
     if !masks.is_empty() {
         crate::weights::save_safetensors(&out.join("masks.safetensors"), &masks)?;
     }
     Ok(losses)
+}
+
+/// The micro-batches in `input` (`input_ids`, `labels`, `attention_mask`, each
+/// (micro-batches, rows, len)), checked to be whole steps of `m` over `model`'s
+/// vocabulary.
+fn read_micro_batches(model: &Llama, input: &Path, m: usize) -> Result<Vec<Batch>> {
+    let tensors = crate::weights::load_safetensors(input, &Device::Cpu)?;
+    let (ids, shape) = read_i64(&tensors, "input_ids", input)?;
+    let (labels, label_shape) = read_i64(&tensors, "labels", input)?;
+    let (attention, mask_shape) = read_i64(&tensors, "attention_mask", input)?;
+    let bad = |message: String| Error::Safetensors {
+        path: input.display().to_string(),
+        message,
+    };
+    let [count, rows, len] = shape[..] else {
+        return Err(bad(format!(
+            "input_ids has shape {shape:?}, expected (micro-batches, rows, len)"
+        )));
+    };
+    if label_shape != shape || mask_shape != shape {
+        return Err(bad(
+            "input_ids, labels and attention_mask differ in shape".into()
+        ));
+    }
+    if count == 0 || count % m != 0 {
+        return Err(bad(format!(
+            "{count} micro-batches are not whole steps of {m}"
+        )));
+    }
+    let vocab = model.cfg.vocab_size as i64;
+    if ids.iter().any(|&t| !(0..vocab).contains(&t)) {
+        return Err(bad("a token id is outside the vocabulary".into()));
+    }
+    let size = rows * len;
+    Ok((0..count)
+        .map(|i| {
+            let span = i * size..(i + 1) * size;
+            let ids = ids[span.clone()].iter().map(|&t| t as u32).collect();
+            crate::batch::labelled_batch(ids, &labels[span.clone()], &attention[span], rows, len)
+        })
+        .collect())
+}
+
+/// Files the masks one step drew under `s{step}.m{micro}.{module}`. Masks come
+/// micro-batch by micro-batch (`micro_batches` of them), each in the order the adapted
+/// projections run: layer by layer, in `model::PROJECTIONS` order.
+fn name_masks(
+    masks: &mut BTreeMap<String, Tensor>,
+    drawn: Vec<Tensor>,
+    modules: &[String],
+    step: usize,
+    micro_batches: usize,
+) -> Result<()> {
+    if !drawn.is_empty() && drawn.len() != modules.len() * micro_batches {
+        return Err(Error::Model {
+            path: "debug steps".into(),
+            message: format!(
+                "{} dropout masks for {} adapted projections",
+                drawn.len(),
+                modules.len()
+            ),
+        });
+    }
+    for (i, mask) in drawn.into_iter().enumerate() {
+        let name = format!(
+            "s{step}.m{}.{}",
+            i / modules.len(),
+            modules[i % modules.len()]
+        );
+        masks.insert(name, mask);
+    }
+    Ok(())
+}
+
+/// Writes `out/step-{step + 1}.safetensors`: the adapter after the step, its loss and
+/// its gradient norm.
+fn save_step(model: &Llama, out: &Path, step: usize, done: &crate::train::Stepped) -> Result<()> {
+    let mut saved: BTreeMap<String, Tensor> = model
+        .lora_vars()
+        .into_iter()
+        .map(|v| (v.name, v.var.as_tensor().clone()))
+        .collect();
+    saved.insert("loss".into(), Tensor::new(done.loss as f32, &Device::Cpu)?);
+    saved.insert(
+        "grad_norm".into(),
+        Tensor::new(done.grad_norm as f32, &Device::Cpu)?,
+    );
+    crate::weights::save_safetensors(&out.join(format!("step-{}.safetensors", step + 1)), &saved)
 }

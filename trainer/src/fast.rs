@@ -13,7 +13,7 @@
 use crate::batch::Batch;
 use crate::error::{Error, Result};
 use crate::model::Llama;
-use crate::train::{StepDropout, StepResult};
+use crate::step::{StepDropout, StepResult};
 use candle_core::{DType, Device, Storage, StorageRef, Tensor};
 use std::borrow::Cow;
 use tuneq_kernels::llama;

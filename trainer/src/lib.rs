@@ -19,7 +19,9 @@
 //!   compute path, GEMM library and CPU features a checkpoint records.
 //! - [`peft`]: the adapter format PEFT, vLLM and LoRAX load.
 //! - [`remote`]: models and datasets staged from S3/GCS, outputs mirrored back, manifest last.
-//! - [`train`]: the training run.
+//! - [`step`]: what a training step takes and gives, on either compute path.
+//! - [`train`]: the training run (device, inputs, accumulation, optimiser step,
+//!   evaluation, metrics, manifest), one module per noun.
 //! - [`progress`]: where progress goes (JSON lines, terminal bar).
 //! - [`generate`], [`merge`], [`init`], [`bench`](mod@bench), [`debug`]: the other `tuneq`
 //!   commands.
@@ -49,6 +51,7 @@ pub mod progress;
 pub mod remote;
 pub mod report;
 pub mod schedule;
+pub mod step;
 pub mod train;
 pub mod weights;
 

@@ -4,14 +4,15 @@
 
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult, Code};
+use crate::records::model::BaseModel;
 use crate::records::{self, finetune::FineTuneRecord};
 use crate::state::AppState;
 use actix_web::http::StatusCode;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use tuneq_openapi::{
-    AutoOrInt, AutoOrNumber, CheckpointPolicy, FineTuneCreate, HyperparametersRequest,
-    JobHyperparameters, SamplingSpec, TrainSpec,
+    AutoOrInt, AutoOrNumber, CheckpointPolicy, FileObject, FineTuneCreate, HyperparametersRequest,
+    JobEstimate, JobHyperparameters, SamplingSpec, TrainSpec,
 };
 use tuneq_storage::layout::{self, Id};
 
@@ -158,7 +159,57 @@ pub(super) async fn plan(
     id: &str,
     body: &FineTuneCreate,
 ) -> ApiResult<Plan> {
-    let base = records::model::get(&state.queue, &body.model)
+    let base = base_model(state, body).await?;
+    let (training, validation) = datasets(state, tenant, body).await?;
+    let options = check_options(state, body)?;
+    let choice = choose_hyperparameters(body, &base, training.validation.examples)?;
+    let files = JobFiles {
+        training: &training,
+        validation: validation.as_ref(),
+    };
+    let spec = job_spec(state, tenant, id, body, &base, files, &choice)?;
+    let (pools, estimate) =
+        place_job(state, body, &base, &spec, &training, &options, &choice).await?;
+    let record = FineTuneRecord {
+        id: id.to_string(),
+        tenant: tenant.0.clone(),
+        created_at: records::now_seconds(),
+        model: body.model.clone(),
+        training_file: training.id,
+        validation_file: validation.map(|v| v.id),
+        hyperparameters: JobHyperparameters {
+            batch_size: choice.batch_size,
+            learning_rate_multiplier: choice.multiplier,
+            n_epochs: choice.n_epochs,
+        },
+        learning_rate: choice.learning_rate,
+        lora: choice.lora,
+        seed: choice.seed,
+        suffix: body.suffix.clone(),
+        metadata: body.metadata.clone(),
+        priority: options.priority,
+        hardware: options.hardware,
+        job_id: String::new(),
+        request_hash: request_hash(body),
+        outcome: None,
+        webhook_url: options.webhook_url,
+        webhook: None,
+        max_cost: body.max_cost,
+        estimate,
+        dtype: Some(spec.dtype),
+        activation_checkpointing: Some(spec.activation_checkpointing),
+        compute: Some(spec.compute),
+    };
+    Ok(Plan {
+        record,
+        spec,
+        pools,
+    })
+}
+
+/// The registered base model a request names, or a 400 on `model`.
+async fn base_model(state: &AppState, body: &FineTuneCreate) -> ApiResult<BaseModel> {
+    records::model::get(&state.queue, &body.model)
         .await?
         .ok_or_else(|| {
             ApiError::invalid(
@@ -169,7 +220,16 @@ pub(super) async fn plan(
                     crate::quote::shown(&body.model)
                 ),
             )
-        })?;
+        })
+}
+
+/// The request's training file and, when given, its validation file (which must be
+/// another file).
+async fn datasets(
+    state: &AppState,
+    tenant: &Tenant,
+    body: &FineTuneCreate,
+) -> ApiResult<(FileObject, Option<FileObject>)> {
     let training = dataset(state, tenant, "training_file", &body.training_file).await?;
     let validation = match &body.validation_file {
         Some(v) if v == &body.training_file => {
@@ -182,6 +242,22 @@ pub(super) async fn plan(
         Some(v) => Some(dataset(state, tenant, "validation_file", v).await?),
         None => None,
     };
+    Ok((training, validation))
+}
+
+/// The request's options other than the training settings, checked.
+struct Options {
+    /// The webhook target as the url crate serialises it.
+    webhook_url: Option<String>,
+    /// The hardware class (`any` when not given).
+    hardware: String,
+    /// The queue priority, 0 to 9.
+    priority: u8,
+}
+
+/// Checks the integrations, the webhook target, `max_cost`, the hardware class, the
+/// priority, the suffix and the metadata, in that order.
+fn check_options(state: &AppState, body: &FineTuneCreate) -> ApiResult<Options> {
     if body.integrations.as_ref().is_some_and(|i| !i.is_empty()) {
         return Err(ApiError::invalid(
             "integrations",
@@ -229,8 +305,33 @@ pub(super) async fn plan(
     if let Some(metadata) = &body.metadata {
         check_metadata(metadata)?;
     }
+    Ok(Options {
+        webhook_url,
+        hardware,
+        priority,
+    })
+}
+
+/// The training settings a request resolves to ("auto" and defaults filled in).
+struct Choice {
+    /// The hyperparameters as requested.
+    requested: HyperparametersRequest,
+    n_epochs: u64,
+    batch_size: u64,
+    multiplier: f64,
+    learning_rate: f64,
+    seed: u64,
+    lora: tuneq_openapi::LoraSpec,
+}
+
+/// Resolves the requested hyperparameters for a training file of `examples` examples
+/// on `base`, refusing values out of range.
+fn choose_hyperparameters(
+    body: &FineTuneCreate,
+    base: &BaseModel,
+    examples: u64,
+) -> ApiResult<Choice> {
     let h = requested_hyperparameters(body)?;
-    let examples = training.validation.examples;
     let n_epochs = match h.n_epochs {
         None | Some(AutoOrInt::Auto(_)) => auto_epochs(examples),
         Some(AutoOrInt::Value(n)) => check_range("hyperparameters.n_epochs", n, 1, 50)?,
@@ -259,19 +360,51 @@ pub(super) async fn plan(
     let seed = body
         .seed
         .unwrap_or_else(|| u64::from(rand::random::<u32>()));
-    let lora = body.lora.clone().unwrap_or_default();
+    Ok(Choice {
+        requested: h,
+        n_epochs,
+        batch_size,
+        multiplier,
+        learning_rate,
+        seed,
+        lora: body.lora.clone().unwrap_or_default(),
+    })
+}
 
+/// The job's data files.
+#[derive(Clone, Copy)]
+struct JobFiles<'a> {
+    training: &'a FileObject,
+    validation: Option<&'a FileObject>,
+}
+
+/// The [`TrainSpec`] the queue job carries, validated.
+fn job_spec(
+    state: &AppState,
+    tenant: &Tenant,
+    id: &str,
+    body: &FineTuneCreate,
+    base: &BaseModel,
+    files: JobFiles<'_>,
+    choice: &Choice,
+) -> ApiResult<TrainSpec> {
     let tenant_id = Id::parse(&tenant.0).map_err(|_| ApiError::internal("tenant id"))?;
     let job_key = Id::parse(id).map_err(|_| ApiError::internal("job id"))?;
-    let steps_per_epoch = examples.div_ceil(batch_size).max(1);
+    let steps_per_epoch = files
+        .training
+        .validation
+        .examples
+        .div_ceil(choice.batch_size)
+        .max(1);
+    let n_epochs = choice.n_epochs;
     let mut spec = TrainSpec {
         model: base.location.clone(),
         training_files: vec![
             state
                 .store
-                .uri(&records::file::content_key(&tenant.0, &training.id)?),
+                .uri(&records::file::content_key(&tenant.0, &files.training.id)?),
         ],
-        validation_file: match &validation {
+        validation_file: match files.validation {
             Some(v) => Some(
                 state
                     .store
@@ -283,7 +416,7 @@ pub(super) async fn plan(
         dataset_format: Default::default(),
         chat_template: Default::default(),
         hyperparameters: Default::default(),
-        lora: lora.clone(),
+        lora: choice.lora.clone(),
         // Checkpoints about ten times per run (and every five minutes) bound what a
         // preemption can cost.
         checkpoint: CheckpointPolicy {
@@ -300,11 +433,12 @@ pub(super) async fn plan(
         activation_checkpointing: body.activation_checkpointing.unwrap_or_default(),
         compute: body.compute.unwrap_or_default(),
     };
+    let h = &choice.requested;
     let hp = &mut spec.hyperparameters;
     hp.epochs = u32::try_from(n_epochs).unwrap_or(u32::MAX);
-    hp.batch_size = u32::try_from(batch_size).unwrap_or(u32::MAX);
-    hp.learning_rate = learning_rate;
-    hp.seed = seed;
+    hp.batch_size = u32::try_from(choice.batch_size).unwrap_or(u32::MAX);
+    hp.learning_rate = choice.learning_rate;
+    hp.seed = choice.seed;
     if let Some(len) = h.max_seq_len {
         hp.max_seq_len = check_range("hyperparameters.max_seq_len", len, 8, 32_768)?;
     }
@@ -321,30 +455,44 @@ pub(super) async fn plan(
         }
         hp.warmup_steps = warmup;
     }
-    if validation.is_some() {
+    if files.validation.is_some() {
         hp.eval_every_steps = spec.checkpoint.every_steps;
     }
     if let Err(problems) = spec.validate() {
         return Err(spec_problems(&problems));
     }
-    let shape = crate::fit::local_shape(&base).await?;
-    let memory = crate::fit::check_job(&base, shape.as_ref(), &spec, &training)?;
+    Ok(spec)
+}
+
+/// The pools the job may run on and its estimate; a job too large as asked is refused
+/// naming the first of its own settings that would make it fit.
+async fn place_job(
+    state: &AppState,
+    body: &FineTuneCreate,
+    base: &BaseModel,
+    spec: &TrainSpec,
+    training: &FileObject,
+    options: &Options,
+    choice: &Choice,
+) -> ApiResult<(Vec<String>, Option<JobEstimate>)> {
+    let shape = crate::fit::local_shape(base).await?;
+    let memory = crate::fit::check_job(base, shape.as_ref(), spec, training)?;
     let tokens =
-        crate::fit::tokens_to_process(&training, &base.id, spec.hyperparameters.max_seq_len)
-            .saturating_mul(n_epochs);
+        crate::fit::tokens_to_process(training, &base.id, spec.hyperparameters.max_seq_len)
+            .saturating_mul(choice.n_epochs);
     let needs = |memory: Option<crate::fit::MemoryNeeds>| tuneq_pools::Needs {
-        class: &hardware,
+        class: &options.hardware,
         memory_bytes: memory.map(|m| m.cpu),
         accelerator_memory_bytes: memory.map(|m| m.gpu),
         tokens: Some(tokens),
         max_cost: body.max_cost,
     };
-    let (pools, estimate) = match crate::fit::place(state, &needs(memory)) {
-        Ok(placed) => placed,
+    match crate::fit::place(state, &needs(memory)) {
+        Ok(placed) => Ok(placed),
         // Too large as asked: say which of the job's own settings would make it fit.
         Err(refused) if refused.code() == Some(Code::DoesNotFit.as_str()) => {
-            for (param, advice, lighter) in crate::fit::lighter(&spec) {
-                let memory = crate::fit::check_job(&base, shape.as_ref(), &lighter, &training)?;
+            for (param, advice, lighter) in crate::fit::lighter(spec) {
+                let memory = crate::fit::check_job(base, shape.as_ref(), &lighter, training)?;
                 if crate::fit::place(state, &needs(memory)).is_ok() {
                     return Err(ApiError::invalid(
                         param,
@@ -353,45 +501,10 @@ pub(super) async fn plan(
                     ));
                 }
             }
-            return Err(refused);
+            Err(refused)
         }
-        Err(refused) => return Err(refused),
-    };
-    let record = FineTuneRecord {
-        id: id.to_string(),
-        tenant: tenant.0.clone(),
-        created_at: records::now_seconds(),
-        model: body.model.clone(),
-        training_file: training.id,
-        validation_file: validation.map(|v| v.id),
-        hyperparameters: JobHyperparameters {
-            batch_size,
-            learning_rate_multiplier: multiplier,
-            n_epochs,
-        },
-        learning_rate,
-        lora,
-        seed,
-        suffix: body.suffix.clone(),
-        metadata: body.metadata.clone(),
-        priority,
-        hardware,
-        job_id: String::new(),
-        request_hash: request_hash(body),
-        outcome: None,
-        webhook_url,
-        webhook: None,
-        max_cost: body.max_cost,
-        estimate,
-        dtype: Some(spec.dtype),
-        activation_checkpointing: Some(spec.activation_checkpointing),
-        compute: Some(spec.compute),
-    };
-    Ok(Plan {
-        record,
-        spec,
-        pools,
-    })
+        Err(refused) => Err(refused),
+    }
 }
 
 /// The answer to a spec that does not validate: the first problem's field, every

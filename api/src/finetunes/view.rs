@@ -7,104 +7,30 @@ use crate::records::finetune::{FineTuneRecord, Outcome, ms_to_seconds, outcome_o
 use crate::redact;
 use crate::state::AppState;
 use tuneq_openapi::{
-    AdapterInfo, FineTuneJob, JobError, Method, Model, QueueStanding, SupervisedSettings,
+    AdapterInfo, FineTuneJob, JobError, Method, Model, Progress, QueueStanding, SupervisedSettings,
     WebhookStatus,
 };
 use tuneq_queue::JobQueue;
 
 /// The job as clients see it: the catalog record, with live state from the queue.
 pub(super) async fn view(state: &AppState, record: FineTuneRecord) -> ApiResult<FineTuneJob> {
-    let mut status = "queued".to_string();
-    let mut progress = None;
-    let mut queue = None;
-    let mut attempts = 0;
-    let mut preemptions = 0;
-    let mut outcome = record.outcome.clone();
-    if outcome.is_none() {
-        // The job and, while it waits, where it stands: one call to the queue.
-        match state.queue.status(&record.job_id, &record.tenant).await? {
-            Some((job, _)) if job.state.is_terminal() => outcome = Some(outcome_of(&job)?),
-            Some((job, standing)) => {
-                status = job.state.public_status().to_string();
-                progress = progress_of(&job)?;
-                attempts = job.attempts;
-                preemptions = job.preemptions;
-                queue = standing.map(|p| QueueStanding {
-                    ahead: p.ahead,
-                    ahead_in_tenant: p.ahead_in_tenant,
-                    estimated_start: p.estimated_start_ms.map(ms_to_seconds),
-                });
-            }
-            // The queue forgets a finished job once its outcome is filed, which a copy
-            // of the record made earlier does not show yet.
-            None if let Some(filed) = state
-                .finetunes()
-                .get_fresh(&record.tenant, &record.id)
-                .await?
-                .and_then(|r| r.outcome) =>
-            {
-                outcome = Some(filed)
-            }
-            None => {
-                outcome = Some(Outcome {
-                    status: "failed".into(),
-                    finished_at: record.created_at,
-                    error: Some(JobError {
-                        code: tuneq_openapi::FailureClass::JobLost,
-                        message: "The job's queue record is gone.".into(),
-                        param: None,
-                    }),
-                    trained_tokens: None,
-                    adapter: None,
-                    progress: None,
-                    attempts: 0,
-                    preemptions: 0,
-                })
-            }
-        }
-    }
-    let mut finished_at = None;
-    let mut error = None;
-    let mut trained_tokens = None;
-    let mut adapter = None;
-    if let Some(o) = outcome {
-        status = o.status;
-        finished_at = Some(o.finished_at);
-        error = o.error.map(|mut e| {
-            e.message = redact::paths(&e.message);
-            e
-        });
-        trained_tokens = o.trained_tokens;
-        progress = o.progress;
-        attempts = o.attempts;
-        preemptions = o.preemptions;
-        adapter = o.adapter.filter(|_| status == "succeeded");
-    }
-    let estimated_finish = progress
+    let now = job_state(state, &record).await?;
+    let estimated_finish = now
+        .progress
         .as_ref()
-        .filter(|_| status == "running")
+        .filter(|_| now.status == "running")
         .and_then(|p| p.eta_seconds)
         .map(|eta| records::now_seconds() + eta.max(0.0) as u64);
     let hyperparameters = record.hyperparameters.clone();
-    let webhook = record.webhook_url.clone().map(|url| {
-        let progress = record.webhook.clone().unwrap_or_default();
-        WebhookStatus {
-            url,
-            status: if progress.status.is_empty() {
-                "waiting".into()
-            } else {
-                progress.status
-            },
-            attempts: progress.attempts,
-            delivered_at: progress.delivered_at,
-            last_error: progress.last_error,
-        }
-    });
-    let lost_steps = progress.as_ref().map_or(0, |p| p.lost_steps);
+    let webhook = webhook_status(&record);
+    let lost_steps = now.progress.as_ref().map_or(0, |p| p.lost_steps);
     Ok(FineTuneJob {
         lost_steps,
-        fine_tuned_model: adapter.is_some().then(|| record.fine_tuned_model_name()),
-        adapter: adapter.map(|location| AdapterInfo {
+        fine_tuned_model: now
+            .adapter
+            .is_some()
+            .then(|| record.fine_tuned_model_name()),
+        adapter: now.adapter.map(|location| AdapterInfo {
             location: redact::tenant_location(&location, &record.tenant),
             download_url: format!("/v1/fine_tuning/jobs/{}/adapter", record.id),
         }),
@@ -113,7 +39,7 @@ pub(super) async fn view(state: &AppState, record: FineTuneRecord) -> ApiResult<
         created_at: record.created_at,
         model: record.model,
         organization_id: record.tenant,
-        status,
+        status: now.status,
         training_file: record.training_file,
         validation_file: record.validation_file,
         method: Method {
@@ -123,10 +49,10 @@ pub(super) async fn view(state: &AppState, record: FineTuneRecord) -> ApiResult<
             },
         },
         hyperparameters,
-        finished_at,
-        error,
+        finished_at: now.finished_at,
+        error: now.error,
         result_files: Vec::new(),
-        trained_tokens,
+        trained_tokens: now.trained_tokens,
         seed: record.seed,
         estimated_finish,
         integrations: None,
@@ -139,13 +65,129 @@ pub(super) async fn view(state: &AppState, record: FineTuneRecord) -> ApiResult<
         activation_checkpointing: record.activation_checkpointing,
         compute: record.compute,
         learning_rate: record.learning_rate,
-        progress,
-        queue,
-        failed_attempts: attempts,
-        attempts,
-        preemptions,
+        progress: now.progress,
+        queue: now.queue,
+        failed_attempts: now.attempts,
+        attempts: now.attempts,
+        preemptions: now.preemptions,
         estimate: record.estimate,
         webhook,
+    })
+}
+
+/// Where a job stands now: live from the queue while it has not finished, from its
+/// outcome once it has.
+struct JobState {
+    status: String,
+    progress: Option<Progress>,
+    queue: Option<QueueStanding>,
+    attempts: u32,
+    preemptions: u32,
+    finished_at: Option<u64>,
+    error: Option<JobError>,
+    trained_tokens: Option<u64>,
+    /// The adapter's location, once the job succeeded.
+    adapter: Option<String>,
+}
+
+/// The state of `record`'s job: its filed outcome, or the queue's view of the job
+/// (and the outcome the queue holds once it finished).
+async fn job_state(state: &AppState, record: &FineTuneRecord) -> ApiResult<JobState> {
+    let mut now = JobState {
+        status: "queued".to_string(),
+        progress: None,
+        queue: None,
+        attempts: 0,
+        preemptions: 0,
+        finished_at: None,
+        error: None,
+        trained_tokens: None,
+        adapter: None,
+    };
+    let outcome = match record.outcome.clone() {
+        Some(outcome) => Some(outcome),
+        None => live_state(state, record, &mut now).await?,
+    };
+    if let Some(o) = outcome {
+        now.status = o.status;
+        now.finished_at = Some(o.finished_at);
+        now.error = o.error.map(|mut e| {
+            e.message = redact::paths(&e.message);
+            e
+        });
+        now.trained_tokens = o.trained_tokens;
+        now.progress = o.progress;
+        now.attempts = o.attempts;
+        now.preemptions = o.preemptions;
+        now.adapter = o.adapter.filter(|_| now.status == "succeeded");
+    }
+    Ok(now)
+}
+
+/// Asks the queue about a job whose outcome is not filed: fills `now` in while the job
+/// runs or waits (with where it stands: one call to the queue), or returns its outcome
+/// once it finished (a lost job's, when the queue has forgotten it unfiled).
+async fn live_state(
+    state: &AppState,
+    record: &FineTuneRecord,
+    now: &mut JobState,
+) -> ApiResult<Option<Outcome>> {
+    match state.queue.status(&record.job_id, &record.tenant).await? {
+        Some((job, _)) if job.state.is_terminal() => Ok(Some(outcome_of(&job)?)),
+        Some((job, standing)) => {
+            now.status = job.state.public_status().to_string();
+            now.progress = progress_of(&job)?;
+            now.attempts = job.attempts;
+            now.preemptions = job.preemptions;
+            now.queue = standing.map(|p| QueueStanding {
+                ahead: p.ahead,
+                ahead_in_tenant: p.ahead_in_tenant,
+                estimated_start: p.estimated_start_ms.map(ms_to_seconds),
+            });
+            Ok(None)
+        }
+        // The queue forgets a finished job once its outcome is filed, which a copy
+        // of the record made earlier does not show yet.
+        None if let Some(filed) = state
+            .finetunes()
+            .get_fresh(&record.tenant, &record.id)
+            .await?
+            .and_then(|r| r.outcome) =>
+        {
+            Ok(Some(filed))
+        }
+        None => Ok(Some(Outcome {
+            status: "failed".into(),
+            finished_at: record.created_at,
+            error: Some(JobError {
+                code: tuneq_openapi::FailureClass::JobLost,
+                message: "The job's queue record is gone.".into(),
+                param: None,
+            }),
+            trained_tokens: None,
+            adapter: None,
+            progress: None,
+            attempts: 0,
+            preemptions: 0,
+        })),
+    }
+}
+
+/// The job's webhook and how its delivery went, when it has one.
+fn webhook_status(record: &FineTuneRecord) -> Option<WebhookStatus> {
+    record.webhook_url.clone().map(|url| {
+        let progress = record.webhook.clone().unwrap_or_default();
+        WebhookStatus {
+            url,
+            status: if progress.status.is_empty() {
+                "waiting".into()
+            } else {
+                progress.status
+            },
+            attempts: progress.attempts,
+            delivered_at: progress.delivered_at,
+            last_error: progress.last_error,
+        }
     })
 }
 

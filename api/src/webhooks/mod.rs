@@ -21,12 +21,14 @@
 //!   operator whose receivers are on a private network allows private targets (and
 //!   plain `http://`) with [`WebhookPolicy::allow_private`].
 //!
+//! - `record`: the fine-tune record a delivery is about, read by filing and sending.
 //! - `settle`: files each finished job's outcome and hands its webhook to the sender.
 //! - [`sender`]: sends webhooks, a bounded number at once per tenant and per endpoint.
 //! - [`crate::webhook_target`] (below the handlers) checks targets.
 //!
 //! [Standard Webhooks]: https://www.standardwebhooks.com/
 
+mod record;
 pub mod sender;
 mod settle;
 

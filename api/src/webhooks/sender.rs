@@ -22,7 +22,7 @@
 //! [`JoinSet`], which the sender polls for finished tries between refills.
 
 use super::Delivery as Try;
-use super::settle::{record_of, webhook_pending};
+use super::record::{record_of, webhook_pending};
 use crate::error::ApiResult;
 use crate::records::finetune::{FineTuneRecord, WebhookProgress};
 use crate::records::now_seconds;

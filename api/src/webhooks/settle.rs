@@ -5,11 +5,10 @@
 //! send. It runs beside the server (`tuneq api` and `tuneq up` call [`file_outcomes`] on
 //! a timer), never inside a request.
 
+use super::record::{record_of, webhook_pending};
 use super::sender::{SendLimits, Sender};
 use crate::error::ApiResult;
-use crate::records::finetune::{FineTuneRecord, outcome_of};
 use crate::state::AppState;
-use tuneq_openapi::JobPayload;
 use tuneq_queue::{Delivery, JobQueue};
 
 /// Files the outcomes of up to `batch` finished jobs whose turn has come, and hands
@@ -42,48 +41,6 @@ pub async fn settle(state: &AppState, batch: u32) -> ApiResult<usize> {
         sender.drain().await;
     }
     Ok(filed)
-}
-
-/// The fine-tune record a delivery is about, with its outcome filled in from the job
-/// when not filed yet (the second value says so; the record is not saved); None, and
-/// the delivery acknowledged, when nothing is left to do for it: its job or record is
-/// gone.
-pub(super) async fn record_of(
-    state: &AppState,
-    delivery: &Delivery,
-) -> ApiResult<Option<(FineTuneRecord, bool)>> {
-    let Some(job) = state.queue.get(&delivery.job_id).await? else {
-        tracing::warn!(job = %delivery.job_id, "a finished job was trimmed before its outcome was filed or its webhook sent");
-        state.queue.ack_delivery(delivery).await?;
-        return Ok(None);
-    };
-    let record = match serde_json::from_str::<JobPayload>(&job.payload) {
-        Ok(payload) => {
-            state
-                .finetunes()
-                .get_fresh(&delivery.tenant, &payload.finetune)
-                .await?
-        }
-        Err(_) => None,
-    };
-    let Some(mut record) = record else {
-        state.queue.ack_delivery(delivery).await?;
-        return Ok(None);
-    };
-    let unfiled = record.outcome.is_none();
-    if unfiled {
-        record.outcome = Some(outcome_of(&job)?);
-    }
-    Ok(Some((record, unfiled)))
-}
-
-/// Whether `record`'s webhook is still to be sent.
-pub(super) fn webhook_pending(record: &FineTuneRecord) -> bool {
-    record.webhook_url.is_some()
-        && record
-            .webhook
-            .as_ref()
-            .is_none_or(|w| w.status == "retrying")
 }
 
 /// Files one finished job's outcome, then acknowledges it or hands its webhook over.

@@ -1,5 +1,9 @@
-use super::forward::attention_shape;
-use super::*;
+//! A decoder layer's backward on one group of rows: the residual gradient through
+//! attention and the MLP, and the LoRA factors' gradients.
+
+use super::forward::{Saved, attention_shape};
+use super::frozen::FrozenWork;
+use super::{Batch, DOWN, Dims, GATE, K, Model, O, Projection, Q, UP, V};
 use crate::attention::attention_backward;
 use crate::gemm::{Mat, MatMut, gemm};
 use crate::norm::{rms_norm_backward, rms_norm_forward};
@@ -168,12 +172,29 @@ pub(super) fn layer_backward(
     bottom: bool,
     slots: &[Option<usize>; 7],
 ) {
+    mlp_backward(model, l, batch, saved, dx, work, grads, slots);
+    attention_backward_block(model, l, batch, saved, dx, work, grads, bottom, slots);
+}
+
+/// The MLP half of layer `l` backward: down, SwiGLU, gate and up, then the
+/// post-attention norm's backward into `dx`.
+#[inline]
+#[allow(clippy::too_many_arguments)]
+fn mlp_backward(
+    model: &Model<'_>,
+    l: usize,
+    batch: &Batch<'_>,
+    saved: &Saved,
+    dx: &mut [f32],
+    work: &mut BackwardWork,
+    grads: &mut [Vec<f32>],
+    slots: &[Option<usize>; 7],
+) {
     let layer = &model.layers[l];
     let d = &model.dims;
     let n = batch.rows * batch.len;
     let (h, inter) = (d.hidden, d.intermediate);
     let eps = d.rms_eps;
-
     // MLP: down, SwiGLU, gate and up, then the post-attention norm into dx.
     swiglu_forward(&saved.gu, inter, &mut work.act);
     projection_backward(
@@ -224,7 +245,27 @@ pub(super) fn layer_backward(
         dx,
         true,
     );
+}
 
+/// The attention half of layer `l` backward: o, attention, inverse RoPE, q/k/v, then
+/// the input norm's backward into `dx` (both skipped for the input when `bottom`).
+#[inline]
+#[allow(clippy::too_many_arguments)]
+fn attention_backward_block(
+    model: &Model<'_>,
+    l: usize,
+    batch: &Batch<'_>,
+    saved: &Saved,
+    dx: &mut [f32],
+    work: &mut BackwardWork,
+    grads: &mut [Vec<f32>],
+    bottom: bool,
+    slots: &[Option<usize>; 7],
+) {
+    let layer = &model.layers[l];
+    let d = &model.dims;
+    let n = batch.rows * batch.len;
+    let (h, eps) = (d.hidden, d.rms_eps);
     // Attention: o, attention, inverse RoPE, q/k/v, then the input norm into dx.
     projection_backward(
         d,

@@ -1,5 +1,7 @@
-use super::memory::saved_lengths;
-use super::*;
+//! A decoder layer's forward on one group of rows, and what it saves for the backward.
+
+use super::frozen::FrozenWork;
+use super::{Batch, DOWN, Dims, GATE, K, Model, O, Projection, Q, UP, V};
 use crate::attention::{AttentionShape, attention_forward};
 use crate::gemm::{Mat, MatMut, gemm};
 use crate::norm::rms_norm_forward;
@@ -31,6 +33,22 @@ pub(super) struct Saved {
     pub(super) u: [Vec<f32>; 7],
     /// Per projection, the dropout mask (N × in) when one was drawn.
     pub(super) masks: [Option<Vec<f32>>; 7],
+}
+
+/// The lengths of [`Saved`]'s fixed buffers, in field order (`x_in` … `gu`). Shared by
+/// [`Saved::new`] and [`super::step_bytes`], so that the count is the allocation.
+pub(super) fn saved_lengths(d: &Dims, n: usize) -> [usize; 8] {
+    let h = d.hidden;
+    [
+        n * h,
+        n,
+        n * d.qkv_width(),
+        n * d.heads * d.head_dim,
+        n * d.heads,
+        n * h,
+        n,
+        n * 2 * d.intermediate,
+    ]
 }
 
 impl Saved {
@@ -144,11 +162,25 @@ pub(super) fn layer_forward(
     saved: &mut Saved,
     work: &mut ForwardWork,
 ) {
+    attention_block(model, l, batch, x, saved, work);
+    mlp_block(model, l, batch, x, saved, work);
+}
+
+/// The attention half of layer `l`: the input norm, q/k/v, RoPE, attention and the o
+/// projection, whose output is added into a copy of the residual (`saved.x_mid`).
+#[inline]
+fn attention_block(
+    model: &Model<'_>,
+    l: usize,
+    batch: &Batch<'_>,
+    x: &[f32],
+    saved: &mut Saved,
+    work: &mut ForwardWork,
+) {
     let layer = &model.layers[l];
     let d = &model.dims;
     let n = batch.rows * batch.len;
     let eps = d.rms_eps;
-
     saved.x_in.copy_from_slice(x);
     rms_norm_forward(x, layer.input_norm, eps, &mut work.hn, &mut saved.inv1);
     for p in [Q, K, V] {
@@ -201,6 +233,23 @@ pub(super) fn layer_forward(
         &mut work.xd,
         &mut work.frozen,
     );
+}
+
+/// The MLP half of layer `l`: the post-attention norm, gate and up, SwiGLU and the down
+/// projection, whose output is added into the residual, written to `x`.
+#[inline]
+fn mlp_block(
+    model: &Model<'_>,
+    l: usize,
+    batch: &Batch<'_>,
+    x: &mut [f32],
+    saved: &mut Saved,
+    work: &mut ForwardWork,
+) {
+    let layer = &model.layers[l];
+    let d = &model.dims;
+    let n = batch.rows * batch.len;
+    let eps = d.rms_eps;
     rms_norm_forward(
         &saved.x_mid,
         layer.post_norm,

@@ -31,8 +31,9 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use super::forward::{ForwardWork, Saved};
-use super::memory::StoredMask;
-use super::{Batch, Model, PROJECTIONS, StepError, expect_len};
+use super::mask::StoredMask;
+use super::validate::expect_len;
+use super::{Batch, Model, PROJECTIONS, StepError};
 
 /// At most this many groups, so that the extra gradient buffers stay few.
 const MAX_GROUPS: usize = 4;

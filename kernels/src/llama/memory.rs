@@ -1,20 +1,9 @@
-use super::*;
+//! How much memory a step holds: the lengths the step allocates its buffers with, and
+//! [`step_bytes`], which adds them up for a node's budget.
 
-/// The lengths of [`Saved`]'s fixed buffers, in field order (`x_in` … `gu`). Shared by
-/// [`Saved::new`] and [`step_bytes`], so that the count is the allocation.
-pub(super) fn saved_lengths(d: &Dims, n: usize) -> [usize; 8] {
-    let h = d.hidden;
-    [
-        n * h,
-        n,
-        n * d.qkv_width(),
-        n * d.heads * d.head_dim,
-        n * d.heads,
-        n * h,
-        n,
-        n * 2 * d.intermediate,
-    ]
-}
+use super::forward::saved_lengths;
+use super::mask::packed_mask_bytes;
+use super::{Compute, Dims};
 
 /// The widest projection input, for the masked-input scratch.
 pub(super) fn widest_input(d: &Dims) -> usize {
@@ -53,14 +42,14 @@ pub(super) fn widening_len(
         .fold(head, usize::max)
 }
 
-/// The lengths of the forward scratch ([`ForwardWork`]'s `hn`, `act`, `xd`).
+/// The lengths of the forward scratch ([`ForwardWork`](super::forward::ForwardWork)'s `hn`, `act`, `xd`).
 pub(super) fn forward_work_lengths(d: &Dims, n: usize, dropout: bool) -> [usize; 3] {
     let masked = if dropout { n * widest_input(d) } else { 0 };
     [n * d.hidden, n * d.intermediate, masked]
 }
 
 /// The lengths of the buffers only the backward allocates: `dx`, then
-/// [`BackwardWork`]'s `d_act`, `d_gu`, `d_attn`, `d_qkv`, then [`LoraWork`]'s `du`,
+/// [`BackwardWork`](super::backward::BackwardWork)'s `d_act`, `d_gu`, `d_attn`, `d_qkv`, then [`LoraWork`](super::backward::LoraWork)'s `du`,
 /// `tmp` and `grad` (its `xd` is the forward's). `ranks`: per layer and projection.
 pub(super) fn backward_lengths(
     d: &Dims,
@@ -91,77 +80,6 @@ pub(super) fn backward_lengths(
     ]
 }
 
-/// A dropout mask kept through a checkpointed forward until its layer is recomputed.
-/// The source cannot be asked again (it is a random stream), so the masks are stored;
-/// packed to a bit each when, as dropout draws them, every element is `+0.0` or one
-/// keep value, which makes them 32 times smaller than the layer input they sit beside.
-#[derive(Debug, Clone, PartialEq)]
-pub(super) enum StoredMask {
-    /// Bit `i` set: element `i` is `keep`, else `+0.0`.
-    Bits {
-        /// The kept elements' value, `1/(1 − p)`.
-        keep: f32,
-        /// One bit per element, 64 to a word.
-        bits: Vec<u64>,
-        /// Elements.
-        len: usize,
-    },
-    /// Any other mask, as drawn.
-    Full(Vec<f32>),
-}
-
-impl StoredMask {
-    /// Packs `mask` when it is two-valued (compared by bits, so that unpacking is
-    /// exact: a `-0.0` or a second non-zero value keeps the mask whole).
-    pub(super) fn pack(mask: &[f32]) -> Self {
-        let keep = mask
-            .iter()
-            .copied()
-            .find(|v| v.to_bits() != 0)
-            .unwrap_or(1.0);
-        if !mask
-            .iter()
-            .all(|v| v.to_bits() == 0 || v.to_bits() == keep.to_bits())
-        {
-            return Self::Full(mask.to_vec());
-        }
-        let mut bits = vec![0u64; mask.len().div_ceil(64)];
-        for (word, chunk) in bits.iter_mut().zip(mask.chunks(64)) {
-            for (i, v) in chunk.iter().enumerate() {
-                *word |= u64::from(v.to_bits() != 0) << i;
-            }
-        }
-        Self::Bits {
-            keep,
-            bits,
-            len: mask.len(),
-        }
-    }
-
-    /// Writes the mask as drawn into `out`, replacing its contents.
-    pub(super) fn unpack_into(&self, out: &mut Vec<f32>) {
-        out.clear();
-        match self {
-            Self::Full(mask) => out.extend_from_slice(mask),
-            Self::Bits { keep, bits, len } => {
-                out.reserve_exact(*len);
-                out.extend((0..*len).map(|i| {
-                    if bits[i / 64] >> (i % 64) & 1 == 1 {
-                        *keep
-                    } else {
-                        0.0
-                    }
-                }));
-            }
-        }
-    }
-}
-
-/// The bytes a two-valued mask of `len` elements takes packed ([`StoredMask::Bits`]).
-pub(super) fn packed_mask_bytes(len: usize) -> u64 {
-    8 * len.div_ceil(64) as u64
-}
-
 /// The elements of a layer's LoRA factors (A: r × in, B: out × r, per projection of
 /// rank `ranks[p]`), and so of their gradients.
 fn lora_len(d: &Dims, ranks: &[usize; 7]) -> usize {
@@ -173,7 +91,7 @@ fn lora_len(d: &Dims, ranks: &[usize; 7]) -> usize {
         .sum()
 }
 
-/// Per projection, the largest rank over the layers (a shared [`Saved`]'s `u` sizes).
+/// Per projection, the largest rank over the layers (a shared [`Saved`](super::forward::Saved)'s `u` sizes).
 pub(super) fn max_ranks(ranks: &[[usize; 7]]) -> [usize; 7] {
     let mut top = [0; 7];
     for layer in ranks {
@@ -184,10 +102,10 @@ pub(super) fn max_ranks(ranks: &[[usize; 7]]) -> [usize; 7] {
     top
 }
 
-/// The most bytes [`forward_backward_with`] holds at once for a micro-batch of `tokens`
+/// The most bytes [`forward_backward_with`](super::forward_backward_with) holds at once for a micro-batch of `tokens`
 /// tokens (rows × len), every one labelled (fewer labels only shrink the loss's chunk
-/// buffers), with LoRA ranks `ranks` (per layer, per projection in [`PROJECTIONS`]
-/// order, 0 for none; see [`Model::lora_ranks`]), with or without dropout and
+/// buffers), with LoRA ranks `ranks` (per layer, per projection in [`PROJECTIONS`](super::PROJECTIONS)
+/// order, 0 for none; see [`Model::lora_ranks`](super::Model::lora_ranks)), with or without dropout and
 /// checkpointing. For choosing checkpointing and a micro-batch size against the memory
 /// of a node.
 ///
@@ -208,7 +126,7 @@ pub(super) fn max_ranks(ranks: &[[usize; 7]]) -> [usize; 7] {
 /// With checkpointing and layers of different LoRA shapes, the one-layer terms take
 /// the largest layer's, so the figure is then an upper bound.
 ///
-/// `frozen_bf16`: the projections and the head are stored as bf16 ([`Frozen::Bf16`]),
+/// `frozen_bf16`: the projections and the head are stored as bf16 ([`Frozen::Bf16`](super::Frozen::Bf16)),
 /// which adds the one f32 scratch they are widened into, live for the whole step:
 /// `4·max(vocab·hidden, largest projection)` bytes (0.5 GiB at 7B, against the 13.5
 /// GiB bf16 saves). A model with only some of them in bf16 needs at most that; the

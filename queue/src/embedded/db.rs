@@ -34,8 +34,8 @@ mod sorted_set;
 mod zsets;
 
 pub use args::format_score;
-use args::{bound, bulk, count, float, glob, index_range, integer, text};
-use sorted_set::{Score, SortedSet, ZaddFlags, scored};
+use args::text;
+use sorted_set::SortedSet;
 
 /// A command being run: its upper-cased name and its arguments.
 struct Call<'a> {

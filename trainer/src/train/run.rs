@@ -2,7 +2,29 @@
 //! optimiser), resume (from the latest sound checkpoint), train (the step loop) and
 //! finish (adapter, samples, manifest).
 
-use super::*;
+use super::evaluation::{evaluate, validate};
+use super::inputs::{EncodedData, encode_data, fingerprint, model_sha256};
+use super::loading::{LoadedModel, checked_model, load_model};
+use super::manifest::{FinalMetrics, Lineage, RunManifest, adapter_files, finished_before};
+use super::metrics::{MetricsFile, json_line};
+use super::optimiser::optimiser_step;
+use super::spec::{lora_settings, plan};
+use super::{Outcome, StopFlag, select_device, select_dtype};
+use crate::batch::{self, Batch, make_batch, streams};
+use crate::checkpoint::{self, RngState, TrainerState};
+use crate::data::{Encoder, Example};
+use crate::error::{Error, Result};
+use crate::lora::LoraSettings;
+use crate::model::Llama;
+use crate::optim::{AdamW, AdamWConfig};
+use crate::progress::ProgressSink;
+use crate::remote::Storage;
+use crate::schedule::LrSchedule;
+use crate::step::StepDropout;
+use candle_core::Device;
+use std::path::PathBuf;
+use std::time::Instant;
+use tuneq_openapi::{StepMetrics, TrainEvent, TrainSpec};
 
 /// Runs `spec` to completion or until `stop` is set, reporting to `sink`. Remote
 /// (`s3://`, `gs://`) models and datasets are staged through `storage`, and a remote
@@ -101,133 +123,26 @@ impl<'a> Run<'a> {
         let device = select_device(spec.device)?;
         let dtype = select_dtype(spec, &device);
         let settings = lora_settings(spec);
-
-        // The model folder is checked before anything else reads from it, so a wrong path
-        // says "config.json not found" rather than naming whichever file was read first.
-        let cfg = crate::config::LlamaConfig::load(&model_dir)?;
-        if h.max_seq_len as usize > cfg.max_position_embeddings {
-            return Err(Error::Spec(vec![tuneq_openapi::SpecError {
-                field: "hyperparameters.max_seq_len".into(),
-                message: format!(
-                    "{} exceeds the model's max_position_embeddings {}",
-                    h.max_seq_len, cfg.max_position_embeddings
-                ),
-            }]));
-        }
-        let encoder = Encoder::from_model_dir(&model_dir, spec.chat_template)?;
-        let tokenizer_vocab = encoder.tokenizer().get_vocab_size(true);
-        if tokenizer_vocab > cfg.vocab_size {
-            return Err(Error::Model {
-                path: model_dir.display().to_string(),
-                message: format!(
-                    "tokenizer.json has {tokenizer_vocab} tokens but config.json vocab_size is {}",
-                    cfg.vocab_size
-                ),
-            });
-        }
-        let max_len = h.max_seq_len as usize;
-        let train = encode_files(&encoder, &train_files, spec.dataset_format, max_len)?;
-        let val = match &val_file {
-            Some(f) => Some(encode_files(
-                &encoder,
-                std::slice::from_ref(f),
-                spec.dataset_format,
-                max_len,
-            )?),
-            None => None,
-        };
-        if train.examples.is_empty() && train.dropped > 0 {
-            // Records parsed, but none kept a labelled token within max_seq_len.
-            return Err(Error::Spec(vec![tuneq_openapi::SpecError {
-                field: "hyperparameters.max_seq_len".into(),
-                message: format!(
-                    "no example of {} has a token to learn from at max_seq_len {max_len} (every answer is cut off or empty); raise max_seq_len or fix the data",
-                    spec.training_files.join(", ")
-                ),
-            }]));
-        }
-        if train.examples.is_empty() {
-            return Err(Error::Data(crate::data::DataError::Empty {
-                file: spec.training_files.join(", "),
-            }));
-        }
-        for (what, d) in [("training", Some(&train)), ("validation", val.as_ref())] {
-            let Some(d) = d else { continue };
-            if d.truncated > 0 {
-                sink.event(&TrainEvent::Warning {
-                    message: format!(
-                        "{} {what} examples were longer than max_seq_len {max_len} and were truncated",
-                        d.truncated
-                    ),
-                });
-            }
-            if d.dropped > 0 {
-                sink.event(&TrainEvent::Warning {
-                    message: format!("{} {what} examples had no trainable tokens left after truncation and were skipped", d.dropped),
-                });
-            }
-        }
+        let (cfg, encoder) = checked_model(spec, &model_dir)?;
+        let (train, val) = encode_data(spec, &encoder, &train_files, val_file.as_ref(), sink)?;
         let pad_id = encoder.eos_token_id().unwrap_or(0);
-
         let model_sha = model_sha256(&model_dir)?;
-        let fingerprint = {
-            let fp = Fingerprint {
-                hyperparameters: &h,
-                lora: &spec.lora,
-                dataset_format: spec.dataset_format,
-                chat_template: spec.chat_template,
-                dtype: spec.dtype,
-                compute: spec.compute,
-                train_sha256: &train.sha256,
-                model_sha256: &model_sha,
-            };
-            hex::encode(Sha256::digest(json_line(&fp)?.as_bytes()))
-        };
-
+        let fingerprint = fingerprint(spec, &train, &model_sha)?;
         // A replacement machine starts from what earlier attempts committed remotely.
         for note in out.restore()? {
             tracing::info!(output = %out.display(""), "{note}");
         }
-
-        // A finished run with the same fingerprint has nothing left to do.
-        if let Ok(done) = crate::error::read_json::<RunManifest>(&output.join("manifest.json"))
-            && done.fingerprint == fingerprint
-            && done.status == "succeeded"
-            && output.join(crate::peft::ADAPTER_WEIGHTS).is_file()
-        {
-            sink.event(&TrainEvent::Finished {
-                step: done.metrics.steps,
-                adapter: out.display(""),
-                train_loss: done.metrics.train_loss,
-                validation_loss: done.metrics.validation_loss,
-                trained_tokens: done.metrics.trained_tokens,
-                peak_memory_bytes: None,
-            });
-            return Ok(Prepared::Done(Outcome::Finished {
-                steps: done.metrics.steps,
-                validation_loss: done.metrics.validation_loss,
-            }));
+        if let Some(done) = finished_before(&out, &fingerprint, sink) {
+            return Ok(Prepared::Done(done));
         }
-
-        let mut init_rng = batch::rng_for(h.seed, streams::LORA_INIT);
-        // Built from the config checked above, not from a second read of config.json.
-        let mut model = Llama::load_with_config(
+        let loaded = LoadedModel {
             cfg,
-            &model_dir,
+            dir: &model_dir,
             dtype,
-            &device,
-            Some((&settings, &mut init_rng)),
-        )?;
-        model.cpu_compute = cpu_compute(spec, &model)?;
-        // The largest micro-batch: batch_size rows of the longest example (packing only
-        // ever makes it smaller).
-        let longest = train
-            .examples
-            .iter()
-            .map(|e| e.input_ids.len())
-            .max()
-            .unwrap_or(1);
-        model.checkpoint_layers = choose_checkpointing(spec, &model, &model_dir, longest, sink)?;
+            device: &device,
+            settings: &settings,
+        };
+        let model = load_model(spec, loaded, &train, sink)?;
         let vars = model.lora_vars();
         let trainable: u64 = vars.iter().map(|v| v.var.elem_count() as u64).sum();
         let opt = AdamW::new(vars, adamw_config(&h))?;
@@ -529,32 +444,66 @@ impl<'a> Run<'a> {
         sink: &mut dyn ProgressSink,
         stop: &StopFlag,
     ) -> Result<Outcome> {
-        let (spec, h, output) = (self.spec, &self.h, &self.output);
-        let mut val_loss = None;
-        if let Some(v) = &self.val
-            && !v.examples.is_empty()
-        {
-            let l = validate(
-                &self.model,
-                &v.examples,
-                h.batch_size as usize,
-                self.pad_id,
-                self.step,
-                metrics,
-                sink,
-            )?;
-            val_loss = Some(l);
-        }
+        let (spec, output) = (self.spec, &self.output);
+        let val_loss = self.final_validation(metrics, sink)?;
         // The last checkpoint makes a kill during export or sampling cheap to recover from.
         self.commit(sink)?;
         crate::peft::save_adapter(&self.model, &self.settings, &spec.model, output)?;
+        self.write_samples(stop, sink)?;
+        let manifest = self.manifest(val_loss, adapter_files(output)?);
+        let json = serde_json::to_vec_pretty(&manifest).map_err(|source| Error::Json {
+            path: "manifest.json".into(),
+            source,
+        })?;
+        tuneq_storage::local::write_atomic(&output.join("manifest.json"), &json)?;
+        self.out.push_final()?;
+        let (step, tokens_seen, last_loss) = (self.step, self.tokens_seen, self.last_loss);
+        sink.event(&TrainEvent::Finished {
+            step,
+            adapter: self.out.display(""),
+            train_loss: last_loss,
+            validation_loss: val_loss,
+            trained_tokens: tokens_seen,
+            peak_memory_bytes: crate::bench::peak_resident_bytes(),
+        });
+        Ok(Outcome::Finished {
+            steps: step,
+            validation_loss: val_loss,
+        })
+    }
 
+    /// The validation loss after the last step (recorded like every evaluation), when
+    /// there is validation data.
+    fn final_validation(
+        &self,
+        metrics: &MetricsFile,
+        sink: &mut dyn ProgressSink,
+    ) -> Result<Option<f64>> {
+        let Some(v) = self.val.as_ref().filter(|v| !v.examples.is_empty()) else {
+            return Ok(None);
+        };
+        let l = validate(
+            &self.model,
+            &v.examples,
+            self.h.batch_size as usize,
+            self.pad_id,
+            self.step,
+            metrics,
+            sink,
+        )?;
+        Ok(Some(l))
+    }
+
+    /// Generates the spec's samples (from the validation records, else the training
+    /// ones) into `samples.jsonl` and the progress stream. Samples are a courtesy: a
+    /// stop request skips them rather than delaying the exit.
+    fn write_samples(&self, stop: &StopFlag, sink: &mut dyn ProgressSink) -> Result<()> {
+        let spec = self.spec;
         let sample_source = self
             .val
             .as_ref()
             .filter(|v| !v.records.is_empty())
             .unwrap_or(&self.train);
-        // Samples are a courtesy: a stop request skips them rather than delaying the exit.
         let num_samples = if stop.is_set() {
             0
         } else {
@@ -578,74 +527,55 @@ impl<'a> Run<'a> {
                 reference: s.reference.clone(),
             });
         }
-        tuneq_storage::local::write_atomic(&output.join("samples.jsonl"), lines.as_bytes())?;
+        tuneq_storage::local::write_atomic(&self.output.join("samples.jsonl"), lines.as_bytes())?;
+        Ok(())
+    }
 
-        let mut adapter_files = Vec::new();
-        for f in [crate::peft::ADAPTER_CONFIG, crate::peft::ADAPTER_WEIGHTS] {
-            let p = output.join(f);
-            let size = std::fs::metadata(&p).map_err(Error::io(&p))?.len();
-            adapter_files.push(checkpoint::ManifestEntry {
-                name: f.into(),
-                size,
-                sha256: checkpoint::sha256_file(&p)?,
-            });
+    /// The run's final record: its spec, inputs' identity, figures and adapter files.
+    fn manifest(
+        &self,
+        val_loss: Option<f64>,
+        adapter_files: Vec<checkpoint::ManifestEntry>,
+    ) -> RunManifest {
+        let spec = self.spec;
+        RunManifest {
+            status: "succeeded".into(),
+            spec: spec.clone(),
+            base_model: Lineage {
+                location: spec.model.clone(),
+                sha256: self.model_sha.clone(),
+            },
+            training_files: spec
+                .training_files
+                .iter()
+                .zip(&self.train.sha256)
+                .map(|(l, s)| Lineage {
+                    location: l.clone(),
+                    sha256: s.clone(),
+                })
+                .collect(),
+            validation_file: spec
+                .validation_file
+                .as_ref()
+                .zip(self.val.as_ref())
+                .map(|(l, v)| Lineage {
+                    location: l.clone(),
+                    sha256: v.sha256.first().cloned().unwrap_or_default(),
+                }),
+            seed: self.h.seed,
+            fingerprint: self.fingerprint.clone(),
+            metrics: FinalMetrics {
+                steps: self.step,
+                train_loss: self.last_loss,
+                base_validation_loss: self.base_val_loss,
+                validation_loss: val_loss,
+                trained_tokens: self.tokens_seen,
+                train_examples: self.train.examples.len() as u64,
+                validation_examples: self.val.as_ref().map_or(0, |v| v.examples.len() as u64),
+            },
+            adapter_files,
+            trainer_version: env!("CARGO_PKG_VERSION").into(),
         }
-        let (step, tokens_seen, last_loss) = (self.step, self.tokens_seen, self.last_loss);
-        let manifest =
-            RunManifest {
-                status: "succeeded".into(),
-                spec: spec.clone(),
-                base_model: Lineage {
-                    location: spec.model.clone(),
-                    sha256: self.model_sha,
-                },
-                training_files: spec
-                    .training_files
-                    .iter()
-                    .zip(&self.train.sha256)
-                    .map(|(l, s)| Lineage {
-                        location: l.clone(),
-                        sha256: s.clone(),
-                    })
-                    .collect(),
-                validation_file: spec.validation_file.as_ref().zip(self.val.as_ref()).map(
-                    |(l, v)| Lineage {
-                        location: l.clone(),
-                        sha256: v.sha256.first().cloned().unwrap_or_default(),
-                    },
-                ),
-                seed: h.seed,
-                fingerprint: self.fingerprint,
-                metrics: FinalMetrics {
-                    steps: step,
-                    train_loss: last_loss,
-                    base_validation_loss: self.base_val_loss,
-                    validation_loss: val_loss,
-                    trained_tokens: tokens_seen,
-                    train_examples: self.train.examples.len() as u64,
-                    validation_examples: self.val.as_ref().map_or(0, |v| v.examples.len() as u64),
-                },
-                adapter_files,
-                trainer_version: env!("CARGO_PKG_VERSION").into(),
-            };
-        let json = serde_json::to_vec_pretty(&manifest).map_err(|source| Error::Json {
-            path: "manifest.json".into(),
-            source,
-        })?;
-        tuneq_storage::local::write_atomic(&output.join("manifest.json"), &json)?;
-        self.out.push_final()?;
-        sink.event(&TrainEvent::Finished {
-            step,
-            adapter: self.out.display(""),
-            train_loss: last_loss,
-            validation_loss: val_loss,
-            trained_tokens: tokens_seen,
-            peak_memory_bytes: crate::bench::peak_resident_bytes(),
-        });
-        Ok(Outcome::Finished {
-            steps: step,
-            validation_loss: val_loss,
-        })
     }
 }
 
@@ -655,131 +585,4 @@ fn adamw_config(h: &tuneq_openapi::Hyperparameters) -> AdamWConfig {
         weight_decay: h.weight_decay,
         ..Default::default()
     }
-}
-
-/// Whether to recompute each layer's activations: as the spec says, or, with `auto`,
-/// when keeping them would pass the limit the launcher set for the micro-batch of
-/// `batch_size` rows of `longest` tokens. On the fused CPU path that is the process's
-/// limit (`TUNEQ_MEMORY_LIMIT_BYTES`) against what it holds now plus the step's bytes;
-/// on candle's graph it is the accelerator's memory on CUDA
-/// (`TUNEQ_ACCELERATOR_MEMORY_BYTES`) or the process's limit on the CPU graph, against
-/// placement's own estimate of the graph. No limit: `auto` keeps the activations.
-/// How the fused CPU path computes the frozen projections for `spec`. bf16 compute is
-/// the fused path's: on CUDA the graph computes in the weights' dtype (bf16 already, as
-/// `compute: bf16` asks), while the CPU graph (`TUNEQ_CPU_PATH=graph`) has no bf16
-/// products to offer, so the run is refused there rather than run in f32 unasked.
-fn cpu_compute(spec: &TrainSpec, model: &Llama) -> Result<tuneq_kernels::llama::Compute> {
-    let fused = crate::fast::ComputePath::for_model(model) == crate::fast::ComputePath::CpuFused;
-    match spec.compute {
-        tuneq_openapi::ComputeKind::Bf16 if !fused && !model.device().is_cpu() => {
-            Ok(tuneq_kernels::llama::Compute::F32)
-        }
-        tuneq_openapi::ComputeKind::Bf16 if !fused => {
-            Err(Error::Spec(vec![tuneq_openapi::SpecError {
-                field: "compute".into(),
-                message: "bf16 compute runs on the fused CPU path, and TUNEQ_CPU_PATH=graph \
-                      asks for candle's graph, which computes in f32 on the CPU"
-                    .into(),
-            }]))
-        }
-        kind => Ok(tuneq_pools::kernel_compute(kind)),
-    }
-}
-
-fn choose_checkpointing(
-    spec: &TrainSpec,
-    model: &Llama,
-    model_dir: &Path,
-    longest: usize,
-    sink: &mut dyn ProgressSink,
-) -> Result<bool> {
-    use tuneq_openapi::ActivationCheckpointing;
-    let tokens = spec.hyperparameters.batch_size as usize * longest;
-    let fused = crate::fast::ComputePath::for_model(model) == crate::fast::ComputePath::CpuFused;
-    if !fused {
-        return Ok(graph_checkpointing(spec, model, model_dir, longest, sink));
-    }
-    match spec.activation_checkpointing {
-        ActivationCheckpointing::On => Ok(true),
-        ActivationCheckpointing::Off => Ok(false),
-        ActivationCheckpointing::Auto => {
-            let Some(limit) = std::env::var(tuneq_openapi::launch::ENV_MEMORY_LIMIT_BYTES)
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
-            else {
-                return Ok(false);
-            };
-            let dropout = spec.lora.dropout > 0.0;
-            let resident = crate::bench::resident_bytes().unwrap_or(0);
-            let keep = resident + crate::fast::step_bytes(model, tokens, dropout, false)?;
-            if keep <= limit {
-                return Ok(false);
-            }
-            let recompute = resident + crate::fast::step_bytes(model, tokens, dropout, true)?;
-            sink.event(&TrainEvent::Warning {
-                message: format!(
-                    "activation checkpointing is on: a step of {tokens} tokens needs about {} MiB with its activations kept, over the limit of {} MiB, and about {} MiB recomputing them",
-                    keep >> 20,
-                    limit >> 20,
-                    recompute >> 20
-                ),
-            });
-            Ok(true)
-        }
-    }
-}
-
-/// [`choose_checkpointing`] on candle's graph.
-fn graph_checkpointing(
-    spec: &TrainSpec,
-    model: &Llama,
-    model_dir: &Path,
-    longest: usize,
-    sink: &mut dyn ProgressSink,
-) -> bool {
-    use tuneq_openapi::{ActivationCheckpointing, launch};
-    let on_gpu = model.device().is_cuda();
-    let limit_env = if on_gpu {
-        launch::ENV_ACCELERATOR_MEMORY_BYTES
-    } else {
-        launch::ENV_MEMORY_LIMIT_BYTES
-    };
-    let limit = std::env::var(limit_env)
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok());
-    // The model folder was just loaded from, so its config.json is there (and of an
-    // architecture tuneq trains: the loader checked).
-    let (Some(Ok(shape)), Some(limit), ActivationCheckpointing::Auto) = (
-        tuneq_pools::ModelShape::read(model_dir),
-        limit,
-        spec.activation_checkpointing,
-    ) else {
-        return spec.activation_checkpointing == ActivationCheckpointing::On;
-    };
-    let ask = |checkpointing| tuneq_pools::Ask {
-        lora: &spec.lora,
-        max_seq_len: longest as u64,
-        batch_size: u64::from(spec.hyperparameters.batch_size),
-        dtype: spec.dtype,
-        compute: spec.compute,
-        checkpointing,
-        dataset_tokens: 0,
-    };
-    let auto = ask(ActivationCheckpointing::Auto);
-    if !tuneq_pools::graph_checkpointing(&shape, &auto, on_gpu, Some(limit)) {
-        return false;
-    }
-    let bytes =
-        |checkpointing| tuneq_pools::graph_memory_bytes(&shape, &ask(checkpointing), on_gpu);
-    sink.event(&TrainEvent::Warning {
-        message: format!(
-            "activation checkpointing is on: a step of {} × {longest} tokens on {} needs about {} MiB with its activations kept, over the limit of {} MiB ({limit_env}), and about {} MiB recomputing them",
-            spec.hyperparameters.batch_size,
-            if on_gpu { "the GPU" } else { "the CPU graph" },
-            bytes(ActivationCheckpointing::Off) >> 20,
-            limit >> 20,
-            bytes(ActivationCheckpointing::On) >> 20
-        ),
-    });
-    true
 }

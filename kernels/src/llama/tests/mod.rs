@@ -1,4 +1,4 @@
-use super::memory::{StoredMask, packed_mask_bytes};
+use super::mask::{StoredMask, packed_mask_bytes};
 use super::*;
 use rand::{Rng, SeedableRng};
 

@@ -1,6 +1,8 @@
 //! Hash commands: HGET, HMGET, HGETALL, HSET, HINCRBY and HDEL.
 
-use super::*;
+use super::args::{bulk, count, integer};
+use super::{Call, CommandError, Db, err};
+use redis::Value;
 
 impl Db {
     /// Runs `call`, one of this module's commands.

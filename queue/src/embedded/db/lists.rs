@@ -1,6 +1,9 @@
 //! List commands: RPUSH, LLEN, LRANGE and LTRIM.
 
-use super::*;
+use super::args::{bulk, count, index_range, integer};
+use super::{Call, CommandError, Data, Db};
+use redis::Value;
+use std::collections::VecDeque;
 
 impl Db {
     /// Runs `call`, one of this module's commands.

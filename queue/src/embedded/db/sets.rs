@@ -1,6 +1,9 @@
 //! Set commands: SADD, SREM, SMEMBERS, SISMEMBER and SCARD.
 
-use super::*;
+use super::args::{bulk, count};
+use super::{Call, CommandError, Data, Db};
+use redis::Value;
+use std::collections::HashSet;
 
 impl Db {
     /// Runs `call`, one of this module's commands.

@@ -1,6 +1,7 @@
 //! The store's commands against Redis's behaviour: replies, errors, recorded changes.
 
 #![allow(clippy::unwrap_used)]
+use super::args::{bulk, glob};
 use super::*;
 
 fn run(db: &mut Db, line: &str) -> Result<Value, CommandError> {

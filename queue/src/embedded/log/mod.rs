@@ -178,106 +178,23 @@ impl Log {
         let (mut file, bytes) = open_locked(path, true)?;
         let Some(format) = format_of(&bytes, path)? else {
             // New, or cut inside its header while being created: start it afresh.
-            let salt: [u8; 8] = rand::random();
-            file.set_len(0).map_err(io)?;
-            file.seek(SeekFrom::Start(0)).map_err(io)?;
-            file.write_all(MAGIC).map_err(io)?;
-            file.write_all(&salt).map_err(io)?;
-            file.sync_all().map_err(io)?;
-            sync_dir(path).map_err(io)?;
-            return Ok(Opened {
-                log: Log {
-                    file,
-                    path: path.to_path_buf(),
-                    salt,
-                    next_seq: 1,
-                    len: HEADER as u64,
-                    compacted_len: HEADER as u64,
-                    #[cfg(feature = "testing")]
-                    crash: None,
-                    #[cfg(feature = "testing")]
-                    failing_appends: 0,
-                },
-                batches: Vec::new(),
-                truncated_bytes: 0,
-                torn_copy: None,
-                migrated: false,
-            });
+            return Self::start_afresh(file, path);
         };
         let walk = walk(&bytes, format);
-        let mut whole = bytes.len();
-        if let Some((first, before)) = walk.damage.first() {
-            let last_seq = before
-                .checked_sub(1)
-                .and_then(|i| walk.records.get(i))
-                .map_or(0, |r| r.0);
-            let final_tail = walk.damage.len() == 1 && first.end == bytes.len();
-            if !final_tail || !is_torn(&bytes, first.start, format, last_seq + 1) {
-                return Err(LogError::Corrupt {
-                    path: path.to_path_buf(),
-                    offset: first.start as u64,
-                    intact_before: *before,
-                    valid_after: walk.records.len() - before,
-                });
-            }
-            whole = first.start;
-        }
+        let whole = intact_len(&walk, &bytes, format, path)?;
         let truncated_bytes = (bytes.len() - whole) as u64;
         let mut torn_copy = None;
         if truncated_bytes > 0 {
-            let copy = set_aside(path, "torn", &bytes[whole..]).map_err(io)?;
-            tracing::warn!(
-                path = %path.display(),
-                offset = whole,
-                bytes = truncated_bytes,
-                copy = %copy.display(),
-                "cut off the torn last record of the queue file (a crash mid-write; it was \
-                 never acknowledged); its bytes were copied aside"
-            );
-            file.set_len(whole as u64).map_err(io)?;
-            file.sync_all().map_err(io)?;
-            torn_copy = Some(copy);
+            torn_copy = Some(cut_torn_tail(&file, path, &bytes, whole).map_err(io)?);
         }
         let batches: Vec<Vec<Command>> = walk.records.into_iter().map(|(_, b)| b).collect();
         let log = match format {
             Format::V2 { salt } => {
                 file.seek(SeekFrom::Start(whole as u64)).map_err(io)?;
                 let next_seq = batches.len() as u64 + 1;
-                Log {
-                    file,
-                    path: path.to_path_buf(),
-                    salt,
-                    next_seq,
-                    len: whole as u64,
-                    compacted_len: whole as u64,
-                    #[cfg(feature = "testing")]
-                    crash: None,
-                    #[cfg(feature = "testing")]
-                    failing_appends: 0,
-                }
+                Log::at(file, path, salt, next_seq, whole as u64)
             }
-            Format::V1 => {
-                let staged = with_suffix(path, ".migrating");
-                let written = write_new(&staged, batches.iter().map(Vec::as_slice))?;
-                install(&staged, path).map_err(io)?;
-                tracing::info!(
-                    path = %path.display(),
-                    records = batches.len(),
-                    "queue file rewritten in the current format (TUNEQQ02)"
-                );
-                Log {
-                    file: written.file,
-                    path: path.to_path_buf(),
-                    salt: written.salt,
-                    next_seq: written.next_seq,
-                    len: written.len,
-                    compacted_len: written.len,
-                    #[cfg(feature = "testing")]
-                    crash: None,
-                    #[cfg(feature = "testing")]
-                    failing_appends: 0,
-                }
-            }
+            Format::V1 => Self::migrate(path, &batches)?,
         };
         Ok(Opened {
             log,
@@ -286,6 +203,69 @@ impl Log {
             torn_copy,
             migrated: matches!(format, Format::V1),
         })
+    }
+
+    /// The log of `file` at `path`, `len` bytes long and compacted up to there, whose
+    /// next record is `next_seq`.
+    fn at(file: File, path: &Path, salt: [u8; 8], next_seq: u64, len: u64) -> Log {
+        Log {
+            file,
+            path: path.to_path_buf(),
+            salt,
+            next_seq,
+            len,
+            compacted_len: len,
+            #[cfg(feature = "testing")]
+            crash: None,
+            #[cfg(feature = "testing")]
+            failing_appends: 0,
+        }
+    }
+
+    /// Writes a fresh header (a new salt) into `file`, a new file or one cut inside its
+    /// header, and opens it empty.
+    fn start_afresh(mut file: File, path: &Path) -> Result<Opened, LogError> {
+        let io = |source| LogError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let salt: [u8; 8] = rand::random();
+        file.set_len(0).map_err(io)?;
+        file.seek(SeekFrom::Start(0)).map_err(io)?;
+        file.write_all(MAGIC).map_err(io)?;
+        file.write_all(&salt).map_err(io)?;
+        file.sync_all().map_err(io)?;
+        sync_dir(path).map_err(io)?;
+        Ok(Opened {
+            log: Log::at(file, path, salt, 1, HEADER as u64),
+            batches: Vec::new(),
+            truncated_bytes: 0,
+            torn_copy: None,
+            migrated: false,
+        })
+    }
+
+    /// Rewrites the file at `path`, in the first format, in the current one with the
+    /// same `batches`, and opens the new file.
+    fn migrate(path: &Path, batches: &[Vec<Command>]) -> Result<Log, LogError> {
+        let staged = with_suffix(path, ".migrating");
+        let written = write_new(&staged, batches.iter().map(Vec::as_slice))?;
+        install(&staged, path).map_err(|source| LogError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        tracing::info!(
+            path = %path.display(),
+            records = batches.len(),
+            "queue file rewritten in the current format (TUNEQQ02)"
+        );
+        Ok(Log::at(
+            written.file,
+            path,
+            written.salt,
+            written.next_seq,
+            written.len,
+        ))
     }
 
     fn io(&self, source: std::io::Error) -> LogError {
@@ -466,4 +446,44 @@ pub fn repair(path: &Path) -> Result<RepairReport, LogError> {
         kept_records: walk.records.len(),
         dropped,
     })
+}
+
+/// How many of `bytes` (the file at `path`, walked as `walk`) are whole records: all
+/// of them, or up to a torn last record. Damage anywhere else is refused with
+/// [`LogError::Corrupt`].
+fn intact_len(walk: &Walk, bytes: &[u8], format: Format, path: &Path) -> Result<usize, LogError> {
+    let Some((first, before)) = walk.damage.first() else {
+        return Ok(bytes.len());
+    };
+    let last_seq = before
+        .checked_sub(1)
+        .and_then(|i| walk.records.get(i))
+        .map_or(0, |r| r.0);
+    let final_tail = walk.damage.len() == 1 && first.end == bytes.len();
+    if !final_tail || !is_torn(bytes, first.start, format, last_seq + 1) {
+        return Err(LogError::Corrupt {
+            path: path.to_path_buf(),
+            offset: first.start as u64,
+            intact_before: *before,
+            valid_after: walk.records.len() - before,
+        });
+    }
+    Ok(first.start)
+}
+
+/// Copies the torn tail of `bytes` (from `whole` on) aside, then cuts `file` back to
+/// its whole records. Returns where the copy went.
+fn cut_torn_tail(file: &File, path: &Path, bytes: &[u8], whole: usize) -> std::io::Result<PathBuf> {
+    let copy = set_aside(path, "torn", &bytes[whole..])?;
+    tracing::warn!(
+        path = %path.display(),
+        offset = whole,
+        bytes = bytes.len() - whole,
+        copy = %copy.display(),
+        "cut off the torn last record of the queue file (a crash mid-write; it was \
+         never acknowledged); its bytes were copied aside"
+    );
+    file.set_len(whole as u64)?;
+    file.sync_all()?;
+    Ok(copy)
 }

@@ -1,0 +1,71 @@
+//! Base models registered from the command line (`--model ID=LOCATION`).
+
+use super::pair::pair;
+use crate::cli::BadInput;
+use anyhow::{Context, Result};
+
+/// A base model to register: `--model ID=LOCATION`.
+pub struct ModelArg {
+    id: String,
+    location: String,
+}
+
+/// Reads `--model ID=LOCATION`: the id is checked, a local folder must hold a model
+/// (`config.json`) and is made absolute.
+pub fn model_arg(text: &str) -> Result<ModelArg> {
+    let (id, location) = pair(text, "--model")?;
+    tuneq_queue::catalog::check_identifier("model", &id)
+        .map_err(|e| BadInput(format!("--model {text}: {e}")))?;
+    let location = match tuneq_storage::Location::parse(&location) {
+        Ok(tuneq_storage::Location::Local(path)) => {
+            if !path.join("config.json").is_file() {
+                return Err(BadInput(format!(
+                    "--model {text}: {} has no config.json (a Hugging Face model folder is expected)",
+                    path.display()
+                ))
+                .into());
+            }
+            // A model of another architecture would be trained as Llama, wrongly and
+            // silently: refused now, naming it (remote folders are checked by the
+            // trainer when it loads them).
+            match tuneq_pools::ModelShape::read(&path) {
+                Some(Ok(_)) => {}
+                Some(Err(refusal)) => {
+                    return Err(BadInput(format!("--model {text}: {refusal}")).into());
+                }
+                None => {
+                    return Err(BadInput(format!(
+                        "--model {text}: {} holds no readable config.json of at most 1 MiB",
+                        path.display()
+                    ))
+                    .into());
+                }
+            }
+            std::fs::canonicalize(&path)
+                .with_context(|| format!("--model {text}"))?
+                .display()
+                .to_string()
+        }
+        Ok(_) => location,
+        Err(e) => return Err(BadInput(format!("--model {text}: {e}")).into()),
+    };
+    Ok(ModelArg { id, location })
+}
+
+/// Registers a `--model`.
+pub async fn register_model(state: &tuneq_api::AppState, model: ModelArg) -> Result<()> {
+    tuneq_api::records::model::register(
+        &state.queue,
+        &tuneq_api::records::model::BaseModel {
+            id: model.id,
+            location: model.location,
+            base_learning_rate: 2e-4,
+            created: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or_default(),
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{}", e.detail.message))
+}

@@ -1,0 +1,112 @@
+//! What the API accepts (`--admin-key`, upload size, webhook targets, tenant defaults,
+//! streams and downloads), set the same way for `tuneq up` and `tuneq api`.
+
+use crate::cli::BadInput;
+use crate::cli::settings::{Secret, Span};
+use anyhow::Result;
+
+/// The shortest admin key accepted.
+pub const MIN_ADMIN_KEY_LEN: usize = 32;
+
+/// What the API accepts, set the same way for `tuneq up` and `tuneq api`.
+#[derive(Debug, clap::Args)]
+pub struct ApiPolicyArgs {
+    /// Admin key, enabling the `/admin` routes (tenants, keys, limits).
+    #[arg(long, env = "TUNEQ_ADMIN_KEY", hide_env_values = true)]
+    admin_key: Option<Secret>,
+    /// Largest accepted upload, in MiB.
+    #[arg(long, default_value_t = 512)]
+    max_upload_mib: u64,
+    /// Accept webhook URLs on private, loopback and link-local addresses, and plain
+    /// http:// (receivers on your own network). Off: https:// to public hosts only.
+    #[arg(long, env = "TUNEQ_WEBHOOK_ALLOW_PRIVATE")]
+    webhook_allow_private: bool,
+    /// Jobs a tenant may have waiting, where an operator set none of its own (0: no
+    /// limit). About 11 KB of the queue each.
+    #[arg(long, env = "TUNEQ_DEFAULT_MAX_QUEUED", default_value_t = 1000)]
+    default_max_queued: u32,
+    /// Files a tenant may keep, where an operator set none of its own (0: no limit).
+    #[arg(long, env = "TUNEQ_DEFAULT_MAX_FILES", default_value_t = 1000)]
+    default_max_files: u64,
+    /// GiB of files a tenant may keep, where an operator set none of its own (0: no
+    /// limit).
+    #[arg(long, env = "TUNEQ_DEFAULT_MAX_STORED_GIB", default_value_t = 50)]
+    default_max_stored_gib: u64,
+    /// Event streams (`…/events?stream=true`) one tenant may hold open at once; more
+    /// answer 429 `too_many_streams`. All tenants' streams and downloads together stay
+    /// under half of the server's connections whatever this says.
+    #[arg(long, env = "TUNEQ_MAX_STREAMS_PER_TENANT", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    max_streams_per_tenant: u32,
+    /// Downloads (file content, adapter archives) one tenant may have in progress at
+    /// once; more answer 429 `too_many_downloads`.
+    #[arg(long, env = "TUNEQ_MAX_DOWNLOADS_PER_TENANT", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    max_downloads_per_tenant: u32,
+    /// How long one event stream lasts at most; it then ends without `done`, and the
+    /// client reconnects with `Last-Event-ID`.
+    #[arg(
+        long,
+        env = "TUNEQ_STREAM_LIFETIME",
+        default_value = "15m",
+        value_name = "DURATION"
+    )]
+    stream_lifetime: Span,
+}
+
+impl ApiPolicyArgs {
+    /// The limits of every tenant that has none of its own (`PUT
+    /// /admin/tenants/{id}/limits` sets a tenant's), so that no tenant can fill the
+    /// disk with jobs or files by default.
+    pub fn default_limits(&self) -> tuneq_api::records::tenant::TenantLimits {
+        let set = |n: u64| (n > 0).then_some(n);
+        tuneq_api::records::tenant::TenantLimits {
+            max_queued: (self.default_max_queued > 0).then_some(self.default_max_queued),
+            max_files: set(self.default_max_files),
+            max_stored_bytes: set(self.default_max_stored_gib.saturating_mul(1 << 30)),
+            ..Default::default()
+        }
+    }
+
+    /// The upload limit in bytes.
+    pub fn max_upload_bytes(&self) -> u64 {
+        self.max_upload_mib.saturating_mul(1 << 20)
+    }
+
+    /// Which webhook targets are accepted.
+    pub fn webhooks(&self) -> tuneq_api::WebhookPolicy {
+        tuneq_api::WebhookPolicy {
+            allow_private: self.webhook_allow_private,
+        }
+    }
+
+    /// What clients may hold open: event streams and downloads per tenant, and how long a
+    /// stream lasts (a zero lifetime is refused: every stream would end at once).
+    pub fn holds(&self) -> Result<tuneq_api::HoldLimits> {
+        if self.stream_lifetime.0.is_zero() {
+            return Err(BadInput("--stream-lifetime must be more than zero".into()).into());
+        }
+        Ok(tuneq_api::HoldLimits {
+            streams_per_tenant: self.max_streams_per_tenant as usize,
+            downloads_per_tenant: self.max_downloads_per_tenant as usize,
+            stream_lifetime: self.stream_lifetime.0,
+            ..tuneq_api::HoldLimits::default()
+        })
+    }
+
+    /// The admin key as the API keeps it (hashed); None disables `/admin`. A key shorter
+    /// than [`MIN_ADMIN_KEY_LEN`], or one that is easy to guess however long (32 × `a`,
+    /// a repeated word), is refused: it opens every tenant's data.
+    pub fn admin_key_hash(&self) -> Result<Option<String>> {
+        let Some(key) = self.admin_key.as_ref().map(|k| k.expose().trim()) else {
+            return Ok(None);
+        };
+        if key.chars().count() < MIN_ADMIN_KEY_LEN {
+            return Err(BadInput(format!(
+                "the admin key must be at least {MIN_ADMIN_KEY_LEN} characters (e.g. `openssl rand -hex 32`)"
+            ))
+            .into());
+        }
+        tuneq_api::auth::check_strength(key)
+            .map_err(|weak| BadInput(format!("the admin key is refused: {weak}")))?;
+        Ok(Some(tuneq_api::auth::key_hash(key)))
+    }
+}

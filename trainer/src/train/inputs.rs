@@ -1,0 +1,177 @@
+//! A run's inputs and their identity: the tokenised datasets, the base model's digest,
+//! and the fingerprint that keeps a checkpoint from resuming a different run.
+
+use super::metrics::json_line;
+use crate::checkpoint;
+use crate::data::{Encoder, Example, ParsedDataset, Record};
+use crate::error::{Error, Result};
+use crate::progress::ProgressSink;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use tuneq_openapi::{TrainEvent, TrainSpec};
+
+/// Tokenised data of one or more files.
+pub struct EncodedData {
+    /// Examples that carry at least one label.
+    pub examples: Vec<Example>,
+    /// Records, parallel to the files' order (for sample prompts).
+    pub records: Vec<Record>,
+    /// Detected or given format of the first file.
+    pub format: tuneq_openapi::DatasetFormat,
+    /// Examples that were cut to `max_seq_len`.
+    pub truncated: usize,
+    /// Examples dropped because nothing was left to learn after truncation.
+    pub dropped: usize,
+    /// SHA-256 of each file, in order.
+    pub sha256: Vec<String>,
+}
+
+/// Reads, validates and tokenises `files`. Every bad line of every file is reported.
+pub fn encode_files(
+    encoder: &Encoder,
+    files: &[PathBuf],
+    format: tuneq_openapi::DatasetFormat,
+    max_len: usize,
+) -> Result<EncodedData> {
+    let mut parsed: Vec<ParsedDataset> = Vec::new();
+    let mut errors = Vec::new();
+    for f in files {
+        match crate::data::read_jsonl(f, format) {
+            Ok(p) => parsed.push(p),
+            Err(e) => errors.push(e),
+        }
+    }
+    match errors.len() {
+        0 => {}
+        1 => return Err(Error::Data(errors.remove(0))),
+        _ => return Err(Error::Datasets(errors)),
+    }
+    let mut out = EncodedData {
+        examples: Vec::new(),
+        records: Vec::new(),
+        format: parsed.first().map(|p| p.format).unwrap_or(format),
+        truncated: 0,
+        dropped: 0,
+        sha256: files
+            .iter()
+            .map(|f| checkpoint::sha256_file(f))
+            .collect::<Result<_>>()?,
+    };
+    for p in parsed {
+        for r in p.records {
+            let (ex, full_len) = encoder.encode_with_length(&r, max_len)?;
+            if full_len > max_len {
+                out.truncated += 1;
+            }
+            if ex.labels.iter().skip(1).any(|&l| l >= 0) {
+                out.examples.push(ex);
+                out.records.push(r);
+            } else {
+                out.dropped += 1;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Everything that determines the trajectory, hashed: a checkpoint from a different spec,
+/// dataset or model is never resumed.
+#[derive(Serialize)]
+struct Fingerprint<'a> {
+    hyperparameters: &'a tuneq_openapi::Hyperparameters,
+    lora: &'a tuneq_openapi::LoraSpec,
+    dataset_format: tuneq_openapi::DatasetFormat,
+    chat_template: tuneq_openapi::ChatTemplateChoice,
+    dtype: tuneq_openapi::DtypeKind,
+    /// Left out when f32, so that fingerprints from before the field stay the same.
+    #[serde(skip_serializing_if = "tuneq_openapi::ComputeKind::is_f32")]
+    compute: tuneq_openapi::ComputeKind,
+    train_sha256: &'a [String],
+    model_sha256: &'a str,
+}
+
+/// SHA-256 over the model's config and weight files (the base model's identity).
+pub fn model_sha256(model_dir: &Path) -> Result<String> {
+    let mut h = Sha256::new();
+    let mut files = vec![model_dir.join("config.json")];
+    files.extend(crate::weights::weight_files(model_dir)?);
+    for f in files {
+        h.update(checkpoint::sha256_file(&f)?.as_bytes());
+    }
+    Ok(hex::encode(h.finalize()))
+}
+
+/// The training and validation data, tokenised at `max_seq_len`; refused when no
+/// training example is left to learn from, and warned about when examples were cut or
+/// dropped.
+pub(super) fn encode_data(
+    spec: &TrainSpec,
+    encoder: &Encoder,
+    train_files: &[PathBuf],
+    val_file: Option<&PathBuf>,
+    sink: &mut dyn ProgressSink,
+) -> Result<(EncodedData, Option<EncodedData>)> {
+    let max_len = spec.hyperparameters.max_seq_len as usize;
+    let train = encode_files(encoder, train_files, spec.dataset_format, max_len)?;
+    let val = match val_file {
+        Some(f) => Some(encode_files(
+            encoder,
+            std::slice::from_ref(f),
+            spec.dataset_format,
+            max_len,
+        )?),
+        None => None,
+    };
+    if train.examples.is_empty() && train.dropped > 0 {
+        // Records parsed, but none kept a labelled token within max_seq_len.
+        return Err(Error::Spec(vec![tuneq_openapi::SpecError {
+            field: "hyperparameters.max_seq_len".into(),
+            message: format!(
+                "no example of {} has a token to learn from at max_seq_len {max_len} (every answer is cut off or empty); raise max_seq_len or fix the data",
+                spec.training_files.join(", ")
+            ),
+        }]));
+    }
+    if train.examples.is_empty() {
+        return Err(Error::Data(crate::data::DataError::Empty {
+            file: spec.training_files.join(", "),
+        }));
+    }
+    for (what, d) in [("training", Some(&train)), ("validation", val.as_ref())] {
+        let Some(d) = d else { continue };
+        if d.truncated > 0 {
+            sink.event(&TrainEvent::Warning {
+                message: format!(
+                    "{} {what} examples were longer than max_seq_len {max_len} and were truncated",
+                    d.truncated
+                ),
+            });
+        }
+        if d.dropped > 0 {
+            sink.event(&TrainEvent::Warning {
+                message: format!("{} {what} examples had no trainable tokens left after truncation and were skipped", d.dropped),
+            });
+        }
+    }
+    Ok((train, val))
+}
+
+/// The run's fingerprint: a hash of everything that determines its trajectory.
+pub(super) fn fingerprint(
+    spec: &TrainSpec,
+    train: &EncodedData,
+    model_sha: &str,
+) -> Result<String> {
+    let fp = Fingerprint {
+        hyperparameters: &spec.hyperparameters,
+        lora: &spec.lora,
+        dataset_format: spec.dataset_format,
+        chat_template: spec.chat_template,
+        dtype: spec.dtype,
+        compute: spec.compute,
+        train_sha256: &train.sha256,
+        model_sha256: model_sha,
+    };
+    Ok(hex::encode(Sha256::digest(json_line(&fp)?.as_bytes())))
+}
