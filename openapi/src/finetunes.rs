@@ -254,8 +254,8 @@ pub struct FineTuneJob {
     pub model: String,
     /// The tenant.
     pub organization_id: String,
-    /// `validating_files`, `queued`, `running`, `succeeded`, `failed` or `cancelled`.
-    pub status: String,
+    /// Where it stands.
+    pub status: JobStatus,
     /// Training file id.
     pub training_file: String,
     /// Validation file id.
@@ -363,14 +363,84 @@ pub struct AdapterFileUrl {
     pub url: String,
 }
 
+/// A fine-tuning job's status, by OpenAI's names: retries, preemptions and lost leases
+/// stay internal (a job waiting for any reason is `queued`, one with a live attempt
+/// `running`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum JobStatus {
+    /// OpenAI's status while it checks the files (tuneq checks them at upload and at
+    /// create, so a job is never in it; listed for clients that filter by it).
+    ValidatingFiles,
+    /// Waiting to run.
+    Queued,
+    /// An attempt is running.
+    Running,
+    /// Finished with an adapter.
+    Succeeded,
+    /// Failed for good (`error` says why).
+    Failed,
+    /// Cancelled.
+    Cancelled,
+}
+
+impl JobStatus {
+    /// Every status, in the order declared.
+    pub const ALL: &'static [Self] = &[
+        Self::ValidatingFiles,
+        Self::Queued,
+        Self::Running,
+        Self::Succeeded,
+        Self::Failed,
+        Self::Cancelled,
+    ];
+
+    /// Its name on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ValidatingFiles => "validating_files",
+            Self::Queued => "queued",
+            Self::Running => "running",
+            Self::Succeeded => "succeeded",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+        }
+    }
+
+    /// The status named `name`.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.iter().copied().find(|s| s.as_str() == name)
+    }
+}
+
+impl std::fmt::Display for JobStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How a job's webhook delivery stands.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DeliveryStatus {
+    /// The job has not finished, or its first try has not been made.
+    #[default]
+    Waiting,
+    /// A try failed; another is due.
+    Retrying,
+    /// The endpoint took the event.
+    Delivered,
+    /// Given up: after the last retry, or the endpoint answered 410.
+    Failed,
+}
+
 /// A job's webhook and its delivery.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct WebhookStatus {
     /// Where the event is sent.
     pub url: String,
-    /// `waiting` (the job has not finished), `retrying`, `delivered` or `failed` (gave
-    /// up after the last retry, or the endpoint answered 410).
-    pub status: String,
+    /// How its delivery stands.
+    pub status: DeliveryStatus,
     /// Tries so far.
     pub attempts: u32,
     /// Unix seconds of the delivery that succeeded.

@@ -34,11 +34,12 @@ pub use files::{
 };
 pub use finetunes::{
     AdapterFileUrl, AdapterInfo, AdapterUrls, AttemptReport, Auto, AutoOrInt, AutoOrNumber,
-    CheckpointMetrics, FineTuneCheckpoint, FineTuneCheckpointList, FineTuneCreate, FineTuneEvent,
-    FineTuneEventList, FineTuneJob, FineTuneList, Hyperparameters as JobHyperparameters,
-    HyperparametersRequest, JobError, JobEstimate, JobPayload, Method, MethodRequest, Model,
-    ModelList, Progress, QueueStanding, SupervisedMethod, SupervisedSettings, WebhookEvent,
-    WebhookEventData, WebhookSecret, WebhookStatus,
+    CheckpointMetrics, DeliveryStatus, FineTuneCheckpoint, FineTuneCheckpointList, FineTuneCreate,
+    FineTuneEvent, FineTuneEventList, FineTuneJob, FineTuneList,
+    Hyperparameters as JobHyperparameters, HyperparametersRequest, JobError, JobEstimate,
+    JobPayload, JobStatus, Method, MethodRequest, Model, ModelList, Progress, QueueStanding,
+    SupervisedMethod, SupervisedSettings, WebhookEvent, WebhookEventData, WebhookSecret,
+    WebhookStatus,
 };
 pub use job_event::{EventKind, StopCause};
 pub use log::LogEntry;

@@ -64,13 +64,16 @@ impl JobState {
 
     /// OpenAI's status names. Retries, preemptions and lost leases stay internal: a job
     /// waiting for any reason is `queued`, one with a live attempt is `running`.
-    pub fn public_status(self) -> &'static str {
+    pub fn public_status(self) -> tuneq_openapi::JobStatus {
+        use tuneq_openapi::JobStatus;
         match self {
-            Self::Queued | Self::Delayed => "queued",
-            Self::Leased | Self::Running | Self::Suspect | Self::CancelRequested => "running",
-            Self::Succeeded => "succeeded",
-            Self::Failed => "failed",
-            Self::Cancelled => "cancelled",
+            Self::Queued | Self::Delayed => JobStatus::Queued,
+            Self::Leased | Self::Running | Self::Suspect | Self::CancelRequested => {
+                JobStatus::Running
+            }
+            Self::Succeeded => JobStatus::Succeeded,
+            Self::Failed => JobStatus::Failed,
+            Self::Cancelled => JobStatus::Cancelled,
         }
     }
 

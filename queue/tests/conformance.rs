@@ -185,7 +185,7 @@ async fn a_job_goes_from_queued_to_succeeded(backend: Backend) {
     let id = q.enqueue(&job("acme", 5)).await.unwrap().id;
     assert_eq!(
         q.get(&id).await.unwrap().unwrap().state.public_status(),
-        "queued"
+        tuneq_openapi::JobStatus::Queued
     );
     let lease = q.claim("cpu", "d1", "").await.unwrap().unwrap();
     assert_eq!(lease.id, id);
@@ -383,7 +383,10 @@ async fn failures_retry_with_backoff_then_fail_for_good(backend: Backend) {
         .unwrap();
     let record = q.get(&id).await.unwrap().unwrap();
     assert_eq!(record.state, JobState::Delayed);
-    assert_eq!(record.state.public_status(), "queued");
+    assert_eq!(
+        record.state.public_status(),
+        tuneq_openapi::JobStatus::Queued
+    );
     assert_eq!(record.attempts, 1);
     assert!(
         due >= record.enqueued_ms + 1_000,

@@ -40,7 +40,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use plan::{check_range, plan, request_hash};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
-use tuneq_openapi::{ErrorBody, FineTuneCreate, FineTuneJob, FineTuneList, JobPayload};
+use tuneq_openapi::{ErrorBody, FineTuneCreate, FineTuneJob, FineTuneList, JobPayload, JobStatus};
 use tuneq_queue::{JobQueue, NewJob, QueueError};
 use view::view;
 
@@ -194,23 +194,17 @@ pub(crate) async fn list(
     query: web::Query<ListQuery>,
 ) -> ApiResult<HttpResponse> {
     let limit = check_range("limit", query.limit.unwrap_or(20), 1, 100)? as usize;
-    const STATUSES: [&str; 6] = [
-        "validating_files",
-        "queued",
-        "running",
-        "succeeded",
-        "failed",
-        "cancelled",
-    ];
-    if let Some(status) = &query.status
-        && !STATUSES.contains(&status.as_str())
-    {
-        return Err(ApiError::invalid(
-            "status",
-            Code::InvalidValue,
-            format!("status must be one of {}.", STATUSES.join(", ")),
-        ));
-    }
+    let wanted = match query.status.as_deref() {
+        None => None,
+        Some(name) => Some(JobStatus::parse(name).ok_or_else(|| {
+            let names: Vec<&str> = JobStatus::ALL.iter().map(|s| s.as_str()).collect();
+            ApiError::invalid(
+                "status",
+                Code::InvalidValue,
+                format!("status must be one of {}.", names.join(", ")),
+            )
+        })?),
+    };
     let metadata = metadata_filter(req.query_string());
     let mut after = query.after.clone();
     if let Some(a) = &after
@@ -236,7 +230,7 @@ pub(crate) async fn list(
                 continue;
             }
             let job = view(&state, record).await?;
-            if query.status.as_ref().is_some_and(|s| *s != job.status) {
+            if wanted.is_some_and(|s| s != job.status) {
                 continue;
             }
             if data.len() == limit {
@@ -304,7 +298,7 @@ pub(crate) async fn cancel(
 ) -> ApiResult<HttpResponse> {
     let record = job.object;
     if let Some(outcome) = &record.outcome {
-        return Err(already_finished(&outcome.status));
+        return Err(already_finished(outcome.status));
     }
     // The queue's cancel is repeatable (a finished job answers its state), so a job
     // that had already finished is told apart by reading it first.
@@ -326,7 +320,7 @@ impl Owned for FineTuneRecord {
     }
 }
 
-fn already_finished(status: &str) -> ApiError {
+fn already_finished(status: JobStatus) -> ApiError {
     ApiError::invalid(
         "id",
         Code::JobAlreadyFinished,

@@ -7,8 +7,8 @@ use crate::records::finetune::{FineTuneRecord, Outcome, ms_to_seconds, outcome_o
 use crate::redact;
 use crate::state::AppState;
 use tuneq_openapi::{
-    AdapterInfo, FineTuneJob, JobError, Method, Model, Progress, QueueStanding, SupervisedSettings,
-    WebhookStatus,
+    AdapterInfo, FineTuneJob, JobError, JobStatus, Method, Model, Progress, QueueStanding,
+    SupervisedSettings, WebhookStatus,
 };
 use tuneq_queue::JobQueue;
 
@@ -18,7 +18,7 @@ pub(super) async fn view(state: &AppState, record: FineTuneRecord) -> ApiResult<
     let estimated_finish = now
         .progress
         .as_ref()
-        .filter(|_| now.status == "running")
+        .filter(|_| now.status == JobStatus::Running)
         .and_then(|p| p.eta_seconds)
         .map(|eta| records::now_seconds() + eta.max(0.0) as u64);
     let hyperparameters = record.hyperparameters.clone();
@@ -78,7 +78,7 @@ pub(super) async fn view(state: &AppState, record: FineTuneRecord) -> ApiResult<
 /// Where a job stands now: live from the queue while it has not finished, from its
 /// outcome once it has.
 struct JobState {
-    status: String,
+    status: JobStatus,
     progress: Option<Progress>,
     queue: Option<QueueStanding>,
     attempts: u32,
@@ -94,7 +94,7 @@ struct JobState {
 /// (and the outcome the queue holds once it finished).
 async fn job_state(state: &AppState, record: &FineTuneRecord) -> ApiResult<JobState> {
     let mut now = JobState {
-        status: "queued".to_string(),
+        status: JobStatus::Queued,
         progress: None,
         queue: None,
         attempts: 0,
@@ -119,7 +119,7 @@ async fn job_state(state: &AppState, record: &FineTuneRecord) -> ApiResult<JobSt
         now.progress = o.progress;
         now.attempts = o.attempts;
         now.preemptions = o.preemptions;
-        now.adapter = o.adapter.filter(|_| now.status == "succeeded");
+        now.adapter = o.adapter.filter(|_| now.status == JobStatus::Succeeded);
     }
     Ok(now)
 }
@@ -135,7 +135,7 @@ async fn live_state(
     match state.queue.status(&record.job_id, &record.tenant).await? {
         Some((job, _)) if job.state.is_terminal() => Ok(Some(outcome_of(&job)?)),
         Some((job, standing)) => {
-            now.status = job.state.public_status().to_string();
+            now.status = job.state.public_status();
             now.progress = progress_of(&job)?;
             now.attempts = job.attempts;
             now.preemptions = job.preemptions;
@@ -157,7 +157,7 @@ async fn live_state(
             Ok(Some(filed))
         }
         None => Ok(Some(Outcome {
-            status: "failed".into(),
+            status: JobStatus::Failed,
             finished_at: record.created_at,
             error: Some(JobError {
                 code: tuneq_openapi::FailureClass::JobLost,
@@ -179,11 +179,7 @@ fn webhook_status(record: &FineTuneRecord) -> Option<WebhookStatus> {
         let progress = record.webhook.clone().unwrap_or_default();
         WebhookStatus {
             url,
-            status: if progress.status.is_empty() {
-                "waiting".into()
-            } else {
-                progress.status
-            },
+            status: progress.status,
             attempts: progress.attempts,
             delivered_at: progress.delivered_at,
             last_error: progress.last_error,
@@ -206,7 +202,7 @@ pub(crate) async fn fine_tuned_models(state: &AppState, tenant: &str) -> ApiResu
                 .map(|job| outcome_of(&job))
                 .transpose()?,
         };
-        if let Some(outcome) = outcome.filter(|o| o.status == "succeeded") {
+        if let Some(outcome) = outcome.filter(|o| o.status == JobStatus::Succeeded) {
             models.push(Model {
                 id: record.fine_tuned_model_name(),
                 object: "model".into(),

@@ -81,8 +81,8 @@ impl FineTuneRecord {
 /// A webhook's delivery, as the record keeps it.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub(crate) struct WebhookProgress {
-    /// `retrying`, `delivered` or `failed`.
-    pub(crate) status: String,
+    /// How the delivery stands (a saved one is never `waiting`).
+    pub(crate) status: tuneq_openapi::DeliveryStatus,
     pub(crate) attempts: u32,
     pub(crate) delivered_at: Option<u64>,
     pub(crate) last_error: Option<String>,
@@ -91,7 +91,7 @@ pub(crate) struct WebhookProgress {
 /// A finished job, as the catalog keeps it after the queue has forgotten the job.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct Outcome {
-    pub(crate) status: String,
+    pub(crate) status: tuneq_openapi::JobStatus,
     pub(crate) finished_at: u64,
     pub(crate) error: Option<JobError>,
     pub(crate) trained_tokens: Option<u64>,
@@ -155,7 +155,7 @@ pub(crate) fn outcome_of(job: &JobRecord) -> ApiResult<Outcome> {
         }
     });
     Ok(Outcome {
-        status: job.state.public_status().to_string(),
+        status: job.state.public_status(),
         finished_at: ms_to_seconds(job.finished_ms.unwrap_or(job.enqueued_ms)),
         error,
         trained_tokens: result.as_ref().map(|r| r.trained_tokens),

@@ -50,5 +50,5 @@ pub(super) fn webhook_pending(record: &FineTuneRecord) -> bool {
         && record
             .webhook
             .as_ref()
-            .is_none_or(|w| w.status == "retrying")
+            .is_none_or(|w| w.status == tuneq_openapi::DeliveryStatus::Retrying)
 }

@@ -32,6 +32,7 @@ use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::time::Duration;
 use tokio::task::{Id, JoinSet};
+use tuneq_openapi::DeliveryStatus;
 use tuneq_openapi::{WebhookEvent, WebhookEventData};
 use tuneq_queue::{Delivery, JobQueue};
 
@@ -282,7 +283,7 @@ async fn send(
         return Ok(state.queue.ack_delivery(delivery).await?);
     };
     let event = WebhookEvent {
-        id: webhook_event_id(&record.id, &outcome.status),
+        id: webhook_event_id(&record.id, outcome.status.as_str()),
         object: "event".into(),
         created_at: outcome.finished_at,
         kind: format!("fine_tuning.job.{}", outcome.status),
@@ -296,25 +297,25 @@ async fn send(
     progress.attempts += 1;
     let retry_in = match result {
         Try::Delivered => {
-            progress.status = "delivered".into();
+            progress.status = DeliveryStatus::Delivered;
             progress.delivered_at = Some(now_seconds());
             progress.last_error = None;
             None
         }
         Try::Retry(reason) => match super::retry_delay(progress.attempts) {
             Some(delay) => {
-                progress.status = "retrying".into();
+                progress.status = DeliveryStatus::Retrying;
                 progress.last_error = Some(reason);
                 Some(delay)
             }
             None => {
-                progress.status = "failed".into();
+                progress.status = DeliveryStatus::Failed;
                 progress.last_error = Some(reason);
                 None
             }
         },
         Try::GiveUp(reason) => {
-            progress.status = "failed".into();
+            progress.status = DeliveryStatus::Failed;
             progress.last_error = Some(reason);
             None
         }
@@ -323,7 +324,7 @@ async fn send(
         finetune = %record.id,
         event = %event.id,
         attempt = progress.attempts,
-        status = %progress.status,
+        status = ?progress.status,
         error = progress.last_error.as_deref().unwrap_or(""),
         "webhook"
     );
