@@ -32,7 +32,7 @@ pub use accumulate::{accumulate, accumulate_on_graph};
 pub use device::{cuda_available, select_device, select_dtype};
 pub use evaluation::evaluate;
 pub use inputs::{EncodedData, encode_files, model_sha256};
-pub use manifest::{FinalMetrics, Lineage, RunManifest};
+pub use manifest::{FinalMetrics, Lineage, RunManifest, RunStatus};
 pub use optimiser::{Stepped, optimiser_step};
 pub use run::run_with;
 pub use spec::{lora_settings, plan};

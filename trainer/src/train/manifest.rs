@@ -8,11 +8,20 @@ use serde::Serialize;
 use std::path::Path;
 use tuneq_openapi::{TrainEvent, TrainSpec};
 
+/// How the run a manifest records ended. Only a finished run writes one, so there is one
+/// status today; a manifest with another (from a later version) reads as not finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// The adapter is written.
+    Succeeded,
+}
+
 /// The final record of a run, `manifest.json` in the output.
 #[derive(Debug, Serialize, serde::Deserialize)]
 pub struct RunManifest {
-    /// `succeeded`.
-    pub status: String,
+    /// How the run ended.
+    pub status: RunStatus,
     /// The spec as run.
     pub spec: TrainSpec,
     /// Base model identity.
@@ -71,7 +80,7 @@ pub(super) fn finished_before(
     let output = &out.local;
     let done = crate::error::read_json::<RunManifest>(&output.join("manifest.json")).ok()?;
     if done.fingerprint != fingerprint
-        || done.status != "succeeded"
+        || done.status != RunStatus::Succeeded
         || !output.join(crate::peft::ADAPTER_WEIGHTS).is_file()
     {
         return None;

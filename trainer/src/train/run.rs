@@ -539,7 +539,7 @@ impl<'a> Run<'a> {
     ) -> RunManifest {
         let spec = self.spec;
         RunManifest {
-            status: "succeeded".into(),
+            status: super::manifest::RunStatus::Succeeded,
             spec: spec.clone(),
             base_model: Lineage {
                 location: spec.model.clone(),
