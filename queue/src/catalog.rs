@@ -114,6 +114,20 @@ impl Queue {
         self.domain.key(&format!("cat:{kind}:{owner}:{id}"))
     }
 
+    /// Creates or updates one entry's body; true when the script did it (0 = done).
+    async fn write_entry(
+        &self,
+        op: &str,
+        kind: &str,
+        owner: &str,
+        id: &str,
+        body: &str,
+    ) -> Result<bool> {
+        check(kind, owner, id)?;
+        let reply = self.catalog_call(op, kind, owner, id, &[body]).await?;
+        Ok(int(reply.first())? == 0)
+    }
+
     async fn catalog_call(
         &self,
         op: &str,
@@ -136,13 +150,9 @@ impl Queue {
 #[async_trait]
 impl Catalog for Queue {
     async fn create_entry(&self, kind: &str, owner: &str, id: &str, body: &str) -> Result<bool> {
-        check(kind, owner, id)?;
         // A repeat after a lost reply finds its own entry and reports "taken"; callers
         // that create with fresh random ids can treat that as created.
-        let reply = self
-            .catalog_call("create", kind, owner, id, &[body])
-            .await?;
-        Ok(int(reply.first())? == 0)
+        self.write_entry("create", kind, owner, id, body).await
     }
 
     async fn get_entry(&self, kind: &str, owner: &str, id: &str) -> Result<Option<Entry>> {
@@ -163,11 +173,7 @@ impl Catalog for Queue {
     }
 
     async fn update_entry(&self, kind: &str, owner: &str, id: &str, body: &str) -> Result<bool> {
-        check(kind, owner, id)?;
-        let reply = self
-            .catalog_call("update", kind, owner, id, &[body])
-            .await?;
-        Ok(int(reply.first())? == 0)
+        self.write_entry("update", kind, owner, id, body).await
     }
 
     async fn swap_entry(

@@ -233,22 +233,9 @@ impl Domain {
     }
 
     /// Runs a script that takes the job and its fencing token first: its reply when the
-    /// status is 0, else the error the status stands for.
+    /// status is 0, else the error the status stands for; and whether a lost try came
+    /// before the answer.
     pub(crate) async fn token_call(
-        &self,
-        script: &LuaScript,
-        id: &str,
-        token: u64,
-        extra: &[String],
-        operation: &'static str,
-    ) -> Result<Vec<Value>> {
-        self.fenced_call(script, id, token, extra, operation)
-            .await
-            .0
-    }
-
-    /// [`Self::token_call`], also saying whether a lost try came before the answer.
-    async fn fenced_call(
         &self,
         script: &LuaScript,
         id: &str,
@@ -266,18 +253,17 @@ impl Domain {
         (outcome, retried)
     }
 
-    /// A fenced transition that moves the job to one of `done`: a repeat after a lost
-    /// reply finds it already there and counts as success.
-    pub(crate) async fn fenced_transition(
+    /// What a fenced transition that moves the job to one of `done` came to, given the
+    /// `outcome` of its [`Self::token_call`]: a repeat after a lost reply finds the job
+    /// already there and counts as success.
+    pub(crate) async fn settle_transition(
         &self,
-        script: &LuaScript,
+        outcome: (Result<Vec<Value>>, bool),
         id: &str,
         token: u64,
-        extra: &[String],
-        operation: &'static str,
         done: Done,
     ) -> Result<()> {
-        match self.fenced_call(script, id, token, extra, operation).await {
+        match outcome {
             (Ok(_), _) => Ok(()),
             (Err(e), retried)
                 if self

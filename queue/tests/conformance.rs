@@ -12,7 +12,7 @@
 mod support;
 
 use std::collections::{HashMap, HashSet};
-use support::{kinds, new_job};
+use support::{RECLAIMED, kinds, new_job, reclaim, training_failed};
 use tuneq_openapi::EventKind;
 use tuneq_queue::testing;
 use tuneq_queue::*;
@@ -322,15 +322,9 @@ async fn an_expired_lease_is_suspect_and_stale_tokens_change_nothing(backend: Ba
         q.heartbeat(&id, first.token, None).await.map(|_| ()),
         q.preempt(&id, first.token, tuneq_openapi::StopCause::Preemption, "x")
             .await,
-        q.fail(
-            &id,
-            first.token,
-            tuneq_openapi::FailureClass::TrainingFailed,
-            "x",
-            true,
-        )
-        .await
-        .map(|_| ()),
+        training_failed(&q, &id, first.token, "x", true)
+            .await
+            .map(|_| ()),
         q.start(&id, first.token).await,
     ] {
         assert!(matches!(stale, Err(QueueError::StaleToken(_))), "{stale:?}");
@@ -370,14 +364,7 @@ async fn failures_retry_with_backoff_then_fail_for_good(backend: Backend) {
     j.max_attempts = 2;
     let id = q.enqueue(&j).await.unwrap().id;
     let first = q.claim("gpu", "d", "").await.unwrap().unwrap();
-    let due = q
-        .fail(
-            &id,
-            first.token,
-            tuneq_openapi::FailureClass::TrainingFailed,
-            "OOM",
-            true,
-        )
+    let due = training_failed(&q, &id, first.token, "OOM", true)
         .await
         .unwrap()
         .unwrap();
@@ -400,15 +387,9 @@ async fn failures_retry_with_backoff_then_fail_for_good(backend: Backend) {
     let second = q.claim("gpu", "d", "").await.unwrap().unwrap();
     assert_eq!(second.attempts, 1);
     assert_eq!(
-        q.fail(
-            &id,
-            second.token,
-            tuneq_openapi::FailureClass::TrainingFailed,
-            "OOM again",
-            true
-        )
-        .await
-        .unwrap(),
+        training_failed(&q, &id, second.token, "OOM again", true)
+            .await
+            .unwrap(),
         None
     );
     let failed = q.get(&id).await.unwrap().unwrap();
@@ -418,15 +399,9 @@ async fn failures_retry_with_backoff_then_fail_for_good(backend: Backend) {
     let other = q.enqueue(&job("t", 5)).await.unwrap().id;
     let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
     assert_eq!(
-        q.fail(
-            &other,
-            lease.token,
-            tuneq_openapi::FailureClass::TrainingFailed,
-            "bad dataset",
-            false
-        )
-        .await
-        .unwrap(),
+        training_failed(&q, &other, lease.token, "bad dataset", false)
+            .await
+            .unwrap(),
         None
     );
     check_and_destroy(q, &["gpu"]).await;
@@ -439,14 +414,7 @@ async fn preemption_keeps_the_place_in_line_and_the_retry_budget(backend: Backen
     let lease = q.claim("spot", "d", "").await.unwrap().unwrap();
     assert_eq!(lease.id, first);
     q.start(&first, lease.token).await.unwrap();
-    q.preempt(
-        &first,
-        lease.token,
-        tuneq_openapi::StopCause::Preemption,
-        "spot node reclaimed",
-    )
-    .await
-    .unwrap();
+    reclaim(&q, &first, lease.token).await;
     let record = q.get(&first).await.unwrap().unwrap();
     assert_eq!(
         (record.state, record.preemptions, record.attempts),
@@ -622,17 +590,10 @@ async fn events_page_by_cursor_both_ways_and_positions_count_who_is_ahead(backen
     let id = q.enqueue(&job("t", 5)).await.unwrap().id;
     let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
     q.start(&id, lease.token).await.unwrap();
-    q.preempt(
-        &id,
-        lease.token,
-        tuneq_openapi::StopCause::Preemption,
-        "spot",
-    )
-    .await
-    .unwrap();
+    reclaim(&q, &id, lease.token).await;
     let all = q.events(&id, None, 10, false).await.unwrap();
     assert_eq!(all.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2, 3, 4]);
-    assert_eq!(all[3].message, "spot");
+    assert_eq!(all[3].message, RECLAIMED);
     let page = q.events(&id, Some(2), 1, false).await.unwrap();
     assert_eq!(page[0].seq, 3);
     let newest = q.events(&id, None, 2, true).await.unwrap();
@@ -975,15 +936,7 @@ async fn run_ops(backend: Backend, ops: Vec<Op>) {
                     match how {
                         0 => q.complete(&id, token, "{}").await.unwrap(),
                         1 => {
-                            q.fail(
-                                &id,
-                                token,
-                                tuneq_openapi::FailureClass::TrainingFailed,
-                                "x",
-                                true,
-                            )
-                            .await
-                            .unwrap();
+                            training_failed(&q, &id, token, "x", true).await.unwrap();
                         }
                         2 => q
                             .preempt(&id, token, tuneq_openapi::StopCause::Preemption, "spot")
@@ -1651,14 +1604,7 @@ async fn attempt_reports_append_events_once_and_stale_reports_change_nothing(bac
     assert_eq!(record.progress.as_deref(), Some(r#"{"step":2}"#));
 
     // A newer attempt makes the old one's reports stale: refused, nothing recorded.
-    q.preempt(
-        &id,
-        lease.token,
-        tuneq_openapi::StopCause::Preemption,
-        "spot reclaimed",
-    )
-    .await
-    .unwrap();
+    reclaim(&q, &id, lease.token).await;
     let second = q.claim_started("cpu", "d1", "").await.unwrap().unwrap();
     let stale = q
         .report(
@@ -1802,14 +1748,7 @@ async fn retries_back_off_exponentially_with_bounded_jitter(backend: Backend) {
     {
         let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
         assert_eq!(lease.id, id);
-        let due = q
-            .fail(
-                &id,
-                lease.token,
-                tuneq_openapi::FailureClass::TrainingFailed,
-                "OOM",
-                true,
-            )
+        let due = training_failed(&q, &id, lease.token, "OOM", true)
             .await
             .unwrap()
             .expect("retries left");
@@ -1839,15 +1778,9 @@ async fn retries_back_off_exponentially_with_bounded_jitter(backend: Backend) {
     assert!(jittered > 0, "no retry was jittered");
     let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
     assert_eq!(
-        q.fail(
-            &id,
-            lease.token,
-            tuneq_openapi::FailureClass::TrainingFailed,
-            "OOM",
-            true
-        )
-        .await
-        .unwrap(),
+        training_failed(&q, &id, lease.token, "OOM", true)
+            .await
+            .unwrap(),
         None,
         "the seventh failure spends the last attempt"
     );

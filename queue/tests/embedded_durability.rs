@@ -238,15 +238,9 @@ async fn busy_file(file: &Path) -> ((Inspection, Vec<Entry>), u64) {
                     .await
                     .unwrap();
             } else {
-                q.fail(
-                    &lease.id,
-                    lease.token,
-                    tuneq_openapi::FailureClass::TrainingFailed,
-                    "boom",
-                    false,
-                )
-                .await
-                .unwrap();
+                support::training_failed(&q, &lease.id, lease.token, "boom", false)
+                    .await
+                    .unwrap();
             }
         }
     }

@@ -8,7 +8,7 @@
 mod support;
 
 use std::time::Duration;
-use support::{kinds, new_job};
+use support::{kinds, new_job, reclaim, training_failed};
 use tuneq_queue::fault_proxy::FaultProxy;
 use tuneq_queue::*;
 
@@ -106,14 +106,7 @@ async fn fenced_calls_whose_replies_are_lost_take_effect_once() {
     let id = q.enqueue(&job(None)).await.unwrap().id;
     let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
     proxy.lose_next_reply();
-    let due = q
-        .fail(
-            &id,
-            lease.token,
-            tuneq_openapi::FailureClass::TrainingFailed,
-            "oom",
-            true,
-        )
+    let due = training_failed(&q, &id, lease.token, "oom", true)
         .await
         .unwrap();
     let record = q.get(&id).await.unwrap().unwrap();
@@ -126,14 +119,7 @@ async fn fenced_calls_whose_replies_are_lost_take_effect_once() {
     let id = q.enqueue(&job(None)).await.unwrap().id;
     let lease = q.claim("gpu", "d", "").await.unwrap().unwrap();
     proxy.lose_next_reply();
-    q.preempt(
-        &id,
-        lease.token,
-        tuneq_openapi::StopCause::Preemption,
-        "spot reclaimed",
-    )
-    .await
-    .unwrap();
+    reclaim(&q, &id, lease.token).await;
     let record = q.get(&id).await.unwrap().unwrap();
     assert_eq!((record.state, record.preemptions), (JobState::Queued, 1));
 

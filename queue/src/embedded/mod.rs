@@ -178,6 +178,17 @@ impl Store {
         &self.path
     }
 
+    /// Runs `step` on the locked store and commits what it wrote, whatever it answered.
+    fn committed<T>(
+        &self,
+        step: impl FnOnce(&mut Inner) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut inner = self.lock()?;
+        let outcome = step(&mut inner);
+        inner.commit()?;
+        outcome
+    }
+
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, Inner>, StoreError> {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let Some(broken) = &inner.broken else {
@@ -238,10 +249,7 @@ impl Store {
         keys: &[Vec<u8>],
         args: &[Vec<u8>],
     ) -> Result<Value, StoreError> {
-        let mut inner = self.lock()?;
-        let outcome = inner.run_script(sha, source, keys, args);
-        inner.commit()?;
-        outcome
+        self.committed(|inner| inner.run_script(sha, source, keys, args))
     }
 
     /// Calls `function` of the Functions library `library` (whose code is `source`,
@@ -255,10 +263,10 @@ impl Store {
         keys: &[Vec<u8>],
         args: &[Vec<u8>],
     ) -> Result<Value, StoreError> {
-        let mut inner = self.lock()?;
-        let outcome = inner.call_function(library, source, function, keys, args);
-        inner.commit()?;
-        outcome
+        self.committed(|inner| {
+            inner.load_library(library, source)?;
+            inner.call_loaded(function, keys, args)
+        })
     }
 }
 
@@ -326,27 +334,32 @@ impl Inner {
         script_reply(&returned)
     }
 
-    fn call_function(
+    /// Loads the Functions library `library` (whose code is `source`) unless it is.
+    fn load_library(&mut self, library: &str, source: &str) -> Result<(), StoreError> {
+        if self.libraries.contains(library) {
+            return Ok(());
+        }
+        // Redis reads the `#!lua name=…` line itself; to Lua it is a comment.
+        let code = match source.starts_with("#!") {
+            true => format!("--{source}"),
+            false => source.to_string(),
+        };
+        self.lua
+            .load(code)
+            .set_name(format!("@user_function:{library}"))
+            .exec()
+            .map_err(|e| StoreError::Command(format!("ERR loading library: {e}")))?;
+        self.libraries.insert(library.to_string());
+        Ok(())
+    }
+
+    /// Calls `function` of a loaded library with `keys` and `args`.
+    fn call_loaded(
         &mut self,
-        library: &str,
-        source: &str,
         function: &str,
         keys: &[Vec<u8>],
         args: &[Vec<u8>],
     ) -> Result<Value, StoreError> {
-        if !self.libraries.contains(library) {
-            // Redis reads the `#!lua name=…` line itself; to Lua it is a comment.
-            let code = match source.starts_with("#!") {
-                true => format!("--{source}"),
-                false => source.to_string(),
-            };
-            self.lua
-                .load(code)
-                .set_name(format!("@user_function:{library}"))
-                .exec()
-                .map_err(|e| StoreError::Command(format!("ERR loading library: {e}")))?;
-            self.libraries.insert(library.to_string());
-        }
         let registered: Table = self
             .lua
             .named_registry_value(FUNCTIONS)

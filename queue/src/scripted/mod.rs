@@ -202,18 +202,17 @@ impl Queue {
     }
 
     async fn preempt_with(&self, id: &str, token: u64, args: &[String]) -> Result<()> {
+        let script = &self.scripts.preempt;
+        let outcome = self
+            .domain
+            .token_call(script, id, token, args, "preempt")
+            .await;
+        let back_in_line = Done {
+            states: &[JobState::Queued],
+            or_deleted: false,
+        };
         self.domain
-            .fenced_transition(
-                &self.scripts.preempt,
-                id,
-                token,
-                args,
-                "preempt",
-                Done {
-                    states: &[JobState::Queued],
-                    or_deleted: false,
-                },
-            )
+            .settle_transition(outcome, id, token, back_in_line)
             .await
     }
 
@@ -226,6 +225,36 @@ impl Queue {
             c.scan_depth.to_string(),
             c.quantum_seconds.to_string(),
         ]
+    }
+
+    /// Claims the next job of `pool` for `owner`; `started` marks the attempt started in
+    /// the same step (callers that start nothing outside the queue). A non-empty
+    /// `request_id` makes a repeat return the same lease instead of a second.
+    async fn claim_with(
+        &self,
+        pool: &str,
+        owner: &str,
+        request_id: &str,
+        started: bool,
+    ) -> Result<Option<Lease>> {
+        let [lease_ms, scan_tenants, scan_depth, quantum] = self.claim_settings();
+        let args = [
+            pool.to_string(),
+            owner.to_string(),
+            lease_ms,
+            request_id.to_string(),
+            scan_tenants,
+            scan_depth,
+            quantum,
+            if started { "1" } else { "0" }.to_string(),
+        ];
+        let repeatable = !request_id.is_empty();
+        let reply: Vec<Value> = self
+            .domain
+            .run_script(&self.scripts.claim, &args, repeatable)
+            .await
+            .0?;
+        record_lease(claimed(&reply, pool, "", "claim"), "job_id")
     }
 
     /// Every key of this domain, sorted (tests check what operations leave behind). On a
@@ -255,55 +284,6 @@ impl Queue {
         match &self.domain.backend {
             Backend::Redis(link) => Some(link.get().1),
             Backend::Cluster(_) | Backend::Embedded(_) => None,
-        }
-    }
-
-    /// An attempt's failure ([`JobQueue::fail`]).
-    #[tracing::instrument(name = "queue.fail", skip_all, fields(job_id = %id, retryable, class = %class), err(level = "debug"))]
-    async fn fail_with(
-        &self,
-        id: &str,
-        token: u64,
-        class: FailureClass,
-        reason: &str,
-        retryable: bool,
-    ) -> Result<Option<u64>> {
-        let c = &self.config;
-        let jitter: f64 = rand::random::<f64>() * 0.25;
-        let args = vec![
-            id.to_string(),
-            token.to_string(),
-            prose::said(reason),
-            if retryable { "1" } else { "0" }.to_string(),
-            c.retry_base_ms.to_string(),
-            c.retry_max_ms.to_string(),
-            format!("{jitter:.4}"),
-            class.code().to_string(),
-        ];
-        let (reply, retried) = self
-            .domain
-            .run_script::<Vec<Value>>(&self.scripts.fail, &args, true)
-            .await;
-        let reply = reply?;
-        match int(reply.first())? {
-            0 => Ok(Some(unsigned(reply.get(1))?)),
-            1 => Ok(None),
-            _ => {
-                let e = status_error(id, &reply, "fail");
-                let done = Done {
-                    states: &[JobState::Delayed, JobState::Failed],
-                    or_deleted: true,
-                };
-                if self
-                    .domain
-                    .own_earlier_try(&e, id, Some(token), done, retried)
-                    .await
-                {
-                    let record = self.get(id).await?;
-                    return Ok(record.and_then(|r| r.due_ms));
-                }
-                Err(e)
-            }
         }
     }
 }
@@ -371,24 +351,7 @@ impl JobQueue for Queue {
 
     #[tracing::instrument(name = "queue.claim", skip_all, fields(pool = %pool, owner = %owner, job_id = tracing::field::Empty, tenant = tracing::field::Empty), err(level = "debug"))]
     async fn claim(&self, pool: &str, owner: &str, request_id: &str) -> Result<Option<Lease>> {
-        let c = &self.config;
-        let args = [
-            pool.to_string(),
-            owner.to_string(),
-            c.lease_ms.to_string(),
-            request_id.to_string(),
-            c.scan_tenants.to_string(),
-            c.scan_depth.to_string(),
-            c.quantum_seconds.to_string(),
-        ];
-        // A claim request id makes a repeat return the same lease instead of a second.
-        let repeatable = !request_id.is_empty();
-        let reply: Vec<Value> = self
-            .domain
-            .run_script(&self.scripts.claim, &args, repeatable)
-            .await
-            .0?;
-        record_lease(claimed(&reply, pool, "", "claim"), "job_id")
+        self.claim_with(pool, owner, request_id, false).await
     }
 
     #[tracing::instrument(name = "queue.claim", skip_all, fields(pool = %pool, owner = %owner, job_id = tracing::field::Empty, tenant = tracing::field::Empty), err(level = "debug"))]
@@ -398,24 +361,7 @@ impl JobQueue for Queue {
         owner: &str,
         request_id: &str,
     ) -> Result<Option<Lease>> {
-        let [lease_ms, scan_tenants, scan_depth, quantum] = self.claim_settings();
-        let args = [
-            pool.to_string(),
-            owner.to_string(),
-            lease_ms,
-            request_id.to_string(),
-            scan_tenants,
-            scan_depth,
-            quantum,
-            "1".to_string(),
-        ];
-        let repeatable = !request_id.is_empty();
-        let reply: Vec<Value> = self
-            .domain
-            .run_script(&self.scripts.claim, &args, repeatable)
-            .await
-            .0?;
-        record_lease(claimed(&reply, pool, "", "claim"), "job_id")
+        self.claim_with(pool, owner, request_id, true).await
     }
 
     #[tracing::instrument(name = "queue.complete_and_claim", skip_all, fields(job_id = %id, pool = %pool, next_job_id = tracing::field::Empty, tenant = tracing::field::Empty), err(level = "debug"))]
@@ -454,6 +400,7 @@ impl JobQueue for Queue {
         self.domain
             .token_call(&self.scripts.start, id, token, &[lease], "start")
             .await
+            .0
             .map(|_| ())
     }
 
@@ -466,7 +413,8 @@ impl JobQueue for Queue {
         let reply = self
             .domain
             .token_call(&self.scripts.heartbeat, id, token, &args, "heartbeat")
-            .await?;
+            .await
+            .0?;
         unsigned(reply.get(1))
     }
 
@@ -500,27 +448,29 @@ impl JobQueue for Queue {
         let reply = self
             .domain
             .token_call(&self.scripts.heartbeat, id, token, &args, "report")
-            .await?;
+            .await
+            .0?;
         unsigned(reply.get(1))
     }
 
     #[tracing::instrument(name = "queue.complete", skip_all, fields(job_id = %id), err(level = "debug"))]
     async fn complete(&self, id: &str, token: u64, result: &str) -> Result<()> {
+        let script = &self.scripts.complete;
+        let args = [result.to_string()];
+        let outcome = self
+            .domain
+            .token_call(script, id, token, &args, "complete")
+            .await;
+        let succeeded = Done {
+            states: &[JobState::Succeeded],
+            or_deleted: true,
+        };
         self.domain
-            .fenced_transition(
-                &self.scripts.complete,
-                id,
-                token,
-                &[result.to_string()],
-                "complete",
-                Done {
-                    states: &[JobState::Succeeded],
-                    or_deleted: true,
-                },
-            )
+            .settle_transition(outcome, id, token, succeeded)
             .await
     }
 
+    #[tracing::instrument(name = "queue.fail", skip_all, fields(job_id = %id, retryable, class = %class), err(level = "debug"))]
     async fn fail(
         &self,
         id: &str,
@@ -529,7 +479,43 @@ impl JobQueue for Queue {
         reason: &str,
         retryable: bool,
     ) -> Result<Option<u64>> {
-        self.fail_with(id, token, class, reason, retryable).await
+        let c = &self.config;
+        let jitter: f64 = rand::random::<f64>() * 0.25;
+        let args = vec![
+            id.to_string(),
+            token.to_string(),
+            prose::said(reason),
+            if retryable { "1" } else { "0" }.to_string(),
+            c.retry_base_ms.to_string(),
+            c.retry_max_ms.to_string(),
+            format!("{jitter:.4}"),
+            class.code().to_string(),
+        ];
+        let (reply, retried) = self
+            .domain
+            .run_script::<Vec<Value>>(&self.scripts.fail, &args, true)
+            .await;
+        let reply = reply?;
+        match int(reply.first())? {
+            0 => Ok(Some(unsigned(reply.get(1))?)),
+            1 => Ok(None),
+            _ => {
+                let e = status_error(id, &reply, "fail");
+                let done = Done {
+                    states: &[JobState::Delayed, JobState::Failed],
+                    or_deleted: true,
+                };
+                if self
+                    .domain
+                    .own_earlier_try(&e, id, Some(token), done, retried)
+                    .await
+                {
+                    let record = self.get(id).await?;
+                    return Ok(record.and_then(|r| r.due_ms));
+                }
+                Err(e)
+            }
+        }
     }
 
     #[tracing::instrument(name = "queue.preempt", skip_all, fields(job_id = %id, stop = stop.code()), err(level = "debug"))]
@@ -673,7 +659,8 @@ impl JobQueue for Queue {
                 &args,
                 "resolve_suspect",
             )
-            .await?;
+            .await
+            .0?;
         reply::state(reply.get(1))
     }
 

@@ -1,5 +1,5 @@
-//! What the queue's test binaries share: the job they enqueue, and how they read a job's
-//! events back.
+//! What the queue's test binaries share: the job they enqueue, how they take a spot
+//! node away, and how they read a job's events back.
 
 #![allow(dead_code)]
 
@@ -29,4 +29,27 @@ pub async fn kinds(q: &Queue, id: &str) -> Vec<String> {
         .into_iter()
         .map(|e| e.kind.code().to_string())
         .collect()
+}
+
+/// What a reclaimed spot node's preemption says.
+pub const RECLAIMED: &str = "spot reclaimed";
+
+/// Preempts the attempt `token` of `id` as a spot node taken away would.
+pub async fn reclaim(q: &Queue, id: &str, token: u64) {
+    q.preempt(id, token, tuneq_openapi::StopCause::Preemption, RECLAIMED)
+        .await
+        .unwrap();
+}
+
+/// Fails the attempt `token` of `id` as a crashed trainer does (`training_failed`):
+/// the time of the retry, None when the job failed for good.
+pub async fn training_failed(
+    q: &Queue,
+    id: &str,
+    token: u64,
+    reason: &str,
+    retryable: bool,
+) -> tuneq_queue::Result<Option<u64>> {
+    let class = tuneq_openapi::FailureClass::TrainingFailed;
+    q.fail(id, token, class, reason, retryable).await
 }
