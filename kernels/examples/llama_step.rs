@@ -15,7 +15,7 @@ use std::time::Instant;
 use half::bf16;
 use rand::{Rng, SeedableRng};
 use tuneq_kernels::llama::{
-    Batch, Compute, Dims, Frozen, Layer, Lora, Model, Projection, StepOptions,
+    Batch, Compute, Dims, Frozen, Layer, Lora, Model, OwnedBatch, Projection, StepOptions,
     forward_backward_with, loss, step_bytes,
 };
 
@@ -270,16 +270,8 @@ fn main() {
     let n = rows * len;
     let ids: Vec<u32> = (0..n).map(|_| rng.random_range(0..v as u32)).collect();
     let targets: Vec<i64> = (0..n).map(|_| rng.random_range(0..v as i64)).collect();
-    let positions: Vec<u32> = (0..n).map(|i| (i % len) as u32).collect();
-    let starts = vec![0u32; n];
-    let batch = Batch {
-        ids: &ids,
-        rows,
-        len,
-        targets: &targets,
-        positions: &positions,
-        starts: &starts,
-    };
+    let owned = OwnedBatch::unpacked(ids, targets, rows, len);
+    let batch = owned.view();
     let (step, eval, last) = time_calls(&model, &batch, iterations, options);
     let held = step_bytes(
         &dims,

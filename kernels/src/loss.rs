@@ -290,27 +290,24 @@ crate::simd::wide_twin!(
     /// One row of logits `l` with target `t`: returns `logsumexp(l) − l[t]` in `f64`, and
     /// leaves in `l` the logit gradient `(softmax(l) − onehot(t))·scale` when a scale is
     /// given (`exp(l − max)` otherwise).
-    fn softmax_row(l: &mut [f32], t: usize, scale: Option<f32>) -> f64 => softmax_row_body
-);
-
-#[inline(always)]
-fn softmax_row_body(l: &mut [f32], t: usize, scale: Option<f32>) -> f64 {
-    let target = l[t];
-    let m = max(l);
-    for x in l.iter_mut() {
-        *x = exp(*x - m);
-    }
-    let s = sum(l);
-    let loss = (s as f64).ln() + m as f64 - target as f64;
-    if let Some(scale) = scale {
-        let k = scale / s;
+    fn softmax_row(l: &mut [f32], t: usize, scale: Option<f32>) -> f64 {
+        let target = l[t];
+        let m = max(l);
         for x in l.iter_mut() {
-            *x *= k;
+            *x = exp(*x - m);
         }
-        l[t] -= scale;
+        let s = sum(l);
+        let loss = (s as f64).ln() + m as f64 - target as f64;
+        if let Some(scale) = scale {
+            let k = scale / s;
+            for x in l.iter_mut() {
+                *x *= k;
+            }
+            l[t] -= scale;
+        }
+        loss
     }
-    loss
-}
+);
 
 fn expect_len(buffer: &'static str, len: usize, expected: usize) -> Result<(), LossError> {
     if len == expected {

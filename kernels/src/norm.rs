@@ -38,21 +38,17 @@ pub fn rms_norm_forward(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32], in
 
 crate::simd::wide_twin!(
     /// [`rms_norm_forward`] on some rows.
-    fn forward_rows(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32], inv_rms: &mut [f32])
-        => forward_rows_body
-);
-
-#[inline(always)]
-fn forward_rows_body(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32], inv_rms: &mut [f32]) {
-    let h = weight.len();
-    for ((x, out), r) in x.chunks(h).zip(out.chunks_mut(h)).zip(inv_rms) {
-        *r = 1.0 / (sum_squares(x) / h as f32 + eps).sqrt();
-        let r = *r;
-        for ((o, &xi), &wi) in out.iter_mut().zip(x).zip(weight) {
-            *o = xi * r * wi;
+    fn forward_rows(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32], inv_rms: &mut [f32]) {
+        let h = weight.len();
+        for ((x, out), r) in x.chunks(h).zip(out.chunks_mut(h)).zip(inv_rms) {
+            *r = 1.0 / (sum_squares(x) / h as f32 + eps).sqrt();
+            let r = *r;
+            for ((o, &xi), &wi) in out.iter_mut().zip(x).zip(weight) {
+                *o = xi * r * wi;
+            }
         }
     }
-}
+);
 
 /// The gradient with respect to `x` of [`rms_norm_forward`] given `dy`, the gradient of
 /// its output, and the `inv_rms` it saved:
@@ -92,33 +88,23 @@ crate::simd::wide_twin!(
         dy: &[f32],
         dx: &mut [f32],
         accumulate: bool,
-    ) => backward_rows_body
-);
-
-#[inline(always)]
-fn backward_rows_body(
-    x: &[f32],
-    weight: &[f32],
-    inv_rms: &[f32],
-    dy: &[f32],
-    dx: &mut [f32],
-    accumulate: bool,
-) {
-    let h = weight.len();
-    let rows = x.chunks(h).zip(dy.chunks(h)).zip(dx.chunks_mut(h));
-    for (((x, dy), dx), &r) in rows.zip(inv_rms) {
-        let c = r * r * (dot3(dy, weight, x) / h as f32);
-        let terms = dy.iter().zip(weight).zip(x).map(|((&g, &w), &xi)| {
-            // Written as one expression for both branches so they round alike.
-            r * (g * w - xi * c)
-        });
-        if accumulate {
-            dx.iter_mut().zip(terms).for_each(|(d, t)| *d += t);
-        } else {
-            dx.iter_mut().zip(terms).for_each(|(d, t)| *d = t);
+    ) {
+        let h = weight.len();
+        let rows = x.chunks(h).zip(dy.chunks(h)).zip(dx.chunks_mut(h));
+        for (((x, dy), dx), &r) in rows.zip(inv_rms) {
+            let c = r * r * (dot3(dy, weight, x) / h as f32);
+            let terms = dy.iter().zip(weight).zip(x).map(|((&g, &w), &xi)| {
+                // Written as one expression for both branches so they round alike.
+                r * (g * w - xi * c)
+            });
+            if accumulate {
+                dx.iter_mut().zip(terms).for_each(|(d, t)| *d += t);
+            } else {
+                dx.iter_mut().zip(terms).for_each(|(d, t)| *d = t);
+            }
         }
     }
-}
+);
 
 fn check_shapes(h: usize, len: usize, rows: usize) {
     assert!(h > 0, "RMSNorm over rows of width 0");

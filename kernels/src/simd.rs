@@ -41,26 +41,28 @@ fn baseline_forced() -> bool {
     }
 }
 
-/// `wide_twin!(vis fn name(arg: Type, …) => body);` defines `name`, which calls `body`
-/// (an `#[inline(always)]` function of the same arguments) compiled with AVX2 and FMA
-/// when the CPU has them (see the module notes), else as the crate is compiled.
+/// `wide_twin!(vis fn name(arg: Type, …) -> Ret { … });` defines `name`, whose body is
+/// compiled twice: with AVX2 and FMA, taken when the CPU has them (see the module
+/// notes), and as the crate is compiled, taken otherwise.
 macro_rules! wide_twin {
-    ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? => $body:path) => {
+    ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
         $(#[$meta])*
         #[allow(unsafe_code)]
         $vis fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[inline(always)]
+            fn body($($arg: $ty),*) $(-> $ret)? $body
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx2,fma")]
                 fn wide($($arg: $ty),*) $(-> $ret)? {
-                    $body($($arg),*)
+                    body($($arg),*)
                 }
                 if $crate::simd::avx2_fma() {
                     // SAFETY: the CPU has AVX2 and FMA, the features `wide` is compiled for.
                     return unsafe { wide($($arg),*) };
                 }
             }
-            $body($($arg),*)
+            body($($arg),*)
         }
     };
 }

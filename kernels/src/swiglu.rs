@@ -39,18 +39,15 @@ pub fn swiglu_forward(gu: &[f32], inter: usize, out: &mut [f32]) {
 
 crate::simd::wide_twin!(
     /// [`swiglu_forward`] on some rows.
-    fn forward_rows(gu: &[f32], inter: usize, out: &mut [f32]) => forward_rows_body
-);
-
-#[inline(always)]
-fn forward_rows_body(gu: &[f32], inter: usize, out: &mut [f32]) {
-    for (gu, out) in gu.chunks(2 * inter).zip(out.chunks_mut(inter)) {
-        let (g, u) = gu.split_at(inter);
-        for ((o, &g), &u) in out.iter_mut().zip(g).zip(u) {
-            *o = g * sigmoid(g) * u;
+    fn forward_rows(gu: &[f32], inter: usize, out: &mut [f32]) {
+        for (gu, out) in gu.chunks(2 * inter).zip(out.chunks_mut(inter)) {
+            let (g, u) = gu.split_at(inter);
+            for ((o, &g), &u) in out.iter_mut().zip(g).zip(u) {
+                *o = g * sigmoid(g) * u;
+            }
         }
     }
-}
+);
 
 /// The gradients of [`swiglu_forward`] with respect to `g` and `u`, given `d_out`, the
 /// gradient of its output: writes each row of `d_gu` as `[dg | du]` with
@@ -75,23 +72,20 @@ pub fn swiglu_backward(gu: &[f32], inter: usize, d_out: &[f32], d_gu: &mut [f32]
 
 crate::simd::wide_twin!(
     /// [`swiglu_backward`] on some rows.
-    fn backward_rows(gu: &[f32], inter: usize, d_out: &[f32], d_gu: &mut [f32]) => backward_rows_body
-);
-
-#[inline(always)]
-fn backward_rows_body(gu: &[f32], inter: usize, d_out: &[f32], d_gu: &mut [f32]) {
-    let rows = gu.chunks(2 * inter).zip(d_out.chunks(inter));
-    for ((gu, dh), d_gu) in rows.zip(d_gu.chunks_mut(2 * inter)) {
-        let (g, u) = gu.split_at(inter);
-        let (dg, du) = d_gu.split_at_mut(inter);
-        let lanes = g.iter().zip(u).zip(dh).zip(dg.iter_mut().zip(du));
-        for (((&g, &u), &dh), (dg, du)) in lanes {
-            let s = sigmoid(g);
-            *dg = dh * u * s * (1.0 + g * (1.0 - s));
-            *du = dh * (g * s);
+    fn backward_rows(gu: &[f32], inter: usize, d_out: &[f32], d_gu: &mut [f32]) {
+        let rows = gu.chunks(2 * inter).zip(d_out.chunks(inter));
+        for ((gu, dh), d_gu) in rows.zip(d_gu.chunks_mut(2 * inter)) {
+            let (g, u) = gu.split_at(inter);
+            let (dg, du) = d_gu.split_at_mut(inter);
+            let lanes = g.iter().zip(u).zip(dh).zip(dg.iter_mut().zip(du));
+            for (((&g, &u), &dh), (dg, du)) in lanes {
+                let s = sigmoid(g);
+                *dg = dh * u * s * (1.0 + g * (1.0 - s));
+                *du = dh * (g * s);
+            }
         }
     }
-}
+);
 
 /// The number of `[g | u]` rows in a buffer of `len`.
 fn check_rows(len: usize, inter: usize) -> usize {

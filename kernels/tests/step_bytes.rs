@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use half::bf16;
 use rand::{Rng, SeedableRng};
 use tuneq_kernels::llama::{
-    Batch, Compute, Dims, Frozen, Layer, Lora, MaskSource, Model, Projection, StepOptions,
+    Compute, Dims, Frozen, Layer, Lora, MaskSource, Model, OwnedBatch, Projection, StepOptions,
     forward_backward_with, step_bytes, step_bytes_on_any_cpu,
 };
 
@@ -149,16 +149,8 @@ fn step_bytes_is_what_a_step_allocates() {
     let model = &f32_model;
     let ids: Vec<u32> = (0..n).map(|i| (i * 7 % v) as u32).collect();
     let targets: Vec<i64> = (0..n).map(|i| (i * 11 % v) as i64).collect();
-    let positions: Vec<u32> = (0..n).map(|i| (i % len) as u32).collect();
-    let starts = vec![0u32; n];
-    let batch = Batch {
-        ids: &ids,
-        rows,
-        len,
-        targets: &targets,
-        positions: &positions,
-        starts: &starts,
-    };
+    let owned = OwnedBatch::unpacked(ids, targets, rows, len);
+    let batch = owned.view();
     let mut grads: Vec<Vec<f32>> = model
         .lora_lengths()
         .into_iter()

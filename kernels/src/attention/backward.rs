@@ -48,103 +48,94 @@ crate::simd::wide_twin!(
         g: usize,
         grads: &mut TaskGrads<'_>,
         scratch: &mut Scratch,
-    ) => backward_task_body
-);
+    ) {
+        let shape = inputs.shape;
+        let (seq, d, width, ow) = (
+            shape.seq,
+            shape.head_dim,
+            shape.qkv_width(),
+            shape.out_width(),
+        );
+        let (group, scale) = (shape.group(), shape.scale());
+        let starts = &inputs.starts[b * seq..(b + 1) * seq];
+        let qkv = &inputs.qkv[b * seq * width..(b + 1) * seq * width];
+        let d_out = &inputs.d_out[b * seq * ow..(b + 1) * seq * ow];
+        let k_col = (shape.heads + g) * d;
+        let v_col = (shape.heads + shape.kv_heads + g) * d;
+        let Scratch {
+            kt,
+            vt,
+            p,
+            ds,
+            block: dq,
+            dk,
+            dv,
+        } = scratch;
+        // Kᵀ and Vᵀ are the right-hand operands of S and dP for every block: transposed once
+        // so the library packs them by runs (see `transposed`).
+        transposed(qkv, seq, width, k_col, d, kt);
+        transposed(qkv, seq, width, v_col, d, vt);
+        dk.fill(0.0);
+        dv.fill(0.0);
+        for hl in 0..group {
+            let h = g * group + hl;
+            let q_col = h * d;
+            let lse = &inputs.lse[(b * shape.heads + h) * seq..][..seq];
+            for first in (0..seq).step_by(QUERY_BLOCK) {
+                let end = (first + QUERY_BLOCK).min(seq);
+                let m = end - first;
+                let lo = key_range(starts, first, end);
+                let n = end - lo;
+                let q = Mat::strided(&qkv[first * width + q_col..], m, d, width, 1);
+                let k = Mat::strided(&qkv[lo * width + k_col..], n, d, width, 1);
+                let kt = Mat::strided(&kt[lo..], d, n, seq, 1);
+                let vt = Mat::strided(&vt[lo..], d, n, seq, 1);
+                let d_o = Mat::strided(&d_out[first * ow + q_col..], m, d, ow, 1);
+                let p = &mut p[..m * n];
+                let ds = &mut ds[..m * n];
 
-#[inline(always)]
-fn backward_task_body(
-    inputs: &Inputs<'_>,
-    b: usize,
-    g: usize,
-    grads: &mut TaskGrads<'_>,
-    scratch: &mut Scratch,
-) {
-    let shape = inputs.shape;
-    let (seq, d, width, ow) = (
-        shape.seq,
-        shape.head_dim,
-        shape.qkv_width(),
-        shape.out_width(),
-    );
-    let (group, scale) = (shape.group(), shape.scale());
-    let starts = &inputs.starts[b * seq..(b + 1) * seq];
-    let qkv = &inputs.qkv[b * seq * width..(b + 1) * seq * width];
-    let d_out = &inputs.d_out[b * seq * ow..(b + 1) * seq * ow];
-    let k_col = (shape.heads + g) * d;
-    let v_col = (shape.heads + shape.kv_heads + g) * d;
-    let Scratch {
-        kt,
-        vt,
-        p,
-        ds,
-        block: dq,
-        dk,
-        dv,
-    } = scratch;
-    // Kᵀ and Vᵀ are the right-hand operands of S and dP for every block: transposed once
-    // so the library packs them by runs (see `transposed`).
-    transposed(qkv, seq, width, k_col, d, kt);
-    transposed(qkv, seq, width, v_col, d, vt);
-    dk.fill(0.0);
-    dv.fill(0.0);
-    for hl in 0..group {
-        let h = g * group + hl;
-        let q_col = h * d;
-        let lse = &inputs.lse[(b * shape.heads + h) * seq..][..seq];
-        for first in (0..seq).step_by(QUERY_BLOCK) {
-            let end = (first + QUERY_BLOCK).min(seq);
-            let m = end - first;
-            let lo = key_range(starts, first, end);
-            let n = end - lo;
-            let q = Mat::strided(&qkv[first * width + q_col..], m, d, width, 1);
-            let k = Mat::strided(&qkv[lo * width + k_col..], n, d, width, 1);
-            let kt = Mat::strided(&kt[lo..], d, n, seq, 1);
-            let vt = Mat::strided(&vt[lo..], d, n, seq, 1);
-            let d_o = Mat::strided(&d_out[first * ow + q_col..], m, d, ow, 1);
-            let p = &mut p[..m * n];
-            let ds = &mut ds[..m * n];
-
-            // P = exp(S − lse) on the visible keys, 0 elsewhere.
-            gemm(scale, q, kt, 0.0, MatMut::new(p, m, n));
-            probabilities(p, n, first, lo, starts, lse);
-            // dV += Pᵀ·dO
-            gemm(
-                1.0,
-                Mat::new(p, m, n).t(),
-                d_o,
-                1.0,
-                MatMut::new(&mut dv[lo * d..end * d], n, d),
-            );
-            // dP = dO·Vᵀ, then dS = P∘(dP − rowsum(P∘dP)) in place. Not rowsum(dO∘O),
-            // which equals it in exact arithmetic: the recomputed P's rows do not sum to
-            // exactly one, and O was rounded; with P's own sum each dS row sums to
-            // δ·(1 − ΣP), and dQ, which is small wherever dS's terms cancel, keeps its
-            // digits (on the tiny preset a q_proj gradient went from 9.8e-5 to 4.0e-5 of
-            // its maximum against float64, PyTorch float32 3.3e-5).
-            gemm(1.0, d_o, vt, 0.0, MatMut::new(ds, m, n));
-            score_gradients(ds, p, n);
-            // dQ = dS·K/√d, complete for this block: copy it out.
-            gemm(
-                scale,
-                Mat::new(ds, m, n),
-                k,
-                0.0,
-                MatMut::new(&mut dq[..m * d], m, d),
-            );
-            copy_out(&mut grads.dq[first..], hl * d, &dq[..m * d], d);
-            // dK += dSᵀ·Q/√d
-            gemm(
-                scale,
-                Mat::new(ds, m, n).t(),
-                q,
-                1.0,
-                MatMut::new(&mut dk[lo * d..end * d], n, d),
-            );
+                // P = exp(S − lse) on the visible keys, 0 elsewhere.
+                gemm(scale, q, kt, 0.0, MatMut::new(p, m, n));
+                probabilities(p, n, first, lo, starts, lse);
+                // dV += Pᵀ·dO
+                gemm(
+                    1.0,
+                    Mat::new(p, m, n).t(),
+                    d_o,
+                    1.0,
+                    MatMut::new(&mut dv[lo * d..end * d], n, d),
+                );
+                // dP = dO·Vᵀ, then dS = P∘(dP − rowsum(P∘dP)) in place. Not rowsum(dO∘O),
+                // which equals it in exact arithmetic: the recomputed P's rows do not sum to
+                // exactly one, and O was rounded; with P's own sum each dS row sums to
+                // δ·(1 − ΣP), and dQ, which is small wherever dS's terms cancel, keeps its
+                // digits (on the tiny preset a q_proj gradient went from 9.8e-5 to 4.0e-5 of
+                // its maximum against float64, PyTorch float32 3.3e-5).
+                gemm(1.0, d_o, vt, 0.0, MatMut::new(ds, m, n));
+                score_gradients(ds, p, n);
+                // dQ = dS·K/√d, complete for this block: copy it out.
+                gemm(
+                    scale,
+                    Mat::new(ds, m, n),
+                    k,
+                    0.0,
+                    MatMut::new(&mut dq[..m * d], m, d),
+                );
+                copy_out(&mut grads.dq[first..], hl * d, &dq[..m * d], d);
+                // dK += dSᵀ·Q/√d
+                gemm(
+                    scale,
+                    Mat::new(ds, m, n).t(),
+                    q,
+                    1.0,
+                    MatMut::new(&mut dk[lo * d..end * d], n, d),
+                );
+            }
         }
+        copy_out(&mut grads.dk, 0, dk, d);
+        copy_out(&mut grads.dv, 0, dv, d);
     }
-    copy_out(&mut grads.dk, 0, dk, d);
-    copy_out(&mut grads.dv, 0, dv, d);
-}
+);
 
 /// `P = exp(S − lse)` in place on a block's `p` (rows of `n` keys from `lo`, queries
 /// from `first`): each row's visible keys (from its segment start to itself) take

@@ -26,91 +26,80 @@ crate::simd::wide_twin!(
         out_rows: &mut [&mut [f32]],
         lse: &mut [f32],
         scratch: &mut Scratch,
-    ) => forward_task_body
-);
-
-#[inline(always)]
-fn forward_task_body(
-    shape: &AttentionShape,
-    qkv: &[f32],
-    starts: &[u32],
-    g: usize,
-    out_rows: &mut [&mut [f32]],
-    lse: &mut [f32],
-    scratch: &mut Scratch,
-) {
-    let (seq, d, width) = (shape.seq, shape.head_dim, shape.qkv_width());
-    let group = shape.group();
-    let v_col = (shape.heads + shape.kv_heads + g) * d;
-    let Scratch {
-        kt,
-        p: scores,
-        block: o,
-        ..
-    } = scratch;
-    transposed(qkv, seq, width, (shape.heads + g) * d, d, kt);
-    let mut max = [0f32; QUERY_BLOCK];
-    let mut sum = [0f32; QUERY_BLOCK];
-    for hl in 0..group {
-        let q_col = (g * group + hl) * d;
-        let lse = &mut lse[hl * seq..(hl + 1) * seq];
-        for first in (0..seq).step_by(QUERY_BLOCK) {
-            let end = (first + QUERY_BLOCK).min(seq);
-            let m = end - first;
-            let lo = key_range(starts, first, end);
-            let last_start = starts[first..end]
-                .iter()
-                .map(|&s| s as usize)
-                .max()
-                .unwrap_or(0);
-            let n = end - lo;
-            let st = &mut scores[..n * m];
-            let q = Mat::strided(&qkv[first * width + q_col..], m, d, width, 1);
-            let k = Mat::strided(&kt[lo..], n, d, 1, seq);
-            gemm(shape.scale(), k, q.t(), 0.0, MatMut::new(st, n, m));
-            // Softmax down each query's column over its visible keys, unnormalised;
-            // 1/Σ goes on O. Hidden keys become −∞, so exp makes them 0.
-            let (max, sum) = (&mut max[..m], &mut sum[..m]);
-            let block_starts = &starts[first..end];
-            max.fill(f32::NEG_INFINITY);
-            for (j, row) in st.chunks_exact_mut(m).enumerate() {
-                let key = lo + j;
-                if key_partly_hidden(key, first, last_start) {
-                    for (i, (x, &s)) in row.iter_mut().zip(block_starts).enumerate() {
-                        if key > first + i || key < s as usize {
-                            *x = f32::NEG_INFINITY;
+    ) {
+        let (seq, d, width) = (shape.seq, shape.head_dim, shape.qkv_width());
+        let group = shape.group();
+        let v_col = (shape.heads + shape.kv_heads + g) * d;
+        let Scratch {
+            kt,
+            p: scores,
+            block: o,
+            ..
+        } = scratch;
+        transposed(qkv, seq, width, (shape.heads + g) * d, d, kt);
+        let mut max = [0f32; QUERY_BLOCK];
+        let mut sum = [0f32; QUERY_BLOCK];
+        for hl in 0..group {
+            let q_col = (g * group + hl) * d;
+            let lse = &mut lse[hl * seq..(hl + 1) * seq];
+            for first in (0..seq).step_by(QUERY_BLOCK) {
+                let end = (first + QUERY_BLOCK).min(seq);
+                let m = end - first;
+                let lo = key_range(starts, first, end);
+                let last_start = starts[first..end]
+                    .iter()
+                    .map(|&s| s as usize)
+                    .max()
+                    .unwrap_or(0);
+                let n = end - lo;
+                let st = &mut scores[..n * m];
+                let q = Mat::strided(&qkv[first * width + q_col..], m, d, width, 1);
+                let k = Mat::strided(&kt[lo..], n, d, 1, seq);
+                gemm(shape.scale(), k, q.t(), 0.0, MatMut::new(st, n, m));
+                // Softmax down each query's column over its visible keys, unnormalised;
+                // 1/Σ goes on O. Hidden keys become −∞, so exp makes them 0.
+                let (max, sum) = (&mut max[..m], &mut sum[..m]);
+                let block_starts = &starts[first..end];
+                max.fill(f32::NEG_INFINITY);
+                for (j, row) in st.chunks_exact_mut(m).enumerate() {
+                    let key = lo + j;
+                    if key_partly_hidden(key, first, last_start) {
+                        for (i, (x, &s)) in row.iter_mut().zip(block_starts).enumerate() {
+                            if key > first + i || key < s as usize {
+                                *x = f32::NEG_INFINITY;
+                            }
                         }
                     }
+                    for (mx, &x) in max.iter_mut().zip(row.iter()) {
+                        *mx = mx.max(x);
+                    }
                 }
-                for (mx, &x) in max.iter_mut().zip(row.iter()) {
-                    *mx = mx.max(x);
+                sum.fill(0.0);
+                for row in st.chunks_exact_mut(m) {
+                    for ((x, &mx), s) in row.iter_mut().zip(max.iter()).zip(sum.iter_mut()) {
+                        *x = exp(*x - mx);
+                        *s += *x;
+                    }
                 }
-            }
-            sum.fill(0.0);
-            for row in st.chunks_exact_mut(m) {
-                for ((x, &mx), s) in row.iter_mut().zip(max.iter()).zip(sum.iter_mut()) {
-                    *x = exp(*x - mx);
-                    *s += *x;
+                for (i, (&mx, s)) in max.iter().zip(sum.iter_mut()).enumerate() {
+                    lse[first + i] = mx + s.ln();
+                    *s = 1.0 / *s;
                 }
-            }
-            for (i, (&mx, s)) in max.iter().zip(sum.iter_mut()).enumerate() {
-                lse[first + i] = mx + s.ln();
-                *s = 1.0 / *s;
-            }
-            let v = Mat::strided(&qkv[lo * width + v_col..], n, d, width, 1);
-            gemm(
-                1.0,
-                Mat::new(st, n, m).t(),
-                v,
-                0.0,
-                MatMut::new(&mut o[..m * d], m, d),
-            );
-            for (i, src) in o[..m * d].chunks_exact(d).enumerate() {
-                let dst = &mut out_rows[first + i][hl * d..(hl + 1) * d];
-                for (y, &x) in dst.iter_mut().zip(src) {
-                    *y = x * sum[i];
+                let v = Mat::strided(&qkv[lo * width + v_col..], n, d, width, 1);
+                gemm(
+                    1.0,
+                    Mat::new(st, n, m).t(),
+                    v,
+                    0.0,
+                    MatMut::new(&mut o[..m * d], m, d),
+                );
+                for (i, src) in o[..m * d].chunks_exact(d).enumerate() {
+                    let dst = &mut out_rows[first + i][hl * d..(hl + 1) * d];
+                    for (y, &x) in dst.iter_mut().zip(src) {
+                        *y = x * sum[i];
+                    }
                 }
             }
         }
     }
-}
+);

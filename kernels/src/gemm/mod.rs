@@ -271,7 +271,7 @@ pub fn bf16_backend() -> &'static str {
 ///
 /// # Panics
 /// If the shapes do not agree.
-pub fn gemm(alpha: f32, a: Mat<'_>, b: Mat<'_>, beta: f32, c: MatMut<'_>) {
+pub fn gemm(alpha: f32, a: Mat<'_>, b: Mat<'_>, beta: f32, mut c: MatMut<'_>) {
     assert_eq!(
         a.cols, b.rows,
         "A is {}×{}, B is {}×{}",
@@ -287,11 +287,7 @@ pub fn gemm(alpha: f32, a: Mat<'_>, b: Mat<'_>, beta: f32, c: MatMut<'_>) {
         b.cols
     );
     let (m, n, k) = (a.rows, b.cols, a.cols);
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        scale(beta, c);
+    if without_products(m, n, k, beta, &mut c) {
         return;
     }
     let plan = Plan::new(m, n, k, threads());
@@ -350,7 +346,7 @@ pub(crate) fn gemm_bf16_pairs(
     (rows, cols): (usize, usize),
     transposed: bool,
     beta: f32,
-    c: MatMut<'_>,
+    mut c: MatMut<'_>,
 ) {
     assert!(own_bf16_kernels(), "this CPU or build has no bf16 kernels");
     assert!(
@@ -384,11 +380,7 @@ pub(crate) fn gemm_bf16_pairs(
         a.cols,
         b.cols
     );
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        scale(beta, c);
+    if without_products(m, n, k, beta, &mut c) {
         return;
     }
     let plan = Plan::new(m, n, k, threads());
@@ -421,7 +413,7 @@ pub(crate) fn gemm_bf16(
     (rows, cols): (usize, usize),
     transposed: bool,
     beta: f32,
-    c: MatMut<'_>,
+    mut c: MatMut<'_>,
 ) {
     let (m, n) = (c.rows, c.cols);
     let (k, w_out) = if transposed {
@@ -440,11 +432,7 @@ pub(crate) fn gemm_bf16(
         "W holds {} elements, {rows}×{cols} needed",
         w.len()
     );
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        scale(beta, c);
+    if without_products(m, n, k, beta, &mut c) {
         return;
     }
     let block = if m.saturating_mul(n).saturating_mul(k) < SERIAL_WORK {
@@ -807,7 +795,20 @@ fn uses_own_kernels() -> bool {
 }
 
 /// `C = β·C` (the `k = 0` case), with `β = 0` writing zeros.
-fn scale(beta: f32, c: MatMut<'_>) {
+/// Does what `C = α·A·B + β·C` asks when there is nothing to multiply, and says whether
+/// that was so: nothing for an empty C, `C = β·C` for an empty inner dimension.
+fn without_products(m: usize, n: usize, k: usize, beta: f32, c: &mut MatMut<'_>) -> bool {
+    if m == 0 || n == 0 {
+        return true;
+    }
+    if k == 0 {
+        scale(beta, c);
+        return true;
+    }
+    false
+}
+
+fn scale(beta: f32, c: &mut MatMut<'_>) {
     for i in 0..c.rows {
         let row = &mut c.data[i * c.row_stride..i * c.row_stride + c.cols];
         if beta == 0.0 {

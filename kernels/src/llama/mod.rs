@@ -115,7 +115,7 @@ mod validate;
 
 pub use frozen::{Compute, Frozen};
 pub use memory::{step_bytes, step_bytes_on_any_cpu};
-pub use model::{Batch, Dims, Layer, Lora, MaskSource, Model, Projection};
+pub use model::{Batch, Dims, Layer, Lora, MaskSource, Model, OwnedBatch, Projection};
 pub use step::{StepOptions, forward_backward, forward_backward_with, loss};
 pub use validate::StepError;
 

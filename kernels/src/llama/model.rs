@@ -244,6 +244,54 @@ pub struct Batch<'a> {
     pub starts: &'a [u32],
 }
 
+/// A [`Batch`] that owns its vectors: what benchmarks and tests build.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OwnedBatch {
+    /// See [`Batch::ids`].
+    pub ids: Vec<u32>,
+    /// See [`Batch::rows`].
+    pub rows: usize,
+    /// See [`Batch::len`].
+    pub len: usize,
+    /// See [`Batch::targets`].
+    pub targets: Vec<i64>,
+    /// See [`Batch::positions`].
+    pub positions: Vec<u32>,
+    /// See [`Batch::starts`].
+    pub starts: Vec<u32>,
+}
+
+impl OwnedBatch {
+    /// `rows` rows of `len` tokens, one example a row from position 0 (no packing).
+    pub fn unpacked(ids: Vec<u32>, targets: Vec<i64>, rows: usize, len: usize) -> Self {
+        Self {
+            ids,
+            rows,
+            len,
+            targets,
+            positions: (0..rows * len).map(|i| (i % len) as u32).collect(),
+            starts: vec![0; rows * len],
+        }
+    }
+
+    /// The batch the step reads.
+    pub fn view(&self) -> Batch<'_> {
+        Batch {
+            ids: &self.ids,
+            rows: self.rows,
+            len: self.len,
+            targets: &self.targets,
+            positions: &self.positions,
+            starts: &self.starts,
+        }
+    }
+
+    /// Tokens that carry a loss.
+    pub fn labelled(&self) -> usize {
+        self.targets.iter().filter(|&&t| t >= 0).count()
+    }
+}
+
 /// Draws the dropout mask (`rows·len × in`, values 0 or 1/(1−p)) for the next adapted
 /// projection. Called in forward order: layer by layer, q, k, v, o, gate, up, down, only
 /// for projections with LoRA. The arguments are the number of token rows and `in`.

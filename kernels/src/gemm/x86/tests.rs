@@ -3,15 +3,7 @@ use crate::gemm::tests::same_bits;
 
 /// Deterministic values in [−1, 1).
 fn values(len: usize, seed: u64) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
+    crate::testing::random(len, seed, 1.0)
 }
 
 /// `C = 0.7·A·B + β·C` on `isa`, with A and B stored transposed or not and C inside

@@ -243,16 +243,7 @@ fn bf16_storage_halves_the_frozen_bytes() {
     let tied_bytes = tied.view(Storage::Bf16).frozen_bytes();
     assert_eq!(tied_bytes, 2 * (matrices - d.vocab * d.hidden) as u64);
     // At 7B the scratch is the head's f32 widening, 4·32000·4096 bytes, in one group.
-    let llama7b = Dims {
-        vocab: 32000,
-        hidden: 4096,
-        intermediate: 11008,
-        layers: 32,
-        heads: 32,
-        kv_heads: 32,
-        head_dim: 128,
-        rms_eps: 1e-5,
-    };
+    let llama7b = llama7b();
     let ranks = vec![[8; 7]; 32];
     for (dropout, checkpoint) in [(false, false), (true, true)] {
         let f32 = step_bytes(

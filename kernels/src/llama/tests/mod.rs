@@ -212,22 +212,17 @@ fn larger_case() -> (Owned, OwnedBatch) {
     let m = Owned::random(dims, &[ALL], 4, 14);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(15);
     let (rows, len) = (3, 70);
-    let b = OwnedBatch {
-        ids: (0..rows * len).map(|_| rng.random_range(0..200)).collect(),
-        rows,
-        len,
-        targets: (0..rows * len)
-            .map(|i| {
-                if i % 5 == 0 {
-                    -100
-                } else {
-                    rng.random_range(0..200)
-                }
-            })
-            .collect(),
-        positions: (0..rows * len).map(|i| (i % len) as u32).collect(),
-        starts: vec![0; rows * len],
-    };
+    let ids = (0..rows * len).map(|_| rng.random_range(0..200)).collect();
+    let targets = (0..rows * len)
+        .map(|i| {
+            if i % 5 == 0 {
+                -100
+            } else {
+                rng.random_range(0..200)
+            }
+        })
+        .collect();
+    let b = OwnedBatch::unpacked(ids, targets, rows, len);
     (m, b)
 }
 
@@ -406,20 +401,12 @@ fn step_bits(
             .collect();
         let (mut losses, mut evals) = (vec![], vec![]);
         for (k, b) in batches.iter().enumerate() {
-            let mut queue = masks.get(k).into_iter().flatten().cloned();
-            let mut source = |rows: usize, inputs: usize| {
-                let mask = queue.next().expect("a mask for every adapted projection");
-                assert_eq!(mask.len(), rows * inputs);
-                mask
-            };
-            let dropout: Option<MaskSource<'_>> = if masks.is_empty() {
-                None
-            } else {
-                Some(&mut source)
-            };
             let options = StepOptions { checkpoint_layers };
-            let l = forward_backward_with(model, &b.view(), scale, dropout, &mut grads, options)
-                .expect("a step");
+            let step_masks = masks.get(k).map(Vec::as_slice).unwrap_or_default();
+            let l = with_masks(step_masks, |dropout| {
+                forward_backward_with(model, &b.view(), scale, dropout, &mut grads, options)
+            })
+            .expect("a step");
             losses.push(l.to_bits());
             evals.push(loss(model, &b.view(), scale).expect("a loss").to_bits());
         }
@@ -537,16 +524,7 @@ fn stored_masks_unpack_to_the_drawn_bits() {
 /// the layer inputs; the 7B figures for the module notes.
 #[test]
 fn step_bytes_shrinks_with_checkpointing() {
-    let llama7b = Dims {
-        vocab: 32000,
-        hidden: 4096,
-        intermediate: 11008,
-        layers: 32,
-        heads: 32,
-        kv_heads: 32,
-        head_dim: 128,
-        rms_eps: 1e-5,
-    };
+    let llama7b = llama7b();
     let ranks = vec![[8; 7]; 32];
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     for dropout in [false, true] {

@@ -40,6 +40,39 @@ pub(super) fn tiny_dims() -> Dims {
     }
 }
 
+/// Llama 2 7B's shape, for the memory figures the module notes quote.
+pub(super) fn llama7b() -> Dims {
+    Dims {
+        vocab: 32000,
+        hidden: 4096,
+        intermediate: 11008,
+        layers: 32,
+        heads: 32,
+        kv_heads: 32,
+        head_dim: 128,
+        rms_eps: 1e-5,
+    }
+}
+
+/// Runs `step` with a dropout source that hands out `masks` in order, one per adapted
+/// projection (checking each one's size), or with none when `masks` is empty.
+pub(super) fn with_masks<R>(
+    masks: &[Vec<f32>],
+    step: impl FnOnce(Option<MaskSource<'_>>) -> R,
+) -> R {
+    let mut queue = masks.iter().cloned();
+    let mut source = |rows: usize, inputs: usize| {
+        let mask = queue.next().expect("a mask for every adapted projection");
+        assert_eq!(mask.len(), rows * inputs);
+        mask
+    };
+    step(if masks.is_empty() {
+        None
+    } else {
+        Some(&mut source)
+    })
+}
+
 /// HF's rotate-half tables, angle(p, i) = p / 10000^(2i/d).
 pub(super) fn rope_tables(max_pos: usize, head_dim: usize) -> (Vec<f32>, Vec<f32>) {
     let half = head_dim / 2;
@@ -146,32 +179,6 @@ pub(super) fn widen(x: &[f32]) -> Vec<f64> {
 }
 
 /// A batch's buffers, owned.
-pub(super) struct OwnedBatch {
-    pub(super) ids: Vec<u32>,
-    pub(super) rows: usize,
-    pub(super) len: usize,
-    pub(super) targets: Vec<i64>,
-    pub(super) positions: Vec<u32>,
-    pub(super) starts: Vec<u32>,
-}
-
-impl OwnedBatch {
-    pub(super) fn view(&self) -> Batch<'_> {
-        Batch {
-            ids: &self.ids,
-            rows: self.rows,
-            len: self.len,
-            targets: &self.targets,
-            positions: &self.positions,
-            starts: &self.starts,
-        }
-    }
-
-    pub(super) fn labelled(&self) -> usize {
-        self.targets.iter().filter(|&&t| t >= 0).count()
-    }
-}
-
 /// Two rows of 9: row 0 packs two examples (4 and 5 tokens; positions restart, the
 /// second segment starts at column 4), row 1 holds 6 tokens right-padded with 3 pads
 /// (id 0, no target). A few real tokens are unlabelled too (the prompt, say).
@@ -394,18 +401,10 @@ pub(super) fn finite_differences(
 pub(super) fn check_gradients(m: &Owned, b: &OwnedBatch, masks: &[Vec<f32>]) -> (f64, f64) {
     let scale = 1.0 / b.labelled() as f32;
     let mut grads = m.zero_grads();
-    let mut queue = masks.iter().cloned();
-    let mut source = |rows: usize, inputs: usize| {
-        let mask = queue.next().expect("a mask for every adapted projection");
-        assert_eq!(mask.len(), rows * inputs);
-        mask
-    };
-    let dropout: Option<MaskSource<'_>> = if masks.is_empty() {
-        None
-    } else {
-        Some(&mut source)
-    };
-    let got = forward_backward(&m.view(), &b.view(), scale, dropout, &mut grads).expect("a step");
+    let got = with_masks(masks, |dropout| {
+        forward_backward(&m.view(), &b.view(), scale, dropout, &mut grads)
+    })
+    .expect("a step");
     let want = reference_loss(m, &m.lora64(), b, scale as f64, masks);
     let loss_err = (got - want).abs() / want.abs();
     assert!(loss_err <= 1e-5, "loss {got} vs {want}");
