@@ -18,8 +18,9 @@
 use crate::config::GcsConfig;
 use crate::retry::{RetryPolicy, error_for_status};
 use crate::{
-    ByteStream, Error, GetObject, GetRange, ObjectKey, ObjectMeta, ObjectStore, PresignMethod,
-    PresignedRequest, PutMode, Result, fill_past, full_key, list_prefix, relative_key,
+    ByteStream, Error, GetObject, GetRange, ObjectKey, ObjectMeta, ObjectStore, PartedUpload,
+    PresignMethod, PresignedRequest, PutMode, Result, fill_past, full_key, list_prefix,
+    relative_key,
 };
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
@@ -311,106 +312,6 @@ impl GcsStore {
         Self::json(&uri, response).await
     }
 
-    /// Uploads a small object in one multipart (metadata + media) request, the upload
-    /// type on which GCS and its emulators both honour `ifGenerationMatch`.
-    async fn put_single(&self, key: &ObjectKey, data: Bytes, mode: PutMode) -> Result<()> {
-        let uri = self.uri(key);
-        let url = self.upload_url();
-        let name = self.full(key);
-        let boundary = format!("tuneq-{:032x}", rand::random::<u128>());
-        let metadata = serde_json::json!({ "name": name }).to_string();
-        let mut body = Vec::with_capacity(data.len() + metadata.len() + 256);
-        body.extend_from_slice(
-            format!(
-                "--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{metadata}\r\n\
-                 --{boundary}\r\nContent-Type: application/octet-stream\r\n\r\n"
-            )
-            .as_bytes(),
-        );
-        body.extend_from_slice(&data);
-        body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
-        let body = Bytes::from(body);
-        self.send("gcs.upload", &uri, || {
-            let mut query = vec![("uploadType", "multipart")];
-            if mode == PutMode::Create {
-                query.push(("ifGenerationMatch", "0"));
-            }
-            self.http
-                .post(&url)
-                .query(&query)
-                .header(
-                    reqwest::header::CONTENT_TYPE,
-                    format!("multipart/related; boundary={boundary}"),
-                )
-                .body(body.clone())
-        })
-        .await?;
-        Ok(())
-    }
-
-    /// Streams `buf` and the rest of `body` through a resumable upload session.
-    async fn put_resumable(
-        &self,
-        key: &ObjectKey,
-        body: &mut ByteStream,
-        buf: &mut BytesMut,
-        mode: PutMode,
-    ) -> Result<()> {
-        let uri = self.uri(key);
-        let url = self.upload_url();
-        let name = self.full(key);
-        let started = self
-            .send("gcs.start_resumable", &uri, || {
-                let mut query = vec![("uploadType", "resumable"), ("name", name.as_str())];
-                if mode == PutMode::Create {
-                    query.push(("ifGenerationMatch", "0"));
-                }
-                self.http
-                    .post(&url)
-                    .query(&query)
-                    .header("x-upload-content-type", "application/octet-stream")
-                    .json(&serde_json::json!({ "name": name }))
-            })
-            .await?;
-        let session = started
-            .headers()
-            .get(reqwest::header::LOCATION)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string)
-            .ok_or_else(|| Error::Backend {
-                uri: uri.clone(),
-                message: "resumable upload started without a session URL".into(),
-                retryable: false,
-            })?;
-        let uploaded = async {
-            let mut offset: u64 = 0;
-            let mut ended = false;
-            loop {
-                if !ended {
-                    ended = fill_past(body, buf, self.chunk_size).await?;
-                }
-                // Send whole chunks while more data follows; the last piece carries the total.
-                let last = ended && buf.len() <= self.chunk_size;
-                let take = if last { buf.len() } else { self.chunk_size };
-                let chunk = buf.split_to(take).freeze();
-                let total = last.then_some(offset + chunk.len() as u64);
-                offset = self.put_chunk(&session, &uri, offset, chunk, total).await?;
-                if last {
-                    return Ok(());
-                }
-            }
-        }
-        .await;
-        if uploaded.is_err() {
-            // Nothing was committed; cancel the session rather than leave it for GCS's
-            // one-week expiry. Best effort: the upload's own error is what matters.
-            if let Ok(req) = self.authorise(self.http.delete(&session)).await {
-                let _ = req.send().await;
-            }
-        }
-        uploaded
-    }
-
     /// Uploads one chunk at `offset`; returns the new offset. After a transient failure
     /// it asks the session how much arrived and sends only the rest.
     async fn put_chunk(
@@ -643,6 +544,113 @@ fn canonical_request(
 }
 
 #[async_trait]
+impl PartedUpload for GcsStore {
+    fn part_size(&self) -> usize {
+        self.chunk_size
+    }
+
+    /// Uploads a small object in one multipart (metadata + media) request, the upload
+    /// type on which GCS and its emulators both honour `ifGenerationMatch`.
+    async fn put_single(&self, key: &ObjectKey, data: Bytes, mode: PutMode) -> Result<()> {
+        let uri = self.uri(key);
+        let url = self.upload_url();
+        let name = self.full(key);
+        let boundary = format!("tuneq-{:032x}", rand::random::<u128>());
+        let metadata = serde_json::json!({ "name": name }).to_string();
+        let mut body = Vec::with_capacity(data.len() + metadata.len() + 256);
+        body.extend_from_slice(
+            format!(
+                "--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{metadata}\r\n\
+                 --{boundary}\r\nContent-Type: application/octet-stream\r\n\r\n"
+            )
+            .as_bytes(),
+        );
+        body.extend_from_slice(&data);
+        body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+        let body = Bytes::from(body);
+        self.send("gcs.upload", &uri, || {
+            let mut query = vec![("uploadType", "multipart")];
+            if mode == PutMode::Create {
+                query.push(("ifGenerationMatch", "0"));
+            }
+            self.http
+                .post(&url)
+                .query(&query)
+                .header(
+                    reqwest::header::CONTENT_TYPE,
+                    format!("multipart/related; boundary={boundary}"),
+                )
+                .body(body.clone())
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Streams `buf` and the rest of `body` through a resumable upload session.
+    async fn put_parts(
+        &self,
+        key: &ObjectKey,
+        body: &mut ByteStream,
+        buf: &mut BytesMut,
+        mode: PutMode,
+    ) -> Result<()> {
+        let uri = self.uri(key);
+        let url = self.upload_url();
+        let name = self.full(key);
+        let started = self
+            .send("gcs.start_resumable", &uri, || {
+                let mut query = vec![("uploadType", "resumable"), ("name", name.as_str())];
+                if mode == PutMode::Create {
+                    query.push(("ifGenerationMatch", "0"));
+                }
+                self.http
+                    .post(&url)
+                    .query(&query)
+                    .header("x-upload-content-type", "application/octet-stream")
+                    .json(&serde_json::json!({ "name": name }))
+            })
+            .await?;
+        let session = started
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+            .ok_or_else(|| Error::Backend {
+                uri: uri.clone(),
+                message: "resumable upload started without a session URL".into(),
+                retryable: false,
+            })?;
+        let uploaded = async {
+            let mut offset: u64 = 0;
+            let mut ended = false;
+            loop {
+                if !ended {
+                    ended = fill_past(body, buf, self.chunk_size).await?;
+                }
+                // Send whole chunks while more data follows; the last piece carries the total.
+                let last = ended && buf.len() <= self.chunk_size;
+                let take = if last { buf.len() } else { self.chunk_size };
+                let chunk = buf.split_to(take).freeze();
+                let total = last.then_some(offset + chunk.len() as u64);
+                offset = self.put_chunk(&session, &uri, offset, chunk, total).await?;
+                if last {
+                    return Ok(());
+                }
+            }
+        }
+        .await;
+        if uploaded.is_err() {
+            // Nothing was committed; cancel the session rather than leave it for GCS's
+            // one-week expiry. Best effort: the upload's own error is what matters.
+            if let Ok(req) = self.authorise(self.http.delete(&session)).await {
+                let _ = req.send().await;
+            }
+        }
+        uploaded
+    }
+}
+
+#[async_trait]
 impl ObjectStore for GcsStore {
     fn backend(&self) -> &'static str {
         "gcs"
@@ -655,17 +663,10 @@ impl ObjectStore for GcsStore {
     async fn put_stream(
         &self,
         key: &ObjectKey,
-        mut body: ByteStream,
+        body: ByteStream,
         mode: PutMode,
     ) -> Result<ObjectMeta> {
-        let mut buf = BytesMut::new();
-        let ended = fill_past(&mut body, &mut buf, self.chunk_size).await?;
-        if ended {
-            self.put_single(key, buf.freeze(), mode).await?;
-        } else {
-            self.put_resumable(key, &mut body, &mut buf, mode).await?;
-        }
-        self.head(key).await
+        self.put_in_parts(key, body, mode).await
     }
 
     async fn get(&self, key: &ObjectKey, range: Option<GetRange>) -> Result<GetObject> {

@@ -199,6 +199,43 @@ pub(crate) async fn fill_past(
     Ok(false)
 }
 
+/// A store that takes an object of at most one part in one request and a larger one in
+/// parts (S3's multipart upload, GCS's resumable session).
+#[async_trait]
+pub(crate) trait PartedUpload: ObjectStore {
+    /// Bytes per part: an object of at most this many goes in one request.
+    fn part_size(&self) -> usize;
+
+    /// Stores `data` in one request.
+    async fn put_single(&self, key: &ObjectKey, data: Bytes, mode: PutMode) -> Result<()>;
+
+    /// Stores `buf` (what was read so far, more than a part) and the rest of `body`.
+    async fn put_parts(
+        &self,
+        key: &ObjectKey,
+        body: &mut ByteStream,
+        buf: &mut bytes::BytesMut,
+        mode: PutMode,
+    ) -> Result<()>;
+
+    /// [`ObjectStore::put_stream`] for such a store: one request when the stream ends
+    /// within a part, parts otherwise.
+    async fn put_in_parts(
+        &self,
+        key: &ObjectKey,
+        mut body: ByteStream,
+        mode: PutMode,
+    ) -> Result<ObjectMeta> {
+        let mut buf = bytes::BytesMut::new();
+        if fill_past(&mut body, &mut buf, self.part_size()).await? {
+            self.put_single(key, buf.freeze(), mode).await?;
+        } else {
+            self.put_parts(key, &mut body, &mut buf, mode).await?;
+        }
+        self.head(key).await
+    }
+}
+
 /// Metadata of one stored object.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectMeta {

@@ -7,8 +7,9 @@
 
 use crate::config::S3Config;
 use crate::{
-    ByteStream, Error, GetObject, GetRange, ObjectKey, ObjectMeta, ObjectStore, PresignMethod,
-    PresignedRequest, PutMode, Result, fill_past, full_key, list_prefix, relative_key,
+    ByteStream, Error, GetObject, GetRange, ObjectKey, ObjectMeta, ObjectStore, PartedUpload,
+    PresignMethod, PresignedRequest, PutMode, Result, fill_past, full_key, list_prefix,
+    relative_key,
 };
 use async_trait::async_trait;
 use aws_sdk_s3::config::http::HttpResponse;
@@ -106,55 +107,6 @@ impl S3Store {
 
     fn full(&self, key: &ObjectKey) -> String {
         full_key(&self.prefix, key)
-    }
-
-    async fn put_single(&self, key: &ObjectKey, data: Bytes, mode: PutMode) -> Result<()> {
-        let mut req = self
-            .client
-            .put_object()
-            .bucket(&self.bucket)
-            .key(self.full(key))
-            .body(SdkBody::from(data));
-        if mode == PutMode::Create {
-            req = req.if_none_match("*");
-        }
-        req.send().await.map_err(|e| map_err(e, &self.uri(key)))?;
-        Ok(())
-    }
-
-    /// Streams the rest of `body` as a multipart upload, `buf` holding what was read so far.
-    async fn put_multipart(
-        &self,
-        key: &ObjectKey,
-        body: &mut ByteStream,
-        buf: &mut BytesMut,
-        mode: PutMode,
-    ) -> Result<()> {
-        let uri = self.uri(key);
-        let created = self
-            .client
-            .create_multipart_upload()
-            .bucket(&self.bucket)
-            .key(self.full(key))
-            .send()
-            .await
-            .map_err(|e| map_err(e, &uri))?;
-        let upload_id = created.upload_id().unwrap_or_default().to_string();
-        let result = self.upload_parts(key, &upload_id, body, buf, mode).await;
-        if result.is_err() {
-            let aborted = self
-                .client
-                .abort_multipart_upload()
-                .bucket(&self.bucket)
-                .key(self.full(key))
-                .upload_id(&upload_id)
-                .send()
-                .await;
-            if let Err(e) = aborted {
-                tracing::warn!(%uri, error = %DisplayErrorContext(&e), "could not abort multipart upload; a lifecycle rule will reap it");
-            }
-        }
-        result
     }
 
     async fn upload_parts(
@@ -276,6 +228,62 @@ fn copy_source(bucket: &str, key: &str) -> String {
 }
 
 #[async_trait]
+impl PartedUpload for S3Store {
+    fn part_size(&self) -> usize {
+        self.part_size
+    }
+
+    async fn put_single(&self, key: &ObjectKey, data: Bytes, mode: PutMode) -> Result<()> {
+        let mut req = self
+            .client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(self.full(key))
+            .body(SdkBody::from(data));
+        if mode == PutMode::Create {
+            req = req.if_none_match("*");
+        }
+        req.send().await.map_err(|e| map_err(e, &self.uri(key)))?;
+        Ok(())
+    }
+
+    /// Streams the rest of `body` as a multipart upload, `buf` holding what was read so far.
+    async fn put_parts(
+        &self,
+        key: &ObjectKey,
+        body: &mut ByteStream,
+        buf: &mut BytesMut,
+        mode: PutMode,
+    ) -> Result<()> {
+        let uri = self.uri(key);
+        let created = self
+            .client
+            .create_multipart_upload()
+            .bucket(&self.bucket)
+            .key(self.full(key))
+            .send()
+            .await
+            .map_err(|e| map_err(e, &uri))?;
+        let upload_id = created.upload_id().unwrap_or_default().to_string();
+        let result = self.upload_parts(key, &upload_id, body, buf, mode).await;
+        if result.is_err() {
+            let aborted = self
+                .client
+                .abort_multipart_upload()
+                .bucket(&self.bucket)
+                .key(self.full(key))
+                .upload_id(&upload_id)
+                .send()
+                .await;
+            if let Err(e) = aborted {
+                tracing::warn!(%uri, error = %DisplayErrorContext(&e), "could not abort multipart upload; a lifecycle rule will reap it");
+            }
+        }
+        result
+    }
+}
+
+#[async_trait]
 impl ObjectStore for S3Store {
     fn backend(&self) -> &'static str {
         "s3"
@@ -288,17 +296,10 @@ impl ObjectStore for S3Store {
     async fn put_stream(
         &self,
         key: &ObjectKey,
-        mut body: ByteStream,
+        body: ByteStream,
         mode: PutMode,
     ) -> Result<ObjectMeta> {
-        let mut buf = BytesMut::new();
-        let ended = fill_past(&mut body, &mut buf, self.part_size).await?;
-        if ended {
-            self.put_single(key, buf.freeze(), mode).await?;
-        } else {
-            self.put_multipart(key, &mut body, &mut buf, mode).await?;
-        }
-        self.head(key).await
+        self.put_in_parts(key, body, mode).await
     }
 
     async fn get(&self, key: &ObjectKey, range: Option<GetRange>) -> Result<GetObject> {
