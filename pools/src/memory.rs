@@ -3,12 +3,13 @@
 //! ever hold is refused at create with the numbers instead of failing on a node.
 
 use crate::architecture::{Unsupported, architecture_of};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use tuneq_kernels::llama::{Compute, Dims, PROJECTIONS, step_bytes_on_any_cpu};
 use tuneq_openapi::{ActivationCheckpointing, ComputeKind, DtypeKind, LoraSpec};
 
-/// The shape of a Llama-family model, from its `config.json`.
-#[derive(Debug, Clone, Deserialize)]
+/// The shape of a Llama-family model, from its `config.json`: the fields placement's
+/// estimate reads, and the trainer's config carries them too (flattened into its own).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelShape {
     /// Width of the residual stream.
     pub hidden_size: u64,
@@ -19,7 +20,7 @@ pub struct ModelShape {
     /// Query heads.
     pub num_attention_heads: u64,
     #[serde(default)]
-    /// Key/value heads (grouped-query attention).
+    /// Key/value heads (grouped-query attention); the query heads when absent.
     pub num_key_value_heads: Option<u64>,
     #[serde(default)]
     /// Width of one head, when it is not hidden_size / heads.
@@ -93,7 +94,13 @@ impl ModelShape {
         Some(Ok(shape))
     }
 
-    fn head_dim(&self) -> u64 {
+    /// Key/value heads.
+    pub fn kv_heads(&self) -> u64 {
+        self.num_key_value_heads.unwrap_or(self.num_attention_heads)
+    }
+
+    /// Width of one attention head.
+    pub fn head_dim(&self) -> u64 {
         self.head_dim
             .unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
     }
@@ -102,7 +109,7 @@ impl ModelShape {
     pub fn projection(&self, name: &str) -> Option<(u64, u64)> {
         let h = self.hidden_size;
         let q = self.num_attention_heads * self.head_dim();
-        let kv = self.num_key_value_heads.unwrap_or(self.num_attention_heads) * self.head_dim();
+        let kv = self.kv_heads() * self.head_dim();
         let i = self.intermediate_size;
         Some(match name {
             "q_proj" => (h, q),

@@ -52,6 +52,39 @@ pub struct Batch {
     pub packing: Option<Packing>,
 }
 
+impl Batch {
+    /// A batch whose labelled count is read from its targets.
+    fn counted(
+        ids: Vec<u32>,
+        rows: usize,
+        len: usize,
+        targets: Vec<i64>,
+        tokens: usize,
+        packing: Option<Packing>,
+    ) -> Batch {
+        let labelled = targets.iter().filter(|&&t| t >= 0).count();
+        Batch {
+            ids,
+            rows,
+            len,
+            targets,
+            tokens,
+            labelled,
+            packing,
+        }
+    }
+}
+
+/// The length of the longest example, at least 1: a batch's row length.
+fn longest(examples: &[&Example]) -> usize {
+    examples
+        .iter()
+        .map(|e| e.input_ids.len())
+        .max()
+        .unwrap_or(0)
+        .max(1)
+}
+
 /// The layout of a packed batch, one entry per position: its position within its own
 /// example (RoPE restarts at 0), and the index in the row where its example starts, so
 /// attention sees only its own example (a block-diagonal causal mask).
@@ -68,12 +101,7 @@ pub struct Packing {
 /// keeps padding out of every real token's attention.
 pub fn make_batch(examples: &[&Example], pad_id: u32) -> Batch {
     let rows = examples.len();
-    let len = examples
-        .iter()
-        .map(|e| e.input_ids.len())
-        .max()
-        .unwrap_or(0)
-        .max(1);
+    let len = longest(examples);
     let mut ids = vec![pad_id; rows * len];
     let mut targets = vec![-100i64; rows * len];
     let mut tokens = 0;
@@ -84,16 +112,7 @@ pub fn make_batch(examples: &[&Example], pad_id: u32) -> Batch {
             targets[r * len + i] = e.labels[i + 1];
         }
     }
-    let labelled = targets.iter().filter(|&&t| t >= 0).count();
-    Batch {
-        ids,
-        rows,
-        len,
-        targets,
-        tokens,
-        labelled,
-        packing: None,
-    }
+    Batch::counted(ids, rows, len, targets, tokens, None)
 }
 
 /// The same micro-batch as [`make_batch`] with the padding squeezed out: examples, in
@@ -103,12 +122,7 @@ pub fn make_batch(examples: &[&Example], pad_id: u32) -> Batch {
 /// the loss and gradients are the same up to rounding; only rows of padding disappear.
 /// Only the fused CPU path reads [`Packing`].
 pub fn pack_batch(examples: &[&Example], pad_id: u32) -> Batch {
-    let len = examples
-        .iter()
-        .map(|e| e.input_ids.len())
-        .max()
-        .unwrap_or(0)
-        .max(1);
+    let len = longest(examples);
     // First fit, in order: row r holds `fill[r]` tokens so far.
     let mut fill: Vec<usize> = Vec::new();
     let mut placed = Vec::with_capacity(examples.len());
@@ -149,16 +163,8 @@ pub fn pack_batch(examples: &[&Example], pad_id: u32) -> Batch {
             positions[row * len + k] = 0;
         }
     }
-    let labelled = targets.iter().filter(|&&t| t >= 0).count();
-    Batch {
-        ids,
-        rows,
-        len,
-        targets,
-        tokens,
-        labelled,
-        packing: Some(Packing { positions, starts }),
-    }
+    let packing = Some(Packing { positions, starts });
+    Batch::counted(ids, rows, len, targets, tokens, packing)
 }
 
 /// A batch of full rows with every next token as a target (`labels = input_ids`, the
@@ -203,16 +209,8 @@ pub fn labelled_batch(
             }
         })
         .collect();
-    let labelled = targets.iter().filter(|&&t| t >= 0).count();
-    Batch {
-        ids,
-        rows,
-        len,
-        targets,
-        tokens: attention.iter().filter(|&&a| a != 0).count(),
-        labelled,
-        packing: None,
-    }
+    let tokens = attention.iter().filter(|&&a| a != 0).count();
+    Batch::counted(ids, rows, len, targets, tokens, None)
 }
 
 #[cfg(test)]

@@ -152,7 +152,7 @@ pub fn run(opts: &BenchOptions, mut progress: impl FnMut(&str)) -> Result<BenchR
     let mut timed_total = 0.0;
     for i in 0..opts.warmup + opts.steps {
         let ids: Vec<u32> = (0..b * t)
-            .map(|_| data_rng.random_range(0..cfg.vocab_size as u32))
+            .map(|_| data_rng.random_range(0..cfg.vocab_size() as u32))
             .collect();
         let batch = crate::batch::lm_batch(ids, b, t);
         let t0 = Instant::now();

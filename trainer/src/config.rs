@@ -3,6 +3,7 @@
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
+use tuneq_pools::ModelShape;
 
 /// `rope_scaling` of Llama 3 style checkpoints.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -38,9 +39,8 @@ fn rope_theta_default() -> f64 {
 fn eps_default() -> f64 {
     1e-6
 }
-fn max_pos_default() -> usize {
-    2048
-}
+/// The context length of a config that names none (Llama 2's).
+const DEFAULT_MAX_POSITIONS: u64 = 2048;
 
 /// A token id field that may be a single id or a list.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -65,22 +65,10 @@ impl TokenIds {
 /// The fields of a Hugging Face `LlamaConfig` that the trainer uses.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LlamaConfig {
-    /// Vocabulary size (rows of the embedding and of `lm_head`).
-    pub vocab_size: usize,
-    /// Model width.
-    pub hidden_size: usize,
-    /// MLP width.
-    pub intermediate_size: usize,
-    /// Decoder layers.
-    pub num_hidden_layers: usize,
-    /// Query heads.
-    pub num_attention_heads: usize,
-    /// Key/value heads (grouped-query attention); defaults to the query heads.
-    #[serde(default)]
-    pub num_key_value_heads: Option<usize>,
-    /// Per-head width when it differs from hidden/heads.
-    #[serde(default)]
-    pub head_dim: Option<usize>,
+    /// The model's shape (sizes, heads, vocabulary, context length, tied head, stored
+    /// dtype): the same struct placement reads the file with.
+    #[serde(flatten)]
+    pub shape: ModelShape,
     /// RMSNorm epsilon.
     #[serde(default = "eps_default")]
     pub rms_norm_eps: f64,
@@ -90,21 +78,12 @@ pub struct LlamaConfig {
     /// Llama 3 frequency scaling.
     #[serde(default)]
     pub rope_scaling: Option<RopeScaling>,
-    /// Longest position the model supports.
-    #[serde(default = "max_pos_default")]
-    pub max_position_embeddings: usize,
-    /// Whether `lm_head` shares the embedding matrix.
-    #[serde(default)]
-    pub tie_word_embeddings: bool,
     /// Beginning-of-sequence token.
     #[serde(default)]
     pub bos_token_id: Option<TokenIds>,
     /// End-of-sequence token(s).
     #[serde(default)]
     pub eos_token_id: Option<TokenIds>,
-    /// Stored dtype (`float32`, `bfloat16`, `float16`).
-    #[serde(default)]
-    pub torch_dtype: Option<String>,
     /// Biases on attention projections (unsupported: Llama has none).
     #[serde(default)]
     pub attention_bias: bool,
@@ -181,15 +160,21 @@ impl LlamaConfig {
     }
 
     fn check(&self) -> std::result::Result<(), String> {
-        if self.num_attention_heads == 0 || self.num_hidden_layers == 0 || self.hidden_size == 0 {
+        let shape = &self.shape;
+        if shape.num_attention_heads == 0 || shape.num_hidden_layers == 0 || shape.hidden_size == 0
+        {
             return Err(
                 "hidden_size, num_attention_heads and num_hidden_layers must be positive".into(),
             );
         }
-        if self.head_dim.is_none() && !self.hidden_size.is_multiple_of(self.num_attention_heads) {
+        if shape.head_dim.is_none() && !shape.hidden_size.is_multiple_of(shape.num_attention_heads)
+        {
             return Err("hidden_size must be divisible by num_attention_heads".into());
         }
-        if !self.num_attention_heads.is_multiple_of(self.num_kv_heads()) {
+        if !self
+            .num_attention_heads()
+            .is_multiple_of(self.num_kv_heads())
+        {
             return Err("num_attention_heads must be a multiple of num_key_value_heads".into());
         }
         if !self.head_dim().is_multiple_of(2) {
@@ -200,30 +185,57 @@ impl LlamaConfig {
         Ok(())
     }
 
+    /// Vocabulary size (rows of the embedding and of `lm_head`).
+    pub fn vocab_size(&self) -> usize {
+        self.shape.vocab_size as usize
+    }
+
+    /// Model width.
+    pub fn hidden_size(&self) -> usize {
+        self.shape.hidden_size as usize
+    }
+
+    /// MLP width.
+    pub fn intermediate_size(&self) -> usize {
+        self.shape.intermediate_size as usize
+    }
+
+    /// Decoder layers.
+    pub fn num_hidden_layers(&self) -> usize {
+        self.shape.num_hidden_layers as usize
+    }
+
+    /// Query heads.
+    pub fn num_attention_heads(&self) -> usize {
+        self.shape.num_attention_heads as usize
+    }
+
     /// Key/value heads.
     pub fn num_kv_heads(&self) -> usize {
-        self.num_key_value_heads.unwrap_or(self.num_attention_heads)
+        self.shape.kv_heads() as usize
     }
 
     /// Per-head width.
     pub fn head_dim(&self) -> usize {
-        self.head_dim
-            .unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
+        self.shape.head_dim() as usize
+    }
+
+    /// Longest position the model supports (2048 where the config names none).
+    pub fn max_position_embeddings(&self) -> usize {
+        self.shape
+            .max_position_embeddings
+            .unwrap_or(DEFAULT_MAX_POSITIONS) as usize
+    }
+
+    /// Whether `lm_head` shares the embedding matrix.
+    pub fn tie_word_embeddings(&self) -> bool {
+        self.shape.tie_word_embeddings
     }
 
     /// Input and output width of a target projection, by PEFT module name.
     pub fn projection_shape(&self, module: &str) -> Option<(usize, usize)> {
-        let (h, i) = (self.hidden_size, self.intermediate_size);
-        let q = self.num_attention_heads * self.head_dim();
-        let kv = self.num_kv_heads() * self.head_dim();
-        Some(match module {
-            "q_proj" => (h, q),
-            "k_proj" | "v_proj" => (h, kv),
-            "o_proj" => (q, h),
-            "gate_proj" | "up_proj" => (h, i),
-            "down_proj" => (i, h),
-            _ => return None,
-        })
+        let (i, o) = self.shape.projection(module)?;
+        Some((i as usize, o as usize))
     }
 
     /// Inverse RoPE frequencies, with Llama 3 scaling when configured.

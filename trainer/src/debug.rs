@@ -167,7 +167,7 @@ fn read_micro_batches(model: &Llama, input: &Path, m: usize) -> Result<Vec<Batch
             "{count} micro-batches are not whole steps of {m}"
         )));
     }
-    let vocab = model.cfg.vocab_size as i64;
+    let vocab = model.cfg.vocab_size() as i64;
     if ids.iter().any(|&t| !(0..vocab).contains(&t)) {
         return Err(bad("a token id is outside the vocabulary".into()));
     }

@@ -216,11 +216,11 @@ fn with_model<T>(model: &Llama, f: impl FnOnce(&llama::Model<'_>) -> Result<T>) 
         .collect::<Result<Vec<_>>>()?;
     let kernels = llama::Model {
         dims: llama::Dims {
-            vocab: cfg.vocab_size,
-            hidden: cfg.hidden_size,
-            intermediate: cfg.intermediate_size,
-            layers: cfg.num_hidden_layers,
-            heads: cfg.num_attention_heads,
+            vocab: cfg.vocab_size(),
+            hidden: cfg.hidden_size(),
+            intermediate: cfg.intermediate_size(),
+            layers: cfg.num_hidden_layers(),
+            heads: cfg.num_attention_heads(),
             kv_heads: cfg.num_kv_heads(),
             head_dim: cfg.head_dim(),
             rms_eps: cfg.rms_norm_eps as f32,
@@ -398,7 +398,7 @@ mod tests {
             llama3_rope,
         };
         let mut cfg = preset_config(&opts);
-        cfg.num_key_value_heads = Some(kv_heads);
+        cfg.shape.num_key_value_heads = Some(kv_heads as u64);
         let settings = LoraSettings {
             r: 4,
             alpha: 8.0,
@@ -479,7 +479,7 @@ mod tests {
     const GROUPED: [usize; 4] = [260, 200, 150, 256];
 
     fn compare(name: &str, m: &Llama, dropout: f64, lens: [usize; 4]) {
-        let data = batches(m.cfg.vocab_size as u32, lens);
+        let data = batches(m.cfg.vocab_size() as u32, lens);
         let run = |fused: bool| {
             let mut rng = crate::batch::rng_for(7, crate::batch::streams::DROPOUT);
             let mut masks = Vec::new();
@@ -621,7 +621,7 @@ mod tests {
     fn checkpointing_layers_changes_no_bit() {
         let all = tuneq_openapi::train_spec::ALL_TARGET_MODULES;
         let mut m = model(&all, false, false, 4);
-        let data = batches(m.cfg.vocab_size as u32, SHORT);
+        let data = batches(m.cfg.vocab_size() as u32, SHORT);
         let run = |m: &Llama| {
             let mut rng = crate::batch::rng_for(7, crate::batch::streams::DROPOUT);
             let d = Some(StepDropout {
@@ -658,7 +658,7 @@ mod tests {
     #[test]
     fn evaluation_loss_matches_the_graph() {
         let m = model(&["q_proj", "down_proj"], false, false, 4);
-        for b in batches(m.cfg.vocab_size as u32, SHORT) {
+        for b in batches(m.cfg.vocab_size() as u32, SHORT) {
             let fast = loss(&m, &b, 57.0).expect("fast loss");
             let ids = Tensor::from_vec(b.ids.clone(), (b.rows, b.len), &Device::Cpu).expect("ids");
             let hidden = m.hidden_states(&ids, None).expect("hidden");
@@ -683,7 +683,7 @@ mod tests {
             let wide = build(&all, tie, false, 4, Some(DType::F32));
             let narrow = build(&all, tie, false, 4, Some(DType::BF16));
             assert_eq!(ComputePath::for_model(&narrow), ComputePath::CpuFused);
-            let data = batches(wide.cfg.vocab_size as u32, SHORT);
+            let data = batches(wide.cfg.vocab_size() as u32, SHORT);
             let (a, b) = (
                 accumulate(&wide, &data, None).expect("f32 step"),
                 accumulate(&narrow, &data, None).expect("bf16 step"),
@@ -715,7 +715,7 @@ mod tests {
     fn checkpointing_on_the_graph_gives_the_graph_s_gradients_and_masks() {
         let all = tuneq_openapi::train_spec::ALL_TARGET_MODULES;
         let mut m = model(&all, false, false, 4);
-        let data = batches(m.cfg.vocab_size as u32, SHORT);
+        let data = batches(m.cfg.vocab_size() as u32, SHORT);
         let mut run = |checkpoint: bool| {
             m.checkpoint_layers = checkpoint;
             let mut rng = crate::batch::rng_for(7, crate::batch::streams::DROPOUT);

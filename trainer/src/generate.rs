@@ -25,7 +25,7 @@ pub struct Sample {
 
 /// Greedily extends `prompt` by up to `max_new` tokens, stopping at any of `stop` ids.
 pub fn greedy(model: &Llama, prompt: &[u32], max_new: usize, stop: &[u32]) -> Result<Vec<u32>> {
-    let limit = model.cfg.max_position_embeddings;
+    let limit = model.cfg.max_position_embeddings();
     let mut out = Vec::new();
     if prompt.is_empty() || prompt.len() >= limit {
         return Ok(out);
@@ -60,7 +60,7 @@ pub fn greedy_recomputing(
     stop: &[u32],
 ) -> Result<Vec<u32>> {
     let mut ids = prompt.to_vec();
-    let limit = model.cfg.max_position_embeddings;
+    let limit = model.cfg.max_position_embeddings();
     let mut out = Vec::new();
     for _ in 0..max_new {
         if ids.len() >= limit || ids.is_empty() {
@@ -132,7 +132,7 @@ mod tests {
             llama3_rope: true,
         };
         let mut cfg = preset_config(&opts);
-        cfg.num_key_value_heads = Some(kv_heads);
+        cfg.shape.num_key_value_heads = Some(kv_heads as u64);
         crate::init::random_model(cfg, 4, None).expect("model")
     }
 
@@ -192,7 +192,7 @@ mod tests {
     fn a_cache_past_the_context_is_refused() {
         let m = tiny(4);
         let mut cache = m.new_cache();
-        let too_long = vec![1u32; m.cfg.max_position_embeddings + 1];
+        let too_long = vec![1u32; m.cfg.max_position_embeddings() + 1];
         assert!(m.forward_cached(&too_long, &mut cache).is_err());
         assert!(m.forward_cached(&[], &mut cache).is_err());
     }

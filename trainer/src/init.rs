@@ -9,6 +9,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use std::collections::BTreeMap;
 use std::path::Path;
+use tuneq_pools::ModelShape;
 
 /// Model sizes `tuneq model init` can write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +53,20 @@ pub struct InitOptions {
     pub llama3_rope: bool,
 }
 
+impl InitOptions {
+    /// The tiny preset from seed 0 in one file: the demo model `tuneq up` and
+    /// `tuneq demo` write on first use.
+    pub fn demo() -> Self {
+        Self {
+            preset: Preset::Tiny,
+            seed: 0,
+            shards: 1,
+            tie_embeddings: false,
+            llama3_rope: false,
+        }
+    }
+}
+
 /// The config a preset stands for.
 pub fn preset_config(opts: &InitOptions) -> LlamaConfig {
     let (vocab, hidden, inter, layers, heads, kv, max_pos) = match opts.preset {
@@ -61,13 +76,19 @@ pub fn preset_config(opts: &InitOptions) -> LlamaConfig {
     };
     let smollm2 = opts.preset == Preset::Smollm2;
     LlamaConfig {
-        vocab_size: vocab,
-        hidden_size: hidden,
-        intermediate_size: inter,
-        num_hidden_layers: layers,
-        num_attention_heads: heads,
-        num_key_value_heads: Some(kv),
-        head_dim: Some(hidden / heads),
+        shape: ModelShape {
+            vocab_size: vocab,
+            hidden_size: hidden,
+            intermediate_size: inter,
+            num_hidden_layers: layers,
+            num_attention_heads: heads,
+            num_key_value_heads: Some(kv),
+            head_dim: Some(hidden / heads),
+            max_position_embeddings: Some(max_pos),
+            tie_word_embeddings: opts.tie_embeddings || smollm2,
+            torch_dtype: Some("float32".into()),
+            added_tokens: None,
+        },
         rms_norm_eps: 1e-5,
         rope_theta: if smollm2 { 100000.0 } else { 10000.0 },
         rope_scaling: opts.llama3_rope.then(|| RopeScaling {
@@ -77,11 +98,8 @@ pub fn preset_config(opts: &InitOptions) -> LlamaConfig {
             high_freq_factor: 4.0,
             original_max_position_embeddings: 256,
         }),
-        max_position_embeddings: max_pos,
-        tie_word_embeddings: opts.tie_embeddings || smollm2,
         bos_token_id: Some(TokenIds::One(1)),
         eos_token_id: Some(TokenIds::One(2)),
-        torch_dtype: Some("float32".into()),
         attention_bias: false,
         mlp_bias: false,
         hidden_act: Some("silu".into()),
@@ -122,7 +140,7 @@ pub fn write_model(opts: &InitOptions, out: &Path) -> Result<LlamaConfig> {
         &out.join("generation_config.json"),
         &serde_json::json!({"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 5, "do_sample": false}),
     )?;
-    crate::data::write_tokenizer_files(out, cfg.vocab_size, cfg.max_position_embeddings)?;
+    crate::data::write_tokenizer_files(out, cfg.vocab_size(), cfg.max_position_embeddings())?;
     Ok(cfg)
 }
 
@@ -225,7 +243,7 @@ fn random_weights_in(
     seed: u64,
     dtype: candle_core::DType,
 ) -> Result<Vec<(String, Tensor)>> {
-    let (h, v) = (cfg.hidden_size, cfg.vocab_size);
+    let (h, v) = (cfg.hidden_size(), cfg.vocab_size());
     let mut rng = ChaCha20Rng::seed_from_u64(seed);
     let dev = Device::Cpu;
     let mut tensors: Vec<(String, Tensor)> = Vec::new();
@@ -235,7 +253,7 @@ fn random_weights_in(
         Ok(())
     };
     rand_t("model.embed_tokens.weight".into(), (v, h), &mut rng)?;
-    for l in 0..cfg.num_hidden_layers {
+    for l in 0..cfg.num_hidden_layers() {
         for (module, proj) in crate::model::PROJECTIONS {
             let (in_dim, out_dim) = cfg.projection_shape(proj).unwrap_or((h, h));
             rand_t(
@@ -245,11 +263,11 @@ fn random_weights_in(
             )?;
         }
     }
-    if !cfg.tie_word_embeddings {
+    if !cfg.tie_word_embeddings() {
         rand_t("lm_head.weight".into(), (v, h), &mut rng)?;
     }
     // Norm weights are ones in HF's init; perturb them slightly so tests notice a norm that is skipped.
-    for l in 0..cfg.num_hidden_layers {
+    for l in 0..cfg.num_hidden_layers() {
         for n in ["input_layernorm", "post_attention_layernorm"] {
             let data: Vec<f32> = normal(&mut rng, h, 0.1)
                 .into_iter()

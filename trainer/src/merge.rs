@@ -23,7 +23,7 @@ pub fn merge(model_dir: &Path, adapter_dir: &Path, out: &Path) -> Result<usize> 
     let (settings, adapter) = crate::peft::load_adapter(adapter_dir, &Device::Cpu)?;
     let scale = settings.scale();
     let mut pending: BTreeMap<String, (Tensor, Tensor)> = BTreeMap::new();
-    for l in 0..cfg.num_hidden_layers {
+    for l in 0..cfg.num_hidden_layers() {
         for (module, proj) in PROJECTIONS {
             if !settings.targets(proj) {
                 continue;

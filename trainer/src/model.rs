@@ -117,10 +117,10 @@ impl Llama {
         device: &Device,
         mut lora: Option<(&LoraSettings, &mut ChaCha20Rng)>,
     ) -> Result<Self> {
-        let (h, v) = (cfg.hidden_size, cfg.vocab_size);
+        let (h, v) = (cfg.hidden_size(), cfg.vocab_size());
         let embed_tokens = w.take("model.embed_tokens.weight", &[v, h])?;
-        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
-        for i in 0..cfg.num_hidden_layers {
+        let mut layers = Vec::with_capacity(cfg.num_hidden_layers());
+        for i in 0..cfg.num_hidden_layers() {
             let p = format!("model.layers.{i}");
             let input_layernorm = w.take(&format!("{p}.input_layernorm.weight"), &[h])?;
             let post_attention_layernorm =
@@ -150,7 +150,7 @@ impl Llama {
             });
         }
         let norm = w.take("model.norm.weight", &[h])?;
-        let lm_head = if cfg.tie_word_embeddings && !w.contains("lm_head.weight") {
+        let lm_head = if cfg.tie_word_embeddings() && !w.contains("lm_head.weight") {
             embed_tokens.clone()
         } else {
             w.take("lm_head.weight", &[v, h])?
@@ -290,7 +290,7 @@ impl Llama {
         Ok(self
             .embed_tokens
             .index_select(&ids.flatten_all()?, 0)?
-            .reshape((b, t, self.cfg.hidden_size))?)
+            .reshape((b, t, self.cfg.hidden_size()))?)
     }
 
     /// The final RMSNorm.
@@ -325,7 +325,11 @@ impl Llama {
     ) -> Result<Tensor> {
         let (b, t, _) = x.dims3()?;
         let cfg = &self.cfg;
-        let (nh, nkv, hd) = (cfg.num_attention_heads, cfg.num_kv_heads(), cfg.head_dim());
+        let (nh, nkv, hd) = (
+            cfg.num_attention_heads(),
+            cfg.num_kv_heads(),
+            cfg.head_dim(),
+        );
         let eps = cfg.rms_norm_eps;
         let [q_p, k_p, v_p, o_p, gate_p, up_p, down_p] = layer.projections.as_slice() else {
             return Err(Error::Model {
@@ -401,10 +405,10 @@ impl Llama {
         }
         let cfg = &self.cfg;
         let input = Tensor::from_vec(ids.to_vec(), t, &self.device)?;
-        let mut x = self
-            .embed_tokens
-            .index_select(&input, 0)?
-            .reshape((1, t, cfg.hidden_size))?;
+        let mut x =
+            self.embed_tokens
+                .index_select(&input, 0)?
+                .reshape((1, t, cfg.hidden_size()))?;
         let cos = self.cos.narrow(0, start, t)?.contiguous()?;
         let sin = self.sin.narrow(0, start, t)?.contiguous()?;
         for (layer, slot) in self.layers.iter().zip(cache.layers.iter_mut()) {
@@ -419,7 +423,7 @@ impl Llama {
 
     /// Logits (rows, vocab) for hidden states (…, hidden).
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
-        let h = self.cfg.hidden_size;
+        let h = self.cfg.hidden_size();
         let rows = hidden.elem_count() / h;
         Ok(frozen_linear(&hidden.reshape((rows, h))?, &self.lm_head)?)
     }
@@ -431,7 +435,7 @@ impl Llama {
         Ok(self
             .logits(&hidden)?
             .to_dtype(DType::F32)?
-            .reshape((b, t, self.cfg.vocab_size))?)
+            .reshape((b, t, self.cfg.vocab_size()))?)
     }
 }
 
@@ -473,7 +477,7 @@ fn repeat_kv(x: &Tensor, n_rep: usize) -> candle_core::Result<Tensor> {
 /// cos/sin tables (max_positions, head_dim/2) for rotate-half RoPE, computed in f32 like HF.
 fn rope_tables(cfg: &LlamaConfig, device: &Device, dtype: DType) -> Result<(Tensor, Tensor)> {
     let inv = cfg.inv_freq();
-    let n = cfg.max_position_embeddings;
+    let n = cfg.max_position_embeddings();
     let half = inv.len();
     let mut angles = Vec::with_capacity(n * half);
     for pos in 0..n {

@@ -19,23 +19,24 @@ use tuneq_openapi::{TrainEvent, TrainSpec};
 pub(super) fn checked_model(spec: &TrainSpec, model_dir: &Path) -> Result<(LlamaConfig, Encoder)> {
     let h = &spec.hyperparameters;
     let cfg = LlamaConfig::load(model_dir)?;
-    if h.max_seq_len as usize > cfg.max_position_embeddings {
+    if h.max_seq_len as usize > cfg.max_position_embeddings() {
         return Err(Error::Spec(vec![tuneq_openapi::SpecError {
             field: "hyperparameters.max_seq_len".into(),
             message: format!(
                 "{} exceeds the model's max_position_embeddings {}",
-                h.max_seq_len, cfg.max_position_embeddings
+                h.max_seq_len,
+                cfg.max_position_embeddings()
             ),
         }]));
     }
     let encoder = Encoder::from_model_dir(model_dir, spec.chat_template)?;
     let tokenizer_vocab = encoder.tokenizer().get_vocab_size(true);
-    if tokenizer_vocab > cfg.vocab_size {
+    if tokenizer_vocab > cfg.vocab_size() {
         return Err(Error::Model {
             path: model_dir.display().to_string(),
             message: format!(
                 "tokenizer.json has {tokenizer_vocab} tokens but config.json vocab_size is {}",
-                cfg.vocab_size
+                cfg.vocab_size()
             ),
         });
     }
