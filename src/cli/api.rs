@@ -105,33 +105,25 @@ async fn serve(args: ApiArgs) -> Result<()> {
         queue,
         store,
         tuneq_api::ApiConfig {
-            max_upload_bytes: args.policy.max_upload_bytes(),
-            default_limits: args.policy.default_limits(),
-            webhooks: args.policy.webhooks(),
-            holds: args.policy.holds()?,
-            admin_key_hash: args.policy.admin_key_hash()?,
             spool_dir,
             pools: std::sync::Arc::new(pools),
             attempt_signer: service::attempt_signer(Some(attempt_secret.expose()))?,
             // Every replica shares the attempt secret, so each derives the same key.
             sealing_key: tuneq_api::sealed::SealingKey::derive(attempt_secret.expose().as_bytes()),
-            ..tuneq_api::ApiConfig::default()
+            ..args.policy.api_config()?
         },
     );
     tuneq_api::admin::apply_default_limits(&state)
         .await
         .map_err(|e| anyhow::anyhow!("{}", e.detail.message))?;
     for model in models {
-        service::register_model(&state, model).await?;
+        service::register_model(&state, model, service::BASE_LEARNING_RATE).await?;
     }
     let listener = std::net::TcpListener::bind((args.host.as_str(), args.port))
         .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
     let url = format!("http://{}", listener.local_addr()?);
-    let server = tuneq_api::serve(listener, state.clone(), None)?;
-    let handle = server.handle();
-    let server_task = tokio::spawn(server);
+    let api = service::RunningApi::start(listener, &state)?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let holds = state.holds.clone();
     let settler = tokio::spawn(service::settle_loop(state, stop_rx));
     println!("tuneq api is up at {url}");
     use std::io::Write;
@@ -140,11 +132,7 @@ async fn serve(args: ApiArgs) -> Result<()> {
     let _ = stop_tx.send(true);
     let forced = service::force_on_second_signal();
     let _ = settler.await;
-    // Open event streams end now (their clients reconnect elsewhere with
-    // Last-Event-ID) instead of holding the graceful stop to its timeout.
-    holds.close();
-    handle.stop(true).await;
-    let _ = server_task.await;
+    api.stop().await;
     forced.abort();
     Ok(())
 }

@@ -9,34 +9,7 @@ use tuneq_trainer::init::Preset;
 #[derive(Subcommand)]
 pub enum BenchCommand {
     /// LoRA training throughput on a random model (compare with peer_lora_bench.py).
-    Train {
-        /// Model size.
-        #[arg(long, default_value = "tiny")]
-        preset: Preset,
-        /// Sequences per step.
-        #[arg(long, short = 'B', default_value_t = 4)]
-        batch: usize,
-        /// Tokens per sequence.
-        #[arg(long, short = 'T', default_value_t = 256)]
-        seq: usize,
-        /// Timed steps.
-        #[arg(long, short = 'N', default_value_t = 10)]
-        steps: usize,
-        /// Untimed warm-up steps.
-        #[arg(long, default_value_t = 2)]
-        warmup: usize,
-        /// Learning rate.
-        #[arg(long, default_value_t = 1e-4)]
-        lr: f64,
-        /// Seed.
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
-        /// How the frozen projections are computed: `f32` (what the PyTorch peer is
-        /// compared in) or `bf16` (weights in bf16, bf16 operands: the own AVX512-BF16
-        /// kernels, or AMX with a oneMKL build).
-        #[arg(long, value_enum, default_value = "f32")]
-        compute: super::train::ComputeArg,
-    },
+    Train(TrainBench),
     /// API request rate and p99 on the Redis backend, beside an actix-web hello-world
     /// in the same run (scripts/bench-api starts a redis-server for it).
     Api {
@@ -58,62 +31,111 @@ pub enum BenchCommand {
     },
     /// Queue throughput and memory on a redis-server, with the BullMQ kit's workload
     /// and JSON keys (the kit: docs/benchmarks.md; scripts/bench-queue runs both).
-    Queue {
-        /// The redis-server to use (the same one BullMQ is measured on).
-        #[arg(long, env = "REDIS_URL")]
-        redis: String,
-        /// Jobs per phase.
-        #[arg(long, default_value_t = 100_000)]
-        n: usize,
-        /// Concurrent workers for the processing phases (comma-separated).
-        #[arg(long, value_delimiter = ',', default_value = "1,8")]
-        workers: Vec<usize>,
-        /// Producers in flight while enqueueing.
-        #[arg(long, default_value_t = 8)]
-        producers: usize,
-        /// Workload seed (mulberry32, as in the BullMQ kit).
-        #[arg(long, default_value_t = 42)]
-        seed: u32,
-        /// Tenants.
-        #[arg(long, default_value_t = 32)]
-        tenants: u32,
-        /// Payload bytes.
-        #[arg(long, default_value_t = 200)]
-        payload_bytes: usize,
-        /// Untimed warm-up jobs.
-        #[arg(long, default_value_t = 2000)]
-        warmup: usize,
-        /// Jobs per bulk-enqueue call.
-        #[arg(long, default_value_t = 1000)]
-        batch: usize,
-        /// Queue depths at which claim latency is measured (comma-separated; empty skips).
-        #[arg(long, value_delimiter = ',', default_value = "1000,1000000")]
-        latency_at: Vec<usize>,
-    },
+    Queue(QueueBench),
+}
+
+/// What `tuneq bench train` runs.
+#[derive(clap::Args)]
+pub struct TrainBench {
+    /// Model size.
+    #[arg(long, default_value = "tiny")]
+    preset: Preset,
+    /// Sequences per step.
+    #[arg(long, short = 'B', default_value_t = 4)]
+    batch: usize,
+    /// Tokens per sequence.
+    #[arg(long, short = 'T', default_value_t = 256)]
+    seq: usize,
+    /// Timed steps.
+    #[arg(long, short = 'N', default_value_t = 10)]
+    steps: usize,
+    /// Untimed warm-up steps.
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    /// Learning rate.
+    #[arg(long, default_value_t = 1e-4)]
+    lr: f64,
+    /// Seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// How the frozen projections are computed: `f32` (what the PyTorch peer is
+    /// compared in) or `bf16` (weights in bf16, bf16 operands: the own AVX512-BF16
+    /// kernels, or AMX with a oneMKL build).
+    #[arg(long, value_enum, default_value = "f32")]
+    compute: super::train::ComputeArg,
+}
+
+impl TrainBench {
+    fn options(self) -> BenchOptions {
+        BenchOptions {
+            preset: self.preset,
+            batch: self.batch,
+            seq: self.seq,
+            steps: self.steps,
+            warmup: self.warmup,
+            lr: self.lr,
+            seed: self.seed,
+            compute: self.compute.into(),
+        }
+    }
+}
+
+/// What `tuneq bench queue` runs.
+#[derive(clap::Args)]
+pub struct QueueBench {
+    /// The redis-server to use (the same one BullMQ is measured on).
+    #[arg(long, env = "REDIS_URL")]
+    redis: String,
+    /// Jobs per phase.
+    #[arg(long, default_value_t = 100_000)]
+    n: usize,
+    /// Concurrent workers for the processing phases (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "1,8")]
+    workers: Vec<usize>,
+    /// Producers in flight while enqueueing.
+    #[arg(long, default_value_t = 8)]
+    producers: usize,
+    /// Workload seed (mulberry32, as in the BullMQ kit).
+    #[arg(long, default_value_t = 42)]
+    seed: u32,
+    /// Tenants.
+    #[arg(long, default_value_t = 32)]
+    tenants: u32,
+    /// Payload bytes.
+    #[arg(long, default_value_t = 200)]
+    payload_bytes: usize,
+    /// Untimed warm-up jobs.
+    #[arg(long, default_value_t = 2000)]
+    warmup: usize,
+    /// Jobs per bulk-enqueue call.
+    #[arg(long, default_value_t = 1000)]
+    batch: usize,
+    /// Queue depths at which claim latency is measured (comma-separated; empty skips).
+    #[arg(long, value_delimiter = ',', default_value = "1000,1000000")]
+    latency_at: Vec<usize>,
+}
+
+impl QueueBench {
+    fn options(self) -> tuneq_queue::bench::QueueBenchOptions {
+        tuneq_queue::bench::QueueBenchOptions {
+            redis_url: self.redis,
+            n: self.n,
+            workers: self.workers,
+            producers: self.producers,
+            seed: self.seed,
+            tenants: self.tenants,
+            payload_bytes: self.payload_bytes,
+            warmup: self.warmup,
+            batch: self.batch,
+            latency_depths: self.latency_at,
+        }
+    }
 }
 
 pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
     match cmd {
-        BenchCommand::Train {
-            preset,
-            batch,
-            seq,
-            steps,
-            warmup,
-            lr,
-            seed,
-            compute,
-        } => {
-            let opts = BenchOptions {
-                preset,
-                batch,
-                seq,
-                steps,
-                warmup,
-                lr,
-                seed,
-                compute: compute.into(),
-            };
+        BenchCommand::Train(args) => {
+            let opts = args.options();
             let r = tuneq_trainer::bench::run(&opts, |line| eprintln!("{line}"))?;
             println!("{}", serde_json::to_string(&r)?);
         }
@@ -138,30 +160,8 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
             let r = runtime.block_on(super::bench_api::run(&opts, |line| eprintln!("{line}")))?;
             println!("{}", serde_json::to_string(&r)?);
         }
-        BenchCommand::Queue {
-            redis,
-            n,
-            workers,
-            producers,
-            seed,
-            tenants,
-            payload_bytes,
-            warmup,
-            batch,
-            latency_at,
-        } => {
-            let opts = tuneq_queue::bench::QueueBenchOptions {
-                redis_url: redis,
-                n,
-                workers,
-                producers,
-                seed,
-                tenants,
-                payload_bytes,
-                warmup,
-                batch,
-                latency_depths: latency_at,
-            };
+        BenchCommand::Queue(args) => {
+            let opts = args.options();
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?;

@@ -8,27 +8,9 @@ use std::process::ExitCode;
 #[derive(Subcommand)]
 pub enum DebugCommand {
     /// Full-sequence logits for `input_ids` in a safetensors file.
-    Logits {
-        #[arg(long)]
-        model: PathBuf,
-        #[arg(long)]
-        adapter: Option<PathBuf>,
-        #[arg(long)]
-        input_ids: PathBuf,
-        #[arg(long)]
-        out: PathBuf,
-    },
-    /// Loss (labels = input ids) and LoRA gradients of one batch.
-    Grads {
-        #[arg(long)]
-        model: PathBuf,
-        #[arg(long)]
-        adapter: PathBuf,
-        #[arg(long)]
-        input_ids: PathBuf,
-        #[arg(long)]
-        out: PathBuf,
-    },
+    Logits(ProbeArgs),
+    /// Loss (labels = input ids) and LoRA gradients of one batch (`--adapter` needed).
+    Grads(ProbeArgs),
     /// Each record of a dataset as training sees it: the conversation, the rendered text,
     /// the token ids and the labels (−100 where no loss), one JSON object per line, with
     /// the chat template's source first.
@@ -46,6 +28,31 @@ pub enum DebugCommand {
     /// Optimiser steps as training runs them (micro-batches, clipping, AdamW, dropout)
     /// over batches in a safetensors file, writing the adapter after every step.
     Steps(StepsArgs),
+}
+
+/// The model and the batch `tuneq debug logits` and `grads` run.
+#[derive(clap::Args)]
+pub struct ProbeArgs {
+    #[arg(long)]
+    model: PathBuf,
+    #[arg(long)]
+    adapter: Option<PathBuf>,
+    /// `input_ids` in a safetensors file.
+    #[arg(long)]
+    input_ids: PathBuf,
+    #[arg(long)]
+    out: PathBuf,
+}
+
+impl ProbeArgs {
+    /// The model in f32, with the adapter when one is named.
+    fn load(&self) -> Result<tuneq_trainer::model::Llama> {
+        Ok(tuneq_trainer::debug::load_model(
+            &self.model,
+            self.adapter.as_deref(),
+            tuneq_openapi::DtypeKind::F32,
+        )?)
+    }
 }
 
 /// What `tuneq debug steps` runs.
@@ -92,31 +99,18 @@ pub struct StepsArgs {
 
 pub fn run(cmd: DebugCommand) -> Result<ExitCode> {
     match cmd {
-        DebugCommand::Logits {
-            model,
-            adapter,
-            input_ids,
-            out,
-        } => {
-            let m = tuneq_trainer::debug::load_model(
-                &model,
-                adapter.as_deref(),
-                tuneq_openapi::DtypeKind::F32,
-            )?;
-            tuneq_trainer::debug::write_logits(&m, &input_ids, &out)?;
+        DebugCommand::Logits(probe) => {
+            tuneq_trainer::debug::write_logits(&probe.load()?, &probe.input_ids, &probe.out)?;
         }
-        DebugCommand::Grads {
-            model,
-            adapter,
-            input_ids,
-            out,
-        } => {
-            let m = tuneq_trainer::debug::load_model(
-                &model,
-                Some(&adapter),
-                tuneq_openapi::DtypeKind::F32,
-            )?;
-            let loss = tuneq_trainer::debug::write_grads(&m, &input_ids, &out)?;
+        DebugCommand::Grads(probe) => {
+            if probe.adapter.is_none() {
+                return Err(super::BadInput(
+                    "--adapter: gradients are an adapter's; name the adapter to start from".into(),
+                )
+                .into());
+            }
+            let loss =
+                tuneq_trainer::debug::write_grads(&probe.load()?, &probe.input_ids, &probe.out)?;
             println!("{}", serde_json::json!({"loss": loss}));
         }
         DebugCommand::Encode {

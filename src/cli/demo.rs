@@ -21,14 +21,7 @@ pub fn prepare() -> Result<PathBuf> {
     let model = dir.join("model");
     if !model.join("config.json").is_file() {
         eprintln!("writing the tiny demo model to {}", model.display());
-        let opts = tuneq_trainer::init::InitOptions {
-            preset: tuneq_trainer::init::Preset::Tiny,
-            seed: 0,
-            shards: 1,
-            tie_embeddings: false,
-            llama3_rope: false,
-        };
-        tuneq_trainer::init::write_model(&opts, &model)?;
+        tuneq_trainer::init::write_model(&tuneq_trainer::init::InitOptions::demo(), &model)?;
     }
     let data = dir.join("data");
     std::fs::create_dir_all(&data).with_context(|| format!("cannot create {}", data.display()))?;

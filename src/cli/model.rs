@@ -100,11 +100,11 @@ fn init(opts: &InitOptions, out: &Path) -> Result<ExitCode> {
         "{}",
         serde_json::json!({
             "model": out.display().to_string(),
-            "vocab_size": cfg.vocab_size,
-            "hidden_size": cfg.hidden_size,
-            "num_hidden_layers": cfg.num_hidden_layers,
+            "vocab_size": cfg.vocab_size(),
+            "hidden_size": cfg.hidden_size(),
+            "num_hidden_layers": cfg.num_hidden_layers(),
             "shards": opts.shards,
-            "tie_word_embeddings": cfg.tie_word_embeddings,
+            "tie_word_embeddings": cfg.tie_word_embeddings(),
         })
     );
     Ok(ExitCode::SUCCESS)

@@ -72,32 +72,16 @@ pub struct UpArgs {
 async fn register_demo_model(state: &tuneq_api::AppState, data_dir: &Path) -> Result<()> {
     let dir = data_dir.join("models").join(DEMO_MODEL);
     if !dir.join("config.json").is_file() {
-        let opts = tuneq_trainer::init::InitOptions {
-            preset: tuneq_trainer::init::Preset::Tiny,
-            seed: 0,
-            shards: 1,
-            tie_embeddings: false,
-            llama3_rope: false,
-        };
-        tuneq_trainer::init::write_model(&opts, &dir)
+        tuneq_trainer::init::write_model(&tuneq_trainer::init::InitOptions::demo(), &dir)
             .with_context(|| format!("cannot write the demo model to {}", dir.display()))?;
     }
     let location = std::fs::canonicalize(&dir)?.display().to_string();
-    tuneq_api::records::model::register(
-        &state.queue,
-        &tuneq_api::records::model::BaseModel {
-            id: DEMO_MODEL.into(),
-            location,
-            // A tiny randomly initialised model learns at a rate a real one would not.
-            base_learning_rate: 2e-3,
-            created: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or_default(),
-        },
-    )
-    .await
-    .map_err(|e| anyhow::anyhow!("{}", e.detail.message))
+    let model = service::ModelArg {
+        id: DEMO_MODEL.into(),
+        location,
+    };
+    // A tiny randomly initialised model learns at a rate a real one would not.
+    service::register_model(state, model, 2e-3).await
 }
 
 /// The default tenant's key: the one given, the one kept from an earlier start, or a
@@ -250,9 +234,7 @@ async fn serve(args: UpArgs) -> Result<()> {
     } else {
         url.clone()
     };
-    let server = tuneq_api::serve(listener, state.clone(), None)?;
-    let server_handle = server.handle();
-    let server_task = tokio::spawn(server);
+    let api = service::RunningApi::start(listener, &state)?;
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut dispatcher_tasks = Vec::new();
@@ -270,7 +252,6 @@ async fn serve(args: UpArgs) -> Result<()> {
             stop_rx.clone(),
         )?);
     }
-    let holds = state.holds.clone();
     let settler_task = tokio::spawn(service::settle_loop(state, stop_rx));
     print_welcome(&url, &key, generated, data_dir);
 
@@ -288,11 +269,7 @@ async fn serve(args: UpArgs) -> Result<()> {
         }
     }
     let _ = settler_task.await;
-    // Open event streams end now (their clients reconnect elsewhere with
-    // Last-Event-ID) instead of holding the graceful stop to its timeout.
-    holds.close();
-    server_handle.stop(true).await;
-    let _ = server_task.await;
+    api.stop().await;
     forced.abort();
     Ok(())
 }
@@ -346,16 +323,11 @@ fn api_state(
         queue,
         Arc::new(tuneq_storage::LocalStore::new(data_dir.join("objects"))),
         tuneq_api::ApiConfig {
-            max_upload_bytes: args.policy.max_upload_bytes(),
-            default_limits: args.policy.default_limits(),
-            webhooks: args.policy.webhooks(),
-            holds: args.policy.holds()?,
-            admin_key_hash: args.policy.admin_key_hash()?,
             spool_dir: data_dir.join("spool"),
             pools: Arc::new(pools),
             attempt_signer: signer,
             sealing_key: sealing_key(data_dir)?,
-            ..tuneq_api::ApiConfig::default()
+            ..args.policy.api_config()?
         },
     ))
 }
@@ -378,7 +350,7 @@ async fn seed_catalog(
         default_key(state, args.api_key.as_ref().map(Secret::expose), data_dir).await?;
     register_demo_model(state, data_dir).await?;
     for model in models {
-        service::register_model(state, model).await?;
+        service::register_model(state, model, service::BASE_LEARNING_RATE).await?;
     }
     Ok((key, generated))
 }

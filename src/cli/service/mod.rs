@@ -9,6 +9,7 @@
 //! - `pair`: `NAME=VALUE` arguments.
 //! - `dispatch`: dispatcher loops on a local runtime or a Kubernetes pool.
 //! - `outcomes`: the loop that files finished jobs and sends their webhooks.
+//! - `server`: the HTTP API on its own task, and its orderly stop.
 //! - `shutdown`: graceful shutdown on signals.
 
 mod dispatch;
@@ -20,16 +21,18 @@ mod policy;
 mod pools;
 mod process;
 pub mod queue;
+mod server;
 mod shutdown;
 
 pub use dispatch::{
     KubernetesDispatch, LocalDispatch, spawn_dispatcher, spawn_kubernetes_dispatcher,
 };
 pub use memory::attempt_memory;
-pub use model::{ModelArg, model_arg, register_model};
+pub use model::{BASE_LEARNING_RATE, ModelArg, model_arg, register_model};
 pub use outcomes::settle_loop;
 pub use policy::ApiPolicyArgs;
 pub use pools::{check_kubernetes_pools, load_pools, local_pools};
 pub use process::{clean_spool, make_private, private_files, runtime};
 pub use queue::{attempt_signer, open_queue};
+pub use server::RunningApi;
 pub use shutdown::{force_on_second_signal, shutdown_signal};

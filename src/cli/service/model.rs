@@ -6,9 +6,15 @@ use anyhow::{Context, Result};
 
 /// A base model to register: `--model ID=LOCATION`.
 pub struct ModelArg {
-    id: String,
-    location: String,
+    /// The id jobs name it by.
+    pub id: String,
+    /// Where its files are (an absolute folder or a store URI).
+    pub location: String,
 }
+
+/// The learning rate a `--model` is registered with (LoRA's usual 2e-4); a job's
+/// `learning_rate_multiplier` scales it.
+pub const BASE_LEARNING_RATE: f64 = 2e-4;
 
 /// Reads `--model ID=LOCATION`: the id is checked, a local folder must hold a model
 /// (`config.json`) and is made absolute.
@@ -52,14 +58,18 @@ pub fn model_arg(text: &str) -> Result<ModelArg> {
     Ok(ModelArg { id, location })
 }
 
-/// Registers a `--model`.
-pub async fn register_model(state: &tuneq_api::AppState, model: ModelArg) -> Result<()> {
+/// Registers a model whose learning rate at multiplier 1 is `base_learning_rate`.
+pub async fn register_model(
+    state: &tuneq_api::AppState,
+    model: ModelArg,
+    base_learning_rate: f64,
+) -> Result<()> {
     tuneq_api::records::model::register(
         &state.queue,
         &tuneq_api::records::model::BaseModel {
             id: model.id,
             location: model.location,
-            base_learning_rate: 2e-4,
+            base_learning_rate,
             created: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())

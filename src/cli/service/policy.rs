@@ -53,6 +53,18 @@ pub struct ApiPolicyArgs {
 }
 
 impl ApiPolicyArgs {
+    /// The API's settings these flags decide; the rest are the defaults.
+    pub fn api_config(&self) -> Result<tuneq_api::ApiConfig> {
+        Ok(tuneq_api::ApiConfig {
+            max_upload_bytes: self.max_upload_bytes(),
+            default_limits: self.default_limits(),
+            webhooks: self.webhooks(),
+            holds: self.holds()?,
+            admin_key_hash: self.admin_key_hash()?,
+            ..tuneq_api::ApiConfig::default()
+        })
+    }
+
     /// The limits of every tenant that has none of its own (`PUT
     /// /admin/tenants/{id}/limits` sets a tenant's), so that no tenant can fill the
     /// disk with jobs or files by default.
