@@ -11,7 +11,6 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use support::{Server, claim};
-use tuneq_queue::JobQueue;
 use tuneq_storage::layout::{Id, job_output};
 use tuneq_storage::{ObjectStore, PutMode};
 
@@ -69,15 +68,7 @@ async fn reports_move_a_job_to_succeeded_and_stale_or_forged_ones_change_nothing
 
     // A dispatcher claims it; the first attempt's credential is refused once preempted.
     let (first, first_credential) = claim(&s).await;
-    s.queue
-        .preempt(
-            &first.id,
-            first.token,
-            tuneq_openapi::StopCause::Preemption,
-            "spot reclaimed",
-        )
-        .await
-        .unwrap();
+    support::reclaim(&s, &first).await;
     let (lease, credential) = claim(&s).await;
 
     let started = json!({"seq": 1, "events": [

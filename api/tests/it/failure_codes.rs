@@ -13,12 +13,7 @@ async fn create_job(s: &support::Server) -> (String, String) {
     let (status, created) = support::create(s, &file, serde_json::json!({})).await;
     assert_eq!(status, 200, "{created}");
     let id = created["id"].as_str().unwrap().to_string();
-    let lease = s
-        .queue
-        .claim_started("local", "test", "")
-        .await
-        .unwrap()
-        .unwrap();
+    let (lease, _) = support::claim(s).await;
     (id, lease.id)
 }
 

@@ -197,16 +197,7 @@ async fn estimates_use_the_speed_trainers_report_and_lost_steps_are_counted_per_
         report(&s, &first.id, first.token, events).await,
         StatusCode::NO_CONTENT
     );
-    s.state
-        .queue
-        .preempt(
-            &first.id,
-            first.token,
-            tuneq_openapi::StopCause::Preemption,
-            "spot reclaimed",
-        )
-        .await
-        .unwrap();
+    support::reclaim(&s, &first).await;
     let second = claim_spot(&s).await;
     assert_eq!(second.id, first.id);
     let resumed = json!([{"event": "resumed", "step": 1, "checkpoint": "file:///c/step-1"}]);

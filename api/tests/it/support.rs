@@ -281,6 +281,19 @@ pub async fn claim(s: &Server) -> (tuneq_queue::Lease, String) {
     (lease, credential)
 }
 
+/// Preempts `lease`'s attempt as a spot node taken away would.
+pub async fn reclaim(s: &Server, lease: &tuneq_queue::Lease) {
+    s.queue
+        .preempt(
+            &lease.id,
+            lease.token,
+            tuneq_openapi::StopCause::Preemption,
+            "spot reclaimed",
+        )
+        .await
+        .unwrap();
+}
+
 /// `n` prompt/completion examples.
 pub fn examples(n: usize) -> String {
     (0..n)

@@ -546,21 +546,6 @@ fn the_table_reads_each_documented_shape() {
             },
         ),
         (
-            "image pull back-off within the platform timeout",
-            active_job(),
-            vec![waiting_pod("ImagePullBackOff", "Back-off pulling image \"us-docker.pkg.dev/my-project/tuneq/tuneq-cuda:0.1.0\"", 60)],
-            AttemptEnd::Pending { reason: "ImagePullBackOff".into() },
-        ),
-        (
-            "image pull back-off past the platform timeout",
-            active_job(),
-            vec![waiting_pod("ImagePullBackOff", "Back-off pulling image \"us-docker.pkg.dev/my-project/tuneq/tuneq-cuda:0.1.0\"", 600)],
-            AttemptEnd::PlatformError {
-                reason: "ImagePullBackOff".into(),
-                message: "Back-off pulling image \"us-docker.pkg.dev/my-project/tuneq/tuneq-cuda:0.1.0\"".into(),
-            },
-        ),
-        (
             "pull error past the platform timeout",
             active_job(),
             vec![waiting_pod("ErrImagePull", "failed to pull and unpack image: 403 Forbidden", 400)],
@@ -576,21 +561,6 @@ fn the_table_reads_each_documented_shape() {
             AttemptEnd::PlatformError {
                 reason: "InvalidImageName".into(),
                 message: "Failed to apply default image tag \"Bad:Image\": couldn't parse image name \"Bad:Image\": invalid reference format".into(),
-            },
-        ),
-        (
-            "missing Secret for a moment: the dispatcher creates it after the Job",
-            active_job(),
-            vec![waiting_pod("CreateContainerConfigError", "secret \"tq-ftjob-0a1b2c-a2-cred\" not found", 3)],
-            AttemptEnd::Pending { reason: "CreateContainerConfigError".into() },
-        ),
-        (
-            "missing Secret past the platform timeout",
-            active_job(),
-            vec![waiting_pod("CreateContainerConfigError", "secret \"tq-ftjob-0a1b2c-a2-cred\" not found", 301)],
-            AttemptEnd::PlatformError {
-                reason: "CreateContainerConfigError".into(),
-                message: "secret \"tq-ftjob-0a1b2c-a2-cred\" not found".into(),
             },
         ),
         (
@@ -625,6 +595,37 @@ fn the_table_reads_each_documented_shape() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// A pod the platform keeps waiting (an image pull backing off; the attempt's Secret,
+/// which the dispatcher creates after the Job, not there yet) is pending within the
+/// platform timeout (300 s) and a platform error, with the platform's words, past it.
+#[test]
+fn a_pod_the_platform_keeps_waiting_is_pending_then_a_platform_error() {
+    let image = "Back-off pulling image \"us-docker.pkg.dev/my-project/tuneq/tuneq-cuda:0.1.0\"";
+    let secret = "secret \"tq-ftjob-0a1b2c-a2-cred\" not found";
+    for (reason, message, within, past) in [
+        ("ImagePullBackOff", image, 60, 600),
+        ("CreateContainerConfigError", secret, 3, 301),
+    ] {
+        let at = |seconds| {
+            classify(
+                &active_job(),
+                &[waiting_pod(reason, message, seconds)],
+                now(),
+                &limits(),
+            )
+        };
+        let pending = AttemptEnd::Pending {
+            reason: reason.into(),
+        };
+        assert_eq!(at(within), pending, "{reason} after {within} s");
+        let error = AttemptEnd::PlatformError {
+            reason: reason.into(),
+            message: message.into(),
+        };
+        assert_eq!(at(past), error, "{reason} after {past} s");
+    }
 }
 
 /// A Job with no status, created `secs` seconds before [`NOW`].
