@@ -194,6 +194,8 @@ pub struct ApiError {
     pub detail: Box<ErrorDetail>,
     /// Seconds to wait before trying again (sent as `retry-after`), for 429s.
     pub retry_after: Option<u64>,
+    /// What went wrong, as the code `detail.code` spells.
+    code: Code,
 }
 
 impl std::fmt::Display for ApiError {
@@ -215,6 +217,7 @@ impl ApiError {
                 lines: Vec::new(),
             }),
             retry_after: None,
+            code,
         }
     }
 
@@ -233,8 +236,8 @@ impl ApiError {
     }
 
     /// Its machine-readable code.
-    pub fn code(&self) -> Option<&str> {
-        self.detail.code.as_deref()
+    pub fn code(&self) -> Code {
+        self.code
     }
 
     /// Its message.

@@ -222,13 +222,13 @@ mod tests {
         let a = h.take("a", HoldKind::EventStream).unwrap();
         let _b = h.take("a", HoldKind::EventStream).unwrap();
         let refused = h.take("a", HoldKind::EventStream).unwrap_err();
-        assert_eq!(refused.code(), Some("too_many_streams"));
+        assert_eq!(refused.code(), Code::TooManyStreams);
         assert!(refused.retry_after.is_some());
         // Kinds and tenants count apart.
         let _d = h.take("a", HoldKind::Download).unwrap();
         assert_eq!(
             h.take("a", HoldKind::Download).unwrap_err().code(),
-            Some("too_many_downloads")
+            Code::TooManyDownloads
         );
         let _c = h.take("b", HoldKind::EventStream).unwrap();
         drop(a);
@@ -245,7 +245,7 @@ mod tests {
             .collect();
         assert_eq!(
             h.take("t9", HoldKind::Download).unwrap_err().code(),
-            Some("too_many_downloads")
+            Code::TooManyDownloads
         );
         drop(held);
         assert_eq!(h.held(), 0);

@@ -120,7 +120,7 @@ mod tests {
         let full = spool_failed(std::io::Error::from_raw_os_error(28));
         assert_eq!(full.status.as_u16(), 507);
         assert!(full.retry_after.is_some());
-        assert_eq!(full.code(), Some("insufficient_storage"));
+        assert_eq!(full.code(), Code::InsufficientStorage);
         let other = spool_failed(std::io::Error::other("open /var/lib/tuneq/spool/x: EIO"));
         assert_eq!(other.status.as_u16(), 500);
         for e in [full, other] {

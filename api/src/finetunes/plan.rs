@@ -490,7 +490,7 @@ async fn place_job(
     match crate::fit::place(state, &needs(memory)) {
         Ok(placed) => Ok(placed),
         // Too large as asked: say which of the job's own settings would make it fit.
-        Err(refused) if refused.code() == Some(Code::DoesNotFit.as_str()) => {
+        Err(refused) if refused.code() == Code::DoesNotFit => {
             for (param, advice, lighter) in crate::fit::lighter(spec) {
                 let memory = crate::fit::check_job(base, shape.as_ref(), &lighter, training)?;
                 if crate::fit::place(state, &needs(memory)).is_ok() {

@@ -252,7 +252,7 @@ async fn keys_are_listed_by_id_and_a_revoked_key_stops_at_once() {
     let again = tuneq_api::records::tenant::add_key(&s.state.queue, "acme", Some(&s.acme))
         .await
         .unwrap_err();
-    assert_eq!(again.code(), Some("key_revoked"), "{again}");
+    assert_eq!(again.code(), tuneq_api::Code::KeyRevoked, "{again}");
     assert!(
         tuneq_api::records::tenant::revocation(&s.state.queue, &s.acme)
             .await

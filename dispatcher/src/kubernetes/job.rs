@@ -5,6 +5,8 @@
 //! the two `podFailurePolicy` rules the classifier reads back by index, requests equal to
 //! limits, a non-root read-only container, and the credential only in the Secret.
 
+mod volumes;
+
 use super::{
     ANNOTATION_ATTEMPT_UID, ANNOTATION_JOB_ID, ANNOTATION_SPEC_HASH, CONTAINER, LABEL_ATTEMPT,
     LABEL_JOB_ID, LABEL_MANAGED_BY, LABEL_NAME, LABEL_POOL, LABEL_TENANT, MANAGED_BY,
@@ -16,12 +18,10 @@ use k8s_openapi::api::batch::v1::{
     PodFailurePolicyOnPodConditionsPattern, PodFailurePolicyRule,
 };
 use k8s_openapi::api::core::v1::{
-    Affinity, CSIVolumeSource, Capabilities, ConfigMapVolumeSource, Container,
-    EmptyDirVolumeSource, EnvVar, EnvVarSource, KeyToPath, NodeAffinity, NodeSelector,
-    NodeSelectorRequirement, NodeSelectorTerm, PersistentVolumeClaimVolumeSource,
-    PodSecurityContext, PodSpec, PodTemplateSpec, ResourceFieldSelector, ResourceRequirements,
-    SeccompProfile, Secret, SecretKeySelector, SecretVolumeSource, SecurityContext, Toleration,
-    Volume, VolumeMount,
+    Affinity, Capabilities, Container, EnvVar, EnvVarSource, NodeAffinity, NodeSelector,
+    NodeSelectorRequirement, NodeSelectorTerm, PodSecurityContext, PodSpec, PodTemplateSpec,
+    ResourceFieldSelector, ResourceRequirements, SeccompProfile, Secret, SecretKeySelector,
+    SecurityContext, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -29,11 +29,10 @@ use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::fmt;
 use tuneq_openapi::launch;
-use tuneq_pools::file::{
-    NodeOperator, TaintEffect, TolerationOperator, Volume as PoolVolume, VolumeSource,
-};
+use tuneq_pools::file::{NodeOperator, TaintEffect, TolerationOperator};
 use tuneq_pools::quantity::Memory;
 use tuneq_pools::{Hardware, KubernetesPool, Pool};
+use volumes::volumes;
 
 /// Longest object name that is also a valid label value and pod hostname prefix.
 pub const MAX_NAME: usize = 63;
@@ -61,12 +60,6 @@ pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 pub const TTL_AFTER_FINISHED_SECS: i32 = 7 * 24 * 3600;
 /// `/dev/shm`'s size when the pool does not say.
 pub const DEFAULT_SHM: &str = "1Gi";
-
-/// The volumes the runtime adds itself; a pool's volumes may not take these names.
-const VOLUME_ATTEMPT: &str = "tuneq-attempt";
-const VOLUME_SHM: &str = "dshm";
-const VOLUME_TMP: &str = "tuneq-tmp";
-const VOLUME_CACHE: &str = "tuneq-cache";
 
 /// Why an attempt's Job could not be built from its pool.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -580,164 +573,6 @@ pub fn pod_failure_policy() -> PodFailurePolicy {
     rules.sort_by_key(|(index, _)| *index);
     PodFailurePolicy {
         rules: rules.into_iter().map(|(_, rule)| rule).collect(),
-    }
-}
-
-/// The pod's volumes and the trainer's mounts: the attempt's Secret (spec only), `/dev/shm`
-/// in memory, writable `/tmp` and cache, then the pool's own.
-fn volumes(
-    pool: &Pool,
-    k: &KubernetesPool,
-    secret: &str,
-) -> Result<(Vec<Volume>, Vec<VolumeMount>), BuildError> {
-    let (mut volumes, mut mounts) = runtime_volumes(k, secret);
-    for (index, v) in k.volumes.iter().enumerate() {
-        check_pool_volume(pool, index, v, &volumes, &mounts)?;
-        volumes.push(pool_volume(v));
-        mounts.push(mount(&v.name, &v.mount_path, v.read_only));
-    }
-    Ok((volumes, mounts))
-}
-
-/// The volumes the runtime adds itself, with their mounts: the attempt's Secret (spec
-/// only, read-only), `/dev/shm` in memory, a writable `/tmp`, and the cache unless the pool
-/// mounts a volume of its own there.
-fn runtime_volumes(k: &KubernetesPool, secret: &str) -> (Vec<Volume>, Vec<VolumeMount>) {
-    let shm = k
-        .shm_size
-        .as_ref()
-        .map_or(DEFAULT_SHM.to_string(), |m| m.0.as_str().to_string());
-    let mut volumes = vec![
-        Volume {
-            name: VOLUME_ATTEMPT.to_string(),
-            secret: Some(SecretVolumeSource {
-                secret_name: Some(secret.to_string()),
-                // Only the spec: the credential reaches the trainer through its
-                // environment, not as a file.
-                items: Some(vec![KeyToPath {
-                    key: SPEC_KEY.to_string(),
-                    path: SPEC_KEY.to_string(),
-                    mode: None,
-                }]),
-                default_mode: Some(0o440),
-                optional: Some(false),
-            }),
-            ..Default::default()
-        },
-        Volume {
-            name: VOLUME_SHM.to_string(),
-            empty_dir: Some(empty_dir(Some("Memory"), Some(shm))),
-            ..Default::default()
-        },
-        Volume {
-            name: VOLUME_TMP.to_string(),
-            empty_dir: Some(empty_dir(None, None)),
-            ..Default::default()
-        },
-    ];
-    let mut mounts = vec![
-        mount(VOLUME_ATTEMPT, ATTEMPT_DIR, true),
-        mount(VOLUME_SHM, "/dev/shm", false),
-        mount(VOLUME_TMP, "/tmp", false),
-    ];
-    // A pool volume at the cache path (a shared model cache) replaces the emptyDir.
-    if !k.volumes.iter().any(|v| v.mount_path == CACHE_DIR) {
-        volumes.push(Volume {
-            name: VOLUME_CACHE.to_string(),
-            empty_dir: Some(empty_dir(None, None)),
-            ..Default::default()
-        });
-        mounts.push(mount(VOLUME_CACHE, CACHE_DIR, false));
-    }
-    (volumes, mounts)
-}
-
-/// Refuses pool volume `index` when it takes a name or mount path already in `volumes`
-/// and `mounts`, or mounts inside the read-only Secret volume.
-fn check_pool_volume(
-    pool: &Pool,
-    index: usize,
-    v: &PoolVolume,
-    volumes: &[Volume],
-    mounts: &[VolumeMount],
-) -> Result<(), BuildError> {
-    let clash = |what: &str| BuildError::VolumeClash {
-        pool: pool.name.clone(),
-        index,
-        volume: v.name.clone(),
-        what: what.to_string(),
-    };
-    if let Some(ours) = volumes.iter().find(|o| o.name == v.name) {
-        return Err(clash(&format!("volume {}", ours.name)));
-    }
-    if let Some(ours) = mounts.iter().find(|m| m.mount_path == v.mount_path) {
-        return Err(clash(&format!("mount path {}", ours.mount_path)));
-    }
-    // Nothing can be mounted inside the read-only Secret volume.
-    if v.mount_path.starts_with(&format!("{ATTEMPT_DIR}/")) {
-        return Err(clash(&format!("read-only mount path {ATTEMPT_DIR}")));
-    }
-    Ok(())
-}
-
-/// A pool's volume as the pod declares it, from its source.
-fn pool_volume(v: &PoolVolume) -> Volume {
-    let mut volume = Volume {
-        name: v.name.clone(),
-        ..Default::default()
-    };
-    match &v.source {
-        VolumeSource::PersistentVolumeClaim { claim_name } => {
-            volume.persistent_volume_claim = Some(PersistentVolumeClaimVolumeSource {
-                claim_name: claim_name.clone(),
-                read_only: v.read_only.then_some(true),
-            });
-        }
-        VolumeSource::ConfigMap { name } => {
-            volume.config_map = Some(ConfigMapVolumeSource {
-                name: name.clone(),
-                ..Default::default()
-            });
-        }
-        VolumeSource::Secret { secret_name } => {
-            volume.secret = Some(SecretVolumeSource {
-                secret_name: Some(secret_name.clone()),
-                ..Default::default()
-            });
-        }
-        VolumeSource::EmptyDir { size_limit } => {
-            volume.empty_dir = Some(empty_dir(
-                None,
-                size_limit.as_ref().map(|m| m.0.as_str().to_string()),
-            ));
-        }
-        VolumeSource::Csi { driver, attributes } => {
-            volume.csi = Some(CSIVolumeSource {
-                driver: driver.clone(),
-                read_only: v.read_only.then_some(true),
-                volume_attributes: (!attributes.is_empty()).then(|| attributes.clone()),
-                ..Default::default()
-            });
-        }
-    }
-    volume
-}
-
-/// An emptyDir on `medium` (the node's disk when none), capped at `size` when given.
-fn empty_dir(medium: Option<&str>, size: Option<String>) -> EmptyDirVolumeSource {
-    EmptyDirVolumeSource {
-        medium: medium.map(str::to_string),
-        size_limit: size.map(Quantity),
-    }
-}
-
-/// The trainer's mount of volume `name` at `path` (`readOnly` written only when true).
-fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
-    VolumeMount {
-        name: name.to_string(),
-        mount_path: path.to_string(),
-        read_only: read_only.then_some(true),
-        ..Default::default()
     }
 }
 
