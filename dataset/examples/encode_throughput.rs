@@ -12,21 +12,24 @@
 use std::error::Error;
 use std::time::Instant;
 
-use tuneq_dataset::{ChatTemplate, Encoder, Message, Record, build_tokenizer};
+use tuneq_dataset::{ChatTemplate, Encoder, Message, Record, Role, build_tokenizer};
 use tuneq_openapi::ChatTemplateChoice;
 
 /// Bytes of records each measurement encodes.
 const TARGET_BYTES: usize = 4 << 20;
 
 fn record(turns: usize) -> (Record, usize) {
-    let mut messages = vec![Message::new("system", "You answer questions about Zorbia.")];
+    let mut messages = vec![Message::new(
+        Role::System,
+        "You answer questions about Zorbia.",
+    )];
     for i in 0..turns {
         messages.push(Message::new(
-            "user",
+            Role::User,
             format!("What is the capital of province {i}?"),
         ));
         messages.push(Message::new(
-            "assistant",
+            Role::Assistant,
             format!("The capital of province {i} is Velm."),
         ));
     }
@@ -35,7 +38,13 @@ fn record(turns: usize) -> (Record, usize) {
         .map(|m| serde_json::json!({"role": m.role, "content": m.content}))
         .collect();
     let bytes = serde_json::json!({ "messages": json }).to_string().len() + 1;
-    (Record::Chat { messages }, bytes)
+    (
+        Record::Chat {
+            messages,
+            tools: vec![],
+        },
+        bytes,
+    )
 }
 
 /// Bytes per second of `encode` over copies of a record of `bytes` bytes.

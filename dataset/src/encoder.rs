@@ -19,7 +19,8 @@ use std::path::Path;
 use tokenizers::Tokenizer;
 use tuneq_openapi::ChatTemplateChoice;
 
-use super::record::{Message, Record};
+use super::chat::{Message, Role};
+use super::record::Record;
 use super::template::{ChatTemplate, Growth, TemplateKind};
 use super::{DataError, Result};
 
@@ -55,6 +56,23 @@ impl Example {
     /// Number of positions that carry a loss.
     pub fn trained_tokens(&self) -> usize {
         self.labels.iter().filter(|&&l| l != IGNORE_INDEX).count()
+    }
+}
+
+/// A conversation as the template renders it: its messages, and the tools passed to the
+/// template (none when the template does not render tools: the messages then carry
+/// them in their text, see [`crate::tools::without_tools`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Conversation {
+    /// The messages.
+    pub messages: Vec<Message>,
+    /// The tools, each `{"type": "function", "function": {...}}`.
+    pub tools: Vec<serde_json::Value>,
+}
+
+impl Conversation {
+    fn render(&self, template: &ChatTemplate, add_generation_prompt: bool) -> Result<String> {
+        template.render_with_tools(&self.messages, &self.tools, add_generation_prompt)
     }
 }
 
@@ -144,11 +162,11 @@ impl Encoder {
     /// the tokens kept are the record's own. For a template of unknown growth, the
     /// answer spans are located only up to the end of the tokens kept.
     pub fn measure(&self, record: &Record, max_seq_len: usize) -> Result<Measured> {
+        let conversation = self.conversation(record);
         let (text, loss) = match record {
-            Record::Chat { .. } | Record::Alpaca { .. } if self.template.growth().is_none() => {
-                let messages = self.conversation(record);
-                let text = self.template.render(&messages, false)?;
-                (text, Err(messages))
+            Record::Chat { .. } | Record::Alpaca { .. } if self.growth(&conversation).is_none() => {
+                let text = conversation.render(&self.template, false)?;
+                (text, Err(conversation))
             }
             _ => {
                 let Rendered { text, loss } = self.render_with_spans(record)?;
@@ -164,7 +182,9 @@ impl Encoder {
             .unwrap_or(0);
         let loss = match loss {
             Ok(loss) => loss,
-            Err(messages) => LossOn::Spans(self.spans_by_prefixes(&messages, &text, cut)?),
+            Err(conversation) => {
+                LossOn::Spans(self.spans_by_prefixes(&conversation, &text, cut)?)
+            }
         };
         Ok(Measured {
             example: label(&window.ids, &window.offsets, keep, &loss),
@@ -239,15 +259,17 @@ impl Encoder {
                 (format!("{bos}{}", &text[..cut]), text[cut..].to_string())
             }
             Record::Chat { .. } | Record::Alpaca { .. } => {
-                let messages = self.conversation(record);
+                let Conversation { messages, tools } = self.conversation(record);
                 let last = messages
                     .iter()
-                    .rposition(|m| m.role == "assistant")
+                    .rposition(|m| m.role == Role::Assistant)
                     .ok_or_else(|| {
                         DataError::Template("conversation has no assistant message".into())
                     })?;
-                let prompt = self.template.render(&messages[..last], true)?;
-                (prompt, messages[last].content.clone())
+                let prompt = self
+                    .template
+                    .render_with_tools(&messages[..last], &tools, true)?;
+                (prompt, messages[last].text().to_string())
             }
         };
         let ids = self
@@ -304,10 +326,20 @@ impl Encoder {
         Ok(self.render_with_spans(record)?.text)
     }
 
-    /// The conversation a chat or alpaca record stands for (empty for other records).
-    pub fn conversation(&self, record: &Record) -> Vec<Message> {
-        match record {
-            Record::Chat { messages } => messages.clone(),
+    /// The conversation a chat or alpaca record stands for, as this template renders it
+    /// (empty for other records): with its tools, or, for a template that does not render
+    /// tools, with tools, calls and results written into plain messages.
+    pub fn conversation(&self, record: &Record) -> Conversation {
+        let messages = match record {
+            Record::Chat { messages, tools } => {
+                if !crate::tools::uses_tools(messages, tools) || self.template.handles_tools() {
+                    return Conversation {
+                        messages: messages.clone(),
+                        tools: tools.clone(),
+                    };
+                }
+                crate::tools::without_tools(messages, tools)
+            }
             Record::Alpaca {
                 instruction,
                 input,
@@ -321,12 +353,24 @@ impl Encoder {
                     (false, false) => format!("{instruction}\n\n{input}"),
                 };
                 vec![
-                    Message::new("user", user),
-                    Message::new("assistant", output.clone()),
+                    Message::new(Role::User, user),
+                    Message::new(Role::Assistant, output.clone()),
                 ]
             }
             Record::PromptCompletion { .. } | Record::Text { .. } => Vec::new(),
+        };
+        Conversation {
+            messages,
+            tools: Vec::new(),
         }
+    }
+
+    /// How the template's text grows for this conversation, when it is known: a built-in
+    /// template and plain messages.
+    fn growth(&self, conversation: &Conversation) -> Option<Growth> {
+        let plain =
+            conversation.tools.is_empty() && conversation.messages.iter().all(Message::is_plain);
+        self.template.growth().filter(|_| plain)
     }
 
     /// The full text of a record and where it takes loss.
@@ -351,8 +395,8 @@ impl Encoder {
                 loss: LossOn::AllButFirst,
             }),
             Record::Chat { .. } | Record::Alpaca { .. } => {
-                let messages = self.conversation(record);
-                let (text, spans) = self.chat_spans(&messages)?;
+                let conversation = self.conversation(record);
+                let (text, spans) = self.chat_spans(&conversation)?;
                 Ok(Rendered {
                     text,
                     loss: LossOn::Spans(spans),
@@ -364,16 +408,19 @@ impl Encoder {
     /// A conversation's text and its answer spans, by the fastest exact way: a message at
     /// a time where the template's growth is known (O(messages) renders), else by
     /// rendering every prefix ([`Encoder::spans_by_prefixes`], O(messages²) work).
-    pub(crate) fn chat_spans(&self, messages: &[Message]) -> Result<(String, Vec<Range<usize>>)> {
+    pub(crate) fn chat_spans(
+        &self,
+        conversation: &Conversation,
+    ) -> Result<(String, Vec<Range<usize>>)> {
         // Only a conversation the template refuses (a render error) falls through from
         // the fast way: the reference way below reports it as before.
-        if let Some(growth) = self.template.growth()
-            && let Some(found) = self.spans_by_growth(messages, growth)
+        if let Some(growth) = self.growth(conversation)
+            && let Some(found) = self.spans_by_growth(&conversation.messages, growth)
         {
             return Ok(found);
         }
-        let full = self.template.render(messages, false)?;
-        let spans = self.spans_by_prefixes(messages, &full, usize::MAX)?;
+        let full = conversation.render(&self.template, false)?;
+        let spans = self.spans_by_prefixes(conversation, &full, usize::MAX)?;
         Ok((full, spans))
     }
 
@@ -385,20 +432,25 @@ impl Encoder {
     /// first turn whose `before` reaches `stop` (bytes of `full`; `usize::MAX`: none).
     pub(crate) fn spans_by_prefixes(
         &self,
-        messages: &[Message],
+        conversation: &Conversation,
         full: &str,
         stop: usize,
     ) -> Result<Vec<Range<usize>>> {
+        let Conversation { messages, tools } = conversation;
         let mut spans = Vec::new();
         for (i, message) in messages.iter().enumerate() {
-            if message.role != "assistant" {
+            if !message.is_trained() {
                 continue;
             }
-            let before = self.template.render(&messages[..i], true)?;
+            let before = self
+                .template
+                .render_with_tools(&messages[..i], tools, true)?;
             if before.len() >= stop && full.starts_with(&before) {
                 break;
             }
-            let through = self.template.render(&messages[..=i], false)?;
+            let through = self
+                .template
+                .render_with_tools(&messages[..=i], tools, false)?;
             if let Some(span) = answer_span(full, &before, &through, i)? {
                 spans.push(span);
             }
@@ -427,7 +479,7 @@ impl Encoder {
         let mut text = template.render(&messages[..head], false).ok()?;
         let mut spans = Vec::new();
         for (i, message) in messages[..head].iter().enumerate() {
-            if message.role == "assistant" {
+            if message.is_trained() {
                 let before = template.render(&messages[..i], true).ok()?;
                 let through = template.render(&messages[..=i], false).ok()?;
                 if let Some(span) = answer_span(&text, &before, &through, i).ok()? {
@@ -443,7 +495,7 @@ impl Encoder {
             let added = rendered.strip_prefix(plain.as_str())?;
             let start = text.len();
             text.push_str(added);
-            if message.role == "assistant" {
+            if message.is_trained() {
                 // `before` is the text so far and the prompt; it must open this turn.
                 if !added.starts_with(prompt.as_str()) {
                     return None;

@@ -59,14 +59,18 @@ fn conversation(rng: &mut Rng) -> (Vec<Message>, bool) {
     let well_formed = rng.below(5) != 0;
     let mut messages = Vec::new();
     if rng.below(3) == 0 {
-        messages.push(Message::new("system", content(rng)));
+        messages.push(Message::new(Role::System, content(rng)));
     }
     let turns = 1 + rng.below(12);
     for t in 0..turns {
         let role = if well_formed {
-            if t % 2 == 0 { "user" } else { "assistant" }
+            if t % 2 == 0 {
+                Role::User
+            } else {
+                Role::Assistant
+            }
         } else {
-            ["system", "user", "assistant"][rng.below(3)]
+            [Role::System, Role::User, Role::Assistant][rng.below(3)]
         };
         messages.push(Message::new(role, content(rng)));
     }
@@ -94,8 +98,16 @@ fn templates() -> Vec<(&'static str, ChatTemplate)> {
 /// The oracle: the spans as encoding found them before, by rendering every prefix.
 fn by_prefixes(enc: &Encoder, messages: &[Message]) -> Result<(String, Vec<Range<usize>>)> {
     let full = enc.template().render(messages, false)?;
-    let spans = enc.spans_by_prefixes(messages, &full, usize::MAX)?;
+    let spans = enc.spans_by_prefixes(&plain(messages), &full, usize::MAX)?;
     Ok((full, spans))
+}
+
+/// A conversation of `messages` and no tools.
+fn plain(messages: &[Message]) -> Conversation {
+    Conversation {
+        messages: messages.to_vec(),
+        tools: Vec::new(),
+    }
 }
 
 #[test]
@@ -108,7 +120,7 @@ fn spans_found_a_message_at_a_time_equal_rendering_every_prefix() {
         for _ in 0..400 {
             let (messages, well_formed) = conversation(&mut rng);
             let expected = by_prefixes(&enc, &messages);
-            let found = enc.chat_spans(&messages);
+            let found = enc.chat_spans(&plain(&messages));
             match (&expected, &found) {
                 (Ok(e), Ok(f)) => assert_eq!(e, f, "{origin} {:?}: {messages:?}", enc.template()),
                 (Err(_), Err(_)) => {}
@@ -130,6 +142,7 @@ fn spans_found_a_message_at_a_time_equal_rendering_every_prefix() {
             if let Ok((text, spans)) = expected {
                 let record = Record::Chat {
                     messages: messages.clone(),
+                    tools: vec![],
                 };
                 let encoding = enc.tokenizer().encode(text.as_str(), false).unwrap();
                 let ids = encoding.get_ids();
@@ -148,10 +161,10 @@ fn spans_found_a_message_at_a_time_equal_rendering_every_prefix() {
 
 /// A chat of `pairs` user/assistant turns after a system message.
 fn long_chat(pairs: usize) -> Vec<Message> {
-    let mut messages = vec![Message::new("system", "Be brief.")];
+    let mut messages = vec![Message::new(Role::System, "Be brief.")];
     for i in 0..pairs {
-        messages.push(Message::new("user", format!("question {i}")));
-        messages.push(Message::new("assistant", format!("answer {i}")));
+        messages.push(Message::new(Role::User, format!("question {i}")));
+        messages.push(Message::new(Role::Assistant, format!("answer {i}")));
     }
     messages
 }
@@ -168,6 +181,7 @@ fn a_chat_costs_template_work_linear_in_its_messages() {
         for pairs in [1, 10, 100, 1000] {
             let record = Record::Chat {
                 messages: long_chat(pairs),
+                tools: vec![],
             };
             let messages = 2 * pairs as u64 + 1;
             let before = enc.template().rendered_messages();
@@ -242,10 +256,15 @@ fn measuring_keeps_what_encoding_keeps() {
                 Record::Chat {
                     messages: (0..1 + size / 20)
                         .map(|i| {
-                            let role = if i % 2 == 0 { "user" } else { "assistant" };
+                            let role = if i % 2 == 0 {
+                                Role::User
+                            } else {
+                                Role::Assistant
+                            };
                             Message::new(role, words(&mut rng, 1 + i % 40))
                         })
                         .collect(),
+                    tools: vec![],
                 },
             ];
             for record in &records {

@@ -10,6 +10,7 @@
 //!
 //! Layout:
 //! - `record`: the four record shapes and their per-field validation.
+//! - `chat`: chat records in OpenAI's shapes (tools, tool calls, weights, legacy functions).
 //! - `jsonl`: reading a JSONL file or upload, detecting its format, collecting every bad line.
 //! - `template`: chat templates (the model's own Jinja template via minijinja, or built-ins).
 //! - `encoder`: records → [`Example`]s, loss masks from character spans (a chat rendered
@@ -21,23 +22,28 @@
 //! Everything here is synchronous and pure apart from reading files; an [`Encoder`] is
 //! `Send + Sync`, so callers may encode from several threads.
 
+mod chat;
 mod encoder;
 mod jsonl;
+mod pyjson;
 mod record;
 mod stats;
 mod template;
 mod tokenizer_build;
+mod tools;
 
-pub use encoder::{Encoder, Example, IGNORE_INDEX, Length, MEASURE_MARGIN, Measured};
+pub use chat::{FunctionCall, MAX_MESSAGES, MAX_TOOLS, Message, Role, ToolCall};
+pub use encoder::{Conversation, Encoder, Example, IGNORE_INDEX, Length, MEASURE_MARGIN, Measured};
 pub use jsonl::{
     LineError, LineValidator, MAX_REPORTED_ERRORS, ParsedDataset, parse_jsonl, read_jsonl,
 };
-pub use record::{MAX_MESSAGES, Message, Record};
+pub use record::Record;
 pub use stats::{TokenCounter, TokenStats, token_stats};
 pub use template::{ALPACA_TEMPLATE, CHATML_TEMPLATE, ChatTemplate, LLAMA2_TEMPLATE};
 pub use tokenizer_build::{
     MIN_FREQUENCY, SPECIAL_TOKENS, build_tokenizer, tokenizer_config_json, write_tokenizer_files,
 };
+pub use tools::TOOLS_PREAMBLE;
 
 /// Errors from reading, validating and encoding datasets.
 ///

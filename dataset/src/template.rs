@@ -3,16 +3,19 @@
 //! A model's own template is the Jinja `chat_template` from its `tokenizer_config.json` (or a
 //! `chat_template.jinja` file next to it), rendered with minijinja configured the way Hugging
 //! Face renders it (`trim_blocks`, `lstrip_blocks`, a `raise_exception` function and Python
-//! string methods such as `.strip()`). The built-ins below are written for tuneq.
+//! string methods such as `.strip()`, and a `tojson` that writes JSON as Python's
+//! `json.dumps` does). The built-ins below are written for tuneq; none of them renders
+//! tools, so records with tools reach them through [`crate::tools::without_tools`].
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use minijinja::value::Serde;
 use minijinja::{Environment, ErrorKind, Value, context};
 use serde_json::Value as Json;
 use tuneq_openapi::ChatTemplateChoice;
 
-use super::record::Message;
+use super::chat::{Message, Role};
 use super::{DataError, Result};
 
 /// ChatML: `<|im_start|>{role}\n{content}<|im_end|>\n` per message. `tuneq model init` writes
@@ -42,6 +45,9 @@ pub struct ChatTemplate {
     /// Messages rendered so far (a render of n messages counts n): the work encoding a
     /// chat costs, which tests bound (O(messages) per record, never O(messages²)).
     rendered_messages: AtomicU64,
+    /// Whether the template renders tools and tool calls itself (it reads `tool_calls`),
+    /// as the Llama 3.1+, Qwen2.5, Mistral and Hermes templates do.
+    handles_tools: bool,
 }
 
 /// How the rendering of a conversation grows message by message, where that is known by
@@ -67,7 +73,7 @@ impl Growth {
         let head = match self {
             Growth::PerMessage => 0,
             Growth::AfterFirstTurn => {
-                usize::from(messages.first().is_some_and(|m| m.role == "system")) + 1
+                usize::from(messages.first().is_some_and(|m| m.role == Role::System)) + 1
             }
         };
         head.min(messages.len())
@@ -77,7 +83,7 @@ impl Growth {
     pub(crate) fn context(self) -> Vec<Message> {
         match self {
             Growth::PerMessage => Vec::new(),
-            Growth::AfterFirstTurn => vec![Message::new("user", "x")],
+            Growth::AfterFirstTurn => vec![Message::new(Role::User, "x")],
         }
     }
 }
@@ -197,10 +203,12 @@ impl ChatTemplate {
                 Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
             },
         );
+        env.add_filter("tojson", tojson);
         env.add_template_owned(TEMPLATE_NAME, source.clone())
             .map_err(|e| DataError::Template(describe(&e)))?;
         Ok(Self {
             env,
+            handles_tools: source.contains("tool_calls"),
             source,
             bos_token: bos.to_string(),
             eos_token: eos.to_string(),
@@ -212,17 +220,22 @@ impl ChatTemplate {
     /// Renders `messages`; with `add_generation_prompt` the text ends where the model's
     /// answer should begin (e.g. after `<|im_start|>assistant\n`).
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        self.render_with_tools(messages, &[], add_generation_prompt)
+    }
+
+    /// [`ChatTemplate::render`] with the tools the conversation may call, passed to the
+    /// template as `tools` (none when empty), as transformers'
+    /// `apply_chat_template(messages, tools=…)` does.
+    pub fn render_with_tools(
+        &self,
+        messages: &[Message],
+        tools: &[Json],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         self.rendered_messages
             .fetch_add(messages.len() as u64 + 1, Ordering::Relaxed);
-        let messages: Vec<Value> = messages
-            .iter()
-            .map(|m| {
-                Value::from(std::collections::BTreeMap::from([
-                    ("role", Value::from(m.role.as_str())),
-                    ("content", Value::from(m.content.as_str())),
-                ]))
-            })
-            .collect();
+        let messages: Vec<Value> = messages.iter().map(|m| Value::from(Serde(m))).collect();
+        let tools = (!tools.is_empty()).then(|| Value::from(Serde(tools)));
         let template = self
             .env
             .get_template(TEMPLATE_NAME)
@@ -230,6 +243,7 @@ impl ChatTemplate {
         template
             .render(context! {
                 messages => messages,
+                tools => tools,
                 add_generation_prompt => add_generation_prompt,
                 bos_token => self.bos_token.as_str(),
                 eos_token => self.eos_token.as_str(),
@@ -262,6 +276,11 @@ impl ChatTemplate {
         self.rendered_messages.load(Ordering::Relaxed)
     }
 
+    /// Whether the template renders tools and tool calls itself.
+    pub fn handles_tools(&self) -> bool {
+        self.handles_tools
+    }
+
     /// How rendering grows message by message, when this is a built-in template's text.
     pub(crate) fn growth(&self) -> Option<Growth> {
         match self.source.as_str() {
@@ -270,6 +289,25 @@ impl ChatTemplate {
             _ => None,
         }
     }
+}
+
+/// transformers' `tojson`: `json.dumps(value, ensure_ascii=False, indent=…,
+/// sort_keys=…)`, not minijinja's HTML-safe compact JSON, so that tool schemas and
+/// arguments render byte for byte as they do in Python.
+fn tojson(
+    value: &Value,
+    kwargs: minijinja::value::Kwargs,
+) -> std::result::Result<Value, minijinja::Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    kwargs.assert_all_used()?;
+    let json = serde_json::to_value(value)
+        .map_err(|e| minijinja::Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    Ok(Value::from_safe_string(crate::pyjson::dumps(
+        &json,
+        indent,
+        sort_keys.unwrap_or(false),
+    )))
 }
 
 /// A minijinja error with its detail and causes on one line.

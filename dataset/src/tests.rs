@@ -7,6 +7,8 @@ use tuneq_openapi::{ChatTemplateChoice, DatasetFormat};
 
 use super::*;
 
+mod tools;
+
 fn examples_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/data")
 }
@@ -23,8 +25,13 @@ fn encoder(choice: ChatTemplateChoice) -> Encoder {
 }
 
 fn chat(pairs: &[(&str, &str)]) -> Record {
+    let role = |r: &str| serde_json::from_value::<Role>(serde_json::json!(r)).expect("a role");
     Record::Chat {
-        messages: pairs.iter().map(|(r, c)| Message::new(*r, *c)).collect(),
+        messages: pairs
+            .iter()
+            .map(|(r, c)| Message::new(role(r), *c))
+            .collect(),
+        tools: vec![],
     }
 }
 
@@ -117,7 +124,7 @@ fn every_bad_line_is_reported_with_line_and_field() {
         vec![
             (3, "messages[1].content"),
             (4, ""),
-            (5, "messages[0].role"),
+            (5, "messages[0].tool_call_id"),
             (6, "messages[0].content"),
             (7, "messages"),
             (8, ""),
@@ -126,16 +133,18 @@ fn every_bad_line_is_reported_with_line_and_field() {
         "{errors:#?}"
     );
     assert_eq!((bad_lines, total), (7, 7));
-    assert_eq!(errors[0].message, "expected a string, got number");
+    assert_eq!(
+        errors[0].message,
+        "expected a string or an array of text parts, got number"
+    );
     assert!(
         errors[1].message.starts_with("invalid JSON at column"),
         "{}",
         errors[1].message
     );
-    assert!(
-        errors[2].message.contains("unknown role \"tool\""),
-        "{}",
-        errors[2].message
+    assert_eq!(
+        errors[2].message,
+        "no earlier assistant message makes the call \"call_9\""
     );
     assert_eq!(errors[3].message, "missing");
     assert!(
@@ -150,14 +159,14 @@ fn every_bad_line_is_reported_with_line_and_field() {
 
 #[test]
 fn several_problems_on_one_line_are_all_listed() {
-    let line = br#"{"messages": [{"role": "user", "content": 1, "name": "x"}, {"role": "robot", "content": "y"}, {"role": "system", "content": "late"}]}"#;
+    let line = br#"{"messages": [{"role": "user", "content": 1, "colour": "x"}, {"role": "robot", "content": "y"}, {"role": "system", "content": "late"}]}"#;
     let (errors, bad_lines, total) =
         invalid_lines(parse_jsonl("m.jsonl", line, DatasetFormat::Chat).expect_err("invalid"));
     let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
     assert_eq!(
         fields,
         [
-            "messages[0].name",
+            "messages[0].colour",
             "messages[0].content",
             "messages[1].role",
             "messages[2].role"
@@ -181,9 +190,9 @@ fn chat_rules() {
             "expected an object, got string",
         ),
         (
-            r#"{"messages": [{"role": "assistant", "content": "a"}]}"#,
-            "messages[0].role",
-            "the conversation must start with a user message (after an optional system message)",
+            r#"{"messages": [{"role": "user", "content": "q", "weight": 0}, {"role": "assistant", "content": "a"}]}"#,
+            "messages[0].weight",
+            "only assistant messages have a weight",
         ),
         (
             r#"{"messages": [{"role": "user", "content": "q"}, {"role": 3, "content": "a"}]}"#,
@@ -330,11 +339,11 @@ fn missing_file_is_an_io_error() {
 
 fn sample_conversation() -> Vec<Message> {
     vec![
-        Message::new("system", "Be brief."),
-        Message::new("user", "Capital of Zorbia?"),
-        Message::new("assistant", "Velm"),
-        Message::new("user", "And Plovia?"),
-        Message::new("assistant", "Hesk"),
+        Message::new(Role::System, "Be brief."),
+        Message::new(Role::User, "Capital of Zorbia?"),
+        Message::new(Role::Assistant, "Velm"),
+        Message::new(Role::User, "And Plovia?"),
+        Message::new(Role::Assistant, "Hesk"),
     ]
 }
 
@@ -382,13 +391,13 @@ fn hf_style_template_with_python_methods_and_raise_exception() {
     let src = "{% for m in messages %}\n  {% if m['role'] not in ['user', 'assistant'] %}\n{{ raise_exception('bad role ' + m['role']) }}\n  {% endif %}\n{{ m['role'].upper() }}: {{ m['content'].strip() }}\n{% endfor %}";
     let t = ChatTemplate::from_jinja(src, "", "").expect("compile");
     assert_eq!(
-        t.render(&[Message::new("user", "  hi  ")], false)
+        t.render(&[Message::new(Role::User, "  hi  ")], false)
             .expect("render"),
         "USER: hi\n",
         "trim_blocks and lstrip_blocks as in Hugging Face"
     );
     let err = t
-        .render(&[Message::new("system", "x")], false)
+        .render(&[Message::new(Role::System, "x")], false)
         .expect_err("raises");
     assert!(err.to_string().contains("bad role system"), "{err}");
 }
@@ -414,7 +423,7 @@ fn load_reads_tokenizer_config() {
     let t = ChatTemplate::load(dir.path(), ChatTemplateChoice::Model).expect("load");
     assert_eq!((t.bos_token(), t.eos_token()), ("<|begin|>", "<|end|>"));
     assert_eq!(
-        t.render(&[Message::new("user", "x")], false)
+        t.render(&[Message::new(Role::User, "x")], false)
             .expect("render"),
         "<|begin|>x<|end|>"
     );
@@ -422,7 +431,7 @@ fn load_reads_tokenizer_config() {
     // A built-in choice ignores the model's template but keeps its tokens.
     let t = ChatTemplate::load(dir.path(), ChatTemplateChoice::Llama2).expect("load");
     assert_eq!(
-        t.render(&[Message::new("user", "x")], true)
+        t.render(&[Message::new(Role::User, "x")], true)
             .expect("render"),
         "<|begin|>[INST] x [/INST]"
     );
@@ -473,7 +482,7 @@ fn chat_labels_only_assistant_content_and_end_marker() {
 
 fn record_messages(record: &Record) -> Vec<Message> {
     match record {
-        Record::Chat { messages } => messages.clone(),
+        Record::Chat { messages, .. } => messages.clone(),
         _ => Vec::new(),
     }
 }
@@ -482,6 +491,7 @@ fn record_messages(record: &Record) -> Vec<Message> {
 fn multi_turn_chat_labels_every_assistant_turn() {
     let record = Record::Chat {
         messages: sample_conversation(),
+        tools: vec![],
     };
     let enc = encoder(ChatTemplateChoice::Chatml);
     assert_eq!(
@@ -571,6 +581,7 @@ fn truncation_keeps_the_first_tokens() {
     let enc = encoder(ChatTemplateChoice::Chatml);
     let record = Record::Chat {
         messages: sample_conversation(),
+        tools: vec![],
     };
     let full = enc.encode(&record, 10_000).expect("encode");
     let (cut, full_len) = enc.encode_with_length(&record, 7).expect("encode");
@@ -617,6 +628,7 @@ fn sampling_prompts() {
     let (ids, prompt, reference) = enc
         .prompt_for_sampling(&Record::Chat {
             messages: sample_conversation(),
+            tools: vec![],
         })
         .expect("prompt");
     assert!(

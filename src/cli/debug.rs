@@ -142,14 +142,11 @@ fn encode(
     );
     for record in &parsed.records {
         let example = encoder.encode(record, max_seq_len)?;
-        let messages: Vec<_> = encoder
-            .conversation(record)
-            .into_iter()
-            .map(|m| serde_json::json!({"role": m.role, "content": m.content}))
-            .collect();
+        let conversation = encoder.conversation(record);
         println!(
             "{}",
-            serde_json::json!({"messages": messages, "text": encoder.render(record)?,
+            serde_json::json!({"messages": conversation.messages, "tools": conversation.tools,
+                "text": encoder.render(record)?,
                 "input_ids": example.input_ids, "labels": example.labels})
         );
     }

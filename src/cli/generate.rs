@@ -5,7 +5,7 @@ use clap::Args;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use tuneq_openapi::ChatTemplateChoice;
-use tuneq_trainer::data::{Encoder, Message};
+use tuneq_trainer::data::{Encoder, Message, Role};
 
 #[derive(Args)]
 pub struct GenerateArgs {
@@ -36,13 +36,9 @@ pub fn run(args: GenerateArgs) -> Result<ExitCode> {
     let text = if args.raw {
         args.prompt.clone()
     } else {
-        encoder.template().render(
-            &[Message {
-                role: "user".into(),
-                content: args.prompt.clone(),
-            }],
-            true,
-        )?
+        encoder
+            .template()
+            .render(&[Message::new(Role::User, args.prompt.clone())], true)?
     };
     let ids = encoder
         .tokenizer()

@@ -39,14 +39,18 @@ def hf_tokenizer_of(model_dir):
     return _TOKENIZERS[model_dir]
 
 
-def expected_labels(tok, source: str, messages: list, text: str) -> list[int]:
+def expected_labels(tok, source: str, messages: list, text: str, tools: list | None = None) -> list[int]:
+    """Loss on the assistant turns not weighted 0, from transformers' renderings alone."""
+    def render(upto, **kw):
+        return tok.apply_chat_template(messages[:upto], tools=tools or None, chat_template=source,
+                                       tokenize=False, **kw)
+
     spans = []
     for i, message in enumerate(messages):
-        if message["role"] != "assistant" or i == 0:
+        if message["role"] != "assistant" or message.get("weight") == 0 or i == 0:
             continue
-        before = tok.apply_chat_template(messages[:i], chat_template=source, tokenize=False,
-                                         add_generation_prompt=True)
-        through = tok.apply_chat_template(messages[: i + 1], chat_template=source, tokenize=False)
+        before = render(i, add_generation_prompt=True)
+        through = render(i + 1)
         assert text.startswith(through) and through.startswith(before), \
             f"template is not prefix-stable at message {i}"
         end = max(len(through.rstrip()), len(before))

@@ -103,7 +103,7 @@ impl TokenCounting {
 
 fn characters(record: &Record) -> usize {
     match record {
-        Record::Chat { messages } => messages.iter().map(|m| m.content.chars().count()).sum(),
+        Record::Chat { messages, .. } => messages.iter().map(|m| m.text().chars().count()).sum(),
         Record::PromptCompletion { prompt, completion } => {
             prompt.chars().count() + completion.chars().count()
         }

@@ -1,0 +1,236 @@
+//! OpenAI's chat shapes: tools, tool calls and results, weights, names, text parts and
+//! the legacy functions, read from `examples/data/openai-tools.jsonl`, refused with the
+//! field named when malformed, and rendered with and without a template that knows tools.
+
+use super::*;
+use serde_json::json;
+
+fn openai_tools() -> Vec<Record> {
+    read_jsonl(
+        &examples_dir().join("openai-tools.jsonl"),
+        DatasetFormat::Auto,
+    )
+    .expect("openai-tools.jsonl is valid")
+    .records
+}
+
+fn messages_and_tools(record: &Record) -> (&[Message], &[serde_json::Value]) {
+    match record {
+        Record::Chat { messages, tools } => (messages, tools),
+        other => panic!("not a chat: {other:?}"),
+    }
+}
+
+/// The tools-aware ChatML template of `examples/templates`.
+fn tools_template() -> ChatTemplate {
+    let source = include_str!("../../../examples/templates/chatml-tools.jinja");
+    ChatTemplate::from_jinja(source, "", "").expect("the template compiles")
+}
+
+#[test]
+fn every_openai_shape_reads_into_one_chat_record() {
+    let records = openai_tools();
+    assert_eq!(records.len(), 10);
+    // Tool calls with content absent and null; arguments parsed, in their order.
+    let (messages, tools) = messages_and_tools(&records[0]);
+    assert_eq!(tools.len(), 1);
+    assert_eq!(messages[2].content, None);
+    let call = &messages[2].tool_calls[0];
+    assert_eq!(
+        (call.id.as_str(), call.function.name.as_str()),
+        ("call_1", "get_weather")
+    );
+    assert_eq!(
+        serde_json::to_string(&call.function.arguments).unwrap(),
+        r#"{"city":"Paris","unit":"celsius"}"#
+    );
+    assert_eq!(messages[3].role, Role::Tool);
+    assert_eq!(messages[3].tool_call_id.as_deref(), Some("call_1"));
+    let (messages, _) = messages_and_tools(&records[1]);
+    assert_eq!(messages[1].tool_calls.len(), 2);
+    // No user turn; weights.
+    let (messages, _) = messages_and_tools(&records[3]);
+    assert_eq!(
+        messages.iter().map(|m| m.role).collect::<Vec<_>>(),
+        [Role::System, Role::Assistant]
+    );
+    let (messages, _) = messages_and_tools(&records[4]);
+    assert_eq!(
+        messages.iter().map(Message::is_trained).collect::<Vec<_>>(),
+        [false, false, false, true]
+    );
+    // The legacy function calling becomes tools: the call gets an id its result names.
+    let (messages, tools) = messages_and_tools(&records[5]);
+    assert_eq!(tools[0]["type"], "function");
+    assert_eq!(tools[0]["function"]["name"], "get_weather");
+    assert_eq!(messages[0].name.as_deref(), Some("ada"));
+    assert_eq!(messages[1].text(), "Checking.");
+    assert_eq!(messages[1].tool_calls[0].id, "call_1");
+    assert_eq!(
+        messages[1].tool_calls[0].function.arguments,
+        json!({"city": "Rome"})
+    );
+    assert_eq!(
+        (messages[2].role, messages[2].tool_call_id.as_deref()),
+        (Role::Tool, Some("call_1"))
+    );
+    // Text parts are joined.
+    let (messages, _) = messages_and_tools(&records[6]);
+    assert_eq!(messages[0].text(), "How warm is Lisbon?");
+}
+
+#[test]
+fn malformed_shapes_are_refused_naming_the_field() {
+    let user = r#"{"role": "user", "content": "q"}"#;
+    let call = r#"{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}"#;
+    let cases = [
+        (
+            format!(
+                r#"{{"messages": [{user}, {{"role": "assistant", "content": "a", "weight": 2}}]}}"#
+            ),
+            "messages[1].weight",
+            "must be 0 or 1, not 2",
+        ),
+        (
+            format!(
+                r#"{{"messages": [{{"role": "user", "content": "q", "tool_calls": [{call}]}}, {{"role": "assistant", "content": "a"}}]}}"#
+            ),
+            "messages[0].tool_calls",
+            "only assistant messages call tools",
+        ),
+        (
+            format!(
+                r#"{{"messages": [{user}, {{"role": "assistant", "tool_calls": [{{"id": "c1", "type": "function", "function": {{"name": "f", "arguments": "{{not json"}}}}]}}]}}"#
+            ),
+            "messages[1].tool_calls[0].function.arguments",
+            "is not valid JSON",
+        ),
+        (
+            format!(
+                r#"{{"messages": [{user}, {{"role": "assistant", "tool_calls": [{call}]}}, {{"role": "tool", "tool_call_id": "c2", "content": "r"}}, {{"role": "assistant", "content": "a"}}]}}"#
+            ),
+            "messages[2].tool_call_id",
+            "no earlier assistant message makes the call \"c2\"",
+        ),
+        (
+            format!(r#"{{"messages": [{user}, {{"role": "assistant", "content": null}}]}}"#),
+            "messages[1].content",
+            "null only when the message calls tools",
+        ),
+        (
+            format!(
+                r#"{{"messages": [{{"role": "user", "content": [{{"type": "image_url", "image_url": {{"url": "x"}}}}]}}, {{"role": "assistant", "content": "a"}}]}}"#
+            ),
+            "messages[0].content[0].type",
+            "\"image_url\" parts are not supported",
+        ),
+        (
+            format!(
+                r#"{{"messages": [{user}, {{"role": "assistant", "content": "a"}}], "tools": [{{"type": "function", "function": {{"description": "no name"}}}}]}}"#
+            ),
+            "tools[0].function.name",
+            "missing",
+        ),
+        (
+            format!(
+                r#"{{"messages": [{user}, {{"role": "assistant", "content": "a"}}], "tools": [], "functions": []}}"#
+            ),
+            "functions",
+            "not both",
+        ),
+        (
+            format!(
+                r#"{{"messages": [{user}, {{"role": "function", "name": "g", "content": "r"}}, {{"role": "assistant", "content": "a"}}]}}"#
+            ),
+            "messages[1].name",
+            "no earlier assistant message calls \"g\"",
+        ),
+        (
+            format!(
+                r#"{{"messages": [{user}, {{"role": "assistant", "content": "a"}}], "parallel_tool_calls": "yes"}}"#
+            ),
+            "parallel_tool_calls",
+            "expected true or false, got string",
+        ),
+    ];
+    for (line, field, message) in cases {
+        let (errors, _, _) = invalid_lines(
+            parse_jsonl("t.jsonl", line.as_bytes(), DatasetFormat::Chat).expect_err(&line),
+        );
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.field == field && e.message.contains(message)),
+            "{line}: {errors:#?}"
+        );
+    }
+}
+
+/// The labelled text of `example`: the tokens that take loss, decoded one by one.
+fn trained_text(enc: &Encoder, example: &Example) -> String {
+    let ids: Vec<u32> = example
+        .labels
+        .iter()
+        .filter(|&&l| l != IGNORE_INDEX)
+        .map(|&l| l as u32)
+        .collect();
+    enc.tokenizer().decode(&ids, false).expect("decode")
+}
+
+#[test]
+fn a_template_that_knows_tools_gets_them_and_loss_covers_calls_not_results() {
+    let records = openai_tools();
+    let enc = Encoder::new(tiny_tokenizer().clone(), tools_template());
+    let text = enc.render(&records[0]).unwrap();
+    assert!(
+        text.contains(r#"{"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city.", "parameters": {"type": "object", "properties": {"city": {"type": "string""#),
+        "tools in the given order, as Python's json.dumps writes them: {text}"
+    );
+    assert!(text.contains(
+        "<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"celsius\"}}\n</tool_call><|im_end|>"
+    ));
+    let example = enc.encode(&records[0], 4096).unwrap();
+    let trained = trained_text(&enc, &example);
+    assert!(
+        trained.contains("get_weather") && trained.contains("18 °C and clear"),
+        "{trained}"
+    );
+    assert!(
+        !trained.contains("temperature") && !trained.contains("weather assistant"),
+        "{trained}"
+    );
+    // A turn weighted 0 takes no loss.
+    let example = enc.encode(&records[4], 4096).unwrap();
+    let trained = trained_text(&enc, &example);
+    assert!(
+        trained.contains("Sorry: Paris.") && !trained.contains("Lyon"),
+        "{trained}"
+    );
+}
+
+#[test]
+fn a_template_without_tools_gets_them_written_into_plain_messages() {
+    let records = openai_tools();
+    let enc = encoder(ChatTemplateChoice::Chatml);
+    assert!(!enc.template().handles_tools());
+    let conversation = enc.conversation(&records[1]);
+    assert!(conversation.tools.is_empty());
+    assert!(conversation.messages.iter().all(Message::is_plain));
+    let text = enc.render(&records[1]).unwrap();
+    assert!(
+        text.starts_with(&format!("<|im_start|>system\n{TOOLS_PREAMBLE}\n<tools>\n")),
+        "{text}"
+    );
+    assert!(
+        text.contains("<|im_start|>user\n<tool_response>\n-3 C, snow\n</tool_response><|im_end|>")
+    );
+    let example = enc.encode(&records[1], 4096).unwrap();
+    let trained = trained_text(&enc, &example);
+    assert!(
+        trained.contains("\"name\": \"get_time\"") && !trained.contains("snow\n"),
+        "{trained}"
+    );
+    // A record without tools renders as it always did.
+    let plain = enc.conversation(&records[9]);
+    assert_eq!(plain.messages, messages_and_tools(&records[9]).0);
+}

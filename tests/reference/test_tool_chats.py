@@ -1,0 +1,82 @@
+"""OpenAI's chat shapes (tools, tool calls, tool results, weights, names, text parts, the
+legacy functions) render, tokenise and take loss in tuneq exactly as transformers'
+`apply_chat_template(messages, tools=…)` does, on `examples/data/openai-tools.jsonl`:
+
+- with a template that renders tools itself (`examples/templates/chatml-tools.jinja`,
+  set as a tiny model's own template): tuneq passes the messages and the tools through,
+  tool-call arguments parsed, tool schemas written with Python's `json.dumps` spacing;
+- with templates that do not (the tiny model's ChatML, SmolLM2's own): tuneq writes the
+  tools, calls and results into plain messages, and transformers renders those.
+
+`tuneq debug encode` prints, per record, the conversation as the template sees it
+(messages and tools), the text, the token ids and the labels. The labels are rebuilt here
+from transformers' renderings alone: a token takes loss where it overlaps an assistant
+turn that is not weighted 0, the text between the conversation rendered up to the turn
+with the generation prompt and rendered through it (trailing whitespace trimmed).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from harness import REPO_ROOT
+from test_chat_template import expected_labels, hf_tokenizer_of
+
+DATASET = REPO_ROOT / "examples" / "data" / "openai-tools.jsonl"
+TOOLS_TEMPLATE = REPO_ROOT / "examples" / "templates" / "chatml-tools.jinja"
+MAX_LEN = 4096
+
+
+@pytest.fixture(scope="session")
+def tools_model(tiny_model, tmp_path_factory):
+    """The tiny model with a chat template of its own that renders tools."""
+    out = tmp_path_factory.mktemp("models") / "tiny-tools"
+    shutil.copytree(tiny_model, out)
+    config_path = out / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = TOOLS_TEMPLATE.read_text()
+    config_path.write_text(json.dumps(config))
+    return out
+
+
+def render(tok, source, messages, tools, **kw):
+    return tok.apply_chat_template(messages, tools=tools or None, chat_template=source,
+                                   tokenize=False, **kw)
+
+
+@pytest.mark.parametrize("model", ["tools_model", "tiny_model", "real_model"])
+def test_openai_shapes_render_and_label_like_transformers(request, tuneq, model):
+    model_dir = request.getfixturevalue(model)
+    tok = hf_tokenizer_of(model_dir)
+    out = tuneq.run("debug", "encode", "--model", model_dir, "--data", DATASET,
+                    "--chat-template", "model", "--max-seq-len", MAX_LEN).stdout
+    lines = [json.loads(line) for line in out.splitlines() if line.strip()]
+    head, records = lines[0], lines[1:]
+    source = head["template"]
+    knows_tools = model == "tools_model"
+    assert len(records) == sum(1 for line in open(DATASET) if line.strip())
+    labelled = calls = 0
+    for n, record in enumerate(records, start=1):
+        messages, tools = record["messages"], record["tools"]
+        if knows_tools:
+            # The template gets the tools and the structured turns, arguments parsed.
+            calls += sum(len(m.get("tool_calls", [])) for m in messages)
+            assert all(isinstance(c["function"]["arguments"], dict)
+                       for m in messages for c in m.get("tool_calls", []))
+        else:
+            # Written into plain messages: no tools, no calls, no tool role.
+            assert tools == [] and all(m["role"] != "tool" and "tool_calls" not in m for m in messages)
+            calls += sum(m["content"].count("<tool_call>") for m in messages if m["role"] == "assistant")
+        text = render(tok, source, messages, tools)
+        assert record["text"] == text, f"record {n}: tuneq rendered\n{record['text']!r}\ntransformers\n{text!r}"
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        assert record["input_ids"] == ids[:MAX_LEN], f"record {n}: token ids differ"
+        want = expected_labels(tok, source, messages, text, tools)[:MAX_LEN]
+        assert record["labels"] == want, (f"record {n}: labels differ at positions "
+                                          f"{[i for i, (a, b) in enumerate(zip(record['labels'], want)) if a != b][:10]}")
+        labelled += sum(1 for label in want if label != -100)
+    assert labelled > 0 and calls == 7, "the comparison would be vacuous"
+    print(f"{model}: {len(records)} records, {calls} tool calls, {labelled} labelled tokens agree")
