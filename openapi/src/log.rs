@@ -197,7 +197,10 @@ mod tests {
         let started: TrainEvent = serde_json::from_str(&reported).unwrap();
         let (kind, data) = LogEntry::of(&started).unwrap().encode();
         assert_eq!(kind, EventKind::TrainingStarted);
-        assert_eq!(data.to_string(), fields);
+        assert_eq!(
+            data,
+            serde_json::from_str::<serde_json::Value>(fields).unwrap()
+        );
         assert_eq!(
             LogEntry::decode(kind, &data),
             Some(LogEntry::TrainingStarted(started))

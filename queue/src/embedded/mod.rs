@@ -695,6 +695,9 @@ fn to_json(value: &mlua::Value, depth: usize) -> mlua::Result<serde_json::Value>
                     };
                     object.insert(key, to_json(&v, depth + 1)?);
                 }
+                // A Lua table's own order is its hash order: sorted keys make the same
+                // table encode the same from run to run.
+                object.sort_keys();
                 serde_json::Value::Object(object)
             }
         }
