@@ -75,6 +75,9 @@ codes! {
     ModelNotFound = (BAD_REQUEST, "model_not_found"),
     /// Only the supervised fine-tuning method is offered.
     UnsupportedMethod = (BAD_REQUEST, "unsupported_method"),
+    /// The files' records do not fit the method: preference pairs train with DPO,
+    /// conversations and texts with the supervised method.
+    MethodMismatch = (BAD_REQUEST, "method_mismatch"),
     /// The base model is of an architecture (or has a config field) tuneq does not train.
     UnsupportedModelArchitecture = (BAD_REQUEST, "unsupported_model_architecture"),
     /// Integrations (such as Weights & Biases) are not offered.

@@ -99,7 +99,7 @@ declare! {
     files::upload, files::list, files::retrieve, files::content, files::delete,
     finetunes::create, finetunes::list, finetunes::retrieve, finetunes::cancel,
     finetunes::events, finetunes::checkpoints, finetunes::adapter, finetunes::adapter_urls,
-    models::list, models::retrieve, webhooks::secret, webhooks::rotate_secret,
+    models::list, models::retrieve, models::delete, webhooks::secret, webhooks::rotate_secret,
     admin::create_tenant, admin::create_key, admin::list_keys, admin::revoke_key,
     admin::set_limits,
     health::healthz, health::readyz, metrics::metrics,

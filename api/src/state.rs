@@ -41,6 +41,10 @@ pub struct ApiConfig {
     /// What clients may hold open (event streams, downloads): per tenant, and for the
     /// process at most half of `max_connections` (see [`crate::holds`]).
     pub holds: crate::holds::HoldLimits,
+    /// Other names of registered base models, alias → base model id: an OpenAI model
+    /// name (`gpt-4o-mini-2024-07-18`) mapped to the open model that stands in for it,
+    /// so that clients' code runs unchanged. Listed in `/v1/models`.
+    pub model_aliases: std::collections::BTreeMap<String, String>,
 }
 
 impl Default for ApiConfig {
@@ -61,6 +65,7 @@ impl Default for ApiConfig {
             max_connections: 512,
             default_limits: Default::default(),
             holds: crate::holds::HoldLimits::default(),
+            model_aliases: Default::default(),
         }
     }
 }

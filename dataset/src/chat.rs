@@ -122,13 +122,115 @@ pub struct FunctionCall {
 /// order, with at least one assistant message, and the tools it may call.
 pub(crate) fn chat(obj: &Map<String, Value>, problems: &mut Vec<FieldProblem>) -> Option<Record> {
     let before = problems.len();
-    let tools = tools(obj, problems);
-    check_parallel_tool_calls(obj, problems);
-    let items = message_items(obj, problems)?;
+    let (messages, tools, _) = conversation(obj, "", problems)?;
+    if !messages.iter().any(|m| m.role == Role::Assistant) {
+        problems.push((
+            "messages".into(),
+            "needs at least one assistant message".into(),
+        ));
+    }
+    (problems.len() == before).then_some(Record::Chat { messages, tools })
+}
+
+/// A preference pair, OpenAI's DPO shape: `input` (a conversation, with its tools,
+/// ending before the answer) and one assistant message in each of `preferred_output`
+/// and `non_preferred_output`.
+pub(crate) fn preference(
+    obj: &Map<String, Value>,
+    problems: &mut Vec<FieldProblem>,
+) -> Option<Record> {
+    let before = problems.len();
+    let input = match obj.get("input") {
+        Some(Value::Object(input)) => Some(input),
+        Some(other) => {
+            problems.push((
+                "input".into(),
+                format!("expected an object, got {}", kind(other)),
+            ));
+            None
+        }
+        None => {
+            problems.push(("input".into(), "missing".into()));
+            None
+        }
+    };
+    let prompt = input.and_then(|input| conversation(input, "input.", problems));
+    if let Some((messages, _, _)) = &prompt
+        && messages.last().is_some_and(|m| m.role == Role::Assistant)
+    {
+        problems.push((
+            format!("input.messages[{}]", messages.len() - 1),
+            "the input ends where the answer begins: its last message is not the assistant's"
+                .into(),
+        ));
+    }
+    let mut calls = prompt
+        .as_ref()
+        .map(|(_, _, calls)| calls.clone())
+        .unwrap_or_default();
+    let mut answer = |field: &str, problems: &mut Vec<FieldProblem>| {
+        let Some(Value::Array(items)) = obj.get(field) else {
+            let got = obj.get(field).map_or("nothing", kind);
+            problems.push((
+                field.into(),
+                format!("expected an array of one assistant message, got {got}"),
+            ));
+            return None;
+        };
+        if items.len() != 1 {
+            problems.push((
+                field.into(),
+                format!(
+                    "has {} messages; it holds exactly one, the assistant's answer",
+                    items.len()
+                ),
+            ));
+            return None;
+        }
+        let at = format!("{field}[0]");
+        let Value::Object(m) = &items[0] else {
+            problems.push((at, format!("expected an object, got {}", kind(&items[0]))));
+            return None;
+        };
+        let reply = message(m, 1, &at, &mut calls, problems)?;
+        if reply.role != Role::Assistant {
+            problems.push((
+                format!("{at}.role"),
+                "the answer is an assistant message".into(),
+            ));
+            return None;
+        }
+        Some(reply)
+    };
+    let preferred = answer("preferred_output", problems);
+    let rejected = answer("non_preferred_output", problems);
+    let (messages, tools, _) = prompt?;
+    if problems.len() != before {
+        return None;
+    }
+    Some(Record::Preference {
+        messages,
+        tools,
+        preferred: preferred?,
+        rejected: rejected?,
+    })
+}
+
+/// The messages and tools of `obj` (fields named under `prefix`), with the calls its
+/// assistant turns made; None when any is malformed.
+fn conversation(
+    obj: &Map<String, Value>,
+    prefix: &str,
+    problems: &mut Vec<FieldProblem>,
+) -> Option<(Vec<Message>, Vec<Value>, CallIds)> {
+    let before = problems.len();
+    let tools = tools(obj, prefix, problems);
+    check_parallel_tool_calls(obj, prefix, problems);
+    let items = message_items(obj, prefix, problems)?;
     let mut messages = Vec::with_capacity(items.len());
     let mut calls = CallIds::default();
     for (i, item) in items.iter().enumerate() {
-        let at = format!("messages[{i}]");
+        let at = format!("{prefix}messages[{i}]");
         let Value::Object(m) = item else {
             problems.push((at, format!("expected an object, got {}", kind(item))));
             continue;
@@ -137,51 +239,59 @@ pub(crate) fn chat(obj: &Map<String, Value>, problems: &mut Vec<FieldProblem>) -
             messages.push(message);
         }
     }
-    if problems.len() == before && !messages.iter().any(|m| m.role == Role::Assistant) {
-        problems.push((
-            "messages".into(),
-            "needs at least one assistant message".into(),
-        ));
-    }
     let tools = tools?;
-    (problems.len() == before).then_some(Record::Chat { messages, tools })
+    (problems.len() == before).then_some((messages, tools, calls))
 }
 
 /// The record's tools: `tools` (OpenAI's shape) or the legacy `functions`, each made a
 /// tool; empty when it has neither. None when either is malformed.
-fn tools(obj: &Map<String, Value>, problems: &mut Vec<FieldProblem>) -> Option<Vec<Value>> {
+fn tools(
+    obj: &Map<String, Value>,
+    prefix: &str,
+    problems: &mut Vec<FieldProblem>,
+) -> Option<Vec<Value>> {
     match (obj.get("tools"), obj.get("functions")) {
         (Some(_), Some(_)) => {
             problems.push((
-                "functions".into(),
+                format!("{prefix}functions"),
                 "give either tools or the legacy functions, not both".into(),
             ));
             None
         }
-        (Some(tools), None) => list(tools, "tools", problems, |tool, at, problems| {
-            let Value::Object(t) = tool else {
-                problems.push((
-                    at.to_string(),
-                    format!("expected an object, got {}", kind(tool)),
-                ));
-                return None;
-            };
-            if t.get("type").and_then(Value::as_str) != Some("function") {
-                problems.push((format!("{at}.type"), "must be \"function\"".into()));
-            }
-            let function =
-                function_definition(t.get("function"), &format!("{at}.function"), problems)?;
-            let mut tool = t.clone();
-            tool.insert("function".into(), function);
-            Some(Value::Object(tool))
-        }),
-        (None, Some(functions)) => list(functions, "functions", problems, |f, at, problems| {
-            let function = function_definition(Some(f), at, problems)?;
-            let mut tool = Map::new();
-            tool.insert("type".into(), Value::from("function"));
-            tool.insert("function".into(), function);
-            Some(Value::Object(tool))
-        }),
+        (Some(tools), None) => list(
+            tools,
+            &format!("{prefix}tools"),
+            problems,
+            |tool, at, problems| {
+                let Value::Object(t) = tool else {
+                    problems.push((
+                        at.to_string(),
+                        format!("expected an object, got {}", kind(tool)),
+                    ));
+                    return None;
+                };
+                if t.get("type").and_then(Value::as_str) != Some("function") {
+                    problems.push((format!("{at}.type"), "must be \"function\"".into()));
+                }
+                let function =
+                    function_definition(t.get("function"), &format!("{at}.function"), problems)?;
+                let mut tool = t.clone();
+                tool.insert("function".into(), function);
+                Some(Value::Object(tool))
+            },
+        ),
+        (None, Some(functions)) => list(
+            functions,
+            &format!("{prefix}functions"),
+            problems,
+            |f, at, problems| {
+                let function = function_definition(Some(f), at, problems)?;
+                let mut tool = Map::new();
+                tool.insert("type".into(), Value::from("function"));
+                tool.insert("function".into(), function);
+                Some(Value::Object(tool))
+            },
+        ),
         (None, None) => Some(Vec::new()),
     }
 }
@@ -261,10 +371,14 @@ fn function_definition(
 
 /// `parallel_tool_calls`, when given, is true or false. (It changes what a model may be
 /// asked at inference, not the text it is trained on.)
-fn check_parallel_tool_calls(obj: &Map<String, Value>, problems: &mut Vec<FieldProblem>) {
+fn check_parallel_tool_calls(
+    obj: &Map<String, Value>,
+    prefix: &str,
+    problems: &mut Vec<FieldProblem>,
+) {
     if let Some(v) = obj.get("parallel_tool_calls").filter(|v| !v.is_boolean()) {
         problems.push((
-            "parallel_tool_calls".into(),
+            format!("{prefix}parallel_tool_calls"),
             format!("expected true or false, got {}", kind(v)),
         ));
     }
@@ -273,29 +387,28 @@ fn check_parallel_tool_calls(obj: &Map<String, Value>, problems: &mut Vec<FieldP
 /// The `messages` array, when it is one of 1 to [`MAX_MESSAGES`] items.
 fn message_items<'o>(
     obj: &'o Map<String, Value>,
+    prefix: &str,
     problems: &mut Vec<FieldProblem>,
 ) -> Option<&'o Vec<Value>> {
+    let field = format!("{prefix}messages");
     let items = match obj.get("messages") {
         None => {
-            problems.push(("messages".into(), "missing".into()));
+            problems.push((field, "missing".into()));
             return None;
         }
         Some(Value::Array(items)) => items,
         Some(other) => {
-            problems.push((
-                "messages".into(),
-                format!("expected an array, got {}", kind(other)),
-            ));
+            problems.push((field, format!("expected an array, got {}", kind(other))));
             return None;
         }
     };
     if items.is_empty() {
-        problems.push(("messages".into(), "must not be empty".into()));
+        problems.push((field, "must not be empty".into()));
         return None;
     }
     if items.len() > MAX_MESSAGES {
         problems.push((
-            "messages".into(),
+            field,
             format!(
                 "has {} messages; a record may have at most {MAX_MESSAGES}",
                 items.len()
@@ -319,7 +432,7 @@ const MESSAGE_KEYS: [&str; 7] = [
 
 /// The tool calls made so far in a conversation, so that a tool result names one, and a
 /// legacy `function` message finds the call it answers.
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct CallIds {
     /// (id, function name) of every call, in order.
     made: Vec<(String, String)>,

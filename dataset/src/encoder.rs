@@ -164,7 +164,9 @@ impl Encoder {
     pub fn measure(&self, record: &Record, max_seq_len: usize) -> Result<Measured> {
         let conversation = self.conversation(record);
         let (text, loss) = match record {
-            Record::Chat { .. } | Record::Alpaca { .. } if self.growth(&conversation).is_none() => {
+            Record::Chat { .. } | Record::Alpaca { .. } | Record::Preference { .. }
+                if self.growth(&conversation).is_none() =>
+            {
                 let text = conversation.render(&self.template, false)?;
                 (text, Err(conversation))
             }
@@ -258,7 +260,7 @@ impl Encoder {
                 let cut = text.char_indices().nth(half).map_or(text.len(), |(i, _)| i);
                 (format!("{bos}{}", &text[..cut]), text[cut..].to_string())
             }
-            Record::Chat { .. } | Record::Alpaca { .. } => {
+            Record::Chat { .. } | Record::Alpaca { .. } | Record::Preference { .. } => {
                 let Conversation { messages, tools } = self.conversation(record);
                 let last = messages
                     .iter()
@@ -326,19 +328,22 @@ impl Encoder {
         Ok(self.render_with_spans(record)?.text)
     }
 
-    /// The conversation a chat or alpaca record stands for, as this template renders it
-    /// (empty for other records): with its tools, or, for a template that does not render
+    /// The conversation a chat, alpaca or preference record stands for (a preference
+    /// pair: its prompt and the preferred answer), as this template renders it (empty
+    /// for other records): with its tools, or, for a template that does not render
     /// tools, with tools, calls and results written into plain messages.
     pub fn conversation(&self, record: &Record) -> Conversation {
         let messages = match record {
-            Record::Chat { messages, tools } => {
-                if !crate::tools::uses_tools(messages, tools) || self.template.handles_tools() {
-                    return Conversation {
-                        messages: messages.clone(),
-                        tools: tools.clone(),
-                    };
-                }
-                crate::tools::without_tools(messages, tools)
+            Record::Chat { messages, tools } => return self.with_tools(messages.clone(), tools),
+            Record::Preference {
+                messages,
+                tools,
+                preferred,
+                ..
+            } => {
+                let mut chosen = messages.clone();
+                chosen.push(preferred.clone());
+                return self.with_tools(chosen, tools);
             }
             Record::Alpaca {
                 instruction,
@@ -361,6 +366,21 @@ impl Encoder {
         };
         Conversation {
             messages,
+            tools: Vec::new(),
+        }
+    }
+
+    /// `messages` and `tools` as this template renders them: as they are, or with the
+    /// tools written into plain messages for a template that does not render tools.
+    fn with_tools(&self, messages: Vec<Message>, tools: &[serde_json::Value]) -> Conversation {
+        if !crate::tools::uses_tools(&messages, tools) || self.template.handles_tools() {
+            return Conversation {
+                messages,
+                tools: tools.to_vec(),
+            };
+        }
+        Conversation {
+            messages: crate::tools::without_tools(&messages, tools),
             tools: Vec::new(),
         }
     }
@@ -394,7 +414,7 @@ impl Encoder {
                 text: format!("{bos}{text}{eos}"),
                 loss: LossOn::AllButFirst,
             }),
-            Record::Chat { .. } | Record::Alpaca { .. } => {
+            Record::Chat { .. } | Record::Alpaca { .. } | Record::Preference { .. } => {
                 let conversation = self.conversation(record);
                 let (text, spans) = self.chat_spans(&conversation)?;
                 Ok(Rendered {

@@ -167,7 +167,7 @@ mod tests {
     fn objects_keep_their_order_and_python_spacing() {
         let v: Value =
             serde_json::from_str(r#"{"z": 1, "a": [true, null, "é\n\"x\""], "m": {}, "f": 2.0}"#)
-                .unwrap();
+                .expect("JSON");
         assert_eq!(
             dumps(&v, None, false),
             r#"{"z": 1, "a": [true, null, "é\n\"x\""], "m": {}, "f": 2.0}"#

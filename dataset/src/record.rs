@@ -40,6 +40,17 @@ pub enum Record {
         /// The text (never empty).
         text: String,
     },
+    /// A preference pair (OpenAI's DPO format): a prompt conversation and two answers.
+    Preference {
+        /// The prompt: the conversation before the answer.
+        messages: Vec<Message>,
+        /// The tools the answers may call, as for [`Record::Chat`].
+        tools: Vec<Value>,
+        /// The answer to prefer (an assistant message).
+        preferred: Message,
+        /// The answer to prefer less.
+        rejected: Message,
+    },
 }
 
 impl Record {
@@ -50,6 +61,7 @@ impl Record {
             Record::PromptCompletion { .. } => DatasetFormat::PromptCompletion,
             Record::Alpaca { .. } => DatasetFormat::Alpaca,
             Record::Text { .. } => DatasetFormat::Text,
+            Record::Preference { .. } => DatasetFormat::Preference,
         }
     }
 }
@@ -58,10 +70,13 @@ impl Record {
 pub(crate) type FieldProblem = (String, String);
 
 /// Picks the format an object's keys suggest, in order of precedence: `messages`, then
-/// `prompt` + `completion`, then `instruction` + `output`, then `text`.
+/// `input` + `preferred_output`, then `prompt` + `completion`, then `instruction` +
+/// `output`, then `text`.
 pub(crate) fn detect(obj: &Map<String, Value>) -> Option<DatasetFormat> {
     if obj.contains_key("messages") {
         Some(DatasetFormat::Chat)
+    } else if obj.contains_key("input") && obj.contains_key("preferred_output") {
+        Some(DatasetFormat::Preference)
     } else if obj.contains_key("prompt") && obj.contains_key("completion") {
         Some(DatasetFormat::PromptCompletion)
     } else if obj.contains_key("instruction") && obj.contains_key("output") {
@@ -81,6 +96,7 @@ pub(crate) fn format_name(format: DatasetFormat) -> &'static str {
         DatasetFormat::PromptCompletion => "prompt_completion",
         DatasetFormat::Alpaca => "alpaca",
         DatasetFormat::Text => "text",
+        DatasetFormat::Preference => "preference",
     }
 }
 
@@ -104,6 +120,7 @@ pub(crate) fn from_object(
     let mut problems = Vec::new();
     let record = match format {
         DatasetFormat::Chat => crate::chat::chat(obj, &mut problems),
+        DatasetFormat::Preference => crate::chat::preference(obj, &mut problems),
         DatasetFormat::PromptCompletion => {
             let prompt = string_field(obj, "prompt", false, &mut problems);
             let completion = string_field(obj, "completion", true, &mut problems);

@@ -250,8 +250,13 @@ pub struct FineTuneJob {
     pub object: String,
     /// Unix seconds.
     pub created_at: u64,
-    /// Base model.
+    /// The model as the request named it: a base model, or an alias of one (an OpenAI
+    /// model name the operator maps to an open model).
     pub model: String,
+    /// The registered base model trained: `model` itself, or the one its alias stands
+    /// for (tuneq).
+    #[serde(default)]
+    pub base_model: Option<String>,
     /// The tenant.
     pub organization_id: String,
     /// Where it stands.
@@ -322,8 +327,12 @@ pub struct FineTuneJob {
     /// training file's token count is unknown).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub estimate: Option<JobEstimate>,
-    /// The adapter, once succeeded (tuneq).
+    /// The adapter, once succeeded, until the fine-tuned model is deleted (tuneq).
     pub adapter: Option<AdapterInfo>,
+    /// When the fine-tuned model was deleted (`DELETE /v1/models/{model}`), Unix
+    /// seconds; its adapter and checkpoints are gone, the job stays (tuneq).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_deleted_at: Option<u64>,
     /// The webhook asked for at create, and how its delivery went (tuneq).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webhook: Option<WebhookStatus>,
@@ -589,9 +598,9 @@ pub struct Model {
     pub created: u64,
     /// `tuneq` for base models, the tenant for fine-tuned ones.
     pub owned_by: String,
-    /// `base` or `fine-tuned` (tuneq).
+    /// `base`, `alias` (another name of a base model) or `fine-tuned` (tuneq).
     pub kind: String,
-    /// A fine-tuned model's base (tuneq).
+    /// The base model a fine-tuned model was trained from, or an alias stands for (tuneq).
     pub base_model: Option<String>,
     /// A fine-tuned model's job (tuneq).
     pub fine_tuning_job_id: Option<String>,

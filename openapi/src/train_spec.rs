@@ -138,6 +138,10 @@ pub enum DatasetFormat {
     Alpaca,
     /// `{"text": "…"}`: loss on every token.
     Text,
+    /// `{"input": {"messages": […], "tools": […]}, "preferred_output": [{"role":
+    /// "assistant", …}], "non_preferred_output": [{"role": "assistant", …}]}`: OpenAI's
+    /// preference pairs, for DPO.
+    Preference,
 }
 
 /// Which chat template renders conversations.

@@ -119,6 +119,7 @@ async fn serve(args: ApiArgs) -> Result<()> {
     for model in models {
         service::register_model(&state, model, service::BASE_LEARNING_RATE).await?;
     }
+    service::check_aliases(&state).await?;
     let listener = std::net::TcpListener::bind((args.host.as_str(), args.port))
         .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
     let url = format!("http://{}", listener.local_addr()?);

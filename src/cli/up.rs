@@ -352,6 +352,7 @@ async fn seed_catalog(
     for model in models {
         service::register_model(state, model, service::BASE_LEARNING_RATE).await?;
     }
+    service::check_aliases(state).await?;
     Ok((key, generated))
 }
 

@@ -2,20 +2,25 @@
 `openai` SDK against a real `tuneq up`: function-calling records (tools, tool calls with
 null content, tool results, parallel calls), weights, names, text parts, records without
 a user turn and the legacy functions upload with token statistics and train to a
-succeeded job; a malformed tool call is refused at upload naming its line and field."""
+succeeded job; a malformed tool call is refused at upload naming its line and field.
+Preference pairs (OpenAI's DPO format) upload with statistics; a supervised job on them is
+refused naming `method`. An
+OpenAI model name the operator maps to an open model (`--model-alias`) runs unchanged."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 
 import openai
 import pytest
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, Service, tuneq_bin
 
 DEMO_MODEL = "tuneq-tiny-demo"
 TOOLS = (REPO_ROOT / "examples/data/openai-tools.jsonl").read_bytes()
+PREFERENCE = (REPO_ROOT / "examples/data/openai-preference.jsonl").read_bytes()
 
 
 def test_function_calling_data_uploads_and_trains(client):
@@ -26,9 +31,15 @@ def test_function_calling_data_uploads_and_trains(client):
     tokens = validation["tokens"]
     assert 0 < tokens["trained_tokens"] < tokens["tokens"], "tool results and prompts carry no loss"
 
+    job = run_to_the_end(client, DEMO_MODEL, uploaded.id)
+    assert job.status == "succeeded", job.error
+    assert job.trained_tokens and job.trained_tokens > 0
+
+
+def run_to_the_end(client, model: str, training_file: str):
     job = client.fine_tuning.jobs.create(
-        model=DEMO_MODEL,
-        training_file=uploaded.id,
+        model=model,
+        training_file=training_file,
         method={"type": "supervised",
                 "supervised": {"hyperparameters": {"n_epochs": 1, "batch_size": 2}}},
     )
@@ -37,8 +48,39 @@ def test_function_calling_data_uploads_and_trains(client):
         assert time.monotonic() < deadline, f"job still {job.status}"
         time.sleep(0.5)
         job = client.fine_tuning.jobs.retrieve(job.id)
-    assert job.status == "succeeded", job.error
-    assert job.trained_tokens and job.trained_tokens > 0
+    return job
+
+
+def test_an_openai_model_name_runs_on_the_model_the_operator_maps_it_to(tmp_path):
+    from openai import OpenAI
+
+    alias = "gpt-4o-mini-2024-07-18"
+    service = Service(tmp_path / "data", extra_args=[
+        "--model-alias", f"{alias}={DEMO_MODEL}", "--model-alias", f"gpt-3.5-turbo={DEMO_MODEL}"])
+    try:
+        client = OpenAI(base_url=f"{service.url}/v1", api_key=service.api_key, max_retries=0)
+        listed = {m.id: m for m in client.models.list()}
+        assert {alias, "gpt-3.5-turbo", DEMO_MODEL} <= set(listed)
+        assert listed[alias].model_extra["base_model"] == DEMO_MODEL
+        assert client.models.retrieve(alias).id == alias
+
+        uploaded = client.files.create(file=("tools.jsonl", TOOLS), purpose="fine-tune")
+        job = run_to_the_end(client, alias, uploaded.id)
+        assert job.status == "succeeded", job.error
+        assert job.model == alias and job.model_extra["base_model"] == DEMO_MODEL
+        assert job.fine_tuned_model.startswith(f"ft:{alias}:")
+        assert job.fine_tuned_model in {m.id for m in client.models.list()}
+    finally:
+        service.stop()
+
+
+def test_an_alias_of_no_registered_model_stops_the_start_naming_the_flag(tmp_path):
+    started = subprocess.run(
+        [str(tuneq_bin()), "up", "--port", "0", "--data-dir", str(tmp_path / "data"),
+         "--model-alias", "gpt-4o=nowhere"],
+        capture_output=True, text=True, timeout=60)
+    assert started.returncode == 2, started.stdout + started.stderr
+    assert "--model-alias gpt-4o=nowhere" in started.stderr
 
 
 def test_a_malformed_tool_call_is_refused_naming_line_and_field(client):
@@ -61,3 +103,19 @@ def test_a_malformed_tool_call_is_refused_naming_line_and_field(client):
         (2, "messages[2].tool_call_id"),
         (2, "messages[3].weight"),
     }, error["lines"]
+
+
+def test_preference_pairs_upload_and_a_supervised_job_on_them_is_refused_naming_method(client):
+    uploaded = client.files.create(file=("pairs.jsonl", PREFERENCE), purpose="fine-tune")
+    validation = uploaded.model_extra["validation"]
+    assert (validation["format"], validation["examples"]) == ("preference", 10)
+    assert validation["tokens"]["trained_tokens"] > 0
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.fine_tuning.jobs.create(model=DEMO_MODEL, training_file=uploaded.id)
+    error = caught.value.body
+    assert (error["code"], error["param"]) == ("method_mismatch", "method"), error
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.fine_tuning.jobs.create(
+            model=DEMO_MODEL, training_file=uploaded.id,
+            method={"type": "dpo", "dpo": {"hyperparameters": {"beta": 0.1}}})
+    assert caught.value.body["code"] == "unsupported_method"

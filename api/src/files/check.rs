@@ -113,6 +113,16 @@ fn characters(record: &Record) -> usize {
             output,
         } => instruction.chars().count() + input.chars().count() + output.chars().count(),
         Record::Text { text } => text.chars().count(),
+        Record::Preference {
+            messages,
+            preferred,
+            rejected,
+            ..
+        } => messages
+            .iter()
+            .chain([preferred, rejected])
+            .map(|m| m.text().chars().count())
+            .sum(),
     }
 }
 

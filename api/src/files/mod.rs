@@ -274,7 +274,7 @@ async fn counting_model(
     };
     match requested {
         Some(id) => {
-            let model = records::model::get(&state.queue, id)
+            let model = records::model::resolve(&state.queue, &state.config.model_aliases, id)
                 .await?
                 .ok_or_else(|| {
                     ApiError::invalid(

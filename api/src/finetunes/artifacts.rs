@@ -1,5 +1,6 @@
 //! What a job leaves behind: its checkpoints (from the event log) and the trained
-//! adapter, as a tar download or as presigned URLs.
+//! adapter, as a tar download or as presigned URLs; and their deletion with the
+//! fine-tuned model.
 
 use super::plan::check_range;
 use super::view::view;
@@ -7,10 +8,12 @@ use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult, Code};
 use crate::holds::{self, HoldKind};
 use crate::owned::Own;
+use crate::records;
 use crate::records::finetune::{FineTuneRecord, ms_to_seconds};
 use crate::redact;
 use crate::state::AppState;
 use actix_web::{HttpResponse, web};
+use futures::TryStreamExt;
 use serde::Deserialize;
 use tuneq_openapi::{
     AdapterFileUrl, AdapterUrls, CheckpointMetrics, ErrorBody, FineTuneCheckpoint,
@@ -45,6 +48,19 @@ pub(crate) async fn checkpoints(
 ) -> ApiResult<HttpResponse> {
     let record = state.finetunes().find(&tenant.0, &id).await?;
     let limit = check_range("limit", query.limit.unwrap_or(10), 1, 100)? as usize;
+    if records::model::deleted_at(&state.queue, &tenant.0, &record.id)
+        .await?
+        .is_some()
+    {
+        // Deleted with the fine-tuned model.
+        return Ok(HttpResponse::Ok().json(FineTuneCheckpointList {
+            object: "list".into(),
+            data: Vec::new(),
+            has_more: false,
+            first_id: None,
+            last_id: None,
+        }));
+    }
     let events = state
         .queue
         .events(&record.job_id, None, 10_000, true)
@@ -161,6 +177,15 @@ async fn adapter_prefix(
 ) -> ApiResult<(FineTuneRecord, tuneq_storage::ObjectKey)> {
     let (tenant, record) = (job.tenant, job.object);
     let job = view(state, record.clone()).await?;
+    if let Some(at) = job.model_deleted_at {
+        return Err(ApiError::new(
+            Code::ObjectGone,
+            format!(
+                "The fine-tuned model of {} was deleted (at {at}); its adapter is gone.",
+                record.id
+            ),
+        ));
+    }
     if job.adapter.is_none() {
         return Err(ApiError::invalid(
             "id",
@@ -174,6 +199,45 @@ async fn adapter_prefix(
     let tenant_id = Id::parse(&tenant.0).map_err(|_| ApiError::internal("tenant id"))?;
     let job_key = Id::parse(&record.id).map_err(|_| ApiError::internal("job id"))?;
     Ok((record, layout::job_output(&tenant_id, &job_key)))
+}
+
+/// Deletes the tenant's fine-tuned model `name` (`ft:…`): it is marked deleted first,
+/// so it leaves `/v1/models` at once, then its job's output (adapter and checkpoints)
+/// is removed from the store; the job stays, showing `model_deleted_at`. A model that
+/// is not the tenant's, or is deleted already, is a 404 (a repeat still removes what a
+/// broken-off deletion left).
+pub(crate) async fn delete_model(state: &AppState, tenant: &str, name: &str) -> ApiResult<()> {
+    let not_found = || ApiError::not_found("model", name);
+    let record = state
+        .finetunes()
+        .all(tenant)
+        .await?
+        .into_iter()
+        .find(|r| r.fine_tuned_model_name() == name)
+        .ok_or_else(not_found)?;
+    let job = view(state, record.clone()).await?;
+    let already = job.model_deleted_at.is_some();
+    if !already && job.status != tuneq_openapi::JobStatus::Succeeded {
+        return Err(not_found());
+    }
+    records::model::mark_deleted(&state.queue, tenant, &record.id, records::now_seconds()).await?;
+    let tenant_id = Id::parse(tenant).map_err(|_| ApiError::internal("tenant id"))?;
+    let job_key = Id::parse(&record.id).map_err(|_| ApiError::internal("job id"))?;
+    let output = layout::job_output(&tenant_id, &job_key);
+    let keys: Vec<_> = state
+        .store
+        .list(&output)
+        .map_ok(|meta| meta.key)
+        .try_collect()
+        .await?;
+    for key in &keys {
+        state.store.delete(key).await?;
+    }
+    tracing::info!(tenant = %tenant, finetune = %record.id, objects = keys.len(), "fine-tuned model deleted");
+    if already {
+        return Err(not_found());
+    }
+    Ok(())
 }
 
 /// How long presigned adapter URLs work.

@@ -26,6 +26,7 @@ mod view;
 // The handlers, with their OpenAPI declarations, for `crate::routes`.
 pub(crate) use artifacts::{
     __path_adapter, __path_adapter_urls, __path_checkpoints, adapter, adapter_urls, checkpoints,
+    delete_model,
 };
 pub(crate) use events::{__path_events, events};
 pub(crate) use view::fine_tuned_models;

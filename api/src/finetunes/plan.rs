@@ -163,6 +163,9 @@ pub(super) async fn plan(
     let (training, validation) = datasets(state, tenant, body).await?;
     let options = check_options(state, body)?;
     let choice = choose_hyperparameters(body, &base, training.validation.examples)?;
+    for file in std::iter::once(&training).chain(validation.as_ref()) {
+        check_records_fit_method(file)?;
+    }
     let files = JobFiles {
         training: &training,
         validation: validation.as_ref(),
@@ -175,6 +178,7 @@ pub(super) async fn plan(
         tenant: tenant.0.clone(),
         created_at: records::now_seconds(),
         model: body.model.clone(),
+        base_model: (base.id != body.model).then(|| base.id.clone()),
         training_file: training.id,
         validation_file: validation.map(|v| v.id),
         hyperparameters: JobHyperparameters {
@@ -207,9 +211,10 @@ pub(super) async fn plan(
     })
 }
 
-/// The registered base model a request names, or a 400 on `model`.
+/// The registered base model a request names (by its id or an alias), or a 400 on
+/// `model`.
 async fn base_model(state: &AppState, body: &FineTuneCreate) -> ApiResult<BaseModel> {
-    records::model::get(&state.queue, &body.model)
+    records::model::resolve(&state.queue, &state.config.model_aliases, &body.model)
         .await?
         .ok_or_else(|| {
             ApiError::invalid(
@@ -221,6 +226,23 @@ async fn base_model(state: &AppState, body: &FineTuneCreate) -> ApiResult<BaseMo
                 ),
             )
         })
+}
+
+/// Refuses a file of preference pairs for the supervised method (the only one offered
+/// until DPO is): trained as conversations, they would teach the preferred answer and
+/// drop the other.
+fn check_records_fit_method(file: &FileObject) -> ApiResult<()> {
+    if file.validation.format != "preference" {
+        return Ok(());
+    }
+    Err(ApiError::invalid(
+        "method",
+        Code::MethodMismatch,
+        format!(
+            "{} holds preference pairs (input, preferred_output, non_preferred_output), which train with the dpo method; this job's method is supervised, which trains on chat, prompt/completion, alpaca or text records.",
+            file.id
+        ),
+    ))
 }
 
 /// The request's training file and, when given, its validation file (which must be

@@ -15,6 +15,8 @@ use tuneq_queue::JobQueue;
 /// The job as clients see it: the catalog record, with live state from the queue.
 pub(super) async fn view(state: &AppState, record: FineTuneRecord) -> ApiResult<FineTuneJob> {
     let now = job_state(state, &record).await?;
+    let model_deleted_at =
+        records::model::deleted_at(&state.queue, &record.tenant, &record.id).await?;
     let estimated_finish = now
         .progress
         .as_ref()
@@ -30,10 +32,15 @@ pub(super) async fn view(state: &AppState, record: FineTuneRecord) -> ApiResult<
             .adapter
             .is_some()
             .then(|| record.fine_tuned_model_name()),
-        adapter: now.adapter.map(|location| AdapterInfo {
-            location: redact::tenant_location(&location, &record.tenant),
-            download_url: format!("/v1/fine_tuning/jobs/{}/adapter", record.id),
-        }),
+        model_deleted_at,
+        adapter: now
+            .adapter
+            .filter(|_| model_deleted_at.is_none())
+            .map(|location| AdapterInfo {
+                location: redact::tenant_location(&location, &record.tenant),
+                download_url: format!("/v1/fine_tuning/jobs/{}/adapter", record.id),
+            }),
+        base_model: Some(record.base_model_id().to_string()),
         id: record.id,
         object: "fine_tuning.job".into(),
         created_at: record.created_at,
@@ -190,7 +197,11 @@ fn webhook_status(record: &FineTuneRecord) -> Option<WebhookStatus> {
 /// The tenant's fine-tuned models (jobs that succeeded), newest first.
 pub(crate) async fn fine_tuned_models(state: &AppState, tenant: &str) -> ApiResult<Vec<Model>> {
     let mut models = Vec::new();
+    let deleted = records::model::deleted_jobs(&state.queue, tenant).await?;
     for record in state.finetunes().all(tenant).await? {
+        if deleted.contains(&record.id) {
+            continue;
+        }
         // A job that has just finished may not have its outcome filed yet.
         let outcome = match record.outcome.clone() {
             Some(o) => Some(o),
@@ -209,7 +220,7 @@ pub(crate) async fn fine_tuned_models(state: &AppState, tenant: &str) -> ApiResu
                 created: outcome.finished_at,
                 owned_by: record.tenant.clone(),
                 kind: "fine-tuned".into(),
-                base_model: Some(record.model.clone()),
+                base_model: Some(record.base_model_id().to_string()),
                 fine_tuning_job_id: Some(record.id.clone()),
             });
         }

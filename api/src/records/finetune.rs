@@ -25,7 +25,11 @@ pub(crate) struct FineTuneRecord {
     pub(crate) id: String,
     pub(crate) tenant: String,
     pub(crate) created_at: u64,
+    /// The model as the request named it: a base model's id or an alias of one.
     pub(crate) model: String,
+    /// The registered base model trained, when `model` is an alias of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) base_model: Option<String>,
     pub(crate) training_file: String,
     pub(crate) validation_file: Option<String>,
     pub(crate) hyperparameters: JobHyperparameters,
@@ -66,6 +70,11 @@ pub(crate) struct FineTuneRecord {
 }
 
 impl FineTuneRecord {
+    /// The registered base model trained: `model`, or the one its alias stands for.
+    pub(crate) fn base_model_id(&self) -> &str {
+        self.base_model.as_deref().unwrap_or(&self.model)
+    }
+
     /// The fine-tuned model's name, OpenAI-style.
     pub(crate) fn fine_tuned_model_name(&self) -> String {
         format!(

@@ -1,4 +1,5 @@
-//! Base models an operator registered, shared by every tenant.
+//! Base models an operator registered, shared by every tenant, and the fine-tuned
+//! models tenants deleted.
 
 use crate::error::{ApiError, ApiResult, Code};
 use serde::{Deserialize, Serialize};
@@ -44,6 +45,63 @@ pub async fn get(catalog: &dyn Catalog, id: &str) -> ApiResult<Option<BaseModel>
         return Ok(None);
     }
     super::read(catalog, BASE, id, "model").await
+}
+
+/// The base model `name` stands for: the registered base model of that id, or the one
+/// an alias in `aliases` maps it to (see [`crate::ApiConfig::model_aliases`]).
+pub async fn resolve(
+    catalog: &dyn Catalog,
+    aliases: &std::collections::BTreeMap<String, String>,
+    name: &str,
+) -> ApiResult<Option<BaseModel>> {
+    get(catalog, aliases.get(name).map_or(name, String::as_str)).await
+}
+
+/// Catalog kind of the fine-tuned models a tenant deleted (owner: the tenant; id: the
+/// job that trained it). Kept apart from the job's record, which other writers (the
+/// outcome, webhook deliveries) save whole: a deletion is never written over.
+const DELETED: &str = "deleted_model";
+
+/// A fine-tuned model its tenant deleted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeletedModel {
+    /// The job that trained it.
+    pub job: String,
+    /// When it was deleted, Unix seconds.
+    pub deleted_at: u64,
+}
+
+/// Records that `tenant` deleted the fine-tuned model of `job` (a repeat keeps the first
+/// time).
+pub async fn mark_deleted(
+    catalog: &dyn Catalog,
+    tenant: &str,
+    job: &str,
+    at: u64,
+) -> ApiResult<()> {
+    let body = super::body(&DeletedModel {
+        job: job.to_string(),
+        deleted_at: at,
+    })?;
+    catalog.create_entry(DELETED, tenant, job, &body).await?;
+    Ok(())
+}
+
+/// When `tenant` deleted the fine-tuned model of `job`, if it did.
+pub async fn deleted_at(catalog: &dyn Catalog, tenant: &str, job: &str) -> ApiResult<Option<u64>> {
+    let found: Option<DeletedModel> =
+        super::read(catalog, (DELETED, tenant), job, "deleted model").await?;
+    Ok(found.map(|d| d.deleted_at))
+}
+
+/// The jobs whose fine-tuned models `tenant` deleted.
+pub async fn deleted_jobs(
+    catalog: &dyn Catalog,
+    tenant: &str,
+) -> ApiResult<std::collections::BTreeSet<String>> {
+    let all: Vec<DeletedModel> =
+        super::read_all(catalog, (DELETED, tenant), "deleted model").await?;
+    Ok(all.into_iter().map(|d| d.job).collect())
 }
 
 /// Every registered base model.

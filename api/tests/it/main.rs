@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod aliases;
 mod architectures;
 mod attempt_reports;
 mod failure_codes;

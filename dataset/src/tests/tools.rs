@@ -1,6 +1,7 @@
 //! OpenAI's chat shapes: tools, tool calls and results, weights, names, text parts and
 //! the legacy functions, read from `examples/data/openai-tools.jsonl`, refused with the
-//! field named when malformed, and rendered with and without a template that knows tools.
+//! field named when malformed, and rendered with and without a template that knows tools;
+//! and preference pairs.
 
 use super::*;
 use serde_json::json;
@@ -41,7 +42,7 @@ fn every_openai_shape_reads_into_one_chat_record() {
         ("call_1", "get_weather")
     );
     assert_eq!(
-        serde_json::to_string(&call.function.arguments).unwrap(),
+        serde_json::to_string(&call.function.arguments).expect("JSON"),
         r#"{"city":"Paris","unit":"celsius"}"#
     );
     assert_eq!(messages[3].role, Role::Tool);
@@ -83,6 +84,7 @@ fn every_openai_shape_reads_into_one_chat_record() {
 fn malformed_shapes_are_refused_naming_the_field() {
     let user = r#"{"role": "user", "content": "q"}"#;
     let call = r#"{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}"#;
+    let assistant = r#"{"role": "assistant", "content": "a"}"#;
     let cases = [
         (
             format!(
@@ -119,7 +121,7 @@ fn malformed_shapes_are_refused_naming_the_field() {
         ),
         (
             format!(
-                r#"{{"messages": [{{"role": "user", "content": [{{"type": "image_url", "image_url": {{"url": "x"}}}}]}}, {{"role": "assistant", "content": "a"}}]}}"#
+                r#"{{"messages": [{{"role": "user", "content": [{{"type": "image_url", "image_url": {{"url": "x"}}}}]}}, {assistant}]}}"#
             ),
             "messages[0].content[0].type",
             "\"image_url\" parts are not supported",
@@ -181,7 +183,7 @@ fn trained_text(enc: &Encoder, example: &Example) -> String {
 fn a_template_that_knows_tools_gets_them_and_loss_covers_calls_not_results() {
     let records = openai_tools();
     let enc = Encoder::new(tiny_tokenizer().clone(), tools_template());
-    let text = enc.render(&records[0]).unwrap();
+    let text = enc.render(&records[0]).expect("render");
     assert!(
         text.contains(r#"{"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city.", "parameters": {"type": "object", "properties": {"city": {"type": "string""#),
         "tools in the given order, as Python's json.dumps writes them: {text}"
@@ -189,7 +191,7 @@ fn a_template_that_knows_tools_gets_them_and_loss_covers_calls_not_results() {
     assert!(text.contains(
         "<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"celsius\"}}\n</tool_call><|im_end|>"
     ));
-    let example = enc.encode(&records[0], 4096).unwrap();
+    let example = enc.encode(&records[0], 4096).expect("valid");
     let trained = trained_text(&enc, &example);
     assert!(
         trained.contains("get_weather") && trained.contains("18 °C and clear"),
@@ -200,7 +202,7 @@ fn a_template_that_knows_tools_gets_them_and_loss_covers_calls_not_results() {
         "{trained}"
     );
     // A turn weighted 0 takes no loss.
-    let example = enc.encode(&records[4], 4096).unwrap();
+    let example = enc.encode(&records[4], 4096).expect("valid");
     let trained = trained_text(&enc, &example);
     assert!(
         trained.contains("Sorry: Paris.") && !trained.contains("Lyon"),
@@ -216,7 +218,7 @@ fn a_template_without_tools_gets_them_written_into_plain_messages() {
     let conversation = enc.conversation(&records[1]);
     assert!(conversation.tools.is_empty());
     assert!(conversation.messages.iter().all(Message::is_plain));
-    let text = enc.render(&records[1]).unwrap();
+    let text = enc.render(&records[1]).expect("render");
     assert!(
         text.starts_with(&format!("<|im_start|>system\n{TOOLS_PREAMBLE}\n<tools>\n")),
         "{text}"
@@ -224,7 +226,7 @@ fn a_template_without_tools_gets_them_written_into_plain_messages() {
     assert!(
         text.contains("<|im_start|>user\n<tool_response>\n-3 C, snow\n</tool_response><|im_end|>")
     );
-    let example = enc.encode(&records[1], 4096).unwrap();
+    let example = enc.encode(&records[1], 4096).expect("valid");
     let trained = trained_text(&enc, &example);
     assert!(
         trained.contains("\"name\": \"get_time\"") && !trained.contains("snow\n"),
@@ -233,4 +235,90 @@ fn a_template_without_tools_gets_them_written_into_plain_messages() {
     // A record without tools renders as it always did.
     let plain = enc.conversation(&records[9]);
     assert_eq!(plain.messages, messages_and_tools(&records[9]).0);
+}
+
+#[test]
+fn preference_pairs_read_with_their_prompt_tools_and_two_answers() {
+    let parsed = read_jsonl(
+        &examples_dir().join("openai-preference.jsonl"),
+        DatasetFormat::Auto,
+    )
+    .expect("openai-preference.jsonl is valid");
+    assert_eq!(parsed.format, DatasetFormat::Preference);
+    assert_eq!(parsed.records.len(), 10);
+    let Record::Preference {
+        messages,
+        tools,
+        preferred,
+        rejected,
+    } = &parsed.records[8]
+    else {
+        panic!("not a preference pair: {:?}", parsed.records[8]);
+    };
+    assert_eq!((messages.len(), tools.len()), (1, 1));
+    assert_eq!(preferred.tool_calls[0].function.name, "get_weather");
+    assert_eq!(rejected.text(), "I cannot know the weather.");
+    // Rendered for statistics as the prompt and the preferred answer.
+    let enc = Encoder::new(tiny_tokenizer().clone(), tools_template());
+    let conversation = enc.conversation(&parsed.records[9]);
+    assert_eq!(conversation.messages.len(), 4);
+    assert_eq!(
+        conversation.messages[3].text(),
+        "It is -3 °C and snowing in Oslo."
+    );
+    let trained = trained_text(&enc, &enc.encode(&parsed.records[9], 4096).expect("valid"));
+    assert!(
+        trained.contains("snowing") && !trained.contains("warm"),
+        "{trained}"
+    );
+}
+
+#[test]
+fn malformed_preference_pairs_are_refused_naming_the_field() {
+    let input = r#""input": {"messages": [{"role": "user", "content": "q"}]}"#;
+    let one = r#"[{"role": "assistant", "content": "a"}]"#;
+    let cases = [
+        (
+            format!(r#"{{{input}, "preferred_output": [], "non_preferred_output": {one}}}"#),
+            "preferred_output",
+            "has 0 messages",
+        ),
+        (
+            format!(
+                r#"{{{input}, "preferred_output": {one}, "non_preferred_output": [{{"role": "user", "content": "b"}}]}}"#
+            ),
+            "non_preferred_output[0].role",
+            "the answer is an assistant message",
+        ),
+        (
+            format!(
+                r#"{{"input": {{"messages": [{{"role": "user", "content": "q"}}, {{"role": "assistant", "content": "a"}}]}}, "preferred_output": {one}, "non_preferred_output": {one}}}"#
+            ),
+            "input.messages[1]",
+            "its last message is not the assistant's",
+        ),
+        (
+            format!(
+                r#"{{"input": {{"messages": [{{"role": "user", "content": 7}}]}}, "preferred_output": {one}, "non_preferred_output": {one}}}"#
+            ),
+            "input.messages[0].content",
+            "expected a string",
+        ),
+        (
+            format!(r#"{{{input}, "preferred_output": {one}}}"#),
+            "non_preferred_output",
+            "expected an array of one assistant message, got nothing",
+        ),
+    ];
+    for (line, field, message) in cases {
+        let (errors, _, _) = invalid_lines(
+            parse_jsonl("p.jsonl", line.as_bytes(), DatasetFormat::Auto).expect_err(&line),
+        );
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.field == field && e.message.contains(message)),
+            "{line}: {errors:#?}"
+        );
+    }
 }

@@ -28,7 +28,7 @@ pub use dispatch::{
     KubernetesDispatch, LocalDispatch, spawn_dispatcher, spawn_kubernetes_dispatcher,
 };
 pub use memory::attempt_memory;
-pub use model::{BASE_LEARNING_RATE, ModelArg, model_arg, register_model};
+pub use model::{BASE_LEARNING_RATE, ModelArg, check_aliases, model_arg, register_model};
 pub use outcomes::settle_loop;
 pub use policy::ApiPolicyArgs;
 pub use pools::{check_kubernetes_pools, load_pools, local_pools};

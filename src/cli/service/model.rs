@@ -58,6 +58,32 @@ pub fn model_arg(text: &str) -> Result<ModelArg> {
     Ok(ModelArg { id, location })
 }
 
+/// Refuses `--model-alias`es that name no registered base model, or that are base
+/// models' own ids (which they would hide).
+pub async fn check_aliases(state: &tuneq_api::AppState) -> Result<()> {
+    let registered = |id: String| async move {
+        tuneq_api::records::model::get(&state.queue, &id)
+            .await
+            .map(|m| m.is_some())
+            .map_err(|e| anyhow::anyhow!("{}", e.detail.message))
+    };
+    for (alias, base) in &state.config.model_aliases {
+        if !registered(base.clone()).await? {
+            return Err(BadInput(format!(
+                "--model-alias {alias}={base}: no base model `{base}` is registered (add it with --model {base}=PATH)"
+            ))
+            .into());
+        }
+        if registered(alias.clone()).await? {
+            return Err(BadInput(format!(
+                "--model-alias {alias}={base}: `{alias}` is a base model already; an alias may not hide it"
+            ))
+            .into());
+        }
+    }
+    Ok(())
+}
+
 /// Registers a model whose learning rate at multiplier 1 is `base_learning_rate`.
 pub async fn register_model(
     state: &tuneq_api::AppState,

@@ -1,5 +1,5 @@
 //! What the API accepts (`--admin-key`, upload size, webhook targets, tenant defaults,
-//! streams and downloads), set the same way for `tuneq up` and `tuneq api`.
+//! streams and downloads, model aliases), set the same way for `tuneq up` and `tuneq api`.
 
 use crate::cli::BadInput;
 use crate::cli::settings::{Secret, Span};
@@ -50,9 +50,35 @@ pub struct ApiPolicyArgs {
         value_name = "DURATION"
     )]
     stream_lifetime: Span,
+    /// Another name for a registered base model, as ALIAS=MODEL (repeat, or
+    /// comma-separated): the OpenAI model name clients' code asks for mapped to the open
+    /// model trained in its place, e.g. `gpt-4o-mini-2024-07-18=smollm2-135m`. Jobs show
+    /// the alias as `model` and the base model as `base_model`; `/v1/models` lists it.
+    #[arg(
+        long = "model-alias",
+        env = "TUNEQ_MODEL_ALIASES",
+        value_name = "ALIAS=MODEL",
+        value_delimiter = ','
+    )]
+    model_aliases: Vec<String>,
 }
 
 impl ApiPolicyArgs {
+    /// `--model-alias`, read: alias → base model id. Whether each base model is
+    /// registered is checked once the models are ([`super::check_aliases`]).
+    pub fn model_aliases(&self) -> Result<std::collections::BTreeMap<String, String>> {
+        let mut aliases = std::collections::BTreeMap::new();
+        for text in &self.model_aliases {
+            let (alias, base) = super::pair::pair(text, "--model-alias")?;
+            tuneq_queue::catalog::check_identifier("model", &alias)
+                .map_err(|e| BadInput(format!("--model-alias {text}: {e}")))?;
+            if aliases.insert(alias.clone(), base).is_some() {
+                return Err(BadInput(format!("--model-alias: {alias} is given twice")).into());
+            }
+        }
+        Ok(aliases)
+    }
+
     /// The API's settings these flags decide; the rest are the defaults.
     pub fn api_config(&self) -> Result<tuneq_api::ApiConfig> {
         Ok(tuneq_api::ApiConfig {
@@ -61,6 +87,7 @@ impl ApiPolicyArgs {
             webhooks: self.webhooks(),
             holds: self.holds()?,
             admin_key_hash: self.admin_key_hash()?,
+            model_aliases: self.model_aliases()?,
             ..tuneq_api::ApiConfig::default()
         })
     }

@@ -47,6 +47,17 @@ pub fn encode_files(
         1 => return Err(Error::Data(errors.remove(0))),
         _ => return Err(Error::Datasets(errors)),
     }
+    if parsed
+        .iter()
+        .any(|p| p.format == tuneq_openapi::DatasetFormat::Preference)
+    {
+        // A preference pair trained as a chat would teach the preferred answer and
+        // drop the other: never that, silently.
+        return Err(Error::Spec(vec![tuneq_openapi::SpecError {
+            field: "dataset_format".into(),
+            message: "preference pairs (input, preferred_output, non_preferred_output) train with the DPO method, which this trainer does not run yet; give chat, prompt/completion, alpaca or text records".into(),
+        }]));
+    }
     let mut out = EncodedData {
         examples: Vec::new(),
         records: Vec::new(),

@@ -1,0 +1,75 @@
+"""Deleting a fine-tuned model through the official `openai` SDK (`models.delete`)
+against a real `tuneq up`: the model leaves the list, its adapter and checkpoints leave
+the store, the job stays and says when; base models are the operator's (403), another
+tenant's model is not found, and a second delete is a 404."""
+
+from __future__ import annotations
+
+import secrets
+import time
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+
+from conftest import REPO_ROOT
+
+DEMO_MODEL = "tuneq-tiny-demo"
+TRAIN = (REPO_ROOT / "examples/data/tiny-task-train.jsonl").read_bytes()
+
+
+def succeeded_job(client):
+    file = client.files.create(file=("train.jsonl", TRAIN), purpose="fine-tune").id
+    job = client.fine_tuning.jobs.create(
+        model=DEMO_MODEL, training_file=file, suffix="to-delete",
+        method={"type": "supervised",
+                "supervised": {"hyperparameters": {"n_epochs": 1, "batch_size": 16}}})
+    deadline = time.monotonic() + 300
+    while job.status not in ("succeeded", "failed", "cancelled"):
+        assert time.monotonic() < deadline, f"job still {job.status}"
+        time.sleep(0.5)
+        job = client.fine_tuning.jobs.retrieve(job.id)
+    assert job.status == "succeeded", job.error
+    return job
+
+
+def test_a_deleted_fine_tuned_model_leaves_the_list_and_the_store(client, service):
+    job = succeeded_job(client)
+    name = job.fine_tuned_model
+    output = service.data_dir / "objects" / "tenants" / "default" / "jobs" / job.id / "output"
+    assert any(p.is_file() for p in output.rglob("*")), "the adapter is in the store"
+    assert list(client.fine_tuning.jobs.checkpoints.list(job.id)), "checkpoints before"
+
+    # Another tenant cannot see it, so cannot delete it.
+    tenant = "t" + secrets.token_hex(4)
+    service.admin("POST", "/admin/tenants", {"id": tenant})
+    key = service.admin("POST", f"/admin/tenants/{tenant}/keys")["api_key"]
+    from openai import OpenAI
+
+    stranger = OpenAI(base_url=f"{service.url}/v1", api_key=key, max_retries=0)
+    with pytest.raises(openai.NotFoundError):
+        stranger.models.delete(name)
+
+    deleted = client.models.delete(name)
+    assert (deleted.id, deleted.object, deleted.deleted) == (name, "model", True)
+    assert name not in {m.id for m in client.models.list()}
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve(name)
+    assert not any(p.is_file() for p in output.rglob("*")), "adapter and checkpoints are gone"
+
+    kept = client.fine_tuning.jobs.retrieve(job.id)
+    assert kept.status == "succeeded" and kept.fine_tuned_model == name
+    assert kept.model_extra["model_deleted_at"] >= kept.finished_at
+    assert kept.model_extra["adapter"] is None
+    assert list(client.fine_tuning.jobs.checkpoints.list(job.id)) == []
+    request = urllib.request.Request(f"{service.url}/v1/fine_tuning/jobs/{job.id}/adapter",
+                                     headers=service.headers())
+    with pytest.raises(urllib.error.HTTPError) as gone:
+        urllib.request.urlopen(request, timeout=30)
+    assert gone.value.code == 410
+
+    with pytest.raises(openai.NotFoundError):
+        client.models.delete(name)
+    with pytest.raises(openai.PermissionDeniedError):
+        client.models.delete(DEMO_MODEL)
