@@ -7,10 +7,10 @@ use crate::auth::Tenant;
 use crate::error::ApiResult;
 use crate::finetunes;
 use crate::records;
-use crate::refusals::{Unauthenticated, UnknownModel};
+use crate::refusals::{OperatorsModel, Unauthenticated, UnknownModel};
 use crate::state::AppState;
 use actix_web::{HttpResponse, web};
-use tuneq_openapi::{Deleted, ErrorBody, Model, ModelList};
+use tuneq_openapi::{Deleted, Model, ModelList};
 
 /// A registered base model as the API shows it.
 fn base(model: records::model::BaseModel) -> Model {
@@ -108,11 +108,7 @@ pub(crate) async fn retrieve(
 /// stays, with `model_deleted_at`. Base models and aliases are the operator's: 403.
 #[utoipa::path(delete, path = "/v1/models/{model}", tag = "models", operation_id = "delete_model",
     params(("model" = String, Path, description = "A fine-tuned model's name (`ft:…`)")),
-    responses(
-        (status = 200, description = "Deleted", body = Deleted),
-        (status = 403, description = "A base model or an alias: the operator's", body = ErrorBody),
-        UnknownModel,
-    ))]
+    responses((status = 200, description = "Deleted", body = Deleted), OperatorsModel))]
 pub(crate) async fn delete(
     state: web::Data<AppState>,
     tenant: Tenant,

@@ -52,6 +52,13 @@ refusals! {
     Unauthenticated => [[NO_TENANT_KEY]];
     /// 401, or 404 for a model the tenant cannot see.
     UnknownModel => [[NO_TENANT_KEY, ("404", "No such model for this tenant")]];
+    /// [`UnknownModel`], or 403 for a base model or an alias: the operator's, which
+    /// tenants do not delete.
+    OperatorsModel => [[
+        NO_TENANT_KEY,
+        ("403", "A base model or an alias: the operator's"),
+        ("404", "No such fine-tuned model for this tenant"),
+    ]];
     /// 401 or 403: an admin route without the admin key, or with admin routes disabled.
     NotAdmin => [NOT_ADMIN];
     /// [`NotAdmin`], or 404 for a tenant that does not exist.

@@ -55,12 +55,12 @@ pub struct ApiPolicyArgs {
     /// model trained in its place, e.g. `gpt-4o-mini-2024-07-18=smollm2-135m`. Jobs show
     /// the alias as `model` and the base model as `base_model`; `/v1/models` lists it.
     #[arg(
-        long = "model-alias",
+        long,
         env = "TUNEQ_MODEL_ALIASES",
         value_name = "ALIAS=MODEL",
         value_delimiter = ','
     )]
-    model_aliases: Vec<String>,
+    model_alias: Vec<String>,
 }
 
 impl ApiPolicyArgs {
@@ -68,7 +68,7 @@ impl ApiPolicyArgs {
     /// registered is checked once the models are ([`super::check_aliases`]).
     pub fn model_aliases(&self) -> Result<std::collections::BTreeMap<String, String>> {
         let mut aliases = std::collections::BTreeMap::new();
-        for text in &self.model_aliases {
+        for text in &self.model_alias {
             let (alias, base) = super::pair::pair(text, "--model-alias")?;
             tuneq_queue::catalog::check_identifier("model", &alias)
                 .map_err(|e| BadInput(format!("--model-alias {text}: {e}")))?;
