@@ -75,6 +75,8 @@ codes! {
     ModelNotFound = (BAD_REQUEST, "model_not_found"),
     /// Only the supervised fine-tuning method is offered.
     UnsupportedMethod = (BAD_REQUEST, "unsupported_method"),
+    /// A job continues from the fine-tuned model, so it cannot be deleted yet.
+    ModelInUse = (BAD_REQUEST, "model_in_use"),
     /// The files' records do not fit the method: preference pairs train with DPO,
     /// conversations and texts with the supervised method.
     MethodMismatch = (BAD_REQUEST, "method_mismatch"),

@@ -254,9 +254,13 @@ pub struct FineTuneJob {
     /// model name the operator maps to an open model).
     pub model: String,
     /// The registered base model trained: `model` itself, or the one its alias stands
-    /// for (tuneq).
+    /// for, or the base of the fine-tuned model it continues (tuneq).
     #[serde(default)]
     pub base_model: Option<String>,
+    /// The job whose fine-tuned model this job continues from, when `model` named one
+    /// (tuneq).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_job: Option<String>,
     /// The tenant.
     pub organization_id: String,
     /// Where it stands.

@@ -59,6 +59,12 @@ pub struct TrainSpec {
     /// then resolves to bf16 on the CPU too).
     #[serde(default, skip_serializing_if = "ComputeKind::is_f32")]
     pub compute: ComputeKind,
+    /// Start from this adapter (a PEFT folder or a URI of one, e.g. a finished run's
+    /// output): its LoRA factors are the trainable tensors' first values instead of a
+    /// fresh draw. Its `adapter_config.json` must have this run's rank, alpha, rsLoRA
+    /// and target modules. Part of the run's fingerprint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_adapter: Option<String>,
 }
 
 /// How the CPU computes the frozen projections' and the head's products. LoRA, norms,

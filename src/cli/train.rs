@@ -34,6 +34,10 @@ pub struct TrainArgs {
     /// Output folder or URI.
     #[arg(long)]
     pub output: Option<String>,
+    /// Start from this adapter (a PEFT folder or URI) instead of fresh LoRA factors: it
+    /// must have the run's rank, alpha, rsLoRA and target modules.
+    #[arg(long)]
+    pub init_adapter: Option<String>,
     /// Dataset format.
     #[arg(long, value_enum)]
     pub format: Option<FormatArg>,
@@ -215,6 +219,9 @@ pub fn build_spec(args: &TrainArgs) -> Result<TrainSpec> {
     if !args.train_files.is_empty() {
         obj.remove("training_file");
         obj.insert("training_files".into(), args.train_files.clone().into());
+    }
+    if let Some(a) = &args.init_adapter {
+        obj.insert("init_adapter".into(), a.clone().into());
     }
     if let Some(f) = &args.validation_file {
         obj.insert("validation_file".into(), f.clone().into());

@@ -73,3 +73,50 @@ def test_a_deleted_fine_tuned_model_leaves_the_list_and_the_store(client, servic
         client.models.delete(name)
     with pytest.raises(openai.PermissionDeniedError):
         client.models.delete(DEMO_MODEL)
+
+
+def first_step_loss(client, job_id: str) -> float:
+    steps = {e.data["step"]: e.data["train_loss"] for e in client.fine_tuning.jobs.list_events(job_id, limit=100)
+             if e.type == "metrics" and e.data and "train_loss" in e.data}
+    return steps[min(steps)]
+
+
+def test_a_fine_tuned_model_is_trained_further_from_its_adapter(client, service):
+    first = succeeded_job(client)
+    file = client.files.create(file=("train.jsonl", TRAIN), purpose="fine-tune").id
+
+    # Another tenant cannot continue it: it does not exist for them.
+    tenant = "t" + secrets.token_hex(4)
+    service.admin("POST", "/admin/tenants", {"id": tenant})
+    key = service.admin("POST", f"/admin/tenants/{tenant}/keys")["api_key"]
+    from openai import OpenAI
+
+    stranger = OpenAI(base_url=f"{service.url}/v1", api_key=key, max_retries=0)
+    theirs = stranger.files.create(file=("train.jsonl", TRAIN), purpose="fine-tune").id
+    with pytest.raises(openai.BadRequestError) as caught:
+        stranger.fine_tuning.jobs.create(model=first.fine_tuned_model, training_file=theirs)
+    assert caught.value.body["code"] == "model_not_found"
+
+    second = client.fine_tuning.jobs.create(
+        model=first.fine_tuned_model, training_file=file,
+        method={"type": "supervised",
+                "supervised": {"hyperparameters": {"n_epochs": 1, "batch_size": 16}}})
+    assert second.model == first.fine_tuned_model
+    assert second.model_extra["base_model"] == DEMO_MODEL
+    assert second.model_extra["parent_job"] == first.id
+    assert second.model_extra["lora"] == first.model_extra["lora"]
+
+    # The model it continues cannot be deleted while it runs.
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.models.delete(first.fine_tuned_model)
+    assert caught.value.body["code"] == "model_in_use"
+
+    deadline = time.monotonic() + 300
+    while second.status not in ("succeeded", "failed", "cancelled"):
+        assert time.monotonic() < deadline, f"job still {second.status}"
+        time.sleep(0.5)
+        second = client.fine_tuning.jobs.retrieve(second.id)
+    assert second.status == "succeeded", second.error
+    assert second.fine_tuned_model.startswith(f"ft:{DEMO_MODEL}:default:"), "the name keeps the base"
+    # It started where the first run ended, not from fresh factors.
+    assert first_step_loss(client, second.id) < 0.8 * first_step_loss(client, first.id)

@@ -128,6 +128,7 @@ const ADAPTER_FILES: [&str; 2] = ["adapter_config.json", "adapter_model.safetens
     responses(
         (status = 200, description = "The adapter", content_type = "application/x-tar", body = inline(tuneq_openapi::Binary)),
         (status = 400, description = "The job has not succeeded", body = ErrorBody),
+        (status = 410, description = "The fine-tuned model was deleted, and its adapter with it (`object_gone`)", body = ErrorBody),
         Own<FineTuneRecord>,
         (status = 429, description = "The tenant (or the server) has as many downloads in progress as it may \
 (`too_many_downloads`); retry after `retry-after`", body = ErrorBody),
@@ -201,20 +202,33 @@ async fn adapter_prefix(
     Ok((record, layout::job_output(&tenant_id, &job_key)))
 }
 
-/// Deletes the tenant's fine-tuned model `name` (`ft:…`): it is marked deleted first,
+/// Deletes the tenant's fine-tuned model `name` (`ft:…`), unless an unfinished job
+/// continues from it (400 `model_in_use`): it is marked deleted first,
 /// so it leaves `/v1/models` at once, then its job's output (adapter and checkpoints)
 /// is removed from the store; the job stays, showing `model_deleted_at`. A model that
 /// is not the tenant's, or is deleted already, is a 404 (a repeat still removes what a
 /// broken-off deletion left).
 pub(crate) async fn delete_model(state: &AppState, tenant: &str, name: &str) -> ApiResult<()> {
     let not_found = || ApiError::not_found("model", name);
-    let record = state
-        .finetunes()
-        .all(tenant)
-        .await?
-        .into_iter()
+    let all = state.finetunes().all(tenant).await?;
+    let record = all
+        .iter()
         .find(|r| r.fine_tuned_model_name() == name)
+        .cloned()
         .ok_or_else(not_found)?;
+    if let Some(child) = all
+        .iter()
+        .find(|r| r.outcome.is_none() && r.parent.as_ref().is_some_and(|p| p.job == record.id))
+    {
+        return Err(ApiError::invalid(
+            "model",
+            Code::ModelInUse,
+            format!(
+                "{} continues from this model; delete it once that job has finished (or cancel it).",
+                child.id
+            ),
+        ));
+    }
     let job = view(state, record.clone()).await?;
     let already = job.model_deleted_at.is_some();
     if !already && job.status != tuneq_openapi::JobStatus::Succeeded {
@@ -251,6 +265,7 @@ const ADAPTER_URLS_VALID: std::time::Duration = std::time::Duration::from_secs(3
     responses(
         (status = 200, description = "One URL per file", body = AdapterUrls),
         (status = 400, description = "The job has not succeeded, or the store cannot presign", body = ErrorBody),
+        (status = 410, description = "The fine-tuned model was deleted, and its adapter with it (`object_gone`)", body = ErrorBody),
         Own<FineTuneRecord>,
     ))]
 pub(crate) async fn adapter_urls(

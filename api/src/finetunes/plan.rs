@@ -4,8 +4,9 @@
 
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult, Code};
+use crate::records;
+use crate::records::finetune::{FineTuneRecord, Parent};
 use crate::records::model::BaseModel;
-use crate::records::{self, finetune::FineTuneRecord};
 use crate::state::AppState;
 use actix_web::http::StatusCode;
 use sha2::{Digest, Sha256};
@@ -159,10 +160,13 @@ pub(super) async fn plan(
     id: &str,
     body: &FineTuneCreate,
 ) -> ApiResult<Plan> {
-    let base = base_model(state, body).await?;
+    let Start { base, parent } = starting_point(state, tenant, body).await?;
     let (training, validation) = datasets(state, tenant, body).await?;
     let options = check_options(state, body)?;
-    let choice = choose_hyperparameters(body, &base, training.validation.examples)?;
+    let mut choice = choose_hyperparameters(body, &base, training.validation.examples)?;
+    if let Some((parent, _)) = &parent {
+        choice.lora = continued_lora(body, parent)?;
+    }
     for file in std::iter::once(&training).chain(validation.as_ref()) {
         check_records_fit_method(file)?;
     }
@@ -170,7 +174,8 @@ pub(super) async fn plan(
         training: &training,
         validation: validation.as_ref(),
     };
-    let spec = job_spec(state, tenant, id, body, &base, files, &choice)?;
+    let mut spec = job_spec(state, tenant, id, body, &base, files, &choice)?;
+    spec.init_adapter = parent.as_ref().map(|(_, adapter)| adapter.clone());
     let (pools, estimate) =
         place_job(state, body, &base, &spec, &training, &options, &choice).await?;
     let record = FineTuneRecord {
@@ -179,6 +184,10 @@ pub(super) async fn plan(
         created_at: records::now_seconds(),
         model: body.model.clone(),
         base_model: (base.id != body.model).then(|| base.id.clone()),
+        parent: parent.map(|(parent, _)| Parent {
+            job: parent.id.clone(),
+            name_base: parent.name_base().to_string(),
+        }),
         training_file: training.id,
         validation_file: validation.map(|v| v.id),
         hyperparameters: JobHyperparameters {
@@ -209,6 +218,108 @@ pub(super) async fn plan(
         spec,
         pools,
     })
+}
+
+/// Where a job starts: a registered base model, or one of the tenant's fine-tuned
+/// models, whose adapter it goes on training.
+struct Start {
+    /// The base model trained.
+    base: BaseModel,
+    /// The job whose fine-tuned model is continued, and where its adapter is.
+    parent: Option<(FineTuneRecord, String)>,
+}
+
+/// What the request's `model` names: a base model (by its id or an alias), or a
+/// fine-tuned model of the tenant's (`ft:…`, succeeded and not deleted) to continue
+/// from; another tenant's fine-tuned model is not found, as an unknown one is.
+async fn starting_point(
+    state: &AppState,
+    tenant: &Tenant,
+    body: &FineTuneCreate,
+) -> ApiResult<Start> {
+    if !body.model.starts_with("ft:") {
+        let base = base_model(state, body).await?;
+        return Ok(Start { base, parent: None });
+    }
+    if body.model.contains(":ckpt-step-") {
+        return Err(ApiError::invalid(
+            "model",
+            Code::InvalidValue,
+            "Continuing from a checkpoint is not offered yet: continue from the job's fine-tuned model (its `fine_tuned_model`).",
+        ));
+    }
+    let not_found = || {
+        ApiError::invalid(
+            "model",
+            Code::ModelNotFound,
+            format!(
+                "No fine-tuned model `{}` of yours to continue from: GET /v1/models lists them.",
+                crate::quote::shown(&body.model)
+            ),
+        )
+    };
+    let parent = state
+        .finetunes()
+        .all(&tenant.0)
+        .await?
+        .into_iter()
+        .find(|r| r.fine_tuned_model_name() == body.model)
+        .ok_or_else(not_found)?;
+    let job = super::view::view(state, parent.clone()).await?;
+    if job.status != tuneq_openapi::JobStatus::Succeeded || job.model_deleted_at.is_some() {
+        return Err(not_found());
+    }
+    let base = records::model::get(&state.queue, parent.base_model_id())
+        .await?
+        .ok_or_else(|| {
+            ApiError::invalid(
+                "model",
+                Code::ModelNotFound,
+                format!(
+                    "The base model of `{}`, `{}`, is no longer registered.",
+                    crate::quote::shown(&body.model),
+                    parent.base_model_id()
+                ),
+            )
+        })?;
+    let tenant_id = Id::parse(&tenant.0).map_err(|_| ApiError::internal("tenant id"))?;
+    let job_key = Id::parse(&parent.id).map_err(|_| ApiError::internal("job id"))?;
+    // The trainer writes the adapter at the root of the job's output.
+    let adapter = state.store.uri(&layout::job_output(&tenant_id, &job_key));
+    Ok(Start {
+        base,
+        parent: Some((parent, adapter)),
+    })
+}
+
+/// The LoRA settings of a job continuing `parent`'s model: the parent's, or the
+/// request's when they have the same shape (rank, alpha, rsLoRA and targets; dropout
+/// may differ).
+fn continued_lora(
+    body: &FineTuneCreate,
+    parent: &FineTuneRecord,
+) -> ApiResult<tuneq_openapi::LoraSpec> {
+    let Some(asked) = &body.lora else {
+        return Ok(parent.lora.clone());
+    };
+    let shape = |l: &tuneq_openapi::LoraSpec| {
+        let mut targets = l.target_modules.clone();
+        targets.sort();
+        (l.r, l.alpha, l.rslora, targets)
+    };
+    if shape(asked) != shape(&parent.lora) {
+        return Err(ApiError::invalid(
+            "lora",
+            Code::ConflictingValues,
+            format!(
+                "The model continued from has LoRA r {}, alpha {} on {}; a job continuing it trains the same adapter, so its lora must have the same rank, alpha, rslora and target_modules (or be left out).",
+                parent.lora.r,
+                parent.lora.alpha,
+                parent.lora.target_modules.join(",")
+            ),
+        ));
+    }
+    Ok(asked.clone())
 }
 
 /// The registered base model a request names (by its id or an alias), or a 400 on
@@ -454,6 +565,7 @@ fn job_spec(
         dtype: body.dtype.unwrap_or(tuneq_openapi::DtypeKind::Auto),
         activation_checkpointing: body.activation_checkpointing.unwrap_or_default(),
         compute: body.compute.unwrap_or_default(),
+        init_adapter: None,
     };
     let h = &choice.requested;
     let hp = &mut spec.hyperparameters;

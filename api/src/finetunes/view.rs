@@ -41,6 +41,7 @@ pub(super) async fn view(state: &AppState, record: FineTuneRecord) -> ApiResult<
                 download_url: format!("/v1/fine_tuning/jobs/{}/adapter", record.id),
             }),
         base_model: Some(record.base_model_id().to_string()),
+        parent_job: record.parent.as_ref().map(|p| p.job.clone()),
         id: record.id,
         object: "fine_tuning.job".into(),
         created_at: record.created_at,

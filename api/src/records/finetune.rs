@@ -30,6 +30,9 @@ pub(crate) struct FineTuneRecord {
     /// The registered base model trained, when `model` is an alias of it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) base_model: Option<String>,
+    /// The fine-tuned model this job continues from, when `model` names one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) parent: Option<Parent>,
     pub(crate) training_file: String,
     pub(crate) validation_file: Option<String>,
     pub(crate) hyperparameters: JobHyperparameters,
@@ -75,11 +78,17 @@ impl FineTuneRecord {
         self.base_model.as_deref().unwrap_or(&self.model)
     }
 
+    /// What the fine-tuned model's name starts from: the model the request named, or,
+    /// for a job that continues a fine-tuned model, that model's own.
+    pub(crate) fn name_base(&self) -> &str {
+        self.parent.as_ref().map_or(&self.model, |p| &p.name_base)
+    }
+
     /// The fine-tuned model's name, OpenAI-style.
     pub(crate) fn fine_tuned_model_name(&self) -> String {
         format!(
             "ft:{}:{}:{}:{}",
-            self.model,
+            self.name_base(),
             self.tenant,
             self.suffix.as_deref().unwrap_or(""),
             self.id.trim_start_matches("ftjob-")
@@ -108,6 +117,15 @@ pub(crate) struct Outcome {
     pub(crate) progress: Option<Progress>,
     pub(crate) attempts: u32,
     pub(crate) preemptions: u32,
+}
+
+/// The fine-tuned model a job continues from.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Parent {
+    /// The job that trained it.
+    pub(crate) job: String,
+    /// The base its name starts from (`ft:<name_base>:…`), which the new job's name keeps.
+    pub(crate) name_base: String,
 }
 
 /// A succeeded attempt's result, as the queue job keeps it.

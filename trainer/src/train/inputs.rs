@@ -100,6 +100,20 @@ struct Fingerprint<'a> {
     compute: tuneq_openapi::ComputeKind,
     train_sha256: &'a [String],
     model_sha256: &'a str,
+    /// The adapter the run starts from; left out when none, so that fingerprints from
+    /// before the field stay the same.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    init_adapter_sha256: Option<&'a str>,
+}
+
+/// SHA-256 over an adapter folder's config and weights (the identity of the adapter a
+/// run starts from).
+pub fn adapter_sha256(dir: &Path) -> Result<String> {
+    let mut h = Sha256::new();
+    for name in [crate::peft::ADAPTER_CONFIG, crate::peft::ADAPTER_WEIGHTS] {
+        h.update(checkpoint::sha256_file(&dir.join(name))?.as_bytes());
+    }
+    Ok(hex::encode(h.finalize()))
 }
 
 /// SHA-256 over the model's config and weight files (the base model's identity).
@@ -173,8 +187,10 @@ pub(super) fn fingerprint(
     spec: &TrainSpec,
     train: &EncodedData,
     model_sha: &str,
+    init_adapter_sha: Option<&str>,
 ) -> Result<String> {
     let fp = Fingerprint {
+        init_adapter_sha256: init_adapter_sha,
         hyperparameters: &spec.hyperparameters,
         lora: &spec.lora,
         dataset_format: spec.dataset_format,

@@ -50,6 +50,8 @@ pub(super) struct LoadedModel<'m> {
     pub(super) dtype: candle_core::DType,
     pub(super) device: &'m Device,
     pub(super) settings: &'m LoraSettings,
+    /// The adapter to start from (staged locally), instead of fresh factors.
+    pub(super) init_adapter: Option<&'m Path>,
 }
 
 /// Loads the model with a fresh adapter (drawn from the seed's LoRA stream), its CPU
@@ -69,6 +71,9 @@ pub(super) fn load_model(
         m.device,
         Some((m.settings, &mut init_rng)),
     )?;
+    if let Some(dir) = m.init_adapter {
+        start_from(&mut model, m.settings, dir)?;
+    }
     model.cpu_compute = cpu_compute(spec, &model)?;
     // The largest micro-batch: batch_size rows of the longest example (packing only
     // ever makes it smaller).
@@ -80,6 +85,36 @@ pub(super) fn load_model(
         .unwrap_or(1);
     model.checkpoint_layers = choose_checkpointing(spec, &model, m.dir, longest, sink)?;
     Ok(model)
+}
+
+/// Sets the LoRA factors to the adapter in `dir`, which must have the shape `settings`
+/// asks for (rank, alpha, rsLoRA, target modules): another alpha or rank would start
+/// from another function than the one the adapter learnt.
+fn start_from(model: &mut Llama, settings: &LoraSettings, dir: &Path) -> Result<()> {
+    let (found, tensors) = crate::peft::load_adapter(dir, model.device())?;
+    let mut targets = found.targets.clone();
+    let mut wanted = settings.targets.clone();
+    targets.sort();
+    wanted.sort();
+    if (found.r, found.alpha, found.rslora, &targets)
+        != (settings.r, settings.alpha, settings.rslora, &wanted)
+    {
+        return Err(Error::Spec(vec![tuneq_openapi::SpecError {
+            field: "init_adapter".into(),
+            message: format!(
+                "the adapter has r {}, alpha {}, rslora {} on {}; this run asks for r {}, alpha {}, rslora {} on {}: give the run the adapter's LoRA settings",
+                found.r,
+                found.alpha,
+                found.rslora,
+                targets.join(","),
+                settings.r,
+                settings.alpha,
+                settings.rslora,
+                wanted.join(",")
+            ),
+        }]));
+    }
+    model.set_adapter(settings, &tensors, &dir.display().to_string())
 }
 
 /// How the fused CPU path computes the frozen projections for `spec`. bf16 compute is

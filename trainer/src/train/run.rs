@@ -3,7 +3,7 @@
 //! finish (adapter, samples, manifest).
 
 use super::evaluation::{evaluate, validate};
-use super::inputs::{EncodedData, encode_data, fingerprint, model_sha256};
+use super::inputs::{EncodedData, adapter_sha256, encode_data, fingerprint, model_sha256};
 use super::loading::{LoadedModel, checked_model, load_model};
 use super::manifest::{FinalMetrics, Lineage, RunManifest, adapter_files, finished_before};
 use super::metrics::{MetricsFile, json_line};
@@ -108,6 +108,11 @@ impl<'a> Run<'a> {
         spec.validate().map_err(Error::Spec)?;
         let h = spec.hyperparameters.clone();
         let model_dir = storage.input_dir("model", &spec.model)?;
+        let init_adapter = spec
+            .init_adapter
+            .as_deref()
+            .map(|a| storage.input_dir("init_adapter", a))
+            .transpose()?;
         let out = storage.output("output", &spec.output)?;
         let output = out.local.clone();
         let train_files = spec
@@ -127,7 +132,8 @@ impl<'a> Run<'a> {
         let (train, val) = encode_data(spec, &encoder, &train_files, val_file.as_ref(), sink)?;
         let pad_id = encoder.eos_token_id().unwrap_or(0);
         let model_sha = model_sha256(&model_dir)?;
-        let fingerprint = fingerprint(spec, &train, &model_sha)?;
+        let init_sha = init_adapter.as_deref().map(adapter_sha256).transpose()?;
+        let fingerprint = fingerprint(spec, &train, &model_sha, init_sha.as_deref())?;
         // A replacement machine starts from what earlier attempts committed remotely.
         for note in out.restore()? {
             tracing::info!(output = %out.display(""), "{note}");
@@ -141,6 +147,7 @@ impl<'a> Run<'a> {
             dtype,
             device: &device,
             settings: &settings,
+            init_adapter: init_adapter.as_deref(),
         };
         let model = load_model(spec, loaded, &train, sink)?;
         let vars = model.lora_vars();
