@@ -3,11 +3,11 @@
 //! `functions` / `function_call` / `function` role, and `tools` at the top of a record.
 //!
 //! Validation reports every problem of a line as `(field, message)`; a valid record
-//! becomes a [`Record::Chat`] in one shape, the legacy function-calling fields already
+//! becomes a [`crate::Record::Chat`] in one shape, the legacy function-calling fields already
 //! turned into tools (`function_call` → one tool call with a generated id, a `function`
 //! message → a `tool` message answering it).
 
-use crate::record::{FieldProblem, Record, kind};
+use crate::problems::{FieldProblem, kind};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -118,9 +118,20 @@ pub struct FunctionCall {
     pub arguments: Value,
 }
 
-/// A chat record: a non-empty `messages` array of well-formed messages in a valid
+/// A preference pair's parts (see [`crate::Record::Preference`]).
+pub(crate) struct PreferencePair {
+    pub(crate) messages: Vec<Message>,
+    pub(crate) tools: Vec<Value>,
+    pub(crate) preferred: Message,
+    pub(crate) rejected: Message,
+}
+
+/// A chat record's messages and tools: a non-empty `messages` array of well-formed messages in a valid
 /// order, with at least one assistant message, and the tools it may call.
-pub(crate) fn chat(obj: &Map<String, Value>, problems: &mut Vec<FieldProblem>) -> Option<Record> {
+pub(crate) fn chat(
+    obj: &Map<String, Value>,
+    problems: &mut Vec<FieldProblem>,
+) -> Option<(Vec<Message>, Vec<Value>)> {
     let before = problems.len();
     let (messages, tools, _) = conversation(obj, "", problems)?;
     if !messages.iter().any(|m| m.role == Role::Assistant) {
@@ -129,7 +140,7 @@ pub(crate) fn chat(obj: &Map<String, Value>, problems: &mut Vec<FieldProblem>) -
             "needs at least one assistant message".into(),
         ));
     }
-    (problems.len() == before).then_some(Record::Chat { messages, tools })
+    (problems.len() == before).then_some((messages, tools))
 }
 
 /// A preference pair, OpenAI's DPO shape: `input` (a conversation, with its tools,
@@ -138,7 +149,7 @@ pub(crate) fn chat(obj: &Map<String, Value>, problems: &mut Vec<FieldProblem>) -
 pub(crate) fn preference(
     obj: &Map<String, Value>,
     problems: &mut Vec<FieldProblem>,
-) -> Option<Record> {
+) -> Option<PreferencePair> {
     let before = problems.len();
     let input = match obj.get("input") {
         Some(Value::Object(input)) => Some(input),
@@ -208,7 +219,7 @@ pub(crate) fn preference(
     if problems.len() != before {
         return None;
     }
-    Some(Record::Preference {
+    Some(PreferencePair {
         messages,
         tools,
         preferred: preferred?,

@@ -11,6 +11,7 @@
 //! Layout:
 //! - `record`: the four record shapes and their per-field validation.
 //! - `chat`: chat records in OpenAI's shapes (tools, tool calls, weights, legacy functions).
+//! - `problems`: how validation names a bad field and a JSON type.
 //! - `jsonl`: reading a JSONL file or upload, detecting its format, collecting every bad line.
 //! - `template`: chat templates (the model's own Jinja template via minijinja, or built-ins).
 //! - `encoder`: records → [`Example`]s, loss masks from character spans (a chat rendered
@@ -25,6 +26,7 @@
 mod chat;
 mod encoder;
 mod jsonl;
+mod problems;
 mod pyjson;
 mod record;
 mod stats;

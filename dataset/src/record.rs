@@ -4,7 +4,8 @@
 //! Validation works on a parsed `serde_json` object and reports *every* problem of a line as
 //! `(field, message)` pairs, so a user fixes a file in one pass instead of one error at a time.
 
-use crate::chat::Message;
+use crate::chat::{Message, PreferencePair};
+pub(crate) use crate::problems::{FieldProblem, kind};
 use serde_json::{Map, Value};
 use tuneq_openapi::DatasetFormat;
 
@@ -66,9 +67,6 @@ impl Record {
     }
 }
 
-/// A problem with one field of a line: `(field, message)`.
-pub(crate) type FieldProblem = (String, String);
-
 /// Picks the format an object's keys suggest, in order of precedence: `messages`, then
 /// `input` + `preferred_output`, then `prompt` + `completion`, then `instruction` +
 /// `output`, then `text`.
@@ -100,18 +98,6 @@ pub(crate) fn format_name(format: DatasetFormat) -> &'static str {
     }
 }
 
-/// JSON type name for messages like "expected a string, got number".
-pub(crate) fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "boolean",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
-    }
-}
-
 /// Validates `obj` as a record of `format` (never `Auto`), returning every problem found.
 pub(crate) fn from_object(
     obj: &Map<String, Value>,
@@ -119,8 +105,21 @@ pub(crate) fn from_object(
 ) -> Result<Record, Vec<FieldProblem>> {
     let mut problems = Vec::new();
     let record = match format {
-        DatasetFormat::Chat => crate::chat::chat(obj, &mut problems),
-        DatasetFormat::Preference => crate::chat::preference(obj, &mut problems),
+        DatasetFormat::Chat => crate::chat::chat(obj, &mut problems)
+            .map(|(messages, tools)| Record::Chat { messages, tools }),
+        DatasetFormat::Preference => crate::chat::preference(obj, &mut problems).map(
+            |PreferencePair {
+                 messages,
+                 tools,
+                 preferred,
+                 rejected,
+             }| Record::Preference {
+                messages,
+                tools,
+                preferred,
+                rejected,
+            },
+        ),
         DatasetFormat::PromptCompletion => {
             let prompt = string_field(obj, "prompt", false, &mut problems);
             let completion = string_field(obj, "completion", true, &mut problems);

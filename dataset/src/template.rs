@@ -357,7 +357,7 @@ fn model_template(v: Option<&Json>) -> Result<Option<String>> {
         }
         Some(other) => Err(DataError::Template(format!(
             "chat_template must be a string or a list of {{name, template}}, got {}",
-            super::record::kind(other)
+            super::problems::kind(other)
         ))),
     }
 }
