@@ -373,7 +373,7 @@ impl Encoder {
     /// `messages` and `tools` as this template renders them: as they are, or with the
     /// tools written into plain messages for a template that does not render tools.
     fn with_tools(&self, messages: Vec<Message>, tools: &[serde_json::Value]) -> Conversation {
-        if !crate::tools::uses_tools(&messages, tools) || self.template.handles_tools() {
+        if !crate::tools::uses_tools(&messages, tools) || self.template.handles_tools(tools) {
             return Conversation {
                 messages,
                 tools: tools.to_vec(),

@@ -35,6 +35,11 @@ pub const ALPACA_TEMPLATE: &str = "{% for message in messages %}{% if message['r
 
 const TEMPLATE_NAME: &str = "chat";
 
+/// The name of the template a model may give for conversations with tools (the
+/// `tool_use` entry of a `chat_template` list), which transformers takes when tools are
+/// passed.
+const TOOL_USE_NAME: &str = "tool_use";
+
 /// A compiled chat template with the special-token strings it refers to.
 pub struct ChatTemplate {
     env: Environment<'static>,
@@ -48,6 +53,8 @@ pub struct ChatTemplate {
     /// Whether the template renders tools and tool calls itself (it reads `tool_calls`),
     /// as the Llama 3.1+, Qwen2.5, Mistral and Hermes templates do.
     handles_tools: bool,
+    /// The model's `tool_use` template, when its `chat_template` is a list with one.
+    tool_use_source: Option<String>,
 }
 
 /// How the rendering of a conversation grows message by message, where that is known by
@@ -140,7 +147,7 @@ impl ChatTemplate {
             None => {
                 let jinja = model_dir.join("chat_template.jinja");
                 match std::fs::read_to_string(&jinja) {
-                    Ok(t) => Some(t),
+                    Ok(t) => Some((t, None)),
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
                     Err(source) => {
                         return Err(DataError::Io {
@@ -152,7 +159,13 @@ impl ChatTemplate {
             }
         };
         match own {
-            Some(source) => Self::from_source(source, &bos, &eos, TemplateKind::Model),
+            Some((source, tool_use)) => {
+                let template = Self::from_source(source, &bos, &eos, TemplateKind::Model)?;
+                match tool_use {
+                    Some(tool_use) => template.with_tool_use(tool_use),
+                    None => Ok(template),
+                }
+            }
             None => {
                 tracing::info!(model_dir = %model_dir.display(), "model has no chat_template; using ChatML");
                 Self::builtin(ChatTemplateChoice::Chatml, &bos, &eos)
@@ -209,12 +222,23 @@ impl ChatTemplate {
         Ok(Self {
             env,
             handles_tools: source.contains("tool_calls"),
+            tool_use_source: None,
             source,
             bos_token: bos.to_string(),
             eos_token: eos.to_string(),
             kind,
             rendered_messages: AtomicU64::new(0),
         })
+    }
+
+    /// Adds the model's `tool_use` template, rendered instead of the default one when a
+    /// conversation has tools (as transformers does).
+    fn with_tool_use(mut self, source: String) -> Result<Self> {
+        self.env
+            .add_template_owned(TOOL_USE_NAME, source.clone())
+            .map_err(|e| DataError::Template(describe(&e)))?;
+        self.tool_use_source = Some(source);
+        Ok(self)
     }
 
     /// Renders `messages`; with `add_generation_prompt` the text ends where the model's
@@ -238,7 +262,10 @@ impl ChatTemplate {
         let tools = (!tools.is_empty()).then(|| Value::from(Serde(tools)));
         let template = self
             .env
-            .get_template(TEMPLATE_NAME)
+            .get_template(match (&self.tool_use_source, tools.is_some()) {
+                (Some(_), true) => TOOL_USE_NAME,
+                _ => TEMPLATE_NAME,
+            })
             .map_err(|e| DataError::Template(describe(&e)))?;
         template
             .render(context! {
@@ -276,9 +303,18 @@ impl ChatTemplate {
         self.rendered_messages.load(Ordering::Relaxed)
     }
 
-    /// Whether the template renders tools and tool calls itself.
-    pub fn handles_tools(&self) -> bool {
-        self.handles_tools
+    /// Whether the template renders tools and tool calls itself (for a conversation
+    /// without tools: the default template; with: the `tool_use` one when there is one).
+    pub fn handles_tools(&self, tools: &[Json]) -> bool {
+        match &self.tool_use_source {
+            Some(_) if !tools.is_empty() => true,
+            _ => self.handles_tools,
+        }
+    }
+
+    /// The model's `tool_use` template, when it has one.
+    pub fn tool_use_source(&self) -> Option<&str> {
+        self.tool_use_source.as_deref()
     }
 
     /// How rendering grows message by message, when this is a built-in template's text.
@@ -335,11 +371,12 @@ fn token_string(v: Option<&Json>) -> String {
     }
 }
 
-/// The `chat_template` entry: a string, or a list of `{name, template}` (take `default`).
-fn model_template(v: Option<&Json>) -> Result<Option<String>> {
+/// The `chat_template` entry: a string, or a list of `{name, template}` (take `default`,
+/// and `tool_use` beside it when there is one).
+fn model_template(v: Option<&Json>) -> Result<Option<(String, Option<String>)>> {
     match v {
         None | Some(Json::Null) => Ok(None),
-        Some(Json::String(s)) => Ok(Some(s.clone())),
+        Some(Json::String(s)) => Ok(Some((s.clone(), None))),
         Some(Json::Array(list)) => {
             let named = |name: &str| {
                 list.iter().find_map(|t| {
@@ -349,7 +386,10 @@ fn model_template(v: Option<&Json>) -> Result<Option<String>> {
                 })
             };
             match named("default") {
-                Some(t) => Ok(Some(t.to_string())),
+                Some(t) => Ok(Some((
+                    t.to_string(),
+                    named(TOOL_USE_NAME).map(str::to_string),
+                ))),
                 None => Err(DataError::Template(
                     "chat_template is a list without a \"default\" entry".into(),
                 )),

@@ -137,7 +137,8 @@ fn encode(
     let template = encoder.template();
     println!(
         "{}",
-        serde_json::json!({"template": template.source(), "bos_token": template.bos_token(),
+        serde_json::json!({"template": template.source(),
+            "tool_use_template": template.tool_use_source(), "bos_token": template.bos_token(),
             "eos_token": template.eos_token(), "format": parsed.format})
     );
     for record in &parsed.records {

@@ -71,6 +71,10 @@ pub fn job_output(tenant: &Id, job: &Id) -> ObjectKey {
     key(&["tenants", tenant.as_str(), "jobs", job.as_str(), "output"])
 }
 
+/// The folder of a run's output that holds its checkpoints (`<output>/checkpoints/<name>`,
+/// each a PEFT adapter with the optimiser state beside it).
+pub const CHECKPOINTS_DIR: &str = "checkpoints";
+
 /// `models/<model>`: a registered base model's folder.
 pub fn model_root(model: &Id) -> ObjectKey {
     key(&["models", model.as_str()])

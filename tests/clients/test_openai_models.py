@@ -120,3 +120,24 @@ def test_a_fine_tuned_model_is_trained_further_from_its_adapter(client, service)
     assert second.fine_tuned_model.startswith(f"ft:{DEMO_MODEL}:default:"), "the name keeps the base"
     # It started where the first run ended, not from fresh factors.
     assert first_step_loss(client, second.id) < 0.8 * first_step_loss(client, first.id)
+
+    # A checkpoint the first run still keeps is continued the same way; one it dropped
+    # (it keeps its last two) is not found.
+    checkpoints = list(client.fine_tuning.jobs.checkpoints.list(first.id))
+    assert len(checkpoints) > 2
+    kept, dropped = checkpoints[0], checkpoints[-1]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.fine_tuning.jobs.create(model=dropped.fine_tuned_model_checkpoint, training_file=file)
+    assert caught.value.body["code"] == "model_not_found"
+    third = client.fine_tuning.jobs.create(
+        model=kept.fine_tuned_model_checkpoint, training_file=file,
+        method={"type": "supervised",
+                "supervised": {"hyperparameters": {"n_epochs": 1, "batch_size": 16}}})
+    assert third.model == kept.fine_tuned_model_checkpoint
+    assert third.model_extra["parent_job"] == first.id
+    while third.status not in ("succeeded", "failed", "cancelled"):
+        assert time.monotonic() < deadline + 300, f"job still {third.status}"
+        time.sleep(0.5)
+        third = client.fine_tuning.jobs.retrieve(third.id)
+    assert third.status == "succeeded", third.error
+    assert first_step_loss(client, third.id) < 0.8 * first_step_loss(client, first.id)

@@ -5,6 +5,8 @@ legacy functions) render, tokenise and take loss in tuneq exactly as transformer
 - with a template that renders tools itself (`examples/templates/chatml-tools.jinja`,
   set as a tiny model's own template): tuneq passes the messages and the tools through,
   tool-call arguments parsed, tool schemas written with Python's `json.dumps` spacing;
+- with a `chat_template` list whose `tool_use` entry renders them: that one for records
+  with tools, `default` for the rest, as transformers picks;
 - with templates that do not (the tiny model's ChatML, SmolLM2's own): tuneq writes the
   tools, calls and results into plain messages, and transformers renders those.
 
@@ -42,12 +44,27 @@ def tools_model(tiny_model, tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="session")
+def tool_use_model(tiny_model, tmp_path_factory):
+    """The tiny model with a `chat_template` list: its ChatML as `default`, and a
+    template that renders tools as `tool_use`, which transformers takes when tools are
+    passed."""
+    out = tmp_path_factory.mktemp("models") / "tiny-tool-use"
+    shutil.copytree(tiny_model, out)
+    config_path = out / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = [{"name": "default", "template": config["chat_template"]},
+                               {"name": "tool_use", "template": TOOLS_TEMPLATE.read_text()}]
+    config_path.write_text(json.dumps(config))
+    return out
+
+
 def render(tok, source, messages, tools, **kw):
     return tok.apply_chat_template(messages, tools=tools or None, chat_template=source,
                                    tokenize=False, **kw)
 
 
-@pytest.mark.parametrize("model", ["tools_model", "tiny_model", "real_model"])
+@pytest.mark.parametrize("model", ["tools_model", "tool_use_model", "tiny_model", "real_model"])
 def test_openai_shapes_render_and_label_like_transformers(request, tuneq, model):
     model_dir = request.getfixturevalue(model)
     tok = hf_tokenizer_of(model_dir)
@@ -56,11 +73,15 @@ def test_openai_shapes_render_and_label_like_transformers(request, tuneq, model)
     lines = [json.loads(line) for line in out.splitlines() if line.strip()]
     head, records = lines[0], lines[1:]
     source = head["template"]
-    knows_tools = model == "tools_model"
+    if model == "tool_use_model":
+        # transformers picks `default` or `tool_use` itself, as tuneq must have.
+        assert head["tool_use_template"] == TOOLS_TEMPLATE.read_text()
+        source = None
     assert len(records) == sum(1 for line in open(DATASET) if line.strip())
     labelled = calls = 0
     for n, record in enumerate(records, start=1):
         messages, tools = record["messages"], record["tools"]
+        knows_tools = model == "tools_model" or (model == "tool_use_model" and tools)
         if knows_tools:
             # The template gets the tools and the structured turns, arguments parsed.
             calls += sum(len(m.get("tool_calls", [])) for m in messages)

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 /// Folder (under the output) that holds checkpoints.
-pub const CHECKPOINTS_DIR: &str = "checkpoints";
+pub const CHECKPOINTS_DIR: &str = tuneq_storage::layout::CHECKPOINTS_DIR;
 const STATE_FILE: &str = "trainer_state.json";
 const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 const MANIFEST_FILE: &str = "manifest.json";

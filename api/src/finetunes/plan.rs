@@ -230,8 +230,9 @@ struct Start {
 }
 
 /// What the request's `model` names: a base model (by its id or an alias), or a
-/// fine-tuned model of the tenant's (`ft:…`, succeeded and not deleted) to continue
-/// from; another tenant's fine-tuned model is not found, as an unknown one is.
+/// fine-tuned model of the tenant's (`ft:…`, succeeded and not deleted) or one of its
+/// kept checkpoints (`ft:…:ckpt-step-N`) to continue from; another tenant's is not
+/// found, as an unknown one is.
 async fn starting_point(
     state: &AppState,
     tenant: &Tenant,
@@ -240,13 +241,6 @@ async fn starting_point(
     if !body.model.starts_with("ft:") {
         let base = base_model(state, body).await?;
         return Ok(Start { base, parent: None });
-    }
-    if body.model.contains(":ckpt-step-") {
-        return Err(ApiError::invalid(
-            "model",
-            Code::InvalidValue,
-            "Continuing from a checkpoint is not offered yet: continue from the job's fine-tuned model (its `fine_tuned_model`).",
-        ));
     }
     let not_found = || {
         ApiError::invalid(
@@ -258,12 +252,17 @@ async fn starting_point(
             ),
         )
     };
+    // `ft:…:ckpt-step-N` names a checkpoint of the fine-tuned model `ft:…`.
+    let (name, step) = match body.model.rsplit_once(":ckpt-step-") {
+        Some((name, step)) => (name, Some(step.parse::<u64>().map_err(|_| not_found())?)),
+        None => (body.model.as_str(), None),
+    };
     let parent = state
         .finetunes()
         .all(&tenant.0)
         .await?
         .into_iter()
-        .find(|r| r.fine_tuned_model_name() == body.model)
+        .find(|r| r.fine_tuned_model_name() == name)
         .ok_or_else(not_found)?;
     let job = super::view::view(state, parent.clone()).await?;
     if job.status != tuneq_openapi::JobStatus::Succeeded || job.model_deleted_at.is_some() {
@@ -284,12 +283,61 @@ async fn starting_point(
         })?;
     let tenant_id = Id::parse(&tenant.0).map_err(|_| ApiError::internal("tenant id"))?;
     let job_key = Id::parse(&parent.id).map_err(|_| ApiError::internal("job id"))?;
-    // The trainer writes the adapter at the root of the job's output.
-    let adapter = state.store.uri(&layout::job_output(&tenant_id, &job_key));
+    // The trainer writes the adapter at the root of the job's output, and each
+    // checkpoint's in a folder of its own.
+    let output = layout::job_output(&tenant_id, &job_key);
+    let adapter = match step {
+        None => output,
+        Some(step) => kept_checkpoint(state, &parent, &output, step).await?,
+    };
+    let adapter = state.store.uri(&adapter);
     Ok(Start {
         base,
         parent: Some((parent, adapter)),
     })
+}
+
+/// Where checkpoint `step` of `parent` is, when the run still keeps it (it keeps its
+/// last few): the folder its checkpoint event named, under the job's output.
+async fn kept_checkpoint(
+    state: &AppState,
+    parent: &FineTuneRecord,
+    output: &tuneq_storage::ObjectKey,
+    step: u64,
+) -> ApiResult<tuneq_storage::ObjectKey> {
+    let events = state
+        .queue
+        .events(&parent.job_id, None, 10_000, true)
+        .await?;
+    let folder = events
+        .iter()
+        .find_map(|event| match super::events::log_entry(event) {
+            Some(tuneq_openapi::LogEntry::Checkpoint { step: s, location }) if s == step => {
+                location.rsplit('/').next().map(str::to_string)
+            }
+            _ => None,
+        });
+    let gone = || {
+        ApiError::invalid(
+            "model",
+            Code::ModelNotFound,
+            format!(
+                "{} keeps no checkpoint at step {step} (a run keeps its last few): GET /v1/fine_tuning/jobs/{}/checkpoints lists them.",
+                parent.id, parent.id
+            ),
+        )
+    };
+    let folder = folder.ok_or_else(gone)?;
+    let key = output
+        .join(layout::CHECKPOINTS_DIR)
+        .and_then(|k| k.join(&folder))
+        .map_err(|_| gone())?;
+    let config = key.join("adapter_config.json").map_err(|_| gone())?;
+    match state.store.head(&config).await {
+        Ok(_) => Ok(key),
+        Err(e) if e.is_not_found() => Err(gone()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// The LoRA settings of a job continuing `parent`'s model: the parent's, or the

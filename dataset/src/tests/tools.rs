@@ -214,7 +214,7 @@ fn a_template_that_knows_tools_gets_them_and_loss_covers_calls_not_results() {
 fn a_template_without_tools_gets_them_written_into_plain_messages() {
     let records = openai_tools();
     let enc = encoder(ChatTemplateChoice::Chatml);
-    assert!(!enc.template().handles_tools());
+    assert!(!enc.template().handles_tools(&[]));
     let conversation = enc.conversation(&records[1]);
     assert!(conversation.tools.is_empty());
     assert!(conversation.messages.iter().all(Message::is_plain));
