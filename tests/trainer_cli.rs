@@ -829,7 +829,7 @@ fn a_run_starts_from_the_adapter_it_is_given_and_refuses_one_of_another_shape() 
     run_to_end(&args);
     let (fresh, continued) = (step_losses(&first), step_losses(&second));
     assert!(
-        continued[0] < 0.8 * fresh[0] && continued[0] < fresh[0] - 0.5,
+        continued[0] < fresh[0] - 0.5,
         "the continuation starts trained: {continued:?} vs {fresh:?}"
     );
     let manifest = |dir: &Path| -> serde_json::Value {

@@ -118,8 +118,10 @@ def test_a_fine_tuned_model_is_trained_further_from_its_adapter(client, service)
         second = client.fine_tuning.jobs.retrieve(second.id)
     assert second.status == "succeeded", second.error
     assert second.fine_tuned_model.startswith(f"ft:{DEMO_MODEL}:default:"), "the name keeps the base"
-    # It started where the first run ended, not from fresh factors.
-    assert first_step_loss(client, second.id) < 0.8 * first_step_loss(client, first.id)
+    # It started where the first run ended, not from fresh factors (a fresh start's
+    # loss is about ln 4096 = 8.3; one epoch takes it below 7).
+    fresh = first_step_loss(client, first.id)
+    assert first_step_loss(client, second.id) < fresh - 1.0
 
     # A checkpoint the first run still keeps is continued the same way; one it dropped
     # (it keeps its last two) is not found.
@@ -140,4 +142,4 @@ def test_a_fine_tuned_model_is_trained_further_from_its_adapter(client, service)
         time.sleep(0.5)
         third = client.fine_tuning.jobs.retrieve(third.id)
     assert third.status == "succeeded", third.error
-    assert first_step_loss(client, third.id) < 0.8 * first_step_loss(client, first.id)
+    assert first_step_loss(client, third.id) < fresh - 1.0

@@ -305,10 +305,8 @@ async fn kept_checkpoint(
     output: &tuneq_storage::ObjectKey,
     step: u64,
 ) -> ApiResult<tuneq_storage::ObjectKey> {
-    let events = state
-        .queue
-        .events(&parent.job_id, None, 10_000, true)
-        .await?;
+    let events =
+        tuneq_queue::JobQueue::events(&state.queue, &parent.job_id, None, 10_000, true).await?;
     let folder = events
         .iter()
         .find_map(|event| match super::events::log_entry(event) {
