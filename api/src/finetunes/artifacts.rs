@@ -2,7 +2,7 @@
 //! adapter, as a tar download or as presigned URLs; and their deletion with the
 //! fine-tuned model.
 
-use super::plan::check_range;
+use super::range::check_range;
 use super::view::view;
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult, Code};

@@ -1,7 +1,7 @@
 //! A job's event log: pages of events (`GET …/events`) and server-sent events
 //! (`?stream=true`), each queue event rendered as the client sees it.
 
-use super::plan::check_range;
+use super::range::check_range;
 use super::view::view;
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult, Code};

@@ -14,13 +14,16 @@
 //!   to queue, or the 400 that says why it can never run.
 //! - `view`: the job as clients see it (the record with the queue's live state).
 //! - `events`: the job's event log as pages and as server-sent events.
-//! - `artifacts`: checkpoints and the trained adapter (tar download, presigned URLs).
+//! - `artifacts`: checkpoints and the trained adapter (tar download, presigned URLs), and
+//!   their deletion with the fine-tuned model.
+//! - `range`: a number a request gives, within its bounds or refused naming the field.
 //!
 //! The settle loop that files outcomes and sends webhooks lives with the webhooks.
 
 pub(crate) mod artifacts;
 pub(crate) mod events;
 mod plan;
+mod range;
 mod view;
 
 // The handlers, with their OpenAPI declarations, for `crate::routes`.
@@ -38,7 +41,8 @@ use crate::records::finetune::FineTuneRecord;
 use crate::refusals::Unauthenticated;
 use crate::state::AppState;
 use actix_web::{HttpRequest, HttpResponse, web};
-use plan::{check_range, plan, request_hash};
+use plan::{plan, request_hash};
+use range::check_range;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use tuneq_openapi::{ErrorBody, FineTuneCreate, FineTuneJob, FineTuneList, JobPayload, JobStatus};

@@ -2,6 +2,7 @@
 //! [`TrainSpec`] the queue job carries, and the pools it may run on. A request that can
 //! never run is refused here with a 400 naming the field, before anything is written.
 
+use super::range::check_range;
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult, Code};
 use crate::records;
@@ -69,25 +70,6 @@ fn auto_epochs(examples: u64) -> u64 {
         epochs = 25_000 / examples;
     }
     epochs.clamp(1, 25)
-}
-
-pub(super) fn check_range<T: PartialOrd + std::fmt::Display>(
-    param: &str,
-    value: T,
-    low: T,
-    high: T,
-) -> ApiResult<T> {
-    if value < low || value > high {
-        return Err(ApiError::invalid(
-            param,
-            Code::InvalidValue,
-            format!(
-                "{param} must be {low} to {high}, not {}.",
-                crate::quote::shown(&value.to_string())
-            ),
-        ));
-    }
-    Ok(value)
 }
 
 fn check_suffix(suffix: &str) -> ApiResult<()> {
