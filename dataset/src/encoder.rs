@@ -162,15 +162,18 @@ impl Encoder {
     /// the tokens kept are the record's own. For a template of unknown growth, the
     /// answer spans are located only up to the end of the tokens kept.
     pub fn measure(&self, record: &Record, max_seq_len: usize) -> Result<Measured> {
-        let conversation = self.conversation(record);
         let (text, loss) = match record {
-            Record::Chat { .. } | Record::Alpaca { .. } | Record::Preference { .. }
-                if self.growth(&conversation).is_none() =>
-            {
-                let text = conversation.render(&self.template, false)?;
-                (text, Err(conversation))
+            Record::Chat { .. } | Record::Alpaca { .. } | Record::Preference { .. } => {
+                let conversation = self.conversation(record);
+                if self.growth(&conversation).is_none() {
+                    let text = conversation.render(&self.template, false)?;
+                    (text, Err(conversation))
+                } else {
+                    let (text, spans) = self.chat_spans(&conversation)?;
+                    (text, Ok(LossOn::Spans(spans)))
+                }
             }
-            _ => {
+            Record::PromptCompletion { .. } | Record::Text { .. } => {
                 let Rendered { text, loss } = self.render_with_spans(record)?;
                 (text, Ok(loss))
             }

@@ -15,8 +15,11 @@ use tuneq_queue::JobQueue;
 /// The job as clients see it: the catalog record, with live state from the queue.
 pub(super) async fn view(state: &AppState, record: FineTuneRecord) -> ApiResult<FineTuneJob> {
     let now = job_state(state, &record).await?;
-    let model_deleted_at =
-        records::model::deleted_at(&state.queue, &record.tenant, &record.id).await?;
+    // Only a job that trained an adapter has a model that can have been deleted.
+    let model_deleted_at = match now.adapter {
+        Some(_) => records::model::deleted_at(&state.queue, &record.tenant, &record.id).await?,
+        None => None,
+    };
     let estimated_finish = now
         .progress
         .as_ref()
