@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 
 import openai
 import pytest
 
 from conftest import REPO_ROOT, Service, tuneq_bin
+from test_openai_fine_tuning import terminal, wait_for
 
 DEMO_MODEL = "tuneq-tiny-demo"
 TOOLS = (REPO_ROOT / "examples/data/openai-tools.jsonl").read_bytes()
@@ -43,12 +43,7 @@ def run_to_the_end(client, model: str, training_file: str):
         method={"type": "supervised",
                 "supervised": {"hyperparameters": {"n_epochs": 1, "batch_size": 2}}},
     )
-    deadline = time.monotonic() + 300
-    while job.status not in ("succeeded", "failed", "cancelled"):
-        assert time.monotonic() < deadline, f"job still {job.status}"
-        time.sleep(0.5)
-        job = client.fine_tuning.jobs.retrieve(job.id)
-    return job
+    return wait_for(client, job.id, terminal)
 
 
 def test_an_openai_model_name_runs_on_the_model_the_operator_maps_it_to(tmp_path):

@@ -6,7 +6,6 @@ tenant's model is not found, and a second delete is a 404."""
 from __future__ import annotations
 
 import secrets
-import time
 import urllib.error
 import urllib.request
 
@@ -14,6 +13,7 @@ import openai
 import pytest
 
 from conftest import REPO_ROOT
+from test_openai_fine_tuning import terminal, wait_for
 
 DEMO_MODEL = "tuneq-tiny-demo"
 TRAIN = (REPO_ROOT / "examples/data/tiny-task-train.jsonl").read_bytes()
@@ -25,13 +25,19 @@ def succeeded_job(client):
         model=DEMO_MODEL, training_file=file, suffix="to-delete",
         method={"type": "supervised",
                 "supervised": {"hyperparameters": {"n_epochs": 1, "batch_size": 16}}})
-    deadline = time.monotonic() + 300
-    while job.status not in ("succeeded", "failed", "cancelled"):
-        assert time.monotonic() < deadline, f"job still {job.status}"
-        time.sleep(0.5)
-        job = client.fine_tuning.jobs.retrieve(job.id)
+    job = wait_for(client, job.id, terminal)
     assert job.status == "succeeded", job.error
     return job
+
+
+def other_tenant(service):
+    """A client of a new tenant of `service`."""
+    from openai import OpenAI
+
+    tenant = "t" + secrets.token_hex(4)
+    service.admin("POST", "/admin/tenants", {"id": tenant})
+    key = service.admin("POST", f"/admin/tenants/{tenant}/keys")["api_key"]
+    return OpenAI(base_url=f"{service.url}/v1", api_key=key, max_retries=0)
 
 
 def test_a_deleted_fine_tuned_model_leaves_the_list_and_the_store(client, service):
@@ -42,12 +48,7 @@ def test_a_deleted_fine_tuned_model_leaves_the_list_and_the_store(client, servic
     assert list(client.fine_tuning.jobs.checkpoints.list(job.id)), "checkpoints before"
 
     # Another tenant cannot see it, so cannot delete it.
-    tenant = "t" + secrets.token_hex(4)
-    service.admin("POST", "/admin/tenants", {"id": tenant})
-    key = service.admin("POST", f"/admin/tenants/{tenant}/keys")["api_key"]
-    from openai import OpenAI
-
-    stranger = OpenAI(base_url=f"{service.url}/v1", api_key=key, max_retries=0)
+    stranger = other_tenant(service)
     with pytest.raises(openai.NotFoundError):
         stranger.models.delete(name)
 
@@ -86,12 +87,7 @@ def test_a_fine_tuned_model_is_trained_further_from_its_adapter(client, service)
     file = client.files.create(file=("train.jsonl", TRAIN), purpose="fine-tune").id
 
     # Another tenant cannot continue it: it does not exist for them.
-    tenant = "t" + secrets.token_hex(4)
-    service.admin("POST", "/admin/tenants", {"id": tenant})
-    key = service.admin("POST", f"/admin/tenants/{tenant}/keys")["api_key"]
-    from openai import OpenAI
-
-    stranger = OpenAI(base_url=f"{service.url}/v1", api_key=key, max_retries=0)
+    stranger = other_tenant(service)
     theirs = stranger.files.create(file=("train.jsonl", TRAIN), purpose="fine-tune").id
     with pytest.raises(openai.BadRequestError) as caught:
         stranger.fine_tuning.jobs.create(model=first.fine_tuned_model, training_file=theirs)
@@ -111,11 +107,7 @@ def test_a_fine_tuned_model_is_trained_further_from_its_adapter(client, service)
         client.models.delete(first.fine_tuned_model)
     assert caught.value.body["code"] == "model_in_use"
 
-    deadline = time.monotonic() + 300
-    while second.status not in ("succeeded", "failed", "cancelled"):
-        assert time.monotonic() < deadline, f"job still {second.status}"
-        time.sleep(0.5)
-        second = client.fine_tuning.jobs.retrieve(second.id)
+    second = wait_for(client, second.id, terminal)
     assert second.status == "succeeded", second.error
     assert second.fine_tuned_model.startswith(f"ft:{DEMO_MODEL}:default:"), "the name keeps the base"
     # It started where the first run ended, not from fresh factors (a fresh start's
@@ -137,9 +129,6 @@ def test_a_fine_tuned_model_is_trained_further_from_its_adapter(client, service)
                 "supervised": {"hyperparameters": {"n_epochs": 1, "batch_size": 16}}})
     assert third.model == kept.fine_tuned_model_checkpoint
     assert third.model_extra["parent_job"] == first.id
-    while third.status not in ("succeeded", "failed", "cancelled"):
-        assert time.monotonic() < deadline + 300, f"job still {third.status}"
-        time.sleep(0.5)
-        third = client.fine_tuning.jobs.retrieve(third.id)
+    third = wait_for(client, third.id, terminal)
     assert third.status == "succeeded", third.error
     assert first_step_loss(client, third.id) < fresh - 1.0
