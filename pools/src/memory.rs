@@ -202,7 +202,7 @@ pub struct Ask<'a> {
 /// reports on three model shapes, f32 and bf16, with and without checkpointing, in
 /// `tests/memory_estimate.rs` (within 10 %; all within 8 % on an AVX-512 EPYC; the tiny
 /// model's peak has moved between runs on other CPUs, so there the median of five is
-/// compared, within 10 % or 16 MiB).
+/// compared, within 10 % or 24 MiB).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CpuMemory {
     /// The program and the tokenizer.
