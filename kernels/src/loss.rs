@@ -114,7 +114,42 @@ pub fn linear_cross_entropy(
     d_hidden: Option<&mut [f32]>,
 ) -> Result<f64, LossError> {
     let head = Head::F32(lm_head);
-    linear_cross_entropy_with(hidden, hidden_dim, head, vocab, targets, scale, d_hidden)
+    let outputs = LossOutputs {
+        d_hidden,
+        row_losses: None,
+    };
+    let weights = RowWeights::Uniform(scale);
+    linear_cross_entropy_with(hidden, hidden_dim, head, vocab, targets, weights, outputs)
+}
+
+/// How [`linear_cross_entropy_with`] weighs each labelled row's loss and its gradient.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum RowWeights<'a> {
+    /// Every row by the same factor (1/the labelled-token count of a step: the mean).
+    Uniform(f32),
+    /// Row `r` by `w[r]`, one factor per row of `hidden`: a sequence-level loss's
+    /// gradient with respect to each token's log-probability (a preference loss).
+    PerRow(&'a [f32]),
+}
+
+impl RowWeights<'_> {
+    #[inline]
+    fn of(&self, row: usize) -> f32 {
+        match *self {
+            Self::Uniform(scale) => scale,
+            Self::PerRow(w) => w[row],
+        }
+    }
+}
+
+/// What [`linear_cross_entropy_with`] writes besides its sum: the hidden state's
+/// gradient, and each row's unweighted loss (`−log p(target)`, 0 for unlabelled rows).
+#[derive(Debug, Default)]
+pub(crate) struct LossOutputs<'a> {
+    /// N × hidden; see [`linear_cross_entropy`].
+    pub d_hidden: Option<&'a mut [f32]>,
+    /// N: each row's loss before weighting.
+    pub row_losses: Option<&'a mut [f64]>,
 }
 
 /// The head, and how its two products (`H·Wᵀ` for the logits, `G·W` for the hidden
@@ -201,15 +236,25 @@ pub(crate) fn linear_cross_entropy_with(
     head: Head<'_>,
     vocab: usize,
     targets: &[i64],
-    scale: f32,
-    d_hidden: Option<&mut [f32]>,
+    weights: RowWeights<'_>,
+    outputs: LossOutputs<'_>,
 ) -> Result<f64, LossError> {
     let h = hidden_dim;
     let n = targets.len();
+    let LossOutputs {
+        d_hidden,
+        mut row_losses,
+    } = outputs;
     expect_len("hidden", hidden.len(), n * h)?;
     expect_len("lm_head", head.len(), vocab * h)?;
     if let Some(d) = &d_hidden {
         expect_len("d_hidden", d.len(), n * h)?;
+    }
+    if let Some(out) = &row_losses {
+        expect_len("row_losses", out.len(), n)?;
+    }
+    if let RowWeights::PerRow(w) = weights {
+        expect_len("weights", w.len(), n)?;
     }
     if let Some((row, &target)) = targets
         .iter()
@@ -229,6 +274,9 @@ pub(crate) fn linear_cross_entropy_with(
                 row.fill(0.0);
             }
         }
+    }
+    if let Some(out) = row_losses.as_deref_mut() {
+        out.fill(0.0);
     }
     if labelled.is_empty() {
         return Ok(0.0);
@@ -262,12 +310,24 @@ pub(crate) fn linear_cross_entropy_with(
             .for_each(|((l, &r), loss)| {
                 // The check above makes every labelled target a valid index.
                 let t = targets[r] as usize;
-                *loss = softmax_row(l, t, grad.then_some(scale));
+                *loss = softmax_row(l, t, grad.then(|| weights.of(r)));
                 if grad {
                     head.prepare_gradient(l);
                 }
             });
-        total += row_loss[..m].iter().sum::<f64>();
+        match weights {
+            RowWeights::Uniform(_) => total += row_loss[..m].iter().sum::<f64>(),
+            RowWeights::PerRow(w) => {
+                total += (chunk.iter().zip(&row_loss[..m]))
+                    .map(|(&r, &loss)| w[r] as f64 * loss)
+                    .sum::<f64>();
+            }
+        }
+        if let Some(out) = row_losses.as_deref_mut() {
+            for (&r, &loss) in chunk.iter().zip(&row_loss[..m]) {
+                out[r] = loss;
+            }
+        }
 
         if let Some(d) = d_hidden.as_deref_mut() {
             let dh_c = &mut dh_c[..m * h];
@@ -283,7 +343,10 @@ pub(crate) fn linear_cross_entropy_with(
             }
         }
     }
-    Ok(total * scale as f64)
+    Ok(match weights {
+        RowWeights::Uniform(scale) => total * scale as f64,
+        RowWeights::PerRow(_) => total,
+    })
 }
 
 crate::simd::wide_twin!(
@@ -344,9 +407,8 @@ mod tests {
         w: &[f32],
         vocab: usize,
         targets: &[i64],
-        scale: f32,
+        scale_of: impl Fn(usize) -> f32,
     ) -> Reference {
-        let scale = scale as f64;
         let mut out = Reference {
             loss: 0.0,
             loss_size: 0.0,
@@ -358,6 +420,7 @@ mod tests {
                 continue;
             }
             let t = t as usize;
+            let scale = scale_of(r) as f64;
             let x = &hidden[r * h..(r + 1) * h];
             let logits: Vec<f64> = (0..vocab)
                 .map(|v| {
@@ -370,7 +433,7 @@ mod tests {
             let lse = m + logits.iter().map(|l| (l - m).exp()).sum::<f64>().ln();
             let log_softmax: Vec<f64> = logits.iter().map(|l| l - lse).collect();
             out.loss -= scale * log_softmax[t];
-            out.loss_size += scale * (lse.abs() + logits[t].abs());
+            out.loss_size += (scale * (lse.abs() + logits[t].abs())).abs();
             for (v, lsm) in log_softmax.iter().enumerate() {
                 let g = (lsm.exp() - if v == t { 1.0 } else { 0.0 }) * scale;
                 for j in 0..h {
@@ -401,7 +464,7 @@ mod tests {
         let w = random(vocab * h, 2, 0.5);
         let t = targets(n, vocab, gap);
         let scale = 1.0 / 37.0;
-        let want = reference(&hidden, h, &w, vocab, &t, scale);
+        let want = reference(&hidden, h, &w, vocab, &t, |_| scale);
         let mut dh = vec![f32::NAN; n * h];
         let got = linear_cross_entropy(&hidden, h, &w, vocab, &t, scale, Some(&mut dh))
             .expect("valid inputs");
@@ -441,6 +504,79 @@ mod tests {
 
     /// The row softmax runs 8 lanes wide where the CPU has AVX2 (`crate::simd`); the
     /// baseline build gives the same loss and gradient bits.
+    /// Weights per row (a preference loss's, of either sign): the sum is Σ wᵣ·CEᵣ, each
+    /// row's gradient is scaled by its own weight, and every row's unweighted loss is
+    /// written out (0 for unlabelled rows), against the f64 reference.
+    #[test]
+    fn rows_weighted_apart_give_each_row_its_own_scale() {
+        let (n, h, vocab) = (300, 24, 97);
+        let hidden = random(n * h, 3, 2.0);
+        let w = random(vocab * h, 4, 0.5);
+        let t = targets(n, vocab, 5);
+        let weights: Vec<f32> = (0..n).map(|r| (r as f32 - 150.0) / 900.0).collect();
+        let want = reference(&hidden, h, &w, vocab, &t, |r| weights[r]);
+        let mut dh = vec![f32::NAN; n * h];
+        let mut losses = vec![f64::NAN; n];
+        let outputs = LossOutputs {
+            d_hidden: Some(&mut dh),
+            row_losses: Some(&mut losses),
+        };
+        let head = Head::F32(&w);
+        let got = linear_cross_entropy_with(
+            &hidden,
+            h,
+            head,
+            vocab,
+            &t,
+            RowWeights::PerRow(&weights),
+            outputs,
+        )
+        .expect("valid inputs");
+        assert!(
+            (got - want.loss).abs() <= 1e-6 * want.loss_size,
+            "weighted loss {got} vs {}",
+            want.loss
+        );
+        for (i, (&got, (&want, &size))) in
+            dh.iter().zip(want.dh.iter().zip(&want.dh_size)).enumerate()
+        {
+            assert!(
+                (got as f64 - want).abs() <= 1e-5 * size + 1e-12,
+                "dH[{i}] {got} vs {want}"
+            );
+        }
+        let unit = reference(&hidden, h, &w, vocab, &t, |_| 1.0);
+        let mut sum = 0.0;
+        for (r, (&loss, &target)) in losses.iter().zip(&t).enumerate() {
+            if target < 0 {
+                assert_eq!(loss, 0.0, "unlabelled row {r}");
+            }
+            sum += loss;
+        }
+        assert!(
+            (sum - unit.loss).abs() <= 1e-6 * unit.loss_size,
+            "{sum} vs {}",
+            unit.loss
+        );
+        let short = [0f32; 3];
+        let refused = linear_cross_entropy_with(
+            &hidden,
+            h,
+            head,
+            vocab,
+            &t,
+            RowWeights::PerRow(&short),
+            LossOutputs::default(),
+        );
+        assert!(matches!(
+            refused,
+            Err(LossError::Length {
+                buffer: "weights",
+                ..
+            })
+        ));
+    }
+
     #[test]
     fn the_avx2_build_of_the_row_softmax_gives_the_baseline_bits() {
         use crate::simd::tests::{avx2_here, on_baseline, on_wide};
@@ -494,9 +630,15 @@ mod tests {
         let scale = 1.0 / 113.0;
         let run = |head: Head<'_>, hidden: &[f32]| {
             let mut dh = vec![f32::NAN; n * h];
-            let loss = linear_cross_entropy_with(hidden, h, head, vocab, &t, scale, Some(&mut dh))
+            let weights = RowWeights::Uniform(scale);
+            let outputs = LossOutputs {
+                d_hidden: Some(&mut dh),
+                row_losses: None,
+            };
+            let loss = linear_cross_entropy_with(hidden, h, head, vocab, &t, weights, outputs)
                 .expect("valid inputs");
-            let eval = linear_cross_entropy_with(hidden, h, head, vocab, &t, scale, None)
+            let outputs = LossOutputs::default();
+            let eval = linear_cross_entropy_with(hidden, h, head, vocab, &t, weights, outputs)
                 .expect("valid inputs");
             assert_eq!(loss.to_bits(), eval.to_bits(), "evaluation loss");
             (

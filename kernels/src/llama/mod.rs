@@ -116,7 +116,10 @@ mod validate;
 pub use frozen::{Compute, Frozen};
 pub use memory::{step_bytes, step_bytes_on_any_cpu};
 pub use model::{Batch, Dims, Layer, Lora, MaskSource, Model, OwnedBatch, Projection};
-pub use step::{StepOptions, forward_backward, forward_backward_with, loss};
+pub use step::{
+    StepOptions, Weigh, forward_backward, forward_backward_weighted, forward_backward_with, loss,
+    token_losses,
+};
 pub use validate::StepError;
 
 /// Which arithmetic [`forward_backward_with`] does, for a checkpoint's record: it changes

@@ -8,7 +8,7 @@ use super::groups;
 use super::memory::{backward_lengths, max_ranks};
 use super::validate::{gradient_slots, validate};
 use super::{Batch, MaskSource, Model, StepError};
-use crate::loss::linear_cross_entropy_with;
+use crate::loss::{LossOutputs, RowWeights, linear_cross_entropy_with};
 use crate::norm::{rms_norm_backward, rms_norm_forward};
 
 /// How a step trades memory for time. The default is the fastest: every layer's forward
@@ -65,6 +65,56 @@ pub fn forward_backward_with(
     grads: &mut [Vec<f32>],
     options: StepOptions,
 ) -> Result<f64, StepError> {
+    let objective = Objective::Mean(scale);
+    step(model, batch, objective, dropout, grads, options)
+}
+
+/// Chooses each token's weight from every token's loss: see [`forward_backward_weighted`].
+pub type Weigh<'w> = &'w mut dyn FnMut(&[f64]) -> Vec<f32>;
+
+/// Forward and backward of one micro-batch for a loss over whole sequences (a preference
+/// loss such as DPO's), whose gradient with respect to each token's log-probability
+/// depends on the log-probabilities of this very forward. After the forward, `weigh` is
+/// given every token's loss `−log p(target)` (one per position, 0 where the target is
+/// negative) and returns one weight per position: the sequence loss's gradient with
+/// respect to that token's loss. The head then runs again with those weights for the
+/// gradient, which flows back through the layers as in [`forward_backward_with`] (and
+/// is ADDED into `grads`, with the same dropout and checkpointing). Returns
+/// `Σ weight·loss`. Costs one more pass of the head than a mean-loss step.
+///
+/// # Errors
+/// As [`forward_backward_with`]; also when `weigh` returns a number of weights other
+/// than the batch's positions.
+pub fn forward_backward_weighted(
+    model: &Model<'_>,
+    batch: &Batch<'_>,
+    weigh: Weigh<'_>,
+    dropout: Option<MaskSource<'_>>,
+    grads: &mut [Vec<f32>],
+    options: StepOptions,
+) -> Result<f64, StepError> {
+    let objective = Objective::Weighted(weigh);
+    step(model, batch, objective, dropout, grads, options)
+}
+
+/// What a step's loss is.
+enum Objective<'w> {
+    /// The mean cross-entropy: every labelled token by `scale`.
+    Mean(f32),
+    /// Token weights chosen from the forward's own token losses.
+    Weighted(Weigh<'w>),
+}
+
+/// [`forward_backward_with`] and [`forward_backward_weighted`]: the step for either
+/// objective.
+fn step(
+    model: &Model<'_>,
+    batch: &Batch<'_>,
+    objective: Objective<'_>,
+    dropout: Option<MaskSource<'_>>,
+    grads: &mut [Vec<f32>],
+    options: StepOptions,
+) -> Result<f64, StepError> {
     validate(model, batch)?;
     let slots = gradient_slots(model, grads)?;
     let d = &model.dims;
@@ -88,19 +138,31 @@ pub fn forward_backward_with(
     let mut state = forward_layers(model, &plan, &ranks, dropout, &mut x)?;
     let (hn, inv) = final_norm(model, &x, &mut state.works);
     let mut d_hidden = vec![0f32; n * h];
-    let loss = linear_cross_entropy_with(
-        &hn,
-        h,
-        frozen::loss_head(
-            model.lm_head,
-            model.compute,
-            &mut state.works[0].frozen.widened,
-        ),
-        d.vocab,
-        batch.targets,
-        scale,
-        Some(&mut d_hidden),
-    )?;
+    let head = frozen::loss_head(
+        model.lm_head,
+        model.compute,
+        &mut state.works[0].frozen.widened,
+    );
+    let chosen: Vec<f32>;
+    let weights = match objective {
+        Objective::Mean(scale) => RowWeights::Uniform(scale),
+        Objective::Weighted(weigh) => {
+            let mut losses = vec![0f64; n];
+            let outputs = LossOutputs {
+                d_hidden: None,
+                row_losses: Some(&mut losses),
+            };
+            let unit = RowWeights::Uniform(1.0);
+            linear_cross_entropy_with(&hn, h, head, d.vocab, batch.targets, unit, outputs)?;
+            chosen = weigh(&losses);
+            RowWeights::PerRow(&chosen)
+        }
+    };
+    let outputs = LossOutputs {
+        d_hidden: Some(&mut d_hidden),
+        row_losses: None,
+    };
+    let loss = linear_cross_entropy_with(&hn, h, head, d.vocab, batch.targets, weights, outputs)?;
     let Some(lowest) = lowest else {
         return Ok(loss);
     };
@@ -383,6 +445,28 @@ fn final_norm(model: &Model<'_>, x: &[f32], works: &mut [ForwardWork]) -> (Vec<f
 /// # Errors
 /// [`StepError`] when the model or batch is inconsistent; see [`forward_backward`].
 pub fn loss(model: &Model<'_>, batch: &Batch<'_>, scale: f32) -> Result<f64, StepError> {
+    evaluate(model, batch, scale, None)
+}
+
+/// Every position's loss `−log p(target)` (0 where the target is negative), without
+/// dropout and without any gradient work: what a preference loss sums per sequence for
+/// its reference model.
+///
+/// # Errors
+/// [`StepError`] when the model or batch is inconsistent; see [`forward_backward`].
+pub fn token_losses(model: &Model<'_>, batch: &Batch<'_>) -> Result<Vec<f64>, StepError> {
+    let mut losses = vec![0f64; batch.rows * batch.len];
+    evaluate(model, batch, 1.0, Some(&mut losses))?;
+    Ok(losses)
+}
+
+/// The forward without gradients: `scale·Σ CE`, and with `row_losses` each position's.
+fn evaluate(
+    model: &Model<'_>,
+    batch: &Batch<'_>,
+    scale: f32,
+    row_losses: Option<&mut [f64]>,
+) -> Result<f64, StepError> {
     validate(model, batch)?;
     let d = &model.dims;
     let (n, h, len) = (batch.rows * batch.len, d.hidden, batch.len);
@@ -414,7 +498,10 @@ pub fn loss(model: &Model<'_>, batch: &Batch<'_>, scale: f32) -> Result<f64, Ste
         frozen::loss_head(model.lm_head, model.compute, &mut works[0].frozen.widened),
         d.vocab,
         batch.targets,
-        scale,
-        None,
+        RowWeights::Uniform(scale),
+        LossOutputs {
+            d_hidden: None,
+            row_losses,
+        },
     )?)
 }

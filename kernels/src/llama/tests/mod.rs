@@ -196,6 +196,55 @@ fn micro_batches_accumulate() {
     assert!(g1.iter().flatten().any(|&v| v != 0.0));
 }
 
+/// A weighted step sees the forward's own token losses (their sum is the mean step's
+/// loss over its scale), and gives each token its weight's gradient: with every weight
+/// the mean step's scale its gradients are the mean step's bit for bit, with the
+/// opposite sign they are negated bit for bit, and weights of zero add nothing. The
+/// token losses of a step without gradients are the same.
+#[test]
+fn a_weighted_step_weighs_each_token_by_what_it_is_told() {
+    let (m, b) = larger_case();
+    let scale = 1.0 / b.labelled() as f32;
+    let mut mean = m.zero_grads();
+    let loss = forward_backward(&m.view(), &b.view(), scale, None, &mut mean).expect("a step");
+    let weighted = |weight: f32| {
+        let mut grads = m.zero_grads();
+        let mut seen = Vec::new();
+        let mut weigh = |losses: &[f64]| {
+            seen = losses.to_vec();
+            vec![weight; losses.len()]
+        };
+        let options = StepOptions::default();
+        forward_backward_weighted(&m.view(), &b.view(), &mut weigh, None, &mut grads, options)
+            .expect("a weighted step");
+        (grads, seen)
+    };
+    let (same, losses) = weighted(scale);
+    assert_eq!(same, mean);
+    assert_eq!(losses.len(), b.targets.len());
+    for (loss, &t) in losses.iter().zip(&b.targets) {
+        assert!(t >= 0 || *loss == 0.0);
+    }
+    let total: f64 = losses.iter().sum();
+    assert!((total * scale as f64 - loss).abs() < 1e-9 * loss.abs());
+    assert_eq!(
+        token_losses(&m.view(), &b.view()).expect("token losses"),
+        losses
+    );
+    let (negated, _) = weighted(-scale);
+    for (n, g) in negated.iter().flatten().zip(mean.iter().flatten()) {
+        assert_eq!(n.to_bits(), (-g).to_bits());
+    }
+    let (none, _) = weighted(0.0);
+    assert!(none.iter().flatten().all(|&v| v == 0.0));
+    let mut wrong = |losses: &[f64]| vec![1.0; losses.len() - 1];
+    let mut grads = m.zero_grads();
+    let options = StepOptions::default();
+    forward_backward_weighted(&m.view(), &b.view(), &mut wrong, None, &mut grads, options)
+        .expect_err("one weight short");
+    assert!(grads.iter().flatten().all(|&v| v == 0.0));
+}
+
 /// A larger model and batch, so that GEMMs split into several blocks and attention
 /// into several query blocks.
 fn larger_case() -> (Owned, OwnedBatch) {
