@@ -71,7 +71,11 @@ pub struct Conversation {
 }
 
 impl Conversation {
-    fn render(&self, template: &ChatTemplate, add_generation_prompt: bool) -> Result<String> {
+    pub(crate) fn render(
+        &self,
+        template: &ChatTemplate,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         template.render_with_tools(&self.messages, &self.tools, add_generation_prompt)
     }
 }
@@ -375,7 +379,11 @@ impl Encoder {
 
     /// `messages` and `tools` as this template renders them: as they are, or with the
     /// tools written into plain messages for a template that does not render tools.
-    fn with_tools(&self, messages: Vec<Message>, tools: &[serde_json::Value]) -> Conversation {
+    pub(crate) fn with_tools(
+        &self,
+        messages: Vec<Message>,
+        tools: &[serde_json::Value],
+    ) -> Conversation {
         if !crate::tools::uses_tools(&messages, tools) || self.template.handles_tools(tools) {
             return Conversation {
                 messages,

@@ -26,6 +26,7 @@
 mod chat;
 mod encoder;
 mod jsonl;
+mod preference;
 mod problems;
 mod pyjson;
 mod record;
@@ -39,6 +40,7 @@ pub use encoder::{Conversation, Encoder, Example, IGNORE_INDEX, Length, MEASURE_
 pub use jsonl::{
     LineError, LineValidator, MAX_REPORTED_ERRORS, ParsedDataset, parse_jsonl, read_jsonl,
 };
+pub use preference::EncodedPair;
 pub use record::Record;
 pub use stats::{TokenCounter, TokenStats, token_stats};
 pub use template::{ALPACA_TEMPLATE, CHATML_TEMPLATE, ChatTemplate, LLAMA2_TEMPLATE};

@@ -50,6 +50,10 @@ pub struct HyperparametersRequest {
     /// Passes over the training data (1–50), or `"auto"` (from the dataset's size).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub n_epochs: Option<AutoOrInt>,
+    /// DPO only: how far the trained model may move from the reference (0 < β ≤ 10),
+    /// or `"auto"` (0.1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub beta: Option<AutoOrNumber>,
     /// Peak learning rate, instead of a multiplier of the base one (tuneq).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub learning_rate: Option<f64>,
@@ -70,19 +74,29 @@ pub struct SupervisedMethod {
     pub hyperparameters: Option<HyperparametersRequest>,
 }
 
-/// OpenAI's `method`: only `supervised` is offered.
+/// OpenAI's `method.dpo`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DpoMethod {
+    /// Its hyperparameters (`beta` among them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hyperparameters: Option<HyperparametersRequest>,
+}
+
+/// OpenAI's `method`: `supervised` or `dpo`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MethodRequest {
-    /// `supervised` (`dpo` and `reinforcement` are refused).
+    /// `supervised` or `dpo` (`reinforcement` is refused).
     #[serde(rename = "type")]
     pub kind: String,
     /// Settings of the supervised method.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub supervised: Option<SupervisedMethod>,
-    /// Not offered; present only to refuse it by name.
+    /// Settings of the DPO method: trains on preference pairs against the model the
+    /// job starts from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dpo: Option<serde_json::Value>,
+    pub dpo: Option<DpoMethod>,
     /// Not offered; present only to refuse it by name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reinforcement: Option<serde_json::Value>,
@@ -169,11 +183,35 @@ pub struct Hyperparameters {
 /// OpenAI's `method` on a job.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Method {
-    /// `supervised`.
+    /// `supervised` or `dpo`.
     #[serde(rename = "type")]
     pub kind: String,
-    /// Its settings.
-    pub supervised: SupervisedSettings,
+    /// The supervised method's settings (with `type` `supervised`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub supervised: Option<SupervisedSettings>,
+    /// The DPO method's settings (with `type` `dpo`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dpo: Option<DpoSettings>,
+}
+
+/// `method.dpo` on a job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct DpoSettings {
+    /// As run.
+    pub hyperparameters: DpoHyperparameters,
+}
+
+/// A DPO job's hyperparameters as it runs them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct DpoHyperparameters {
+    /// β.
+    pub beta: f64,
+    /// Pairs per optimiser step.
+    pub batch_size: u64,
+    /// Multiplier of the base learning rate.
+    pub learning_rate_multiplier: f64,
+    /// Passes over the training pairs.
+    pub n_epochs: u64,
 }
 
 /// `method.supervised` on a job.

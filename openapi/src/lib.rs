@@ -34,20 +34,21 @@ pub use files::{
 };
 pub use finetunes::{
     AdapterFileUrl, AdapterInfo, AdapterUrls, AttemptReport, Auto, AutoOrInt, AutoOrNumber,
-    CheckpointMetrics, DeliveryStatus, FineTuneCheckpoint, FineTuneCheckpointList, FineTuneCreate,
-    FineTuneEvent, FineTuneEventList, FineTuneJob, FineTuneList,
-    Hyperparameters as JobHyperparameters, HyperparametersRequest, JobError, JobEstimate,
-    JobPayload, JobStatus, Method, MethodRequest, Model, ModelList, Progress, QueueStanding,
-    SupervisedMethod, SupervisedSettings, WebhookEvent, WebhookEventData, WebhookSecret,
-    WebhookStatus,
+    CheckpointMetrics, DeliveryStatus, DpoHyperparameters, DpoMethod, DpoSettings,
+    FineTuneCheckpoint, FineTuneCheckpointList, FineTuneCreate, FineTuneEvent, FineTuneEventList,
+    FineTuneJob, FineTuneList, Hyperparameters as JobHyperparameters, HyperparametersRequest,
+    JobError, JobEstimate, JobPayload, JobStatus, Method, MethodRequest, Model, ModelList,
+    Progress, QueueStanding, SupervisedMethod, SupervisedSettings, WebhookEvent, WebhookEventData,
+    WebhookSecret, WebhookStatus,
 };
 pub use job_event::{EventKind, StopCause};
 pub use log::LogEntry;
-pub use progress::{StepMetrics, TrainEvent};
+pub use progress::{PreferenceMetrics, StepMetrics, TrainEvent};
 pub use projections::PROJECTIONS;
 pub use stored::{MalformedRecord, StoredJson};
 pub use train_spec::{
     ActivationCheckpointing, ChatTemplateChoice, CheckpointPolicy, ComputeKind, DatasetFormat,
     DeviceKind, DtypeKind, Hyperparameters, LoraSpec, MAX_LEARNING_RATE, MAX_LORA_ALPHA,
     MAX_LORA_RANK, MAX_SEQ_LEN, MIN_LEARNING_RATE, SamplingSpec, Scheduler, SpecError, TrainSpec,
+    TrainingMethod,
 };

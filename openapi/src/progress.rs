@@ -96,7 +96,8 @@ pub struct StepMetrics {
     pub total_steps: u64,
     /// Epoch (0-based) this step belongs to.
     pub epoch: u32,
-    /// Mean loss over labelled tokens of the step.
+    /// Mean loss over labelled tokens of the step (DPO: the mean preference loss over
+    /// the step's pairs).
     pub loss: f64,
     /// Learning rate used for this update.
     pub lr: f64,
@@ -110,4 +111,26 @@ pub struct StepMetrics {
     pub eta_s: f64,
     /// Tokens processed so far in the run (across resumes).
     pub tokens_seen: u64,
+    /// A DPO step's figures (absent for supervised steps).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preference: Option<PreferenceMetrics>,
+}
+
+/// A DPO step's figures, means over its pairs, named and computed as TRL's
+/// `DPOTrainer` logs them (`rewards/chosen`, …). A completion's reward is
+/// `β·(log π(completion) − log π_ref(completion))`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct PreferenceMetrics {
+    /// The preferred completions' mean reward.
+    pub rewards_chosen: f64,
+    /// The non-preferred completions' mean reward.
+    pub rewards_rejected: f64,
+    /// The share of pairs whose preferred completion has the higher reward.
+    pub rewards_accuracy: f64,
+    /// The mean of chosen minus rejected reward.
+    pub rewards_margin: f64,
+    /// The preferred completions' mean log-probability under the policy.
+    pub logps_chosen: f64,
+    /// The non-preferred completions' mean log-probability under the policy.
+    pub logps_rejected: f64,
 }

@@ -65,6 +65,41 @@ pub struct TrainSpec {
     /// and target modules. Part of the run's fingerprint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init_adapter: Option<String>,
+    /// What the run optimises: the answers' cross-entropy (`supervised`, the default)
+    /// or DPO on preference pairs. Part of the run's fingerprint.
+    #[serde(default, skip_serializing_if = "TrainingMethod::is_supervised")]
+    pub method: TrainingMethod,
+}
+
+/// What a run optimises.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum TrainingMethod {
+    /// The mean cross-entropy of the answer tokens (supervised fine-tuning).
+    #[default]
+    Supervised,
+    /// Direct preference optimisation (Rafailov et al., 2023) on preference pairs, as
+    /// TRL's `DPOTrainer` computes it with its default sigmoid loss: per pair,
+    /// `−log σ(β·((log π(chosen) − log π_ref(chosen)) − (log π(rejected) − log
+    /// π_ref(rejected))))`, averaged over the step's pairs, where a completion's log
+    /// probability is the sum over its tokens. The reference `π_ref` is the model the
+    /// run starts from (the base model, or the adapter it continues), frozen.
+    Dpo {
+        /// How far the policy may move from the reference (OpenAI's and TRL's default
+        /// 0.1); `0 < beta ≤ 10`.
+        beta: f64,
+    },
+}
+
+impl TrainingMethod {
+    /// DPO's default β.
+    pub const DEFAULT_BETA: f64 = 0.1;
+
+    /// Supervised (left out of a serialised spec, so that fingerprints from before the
+    /// field stay the same).
+    pub fn is_supervised(&self) -> bool {
+        *self == Self::Supervised
+    }
 }
 
 /// How the CPU computes the frozen projections' and the head's products. LoRA, norms,
@@ -387,7 +422,37 @@ impl TrainSpec {
         check_limits(&self.hyperparameters, &mut bad);
         self.check_lora(&mut bad);
         check_checkpoint(&self.checkpoint, &mut bad);
+        self.check_method(&mut bad);
         if errs.is_empty() { Ok(()) } else { Err(errs) }
+    }
+
+    /// DPO's β is in range, and its data can be preference pairs.
+    fn check_method(&self, bad: Report<'_>) {
+        let TrainingMethod::Dpo { beta } = self.method else {
+            if self.dataset_format == DatasetFormat::Preference {
+                bad(
+                    "dataset_format",
+                    "preference pairs train with the dpo method; set method to dpo or give \
+                     chat, prompt/completion, alpaca or text records"
+                        .into(),
+                );
+            }
+            return;
+        };
+        if !(beta > 0.0 && beta <= 10.0) {
+            bad("method.beta", format!("must be in (0, 10], got {beta}"));
+        }
+        if !matches!(
+            self.dataset_format,
+            DatasetFormat::Auto | DatasetFormat::Preference
+        ) {
+            bad(
+                "dataset_format",
+                "the dpo method trains on preference pairs (input, preferred_output, \
+                 non_preferred_output); set dataset_format to preference or auto"
+                    .into(),
+            );
+        }
     }
 
     /// The model, the training files and the output are named.

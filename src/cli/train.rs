@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use tuneq_openapi::{
     ActivationCheckpointing, ChatTemplateChoice, ComputeKind, DatasetFormat, DeviceKind, DtypeKind,
-    Scheduler, TrainSpec,
+    Scheduler, TrainSpec, TrainingMethod,
 };
 use tuneq_trainer::progress::{JsonLines, ProgressSink, Tee, TerminalBar};
 use tuneq_trainer::train::{Outcome, StopFlag};
@@ -41,6 +41,13 @@ pub struct TrainArgs {
     /// Dataset format.
     #[arg(long, value_enum)]
     pub format: Option<FormatArg>,
+    /// What the run optimises: `supervised` (cross-entropy on the answers) or `dpo`
+    /// (direct preference optimisation on preference pairs, against the starting model).
+    #[arg(long, value_enum)]
+    pub method: Option<MethodArg>,
+    /// DPO's β (with `--method dpo`; default 0.1).
+    #[arg(long, requires = "method")]
+    pub beta: Option<f64>,
     /// Chat template.
     #[arg(long, value_enum)]
     pub template: Option<TemplateArg>,
@@ -179,7 +186,16 @@ macro_rules! value_enum {
     };
 }
 
-value_enum!(FormatArg => DatasetFormat { Auto = DatasetFormat::Auto, Chat = DatasetFormat::Chat, PromptCompletion = DatasetFormat::PromptCompletion, Alpaca = DatasetFormat::Alpaca, Text = DatasetFormat::Text });
+value_enum!(FormatArg => DatasetFormat { Auto = DatasetFormat::Auto, Chat = DatasetFormat::Chat, PromptCompletion = DatasetFormat::PromptCompletion, Alpaca = DatasetFormat::Alpaca, Text = DatasetFormat::Text, Preference = DatasetFormat::Preference });
+
+/// `--method`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MethodArg {
+    /// Cross-entropy on the answers.
+    Supervised,
+    /// Direct preference optimisation.
+    Dpo,
+}
 value_enum!(TemplateArg => ChatTemplateChoice { Model = ChatTemplateChoice::Model, Llama2 = ChatTemplateChoice::Llama2, Chatml = ChatTemplateChoice::Chatml, Alpaca = ChatTemplateChoice::Alpaca });
 value_enum!(SchedulerArg => Scheduler { Linear = Scheduler::Linear, Cosine = Scheduler::Cosine, Constant = Scheduler::Constant });
 value_enum!(DeviceArg => DeviceKind { Cpu = DeviceKind::Cpu, Cuda = DeviceKind::Cuda });
@@ -299,6 +315,21 @@ fn set_section_flags(obj: &mut SpecObject, args: &TrainArgs) -> Result<()> {
 /// Writes the flags that choose among values (format, template, device, dtype, compute,
 /// checkpointing) into `obj`, and the GPU a CUDA build picks when nothing chose a device.
 fn set_choice_flags(obj: &mut SpecObject, args: &TrainArgs) -> Result<()> {
+    match (args.method, args.beta) {
+        (Some(MethodArg::Dpo), beta) => {
+            let beta = beta.unwrap_or(TrainingMethod::DEFAULT_BETA);
+            let method = TrainingMethod::Dpo { beta };
+            obj.insert("method".into(), serde_json::to_value(method)?);
+        }
+        (Some(MethodArg::Supervised), Some(_)) => {
+            return Err(BadInput("--beta is a setting of --method dpo".into()).into());
+        }
+        (Some(MethodArg::Supervised), None) => {
+            let method = TrainingMethod::Supervised;
+            obj.insert("method".into(), serde_json::to_value(method)?);
+        }
+        (None, _) => {}
+    }
     if let Some(f) = args.format {
         obj.insert(
             "dataset_format".into(),

@@ -127,8 +127,11 @@ pub fn write_steps(model: &Llama, input: &Path, out: &Path, cfg: &StepsConfig) -
                 rng: &mut rng,
                 record: Some(&mut drawn),
             }),
-            cfg.max_grad_norm,
-            cfg.lr,
+            crate::train::Update {
+                objective: crate::step::Objective::CrossEntropy,
+                max_grad_norm: cfg.max_grad_norm,
+                lr: cfg.lr,
+            },
         )?;
         name_masks(&mut masks, drawn, &modules, step, micro.len())?;
         save_step(model, out, step, &done)?;

@@ -13,7 +13,7 @@
 use crate::batch::Batch;
 use crate::error::{Error, Result};
 use crate::model::Llama;
-use crate::step::{StepDropout, StepResult};
+use crate::step::{Objective, StepDropout, StepResult};
 use candle_core::{DType, Device, Storage, StorageRef, Tensor};
 use std::borrow::Cow;
 use tuneq_kernels::llama;
@@ -275,7 +275,18 @@ impl<'b> BatchView<'b> {
 pub fn accumulate(
     model: &Llama,
     batches: &[Batch],
+    dropout: Option<StepDropout<'_>>,
+) -> Result<StepResult> {
+    accumulate_for(model, batches, dropout, Objective::CrossEntropy)
+}
+
+/// [`accumulate`] for `objective`: the mean cross-entropy, or DPO, whose micro-batches
+/// run the weighted step (`llama::forward_backward_weighted`).
+pub fn accumulate_for(
+    model: &Llama,
+    batches: &[Batch],
     mut dropout: Option<StepDropout<'_>>,
+    objective: Objective<'_>,
 ) -> Result<StepResult> {
     let vars = model.lora_vars();
     let denom = batches.iter().map(|b| b.labelled).sum::<usize>().max(1) as f64;
@@ -286,39 +297,35 @@ pub fn accumulate(
     let options = llama::StepOptions {
         checkpoint_layers: model.checkpoint_layers,
     };
+    let mut dpo = objective.dpo();
     with_model(model, |kernels| {
-        for b in batches {
+        for (m, b) in batches.iter().enumerate() {
             let view = BatchView::new(b);
-            let l = match dropout.as_mut().filter(|d| d.p > 0.0) {
-                Some(d) => {
-                    let p = d.p;
-                    let mut draw = |rows: usize, width: usize| -> Vec<f32> {
-                        let mask = crate::lora::draw_mask(d.rng, p, rows * width);
-                        if let Some(record) = d.record.as_deref_mut()
-                            && let Ok(t) =
-                                Tensor::from_vec(mask.clone(), (rows, width), &Device::Cpu)
-                        {
-                            record.push(t);
-                        }
-                        mask
-                    };
-                    llama::forward_backward_with(
-                        kernels,
-                        &view.of(b),
-                        scale,
-                        Some(&mut draw),
-                        &mut grads,
-                        options,
+            let mut draw = dropout.as_mut().filter(|d| d.p > 0.0).map(|d| {
+                move |rows: usize, width: usize| -> Vec<f32> {
+                    let mask = crate::lora::draw_mask(d.rng, d.p, rows * width);
+                    if let Some(record) = d.record.as_deref_mut()
+                        && let Ok(t) = Tensor::from_vec(mask.clone(), (rows, width), &Device::Cpu)
+                    {
+                        record.push(t);
+                    }
+                    mask
+                }
+            });
+            let masks = draw
+                .as_mut()
+                .map(|f| f as &mut dyn FnMut(usize, usize) -> Vec<f32>);
+            let batch = view.of(b);
+            let l = match dpo.as_mut() {
+                Some((step, reference)) => {
+                    let mut weigh = |losses: &[f64]| step.weigh(losses, b.len, &reference[m]);
+                    llama::forward_backward_weighted(
+                        kernels, &batch, &mut weigh, masks, &mut grads, options,
                     )
                 }
-                None => llama::forward_backward_with(
-                    kernels,
-                    &view.of(b),
-                    scale,
-                    None,
-                    &mut grads,
-                    options,
-                ),
+                None => {
+                    llama::forward_backward_with(kernels, &batch, scale, masks, &mut grads, options)
+                }
             }
             .map_err(kernel_error)?;
             // Summed as the graph path sums its per-micro-batch f32 losses.
@@ -332,10 +339,20 @@ pub fn accumulate(
         .zip(&vars)
         .map(|(g, v)| Tensor::from_vec(g, v.var.shape(), &Device::Cpu))
         .collect::<candle_core::Result<Vec<_>>>()?;
-    Ok(StepResult {
+    Ok(StepResult::new(
         loss,
         grads,
         tokens,
+        dpo.map(|(step, _)| step),
+    ))
+}
+
+/// Every position's loss `−log p(target)` of `batch` (0 where it has no target),
+/// without gradients or dropout.
+pub fn token_losses(model: &Llama, batch: &Batch) -> Result<Vec<f64>> {
+    let view = BatchView::new(batch);
+    with_model(model, |kernels| {
+        llama::token_losses(kernels, &view.of(batch)).map_err(kernel_error)
     })
 }
 

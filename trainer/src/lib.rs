@@ -19,7 +19,8 @@
 //!   compute path, GEMM library and CPU features a checkpoint records.
 //! - [`peft`]: the adapter format PEFT, vLLM and LoRAX load.
 //! - [`remote`]: models and datasets staged from S3/GCS, outputs mirrored back, manifest last.
-//! - [`step`]: what a training step takes and gives, on either compute path.
+//! - [`step`]: what a training step takes and gives, on either compute path; [`dpo`]:
+//!   the preference loss a DPO step weighs its tokens by.
 //! - [`train`]: the training run (device, inputs, accumulation, optimiser step,
 //!   evaluation, metrics, manifest), one module per noun.
 //! - [`progress`]: where progress goes (JSON lines, terminal bar).
@@ -37,6 +38,7 @@ pub mod config;
 /// Datasets live in their own crate, so the API can validate uploads without candle.
 pub use tuneq_dataset as data;
 pub mod debug;
+pub mod dpo;
 pub mod error;
 pub mod fast;
 pub mod generate;

@@ -222,6 +222,13 @@ pub fn causal_mask(q_len: usize, k_len: usize, device: &candle_core::Device) -> 
 /// Returns a scalar. The backward is `(softmax − onehot) · mask / denominator`, computed
 /// without keeping log-probabilities alive between forward and backward.
 pub fn masked_cross_entropy(logits: &Tensor, targets: &[i64], denominator: f64) -> Result<Tensor> {
+    let weights = vec![(1.0 / denominator) as f32; targets.len()];
+    weighted_cross_entropy(logits, targets, weights)
+}
+
+/// The target ids of `targets` for `logits` (n, vocab), 0 where there is no target, as
+/// an (n, 1) tensor; an error when the lengths differ or an id is outside the vocabulary.
+fn target_ids(logits: &Tensor, targets: &[i64]) -> Result<Tensor> {
     let (n, vocab) = logits.dims2()?;
     if targets.len() != n {
         return Err(candle_core::Error::Msg(format!(
@@ -229,7 +236,6 @@ pub fn masked_cross_entropy(logits: &Tensor, targets: &[i64], denominator: f64) 
             targets.len()
         )));
     }
-    let device = logits.device().clone();
     let ids: Vec<u32> = targets
         .iter()
         .map(|&t| if t >= 0 { t as u32 } else { 0 })
@@ -239,18 +245,49 @@ pub fn masked_cross_entropy(logits: &Tensor, targets: &[i64], denominator: f64) 
             "target id outside the vocabulary".into(),
         ));
     }
-    let weights: Vec<f32> = targets
-        .iter()
-        .map(|&t| {
-            if t >= 0 {
-                (1.0 / denominator) as f32
-            } else {
-                0.0
-            }
-        })
+    Tensor::from_vec(ids, (n, 1), logits.device())
+}
+
+/// Every row's cross-entropy `−log softmax(logits)[target]`, 0 where the target is
+/// negative, without a graph: what a preference loss sums per sequence.
+pub fn token_losses(logits: &Tensor, targets: &[i64]) -> Result<Vec<f64>> {
+    let ids = target_ids(logits, targets)?;
+    let lf = logits.detach().to_dtype(DType::F32)?;
+    let lsm = candle_nn::ops::log_softmax(&lf, D::Minus1)?;
+    let nll = lsm
+        .gather(&ids, 1)?
+        .neg()?
+        .flatten_all()?
+        .to_vec1::<f32>()?;
+    Ok(nll
+        .into_iter()
+        .zip(targets)
+        .map(|(l, &t)| if t >= 0 { f64::from(l) } else { 0.0 })
+        .collect())
+}
+
+/// `Σ weights[i]·CE_i` over the rows whose target is not negative (see
+/// [`masked_cross_entropy`], whose weights are all 1/denominator). The backward is
+/// `(softmax − onehot)·weight` per row.
+pub fn weighted_cross_entropy(
+    logits: &Tensor,
+    targets: &[i64],
+    weights: Vec<f32>,
+) -> Result<Tensor> {
+    let n = targets.len();
+    if weights.len() != n {
+        return Err(candle_core::Error::Msg(format!(
+            "{} weights for {n} targets",
+            weights.len()
+        )));
+    }
+    let ids = target_ids(logits, targets)?;
+    let weights: Vec<f32> = weights
+        .into_iter()
+        .zip(targets)
+        .map(|(w, &t)| if t >= 0 { w } else { 0.0 })
         .collect();
-    let ids = Tensor::from_vec(ids, (n, 1), &device)?;
-    let weights = Tensor::from_vec(weights, (n, 1), &device)?;
+    let weights = Tensor::from_vec(weights, (n, 1), logits.device())?;
     let lf = logits.detach().to_dtype(DType::F32)?;
     let lsm = candle_nn::ops::log_softmax(&lf, D::Minus1)?;
     let nll = lsm.gather(&ids, 1)?.neg()?;

@@ -1,7 +1,9 @@
 //! What a training step's forward and backward take and give, the same on both compute
 //! paths: the fused CPU kernels ([`crate::fast`]) and candle's graph ([`crate::train`]).
 
+use crate::dpo::{DpoStep, PairLogps};
 use candle_core::Tensor;
+use tuneq_openapi::PreferenceMetrics;
 
 /// Loss and gradients of one optimiser step.
 pub struct StepResult {
@@ -11,6 +13,56 @@ pub struct StepResult {
     pub grads: Vec<Tensor>,
     /// Non-padding tokens.
     pub tokens: usize,
+    /// A DPO step's figures.
+    pub preference: Option<PreferenceMetrics>,
+}
+
+impl StepResult {
+    /// A step's result: for DPO, with its loss and figures from `dpo`, else with the
+    /// summed cross-entropy `loss`.
+    pub fn new(loss: f64, grads: Vec<Tensor>, tokens: usize, dpo: Option<DpoStep>) -> Self {
+        let (loss, preference) = match dpo {
+            Some(step) => {
+                let (loss, figures) = step.finish();
+                (loss, Some(figures))
+            }
+            None => (loss, None),
+        };
+        Self {
+            loss,
+            grads,
+            tokens,
+            preference,
+        }
+    }
+}
+
+/// What a step minimises.
+#[derive(Debug, Clone, Copy)]
+pub enum Objective<'a> {
+    /// The mean cross-entropy of the labelled tokens.
+    CrossEntropy,
+    /// DPO (see [`crate::dpo`]): every micro-batch holds pairs, and `reference` has,
+    /// per micro-batch, its pairs' reference log-probabilities.
+    Dpo {
+        /// β.
+        beta: f64,
+        /// Per micro-batch, per pair.
+        reference: &'a [Vec<PairLogps>],
+    },
+}
+
+impl<'a> Objective<'a> {
+    /// A DPO step's bookkeeping with its reference, for DPO.
+    pub fn dpo(&self) -> Option<(DpoStep, &'a [Vec<PairLogps>])> {
+        match *self {
+            Self::CrossEntropy => None,
+            Self::Dpo { beta, reference } => {
+                let pairs = reference.iter().map(Vec::len).sum();
+                Some((DpoStep::new(beta, pairs), reference))
+            }
+        }
+    }
 }
 
 /// Dropout for one optimiser step: the probability, the step's stream, and optionally

@@ -14,7 +14,7 @@ use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use tuneq_openapi::{
     AutoOrInt, AutoOrNumber, CheckpointPolicy, FileObject, FineTuneCreate, HyperparametersRequest,
-    JobEstimate, JobHyperparameters, SamplingSpec, TrainSpec,
+    JobEstimate, JobHyperparameters, SamplingSpec, TrainSpec, TrainingMethod,
 };
 use tuneq_storage::layout::{self, Id};
 
@@ -28,35 +28,102 @@ pub(super) struct Plan {
     pub(super) pools: Vec<String>,
 }
 
-/// The hyperparameters a request gives, from `method.supervised` or the older place.
-fn requested_hyperparameters(body: &FineTuneCreate) -> ApiResult<HyperparametersRequest> {
-    if let Some(method) = &body.method {
-        if method.kind != "supervised" || method.dpo.is_some() || method.reinforcement.is_some() {
+/// The method a request asks for, and the hyperparameters it gives: from `method`
+/// (`supervised` or `dpo`) or the older top-level place.
+fn requested_hyperparameters(
+    body: &FineTuneCreate,
+) -> ApiResult<(MethodKind, HyperparametersRequest)> {
+    let Some(method) = &body.method else {
+        return Ok((
+            MethodKind::Supervised,
+            body.hyperparameters.clone().unwrap_or_default(),
+        ));
+    };
+    let (kind, given) = match method.kind.as_str() {
+        "supervised" if method.dpo.is_none() && method.reinforcement.is_none() => (
+            MethodKind::Supervised,
+            method.supervised.as_ref().map(|s| &s.hyperparameters),
+        ),
+        "dpo" if method.supervised.is_none() && method.reinforcement.is_none() => (
+            MethodKind::Dpo,
+            method.dpo.as_ref().map(|d| &d.hyperparameters),
+        ),
+        "supervised" | "dpo" => {
+            return Err(ApiError::invalid(
+                "method",
+                Code::ConflictingValues,
+                format!(
+                    "A {} method takes settings only under method.{}.",
+                    method.kind, method.kind
+                ),
+            ));
+        }
+        other => {
             return Err(ApiError::invalid(
                 "method.type",
                 Code::UnsupportedMethod,
                 format!(
-                    "Only the supervised method is offered, not `{}`.",
-                    crate::quote::shown(&method.kind)
+                    "The supervised and dpo methods are offered, not `{}`.",
+                    crate::quote::shown(other)
                 ),
             ));
         }
-        if let Some(h) = method
-            .supervised
-            .as_ref()
-            .and_then(|s| s.hyperparameters.clone())
-        {
-            if body.hyperparameters.is_some() {
-                return Err(ApiError::invalid(
-                    "hyperparameters",
-                    Code::ConflictingValues,
-                    "Give hyperparameters either at the top level or in method.supervised, not both.",
-                ));
-            }
-            return Ok(h);
-        }
+    };
+    match (given.cloned().flatten(), &body.hyperparameters) {
+        (Some(_), Some(_)) => Err(ApiError::invalid(
+            "hyperparameters",
+            Code::ConflictingValues,
+            format!(
+                "Give hyperparameters either at the top level or in method.{}, not both.",
+                method.kind
+            ),
+        )),
+        (Some(h), None) => Ok((kind, h)),
+        (None, top) => Ok((kind, top.clone().unwrap_or_default())),
     }
-    Ok(body.hyperparameters.clone().unwrap_or_default())
+}
+
+/// Which method a job runs, before its settings are resolved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MethodKind {
+    Supervised,
+    Dpo,
+}
+
+/// The learning-rate multiplier `"auto"` means: DPO moves a model that already
+/// answers, and a tenth of the supervised rate keeps it near its reference.
+fn auto_multiplier(kind: MethodKind) -> f64 {
+    match kind {
+        MethodKind::Supervised => 1.0,
+        MethodKind::Dpo => 0.1,
+    }
+}
+
+/// The method as the trainer runs it: DPO's β resolved (`"auto"`: 0.1); β given to
+/// the supervised method is refused.
+fn training_method(kind: MethodKind, h: &HyperparametersRequest) -> ApiResult<TrainingMethod> {
+    match (kind, h.beta) {
+        (MethodKind::Supervised, None) => Ok(TrainingMethod::Supervised),
+        (MethodKind::Supervised, Some(_)) => Err(ApiError::invalid(
+            "hyperparameters.beta",
+            Code::InvalidValue,
+            "beta is a setting of the dpo method; this job's method is supervised.",
+        )),
+        (MethodKind::Dpo, None | Some(AutoOrNumber::Auto(_))) => Ok(TrainingMethod::Dpo {
+            beta: TrainingMethod::DEFAULT_BETA,
+        }),
+        (MethodKind::Dpo, Some(AutoOrNumber::Value(beta))) if beta > 0.0 && beta <= 10.0 => {
+            Ok(TrainingMethod::Dpo { beta })
+        }
+        (MethodKind::Dpo, Some(AutoOrNumber::Value(beta))) => Err(ApiError::invalid(
+            "hyperparameters.beta",
+            Code::InvalidValue,
+            format!(
+                "beta must be more than 0 and at most 10, not {}.",
+                crate::quote::shown(&beta.to_string())
+            ),
+        )),
+    }
 }
 
 /// OpenAI's "auto" epochs: 3, moved so the run sees 100 to 25 000 examples, within 1–25.
@@ -150,7 +217,7 @@ pub(super) async fn plan(
         choice.lora = continued_lora(body, parent)?;
     }
     for file in std::iter::once(&training).chain(validation.as_ref()) {
-        check_records_fit_method(file)?;
+        check_records_fit_method(file, choice.method)?;
     }
     let files = JobFiles {
         training: &training,
@@ -177,6 +244,7 @@ pub(super) async fn plan(
             learning_rate_multiplier: choice.multiplier,
             n_epochs: choice.n_epochs,
         },
+        method: choice.method,
         learning_rate: choice.learning_rate,
         lora: choice.lora,
         seed: choice.seed,
@@ -367,21 +435,23 @@ async fn base_model(state: &AppState, body: &FineTuneCreate) -> ApiResult<BaseMo
         })
 }
 
-/// Refuses a file of preference pairs for the supervised method (the only one offered
-/// until DPO is): trained as conversations, they would teach the preferred answer and
-/// drop the other.
-fn check_records_fit_method(file: &FileObject) -> ApiResult<()> {
-    if file.validation.format != "preference" {
-        return Ok(());
-    }
-    Err(ApiError::invalid(
-        "method",
-        Code::MethodMismatch,
-        format!(
+/// Refuses a file whose records the method does not train on: preference pairs for the
+/// supervised method (trained as conversations, they would teach the preferred answer
+/// and drop the other), anything else for DPO (which compares two answers).
+fn check_records_fit_method(file: &FileObject, method: TrainingMethod) -> ApiResult<()> {
+    let pairs = file.validation.format == "preference";
+    let message = match method {
+        TrainingMethod::Supervised if pairs => format!(
             "{} holds preference pairs (input, preferred_output, non_preferred_output), which train with the dpo method; this job's method is supervised, which trains on chat, prompt/completion, alpaca or text records.",
             file.id
         ),
-    ))
+        TrainingMethod::Dpo { .. } if !pairs => format!(
+            "{} holds {} records; the dpo method trains on preference pairs (input, preferred_output, non_preferred_output).",
+            file.id, file.validation.format
+        ),
+        _ => return Ok(()),
+    };
+    Err(ApiError::invalid("method", Code::MethodMismatch, message))
 }
 
 /// The request's training file and, when given, its validation file (which must be
@@ -475,6 +545,8 @@ fn check_options(state: &AppState, body: &FineTuneCreate) -> ApiResult<Options> 
 
 /// The training settings a request resolves to ("auto" and defaults filled in).
 struct Choice {
+    /// What the job optimises.
+    method: TrainingMethod,
     /// The hyperparameters as requested.
     requested: HyperparametersRequest,
     n_epochs: u64,
@@ -492,7 +564,8 @@ fn choose_hyperparameters(
     base: &BaseModel,
     examples: u64,
 ) -> ApiResult<Choice> {
-    let h = requested_hyperparameters(body)?;
+    let (kind, h) = requested_hyperparameters(body)?;
+    let method = training_method(kind, &h)?;
     let n_epochs = match h.n_epochs {
         None | Some(AutoOrInt::Auto(_)) => auto_epochs(examples),
         Some(AutoOrInt::Value(n)) => check_range("hyperparameters.n_epochs", n, 1, 50)?,
@@ -502,7 +575,7 @@ fn choose_hyperparameters(
         Some(AutoOrInt::Value(n)) => check_range("hyperparameters.batch_size", n, 1, 256)?,
     };
     let multiplier = match h.learning_rate_multiplier {
-        None | Some(AutoOrNumber::Auto(_)) => 1.0,
+        None | Some(AutoOrNumber::Auto(_)) => auto_multiplier(kind),
         Some(AutoOrNumber::Value(m)) if (0.001..=10.0).contains(&m) => m,
         Some(AutoOrNumber::Value(m)) => {
             return Err(ApiError::invalid(
@@ -522,6 +595,7 @@ fn choose_hyperparameters(
         .seed
         .unwrap_or_else(|| u64::from(rand::random::<u32>()));
     Ok(Choice {
+        method,
         requested: h,
         n_epochs,
         batch_size,
@@ -594,6 +668,7 @@ fn job_spec(
         activation_checkpointing: body.activation_checkpointing.unwrap_or_default(),
         compute: body.compute.unwrap_or_default(),
         init_adapter: None,
+        method: choice.method,
     };
     let h = &choice.requested;
     let hp = &mut spec.hyperparameters;

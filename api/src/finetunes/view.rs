@@ -7,8 +7,9 @@ use crate::records::finetune::{FineTuneRecord, Outcome, ms_to_seconds, outcome_o
 use crate::redact;
 use crate::state::AppState;
 use tuneq_openapi::{
-    AdapterInfo, FineTuneJob, JobError, JobStatus, Method, Model, Progress, QueueStanding,
-    SupervisedSettings, WebhookStatus,
+    AdapterInfo, DpoHyperparameters, DpoSettings, FineTuneJob, JobError, JobHyperparameters,
+    JobStatus, Method, Model, Progress, QueueStanding, SupervisedSettings, TrainingMethod,
+    WebhookStatus,
 };
 use tuneq_queue::JobQueue;
 
@@ -53,12 +54,7 @@ pub(super) async fn view(state: &AppState, record: FineTuneRecord) -> ApiResult<
         status: now.status,
         training_file: record.training_file,
         validation_file: record.validation_file,
-        method: Method {
-            kind: "supervised".into(),
-            supervised: SupervisedSettings {
-                hyperparameters: hyperparameters.clone(),
-            },
-        },
+        method: method_of(record.method, &hyperparameters),
         hyperparameters,
         finished_at: now.finished_at,
         error: now.error,
@@ -230,4 +226,29 @@ pub(crate) async fn fine_tuned_models(state: &AppState, tenant: &str) -> ApiResu
         }
     }
     Ok(models)
+}
+
+/// OpenAI's `method` of a job that optimises `method` with `hyperparameters`.
+fn method_of(method: TrainingMethod, hyperparameters: &JobHyperparameters) -> Method {
+    match method {
+        TrainingMethod::Supervised => Method {
+            kind: "supervised".into(),
+            supervised: Some(SupervisedSettings {
+                hyperparameters: hyperparameters.clone(),
+            }),
+            dpo: None,
+        },
+        TrainingMethod::Dpo { beta } => Method {
+            kind: "dpo".into(),
+            supervised: None,
+            dpo: Some(DpoSettings {
+                hyperparameters: DpoHyperparameters {
+                    beta,
+                    batch_size: hyperparameters.batch_size,
+                    learning_rate_multiplier: hyperparameters.learning_rate_multiplier,
+                    n_epochs: hyperparameters.n_epochs,
+                },
+            }),
+        },
+    }
 }

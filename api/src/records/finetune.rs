@@ -36,6 +36,12 @@ pub(crate) struct FineTuneRecord {
     pub(crate) training_file: String,
     pub(crate) validation_file: Option<String>,
     pub(crate) hyperparameters: JobHyperparameters,
+    /// What it optimises (absent: supervised, as every record before DPO).
+    #[serde(
+        default,
+        skip_serializing_if = "tuneq_openapi::TrainingMethod::is_supervised"
+    )]
+    pub(crate) method: tuneq_openapi::TrainingMethod,
     pub(crate) learning_rate: f64,
     pub(crate) lora: LoraSpec,
     pub(crate) seed: u64,

@@ -5,19 +5,34 @@ use crate::batch::Batch;
 use crate::error::{Error, Result};
 use crate::lora::DropoutCtx;
 use crate::model::Llama;
-use crate::step::{StepDropout, StepResult};
+use crate::step::{Objective, StepDropout, StepResult};
 use candle_core::Tensor;
 
 /// Runs forward and backward over `batches` (the micro-batches of one step), on the
-/// model's compute path ([`crate::fast::ComputePath::for_model`]).
+/// model's compute path ([`crate::fast::ComputePath::for_model`]), for the mean
+/// cross-entropy.
 pub fn accumulate(
     model: &Llama,
     batches: &[Batch],
     dropout: Option<StepDropout<'_>>,
 ) -> Result<StepResult> {
+    accumulate_for(model, batches, dropout, Objective::CrossEntropy)
+}
+
+/// [`accumulate`] for `objective`.
+pub fn accumulate_for(
+    model: &Llama,
+    batches: &[Batch],
+    dropout: Option<StepDropout<'_>>,
+    objective: Objective<'_>,
+) -> Result<StepResult> {
     match crate::fast::ComputePath::for_model(model) {
-        crate::fast::ComputePath::CpuFused => crate::fast::accumulate(model, batches, dropout),
-        crate::fast::ComputePath::Graph => accumulate_on_graph(model, batches, dropout),
+        crate::fast::ComputePath::CpuFused => {
+            crate::fast::accumulate_for(model, batches, dropout, objective)
+        }
+        crate::fast::ComputePath::Graph => {
+            accumulate_on_graph_for(model, batches, dropout, objective)
+        }
     }
 }
 
@@ -25,24 +40,39 @@ pub fn accumulate(
 pub fn accumulate_on_graph(
     model: &Llama,
     batches: &[Batch],
+    dropout: Option<StepDropout<'_>>,
+) -> Result<StepResult> {
+    accumulate_on_graph_for(model, batches, dropout, Objective::CrossEntropy)
+}
+
+/// [`accumulate_on_graph`] for `objective`. DPO weighs each token's cross-entropy by
+/// what [`crate::dpo::DpoStep::weigh`] makes of the forward's own token losses.
+fn accumulate_on_graph_for(
+    model: &Llama,
+    batches: &[Batch],
     mut dropout: Option<StepDropout<'_>>,
+    objective: Objective<'_>,
 ) -> Result<StepResult> {
     let vars = model.lora_vars();
     let denom = batches.iter().map(|b| b.labelled).sum::<usize>().max(1) as f64;
     let mut grads: Vec<Option<Tensor>> = vec![None; vars.len()];
     let mut loss = 0f64;
     let mut tokens = 0;
-    for b in batches {
+    let mut dpo = objective.dpo();
+    for (m, b) in batches.iter().enumerate() {
         if b.packing.is_some() {
-            return Err(Error::Model {
-                path: "training step".into(),
-                message: "a packed batch reached candle's graph, which has no block-diagonal mask"
-                    .into(),
-            });
+            return Err(graph_refuses(
+                "a packed batch reached candle's graph, which has no block-diagonal mask",
+            ));
         }
         let ids = Tensor::from_vec(b.ids.clone(), (b.rows, b.len), model.device())?;
         let dropout = dropout.as_mut().filter(|d| d.p > 0.0);
         let l = if model.checkpoint_layers {
+            if dpo.is_some() {
+                return Err(graph_refuses(
+                    "DPO on candle's graph runs without activation checkpointing; set activation_checkpointing to off",
+                ));
+            }
             checkpointed_on_graph(model, &ids, b, denom, dropout, &vars, &mut grads)?
         } else {
             let mut ctx = dropout.map(|d| DropoutCtx {
@@ -53,7 +83,14 @@ pub fn accumulate_on_graph(
             });
             let hidden = model.hidden_states(&ids, ctx.as_mut())?;
             let logits = model.logits(&hidden)?;
-            let l = crate::ops::masked_cross_entropy(&logits, &b.targets, denom)?;
+            let l = match dpo.as_mut() {
+                Some((step, reference)) => {
+                    let losses = crate::ops::token_losses(&logits, &b.targets)?;
+                    let weights = step.weigh(&losses, b.len, &reference[m]);
+                    crate::ops::weighted_cross_entropy(&logits, &b.targets, weights)?
+                }
+                None => crate::ops::masked_cross_entropy(&logits, &b.targets, denom)?,
+            };
             let mut store = l.backward()?;
             add_grads(&mut grads, &vars, &mut store)?;
             l.to_scalar::<f32>()?
@@ -66,11 +103,20 @@ pub fn accumulate_on_graph(
         .zip(&vars)
         .map(|(g, v)| g.map_or_else(|| v.var.as_tensor().zeros_like(), Ok))
         .collect::<candle_core::Result<Vec<_>>>()?;
-    Ok(StepResult {
+    Ok(StepResult::new(
         loss,
         grads,
         tokens,
-    })
+        dpo.map(|(step, _)| step),
+    ))
+}
+
+/// A step candle's graph cannot take.
+fn graph_refuses(message: &str) -> Error {
+    Error::Model {
+        path: "training step".into(),
+        message: message.into(),
+    }
 }
 
 /// Adds the gradients `store` holds for `vars` into `grads`.

@@ -2,7 +2,8 @@
 
 use super::metrics::{MetricsFile, json_line};
 use crate::batch::make_batch;
-use crate::data::Example;
+use crate::data::{EncodedPair, Example};
+use crate::dpo::PairLogps;
 use crate::error::Result;
 use crate::model::Llama;
 use crate::progress::ProgressSink;
@@ -42,17 +43,54 @@ pub fn evaluate(
     Ok(loss)
 }
 
+/// Held-out data and how its loss is taken.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Heldout<'a> {
+    /// The mean cross-entropy of examples.
+    Examples(&'a [Example]),
+    /// The mean DPO loss of pairs against their reference log-probabilities.
+    Pairs {
+        /// The pairs.
+        pairs: &'a [EncodedPair],
+        /// Their log-probabilities under the reference.
+        reference: &'a [PairLogps],
+        /// β.
+        beta: f64,
+    },
+}
+
+impl Heldout<'_> {
+    /// Whether there is nothing to evaluate.
+    pub(super) fn is_empty(&self) -> bool {
+        match self {
+            Self::Examples(examples) => examples.is_empty(),
+            Self::Pairs { pairs, .. } => pairs.is_empty(),
+        }
+    }
+
+    /// The loss of this data under `model`.
+    pub(super) fn loss(&self, model: &Llama, batch_size: usize, pad_id: u32) -> Result<f64> {
+        match *self {
+            Self::Examples(examples) => evaluate(model, examples, batch_size, pad_id),
+            Self::Pairs {
+                pairs,
+                reference,
+                beta,
+            } => super::preference::dpo_loss(model, pairs, reference, (beta, batch_size, pad_id)),
+        }
+    }
+}
+
 /// Computes validation loss after `step` and records it in `metrics.jsonl` and the progress stream.
 pub(super) fn validate(
     model: &Llama,
-    examples: &[Example],
-    batch_size: usize,
-    pad_id: u32,
+    data: Heldout<'_>,
+    (batch_size, pad_id): (usize, u32),
     step: u64,
     metrics: &MetricsFile,
     sink: &mut dyn ProgressSink,
 ) -> Result<f64> {
-    let loss = evaluate(model, examples, batch_size, pad_id)?;
+    let loss = data.loss(model, batch_size, pad_id)?;
     metrics.append(&json_line(
         &serde_json::json!({"step": step, "validation_loss": loss}),
     )?)?;

@@ -3,18 +3,20 @@
 
 use super::metrics::json_line;
 use crate::checkpoint;
-use crate::data::{Encoder, Example, ParsedDataset, Record};
+use crate::data::{EncodedPair, Encoder, Example, ParsedDataset, Record};
 use crate::error::{Error, Result};
 use crate::progress::ProgressSink;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
-use tuneq_openapi::{TrainEvent, TrainSpec};
+use tuneq_openapi::{TrainEvent, TrainSpec, TrainingMethod};
 
 /// Tokenised data of one or more files.
 pub struct EncodedData {
-    /// Examples that carry at least one label.
+    /// Examples that carry at least one label (supervised runs).
     pub examples: Vec<Example>,
+    /// Preference pairs whose answers both keep a labelled token (DPO runs).
+    pub pairs: Vec<EncodedPair>,
     /// Records, parallel to the files' order (for sample prompts).
     pub records: Vec<Record>,
     /// Detected or given format of the first file.
@@ -27,11 +29,20 @@ pub struct EncodedData {
     pub sha256: Vec<String>,
 }
 
-/// Reads, validates and tokenises `files`. Every bad line of every file is reported.
+impl EncodedData {
+    /// What an epoch goes through: examples, or pairs for DPO.
+    pub fn items(&self) -> usize {
+        self.examples.len() + self.pairs.len()
+    }
+}
+
+/// Reads, validates and tokenises `files` for `method`: preference pairs for DPO,
+/// anything else for supervised runs. Every bad line of every file is reported.
 pub fn encode_files(
     encoder: &Encoder,
     files: &[PathBuf],
     format: tuneq_openapi::DatasetFormat,
+    method: TrainingMethod,
     max_len: usize,
 ) -> Result<EncodedData> {
     let mut parsed: Vec<ParsedDataset> = Vec::new();
@@ -47,18 +58,36 @@ pub fn encode_files(
         1 => return Err(Error::Data(errors.remove(0))),
         _ => return Err(Error::Datasets(errors)),
     }
-    if parsed
+    let dpo = !method.is_supervised();
+    // A preference pair trained as a chat would teach the preferred answer and drop the
+    // other, and DPO has nothing to compare in a chat: never either, silently.
+    if let Some((file, p)) = files
         .iter()
-        .any(|p| p.format == tuneq_openapi::DatasetFormat::Preference)
+        .zip(&parsed)
+        .find(|(_, p)| (p.format == tuneq_openapi::DatasetFormat::Preference) != dpo)
     {
-        // A preference pair trained as a chat would teach the preferred answer and
-        // drop the other: never that, silently.
+        let message = if dpo {
+            format!(
+                "{} holds {} records; the dpo method trains on preference pairs (input, preferred_output, non_preferred_output)",
+                file.display(),
+                serde_json::to_value(p.format)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default()
+            )
+        } else {
+            format!(
+                "{} holds preference pairs (input, preferred_output, non_preferred_output), which train with the dpo method; give chat, prompt/completion, alpaca or text records, or set method to dpo",
+                file.display()
+            )
+        };
         return Err(Error::Spec(vec![tuneq_openapi::SpecError {
-            field: "dataset_format".into(),
-            message: "preference pairs (input, preferred_output, non_preferred_output) train with the DPO method, which this trainer does not run yet; give chat, prompt/completion, alpaca or text records".into(),
+            field: "method".into(),
+            message,
         }]));
     }
     let mut out = EncodedData {
+        pairs: Vec::new(),
         examples: Vec::new(),
         records: Vec::new(),
         format: parsed.first().map(|p| p.format).unwrap_or(format),
@@ -71,6 +100,17 @@ pub fn encode_files(
     };
     for p in parsed {
         for r in p.records {
+            if dpo {
+                let pair = encoder.encode_pair(&r, max_len)?;
+                out.truncated += usize::from(pair.truncated);
+                if pair.is_trainable() {
+                    out.pairs.push(pair);
+                    out.records.push(r);
+                } else {
+                    out.dropped += 1;
+                }
+                continue;
+            }
             let (ex, full_len) = encoder.encode_with_length(&r, max_len)?;
             if full_len > max_len {
                 out.truncated += 1;
@@ -104,6 +144,9 @@ struct Fingerprint<'a> {
     /// before the field stay the same.
     #[serde(skip_serializing_if = "Option::is_none")]
     init_adapter_sha256: Option<&'a str>,
+    /// Left out when supervised, so that fingerprints from before the field stay the same.
+    #[serde(skip_serializing_if = "TrainingMethod::is_supervised")]
+    method: TrainingMethod,
 }
 
 /// SHA-256 over an adapter folder's config and weights (the identity of the adapter a
@@ -138,17 +181,19 @@ pub(super) fn encode_data(
     sink: &mut dyn ProgressSink,
 ) -> Result<(EncodedData, Option<EncodedData>)> {
     let max_len = spec.hyperparameters.max_seq_len as usize;
-    let train = encode_files(encoder, train_files, spec.dataset_format, max_len)?;
+    let (format, method) = (spec.dataset_format, spec.method);
+    let train = encode_files(encoder, train_files, format, method, max_len)?;
     let val = match val_file {
         Some(f) => Some(encode_files(
             encoder,
             std::slice::from_ref(f),
-            spec.dataset_format,
+            format,
+            method,
             max_len,
         )?),
         None => None,
     };
-    if train.examples.is_empty() && train.dropped > 0 {
+    if train.items() == 0 && train.dropped > 0 {
         // Records parsed, but none kept a labelled token within max_seq_len.
         return Err(Error::Spec(vec![tuneq_openapi::SpecError {
             field: "hyperparameters.max_seq_len".into(),
@@ -158,7 +203,7 @@ pub(super) fn encode_data(
             ),
         }]));
     }
-    if train.examples.is_empty() {
+    if train.items() == 0 {
         return Err(Error::Data(crate::data::DataError::Empty {
             file: spec.training_files.join(", "),
         }));
@@ -191,6 +236,7 @@ pub(super) fn fingerprint(
 ) -> Result<String> {
     let fp = Fingerprint {
         init_adapter_sha256: init_adapter_sha,
+        method: spec.method,
         hyperparameters: &spec.hyperparameters,
         lora: &spec.lora,
         dataset_format: spec.dataset_format,

@@ -1,11 +1,12 @@
 //! One optimiser step: the accumulated gradients, clipped by global norm, then AdamW.
 
-use super::accumulate::accumulate;
+use super::accumulate::accumulate_for;
 use crate::batch::Batch;
 use crate::error::{Error, Result};
 use crate::model::Llama;
 use crate::optim::{AdamW, global_norm};
-use crate::step::StepDropout;
+use crate::step::{Objective, StepDropout};
+use tuneq_openapi::PreferenceMetrics;
 
 /// What one optimiser step did.
 #[derive(Debug, Clone, Copy)]
@@ -16,6 +17,19 @@ pub struct Stepped {
     pub grad_norm: f64,
     /// Non-padding tokens.
     pub tokens: usize,
+    /// A DPO step's figures.
+    pub preference: Option<PreferenceMetrics>,
+}
+
+/// How an optimiser step updates: the objective, the clip and the learning rate.
+#[derive(Debug, Clone, Copy)]
+pub struct Update<'a> {
+    /// What the step minimises.
+    pub objective: Objective<'a>,
+    /// The global-norm clip (≤ 0: none).
+    pub max_grad_norm: f64,
+    /// The learning rate.
+    pub lr: f64,
 }
 
 /// One optimiser step: forward and backward over the micro-batches, clipping by global
@@ -26,10 +40,14 @@ pub fn optimiser_step(
     opt: &mut AdamW,
     batches: &[Batch],
     dropout: Option<StepDropout<'_>>,
-    max_grad_norm: f64,
-    lr: f64,
+    update: Update<'_>,
 ) -> Result<Stepped> {
-    let r = accumulate(model, batches, dropout)?;
+    let Update {
+        objective,
+        max_grad_norm,
+        lr,
+    } = update;
+    let r = accumulate_for(model, batches, dropout, objective)?;
     if !r.loss.is_finite() {
         return Err(Error::Diverged {
             step: opt.step_count() + 1,
@@ -47,5 +65,6 @@ pub fn optimiser_step(
         loss: r.loss,
         grad_norm,
         tokens: r.tokens,
+        preference: r.preference,
     })
 }

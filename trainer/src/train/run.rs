@@ -2,17 +2,19 @@
 //! optimiser), resume (from the latest sound checkpoint), train (the step loop) and
 //! finish (adapter, samples, manifest).
 
-use super::evaluation::{evaluate, validate};
+use super::evaluation::{Heldout, validate};
 use super::inputs::{EncodedData, adapter_sha256, encode_data, fingerprint, model_sha256};
 use super::loading::{LoadedModel, checked_model, load_model};
 use super::manifest::{FinalMetrics, Lineage, RunManifest, adapter_files, finished_before};
 use super::metrics::{MetricsFile, json_line};
-use super::optimiser::optimiser_step;
+use super::optimiser::{Update, optimiser_step};
+use super::preference::{pair_batch, pair_logps};
 use super::spec::{lora_settings, plan};
 use super::{Outcome, StopFlag, select_device, select_dtype};
 use crate::batch::{self, Batch, make_batch, streams};
 use crate::checkpoint::{self, RngState, TrainerState};
-use crate::data::{Encoder, Example};
+use crate::data::{EncodedPair, Encoder, Example};
+use crate::dpo::PairLogps;
 use crate::error::{Error, Result};
 use crate::lora::LoraSettings;
 use crate::model::Llama;
@@ -20,11 +22,11 @@ use crate::optim::{AdamW, AdamWConfig};
 use crate::progress::ProgressSink;
 use crate::remote::Storage;
 use crate::schedule::LrSchedule;
-use crate::step::StepDropout;
+use crate::step::{Objective, StepDropout};
 use candle_core::Device;
 use std::path::PathBuf;
 use std::time::Instant;
-use tuneq_openapi::{StepMetrics, TrainEvent, TrainSpec};
+use tuneq_openapi::{StepMetrics, TrainEvent, TrainSpec, TrainingMethod};
 
 /// Runs `spec` to completion or until `stop` is set, reporting to `sink`. Remote
 /// (`s3://`, `gs://`) models and datasets are staged through `storage`, and a remote
@@ -88,6 +90,10 @@ struct Run<'a> {
     schedule: LrSchedule,
     threads: usize,
     base_val_loss: Option<f64>,
+    /// DPO: each training pair's and each validation pair's log-probabilities under
+    /// the reference (the model the run starts from), computed before any step and
+    /// again on every resume, from the same starting model: empty otherwise.
+    reference: References,
     /// Optimiser steps done.
     step: u64,
     /// Non-padding tokens trained on.
@@ -153,7 +159,7 @@ impl<'a> Run<'a> {
         let vars = model.lora_vars();
         let trainable: u64 = vars.iter().map(|v| v.var.elem_count() as u64).sum();
         let opt = AdamW::new(vars, adamw_config(&h))?;
-        let (per_epoch, total) = plan(train.examples.len(), spec);
+        let (per_epoch, total) = plan(train.items(), spec);
         let schedule = LrSchedule {
             peak: h.learning_rate,
             warmup: h.warmup_steps,
@@ -163,14 +169,10 @@ impl<'a> Run<'a> {
         let threads = candle_core::utils::get_num_threads();
 
         std::fs::create_dir_all(&output).map_err(Error::io(&output))?;
-        let base_val_loss = match &val {
-            Some(v) if !v.examples.is_empty() => Some(evaluate(
-                &model,
-                &v.examples,
-                h.batch_size as usize,
-                pad_id,
-            )?),
-            _ => None,
+        let reference = References::of(spec, &model, (&train, val.as_ref()), pad_id)?;
+        let base_val_loss = match heldout(spec, val.as_ref(), &reference) {
+            Some(data) => Some(data.loss(&model, h.batch_size as usize, pad_id)?),
+            None => None,
         };
         Ok(Prepared::Ready(Box::new(Run {
             spec,
@@ -193,6 +195,7 @@ impl<'a> Run<'a> {
             schedule,
             threads,
             base_val_loss,
+            reference,
             step: 0,
             tokens_seen: 0,
             last_loss: None,
@@ -262,8 +265,8 @@ impl<'a> Run<'a> {
         sink.event(&TrainEvent::Started {
             total_steps: self.total,
             start_step: self.step,
-            train_examples: self.train.examples.len() as u64,
-            validation_examples: self.val.as_ref().map_or(0, |v| v.examples.len() as u64),
+            train_examples: self.train.items() as u64,
+            validation_examples: self.val.as_ref().map_or(0, |v| v.items() as u64),
             trainable_params: self.trainable,
             dataset_format: serde_json::to_value(self.train.format)
                 .ok()
@@ -322,18 +325,26 @@ impl<'a> Run<'a> {
         Ok(())
     }
 
-    /// The micro-batches of the current optimiser step, given its epoch's example `order`.
-    fn batches(&self, order: &[usize]) -> Vec<Batch> {
+    /// The micro-batches of the current optimiser step, given its epoch's `order` (of
+    /// examples, or of pairs for DPO), and for DPO each micro-batch's pairs' reference
+    /// log-probabilities.
+    fn batches(&self, order: &[usize]) -> (Vec<Batch>, Vec<Vec<PairLogps>>) {
         let (h, train) = (&self.h, &self.train);
-        let micro_per_epoch = train.examples.len().div_ceil(h.batch_size as usize);
+        let micro_per_epoch = train.items().div_ceil(h.batch_size as usize);
         let j = (self.step % self.per_epoch) as usize;
         let accum = h.gradient_accumulation_steps as usize;
         let bs = h.batch_size as usize;
         let fused =
             crate::fast::ComputePath::for_model(&self.model) == crate::fast::ComputePath::CpuFused;
-        (j * accum..((j + 1) * accum).min(micro_per_epoch))
+        let mut references = Vec::new();
+        let batches = (j * accum..((j + 1) * accum).min(micro_per_epoch))
             .map(|m| {
                 let idx = &order[m * bs..((m + 1) * bs).min(order.len())];
+                if !self.reference.train.is_empty() {
+                    references.push(idx.iter().map(|&i| self.reference.train[i]).collect());
+                    let pairs: Vec<&EncodedPair> = idx.iter().map(|&i| &train.pairs[i]).collect();
+                    return pair_batch(&pairs, self.pad_id);
+                }
                 let refs: Vec<&Example> = idx.iter().map(|&i| &train.examples[i]).collect();
                 // The fused path packs each micro-batch's examples end to end: the same
                 // examples and labelled tokens per step, without the padding.
@@ -343,7 +354,24 @@ impl<'a> Run<'a> {
                     make_batch(&refs, self.pad_id)
                 }
             })
-            .collect()
+            .collect();
+        (batches, references)
+    }
+
+    /// What the step minimises, with `references` from [`Run::batches`].
+    fn objective<'r>(&self, references: &'r [Vec<PairLogps>]) -> Objective<'r> {
+        match self.spec.method {
+            TrainingMethod::Supervised => Objective::CrossEntropy,
+            TrainingMethod::Dpo { beta } => Objective::Dpo {
+                beta,
+                reference: references,
+            },
+        }
+    }
+
+    /// The validation data and how its loss is taken, when there is any.
+    fn heldout(&self) -> Option<Heldout<'_>> {
+        heldout(self.spec, self.val.as_ref(), &self.reference)
     }
 
     /// Runs optimiser steps until the last one, checkpointing and validating as the spec
@@ -368,13 +396,14 @@ impl<'a> Run<'a> {
             }
             let epoch = (self.step / self.per_epoch) as u32;
             if epoch != order_epoch {
-                order = batch::epoch_order(self.train.examples.len(), self.h.seed, epoch);
+                order = batch::epoch_order(self.train.items(), self.h.seed, epoch);
                 order_epoch = epoch;
             }
-            let batches = self.batches(&order);
+            let (batches, references) = self.batches(&order);
             let t0 = Instant::now();
             let mut drop_rng = batch::rng_for(self.h.seed, streams::DROPOUT + self.step);
             let lr = self.schedule.lr_at(self.step);
+            let objective = self.objective(&references);
             let r = optimiser_step(
                 &self.model,
                 &mut self.opt,
@@ -384,8 +413,11 @@ impl<'a> Run<'a> {
                     rng: &mut drop_rng,
                     record: None,
                 }),
-                self.h.max_grad_norm,
-                lr,
+                Update {
+                    objective,
+                    max_grad_norm: self.h.max_grad_norm,
+                    lr,
+                },
             )?;
             let norm = r.grad_norm;
             self.step += 1;
@@ -406,24 +438,16 @@ impl<'a> Run<'a> {
                 elapsed_s: elapsed,
                 eta_s: per_step * (total - step) as f64,
                 tokens_seen: self.tokens_seen,
+                preference: r.preference,
             };
             metrics.append(&json_line(&m)?)?;
             sink.event(&TrainEvent::Step(m));
-            if let (Some(every), Some(v)) = (self.h.eval_every_steps, &self.val)
+            if let (Some(every), Some(data)) = (self.h.eval_every_steps, self.heldout())
                 && step.is_multiple_of(every)
                 && step < total
-                && !v.examples.is_empty()
             {
                 let bs = self.h.batch_size as usize;
-                validate(
-                    &self.model,
-                    &v.examples,
-                    bs,
-                    self.pad_id,
-                    step,
-                    metrics,
-                    sink,
-                )?;
+                validate(&self.model, data, (bs, self.pad_id), step, metrics, sink)?;
             }
             let by_steps = self
                 .spec
@@ -486,18 +510,11 @@ impl<'a> Run<'a> {
         metrics: &MetricsFile,
         sink: &mut dyn ProgressSink,
     ) -> Result<Option<f64>> {
-        let Some(v) = self.val.as_ref().filter(|v| !v.examples.is_empty()) else {
+        let Some(data) = self.heldout() else {
             return Ok(None);
         };
-        let l = validate(
-            &self.model,
-            &v.examples,
-            self.h.batch_size as usize,
-            self.pad_id,
-            self.step,
-            metrics,
-            sink,
-        )?;
+        let at = (self.h.batch_size as usize, self.pad_id);
+        let l = validate(&self.model, data, at, self.step, metrics, sink)?;
         Ok(Some(l))
     }
 
@@ -577,13 +594,60 @@ impl<'a> Run<'a> {
                 base_validation_loss: self.base_val_loss,
                 validation_loss: val_loss,
                 trained_tokens: self.tokens_seen,
-                train_examples: self.train.examples.len() as u64,
-                validation_examples: self.val.as_ref().map_or(0, |v| v.examples.len() as u64),
+                train_examples: self.train.items() as u64,
+                validation_examples: self.val.as_ref().map_or(0, |v| v.items() as u64),
             },
             adapter_files,
             trainer_version: env!("CARGO_PKG_VERSION").into(),
         }
     }
+}
+
+/// A DPO run's reference log-probabilities, per training pair and per validation pair.
+#[derive(Debug, Default)]
+struct References {
+    train: Vec<PairLogps>,
+    validation: Vec<PairLogps>,
+}
+
+impl References {
+    /// For a DPO run, the pairs' log-probabilities under `model` as loaded (the run's
+    /// starting point); nothing for a supervised one.
+    fn of(
+        spec: &TrainSpec,
+        model: &Llama,
+        (train, val): (&EncodedData, Option<&EncodedData>),
+        pad_id: u32,
+    ) -> Result<Self> {
+        if spec.method.is_supervised() {
+            return Ok(Self::default());
+        }
+        let bs = spec.hyperparameters.batch_size as usize;
+        Ok(Self {
+            train: pair_logps(model, &train.pairs, bs, pad_id)?,
+            validation: match val {
+                Some(v) => pair_logps(model, &v.pairs, bs, pad_id)?,
+                None => Vec::new(),
+            },
+        })
+    }
+}
+
+/// The validation data of `spec`'s run and how its loss is taken, when there is any.
+fn heldout<'d>(
+    spec: &TrainSpec,
+    val: Option<&'d EncodedData>,
+    reference: &'d References,
+) -> Option<Heldout<'d>> {
+    let data = match spec.method {
+        TrainingMethod::Supervised => Heldout::Examples(&val?.examples),
+        TrainingMethod::Dpo { beta } => Heldout::Pairs {
+            pairs: &val?.pairs,
+            reference: &reference.validation,
+            beta,
+        },
+    };
+    (!data.is_empty()).then_some(data)
 }
 
 /// The optimiser's settings for `h` (the same at the start and on resume).
