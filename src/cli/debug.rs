@@ -25,6 +25,24 @@ pub enum DebugCommand {
         #[arg(long, default_value_t = 4096)]
         max_seq_len: usize,
     },
+    /// One DPO step over every pair of a preference file as one micro-batch, against
+    /// the base model as reference: prints the loss and figures, writes the loss and
+    /// the LoRA gradients (`--adapter` is the policy).
+    DpoGrads {
+        #[arg(long)]
+        model: PathBuf,
+        #[arg(long)]
+        adapter: PathBuf,
+        /// A JSONL file of preference pairs.
+        #[arg(long)]
+        pairs: PathBuf,
+        #[arg(long, default_value_t = tuneq_openapi::TrainingMethod::DEFAULT_BETA)]
+        beta: f64,
+        #[arg(long, default_value_t = 1024)]
+        max_seq_len: usize,
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Optimiser steps as training runs them (micro-batches, clipping, AdamW, dropout)
     /// over batches in a safetensors file, writing the adapter after every step.
     Steps(StepsArgs),
@@ -120,6 +138,25 @@ pub fn run(cmd: DebugCommand) -> Result<ExitCode> {
             max_seq_len,
         } => encode(&model, &data, chat_template, max_seq_len)?,
         DebugCommand::Steps(args) => steps(args)?,
+        DebugCommand::DpoGrads {
+            model,
+            adapter,
+            pairs,
+            beta,
+            max_seq_len,
+            out,
+        } => {
+            let dtype = tuneq_openapi::DtypeKind::F32;
+            let policy = tuneq_trainer::debug::load_model(&model, Some(&adapter), dtype)?;
+            let (loss, figures) = tuneq_trainer::debug::write_dpo_grads(
+                &policy,
+                &model,
+                &pairs,
+                (beta, max_seq_len),
+                &out,
+            )?;
+            println!("{}", serde_json::json!({"loss": loss, "preference": figures}));
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -53,15 +53,63 @@ pub fn write_grads(model: &Llama, input: &Path, out: &Path) -> Result<f64> {
     let flat = ids.flatten_all()?.to_vec1::<u32>()?;
     let batch = crate::batch::lm_batch(flat, b, t);
     let r = crate::train::accumulate(model, std::slice::from_ref(&batch), None)?;
+    save_grads(model, &r, out)?;
+    Ok(r.loss)
+}
+
+/// A step's loss and the gradient of each LoRA tensor, written to `out` (`loss` and
+/// one tensor per PEFT key).
+fn save_grads(model: &Llama, r: &crate::step::StepResult, out: &Path) -> Result<()> {
     let mut tensors = BTreeMap::from([(
         "loss".to_string(),
         Tensor::new(r.loss as f32, &Device::Cpu)?,
     )]);
-    for (v, g) in model.lora_vars().into_iter().zip(r.grads) {
-        tensors.insert(v.name, g);
+    for (v, g) in model.lora_vars().into_iter().zip(&r.grads) {
+        tensors.insert(v.name, g.clone());
     }
-    crate::weights::save_safetensors(out, &tensors)?;
-    Ok(r.loss)
+    crate::weights::save_safetensors(out, &tensors)
+}
+
+/// One DPO step over every pair of the preference file `pairs` as one micro-batch:
+/// the policy is `model` with its adapter, the reference `model_dir`'s base model
+/// (what a run that starts from a fresh adapter compares with, and TRL's reference for
+/// a PEFT model). Writes the loss and the LoRA gradients to `out` as [`write_grads`]
+/// does; returns the step's loss and figures.
+pub fn write_dpo_grads(
+    model: &Llama,
+    model_dir: &Path,
+    pairs: &Path,
+    (beta, max_seq_len): (f64, usize),
+    out: &Path,
+) -> Result<(f64, tuneq_openapi::PreferenceMetrics)> {
+    use tuneq_openapi::{ChatTemplateChoice, DatasetFormat, DtypeKind, TrainingMethod};
+    let encoder = crate::data::Encoder::from_model_dir(model_dir, ChatTemplateChoice::Model)?;
+    let method = TrainingMethod::Dpo { beta };
+    let files = [pairs.to_path_buf()];
+    let data = crate::train::encode_files(
+        &encoder,
+        &files,
+        DatasetFormat::Preference,
+        method,
+        max_seq_len,
+    )?;
+    let pad_id = encoder.eos_token_id().unwrap_or(0);
+    let base = load_model(model_dir, None, DtypeKind::F32)?;
+    let all = data.pairs.len();
+    let reference = crate::train::pair_logps(&base, &data.pairs, all, pad_id)?;
+    let refs: Vec<_> = data.pairs.iter().collect();
+    let batch = crate::train::pair_batch(&refs, pad_id);
+    let objective = crate::step::Objective::Dpo {
+        beta,
+        reference: std::slice::from_ref(&reference),
+    };
+    let r = crate::train::accumulate_for(model, std::slice::from_ref(&batch), None, objective)?;
+    save_grads(model, &r, out)?;
+    let figures = r.preference.ok_or_else(|| Error::Model {
+        path: pairs.display().to_string(),
+        message: "a DPO step reported no preference figures".into(),
+    })?;
+    Ok((r.loss, figures))
 }
 
 /// The optimiser settings of [`write_steps`].

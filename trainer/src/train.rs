@@ -35,6 +35,7 @@ pub use evaluation::evaluate;
 pub use inputs::{EncodedData, encode_files, model_sha256};
 pub use manifest::{FinalMetrics, Lineage, RunManifest, RunStatus};
 pub use optimiser::{Stepped, Update, optimiser_step};
+pub use preference::{pair_batch, pair_logps};
 pub use run::run_with;
 pub use spec::{lora_settings, plan};
 pub use stop::StopFlag;
