@@ -865,3 +865,113 @@ fn a_run_starts_from_the_adapter_it_is_given_and_refuses_one_of_another_shape() 
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("init_adapter"));
 }
+
+/// `resume_args` for DPO on the shipped preference pairs (10 pairs in micro-batches of
+/// 4 with 2 accumulated: 2 steps an epoch, 4 in all, a checkpoint every 2).
+fn dpo_args(output: &Path) -> Vec<String> {
+    let pairs = repo().join("examples/data/openai-preference.jsonl");
+    let mut args = resume_args(output, &pairs);
+    let at = args
+        .iter()
+        .position(|a| a == "--max-seq-len")
+        .expect("flag");
+    args[at + 1] = "512".into();
+    args.extend(["--method", "dpo", "--beta", "0.2"].map(String::from));
+    args
+}
+
+/// The `preference` figures of each step a run reports.
+fn step_events(stdout: &[u8]) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["event"] == "step")
+        .collect()
+}
+
+#[test]
+fn a_dpo_run_killed_after_a_checkpoint_resumes_to_a_byte_identical_adapter() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let reference = dir.path().join("reference");
+    let whole = run_to_end(&dpo_args(&reference));
+    let steps = step_events(&whole.stdout);
+    assert_eq!(steps.len(), 4, "{steps:?}");
+    // The reference is the model the run starts from: the first step sees no reward.
+    assert!((steps[0]["loss"].as_f64().expect("loss") - std::f64::consts::LN_2).abs() < 1e-12);
+    assert_eq!(steps[0]["preference"]["rewards_margin"], 0.0);
+    assert!(
+        steps[3]["preference"]["rewards_margin"]
+            .as_f64()
+            .expect("margin")
+            != 0.0
+    );
+
+    let out = dir.path().join("killed");
+    let args = dpo_args(&out);
+    run_and_kill(&args, |e| e["event"] == "checkpoint" && e["step"] == 2);
+    assert!(!out.join("manifest.json").exists());
+    let resumed = run_to_end(&args);
+    assert!(
+        adapter_bytes(&out) == adapter_bytes(&reference),
+        "the resumed DPO adapter differs from the uninterrupted run"
+    );
+    let figures = |events: &[serde_json::Value]| -> Vec<[serde_json::Value; 4]> {
+        events
+            .iter()
+            .map(|e| {
+                [
+                    e["step"].clone(),
+                    e["loss"].clone(),
+                    e["grad_norm"].clone(),
+                    e["preference"].clone(),
+                ]
+            })
+            .collect()
+    };
+    let after = figures(&step_events(&resumed.stdout));
+    assert_eq!(after.first().map(|f| &f[0]), Some(&3.into()));
+    assert_eq!(
+        after,
+        figures(&steps[2..]),
+        "the resumed steps report the same figures"
+    );
+}
+
+#[test]
+fn dpo_continues_an_adapter_against_it_and_each_method_refuses_the_other_s_data() {
+    let (dir, train) = dir_with_task(16);
+    let sft = dir.path().join("sft");
+    run_to_end(&resume_args(&sft, &train));
+    let mut args = dpo_args(&dir.path().join("dpo"));
+    // Without dropout the policy's first forward is the reference's (which never has
+    // any): the first step sees no reward.
+    let at = args
+        .iter()
+        .position(|a| a == "--lora-dropout")
+        .expect("flag");
+    args[at + 1] = "0".into();
+    args.extend(["--init-adapter".into(), sft.display().to_string()]);
+    let steps = step_events(&run_to_end(&args).stdout);
+    assert!((steps[0]["loss"].as_f64().expect("loss") - std::f64::consts::LN_2).abs() < 1e-12);
+    assert_eq!(steps[0]["preference"]["rewards_chosen"], 0.0);
+
+    let refused = |args: &[String], field: &str| {
+        let out = Command::new(BIN)
+            .args(args)
+            .env("RAYON_NUM_THREADS", "2")
+            .output()
+            .expect("run tuneq");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(42), "{stderr}");
+        assert!(stderr.contains(field), "{field} not named: {stderr}");
+    };
+    let mut chats_for_dpo = resume_args(&dir.path().join("a"), &train);
+    chats_for_dpo.extend(["--method", "dpo"].map(String::from));
+    refused(&chats_for_dpo, "method");
+    let pairs = repo().join("examples/data/openai-preference.jsonl");
+    refused(&resume_args(&dir.path().join("b"), &pairs), "method");
+    let mut bad_beta = dpo_args(&dir.path().join("c"));
+    let at = bad_beta.iter().position(|a| a == "--beta").expect("flag");
+    bad_beta[at + 1] = "0".into();
+    refused(&bad_beta, "method.beta");
+}

@@ -155,7 +155,10 @@ pub fn run(cmd: DebugCommand) -> Result<ExitCode> {
                 (beta, max_seq_len),
                 &out,
             )?;
-            println!("{}", serde_json::json!({"loss": loss, "preference": figures}));
+            println!(
+                "{}",
+                serde_json::json!({"loss": loss, "preference": figures})
+            );
         }
     }
     Ok(ExitCode::SUCCESS)
