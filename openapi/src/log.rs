@@ -40,6 +40,9 @@ pub enum LogEntry {
         eta_s: Option<f64>,
         /// Tokens trained on so far.
         tokens_seen: u64,
+        /// A DPO step's figures.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        preference: Option<crate::PreferenceMetrics>,
     },
     /// A validation loss.
     Eval {
@@ -86,6 +89,7 @@ impl LogEntry {
                 tokens_per_s: Some(m.tokens_per_s),
                 eta_s: Some(m.eta_s),
                 tokens_seen: m.tokens_seen,
+                preference: m.preference,
             },
             TrainEvent::Eval {
                 step,
@@ -162,6 +166,14 @@ mod tests {
             tokens_per_s: Some(100.0),
             eta_s: Some(2.0),
             tokens_seen: 40,
+            preference: Some(crate::PreferenceMetrics {
+                rewards_chosen: 0.5,
+                rewards_rejected: -0.25,
+                rewards_accuracy: 1.0,
+                rewards_margin: 0.75,
+                logps_chosen: -12.0,
+                logps_rejected: -20.0,
+            }),
         };
         let (kind, fields) = entry.encode();
         assert_eq!(kind, EventKind::Metrics);

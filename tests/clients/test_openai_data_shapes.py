@@ -3,9 +3,11 @@
 null content, tool results, parallel calls), weights, names, text parts, records without
 a user turn and the legacy functions upload with token statistics and train to a
 succeeded job; a malformed tool call is refused at upload naming its line and field.
-Preference pairs (OpenAI's DPO format) upload with statistics; a supervised job on them is
-refused naming `method`. An
-OpenAI model name the operator maps to an open model (`--model-alias`) runs unchanged."""
+Preference pairs (OpenAI's DPO format) upload with statistics, and DPO on them continues
+the model a supervised job on the function-calling data made (SFT then DPO, as OpenAI
+recommends), reporting its β and its figures; a supervised job on pairs, and a DPO job
+on chats, are refused naming `method`, as is a β out of range. An OpenAI model name the
+operator maps to an open model (`--model-alias`) runs unchanged."""
 
 from __future__ import annotations
 
@@ -109,8 +111,41 @@ def test_preference_pairs_upload_and_a_supervised_job_on_them_is_refused_naming_
         client.fine_tuning.jobs.create(model=DEMO_MODEL, training_file=uploaded.id)
     error = caught.value.body
     assert (error["code"], error["param"]) == ("method_mismatch", "method"), error
-    with pytest.raises(openai.BadRequestError) as caught:
-        client.fine_tuning.jobs.create(
-            model=DEMO_MODEL, training_file=uploaded.id,
-            method={"type": "dpo", "dpo": {"hyperparameters": {"beta": 0.1}}})
-    assert caught.value.body["code"] == "unsupported_method"
+    for beta, param in ((0, "hyperparameters.beta"), (11, "hyperparameters.beta")):
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.fine_tuning.jobs.create(
+                model=DEMO_MODEL, training_file=uploaded.id,
+                method={"type": "dpo", "dpo": {"hyperparameters": {"beta": beta}}})
+        assert (caught.value.body["code"], caught.value.body["param"]) == ("invalid_value", param)
+
+
+def test_dpo_continues_a_supervised_model_on_preference_pairs(client):
+    chats = client.files.create(file=("tools.jsonl", TOOLS), purpose="fine-tune")
+    sft = run_to_the_end(client, DEMO_MODEL, chats.id)
+    assert sft.status == "succeeded", sft.error
+
+    pairs = client.files.create(file=("pairs.jsonl", PREFERENCE), purpose="fine-tune")
+    job = client.fine_tuning.jobs.create(
+        model=sft.fine_tuned_model,
+        training_file=pairs.id,
+        suffix="dpo",
+        method={"type": "dpo",
+                "dpo": {"hyperparameters": {"beta": 0.2, "n_epochs": 2, "batch_size": 2}}},
+    )
+    assert job.method.type == "dpo"
+    assert job.method.dpo.hyperparameters.beta == 0.2
+    assert job.method.dpo.hyperparameters.batch_size == 2
+    assert job.method.supervised is None
+    assert job.model_extra["parent_job"] == sft.id
+    done = wait_for(client, job.id, terminal)
+    assert done.status == "succeeded", done.error
+    assert done.fine_tuned_model.startswith(f"{sft.fine_tuned_model.rsplit(':', 1)[0]}")
+    assert done.fine_tuned_model in {m.id for m in client.models.list()}
+    assert client.fine_tuning.jobs.retrieve(job.id).method.dpo.hyperparameters.n_epochs == 2
+
+    metrics = [e.data for e in client.fine_tuning.jobs.list_events(job.id, limit=100)
+               if e.type == "metrics"]
+    assert metrics, "a DPO job reports its steps"
+    figures = metrics[-1]["preference"]
+    assert set(figures) >= {"rewards_chosen", "rewards_rejected", "rewards_accuracy",
+                            "rewards_margin"}, figures
