@@ -238,6 +238,7 @@ mod tests {
             elapsed_s: 1.0,
             eta_s: (total - step) as f64,
             tokens_seen: step * 10,
+            token_accuracy: Some(0.5),
             preference: None,
         })
     }

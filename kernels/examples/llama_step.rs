@@ -236,8 +236,9 @@ fn time_calls(
     let mut last = 0.0;
     for i in 0..iterations + 1 {
         let t0 = Instant::now();
-        last =
-            forward_backward_with(model, batch, scale, None, &mut grads, options).expect("a step");
+        last = forward_backward_with(model, batch, scale, None, &mut grads, options)
+            .expect("a step")
+            .loss;
         let t1 = Instant::now();
         let l = loss(model, batch, scale).expect("a loss");
         let t2 = Instant::now();

@@ -117,6 +117,7 @@ pub fn linear_cross_entropy(
     let outputs = LossOutputs {
         d_hidden,
         row_losses: None,
+        correct: None,
     };
     let weights = RowWeights::Uniform(scale);
     linear_cross_entropy_with(hidden, hidden_dim, head, vocab, targets, weights, outputs)
@@ -143,13 +144,17 @@ impl RowWeights<'_> {
 }
 
 /// What [`linear_cross_entropy_with`] writes besides its sum: the hidden state's
-/// gradient, and each row's unweighted loss (`−log p(target)`, 0 for unlabelled rows).
+/// gradient, each row's unweighted loss (`−log p(target)`, 0 for unlabelled rows), and
+/// how many labelled rows rank their target first (token accuracy's numerator: the
+/// target's logit is the row's largest).
 #[derive(Debug, Default)]
 pub(crate) struct LossOutputs<'a> {
     /// N × hidden; see [`linear_cross_entropy`].
     pub d_hidden: Option<&'a mut [f32]>,
     /// N: each row's loss before weighting.
     pub row_losses: Option<&'a mut [f64]>,
+    /// The labelled rows whose target has the largest logit.
+    pub correct: Option<&'a mut u64>,
 }
 
 /// The head, and how its two products (`H·Wᵀ` for the logits, `G·W` for the hidden
@@ -244,7 +249,11 @@ pub(crate) fn linear_cross_entropy_with(
     let LossOutputs {
         d_hidden,
         mut row_losses,
+        mut correct,
     } = outputs;
+    if let Some(c) = correct.as_deref_mut() {
+        *c = 0;
+    }
     expect_len("hidden", hidden.len(), n * h)?;
     expect_len("lm_head", head.len(), vocab * h)?;
     if let Some(d) = &d_hidden {
@@ -288,6 +297,7 @@ pub(crate) fn linear_cross_entropy_with(
     let mut logits = vec![0f32; logits];
     let mut dh_c = vec![0f32; dh_c];
     let mut row_loss = vec![0f64; rows];
+    let mut row_hit = vec![false; rows];
     let mut total = 0f64;
 
     for chunk in labelled.chunks(rows) {
@@ -307,10 +317,11 @@ pub(crate) fn linear_cross_entropy_with(
             .par_chunks_mut(vocab)
             .zip(chunk.par_iter())
             .zip(row_loss[..m].par_iter_mut())
-            .for_each(|((l, &r), loss)| {
+            .zip(row_hit[..m].par_iter_mut())
+            .for_each(|(((l, &r), loss), hit)| {
                 // The check above makes every labelled target a valid index.
                 let t = targets[r] as usize;
-                *loss = softmax_row(l, t, grad.then(|| weights.of(r)));
+                (*loss, *hit) = softmax_row(l, t, grad.then(|| weights.of(r)));
                 if grad {
                     head.prepare_gradient(l);
                 }
@@ -327,6 +338,9 @@ pub(crate) fn linear_cross_entropy_with(
             for (&r, &loss) in chunk.iter().zip(&row_loss[..m]) {
                 out[r] = loss;
             }
+        }
+        if let Some(c) = correct.as_deref_mut() {
+            *c += row_hit[..m].iter().filter(|&&hit| hit).count() as u64;
         }
 
         if let Some(d) = d_hidden.as_deref_mut() {
@@ -350,10 +364,10 @@ pub(crate) fn linear_cross_entropy_with(
 }
 
 crate::simd::wide_twin!(
-    /// One row of logits `l` with target `t`: returns `logsumexp(l) − l[t]` in `f64`, and
-    /// leaves in `l` the logit gradient `(softmax(l) − onehot(t))·scale` when a scale is
-    /// given (`exp(l − max)` otherwise).
-    fn softmax_row(l: &mut [f32], t: usize, scale: Option<f32>) -> f64 {
+    /// One row of logits `l` with target `t`: returns `logsumexp(l) − l[t]` in `f64` and
+    /// whether `l[t]` is the row's largest logit, and leaves in `l` the logit gradient
+    /// `(softmax(l) − onehot(t))·scale` when a scale is given (`exp(l − max)` otherwise).
+    fn softmax_row(l: &mut [f32], t: usize, scale: Option<f32>) -> (f64, bool) {
         let target = l[t];
         let m = max(l);
         for x in l.iter_mut() {
@@ -368,7 +382,7 @@ crate::simd::wide_twin!(
             }
             l[t] -= scale;
         }
-        loss
+        (loss, target >= m)
     }
 );
 
@@ -395,6 +409,8 @@ mod tests {
     /// terms Σ_v |G_v·W_vj|, which bounds the rounding of the f32 sum; and per labelled
     /// row, |logsumexp| + |l_t|, which bounds the rounding of its loss.
     struct Reference {
+        /// Labelled rows whose target has the largest logit.
+        hits: u64,
         loss: f64,
         loss_size: f64,
         dh: Vec<f64>,
@@ -410,6 +426,7 @@ mod tests {
         scale_of: impl Fn(usize) -> f32,
     ) -> Reference {
         let mut out = Reference {
+            hits: 0,
             loss: 0.0,
             loss_size: 0.0,
             dh: vec![0.0; targets.len() * h],
@@ -431,6 +448,7 @@ mod tests {
                 .collect();
             let m = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             let lse = m + logits.iter().map(|l| (l - m).exp()).sum::<f64>().ln();
+            out.hits += u64::from(logits[t] >= m);
             let log_softmax: Vec<f64> = logits.iter().map(|l| l - lse).collect();
             out.loss -= scale * log_softmax[t];
             out.loss_size += (scale * (lse.abs() + logits[t].abs())).abs();
@@ -517,9 +535,11 @@ mod tests {
         let want = reference(&hidden, h, &w, vocab, &t, |r| weights[r]);
         let mut dh = vec![f32::NAN; n * h];
         let mut losses = vec![f64::NAN; n];
+        let mut hits = u64::MAX;
         let outputs = LossOutputs {
             d_hidden: Some(&mut dh),
             row_losses: Some(&mut losses),
+            correct: Some(&mut hits),
         };
         let head = Head::F32(&w);
         let got = linear_cross_entropy_with(
@@ -545,6 +565,8 @@ mod tests {
                 "dH[{i}] {got} vs {want}"
             );
         }
+        assert_eq!(hits, want.hits, "tokens ranked right");
+        assert!(hits > 0 && hits < t.iter().filter(|&&t| t >= 0).count() as u64);
         let unit = reference(&hidden, h, &w, vocab, &t, |_| 1.0);
         let mut sum = 0.0;
         for (r, (&loss, &target)) in losses.iter().zip(&t).enumerate() {
@@ -634,6 +656,7 @@ mod tests {
             let outputs = LossOutputs {
                 d_hidden: Some(&mut dh),
                 row_losses: None,
+                correct: None,
             };
             let loss = linear_cross_entropy_with(hidden, h, head, vocab, &t, weights, outputs)
                 .expect("valid inputs");

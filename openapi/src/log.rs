@@ -43,6 +43,9 @@ pub enum LogEntry {
         /// A DPO step's figures.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         preference: Option<crate::PreferenceMetrics>,
+        /// The step's token accuracy (OpenAI's name for it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        train_mean_token_accuracy: Option<f64>,
     },
     /// A validation loss.
     Eval {
@@ -50,6 +53,9 @@ pub enum LogEntry {
         step: u64,
         /// The loss (None when it was not a number).
         valid_loss: Option<f64>,
+        /// The validation token accuracy (OpenAI's name for it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        valid_mean_token_accuracy: Option<f64>,
     },
     /// A checkpoint was written.
     Checkpoint {
@@ -90,13 +96,16 @@ impl LogEntry {
                 eta_s: Some(m.eta_s),
                 tokens_seen: m.tokens_seen,
                 preference: m.preference,
+                train_mean_token_accuracy: m.token_accuracy,
             },
             TrainEvent::Eval {
                 step,
                 validation_loss,
+                token_accuracy,
             } => Self::Eval {
                 step: *step,
                 valid_loss: Some(*validation_loss),
+                valid_mean_token_accuracy: *token_accuracy,
             },
             TrainEvent::Checkpoint { step, location } => Self::Checkpoint {
                 step: *step,
@@ -174,6 +183,7 @@ mod tests {
                 logps_chosen: -12.0,
                 logps_rejected: -20.0,
             }),
+            train_mean_token_accuracy: Some(0.25),
         };
         let (kind, fields) = entry.encode();
         assert_eq!(kind, EventKind::Metrics);
@@ -190,6 +200,7 @@ mod tests {
         let nan = LogEntry::Eval {
             step: 2,
             valid_loss: Some(f64::NAN),
+            valid_mean_token_accuracy: None,
         };
         let (kind, fields) = nan.encode();
         assert_eq!(fields.to_string(), r#"{"step":2,"valid_loss":null}"#);
@@ -197,7 +208,8 @@ mod tests {
             LogEntry::decode(kind, &fields),
             Some(LogEntry::Eval {
                 step: 2,
-                valid_loss: None
+                valid_loss: None,
+                valid_mean_token_accuracy: None,
             })
         );
         let empty = serde_json::json!({});

@@ -38,6 +38,10 @@ pub enum TrainEvent {
         step: u64,
         /// Mean loss over validation tokens that carry a label.
         validation_loss: f64,
+        /// The share of those tokens whose target has the largest logit (absent for
+        /// DPO, and from trainers before it was reported).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        token_accuracy: Option<f64>,
     },
     /// A checkpoint was committed (its manifest written).
     Checkpoint {
@@ -111,6 +115,10 @@ pub struct StepMetrics {
     pub eta_s: f64,
     /// Tokens processed so far in the run (across resumes).
     pub tokens_seen: u64,
+    /// The share of the step's labelled tokens whose target has the largest logit
+    /// (absent from trainers before it was reported).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_accuracy: Option<f64>,
     /// A DPO step's figures (absent for supervised steps).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preference: Option<PreferenceMetrics>,

@@ -13,7 +13,7 @@
 use crate::batch::Batch;
 use crate::error::{Error, Result};
 use crate::model::Llama;
-use crate::step::{Objective, StepDropout, StepResult};
+use crate::step::{Objective, StepDropout, StepResult, Tally};
 use candle_core::{DType, Device, Storage, StorageRef, Tensor};
 use std::borrow::Cow;
 use tuneq_kernels::llama;
@@ -292,8 +292,7 @@ pub fn accumulate_for(
     let denom = batches.iter().map(|b| b.labelled).sum::<usize>().max(1) as f64;
     let scale = (1.0 / denom) as f32;
     let mut grads: Vec<Vec<f32>> = vars.iter().map(|v| vec![0.0; v.var.elem_count()]).collect();
-    let mut loss = 0f64;
-    let mut tokens = 0;
+    let mut tally = Tally::default();
     let options = llama::StepOptions {
         checkpoint_layers: model.checkpoint_layers,
     };
@@ -329,8 +328,10 @@ pub fn accumulate_for(
             }
             .map_err(kernel_error)?;
             // Summed as the graph path sums its per-micro-batch f32 losses.
-            loss += l as f32 as f64;
-            tokens += b.tokens;
+            tally.loss += l.loss as f32 as f64;
+            tally.correct += l.correct;
+            tally.tokens += b.tokens;
+            tally.labelled += b.labelled;
         }
         Ok(())
     })?;
@@ -339,12 +340,7 @@ pub fn accumulate_for(
         .zip(&vars)
         .map(|(g, v)| Tensor::from_vec(g, v.var.shape(), &Device::Cpu))
         .collect::<candle_core::Result<Vec<_>>>()?;
-    Ok(StepResult::new(
-        loss,
-        grads,
-        tokens,
-        dpo.map(|(step, _)| step),
-    ))
+    Ok(StepResult::new(tally, grads, dpo.map(|(step, _)| step)))
 }
 
 /// Every position's loss `−log p(target)` of `batch` (0 where it has no target),
@@ -377,11 +373,15 @@ pub fn step_bytes(
     })
 }
 
-/// The summed loss of `batch` divided by `denominator`, without gradients or dropout.
-pub fn loss(model: &Llama, batch: &Batch, denominator: f64) -> Result<f64> {
+/// The summed loss of `batch` divided by `denominator`, without gradients or dropout,
+/// and the labelled tokens whose target has the largest logit.
+pub fn loss(model: &Llama, batch: &Batch, denominator: f64) -> Result<(f64, u64)> {
     let view = BatchView::new(batch);
     with_model(model, |kernels| {
-        llama::loss(kernels, &view.of(batch), (1.0 / denominator) as f32).map_err(kernel_error)
+        let scale = (1.0 / denominator) as f32;
+        let measured =
+            llama::loss_and_correct(kernels, &view.of(batch), scale).map_err(kernel_error)?;
+        Ok((measured.loss, measured.correct))
     })
 }
 
@@ -672,25 +672,42 @@ mod tests {
         );
     }
 
+    /// The evaluation loss, and the tokens ranked right, of the fused path and the graph;
+    /// every other labelled token's target is made the model's own first choice, so
+    /// that a count of none would show.
     #[test]
-    fn evaluation_loss_matches_the_graph() {
+    fn evaluation_loss_and_token_accuracy_match_the_graph() {
         let m = model(&["q_proj", "down_proj"], false, false, 4);
-        for b in batches(m.cfg.vocab_size() as u32, SHORT) {
-            let fast = loss(&m, &b, 57.0).expect("fast loss");
+        let mut hits = 0;
+        for mut b in batches(m.cfg.vocab_size() as u32, SHORT) {
             let ids = Tensor::from_vec(b.ids.clone(), (b.rows, b.len), &Device::Cpu).expect("ids");
             let hidden = m.hidden_states(&ids, None).expect("hidden");
-            let graph = crate::ops::masked_cross_entropy(
-                &m.logits(&hidden).expect("logits"),
-                &b.targets,
-                57.0,
-            )
-            .and_then(|l| l.to_scalar::<f32>())
-            .expect("graph loss") as f64;
+            let logits = m.logits(&hidden).expect("logits");
+            let first: Vec<u32> = logits
+                .argmax(candle_core::D::Minus1)
+                .and_then(|t| t.to_vec1())
+                .expect("argmax");
+            let mut chosen = 0;
+            for (r, t) in b.targets.iter_mut().enumerate() {
+                if *t >= 0 && r % 2 == 0 {
+                    *t = i64::from(first[r]);
+                    chosen += 1;
+                }
+            }
+            let (fast, correct) = loss(&m, &b, 57.0).expect("fast loss");
+            let graph = crate::ops::masked_cross_entropy(&logits, &b.targets, 57.0)
+                .and_then(|l| l.to_scalar::<f32>())
+                .expect("graph loss") as f64;
             assert!(
                 (fast - graph).abs() <= 1e-5 * graph.abs(),
                 "{fast} vs {graph}"
             );
+            let on_graph = crate::ops::top1_hits(&logits, &b.targets).expect("hits");
+            assert_eq!(correct, on_graph);
+            assert!(correct >= chosen && correct <= b.labelled as u64);
+            hits += correct;
         }
+        assert!(hits > 0);
     }
 
     #[test]
@@ -719,7 +736,8 @@ mod tests {
                 loss(&wide, &data[0], 9.0).expect("f32 loss"),
                 loss(&narrow, &data[0], 9.0).expect("bf16 loss"),
             );
-            assert_eq!(la.to_bits(), lb.to_bits(), "tie {tie}: evaluation loss");
+            assert_eq!(la.0.to_bits(), lb.0.to_bits(), "tie {tie}: evaluation loss");
+            assert_eq!(la.1, lb.1, "tie {tie}: tokens ranked right");
             let bytes = |m: &Llama| step_bytes(m, 512, false, false).expect("bytes");
             assert!(
                 bytes(&narrow) > bytes(&wide),

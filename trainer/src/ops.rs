@@ -266,6 +266,20 @@ pub fn token_losses(logits: &Tensor, targets: &[i64]) -> Result<Vec<f64>> {
         .collect())
 }
 
+/// How many rows of `logits` (n, vocab) whose target is not negative have it as their
+/// largest logit: token accuracy's numerator, without a graph.
+pub fn top1_hits(logits: &Tensor, targets: &[i64]) -> Result<u64> {
+    let ids = target_ids(logits, targets)?;
+    let lf = logits.detach().to_dtype(DType::F32)?;
+    let best = lf.max_keepdim(D::Minus1)?.flatten_all()?.to_vec1::<f32>()?;
+    let target = lf.gather(&ids, 1)?.flatten_all()?.to_vec1::<f32>()?;
+    Ok(targets
+        .iter()
+        .zip(best.iter().zip(&target))
+        .filter(|&(&t, (&best, &target))| t >= 0 && target >= best)
+        .count() as u64)
+}
+
 /// `Σ weights[i]·CE_i` over the rows whose target is not negative (see
 /// [`masked_cross_entropy`], whose weights are all 1/denominator). The backward is
 /// `(softmax − onehot)·weight` per row.

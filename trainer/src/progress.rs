@@ -92,6 +92,7 @@ impl ProgressSink for TerminalBar {
                     TrainEvent::Eval {
                         step,
                         validation_loss,
+                        ..
                     } => format!("step {step}: validation loss {validation_loss:.4}"),
                     TrainEvent::Checkpoint { step, location } => {
                         format!("checkpoint at step {step}: {location}")

@@ -13,25 +13,43 @@ pub struct StepResult {
     pub grads: Vec<Tensor>,
     /// Non-padding tokens.
     pub tokens: usize,
+    /// The share of labelled tokens whose target has the largest logit (token
+    /// accuracy), when the step had any.
+    pub token_accuracy: Option<f64>,
     /// A DPO step's figures.
     pub preference: Option<PreferenceMetrics>,
 }
 
+/// What a step's micro-batches added up to besides their gradients.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Tally {
+    /// The summed cross-entropy (see [`StepResult::loss`]).
+    pub loss: f64,
+    /// Non-padding tokens.
+    pub tokens: usize,
+    /// Labelled tokens.
+    pub labelled: usize,
+    /// Labelled tokens whose target has the largest logit.
+    pub correct: u64,
+}
+
 impl StepResult {
     /// A step's result: for DPO, with its loss and figures from `dpo`, else with the
-    /// summed cross-entropy `loss`.
-    pub fn new(loss: f64, grads: Vec<Tensor>, tokens: usize, dpo: Option<DpoStep>) -> Self {
+    /// summed cross-entropy of `tally`.
+    pub fn new(tally: Tally, grads: Vec<Tensor>, dpo: Option<DpoStep>) -> Self {
         let (loss, preference) = match dpo {
             Some(step) => {
                 let (loss, figures) = step.finish();
                 (loss, Some(figures))
             }
-            None => (loss, None),
+            None => (tally.loss, None),
         };
         Self {
             loss,
             grads,
-            tokens,
+            tokens: tally.tokens,
+            token_accuracy: (tally.labelled > 0)
+                .then(|| tally.correct as f64 / tally.labelled as f64),
             preference,
         }
     }

@@ -34,6 +34,7 @@ pub use device::{cuda_available, select_device, select_dtype};
 pub use evaluation::evaluate;
 pub use inputs::{EncodedData, encode_files, model_sha256};
 pub use manifest::{FinalMetrics, Lineage, RunManifest, RunStatus};
+pub use metrics::RESULTS_CSV;
 pub use optimiser::{Stepped, Update, optimiser_step};
 pub use preference::{pair_batch, pair_logps};
 pub use run::run_with;

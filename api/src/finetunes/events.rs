@@ -124,7 +124,9 @@ fn render_entry(record: &FineTuneRecord, mut entry: LogEntry) -> (String, bool, 
             ),
             true,
         ),
-        LogEntry::Eval { step, valid_loss } => (
+        LogEntry::Eval {
+            step, valid_loss, ..
+        } => (
             format!("Step {step}: validation loss={}", loss_text(*valid_loss)),
             true,
         ),

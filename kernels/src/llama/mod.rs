@@ -117,8 +117,8 @@ pub use frozen::{Compute, Frozen};
 pub use memory::{step_bytes, step_bytes_on_any_cpu};
 pub use model::{Batch, Dims, Layer, Lora, MaskSource, Model, OwnedBatch, Projection};
 pub use step::{
-    StepOptions, Weigh, forward_backward, forward_backward_weighted, forward_backward_with, loss,
-    token_losses,
+    StepLoss, StepOptions, Weigh, forward_backward, forward_backward_weighted,
+    forward_backward_with, loss, loss_and_correct, token_losses,
 };
 pub use validate::StepError;
 

@@ -38,6 +38,17 @@ pub fn forward_backward(
     grads: &mut [Vec<f32>],
 ) -> Result<f64, StepError> {
     forward_backward_with(model, batch, scale, dropout, grads, StepOptions::default())
+        .map(|step| step.loss)
+}
+
+/// What a step measured.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct StepLoss {
+    /// The loss ([`forward_backward_with`]'s or [`forward_backward_weighted`]'s).
+    pub loss: f64,
+    /// The labelled tokens whose target has the largest logit: token accuracy's
+    /// numerator (the denominator is the labelled-token count).
+    pub correct: u64,
 }
 
 /// Forward and backward of one micro-batch: returns `scale·Σ CE` over the labelled
@@ -64,7 +75,7 @@ pub fn forward_backward_with(
     dropout: Option<MaskSource<'_>>,
     grads: &mut [Vec<f32>],
     options: StepOptions,
-) -> Result<f64, StepError> {
+) -> Result<StepLoss, StepError> {
     let objective = Objective::Mean(scale);
     step(model, batch, objective, dropout, grads, options)
 }
@@ -92,7 +103,7 @@ pub fn forward_backward_weighted(
     dropout: Option<MaskSource<'_>>,
     grads: &mut [Vec<f32>],
     options: StepOptions,
-) -> Result<f64, StepError> {
+) -> Result<StepLoss, StepError> {
     let objective = Objective::Weighted(weigh);
     step(model, batch, objective, dropout, grads, options)
 }
@@ -114,13 +125,13 @@ fn step(
     dropout: Option<MaskSource<'_>>,
     grads: &mut [Vec<f32>],
     options: StepOptions,
-) -> Result<f64, StepError> {
+) -> Result<StepLoss, StepError> {
     validate(model, batch)?;
     let slots = gradient_slots(model, grads)?;
     let d = &model.dims;
     let (n, h) = (batch.rows * batch.len, d.hidden);
     if n == 0 {
-        return Ok(0.0);
+        return Ok(StepLoss::default());
     }
     let ranks = model.lora_ranks();
     let with_dropout = dropout.is_some();
@@ -151,6 +162,7 @@ fn step(
             let outputs = LossOutputs {
                 d_hidden: None,
                 row_losses: Some(&mut losses),
+                correct: None,
             };
             let unit = RowWeights::Uniform(1.0);
             linear_cross_entropy_with(&hn, h, head, d.vocab, batch.targets, unit, outputs)?;
@@ -158,16 +170,19 @@ fn step(
             RowWeights::PerRow(&chosen)
         }
     };
+    let mut correct = 0;
     let outputs = LossOutputs {
         d_hidden: Some(&mut d_hidden),
         row_losses: None,
+        correct: Some(&mut correct),
     };
     let loss = linear_cross_entropy_with(&hn, h, head, d.vocab, batch.targets, weights, outputs)?;
+    let measured = StepLoss { loss, correct };
     let Some(lowest) = lowest else {
-        return Ok(loss);
+        return Ok(measured);
     };
     if batch.targets.iter().all(|&t| t < 0) {
-        return Ok(loss);
+        return Ok(measured);
     }
     let mut dx = vec![0f32; n * h];
     rms_norm_backward(&x, model.norm, &inv, &d_hidden, &mut dx, false);
@@ -183,7 +198,7 @@ fn step(
     backward_layers(
         model, &plan, &slots, lowest, &mut dx, &mut state, &mut backs, grads,
     );
-    Ok(loss)
+    Ok(measured)
 }
 
 /// How a step runs its layers: its row groups, each as a batch of its own, and whether
@@ -445,6 +460,19 @@ fn final_norm(model: &Model<'_>, x: &[f32], works: &mut [ForwardWork]) -> (Vec<f
 /// # Errors
 /// [`StepError`] when the model or batch is inconsistent; see [`forward_backward`].
 pub fn loss(model: &Model<'_>, batch: &Batch<'_>, scale: f32) -> Result<f64, StepError> {
+    evaluate(model, batch, scale, None).map(|e| e.loss)
+}
+
+/// [`loss`] with the labelled tokens whose target has the largest logit (validation's
+/// token accuracy).
+///
+/// # Errors
+/// As [`loss`].
+pub fn loss_and_correct(
+    model: &Model<'_>,
+    batch: &Batch<'_>,
+    scale: f32,
+) -> Result<StepLoss, StepError> {
     evaluate(model, batch, scale, None)
 }
 
@@ -460,18 +488,19 @@ pub fn token_losses(model: &Model<'_>, batch: &Batch<'_>) -> Result<Vec<f64>, St
     Ok(losses)
 }
 
-/// The forward without gradients: `scale·Σ CE`, and with `row_losses` each position's.
+/// The forward without gradients: `scale·Σ CE` and the tokens ranked right, and with
+/// `row_losses` each position's loss.
 fn evaluate(
     model: &Model<'_>,
     batch: &Batch<'_>,
     scale: f32,
     row_losses: Option<&mut [f64]>,
-) -> Result<f64, StepError> {
+) -> Result<StepLoss, StepError> {
     validate(model, batch)?;
     let d = &model.dims;
     let (n, h, len) = (batch.rows * batch.len, d.hidden, batch.len);
     if n == 0 {
-        return Ok(0.0);
+        return Ok(StepLoss::default());
     }
     let rows = model.row_groups(batch);
     let batches: Vec<Batch<'_>> = rows.iter().map(|r| groups::sub_batch(batch, r)).collect();
@@ -492,7 +521,8 @@ fn evaluate(
         groups::layer_forward(model, l, &batches, &rows, &mut x, layer_saved, &mut works);
     }
     let (hn, _) = final_norm(model, &x, &mut works);
-    Ok(linear_cross_entropy_with(
+    let mut correct = 0;
+    let loss = linear_cross_entropy_with(
         &hn,
         h,
         frozen::loss_head(model.lm_head, model.compute, &mut works[0].frozen.widened),
@@ -502,6 +532,8 @@ fn evaluate(
         LossOutputs {
             d_hidden: None,
             row_losses,
+            correct: Some(&mut correct),
         },
-    )?)
+    )?;
+    Ok(StepLoss { loss, correct })
 }

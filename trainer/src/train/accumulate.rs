@@ -5,7 +5,7 @@ use crate::batch::Batch;
 use crate::error::{Error, Result};
 use crate::lora::DropoutCtx;
 use crate::model::Llama;
-use crate::step::{Objective, StepDropout, StepResult};
+use crate::step::{Objective, StepDropout, StepResult, Tally};
 use candle_core::Tensor;
 
 /// Runs forward and backward over `batches` (the micro-batches of one step), on the
@@ -56,8 +56,7 @@ fn accumulate_on_graph_for(
     let vars = model.lora_vars();
     let denom = batches.iter().map(|b| b.labelled).sum::<usize>().max(1) as f64;
     let mut grads: Vec<Option<Tensor>> = vec![None; vars.len()];
-    let mut loss = 0f64;
-    let mut tokens = 0;
+    let mut tally = Tally::default();
     let mut dpo = objective.dpo();
     for (m, b) in batches.iter().enumerate() {
         if b.packing.is_some() {
@@ -73,7 +72,10 @@ fn accumulate_on_graph_for(
                     "DPO on candle's graph runs without activation checkpointing; set activation_checkpointing to off",
                 ));
             }
-            checkpointed_on_graph(model, &ids, b, denom, dropout, &vars, &mut grads)?
+            let (l, correct) =
+                checkpointed_on_graph(model, &ids, b, denom, dropout, &vars, &mut grads)?;
+            tally.correct += correct;
+            l
         } else {
             let mut ctx = dropout.map(|d| DropoutCtx {
                 p: d.p,
@@ -83,6 +85,7 @@ fn accumulate_on_graph_for(
             });
             let hidden = model.hidden_states(&ids, ctx.as_mut())?;
             let logits = model.logits(&hidden)?;
+            tally.correct += crate::ops::top1_hits(&logits, &b.targets)?;
             let l = match dpo.as_mut() {
                 Some((step, reference)) => {
                     let losses = crate::ops::token_losses(&logits, &b.targets)?;
@@ -95,20 +98,16 @@ fn accumulate_on_graph_for(
             add_grads(&mut grads, &vars, &mut store)?;
             l.to_scalar::<f32>()?
         };
-        loss += l as f64;
-        tokens += b.tokens;
+        tally.loss += l as f64;
+        tally.tokens += b.tokens;
+        tally.labelled += b.labelled;
     }
     let grads = grads
         .into_iter()
         .zip(&vars)
         .map(|(g, v)| g.map_or_else(|| v.var.as_tensor().zeros_like(), Ok))
         .collect::<candle_core::Result<Vec<_>>>()?;
-    Ok(StepResult::new(
-        loss,
-        grads,
-        tokens,
-        dpo.map(|(step, _)| step),
-    ))
+    Ok(StepResult::new(tally, grads, dpo.map(|(step, _)| step)))
 }
 
 /// A step candle's graph cannot take.
@@ -141,7 +140,8 @@ fn add_grads(
 /// dropout masks it drew, dropping the layer's graph; the backward reruns each layer in
 /// reverse on its stored input with the same masks and backpropagates
 /// `sum(layer(x) ∘ g)`, whose gradient is the layer's with `g` arriving from above.
-/// Returns the micro-batch's loss; adds its gradients into `grads`.
+/// Returns the micro-batch's loss and its labelled tokens whose target has the largest
+/// logit; adds its gradients into `grads`.
 fn checkpointed_on_graph(
     model: &Llama,
     ids: &Tensor,
@@ -150,7 +150,7 @@ fn checkpointed_on_graph(
     mut dropout: Option<&mut StepDropout<'_>>,
     vars: &[crate::model::NamedVar],
     grads: &mut [Option<Tensor>],
-) -> Result<f32> {
+) -> Result<(f32, u64)> {
     let (cos, sin) = model.rope_prefix(b.len)?;
     let lowest = model
         .layers
@@ -179,10 +179,11 @@ fn checkpointed_on_graph(
     }
     let top = candle_core::Var::from_tensor(&x)?;
     let logits = model.logits(&model.final_norm(top.as_tensor())?)?;
+    let correct = crate::ops::top1_hits(&logits, &b.targets)?;
     let l = crate::ops::masked_cross_entropy(&logits, &b.targets, denom)?;
     let mut store = l.backward()?;
     let Some(mut g) = store.remove(top.as_tensor()) else {
-        return Ok(l.to_scalar::<f32>()?);
+        return Ok((l.to_scalar::<f32>()?, correct));
     };
     for (i, layer) in model.layers.iter().enumerate().rev() {
         if i < lowest {
@@ -205,5 +206,5 @@ fn checkpointed_on_graph(
             None => break,
         }
     }
-    Ok(l.to_scalar::<f32>()?)
+    Ok((l.to_scalar::<f32>()?, correct))
 }

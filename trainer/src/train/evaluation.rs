@@ -10,37 +10,55 @@ use crate::progress::ProgressSink;
 use candle_core::Tensor;
 use tuneq_openapi::TrainEvent;
 
-/// Mean loss over every labelled token of `examples`, without dropout.
+/// A validation: the loss, and for cross-entropy the token accuracy.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Evaluation {
+    /// The mean loss (NaN when nothing carries a label).
+    pub loss: f64,
+    /// The share of labelled tokens whose target has the largest logit (none for DPO).
+    pub token_accuracy: Option<f64>,
+}
+
+/// Mean loss over every labelled token of `examples`, without dropout, and the share of
+/// them the model ranks first.
 pub fn evaluate(
     model: &Llama,
     examples: &[Example],
     batch_size: usize,
     pad_id: u32,
-) -> Result<f64> {
+) -> Result<Evaluation> {
     let total: usize = examples
         .iter()
         .map(|e| e.labels.iter().skip(1).filter(|&&l| l >= 0).count())
         .sum();
     if total == 0 {
-        return Ok(f64::NAN);
+        return Ok(Evaluation {
+            loss: f64::NAN,
+            token_accuracy: None,
+        });
     }
     let fused = crate::fast::ComputePath::for_model(model) == crate::fast::ComputePath::CpuFused;
-    let mut loss = 0f64;
+    let (mut loss, mut correct) = (0f64, 0u64);
     for chunk in examples.chunks(batch_size.max(1)) {
         let refs: Vec<&Example> = chunk.iter().collect();
         if fused {
             let b = crate::batch::pack_batch(&refs, pad_id);
-            loss += crate::fast::loss(model, &b, total as f64)? as f32 as f64;
+            let (l, hits) = crate::fast::loss(model, &b, total as f64)?;
+            loss += l as f32 as f64;
+            correct += hits;
             continue;
         }
         let b = make_batch(&refs, pad_id);
         let ids = Tensor::from_vec(b.ids.clone(), (b.rows, b.len), model.device())?;
-        let hidden = model.hidden_states(&ids, None)?;
-        let l =
-            crate::ops::masked_cross_entropy(&model.logits(&hidden)?, &b.targets, total as f64)?;
+        let logits = model.logits(&model.hidden_states(&ids, None)?)?;
+        correct += crate::ops::top1_hits(&logits, &b.targets)?;
+        let l = crate::ops::masked_cross_entropy(&logits, &b.targets, total as f64)?;
         loss += l.to_scalar::<f32>()? as f64;
     }
-    Ok(loss)
+    Ok(Evaluation {
+        loss,
+        token_accuracy: Some(correct as f64 / total as f64),
+    })
 }
 
 /// Held-out data and how its loss is taken.
@@ -69,14 +87,27 @@ impl Heldout<'_> {
     }
 
     /// The loss of this data under `model`.
-    pub(super) fn loss(&self, model: &Llama, batch_size: usize, pad_id: u32) -> Result<f64> {
+    pub(super) fn evaluate(
+        &self,
+        model: &Llama,
+        batch_size: usize,
+        pad_id: u32,
+    ) -> Result<Evaluation> {
         match *self {
             Self::Examples(examples) => evaluate(model, examples, batch_size, pad_id),
             Self::Pairs {
                 pairs,
                 reference,
                 beta,
-            } => super::preference::dpo_loss(model, pairs, reference, (beta, batch_size, pad_id)),
+            } => Ok(Evaluation {
+                loss: super::preference::dpo_loss(
+                    model,
+                    pairs,
+                    reference,
+                    (beta, batch_size, pad_id),
+                )?,
+                token_accuracy: None,
+            }),
         }
     }
 }
@@ -90,13 +121,19 @@ pub(super) fn validate(
     metrics: &MetricsFile,
     sink: &mut dyn ProgressSink,
 ) -> Result<f64> {
-    let loss = data.loss(model, batch_size, pad_id)?;
-    metrics.append(&json_line(
-        &serde_json::json!({"step": step, "validation_loss": loss}),
-    )?)?;
+    let Evaluation {
+        loss,
+        token_accuracy,
+    } = data.evaluate(model, batch_size, pad_id)?;
+    metrics.append(&json_line(&serde_json::json!({
+        "step": step,
+        "validation_loss": loss,
+        "validation_token_accuracy": token_accuracy,
+    }))?)?;
     sink.event(&TrainEvent::Eval {
         step,
         validation_loss: loss,
+        token_accuracy,
     });
     Ok(loss)
 }

@@ -17,6 +17,8 @@ pub struct Stepped {
     pub grad_norm: f64,
     /// Non-padding tokens.
     pub tokens: usize,
+    /// The share of labelled tokens ranked first.
+    pub token_accuracy: Option<f64>,
     /// A DPO step's figures.
     pub preference: Option<PreferenceMetrics>,
 }
@@ -65,6 +67,7 @@ pub fn optimiser_step(
         loss: r.loss,
         grad_norm,
         tokens: r.tokens,
+        token_accuracy: r.token_accuracy,
         preference: r.preference,
     })
 }

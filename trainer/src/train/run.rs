@@ -171,7 +171,7 @@ impl<'a> Run<'a> {
         std::fs::create_dir_all(&output).map_err(Error::io(&output))?;
         let reference = References::of(spec, &model, (&train, val.as_ref()), pad_id)?;
         let base_val_loss = match heldout(spec, val.as_ref(), &reference) {
-            Some(data) => Some(data.loss(&model, h.batch_size as usize, pad_id)?),
+            Some(data) => Some(data.evaluate(&model, h.batch_size as usize, pad_id)?.loss),
             None => None,
         };
         Ok(Prepared::Ready(Box::new(Run {
@@ -438,6 +438,7 @@ impl<'a> Run<'a> {
                 elapsed_s: elapsed,
                 eta_s: per_step * (total - step) as f64,
                 tokens_seen: self.tokens_seen,
+                token_accuracy: r.token_accuracy,
                 preference: r.preference,
             };
             metrics.append(&json_line(&m)?)?;
@@ -477,6 +478,7 @@ impl<'a> Run<'a> {
     ) -> Result<Outcome> {
         let (spec, output) = (self.spec, &self.output);
         let val_loss = self.final_validation(metrics, sink)?;
+        metrics.write_results_csv()?;
         // The last checkpoint makes a kill during export or sampling cheap to recover from.
         self.commit(sink)?;
         crate::peft::save_adapter(&self.model, &self.settings, &spec.model, output)?;

@@ -86,6 +86,7 @@ fn a_grouped_step_adds_what_its_groups_add_one_after_the_other() {
                 let dropout: Option<MaskSource<'_>> = with_masks.then_some(&mut source);
                 forward_backward_with(&m.view(), &batch.view(), scale, dropout, grads, options)
                     .expect("a step")
+                    .loss
             };
             let mut whole = m.zero_grads();
             let loss = step(&b, masks.clone(), &mut whole);

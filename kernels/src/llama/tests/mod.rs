@@ -455,7 +455,8 @@ fn step_bits(
             let l = with_masks(step_masks, |dropout| {
                 forward_backward_with(model, &b.view(), scale, dropout, &mut grads, options)
             })
-            .expect("a step");
+            .expect("a step")
+            .loss;
             losses.push(l.to_bits());
             evals.push(loss(model, &b.view(), scale).expect("a loss").to_bits());
         }
