@@ -10,7 +10,9 @@ use crate::error::{ApiError, ApiResult, Code};
 use crate::records::finetune::AttemptResult;
 use crate::state::AppState;
 use actix_web::{HttpRequest, HttpResponse, web};
-use tuneq_openapi::{AttemptReport, EventKind, LogEntry, Progress, StoredJson, TrainEvent};
+use tuneq_openapi::{
+    AttemptReport, EventKind, JobPayload, LogEntry, Progress, StoredJson, TrainEvent,
+};
 use tuneq_queue::{JobQueue, JobState, NewEvent, QueueError};
 
 /// 410 to a trainer: stop this attempt (`code` says why).
@@ -120,6 +122,22 @@ fn restart_at(progress: &mut Progress, step: u64) {
     progress.step = step;
 }
 
+/// Keeps a finished run's step metrics as the tenant's result file of the job: its id,
+/// or None when the run left none or it could not be kept (the job succeeds either way;
+/// the reason goes to the log).
+async fn result_file(state: &AppState, job: &tuneq_queue::JobRecord, steps: u64) -> Option<String> {
+    let kept = match JobPayload::decode(&job.id, &job.payload) {
+        Ok(payload) => {
+            crate::finetunes::results::keep(state, &job.tenant, &payload.finetune, steps).await
+        }
+        Err(e) => Err(ApiError::internal(e.to_string())),
+    };
+    kept.unwrap_or_else(|e| {
+        tracing::warn!(job = %job.id, error = %e.detail.message, "a finished run's step metrics were not kept");
+        None
+    })
+}
+
 /// `POST /internal/attempts/{job}/report`.
 #[tracing::instrument(skip_all, fields(job = %job))]
 pub(crate) async fn report(
@@ -206,6 +224,7 @@ pub(crate) async fn report(
                 step: *step,
                 train_loss: *train_loss,
                 validation_loss: *validation_loss,
+                result_file: result_file(&state, &record, *step).await,
             }
             .encode(&id)
             .map_err(|e| ApiError::internal(e.to_string()))?;

@@ -17,7 +17,7 @@ pub struct FileObject {
     pub created_at: u64,
     /// The name the client gave (display only; never part of a storage key).
     pub filename: String,
-    /// Always `fine-tune`.
+    /// `fine-tune` (an upload) or `fine-tune-results` (a job's step metrics, CSV).
     pub purpose: String,
     /// `processed`: validated and stored.
     pub status: String,
@@ -25,10 +25,38 @@ pub struct FileObject {
     pub validation: FileValidation,
 }
 
+/// What a file may be for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FilePurpose {
+    /// A dataset uploaded for fine-tuning.
+    FineTune,
+    /// A job's step metrics (CSV), written when the job succeeds.
+    FineTuneResults,
+}
+
+impl FilePurpose {
+    /// Every purpose.
+    pub const ALL: [Self; 2] = [Self::FineTune, Self::FineTuneResults];
+
+    /// The purpose's name on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::FineTune => "fine-tune",
+            Self::FineTuneResults => "fine-tune-results",
+        }
+    }
+
+    /// The purpose named `name`.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.as_str() == name)
+    }
+}
+
 /// What validating an upload found (a file with any bad line is refused instead).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct FileValidation {
-    /// `chat`, `prompt_completion`, `alpaca` or `text`.
+    /// `chat`, `prompt_completion`, `alpaca`, `text` or `preference`; `csv` for a job's
+    /// result file (whose `examples` are its rows, one per step).
     pub format: String,
     /// Number of examples (non-blank lines).
     pub examples: u64,

@@ -29,8 +29,8 @@ pub mod train_spec;
 
 pub use failure::FailureClass;
 pub use files::{
-    Binary, Deleted, ErrorBody, ErrorDetail, FileList, FileObject, FileTokenStats, FileValidation,
-    LineProblem,
+    Binary, Deleted, ErrorBody, ErrorDetail, FileList, FileObject, FilePurpose, FileTokenStats,
+    FileValidation, LineProblem,
 };
 pub use finetunes::{
     AdapterFileUrl, AdapterInfo, AdapterUrls, AttemptReport, Auto, AutoOrInt, AutoOrNumber,

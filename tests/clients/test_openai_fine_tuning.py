@@ -4,6 +4,7 @@ idempotency, the adapter loaded with PEFT, and restarts in the middle of a job."
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 import os
@@ -140,6 +141,26 @@ def test_a_fine_tune_runs_to_an_adapter_that_peft_loads(client, service, tmp_pat
     assert metrics and all(e.message.startswith("Step ") for e in metrics)
     first_page = client.fine_tuning.jobs.list_events(job.id, limit=3)
     assert first_page.has_more and len(first_page.data) == 3
+
+    # The result file: every step's metrics as OpenAI writes them, read with files.content.
+    assert len(done.result_files) == 1, done.result_files
+    results = client.files.retrieve(done.result_files[0])
+    assert results.purpose == "fine-tune-results" and results.filename == "step_metrics.csv"
+    rows = list(csv.DictReader(io.StringIO(client.files.content(results.id).text)))
+    assert [int(r["step"]) for r in rows] == list(range(1, 25))
+    assert list(rows[0]) == ["step", "train_loss", "train_accuracy", "valid_loss",
+                             "valid_mean_token_accuracy"]
+    assert all(float(r["train_loss"]) > 0 and 0 <= float(r["train_accuracy"]) <= 1 for r in rows)
+    validated = [r for r in rows if r["valid_loss"]]
+    assert validated and validated[-1]["step"] == "24", "the last step is validated"
+    assert all(0 <= float(r["valid_mean_token_accuracy"]) <= 1 for r in validated)
+    # The demo task is learnable: by the end the model ranks some answer tokens first.
+    assert float(rows[-1]["train_accuracy"]) > 0
+    assert results.id in {f.id for f in client.files.list(purpose="fine-tune-results")}
+    assert results.id not in {f.id for f in client.files.list(purpose="fine-tune")}
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.fine_tuning.jobs.create(model=DEMO_MODEL, training_file=results.id)
+    assert caught.value.body["param"] == "training_file"
 
     checkpoints = list(client.fine_tuning.jobs.checkpoints.list(job.id))
     assert checkpoints, "the run checkpoints about ten times"

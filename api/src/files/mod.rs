@@ -31,13 +31,13 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use futures::{StreamExt, TryStreamExt};
 use serde::Deserialize;
 use tuneq_openapi::ErrorBody;
-use tuneq_openapi::{Deleted, FileList, FileObject};
+use tuneq_openapi::{Deleted, FileList, FileObject, FilePurpose};
 use tuneq_storage::PutMode;
 
 use check::validate;
 use spool::{broke_off, field_broke_off, spool};
 
-/// The only purpose a file can have here.
+/// The purpose an upload has (a job's result file is written by the job).
 const PURPOSE: &str = "fine-tune";
 
 fn new_file_id() -> String {
@@ -462,7 +462,8 @@ pub(crate) async fn list(
             "limit must be 1 to 1000.",
         ));
     }
-    if query.purpose.as_deref().is_some_and(|p| p != PURPOSE) {
+    let purpose = query.purpose.as_deref().map(FilePurpose::parse);
+    if purpose == Some(None) {
         return Ok(HttpResponse::Ok().json(FileList {
             object: "list".into(),
             data: vec![],
@@ -472,7 +473,10 @@ pub(crate) async fn list(
         }));
     }
     let page = records::file::page(&state.queue, &tenant.0, query.after.as_deref(), limit).await?;
-    let data = page.records;
+    let mut data = page.records;
+    if let Some(Some(purpose)) = purpose {
+        data.retain(|f| f.purpose == purpose.as_str());
+    }
     Ok(HttpResponse::Ok().json(FileList {
         object: "list".into(),
         first_id: data.first().map(|f| f.id.clone()),
@@ -517,12 +521,16 @@ pub(crate) async fn content(
         .store
         .get(&records::file::content_key(&tenant.0, &file.id)?, None)
         .await?;
+    let (content_type, extension) = match FilePurpose::parse(&file.purpose) {
+        Some(FilePurpose::FineTuneResults) => ("text/csv", "csv"),
+        _ => ("application/jsonl", "jsonl"),
+    };
     Ok(HttpResponse::Ok()
-        .content_type("application/jsonl")
+        .content_type(content_type)
         .no_chunking(object.meta.size)
         .insert_header((
             header::CONTENT_DISPOSITION,
-            format!("attachment; filename=\"{}.jsonl\"", file.id),
+            format!("attachment; filename=\"{}.{extension}\"", file.id),
         ))
         .streaming(holds::holding(
             hold,

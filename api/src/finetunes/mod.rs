@@ -24,6 +24,7 @@ pub(crate) mod artifacts;
 pub(crate) mod events;
 mod plan;
 mod range;
+pub(crate) mod results;
 mod view;
 
 // The handlers, with their OpenAPI declarations, for `crate::routes`.

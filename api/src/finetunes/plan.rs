@@ -177,8 +177,32 @@ fn check_metadata(metadata: &BTreeMap<String, String>) -> ApiResult<()> {
     Ok(())
 }
 
-/// The tenant's uploaded file `id`, or a 400 naming `param`.
+/// The tenant's uploaded file `id`, or a 400 naming `param` (also for a job's result
+/// file, which is not a dataset).
 async fn dataset(
+    state: &AppState,
+    tenant: &Tenant,
+    param: &str,
+    id: &str,
+) -> ApiResult<tuneq_openapi::FileObject> {
+    let file = uploaded(state, tenant, param, id).await?;
+    if tuneq_openapi::FilePurpose::parse(&file.purpose)
+        != Some(tuneq_openapi::FilePurpose::FineTune)
+    {
+        return Err(ApiError::invalid(
+            param,
+            Code::InvalidValue,
+            format!(
+                "{} is a job's result file (purpose {}), not a dataset uploaded for fine-tuning.",
+                file.id, file.purpose
+            ),
+        ));
+    }
+    Ok(file)
+}
+
+/// The tenant's file `id`, or a 400 naming `param`.
+async fn uploaded(
     state: &AppState,
     tenant: &Tenant,
     param: &str,

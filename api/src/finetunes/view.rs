@@ -58,7 +58,7 @@ pub(super) async fn view(state: &AppState, record: FineTuneRecord) -> ApiResult<
         hyperparameters,
         finished_at: now.finished_at,
         error: now.error,
-        result_files: Vec::new(),
+        result_files: now.result_files,
         trained_tokens: now.trained_tokens,
         seed: record.seed,
         estimated_finish,
@@ -95,6 +95,8 @@ struct JobState {
     trained_tokens: Option<u64>,
     /// The adapter's location, once the job succeeded.
     adapter: Option<String>,
+    /// Its result files, once it succeeded.
+    result_files: Vec<String>,
 }
 
 /// The state of `record`'s job: its filed outcome, or the queue's view of the job
@@ -110,6 +112,7 @@ async fn job_state(state: &AppState, record: &FineTuneRecord) -> ApiResult<JobSt
         error: None,
         trained_tokens: None,
         adapter: None,
+        result_files: Vec::new(),
     };
     let outcome = match record.outcome.clone() {
         Some(outcome) => Some(outcome),
@@ -127,6 +130,7 @@ async fn job_state(state: &AppState, record: &FineTuneRecord) -> ApiResult<JobSt
         now.attempts = o.attempts;
         now.preemptions = o.preemptions;
         now.adapter = o.adapter.filter(|_| now.status == JobStatus::Succeeded);
+        now.result_files = o.result_files;
     }
     Ok(now)
 }
@@ -176,6 +180,7 @@ async fn live_state(
             progress: None,
             attempts: 0,
             preemptions: 0,
+            result_files: Vec::new(),
         })),
     }
 }

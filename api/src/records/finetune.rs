@@ -123,6 +123,9 @@ pub(crate) struct Outcome {
     pub(crate) progress: Option<Progress>,
     pub(crate) attempts: u32,
     pub(crate) preemptions: u32,
+    /// The job's result file (its step metrics), once it succeeded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) result_files: Vec<String>,
 }
 
 /// The fine-tuned model a job continues from.
@@ -147,6 +150,9 @@ pub struct AttemptResult {
     pub train_loss: Option<f64>,
     /// Final validation loss.
     pub validation_loss: Option<f64>,
+    /// The tenant's file holding the run's step metrics (absent when it left none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result_file: Option<String>,
 }
 
 /// Unix milliseconds (the queue's clock) as seconds (the API's).
@@ -192,6 +198,11 @@ pub(crate) fn outcome_of(job: &JobRecord) -> ApiResult<Outcome> {
         finished_at: ms_to_seconds(job.finished_ms.unwrap_or(job.enqueued_ms)),
         error,
         trained_tokens: result.as_ref().map(|r| r.trained_tokens),
+        result_files: result
+            .as_ref()
+            .and_then(|r| r.result_file.clone())
+            .into_iter()
+            .collect(),
         adapter: result.map(|r| r.adapter),
         progress: progress_of(job)?,
         attempts: job.attempts,

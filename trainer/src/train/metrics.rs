@@ -52,7 +52,7 @@ impl MetricsFile {
 
 /// The step-metrics CSV a finished run leaves beside its adapter, as OpenAI's result
 /// file has it: a row per step.
-pub const RESULTS_CSV: &str = "step_metrics.csv";
+pub use tuneq_storage::layout::RESULTS_CSV;
 
 /// Its header: OpenAI's columns.
 const RESULTS_HEADER: &str = "step,train_loss,train_accuracy,valid_loss,valid_mean_token_accuracy";
