@@ -975,3 +975,124 @@ fn dpo_continues_an_adapter_against_it_and_each_method_refuses_the_other_s_data(
     bad_beta[at + 1] = "0".into();
     refused(&bad_beta, "method.beta");
 }
+
+/// A run on the shipped task whose validation loss stops improving (lr 0.05, validated
+/// every 2 steps, patience 2, one checkpoint kept).
+fn early_stopping_args(output: &Path) -> Vec<String> {
+    let (train, val) = (
+        repo().join("examples/data/tiny-task-train.jsonl"),
+        repo().join("examples/data/tiny-task-val.jsonl"),
+    );
+    [
+        "train",
+        "--progress",
+        "json",
+        "--model",
+        tiny_model().to_str().expect("utf8"),
+        "--train-file",
+        train.to_str().expect("utf8"),
+        "--validation-file",
+        val.to_str().expect("utf8"),
+        "--output",
+        output.to_str().expect("utf8"),
+        "--epochs",
+        "3",
+        "--batch-size",
+        "8",
+        "--lr",
+        "0.05",
+        "--eval-every",
+        "2",
+        "--early-stopping-patience",
+        "2",
+        "--keep-checkpoints",
+        "1",
+        "--checkpoint-every",
+        "100",
+        "--samples",
+        "0",
+        "--seed",
+        "3",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+#[test]
+fn early_stopping_keeps_the_best_validated_adapter_and_resumes_to_the_same_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("whole");
+    let run = run_to_end(&early_stopping_args(&out));
+    let events: Vec<serde_json::Value> = String::from_utf8_lossy(&run.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let of = |kind: &str| {
+        events
+            .iter()
+            .find(|e| e["event"] == kind)
+            .cloned()
+            .expect(kind)
+    };
+    let (started, stopped) = (of("started"), of("early_stopped"));
+    let total = started["total_steps"].as_u64().expect("total");
+    let at = stopped["stopped_at"]
+        .as_u64()
+        .expect("stopped before the end");
+    let best = stopped["best_step"].as_u64().expect("best");
+    assert!(
+        best < at && at < total,
+        "best {best}, stopped {at} of {total}"
+    );
+    assert_eq!(of("finished")["step"], at);
+    assert_eq!(
+        of("finished")["validation_loss"],
+        stopped["best_validation_loss"]
+    );
+    let manifest: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("manifest.json")).expect("manifest"),
+    )
+    .expect("JSON");
+    assert_eq!(manifest["early_stopping"]["best_step"], best);
+    // The best step's checkpoint outlives keep_last 1, and its adapter is the run's.
+    let best_dir = out.join(format!("checkpoints/step-{best:08}"));
+    let tensors = |path: &Path| {
+        let bytes = std::fs::read(path).expect("adapter");
+        let file = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+        let mut named: Vec<(String, Vec<u8>)> = file
+            .tensors()
+            .into_iter()
+            .map(|(name, view)| (name, view.data().to_vec()))
+            .collect();
+        named.sort();
+        named
+    };
+    assert_eq!(
+        tensors(&out.join("adapter_model.safetensors")),
+        tensors(&best_dir.join("adapter_model.safetensors"))
+    );
+
+    // Killed after the checkpoint of its best step, it resumes to the same end.
+    let again = dir.path().join("killed");
+    let args = early_stopping_args(&again);
+    run_and_kill(&args, |e| e["event"] == "checkpoint" && e["step"] == best);
+    run_to_end(&args);
+    assert!(adapter_bytes(&again) == adapter_bytes(&out));
+
+    let mut without_validation = early_stopping_args(&dir.path().join("refused"));
+    let at = without_validation
+        .iter()
+        .position(|a| a == "--eval-every")
+        .expect("flag");
+    without_validation.drain(at..at + 2);
+    let refused = Command::new(BIN)
+        .args(&without_validation)
+        .output()
+        .expect("run tuneq");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(42), "{stderr}");
+    assert!(
+        stderr.contains("hyperparameters.early_stopping"),
+        "{stderr}"
+    );
+}

@@ -103,7 +103,9 @@ fn apply(progress: &mut Progress, events: &[TrainEvent]) -> Vec<Logged> {
                     progress.validation_loss = *validation_loss;
                 }
             }
-            TrainEvent::Sample { .. } | TrainEvent::Interrupted { .. } => {}
+            TrainEvent::Sample { .. }
+            | TrainEvent::Interrupted { .. }
+            | TrainEvent::EarlyStopped { .. } => {}
         }
         if let Some(entry) = LogEntry::of(event).filter(|_| logged) {
             log.push(entry.into());

@@ -53,6 +53,8 @@ pub enum EventKind {
     Eval,
     /// A trainer's report: a checkpoint was written.
     Checkpoint,
+    /// A trainer's report: early stopping kept the best validated step's adapter.
+    EarlyStopped,
     /// A trainer's warning (the message).
     Warning,
 }
@@ -80,6 +82,7 @@ impl EventKind {
         Self::Metrics,
         Self::Eval,
         Self::Checkpoint,
+        Self::EarlyStopped,
         Self::Warning,
     ];
 
@@ -106,6 +109,7 @@ impl EventKind {
             Self::Metrics => "metrics",
             Self::Eval => "eval",
             Self::Checkpoint => "checkpoint",
+            Self::EarlyStopped => "early_stopped",
             Self::Warning => "warning",
         }
     }
@@ -124,6 +128,7 @@ impl EventKind {
                 | Self::Metrics
                 | Self::Eval
                 | Self::Checkpoint
+                | Self::EarlyStopped
                 | Self::Warning
         )
     }

@@ -48,7 +48,7 @@ pub use projections::PROJECTIONS;
 pub use stored::{MalformedRecord, StoredJson};
 pub use train_spec::{
     ActivationCheckpointing, ChatTemplateChoice, CheckpointPolicy, ComputeKind, DatasetFormat,
-    DeviceKind, DtypeKind, Hyperparameters, LoraSpec, MAX_LEARNING_RATE, MAX_LORA_ALPHA,
-    MAX_LORA_RANK, MAX_SEQ_LEN, MIN_LEARNING_RATE, SamplingSpec, Scheduler, SpecError, TrainSpec,
-    TrainingMethod,
+    DeviceKind, DtypeKind, EarlyStopping, Hyperparameters, LoraSpec, MAX_LEARNING_RATE,
+    MAX_LORA_ALPHA, MAX_LORA_RANK, MAX_SEQ_LEN, MIN_LEARNING_RATE, SamplingSpec, Scheduler,
+    SpecError, TrainSpec, TrainingMethod,
 };

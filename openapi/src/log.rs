@@ -64,6 +64,16 @@ pub enum LogEntry {
         /// Where it is stored.
         location: String,
     },
+    /// Early stopping kept the best validated step's adapter.
+    EarlyStopped {
+        /// Where training stopped, when before its last step.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stopped_at: Option<u64>,
+        /// The step kept.
+        best_step: u64,
+        /// Its validation loss (None when it was not a number).
+        best_validation_loss: Option<f64>,
+    },
 }
 
 impl LogEntry {
@@ -75,6 +85,7 @@ impl LogEntry {
             Self::Metrics { .. } => EventKind::Metrics,
             Self::Eval { .. } => EventKind::Eval,
             Self::Checkpoint { .. } => EventKind::Checkpoint,
+            Self::EarlyStopped { .. } => EventKind::EarlyStopped,
         }
     }
 
@@ -110,6 +121,15 @@ impl LogEntry {
             TrainEvent::Checkpoint { step, location } => Self::Checkpoint {
                 step: *step,
                 location: location.clone(),
+            },
+            TrainEvent::EarlyStopped {
+                stopped_at,
+                best_step,
+                best_validation_loss,
+            } => Self::EarlyStopped {
+                stopped_at: *stopped_at,
+                best_step: *best_step,
+                best_validation_loss: Some(*best_validation_loss),
             },
             TrainEvent::Sample { .. }
             | TrainEvent::Warning { .. }

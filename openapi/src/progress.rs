@@ -43,6 +43,17 @@ pub enum TrainEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         token_accuracy: Option<f64>,
     },
+    /// Early stopping chose the adapter the run keeps: the best validated step's.
+    EarlyStopped {
+        /// The step training stopped at, when the validation loss stopped improving
+        /// before the last step (absent when the run went to its end).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stopped_at: Option<u64>,
+        /// The step whose adapter is kept.
+        best_step: u64,
+        /// Its validation loss.
+        best_validation_loss: f64,
+    },
     /// A checkpoint was committed (its manifest written).
     Checkpoint {
         /// Optimiser steps completed.

@@ -243,6 +243,23 @@ pub struct Hyperparameters {
     /// Compute validation loss every N optimiser steps (it is always computed at the end).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eval_every_steps: Option<u64>,
+    /// Stop once the validation loss has not improved for `patience` validations, and
+    /// keep the best validated step's adapter (needs a validation file and
+    /// `eval_every_steps`). Off when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub early_stopping: Option<EarlyStopping>,
+}
+
+/// Early stopping on the validation loss.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EarlyStopping {
+    /// Validations in a row without improvement after which training stops (1–1000).
+    pub patience: u32,
+    /// How much lower than the best so far a validation loss must be to count as an
+    /// improvement (≥ 0).
+    #[serde(default)]
+    pub min_delta: f64,
 }
 
 impl Default for Hyperparameters {
@@ -260,6 +277,7 @@ impl Default for Hyperparameters {
             seed: 42,
             max_steps: None,
             eval_every_steps: None,
+            early_stopping: None,
         }
     }
 }
@@ -423,7 +441,33 @@ impl TrainSpec {
         self.check_lora(&mut bad);
         check_checkpoint(&self.checkpoint, &mut bad);
         self.check_method(&mut bad);
+        self.check_early_stopping(&mut bad);
         if errs.is_empty() { Ok(()) } else { Err(errs) }
+    }
+
+    /// Early stopping's settings are in range, and it has validations to watch.
+    fn check_early_stopping(&self, bad: Report<'_>) {
+        let Some(rule) = self.hyperparameters.early_stopping else {
+            return;
+        };
+        if !(1..=1000).contains(&rule.patience) {
+            bad(
+                "hyperparameters.early_stopping.patience",
+                format!("must be 1 to 1000, got {}", rule.patience),
+            );
+        }
+        if !(rule.min_delta.is_finite() && rule.min_delta >= 0.0) {
+            bad(
+                "hyperparameters.early_stopping.min_delta",
+                format!("must be ≥ 0, got {}", readable(rule.min_delta)),
+            );
+        }
+        if self.validation_file.is_none() || self.hyperparameters.eval_every_steps.is_none() {
+            bad(
+                "hyperparameters.early_stopping",
+                "watches the validation loss: give a validation file and eval_every_steps".into(),
+            );
+        }
     }
 
     /// DPO's β is in range, and its data can be preference pairs.

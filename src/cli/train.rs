@@ -84,6 +84,13 @@ pub struct TrainArgs {
     /// Compute validation loss every N steps.
     #[arg(long)]
     pub eval_every: Option<u64>,
+    /// Stop once this many validations in a row have not improved on the best, and
+    /// keep the best validated step's adapter (needs --validation-file and --eval-every).
+    #[arg(long)]
+    pub early_stopping_patience: Option<u32>,
+    /// How much lower than the best a validation loss must be to count as better.
+    #[arg(long, requires = "early_stopping_patience")]
+    pub early_stopping_min_delta: Option<f64>,
     /// Seed.
     #[arg(long)]
     pub seed: Option<u64>,
@@ -290,6 +297,15 @@ fn set_section_flags(obj: &mut SpecObject, args: &TrainArgs) -> Result<()> {
     nest!("hyperparameters", "max_steps", args.max_steps);
     nest!("hyperparameters", "eval_every_steps", args.eval_every);
     nest!("hyperparameters", "seed", args.seed);
+    nest!(
+        "hyperparameters",
+        "early_stopping",
+        args.early_stopping_patience
+            .map(|patience| tuneq_openapi::EarlyStopping {
+                patience,
+                min_delta: args.early_stopping_min_delta.unwrap_or(0.0),
+            })
+    );
     nest!("lora", "r", args.lora_r);
     nest!("lora", "alpha", args.lora_alpha);
     nest!("lora", "dropout", args.lora_dropout);

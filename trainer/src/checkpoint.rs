@@ -46,6 +46,21 @@ pub struct TrainerState {
     pub compute: Option<crate::compute::ComputeEnv>,
     /// Version of the trainer that wrote it.
     pub trainer_version: String,
+    /// Early stopping's watch so far (absent when the run does not stop early, or has
+    /// not validated yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub early_stopping: Option<EarlyStopState>,
+}
+
+/// Where early stopping stands: the best validation so far and the validations since.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct EarlyStopState {
+    /// The best validated step (its checkpoint is kept whatever `keep_last` says).
+    pub best_step: u64,
+    /// Its validation loss.
+    pub best_loss: f64,
+    /// Validations since then that did not improve on it.
+    pub without_improvement: u32,
 }
 
 /// How every random draw of a run can be replayed.
@@ -258,9 +273,30 @@ pub fn latest(
     Ok(None)
 }
 
-/// Deletes all but the newest `keep` complete checkpoints, and stale temporary folders.
-pub fn prune(output: &Path, keep: usize) -> Result<()> {
-    for (_, dir) in complete_checkpoints(output)?.into_iter().skip(keep) {
+/// The adapter tensors of the checkpoint of `step`, verified, with its folder.
+///
+/// # Errors
+/// [`Error::Checkpoint`] when there is no such complete checkpoint or it is damaged.
+pub fn adapter_of_step(
+    output: &Path,
+    step: u64,
+    device: &Device,
+) -> Result<(PathBuf, HashMap<String, Tensor>)> {
+    let dir = output.join(CHECKPOINTS_DIR).join(step_dir_name(step));
+    verify(&dir).map_err(|message| Error::Checkpoint {
+        path: dir.display().to_string(),
+        message,
+    })?;
+    let adapter =
+        crate::weights::load_safetensors(&dir.join(crate::peft::ADAPTER_WEIGHTS), device)?;
+    Ok((dir, adapter))
+}
+
+/// Deletes all but the newest `keep` complete checkpoints and the one of step `protect`
+/// (early stopping's best), and stale temporary folders.
+pub fn prune(output: &Path, keep: usize, protect: Option<u64>) -> Result<()> {
+    let old = complete_checkpoints(output)?.into_iter().skip(keep);
+    for (_, dir) in old.filter(|(step, _)| Some(*step) != protect) {
         std::fs::remove_dir_all(&dir).map_err(Error::io(&dir))?;
     }
     let root = output.join(CHECKPOINTS_DIR);

@@ -316,8 +316,9 @@ impl Output {
     }
 
     /// Uploads a committed local checkpoint (its manifest last), the metrics so far, and
-    /// drops remote checkpoints beyond the newest `keep`.
-    pub fn push_checkpoint(&self, dir: &Path, keep: usize) -> Result<()> {
+    /// drops remote checkpoints beyond the newest `keep` but the step `protect` (early
+    /// stopping's best).
+    pub fn push_checkpoint(&self, dir: &Path, keep: usize, protect: Option<u64>) -> Result<()> {
         let Some(m) = &self.remote else {
             return Ok(());
         };
@@ -338,7 +339,8 @@ impl Output {
                 )
                 .await?;
             }
-            for (_, old) in committed_steps(store).await?.into_iter().skip(keep) {
+            let committed = committed_steps(store).await?.into_iter().skip(keep);
+            for (_, old) in committed.filter(|(step, _)| Some(*step) != protect) {
                 // Manifest first: a half-deleted checkpoint is never taken for a whole one.
                 store.delete(&old.join(MANIFEST)?).await?;
                 let rest: Vec<ObjectMeta> = store.list(&old).try_collect().await?;

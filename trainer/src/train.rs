@@ -17,6 +17,7 @@
 
 mod accumulate;
 mod device;
+mod early_stop;
 mod evaluation;
 mod inputs;
 mod loading;

@@ -131,6 +131,23 @@ fn render_entry(record: &FineTuneRecord, mut entry: LogEntry) -> (String, bool, 
             true,
         ),
         LogEntry::Checkpoint { step, .. } => (format!("Checkpoint saved at step {step}"), false),
+        LogEntry::EarlyStopped {
+            stopped_at,
+            best_step,
+            best_validation_loss,
+        } => (
+            match stopped_at {
+                Some(at) => format!(
+                    "Early stopping at step {at}: the validation loss stopped improving; keeping step {best_step} (validation loss={})",
+                    loss_text(*best_validation_loss)
+                ),
+                None => format!(
+                    "Keeping the best validated step, {best_step} (validation loss={})",
+                    loss_text(*best_validation_loss)
+                ),
+            },
+            false,
+        ),
         LogEntry::Resumed { step, .. } => {
             (format!("Resumed from the checkpoint at step {step}"), false)
         }
@@ -203,7 +220,8 @@ fn render_plain(
         | EventKind::Resumed
         | EventKind::Metrics
         | EventKind::Eval
-        | EventKind::Checkpoint => format!("{}: {message}", event.kind.code()),
+        | EventKind::Checkpoint
+        | EventKind::EarlyStopped => format!("{}: {message}", event.kind.code()),
     }
 }
 

@@ -143,6 +143,7 @@ fn preemptions_by_pool(events: &[tuneq_queue::JobEvent]) -> Vec<tuneq_pools::Set
             | EventKind::TrainingStarted
             | EventKind::Resumed
             | EventKind::Metrics
+            | EventKind::EarlyStopped
             | EventKind::Eval
             | EventKind::Checkpoint
             | EventKind::Warning => {}

@@ -38,8 +38,22 @@ pub struct RunManifest {
     pub metrics: FinalMetrics,
     /// Files of the adapter and their digests.
     pub adapter_files: Vec<checkpoint::ManifestEntry>,
+    /// With early stopping: the validated step whose adapter the run kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub early_stopping: Option<EarlyStopped>,
     /// tuneq version.
     pub trainer_version: String,
+}
+
+/// What early stopping kept.
+#[derive(Debug, Serialize, serde::Deserialize)]
+pub struct EarlyStopped {
+    /// The step training stopped at, when before its last.
+    pub stopped_at: Option<u64>,
+    /// The step whose adapter is the run's.
+    pub best_step: u64,
+    /// Its validation loss.
+    pub best_validation_loss: f64,
 }
 
 /// A location and its SHA-256.

@@ -2,6 +2,7 @@
 //! optimiser), resume (from the latest sound checkpoint), train (the step loop) and
 //! finish (adapter, samples, manifest).
 
+use super::early_stop::Verdict;
 use super::evaluation::{Heldout, validate};
 use super::inputs::{EncodedData, adapter_sha256, encode_data, fingerprint, model_sha256};
 use super::loading::{LoadedModel, checked_model, load_model};
@@ -12,7 +13,7 @@ use super::preference::{pair_batch, pair_logps};
 use super::spec::{lora_settings, plan};
 use super::{Outcome, StopFlag, select_device, select_dtype};
 use crate::batch::{self, Batch, make_batch, streams};
-use crate::checkpoint::{self, RngState, TrainerState};
+use crate::checkpoint::{self, EarlyStopState, RngState, TrainerState};
 use crate::data::{EncodedPair, Encoder, Example};
 use crate::dpo::PairLogps;
 use crate::error::{Error, Result};
@@ -94,6 +95,10 @@ struct Run<'a> {
     /// the reference (the model the run starts from), computed before any step and
     /// again on every resume, from the same starting model: empty otherwise.
     reference: References,
+    /// Early stopping's watch (see [`super::early_stop`]).
+    early: Option<EarlyStopState>,
+    /// The last validation of this attempt: its step and loss.
+    validated: Option<(u64, f64)>,
     /// Optimiser steps done.
     step: u64,
     /// Non-padding tokens trained on.
@@ -196,6 +201,8 @@ impl<'a> Run<'a> {
             threads,
             base_val_loss,
             reference,
+            early: None,
+            validated: None,
             step: 0,
             tokens_seen: 0,
             last_loss: None,
@@ -250,6 +257,7 @@ impl<'a> Run<'a> {
             &ck.dir.display().to_string(),
         )?;
         self.step = ck.state.global_step;
+        self.early = ck.state.early_stopping;
         self.tokens_seen = ck.state.tokens_seen;
         self.last_loss = ck.state.last_loss;
         sink.event(&TrainEvent::Resumed {
@@ -294,6 +302,7 @@ impl<'a> Run<'a> {
             threads: self.threads,
             compute: Some(crate::compute::ComputeEnv::detect(&self.model)),
             trainer_version: env!("CARGO_PKG_VERSION").into(),
+            early_stopping: self.early,
         }
     }
 
@@ -310,8 +319,9 @@ impl<'a> Run<'a> {
             &self.opt,
             &state,
         )?;
-        checkpoint::prune(&self.output, keep)?;
-        self.out.push_checkpoint(&dir, keep)?;
+        let best = self.early.map(|e| e.best_step);
+        checkpoint::prune(&self.output, keep, best)?;
+        self.out.push_checkpoint(&dir, keep, best)?;
         let name = dir
             .file_name()
             .map(|n| n.to_string_lossy().to_string())
@@ -388,7 +398,7 @@ impl<'a> Run<'a> {
         let mut order_epoch = u32::MAX;
         let mut order = Vec::new();
         let total = self.total;
-        while self.step < total {
+        while self.step < total && !self.stopped_early() {
             if stop.is_set() {
                 self.commit(sink)?;
                 sink.event(&TrainEvent::Interrupted { step: self.step });
@@ -448,7 +458,18 @@ impl<'a> Run<'a> {
                 && step < total
             {
                 let bs = self.h.batch_size as usize;
-                validate(&self.model, data, (bs, self.pad_id), step, metrics, sink)?;
+                let loss = validate(&self.model, data, (bs, self.pad_id), step, metrics, sink)?;
+                self.validated = Some((step, loss));
+                match self.watch(step, loss) {
+                    // The best step's checkpoint is the one the run may end up keeping.
+                    Some(Verdict::Improved) => {
+                        self.commit(sink)?;
+                        last_ckpt = Instant::now();
+                        continue;
+                    }
+                    Some(Verdict::Stop) => break,
+                    Some(Verdict::Waiting) | None => {}
+                }
             }
             let by_steps = self
                 .spec
@@ -468,19 +489,77 @@ impl<'a> Run<'a> {
         Ok(None)
     }
 
-    /// After the last step: the final validation loss, a last checkpoint, the adapter,
-    /// samples (skipped on a stop request) and the manifest, then the remote mirror.
+    /// Early stopping's verdict on the validation loss of `step`, when the run stops early.
+    fn watch(&mut self, step: u64, loss: f64) -> Option<Verdict> {
+        let rule = self.h.early_stopping?;
+        Some(super::early_stop::observe(
+            &mut self.early,
+            rule,
+            step,
+            loss,
+        ))
+    }
+
+    /// Whether early stopping ended training (patience used up).
+    fn stopped_early(&self) -> bool {
+        match (self.h.early_stopping, self.early) {
+            (Some(rule), Some(state)) => state.without_improvement >= rule.patience,
+            _ => false,
+        }
+    }
+
+    /// With early stopping, makes the best validated step's adapter the model's (the
+    /// final validation `val_loss` counting as one more) and says so; returns the
+    /// validation loss of the adapter kept.
+    fn keep_best(
+        &mut self,
+        val_loss: Option<f64>,
+        sink: &mut dyn ProgressSink,
+    ) -> Result<Option<f64>> {
+        let (Some(rule), Some(best)) = (self.h.early_stopping, self.early) else {
+            return Ok(val_loss);
+        };
+        let (best_step, best_loss) = match val_loss {
+            Some(l) if l.is_finite() && l < best.best_loss - rule.min_delta => {
+                self.early = Some(EarlyStopState {
+                    best_step: self.step,
+                    best_loss: l,
+                    without_improvement: 0,
+                });
+                (self.step, l)
+            }
+            _ if best.best_step == self.step => (self.step, best.best_loss),
+            _ => {
+                let (dir, adapter) =
+                    checkpoint::adapter_of_step(&self.output, best.best_step, &self.device)?;
+                self.model
+                    .set_adapter(&self.settings, &adapter, &dir.display().to_string())?;
+                (best.best_step, best.best_loss)
+            }
+        };
+        sink.event(&TrainEvent::EarlyStopped {
+            stopped_at: (self.step < self.total).then_some(self.step),
+            best_step,
+            best_validation_loss: best_loss,
+        });
+        Ok(Some(best_loss))
+    }
+
+    /// After the last step: the final validation loss, a last checkpoint, the adapter
+    /// (with early stopping, the best validated step's), samples (skipped on a stop
+    /// request) and the manifest, then the remote mirror.
     fn finish(
-        self,
+        mut self,
         metrics: &MetricsFile,
         sink: &mut dyn ProgressSink,
         stop: &StopFlag,
     ) -> Result<Outcome> {
-        let (spec, output) = (self.spec, &self.output);
         let val_loss = self.final_validation(metrics, sink)?;
         metrics.write_results_csv()?;
         // The last checkpoint makes a kill during export or sampling cheap to recover from.
         self.commit(sink)?;
+        let val_loss = self.keep_best(val_loss, sink)?;
+        let (spec, output) = (self.spec, &self.output);
         crate::peft::save_adapter(&self.model, &self.settings, &spec.model, output)?;
         self.write_samples(stop, sink)?;
         let manifest = self.manifest(val_loss, adapter_files(output)?);
@@ -505,8 +584,8 @@ impl<'a> Run<'a> {
         })
     }
 
-    /// The validation loss after the last step (recorded like every evaluation), when
-    /// there is validation data.
+    /// The validation loss after the last step (recorded like every evaluation, unless
+    /// the step was just validated), when there is validation data.
     fn final_validation(
         &self,
         metrics: &MetricsFile,
@@ -515,6 +594,10 @@ impl<'a> Run<'a> {
         let Some(data) = self.heldout() else {
             return Ok(None);
         };
+        // A run early stopping ended has just validated its last step.
+        if let Some((_, loss)) = self.validated.filter(|v| v.0 == self.step) {
+            return Ok(Some(loss));
+        }
         let at = (self.h.batch_size as usize, self.pad_id);
         let l = validate(&self.model, data, at, self.step, metrics, sink)?;
         Ok(Some(l))
@@ -600,6 +683,14 @@ impl<'a> Run<'a> {
                 validation_examples: self.val.as_ref().map_or(0, |v| v.items() as u64),
             },
             adapter_files,
+            early_stopping: self
+                .early
+                .filter(|_| self.h.early_stopping.is_some())
+                .map(|e| super::manifest::EarlyStopped {
+                    stopped_at: (self.step < self.total).then_some(self.step),
+                    best_step: e.best_step,
+                    best_validation_loss: e.best_loss,
+                }),
             trainer_version: env!("CARGO_PKG_VERSION").into(),
         }
     }
