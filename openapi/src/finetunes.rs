@@ -54,6 +54,10 @@ pub struct HyperparametersRequest {
     /// or `"auto"` (0.1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub beta: Option<AutoOrNumber>,
+    /// Stop once the validation loss has not improved for `patience` validations and
+    /// keep the best validated step's model (tuneq; needs a validation file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub early_stopping: Option<crate::EarlyStopping>,
     /// Peak learning rate, instead of a multiplier of the base one (tuneq).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub learning_rate: Option<f64>,

@@ -199,6 +199,31 @@ def test_a_fine_tune_runs_to_an_adapter_that_peft_loads(client, service, tmp_pat
     assert not torch.allclose(before, after), "a trained adapter changes the model's output"
 
 
+def test_early_stopping_ends_a_job_whose_validation_loss_stops_improving(client):
+    train = upload(client, TRAIN[:96], "train.jsonl")
+    valid = upload(client, VALID[:16], "valid.jsonl")
+    hyperparameters = {"n_epochs": 6, "batch_size": 8, "learning_rate": 0.05,
+                       "early_stopping": {"patience": 1, "min_delta": 0.0}}
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.fine_tuning.jobs.create(
+            model=DEMO_MODEL, training_file=train,
+            method={"type": "supervised", "supervised": {"hyperparameters": hyperparameters}})
+    assert caught.value.body["param"] == "hyperparameters.early_stopping"
+    job = client.fine_tuning.jobs.create(
+        model=DEMO_MODEL, training_file=train, validation_file=valid,
+        method={"type": "supervised", "supervised": {"hyperparameters": hyperparameters}})
+    done = wait_for(client, job.id, terminal)
+    assert done.status == "succeeded", done.error
+    progress = done.model_extra["progress"]
+    assert progress["step"] < progress["total_steps"], progress
+    kept = [e for e in client.fine_tuning.jobs.list_events(job.id, limit=100)
+            if e.message.startswith("Early stopping at step")]
+    assert len(kept) == 1, [e.message for e in client.fine_tuning.jobs.list_events(job.id)]
+    assert kept[0].data["best_step"] < kept[0].data["stopped_at"] == progress["step"]
+    rows = list(csv.DictReader(io.StringIO(client.files.content(done.result_files[0]).text)))
+    assert int(rows[-1]["step"]) == progress["step"]
+
+
 def test_requests_that_can_never_run_are_refused_and_change_nothing(client):
     train = upload(client, TRAIN[:16], "small.jsonl")
     before = len(list(client.fine_tuning.jobs.list()))

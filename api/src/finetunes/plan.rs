@@ -719,6 +719,14 @@ fn job_spec(
     if files.validation.is_some() {
         hp.eval_every_steps = spec.checkpoint.every_steps;
     }
+    if h.early_stopping.is_some() && files.validation.is_none() {
+        return Err(ApiError::invalid(
+            "hyperparameters.early_stopping",
+            Code::InvalidValue,
+            "Early stopping watches the validation loss: give a validation_file.",
+        ));
+    }
+    hp.early_stopping = h.early_stopping;
     if let Err(problems) = spec.validate() {
         return Err(spec_problems(&problems));
     }
