@@ -870,14 +870,12 @@ fn a_run_starts_from_the_adapter_it_is_given_and_refuses_one_of_another_shape() 
 /// 4 with 2 accumulated: 2 steps an epoch, 4 in all, a checkpoint every 2).
 fn dpo_args(output: &Path) -> Vec<String> {
     let pairs = repo().join("examples/data/openai-preference.jsonl");
-    let mut args = resume_args(output, &pairs);
-    let at = args
-        .iter()
-        .position(|a| a == "--max-seq-len")
-        .expect("flag");
-    args[at + 1] = "512".into();
-    args.extend(["--method", "dpo", "--beta", "0.2"].map(String::from));
-    args
+    let flags = [
+        ("--max-seq-len", "512"),
+        ("--method", "dpo"),
+        ("--beta", "0.2"),
+    ];
+    with_flags(resume_args(output, &pairs), &flags)
 }
 
 /// The `preference` figures of each step a run reports.
@@ -942,15 +940,11 @@ fn dpo_continues_an_adapter_against_it_and_each_method_refuses_the_other_s_data(
     let (dir, train) = dir_with_task(16);
     let sft = dir.path().join("sft");
     run_to_end(&resume_args(&sft, &train));
-    let mut args = dpo_args(&dir.path().join("dpo"));
+    let args = dpo_args(&dir.path().join("dpo"));
     // Without dropout the policy's first forward is the reference's (which never has
     // any): the first step sees no reward.
-    let at = args
-        .iter()
-        .position(|a| a == "--lora-dropout")
-        .expect("flag");
-    args[at + 1] = "0".into();
-    args.extend(["--init-adapter".into(), sft.display().to_string()]);
+    let sft = sft.display().to_string();
+    let args = with_flags(args, &[("--lora-dropout", "0"), ("--init-adapter", &sft)]);
     let steps = step_events(&run_to_end(&args).stdout);
     assert!((steps[0]["loss"].as_f64().expect("loss") - std::f64::consts::LN_2).abs() < 1e-12);
     assert_eq!(steps[0]["preference"]["rewards_chosen"], 0.0);
@@ -970,52 +964,39 @@ fn dpo_continues_an_adapter_against_it_and_each_method_refuses_the_other_s_data(
     refused(&chats_for_dpo, "method");
     let pairs = repo().join("examples/data/openai-preference.jsonl");
     refused(&resume_args(&dir.path().join("b"), &pairs), "method");
-    let mut bad_beta = dpo_args(&dir.path().join("c"));
-    let at = bad_beta.iter().position(|a| a == "--beta").expect("flag");
-    bad_beta[at + 1] = "0".into();
+    let bad_beta = with_flags(dpo_args(&dir.path().join("c")), &[("--beta", "0")]);
     refused(&bad_beta, "method.beta");
+}
+
+/// `args` with each `(flag, value)` set: replaced where the flag is, added where not.
+fn with_flags(mut args: Vec<String>, flags: &[(&str, &str)]) -> Vec<String> {
+    for &(flag, value) in flags {
+        match args.iter().position(|a| a == flag) {
+            Some(at) => args[at + 1] = value.into(),
+            None => args.extend([flag.into(), value.into()]),
+        }
+    }
+    args
 }
 
 /// A run on the shipped task whose validation loss stops improving (lr 0.05, validated
 /// every 2 steps, patience 2, one checkpoint kept).
 fn early_stopping_args(output: &Path) -> Vec<String> {
-    let (train, val) = (
-        repo().join("examples/data/tiny-task-train.jsonl"),
-        repo().join("examples/data/tiny-task-val.jsonl"),
-    );
-    [
-        "train",
-        "--progress",
-        "json",
-        "--model",
-        tiny_model().to_str().expect("utf8"),
-        "--train-file",
-        train.to_str().expect("utf8"),
-        "--validation-file",
-        val.to_str().expect("utf8"),
-        "--output",
-        output.to_str().expect("utf8"),
-        "--epochs",
-        "3",
-        "--batch-size",
-        "8",
-        "--lr",
-        "0.05",
-        "--eval-every",
-        "2",
-        "--early-stopping-patience",
-        "2",
-        "--keep-checkpoints",
-        "1",
-        "--checkpoint-every",
-        "100",
-        "--samples",
-        "0",
-        "--seed",
-        "3",
-    ]
-    .map(String::from)
-    .to_vec()
+    let train = repo().join("examples/data/tiny-task-train.jsonl");
+    let val = repo().join("examples/data/tiny-task-val.jsonl");
+    let flags = [
+        ("--validation-file", val.to_str().expect("utf8")),
+        ("--epochs", "3"),
+        ("--batch-size", "8"),
+        ("--grad-accum", "1"),
+        ("--lr", "0.05"),
+        ("--eval-every", "2"),
+        ("--early-stopping-patience", "2"),
+        ("--keep-checkpoints", "1"),
+        ("--checkpoint-every", "100"),
+        ("--samples", "0"),
+    ];
+    with_flags(resume_args(output, &train), &flags)
 }
 
 #[test]

@@ -141,6 +141,28 @@ impl RowWeights<'_> {
             Self::PerRow(w) => w[row],
         }
     }
+
+    /// How many weights there are, when one per row.
+    fn len(&self) -> Option<usize> {
+        match self {
+            Self::Uniform(_) => None,
+            Self::PerRow(w) => Some(w.len()),
+        }
+    }
+
+    /// The losses of the rows `rows` (`losses[i]` is row `rows[i]`'s), summed as the
+    /// result adds them: plain for a uniform weight (applied to the whole sum at the
+    /// end), weighted row by row otherwise.
+    fn sum(&self, rows: &[usize], losses: &[f64]) -> f64 {
+        match self {
+            Self::Uniform(_) => losses.iter().sum(),
+            Self::PerRow(w) => rows
+                .iter()
+                .zip(losses)
+                .map(|(&r, &loss)| w[r] as f64 * loss)
+                .sum(),
+        }
+    }
 }
 
 /// What [`linear_cross_entropy_with`] writes besides its sum: the hidden state's
@@ -254,16 +276,17 @@ pub(crate) fn linear_cross_entropy_with(
     if let Some(c) = correct.as_deref_mut() {
         *c = 0;
     }
-    expect_len("hidden", hidden.len(), n * h)?;
-    expect_len("lm_head", head.len(), vocab * h)?;
-    if let Some(d) = &d_hidden {
-        expect_len("d_hidden", d.len(), n * h)?;
-    }
-    if let Some(out) = &row_losses {
-        expect_len("row_losses", out.len(), n)?;
-    }
-    if let RowWeights::PerRow(w) = weights {
-        expect_len("weights", w.len(), n)?;
+    let given = [
+        ("hidden", Some(hidden.len()), n * h),
+        ("lm_head", Some(head.len()), vocab * h),
+        ("d_hidden", d_hidden.as_ref().map(|d| d.len()), n * h),
+        ("row_losses", row_losses.as_ref().map(|r| r.len()), n),
+        ("weights", weights.len(), n),
+    ];
+    for (buffer, len, expected) in given {
+        if let Some(len) = len {
+            expect_len(buffer, len, expected)?;
+        }
     }
     if let Some((row, &target)) = targets
         .iter()
@@ -291,76 +314,113 @@ pub(crate) fn linear_cross_entropy_with(
         return Ok(0.0);
     }
 
-    let grad = d_hidden.is_some();
-    let (rows, [h_c, logits, dh_c]) = chunk_lengths(h, vocab, labelled.len(), grad);
-    let mut h_c = vec![0f32; h_c];
-    let mut logits = vec![0f32; logits];
-    let mut dh_c = vec![0f32; dh_c];
-    let mut row_loss = vec![0f64; rows];
-    let mut row_hit = vec![false; rows];
-    let mut total = 0f64;
-
-    for chunk in labelled.chunks(rows) {
-        let m = chunk.len();
-        for (dst, &r) in h_c.chunks_mut(h.max(1)).zip(chunk) {
-            head.gather(&hidden[r * h..(r + 1) * h], dst);
-        }
-        let logits = &mut logits[..m * vocab];
-        head.product(
-            &h_c,
-            (m, h, h),
-            (vocab, h),
-            true,
-            MatMut::new(logits, m, vocab),
-        );
-        logits
-            .par_chunks_mut(vocab)
-            .zip(chunk.par_iter())
-            .zip(row_loss[..m].par_iter_mut())
-            .zip(row_hit[..m].par_iter_mut())
-            .for_each(|(((l, &r), loss), hit)| {
-                // The check above makes every labelled target a valid index.
-                let t = targets[r] as usize;
-                (*loss, *hit) = softmax_row(l, t, grad.then(|| weights.of(r)));
-                if grad {
-                    head.prepare_gradient(l);
-                }
-            });
-        match weights {
-            RowWeights::Uniform(_) => total += row_loss[..m].iter().sum::<f64>(),
-            RowWeights::PerRow(w) => {
-                total += (chunk.iter().zip(&row_loss[..m]))
-                    .map(|(&r, &loss)| w[r] as f64 * loss)
-                    .sum::<f64>();
-            }
-        }
-        if let Some(out) = row_losses.as_deref_mut() {
-            for (&r, &loss) in chunk.iter().zip(&row_loss[..m]) {
-                out[r] = loss;
-            }
-        }
-        if let Some(c) = correct.as_deref_mut() {
-            *c += row_hit[..m].iter().filter(|&&hit| hit).count() as u64;
-        }
-
-        if let Some(d) = d_hidden.as_deref_mut() {
-            let dh_c = &mut dh_c[..m * h];
-            head.product(
-                logits,
-                (m, vocab, vocab),
-                (vocab, h),
-                false,
-                MatMut::new(dh_c, m, h),
-            );
-            for (src, &r) in dh_c.chunks(h.max(1)).zip(chunk) {
-                d[r * h..(r + 1) * h].copy_from_slice(src);
-            }
-        }
-    }
+    let rows = Rows {
+        hidden,
+        h,
+        head,
+        vocab,
+        targets,
+    };
+    let total = rows.over_chunks(&labelled, weights, (d_hidden, row_losses, correct));
     Ok(match weights {
         RowWeights::Uniform(scale) => total * scale as f64,
         RowWeights::PerRow(_) => total,
     })
+}
+
+/// The rows [`linear_cross_entropy_with`] takes, checked.
+struct Rows<'a> {
+    hidden: &'a [f32],
+    h: usize,
+    head: Head<'a>,
+    vocab: usize,
+    targets: &'a [i64],
+}
+
+/// Where [`Rows::over_chunks`] writes: the hidden state's gradient, each row's loss, the
+/// rows ranked right.
+type Written<'o> = (
+    Option<&'o mut [f32]>,
+    Option<&'o mut [f64]>,
+    Option<&'o mut u64>,
+);
+
+impl Rows<'_> {
+    /// The weighted sum of the `labelled` rows' losses (the uniform weight not yet
+    /// applied), [`chunk_rows`] rows at a time, writing what `written` asks for.
+    fn over_chunks(
+        &self,
+        labelled: &[usize],
+        weights: RowWeights<'_>,
+        written: Written<'_>,
+    ) -> f64 {
+        let Self {
+            hidden,
+            h,
+            head,
+            vocab,
+            targets,
+        } = *self;
+        let (mut d_hidden, mut row_losses, mut correct) = written;
+        let grad = d_hidden.is_some();
+        let (rows, [h_c, logits, dh_c]) = chunk_lengths(h, vocab, labelled.len(), grad);
+        let mut h_c = vec![0f32; h_c];
+        let mut logits = vec![0f32; logits];
+        let mut dh_c = vec![0f32; dh_c];
+        let mut row_loss = vec![0f64; rows];
+        let mut row_hit = vec![false; rows];
+        let mut total = 0f64;
+        for chunk in labelled.chunks(rows) {
+            let m = chunk.len();
+            for (dst, &r) in h_c.chunks_mut(h.max(1)).zip(chunk) {
+                head.gather(&hidden[r * h..(r + 1) * h], dst);
+            }
+            let logits = &mut logits[..m * vocab];
+            head.product(
+                &h_c,
+                (m, h, h),
+                (vocab, h),
+                true,
+                MatMut::new(logits, m, vocab),
+            );
+            logits
+                .par_chunks_mut(vocab)
+                .zip(chunk.par_iter())
+                .zip(row_loss[..m].par_iter_mut())
+                .zip(row_hit[..m].par_iter_mut())
+                .for_each(|(((l, &r), loss), hit)| {
+                    // The check above makes every labelled target a valid index.
+                    let t = targets[r] as usize;
+                    (*loss, *hit) = softmax_row(l, t, grad.then(|| weights.of(r)));
+                    if grad {
+                        head.prepare_gradient(l);
+                    }
+                });
+            total += weights.sum(chunk, &row_loss[..m]);
+            if let Some(out) = row_losses.as_deref_mut() {
+                for (&r, &loss) in chunk.iter().zip(&row_loss[..m]) {
+                    out[r] = loss;
+                }
+            }
+            if let Some(c) = correct.as_deref_mut() {
+                *c += row_hit[..m].iter().filter(|&&hit| hit).count() as u64;
+            }
+            if let Some(d) = d_hidden.as_deref_mut() {
+                let dh_c = &mut dh_c[..m * h];
+                head.product(
+                    logits,
+                    (m, vocab, vocab),
+                    (vocab, h),
+                    false,
+                    MatMut::new(dh_c, m, h),
+                );
+                for (src, &r) in dh_c.chunks(h.max(1)).zip(chunk) {
+                    d[r * h..(r + 1) * h].copy_from_slice(src);
+                }
+            }
+        }
+        total
+    }
 }
 
 crate::simd::wide_twin!(

@@ -270,19 +270,11 @@ impl<'b> BatchView<'b> {
     }
 }
 
-/// [`crate::train::accumulate`] on the fused kernels: the same loss, gradients and
-/// dropout masks (drawn from the same stream in the same order).
+/// [`crate::train::accumulate_for`] on the fused kernels: the same loss, gradients and
+/// dropout masks (drawn from the same stream in the same order), for `objective`: the
+/// mean cross-entropy, or DPO, whose micro-batches run the weighted step
+/// (`llama::forward_backward_weighted`).
 pub fn accumulate(
-    model: &Llama,
-    batches: &[Batch],
-    dropout: Option<StepDropout<'_>>,
-) -> Result<StepResult> {
-    accumulate_for(model, batches, dropout, Objective::CrossEntropy)
-}
-
-/// [`accumulate`] for `objective`: the mean cross-entropy, or DPO, whose micro-batches
-/// run the weighted step (`llama::forward_backward_weighted`).
-pub fn accumulate_for(
     model: &Llama,
     batches: &[Batch],
     mut dropout: Option<StepDropout<'_>>,
@@ -506,7 +498,7 @@ mod tests {
                 record: Some(&mut masks),
             });
             let r = if fused {
-                accumulate(m, &data, d)
+                accumulate(m, &data, d, Objective::CrossEntropy)
             } else {
                 crate::train::accumulate_on_graph(m, &data, d)
             };
@@ -608,8 +600,20 @@ mod tests {
             packed.rows * packed.len < padded.rows * padded.len,
             "packing saved nothing"
         );
-        let a = accumulate(&m, std::slice::from_ref(&padded), None).expect("padded");
-        let b = accumulate(&m, std::slice::from_ref(&packed), None).expect("packed");
+        let a = accumulate(
+            &m,
+            std::slice::from_ref(&padded),
+            None,
+            Objective::CrossEntropy,
+        )
+        .expect("padded");
+        let b = accumulate(
+            &m,
+            std::slice::from_ref(&packed),
+            None,
+            Objective::CrossEntropy,
+        )
+        .expect("packed");
         assert!(
             (a.loss - b.loss).abs() <= 1e-6 * a.loss.abs(),
             "{} vs {}",
@@ -646,7 +650,7 @@ mod tests {
                 rng: &mut rng,
                 record: None,
             });
-            accumulate(m, &data, d).expect("a step")
+            accumulate(m, &data, d, Objective::CrossEntropy).expect("a step")
         };
         let kept = run(&m);
         m.checkpoint_layers = true;
@@ -719,8 +723,8 @@ mod tests {
             assert_eq!(ComputePath::for_model(&narrow), ComputePath::CpuFused);
             let data = batches(wide.cfg.vocab_size() as u32, SHORT);
             let (a, b) = (
-                accumulate(&wide, &data, None).expect("f32 step"),
-                accumulate(&narrow, &data, None).expect("bf16 step"),
+                accumulate(&wide, &data, None, Objective::CrossEntropy).expect("f32 step"),
+                accumulate(&narrow, &data, None, Objective::CrossEntropy).expect("bf16 step"),
             );
             assert_eq!(a.loss.to_bits(), b.loss.to_bits(), "tie {tie}: loss");
             for (x, y) in a.grads.iter().zip(&b.grads) {

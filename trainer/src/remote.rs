@@ -364,7 +364,7 @@ impl Output {
                 crate::peft::ADAPTER_WEIGHTS,
                 "samples.jsonl",
                 "metrics.jsonl",
-                crate::train::RESULTS_CSV,
+                tuneq_storage::layout::RESULTS_CSV,
             ] {
                 let path = self.local.join(f);
                 if path.is_file() {

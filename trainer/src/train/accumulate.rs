@@ -28,7 +28,7 @@ pub fn accumulate_for(
 ) -> Result<StepResult> {
     match crate::fast::ComputePath::for_model(model) {
         crate::fast::ComputePath::CpuFused => {
-            crate::fast::accumulate_for(model, batches, dropout, objective)
+            crate::fast::accumulate(model, batches, dropout, objective)
         }
         crate::fast::ComputePath::Graph => {
             accumulate_on_graph_for(model, batches, dropout, objective)

@@ -453,40 +453,53 @@ impl<'a> Run<'a> {
             };
             metrics.append(&json_line(&m)?)?;
             sink.event(&TrainEvent::Step(m));
-            if let (Some(every), Some(data)) = (self.h.eval_every_steps, self.heldout())
-                && step.is_multiple_of(every)
-                && step < total
-            {
-                let bs = self.h.batch_size as usize;
-                let loss = validate(&self.model, data, (bs, self.pad_id), step, metrics, sink)?;
-                self.validated = Some((step, loss));
-                match self.watch(step, loss) {
-                    // The best step's checkpoint is the one the run may end up keeping.
-                    Some(Verdict::Improved) => {
-                        self.commit(sink)?;
-                        last_ckpt = Instant::now();
-                        continue;
-                    }
-                    Some(Verdict::Stop) => break,
-                    Some(Verdict::Waiting) | None => {}
-                }
-            }
-            let by_steps = self
-                .spec
-                .checkpoint
-                .every_steps
-                .is_some_and(|n| step.is_multiple_of(n));
-            let by_time = self
-                .spec
-                .checkpoint
-                .every_seconds
-                .is_some_and(|s| last_ckpt.elapsed().as_secs() >= s);
-            if (by_steps || by_time) && step < total {
-                self.commit(sink)?;
-                last_ckpt = Instant::now();
+            if self.after_step(metrics, sink, &mut last_ckpt)? == Verdict::Stop {
+                break;
             }
         }
         Ok(None)
+    }
+
+    /// After a step that is not the last: the validation the spec asks for (with early
+    /// stopping's verdict on it: a new best is checkpointed at once) and the checkpoint
+    /// it asks for. Returns [`Verdict::Stop`] when early stopping ends training.
+    fn after_step(
+        &mut self,
+        metrics: &MetricsFile,
+        sink: &mut dyn ProgressSink,
+        last_ckpt: &mut Instant,
+    ) -> Result<Verdict> {
+        let step = self.step;
+        if step >= self.total {
+            return Ok(Verdict::Waiting);
+        }
+        if let (Some(every), Some(data)) = (self.h.eval_every_steps, self.heldout())
+            && step.is_multiple_of(every)
+        {
+            let at = (self.h.batch_size as usize, self.pad_id);
+            let loss = validate(&self.model, data, at, step, metrics, sink)?;
+            self.validated = Some((step, loss));
+            match self.watch(step, loss) {
+                // The best step's checkpoint is the one the run may end up keeping.
+                Some(Verdict::Improved) => {
+                    self.commit(sink)?;
+                    *last_ckpt = Instant::now();
+                    return Ok(Verdict::Improved);
+                }
+                Some(Verdict::Stop) => return Ok(Verdict::Stop),
+                Some(Verdict::Waiting) | None => {}
+            }
+        }
+        let policy = &self.spec.checkpoint;
+        let by_steps = policy.every_steps.is_some_and(|n| step.is_multiple_of(n));
+        let by_time = policy
+            .every_seconds
+            .is_some_and(|s| last_ckpt.elapsed().as_secs() >= s);
+        if by_steps || by_time {
+            self.commit(sink)?;
+            *last_ckpt = Instant::now();
+        }
+        Ok(Verdict::Waiting)
     }
 
     /// Early stopping's verdict on the validation loss of `step`, when the run stops early.
