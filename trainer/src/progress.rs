@@ -101,6 +101,18 @@ impl ProgressSink for TerminalBar {
                         prompt, completion, ..
                     } => format!("sample: {prompt:?} → {completion:?}"),
                     TrainEvent::Warning { message } => format!("warning: {message}"),
+                    TrainEvent::EarlyStopped {
+                        stopped_at,
+                        best_step,
+                        best_validation_loss,
+                    } => match stopped_at {
+                        Some(at) => format!(
+                            "early stopping at step {at}: keeping step {best_step} (validation loss {best_validation_loss:.4})"
+                        ),
+                        None => format!(
+                            "keeping the best validated step, {best_step} (validation loss {best_validation_loss:.4})"
+                        ),
+                    },
                     TrainEvent::Interrupted { step } => {
                         format!("interrupted; checkpoint at step {step} written")
                     }

@@ -502,7 +502,10 @@ pub(crate) async fn retrieve(file: Own<FileObject>) -> ApiResult<HttpResponse> {
 #[utoipa::path(get, path = "/v1/files/{id}/content", tag = "files", operation_id = "download_file",
     params(("id" = String, Path, description = "`file-…`")),
     responses(
-        (status = 200, description = "The JSONL bytes", content_type = "application/jsonl", body = inline(tuneq_openapi::Binary)),
+        (status = 200, description = "The file's bytes: JSONL for an upload, CSV for a job's result file", content(
+            (inline(tuneq_openapi::Binary) = "application/jsonl"),
+            (inline(tuneq_openapi::Binary) = "text/csv"),
+        )),
         Own<FileObject>,
         (status = 429, description = "The tenant (or the server) has as many downloads in progress as it may \
 (`too_many_downloads`); retry after `retry-after`", body = ErrorBody),
