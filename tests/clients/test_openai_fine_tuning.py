@@ -209,8 +209,9 @@ def test_early_stopping_ends_a_job_whose_validation_loss_stops_improving(client)
             model=DEMO_MODEL, training_file=train,
             method={"type": "supervised", "supervised": {"hyperparameters": hyperparameters}})
     assert caught.value.body["param"] == "hyperparameters.early_stopping"
+    # A fixed seed: the same trajectory, whose validation loss turns back up, every run.
     job = client.fine_tuning.jobs.create(
-        model=DEMO_MODEL, training_file=train, validation_file=valid,
+        model=DEMO_MODEL, training_file=train, validation_file=valid, seed=7,
         method={"type": "supervised", "supervised": {"hyperparameters": hyperparameters}})
     done = wait_for(client, job.id, terminal)
     assert done.status == "succeeded", done.error
