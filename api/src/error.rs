@@ -100,8 +100,13 @@ codes! {
     DoesNotFit = (BAD_REQUEST, "does_not_fit"),
     /// Every pool that could run the job would cost more than `max_cost`.
     OverBudget = (BAD_REQUEST, "over_budget"),
-    /// The job has already finished, so there is nothing to cancel.
+    /// The job has already finished, so there is nothing to cancel, pause or resume.
     JobAlreadyFinished = (BAD_REQUEST, "job_already_finished"),
+    /// The job is being cancelled, so it cannot be paused or resumed.
+    JobBeingCancelled = (BAD_REQUEST, "job_being_cancelled"),
+    /// Only a paused job can be resumed (one still pausing included: resume it once
+    /// its status is `paused`).
+    JobNotPaused = (BAD_REQUEST, "job_not_paused"),
     /// The job has not succeeded, so it has no adapter yet.
     AdapterNotReady = (BAD_REQUEST, "adapter_not_ready"),
     /// This server's object store cannot presign URLs; use the tar download.

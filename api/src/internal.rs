@@ -4,14 +4,17 @@
 //! (`Authorization: Bearer <credential>`, see [`tuneq_queue::AttemptSigner`]). Each
 //! report renews the attempt's lease and is fenced by the queue: a report from an
 //! attempt that was superseded, preempted or cancelled is refused with 410 and changes
-//! nothing, which tells that trainer to stop. A `finished` event completes the job.
+//! nothing, which tells that trainer to stop. A `finished` event completes the job. The
+//! answer to a delivered report ([`AttemptReportAnswer`]) asks the trainer to write a
+//! checkpoint and stop when its tenant paused the job.
 
 use crate::error::{ApiError, ApiResult, Code};
 use crate::records::finetune::AttemptResult;
 use crate::state::AppState;
 use actix_web::{HttpRequest, HttpResponse, web};
 use tuneq_openapi::{
-    AttemptReport, EventKind, JobPayload, LogEntry, Progress, StoredJson, TrainEvent,
+    AttemptReport, AttemptReportAnswer, EventKind, JobPayload, LogEntry, Progress, StoredJson,
+    TrainEvent,
 };
 use tuneq_queue::{JobQueue, JobState, NewEvent, QueueError};
 
@@ -193,7 +196,7 @@ pub(crate) async fn report(
         QueueError::NotFound(_) => gone(Code::JobGone, "The job no longer exists."),
         other => other.into(),
     };
-    state
+    let renewal = state
         .queue
         .report(&id, token, body.seq, Some(&progress_json), &log_events)
         .await
@@ -238,7 +241,11 @@ pub(crate) async fn report(
             tracing::info!(token, step, "attempt finished; job succeeded");
         }
     }
-    Ok(HttpResponse::NoContent().finish())
+    // A pause reaches the trainer here, within a report's interval; its dispatcher's
+    // heartbeat would stop it too, later (a trainer that stopped reporting).
+    Ok(HttpResponse::Ok().json(AttemptReportAnswer {
+        checkpoint_and_stop: renewal.pause_requested,
+    }))
 }
 
 #[cfg(test)]

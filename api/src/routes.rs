@@ -98,6 +98,7 @@ macro_rules! declare {
 declare! {
     files::upload, files::list, files::retrieve, files::content, files::delete,
     finetunes::create, finetunes::list, finetunes::retrieve, finetunes::cancel,
+    finetunes::pause, finetunes::resume,
     finetunes::events, finetunes::checkpoints, finetunes::adapter, finetunes::adapter_urls,
     models::list, models::retrieve, models::delete, webhooks::secret, webhooks::rotate_secret,
     admin::create_tenant, admin::create_key, admin::list_keys, admin::revoke_key,

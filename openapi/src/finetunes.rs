@@ -368,6 +368,10 @@ pub struct FineTuneJob {
     pub preemptions: u32,
     /// Steps trained again after attempts ended past their last checkpoint (tuneq).
     pub lost_steps: u64,
+    /// A pause was asked while an attempt runs: the attempt is writing a checkpoint
+    /// and stopping, and the status turns `paused` once it has (tuneq).
+    #[serde(default)]
+    pub pause_requested: bool,
     /// What training is expected to take on the first pool of the job's list, made at
     /// create from the pool's price and speed (tuneq; absent when the speed or the
     /// training file's token count is unknown).
@@ -437,6 +441,9 @@ pub enum JobStatus {
     Failed,
     /// Cancelled.
     Cancelled,
+    /// Paused by its tenant (`POST …/pause`): holding no machine, its progress in a
+    /// checkpoint, until `POST …/resume` puts it back in line.
+    Paused,
 }
 
 impl JobStatus {
@@ -448,6 +455,7 @@ impl JobStatus {
         Self::Succeeded,
         Self::Failed,
         Self::Cancelled,
+        Self::Paused,
     ];
 
     /// Its name on the wire.
@@ -459,6 +467,7 @@ impl JobStatus {
             Self::Succeeded => "succeeded",
             Self::Failed => "failed",
             Self::Cancelled => "cancelled",
+            Self::Paused => "paused",
         }
     }
 
@@ -668,6 +677,16 @@ pub struct AttemptReport {
     pub seq: u64,
     /// Events since the previous report, in order.
     pub events: Vec<TrainEvent>,
+}
+
+/// What the control plane answers a delivered [`AttemptReport`]: what the attempt is to
+/// do next.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct AttemptReportAnswer {
+    /// The tenant paused the job: write a checkpoint and stop as after SIGTERM (the
+    /// launch contract's interrupted exit); the job waits paused until resumed.
+    #[serde(default)]
+    pub checkpoint_and_stop: bool,
 }
 
 /// What a fine-tune's queue job carries from the API to a dispatcher: everything an

@@ -41,6 +41,14 @@ pub enum EventKind {
     CancelRequested,
     /// The job was cancelled.
     Cancelled,
+    /// The tenant asked for a pause while an attempt runs: it is being stopped after a
+    /// checkpoint.
+    PauseRequested,
+    /// The job was paused: it holds no machine until resumed.
+    Paused,
+    /// The tenant resumed the paused job: it is back in line, and its next attempt
+    /// starts from its last checkpoint.
+    Unpaused,
     /// The job succeeded.
     Succeeded,
     /// A trainer's report: the attempt loaded its data and model (the event's `data`).
@@ -76,6 +84,9 @@ impl EventKind {
         Self::Failed,
         Self::CancelRequested,
         Self::Cancelled,
+        Self::PauseRequested,
+        Self::Paused,
+        Self::Unpaused,
         Self::Succeeded,
         Self::TrainingStarted,
         Self::Resumed,
@@ -103,6 +114,9 @@ impl EventKind {
             Self::Failed => "failed",
             Self::CancelRequested => "cancel_requested",
             Self::Cancelled => "cancelled",
+            Self::PauseRequested => "pause_requested",
+            Self::Paused => "paused",
+            Self::Unpaused => "unpaused",
             Self::Succeeded => "succeeded",
             Self::TrainingStarted => "training_started",
             Self::Resumed => "resumed",
@@ -145,11 +159,14 @@ pub enum StopCause {
     Shutdown,
     /// A restarted dispatcher found it left over and stopped it.
     Restart,
+    /// Its tenant paused the job (the queue pauses it rather than requeue it).
+    Pause,
 }
 
 impl StopCause {
     /// Every cause, in the order declared.
-    pub const ALL: &'static [Self] = &[Self::Preemption, Self::Shutdown, Self::Restart];
+    pub const ALL: &'static [Self] =
+        &[Self::Preemption, Self::Shutdown, Self::Restart, Self::Pause];
 
     /// Its stable code, as the log stores it.
     pub fn code(self) -> &'static str {
@@ -157,6 +174,7 @@ impl StopCause {
             Self::Preemption => "preemption",
             Self::Shutdown => "shutdown",
             Self::Restart => "restart",
+            Self::Pause => "pause",
         }
     }
 

@@ -33,8 +33,8 @@ pub use files::{
     FileValidation, LineProblem,
 };
 pub use finetunes::{
-    AdapterFileUrl, AdapterInfo, AdapterUrls, AttemptReport, Auto, AutoOrInt, AutoOrNumber,
-    CheckpointMetrics, DeliveryStatus, DpoHyperparameters, DpoMethod, DpoSettings,
+    AdapterFileUrl, AdapterInfo, AdapterUrls, AttemptReport, AttemptReportAnswer, Auto, AutoOrInt,
+    AutoOrNumber, CheckpointMetrics, DeliveryStatus, DpoHyperparameters, DpoMethod, DpoSettings,
     FineTuneCheckpoint, FineTuneCheckpointList, FineTuneCreate, FineTuneEvent, FineTuneEventList,
     FineTuneJob, FineTuneList, Hyperparameters as JobHyperparameters, HyperparametersRequest,
     JobError, JobEstimate, JobPayload, JobStatus, Method, MethodRequest, Model, ModelList,

@@ -2,7 +2,8 @@
 -- failure class (a FAILURE code; kept beside the reason, so the two always describe
 -- the same failure).
 -- Counts an attempt; retries after exponential backoff with jitter while the budget
--- lasts (the job goes to the back: rank = retry time), then fails for good.
+-- lasts (the job goes to the back: rank = retry time), then fails for good. A job
+-- with a pause pending that may be retried is paused instead ({2}): resume retries it.
 local id, token, reason, retryable = ARGV[2], ARGV[3], ARGV[4], ARGV[5] == '1'
 local base, cap, jitter = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local class = known(FAILURE, ARGV[9], 'failure')
@@ -15,6 +16,11 @@ redis.call('HSET', j, 'failure', class)
 local attempts = redis.call('HINCRBY', j, 'attempts', '1')
 local max_attempts = tonumber(redis.call('HGET', j, 'max_attempts'))
 if retryable and attempts < max_attempts then
+  if redis.call('HGET', j, 'pause_req') == '1' then
+    redis.call('HSET', j, 'error', reason)
+    set_paused(id, redis.call('HGET', j, 'tenant'), now_s, reason, event_field('failure', class))
+    return {2}
+  end
   local delay = math.min(cap, base * 2 ^ (attempts - 1))
   delay = math.floor(delay + delay * jitter)
   local due = now + delay

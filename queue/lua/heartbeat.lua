@@ -2,7 +2,8 @@
 -- plain heartbeat), then (kind, message, data) triples to append to the job's log: a
 -- KIND code, text for people, and the event's fields as a JSON object ('' for none).
 -- Extends the lease (a suspect attempt that reports in is running again), records the
--- progress and events, and returns {0, deadline}. A stale token gets -6: that attempt
+-- progress and events, and returns {0, deadline, pause} (pause: '1' when the tenant
+-- asked for a pause, which the attempt's dispatcher carries out). A stale token gets -6: that attempt
 -- must stop. Reports are numbered per attempt: a repeated report (after a lost reply)
 -- renews the lease but appends nothing twice.
 local id, token, lease_ms, progress, report = ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6]
@@ -49,4 +50,4 @@ if fresh then
 end
 redis.call('HSET', j, unpack(fields))
 redis.call('ZADD', k('leases'), deadline_s, id)
-return {0, deadline}
+return {0, deadline, redis.call('HGET', j, 'pause_req') or '0'}

@@ -146,6 +146,17 @@ local function release(id)
   redis.call('ZREM', k('suspect'), id)
 end
 
+-- Sets a job that holds no capacity and is in no line aside as paused, until resume
+-- puts it back in line; paused jobs count against their tenant's waiting quota. The
+-- `paused` event says `message` (and `extra`, as event_field makes it).
+local function set_paused(id, tenant, now_s, message, extra)
+  local j = jk(id)
+  redis.call('HSET', j, 'state', 'paused')
+  redis.call('HDEL', j, 'pause_req', 'due_ms')
+  redis.call('HINCRBY', k('tenant:' .. tenant), 'paused', '1')
+  event(id, now_s, KIND.paused, message, extra)
+end
+
 -- Moves up to `batch` (a string) delayed jobs whose retry time has come back to ready.
 local function promote_due(now_s, batch)
   local due = redis.call('ZRANGEBYSCORE', k('delayed'), '-inf', now_s, 'LIMIT', '0', batch)
@@ -254,8 +265,8 @@ local function enqueue_one(now, now_s, idem_ttl, a, i)
     if existing then return 1, existing end
   end
   local th = k('tenant:' .. tenant)
-  local max_waiting = redis.call('HGET', th, 'max_waiting')
-  if max_waiting and num(redis.call('HGET', th, 'waiting') or '0') >= num(max_waiting) then
+  local max_waiting, waiting, paused = unpack(redis.call('HMGET', th, 'max_waiting', 'waiting', 'paused'))
+  if max_waiting and num(waiting or '0') + num(paused or '0') >= num(max_waiting) then
     return -7, ''
   end
   local id = string.format('j%012d', redis.call('INCR', k('seq')))

@@ -50,9 +50,11 @@ pub trait JobQueue: Send + Sync {
         pool: &str,
         owner: &str,
     ) -> Result<Option<Lease>>;
-    /// Renews the lease and records progress (JSON).
-    async fn heartbeat(&self, id: &str, token: u64, progress: Option<&str>) -> Result<u64>;
-    /// [`Self::heartbeat`] that also appends `events` to the job's log.
+    /// Renews the lease and records progress (JSON); the renewal says whether the
+    /// tenant asked for a pause, which the attempt's dispatcher carries out.
+    async fn heartbeat(&self, id: &str, token: u64, progress: Option<&str>) -> Result<Renewal>;
+    /// [`Self::heartbeat`] that also appends `events` to the job's log (a trainer's
+    /// report; the renewal tells it of a pause, which it carries out itself).
     /// Reports are numbered per attempt (`report_seq`, growing): a repeated report renews
     /// the lease but records nothing twice, so a lost reply is retried safely.
     async fn report(
@@ -62,12 +64,12 @@ pub trait JobQueue: Send + Sync {
         report_seq: u64,
         progress: Option<&str>,
         events: &[NewEvent<'_>],
-    ) -> Result<u64>;
+    ) -> Result<Renewal>;
     /// The attempt succeeded.
     async fn complete(&self, id: &str, token: u64, result: &str) -> Result<()>;
     /// The attempt failed as `class` (kept as [`JobRecord::failure`] beside `reason`,
     /// which is for people only); returns when it will be retried, or None if the job
-    /// failed for good.
+    /// failed for good or, with a pause pending, was paused (resuming retries it).
     async fn fail(
         &self,
         id: &str,
@@ -77,7 +79,7 @@ pub trait JobQueue: Send + Sync {
         retryable: bool,
     ) -> Result<Option<u64>>;
     /// The attempt stopped before its end (`stop` says who stopped it): requeue in
-    /// place, attempts unchanged.
+    /// place, attempts unchanged; with a pause pending, the job is paused instead.
     async fn preempt(&self, id: &str, token: u64, stop: StopCause, reason: &str) -> Result<()>;
     /// The attempt never got a node on its pool (no capacity within the placement
     /// timeout): requeue in place, no retry spent and no preemption counted (an
@@ -106,6 +108,15 @@ pub trait JobQueue: Send + Sync {
     async fn cancel(&self, id: &str) -> Result<JobState>;
     /// The cancelled attempt is gone; its capacity is released.
     async fn confirm_cancelled(&self, id: &str) -> Result<()>;
+    /// Pauses: a waiting job at once ([`JobState::Paused`]); a live attempt gets a
+    /// pause request, carried out by its dispatcher (stopped after a checkpoint, then
+    /// [`Self::preempt`] pauses the job). Returns the state the job is in. Repeatable;
+    /// a finished job or one being cancelled is [`crate::QueueError::WrongState`].
+    async fn pause(&self, id: &str) -> Result<JobState>;
+    /// Puts a paused job back in its place in line; a job neither paused nor pausing is
+    /// left as it is. Returns the state the job is in. A pause still being carried out,
+    /// a finished job or one being cancelled is [`crate::QueueError::WrongState`].
+    async fn resume(&self, id: &str) -> Result<JobState>;
     /// Marks jobs whose lease ran out as suspect; returns the ones it marked.
     async fn expire_leases(&self, batch: u32) -> Result<Vec<JobId>>;
     /// Jobs waiting for a verdict (suspect), longest waiting first: what a dispatcher

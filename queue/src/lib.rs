@@ -65,5 +65,5 @@ pub use scripted::Queue;
 
 pub use model::{
     Delivery, Enqueued, Inspection, JobEvent, JobId, JobRecord, JobState, Lease, NewEvent, NewJob,
-    PoolUsage, Position, SuspectVerdict, TenantSettings,
+    PoolUsage, Position, Renewal, SuspectVerdict, TenantSettings,
 };

@@ -22,6 +22,9 @@ pub enum JobState {
     Suspect,
     /// Cancel was asked while an attempt lives; capacity is held until it is gone.
     CancelRequested,
+    /// Set aside by its tenant: in no line and holding nothing until resumed; its next
+    /// attempt resumes from its last checkpoint.
+    Paused,
     /// Finished with an adapter.
     Succeeded,
     /// Out of attempts, stalled too often, or failed for a reason retrying cannot fix.
@@ -40,6 +43,7 @@ impl JobState {
             "running" => Self::Running,
             "suspect" => Self::Suspect,
             "cancel_requested" => Self::CancelRequested,
+            "paused" => Self::Paused,
             "succeeded" => Self::Succeeded,
             "failed" => Self::Failed,
             "cancelled" => Self::Cancelled,
@@ -56,6 +60,7 @@ impl JobState {
             Self::Running => "running",
             Self::Suspect => "suspect",
             Self::CancelRequested => "cancel_requested",
+            Self::Paused => "paused",
             Self::Succeeded => "succeeded",
             Self::Failed => "failed",
             Self::Cancelled => "cancelled",
@@ -74,6 +79,7 @@ impl JobState {
             Self::Succeeded => JobStatus::Succeeded,
             Self::Failed => JobStatus::Failed,
             Self::Cancelled => JobStatus::Cancelled,
+            Self::Paused => JobStatus::Paused,
         }
     }
 
@@ -162,6 +168,16 @@ pub struct Lease {
     pub deadline_ms: u64,
 }
 
+/// A renewed lease: when it runs out, and whether the attempt is to stop for a pause.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Renewal {
+    /// When the lease runs out unless renewed again (queue clock, ms).
+    pub deadline_ms: u64,
+    /// The tenant asked for a pause: stop the attempt after a checkpoint and report it
+    /// stopped ([`crate::JobQueue::preempt`]), which pauses the job.
+    pub pause_requested: bool,
+}
+
 /// What a lost attempt turned out to be, decided by the dispatcher.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SuspectVerdict {
@@ -198,6 +214,10 @@ pub struct JobRecord {
     pub stalls: u32,
     /// Current fencing epoch (the live token, when an attempt holds the lease).
     pub epoch: u64,
+    /// Its tenant asked for a pause while an attempt lives: the attempt is being
+    /// stopped after a checkpoint, and the job is paused once it is gone.
+    #[serde(default)]
+    pub pause_requested: bool,
     /// Pool of the live attempt.
     pub pool: Option<String>,
     /// When it was accepted (ms).

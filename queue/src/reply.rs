@@ -180,6 +180,7 @@ pub(crate) fn job_record(
         preemptions: u32::try_from(num("preemptions").unwrap_or(0)).unwrap_or(0),
         stalls: u32::try_from(num("stalls").unwrap_or(0)).unwrap_or(0),
         epoch: num("epoch").unwrap_or(0),
+        pause_requested: fields.get("pause_req").is_some_and(|v| v == "1"),
         pool: opt("pool"),
         enqueued_ms: num("enq_ms").unwrap_or(0),
         finished_ms: num("finished_ms"),

@@ -123,7 +123,7 @@ fn vocabulary() -> String {
 }
 
 /// Every script: its name and its body.
-const SOURCES: [(&str, &str); 16] = [
+const SOURCES: [(&str, &str); 18] = [
     ("enqueue", include_str!("../lua/enqueue.lua")),
     ("enqueue_bulk", include_str!("../lua/enqueue_bulk.lua")),
     ("claim", include_str!("../lua/claim.lua")),
@@ -137,6 +137,8 @@ const SOURCES: [(&str, &str); 16] = [
     ("fail", include_str!("../lua/fail.lua")),
     ("preempt", include_str!("../lua/preempt.lua")),
     ("cancel", include_str!("../lua/cancel.lua")),
+    ("pause", include_str!("../lua/pause.lua")),
+    ("resume", include_str!("../lua/resume.lua")),
     (
         "confirm_cancelled",
         include_str!("../lua/confirm_cancelled.lua"),
@@ -164,6 +166,8 @@ pub(crate) struct Scripts {
     pub(crate) fail: LuaScript,
     pub(crate) preempt: LuaScript,
     pub(crate) cancel: LuaScript,
+    pub(crate) pause: LuaScript,
+    pub(crate) resume: LuaScript,
     pub(crate) confirm_cancelled: LuaScript,
     pub(crate) expire_leases: LuaScript,
     pub(crate) resolve_suspect: LuaScript,
@@ -191,6 +195,8 @@ impl Scripts {
                 fail: script("fail"),
                 preempt: script("preempt"),
                 cancel: script("cancel"),
+                pause: script("pause"),
+                resume: script("resume"),
                 confirm_cancelled: script("confirm_cancelled"),
                 expire_leases: script("expire_leases"),
                 resolve_suspect: script("resolve_suspect"),

@@ -1,7 +1,8 @@
 //! The conformance suite, run against every backend: a real redis-server started by the
 //! harness, a real three-node Redis Cluster started by the harness, and the embedded
 //! single-file store. Lifecycle, priorities and aging, tenant
-//! fairness, capacity and quotas, fencing, retries, preemption, cancel, events,
+//! fairness, capacity and quotas, fencing, retries, preemption, cancel, pause and
+//! resume (`conformance/pause.rs`), events,
 //! retention, idempotency, concurrent claimers, and randomised sequences with the
 //! invariants checked after every step. Each test is written once, as
 //! `async fn name(backend: Backend)`; `conformance!` at the end instantiates it per
@@ -9,8 +10,11 @@
 
 #![allow(clippy::unwrap_used, missing_docs)]
 
+#[path = "conformance/pause.rs"]
+mod pause;
 mod support;
 
+use pause::*;
 use std::collections::{HashMap, HashSet};
 use support::{RECLAIMED, kinds, new_job, reclaim, training_failed};
 use tuneq_openapi::EventKind;
@@ -141,6 +145,8 @@ async fn check_invariants(q: &dyn JobQueue, pools: &[&str]) {
             JobState::Leased | JobState::Running => &["leases"],
             JobState::Suspect => &["suspect"],
             JobState::CancelRequested => &["cancelling"],
+            // Set aside: in no line and holding nothing until resumed.
+            JobState::Paused => &[],
             JobState::Succeeded | JobState::Cancelled => &["done"],
             JobState::Failed => &["dead"],
         };
@@ -809,6 +815,12 @@ enum Op {
     Cancel {
         pick: usize,
     },
+    /// Pauses a job (or resumes it, with `resume`); the dispatcher's stop of a pausing
+    /// attempt is a `Finish` that preempts.
+    Pause {
+        pick: usize,
+        resume: bool,
+    },
     /// Moves the clock; expired leases are settled, adopted or requeued.
     Expire {
         advance_ms: u64,
@@ -830,6 +842,7 @@ fn op() -> impl proptest::strategy::Strategy<Value = Op> {
         2 => (any::<usize>(), 0..4u8).prop_map(|(pick, how)| Op::Finish { pick, how }),
         1 => any::<usize>().prop_map(|pick| Op::Heartbeat { pick }),
         1 => any::<usize>().prop_map(|pick| Op::Cancel { pick }),
+        1 => (any::<usize>(), any::<bool>()).prop_map(|(pick, resume)| Op::Pause { pick, resume }),
         1 => (0..2_500u64, any::<bool>()).prop_map(|(advance_ms, adopt)| Op::Expire { advance_ms, adopt }),
         1 => any::<usize>().prop_map(|pick| Op::Stale { pick }),
     ]
@@ -909,6 +922,11 @@ async fn run_ops(backend: Backend, ops: Vec<Op>) {
                     let fresh =
                         |r: &JobRecord| r.attempts == 0 && r.preemptions == 0 && r.stalls == 0;
                     let (claimed, _) = before.jobs.iter().find(|(r, _)| r.id == lease.id).unwrap();
+                    assert_eq!(
+                        claimed.state,
+                        JobState::Queued,
+                        "{ctx}: claimed a job not in line"
+                    );
                     if fresh(claimed) {
                         for (other, _) in &before.jobs {
                             let equal = other.tenant == claimed.tenant
@@ -977,6 +995,28 @@ async fn run_ops(backend: Backend, ops: Vec<Op>) {
                     if q.get(&id).await.unwrap().unwrap().state == JobState::Cancelled {
                         m.cancelled.insert(id);
                     }
+                }
+            }
+            Op::Pause { pick: n, resume } => {
+                if let Some(id) = pick(&m.ids, n) {
+                    let before = q.get(&id).await.unwrap().unwrap();
+                    let outcome = if resume {
+                        q.resume(&id).await
+                    } else {
+                        q.pause(&id).await
+                    };
+                    let after = q.get(&id).await.unwrap().unwrap();
+                    match outcome {
+                        Ok(state) => assert_eq!(state, after.state, "{ctx}"),
+                        Err(QueueError::WrongState { .. }) => {
+                            assert_eq!(before, after, "{ctx}: a refused call changed the job")
+                        }
+                        Err(e) => panic!("{ctx}: {e}"),
+                    }
+                    assert!(
+                        !(after.state == JobState::Paused && after.pause_requested),
+                        "{ctx}: a paused job still waits for a pause"
+                    );
                 }
             }
             Op::Expire { advance_ms, adopt } => {
@@ -1834,4 +1874,8 @@ conformance! {
     #[tokio::test] a_job_whose_attempt_vanished_three_times_fails,
     #[tokio::test] an_idle_tenant_banks_no_credit_while_away,
     #[tokio::test] retries_back_off_exponentially_with_bounded_jitter,
+    #[tokio::test] a_paused_waiting_job_is_never_dispatched_until_resumed,
+    #[tokio::test] paused_jobs_count_against_the_waiting_quota_until_resumed_or_cancelled,
+    #[tokio::test] pausing_a_running_job_holds_its_capacity_until_its_attempt_stops,
+    #[tokio::test] an_attempt_that_fails_or_vanishes_while_pausing_leaves_its_job_paused,
 }

@@ -514,9 +514,14 @@ pub fn run(mut args: TrainArgs) -> Result<ExitCode> {
     if let (Some(url), Some(credential)) = (&args.report_url, &args.report_credential) {
         // Superseded: stop at once, writing nothing more (the launch contract's 76).
         let superseded = || std::process::exit(tuneq_openapi::launch::EXIT_SUPERSEDED);
-        let reporter =
-            tuneq_trainer::report::Reporter::new(url.clone(), credential.clone(), superseded)
-                .context("cannot start the progress reporter")?;
+        // Paused: checkpoint and exit 75, as after SIGTERM.
+        let reporter = tuneq_trainer::report::Reporter::new(
+            url.clone(),
+            credential.clone(),
+            stop.clone(),
+            superseded,
+        )
+        .context("cannot start the progress reporter")?;
         sink = Box::new(Tee(vec![sink, Box::new(reporter)]));
     }
     let storage_config = match &args.storage_config {

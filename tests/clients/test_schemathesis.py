@@ -41,9 +41,14 @@ NEVER_2XX = {
     ("GET", "/v1/fine_tuning/jobs/{id}/adapter/urls"),
     ("GET", "/finetunes/{id}/adapter/urls"),
     # Only finished jobs are seeded (a waiting one would train during the run), and
-    # cancelling a finished job is the documented 400 `job_already_finished`.
+    # cancelling, pausing or resuming a finished job is the documented 400
+    # `job_already_finished`.
     ("POST", "/v1/fine_tuning/jobs/{id}/cancel"),
     ("POST", "/finetunes/{id}/cancel"),
+    ("POST", "/v1/fine_tuning/jobs/{id}/pause"),
+    ("POST", "/finetunes/{id}/pause"),
+    ("POST", "/v1/fine_tuning/jobs/{id}/resume"),
+    ("POST", "/finetunes/{id}/resume"),
     # schemathesis 4.32 fills its two path parameters from what it has seen, not from
     # the seeds (neither a dictionary nor a fixed value in the config took effect).
     ("DELETE", "/admin/tenants/{id}/keys/{key_id}"),

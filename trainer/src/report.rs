@@ -8,12 +8,16 @@
 //! attempt was superseded, preempted or cancelled: the reporter calls the `superseded`
 //! hook its owner gave it (the `tuneq train` binary exits with
 //! [`tuneq_openapi::launch::EXIT_SUPERSEDED`] there, writing nothing more, because another
-//! attempt may own the output now) and posts nothing further.
+//! attempt may own the output now) and posts nothing further. When a delivered report's
+//! answer asks for a checkpoint and a stop (the tenant paused the job), the reporter
+//! sets the run's [`StopFlag`], as SIGTERM does: the run checkpoints and ends
+//! interrupted, and the job waits paused.
 
 use crate::progress::ProgressSink;
+use crate::train::StopFlag;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use tuneq_openapi::{AttemptReport, TrainEvent};
+use tuneq_openapi::{AttemptReport, AttemptReportAnswer, TrainEvent};
 
 /// How long events are gathered before a report is sent.
 const BATCH_WINDOW: Duration = Duration::from_millis(500);
@@ -33,17 +37,19 @@ pub struct Reporter {
 
 impl Reporter {
     /// Starts the background poster; `superseded` runs (on its thread) when the control
-    /// plane says this attempt is no longer live.
+    /// plane says this attempt is no longer live, and `stop` is set when it asks for a
+    /// checkpoint and a stop.
     pub fn new(
         url: String,
         credential: String,
+        stop: StopFlag,
         superseded: impl FnOnce() + Send + 'static,
     ) -> std::io::Result<Self> {
         let (sender, receiver) = mpsc::channel();
         let worker = std::thread::Builder::new()
             .name("tuneq-report".into())
             .spawn(move || {
-                if post_loop(&url, &credential, &receiver) == Delivery::Superseded {
+                if post_loop(&url, &credential, &stop, &receiver) == Delivery::Superseded {
                     superseded();
                 }
             })?;
@@ -85,7 +91,12 @@ enum Delivery {
     Superseded,
 }
 
-fn post_loop(url: &str, credential: &str, receiver: &mpsc::Receiver<Message>) -> Delivery {
+fn post_loop(
+    url: &str,
+    credential: &str,
+    stop: &StopFlag,
+    receiver: &mpsc::Receiver<Message>,
+) -> Delivery {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -109,7 +120,16 @@ fn post_loop(url: &str, credential: &str, receiver: &mpsc::Receiver<Message>) ->
                 .send()
                 .await
             {
-                Ok(r) if r.status().is_success() => Posted::Delivered,
+                Ok(r) if r.status().is_success() => {
+                    // An answer that does not read (an older control plane's 204) asks
+                    // for nothing.
+                    let answer: AttemptReportAnswer = r.json().await.unwrap_or_default();
+                    if answer.checkpoint_and_stop && !stop.is_set() {
+                        eprintln!("tuneq-report: the job was paused; checkpointing and stopping");
+                        stop.set();
+                    }
+                    Posted::Delivered
+                }
                 Ok(r) if r.status() == reqwest::StatusCode::GONE => Posted::Superseded,
                 Ok(r) => {
                     let status = r.status();
@@ -210,8 +230,9 @@ mod tests {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-    /// A control plane on loopback answering every report with `status`; counts them.
-    fn control_plane(status: &'static str) -> (String, Arc<AtomicUsize>) {
+    /// A control plane on loopback answering every report with `status` and `body`;
+    /// counts them.
+    fn control_plane(status: &'static str, body: &'static str) -> (String, Arc<AtomicUsize>) {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}/report", listener.local_addr().unwrap());
         let posts = Arc::new(AtomicUsize::new(0));
@@ -246,17 +267,22 @@ mod tests {
                 counted.fetch_add(1, Ordering::SeqCst);
                 let _ = write!(
                     stream,
-                    "HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\n\
+                     content-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
                 );
             }
         });
         (url, posts)
     }
 
-    fn run(url: String) -> bool {
+    /// Posts one report to `url`: whether the superseded hook ran, and whether the
+    /// run was asked to stop.
+    fn run(url: String) -> (bool, bool) {
         let called = Arc::new(AtomicBool::new(false));
         let flag = called.clone();
-        let mut reporter = Reporter::new(url, "credential".into(), move || {
+        let stop = StopFlag::new();
+        let mut reporter = Reporter::new(url, "credential".into(), stop.clone(), move || {
             flag.store(true, Ordering::SeqCst);
         })
         .unwrap();
@@ -264,20 +290,28 @@ mod tests {
             message: "hello".into(),
         });
         drop(reporter);
-        called.load(Ordering::SeqCst)
+        (called.load(Ordering::SeqCst), stop.is_set())
     }
 
     #[test]
     fn a_410_calls_the_superseded_hook_and_a_delivered_report_does_not() {
-        let (url, posts) = control_plane("410 Gone");
-        assert!(run(url), "a 410 must reach the owner's hook");
+        let (url, posts) = control_plane("410 Gone", "");
+        assert!(run(url).0, "a 410 must reach the owner's hook");
         assert_eq!(
             posts.load(Ordering::SeqCst),
             1,
             "nothing is posted after a 410"
         );
-        let (url, posts) = control_plane("204 No Content");
-        assert!(!run(url));
+        let (url, posts) = control_plane("204 No Content", "");
+        assert_eq!(run(url), (false, false));
         assert_eq!(posts.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn an_answer_that_asks_for_a_checkpoint_and_a_stop_sets_the_runs_stop_flag() {
+        let (url, _) = control_plane("200 OK", r#"{"checkpoint_and_stop":true}"#);
+        assert_eq!(run(url), (false, true), "a pause stops the run");
+        let (url, _) = control_plane("200 OK", r#"{"checkpoint_and_stop":false}"#);
+        assert_eq!(run(url), (false, false));
     }
 }

@@ -161,6 +161,7 @@ fn stopped_by(stop: Option<StopCause>) -> &'static str {
         Some(StopCause::Preemption) | None => "its machine was taken away",
         Some(StopCause::Shutdown) => "the service was shutting down",
         Some(StopCause::Restart) => "its dispatcher restarted",
+        Some(StopCause::Pause) => "its tenant paused the job",
     }
 }
 
@@ -215,6 +216,14 @@ fn render_plain(
         }
         EventKind::CancelRequested => "Cancelling: stopping the running attempt".into(),
         EventKind::Cancelled => "The job was cancelled".into(),
+        EventKind::PauseRequested => {
+            "Pausing: the running attempt writes a checkpoint and stops".into()
+        }
+        EventKind::Paused if message.is_empty() => {
+            "The job was paused; resume it to continue".into()
+        }
+        EventKind::Paused => format!("The job was paused ({message}); resume it to continue"),
+        EventKind::Unpaused => "The job was resumed; it continues from its last checkpoint".into(),
         EventKind::Succeeded => "The job has successfully completed".into(),
         EventKind::TrainingStarted
         | EventKind::Resumed

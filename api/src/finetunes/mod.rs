@@ -1,4 +1,5 @@
-//! Fine-tuning jobs: create, list, retrieve, cancel, events, checkpoints and the adapter
+//! Fine-tuning jobs: create, list, retrieve, cancel, pause, resume, events, checkpoints
+//! and the adapter
 //! — at `/v1/fine_tuning/jobs…` (OpenAI's shapes) and `/finetunes…` (the same handlers).
 //!
 //! A fine-tune is two records. The catalog keeps what was asked (and, once the job has
@@ -9,7 +10,8 @@
 //! model, missing file, no pool with the hardware, values out of range) is refused
 //! before anything is written.
 //!
-//! - this module: the create, list, retrieve and cancel handlers.
+//! - this module: the create, list and retrieve handlers.
+//! - `control`: what a tenant does to a job once created: cancel, pause, resume.
 //! - `plan`: a create request → the record and the [`TrainSpec`](tuneq_openapi::TrainSpec)
 //!   to queue, or the 400 that says why it can never run.
 //! - `view`: the job as clients see it (the record with the queue's live state).
@@ -21,6 +23,7 @@
 //! The settle loop that files outcomes and sends webhooks lives with the webhooks.
 
 pub(crate) mod artifacts;
+mod control;
 pub(crate) mod events;
 mod plan;
 mod range;
@@ -32,6 +35,7 @@ pub(crate) use artifacts::{
     __path_adapter, __path_adapter_urls, __path_checkpoints, adapter, adapter_urls, checkpoints,
     delete_model,
 };
+pub(crate) use control::{__path_cancel, __path_pause, __path_resume, cancel, pause, resume};
 pub(crate) use events::{__path_events, events};
 pub(crate) use view::fine_tuned_models;
 
@@ -287,51 +291,12 @@ pub(crate) async fn retrieve(
     Ok(HttpResponse::Ok().json(view(&state, job.object).await?))
 }
 
-/// `POST /v1/fine_tuning/jobs/{id}/cancel`: a waiting job is cancelled at once; a
-/// running one is asked to stop (it shows `running` until its attempt is gone). A
-/// finished job is refused with 400 (not 409, which SDKs retry).
-#[utoipa::path(post, path = "/v1/fine_tuning/jobs/{id}/cancel", tag = "fine-tuning", operation_id = "cancel_fine_tuning_job",
-    params(("id" = String, Path, description = "`ftjob-…`")),
-    responses(
-        (status = 200, description = "The job, cancelled or being cancelled", body = FineTuneJob),
-        (status = 400, description = "The job has already finished", body = ErrorBody),
-        Own<FineTuneRecord>,
-    ))]
-#[tracing::instrument(skip_all, fields(tenant = %job.tenant.0, finetune = %job.id))]
-pub(crate) async fn cancel(
-    state: web::Data<AppState>,
-    job: Own<FineTuneRecord>,
-) -> ApiResult<HttpResponse> {
-    let record = job.object;
-    if let Some(outcome) = &record.outcome {
-        return Err(already_finished(outcome.status));
-    }
-    // The queue's cancel is repeatable (a finished job answers its state), so a job
-    // that had already finished is told apart by reading it first.
-    if let Some(job) = state.queue.get(&record.job_id).await?
-        && job.state.is_terminal()
-    {
-        return Err(already_finished(job.state.public_status()));
-    }
-    state.queue.cancel(&record.job_id).await?;
-    tracing::info!("fine-tune cancel requested");
-    Ok(HttpResponse::Ok().json(view(&state, record).await?))
-}
-
 impl Owned for FineTuneRecord {
     const NOT_FOUND: &'static str = "No such job for this tenant";
 
     async fn find(state: &AppState, tenant: &str, id: &str) -> ApiResult<Self> {
         state.finetunes().find(tenant, id).await
     }
-}
-
-fn already_finished(status: JobStatus) -> ApiError {
-    ApiError::invalid(
-        "id",
-        Code::JobAlreadyFinished,
-        format!("The job has already {status}; there is nothing to cancel."),
-    )
 }
 
 #[cfg(test)]

@@ -32,6 +32,7 @@ pub(super) async fn view(state: &AppState, record: FineTuneRecord) -> ApiResult<
     let lost_steps = now.progress.as_ref().map_or(0, |p| p.lost_steps);
     Ok(FineTuneJob {
         lost_steps,
+        pause_requested: now.pause_requested,
         fine_tuned_model: now
             .adapter
             .is_some()
@@ -97,6 +98,8 @@ struct JobState {
     adapter: Option<String>,
     /// Its result files, once it succeeded.
     result_files: Vec<String>,
+    /// A pause is being carried out.
+    pause_requested: bool,
 }
 
 /// The state of `record`'s job: its filed outcome, or the queue's view of the job
@@ -113,6 +116,7 @@ async fn job_state(state: &AppState, record: &FineTuneRecord) -> ApiResult<JobSt
         trained_tokens: None,
         adapter: None,
         result_files: Vec::new(),
+        pause_requested: false,
     };
     let outcome = match record.outcome.clone() {
         Some(outcome) => Some(outcome),
@@ -147,6 +151,7 @@ async fn live_state(
         Some((job, _)) if job.state.is_terminal() => Ok(Some(outcome_of(&job)?)),
         Some((job, standing)) => {
             now.status = job.state.public_status();
+            now.pause_requested = job.pause_requested;
             now.progress = progress_of(&job)?;
             now.attempts = job.attempts;
             now.preemptions = job.preemptions;

@@ -324,6 +324,7 @@ mod tests {
             preemptions: 0,
             stalls: 0,
             epoch: 1,
+            pause_requested: false,
             pool: None,
             enqueued_ms: 0,
             finished_ms: Some(1000),

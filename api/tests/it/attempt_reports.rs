@@ -11,6 +11,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use support::{Server, claim};
+use tuneq_queue::JobQueue;
 use tuneq_storage::layout::{Id, job_output};
 use tuneq_storage::{ObjectStore, PutMode};
 
@@ -39,11 +40,13 @@ async fn create_job(s: &Server) -> Value {
     created
 }
 
-/// Reports `body` for `job` with `credential`, which the server must answer with `want`.
-async fn report(s: &Server, job: &str, credential: &str, body: Value, want: StatusCode) {
+/// Reports `body` for `job` with `credential`, which the server must answer with `want`;
+/// the answer's body.
+async fn report(s: &Server, job: &str, credential: &str, body: Value, want: StatusCode) -> Value {
     let path = format!("/internal/attempts/{job}/report");
-    let status = s.post_json(credential, &path, &body).await.status();
-    assert_eq!(status, want, "report {body}");
+    let response = s.post_json(credential, &path, &body).await;
+    assert_eq!(response.status(), want, "report {body}");
+    response.json().await.unwrap_or(Value::Null)
 }
 
 fn step(step: u64, total: u64, loss: f64) -> Value {
@@ -76,16 +79,9 @@ async fn reports_move_a_job_to_succeeded_and_stale_or_forged_ones_change_nothing
          "validation_examples": 0, "trainable_params": 10, "dataset_format": "prompt_completion"},
         step(1, 4, 2.0), step(2, 4, 1.5),
         {"event": "checkpoint", "step": 2, "location": "file:///out/checkpoints/step-00000002"}]});
-    report(
-        &s,
-        &lease.id,
-        &credential,
-        started.clone(),
-        StatusCode::NO_CONTENT,
-    )
-    .await;
+    report(&s, &lease.id, &credential, started.clone(), StatusCode::OK).await;
     // The same report again (a retry after a lost reply) records nothing twice.
-    report(&s, &lease.id, &credential, started, StatusCode::NO_CONTENT).await;
+    report(&s, &lease.id, &credential, started, StatusCode::OK).await;
     // The superseded attempt is told to stop (410) and changes nothing.
     let late = json!({"seq": 9, "events": [step(3, 4, 9.0)]});
     report(&s, &lease.id, &first_credential, late, StatusCode::GONE).await;
@@ -152,7 +148,7 @@ async fn reports_move_a_job_to_succeeded_and_stale_or_forged_ones_change_nothing
     let finished = json!({"seq": 2, "events": [step(3, 4, 1.2), step(4, 4, 1.0),
         {"event": "finished", "step": 4, "adapter": "file:///out", "train_loss": 1.0,
          "validation_loss": null, "trained_tokens": 400}]});
-    report(&s, &lease.id, &credential, finished, StatusCode::NO_CONTENT).await;
+    report(&s, &lease.id, &credential, finished, StatusCode::OK).await;
     let job = s
         .json_as(&s.acme, &format!("/v1/fine_tuning/jobs/{id}"))
         .await;
@@ -260,7 +256,7 @@ async fn a_succeeded_adapter_is_handed_out_as_presigned_urls_where_the_store_sig
     let finished = json!({"seq": 1, "events": [
         {"event": "finished", "step": 4, "adapter": "s3://tuneq-test/out", "train_loss": 1.0,
          "validation_loss": null, "trained_tokens": 400}]});
-    report(&s, &lease.id, &credential, finished, StatusCode::NO_CONTENT).await;
+    report(&s, &lease.id, &credential, finished, StatusCode::OK).await;
 
     let (status, urls) = get(
         &s,
@@ -288,4 +284,99 @@ async fn a_succeeded_adapter_is_handed_out_as_presigned_urls_where_the_store_sig
     }
     let (status, _) = get(&s, &s.other, &format!("/finetunes/{id}/adapter/urls")).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn a_pause_reaches_the_trainer_in_a_reports_answer_and_its_stop_pauses_the_job() {
+    let s = start().await;
+    let created = create_job(&s).await;
+    let id = created["id"].as_str().unwrap();
+    let (lease, credential) = claim(&s).await;
+    let first = json!({"seq": 1, "events": [step(1, 4, 2.0)]});
+    let answer = report(&s, &lease.id, &credential, first, StatusCode::OK).await;
+    assert_eq!(answer, json!({"checkpoint_and_stop": false}));
+
+    let pausing = s
+        .post_json(&s.acme, &format!("/finetunes/{id}/pause"), &json!({}))
+        .await;
+    assert_eq!(pausing.status(), StatusCode::OK);
+    let pausing: Value = pausing.json().await.unwrap();
+    assert_eq!(
+        (&pausing["status"], &pausing["pause_requested"]),
+        (&json!("running"), &json!(true))
+    );
+    let early = s
+        .post_json(&s.acme, &format!("/finetunes/{id}/resume"), &json!({}))
+        .await;
+    assert_eq!(early.status(), StatusCode::BAD_REQUEST);
+    let early: Value = early.json().await.unwrap();
+    assert_eq!(early["error"]["code"], "job_not_paused");
+    // Another tenant can neither pause nor resume it.
+    for action in ["pause", "resume"] {
+        let path = format!("/finetunes/{id}/{action}");
+        assert_eq!(
+            s.post_json(&s.other, &path, &json!({})).await.status(),
+            StatusCode::NOT_FOUND
+        );
+    }
+
+    let second = json!({"seq": 2, "events": [step(2, 4, 1.5)]});
+    let answer = report(&s, &lease.id, &credential, second, StatusCode::OK).await;
+    assert_eq!(
+        answer,
+        json!({"checkpoint_and_stop": true}),
+        "the trainer is asked to stop"
+    );
+    // It checkpoints and exits; its dispatcher reports the stop, which pauses the job.
+    s.queue
+        .preempt(
+            &lease.id,
+            lease.token,
+            tuneq_openapi::StopCause::Pause,
+            "paused",
+        )
+        .await
+        .unwrap();
+    let (status, paused) = get(&s, &s.acme, &format!("/finetunes/{id}")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        (&paused["status"], &paused["pause_requested"]),
+        (&json!("paused"), &json!(false))
+    );
+    assert_eq!(paused["preemptions"], 0, "a pause is no preemption");
+    let (_, events) = get(&s, &s.acme, &format!("/finetunes/{id}/events?limit=50")).await;
+    let messages: Vec<&str> = events["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["message"].as_str().unwrap())
+        .collect();
+    assert!(
+        messages.contains(&"Pausing: the running attempt writes a checkpoint and stops"),
+        "{messages:?}"
+    );
+    assert!(
+        messages.iter().any(|m| m.starts_with("The job was paused")),
+        "{messages:?}"
+    );
+
+    let resumed = s
+        .post_json(&s.acme, &format!("/finetunes/{id}/resume"), &json!({}))
+        .await;
+    assert_eq!(resumed.status(), StatusCode::OK);
+    let resumed: Value = resumed.json().await.unwrap();
+    assert_eq!(resumed["status"], "queued");
+    let cancelled = s
+        .post_json(&s.acme, &format!("/finetunes/{id}/cancel"), &json!({}))
+        .await;
+    assert_eq!(cancelled.status(), StatusCode::OK);
+    let late = s
+        .post_json(&s.acme, &format!("/finetunes/{id}/pause"), &json!({}))
+        .await;
+    assert_eq!(late.status(), StatusCode::BAD_REQUEST);
+    let late: Value = late.json().await.unwrap();
+    assert_eq!(
+        (&late["error"]["code"], &late["error"]["param"]),
+        (&json!("job_already_finished"), &json!("id"))
+    );
 }

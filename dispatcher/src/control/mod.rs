@@ -30,6 +30,8 @@ fn end_label(end: &End) -> &'static str {
 const SHUTDOWN: &str = "the service is shutting down";
 /// What they say for attempts a restarted dispatcher finds left over.
 const RESTARTED: &str = "the dispatcher restarted";
+/// What they say when an attempt stopped for its tenant's pause.
+const PAUSED: &str = "paused by its tenant after a checkpoint";
 
 /// Why an attempt is being stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +42,17 @@ enum Stopping {
     Superseded,
     /// The dispatcher is shutting down: preempt, so the job resumes elsewhere.
     Shutdown,
+    /// The tenant paused the job: the attempt checkpoints and stops (its lease still
+    /// renewed meanwhile), then the queue pauses the job.
+    Pause,
+}
+
+impl Stopping {
+    /// Whether the attempt still holds the job meanwhile: its lease is renewed and, if
+    /// it went suspect, it is adopted (a pausing attempt is writing its checkpoint).
+    fn keeps_lease(stopping: Option<Self>) -> bool {
+        matches!(stopping, None | Some(Self::Pause))
+    }
 }
 
 /// One attempt this dispatcher runs.
@@ -256,7 +269,13 @@ impl Dispatcher {
 
     async fn report_end(&self, job: &str, attempt: &Attempt, end: End) {
         let token = attempt.token;
-        let stopping = attempt.stopping.map(|(why, _)| why);
+        let stopping = match (attempt.stopping.map(|(why, _)| why), &end) {
+            // A pausing attempt that ended any other way (finished, bad input, diverged)
+            // ends as it would have without the pause.
+            (Some(Stopping::Pause), End::Interrupted(_) | End::Crashed(_)) => Some(Stopping::Pause),
+            (Some(Stopping::Pause), _) => None,
+            (why, _) => why,
+        };
         let outcome = match (stopping, &end) {
             (Some(Stopping::Cancel), _) => self.queue.confirm_cancelled(job).await,
             // A cancel reaches the trainer as "superseded" (see is_cancelling).
@@ -270,6 +289,12 @@ impl Dispatcher {
             (Some(Stopping::Shutdown), _) => {
                 self.queue
                     .preempt(job, token, StopCause::Shutdown, SHUTDOWN)
+                    .await
+            }
+            // The queue pauses a job whose pause is pending instead of requeueing it.
+            (Some(Stopping::Pause), _) => {
+                self.queue
+                    .preempt(job, token, StopCause::Pause, PAUSED)
                     .await
             }
             (None, End::Finished) => match self.queue.get(job).await {
@@ -290,7 +315,16 @@ impl Dispatcher {
             },
             // Stopped from outside (a machine shutting down) after its checkpoint: the
             // job keeps its place and resumes, no retry spent.
-            (None, End::Interrupted(why)) => self.machine_taken(job, token, why).await,
+            (None, End::Interrupted(why)) => match self.queue.get(job).await {
+                // The trainer heard of the pause first (its report's answer) and
+                // stopped after a checkpoint, before this loop's heartbeat did.
+                Ok(Some(record)) if record.pause_requested && record.epoch == token => {
+                    self.queue
+                        .preempt(job, token, StopCause::Pause, PAUSED)
+                        .await
+                }
+                _ => self.machine_taken(job, token, why).await,
+            },
             (None, End::NoCapacity(why)) => self.no_capacity(job, token, why).await,
             (None, End::Platform(why)) => {
                 let reason = format!("platform error: {why}");
@@ -346,7 +380,7 @@ impl Dispatcher {
             .attempts
             .iter()
             .filter(|(_, a)| {
-                a.stopping.is_none()
+                Stopping::keeps_lease(a.stopping.map(|(why, _)| why))
                     && a.last_heartbeat
                         .is_none_or(|at| at.elapsed() >= self.config.heartbeat)
             })
@@ -354,6 +388,7 @@ impl Dispatcher {
             .collect();
         for (job, token) in due {
             let stop = match self.queue.heartbeat(&job, token, None).await {
+                Ok(renewal) if renewal.pause_requested => Some(Stopping::Pause),
                 Ok(_) => None,
                 Err(QueueError::WrongState {
                     state: Some(JobState::CancelRequested),
@@ -371,7 +406,13 @@ impl Dispatcher {
                 continue;
             };
             attempt.last_heartbeat = Some(Instant::now());
-            if let Some(why) = stop {
+            if stop == Some(Stopping::Pause) {
+                if attempt.stopping.is_none() {
+                    tracing::info!(job, token, "pausing: the attempt checkpoints and stops");
+                    attempt.stopping = Some((Stopping::Pause, Instant::now()));
+                    self.runtime.stop(&job, token).await?;
+                }
+            } else if let Some(why) = stop {
                 tracing::info!(job, token, ?why, "stopping an attempt");
                 // Neither a cancelled nor a superseded attempt may write anything more.
                 attempt.stopping = Some((why, Instant::now()));
@@ -394,10 +435,9 @@ impl Dispatcher {
             {
                 continue;
             }
-            let alive = self
-                .attempts
-                .get(&job)
-                .is_some_and(|a| a.token == record.epoch && a.stopping.is_none());
+            let alive = self.attempts.get(&job).is_some_and(|a| {
+                a.token == record.epoch && Stopping::keeps_lease(a.stopping.map(|(why, _)| why))
+            });
             let verdict = if alive {
                 SuspectVerdict::Adopt
             } else {

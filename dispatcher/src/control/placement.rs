@@ -139,6 +139,9 @@ fn preemptions_by_pool(events: &[tuneq_queue::JobEvent]) -> Vec<tuneq_pools::Set
             | EventKind::Failed
             | EventKind::CancelRequested
             | EventKind::Cancelled
+            | EventKind::PauseRequested
+            | EventKind::Paused
+            | EventKind::Unpaused
             | EventKind::Succeeded
             | EventKind::TrainingStarted
             | EventKind::Resumed

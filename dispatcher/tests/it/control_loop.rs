@@ -840,3 +840,59 @@ async fn a_trainer_that_ignores_a_stop_is_killed_after_the_grace_and_its_job_kee
         "{events:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_job_stops_its_trainer_gracefully_and_runs_again_only_once_resumed() {
+    let (dir, q) = queue_with_pool("local", 1).await;
+    let (counter, ready, stopped) = (
+        dir.path().join("runs"),
+        dir.path().join("ready"),
+        dir.path().join("stopped"),
+    );
+    // First run: trains until SIGTERM, which it answers as a trainer does (checkpoint,
+    // exit 75). Second run: ends the job (bad input), so the test has an end to wait for.
+    let exe = trainer(
+        dir.path(),
+        &format!(
+            r#"echo x >> {counter}; [ "$(wc -l < {counter})" -gt 1 ] && exit 42
+trap 'touch {stopped}; exit 75' TERM
+touch {ready}; while :; do sleep 0.05; done"#,
+            counter = counter.display(),
+            ready = ready.display(),
+            stopped = stopped.display()
+        ),
+    );
+    let id = q.enqueue(&job(&["local"])).await.unwrap().id;
+    let (stop, task) = dispatch_with(&q, dir.path(), &exe, "local", |config| {
+        config.heartbeat = Duration::from_millis(100);
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ready.exists() {
+        assert!(Instant::now() < deadline, "the trainer never ran");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(q.pause(&id).await.unwrap(), JobState::Running);
+    let paused = wait_until(&q, &id, |r| r.state == JobState::Paused).await;
+    assert!(
+        stopped.exists(),
+        "the trainer was asked to checkpoint (SIGTERM), not killed"
+    );
+    assert_eq!((paused.preemptions, paused.attempts), (0, 0), "{paused:?}");
+    let events = kinds_and_messages(&q, &id).await;
+    let tail: Vec<&str> = events
+        .iter()
+        .rev()
+        .take(2)
+        .map(|(k, _)| k.as_str())
+        .collect();
+    assert_eq!(tail, ["paused", "pause_requested"], "{events:?}");
+
+    // Paused, it holds nothing and is not run again until resumed.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(runs(&counter), 1);
+    assert_eq!(q.pool_usage("local").await.unwrap().used, 0);
+    assert_eq!(q.resume(&id).await.unwrap(), JobState::Queued);
+    let done = wait_until(&q, &id, |r| r.state.is_terminal()).await;
+    assert_eq!((done.state, runs(&counter)), (JobState::Failed, 2));
+    shut_down(stop, task).await;
+}

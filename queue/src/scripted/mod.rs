@@ -81,6 +81,14 @@ fn check_pool_list(pools: &[String]) -> Result<()> {
 }
 
 /// Records a claimed lease's job (in `field`) and tenant on the current span.
+/// The heartbeat script's reply: `{0, deadline, pause}`.
+fn renewal(reply: &[Value]) -> Result<Renewal> {
+    Ok(Renewal {
+        deadline_ms: unsigned(reply.get(1))?,
+        pause_requested: text(reply.get(2))? == "1",
+    })
+}
+
 fn record_lease(lease: Result<Option<Lease>>, field: &str) -> Result<Option<Lease>> {
     if let Ok(Some(lease)) = &lease {
         let span = tracing::Span::current();
@@ -201,14 +209,30 @@ impl Queue {
             .await
     }
 
+    /// Runs a tenant's command on a job (cancel, pause, resume: repeatable, so the
+    /// queue retries it after a lost reply) and reads the state it left the job in.
+    async fn state_call(
+        &self,
+        script: &crate::scripts::LuaScript,
+        id: &str,
+        op: &'static str,
+    ) -> Result<JobState> {
+        let reply = self.domain.call(script, &[id.to_string()]).await?;
+        match int(reply.first())? {
+            0 | 1 => reply::state(reply.get(1)),
+            _ => Err(status_error(id, &reply, op)),
+        }
+    }
+
     async fn preempt_with(&self, id: &str, token: u64, args: &[String]) -> Result<()> {
         let script = &self.scripts.preempt;
         let outcome = self
             .domain
             .token_call(script, id, token, args, "preempt")
             .await;
+        // Back in line, or set aside when a pause was pending.
         let back_in_line = Done {
-            states: &[JobState::Queued],
+            states: &[JobState::Queued, JobState::Paused],
             or_deleted: false,
         };
         self.domain
@@ -404,7 +428,7 @@ impl JobQueue for Queue {
             .map(|_| ())
     }
 
-    async fn heartbeat(&self, id: &str, token: u64, progress: Option<&str>) -> Result<u64> {
+    async fn heartbeat(&self, id: &str, token: u64, progress: Option<&str>) -> Result<Renewal> {
         let args = [
             self.config.lease_ms.to_string(),
             progress.unwrap_or_default().to_string(),
@@ -415,7 +439,7 @@ impl JobQueue for Queue {
             .token_call(&self.scripts.heartbeat, id, token, &args, "heartbeat")
             .await
             .0?;
-        unsigned(reply.get(1))
+        renewal(&reply)
     }
 
     async fn report(
@@ -425,7 +449,7 @@ impl JobQueue for Queue {
         report_seq: u64,
         progress: Option<&str>,
         events: &[NewEvent<'_>],
-    ) -> Result<u64> {
+    ) -> Result<Renewal> {
         let mut args = vec![
             self.config.lease_ms.to_string(),
             progress.unwrap_or_default().to_string(),
@@ -450,7 +474,7 @@ impl JobQueue for Queue {
             .token_call(&self.scripts.heartbeat, id, token, &args, "report")
             .await
             .0?;
-        unsigned(reply.get(1))
+        renewal(&reply)
     }
 
     #[tracing::instrument(name = "queue.complete", skip_all, fields(job_id = %id), err(level = "debug"))]
@@ -498,11 +522,12 @@ impl JobQueue for Queue {
         let reply = reply?;
         match int(reply.first())? {
             0 => Ok(Some(unsigned(reply.get(1))?)),
-            1 => Ok(None),
+            // 1: failed for good; 2: paused (a pause was pending).
+            1 | 2 => Ok(None),
             _ => {
                 let e = status_error(id, &reply, "fail");
                 let done = Done {
-                    states: &[JobState::Delayed, JobState::Failed],
+                    states: &[JobState::Delayed, JobState::Failed, JobState::Paused],
                     or_deleted: true,
                 };
                 if self
@@ -572,14 +597,17 @@ impl JobQueue for Queue {
 
     #[tracing::instrument(name = "queue.cancel", skip_all, fields(job_id = %id), err(level = "debug"))]
     async fn cancel(&self, id: &str) -> Result<JobState> {
-        let reply = self
-            .domain
-            .call(&self.scripts.cancel, &[id.to_string()])
-            .await?;
-        match int(reply.first())? {
-            0 | 1 => reply::state(reply.get(1)),
-            _ => Err(status_error(id, &reply, "cancel")),
-        }
+        self.state_call(&self.scripts.cancel, id, "cancel").await
+    }
+
+    #[tracing::instrument(name = "queue.pause", skip_all, fields(job_id = %id), err(level = "debug"))]
+    async fn pause(&self, id: &str) -> Result<JobState> {
+        self.state_call(&self.scripts.pause, id, "pause").await
+    }
+
+    #[tracing::instrument(name = "queue.resume", skip_all, fields(job_id = %id), err(level = "debug"))]
+    async fn resume(&self, id: &str) -> Result<JobState> {
+        self.state_call(&self.scripts.resume, id, "resume").await
     }
 
     #[tracing::instrument(name = "queue.confirm_cancelled", skip_all, fields(job_id = %id), err(level = "debug"))]
