@@ -169,6 +169,8 @@ codes! {
     MethodNotSupported = (NOT_IMPLEMENTED, "method_not_supported"),
     /// A backend (the job store, the object store) is unreachable; retry later.
     Unavailable = (SERVICE_UNAVAILABLE, "unavailable"),
+    /// The experiment tracking server the job asks for did not answer; try again later.
+    IntegrationUnavailable = (SERVICE_UNAVAILABLE, "integration_unavailable"),
     /// The server's disk is full; nothing was stored (retry later).
     InsufficientStorage = (INSUFFICIENT_STORAGE, "insufficient_storage"),
 }

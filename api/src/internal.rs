@@ -143,6 +143,26 @@ async fn result_file(state: &AppState, job: &tuneq_queue::JobRecord, steps: u64)
     })
 }
 
+/// Sends a report's figures to the job's MLflow runs, when it has any (the tracker's
+/// worker sends them; the report never waits on the tracking server).
+async fn track(state: &AppState, job: &tuneq_queue::JobRecord, events: &[TrainEvent]) {
+    let Some(tracker) = &state.tracker else {
+        return;
+    };
+    let Ok(payload) = JobPayload::decode(&job.id, &job.payload) else {
+        return;
+    };
+    match state.finetunes().get(&job.tenant, &payload.finetune).await {
+        Ok(Some(record)) if !record.integrations.is_empty() => {
+            tracker.log(&record.integrations, events)
+        }
+        Ok(_) => {}
+        Err(e) => {
+            tracing::warn!(job = %job.id, error = %e.detail.message, "cannot find a job's MLflow runs")
+        }
+    }
+}
+
 /// `POST /internal/attempts/{job}/report`.
 #[tracing::instrument(skip_all, fields(job = %job))]
 pub(crate) async fn report(
@@ -201,6 +221,7 @@ pub(crate) async fn report(
         .report(&id, token, body.seq, Some(&progress_json), &log_events)
         .await
         .map_err(refused)?;
+    track(&state, &record, &body.events).await;
     if let Some(pool) = record.pool.as_deref() {
         state
             .pool_stats

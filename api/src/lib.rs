@@ -5,7 +5,8 @@
 //!
 //! 1. Handlers, one module per area of routes:
 //!    - `files`: dataset upload with validation, list, retrieve, download, delete.
-//!    - `finetunes`: fine-tuning jobs (create → `plan`, `view`, `events`, `artifacts`).
+//!    - `finetunes`: fine-tuning jobs (create → `plan`, `integrations`, `view`, `events`,
+//!      `artifacts`; `control`: cancel, pause, resume).
 //!    - `models`: registered base models and the tenant's fine-tuned ones.
 //!    - `internal`: where trainers report progress, fenced by their attempt's credential.
 //!    - `webhooks`: tenants' signing secrets, delivery, the `settle` loop that files
@@ -28,7 +29,8 @@
 //!    as OpenAI's error body), `guard` (what every request passes before routing:
 //!    methods, encodings, body pace), `cache`, `pool_stats`, `redact`, `sealed`,
 //!    `webhook_target` (the SSRF guard), `throttle` (how fast a source may try keys),
-//!    `quote` (how a message repeats a client's value), `upload_slots` (uploads at
+//!    `quote` (how a message repeats a client's value), `tracking` (runs in an MLflow
+//!    server: the client and its background worker), `upload_slots` (uploads at
 //!    once, per process and per tenant),
 //!    `holds` (how many event streams and downloads a tenant and the process hold open),
 //!    both counted by `counts` (what is held, in all and per tenant).
@@ -61,6 +63,7 @@ pub mod state;
 mod tar;
 mod text;
 mod throttle;
+pub mod tracking;
 pub mod upload_slots;
 pub mod webhook_target;
 pub mod webhooks;

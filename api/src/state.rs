@@ -45,6 +45,9 @@ pub struct ApiConfig {
     /// name (`gpt-4o-mini-2024-07-18`) mapped to the open model that stands in for it,
     /// so that clients' code runs unchanged. Listed in `/v1/models`.
     pub model_aliases: std::collections::BTreeMap<String, String>,
+    /// The MLflow tracking server jobs' runs go to (`integrations`); None: jobs that ask
+    /// for tracking are refused.
+    pub mlflow: Option<crate::tracking::MlflowServer>,
 }
 
 impl Default for ApiConfig {
@@ -66,6 +69,7 @@ impl Default for ApiConfig {
             default_limits: Default::default(),
             holds: crate::holds::HoldLimits::default(),
             model_aliases: Default::default(),
+            mlflow: None,
         }
     }
 }
@@ -92,11 +96,17 @@ pub struct AppState {
     pub upload_slots: crate::upload_slots::UploadSlots,
     /// The event streams and downloads clients hold open (see [`crate::holds`]).
     pub holds: Arc<crate::holds::Holds>,
+    /// Tracks jobs in MLflow, when the operator named a tracking server.
+    pub(crate) tracker: Option<crate::tracking::Tracker>,
 }
 
 impl AppState {
     /// The state of an API process over `queue` and `store`.
     pub fn new(queue: Queue, store: Arc<dyn ObjectStore>, config: ApiConfig) -> Self {
+        let tracker = config
+            .mlflow
+            .clone()
+            .map(|server| crate::tracking::Tracker::start(server, store.clone()));
         Self {
             queue,
             store,
@@ -105,6 +115,7 @@ impl AppState {
                 config.holds.clone(),
                 config.max_connections,
             )),
+            tracker,
             config,
             finetune_cache: Arc::new(RecordCache::new(CACHED_FINETUNES)),
             auth_throttle: Arc::default(),

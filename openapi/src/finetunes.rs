@@ -132,9 +132,11 @@ pub struct FineTuneCreate {
     /// Up to 16 pairs; keys ≤ 64 characters, values ≤ 512.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<BTreeMap<String, String>>,
-    /// Not offered (must be absent or empty).
+    /// Experiment tracking: `[{"type": "mlflow", "mlflow": {"experiment_name", "run_name",
+    /// "tags"}}]` tracks the job in the MLflow server the operator configured (up to
+    /// 4 entries, one of each type). OpenAI's `wandb` is refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub integrations: Option<Vec<serde_json::Value>>,
+    pub integrations: Option<Vec<crate::IntegrationRequest>>,
     /// LoRA settings (tuneq; defaults: r 8, alpha 16, all seven projections).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora: Option<LoraSpec>,
@@ -329,8 +331,8 @@ pub struct FineTuneJob {
     pub seed: u64,
     /// Estimated end while running, Unix seconds.
     pub estimated_finish: Option<u64>,
-    /// Always null (no integrations are offered).
-    pub integrations: Option<Vec<serde_json::Value>>,
+    /// The runs that track the job (null when it asked for none).
+    pub integrations: Option<Vec<crate::JobIntegration>>,
     /// The caller's metadata.
     pub metadata: Option<BTreeMap<String, String>>,
     /// The suffix asked for.

@@ -8,6 +8,7 @@
 //! - [`failure`]: why a job failed, as a type ([`FailureClass`]) with a stable code.
 //! - [`job_event`]: the vocabulary of a job's event log ([`EventKind`], [`StopCause`]).
 //! - [`files`], [`finetunes`]: the REST API's objects (OpenAI's shapes plus tuneq's fields).
+//! - [`integrations`]: the experiment tracking a job asks for and shows (MLflow).
 //! - [`launch`]: how a dispatcher starts a trainer and reads its exit (the launch contract).
 //! - [`projections`]: the seven projections LoRA can wrap ([`PROJECTIONS`]).
 //! - [`progress`]: events a trainer reports ([`TrainEvent`], [`StepMetrics`]).
@@ -19,6 +20,7 @@
 pub mod failure;
 pub mod files;
 pub mod finetunes;
+pub mod integrations;
 pub mod job_event;
 pub mod launch;
 pub mod log;
@@ -41,6 +43,7 @@ pub use finetunes::{
     Progress, QueueStanding, SupervisedMethod, SupervisedSettings, WebhookEvent, WebhookEventData,
     WebhookSecret, WebhookStatus,
 };
+pub use integrations::{IntegrationRequest, JobIntegration, MlflowRun, MlflowRunRequest};
 pub use job_event::{EventKind, StopCause};
 pub use log::LogEntry;
 pub use progress::{PreferenceMetrics, StepMetrics, TrainEvent};

@@ -75,6 +75,10 @@ pub fn job_output(tenant: &Id, job: &Id) -> ObjectKey {
 /// each a PEFT adapter with the optimiser state beside it).
 pub const CHECKPOINTS_DIR: &str = "checkpoints";
 
+/// The files of a PEFT adapter in a run's output: what a client downloads as the job's
+/// adapter.
+pub const ADAPTER_FILES: [&str; 2] = ["adapter_config.json", "adapter_model.safetensors"];
+
 /// The file of a finished run's output that holds its step metrics as CSV (OpenAI's
 /// result-file columns), which the API serves as the job's result file.
 pub const RESULTS_CSV: &str = "step_metrics.csv";

@@ -8,6 +8,7 @@ import importlib
 import os
 import queue
 import secrets
+import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +18,13 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on (now)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def tuneq_bin() -> Path:

@@ -14,15 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT, Process, tuneq_bin
+from conftest import REPO_ROOT, Process, free_port, tuneq_bin
 
 TRAIN = (REPO_ROOT / "examples/data/tiny-task-train.jsonl").read_text().splitlines()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

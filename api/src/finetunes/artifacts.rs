@@ -118,8 +118,7 @@ pub(crate) async fn checkpoints(
     }))
 }
 
-/// The PEFT files an adapter download holds.
-const ADAPTER_FILES: [&str; 2] = ["adapter_config.json", "adapter_model.safetensors"];
+use tuneq_storage::layout::ADAPTER_FILES;
 
 /// The trained PEFT adapter (`adapter_config.json`, `adapter_model.safetensors`) as a
 /// tar archive. A tenant holds a bounded number of downloads at once (8 by default).

@@ -25,6 +25,7 @@
 pub(crate) mod artifacts;
 mod control;
 pub(crate) mod events;
+pub(crate) mod integrations;
 mod plan;
 mod range;
 pub(crate) mod results;
@@ -123,6 +124,7 @@ pub(crate) async fn create(
         return same_request(&state, existing, &body).await;
     }
     let mut plan = plan(&state, &tenant, &id, &body).await?;
+    plan.record.integrations = integrations::open_runs(&state, &plan.runs, &plan.record).await?;
     let payload = serde_json::to_string(&JobPayload {
         finetune: id.clone(),
         spec: plan.spec,

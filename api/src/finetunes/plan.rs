@@ -26,6 +26,8 @@ pub(super) struct Plan {
     pub(super) spec: TrainSpec,
     /// The pools it may run on, in order of preference.
     pub(super) pools: Vec<String>,
+    /// The MLflow runs to open for it (`integrations`), checked.
+    pub(super) runs: Vec<tuneq_openapi::MlflowRunRequest>,
 }
 
 /// The method a request asks for, and the hyperparameters it gives: from `method`
@@ -286,11 +288,13 @@ pub(super) async fn plan(
         dtype: Some(spec.dtype),
         activation_checkpointing: Some(spec.activation_checkpointing),
         compute: Some(spec.compute),
+        integrations: Vec::new(),
     };
     Ok(Plan {
         record,
         spec,
         pools,
+        runs: options.runs,
     })
 }
 
@@ -502,6 +506,8 @@ async fn datasets(
 
 /// The request's options other than the training settings, checked.
 struct Options {
+    /// The MLflow runs asked for.
+    runs: Vec<tuneq_openapi::MlflowRunRequest>,
     /// The webhook target as the url crate serialises it.
     webhook_url: Option<String>,
     /// The hardware class (`any` when not given).
@@ -513,13 +519,7 @@ struct Options {
 /// Checks the integrations, the webhook target, `max_cost`, the hardware class, the
 /// priority, the suffix and the metadata, in that order.
 fn check_options(state: &AppState, body: &FineTuneCreate) -> ApiResult<Options> {
-    if body.integrations.as_ref().is_some_and(|i| !i.is_empty()) {
-        return Err(ApiError::invalid(
-            "integrations",
-            Code::UnsupportedIntegration,
-            "Integrations are not offered; follow a job with its events instead.",
-        ));
-    }
+    let runs = super::integrations::check(state, body)?;
     // The URL is kept as the url crate serialises it: what was checked is what is
     // later called, whichever parser reads the record.
     let webhook_url = match &body.webhook_url {
@@ -561,6 +561,7 @@ fn check_options(state: &AppState, body: &FineTuneCreate) -> ApiResult<Options> 
         check_metadata(metadata)?;
     }
     Ok(Options {
+        runs,
         webhook_url,
         hardware,
         priority,

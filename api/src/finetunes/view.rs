@@ -63,7 +63,16 @@ pub(super) async fn view(state: &AppState, record: FineTuneRecord) -> ApiResult<
         trained_tokens: now.trained_tokens,
         seed: record.seed,
         estimated_finish,
-        integrations: None,
+        integrations: (!record.integrations.is_empty()).then(|| {
+            record
+                .integrations
+                .iter()
+                .map(|run| tuneq_openapi::JobIntegration {
+                    kind: "mlflow".into(),
+                    mlflow: run.clone(),
+                })
+                .collect()
+        }),
         metadata: record.metadata,
         user_provided_suffix: record.suffix,
         priority: record.priority,

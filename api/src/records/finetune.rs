@@ -76,6 +76,9 @@ pub(crate) struct FineTuneRecord {
     pub(crate) activation_checkpointing: Option<tuneq_openapi::ActivationCheckpointing>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) compute: Option<tuneq_openapi::ComputeKind>,
+    /// The MLflow runs that track it (`integrations`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) integrations: Vec<tuneq_openapi::MlflowRun>,
 }
 
 impl FineTuneRecord {

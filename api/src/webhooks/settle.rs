@@ -51,6 +51,16 @@ async fn file_one(state: &AppState, delivery: &Delivery) -> ApiResult<()> {
     if unfiled {
         state.finetunes().save(&record).await?;
         tracing::info!(finetune = %record.id, status = %delivery.state, "fine-tune finished");
+        if let (Some(tracker), Some(outcome)) = (&state.tracker, &record.outcome)
+            && !record.integrations.is_empty()
+        {
+            tracker.end(
+                &record.integrations,
+                outcome.status,
+                &record.tenant,
+                &record.id,
+            );
+        }
     }
     if webhook_pending(&record) {
         state.queue.hand_over_delivery(delivery).await?;

@@ -1,5 +1,6 @@
 //! What the API accepts (`--admin-key`, upload size, webhook targets, tenant defaults,
-//! streams and downloads, model aliases), set the same way for `tuneq up` and `tuneq api`.
+//! streams and downloads, model aliases, the MLflow tracking server), set the same way
+//! for `tuneq up` and `tuneq api`.
 
 use crate::cli::BadInput;
 use crate::cli::settings::{Secret, Span};
@@ -61,6 +62,16 @@ pub struct ApiPolicyArgs {
         value_delimiter = ','
     )]
     model_alias: Vec<String>,
+    /// The MLflow tracking server jobs may ask to be tracked in
+    /// (`integrations: [{"type": "mlflow"}]`): its base URL, e.g. `http://mlflow:5000`.
+    /// Each job gets a run in its tenant's experiment (`<tenant>/<name>`) with its
+    /// parameters, every step's metrics and the adapter as artifacts. Unset: jobs that
+    /// ask for tracking are refused.
+    #[arg(long, env = "TUNEQ_MLFLOW_TRACKING_URI", value_name = "URL")]
+    mlflow_tracking_uri: Option<String>,
+    /// The token the tracking server wants, sent as `Authorization: Bearer …`.
+    #[arg(long, env = "TUNEQ_MLFLOW_TRACKING_TOKEN", hide_env_values = true)]
+    mlflow_tracking_token: Option<Secret>,
 }
 
 impl ApiPolicyArgs {
@@ -79,6 +90,41 @@ impl ApiPolicyArgs {
         Ok(aliases)
     }
 
+    /// `--mlflow-tracking-uri` and its token: an http(s) URL without credentials in it
+    /// (the token goes in its own, secret, setting).
+    pub fn mlflow(&self) -> Result<Option<tuneq_api::tracking::MlflowServer>> {
+        let Some(text) = &self.mlflow_tracking_uri else {
+            if self.mlflow_tracking_token.is_some() {
+                return Err(BadInput(
+                    "--mlflow-tracking-token is given without --mlflow-tracking-uri".into(),
+                )
+                .into());
+            }
+            return Ok(None);
+        };
+        let url = url::Url::parse(text)
+            .map_err(|e| BadInput(format!("--mlflow-tracking-uri {text}: {e}")))?;
+        if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+            return Err(BadInput(format!(
+                "--mlflow-tracking-uri {text}: an http:// or https:// URL of the tracking server is needed"
+            ))
+            .into());
+        }
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err(BadInput(
+                "--mlflow-tracking-uri must not carry credentials: give the token with --mlflow-tracking-token (TUNEQ_MLFLOW_TRACKING_TOKEN)".into(),
+            )
+            .into());
+        }
+        Ok(Some(tuneq_api::tracking::MlflowServer {
+            url,
+            token: self
+                .mlflow_tracking_token
+                .as_ref()
+                .map(|t| t.expose().to_string()),
+        }))
+    }
+
     /// The API's settings these flags decide; the rest are the defaults.
     pub fn api_config(&self) -> Result<tuneq_api::ApiConfig> {
         Ok(tuneq_api::ApiConfig {
@@ -88,6 +134,7 @@ impl ApiPolicyArgs {
             holds: self.holds()?,
             admin_key_hash: self.admin_key_hash()?,
             model_aliases: self.model_aliases()?,
+            mlflow: self.mlflow()?,
             ..tuneq_api::ApiConfig::default()
         })
     }
