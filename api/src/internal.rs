@@ -163,6 +163,23 @@ async fn track(state: &AppState, job: &tuneq_queue::JobRecord, events: &[TrainEv
     }
 }
 
+/// The attempt (job, fencing token) whose credential the request carries; refused
+/// unless it is a credential this server signed for `job`.
+fn attempt_of(state: &AppState, req: &HttpRequest, job: &str) -> ApiResult<(String, u64)> {
+    let credential = req
+        .headers()
+        .get(actix_web::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .ok_or_else(|| ApiError::unauthenticated("An attempt credential is required."))?;
+    state
+        .config
+        .attempt_signer
+        .verify(credential.trim())
+        .filter(|(id, _)| id == job)
+        .ok_or_else(|| ApiError::unauthenticated("This is not a credential for this attempt."))
+}
+
 /// `POST /internal/attempts/{job}/report`.
 #[tracing::instrument(skip_all, fields(job = %job))]
 pub(crate) async fn report(
@@ -171,18 +188,7 @@ pub(crate) async fn report(
     job: web::Path<String>,
     payload: web::Payload,
 ) -> ApiResult<HttpResponse> {
-    let credential = req
-        .headers()
-        .get(actix_web::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .ok_or_else(|| ApiError::unauthenticated("An attempt credential is required."))?;
-    let (id, token) = state
-        .config
-        .attempt_signer
-        .verify(credential.trim())
-        .filter(|(id, _)| id == job.as_str())
-        .ok_or_else(|| ApiError::unauthenticated("This is not a credential for this attempt."))?;
+    let (id, token) = attempt_of(&state, &req, &job)?;
     // The body is read only now, for a holder of this attempt's credential, and only up
     // to the JSON limit: nobody else can make the server buffer anything.
     let body: AttemptReport =

@@ -21,7 +21,8 @@ import pytest
 from openai import OpenAI
 
 from conftest import Service, free_port
-from test_openai_fine_tuning import DEMO_MODEL, TRAIN, VALID, http_get, terminal, upload, wait_for
+from test_openai_fine_tuning import (DEMO_MODEL, TRAIN, VALID, http_get, refusal, terminal, upload,
+                                     wait_for)
 
 
 @pytest.fixture(scope="module")
@@ -68,12 +69,6 @@ def ended(tracking, run_id: str, status: str):
         assert time.monotonic() < deadline, f"run {run_id} is {run.info.status}, not {status}"
         time.sleep(0.5)
     return run
-
-
-def refusal(call) -> tuple[str, str]:
-    with pytest.raises(openai.BadRequestError) as caught:
-        call()
-    return caught.value.code, caught.value.param
 
 
 def test_a_job_is_tracked_with_its_params_every_steps_metrics_and_its_adapter(mlflow_url, tmp_path):

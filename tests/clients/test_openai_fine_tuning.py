@@ -43,6 +43,13 @@ def wait_for(client, job_id: str, done, timeout: float = 300.0, what: str = "ter
         time.sleep(0.5)
 
 
+def refusal(call) -> tuple[str, str]:
+    """The `code` and `param` of the 400 that `call` must raise."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        call()
+    return caught.value.code, caught.value.param
+
+
 def terminal(job) -> bool:
     return job.status in ("succeeded", "failed", "cancelled")
 

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from conftest import REPO_ROOT
-from test_openai_fine_tuning import terminal, wait_for
+from test_openai_fine_tuning import refusal, terminal, wait_for
 
 DEMO_MODEL = "tuneq-tiny-demo"
 TRAIN = (REPO_ROOT / "examples/data/tiny-task-train.jsonl").read_bytes()
@@ -82,6 +82,14 @@ def first_step_loss(client, job_id: str) -> float:
     return steps[min(steps)]
 
 
+def continue_from(client, model: str, file: str):
+    """A one-epoch job that trains `model` (a fine-tuned model or checkpoint) further."""
+    return client.fine_tuning.jobs.create(
+        model=model, training_file=file,
+        method={"type": "supervised",
+                "supervised": {"hyperparameters": {"n_epochs": 1, "batch_size": 16}}})
+
+
 def test_a_fine_tuned_model_is_trained_further_from_its_adapter(client, service):
     first = succeeded_job(client)
     file = client.files.create(file=("train.jsonl", TRAIN), purpose="fine-tune").id
@@ -89,23 +97,17 @@ def test_a_fine_tuned_model_is_trained_further_from_its_adapter(client, service)
     # Another tenant cannot continue it: it does not exist for them.
     stranger = other_tenant(service)
     theirs = stranger.files.create(file=("train.jsonl", TRAIN), purpose="fine-tune").id
-    with pytest.raises(openai.BadRequestError) as caught:
-        stranger.fine_tuning.jobs.create(model=first.fine_tuned_model, training_file=theirs)
-    assert caught.value.body["code"] == "model_not_found"
+    assert refusal(lambda: stranger.fine_tuning.jobs.create(
+        model=first.fine_tuned_model, training_file=theirs))[0] == "model_not_found"
 
-    second = client.fine_tuning.jobs.create(
-        model=first.fine_tuned_model, training_file=file,
-        method={"type": "supervised",
-                "supervised": {"hyperparameters": {"n_epochs": 1, "batch_size": 16}}})
+    second = continue_from(client, first.fine_tuned_model, file)
     assert second.model == first.fine_tuned_model
     assert second.model_extra["base_model"] == DEMO_MODEL
     assert second.model_extra["parent_job"] == first.id
     assert second.model_extra["lora"] == first.model_extra["lora"]
 
     # The model it continues cannot be deleted while it runs.
-    with pytest.raises(openai.BadRequestError) as caught:
-        client.models.delete(first.fine_tuned_model)
-    assert caught.value.body["code"] == "model_in_use"
+    assert refusal(lambda: client.models.delete(first.fine_tuned_model))[0] == "model_in_use"
 
     second = wait_for(client, second.id, terminal)
     assert second.status == "succeeded", second.error
@@ -120,13 +122,9 @@ def test_a_fine_tuned_model_is_trained_further_from_its_adapter(client, service)
     checkpoints = list(client.fine_tuning.jobs.checkpoints.list(first.id))
     assert len(checkpoints) > 2
     kept, dropped = checkpoints[0], checkpoints[-1]
-    with pytest.raises(openai.BadRequestError) as caught:
-        client.fine_tuning.jobs.create(model=dropped.fine_tuned_model_checkpoint, training_file=file)
-    assert caught.value.body["code"] == "model_not_found"
-    third = client.fine_tuning.jobs.create(
-        model=kept.fine_tuned_model_checkpoint, training_file=file,
-        method={"type": "supervised",
-                "supervised": {"hyperparameters": {"n_epochs": 1, "batch_size": 16}}})
+    assert refusal(lambda: client.fine_tuning.jobs.create(
+        model=dropped.fine_tuned_model_checkpoint, training_file=file))[0] == "model_not_found"
+    third = continue_from(client, kept.fine_tuned_model_checkpoint, file)
     assert third.model == kept.fine_tuned_model_checkpoint
     assert third.model_extra["parent_job"] == first.id
     third = wait_for(client, third.id, terminal)

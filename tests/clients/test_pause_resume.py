@@ -11,7 +11,8 @@ import tarfile
 import openai
 import pytest
 
-from test_openai_fine_tuning import DEMO_MODEL, TRAIN, http_get, step_of, terminal, upload, wait_for
+from test_openai_fine_tuning import (DEMO_MODEL, TRAIN, http_get, refusal, step_of, terminal,
+                                     upload, wait_for)
 
 # 600 examples, 8 a step, 2 epochs: 150 steps, long enough to pause half way.
 HYPERPARAMETERS = {"n_epochs": 2, "batch_size": 8}
@@ -23,12 +24,6 @@ def adapter_weights(service, job) -> bytes:
         member = tar.extractfile("adapter_model.safetensors")
         assert member is not None
         return member.read()
-
-
-def refusal(call) -> tuple[str, str]:
-    with pytest.raises(openai.BadRequestError) as caught:
-        call()
-    return caught.value.code, caught.value.param
 
 
 def test_a_paused_job_frees_its_machine_and_resumes_to_the_adapter_of_an_uninterrupted_run(

@@ -91,6 +91,49 @@ enum Delivery {
     Superseded,
 }
 
+/// Posts reports to the control plane, from the reporter's thread.
+struct Poster<'a> {
+    runtime: tokio::runtime::Runtime,
+    client: reqwest::Client,
+    url: &'a str,
+    credential: &'a str,
+    stop: &'a StopFlag,
+}
+
+impl Poster<'_> {
+    /// Posts one report; an answer that asks for a checkpoint and a stop sets the run's
+    /// stop flag.
+    fn post(&self, report: &AttemptReport) -> Posted {
+        self.runtime.block_on(async {
+            let sent = self
+                .client
+                .post(self.url)
+                .bearer_auth(self.credential)
+                .json(report)
+                .send()
+                .await;
+            match sent {
+                Ok(r) if r.status().is_success() => {
+                    // An answer that does not read (an older control plane's 204) asks
+                    // for nothing.
+                    let answer: AttemptReportAnswer = r.json().await.unwrap_or_default();
+                    if answer.checkpoint_and_stop && !self.stop.is_set() {
+                        eprintln!("tuneq-report: the job was paused; checkpointing and stopping");
+                        self.stop.set();
+                    }
+                    Posted::Delivered
+                }
+                Ok(r) if r.status() == reqwest::StatusCode::GONE => Posted::Superseded,
+                Ok(r) => {
+                    let status = r.status();
+                    Posted::Failed(format!("{status}: {}", r.text().await.unwrap_or_default()))
+                }
+                Err(e) => Posted::Failed(e.to_string()),
+            }
+        })
+    }
+}
+
 fn post_loop(
     url: &str,
     credential: &str,
@@ -111,33 +154,12 @@ fn post_loop(
         .timeout(Duration::from_secs(30))
         .build()
         .unwrap_or_default();
-    let post = |report: &AttemptReport| -> Posted {
-        runtime.block_on(async {
-            match client
-                .post(url)
-                .bearer_auth(credential)
-                .json(report)
-                .send()
-                .await
-            {
-                Ok(r) if r.status().is_success() => {
-                    // An answer that does not read (an older control plane's 204) asks
-                    // for nothing.
-                    let answer: AttemptReportAnswer = r.json().await.unwrap_or_default();
-                    if answer.checkpoint_and_stop && !stop.is_set() {
-                        eprintln!("tuneq-report: the job was paused; checkpointing and stopping");
-                        stop.set();
-                    }
-                    Posted::Delivered
-                }
-                Ok(r) if r.status() == reqwest::StatusCode::GONE => Posted::Superseded,
-                Ok(r) => {
-                    let status = r.status();
-                    Posted::Failed(format!("{status}: {}", r.text().await.unwrap_or_default()))
-                }
-                Err(e) => Posted::Failed(e.to_string()),
-            }
-        })
+    let poster = Poster {
+        runtime,
+        client,
+        url,
+        credential,
+        stop,
     };
     let mut seq = 0u64;
     let mut pending: Vec<TrainEvent> = Vec::new();
@@ -166,7 +188,7 @@ fn post_loop(
             };
             // The same report (same number) is sent until it is delivered.
             loop {
-                match post(&report) {
+                match poster.post(&report) {
                     Posted::Delivered => {
                         failures = 0;
                         break;

@@ -147,8 +147,8 @@ impl MlflowClient {
         })
     }
 
-    async fn post(&self, path: &str, body: &Value) -> Result<Value, MlflowError> {
-        let request = self.http.post(self.endpoint(path)).json(body);
+    /// Sends `request` with the server's token and reads the answer.
+    async fn send(&self, request: reqwest::RequestBuilder) -> Result<Value, MlflowError> {
         let response = self
             .authorised(request)
             .send()
@@ -157,14 +157,14 @@ impl MlflowClient {
         Self::answer(response).await
     }
 
-    async fn get(&self, path: &str, query: &[(&str, &str)]) -> Result<Value, MlflowError> {
-        let request = self.http.get(self.endpoint(path)).query(query);
-        let response = self
-            .authorised(request)
-            .send()
+    async fn post(&self, path: &str, body: &Value) -> Result<Value, MlflowError> {
+        self.send(self.http.post(self.endpoint(path)).json(body))
             .await
-            .map_err(MlflowError::Unreachable)?;
-        Self::answer(response).await
+    }
+
+    async fn get(&self, path: &str, query: &[(&str, &str)]) -> Result<Value, MlflowError> {
+        self.send(self.http.get(self.endpoint(path)).query(query))
+            .await
     }
 
     /// The id of the experiment named `name`, created when there is none.
@@ -313,13 +313,9 @@ impl MlflowClient {
         };
         let root = root.trim_start_matches('/');
         let url = self.endpoint(&format!("api/2.0/mlflow-artifacts/artifacts/{root}/{path}"));
-        let request = self.http.put(url).body(bytes);
-        let response = self
-            .authorised(request)
-            .send()
+        self.send(self.http.put(url).body(bytes))
             .await
-            .map_err(MlflowError::Unreachable)?;
-        Self::answer(response).await.map(|_| true)
+            .map(|_| true)
     }
 }
 

@@ -49,6 +49,16 @@ async fn report(s: &Server, job: &str, credential: &str, body: Value, want: Stat
     response.json().await.unwrap_or(Value::Null)
 }
 
+/// The messages of a page of events.
+fn messages_of(events: &Value) -> Vec<&str> {
+    events["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["message"].as_str().unwrap())
+        .collect()
+}
+
 fn step(step: u64, total: u64, loss: f64) -> Value {
     json!({"event": "step", "step": step, "total_steps": total, "epoch": 0, "loss": loss,
         "lr": 1e-3, "grad_norm": 1.0, "tokens_per_s": 10.0, "elapsed_s": 1.0,
@@ -170,12 +180,7 @@ async fn reports_move_a_job_to_succeeded_and_stale_or_forged_ones_change_nothing
             &format!("/v1/fine_tuning/jobs/{id}/events?limit=100"),
         )
         .await;
-    let messages: Vec<&str> = events["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["message"].as_str().unwrap())
-        .collect();
+    let messages = messages_of(&events);
     assert_eq!(
         messages.first(),
         Some(&"The job has successfully completed")
@@ -345,12 +350,7 @@ async fn a_pause_reaches_the_trainer_in_a_reports_answer_and_its_stop_pauses_the
     );
     assert_eq!(paused["preemptions"], 0, "a pause is no preemption");
     let (_, events) = get(&s, &s.acme, &format!("/finetunes/{id}/events?limit=50")).await;
-    let messages: Vec<&str> = events["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["message"].as_str().unwrap())
-        .collect();
+    let messages = messages_of(&events);
     assert!(
         messages.contains(&"Pausing: the running attempt writes a checkpoint and stops"),
         "{messages:?}"
