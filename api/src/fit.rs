@@ -158,7 +158,7 @@ pub(crate) fn check_job(
     let ask = Ask {
         lora: &spec.lora,
         max_seq_len: u64::from(h.max_seq_len),
-        batch_size: u64::from(h.batch_size),
+        batch_size: u64::from(h.batch_size) * spec.method.sequences_per_example(),
         dtype: spec.dtype,
         compute: spec.compute,
         checkpointing: spec.activation_checkpointing,

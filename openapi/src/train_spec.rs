@@ -100,6 +100,16 @@ impl TrainingMethod {
     pub fn is_supervised(&self) -> bool {
         *self == Self::Supervised
     }
+
+    /// The sequences one example puts through the model in a step: a DPO pair is two
+    /// (its preferred and its other answer, side by side in the batch), so memory
+    /// estimates count twice the rows for the same `batch_size`.
+    pub fn sequences_per_example(&self) -> u64 {
+        match self {
+            Self::Supervised => 1,
+            Self::Dpo { .. } => 2,
+        }
+    }
 }
 
 /// How the CPU computes the frozen projections' and the head's products. LoRA, norms,

@@ -219,7 +219,8 @@ fn graph_checkpointing(
     let ask = |checkpointing| tuneq_pools::Ask {
         lora: &spec.lora,
         max_seq_len: longest as u64,
-        batch_size: u64::from(spec.hyperparameters.batch_size),
+        batch_size: u64::from(spec.hyperparameters.batch_size)
+            * spec.method.sequences_per_example(),
         dtype: spec.dtype,
         compute: spec.compute,
         checkpointing,
