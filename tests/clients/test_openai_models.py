@@ -92,7 +92,11 @@ def continue_from(client, model: str, file: str):
 
 def test_a_fine_tuned_model_is_trained_further_from_its_adapter(client, service):
     first = succeeded_job(client)
-    file = client.files.create(file=("train.jsonl", TRAIN), purpose="fine-tune").id
+    # Data meant for the fine-tuned model is counted with its base model's tokenizer.
+    uploaded = client.files.create(file=("train.jsonl", TRAIN), purpose="fine-tune",
+                                   extra_body={"model": first.fine_tuned_model})
+    assert uploaded.model_extra["validation"]["tokens"]["model"] == DEMO_MODEL
+    file = uploaded.id
 
     # Another tenant cannot continue it: it does not exist for them.
     stranger = other_tenant(service)

@@ -262,10 +262,13 @@ async fn small_field(
     Ok(String::from_utf8_lossy(&text).trim().to_string())
 }
 
-/// The tokenizer that counts an upload's tokens: `requested` (refused when it is not a
-/// registered base model), else the first registered model whose files are local.
+/// The tokenizer that counts an upload's tokens: `requested` (a registered base model,
+/// an alias of one, or one of the tenant's fine-tuned models, whose base model's
+/// tokenizer it uses; refused otherwise), else the first registered model whose files
+/// are local.
 async fn counting_model(
     state: &AppState,
+    tenant: &str,
     requested: Option<&str>,
 ) -> ApiResult<Option<(String, std::path::PathBuf)>> {
     let local = |m: &records::model::BaseModel| match tuneq_storage::Location::parse(&m.location) {
@@ -274,6 +277,14 @@ async fn counting_model(
     };
     match requested {
         Some(id) => {
+            // A fine-tuned model (or its checkpoint) tokenizes as its base model does.
+            let tuned = match id.rsplit_once(":ckpt-step-").map_or(id, |(name, _)| name) {
+                name if name.starts_with("ft:") => {
+                    state.finetunes().by_model_name(tenant, name).await?
+                }
+                _ => None,
+            };
+            let id = tuned.as_ref().map_or(id, |job| job.base_model_id());
             let model = records::model::resolve(&state.queue, &state.config.model_aliases, id)
                 .await?
                 .ok_or_else(|| {
@@ -346,7 +357,7 @@ pub(crate) async fn upload(
         }
     }
     check_quota(&state, &tenant.0, &limits, spooled.bytes).await?;
-    let counting = counting_model(&state, spooled.model.as_deref()).await?;
+    let counting = counting_model(&state, &tenant.0, spooled.model.as_deref()).await?;
     let (validation, _slot) = validate(
         spooled.file.path().to_path_buf(),
         spooled.filename.clone(),

@@ -337,10 +337,8 @@ async fn starting_point(
     };
     let parent = state
         .finetunes()
-        .all(&tenant.0)
+        .by_model_name(&tenant.0, name)
         .await?
-        .into_iter()
-        .find(|r| r.fine_tuned_model_name() == name)
         .ok_or_else(not_found)?;
     let job = super::view::view(state, parent.clone()).await?;
     if job.status != tuneq_openapi::JobStatus::Succeeded || job.model_deleted_at.is_some() {

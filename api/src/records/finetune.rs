@@ -250,6 +250,23 @@ impl<'a> FineTunes<'a> {
         Ok(record)
     }
 
+    /// The tenant's fine-tune whose fine-tuned model is named `name` (`ft:…`, the job id
+    /// its last part), read by that id rather than by a scan of the tenant's jobs; None
+    /// for a name no job of the tenant's has.
+    pub(crate) async fn by_model_name(
+        &self,
+        tenant: &str,
+        name: &str,
+    ) -> ApiResult<Option<FineTuneRecord>> {
+        let Some((_, id)) = name.strip_prefix("ft:").and_then(|n| n.rsplit_once(':')) else {
+            return Ok(None);
+        };
+        Ok(self
+            .get(tenant, &format!("ftjob-{id}"))
+            .await?
+            .filter(|record| record.fine_tuned_model_name() == name))
+    }
+
     /// The tenant's fine-tune `id`, or 404 (also for another tenant's id).
     pub(crate) async fn find(&self, tenant: &str, id: &str) -> ApiResult<FineTuneRecord> {
         self.get(tenant, id)
