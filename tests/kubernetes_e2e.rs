@@ -2,8 +2,9 @@
 //! (a `runtime = "kubernetes"` pool, `KUBECONFIG` pointing at `tuneq-kube-fake` over
 //! loopback HTTP) on a real redis-server, with the fake's process kubelet running each
 //! attempt's pod as a real `tuneq train` process. The test plays the scheduler and the
-//! disruptions: a spot node shutdown, a vanished node (its pod left Running), a crash,
-//! and a SIGKILLed dispatcher that must adopt the running Job. The job must end as an
+//! disruptions: a spot node shutdown, a vanished node (its pod left Running), a pause
+//! and a resume by the tenant, a crash, and a SIGKILLed dispatcher that must adopt the
+//! running Job. The job must end as an
 //! undisturbed run of the same seed does, byte for byte, and no two pods of one job may
 //! ever be alive at once.
 
@@ -504,7 +505,7 @@ termination_grace = "20s"
     // Node object gone, force-deletes the pod and starts the next attempt.
     d.node = "node-3".into();
     cluster.lose_node("node-2").unwrap();
-    let (pod3, _) = until(&mut d, &api, &id, "an attempt on node-3", short, |d, _| {
+    until(&mut d, &api, &id, "an attempt on node-3", short, |d, _| {
         d.running_pod().filter(|(p, n)| *p != pod2 && n == "node-3")
     })
     .await;
@@ -514,14 +515,43 @@ termination_grace = "20s"
     })
     .await;
 
-    // A crash: retried from the last checkpoint, one retry spent.
-    cluster.kill_process(&pod3).unwrap();
+    // The tenant pauses it: the trainer hears of it in its report's answer, checkpoints
+    // and exits; its pod is gone and the job waits paused, holding no node. Resumed, it
+    // continues from that checkpoint on the next node.
+    let post = |action: &str| format!("/v1/fine_tuning/jobs/{id}/{action}");
+    api.call(reqwest::Method::POST, &post("pause"), &api.key, None)
+        .await;
+    until(&mut d, &api, &id, "the job to pause", short, |d, j| {
+        (j["status"] == "paused" && d.running_pod().is_none()).then_some(())
+    })
+    .await;
+    let paused_at = step_of(&api.job(&id).await);
     d.node = "node-4".into();
+    let resumed = api
+        .call(reqwest::Method::POST, &post("resume"), &api.key, None)
+        .await;
+    assert_eq!(resumed["status"], "queued", "{resumed:#}");
+    let (pod4, _) = until(
+        &mut d,
+        &api,
+        &id,
+        "progress after the resume",
+        short,
+        |d, j| {
+            d.running_pod()
+                .filter(|(_, n)| n == "node-4" && step_of(j) > paused_at + 5)
+        },
+    )
+    .await;
+
+    // A crash: retried from the last checkpoint, one retry spent.
+    cluster.kill_process(&pod4).unwrap();
+    d.node = "node-5".into();
     let done = until(&mut d, &api, &id, "the job to succeed", long, |_, j| {
         (j["status"] == "succeeded").then(|| j.clone())
     })
     .await;
-    assert_eq!(done["preemptions"], 2, "{done:#}");
+    assert_eq!(done["preemptions"], 2, "a pause is no preemption: {done:#}");
     assert_eq!(done["attempts"], 1, "{done:#}");
     let adapter = api.adapter(&id).await;
     assert!(
