@@ -268,3 +268,77 @@ fn staging_skips_unchanged_remote_objects_and_fetches_changed_ones() {
     assert_eq!(std::fs::read(&config_json).unwrap(), changed_config);
     assert_eq!(std::fs::read(&data).unwrap(), changed_train);
 }
+
+/// Continuing a fine-tuned model stored remotely (`--init-adapter s3://…/output`, as
+/// the API passes a continued job's parent output) fetches the adapter's two files, not
+/// the checkpoints and logs the folder also holds.
+#[test]
+fn a_remote_starting_adapter_fetches_only_the_adapter_files() {
+    let server = testing::moto();
+    let env = [
+        ("AWS_ENDPOINT_URL", server.endpoint.as_str()),
+        ("AWS_ACCESS_KEY_ID", "testing"),
+        ("AWS_SECRET_ACCESS_KEY", "testing"),
+        ("AWS_REGION", "us-east-1"),
+    ];
+    let config = tuneq_storage::StorageConfig {
+        s3: testing::s3_config(server),
+        ..Default::default()
+    };
+    let (dir, train) = dir_with_task(40);
+    let parent = dir.path().join("parent");
+    run_to_end(&resume_args(&parent, &train));
+    assert!(
+        parent.join("checkpoints").is_dir(),
+        "the parent keeps checkpoints"
+    );
+
+    let base = format!("s3://{TEST_BUCKET}/{}", testing::unique_prefix("init"));
+    let rt = runtime();
+    let store = rt.block_on(async {
+        tuneq_storage::open(&Location::parse(&base).unwrap(), &config)
+            .await
+            .unwrap()
+    });
+    let output_key = ObjectKey::parse("tenants/t1/jobs/parent/output").unwrap();
+    rt.block_on(tuneq_storage::transfer::upload_dir(
+        store.as_ref(),
+        &parent,
+        &output_key,
+    ))
+    .unwrap();
+
+    let cache = dir.path().join("cache");
+    let mut args = resume_args(&dir.path().join("child"), &train);
+    args.extend([
+        "--init-adapter".into(),
+        format!("{base}/tenants/t1/jobs/parent/output"),
+        "--cache-dir".into(),
+        cache.display().to_string(),
+    ]);
+    run_to_end_with_env(&args, &env);
+    let mut fetched: Vec<String> = walk(&cache.join("inputs"))
+        .into_iter()
+        .filter_map(|p| Some(p.file_name()?.to_str()?.to_string()))
+        .collect();
+    fetched.sort();
+    assert_eq!(
+        fetched,
+        ["adapter_config.json", "adapter_model.safetensors"],
+        "only the adapter is fetched"
+    );
+}
+
+/// Every file under `dir`.
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            files.extend(walk(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}

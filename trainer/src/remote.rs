@@ -127,6 +127,35 @@ impl Storage {
         Ok(dir)
     }
 
+    /// A local folder holding the PEFT adapter at `value` (its
+    /// [`tuneq_storage::layout::ADAPTER_FILES`], downloaded if remote): only those, not
+    /// whatever else the folder holds (a job's output keeps its checkpoints beside them,
+    /// a checkpoint its optimiser state).
+    pub fn input_adapter(&self, field: &str, value: &str) -> Result<PathBuf> {
+        let location = Self::parse(field, value)?;
+        if let Some(p) = location.as_local() {
+            return Ok(p.to_path_buf());
+        }
+        let store = self.open(&location)?;
+        let dir = self.cache.join("inputs").join(cache_name(value));
+        self.runtime.block_on(async {
+            for name in tuneq_storage::layout::ADAPTER_FILES {
+                let key = ObjectKey::root().join(name)?;
+                tuneq_storage::transfer::download_file(store.as_ref(), &key, &dir.join(name))
+                    .await
+                    .map_err(|e| match e {
+                        tuneq_storage::Error::NotFound { uri } => spec_error(
+                            field,
+                            format!("no adapter at {value}: {uri} does not exist"),
+                        ),
+                        other => Error::Storage(other),
+                    })?;
+            }
+            Ok::<_, Error>(())
+        })?;
+        Ok(dir)
+    }
+
     /// A local file holding the object at `value` (downloaded if remote and changed).
     pub fn input_file(&self, field: &str, value: &str) -> Result<PathBuf> {
         let location = Self::parse(field, value)?;

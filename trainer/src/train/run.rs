@@ -122,7 +122,7 @@ impl<'a> Run<'a> {
         let init_adapter = spec
             .init_adapter
             .as_deref()
-            .map(|a| storage.input_dir("init_adapter", a))
+            .map(|a| storage.input_adapter("init_adapter", a))
             .transpose()?;
         let out = storage.output("output", &spec.output)?;
         let output = out.local.clone();
