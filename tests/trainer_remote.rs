@@ -54,6 +54,24 @@ async fn upload_inputs(store: &dyn ObjectStore, train: &Path) {
     .unwrap();
 }
 
+/// How a trainer (its environment, as the AWS SDKs read it) and the test (a storage
+/// configuration) reach moto's S3 server.
+fn s3_settings(
+    server: &testing::TestServer,
+) -> ([(&'static str, &str); 4], tuneq_storage::StorageConfig) {
+    let env = [
+        ("AWS_ENDPOINT_URL", server.endpoint.as_str()),
+        ("AWS_ACCESS_KEY_ID", "testing"),
+        ("AWS_SECRET_ACCESS_KEY", "testing"),
+        ("AWS_REGION", "us-east-1"),
+    ];
+    let config = tuneq_storage::StorageConfig {
+        s3: testing::s3_config(server),
+        ..Default::default()
+    };
+    (env, config)
+}
+
 fn remote_round_trip(scheme: &str, env: &[(&str, &str)], config: tuneq_storage::StorageConfig) {
     let (dir, train) = dir_with_task(40);
     let reference = dir.path().join("reference");
@@ -146,16 +164,7 @@ fn remote_round_trip(scheme: &str, env: &[(&str, &str)], config: tuneq_storage::
 #[test]
 fn trains_from_and_to_s3_and_resumes_on_a_fresh_machine() {
     let server = testing::moto();
-    let env = [
-        ("AWS_ENDPOINT_URL", server.endpoint.as_str()),
-        ("AWS_ACCESS_KEY_ID", "testing"),
-        ("AWS_SECRET_ACCESS_KEY", "testing"),
-        ("AWS_REGION", "us-east-1"),
-    ];
-    let config = tuneq_storage::StorageConfig {
-        s3: testing::s3_config(server),
-        ..Default::default()
-    };
+    let (env, config) = s3_settings(server);
     remote_round_trip("s3", &env, config);
 }
 
@@ -275,16 +284,7 @@ fn staging_skips_unchanged_remote_objects_and_fetches_changed_ones() {
 #[test]
 fn a_remote_starting_adapter_fetches_only_the_adapter_files() {
     let server = testing::moto();
-    let env = [
-        ("AWS_ENDPOINT_URL", server.endpoint.as_str()),
-        ("AWS_ACCESS_KEY_ID", "testing"),
-        ("AWS_SECRET_ACCESS_KEY", "testing"),
-        ("AWS_REGION", "us-east-1"),
-    ];
-    let config = tuneq_storage::StorageConfig {
-        s3: testing::s3_config(server),
-        ..Default::default()
-    };
+    let (env, config) = s3_settings(server);
     let (dir, train) = dir_with_task(40);
     let parent = dir.path().join("parent");
     run_to_end(&resume_args(&parent, &train));
