@@ -227,7 +227,10 @@ pub(crate) async fn report(
         .report(&id, token, body.seq, Some(&progress_json), &log_events)
         .await
         .map_err(refused)?;
-    track(&state, &record, &body.events).await;
+    // A repeated report (a retry after a lost reply) sent its figures the first time.
+    if renewal.recorded {
+        track(&state, &record, &body.events).await;
+    }
     if let Some(pool) = record.pool.as_deref() {
         state
             .pool_stats

@@ -2,8 +2,9 @@
 -- plain heartbeat), then (kind, message, data) triples to append to the job's log: a
 -- KIND code, text for people, and the event's fields as a JSON object ('' for none).
 -- Extends the lease (a suspect attempt that reports in is running again), records the
--- progress and events, and returns {0, deadline, pause} (pause: '1' when the tenant
--- asked for a pause, which the attempt's dispatcher carries out). A stale token gets -6: that attempt
+-- progress and events, and returns {0, deadline, pause, recorded} (pause: '1' when the
+-- tenant asked for a pause, which the attempt's dispatcher carries out; recorded: '0'
+-- for a repeated report, which recorded nothing). A stale token gets -6: that attempt
 -- must stop. Reports are numbered per attempt: a repeated report (after a lost reply)
 -- renews the lease but appends nothing twice.
 local id, token, lease_ms, progress, report = ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6]
@@ -50,4 +51,6 @@ if fresh then
 end
 redis.call('HSET', j, unpack(fields))
 redis.call('ZADD', k('leases'), deadline_s, id)
-return {0, deadline, redis.call('HGET', j, 'pause_req') or '0'}
+local recorded = '0'
+if fresh then recorded = '1' end
+return {0, deadline, redis.call('HGET', j, 'pause_req') or '0', recorded}

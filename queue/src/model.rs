@@ -176,6 +176,9 @@ pub struct Renewal {
     /// The tenant asked for a pause: stop the attempt after a checkpoint and report it
     /// stopped ([`crate::JobQueue::preempt`]), which pauses the job.
     pub pause_requested: bool,
+    /// The report's progress and events were recorded by this call; false for a repeat
+    /// of a report recorded before (a retry after a lost reply), which records nothing.
+    pub recorded: bool,
 }
 
 /// What a lost attempt turned out to be, decided by the dispatcher.

@@ -81,11 +81,12 @@ fn check_pool_list(pools: &[String]) -> Result<()> {
 }
 
 /// Records a claimed lease's job (in `field`) and tenant on the current span.
-/// The heartbeat script's reply: `{0, deadline, pause}`.
+/// The heartbeat script's reply: `{0, deadline, pause, recorded}`.
 fn renewal(reply: &[Value]) -> Result<Renewal> {
     Ok(Renewal {
         deadline_ms: unsigned(reply.get(1))?,
         pause_requested: text(reply.get(2))? == "1",
+        recorded: text(reply.get(3))? == "1",
     })
 }
 

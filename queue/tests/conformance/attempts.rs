@@ -15,13 +15,17 @@ pub(crate) async fn attempt_reports_append_events_once_and_stale_reports_change_
         event(EventKind::Metrics, "", Some(&step_fields)),
         event(EventKind::Checkpoint, "step 1", None),
     ];
-    q.report(&id, lease.token, 1, Some(r#"{"step":1}"#), &step)
+    let first = q
+        .report(&id, lease.token, 1, Some(r#"{"step":1}"#), &step)
         .await
         .unwrap();
-    // The same report again (as after a lost reply) records nothing twice.
-    q.report(&id, lease.token, 1, Some(r#"{"step":99}"#), &step)
+    assert!(first.recorded);
+    // The same report again (as after a lost reply) records nothing twice, and says so.
+    let again = q
+        .report(&id, lease.token, 1, Some(r#"{"step":99}"#), &step)
         .await
         .unwrap();
+    assert!(!again.recorded, "a repeated report is not recorded again");
     q.report(
         &id,
         lease.token,
