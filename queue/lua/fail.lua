@@ -9,14 +9,14 @@ local base, cap, jitter = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]
 local class = known(FAILURE, ARGV[9], 'failure')
 local now, now_s = now_ms()
 local j = jk(id)
-local s = holds(j, token, {'leased', 'running', 'suspect'})
+local s, _, pausing = holds(j, token, {'leased', 'running', 'suspect'})
 if s ~= 0 then return {s} end
 release(id)
 redis.call('HSET', j, 'failure', class)
 local attempts = redis.call('HINCRBY', j, 'attempts', '1')
 local max_attempts = tonumber(redis.call('HGET', j, 'max_attempts'))
 if retryable and attempts < max_attempts then
-  if redis.call('HGET', j, 'pause_req') == '1' then
+  if pausing then
     redis.call('HSET', j, 'error', reason)
     set_paused(id, redis.call('HGET', j, 'tenant'), now_s, reason, event_field('failure', class))
     return {2}

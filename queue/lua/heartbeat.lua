@@ -10,7 +10,7 @@
 local id, token, lease_ms, progress, report = ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6]
 local now, now_s = now_ms()
 local j = jk(id)
-local s, state = holds(j, token, {'leased', 'running', 'suspect'})
+local s, state, pausing = holds(j, token, {'leased', 'running', 'suspect'})
 if s ~= 0 then return {s, state} end
 local deadline = now + lease_ms
 local deadline_s = str(deadline)
@@ -51,6 +51,7 @@ if fresh then
 end
 redis.call('HSET', j, unpack(fields))
 redis.call('ZADD', k('leases'), deadline_s, id)
-local recorded = '0'
+local pause, recorded = '0', '0'
+if pausing then pause = '1' end
 if fresh then recorded = '1' end
-return {0, deadline, redis.call('HGET', j, 'pause_req') or '0', recorded}
+return {0, deadline, pause, recorded}

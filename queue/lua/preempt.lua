@@ -9,13 +9,13 @@
 local id, token, stop, reason, pools, why = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local now, now_s = now_ms()
 local j = jk(id)
-local s = holds(j, token, {'leased', 'running', 'suspect'})
+local s, _, pausing = holds(j, token, {'leased', 'running', 'suspect'})
 if s ~= 0 then return {s} end
 release(id)
-local tenant, prio, rank, pause_req = unpack(redis.call('HMGET', j, 'tenant', 'prio', 'rank_ms', 'pause_req'))
+local tenant, prio, rank = unpack(redis.call('HMGET', j, 'tenant', 'prio', 'rank_ms'))
 if stop ~= '' then known(STOP, stop, 'stop') end
 if pools and pools ~= '' then redis.call('HSET', j, 'pools', pools) end
-if pause_req == '1' then
+if pausing then
   set_paused(id, tenant, now_s, reason, '')
   return {0}
 end

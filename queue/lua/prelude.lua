@@ -245,12 +245,14 @@ local function trim(now, batch)
   return removed
 end
 
--- Whether the caller holds the job's current lease (a job never leased has epoch 0).
+-- Whether the caller holds the job's current lease (a job never leased has epoch 0):
+-- the status, the job's state, and whether its tenant asked for a pause (read in the
+-- same call, since the fenced scripts that hold a lease are the ones that need it).
 local function holds(j, token, states)
-  local state, epoch = unpack(redis.call('HMGET', j, 'state', 'epoch'))
+  local state, epoch, pause_req = unpack(redis.call('HMGET', j, 'state', 'epoch', 'pause_req'))
   if not state then return -1, nil end
   if (epoch or '0') ~= token then return -6, state end
-  for _, s in ipairs(states) do if s == state then return 0, state end end
+  for _, s in ipairs(states) do if s == state then return 0, state, pause_req == '1' end end
   return -3, state
 end
 

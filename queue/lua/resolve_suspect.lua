@@ -7,7 +7,7 @@ local id, epoch, verdict, lease_ms, max_stalls = ARGV[2], ARGV[3], ARGV[4], tonu
 local reason = ARGV[7] or ''
 local now, now_s = now_ms()
 local j = jk(id)
-local s = holds(j, epoch, {'suspect'})
+local s, _, pausing = holds(j, epoch, {'suspect'})
 if s ~= 0 then return {s} end
 if verdict == 'adopt' then
   local deadline = str(now + lease_ms)
@@ -27,8 +27,8 @@ if stalls >= max_stalls then
 end
 -- A new epoch fences the lost attempt should it ever report back.
 redis.call('HSET', j, 'epoch', str(redis.call('INCR', k('fence'))))
-local tenant, prio, rank, pause_req = unpack(redis.call('HMGET', j, 'tenant', 'prio', 'rank_ms', 'pause_req'))
-if pause_req == '1' then
+local tenant, prio, rank = unpack(redis.call('HMGET', j, 'tenant', 'prio', 'rank_ms'))
+if pausing then
   set_paused(id, tenant, now_s, reason, '')
   return {0, 'paused'}
 end

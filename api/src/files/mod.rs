@@ -278,12 +278,8 @@ async fn counting_model(
     match requested {
         Some(id) => {
             // A fine-tuned model (or its checkpoint) tokenizes as its base model does.
-            let tuned = match id.rsplit_once(":ckpt-step-").map_or(id, |(name, _)| name) {
-                name if name.starts_with("ft:") => {
-                    state.finetunes().by_model_name(tenant, name).await?
-                }
-                _ => None,
-            };
+            let (name, _) = records::finetune::split_checkpoint(id);
+            let tuned = state.finetunes().by_model_name(tenant, name).await?;
             let id = tuned.as_ref().map_or(id, |job| job.base_model_id());
             let model = records::model::resolve(&state.queue, &state.config.model_aliases, id)
                 .await?

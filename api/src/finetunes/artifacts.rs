@@ -79,8 +79,9 @@ pub(crate) async fn checkpoints(
                     object: "fine_tuning.job.checkpoint".into(),
                     created_at: ms_to_seconds(event.at_ms),
                     fine_tuned_model_checkpoint: format!(
-                        "{}:ckpt-step-{step}",
-                        record.fine_tuned_model_name()
+                        "{}{}{step}",
+                        record.fine_tuned_model_name(),
+                        crate::records::finetune::CHECKPOINT_STEP
                     ),
                     fine_tuning_job_id: record.id.clone(),
                     step_number: step,

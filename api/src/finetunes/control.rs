@@ -105,7 +105,7 @@ pub(crate) async fn resume(
     let record = job.object;
     let queued = live_job(&state, &record, Command::Resume).await?;
     if let Some(job) = queued.filter(|j| j.state != JobState::Paused) {
-        return Err(not_paused(&job));
+        return Err(not_paused(job.state.public_status(), job.pause_requested));
     }
     let now = state
         .queue
@@ -150,14 +150,10 @@ fn refused(e: QueueError, command: Command) -> ApiError {
             state: Some(JobState::CancelRequested),
             ..
         } => being_cancelled(command),
-        QueueError::WrongState { state, .. } if command == Command::Resume => ApiError::invalid(
-            "id",
-            Code::JobNotPaused,
-            format!(
-                "The job is {}, not paused; there is nothing to resume.",
-                state.map_or("in another state", JobState::as_str)
-            ),
-        ),
+        // What is left of a resume the queue refused: a pause still being carried out.
+        QueueError::WrongState {
+            state: Some(state), ..
+        } if command == Command::Resume => not_paused(state.public_status(), true),
         other => other.into(),
     }
 }
@@ -184,16 +180,15 @@ fn being_cancelled(command: Command) -> ApiError {
     )
 }
 
-fn not_paused(job: &JobRecord) -> ApiError {
-    let message = if job.pause_requested {
+/// The 400 for resuming a job that is `status`, not paused (`pausing`: its pause is
+/// still being carried out).
+fn not_paused(status: JobStatus, pausing: bool) -> ApiError {
+    let message = if pausing {
         "The job is still pausing (its attempt is writing a checkpoint); resume it once its \
          status is paused."
             .to_string()
     } else {
-        format!(
-            "The job is {}, not paused; there is nothing to resume.",
-            job.state.public_status()
-        )
+        format!("The job is {status}, not paused; there is nothing to resume.")
     };
     ApiError::invalid("id", Code::JobNotPaused, message)
 }

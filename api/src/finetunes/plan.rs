@@ -331,10 +331,10 @@ async fn starting_point(
         )
     };
     // `ft:…:ckpt-step-N` names a checkpoint of the fine-tuned model `ft:…`.
-    let (name, step) = match body.model.rsplit_once(":ckpt-step-") {
-        Some((name, step)) => (name, Some(step.parse::<u64>().map_err(|_| not_found())?)),
-        None => (body.model.as_str(), None),
-    };
+    let (name, step) = crate::records::finetune::split_checkpoint(&body.model);
+    let step = step
+        .map(|s| s.parse::<u64>().map_err(|_| not_found()))
+        .transpose()?;
     let parent = state
         .finetunes()
         .by_model_name(&tenant.0, name)

@@ -19,6 +19,19 @@ use tuneq_queue::{Catalog, JobRecord, JobState};
 /// Catalog kind of fine-tune records.
 const KIND: &str = "finetune";
 
+/// What joins a fine-tuned model's name and a checkpoint's step in the checkpoint's
+/// name (`ft:…:ckpt-step-N`).
+pub(crate) const CHECKPOINT_STEP: &str = ":ckpt-step-";
+
+/// A model name as the fine-tuned model's name and, for one of its checkpoints, the
+/// step as written (`ft:…:ckpt-step-N` → `(ft:…, Some("N"))`).
+pub(crate) fn split_checkpoint(name: &str) -> (&str, Option<&str>) {
+    match name.rsplit_once(CHECKPOINT_STEP) {
+        Some((model, step)) => (model, Some(step)),
+        None => (name, None),
+    }
+}
+
 /// What the catalog keeps about a fine-tune.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct FineTuneRecord {

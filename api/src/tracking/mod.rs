@@ -41,7 +41,7 @@ impl Tracker {
         store: std::sync::Arc<dyn tuneq_storage::ObjectStore>,
     ) -> Self {
         let client = MlflowClient::new(server);
-        let tasks = worker::Tasks::start(client.clone(), Some(store));
+        let tasks = worker::Tasks::start(client.clone(), store);
         Self { client, tasks }
     }
 

@@ -33,7 +33,7 @@ pub(super) struct Tasks(Option<mpsc::Sender<Task>>);
 
 impl Tasks {
     /// Starts the worker on the current runtime (none: every task is dropped).
-    pub(super) fn start(client: MlflowClient, store: Option<StoreHandle>) -> Self {
+    pub(super) fn start(client: MlflowClient, store: StoreHandle) -> Self {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!("no async runtime: MLflow tracking is off");
             return Self(None);
@@ -54,7 +54,7 @@ impl Tasks {
 /// Where the worker reads adapters from.
 pub(super) type StoreHandle = std::sync::Arc<dyn tuneq_storage::ObjectStore>;
 
-async fn work(client: MlflowClient, store: Option<StoreHandle>, mut tasks: mpsc::Receiver<Task>) {
+async fn work(client: MlflowClient, store: StoreHandle, mut tasks: mpsc::Receiver<Task>) {
     while let Some(task) = tasks.recv().await {
         match task {
             Task::Log { run_id, metrics } => {
@@ -67,9 +67,7 @@ async fn work(client: MlflowClient, store: Option<StoreHandle>, mut tasks: mpsc:
                 end,
                 adapter,
             } => {
-                if let Some(store) = &store {
-                    upload_adapter(&client, store.as_ref(), &run_id, &adapter).await;
-                }
+                upload_adapter(&client, store.as_ref(), &run_id, &adapter).await;
                 let ended = client.end_run(&run_id, end, super::now_millis()).await;
                 match ended {
                     Ok(()) => tracing::info!(run = %run_id, ?end, "MLflow run ended"),

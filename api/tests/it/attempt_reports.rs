@@ -11,7 +11,6 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use support::{Server, claim};
-use tuneq_queue::JobQueue;
 use tuneq_storage::layout::{Id, job_output};
 use tuneq_storage::{ObjectStore, PutMode};
 
@@ -47,6 +46,16 @@ async fn report(s: &Server, job: &str, credential: &str, body: Value, want: Stat
     let response = s.post_json(credential, &path, &body).await;
     assert_eq!(response.status(), want, "report {body}");
     response.json().await.unwrap_or(Value::Null)
+}
+
+/// Posts `action` (`pause`, `resume`, `cancel`) on fine-tune `id` as acme, which the
+/// server must answer with `want`; the answer's body.
+async fn act(s: &Server, id: &str, action: &str, want: StatusCode) -> Value {
+    let response = s
+        .post_json(&s.acme, &format!("/finetunes/{id}/{action}"), &json!({}))
+        .await;
+    assert_eq!(response.status(), want, "{action} {id}");
+    response.json().await.unwrap()
 }
 
 /// The messages of a page of events.
@@ -301,20 +310,12 @@ async fn a_pause_reaches_the_trainer_in_a_reports_answer_and_its_stop_pauses_the
     let answer = report(&s, &lease.id, &credential, first, StatusCode::OK).await;
     assert_eq!(answer, json!({"checkpoint_and_stop": false}));
 
-    let pausing = s
-        .post_json(&s.acme, &format!("/finetunes/{id}/pause"), &json!({}))
-        .await;
-    assert_eq!(pausing.status(), StatusCode::OK);
-    let pausing: Value = pausing.json().await.unwrap();
+    let pausing = act(&s, id, "pause", StatusCode::OK).await;
     assert_eq!(
         (&pausing["status"], &pausing["pause_requested"]),
         (&json!("running"), &json!(true))
     );
-    let early = s
-        .post_json(&s.acme, &format!("/finetunes/{id}/resume"), &json!({}))
-        .await;
-    assert_eq!(early.status(), StatusCode::BAD_REQUEST);
-    let early: Value = early.json().await.unwrap();
+    let early = act(&s, id, "resume", StatusCode::BAD_REQUEST).await;
     assert_eq!(early["error"]["code"], "job_not_paused");
     // Another tenant can neither pause nor resume it.
     for action in ["pause", "resume"] {
@@ -333,15 +334,7 @@ async fn a_pause_reaches_the_trainer_in_a_reports_answer_and_its_stop_pauses_the
         "the trainer is asked to stop"
     );
     // It checkpoints and exits; its dispatcher reports the stop, which pauses the job.
-    s.queue
-        .preempt(
-            &lease.id,
-            lease.token,
-            tuneq_openapi::StopCause::Pause,
-            "paused",
-        )
-        .await
-        .unwrap();
+    support::stop_attempt(&s, &lease, tuneq_openapi::StopCause::Pause, "paused").await;
     let (status, paused) = get(&s, &s.acme, &format!("/finetunes/{id}")).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(
@@ -360,21 +353,10 @@ async fn a_pause_reaches_the_trainer_in_a_reports_answer_and_its_stop_pauses_the
         "{messages:?}"
     );
 
-    let resumed = s
-        .post_json(&s.acme, &format!("/finetunes/{id}/resume"), &json!({}))
-        .await;
-    assert_eq!(resumed.status(), StatusCode::OK);
-    let resumed: Value = resumed.json().await.unwrap();
+    let resumed = act(&s, id, "resume", StatusCode::OK).await;
     assert_eq!(resumed["status"], "queued");
-    let cancelled = s
-        .post_json(&s.acme, &format!("/finetunes/{id}/cancel"), &json!({}))
-        .await;
-    assert_eq!(cancelled.status(), StatusCode::OK);
-    let late = s
-        .post_json(&s.acme, &format!("/finetunes/{id}/pause"), &json!({}))
-        .await;
-    assert_eq!(late.status(), StatusCode::BAD_REQUEST);
-    let late: Value = late.json().await.unwrap();
+    act(&s, id, "cancel", StatusCode::OK).await;
+    let late = act(&s, id, "pause", StatusCode::BAD_REQUEST).await;
     assert_eq!(
         (&late["error"]["code"], &late["error"]["param"]),
         (&json!("job_already_finished"), &json!("id"))

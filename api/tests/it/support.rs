@@ -283,13 +283,24 @@ pub async fn claim(s: &Server) -> (tuneq_queue::Lease, String) {
 
 /// Preempts `lease`'s attempt as a spot node taken away would.
 pub async fn reclaim(s: &Server, lease: &tuneq_queue::Lease) {
+    stop_attempt(
+        s,
+        lease,
+        tuneq_openapi::StopCause::Preemption,
+        "spot reclaimed",
+    )
+    .await;
+}
+
+/// Reports `lease`'s attempt stopped before its end, by `cause`, as its dispatcher does.
+pub async fn stop_attempt(
+    s: &Server,
+    lease: &tuneq_queue::Lease,
+    cause: tuneq_openapi::StopCause,
+    reason: &str,
+) {
     s.queue
-        .preempt(
-            &lease.id,
-            lease.token,
-            tuneq_openapi::StopCause::Preemption,
-            "spot reclaimed",
-        )
+        .preempt(&lease.id, lease.token, cause, reason)
         .await
         .unwrap();
 }

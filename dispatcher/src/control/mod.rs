@@ -47,14 +47,6 @@ enum Stopping {
     Pause,
 }
 
-impl Stopping {
-    /// Whether the attempt still holds the job meanwhile: its lease is renewed and, if
-    /// it went suspect, it is adopted (a pausing attempt is writing its checkpoint).
-    fn keeps_lease(stopping: Option<Self>) -> bool {
-        matches!(stopping, None | Some(Self::Pause))
-    }
-}
-
 /// One attempt this dispatcher runs.
 struct Attempt {
     token: u64,
@@ -64,6 +56,14 @@ struct Attempt {
     stopping: Option<(Stopping, Instant)>,
     /// The stop went out as a kill already.
     killed: bool,
+}
+
+impl Attempt {
+    /// Whether it still holds the job: its lease is renewed and, if it went suspect, it
+    /// is adopted (running, or pausing: writing its checkpoint).
+    fn keeps_lease(&self) -> bool {
+        matches!(self.stopping, None | Some((Stopping::Pause, _)))
+    }
 }
 
 /// The control loop for one pool.
@@ -380,7 +380,7 @@ impl Dispatcher {
             .attempts
             .iter()
             .filter(|(_, a)| {
-                Stopping::keeps_lease(a.stopping.map(|(why, _)| why))
+                a.keeps_lease()
                     && a.last_heartbeat
                         .is_none_or(|at| at.elapsed() >= self.config.heartbeat)
             })
@@ -435,9 +435,10 @@ impl Dispatcher {
             {
                 continue;
             }
-            let alive = self.attempts.get(&job).is_some_and(|a| {
-                a.token == record.epoch && Stopping::keeps_lease(a.stopping.map(|(why, _)| why))
-            });
+            let alive = self
+                .attempts
+                .get(&job)
+                .is_some_and(|a| a.token == record.epoch && a.keeps_lease());
             let verdict = if alive {
                 SuspectVerdict::Adopt
             } else {
