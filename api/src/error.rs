@@ -88,6 +88,9 @@ codes! {
     InvalidWebhookUrl = (BAD_REQUEST, "invalid_webhook_url"),
     /// The Idempotency-Key was used before for a different request.
     IdempotencyKeyReused = (BAD_REQUEST, "idempotency_key_reused"),
+    /// The conversation, with the tokens asked for (`max_tokens`), does not fit the
+    /// model's context; `param` says which to shorten.
+    ContextLengthExceeded = (BAD_REQUEST, "context_length_exceeded"),
     /// `max_seq_len` is longer than the model's context.
     ExceedsModelContext = (BAD_REQUEST, "exceeds_model_context"),
     /// The LoRA rank is wider than a projection it adapts.
@@ -161,6 +164,8 @@ codes! {
     TenantUploadLimit = (TOO_MANY_REQUESTS, "tenant_upload_limit"),
     /// The upload would take the tenant past its file count or stored bytes.
     TenantStorageQuota = (TOO_MANY_REQUESTS, "tenant_storage_quota"),
+    /// Every generation slot of the server is busy; retry after `retry-after`.
+    TooManyGenerations = (TOO_MANY_REQUESTS, "too_many_generations"),
     /// Too many failed authentications from this address; wait before trying again.
     TooManyFailedAuthentications = (TOO_MANY_REQUESTS, "too_many_failed_authentications"),
     /// Our fault; the message says no more than is safe to show.
@@ -169,6 +174,9 @@ codes! {
     MethodNotSupported = (NOT_IMPLEMENTED, "method_not_supported"),
     /// A backend (the job store, the object store) is unreachable; retry later.
     Unavailable = (SERVICE_UNAVAILABLE, "unavailable"),
+    /// This server does not serve models (it runs without inference); chat requests
+    /// go to the deployment that does.
+    InferenceUnavailable = (SERVICE_UNAVAILABLE, "inference_unavailable"),
     /// The experiment tracking server the job asks for did not answer; try again later.
     IntegrationUnavailable = (SERVICE_UNAVAILABLE, "integration_unavailable"),
     /// The server's disk is full; nothing was stored (retry later).

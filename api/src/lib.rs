@@ -8,6 +8,7 @@
 //!    - `finetunes`: fine-tuning jobs (create → `plan`, `integrations`, `view`, `events`,
 //!      `artifacts`; `control`: cancel, pause, resume).
 //!    - `models`: registered base models and the tenant's fine-tuned ones.
+//!    - `chat`: `/v1/chat/completions`, answers from those models, whole or streamed.
 //!    - `internal`: where trainers report progress, fenced by their attempt's credential.
 //!    - `webhooks`: tenants' signing secrets, delivery, the `settle` loop that files
 //!      each finished job's outcome, and the `sender` that sends its event with a share
@@ -31,7 +32,8 @@
 //!    `webhook_target` (the SSRF guard), `throttle` (how fast a source may try keys),
 //!    `quote` (how a message repeats a client's value), `tracking` (runs in an MLflow
 //!    server: the client and its background worker), `upload_slots` (uploads at
-//!    once, per process and per tenant),
+//!    once, per process and per tenant), `inference` (the engine, model staging and
+//!    token counts of a server that answers chat requests),
 //!    `holds` (how many event streams and downloads a tenant and the process hold open),
 //!    both counted by `counts` (what is held, in all and per tenant).
 
@@ -39,6 +41,7 @@ pub mod admin;
 pub mod auth;
 mod body;
 mod cache;
+pub mod chat;
 mod counts;
 pub mod error;
 pub mod files;
@@ -47,6 +50,7 @@ pub mod fit;
 pub mod guard;
 pub mod health;
 pub mod holds;
+pub mod inference;
 pub mod internal;
 pub mod metrics;
 pub mod models;

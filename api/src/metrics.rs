@@ -8,6 +8,9 @@
 //! - `tuneq_pool_capacity{pool}` and `tuneq_pool_used{pool}` for the configured pools;
 //! - `tuneq_pool_tokens_per_second{pool}` and `tuneq_lost_steps_total{pool}`, learned from
 //!   the trainers' reports ([`crate::pool_stats`]);
+//! - `tuneq_chat_tokens_total{tenant,kind}`, `tuneq_generations_running` and
+//!   `tuneq_generation_slots`, on a server that answers chat requests
+//!   ([`crate::chat`]);
 //! - `tuneq_build_info{version}`.
 //!
 //! The registry is process-wide, like Prometheus clients' default registry.
@@ -173,6 +176,9 @@ async fn render(state: &AppState) -> String {
         let _ = writeln!(out, "tuneq_queue_waiting_jobs {waiting}");
     }
     state.pool_stats.render(&mut out, label);
+    if let Some(inference) = &state.inference {
+        inference.render(&mut out, label);
+    }
     let _ = writeln!(
         out,
         "# HELP tuneq_pool_capacity Accelerators (or slots) in a node pool."

@@ -11,7 +11,7 @@
 //! method a route does not serve answers 405 with an `Allow` header and the error body.
 
 use crate::error::{ApiError, Code};
-use crate::{admin, files, finetunes, health, internal, metrics, models, webhooks};
+use crate::{admin, chat, files, finetunes, health, internal, metrics, models, webhooks};
 use actix_web::http::Method;
 use actix_web::{Resource, web};
 use utoipa::openapi::path::HttpMethod;
@@ -100,7 +100,7 @@ declare! {
     finetunes::create, finetunes::list, finetunes::retrieve, finetunes::cancel,
     finetunes::pause, finetunes::resume,
     finetunes::events, finetunes::checkpoints, finetunes::adapter, finetunes::adapter_urls,
-    models::list, models::retrieve, models::delete, webhooks::secret, webhooks::rotate_secret,
+    models::list, models::retrieve, models::delete, chat::completions, webhooks::secret, webhooks::rotate_secret,
     admin::create_tenant, admin::create_key, admin::list_keys, admin::revoke_key,
     admin::set_limits,
     health::healthz, health::readyz, metrics::metrics,

@@ -98,6 +98,9 @@ pub struct AppState {
     pub holds: Arc<crate::holds::Holds>,
     /// Tracks jobs in MLflow, when the operator named a tracking server.
     pub(crate) tracker: Option<crate::tracking::Tracker>,
+    /// Answers chat requests, when this server serves models (see
+    /// [`AppState::with_inference`]).
+    pub(crate) inference: Option<Arc<crate::inference::Inference>>,
 }
 
 impl AppState {
@@ -120,7 +123,14 @@ impl AppState {
             finetune_cache: Arc::new(RecordCache::new(CACHED_FINETUNES)),
             auth_throttle: Arc::default(),
             upload_slots: Default::default(),
+            inference: None,
         }
+    }
+
+    /// This state, serving models with `inference` (`/v1/chat/completions`).
+    pub fn with_inference(mut self, inference: crate::inference::Inference) -> Self {
+        self.inference = Some(Arc::new(inference));
+        self
     }
 
     /// The fine-tune records, read through this process's copies.

@@ -143,6 +143,21 @@ pub(crate) fn chat(
     (problems.len() == before).then_some((messages, tools))
 }
 
+/// The messages and tools of a request for an answer (OpenAI's `/v1/chat/completions`
+/// body): every shape a chat record accepts, without a record's need for an assistant
+/// message. Each problem names its field (`messages[2].tool_call_id`).
+pub fn request_conversation(
+    obj: &Map<String, Value>,
+) -> Result<crate::Conversation, Vec<(String, String)>> {
+    let mut problems = Vec::new();
+    match conversation(obj, "", &mut problems) {
+        Some((messages, tools, _)) if problems.is_empty() => {
+            Ok(crate::Conversation { messages, tools })
+        }
+        _ => Err(problems),
+    }
+}
+
 /// A preference pair, OpenAI's DPO shape: `input` (a conversation, with its tools,
 /// ending before the answer) and one assistant message in each of `preferred_output`
 /// and `non_preferred_output`.

@@ -396,6 +396,16 @@ impl Encoder {
         }
     }
 
+    /// The text of `messages` (with the `tools` they may call) up to where the model's
+    /// answer begins: what a request for an answer is generated from. Tools are
+    /// rendered as training rendered them (by the template, or written into the
+    /// messages for a template without tools), so a fine-tuned model sees the shape it
+    /// learned.
+    pub fn generation_prompt(&self, messages: &[Message], tools: &[serde_json::Value]) -> Result<String> {
+        let Conversation { messages, tools } = self.with_tools(messages.to_vec(), tools);
+        self.template.render_with_tools(&messages, &tools, true)
+    }
+
     /// How the template's text grows for this conversation, when it is known: a built-in
     /// template and plain messages.
     fn growth(&self, conversation: &Conversation) -> Option<Growth> {

@@ -35,7 +35,9 @@ mod template;
 mod tokenizer_build;
 mod tools;
 
-pub use chat::{FunctionCall, MAX_MESSAGES, MAX_TOOLS, Message, Role, ToolCall};
+pub use chat::{
+    FunctionCall, MAX_MESSAGES, MAX_TOOLS, Message, Role, ToolCall, request_conversation,
+};
 pub use encoder::{Conversation, Encoder, Example, IGNORE_INDEX, Length, MEASURE_MARGIN, Measured};
 pub use jsonl::{
     LineError, LineValidator, MAX_REPORTED_ERRORS, ParsedDataset, parse_jsonl, read_jsonl,

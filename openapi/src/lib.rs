@@ -5,6 +5,7 @@
 //! utoipa schema so `openapi/openapi.json` is generated from these declarations.
 //!
 //! Layout:
+//! - [`chat`]: `/v1/chat/completions` requests and answers, whole and streamed.
 //! - [`failure`]: why a job failed, as a type ([`FailureClass`]) with a stable code.
 //! - [`job_event`]: the vocabulary of a job's event log ([`EventKind`], [`StopCause`]).
 //! - [`files`], [`finetunes`]: the REST API's objects (OpenAI's shapes plus tuneq's fields).
@@ -17,6 +18,7 @@
 //! - [`stored`]: the JSON a queue job keeps for the API, read and written in one place.
 //! - [`train_spec`]: the complete description of one training run ([`TrainSpec`]) and its parts.
 
+pub mod chat;
 pub mod failure;
 pub mod files;
 pub mod finetunes;
@@ -29,6 +31,11 @@ pub mod projections;
 pub mod stored;
 pub mod train_spec;
 
+pub use chat::{
+    AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
+    ChoiceLogprobs, ChunkChoice, ChunkDelta, ChunkToolCall, FinishReason, FunctionCallOut,
+    StopStrings, StreamOptions, TokenLogprobOut, ToolCallOut, TopLogprob, Usage,
+};
 pub use failure::FailureClass;
 pub use files::{
     Binary, Deleted, ErrorBody, ErrorDetail, FileList, FileObject, FilePurpose, FileTokenStats,

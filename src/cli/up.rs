@@ -42,6 +42,8 @@ pub struct UpArgs {
     api_key: Option<Secret>,
     #[command(flatten)]
     policy: service::ApiPolicyArgs,
+    #[command(flatten)]
+    inference: service::InferenceArgs,
     /// Fine-tunes trained at once (each is a `tuneq train` process).
     #[arg(long, default_value_t = 1, env = "TUNEQ_SLOTS")]
     slots: u32,
@@ -329,7 +331,11 @@ fn api_state(
             sealing_key: sealing_key(data_dir)?,
             ..args.policy.api_config()?
         },
-    ))
+    )
+    .with_inference(args.inference.inference(
+        tuneq_storage::StorageConfig::default(),
+        data_dir.join("cache"),
+    )?))
 }
 
 /// The default tenant with its limits and key, the demo model and the `--model`s.

@@ -36,6 +36,19 @@ def tuneq_bin() -> Path:
     return path
 
 
+def real_model() -> Path:
+    """SmolLM2-135M-Instruct as scripts/fetch-real-model writes it (scripts/test runs it
+    and exports TUNEQ_REAL_MODEL): a real model for the tests that need answers a random
+    one cannot give. Missing, the test fails with the command that makes it."""
+    raw = os.environ.get("TUNEQ_REAL_MODEL", "target/models/smollm2-135m-instruct-q4_1")
+    path = Path(raw) if os.path.isabs(raw) else REPO_ROOT / raw
+    if not (path / "model.safetensors").is_file():
+        pytest.fail(f"the real model is missing at {path} (TUNEQ_REAL_MODEL={raw!r}); fetch and "
+                    f"convert it with `scripts/fetch-real-model` (scripts/test does).",
+                    pytrace=False)
+    return path
+
+
 def generated_package(command: list[str], out: Path, package: str):
     """Runs the client generator `command`, which writes the Python package `package`
     into `out`, and yields that package imported; after, `out` leaves the import path

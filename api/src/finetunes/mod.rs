@@ -29,6 +29,7 @@ pub(crate) mod integrations;
 mod plan;
 mod range;
 pub(crate) mod results;
+pub(crate) mod tuned;
 mod view;
 
 // The handlers, with their OpenAPI declarations, for `crate::routes`.

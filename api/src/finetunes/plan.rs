@@ -9,6 +9,7 @@ use crate::records;
 use crate::records::finetune::{FineTuneRecord, Parent};
 use crate::records::model::BaseModel;
 use crate::state::AppState;
+use super::tuned::NotUsable;
 use actix_web::http::StatusCode;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -320,98 +321,31 @@ async fn starting_point(
         let base = base_model(state, body).await?;
         return Ok(Start { base, parent: None });
     }
-    let not_found = || {
-        ApiError::invalid(
-            "model",
-            Code::ModelNotFound,
-            format!(
-                "No fine-tuned model `{}` of yours to continue from: GET /v1/models lists them.",
-                crate::quote::shown(&body.model)
-            ),
-        )
+    let not_found = |message: String| ApiError::invalid("model", Code::ModelNotFound, message);
+    let shown = crate::quote::shown(&body.model);
+    let tuned = match super::tuned::tuned_model(state, &tenant.0, &body.model).await? {
+        Ok(tuned) => tuned,
+        Err(NotUsable::Unknown) => {
+            return Err(not_found(format!(
+                "No fine-tuned model `{shown}` of yours to continue from: GET /v1/models lists them."
+            )));
+        }
+        Err(NotUsable::NoCheckpoint { job, step }) => {
+            return Err(not_found(format!(
+                "{job} keeps no checkpoint at step {step} (a run keeps its last few): GET /v1/fine_tuning/jobs/{job}/checkpoints lists them."
+            )));
+        }
+        Err(NotUsable::BaseGone { base }) => {
+            return Err(not_found(format!(
+                "The base model of `{shown}`, `{base}`, is no longer registered."
+            )));
+        }
     };
-    // `ft:…:ckpt-step-N` names a checkpoint of the fine-tuned model `ft:…`.
-    let (name, step) = crate::records::finetune::split_checkpoint(&body.model);
-    let step = step
-        .map(|s| s.parse::<u64>().map_err(|_| not_found()))
-        .transpose()?;
-    let parent = state
-        .finetunes()
-        .by_model_name(&tenant.0, name)
-        .await?
-        .ok_or_else(not_found)?;
-    let job = super::view::view(state, parent.clone()).await?;
-    if job.status != tuneq_openapi::JobStatus::Succeeded || job.model_deleted_at.is_some() {
-        return Err(not_found());
-    }
-    let base = records::model::get(&state.queue, parent.base_model_id())
-        .await?
-        .ok_or_else(|| {
-            ApiError::invalid(
-                "model",
-                Code::ModelNotFound,
-                format!(
-                    "The base model of `{}`, `{}`, is no longer registered.",
-                    crate::quote::shown(&body.model),
-                    parent.base_model_id()
-                ),
-            )
-        })?;
-    let tenant_id = Id::parse(&tenant.0).map_err(|_| ApiError::internal("tenant id"))?;
-    let job_key = Id::parse(&parent.id).map_err(|_| ApiError::internal("job id"))?;
-    // The trainer writes the adapter at the root of the job's output, and each
-    // checkpoint's in a folder of its own.
-    let output = layout::job_output(&tenant_id, &job_key);
-    let adapter = match step {
-        None => output,
-        Some(step) => kept_checkpoint(state, &parent, &output, step).await?,
-    };
-    let adapter = state.store.uri(&adapter);
+    let adapter = state.store.uri(&tuned.adapter);
     Ok(Start {
-        base,
-        parent: Some((parent, adapter)),
+        base: tuned.base,
+        parent: Some((tuned.job, adapter)),
     })
-}
-
-/// Where checkpoint `step` of `parent` is, when the run still keeps it (it keeps its
-/// last few): the folder its checkpoint event named, under the job's output.
-async fn kept_checkpoint(
-    state: &AppState,
-    parent: &FineTuneRecord,
-    output: &tuneq_storage::ObjectKey,
-    step: u64,
-) -> ApiResult<tuneq_storage::ObjectKey> {
-    let events =
-        tuneq_queue::JobQueue::events(&state.queue, &parent.job_id, None, 10_000, true).await?;
-    let folder = events
-        .iter()
-        .find_map(|event| match super::events::log_entry(event) {
-            Some(tuneq_openapi::LogEntry::Checkpoint { step: s, location }) if s == step => {
-                location.rsplit('/').next().map(str::to_string)
-            }
-            _ => None,
-        });
-    let gone = || {
-        ApiError::invalid(
-            "model",
-            Code::ModelNotFound,
-            format!(
-                "{} keeps no checkpoint at step {step} (a run keeps its last few): GET /v1/fine_tuning/jobs/{}/checkpoints lists them.",
-                parent.id, parent.id
-            ),
-        )
-    };
-    let folder = folder.ok_or_else(gone)?;
-    let key = output
-        .join(layout::CHECKPOINTS_DIR)
-        .and_then(|k| k.join(&folder))
-        .map_err(|_| gone())?;
-    let config = key.join("adapter_config.json").map_err(|_| gone())?;
-    match state.store.head(&config).await {
-        Ok(_) => Ok(key),
-        Err(e) if e.is_not_found() => Err(gone()),
-        Err(e) => Err(e.into()),
-    }
 }
 
 /// The LoRA settings of a job continuing `parent`'s model: the parent's, or the

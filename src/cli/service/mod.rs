@@ -2,6 +2,7 @@
 //!
 //! - `policy`: what the API accepts (admin key, uploads, webhooks, tenant defaults).
 //! - `process`: private files, the open-file limit, the upload spool, the async runtime.
+//! - `inference`: answering chat requests (generations at once, resident models).
 //! - `memory`: the memory one attempt may use.
 //! - `model`: base models from `--model ID=LOCATION`.
 //! - `queue`: opening the queue, and the attempt credentials' signer.
@@ -13,6 +14,7 @@
 //! - `shutdown`: graceful shutdown on signals.
 
 mod dispatch;
+mod inference;
 mod memory;
 mod model;
 mod outcomes;
@@ -27,6 +29,7 @@ mod shutdown;
 pub use dispatch::{
     KubernetesDispatch, LocalDispatch, spawn_dispatcher, spawn_kubernetes_dispatcher,
 };
+pub use inference::InferenceArgs;
 pub use memory::attempt_memory;
 pub use model::{BASE_LEARNING_RATE, ModelArg, check_aliases, model_arg, register_model};
 pub use outcomes::settle_loop;

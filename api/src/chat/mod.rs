@@ -1,0 +1,314 @@
+//! `POST /v1/chat/completions`: answers from a base model or one of the tenant's
+//! fine-tuned models (or checkpoints), whole or streamed, as OpenAI's API gives them.
+//!
+//! The request is checked ([`request`]), its model found (a registered base model or
+//! alias; a fine-tuned model of the tenant's — another tenant's is not found, as an
+//! unknown one is), a generation slot taken (none free: 429 with `Retry-After`), and
+//! the model staged, loaded and prompted off the async threads. Then the answer is
+//! generated whole ([`answer`]) or streamed as server-sent chunks ([`stream`]).
+//! Tokens read and written are counted per tenant for `/metrics`.
+
+mod answer;
+mod request;
+mod stream;
+
+use crate::auth::Tenant;
+use crate::error::{ApiError, ApiResult, Code};
+use crate::finetunes::tuned::{NotUsable, tuned_model};
+use crate::refusals::UnknownModel;
+use crate::state::AppState;
+use actix_web::{HttpResponse, web};
+use request::ChatPlan;
+use crate::inference::Inference;
+use std::sync::Arc;
+use tuneq_openapi::{ChatChoice, ChatCompletion, ChatCompletionRequest, ErrorBody, Usage};
+use tuneq_serve::{GenerationRequest, LoadedModel, ModelKey, ServeError};
+
+/// `retry-after` of a request refused because every generation slot is busy.
+const BUSY_RETRY_AFTER_S: u64 = 1;
+
+/// A model that is ready to answer: loaded, with the request's prompt rendered and
+/// checked against its context.
+struct Prepared {
+    model: Arc<LoadedModel>,
+    prompt: Vec<u32>,
+    max_new_tokens: usize,
+    prefill: String,
+}
+
+impl Prepared {
+    /// What to generate for choice `index` of `plan`.
+    fn request(&self, plan: &ChatPlan, index: u32) -> GenerationRequest {
+        GenerationRequest {
+            prompt: self.prompt.clone(),
+            max_new_tokens: self.max_new_tokens,
+            sampling: plan.sampling.clone(),
+            seed: plan.seed.wrapping_add(u64::from(index)),
+            stop: plan.stop.clone(),
+            markers: plan.markers(),
+            logprobs: plan.logprobs,
+        }
+    }
+}
+
+/// An answer's identity: its id, its time, the engine's build.
+struct Stamp {
+    id: String,
+    created: u64,
+    fingerprint: String,
+}
+
+impl Stamp {
+    fn new() -> Self {
+        Self {
+            id: format!("chatcmpl-{}", random_id(24)),
+            created: crate::records::now_seconds(),
+            fingerprint: format!("tuneq-{}", env!("CARGO_PKG_VERSION")),
+        }
+    }
+}
+
+/// `len` random letters and digits.
+pub(crate) fn random_id(len: usize) -> String {
+    use rand::Rng;
+    rand::rng()
+        .sample_iter(rand::distr::Alphanumeric)
+        .take(len)
+        .map(char::from)
+        .collect()
+}
+
+/// An answer from a base model or a fine-tuned one.
+#[utoipa::path(post, path = "/v1/chat/completions", tag = "chat",
+    operation_id = "create_chat_completion",
+    request_body = ChatCompletionRequest,
+    responses(
+        (status = 200, description = "The answer; with `stream`, server-sent `chat.completion.chunk` objects ending with `data: [DONE]`",
+            content(
+                (ChatCompletion = "application/json"),
+                (String = "text/event-stream"),
+            )),
+        (status = 400, description = "A field is invalid (`param` names it), or the prompt and `max_tokens` do not fit the model's context (`context_length_exceeded`)", body = ErrorBody),
+        UnknownModel,
+        (status = 429, description = "Every generation slot is busy (`too_many_generations`); retry after `retry-after`", body = ErrorBody),
+        (status = 503, description = "This server does not serve models (`inference_unavailable`)", body = ErrorBody),
+    ))]
+pub(crate) async fn completions(
+    state: web::Data<AppState>,
+    tenant: Tenant,
+    body: crate::body::JsonBody<ChatCompletionRequest>,
+) -> ApiResult<HttpResponse> {
+    let Some(inference) = state.inference.clone() else {
+        return Err(ApiError::new(
+            Code::InferenceUnavailable,
+            "This server does not serve models; send chat requests to the tuneq serve deployment.",
+        ));
+    };
+    let plan = request::plan(body.0)?;
+    let key = model_files(&state, &tenant.0, &plan.model).await?;
+    let slot = inference.engine().try_slot().map_err(|_| {
+        let max = inference.engine().config().max_concurrent;
+        ApiError::too_many(
+            Code::TooManyGenerations,
+            format!("All {max} generation slots are busy; retry shortly."),
+            BUSY_RETRY_AFTER_S,
+        )
+    })?;
+    let span = tracing::info_span!("chat_completion", tenant = %tenant.0, model = %plan.model,
+        stream = plan.stream, n = plan.n);
+    let prepared = {
+        let (inference, plan, span) = (inference.clone(), plan.clone(), span.clone());
+        blocking(move || span.in_scope(|| prepare(&inference, key, &plan))).await??
+    };
+    if plan.stream {
+        return Ok(stream::respond(inference, slot, prepared, plan, tenant.0, span));
+    }
+    let (plan, stamp) = (Arc::new(plan), Stamp::new());
+    let (choices, usage) = {
+        let (prepared, plan) = (Arc::new(prepared), plan.clone());
+        blocking(move || {
+            let _slot = slot;
+            span.in_scope(|| generate_all(&prepared, &plan))
+        })
+        .await??
+    };
+    inference.count(&tenant.0, usage);
+    Ok(HttpResponse::Ok().json(ChatCompletion {
+        id: stamp.id,
+        object: "chat.completion".into(),
+        created: stamp.created,
+        model: plan.model.clone(),
+        choices,
+        usage,
+        system_fingerprint: stamp.fingerprint,
+    }))
+}
+
+/// Every choice of `plan`, generated whole, and the tokens used.
+fn generate_all(prepared: &Prepared, plan: &ChatPlan) -> ApiResult<(Vec<ChatChoice>, Usage)> {
+    let mut choices = Vec::new();
+    let mut completion = 0;
+    for index in 0..plan.n {
+        let generated = prepared
+            .model
+            .generate(&prepared.request(plan, index), &mut |_| true)
+            .map_err(serve_error)?;
+        completion += generated.tokens as u64;
+        let reading = answer::read(plan, &prepared.prefill, &generated, true);
+        choices.push(ChatChoice {
+            index,
+            message: reading.message(),
+            logprobs: plan
+                .logprobs
+                .map(|_| answer::logprobs(&generated.logprobs)),
+            finish_reason: reading.finish,
+        });
+    }
+    Ok((choices, usage(prepared, completion)))
+}
+
+/// A request's usage: its prompt once, every choice's tokens.
+fn usage(prepared: &Prepared, completion_tokens: u64) -> Usage {
+    let prompt_tokens = prepared.prompt.len() as u64;
+    Usage {
+        prompt_tokens,
+        completion_tokens,
+        total_tokens: prompt_tokens + completion_tokens,
+    }
+}
+
+/// Runs `work` on a blocking thread.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> ApiResult<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| ApiError::internal(format!("generation thread: {e}")))
+}
+
+/// The local folders of the model `name` stands for, staged from where they are kept.
+async fn model_files(state: &AppState, tenant: &str, name: &str) -> ApiResult<Staged> {
+    let not_found = |message: String| {
+        let mut e = ApiError::new(Code::NotFound, message);
+        e.detail.param = Some("model".into());
+        e
+    };
+    let shown = crate::quote::shown(name);
+    if !name.starts_with("ft:") {
+        return match crate::records::model::resolve(&state.queue, &state.config.model_aliases, name)
+            .await?
+        {
+            Some(base) => Ok(Staged {
+                base: base.location,
+                adapter: None,
+            }),
+            None => Err(not_found(format!(
+                "The model `{shown}` does not exist: GET /v1/models lists the models you can use."
+            ))),
+        };
+    }
+    match tuned_model(state, tenant, name).await? {
+        Ok(tuned) => Ok(Staged {
+            base: tuned.base.location,
+            adapter: Some(state.store.uri(&tuned.adapter)),
+        }),
+        Err(NotUsable::Unknown) => Err(not_found(format!(
+            "The model `{shown}` does not exist: GET /v1/models lists the models you can use."
+        ))),
+        Err(NotUsable::NoCheckpoint { job, step }) => Err(not_found(format!(
+            "{job} keeps no checkpoint at step {step} (a run keeps its last few): GET /v1/fine_tuning/jobs/{job}/checkpoints lists them."
+        ))),
+        Err(NotUsable::BaseGone { base }) => Err(not_found(format!(
+            "The base model of `{shown}`, `{base}`, is no longer registered."
+        ))),
+    }
+}
+
+/// Where a model's files are kept: the base model's location, the adapter's URI.
+#[derive(Debug, Clone)]
+struct Staged {
+    base: String,
+    adapter: Option<String>,
+}
+
+/// Stages and loads the model, renders the prompt and checks it (and `max_tokens`)
+/// against the model's context.
+fn prepare(inference: &Inference, files: Staged, plan: &ChatPlan) -> ApiResult<Prepared> {
+    let key = ModelKey {
+        base: inference.staging().base(&files.base).map_err(serve_error)?,
+        adapter: files
+            .adapter
+            .map(|uri| inference.staging().adapter(&uri))
+            .transpose()
+            .map_err(serve_error)?,
+    };
+    let model = inference.engine().model(&key).map_err(serve_error)?;
+    let prefill = plan.prefill();
+    let prompt = model
+        .chat_prompt(
+            &plan.conversation.messages,
+            &plan.conversation.tools,
+            &prefill,
+        )
+        .map_err(|e| match e {
+            ServeError::Text(tuneq_dataset::DataError::Template(message)) => ApiError::invalid(
+                "messages",
+                Code::InvalidValue,
+                format!("The model's chat template refused the conversation: {message}"),
+            ),
+            other => serve_error(other),
+        })?;
+    let context = model.context_length();
+    let room = context.saturating_sub(prompt.len());
+    if room == 0 {
+        return Err(ApiError::invalid(
+            "messages",
+            Code::ContextLengthExceeded,
+            format!(
+                "The conversation is {} tokens; the model's context holds {context}, and the answer needs room.",
+                prompt.len()
+            ),
+        ));
+    }
+    let max_new_tokens = match plan.max_new_tokens {
+        Some(asked) if asked > room => {
+            return Err(ApiError::invalid(
+                "max_tokens",
+                Code::ContextLengthExceeded,
+                format!(
+                    "The conversation is {} tokens and max_tokens asks for {asked}: together past the model's context of {context}.",
+                    prompt.len()
+                ),
+            ));
+        }
+        Some(asked) => asked,
+        None => room,
+    };
+    Ok(Prepared {
+        model,
+        prompt,
+        max_new_tokens,
+        prefill,
+    })
+}
+
+/// An engine error as the client sees it (the details of the server's own failures
+/// stay in its log).
+fn serve_error(e: ServeError) -> ApiError {
+    match e {
+        ServeError::Busy(max) => ApiError::too_many(
+            Code::TooManyGenerations,
+            format!("All {max} generation slots are busy; retry shortly."),
+            BUSY_RETRY_AFTER_S,
+        ),
+        ServeError::PromptTooLong { tokens, context } => ApiError::invalid(
+            "messages",
+            Code::ContextLengthExceeded,
+            format!("The conversation is {tokens} tokens; the model's context holds {context}."),
+        ),
+        other => {
+            tracing::error!(error = %other, "generation failed");
+            ApiError::internal("generation")
+        }
+    }
+}

@@ -1,0 +1,36 @@
+//! What can go wrong while serving a request.
+
+/// An engine error. [`ServeError::Busy`] is the client's to retry; the others are the
+/// model's or the server's.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// Every generation slot is taken.
+    #[error("all {0} generation slots are busy")]
+    Busy(usize),
+    /// The model or its adapter could not be loaded.
+    #[error("cannot load the model: {0}")]
+    Load(String),
+    /// The model failed while generating.
+    #[error("generation failed: {0}")]
+    Model(#[from] tuneq_trainer::Error),
+    /// The tokenizer or the chat template failed.
+    #[error("{0}")]
+    Text(#[from] tuneq_dataset::DataError),
+    /// Tensor arithmetic failed.
+    #[error("generation failed: {0}")]
+    Tensor(#[from] candle_core::Error),
+    /// The prompt leaves no room in the model's context.
+    #[error("the prompt has {tokens} tokens; the model's context holds {context}")]
+    PromptTooLong {
+        /// Tokens in the rendered prompt.
+        tokens: usize,
+        /// The model's context length.
+        context: usize,
+    },
+    /// The caller stopped listening (a stream's client went away).
+    #[error("the client went away")]
+    Abandoned,
+}
+
+/// An engine result.
+pub type Result<T, E = ServeError> = std::result::Result<T, E>;

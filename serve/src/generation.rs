@@ -1,0 +1,162 @@
+//! One answer: the decode loop from a prompt's ids to text, piece by piece.
+//!
+//! The prompt fills a key/value cache once; then each token costs one token's forward
+//! pass. Each token is picked by the [`Sampler`], turned into text by the
+//! [`Detokenizer`] and watched by [`StopText`]; the caller sees each piece of text as it
+//! is released (to stream it) and may stop listening.
+
+use crate::engine::LoadedModel;
+use crate::error::{Result, ServeError};
+use crate::sampling::{Sampler, Sampling, log_softmax, top_k};
+use crate::text::{Detokenizer, StopText};
+
+/// What to generate.
+#[derive(Debug, Clone)]
+pub struct GenerationRequest {
+    /// The prompt's ids.
+    pub prompt: Vec<u32>,
+    /// Tokens to generate at most.
+    pub max_new_tokens: usize,
+    /// How tokens are picked.
+    pub sampling: Sampling,
+    /// The seed of the sampler's stream.
+    pub seed: u64,
+    /// Strings that end the answer (left out of it).
+    pub stop: Vec<String>,
+    /// Strings that end the answer's plain text, the rest kept apart (tool calls).
+    pub markers: Vec<String>,
+    /// Log-probabilities to report per token: None, or the number of alternatives.
+    pub logprobs: Option<usize>,
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// The model ended its turn, or a stop string appeared.
+    Stop,
+    /// `max_new_tokens` or the context ran out.
+    Length,
+}
+
+/// A token's log-probability and the most likely alternatives.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    /// The token's text.
+    pub token: String,
+    /// Its log-probability under the model.
+    pub logprob: f32,
+    /// The most likely tokens at its position, with theirs.
+    pub top: Vec<(String, f32)>,
+}
+
+/// A piece of the answer, as it is released.
+#[derive(Debug, Clone, Default)]
+pub struct Piece {
+    /// Text to show (may be empty while text is held back).
+    pub text: String,
+    /// The log-probabilities of the tokens generated since the last piece.
+    pub logprobs: Vec<TokenLogprob>,
+}
+
+/// The whole answer.
+#[derive(Debug, Clone)]
+pub struct Generated {
+    /// The answer's plain text, up to a stop string or marker.
+    pub text: String,
+    /// The text from a marker on, when one appeared.
+    pub after_marker: Option<String>,
+    /// Why it ended.
+    pub finish: Finish,
+    /// Tokens generated.
+    pub tokens: usize,
+    /// Per token, when asked for.
+    pub logprobs: Vec<TokenLogprob>,
+}
+
+impl LoadedModel {
+    /// Generates an answer to `request`, handing each released piece to `on_piece`;
+    /// when it returns false (the client left), generation stops with
+    /// [`ServeError::Abandoned`]. Blocking: run it off the async threads.
+    pub fn generate(
+        &self,
+        request: &GenerationRequest,
+        on_piece: &mut dyn FnMut(Piece) -> bool,
+    ) -> Result<Generated> {
+        let context = self.context_length();
+        if request.prompt.is_empty() || request.prompt.len() >= context {
+            return Err(ServeError::PromptTooLong {
+                tokens: request.prompt.len(),
+                context,
+            });
+        }
+        let mut sampler = Sampler::new(request.sampling.clone(), request.seed);
+        let mut detok = Detokenizer::default();
+        let mut watch = StopText::new(request.stop.clone(), request.markers.clone());
+        let mut cache = self.model.new_cache();
+        let mut logits = self.model.forward_cached(&request.prompt, &mut cache)?;
+        let mut all_logprobs = Vec::new();
+        let mut tokens = 0;
+        let finish = loop {
+            if tokens == request.max_new_tokens || cache.len() >= context {
+                break Finish::Length;
+            }
+            let mut row = logits.to_vec1::<f32>()?;
+            let reported = request.logprobs.map(|k| (log_softmax(&row), k));
+            let next = sampler.pick(&mut row);
+            tokens += 1;
+            if self.stop_ids.contains(&next) {
+                break Finish::Stop;
+            }
+            let mut piece = Piece {
+                text: watch.push(&detok.push(&self.encoder, next)?),
+                logprobs: Vec::new(),
+            };
+            if let Some((lp, k)) = reported {
+                let logprob = self.token_logprob(next, &lp, k)?;
+                all_logprobs.push(logprob.clone());
+                piece.logprobs.push(logprob);
+            }
+            if !on_piece(piece) {
+                return Err(ServeError::Abandoned);
+            }
+            if watch.stopped() {
+                break Finish::Stop;
+            }
+            logits = self.model.forward_cached(&[next], &mut cache)?;
+        };
+        let rest = watch.finish();
+        if !rest.is_empty() && !on_piece(Piece {
+            text: rest,
+            logprobs: Vec::new(),
+        }) {
+            return Err(ServeError::Abandoned);
+        }
+        Ok(Generated {
+            text: watch.plain().to_string(),
+            after_marker: watch.after_marker().map(str::to_string),
+            finish,
+            tokens,
+            logprobs: all_logprobs,
+        })
+    }
+
+    /// `id`'s log-probability and the `k` most likely tokens at its position.
+    fn token_logprob(&self, id: u32, logprobs: &[f32], k: usize) -> Result<TokenLogprob> {
+        let text = |id: u32| -> Result<String> {
+            Ok(self
+                .encoder
+                .tokenizer()
+                .decode(&[id], false)
+                .map_err(|e| tuneq_dataset::DataError::Tokenizer(e.to_string()))?)
+        };
+        let top = top_k(logprobs, k)
+            .into_iter()
+            .map(|(id, lp)| Ok((text(id)?, lp)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(TokenLogprob {
+            token: text(id)?,
+            logprob: logprobs[id as usize],
+            top,
+        })
+    }
+}

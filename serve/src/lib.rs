@@ -1,0 +1,29 @@
+//! Inference for base and fine-tuned models: the engine behind `/v1/chat/completions`.
+//!
+//! The model code is the trainer's ([`tuneq_trainer::model::Llama`] with its key/value
+//! cache and LoRA layers), so what is served is what was trained, token for token. This
+//! crate adds what serving needs around it, and knows nothing of HTTP:
+//!
+//! - [`engine`]: resident models (an LRU of base + adapter) and the bound on
+//!   generations at once;
+//! - [`generation`]: the decode loop of one answer, piece by piece;
+//! - [`sampling`]: temperature, `top_p`, `logit_bias`, penalties, seeded draws,
+//!   log-probabilities;
+//! - [`staging`]: base models and adapters from object storage into local folders;
+//! - [`text`]: incremental detokenisation and `stop` strings that never leak into a
+//!   stream;
+//! - [`tool_calls`]: the calls a model wrote, read back as structured calls.
+
+pub mod engine;
+pub mod error;
+pub mod generation;
+pub mod sampling;
+pub mod staging;
+pub mod text;
+pub mod tool_calls;
+
+pub use engine::{Engine, EngineConfig, LoadedModel, ModelKey, Slot};
+pub use error::{Result, ServeError};
+pub use generation::{Finish, Generated, GenerationRequest, Piece, TokenLogprob};
+pub use sampling::Sampling;
+pub use staging::Staging;

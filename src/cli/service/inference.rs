@@ -1,0 +1,39 @@
+//! Answering chat requests (`/v1/chat/completions`): how many answers are generated at
+//! once and how many models stay loaded.
+
+use anyhow::Result;
+use clap::Args;
+use std::path::PathBuf;
+
+/// The inference settings of a server that answers chat requests.
+#[derive(Debug, Clone, Args)]
+pub struct InferenceArgs {
+    /// Answers generated at once at most; more are refused with 429 and `Retry-After`.
+    #[arg(long, env = "TUNEQ_MAX_GENERATIONS", default_value_t = 4)]
+    max_generations: usize,
+    /// Models (a base model with or without an adapter) kept loaded; others are loaded
+    /// when asked for, the least recently used one giving way.
+    #[arg(long, env = "TUNEQ_RESIDENT_MODELS", default_value_t = 4)]
+    resident_models: usize,
+}
+
+impl InferenceArgs {
+    /// Inference staging remote models and adapters with `storage` into `cache`.
+    pub fn inference(
+        &self,
+        storage: tuneq_storage::StorageConfig,
+        cache: PathBuf,
+    ) -> Result<tuneq_api::inference::Inference> {
+        if self.max_generations == 0 || self.resident_models == 0 {
+            anyhow::bail!(super::super::BadInput(
+                "--max-generations and --resident-models must be at least 1".into()
+            ));
+        }
+        let engine = tuneq_serve::EngineConfig {
+            max_concurrent: self.max_generations,
+            resident_models: self.resident_models,
+        };
+        let staging = tuneq_serve::Staging::new(storage, cache)?;
+        Ok(tuneq_api::inference::Inference::new(engine, staging))
+    }
+}

@@ -1,0 +1,219 @@
+"""Calling models through the official `openai` SDK, unmodified, against a real
+`tuneq up` serving a real model (SmolLM2-135M-Instruct): the base model as a baseline,
+then the model a fine-tune trained — its answer, its tool calls (parsed into
+`tool_calls`), streamed chunk by chunk, reproducible with a seed — and the refusals:
+another tenant's model, bad fields, the context, and 429 past the generation slots
+(this server generates one answer at a time)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import openai
+import pytest
+
+from conftest import Service, real_model
+from test_openai_fine_tuning import refusal, terminal, wait_for
+from test_openai_models import other_tenant
+
+MODEL = "smollm2"
+MOTTO_PROMPT = "Say the motto."
+MOTTO = "tuneq trains adapters"
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]},
+    },
+}
+
+
+def training_lines() -> bytes:
+    """Two conversations to learn by heart: a plain answer, and a tool call."""
+    motto = {"messages": [{"role": "user", "content": MOTTO_PROMPT},
+                          {"role": "assistant", "content": MOTTO}]}
+    call = {"tools": [WEATHER_TOOL],
+            "messages": [{"role": "user", "content": "Weather in Paris?"},
+                         {"role": "assistant", "tool_calls": [{
+                             "id": "call_1", "type": "function",
+                             "function": {"name": "get_weather",
+                                          "arguments": json.dumps({"city": "Paris"})}}]}]}
+    return "".join(json.dumps(r) + "\n" for r in [motto, call] * 8).encode()
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory):
+    svc = Service(tmp_path_factory.mktemp("chat"),
+                  extra_args=["--model", f"{MODEL}={real_model()}", "--max-generations", "1"])
+    yield svc
+    svc.stop()
+
+
+@pytest.fixture(scope="module")
+def client(service: Service):
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{service.url}/v1", api_key=service.api_key, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def tuned(client) -> str:
+    """The fine-tuned model of a job that learned both conversations (12 steps)."""
+    file = client.files.create(file=("chat.jsonl", training_lines()), purpose="fine-tune").id
+    job = client.fine_tuning.jobs.create(
+        model=MODEL, training_file=file, suffix="chat", seed=7,
+        method={"type": "supervised", "supervised": {"hyperparameters": {
+            "n_epochs": 3, "batch_size": 4, "learning_rate_multiplier": 10}}})
+    job = wait_for(client, job.id, terminal, timeout=600)
+    assert job.status == "succeeded", job.error
+    return job.fine_tuned_model
+
+
+def ask(client, model: str, content: str, **kwargs):
+    return client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": content}], **kwargs)
+
+
+def test_the_base_model_answers_with_usage_and_logprobs(client):
+    answer = ask(client, MODEL, "Hello", max_tokens=6, temperature=0,
+                 logprobs=True, top_logprobs=2)
+    assert answer.object == "chat.completion" and answer.id.startswith("chatcmpl-")
+    assert answer.model == MODEL
+    choice = answer.choices[0]
+    assert choice.message.role == "assistant" and isinstance(choice.message.content, str)
+    assert choice.finish_reason in ("stop", "length")
+    tokens = choice.logprobs.content
+    # Every token has its log-probability (the end-of-turn token, which ends a stop,
+    # counts as generated but is not part of the text).
+    assert 1 <= len(tokens) <= 6
+    assert answer.usage.completion_tokens - len(tokens) == (choice.finish_reason == "stop")
+    assert all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in tokens)
+    # Greedy: each chosen token is the most likely one.
+    assert all(t.token == t.top_logprobs[0].token for t in tokens)
+    assert answer.usage.total_tokens == answer.usage.prompt_tokens + answer.usage.completion_tokens
+
+
+def test_the_fine_tuned_model_answers_what_it_learned(client, tuned):
+    base = ask(client, MODEL, MOTTO_PROMPT, max_tokens=12, temperature=0)
+    learned = ask(client, tuned, MOTTO_PROMPT, max_tokens=12, temperature=0)
+    assert learned.model == tuned
+    assert learned.choices[0].message.content.strip() == MOTTO
+    assert learned.choices[0].finish_reason == "stop"
+    assert base.choices[0].message.content.strip() != MOTTO
+
+
+def test_a_function_calling_fine_tune_returns_parsed_tool_calls(client, tuned):
+    answer = client.chat.completions.create(
+        model=tuned, tools=[WEATHER_TOOL], temperature=0, max_tokens=40,
+        messages=[{"role": "user", "content": "Weather in Paris?"}])
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls", choice.message
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_")
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+
+    # The same, streamed: the call arrives whole in the choice's last chunks.
+    chunks = list(client.chat.completions.create(
+        model=tuned, tools=[WEATHER_TOOL], temperature=0, max_tokens=40, stream=True,
+        messages=[{"role": "user", "content": "Weather in Paris?"}]))
+    calls = [c for chunk in chunks for c in (chunk.choices[0].delta.tool_calls or [])
+             if chunk.choices]
+    assert [json.loads(c.function.arguments) for c in calls] == [{"city": "Paris"}]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks).strip() == ""
+
+    # A tool_choice that names the tool makes the model call it.
+    forced = client.chat.completions.create(
+        model=tuned, tools=[WEATHER_TOOL], temperature=0, max_tokens=40,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        messages=[{"role": "user", "content": "Weather in Paris?"}])
+    assert forced.choices[0].message.tool_calls[0].function.name == "get_weather"
+
+
+def test_a_stream_is_read_chunk_by_chunk_and_adds_up_to_the_whole_answer(client, tuned):
+    whole = ask(client, tuned, MOTTO_PROMPT, max_tokens=12, temperature=0)
+    stream = ask(client, tuned, MOTTO_PROMPT, max_tokens=12, temperature=0, stream=True,
+                 stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) >= 2
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == "stop" and set(finishes[:-1]) == {None}
+    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+    assert len({c.id for c in chunks}) == 1
+
+
+def test_the_same_seed_gives_the_same_tokens(client):
+    def sample(seed: int) -> list[str]:
+        answer = ask(client, MODEL, "Tell me something", max_tokens=16, temperature=1.0,
+                     seed=seed, n=2)
+        return [c.message.content for c in answer.choices]
+
+    first = sample(11)
+    assert sample(11) == first
+    assert sample(12) != first
+    assert first[0] != first[1], "each choice draws its own tokens"
+
+
+def test_stop_strings_end_the_answer_and_are_left_out(client, tuned):
+    answer = ask(client, tuned, MOTTO_PROMPT, max_tokens=12, temperature=0, stop=["trains"])
+    assert answer.choices[0].message.content.strip() == "tuneq"
+    assert answer.choices[0].finish_reason == "stop"
+    streamed = ask(client, tuned, MOTTO_PROMPT, max_tokens=12, temperature=0, stop=["trains"],
+                   stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in streamed).strip() == "tuneq"
+
+
+def test_another_tenants_fine_tuned_model_is_not_found(service, tuned):
+    stranger = other_tenant(service)
+    with pytest.raises(openai.NotFoundError) as caught:
+        ask(stranger, tuned, MOTTO_PROMPT, max_tokens=4)
+    assert caught.value.code == "not_found"
+    with pytest.raises(openai.NotFoundError):
+        ask(stranger, "ft:no-such-model:x:y", "hi", max_tokens=4)
+
+
+def test_bad_requests_name_the_field(client):
+    def code_and_param(**kwargs):
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                **kwargs}
+        return refusal(lambda: client.chat.completions.create(**body))
+
+    assert code_and_param(max_tokens=100_000) == ("context_length_exceeded", "max_tokens")
+    assert code_and_param(messages=[{"role": "user", "content": "word " * 9000}])[0] \
+        == "context_length_exceeded"
+    assert code_and_param(temperature=3) == ("invalid_value", "temperature")
+    assert code_and_param(n=9) == ("invalid_value", "n")
+    assert code_and_param(messages=[{"role": "robot", "content": "hi"}])[1] == "messages[0].role"
+    assert code_and_param(tools=[WEATHER_TOOL],
+                          tool_choice={"type": "function", "function": {"name": "nope"}}) \
+        == ("invalid_value", "tool_choice.function.name")
+    assert code_and_param(tool_choice="required")[1] == "tool_choice"
+    assert code_and_param(stop=["a", "b", "c", "d", "e"])[1] == "stop"
+    assert code_and_param(extra_body={"surprise": 1})[1] == "surprise"
+
+
+def test_past_the_generation_slots_a_request_gets_429_with_retry_after(client):
+    stream = ask(client, MODEL, "Write a long story about a lighthouse.", max_tokens=1500,
+                 temperature=1, stream=True)
+    first = next(iter(stream))  # the one slot is now generating
+    assert first.choices[0].delta.role == "assistant"
+    with pytest.raises(openai.RateLimitError) as caught:
+        ask(client, MODEL, "me too", max_tokens=4)
+    assert caught.value.code == "too_many_generations"
+    assert int(caught.value.response.headers["retry-after"]) >= 1
+    stream.close()  # the reader leaves: generation stops and the slot comes back
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            ask(client, MODEL, "now", max_tokens=2)
+            break
+        except openai.RateLimitError:
+            assert time.monotonic() < deadline, "the slot came back once the stream's reader left"
+            time.sleep(0.2)
