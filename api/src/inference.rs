@@ -83,10 +83,16 @@ impl Inference {
             }
         }
         let (busy, max) = self.slots();
-        let _ = writeln!(out, "# HELP tuneq_generations_running Answers being generated now.");
+        let _ = writeln!(
+            out,
+            "# HELP tuneq_generations_running Answers being generated now."
+        );
         let _ = writeln!(out, "# TYPE tuneq_generations_running gauge");
         let _ = writeln!(out, "tuneq_generations_running {busy}");
-        let _ = writeln!(out, "# HELP tuneq_generation_slots Answers generated at once at most.");
+        let _ = writeln!(
+            out,
+            "# HELP tuneq_generation_slots Answers generated at once at most."
+        );
         let _ = writeln!(out, "# TYPE tuneq_generation_slots gauge");
         let _ = writeln!(out, "tuneq_generation_slots {max}");
     }

@@ -401,7 +401,11 @@ impl Encoder {
     /// rendered as training rendered them (by the template, or written into the
     /// messages for a template without tools), so a fine-tuned model sees the shape it
     /// learned.
-    pub fn generation_prompt(&self, messages: &[Message], tools: &[serde_json::Value]) -> Result<String> {
+    pub fn generation_prompt(
+        &self,
+        messages: &[Message],
+        tools: &[serde_json::Value],
+    ) -> Result<String> {
         let Conversation { messages, tools } = self.with_tools(messages.to_vec(), tools);
         self.template.render_with_tools(&messages, &tools, true)
     }

@@ -11,6 +11,7 @@
 //! - [`files`], [`finetunes`]: the REST API's objects (OpenAI's shapes plus tuneq's fields).
 //! - [`integrations`]: the experiment tracking a job asks for and shows (MLflow).
 //! - [`launch`]: how a dispatcher starts a trainer and reads its exit (the launch contract).
+//! - [`responses`]: `/v1/responses` requests, response objects.
 //! - [`projections`]: the seven projections LoRA can wrap ([`PROJECTIONS`]).
 //! - [`progress`]: events a trainer reports ([`TrainEvent`], [`StepMetrics`]).
 //! - [`log`]: what those reports leave in a job's event log ([`LogEntry`]), written and
@@ -28,6 +29,7 @@ pub mod launch;
 pub mod log;
 pub mod progress;
 pub mod projections;
+pub mod responses;
 pub mod stored;
 pub mod train_spec;
 

@@ -67,8 +67,7 @@ impl LoadedModel {
     /// Loads the model `key` names on the CPU, weights in f32.
     pub fn load(key: &ModelKey) -> Result<Self> {
         let device = Device::Cpu;
-        let mut model =
-            Llama::load(&key.base, DType::F32, &device, None).map_err(load)?;
+        let mut model = Llama::load(&key.base, DType::F32, &device, None).map_err(load)?;
         if let Some(dir) = &key.adapter {
             let (settings, tensors) =
                 tuneq_trainer::peft::load_adapter(dir, &device).map_err(load)?;
@@ -76,9 +75,8 @@ impl LoadedModel {
                 .set_adapter(&settings, &tensors, &dir.display().to_string())
                 .map_err(load)?;
         }
-        let encoder =
-            Encoder::from_model_dir(&key.base, tuneq_openapi::ChatTemplateChoice::Model)
-                .map_err(load)?;
+        let encoder = Encoder::from_model_dir(&key.base, tuneq_openapi::ChatTemplateChoice::Model)
+            .map_err(load)?;
         let stop_ids = tuneq_trainer::generate::stop_ids(&model, &encoder);
         Ok(Self {
             model,

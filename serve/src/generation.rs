@@ -125,10 +125,12 @@ impl LoadedModel {
             logits = self.model.forward_cached(&[next], &mut cache)?;
         };
         let rest = watch.finish();
-        if !rest.is_empty() && !on_piece(Piece {
-            text: rest,
-            logprobs: Vec::new(),
-        }) {
+        if !rest.is_empty()
+            && !on_piece(Piece {
+                text: rest,
+                logprobs: Vec::new(),
+            })
+        {
             return Err(ServeError::Abandoned);
         }
         Ok(Generated {

@@ -173,7 +173,9 @@ pub fn top_k(logprobs: &[f32], k: usize) -> Vec<(u32, f32)> {
     ids.select_nth_unstable_by(k - 1, by_rank);
     ids.truncate(k);
     ids.sort_unstable_by(by_rank);
-    ids.into_iter().map(|id| (id, logprobs[id as usize])).collect()
+    ids.into_iter()
+        .map(|id| (id, logprobs[id as usize]))
+        .collect()
 }
 
 #[cfg(test)]

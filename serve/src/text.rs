@@ -172,7 +172,10 @@ impl StopText {
             .markers
             .iter()
             .enumerate()
-            .filter_map(|(i, m)| hay.find(m.as_str()).map(|at| (from + at, TextEnd::Marker(i))))
+            .filter_map(|(i, m)| {
+                hay.find(m.as_str())
+                    .map(|at| (from + at, TextEnd::Marker(i)))
+            })
             .min_by_key(|(at, _)| *at);
         match (stop, marker) {
             (Some(s), Some(m)) => Some(if m.0 < s.0 { m } else { s }),
@@ -232,7 +235,10 @@ mod tests {
     #[test]
     fn a_marker_ends_the_plain_text_and_keeps_the_rest() {
         let mut w = StopText::new(vec![], vec!["<tool_call>".into()]);
-        let shown = feed(&mut w, &["Sure. <tool", "_call>\n{\"name\": \"f\"}", "\n</tool_call>"]);
+        let shown = feed(
+            &mut w,
+            &["Sure. <tool", "_call>\n{\"name\": \"f\"}", "\n</tool_call>"],
+        );
         assert_eq!(shown, "Sure. ");
         assert_eq!(w.plain(), "Sure. ");
         assert_eq!(

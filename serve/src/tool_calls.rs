@@ -66,13 +66,18 @@ fn call(json: &str, declared: &[String]) -> Option<ParsedCall> {
         Value::String(s) => serde_json::from_str(&s).ok()?,
         other => other,
     };
-    arguments.is_object().then_some(ParsedCall { name, arguments })
+    arguments
+        .is_object()
+        .then_some(ParsedCall { name, arguments })
 }
 
 /// The text that makes the model call `name`: the beginning of a tagged call, for a
 /// request whose `tool_choice` names the tool (the rest, its arguments, is generated).
 pub fn forced_call_prefix(name: &str) -> String {
-    format!("{CALL_OPEN}\n{{\"name\": {}, \"arguments\": ", Value::from(name))
+    format!(
+        "{CALL_OPEN}\n{{\"name\": {}, \"arguments\": ",
+        Value::from(name)
+    )
 }
 
 #[cfg(test)]

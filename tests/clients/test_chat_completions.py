@@ -217,3 +217,47 @@ def test_past_the_generation_slots_a_request_gets_429_with_retry_after(client):
         except openai.RateLimitError:
             assert time.monotonic() < deadline, "the slot came back once the stream's reader left"
             time.sleep(0.2)
+
+
+def test_responses_create_answers_with_output_text_and_function_calls(client, tuned):
+    response = client.responses.create(model=tuned, input=MOTTO_PROMPT, temperature=0,
+                                       max_output_tokens=12)
+    assert response.object == "response" and response.id.startswith("resp_")
+    assert response.status == "completed"
+    assert response.output_text.strip() == MOTTO
+    assert response.usage.output_tokens >= 3
+    assert response.usage.total_tokens == response.usage.input_tokens + response.usage.output_tokens
+
+    call = client.responses.create(
+        model=tuned, input=[{"role": "user", "content": "Weather in Paris?"}], temperature=0,
+        max_output_tokens=40,
+        tools=[{"type": "function", **WEATHER_TOOL["function"]}])  # Responses' flat tool
+    (item,) = call.output
+    assert item.type == "function_call" and item.name == "get_weather"
+    assert json.loads(item.arguments) == {"city": "Paris"}
+
+    cut = client.responses.create(model=MODEL, input="Tell me a long story.", temperature=0,
+                                  max_output_tokens=3, instructions="Use many words.")
+    assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens"
+    assert cut.instructions == "Use many words."
+
+
+def test_responses_stream_typed_events_that_add_up_to_the_response(client, tuned):
+    events = list(client.responses.create(model=tuned, input=MOTTO_PROMPT, temperature=0,
+                                          max_output_tokens=12, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-1] == "response.completed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas.strip() == MOTTO
+    assert events[-1].response.output_text == deltas
+
+
+def test_responses_refusals_name_the_responses_field(client):
+    assert refusal(lambda: client.responses.create(
+        model=MODEL, input=[{"role": "robot", "content": "hi"}]))[1] == "input[0].role"
+    assert refusal(lambda: client.responses.create(
+        model=MODEL, input="hi", previous_response_id="resp_x"))[1] == "previous_response_id"
+    assert refusal(lambda: client.responses.create(
+        model=MODEL, input="hi", tools=[{"type": "web_search"}]))[1] == "tools[0].type"

@@ -3,8 +3,8 @@
 
 use super::request::{ChatPlan, ToolMode};
 use tuneq_openapi::{
-    AssistantMessage, ChoiceLogprobs, FinishReason, FunctionCallOut, TokenLogprobOut,
-    ToolCallOut, TopLogprob,
+    AssistantMessage, ChoiceLogprobs, FinishReason, FunctionCallOut, TokenLogprobOut, ToolCallOut,
+    TopLogprob,
 };
 use tuneq_serve::tool_calls::{ParsedCall, bare_call, tagged_calls};
 use tuneq_serve::{Finish, Generated, TokenLogprob};
@@ -42,9 +42,7 @@ pub(crate) fn read(
             let whole = format!("{prefill}{}{after}", generated.text);
             tagged_calls(&whole, &plan.tool_names)
         }
-        ToolMode::Auto if generated.after_marker.is_some() => {
-            tagged_calls(after, &plan.tool_names)
-        }
+        ToolMode::Auto if generated.after_marker.is_some() => tagged_calls(after, &plan.tool_names),
         ToolMode::Auto if bare_calls => {
             bare_call(&generated.text, &plan.tool_names).map(|c| vec![c])
         }
@@ -153,8 +151,12 @@ mod tests {
             "",
             &generated(
                 "Let me look. ",
-                Some("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>"),
-            ), true);
+                Some(
+                    "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>",
+                ),
+            ),
+            true,
+        );
         assert_eq!(r.finish, FinishReason::ToolCalls);
         assert_eq!(r.content.as_deref(), Some("Let me look."));
         let calls = r.tool_calls.expect("calls");
@@ -166,7 +168,12 @@ mod tests {
     #[test]
     fn a_malformed_call_is_returned_as_text() {
         let p = planned(json!("auto"));
-        let r = read(&p, "", &generated("Hm ", Some("<tool_call>{not json")), true);
+        let r = read(
+            &p,
+            "",
+            &generated("Hm ", Some("<tool_call>{not json")),
+            true,
+        );
         assert_eq!(r.finish, FinishReason::Stop);
         assert_eq!(r.content.as_deref(), Some("Hm <tool_call>{not json"));
         assert!(r.tool_calls.is_none());
@@ -176,7 +183,12 @@ mod tests {
     fn a_named_tool_choice_reads_the_forced_prefix_and_the_generated_arguments() {
         let p = planned(json!({"type": "function", "function": {"name": "get_weather"}}));
         let prefill = p.prefill();
-        let r = read(&p, &prefill, &generated("{\"city\": \"Lima\"}}\n</tool_call>", None), true);
+        let r = read(
+            &p,
+            &prefill,
+            &generated("{\"city\": \"Lima\"}}\n</tool_call>", None),
+            true,
+        );
         assert_eq!(r.finish, FinishReason::ToolCalls);
         assert_eq!(r.content, None);
         assert_eq!(

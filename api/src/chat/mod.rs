@@ -10,16 +10,19 @@
 
 mod answer;
 mod request;
+mod responses;
 mod stream;
+
+pub(crate) use responses::{__path_create_response, create_response};
 
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult, Code};
 use crate::finetunes::tuned::{NotUsable, tuned_model};
+use crate::inference::Inference;
 use crate::refusals::UnknownModel;
 use crate::state::AppState;
 use actix_web::{HttpResponse, web};
 use request::ChatPlan;
-use crate::inference::Inference;
 use std::sync::Arc;
 use tuneq_openapi::{ChatChoice, ChatCompletion, ChatCompletionRequest, ErrorBody, Usage};
 use tuneq_serve::{GenerationRequest, LoadedModel, ModelKey, ServeError};
@@ -98,40 +101,24 @@ pub(crate) async fn completions(
     tenant: Tenant,
     body: crate::body::JsonBody<ChatCompletionRequest>,
 ) -> ApiResult<HttpResponse> {
-    let Some(inference) = state.inference.clone() else {
-        return Err(ApiError::new(
-            Code::InferenceUnavailable,
-            "This server does not serve models; send chat requests to the tuneq serve deployment.",
-        ));
-    };
     let plan = request::plan(body.0)?;
-    let key = model_files(&state, &tenant.0, &plan.model).await?;
-    let slot = inference.engine().try_slot().map_err(|_| {
-        let max = inference.engine().config().max_concurrent;
-        ApiError::too_many(
-            Code::TooManyGenerations,
-            format!("All {max} generation slots are busy; retry shortly."),
-            BUSY_RETRY_AFTER_S,
-        )
-    })?;
-    let span = tracing::info_span!("chat_completion", tenant = %tenant.0, model = %plan.model,
-        stream = plan.stream, n = plan.n);
-    let prepared = {
-        let (inference, plan, span) = (inference.clone(), plan.clone(), span.clone());
-        blocking(move || span.in_scope(|| prepare(&inference, key, &plan))).await??
-    };
+    let Started {
+        inference,
+        slot,
+        prepared,
+        span,
+    } = start(&state, &tenant, &plan, "chat_completion").await?;
     if plan.stream {
-        return Ok(stream::respond(inference, slot, prepared, plan, tenant.0, span));
+        let sink = {
+            let plan = plan.clone();
+            move |events| stream::ChunkWriter::new(events, &plan)
+        };
+        return Ok(stream::respond(
+            inference, slot, prepared, plan, tenant.0, span, sink,
+        ));
     }
     let (plan, stamp) = (Arc::new(plan), Stamp::new());
-    let (choices, usage) = {
-        let (prepared, plan) = (Arc::new(prepared), plan.clone());
-        blocking(move || {
-            let _slot = slot;
-            span.in_scope(|| generate_all(&prepared, &plan))
-        })
-        .await??
-    };
+    let (choices, usage) = generate_whole(slot, prepared, plan.clone(), span).await?;
     inference.count(&tenant.0, usage);
     Ok(HttpResponse::Ok().json(ChatCompletion {
         id: stamp.id,
@@ -142,6 +129,58 @@ pub(crate) async fn completions(
         usage,
         system_fingerprint: stamp.fingerprint,
     }))
+}
+
+/// A request ready to generate: its slot taken, its model loaded, its prompt checked.
+struct Started {
+    inference: Arc<Inference>,
+    slot: tuneq_serve::Slot,
+    prepared: Prepared,
+    span: tracing::Span,
+}
+
+/// Finds `plan`'s model, takes a generation slot (none free: 429) and prepares the
+/// model and prompt off the async threads.
+async fn start(
+    state: &AppState,
+    tenant: &Tenant,
+    plan: &ChatPlan,
+    what: &'static str,
+) -> ApiResult<Started> {
+    let Some(inference) = state.inference.clone() else {
+        return Err(ApiError::new(
+            Code::InferenceUnavailable,
+            "This server does not serve models; send chat requests to the tuneq serve deployment.",
+        ));
+    };
+    let files = model_files(state, &tenant.0, &plan.model).await?;
+    let slot = inference.engine().try_slot().map_err(serve_error)?;
+    let span = tracing::info_span!("generate", request = what, tenant = %tenant.0,
+        model = %plan.model, stream = plan.stream, n = plan.n);
+    let prepared = {
+        let (inference, plan, span) = (inference.clone(), plan.clone(), span.clone());
+        blocking(move || span.in_scope(|| prepare(&inference, files, &plan))).await??
+    };
+    Ok(Started {
+        inference,
+        slot,
+        prepared,
+        span,
+    })
+}
+
+/// Every choice of `plan`, generated whole on a blocking thread that holds `slot`.
+async fn generate_whole(
+    slot: tuneq_serve::Slot,
+    prepared: Prepared,
+    plan: Arc<ChatPlan>,
+    span: tracing::Span,
+) -> ApiResult<(Vec<ChatChoice>, Usage)> {
+    blocking(move || {
+        let _slot = slot;
+        span.in_scope(|| generate_all(&prepared, &plan))
+    })
+    .await?
 }
 
 /// Every choice of `plan`, generated whole, and the tokens used.
@@ -158,9 +197,7 @@ fn generate_all(prepared: &Prepared, plan: &ChatPlan) -> ApiResult<(Vec<ChatChoi
         choices.push(ChatChoice {
             index,
             message: reading.message(),
-            logprobs: plan
-                .logprobs
-                .map(|_| answer::logprobs(&generated.logprobs)),
+            logprobs: plan.logprobs.map(|_| answer::logprobs(&generated.logprobs)),
             finish_reason: reading.finish,
         });
     }
@@ -178,9 +215,7 @@ fn usage(prepared: &Prepared, completion_tokens: u64) -> Usage {
 }
 
 /// Runs `work` on a blocking thread.
-async fn blocking<T: Send + 'static>(
-    work: impl FnOnce() -> T + Send + 'static,
-) -> ApiResult<T> {
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> ApiResult<T> {
     tokio::task::spawn_blocking(work)
         .await
         .map_err(|e| ApiError::internal(format!("generation thread: {e}")))

@@ -172,7 +172,10 @@ fn conversation(body: &ChatCompletionRequest) -> ApiResult<Conversation> {
     }
     tuneq_dataset::request_conversation(&obj).map_err(|problems| {
         let (field, message) = problems.into_iter().next().unwrap_or_else(|| {
-            ("messages".to_string(), "is not a valid conversation".to_string())
+            (
+                "messages".to_string(),
+                "is not a valid conversation".to_string(),
+            )
         });
         invalid(&field, format!("{field}: {message}"))
     })
@@ -236,7 +239,9 @@ fn response_format(format: &serde_json::Value) -> ApiResult<()> {
         Some("text") => Ok(()),
         Some(kind @ ("json_object" | "json_schema")) => Err(invalid(
             "response_format.type",
-            format!("response_format `{kind}` needs constrained decoding, which this server does not offer yet; ask for JSON in the prompt instead."),
+            format!(
+                "response_format `{kind}` needs constrained decoding, which this server does not offer yet; ask for JSON in the prompt instead."
+            ),
         )),
         _ => Err(invalid(
             "response_format.type",

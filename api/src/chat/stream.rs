@@ -1,7 +1,8 @@
-//! A streamed answer: `data: {chat.completion.chunk}` events as the text is released,
-//! exactly as OpenAI's SDKs read them — a first chunk with the role, content chunks, the
-//! tool calls whole at the end, a chunk with the finish reason, a usage chunk when asked
-//! for, and `data: [DONE]`.
+//! A streamed answer. The decode loop hands its pieces to an [`AnswerSink`]: chat
+//! completions' is [`ChunkWriter`] — `data: {chat.completion.chunk}` events exactly as
+//! OpenAI's SDKs read them: a first chunk with the role, content chunks, the tool calls
+//! whole at the end, a chunk with the finish reason, a usage chunk when asked for, and
+//! `data: [DONE]`; the Responses API's is in [`super::responses`].
 //!
 //! Generation runs on a blocking thread and hands chunks to the response through a
 //! small bounded channel: a slow reader slows generation rather than piling chunks up
@@ -14,31 +15,65 @@ use super::{Inference, Prepared, Stamp};
 use actix_web::HttpResponse;
 use std::sync::Arc;
 use tokio::sync::mpsc;
-use tuneq_openapi::{ChatCompletionChunk, ChunkChoice, ChunkDelta, ChunkToolCall, ErrorBody};
+use tuneq_openapi::{
+    ChatCompletionChunk, ChunkChoice, ChunkDelta, ChunkToolCall, ErrorBody, Usage,
+};
 use tuneq_serve::{ServeError, Slot};
 
 /// Chunks waiting for the reader at most.
 const CHANNEL_CHUNKS: usize = 16;
 
-/// Starts generating `plan`'s answer and answers with its stream.
-pub(super) fn respond(
+/// Where a streamed answer goes, event by event: chat chunks ([`ChunkWriter`]) or the
+/// Responses API's events. Each call says whether the reader is still there.
+pub(super) trait AnswerSink {
+    /// Whether the reader is still there.
+    fn alive(&self) -> bool;
+    /// Choice `index` begins.
+    fn open(&mut self, index: u32) -> bool;
+    /// Text of choice `index` is released (with its tokens' log-probabilities).
+    fn text(&mut self, index: u32, piece: tuneq_serve::Piece) -> bool;
+    /// Choice `index` ends: the text the stream has not shown of it yet, its reading.
+    fn close(&mut self, index: u32, unshown: Option<String>, reading: &answer::Reading) -> bool;
+    /// Every choice is done.
+    fn done(&mut self, usage: Usage) -> bool;
+    /// Generation failed; the stream ends with this error.
+    fn fail(&mut self, error: crate::error::ApiError);
+}
+
+/// Sends server-sent events to the response.
+pub(super) struct EventSender {
+    tx: mpsc::Sender<bytes::Bytes>,
+}
+
+impl EventSender {
+    /// Sends raw event text; false when the reader has left.
+    pub(super) fn send(&self, text: String) -> bool {
+        self.tx.blocking_send(bytes::Bytes::from(text)).is_ok()
+    }
+
+    /// Whether the reader is still there.
+    pub(super) fn alive(&self) -> bool {
+        !self.tx.is_closed()
+    }
+}
+
+/// Starts generating `plan`'s answer into the sink `make_sink` makes, and answers with
+/// the stream.
+pub(super) fn respond<S: AnswerSink + 'static>(
     inference: Arc<Inference>,
     slot: Slot,
     prepared: Prepared,
     plan: ChatPlan,
     tenant: String,
     span: tracing::Span,
+    make_sink: impl FnOnce(EventSender) -> S + Send + 'static,
 ) -> HttpResponse {
     let (tx, rx) = mpsc::channel::<bytes::Bytes>(CHANNEL_CHUNKS);
     tokio::task::spawn_blocking(move || {
         let _slot = slot;
         let _entered = span.enter();
-        let writer = ChunkWriter {
-            tx,
-            stamp: Stamp::new(),
-            model: plan.model.clone(),
-        };
-        if let Some(usage) = generate(&writer, &prepared, &plan) {
+        let mut sink = make_sink(EventSender { tx });
+        if let Some(usage) = generate(&mut sink, &prepared, &plan) {
             inference.count(&tenant, usage);
         }
     });
@@ -53,23 +88,80 @@ pub(super) fn respond(
         .streaming(body)
 }
 
-/// Writes chunks to the response.
-struct ChunkWriter {
-    tx: mpsc::Sender<bytes::Bytes>,
+/// Generates every choice into `sink`; the request's usage, unless the reader left or
+/// generation failed.
+fn generate(sink: &mut dyn AnswerSink, prepared: &Prepared, plan: &ChatPlan) -> Option<Usage> {
+    // Text is streamed as it comes unless the request forces a call: then the whole
+    // answer is read before anything is sent.
+    let streams_text = matches!(plan.tools, ToolMode::Off | ToolMode::Auto);
+    let mut completion = 0;
+    for index in 0..plan.n {
+        if !sink.open(index) {
+            return None;
+        }
+        let generated = {
+            let mut on_piece = |piece: tuneq_serve::Piece| {
+                if !streams_text || (piece.text.is_empty() && piece.logprobs.is_empty()) {
+                    return sink.alive();
+                }
+                sink.text(index, piece)
+            };
+            prepared
+                .model
+                .generate(&prepared.request(plan, index), &mut on_piece)
+        };
+        let generated = match generated {
+            Ok(generated) => generated,
+            Err(ServeError::Abandoned) => return None,
+            Err(e) => {
+                sink.fail(super::serve_error(e));
+                return None;
+            }
+        };
+        completion += generated.tokens as u64;
+        let reading = answer::read(plan, &prepared.prefill, &generated, false);
+        let unshown = match (&reading.tool_calls, streams_text) {
+            (Some(_), _) => None,
+            // Text after a call's opening that did not read as a call.
+            (None, true) => generated.after_marker.clone(),
+            (None, false) => reading.content.clone(),
+        };
+        if !sink.close(index, unshown.filter(|t| !t.is_empty()), &reading) {
+            return None;
+        }
+    }
+    let usage = super::usage(prepared, completion);
+    sink.done(usage).then_some(usage)
+}
+
+/// Chat completion chunks.
+pub(super) struct ChunkWriter {
+    events: EventSender,
     stamp: Stamp,
     model: String,
+    logprobs: bool,
+    include_usage: bool,
 }
 
 impl ChunkWriter {
-    /// Sends one `data:` event; false when the reader has left.
+    /// Chunks of the answer to `plan`.
+    pub(super) fn new(events: EventSender, plan: &ChatPlan) -> Self {
+        Self {
+            events,
+            stamp: Stamp::new(),
+            model: plan.model.clone(),
+            logprobs: plan.logprobs.is_some(),
+            include_usage: plan.include_usage,
+        }
+    }
+
+    /// Sends one `data:` event.
     fn data(&self, json: &str) -> bool {
-        self.tx
-            .blocking_send(bytes::Bytes::from(format!("data: {json}\n\n")))
-            .is_ok()
+        self.events.send(format!("data: {json}\n\n"))
     }
 
     /// Sends a chunk with `choices` (and `usage`).
-    fn chunk(&self, choices: Vec<ChunkChoice>, usage: Option<tuneq_openapi::Usage>) -> bool {
+    fn chunk(&self, choices: Vec<ChunkChoice>, usage: Option<Usage>) -> bool {
         let chunk = ChatCompletionChunk {
             id: self.stamp.id.clone(),
             object: "chat.completion.chunk".into(),
@@ -98,9 +190,72 @@ impl ChunkWriter {
         };
         self.chunk(vec![choice], None)
     }
+}
+
+impl AnswerSink for ChunkWriter {
+    fn alive(&self) -> bool {
+        self.events.alive()
+    }
+
+    fn open(&mut self, index: u32) -> bool {
+        let opening = ChunkDelta {
+            role: Some("assistant".into()),
+            content: Some(String::new()),
+            tool_calls: None,
+        };
+        self.delta(index, opening, None, None)
+    }
+
+    fn text(&mut self, index: u32, piece: tuneq_serve::Piece) -> bool {
+        let delta = ChunkDelta {
+            content: Some(piece.text),
+            ..ChunkDelta::default()
+        };
+        let logprobs = self.logprobs.then(|| answer::logprobs(&piece.logprobs));
+        self.delta(index, delta, logprobs, None)
+    }
+
+    fn close(&mut self, index: u32, unshown: Option<String>, reading: &answer::Reading) -> bool {
+        if let Some(text) = unshown {
+            let delta = ChunkDelta {
+                content: Some(text),
+                ..ChunkDelta::default()
+            };
+            if !self.delta(index, delta, None, None) {
+                return false;
+            }
+        }
+        if let Some(calls) = &reading.tool_calls {
+            let calls = calls
+                .iter()
+                .enumerate()
+                .map(|(i, call)| ChunkToolCall {
+                    index: i as u32,
+                    id: call.id.clone(),
+                    kind: call.kind.clone(),
+                    function: call.function.clone(),
+                })
+                .collect();
+            let delta = ChunkDelta {
+                tool_calls: Some(calls),
+                ..ChunkDelta::default()
+            };
+            if !self.delta(index, delta, None, None) {
+                return false;
+            }
+        }
+        self.delta(index, ChunkDelta::default(), None, Some(reading.finish))
+    }
+
+    fn done(&mut self, usage: Usage) -> bool {
+        if self.include_usage && !self.chunk(Vec::new(), Some(usage)) {
+            return false;
+        }
+        self.data("[DONE]")
+    }
 
     /// Ends the stream with an error event, as OpenAI's stream does (the SDK raises it).
-    fn error(&self, error: crate::error::ApiError) {
+    fn fail(&mut self, error: crate::error::ApiError) {
         let body = ErrorBody {
             error: *error.detail,
         };
@@ -108,101 +263,4 @@ impl ChunkWriter {
             self.data(&json);
         }
     }
-}
-
-/// Generates and sends every choice; the request's usage, unless the reader left or
-/// generation failed.
-fn generate(w: &ChunkWriter, prepared: &Prepared, plan: &ChatPlan) -> Option<tuneq_openapi::Usage> {
-    // Text is streamed as it comes unless the request forces a call: then the whole
-    // answer is read before anything is sent.
-    let streams_text = matches!(plan.tools, ToolMode::Off | ToolMode::Auto);
-    let mut completion = 0;
-    for index in 0..plan.n {
-        let opening = ChunkDelta {
-            role: Some("assistant".into()),
-            content: Some(String::new()),
-            tool_calls: None,
-        };
-        if !w.delta(index, opening, None, None) {
-            return None;
-        }
-        let mut on_piece = |piece: tuneq_serve::Piece| {
-            if !streams_text || (piece.text.is_empty() && piece.logprobs.is_empty()) {
-                return !w.tx.is_closed();
-            }
-            let delta = ChunkDelta {
-                content: Some(piece.text),
-                ..ChunkDelta::default()
-            };
-            let logprobs = plan.logprobs.map(|_| answer::logprobs(&piece.logprobs));
-            w.delta(index, delta, logprobs, None)
-        };
-        let generated = match prepared
-            .model
-            .generate(&prepared.request(plan, index), &mut on_piece)
-        {
-            Ok(generated) => generated,
-            Err(ServeError::Abandoned) => return None,
-            Err(e) => {
-                w.error(super::serve_error(e));
-                return None;
-            }
-        };
-        completion += generated.tokens as u64;
-        let reading = answer::read(plan, &prepared.prefill, &generated, false);
-        if !finish_choice(w, index, &generated, &reading, streams_text) {
-            return None;
-        }
-    }
-    let usage = super::usage(prepared, completion);
-    if plan.include_usage && !w.chunk(Vec::new(), Some(usage)) {
-        return None;
-    }
-    w.data("[DONE]").then_some(usage)
-}
-
-/// Sends what the stream has not shown of a choice (text held for a call that was not
-/// one, or the tool calls) and its finish reason.
-fn finish_choice(
-    w: &ChunkWriter,
-    index: u32,
-    generated: &tuneq_serve::Generated,
-    reading: &answer::Reading,
-    streamed_text: bool,
-) -> bool {
-    let unshown = match (&reading.tool_calls, streamed_text) {
-        (Some(_), _) => None,
-        // Text after a call's opening that did not read as a call.
-        (None, true) => generated.after_marker.clone(),
-        (None, false) => reading.content.clone(),
-    };
-    if let Some(text) = unshown.filter(|t| !t.is_empty()) {
-        let delta = ChunkDelta {
-            content: Some(text),
-            ..ChunkDelta::default()
-        };
-        if !w.delta(index, delta, None, None) {
-            return false;
-        }
-    }
-    if let Some(calls) = &reading.tool_calls {
-        let calls = calls
-            .iter()
-            .enumerate()
-            .map(|(i, call)| ChunkToolCall {
-                index: i as u32,
-                id: call.id.clone(),
-                kind: call.kind.clone(),
-                function: call.function.clone(),
-            })
-            .collect();
-        let delta = ChunkDelta {
-            tool_calls: Some(calls),
-            ..ChunkDelta::default()
-        };
-        if !w.delta(index, delta, None, None) {
-            return false;
-        }
-    }
-    w.delta(index, ChunkDelta::default(), None, Some(reading.finish))
 }

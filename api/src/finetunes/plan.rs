@@ -3,13 +3,13 @@
 //! never run is refused here with a 400 naming the field, before anything is written.
 
 use super::range::check_range;
+use super::tuned::NotUsable;
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult, Code};
 use crate::records;
 use crate::records::finetune::{FineTuneRecord, Parent};
 use crate::records::model::BaseModel;
 use crate::state::AppState;
-use super::tuned::NotUsable;
 use actix_web::http::StatusCode;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
