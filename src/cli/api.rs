@@ -59,12 +59,53 @@ pub struct ApiArgs {
     attempt_memory_mib: Option<u64>,
 }
 
+/// `tuneq serve`: the API with models served (`/v1/chat/completions`, `/v1/responses`),
+/// for a deployment of its own on the nodes that generate.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    api: ApiArgs,
+    #[command(flatten)]
+    inference: service::InferenceArgs,
+    /// Where base models and adapters from the store are staged (default: `tuneq-cache`
+    /// in the temp folder).
+    #[arg(long, env = "TUNEQ_CACHE_DIR")]
+    cache_dir: Option<PathBuf>,
+}
+
+/// What a process of the API does besides answering requests.
+enum Role {
+    /// `tuneq api`: files finished jobs' outcomes and sends their webhooks.
+    Api,
+    /// `tuneq serve`: answers chat requests with the models; the API replicas file outcomes.
+    Serve(Box<tuneq_api::inference::Inference>),
+}
+
 pub fn run(args: ApiArgs) -> Result<ExitCode> {
-    service::runtime()?.block_on(serve(args))?;
+    service::runtime()?.block_on(serve(args, |_| Ok(Role::Api)))?;
     Ok(ExitCode::SUCCESS)
 }
 
-async fn serve(args: ApiArgs) -> Result<()> {
+/// Runs `tuneq serve`.
+pub fn run_serve(args: ServeArgs) -> Result<ExitCode> {
+    let ServeArgs {
+        api,
+        inference,
+        cache_dir,
+    } = args;
+    let cache = cache_dir.unwrap_or_else(tuneq_trainer::remote::Storage::default_cache_dir);
+    service::runtime()?.block_on(serve(api, move |storage| {
+        Ok(Role::Serve(Box::new(
+            inference.inference(storage.clone(), cache)?,
+        )))
+    }))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn serve(
+    args: ApiArgs,
+    role: impl FnOnce(&tuneq_storage::StorageConfig) -> Result<Role>,
+) -> Result<()> {
     let Some(redis) = args.queue.redis_url()? else {
         anyhow::bail!(super::BadInput(
             "the API keeps its queue on Redis: give --redis (TUNEQ_REDIS_URL)".into()
@@ -86,6 +127,7 @@ async fn serve(args: ApiArgs) -> Result<()> {
     let store = tuneq_storage::open(&location, &storage_config)
         .await
         .with_context(|| format!("cannot open the store {}", args.store))?;
+    let role = role(&storage_config)?;
     let pools = service::load_pools(
         args.pools_file.as_deref(),
         &args.pools,
@@ -101,7 +143,7 @@ async fn serve(args: ApiArgs) -> Result<()> {
         .iter()
         .map(|m| service::model_arg(m))
         .collect::<Result<Vec<_>>>()?;
-    let state = tuneq_api::AppState::new(
+    let mut state = tuneq_api::AppState::new(
         queue,
         store,
         tuneq_api::ApiConfig {
@@ -113,6 +155,13 @@ async fn serve(args: ApiArgs) -> Result<()> {
             ..args.policy.api_config()?
         },
     );
+    let files_outcomes = match role {
+        Role::Api => true,
+        Role::Serve(inference) => {
+            state = state.with_inference(*inference);
+            false
+        }
+    };
     tuneq_api::admin::apply_default_limits(&state)
         .await
         .map_err(|e| anyhow::anyhow!("{}", e.detail.message))?;
@@ -125,14 +174,19 @@ async fn serve(args: ApiArgs) -> Result<()> {
     let url = format!("http://{}", listener.local_addr()?);
     let api = service::RunningApi::start(listener, &state)?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let settler = tokio::spawn(service::settle_loop(state, stop_rx));
-    println!("tuneq api is up at {url}");
+    let settler = files_outcomes.then(|| tokio::spawn(service::settle_loop(state, stop_rx)));
+    match files_outcomes {
+        true => println!("tuneq api is up at {url}"),
+        false => println!("tuneq serve is up at {url}"),
+    }
     use std::io::Write;
     let _ = std::io::stdout().flush();
     service::shutdown_signal().await;
     let _ = stop_tx.send(true);
     let forced = service::force_on_second_signal();
-    let _ = settler.await;
+    if let Some(settler) = settler {
+        let _ = settler.await;
+    }
     api.stop().await;
     forced.abort();
     Ok(())

@@ -41,6 +41,9 @@ enum Command {
     Up(up::UpArgs),
     /// Run the REST API alone (queue on Redis, objects on S3/GCS/a shared folder).
     Api(api::ApiArgs),
+    /// Run the REST API with models served (`/v1/chat/completions`, `/v1/responses`): the
+    /// deployment on the nodes that generate, beside `tuneq api`.
+    Serve(api::ServeArgs),
     /// Run a dispatcher: claim jobs for one node pool from Redis and train them here.
     Dispatcher(dispatcher::DispatcherArgs),
     /// Train a LoRA adapter (from a spec file, flags, or `--demo`).
@@ -93,6 +96,7 @@ enum ConfigCommand {
 enum ShowService {
     Up(up::UpArgs),
     Api(api::ApiArgs),
+    Serve(api::ServeArgs),
     Dispatcher(dispatcher::DispatcherArgs),
 }
 
@@ -140,6 +144,7 @@ pub fn main() -> ExitCode {
             cli.command,
             Command::Up(_)
                 | Command::Api(_)
+                | Command::Serve(_)
                 | Command::Dispatcher(_)
                 | Command::Bench {
                     command: bench::BenchCommand::Api { .. }
@@ -163,6 +168,7 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Up(args) => up::run(args),
         Command::Api(args) => api::run(args),
+        Command::Serve(args) => api::run_serve(args),
         Command::Dispatcher(args) => dispatcher::run(args),
         Command::Train(args) => train::run(*args),
         Command::Model { command } => model::run(command),

@@ -24,7 +24,7 @@ use std::path::Path;
 use std::time::Duration;
 
 /// The services a config file has a table for.
-pub const SERVICES: [&str; 3] = ["up", "api", "dispatcher"];
+pub const SERVICES: [&str; 4] = ["up", "api", "serve", "dispatcher"];
 
 /// A secret setting (a password, a key, a URL that may carry a password): it never
 /// prints, in `Debug` or `Display`, so settings can be logged whole.

@@ -1,7 +1,9 @@
 """The production shape on one machine: `tuneq api` and `tuneq dispatcher` as separate
 processes sharing a real redis-server (started here) and an object store folder; the
 official `openai` SDK runs a fine-tune through them, and a restart of the dispatcher
-in the middle of the job loses nothing."""
+in the middle of the job loses nothing. Then `tuneq serve`, the deployment that answers
+chat requests, serves the fine-tuned model from the same Redis and store, while the API
+replicas refuse chat requests with a pointer to it."""
 
 from __future__ import annotations
 
@@ -105,6 +107,34 @@ def test_api_and_dispatcher_on_redis_run_a_job_across_a_dispatcher_restart(tmp_p
         assert done.fine_tuned_model in [m.id for m in client.models.list()]
         messages = [e.message for e in client.fine_tuning.jobs.list_events(job.id, limit=100)]
         assert any(m.startswith("Resumed from the checkpoint") for m in messages), messages
+        answered_by_serve(binary, redis_url, tmp_path, secret, key, url, done.fine_tuned_model)
     finally:
         dispatcher.stop()
         api.stop()
+
+
+def answered_by_serve(binary: str, redis_url: str, tmp_path: Path, secret: str, key: str,
+                      api_url: str, model: str) -> None:
+    """`tuneq serve` on the API's Redis and store answers with `model`; the API does not."""
+    import openai
+    from openai import OpenAI
+
+    serve = Process([binary, "serve", "--redis", redis_url, "--port", "0", "--host", "127.0.0.1",
+                     "--store", (tmp_path / "objects").as_uri(), "--attempt-secret", secret,
+                     "--spool-dir", str(tmp_path / "spool-serve"),
+                     "--cache-dir", str(tmp_path / "serve-cache"), "--max-generations", "2"],
+                    ready="tuneq serve is up at ")
+    try:
+        url = serve.line.removeprefix("tuneq serve is up at ").strip()
+        client = OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+        answer = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Repeat: tree star"}],
+            max_tokens=4, temperature=0)
+        assert answer.model == model and answer.usage.completion_tokens >= 1
+        with pytest.raises(openai.InternalServerError) as refused:
+            OpenAI(base_url=f"{api_url}/v1", api_key=key, max_retries=0).chat.completions.create(
+                model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        assert refused.value.status_code == 503
+        assert refused.value.code == "inference_unavailable"
+    finally:
+        serve.stop()
