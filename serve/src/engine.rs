@@ -48,6 +48,8 @@ pub struct LoadedModel {
     pub(crate) model: Llama,
     pub(crate) encoder: Encoder,
     pub(crate) stop_ids: Vec<u32>,
+    /// JSON grammars over the vocabulary, prepared the first time an answer needs one.
+    grammars: std::sync::OnceLock<std::result::Result<crate::json_format::JsonGrammars, String>>,
 }
 
 impl std::fmt::Debug for LoadedModel {
@@ -82,7 +84,24 @@ impl LoadedModel {
             model,
             encoder,
             stop_ids,
+            grammars: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The model's JSON grammars (prepared on first use: about 0.1 s for a 50k
+    /// vocabulary), or why its vocabulary cannot be constrained.
+    pub fn json_grammars(&self) -> Result<&crate::json_format::JsonGrammars> {
+        self.grammars
+            .get_or_init(|| {
+                crate::json_format::JsonGrammars::new(
+                    self.encoder.tokenizer(),
+                    &self.stop_ids,
+                    self.vocab_size(),
+                )
+                .map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(|e| ServeError::JsonUnsupported(e.clone()))
     }
 
     /// Tokens the model attends to at most: prompt and answer together.

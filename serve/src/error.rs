@@ -27,6 +27,16 @@ pub enum ServeError {
         /// The model's context length.
         context: usize,
     },
+    /// The `response_format` schema is invalid or asks for what the grammar engine does
+    /// not support (the message says which keyword).
+    #[error("{0}")]
+    InvalidSchema(String),
+    /// The model's vocabulary cannot be read for constrained decoding.
+    #[error("this model cannot answer in JSON by constrained decoding: {0}")]
+    JsonUnsupported(String),
+    /// The grammar engine failed while generating.
+    #[error("constrained decoding failed: {0}")]
+    Grammar(String),
     /// The caller stopped listening (a stream's client went away).
     #[error("the client went away")]
     Abandoned,

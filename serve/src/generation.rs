@@ -27,6 +27,8 @@ pub struct GenerationRequest {
     pub markers: Vec<String>,
     /// Log-probabilities to report per token: None, or the number of alternatives.
     pub logprobs: Option<usize>,
+    /// JSON the answer must be, enforced token by token.
+    pub json: Option<crate::json_format::JsonFormat>,
 }
 
 /// Why generation ended.
@@ -92,17 +94,31 @@ impl LoadedModel {
         let mut sampler = Sampler::new(request.sampling.clone(), request.seed);
         let mut detok = Detokenizer::default();
         let mut watch = StopText::new(request.stop.clone(), request.markers.clone());
+        let mut constraint = match &request.json {
+            Some(format) => Some(self.json_grammars()?.constrain(format)?),
+            None => None,
+        };
         let mut cache = self.model.new_cache();
         let mut logits = self.model.forward_cached(&request.prompt, &mut cache)?;
         let mut all_logprobs = Vec::new();
         let mut tokens = 0;
         let finish = loop {
+            if constraint.as_ref().is_some_and(|c| c.is_done()) {
+                break Finish::Stop;
+            }
             if tokens == request.max_new_tokens || cache.len() >= context {
                 break Finish::Length;
             }
             let mut row = logits.to_vec1::<f32>()?;
+            // The model's own distribution, before any constraint.
             let reported = request.logprobs.map(|k| (log_softmax(&row), k));
+            if let Some(c) = constraint.as_mut() {
+                c.mask(&mut row)?;
+            }
             let next = sampler.pick(&mut row);
+            if let Some(c) = constraint.as_mut() {
+                c.accept(next)?;
+            }
             tokens += 1;
             if self.stop_ids.contains(&next) {
                 break Finish::Stop;

@@ -7,6 +7,7 @@
 //! - [`engine`]: resident models (an LRU of base + adapter) and the bound on
 //!   generations at once;
 //! - [`generation`]: the decode loop of one answer, piece by piece;
+//! - [`json_format`]: `response_format` JSON by constrained decoding (llguidance);
 //! - [`sampling`]: temperature, `top_p`, `logit_bias`, penalties, seeded draws,
 //!   log-probabilities;
 //! - [`staging`]: base models and adapters from object storage into local folders;
@@ -17,6 +18,7 @@
 pub mod engine;
 pub mod error;
 pub mod generation;
+pub mod json_format;
 pub mod sampling;
 pub mod staging;
 pub mod text;
@@ -25,5 +27,6 @@ pub mod tool_calls;
 pub use engine::{Engine, EngineConfig, LoadedModel, ModelKey, Slot};
 pub use error::{Result, ServeError};
 pub use generation::{Finish, Generated, GenerationRequest, Piece, TokenLogprob};
+pub use json_format::JsonFormat;
 pub use sampling::Sampling;
 pub use staging::Staging;

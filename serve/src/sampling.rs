@@ -132,7 +132,12 @@ impl Sampler {
                 return id;
             }
         }
-        kept[kept.len() - 1]
+        // Rounding left a sliver: the last token that has weight (never a masked one).
+        kept.iter()
+            .rev()
+            .copied()
+            .find(|&id| weights[id as usize] > 0.0)
+            .unwrap_or_else(|| argmax(logits))
     }
 }
 
@@ -234,6 +239,19 @@ mod tests {
         assert_eq!(s.pick(&mut logits()), 1);
         // Token 1 was generated once: 2.0 − 1 falls behind 1.9.
         assert_eq!(s.pick(&mut logits()), 5);
+    }
+
+    #[test]
+    fn a_masked_token_is_never_drawn() {
+        let mut masked = logits();
+        for l in masked.iter_mut().skip(2) {
+            *l = f32::NEG_INFINITY;
+        }
+        for seed in 0..200 {
+            let picked = Sampler::new(Sampling::default(), seed).pick(&mut masked.clone());
+            assert!(picked < 2, "seed {seed} drew masked token {picked}");
+        }
+        assert_eq!(Sampler::new(Sampling::greedy(), 0).pick(&mut masked), 1);
     }
 
     #[test]

@@ -261,3 +261,57 @@ def test_responses_refusals_name_the_responses_field(client):
         model=MODEL, input="hi", previous_response_id="resp_x"))[1] == "previous_response_id"
     assert refusal(lambda: client.responses.create(
         model=MODEL, input="hi", tools=[{"type": "web_search"}]))[1] == "tools[0].type"
+
+
+PLACE = {"type": "object",
+         "properties": {"city": {"type": "string", "maxLength": 40},
+                        "country": {"type": "string", "maxLength": 40},
+                        "population": {"type": "integer", "minimum": 0}},
+         "required": ["city", "country", "population"], "additionalProperties": False}
+
+
+def test_json_schema_answers_validate_against_the_schema(client):
+    import jsonschema
+
+    for seed in (1, 2, 3):  # sampled, not only greedy: every draw stays inside the schema
+        answer = client.chat.completions.create(
+            model=MODEL, temperature=0.8, seed=seed, max_tokens=80,
+            messages=[{"role": "user", "content": "Name a city, its country and population."}],
+            response_format={"type": "json_schema",
+                             "json_schema": {"name": "place", "strict": True, "schema": PLACE}})
+        choice = answer.choices[0]
+        assert choice.finish_reason == "stop", choice.message.content
+        jsonschema.validate(json.loads(choice.message.content), PLACE)
+
+    anything = ask(client, MODEL, "Describe a cat.", max_tokens=60, temperature=0,
+                   response_format={"type": "json_object"})
+    assert isinstance(json.loads(anything.choices[0].message.content), dict)
+
+    streamed = ask(client, MODEL, "Name a city, its country and population.", max_tokens=80,
+                   temperature=0, stream=True,
+                   response_format={"type": "json_schema",
+                                    "json_schema": {"name": "place", "schema": PLACE}})
+    jsonschema.validate(json.loads("".join(c.choices[0].delta.content or "" for c in streamed)),
+                        PLACE)
+
+    response = client.responses.create(
+        model=MODEL, input="Name a city, its country and population.", temperature=0,
+        max_output_tokens=80,
+        text={"format": {"type": "json_schema", "name": "place", "schema": PLACE}})
+    jsonschema.validate(json.loads(response.output_text), PLACE)
+
+
+def test_a_schema_the_engine_cannot_enforce_is_refused_before_generating(client):
+    def schema_refusal(schema, name="s"):
+        return refusal(lambda: ask(client, MODEL, "hi", response_format={
+            "type": "json_schema", "json_schema": {"name": name, "schema": schema}}))
+
+    assert schema_refusal({"type": "strin"}) == \
+        ("invalid_value", "response_format.json_schema.schema")
+    assert schema_refusal({"type": "array", "uniqueItems": True})[1] == \
+        "response_format.json_schema.schema"
+    assert schema_refusal({"type": "object"}, name="has space")[1] == \
+        "response_format.json_schema.name"
+    assert refusal(lambda: ask(client, MODEL, "hi", tools=[WEATHER_TOOL],
+                               response_format={"type": "json_object"})) == \
+        ("conflicting_values", "response_format")

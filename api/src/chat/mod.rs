@@ -50,6 +50,7 @@ impl Prepared {
             stop: plan.stop.clone(),
             markers: plan.markers(),
             logprobs: plan.logprobs,
+            json: plan.json.clone(),
         }
     }
 }
@@ -293,6 +294,23 @@ fn prepare(inference: &Inference, files: Staged, plan: &ChatPlan) -> ApiResult<P
             ),
             other => serve_error(other),
         })?;
+    if let Some(format) = &plan.json {
+        // Refused now, before a slot's worth of generation: a schema the grammar engine
+        // rejects, or a model whose vocabulary it cannot read.
+        model
+            .json_grammars()
+            .map_err(|e| ApiError::invalid("response_format", Code::InvalidValue, e.to_string()))?;
+        model
+            .json_grammars()
+            .and_then(|g| g.constrain(format))
+            .map_err(|e| {
+                ApiError::invalid(
+                    "response_format.json_schema.schema",
+                    Code::InvalidValue,
+                    format!("The schema cannot be enforced: {e}"),
+                )
+            })?;
+    }
     let context = model.context_length();
     let room = context.saturating_sub(prompt.len());
     if room == 0 {

@@ -10,8 +10,8 @@ use tuneq_openapi::ChatCompletionRequest;
 use tuneq_openapi::chat::{
     MAX_CHOICES, MAX_LOGIT_BIAS, MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_TOP_LOGPROBS,
 };
-use tuneq_serve::Sampling;
 use tuneq_serve::tool_calls::{CALL_OPEN, forced_call_prefix};
+use tuneq_serve::{JsonFormat, Sampling};
 
 /// How the request lets the model use its tools.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,6 +49,8 @@ pub(crate) struct ChatPlan {
     pub(crate) stop: Vec<String>,
     /// Alternatives per token, when log-probabilities are asked for.
     pub(crate) logprobs: Option<usize>,
+    /// JSON the answer must be (`response_format`), enforced while generating.
+    pub(crate) json: Option<JsonFormat>,
     /// Stream the answer.
     pub(crate) stream: bool,
     /// With `stream`: end with a usage chunk.
@@ -88,8 +90,18 @@ pub(crate) fn plan(body: ChatCompletionRequest) -> ApiResult<ChatPlan> {
         .filter_map(|t| t.pointer("/function/name")?.as_str().map(str::to_string))
         .collect();
     let tools = tool_mode(body.tool_choice.as_ref(), &tool_names)?;
-    if let Some(format) = &body.response_format {
-        response_format(format)?;
+    let json = body
+        .response_format
+        .as_ref()
+        .map(response_format)
+        .transpose()?
+        .flatten();
+    if json.is_some() && tools != ToolMode::Off {
+        return Err(ApiError::invalid(
+            "response_format",
+            Code::ConflictingValues,
+            "A JSON response_format and tools the model may call cannot be combined: the answer would have to be both. Set tool_choice to \"none\" or drop response_format.",
+        ));
     }
     let max_new_tokens = match (body.max_tokens, body.max_completion_tokens) {
         (Some(_), Some(_)) => {
@@ -146,6 +158,7 @@ pub(crate) fn plan(body: ChatCompletionRequest) -> ApiResult<ChatPlan> {
         seed: body.seed.map_or_else(rand::random, |s| s as u64),
         stop: stop_strings(body.stop.clone())?,
         logprobs,
+        json,
         stream,
         include_usage: body
             .stream_options
@@ -232,17 +245,47 @@ fn tool_mode(choice: Option<&serde_json::Value>, names: &[String]) -> ApiResult<
     }
 }
 
-/// `response_format`: plain text is what every answer is; JSON output is constrained
-/// decoding, which this server does not do yet — refused rather than hoped for.
-fn response_format(format: &serde_json::Value) -> ApiResult<()> {
-    match format.get("type").and_then(serde_json::Value::as_str) {
-        Some("text") => Ok(()),
-        Some(kind @ ("json_object" | "json_schema")) => Err(invalid(
-            "response_format.type",
-            format!(
-                "response_format `{kind}` needs constrained decoding, which this server does not offer yet; ask for JSON in the prompt instead."
-            ),
-        )),
+/// The longest `json_schema.name` (OpenAI's limit).
+const MAX_SCHEMA_NAME: usize = 64;
+
+/// `response_format`: None for text; JSON formats are enforced by constrained decoding
+/// (the schema itself is checked against the model's grammar engine once it is loaded).
+fn response_format(format: &serde_json::Value) -> ApiResult<Option<JsonFormat>> {
+    use serde_json::Value;
+    match format.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(JsonFormat::Object)),
+        Some("json_schema") => {
+            let Some(spec) = format.get("json_schema").and_then(Value::as_object) else {
+                return Err(invalid(
+                    "response_format.json_schema",
+                    "response_format json_schema needs a json_schema object with a name and a schema.",
+                ));
+            };
+            let name = spec.get("name").and_then(Value::as_str).unwrap_or_default();
+            let named = (1..=MAX_SCHEMA_NAME).contains(&name.len())
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+            if !named {
+                return Err(invalid(
+                    "response_format.json_schema.name",
+                    format!(
+                        "The schema's name must be 1 to {MAX_SCHEMA_NAME} letters, digits, _ or -."
+                    ),
+                ));
+            }
+            match spec.get("schema") {
+                None => Ok(Some(JsonFormat::Object)),
+                Some(schema @ (Value::Object(_) | Value::Bool(_))) => {
+                    Ok(Some(JsonFormat::Schema(schema.clone())))
+                }
+                Some(_) => Err(invalid(
+                    "response_format.json_schema.schema",
+                    "The schema must be a JSON Schema object.",
+                )),
+            }
+        }
         _ => Err(invalid(
             "response_format.type",
             "response_format.type must be \"text\", \"json_object\" or \"json_schema\".",
