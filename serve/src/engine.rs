@@ -22,6 +22,8 @@ pub struct EngineConfig {
     pub max_concurrent: usize,
     /// Models (base + adapter) kept loaded.
     pub resident_models: usize,
+    /// Answers of one model decoded together in one step at most.
+    pub max_batch: usize,
 }
 
 impl Default for EngineConfig {
@@ -29,6 +31,7 @@ impl Default for EngineConfig {
         Self {
             max_concurrent: 4,
             resident_models: 4,
+            max_batch: 8,
         }
     }
 }
@@ -48,6 +51,10 @@ pub struct LoadedModel {
     pub(crate) model: Llama,
     pub(crate) encoder: Encoder,
     pub(crate) stop_ids: Vec<u32>,
+    /// The decode loop that steps concurrent answers together, started by the first.
+    batcher: std::sync::OnceLock<crate::batch::Batcher>,
+    /// Answers the loop steps at once at most.
+    max_batch: usize,
     /// JSON grammars over the vocabulary, prepared the first time an answer needs one.
     grammars: std::sync::OnceLock<std::result::Result<crate::json_format::JsonGrammars, String>>,
 }
@@ -84,8 +91,35 @@ impl LoadedModel {
             model,
             encoder,
             stop_ids,
+            batcher: std::sync::OnceLock::new(),
+            max_batch: 1,
             grammars: std::sync::OnceLock::new(),
         })
+    }
+
+    /// This model, decoding up to `max_batch` concurrent answers in one step.
+    pub fn with_max_batch(mut self, max_batch: usize) -> Self {
+        self.max_batch = max_batch.max(1);
+        self
+    }
+
+    /// Generates an answer to `request` in the model's decode loop, beside the other
+    /// answers in flight, handing each released piece to `on_piece` on this thread; when
+    /// it returns false (the client left), generation stops with
+    /// [`ServeError::Abandoned`]. Blocking: run it off the async threads.
+    pub fn generate(
+        self: &Arc<Self>,
+        request: &crate::generation::GenerationRequest,
+        on_piece: &mut dyn FnMut(crate::generation::Piece) -> bool,
+    ) -> Result<crate::generation::Generated> {
+        let batcher = match self.batcher.get() {
+            Some(batcher) => batcher,
+            None => {
+                let started = crate::batch::Batcher::start(self.max_batch)?;
+                self.batcher.get_or_init(|| started)
+            }
+        };
+        batcher.generate(self.clone(), request, on_piece)
     }
 
     /// The model's JSON grammars (prepared on first use: about 0.1 s for a 50k
@@ -137,6 +171,16 @@ impl LoadedModel {
             .map_err(|e| tuneq_dataset::DataError::Tokenizer(e.to_string()))?
             .get_ids()
             .to_vec())
+    }
+
+    /// The most answers the decode loop has stepped together so far (0 before the first).
+    pub fn widest_step(&self) -> usize {
+        self.batcher.get().map_or(0, |b| b.widest_step())
+    }
+
+    /// The ids that end an answer (end of sequence, end of turn).
+    pub fn stop_ids(&self) -> &[u32] {
+        &self.stop_ids
     }
 
     /// Entries in the vocabulary (ids a `logit_bias` may name are below it).
@@ -199,7 +243,7 @@ impl Engine {
             adapter = ?key.adapter.as_ref().map(|a| a.display().to_string()))
         .entered();
         let started = std::time::Instant::now();
-        let loaded = Arc::new(LoadedModel::load(key)?);
+        let loaded = Arc::new(LoadedModel::load(key)?.with_max_batch(self.config.max_batch));
         tracing::info!(
             took_ms = started.elapsed().as_millis() as u64,
             "model loaded"
@@ -258,6 +302,7 @@ mod tests {
         let engine = Engine::new(EngineConfig {
             max_concurrent: 2,
             resident_models: 1,
+            max_batch: 2,
         });
         let a = engine.try_slot().expect("first");
         let _b = engine.try_slot().expect("second");

@@ -16,6 +16,9 @@ pub enum ServeError {
     /// The tokenizer or the chat template failed.
     #[error("{0}")]
     Text(#[from] tuneq_dataset::DataError),
+    /// A batched decode step failed (every answer in it ends with this).
+    #[error("generation failed: {0}")]
+    Decode(String),
     /// Tensor arithmetic failed.
     #[error("generation failed: {0}")]
     Tensor(#[from] candle_core::Error),

@@ -9,6 +9,7 @@ use crate::engine::LoadedModel;
 use crate::error::{Result, ServeError};
 use crate::sampling::{Sampler, Sampling, log_softmax, top_k};
 use crate::text::{Detokenizer, StopText};
+use candle_core::Tensor;
 
 /// What to generate.
 #[derive(Debug, Clone)]
@@ -75,72 +76,114 @@ pub struct Generated {
     pub logprobs: Vec<TokenLogprob>,
 }
 
-impl LoadedModel {
-    /// Generates an answer to `request`, handing each released piece to `on_piece`;
-    /// when it returns false (the client left), generation stops with
-    /// [`ServeError::Abandoned`]. Blocking: run it off the async threads.
-    pub fn generate(
-        &self,
-        request: &GenerationRequest,
-        on_piece: &mut dyn FnMut(Piece) -> bool,
-    ) -> Result<Generated> {
-        let context = self.context_length();
+/// What the decode loop does after a token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Next {
+    /// Feed this token to the model and call [`Decoding::step`] with its logits.
+    Feed(u32),
+    /// The answer is over.
+    Done(Finish),
+}
+
+/// One answer being decoded: everything but the model's forward pass, so that one
+/// loop can decode an answer alone ([`LoadedModel::generate_alone`]) and the batcher
+/// many together.
+pub(crate) struct Decoding {
+    request: GenerationRequest,
+    sampler: Sampler,
+    detok: Detokenizer,
+    watch: StopText,
+    constraint: Option<crate::json_format::JsonConstraint>,
+    logprobs: Vec<TokenLogprob>,
+    tokens: usize,
+}
+
+impl Decoding {
+    /// Starts decoding `request` with `model` (checks the prompt against the context
+    /// and compiles its JSON format, if any).
+    pub(crate) fn start(model: &LoadedModel, request: GenerationRequest) -> Result<Self> {
+        let context = model.context_length();
         if request.prompt.is_empty() || request.prompt.len() >= context {
             return Err(ServeError::PromptTooLong {
                 tokens: request.prompt.len(),
                 context,
             });
         }
-        let mut sampler = Sampler::new(request.sampling.clone(), request.seed);
-        let mut detok = Detokenizer::default();
-        let mut watch = StopText::new(request.stop.clone(), request.markers.clone());
-        let mut constraint = match &request.json {
-            Some(format) => Some(self.json_grammars()?.constrain(format)?),
+        let constraint = match &request.json {
+            Some(format) => Some(model.json_grammars()?.constrain(format)?),
             None => None,
         };
-        let mut cache = self.model.new_cache();
-        let mut logits = self.model.forward_cached(&request.prompt, &mut cache)?;
-        let mut all_logprobs = Vec::new();
-        let mut tokens = 0;
-        let finish = loop {
-            if constraint.as_ref().is_some_and(|c| c.is_done()) {
-                break Finish::Stop;
-            }
-            if tokens == request.max_new_tokens || cache.len() >= context {
-                break Finish::Length;
-            }
-            let mut row = logits.to_vec1::<f32>()?;
-            // The model's own distribution, before any constraint.
-            let reported = request.logprobs.map(|k| (log_softmax(&row), k));
-            if let Some(c) = constraint.as_mut() {
-                c.mask(&mut row)?;
-            }
-            let next = sampler.pick(&mut row);
-            if let Some(c) = constraint.as_mut() {
-                c.accept(next)?;
-            }
-            tokens += 1;
-            if self.stop_ids.contains(&next) {
-                break Finish::Stop;
-            }
-            let mut piece = Piece {
-                text: watch.push(&detok.push(&self.encoder, next)?),
-                logprobs: Vec::new(),
-            };
-            if let Some((lp, k)) = reported {
-                let logprob = self.token_logprob(next, &lp, k)?;
-                all_logprobs.push(logprob.clone());
-                piece.logprobs.push(logprob);
-            }
-            if !on_piece(piece) {
-                return Err(ServeError::Abandoned);
-            }
-            if watch.stopped() {
-                break Finish::Stop;
-            }
-            logits = self.model.forward_cached(&[next], &mut cache)?;
+        Ok(Self {
+            sampler: Sampler::new(request.sampling.clone(), request.seed),
+            detok: Detokenizer::default(),
+            watch: StopText::new(request.stop.clone(), request.markers.clone()),
+            constraint,
+            logprobs: Vec::new(),
+            tokens: 0,
+            request,
+        })
+    }
+
+    /// The prompt to fill the cache with.
+    pub(crate) fn prompt(&self) -> &[u32] {
+        &self.request.prompt
+    }
+
+    /// Picks the token after `logits` (the model's after `cached` tokens), releases its
+    /// text to `on_piece`, and says what comes next. [`ServeError::Abandoned`] when
+    /// `on_piece` says the client left.
+    pub(crate) fn step(
+        &mut self,
+        model: &LoadedModel,
+        logits: &Tensor,
+        cached: usize,
+        on_piece: &mut dyn FnMut(Piece) -> bool,
+    ) -> Result<Next> {
+        if self.constraint.as_ref().is_some_and(|c| c.is_done()) {
+            return Ok(Next::Done(Finish::Stop));
+        }
+        if self.tokens == self.request.max_new_tokens || cached >= model.context_length() {
+            return Ok(Next::Done(Finish::Length));
+        }
+        let mut row = logits.to_vec1::<f32>()?;
+        // The model's own distribution, before any constraint.
+        let reported = self.request.logprobs.map(|k| (log_softmax(&row), k));
+        if let Some(c) = self.constraint.as_mut() {
+            c.mask(&mut row)?;
+        }
+        let next = self.sampler.pick(&mut row);
+        if let Some(c) = self.constraint.as_mut() {
+            c.accept(next)?;
+        }
+        self.tokens += 1;
+        if model.stop_ids.contains(&next) {
+            return Ok(Next::Done(Finish::Stop));
+        }
+        let mut piece = Piece {
+            text: self.watch.push(&self.detok.push(&model.encoder, next)?),
+            logprobs: Vec::new(),
         };
-        let rest = watch.finish();
+        if let Some((lp, k)) = reported {
+            let logprob = model.token_logprob(next, &lp, k)?;
+            self.logprobs.push(logprob.clone());
+            piece.logprobs.push(logprob);
+        }
+        if !on_piece(piece) {
+            return Err(ServeError::Abandoned);
+        }
+        Ok(match self.watch.stopped() {
+            true => Next::Done(Finish::Stop),
+            false => Next::Feed(next),
+        })
+    }
+
+    /// Ends the answer: releases the text held back for a stop string that never came.
+    pub(crate) fn finish(
+        mut self,
+        finish: Finish,
+        on_piece: &mut dyn FnMut(Piece) -> bool,
+    ) -> Result<Generated> {
+        let rest = self.watch.finish();
         if !rest.is_empty()
             && !on_piece(Piece {
                 text: rest,
@@ -150,12 +193,33 @@ impl LoadedModel {
             return Err(ServeError::Abandoned);
         }
         Ok(Generated {
-            text: watch.plain().to_string(),
-            after_marker: watch.after_marker().map(str::to_string),
+            text: self.watch.plain().to_string(),
+            after_marker: self.watch.after_marker().map(str::to_string),
             finish,
-            tokens,
-            logprobs: all_logprobs,
+            tokens: self.tokens,
+            logprobs: self.logprobs,
         })
+    }
+}
+
+impl LoadedModel {
+    /// Generates an answer to `request` on this thread, alone, handing each released
+    /// piece to `on_piece`; when it returns false (the client left), generation stops
+    /// with [`ServeError::Abandoned`]. Blocking: run it off the async threads.
+    pub fn generate_alone(
+        &self,
+        request: &GenerationRequest,
+        on_piece: &mut dyn FnMut(Piece) -> bool,
+    ) -> Result<Generated> {
+        let mut decoding = Decoding::start(self, request.clone())?;
+        let mut cache = self.model.new_cache();
+        let mut logits = self.model.forward_cached(decoding.prompt(), &mut cache)?;
+        loop {
+            match decoding.step(self, &logits, cache.len(), on_piece)? {
+                Next::Feed(token) => logits = self.model.forward_cached(&[token], &mut cache)?,
+                Next::Done(finish) => return decoding.finish(finish, on_piece),
+            }
+        }
     }
 
     /// `id`'s log-probability and the `k` most likely tokens at its position.

@@ -6,15 +6,19 @@
 //!
 //! - [`engine`]: resident models (an LRU of base + adapter) and the bound on
 //!   generations at once;
-//! - [`generation`]: the decode loop of one answer, piece by piece;
+//! - [`generation`]: the decoding of one answer, piece by piece; `batch`: the decode
+//!   loop that steps a model's concurrent answers together;
 //! - [`json_format`]: `response_format` JSON by constrained decoding (llguidance);
 //! - [`sampling`]: temperature, `top_p`, `logit_bias`, penalties, seeded draws,
 //!   log-probabilities;
 //! - [`staging`]: base models and adapters from object storage into local folders;
 //! - [`text`]: incremental detokenisation and `stop` strings that never leak into a
 //!   stream;
+//! - [`bench`](mod@bench): `tuneq bench serve`, throughput and time to first token;
 //! - [`tool_calls`]: the calls a model wrote, read back as structured calls.
 
+mod batch;
+pub mod bench;
 pub mod engine;
 pub mod error;
 pub mod generation;

@@ -32,6 +32,32 @@ pub enum BenchCommand {
     /// Queue throughput and memory on a redis-server, with the BullMQ kit's workload
     /// and JSON keys (the kit: docs/benchmarks.md; scripts/bench-queue runs both).
     Queue(QueueBench),
+    /// Decode throughput and time to first token of concurrent answers in the serving
+    /// engine (compare with scripts/bench_serve.py's transformers + PEFT peer).
+    Serve(ServeBench),
+}
+
+/// What `tuneq bench serve` runs.
+#[derive(clap::Args)]
+pub struct ServeBench {
+    /// Base model folder.
+    #[arg(long)]
+    model: std::path::PathBuf,
+    /// PEFT adapter folder.
+    #[arg(long)]
+    adapter: Option<std::path::PathBuf>,
+    /// A user message (repeat; answer i uses message i mod their count).
+    #[arg(long = "prompt", required = true)]
+    prompts: Vec<String>,
+    /// Answers at once.
+    #[arg(long, default_value_t = 8)]
+    concurrency: usize,
+    /// Tokens per answer.
+    #[arg(long, default_value_t = 64)]
+    max_new_tokens: usize,
+    /// Decode each answer alone on its thread instead of together.
+    #[arg(long)]
+    unbatched: bool,
 }
 
 /// What `tuneq bench train` runs.
@@ -158,6 +184,20 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
                 .enable_all()
                 .build()?;
             let r = runtime.block_on(super::bench_api::run(&opts, |line| eprintln!("{line}")))?;
+            println!("{}", serde_json::to_string(&r)?);
+        }
+        BenchCommand::Serve(args) => {
+            let opts = tuneq_serve::bench::ServeBenchOptions {
+                model: tuneq_serve::ModelKey {
+                    base: args.model,
+                    adapter: args.adapter,
+                },
+                prompts: args.prompts,
+                concurrency: args.concurrency,
+                max_new_tokens: args.max_new_tokens,
+                batched: !args.unbatched,
+            };
+            let r = tuneq_serve::bench::run(&opts)?;
             println!("{}", serde_json::to_string(&r)?);
         }
         BenchCommand::Queue(args) => {

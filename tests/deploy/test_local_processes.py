@@ -1,9 +1,11 @@
-"""What the chart starts is something tuneq accepts: the rendered Redis, API and
+"""What the chart starts is something tuneq accepts: the rendered Redis, API, serve and
 dispatcher containers run here as local processes — their command and arguments, their
 environment resolved as the kubelet would (Secret references, `$(VAR)` expansion), their
 ConfigMap and Secret volumes written out as files — and each becomes ready by its own
-rendered probes (/readyz and /healthz of the API, the dispatcher's metrics endpoint,
-`redis-cli ping` with the password).
+rendered probes (/readyz and /healthz of the API and of serve, the dispatcher's metrics
+endpoint, `redis-cli ping` with the password); serve answers a chat completion with the
+base model the values register, staged from the store into its cache volume, which the
+API refuses (503 inference_unavailable).
 
 What a node would provide is stood in for, and named: each pod's ports are moved to
 free local ports and Service names resolve to them (as cluster DNS would); Secrets the
@@ -291,6 +293,32 @@ def check_attempt(created: list[dict], pools_toml: str, api: Pod, tmp: Path) -> 
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def check_serve_metrics(serve: Pod) -> None:
+    """serve's /metrics (the pod's scrape annotations point there) has the generation
+    slots its rendered TUNEQ_MAX_GENERATIONS says."""
+    text = requests.get(f"http://127.0.0.1:{serve.local_port('http')}/metrics", timeout=30).text
+    slots = [line.split()[-1] for line in text.splitlines() if line.startswith("tuneq_generation_slots")]
+    assert slots and float(slots[0]) == float(serve.env["TUNEQ_MAX_GENERATIONS"]), text[-2000:]
+
+
+def check_serve_answers(serve: Pod, api: Pod, key: str, model: str) -> None:
+    """serve answers a chat completion with the registered base model (downloaded from the
+    store into the rendered cache volume); the API leaves chat to it."""
+    auth = {"Authorization": f"Bearer {key}"}
+    body = {"model": model, "messages": [{"role": "user", "content": "Repeat: tree star"}],
+            "max_tokens": 4, "temperature": 0}
+    answer = requests.post(f"http://127.0.0.1:{serve.local_port('http')}/v1/chat/completions",
+                           json=body, headers=auth, timeout=120)
+    assert answer.status_code == 200, answer.text + serve.log.read_text()[-4000:]
+    assert answer.json()["usage"]["completion_tokens"] >= 1, answer.text
+    cache = serve.mounts[next(m["mountPath"] for m in serve.c["volumeMounts"] if m["name"] == "cache")]
+    assert serve.env["TUNEQ_CACHE_DIR"] == str(cache)
+    assert [p for p in cache.rglob("*.safetensors")], "the base model was not staged in the cache volume"
+    refused = requests.post(f"http://127.0.0.1:{api.local_port('http')}/v1/chat/completions",
+                            json=body, headers=auth, timeout=60)
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "inference_unavailable", refused.text
+
+
 def granted(verb: str, group: str, resource: str) -> bool:
     return any(group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"]
                for r in RBAC["namespaced"] + RBAC["cluster_optional"])
@@ -363,6 +391,16 @@ def test_the_rendered_pods_run_here_and_become_ready(case, rendered, tmp_path) -
         node.route(find(objs, "Service", "tuneq-api"), api.ports, api.named)
         api.become_ready()
 
+        serve = None
+        serve_obj = [o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == "tuneq-serve"]
+        if serve_obj:
+            # The same store settings as the API (the stand-ins above).
+            serve = node.start(serve_obj[0], "serve", extra_api_env)
+            node.route(find(objs, "Service", "tuneq-serve"), serve.ports, serve.named)
+            serve.become_ready()
+            assert "tuneq serve is up at" in serve.log.read_text(), serve.log.read_text()
+            check_serve_metrics(serve)
+
         kubeconfig = tmp_path / "kubeconfig"
         kubeconfig.write_text(stub.kubeconfig("tuneq"))
         dispatcher = node.start(find(objs, "Deployment", "tuneq-dispatcher"), "dispatcher",
@@ -371,6 +409,8 @@ def test_the_rendered_pods_run_here_and_become_ready(case, rendered, tmp_path) -
         time.sleep(3)  # a few rounds of its loops
         assert dispatcher.proc.poll() is None, dispatcher.log.read_text()
         assert api.proc.poll() is None, api.log.read_text()
+        if serve is not None:
+            assert serve.proc.poll() is None, serve.log.read_text()
 
         # The dispatcher reported the API the chart told it (a Service name) and serves
         # every pool of the pools file.
@@ -398,6 +438,8 @@ def test_the_rendered_pods_run_here_and_become_ready(case, rendered, tmp_path) -
             time.sleep(1)
             created = list(stub.created)
             check_attempt(created, node.configmaps["tuneq-pools"]["pools.toml"], api, tmp_path)
+            if serve is not None:
+                check_serve_answers(serve, api, key, models[0]["id"])
         for verb, group, resource, namespace, _ in stub.requests:
             assert granted(verb, group, resource), f"{verb} {group}/{resource} in {namespace} is not in its Role"
     finally:

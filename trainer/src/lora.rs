@@ -144,4 +144,28 @@ impl LoraLinear {
         let delta = delta.reshape(y.shape())?;
         y + delta
     }
+
+    /// The LoRA update alone, `scale · x·Aᵀ·Bᵀ` (…, out), without dropout; None when
+    /// the projection is not adapted. For callers that compute the frozen product
+    /// their own way (a decoding step's few rows).
+    pub fn lora_delta(&self, x: &Tensor) -> Result<Option<Tensor>> {
+        let Some(lora) = &self.lora else {
+            return Ok(None);
+        };
+        let dtype = x.dtype();
+        let (out_dim, in_dim) = self.weight.dims2()?;
+        let rows = x.elem_count() / in_dim;
+        let a = lora.a.as_tensor().to_dtype(dtype)?;
+        let b = lora.b.as_tensor().to_dtype(dtype)?;
+        let delta = x
+            .reshape((rows, in_dim))?
+            .matmul(&a.t()?)?
+            .matmul(&b.t()?)?
+            .affine(self.scale, 0.0)?;
+        let mut dims = x.dims().to_vec();
+        if let Some(last) = dims.last_mut() {
+            *last = out_dim;
+        }
+        Ok(Some(delta.reshape(dims)?))
+    }
 }

@@ -14,6 +14,8 @@ use candle_core::{DType, Device, Tensor, Var};
 use rand_chacha::ChaCha20Rng;
 use std::path::Path;
 
+mod rows;
+
 /// The seven projections of a decoder layer, with the submodule PEFT names them under.
 pub const PROJECTIONS: [(&str, &str); 7] = [
     ("self_attn", "q_proj"),

@@ -15,6 +15,10 @@ pub struct InferenceArgs {
     /// when asked for, the least recently used one giving way.
     #[arg(long, env = "TUNEQ_RESIDENT_MODELS", default_value_t = 4)]
     resident_models: usize,
+    /// Answers of one model decoded together, one token each per batched step (1: each
+    /// answer alone).
+    #[arg(long, env = "TUNEQ_MAX_BATCH", default_value_t = 8)]
+    max_batch: usize,
 }
 
 impl InferenceArgs {
@@ -24,14 +28,15 @@ impl InferenceArgs {
         storage: tuneq_storage::StorageConfig,
         cache: PathBuf,
     ) -> Result<tuneq_api::inference::Inference> {
-        if self.max_generations == 0 || self.resident_models == 0 {
+        if self.max_generations == 0 || self.resident_models == 0 || self.max_batch == 0 {
             anyhow::bail!(super::super::BadInput(
-                "--max-generations and --resident-models must be at least 1".into()
+                "--max-generations, --resident-models and --max-batch must be at least 1".into()
             ));
         }
         let engine = tuneq_serve::EngineConfig {
             max_concurrent: self.max_generations,
             resident_models: self.resident_models,
+            max_batch: self.max_batch,
         };
         let staging = tuneq_serve::Staging::new(storage, cache)?;
         Ok(tuneq_api::inference::Inference::new(engine, staging))

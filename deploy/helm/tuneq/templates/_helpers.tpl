@@ -48,6 +48,22 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 
+{{/* The image of `tuneq serve`: `image` while serve.image is empty; else serve.image, its
+empty fields taken from `image` as trainerImage's are. */}}
+{{- define "tuneq.serveImage" -}}
+{{- $s := .Values.serve.image -}}
+{{- if not (or $s.repository $s.tag $s.digest) -}}
+{{- include "tuneq.image" . -}}
+{{- else -}}
+{{- $repo := default .Values.image.repository $s.repository -}}
+{{- if $s.digest -}}
+{{- printf "%s@%s" $repo $s.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $repo (default (default .Chart.AppVersion .Values.image.tag) $s.tag) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The trainers' image, as the pools file names it: trainerImage, else image. */}}
 {{- define "tuneq.trainerImage" -}}
 {{- $t := .Values.trainerImage -}}
@@ -132,4 +148,104 @@ runAsGroup: {{ .Values.securityContext.runAsGroup }}
 fsGroup: {{ .Values.securityContext.runAsGroup }}
 seccompProfile:
   type: RuntimeDefault
+{{- end -}}
+
+
+{{/*
+What `tuneq api` and `tuneq serve` share: they answer the same routes on the same queue
+and store, so they take the same arguments, environment and files. Include with
+(dict "ctx" $ "port" <the container's port>).
+*/}}
+{{- define "tuneq.apiArgs" -}}
+- --max-upload-mib
+- {{ .ctx.Values.api.maxUploadMiB | quote }}
+{{- range .ctx.Values.models }}
+- --model
+- {{ printf "%s=%s" .id .location | quote }}
+{{- end }}
+{{- end -}}
+
+{{- define "tuneq.apiEnv" -}}
+{{- $ := .ctx -}}
+{{ include "tuneq.commonEnv" $ }}
+- name: TUNEQ_HOST
+  value: "0.0.0.0"
+- name: TUNEQ_PORT
+  value: {{ .port | quote }}
+- name: TUNEQ_STORE
+  value: {{ required "store.uri: where uploads, checkpoints and adapters live (s3://bucket/prefix or gs://bucket/prefix)" $.Values.store.uri | quote }}
+{{- if $.Values.store.config }}
+- name: TUNEQ_STORAGE_CONFIG
+  value: /etc/tuneq/storage/storage.toml
+{{- end }}
+- name: TUNEQ_SPOOL_DIR
+  value: /var/lib/tuneq/spool
+{{- if $.Values.secrets.adminKeyKey }}
+- name: TUNEQ_ADMIN_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "tuneq.secretName" $ }}
+      key: {{ $.Values.secrets.adminKeyKey }}
+      # Without the key, /admin stays off.
+      optional: true
+{{- end }}
+{{- if $.Values.api.webhookAllowPrivate }}
+- name: TUNEQ_WEBHOOK_ALLOW_PRIVATE
+  value: "true"
+{{- end }}
+{{- if $.Values.store.s3CredentialsSecret }}
+- name: AWS_SHARED_CREDENTIALS_FILE
+  value: /var/run/secrets/tuneq/s3/credentials
+{{- end }}
+{{- range $name, $value := $.Values.store.env }}
+- name: {{ $name }}
+  value: {{ $value | quote }}
+{{- end }}
+{{- end -}}
+
+{{- define "tuneq.apiVolumeMounts" -}}
+{{- $ := .ctx -}}
+- name: pools
+  mountPath: /etc/tuneq/pools
+  readOnly: true
+{{- if $.Values.store.config }}
+- name: storage
+  mountPath: /etc/tuneq/storage
+  readOnly: true
+{{- end }}
+{{- if $.Values.store.s3CredentialsSecret }}
+- name: s3-credentials
+  mountPath: /var/run/secrets/tuneq/s3
+  readOnly: true
+{{- end }}
+- name: spool
+  mountPath: /var/lib/tuneq/spool
+- name: tmp
+  mountPath: /tmp
+{{- end -}}
+
+{{- define "tuneq.apiVolumes" -}}
+{{- $ := .ctx -}}
+- name: pools
+  configMap:
+    name: {{ include "tuneq.fullname" $ }}-pools
+{{- if $.Values.store.config }}
+- name: storage
+  configMap:
+    name: {{ include "tuneq.fullname" $ }}-storage
+{{- end }}
+{{- if $.Values.store.s3CredentialsSecret }}
+- name: s3-credentials
+  secret:
+    secretName: {{ $.Values.store.s3CredentialsSecret }}
+    items:
+      - key: credentials
+        path: credentials
+{{- end }}
+- name: spool
+  emptyDir:
+    sizeLimit: {{ $.Values.api.spoolSizeLimit }}
+- name: tmp
+  emptyDir:
+    sizeLimit: 256Mi
 {{- end -}}

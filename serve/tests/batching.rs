@@ -1,0 +1,100 @@
+//! The decode loop that steps concurrent answers together gives each answer what it
+//! would get alone, and lets a caller who stops listening leave without disturbing the
+//! others.
+
+use std::sync::Arc;
+use tuneq_serve::{Engine, EngineConfig, GenerationRequest, ModelKey, Sampling, ServeError};
+
+fn engine_and_model() -> (tempfile::TempDir, Engine, Arc<tuneq_serve::LoadedModel>) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    tuneq_trainer::init::write_model(&tuneq_trainer::init::InitOptions::demo(), dir.path())
+        .expect("model");
+    let engine = Engine::new(EngineConfig {
+        max_concurrent: 8,
+        resident_models: 1,
+        max_batch: 8,
+    });
+    let model = engine
+        .model(&ModelKey {
+            base: dir.path().to_path_buf(),
+            adapter: None,
+        })
+        .expect("load");
+    (dir, engine, model)
+}
+
+fn request(model: &tuneq_serve::LoadedModel, text: &str, sampling: Sampling) -> GenerationRequest {
+    let message = tuneq_dataset::Message::new(tuneq_dataset::Role::User, text);
+    GenerationRequest {
+        prompt: model.chat_prompt(&[message], &[], "").expect("prompt"),
+        max_new_tokens: 24,
+        sampling,
+        seed: 5,
+        stop: Vec::new(),
+        markers: Vec::new(),
+        logprobs: Some(1),
+        json: None,
+    }
+}
+
+#[test]
+fn answers_decoded_together_equal_answers_decoded_alone() {
+    let (_dir, _engine, model) = engine_and_model();
+    let texts = ["Hello there", "A much longer question about rivers and seas", "x", "Why?"];
+    for sampling in [Sampling::greedy(), Sampling::default()] {
+        let requests: Vec<_> = texts
+            .iter()
+            .map(|t| request(&model, t, sampling.clone()))
+            .collect();
+        let alone: Vec<_> = requests
+            .iter()
+            .map(|r| model.generate_alone(r, &mut |_| true).expect("alone"))
+            .collect();
+        let together: Vec<_> = requests
+            .iter()
+            .cloned()
+            .map(|r| {
+                let model = model.clone();
+                std::thread::spawn(move || model.generate(&r, &mut |_| true))
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|h| h.join().expect("thread").expect("together"))
+            .collect();
+        assert!(model.widest_step() >= 2, "the answers were never stepped together");
+        for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
+            let tokens = |g: &tuneq_serve::Generated| {
+                g.logprobs.iter().map(|l| l.token.clone()).collect::<Vec<_>>()
+            };
+            assert_eq!(tokens(a), tokens(t), "answer {i} ({sampling:?})");
+            assert_eq!((a.tokens, a.finish), (t.tokens, t.finish), "answer {i}");
+        }
+    }
+}
+
+#[test]
+fn a_caller_who_stops_listening_leaves_and_the_others_finish() {
+    let (_dir, _engine, model) = engine_and_model();
+    let long = request(&model, "Hello there", Sampling::greedy());
+    let leaver = {
+        let (model, request) = (model.clone(), long.clone());
+        std::thread::spawn(move || {
+            let mut pieces = 0;
+            model.generate(&request, &mut |_| {
+                pieces += 1;
+                pieces < 3
+            })
+        })
+    };
+    let stayer = {
+        let (model, request) = (model.clone(), long.clone());
+        std::thread::spawn(move || model.generate(&request, &mut |_| true))
+    };
+    assert!(matches!(
+        leaver.join().expect("thread"),
+        Err(ServeError::Abandoned)
+    ));
+    let done = stayer.join().expect("thread").expect("the other answer");
+    assert_eq!(done.tokens, long.max_new_tokens.min(done.tokens));
+    assert!(done.tokens > 3);
+}
