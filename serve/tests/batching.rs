@@ -40,7 +40,12 @@ fn request(model: &tuneq_serve::LoadedModel, text: &str, sampling: Sampling) -> 
 #[test]
 fn answers_decoded_together_equal_answers_decoded_alone() {
     let (_dir, _engine, model) = engine_and_model();
-    let texts = ["Hello there", "A much longer question about rivers and seas", "x", "Why?"];
+    let texts = [
+        "Hello there",
+        "A much longer question about rivers and seas",
+        "x",
+        "Why?",
+    ];
     for sampling in [Sampling::greedy(), Sampling::default()] {
         let requests: Vec<_> = texts
             .iter()
@@ -61,10 +66,16 @@ fn answers_decoded_together_equal_answers_decoded_alone() {
             .into_iter()
             .map(|h| h.join().expect("thread").expect("together"))
             .collect();
-        assert!(model.widest_step() >= 2, "the answers were never stepped together");
+        assert!(
+            model.widest_step() >= 2,
+            "the answers were never stepped together"
+        );
         for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
             let tokens = |g: &tuneq_serve::Generated| {
-                g.logprobs.iter().map(|l| l.token.clone()).collect::<Vec<_>>()
+                g.logprobs
+                    .iter()
+                    .map(|l| l.token.clone())
+                    .collect::<Vec<_>>()
             };
             assert_eq!(tokens(a), tokens(t), "answer {i} ({sampling:?})");
             assert_eq!((a.tokens, a.finish), (t.tokens, t.finish), "answer {i}");

@@ -386,6 +386,7 @@ impl Llama {
     pub fn new_cache(&self) -> KvCache {
         KvCache {
             layers: vec![None; self.layers.len()],
+            rows: Vec::new(),
             len: 0,
         }
     }
@@ -397,7 +398,11 @@ impl Llama {
     pub fn forward_cached(&self, ids: &[u32], cache: &mut KvCache) -> Result<Tensor> {
         let (start, t) = (cache.len, ids.len());
         let limit = self.cos.dim(0)?;
-        if t == 0 || start + t > limit || cache.layers.len() != self.layers.len() {
+        if t == 0
+            || start + t > limit
+            || cache.layers.len() != self.layers.len()
+            || !cache.rows.is_empty()
+        {
             return Err(Error::Model {
                 path: "model".into(),
                 message: format!(
@@ -446,10 +451,14 @@ impl Llama {
 pub(crate) type LayerCache = Option<(Tensor, Tensor)>;
 
 /// Keys and values (each (1, kv heads, tokens, head dim), after RoPE) of every layer for
-/// the tokens generated so far.
+/// the tokens generated so far. Once a cache has taken a step of several sequences
+/// ([`Llama::forward_cached_rows`]) it holds them in row form instead, appended in
+/// place, and only such steps may continue it.
 #[derive(Debug, Clone)]
 pub struct KvCache {
     layers: Vec<LayerCache>,
+    /// The row form, one per layer; empty until the first step over rows.
+    rows: Vec<rows::RowLayer>,
     len: usize,
 }
 

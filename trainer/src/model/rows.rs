@@ -4,15 +4,78 @@
 //! Each sequence adds one token after the tokens its own key/value cache holds (caches
 //! of different lengths). The projections and the MLP run once over all the new
 //! tokens, so every frozen weight is read once per step rather than once per sequence
-//! — the cost that dominates decoding; attention runs per sequence, over its own cache,
-//! with its own positions. Row i is what [`Llama::forward_cached`] gives for sequence i
-//! alone (within float rounding: the products are the same sums in another blocking).
+//! — the cost that dominates decoding; RoPE runs once over all rows, each at its own
+//! position. Attention runs per sequence over its own cache, on plain slices: the
+//! cache is kept in row form ([`RowLayer`]), appended in place, so a step costs no
+//! tensor copies of the caches and no small tensor operations per sequence. Row i is
+//! what [`Llama::forward_cached`] gives for sequence i alone (within float rounding).
 
-use super::{KvCache, Layer, Llama, repeat_kv};
+use super::{KvCache, Layer, Llama};
 use crate::error::{Error, Result};
 use crate::lora::LoraLinear;
-use crate::ops::{causal_softmax, rms_norm, rope};
+use crate::ops::{rms_norm, rope};
 use candle_core::{DType, Storage, Tensor};
+
+/// One layer's keys and values in row form: position by position, kv head by kv head,
+/// `head_dim` floats each (after RoPE), so a new position is appended in place.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RowLayer {
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
+
+impl RowLayer {
+    /// The row form of a layer's cached tensors ((1, kv heads, tokens, head dim)).
+    fn from_tensors(cached: Option<&(Tensor, Tensor)>) -> Result<Self> {
+        let flat = |t: &Tensor| -> Result<Vec<f32>> {
+            Ok(t.squeeze(0)?
+                .transpose(0, 1)?
+                .to_dtype(DType::F32)?
+                .flatten_all()?
+                .to_vec1::<f32>()?)
+        };
+        Ok(match cached {
+            Some((k, v)) => Self {
+                k: flat(k)?,
+                v: flat(v)?,
+            },
+            None => Self::default(),
+        })
+    }
+}
+
+/// Writes into `out` (heads × head_dim) the attention of the query `q` (heads ×
+/// head_dim) over every position of `layer` (kv heads shared by groups of heads).
+fn attend(q: &[f32], layer: &RowLayer, (nh, nkv, hd): (usize, usize, usize), out: &mut [f32]) {
+    let positions = layer.k.len() / (nkv * hd);
+    let group = nh / nkv;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let mut weights = vec![0f32; positions];
+    for h in 0..nh {
+        let g = h / group;
+        let q = &q[h * hd..(h + 1) * hd];
+        let at = |p: usize| (p * nkv + g) * hd;
+        for (p, w) in weights.iter_mut().enumerate() {
+            let k = &layer.k[at(p)..at(p) + hd];
+            *w = q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * scale;
+        }
+        let max = weights.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut total = 0.0;
+        for w in weights.iter_mut() {
+            *w = (*w - max).exp();
+            total += *w;
+        }
+        let out = &mut out[h * hd..(h + 1) * hd];
+        out.fill(0.0);
+        for (p, w) in weights.iter().enumerate() {
+            let v = &layer.v[at(p)..at(p) + hd];
+            let w = w / total;
+            for (o, x) in out.iter_mut().zip(v) {
+                *o += w * x;
+            }
+        }
+    }
+}
 
 /// `x`·`w`ᵀ for `x` (…, in) of several rows and `w` (out, in), both f32 on the CPU, by
 /// the kernels' own GEMM; None where that does not apply (one row: candle's product,
@@ -61,7 +124,7 @@ fn project(p: &LoraLinear, x: &Tensor) -> Result<Tensor> {
     }
 }
 
-/// The RoPE tables of one sequence's next position.
+/// The RoPE tables of each sequence's next position.
 type Rotation = (Tensor, Tensor);
 
 impl Llama {
@@ -89,17 +152,32 @@ impl Llama {
             .embed_tokens
             .index_select(&input, 0)?
             .reshape((rows, 1, hidden))?;
-        let rotations = caches
-            .iter()
-            .map(|c| {
-                Ok((
-                    self.cos.narrow(0, c.len, 1)?.contiguous()?,
-                    self.sin.narrow(0, c.len, 1)?.contiguous()?,
-                ))
-            })
-            .collect::<Result<Vec<Rotation>>>()?;
+        if self.dtype != DType::F32 {
+            return Err(Error::Model {
+                path: "model".into(),
+                message: "decoding several sequences at once needs f32 weights".into(),
+            });
+        }
+        for cache in caches.iter_mut().filter(|c| c.rows.is_empty()) {
+            cache.rows = cache
+                .layers
+                .iter_mut()
+                .map(|slot| RowLayer::from_tensors(slot.take().as_ref()))
+                .collect::<Result<_>>()?;
+        }
+        let positions: Vec<u32> = caches.iter().map(|c| c.len as u32).collect();
+        let positions = Tensor::from_vec(positions, rows, &self.device)?;
+        let half = self.cos.dim(1)?;
+        let rotation = (
+            self.cos
+                .index_select(&positions, 0)?
+                .reshape((rows, 1, half))?,
+            self.sin
+                .index_select(&positions, 0)?
+                .reshape((rows, 1, half))?,
+        );
         for (l, layer) in self.layers.iter().enumerate() {
-            x = self.layer_rows(layer, l, &x, &rotations, caches)?.detach();
+            x = self.layer_rows(layer, l, &x, &rotation, caches)?.detach();
         }
         for cache in caches.iter_mut() {
             cache.len += 1;
@@ -111,18 +189,19 @@ impl Llama {
         }
     }
 
-    /// Decoder layer `l` on one new token per sequence (`x`: rows, 1, hidden).
+    /// Decoder layer `l` on one new token per sequence (`x`: rows, 1, hidden), each
+    /// rotated by its row of `rotation` ((rows, 1, head_dim / 2) each).
     fn layer_rows(
         &self,
         layer: &Layer,
         l: usize,
         x: &Tensor,
-        rotations: &[Rotation],
+        (cos, sin): &Rotation,
         caches: &mut [&mut KvCache],
     ) -> Result<Tensor> {
         let rows = x.dim(0)?;
         let cfg = &self.cfg;
-        let (nh, nkv, hd) = (
+        let dims @ (nh, nkv, hd) = (
             cfg.num_attention_heads(),
             cfg.num_kv_heads(),
             cfg.head_dim(),
@@ -134,38 +213,34 @@ impl Llama {
             });
         };
         let hn = rms_norm(x, &layer.input_layernorm, cfg.rms_norm_eps)?;
-        let heads = |p: &LoraLinear, n: usize| -> Result<Tensor> {
-            Ok(project(p, &hn)?
+        // (rows, heads, 1, head_dim), rotated, as plain floats.
+        let heads = |p: &LoraLinear, n: usize, rotate: bool| -> Result<Vec<f32>> {
+            let h = project(p, &hn)?
                 .reshape((rows, 1, n, hd))?
                 .transpose(1, 2)?
-                .contiguous()?)
+                .contiguous()?;
+            let h = if rotate { rope(&h, cos, sin)? } else { h };
+            Ok(h.flatten_all()?.to_vec1::<f32>()?)
         };
-        let (q, k, v) = (heads(q_p, nh)?, heads(k_p, nkv)?, heads(v_p, nkv)?);
-        let mut attended = Vec::with_capacity(rows);
-        for (i, ((cos, sin), cache)) in rotations.iter().zip(caches.iter_mut()).enumerate() {
-            let q = rope(&q.narrow(0, i, 1)?, cos, sin)?;
-            let k = rope(&k.narrow(0, i, 1)?, cos, sin)?;
-            let v = v.narrow(0, i, 1)?;
-            let slot = &mut cache.layers[l];
-            let (k, v) = match slot.take() {
-                Some((past_k, past_v)) => (
-                    Tensor::cat(&[&past_k, &k], 2)?.detach(),
-                    Tensor::cat(&[&past_v, &v], 2)?.detach(),
-                ),
-                None => (k.detach(), v.detach()),
-            };
-            *slot = Some((k.clone(), v.clone()));
-            let (k, v) = (repeat_kv(&k, nh / nkv)?, repeat_kv(&v, nh / nkv)?);
-            let scores = q.matmul(&k.t()?)?.affine(1.0 / (hd as f64).sqrt(), 0.0)?;
-            let probs = causal_softmax(&scores)?;
-            attended.push(
-                probs
-                    .matmul(&v)?
-                    .transpose(1, 2)?
-                    .reshape((1, 1, nh * hd))?,
+        let (q, k, v) = (
+            heads(q_p, nh, true)?,
+            heads(k_p, nkv, true)?,
+            heads(v_p, nkv, false)?,
+        );
+        let mut attended = vec![0f32; rows * nh * hd];
+        let (q_len, kv_len) = (nh * hd, nkv * hd);
+        for (i, cache) in caches.iter_mut().enumerate() {
+            let row = &mut cache.rows[l];
+            row.k.extend_from_slice(&k[i * kv_len..(i + 1) * kv_len]);
+            row.v.extend_from_slice(&v[i * kv_len..(i + 1) * kv_len]);
+            attend(
+                &q[i * q_len..(i + 1) * q_len],
+                row,
+                dims,
+                &mut attended[i * q_len..(i + 1) * q_len],
             );
         }
-        let attn = Tensor::cat(&attended, 0)?;
+        let attn = Tensor::from_vec(attended, (rows, 1, nh * hd), x.device())?;
         let x = (x + project(o_p, &attn)?)?;
         let hn = rms_norm(&x, &layer.post_attention_layernorm, cfg.rms_norm_eps)?;
         let gate = project(gate_p, &hn)?.silu()?;
