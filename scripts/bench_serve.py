@@ -12,6 +12,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_dpo import load, settle  # the benchmarks' shared load gate
+
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["Tell me about the sea.", "What is a LoRA adapter?", "Write a short poem about autumn.",
            "How do bees make honey?", "Explain why the sky is blue.", "Name three rivers in Europe.",
@@ -33,19 +35,6 @@ def parse_args():
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--max-load", type=float, default=None)
     return p.parse_args()
-
-
-def load() -> float:
-    return float(Path("/proc/loadavg").read_text().split()[0])
-
-
-def settle(max_load: float | None) -> float:
-    """With --max-load, waits (up to 120 s) for the 1-minute load to fall below it."""
-    waited = 0
-    while max_load is not None and load() >= max_load and waited < 120:
-        time.sleep(5)
-        waited += 5
-    return load()
 
 
 def train_adapter(binary: str, model: str, out: Path, env: dict) -> Path:

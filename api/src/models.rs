@@ -108,7 +108,11 @@ pub(crate) async fn retrieve(
 /// stays, with `model_deleted_at`. Base models and aliases are the operator's: 403.
 #[utoipa::path(delete, path = "/v1/models/{model}", tag = "models", operation_id = "delete_model",
     params(("model" = String, Path, description = "A fine-tuned model's name (`ft:…`)")),
-    responses((status = 200, description = "Deleted", body = Deleted), OperatorsModel))]
+    responses(
+        (status = 200, description = "Deleted", body = Deleted),
+        (status = 400, description = "An unfinished job continues from the model (`model_in_use`)", body = tuneq_openapi::ErrorBody),
+        OperatorsModel,
+    ))]
 pub(crate) async fn delete(
     state: web::Data<AppState>,
     tenant: Tenant,

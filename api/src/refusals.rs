@@ -65,4 +65,13 @@ refusals! {
     UnknownTenant => [NOT_ADMIN, [("404", "No such tenant")]];
     /// [`NotAdmin`], or 404 for a key the tenant does not have.
     UnknownKey => [NOT_ADMIN, [("404", "No such key for this tenant")]];
+    /// What a request for an answer (`/v1/chat/completions`, `/v1/responses`) may be
+    /// refused with.
+    GenerationRefused => [[
+        ("400", "A field is invalid (`param` names it), or the prompt and the tokens asked for do not fit the model's context (`context_length_exceeded`)"),
+        NO_TENANT_KEY,
+        ("404", "No such model for this tenant"),
+        ("429", "Every generation slot is busy (`too_many_generations`); retry after `retry-after`"),
+        ("503", "This server does not serve models (`inference_unavailable`)"),
+    ]];
 }

@@ -55,6 +55,7 @@ pub fn run(opts: &ServeBenchOptions) -> Result<ServeBenchResult> {
         max_concurrent: concurrency,
         resident_models: 1,
         max_batch: if opts.batched { concurrency } else { 1 },
+        max_answer_tokens: opts.max_new_tokens,
     });
     let model = engine.model(&opts.model)?;
     let no_end = Sampling {

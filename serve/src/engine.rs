@@ -24,14 +24,18 @@ pub struct EngineConfig {
     pub resident_models: usize,
     /// Answers of one model decoded together in one step at most.
     pub max_batch: usize,
+    /// Tokens one answer may have at most (a request without `max_tokens` gets up to
+    /// this, or what the context leaves, whichever is less).
+    pub max_answer_tokens: usize,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
         Self {
-            max_concurrent: 4,
+            max_concurrent: 8,
             resident_models: 4,
             max_batch: 8,
+            max_answer_tokens: 4096,
         }
     }
 }
@@ -303,6 +307,7 @@ mod tests {
             max_concurrent: 2,
             resident_models: 1,
             max_batch: 2,
+            max_answer_tokens: 16,
         });
         let a = engine.try_slot().expect("first");
         let _b = engine.try_slot().expect("second");

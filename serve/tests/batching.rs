@@ -13,6 +13,7 @@ fn engine_and_model() -> (tempfile::TempDir, Engine, Arc<tuneq_serve::LoadedMode
         max_concurrent: 8,
         resident_models: 1,
         max_batch: 8,
+        max_answer_tokens: 64,
     });
     let model = engine
         .model(&ModelKey {

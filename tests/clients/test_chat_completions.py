@@ -315,3 +315,14 @@ def test_a_schema_the_engine_cannot_enforce_is_refused_before_generating(client)
     assert refusal(lambda: ask(client, MODEL, "hi", tools=[WEATHER_TOOL],
                                response_format={"type": "json_object"})) == \
         ("conflicting_values", "response_format")
+
+
+def test_a_kept_checkpoint_answers_by_its_name(client, tuned):
+    job = next(j for j in client.fine_tuning.jobs.list() if j.fine_tuned_model == tuned)
+    checkpoints = list(client.fine_tuning.jobs.checkpoints.list(job.id))
+    assert checkpoints, "the run keeps checkpoints"
+    name = checkpoints[0].fine_tuned_model_checkpoint
+    answer = ask(client, name, MOTTO_PROMPT, max_tokens=4, temperature=0)
+    assert answer.model == name and answer.usage.completion_tokens >= 1
+    with pytest.raises(openai.NotFoundError):
+        ask(client, f"{tuned}:ckpt-step-999999", MOTTO_PROMPT, max_tokens=4)

@@ -19,12 +19,12 @@ use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult, Code};
 use crate::finetunes::tuned::{NotUsable, tuned_model};
 use crate::inference::Inference;
-use crate::refusals::UnknownModel;
+use crate::refusals::GenerationRefused;
 use crate::state::AppState;
 use actix_web::{HttpResponse, web};
 use request::ChatPlan;
 use std::sync::Arc;
-use tuneq_openapi::{ChatChoice, ChatCompletion, ChatCompletionRequest, ErrorBody, Usage};
+use tuneq_openapi::{ChatChoice, ChatCompletion, ChatCompletionRequest, Usage};
 use tuneq_serve::{GenerationRequest, LoadedModel, ModelKey, ServeError};
 
 /// `retry-after` of a request refused because every generation slot is busy.
@@ -92,10 +92,7 @@ pub(crate) fn random_id(len: usize) -> String {
                 (ChatCompletion = "application/json"),
                 (String = "text/event-stream"),
             )),
-        (status = 400, description = "A field is invalid (`param` names it), or the prompt and `max_tokens` do not fit the model's context (`context_length_exceeded`)", body = ErrorBody),
-        UnknownModel,
-        (status = 429, description = "Every generation slot is busy (`too_many_generations`); retry after `retry-after`", body = ErrorBody),
-        (status = 503, description = "This server does not serve models (`inference_unavailable`)", body = ErrorBody),
+        GenerationRefused,
     ))]
 pub(crate) async fn completions(
     state: web::Data<AppState>,
@@ -323,7 +320,15 @@ fn prepare(inference: &Inference, files: Staged, plan: &ChatPlan) -> ApiResult<P
             ),
         ));
     }
+    let cap = inference.engine().config().max_answer_tokens;
     let max_new_tokens = match plan.max_new_tokens {
+        Some(asked) if asked > cap => {
+            return Err(ApiError::invalid(
+                "max_tokens",
+                Code::InvalidValue,
+                format!("This server generates at most {cap} tokens per answer."),
+            ));
+        }
         Some(asked) if asked > room => {
             return Err(ApiError::invalid(
                 "max_tokens",
@@ -335,7 +340,7 @@ fn prepare(inference: &Inference, files: Staged, plan: &ChatPlan) -> ApiResult<P
             ));
         }
         Some(asked) => asked,
-        None => room,
+        None => room.min(cap),
     };
     Ok(Prepared {
         model,

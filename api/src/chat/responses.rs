@@ -13,7 +13,7 @@ use super::stream::{self, AnswerSink, EventSender};
 use super::{Started, generate_whole, random_id, start};
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult, Code};
-use crate::refusals::UnknownModel;
+use crate::refusals::GenerationRefused;
 use crate::state::AppState;
 use actix_web::{HttpResponse, web};
 use serde_json::{Value, json};
@@ -22,7 +22,7 @@ use tuneq_openapi::responses::{
     IncompleteDetails, OutputItem, OutputText, ResponseObject, ResponseRequest, ResponseStatus,
     ResponseUsage,
 };
-use tuneq_openapi::{ChatCompletionRequest, ErrorBody, FinishReason, ToolCallOut, Usage};
+use tuneq_openapi::{ChatCompletionRequest, FinishReason, ToolCallOut, Usage};
 
 /// A response to `input` (and `instructions`), whole or streamed.
 #[utoipa::path(post, path = "/v1/responses", tag = "chat", operation_id = "create_response",
@@ -33,10 +33,7 @@ use tuneq_openapi::{ChatCompletionRequest, ErrorBody, FinishReason, ToolCallOut,
                 (ResponseObject = "application/json"),
                 (String = "text/event-stream"),
             )),
-        (status = 400, description = "A field is invalid (`param` names it), or the input and `max_output_tokens` do not fit the model's context (`context_length_exceeded`)", body = ErrorBody),
-        UnknownModel,
-        (status = 429, description = "Every generation slot is busy (`too_many_generations`); retry after `retry-after`", body = ErrorBody),
-        (status = 503, description = "This server does not serve models (`inference_unavailable`)", body = ErrorBody),
+        GenerationRefused,
     ))]
 pub(crate) async fn create_response(
     state: web::Data<AppState>,

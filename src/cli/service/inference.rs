@@ -9,7 +9,7 @@ use std::path::PathBuf;
 #[derive(Debug, Clone, Args)]
 pub struct InferenceArgs {
     /// Answers generated at once at most; more are refused with 429 and `Retry-After`.
-    #[arg(long, env = "TUNEQ_MAX_GENERATIONS", default_value_t = 4)]
+    #[arg(long, env = "TUNEQ_MAX_GENERATIONS", default_value_t = 8)]
     max_generations: usize,
     /// Models (a base model with or without an adapter) kept loaded; others are loaded
     /// when asked for, the least recently used one giving way.
@@ -19,6 +19,10 @@ pub struct InferenceArgs {
     /// answer alone).
     #[arg(long, env = "TUNEQ_MAX_BATCH", default_value_t = 8)]
     max_batch: usize,
+    /// Tokens one answer may have at most: a request without `max_tokens` gets up to
+    /// this (or what the model's context leaves); one asking for more is refused.
+    #[arg(long, env = "TUNEQ_MAX_ANSWER_TOKENS", default_value_t = 4096)]
+    max_answer_tokens: usize,
 }
 
 impl InferenceArgs {
@@ -28,15 +32,22 @@ impl InferenceArgs {
         storage: tuneq_storage::StorageConfig,
         cache: PathBuf,
     ) -> Result<tuneq_api::inference::Inference> {
-        if self.max_generations == 0 || self.resident_models == 0 || self.max_batch == 0 {
+        let counts = [
+            self.max_generations,
+            self.resident_models,
+            self.max_batch,
+            self.max_answer_tokens,
+        ];
+        if counts.contains(&0) {
             anyhow::bail!(super::super::BadInput(
-                "--max-generations, --resident-models and --max-batch must be at least 1".into()
+                "--max-generations, --resident-models, --max-batch and --max-answer-tokens must be at least 1".into()
             ));
         }
         let engine = tuneq_serve::EngineConfig {
             max_concurrent: self.max_generations,
             resident_models: self.resident_models,
             max_batch: self.max_batch,
+            max_answer_tokens: self.max_answer_tokens,
         };
         let staging = tuneq_serve::Staging::new(storage, cache)?;
         Ok(tuneq_api::inference::Inference::new(engine, staging))
