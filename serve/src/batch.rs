@@ -7,12 +7,13 @@
 //! wait that long), then it steps with the rest until it ends, and leaves. The caller
 //! waits on its own thread, receiving the answer's pieces through a channel; when it
 //! stops listening (a stream's client left), the answer leaves the loop at the next step.
-//! The loop's thread holds the model only while it has answers; when the model is
-//! dropped (evicted, unused) the loop ends with it.
+//! The loop's thread holds the model only while it has answers; when its
+//! [`ServedModel`](crate::engine::ServedModel) is dropped (evicted, unused) the loop
+//! ends with it.
 
-use crate::engine::LoadedModel;
 use crate::error::{Result, ServeError};
 use crate::generation::{Decoding, Generated, GenerationRequest, Next, Piece};
+use crate::model::LoadedModel;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;

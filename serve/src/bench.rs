@@ -8,9 +8,10 @@
 //! answer's first token, so with several answers it includes waiting for the others'
 //! prompts.
 
-use crate::engine::{Engine, EngineConfig, LoadedModel, ModelKey};
+use crate::engine::{Engine, EngineConfig, ServedModel};
 use crate::error::Result;
 use crate::generation::GenerationRequest;
+use crate::model::ModelKey;
 use crate::sampling::Sampling;
 use serde::Serialize;
 use std::sync::{Arc, Barrier};
@@ -120,7 +121,7 @@ pub fn run(opts: &ServeBenchOptions) -> Result<ServeBenchResult> {
 
 /// One answer: its tokens, the time from `start` to its first token and to its end.
 fn answer(
-    model: &Arc<LoadedModel>,
+    model: &Arc<ServedModel>,
     request: &GenerationRequest,
     batched: bool,
     start: Instant,

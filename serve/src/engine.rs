@@ -2,18 +2,19 @@
 //!
 //! A model is a base model's folder with, for a fine-tuned model, its PEFT adapter's
 //! folder; loading one reads its weights, tokenizer and chat template. The engine keeps
-//! the `resident_models` used most recently (an LRU) and loads others on demand.
-//! Generations run on the caller's (blocking) thread, each holding a [`Slot`]; past
-//! `max_concurrent` slots a request is refused at once ([`ServeError::Busy`]) rather
-//! than queued, so a burst cannot pile up memory or latency behind the server.
+//! the `resident_models` used most recently (an LRU) and loads others on demand. Each
+//! resident model ([`ServedModel`]) has one decode loop that generates its answers
+//! together (`batch`), the callers waiting on their own (blocking) threads, each
+//! holding a [`Slot`]; past `max_concurrent` slots a request is refused at once
+//! ([`ServeError::Busy`]) rather than queued, so a burst cannot pile up memory or
+//! latency behind the server.
 
+use crate::batch::Batcher;
 use crate::error::{Result, ServeError};
-use candle_core::{DType, Device};
-use std::path::PathBuf;
+use crate::generation::{Generated, GenerationRequest, Piece};
+use crate::model::{LoadedModel, ModelKey};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use tuneq_dataset::Encoder;
-use tuneq_trainer::model::Llama;
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// The engine's settings.
 #[derive(Debug, Clone)]
@@ -40,71 +41,31 @@ impl Default for EngineConfig {
     }
 }
 
-/// Which model to load: a base model's local folder and, for a fine-tuned model, its
-/// adapter's.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ModelKey {
-    /// The base model's Hugging Face–layout folder.
-    pub base: PathBuf,
-    /// The PEFT adapter's folder.
-    pub adapter: Option<PathBuf>,
-}
-
-/// A model ready to generate: weights (with the adapter installed), tokenizer, template.
-pub struct LoadedModel {
-    pub(crate) model: Llama,
-    pub(crate) encoder: Encoder,
-    pub(crate) stop_ids: Vec<u32>,
-    /// The decode loop that steps concurrent answers together, started by the first.
-    batcher: std::sync::OnceLock<crate::batch::Batcher>,
+/// A resident model with its decode loop, which steps the model's concurrent answers
+/// together (started by the first answer; it ends when the model is dropped).
+#[derive(Debug)]
+pub struct ServedModel {
+    model: Arc<LoadedModel>,
+    batcher: OnceLock<Batcher>,
     /// Answers the loop steps at once at most.
     max_batch: usize,
-    /// JSON grammars over the vocabulary, prepared the first time an answer needs one.
-    grammars: std::sync::OnceLock<std::result::Result<crate::json_format::JsonGrammars, String>>,
 }
 
-impl std::fmt::Debug for LoadedModel {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LoadedModel")
-            .field("context", &self.context_length())
-            .finish_non_exhaustive()
+impl std::ops::Deref for ServedModel {
+    type Target = LoadedModel;
+    fn deref(&self) -> &LoadedModel {
+        &self.model
     }
 }
 
-/// A loading failure, as the engine reports it.
-fn load(e: impl std::fmt::Display) -> ServeError {
-    ServeError::Load(e.to_string())
-}
-
-impl LoadedModel {
-    /// Loads the model `key` names on the CPU, weights in f32.
-    pub fn load(key: &ModelKey) -> Result<Self> {
-        let device = Device::Cpu;
-        let mut model = Llama::load(&key.base, DType::F32, &device, None).map_err(load)?;
-        if let Some(dir) = &key.adapter {
-            let (settings, tensors) =
-                tuneq_trainer::peft::load_adapter(dir, &device).map_err(load)?;
-            model
-                .set_adapter(&settings, &tensors, &dir.display().to_string())
-                .map_err(load)?;
+impl ServedModel {
+    /// `model`, decoding up to `max_batch` concurrent answers in one step.
+    pub fn new(model: LoadedModel, max_batch: usize) -> Self {
+        Self {
+            model: Arc::new(model),
+            batcher: OnceLock::new(),
+            max_batch: max_batch.max(1),
         }
-        let encoder = Encoder::from_model_dir(&key.base, tuneq_openapi::ChatTemplateChoice::Model)
-            .map_err(load)?;
-        let stop_ids = tuneq_trainer::generate::stop_ids(&model, &encoder);
-        Ok(Self {
-            model,
-            encoder,
-            stop_ids,
-            batcher: std::sync::OnceLock::new(),
-            max_batch: 1,
-            grammars: std::sync::OnceLock::new(),
-        })
-    }
-
-    /// This model, decoding up to `max_batch` concurrent answers in one step.
-    pub fn with_max_batch(mut self, max_batch: usize) -> Self {
-        self.max_batch = max_batch.max(1);
-        self
     }
 
     /// Generates an answer to `request` in the model's decode loop, beside the other
@@ -112,89 +73,28 @@ impl LoadedModel {
     /// it returns false (the client left), generation stops with
     /// [`ServeError::Abandoned`]. Blocking: run it off the async threads.
     pub fn generate(
-        self: &Arc<Self>,
-        request: &crate::generation::GenerationRequest,
-        on_piece: &mut dyn FnMut(crate::generation::Piece) -> bool,
-    ) -> Result<crate::generation::Generated> {
+        &self,
+        request: &GenerationRequest,
+        on_piece: &mut dyn FnMut(Piece) -> bool,
+    ) -> Result<Generated> {
         let batcher = match self.batcher.get() {
             Some(batcher) => batcher,
             None => {
-                let started = crate::batch::Batcher::start(self.max_batch)?;
+                let started = Batcher::start(self.max_batch)?;
                 self.batcher.get_or_init(|| started)
             }
         };
-        batcher.generate(self.clone(), request, on_piece)
-    }
-
-    /// The model's JSON grammars (prepared on first use: about 0.1 s for a 50k
-    /// vocabulary), or why its vocabulary cannot be constrained.
-    pub fn json_grammars(&self) -> Result<&crate::json_format::JsonGrammars> {
-        self.grammars
-            .get_or_init(|| {
-                crate::json_format::JsonGrammars::new(
-                    self.encoder.tokenizer(),
-                    &self.stop_ids,
-                    self.vocab_size(),
-                )
-                .map_err(|e| e.to_string())
-            })
-            .as_ref()
-            .map_err(|e| ServeError::JsonUnsupported(e.clone()))
-    }
-
-    /// Tokens the model attends to at most: prompt and answer together.
-    pub fn context_length(&self) -> usize {
-        self.model.cfg.max_position_embeddings()
-    }
-
-    /// The model's tokenizer and chat template.
-    pub fn encoder(&self) -> &Encoder {
-        &self.encoder
-    }
-
-    /// The ids of the prompt for `messages` (with `tools`), rendered by the model's chat
-    /// template up to where the answer begins, then `prefill` (the start of the answer
-    /// the request forces).
-    pub fn chat_prompt(
-        &self,
-        messages: &[tuneq_dataset::Message],
-        tools: &[serde_json::Value],
-        prefill: &str,
-    ) -> Result<Vec<u32>> {
-        let mut text = self.encoder.generation_prompt(messages, tools)?;
-        text.push_str(prefill);
-        self.tokenize(&text)
-    }
-
-    /// The ids of `text`, as the tokenizer reads it (no special tokens added).
-    pub fn tokenize(&self, text: &str) -> Result<Vec<u32>> {
-        Ok(self
-            .encoder
-            .tokenizer()
-            .encode(text, false)
-            .map_err(|e| tuneq_dataset::DataError::Tokenizer(e.to_string()))?
-            .get_ids()
-            .to_vec())
+        batcher.generate(self.model.clone(), request, on_piece)
     }
 
     /// The most answers the decode loop has stepped together so far (0 before the first).
     pub fn widest_step(&self) -> usize {
         self.batcher.get().map_or(0, |b| b.widest_step())
     }
-
-    /// The ids that end an answer (end of sequence, end of turn).
-    pub fn stop_ids(&self) -> &[u32] {
-        &self.stop_ids
-    }
-
-    /// Entries in the vocabulary (ids a `logit_bias` may name are below it).
-    pub fn vocab_size(&self) -> usize {
-        self.model.cfg.vocab_size()
-    }
 }
 
 /// Models kept loaded, most recently used last.
-type Resident = Vec<(ModelKey, Arc<LoadedModel>)>;
+type Resident = Vec<(ModelKey, Arc<ServedModel>)>;
 
 /// Loaded models and generation slots, shared by every request.
 #[derive(Debug)]
@@ -239,7 +139,7 @@ impl Engine {
 
     /// The model `key` names, loaded now unless resident (blocking: call it off the
     /// async threads).
-    pub fn model(&self, key: &ModelKey) -> Result<Arc<LoadedModel>> {
+    pub fn model(&self, key: &ModelKey) -> Result<Arc<ServedModel>> {
         if let Some(found) = self.touch(key) {
             return Ok(found);
         }
@@ -247,7 +147,10 @@ impl Engine {
             adapter = ?key.adapter.as_ref().map(|a| a.display().to_string()))
         .entered();
         let started = std::time::Instant::now();
-        let loaded = Arc::new(LoadedModel::load(key)?.with_max_batch(self.config.max_batch));
+        let loaded = Arc::new(ServedModel::new(
+            LoadedModel::load(key)?,
+            self.config.max_batch,
+        ));
         tracing::info!(
             took_ms = started.elapsed().as_millis() as u64,
             "model loaded"
@@ -270,7 +173,7 @@ impl Engine {
     }
 
     /// The resident model `key` names, marked most recently used.
-    fn touch(&self, key: &ModelKey) -> Option<Arc<LoadedModel>> {
+    fn touch(&self, key: &ModelKey) -> Option<Arc<ServedModel>> {
         let mut resident = self.resident.lock().unwrap_or_else(|p| p.into_inner());
         let at = resident.iter().position(|(k, _)| k == key)?;
         let entry = resident.remove(at);

@@ -5,8 +5,8 @@
 //! [`Detokenizer`] and watched by [`StopText`]; the caller sees each piece of text as it
 //! is released (to stream it) and may stop listening.
 
-use crate::engine::LoadedModel;
 use crate::error::{Result, ServeError};
+use crate::model::LoadedModel;
 use crate::sampling::{Sampler, Sampling, log_softmax, top_k};
 use crate::text::{Detokenizer, StopText};
 use candle_core::Tensor;

@@ -4,8 +4,9 @@
 //! cache and LoRA layers), so what is served is what was trained, token for token. This
 //! crate adds what serving needs around it, and knows nothing of HTTP:
 //!
-//! - [`engine`]: resident models (an LRU of base + adapter) and the bound on
-//!   generations at once;
+//! - [`model`]: a model loaded for answering (weights + adapter, tokenizer, template);
+//! - [`engine`]: resident models (an LRU of base + adapter, each with its decode loop)
+//!   and the bound on generations at once;
 //! - [`generation`]: the decoding of one answer, piece by piece; `batch`: the decode
 //!   loop that steps a model's concurrent answers together;
 //! - [`json_format`]: `response_format` JSON by constrained decoding (llguidance);
@@ -23,14 +24,16 @@ pub mod engine;
 pub mod error;
 pub mod generation;
 pub mod json_format;
+pub mod model;
 pub mod sampling;
 pub mod staging;
 pub mod text;
 pub mod tool_calls;
 
-pub use engine::{Engine, EngineConfig, LoadedModel, ModelKey, Slot};
+pub use engine::{Engine, EngineConfig, ServedModel, Slot};
 pub use error::{Result, ServeError};
 pub use generation::{Finish, Generated, GenerationRequest, Piece, TokenLogprob};
 pub use json_format::JsonFormat;
+pub use model::{LoadedModel, ModelKey};
 pub use sampling::Sampling;
 pub use staging::Staging;

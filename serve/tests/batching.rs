@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use tuneq_serve::{Engine, EngineConfig, GenerationRequest, ModelKey, Sampling, ServeError};
 
-fn engine_and_model() -> (tempfile::TempDir, Engine, Arc<tuneq_serve::LoadedModel>) {
+fn engine_and_model() -> (tempfile::TempDir, Engine, Arc<tuneq_serve::ServedModel>) {
     let dir = tempfile::tempdir().expect("tempdir");
     tuneq_trainer::init::write_model(&tuneq_trainer::init::InitOptions::demo(), dir.path())
         .expect("model");

@@ -25,7 +25,7 @@ use actix_web::{HttpResponse, web};
 use request::ChatPlan;
 use std::sync::Arc;
 use tuneq_openapi::{ChatChoice, ChatCompletion, ChatCompletionRequest, Usage};
-use tuneq_serve::{GenerationRequest, LoadedModel, ModelKey, ServeError};
+use tuneq_serve::{GenerationRequest, ModelKey, ServeError, ServedModel};
 
 /// `retry-after` of a request refused because every generation slot is busy.
 const BUSY_RETRY_AFTER_S: u64 = 1;
@@ -33,7 +33,7 @@ const BUSY_RETRY_AFTER_S: u64 = 1;
 /// A model that is ready to answer: loaded, with the request's prompt rendered and
 /// checked against its context.
 struct Prepared {
-    model: Arc<LoadedModel>,
+    model: Arc<ServedModel>,
     prompt: Vec<u32>,
     max_new_tokens: usize,
     prefill: String,
@@ -322,13 +322,6 @@ fn prepare(inference: &Inference, files: Staged, plan: &ChatPlan) -> ApiResult<P
     }
     let cap = inference.engine().config().max_answer_tokens;
     let max_new_tokens = match plan.max_new_tokens {
-        Some(asked) if asked > cap => {
-            return Err(ApiError::invalid(
-                "max_tokens",
-                Code::InvalidValue,
-                format!("This server generates at most {cap} tokens per answer."),
-            ));
-        }
         Some(asked) if asked > room => {
             return Err(ApiError::invalid(
                 "max_tokens",
@@ -337,6 +330,13 @@ fn prepare(inference: &Inference, files: Staged, plan: &ChatPlan) -> ApiResult<P
                     "The conversation is {} tokens and max_tokens asks for {asked}: together past the model's context of {context}.",
                     prompt.len()
                 ),
+            ));
+        }
+        Some(asked) if asked > cap => {
+            return Err(ApiError::invalid(
+                "max_tokens",
+                Code::InvalidValue,
+                format!("This server generates at most {cap} tokens per answer."),
             ));
         }
         Some(asked) => asked,
