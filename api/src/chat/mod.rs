@@ -17,7 +17,7 @@ pub(crate) use responses::{__path_create_response, create_response};
 
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult, Code};
-use crate::finetunes::tuned::{NotUsable, tuned_model};
+use crate::finetunes::tuned::tuned_model;
 use crate::inference::Inference;
 use crate::refusals::GenerationRefused;
 use crate::state::AppState;
@@ -240,21 +240,18 @@ async fn model_files(state: &AppState, tenant: &str, name: &str) -> ApiResult<St
             ))),
         };
     }
-    match tuned_model(state, tenant, name).await? {
-        Ok(tuned) => Ok(Staged {
-            base: tuned.base.location,
-            adapter: Some(state.store.uri(&tuned.adapter)),
-        }),
-        Err(NotUsable::Unknown) => Err(not_found(format!(
-            "The model `{shown}` does not exist: GET /v1/models lists the models you can use."
-        ))),
-        Err(NotUsable::NoCheckpoint { job, step }) => Err(not_found(format!(
-            "{job} keeps no checkpoint at step {step} (a run keeps its last few): GET /v1/fine_tuning/jobs/{job}/checkpoints lists them."
-        ))),
-        Err(NotUsable::BaseGone { base }) => Err(not_found(format!(
-            "The base model of `{shown}`, `{base}`, is no longer registered."
-        ))),
-    }
+    let tuned = tuned_model(state, tenant, name).await?.map_err(|why| {
+        not_found(why.explain(
+            name,
+            &format!(
+                "The model `{shown}` does not exist: GET /v1/models lists the models you can use."
+            ),
+        ))
+    })?;
+    Ok(Staged {
+        base: tuned.base.location,
+        adapter: Some(state.store.uri(&tuned.adapter)),
+    })
 }
 
 /// Where a model's files are kept: the base model's location, the adapter's URI.
@@ -294,19 +291,16 @@ fn prepare(inference: &Inference, files: Staged, plan: &ChatPlan) -> ApiResult<P
     if let Some(format) = &plan.json {
         // Refused now, before a slot's worth of generation: a schema the grammar engine
         // rejects, or a model whose vocabulary it cannot read.
-        model
+        let grammars = model
             .json_grammars()
             .map_err(|e| ApiError::invalid("response_format", Code::InvalidValue, e.to_string()))?;
-        model
-            .json_grammars()
-            .and_then(|g| g.constrain(format))
-            .map_err(|e| {
-                ApiError::invalid(
-                    "response_format.json_schema.schema",
-                    Code::InvalidValue,
-                    format!("The schema cannot be enforced: {e}"),
-                )
-            })?;
+        grammars.constrain(format).map_err(|e| {
+            ApiError::invalid(
+                "response_format.json_schema.schema",
+                Code::InvalidValue,
+                format!("The schema cannot be enforced: {e}"),
+            )
+        })?;
     }
     let context = model.context_length();
     let room = context.saturating_sub(prompt.len());

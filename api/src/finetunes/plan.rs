@@ -3,7 +3,6 @@
 //! never run is refused here with a 400 naming the field, before anything is written.
 
 use super::range::check_range;
-use super::tuned::NotUsable;
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult, Code};
 use crate::records;
@@ -323,24 +322,16 @@ async fn starting_point(
     }
     let not_found = |message: String| ApiError::invalid("model", Code::ModelNotFound, message);
     let shown = crate::quote::shown(&body.model);
-    let tuned = match super::tuned::tuned_model(state, &tenant.0, &body.model).await? {
-        Ok(tuned) => tuned,
-        Err(NotUsable::Unknown) => {
-            return Err(not_found(format!(
-                "No fine-tuned model `{shown}` of yours to continue from: GET /v1/models lists them."
-            )));
-        }
-        Err(NotUsable::NoCheckpoint { job, step }) => {
-            return Err(not_found(format!(
-                "{job} keeps no checkpoint at step {step} (a run keeps its last few): GET /v1/fine_tuning/jobs/{job}/checkpoints lists them."
-            )));
-        }
-        Err(NotUsable::BaseGone { base }) => {
-            return Err(not_found(format!(
-                "The base model of `{shown}`, `{base}`, is no longer registered."
-            )));
-        }
-    };
+    let tuned = super::tuned::tuned_model(state, &tenant.0, &body.model)
+        .await?
+        .map_err(|why| {
+            not_found(why.explain(
+                &body.model,
+                &format!(
+                    "No fine-tuned model `{shown}` of yours to continue from: GET /v1/models lists them."
+                ),
+            ))
+        })?;
     let adapter = state.store.uri(&tuned.adapter);
     Ok(Start {
         base: tuned.base,

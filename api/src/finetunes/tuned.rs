@@ -42,6 +42,23 @@ pub(crate) enum NotUsable {
     },
 }
 
+impl NotUsable {
+    /// Why `name` cannot be used, for a client; `unknown` is what an unknown name is
+    /// told (it depends on what the name was asked for).
+    pub(crate) fn explain(&self, name: &str, unknown: &str) -> String {
+        let shown = crate::quote::shown(name);
+        match self {
+            NotUsable::Unknown => unknown.to_string(),
+            NotUsable::NoCheckpoint { job, step } => format!(
+                "{job} keeps no checkpoint at step {step} (a run keeps its last few): GET /v1/fine_tuning/jobs/{job}/checkpoints lists them."
+            ),
+            NotUsable::BaseGone { base } => {
+                format!("The base model of `{shown}`, `{base}`, is no longer registered.")
+            }
+        }
+    }
+}
+
 /// The tenant's fine-tuned model or checkpoint called `name`.
 pub(crate) async fn tuned_model(
     state: &AppState,
