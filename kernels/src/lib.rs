@@ -31,7 +31,11 @@
 //!   chunk buffers' size is public ([`loss::scratch_bytes`]) for sizing a step.
 //! - [`attention`]: fused causal attention forward and backward (flash-attention style,
 //!   grouped-query by index, block-diagonal masks for packed rows), one deterministic
-//!   task per (batch row, kv head).
+//!   task per (batch row, kv head); and the attention of a few rows over caches of keys
+//!   and values ([`attention::attention_over_cache`]), which a server's decoding step
+//!   runs.
+//! - [`few_rows`]: `x·Wᵀ` for at most 8 rows, each weight row streamed once against all
+//!   of them: a decoding step's projections, bound by memory bandwidth.
 //! - [`llama`]: the whole Llama LoRA forward and backward of one micro-batch, built from
 //!   the kernels above, returning the loss and adding into the LoRA gradients; with
 //!   optional per-layer activation checkpointing (bit-identical results, a fraction of
@@ -51,6 +55,7 @@ mod bf16;
 #[cfg(feature = "blas")]
 mod blas;
 pub mod exp;
+pub mod few_rows;
 pub mod gemm;
 pub mod llama;
 pub mod loss;
@@ -62,4 +67,6 @@ pub mod swiglu;
 #[cfg(test)]
 mod testing;
 
-pub use gemm::{ISA_LIMIT_ENV, IsaLimit, IsaLimitError, Mat, MatMut, backend, bf16_backend, gemm};
+pub use gemm::{
+    ISA_LIMIT_ENV, IsaLimit, IsaLimitError, Mat, MatMut, backend, bf16_backend, gemm, to_row_major,
+};

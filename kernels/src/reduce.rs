@@ -51,6 +51,14 @@ pub(crate) fn sum_squares(xs: &[f32]) -> f32 {
     lane_sum(xs.len(), |i| xs[i] * xs[i])
 }
 
+/// `Σ aᵢ·bᵢ` over slices of one length.
+#[inline(always)]
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len();
+    let b = &b[..n];
+    lane_sum(n, |i| a[i] * b[i])
+}
+
 /// `Σ aᵢ·bᵢ·cᵢ` over slices of one length.
 #[inline(always)]
 pub(crate) fn dot3(a: &[f32], b: &[f32], c: &[f32]) -> f32 {
@@ -102,6 +110,12 @@ mod tests {
             close(sum(&a), a.iter().map(f).sum(), abs);
             let sq: f64 = a.iter().map(|x| f(x) * f(x)).sum();
             close(sum_squares(&a), sq, sq);
+            let d2 = |i: usize| f(&a[i]) * f(&b[i]);
+            close(
+                dot(&a, &b),
+                (0..n).map(d2).sum(),
+                (0..n).map(|i| d2(i).abs()).sum(),
+            );
             let d3 = |i: usize| f(&a[i]) * f(&b[i]) * f(&c[i]);
             close(
                 dot3(&a, &b, &c),

@@ -1,19 +1,21 @@
 //! Decoding concurrent answers together: one decode loop per loaded model, which takes
-//! every answer in flight one token further per step with one batched forward pass
-//! ([`tuneq_trainer::model::Llama::forward_cached_rows`]), so eight streams cost far
+//! every answer in flight one token further per pass with one batched forward pass
+//! ([`tuneq_trainer::model::Llama::forward_cached_spans`]), so eight streams cost far
 //! less than eight times one.
 //!
-//! An answer joins the loop between steps: its prompt fills its own cache (the others
-//! wait that long), then it steps with the rest until it ends, and leaves. The caller
-//! waits on its own thread, receiving the answer's pieces through a channel; when it
-//! stops listening (a stream's client left), the answer leaves the loop at the next step.
-//! The loop's thread holds the model only while it has answers; when its
-//! [`ServedModel`](crate::engine::ServedModel) is dropped (evicted, unused) the loop
-//! ends with it.
+//! An answer joins the loop between passes: its prompt fills its cache in the next pass,
+//! beside the next token of every answer in flight (and the prompts of the others that
+//! joined with it), so the weights are read once for all of them. It then steps with the
+//! rest until it ends, and leaves. The caller waits on its own thread, receiving the
+//! answer's pieces through a channel; when it stops listening (a stream's client left),
+//! the answer leaves the loop at the next pass. The loop's thread holds the model only
+//! while it has answers; when its [`ServedModel`](crate::engine::ServedModel) is dropped
+//! (evicted, unused) the loop ends with it.
 
 use crate::error::{Result, ServeError};
 use crate::generation::{Decoding, Generated, GenerationRequest, Next, Piece};
 use crate::model::LoadedModel;
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -47,13 +49,19 @@ impl Job {
     }
 }
 
-/// An answer in the loop: its decoding state, its cache, the token to feed next.
+/// An answer in the loop: its decoding state, its cache, the tokens to feed next (its
+/// prompt when it joins, then the token it just picked).
 struct Active {
     job: Job,
     decoding: Decoding,
     cache: KvCache,
-    next: u32,
+    feed: Vec<u32>,
 }
+
+/// Prompt tokens one pass fills at most, past the first joining prompt (which always
+/// gets in): bounds a pass's activations, and how long the answers in flight wait for
+/// the prompts of those joining. The rest join in the next passes.
+const PROMPT_TOKENS_PER_PASS: usize = 2048;
 
 /// One model's decode loop.
 #[derive(Debug)]
@@ -117,68 +125,74 @@ impl Batcher {
     }
 }
 
-/// The loop: admit waiting answers, step them all, until the model is gone.
+/// The loop: let waiting answers join, pass over them all, until the model is gone.
 fn run(queue: &mpsc::Receiver<Job>, max_rows: usize, widest: &std::sync::atomic::AtomicUsize) {
     let mut active: Vec<Active> = Vec::new();
+    let mut waiting: VecDeque<Job> = VecDeque::new();
     loop {
-        if active.is_empty() {
+        if active.is_empty() && waiting.is_empty() {
             match queue.recv() {
-                Ok(job) => admit(&mut active, job),
+                Ok(job) => waiting.push_back(job),
                 Err(_) => return,
             }
         }
-        while active.len() < max_rows {
-            match queue.try_recv() {
-                Ok(job) => admit(&mut active, job),
-                Err(_) => break,
-            }
-        }
+        // The engine's generation slots bound how many answers can be queued here.
+        waiting.extend(queue.try_iter());
+        join(&mut waiting, &mut active, max_rows);
         if !active.is_empty() {
             widest.fetch_max(active.len(), Ordering::Relaxed);
-            step(&mut active);
+            pass(&mut active);
         }
     }
 }
 
-/// Fills a new answer's cache with its prompt and picks its first token.
-fn admit(active: &mut Vec<Active>, job: Job) {
-    let _span = tracing::debug_span!("admit", prompt = job.request.prompt.len()).entered();
-    let started = Decoding::start(&job.model, job.request.clone()).and_then(|decoding| {
-        let mut cache = job.model.model.new_cache();
-        let logits = job
-            .model
-            .model
-            .forward_cached(decoding.prompt(), &mut cache)?;
-        Ok((decoding, cache, logits))
-    });
-    let (mut decoding, cache, logits) = match started {
-        Ok(started) => started,
-        Err(e) => return job.done(Err(e)),
-    };
-    match decoding.step(&job.model, &logits, cache.len(), &mut |p| job.send(p)) {
-        Ok(Next::Feed(next)) => active.push(Active {
-            job,
-            decoding,
-            cache,
-            next,
-        }),
-        Ok(Next::Done(finish)) => {
-            let result = decoding.finish(finish, &mut |p| job.send(p));
-            job.done(result);
+/// Moves waiting answers into the loop while there is room (at most `max_rows`
+/// answers) and their prompts fit [`PROMPT_TOKENS_PER_PASS`]; an answer whose caller
+/// already left is dropped, one that cannot start (its prompt past the context, an
+/// unusable JSON schema) is answered with why.
+fn join(waiting: &mut VecDeque<Job>, active: &mut Vec<Active>, max_rows: usize) {
+    let mut prompt_tokens = 0;
+    while active.len() < max_rows {
+        let Some(job) = waiting.pop_front() else {
+            return;
+        };
+        if job.left.load(Ordering::Relaxed) {
+            continue;
         }
-        Err(e) => job.done(Err(e)),
+        let tokens = job.request.prompt.len();
+        if prompt_tokens > 0 && prompt_tokens + tokens > PROMPT_TOKENS_PER_PASS {
+            waiting.push_front(job);
+            return;
+        }
+        match Decoding::start(&job.model, job.request.clone()) {
+            Ok(decoding) => {
+                prompt_tokens += tokens;
+                active.push(Active {
+                    feed: decoding.prompt().to_vec(),
+                    cache: job.model.model.new_cache(),
+                    job,
+                    decoding,
+                });
+            }
+            Err(e) => job.done(Err(e)),
+        }
     }
 }
 
-/// One token further for every answer, in one forward pass; the finished leave.
-fn step(active: &mut Vec<Active>) {
+/// One pass: every answer's tokens to feed (a joining prompt or the last token picked)
+/// in one forward pass, then each answer picks its next token; the finished leave.
+fn pass(active: &mut Vec<Active>) {
     let model = active[0].job.model.clone();
-    let ids: Vec<u32> = active.iter().map(|a| a.next).collect();
-    let mut caches: Vec<&mut KvCache> = active.iter_mut().map(|a| &mut a.cache).collect();
-    let logits = match model.model.forward_cached_rows(&ids, &mut caches) {
+    let (spans, mut caches): (Vec<&[u32]>, Vec<&mut KvCache>) = active
+        .iter_mut()
+        .map(|a| (a.feed.as_slice(), &mut a.cache))
+        .unzip();
+    let rows: usize = spans.iter().map(|s| s.len()).sum();
+    let _span = tracing::debug_span!("decode_pass", answers = spans.len(), rows).entered();
+    let logits = match model.model.forward_cached_spans(&spans, &mut caches) {
         Ok(logits) => logits,
         Err(e) => {
-            tracing::error!(error = %e, rows = ids.len(), "a decode step failed");
+            tracing::error!(error = %e, rows, "a decode pass failed");
             for a in active.drain(..) {
                 a.job.done(Err(ServeError::Decode(e.to_string())));
             }
@@ -194,7 +208,8 @@ fn step(active: &mut Vec<Active>) {
         });
         match outcome {
             Ok(Next::Feed(next)) => {
-                a.next = next;
+                a.feed.clear();
+                a.feed.push(next);
                 kept.push(a);
             }
             Ok(Next::Done(finish)) => {

@@ -451,13 +451,13 @@ impl Llama {
 pub(crate) type LayerCache = Option<(Tensor, Tensor)>;
 
 /// Keys and values (each (1, kv heads, tokens, head dim), after RoPE) of every layer for
-/// the tokens generated so far. Once a cache has taken a step of several sequences
-/// ([`Llama::forward_cached_rows`]) it holds them in row form instead, appended in
-/// place, and only such steps may continue it.
+/// the tokens generated so far. Once [`Llama::forward_cached_spans`] has continued a
+/// cache it holds them in row form instead, appended in place, and only that method
+/// may continue it.
 #[derive(Debug, Clone)]
 pub struct KvCache {
     layers: Vec<LayerCache>,
-    /// The row form, one per layer; empty until the first step over rows.
+    /// The row form, one per layer; empty until the first pass over spans.
     rows: Vec<rows::RowLayer>,
     len: usize,
 }

@@ -45,11 +45,14 @@
 //! contiguous per task.
 
 mod backward;
+mod cached;
 mod forward;
 #[cfg(test)]
 mod tests;
 
 use rayon::prelude::*;
+
+pub use cached::{CachedQuery, Heads, attention_over_cache};
 
 use backward::{Inputs, TaskGrads, backward_task};
 use forward::forward_task;

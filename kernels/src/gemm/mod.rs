@@ -567,6 +567,13 @@ impl Plan {
     }
 }
 
+/// Copies the view into `buf` row-major (resized to fit): a transpose, for the view of
+/// a matrix's `t()`. In 32 × 32 tiles, so both sides stay in cache, and in parallel
+/// over bands of 32 rows for large views.
+pub fn to_row_major(v: Mat<'_>, buf: &mut Vec<f32>) {
+    copy_row_major(v, buf);
+}
+
 /// Copies the view into `buf` row-major (resized to fit) and returns the filled part.
 /// Transposing views are copied in 32 × 32 tiles, in parallel over row bands.
 fn copy_row_major<'b>(v: Mat<'_>, buf: &'b mut Vec<f32>) -> &'b [f32] {

@@ -1,20 +1,31 @@
-//! One decoding step for several sequences at once: how a server decodes concurrent
-//! answers together.
+//! Decoding several sequences in one pass: how a server steps concurrent answers
+//! together, and fills the caches of answers that join with their prompts in the same
+//! pass.
 //!
-//! Each sequence adds one token after the tokens its own key/value cache holds (caches
-//! of different lengths). The projections and the MLP run once over all the new
-//! tokens, so every frozen weight is read once per step rather than once per sequence
-//! — the cost that dominates decoding; RoPE runs once over all rows, each at its own
+//! Each sequence adds a span of tokens after the tokens its own key/value cache holds
+//! (caches of different lengths): one token for an answer being decoded, a whole prompt
+//! for one that joins. The projections and the MLP run once over all the new tokens,
+//! so every frozen weight is read once per pass rather than once per sequence — the
+//! cost that dominates decoding; RoPE runs once over all rows, each at its own
 //! position. Attention runs per sequence over its own cache, on plain slices: the
 //! cache is kept in row form ([`RowLayer`]), appended in place, so a step costs no
-//! tensor copies of the caches and no small tensor operations per sequence. Row i is
-//! what [`Llama::forward_cached`] gives for sequence i alone (within float rounding).
+//! tensor copies of the caches and no small tensor operations per sequence. Prompts
+//! that start empty caches attend together through the kernels' fused causal
+//! attention, packed end to end as segments of one row. The logits of a span are what
+//! [`Llama::forward_cached`] gives for that sequence alone (within float rounding).
 
 use super::{KvCache, Layer, Llama};
 use crate::error::{Error, Result};
 use crate::lora::LoraLinear;
-use crate::ops::{rms_norm, rope};
 use candle_core::{DType, Storage, Tensor};
+use tuneq_kernels::attention::{
+    AttentionShape, CachedQuery, Heads, attention_forward, attention_over_cache,
+};
+use tuneq_kernels::few_rows::{MAX_ROWS, few_rows_times_weight};
+use tuneq_kernels::norm::rms_norm_forward;
+use tuneq_kernels::rope::rope_in_place;
+use tuneq_kernels::swiglu::swiglu_forward;
+use tuneq_kernels::{Mat, MatMut, gemm, to_row_major};
 
 /// One layer's keys and values in row form: position by position, kv head by kv head,
 /// `head_dim` floats each (after RoPE), so a new position is appended in place.
@@ -44,129 +55,264 @@ impl RowLayer {
     }
 }
 
-/// Writes into `out` (heads × head_dim) the attention of the query `q` (heads ×
-/// head_dim) over every position of `layer` (kv heads shared by groups of heads).
-fn attend(q: &[f32], layer: &RowLayer, (nh, nkv, hd): (usize, usize, usize), out: &mut [f32]) {
-    let positions = layer.k.len() / (nkv * hd);
-    let group = nh / nkv;
-    let scale = 1.0 / (hd as f32).sqrt();
-    let mut weights = vec![0f32; positions];
-    for h in 0..nh {
-        let g = h / group;
-        let q = &q[h * hd..(h + 1) * hd];
-        let at = |p: usize| (p * nkv + g) * hd;
-        for (p, w) in weights.iter_mut().enumerate() {
-            let k = &layer.k[at(p)..at(p) + hd];
-            *w = q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * scale;
+/// Where a sequence's new tokens lie among a pass's rows.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    /// Its first row.
+    first: usize,
+    /// Its tokens.
+    len: usize,
+    /// The tokens its cache held before the pass (the first new token's position).
+    start: usize,
+}
+
+impl Span {
+    /// A prompt filling an empty cache: attended by the fused causal attention.
+    fn fresh(&self) -> bool {
+        self.start == 0 && self.len > 1
+    }
+}
+
+/// Writes into `attended` (rows × heads·head_dim) the causal attention of the rows of
+/// the `fresh` spans, packed end to end as segments of one sequence for the kernels'
+/// fused attention; `q`, `k`, `v` hold every row of the pass.
+fn attend_fresh(
+    fresh: &[Span],
+    (q, k, v): (&[f32], &[f32], &[f32]),
+    Heads {
+        heads: nh,
+        kv_heads: nkv,
+        head_dim: hd,
+    }: Heads,
+    attended: &mut [f32],
+) {
+    let (q_len, kv_len) = (nh * hd, nkv * hd);
+    let seq: usize = fresh.iter().map(|s| s.len).sum();
+    let shape = AttentionShape {
+        batch: 1,
+        seq,
+        heads: nh,
+        kv_heads: nkv,
+        head_dim: hd,
+    };
+    let mut qkv = Vec::with_capacity(seq * shape.qkv_width());
+    let mut starts = Vec::with_capacity(seq);
+    for span in fresh {
+        let segment = starts.len() as u32;
+        for row in span.first..span.first + span.len {
+            qkv.extend_from_slice(&q[row * q_len..(row + 1) * q_len]);
+            qkv.extend_from_slice(&k[row * kv_len..(row + 1) * kv_len]);
+            qkv.extend_from_slice(&v[row * kv_len..(row + 1) * kv_len]);
+            starts.push(segment);
         }
-        let max = weights.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut total = 0.0;
-        for w in weights.iter_mut() {
-            *w = (*w - max).exp();
-            total += *w;
-        }
-        let out = &mut out[h * hd..(h + 1) * hd];
-        out.fill(0.0);
-        for (p, w) in weights.iter().enumerate() {
-            let v = &layer.v[at(p)..at(p) + hd];
-            let w = w / total;
-            for (o, x) in out.iter_mut().zip(v) {
-                *o += w * x;
-            }
+    }
+    let mut out = vec![0f32; seq * q_len];
+    let mut lse = vec![0f32; shape.lse_len()];
+    attention_forward(&shape, &qkv, &starts, &mut out, &mut lse);
+    let mut packed = out.chunks_exact(q_len);
+    for span in fresh {
+        let rows = span.first * q_len..(span.first + span.len) * q_len;
+        for (to, from) in attended[rows].chunks_exact_mut(q_len).zip(&mut packed) {
+            to.copy_from_slice(from);
         }
     }
 }
 
-/// `x`·`w`ᵀ for `x` (…, in) of several rows and `w` (out, in), both f32 on the CPU, by
-/// the kernels' own GEMM; None where that does not apply (one row: candle's product,
-/// the one [`Llama::forward_cached`] takes, so one answer alone decodes as it always
-/// did). For a few rows candle's GEMM packs the whole weight every call (measured: 8
-/// rows of SmolLM2 cost 4× one); computed as `W·xᵀ`, the own GEMM reads the weight in
-/// place and packs only the few rows (a step of 8 rows: 110 → 80 ms).
-fn rows_linear(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
-    let (out, inp) = w.dims2()?;
-    let rows = x.elem_count() / inp.max(1);
-    if rows < 2 || x.dtype() != DType::F32 || w.dtype() != DType::F32 {
-        return Ok(None);
-    }
-    let xs = x.flatten_all()?.to_vec1::<f32>()?;
-    let (storage, layout) = w.storage_and_layout();
+/// Rows from which a pass multiplies `x·Wᵀ` as it stands (the GEMM then packs the
+/// weight, which many rows amortise) rather than as `W·xᵀ` (which reads the weight in
+/// place and packs only the rows, but must transpose the product back). Measured on
+/// SmolLM2-135M's shapes (2 threads): `W·xᵀ` was 40 % faster at 8 rows, 13 % at 64,
+/// 4 % at 256, before its transpose, which at 64 rows and more costs about that.
+const PACKED_WEIGHT_ROWS: usize = 64;
+
+/// The elements of `t`, a contiguous f32 tensor on the CPU, handed to `f`; None for
+/// any other tensor.
+fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Option<R> {
+    let (storage, layout) = t.storage_and_layout();
     let (Storage::Cpu(cpu), Some((start, end))) = (&*storage, layout.contiguous_offsets()) else {
-        return Ok(None);
+        return None;
     };
-    let Ok(weights) = cpu.as_slice::<f32>() else {
-        return Ok(None);
-    };
-    // yᵀ = W·xᵀ: the GEMM reads its left operand in place and packs the right one,
-    // which is the few rows of x, not the weight.
-    let mut by_weight = vec![0f32; out * rows];
-    use tuneq_kernels::{Mat, MatMut, gemm};
-    gemm(
-        1.0,
-        Mat::new(&weights[start..end], out, inp),
-        Mat::new(&xs, rows, inp).t(),
-        0.0,
-        MatMut::new(&mut by_weight, out, rows),
-    );
+    let values = cpu.as_slice::<f32>().ok()?;
+    Some(f(&values[start..end]))
+}
+
+/// `x·Wᵀ` (rows × out) for `xs` (rows × in) and the weight `w` (out × in), by the
+/// kernels: up to [`MAX_ROWS`] rows (a decoding step) stream each weight row once
+/// against all of them, bound by memory bandwidth (a step of 8 rows of SmolLM2: 80 ms
+/// with candle's GEMM, which packs the whole weight every call, about 30 with this);
+/// more rows (prompts) go through the GEMM.
+fn times_weight(xs: &[f32], rows: usize, w: &[f32], (out, inp): (usize, usize)) -> Vec<f32> {
+    if rows <= MAX_ROWS {
+        return few_rows_times_weight(xs, rows, w, out);
+    }
+    let w = Mat::new(w, out, inp);
     let mut y = vec![0f32; rows * out];
-    for (j, column) in by_weight.chunks_exact(rows).enumerate() {
-        for (i, &value) in column.iter().enumerate() {
-            y[i * out + j] = value;
+    if rows >= PACKED_WEIGHT_ROWS {
+        gemm(
+            1.0,
+            Mat::new(xs, rows, inp),
+            w.t(),
+            0.0,
+            MatMut::new(&mut y, rows, out),
+        );
+    } else {
+        // yᵀ = W·xᵀ: the GEMM reads its left operand in place and packs the right one,
+        // which is the rows of x, not the weight.
+        let mut by_weight = vec![0f32; out * rows];
+        gemm(
+            1.0,
+            w,
+            Mat::new(xs, rows, inp).t(),
+            0.0,
+            MatMut::new(&mut by_weight, out, rows),
+        );
+        to_row_major(Mat::new(&by_weight, out, rows).t(), &mut y);
+    }
+    y
+}
+
+/// A projection of a pass's `rows` rows (`xs`: rows × in): the frozen product by
+/// [`times_weight`] plus the LoRA update `scale·(x·Aᵀ)·Bᵀ` added into it by the GEMM.
+/// A weight that is not f32 on the CPU takes the layer's own forward.
+fn project(p: &LoraLinear, xs: &[f32], rows: usize) -> Result<Vec<f32>> {
+    let (out, inp) = p.weight.dims2()?;
+    let Some(mut y) = with_f32(&p.weight, |w| times_weight(xs, rows, w, (out, inp))) else {
+        let x = Tensor::from_slice(xs, (rows, inp), p.weight.device())?;
+        return Ok(p.forward(&x, None)?.flatten_all()?.to_vec1::<f32>()?);
+    };
+    let Some(lora) = &p.lora else {
+        return Ok(y);
+    };
+    let r = lora.a.dim(0)?;
+    let mut u = vec![0f32; rows * r];
+    let added = with_f32(lora.a.as_tensor(), |a| {
+        let a = Mat::new(a, r, inp);
+        gemm(
+            1.0,
+            Mat::new(xs, rows, inp),
+            a.t(),
+            0.0,
+            MatMut::new(&mut u, rows, r),
+        );
+    })
+    .and_then(|()| {
+        with_f32(lora.b.as_tensor(), |b| {
+            let (b, u) = (Mat::new(b, out, r), Mat::new(&u, rows, r));
+            gemm(
+                p.scale as f32,
+                u,
+                b.t(),
+                1.0,
+                MatMut::new(&mut y, rows, out),
+            );
+        })
+    });
+    match added {
+        Some(()) => Ok(y),
+        None => Err(Error::Model {
+            path: "model".into(),
+            message: "LoRA factors that are not f32 on the CPU".into(),
+        }),
+    }
+}
+
+/// Logits (rows, vocab) of the final hidden states `last` (rows × hidden).
+fn head_logits(model: &Llama, last: Vec<f32>, rows: usize) -> Result<Tensor> {
+    let shape @ (vocab, hidden) = model.lm_head.dims2()?;
+    match with_f32(&model.lm_head, |w| times_weight(&last, rows, w, shape)) {
+        Some(logits) => Ok(Tensor::from_vec(logits, (rows, vocab), &model.device)?),
+        None => {
+            let last = Tensor::from_vec(last, (rows, hidden), &model.device)?;
+            Ok(model.logits(&last)?.to_dtype(DType::F32)?)
         }
     }
-    let mut dims = x.dims().to_vec();
-    if let Some(last) = dims.last_mut() {
-        *last = out;
-    }
-    Ok(Some(Tensor::from_vec(y, dims, x.device())?))
 }
 
-/// A projection of a decoding step: the frozen product by [`rows_linear`] where it
-/// applies, plus the LoRA update as the layer computes it.
-fn project(p: &LoraLinear, x: &Tensor) -> Result<Tensor> {
-    let Some(base) = rows_linear(x, &p.weight)? else {
-        return Ok(p.forward(x, None)?);
-    };
-    match p.lora_delta(x)? {
-        Some(delta) => Ok((base + delta)?),
-        None => Ok(base),
+/// The RoPE angles of each row's position: row r's `head_dim / 2` cosines and sines.
+struct Rotation {
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    /// `0..rows`: row r reads row r of the tables.
+    rows: Vec<u32>,
+}
+
+impl Rotation {
+    /// Rotates, in place, the `heads` heads of width `head_dim` of every row of `x`.
+    fn apply(&self, x: &mut [f32], heads: usize, head_dim: usize) {
+        let width = heads * head_dim;
+        rope_in_place(
+            x, width, 0, heads, head_dim, &self.rows, &self.cos, &self.sin, false,
+        );
     }
 }
 
-/// The RoPE tables of each sequence's next position.
-type Rotation = (Tensor, Tensor);
+/// `x += y`, element by element.
+fn add(x: &mut [f32], y: &[f32]) {
+    for (x, y) in x.iter_mut().zip(y) {
+        *x += y;
+    }
+}
+
+/// RMSNorm of each row of `x` with the layer's `weight` (the kernels' own, as the
+/// trainer's fused step computes it).
+fn normed(x: &[f32], weight: &Tensor, eps: f64) -> Result<Vec<f32>> {
+    let weight = weight.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+    let rows = x.len() / weight.len().max(1);
+    let (mut out, mut inv_rms) = (vec![0f32; x.len()], vec![0f32; rows]);
+    rms_norm_forward(x, &weight, eps as f32, &mut out, &mut inv_rms);
+    Ok(out)
+}
 
 impl Llama {
-    /// Logits (sequences, vocab) of the token after `ids[i]` for each sequence i, where
-    /// `ids[i]` continues the tokens `caches[i]` holds; each id's keys and values are
-    /// appended to its cache. No dropout, no gradients.
-    pub fn forward_cached_rows(&self, ids: &[u32], caches: &mut [&mut KvCache]) -> Result<Tensor> {
-        let rows = ids.len();
+    /// Logits (sequences, vocab) of the token after `spans[i]` for each sequence i,
+    /// where `spans[i]` continues the tokens `caches[i]` holds (one token for an answer
+    /// being decoded, a whole prompt for an empty cache); each span's keys and values
+    /// are appended to its cache. No dropout, no gradients.
+    pub fn forward_cached_spans(
+        &self,
+        spans: &[&[u32]],
+        caches: &mut [&mut KvCache],
+    ) -> Result<Tensor> {
         let limit = self.cos.dim(0)?;
-        let unusable = caches
-            .iter()
-            .find(|c| c.len >= limit || c.layers.len() != self.layers.len());
-        if rows == 0 || rows != caches.len() || unusable.is_some() {
+        let unusable = spans.iter().zip(caches.iter()).any(|(span, c)| {
+            span.is_empty() || c.len + span.len() > limit || c.layers.len() != self.layers.len()
+        });
+        if spans.is_empty() || spans.len() != caches.len() || unusable {
             return Err(Error::Model {
                 path: "model".into(),
                 message: format!(
-                    "cannot step {rows} tokens over {} caches (max_position_embeddings {limit})",
+                    "cannot step {} spans over {} caches (max_position_embeddings {limit})",
+                    spans.len(),
                     caches.len()
                 ),
             });
         }
-        let hidden = self.cfg.hidden_size();
-        let input = Tensor::from_vec(ids.to_vec(), rows, &self.device)?;
-        let mut x = self
-            .embed_tokens
-            .index_select(&input, 0)?
-            .reshape((rows, 1, hidden))?;
         if self.dtype != DType::F32 {
             return Err(Error::Model {
                 path: "model".into(),
                 message: "decoding several sequences at once needs f32 weights".into(),
             });
         }
+        let mut layout = Vec::with_capacity(spans.len());
+        let mut ids = Vec::new();
+        let mut positions = Vec::new();
+        for (span, cache) in spans.iter().zip(caches.iter()) {
+            layout.push(Span {
+                first: ids.len(),
+                len: span.len(),
+                start: cache.len,
+            });
+            ids.extend_from_slice(span);
+            positions.extend((cache.len..cache.len + span.len()).map(|p| p as u32));
+        }
+        let rows = ids.len();
+        let hidden = self.cfg.hidden_size();
+        let input = Tensor::from_vec(ids, rows, &self.device)?;
+        let mut x = self
+            .embed_tokens
+            .index_select(&input, 0)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
         for cache in caches.iter_mut().filter(|c| c.rows.is_empty()) {
             cache.rows = cache
                 .layers
@@ -174,43 +320,48 @@ impl Llama {
                 .map(|slot| RowLayer::from_tensors(slot.take().as_ref()))
                 .collect::<Result<_>>()?;
         }
-        let positions: Vec<u32> = caches.iter().map(|c| c.len as u32).collect();
         let positions = Tensor::from_vec(positions, rows, &self.device)?;
-        let half = self.cos.dim(1)?;
-        let rotation = (
-            self.cos
+        let rotation = Rotation {
+            cos: self
+                .cos
                 .index_select(&positions, 0)?
-                .reshape((rows, 1, half))?,
-            self.sin
+                .flatten_all()?
+                .to_vec1()?,
+            sin: self
+                .sin
                 .index_select(&positions, 0)?
-                .reshape((rows, 1, half))?,
-        );
+                .flatten_all()?
+                .to_vec1()?,
+            rows: (0..rows as u32).collect(),
+        };
         for (l, layer) in self.layers.iter().enumerate() {
-            x = self.layer_rows(layer, l, &x, &rotation, caches)?.detach();
+            self.layer_rows(layer, l, &mut x, &rotation, (&layout, caches))?;
         }
-        for cache in caches.iter_mut() {
-            cache.len += 1;
+        for (cache, span) in caches.iter_mut().zip(&layout) {
+            cache.len += span.len;
         }
-        let last = rms_norm(&x, &self.norm, self.cfg.rms_norm_eps)?.reshape((rows, hidden))?;
-        match rows_linear(&last, &self.lm_head)? {
-            Some(logits) => Ok(logits),
-            None => Ok(self.logits(&last)?.to_dtype(DType::F32)?),
+        let mut last = Vec::with_capacity(layout.len() * hidden);
+        for span in &layout {
+            let end = span.first + span.len - 1;
+            last.extend_from_slice(&x[end * hidden..(end + 1) * hidden]);
         }
+        let last = normed(&last, &self.norm, self.cfg.rms_norm_eps)?;
+        head_logits(self, last, layout.len())
     }
 
-    /// Decoder layer `l` on one new token per sequence (`x`: rows, 1, hidden), each
-    /// rotated by its row of `rotation` ((rows, 1, head_dim / 2) each).
+    /// Decoder layer `l` on the rows of every span (`x`: rows × hidden, updated in
+    /// place), each rotated by its row of `rotation`.
     fn layer_rows(
         &self,
         layer: &Layer,
         l: usize,
-        x: &Tensor,
-        (cos, sin): &Rotation,
-        caches: &mut [&mut KvCache],
-    ) -> Result<Tensor> {
-        let rows = x.dim(0)?;
+        x: &mut [f32],
+        rotation: &Rotation,
+        (spans, caches): (&[Span], &mut [&mut KvCache]),
+    ) -> Result<()> {
         let cfg = &self.cfg;
-        let dims @ (nh, nkv, hd) = (
+        let rows = rotation.rows.len();
+        let (nh, nkv, hd) = (
             cfg.num_attention_heads(),
             cfg.num_kv_heads(),
             cfg.head_dim(),
@@ -221,40 +372,80 @@ impl Llama {
                 message: "layer without seven projections".into(),
             });
         };
-        let hn = rms_norm(x, &layer.input_layernorm, cfg.rms_norm_eps)?;
-        // (rows, heads, 1, head_dim), rotated, as plain floats.
-        let heads = |p: &LoraLinear, n: usize, rotate: bool| -> Result<Vec<f32>> {
-            let h = project(p, &hn)?
-                .reshape((rows, 1, n, hd))?
-                .transpose(1, 2)?
-                .contiguous()?;
-            let h = if rotate { rope(&h, cos, sin)? } else { h };
-            Ok(h.flatten_all()?.to_vec1::<f32>()?)
-        };
-        let (q, k, v) = (
-            heads(q_p, nh, true)?,
-            heads(k_p, nkv, true)?,
-            heads(v_p, nkv, false)?,
+        let hn = normed(x, &layer.input_layernorm, cfg.rms_norm_eps)?;
+        let (mut q, mut k, v) = (
+            project(q_p, &hn, rows)?,
+            project(k_p, &hn, rows)?,
+            project(v_p, &hn, rows)?,
         );
-        let mut attended = vec![0f32; rows * nh * hd];
-        let (q_len, kv_len) = (nh * hd, nkv * hd);
-        for (i, cache) in caches.iter_mut().enumerate() {
-            let row = &mut cache.rows[l];
-            row.k.extend_from_slice(&k[i * kv_len..(i + 1) * kv_len]);
-            row.v.extend_from_slice(&v[i * kv_len..(i + 1) * kv_len]);
-            attend(
-                &q[i * q_len..(i + 1) * q_len],
-                row,
-                dims,
-                &mut attended[i * q_len..(i + 1) * q_len],
-            );
+        rotation.apply(&mut q, nh, hd);
+        rotation.apply(&mut k, nkv, hd);
+        let attended = self.attend(l, (&q, &k, &v), rows, (spans, caches));
+        add(x, &project(o_p, &attended, rows)?);
+        let hn = normed(x, &layer.post_attention_layernorm, cfg.rms_norm_eps)?;
+        let (gate, up) = (project(gate_p, &hn, rows)?, project(up_p, &hn, rows)?);
+        let inter = gate.len() / rows;
+        let mut gate_up = Vec::with_capacity(2 * gate.len());
+        for (g, u) in gate.chunks_exact(inter).zip(up.chunks_exact(inter)) {
+            gate_up.extend_from_slice(g);
+            gate_up.extend_from_slice(u);
         }
-        let attn = Tensor::from_vec(attended, (rows, 1, nh * hd), x.device())?;
-        let x = (x + project(o_p, &attn)?)?;
-        let hn = rms_norm(&x, &layer.post_attention_layernorm, cfg.rms_norm_eps)?;
-        let gate = project(gate_p, &hn)?.silu()?;
-        let up = project(up_p, &hn)?;
-        Ok((&x + project(down_p, &(gate * up)?)?)?)
+        let mut act = gate;
+        swiglu_forward(&gate_up, inter, &mut act);
+        add(x, &project(down_p, &act, rows)?);
+        Ok(())
+    }
+
+    /// Layer `l`'s attention for every row of the pass (`rows` × heads·head_dim), after
+    /// appending the rows' keys and values to their caches: rows continuing a cache
+    /// attend over it, each up to its own position; prompts filling empty caches attend
+    /// together through the fused causal attention.
+    fn attend(
+        &self,
+        l: usize,
+        (q, k, v): (&[f32], &[f32], &[f32]),
+        rows: usize,
+        (spans, caches): (&[Span], &mut [&mut KvCache]),
+    ) -> Vec<f32> {
+        let heads = Heads {
+            heads: self.cfg.num_attention_heads(),
+            kv_heads: self.cfg.num_kv_heads(),
+            head_dim: self.cfg.head_dim(),
+        };
+        let (q_len, kv_len) = (
+            heads.heads * heads.head_dim,
+            heads.kv_heads * heads.head_dim,
+        );
+        for (span, cache) in spans.iter().zip(caches.iter_mut()) {
+            let row = &mut cache.rows[l];
+            let new = span.first * kv_len..(span.first + span.len) * kv_len;
+            row.k.extend_from_slice(&k[new.clone()]);
+            row.v.extend_from_slice(&v[new]);
+        }
+        let mut attended = vec![0f32; rows * q_len];
+        let mut outs = attended.chunks_exact_mut(q_len);
+        let mut queries = Vec::with_capacity(rows);
+        for (span, cache) in spans.iter().zip(caches.iter()) {
+            let row = &cache.rows[l];
+            for (j, out) in outs.by_ref().take(span.len).enumerate() {
+                if span.fresh() {
+                    continue;
+                }
+                let (r, visible) = (span.first + j, (span.start + j + 1) * kv_len);
+                queries.push(CachedQuery {
+                    q: &q[r * q_len..(r + 1) * q_len],
+                    k: &row.k[..visible],
+                    v: &row.v[..visible],
+                    out,
+                });
+            }
+        }
+        attention_over_cache(heads, queries);
+        let fresh: Vec<Span> = spans.iter().copied().filter(Span::fresh).collect();
+        if !fresh.is_empty() {
+            attend_fresh(&fresh, (q, k, v), heads, &mut attended);
+        }
+        attended
     }
 }
 
@@ -274,7 +465,37 @@ mod tests {
         };
         let mut cfg = preset_config(&opts);
         cfg.shape.num_key_value_heads = Some(2);
-        crate::init::random_model(cfg, 9, None).expect("model")
+        // LoRA on every projection, with B drawn too (PEFT starts it at zero, which
+        // would leave the update untested).
+        let lora = crate::lora::LoraSettings {
+            r: 4,
+            alpha: 8.0,
+            dropout: 0.0,
+            targets: [
+                "q_proj",
+                "k_proj",
+                "v_proj",
+                "o_proj",
+                "gate_proj",
+                "up_proj",
+                "down_proj",
+            ]
+            .map(String::from)
+            .to_vec(),
+            rslora: false,
+        };
+        let mut rng = <rand_chacha::ChaCha20Rng as rand::SeedableRng>::seed_from_u64(9);
+        let m = crate::init::random_model(cfg, 9, Some((&lora, &mut rng))).expect("model");
+        for (i, p) in m.layers.iter().flat_map(|l| &l.projections).enumerate() {
+            let factors = p.lora.as_ref().expect("every projection adapted");
+            let b =
+                Tensor::randn(0f32, 0.05, factors.b.shape(), &candle_core::Device::Cpu).expect("B");
+            factors
+                .b
+                .set(&b)
+                .unwrap_or_else(|e| panic!("projection {i}: {e}"));
+        }
+        m
     }
 
     fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
@@ -283,38 +504,68 @@ mod tests {
             .expect("diff")
     }
 
+    /// Steps `spans` together and checks each sequence's logits against the same span
+    /// appended alone to its twin cache by [`Llama::forward_cached`].
+    fn check_together(
+        m: &Llama,
+        spans: &[Vec<u32>],
+        together: &mut [crate::model::KvCache],
+        alone: &mut [crate::model::KvCache],
+        what: &str,
+    ) {
+        let refs: Vec<&[u32]> = spans.iter().map(Vec::as_slice).collect();
+        let mut caches: Vec<&mut crate::model::KvCache> = together.iter_mut().collect();
+        let logits = m.forward_cached_spans(&refs, &mut caches).expect("spans");
+        assert_eq!(logits.dims(), &[spans.len(), m.cfg.vocab_size()]);
+        for (i, (span, cache)) in spans.iter().zip(alone.iter_mut()).enumerate() {
+            let one = m.forward_cached(span, cache).expect("alone");
+            let diff = max_diff(&one, &logits.get(i).expect("row"));
+            assert!(diff < 1e-4, "{what}, sequence {i}: {diff}");
+            assert_eq!(cache.len(), together[i].len(), "{what}, sequence {i}");
+        }
+    }
+
     #[test]
-    fn a_step_over_rows_gives_each_sequence_its_own_logits() {
+    fn prompts_and_steps_together_give_each_sequence_its_own_logits() {
         let m = tiny();
-        // Three prompts of different lengths, each then stepped alone and together.
-        let prompts: [Vec<u32>; 3] = [
+        // Three prompts of different lengths filled together (one of a single token,
+        // which takes the per-row attention), then stepped together.
+        let prompts: Vec<Vec<u32>> = vec![
             (0..5).map(|i| i * 37 + 1).collect(),
             (0..17).map(|i| i * 11 + 3).collect(),
             vec![42],
         ];
         let mut alone: Vec<_> = prompts.iter().map(|_| m.new_cache()).collect();
         let mut together: Vec<_> = prompts.iter().map(|_| m.new_cache()).collect();
-        for (p, (a, t)) in prompts
-            .iter()
-            .zip(alone.iter_mut().zip(together.iter_mut()))
-        {
-            m.forward_cached(p, a).expect("prefill");
-            m.forward_cached(p, t).expect("prefill");
-        }
+        check_together(&m, &prompts, &mut together, &mut alone, "prompts");
         for step in 0..4u32 {
-            let ids: Vec<u32> = (0..3).map(|i| 100 + step * 7 + i).collect();
-            let mut refs: Vec<&mut crate::model::KvCache> = together.iter_mut().collect();
-            let rows = m.forward_cached_rows(&ids, &mut refs).expect("rows");
-            assert_eq!(rows.dims(), &[3, m.cfg.vocab_size()]);
-            for (i, cache) in alone.iter_mut().enumerate() {
-                let one = m.forward_cached(&ids[i..=i], cache).expect("one");
-                let row = rows.get(i).expect("row");
-                let diff = max_diff(&one, &row);
-                assert!(diff < 1e-4, "step {step}, sequence {i}: {diff}");
-            }
+            let ids: Vec<Vec<u32>> = (0..3).map(|i| vec![100 + step * 7 + i]).collect();
+            check_together(&m, &ids, &mut together, &mut alone, &format!("step {step}"));
         }
-        for (a, t) in alone.iter().zip(&together) {
-            assert_eq!(a.len(), t.len());
+        // A prompt joining answers in flight, and a sequence continued by several
+        // tokens at once (attended row by row over its cache).
+        together.push(m.new_cache());
+        alone.push(m.new_cache());
+        let spans = vec![
+            vec![7],
+            vec![8, 9, 10],
+            vec![11],
+            (0..9).map(|i| i * 5).collect(),
+        ];
+        check_together(&m, &spans, &mut together, &mut alone, "joined");
+        assert_eq!(together[3].len(), 9);
+    }
+
+    #[test]
+    fn prompts_filled_on_the_fast_path_match_the_cached_forward() {
+        // A prompt alone (the fused attention, and each orientation of the GEMM: under
+        // and over PACKED_WEIGHT_ROWS rows) against the graph, then a step of one row.
+        let m = tiny();
+        for len in [40u32, 70] {
+            let prompt: Vec<u32> = (0..len).map(|i| (i * 13 + 5) % 200).collect();
+            let (mut fast, mut graph) = (vec![m.new_cache()], vec![m.new_cache()]);
+            check_together(&m, &[prompt], &mut fast, &mut graph, "alone");
+            check_together(&m, &[vec![3]], &mut fast, &mut graph, "next");
         }
     }
 
@@ -322,7 +573,14 @@ mod tests {
     fn bad_steps_are_refused() {
         let m = tiny();
         let mut cache = m.new_cache();
-        assert!(m.forward_cached_rows(&[], &mut []).is_err());
-        assert!(m.forward_cached_rows(&[1, 2], &mut [&mut cache]).is_err());
+        assert!(m.forward_cached_spans(&[], &mut []).is_err());
+        assert!(
+            m.forward_cached_spans(&[&[1], &[2]], &mut [&mut cache])
+                .is_err()
+        );
+        assert!(m.forward_cached_spans(&[&[]], &mut [&mut cache]).is_err());
+        let past: Vec<u32> = vec![1; m.cfg.max_position_embeddings() + 1];
+        assert!(m.forward_cached_spans(&[&past], &mut [&mut cache]).is_err());
+        assert_eq!(cache.len(), 0, "a refused step changes nothing");
     }
 }
