@@ -164,7 +164,8 @@ codes! {
     TenantUploadLimit = (TOO_MANY_REQUESTS, "tenant_upload_limit"),
     /// The upload would take the tenant past its file count or stored bytes.
     TenantStorageQuota = (TOO_MANY_REQUESTS, "tenant_storage_quota"),
-    /// Every generation slot of the server is busy; retry after `retry-after`.
+    /// Every generation slot of the server is busy, or the tenant holds its share of them;
+    /// retry after `retry-after`.
     TooManyGenerations = (TOO_MANY_REQUESTS, "too_many_generations"),
     /// Too many failed authentications from this address; wait before trying again.
     TooManyFailedAuthentications = (TOO_MANY_REQUESTS, "too_many_failed_authentications"),

@@ -71,7 +71,7 @@ refusals! {
         ("400", "A field is invalid (`param` names it), or the prompt and the tokens asked for do not fit the model's context (`context_length_exceeded`)"),
         NO_TENANT_KEY,
         ("404", "No such model for this tenant"),
-        ("429", "Every generation slot is busy (`too_many_generations`); retry after `retry-after`"),
+        ("429", "Every generation slot is busy, or the tenant holds its share (`too_many_generations`); retry after `retry-after`"),
         ("503", "This server does not serve models (`inference_unavailable`)"),
     ]];
 }

@@ -54,6 +54,7 @@ pub fn run(opts: &ServeBenchOptions) -> Result<ServeBenchResult> {
     let concurrency = opts.concurrency.max(1);
     let engine = Engine::new(EngineConfig {
         max_concurrent: concurrency,
+        max_per_tenant: concurrency,
         resident_models: 1,
         max_batch: if opts.batched { concurrency } else { 1 },
         max_answer_tokens: opts.max_new_tokens,

@@ -7,20 +7,25 @@
 //! together (`batch`), the callers waiting on their own (blocking) threads, each
 //! holding a [`Slot`]; past `max_concurrent` slots a request is refused at once
 //! ([`ServeError::Busy`]) rather than queued, so a burst cannot pile up memory or
-//! latency behind the server.
+//! latency behind the server. One tenant holds at most `max_per_tenant` of them
+//! ([`ServeError::TenantBusy`]), so one tenant's burst cannot take every slot from the
+//! others.
 
 use crate::batch::Batcher;
 use crate::error::{Result, ServeError};
 use crate::generation::{Generated, GenerationRequest, Piece};
 use crate::model::{LoadedModel, ModelKey};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 /// The engine's settings.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
     /// Generations at once; more are refused with [`ServeError::Busy`].
     pub max_concurrent: usize,
+    /// Generations one tenant may have at once; more are refused with
+    /// [`ServeError::TenantBusy`].
+    pub max_per_tenant: usize,
     /// Models (base + adapter) kept loaded.
     pub resident_models: usize,
     /// Answers of one model decoded together in one step at most.
@@ -34,6 +39,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         Self {
             max_concurrent: 8,
+            max_per_tenant: 8,
             resident_models: 4,
             max_batch: 8,
             max_answer_tokens: 4096,
@@ -101,7 +107,15 @@ type Resident = Vec<(ModelKey, Arc<ServedModel>)>;
 pub struct Engine {
     config: EngineConfig,
     resident: Mutex<Resident>,
-    busy: Arc<AtomicUsize>,
+    slots: Arc<Mutex<Taken>>,
+}
+
+/// The generation slots taken, in all and by tenant (a tenant without one has no entry,
+/// so the map holds at most `max_concurrent` entries).
+#[derive(Debug, Default)]
+struct Taken {
+    all: usize,
+    by_tenant: HashMap<String, usize>,
 }
 
 impl Engine {
@@ -110,7 +124,7 @@ impl Engine {
         Self {
             config,
             resident: Mutex::new(Vec::new()),
-            busy: Arc::new(AtomicUsize::new(0)),
+            slots: Arc::new(Mutex::new(Taken::default())),
         }
     }
 
@@ -121,19 +135,29 @@ impl Engine {
 
     /// Generations running now.
     pub fn busy(&self) -> usize {
-        self.busy.load(Ordering::Relaxed)
+        self.slots
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .all
     }
 
-    /// Takes a generation slot, or refuses when all are taken.
-    pub fn try_slot(&self) -> Result<Slot> {
+    /// Takes a generation slot for `tenant`, or refuses when all are taken or the
+    /// tenant holds its share.
+    pub fn try_slot(&self, tenant: &str) -> Result<Slot> {
         let max = self.config.max_concurrent.max(1);
-        self.busy
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < max).then_some(n + 1)
-            })
-            .map_err(|_| ServeError::Busy(max))?;
+        let share = self.config.max_per_tenant.clamp(1, max);
+        let mut taken = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        if taken.all >= max {
+            return Err(ServeError::Busy(max));
+        }
+        if taken.by_tenant.get(tenant).is_some_and(|&n| n >= share) {
+            return Err(ServeError::TenantBusy(share));
+        }
+        taken.all += 1;
+        *taken.by_tenant.entry(tenant.to_string()).or_default() += 1;
         Ok(Slot {
-            busy: self.busy.clone(),
+            slots: self.slots.clone(),
+            tenant: tenant.to_string(),
         })
     }
 
@@ -191,12 +215,20 @@ impl Engine {
 /// A generation slot, given back when dropped.
 #[derive(Debug)]
 pub struct Slot {
-    busy: Arc<AtomicUsize>,
+    slots: Arc<Mutex<Taken>>,
+    tenant: String,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.busy.fetch_sub(1, Ordering::AcqRel);
+        let mut taken = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        taken.all = taken.all.saturating_sub(1);
+        if let Some(n) = taken.by_tenant.get_mut(&self.tenant) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                taken.by_tenant.remove(&self.tenant);
+            }
+        }
     }
 }
 
@@ -208,15 +240,45 @@ mod tests {
     fn slots_past_the_bound_are_refused_and_come_back_when_dropped() {
         let engine = Engine::new(EngineConfig {
             max_concurrent: 2,
+            max_per_tenant: 2,
             resident_models: 1,
             max_batch: 2,
             max_answer_tokens: 16,
         });
-        let a = engine.try_slot().expect("first");
-        let _b = engine.try_slot().expect("second");
-        assert!(matches!(engine.try_slot(), Err(ServeError::Busy(2))));
+        let a = engine.try_slot("t1").expect("first");
+        let _b = engine.try_slot("t2").expect("second");
+        assert!(matches!(engine.try_slot("t3"), Err(ServeError::Busy(2))));
         drop(a);
         assert_eq!(engine.busy(), 1);
-        engine.try_slot().expect("a slot came back");
+        engine.try_slot("t3").expect("a slot came back");
+    }
+
+    #[test]
+    fn one_tenant_holds_at_most_its_share_and_leaves_the_rest_to_others() {
+        let engine = Engine::new(EngineConfig {
+            max_concurrent: 4,
+            max_per_tenant: 2,
+            ..EngineConfig::default()
+        });
+        let first = engine.try_slot("greedy").expect("first");
+        let _second = engine.try_slot("greedy").expect("second");
+        assert!(matches!(
+            engine.try_slot("greedy"),
+            Err(ServeError::TenantBusy(2))
+        ));
+        let _other = engine
+            .try_slot("other")
+            .expect("another tenant still gets one");
+        drop(first);
+        let _again = engine.try_slot("greedy").expect("its slot came back");
+        let taken = engine.slots.lock().expect("lock");
+        assert_eq!((taken.all, taken.by_tenant.len()), (3, 2));
+    }
+
+    #[test]
+    fn a_tenant_without_slots_leaves_no_entry() {
+        let engine = Engine::new(EngineConfig::default());
+        drop(engine.try_slot("once").expect("slot"));
+        assert!(engine.slots.lock().expect("lock").by_tenant.is_empty());
     }
 }

@@ -1,12 +1,15 @@
 //! What can go wrong while serving a request.
 
-/// An engine error. [`ServeError::Busy`] is the client's to retry; the others are the
-/// model's or the server's.
+/// An engine error. [`ServeError::Busy`] and [`ServeError::TenantBusy`] are the
+/// client's to retry; the others are the model's or the server's.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     /// Every generation slot is taken.
     #[error("all {0} generation slots are busy")]
     Busy(usize),
+    /// The tenant already holds its share of the slots.
+    #[error("this tenant already has {0} answers being generated")]
+    TenantBusy(usize),
     /// The model or its adapter could not be loaded.
     #[error("cannot load the model: {0}")]
     Load(String),

@@ -11,6 +11,7 @@ fn engine_and_model() -> (tempfile::TempDir, Engine, Arc<tuneq_serve::ServedMode
         .expect("model");
     let engine = Engine::new(EngineConfig {
         max_concurrent: 8,
+        max_per_tenant: 8,
         resident_models: 1,
         max_batch: 8,
         max_answer_tokens: 64,

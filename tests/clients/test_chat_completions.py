@@ -47,7 +47,8 @@ def training_lines() -> bytes:
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory):
     svc = Service(tmp_path_factory.mktemp("chat"),
-                  extra_args=["--model", f"{MODEL}={real_model()}", "--max-generations", "1"])
+                  extra_args=["--model", f"{MODEL}={real_model()}", "--max-generations", "2",
+                              "--max-generations-per-tenant", "1"])
     yield svc
     svc.stop()
 
@@ -199,16 +200,30 @@ def test_bad_requests_name_the_field(client):
     assert code_and_param(extra_body={"surprise": 1})[1] == "surprise"
 
 
-def test_past_the_generation_slots_a_request_gets_429_with_retry_after(client):
-    stream = ask(client, MODEL, "Write a long story about a lighthouse.", max_tokens=1500,
-                 temperature=1, stream=True)
-    first = next(iter(stream))  # the one slot is now generating
-    assert first.choices[0].delta.role == "assistant"
-    with pytest.raises(openai.RateLimitError) as caught:
-        ask(client, MODEL, "me too", max_tokens=4)
-    assert caught.value.code == "too_many_generations"
-    assert int(caught.value.response.headers["retry-after"]) >= 1
-    stream.close()  # the reader leaves: generation stops and the slot comes back
+def test_past_the_generation_slots_a_request_gets_429_with_retry_after(client, service):
+    """Two slots, one per tenant: a tenant's second answer is refused while another
+    tenant still gets the other slot; with both taken, a third tenant is refused."""
+    def long_stream(who):
+        stream = ask(who, MODEL, "Write a long story about a lighthouse.", max_tokens=1500,
+                     temperature=1, stream=True)
+        first = next(iter(stream))  # its slot is now generating
+        assert first.choices[0].delta.role == "assistant"
+        return stream
+
+    def refused(who):
+        with pytest.raises(openai.RateLimitError) as caught:
+            ask(who, MODEL, "me too", max_tokens=4)
+        assert caught.value.code == "too_many_generations"
+        assert int(caught.value.response.headers["retry-after"]) >= 1
+
+    stream = long_stream(client)
+    refused(client)  # its share is taken, though a slot is free ...
+    other = other_tenant(service)
+    assert ask(other, MODEL, "hello", max_tokens=2).choices[0].message.content is not None
+    second = long_stream(other)  # ... which another tenant gets
+    refused(other_tenant(service))  # and now every slot is busy
+    second.close()
+    stream.close()  # the readers leave: generation stops and the slots come back
     deadline = time.monotonic() + 10
     while True:
         try:

@@ -16,7 +16,8 @@ from conftest import CASES, REPO_ROOT, find, pod_spec
 from test_chart import kubernetes_validate
 
 ENABLED = ["gke-spot-l4", "xeon", "everything"]
-SERVE_ONLY_ENV = {"TUNEQ_MAX_GENERATIONS", "TUNEQ_RESIDENT_MODELS", "TUNEQ_CACHE_DIR", "TUNEQ_THREADS"}
+SERVE_ONLY_ENV = {"TUNEQ_MAX_GENERATIONS", "TUNEQ_MAX_GENERATIONS_PER_TENANT", "TUNEQ_RESIDENT_MODELS",
+                  "TUNEQ_CACHE_DIR", "TUNEQ_THREADS"}
 
 
 def container(deployment: dict) -> dict:
@@ -56,6 +57,8 @@ def test_serve_is_absent_unless_enabled(rendered) -> None:
     c = container(find(on, "Deployment", "tuneq-serve"))
     env = env_of(c)
     assert env["TUNEQ_MAX_GENERATIONS"]["value"] == "4"
+    # A shared deployment: one tenant's burst cannot take every slot.
+    assert env["TUNEQ_MAX_GENERATIONS_PER_TENANT"]["value"] == "2"
     assert env["TUNEQ_RESIDENT_MODELS"]["value"] == "4"
     assert "TUNEQ_THREADS" not in env
     assert c["image"] == container(find(on, "Deployment", "tuneq-api"))["image"]
@@ -210,11 +213,17 @@ def test_an_unset_serve_image_is_the_main_image_by_digest_too() -> None:
 
 
 def test_serve_settings_follow_the_values() -> None:
-    objs = render("xeon", {"serve": {"maxGenerations": 7, "residentModels": 2, "threads": 0, "port": 9000,
+    objs = render("xeon", {"serve": {"maxGenerations": 7, "maxGenerationsPerTenant": 3, "residentModels": 2,
+                                     "threads": 0, "port": 9000,
                                      "cache": {"useModelCache": False, "sizeLimit": "20Gi"}}})
     c = container(find(objs, "Deployment", "tuneq-serve"))
     env = env_of(c)
     assert (env["TUNEQ_MAX_GENERATIONS"]["value"], env["TUNEQ_RESIDENT_MODELS"]["value"]) == ("7", "2")
+    assert env["TUNEQ_MAX_GENERATIONS_PER_TENANT"]["value"] == "3"
+    # A tenant's share past all the slots is all the slots.
+    capped = render("xeon", {"serve": {"maxGenerations": 2, "maxGenerationsPerTenant": 5}})
+    capped_env = env_of(container(find(capped, "Deployment", "tuneq-serve")))
+    assert capped_env["TUNEQ_MAX_GENERATIONS_PER_TENANT"]["value"] == "2"
     assert "TUNEQ_THREADS" not in env
     assert env["TUNEQ_PORT"]["value"] == "9000" and c["ports"][0]["containerPort"] == 9000
     cache = next(v for v in pod_spec(find(objs, "Deployment", "tuneq-serve"))["volumes"] if v["name"] == "cache")
@@ -225,6 +234,7 @@ def test_serve_settings_follow_the_values() -> None:
     ({"serve": {"replica": 2}}, "replica"),
     ({"serve": {"enabled": "yes"}}, "/serve/enabled"),
     ({"serve": {"maxGenerations": 0}}, "/serve/maxGenerations"),
+    ({"serve": {"maxGenerationsPerTenant": 0}}, "/serve/maxGenerationsPerTenant"),
     ({"serve": {"residentModels": 0}}, "/serve/residentModels"),
     ({"serve": {"image": {"tag": "latest"}}}, "/serve/image/tag"),
     ({"serve": {"resources": {"limits": None}}}, "limits"),

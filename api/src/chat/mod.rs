@@ -152,7 +152,10 @@ async fn start(
         ));
     };
     let files = model_files(state, &tenant.0, &plan.model).await?;
-    let slot = inference.engine().try_slot().map_err(serve_error)?;
+    let slot = inference
+        .engine()
+        .try_slot(&tenant.0)
+        .map_err(serve_error)?;
     let span = tracing::info_span!("generate", request = what, tenant = %tenant.0,
         model = %plan.model, stream = plan.stream, n = plan.n);
     let prepared = {
@@ -351,6 +354,14 @@ fn serve_error(e: ServeError) -> ApiError {
         ServeError::Busy(max) => ApiError::too_many(
             Code::TooManyGenerations,
             format!("All {max} generation slots are busy; retry shortly."),
+            BUSY_RETRY_AFTER_S,
+        ),
+        ServeError::TenantBusy(max) => ApiError::too_many(
+            Code::TooManyGenerations,
+            format!(
+                "This tenant already has {max} answers being generated, its share of the \
+                 server's slots; retry when one ends."
+            ),
             BUSY_RETRY_AFTER_S,
         ),
         ServeError::PromptTooLong { tokens, context } => ApiError::invalid(

@@ -11,6 +11,12 @@ pub struct InferenceArgs {
     /// Answers generated at once at most; more are refused with 429 and `Retry-After`.
     #[arg(long, env = "TUNEQ_MAX_GENERATIONS", default_value_t = 8)]
     max_generations: usize,
+    /// Answers one tenant may have generated at once; more of its requests are refused
+    /// with 429 and `Retry-After` while other tenants still get slots. Default: all of
+    /// `--max-generations` (one tenant may use every slot); a server shared by tenants
+    /// sets it lower so that one tenant's burst cannot take every slot.
+    #[arg(long, env = "TUNEQ_MAX_GENERATIONS_PER_TENANT")]
+    max_generations_per_tenant: Option<usize>,
     /// Models (a base model with or without an adapter) kept loaded; others are loaded
     /// when asked for, the least recently used one giving way.
     #[arg(long, env = "TUNEQ_RESIDENT_MODELS", default_value_t = 4)]
@@ -32,19 +38,24 @@ impl InferenceArgs {
         storage: tuneq_storage::StorageConfig,
         cache: PathBuf,
     ) -> Result<tuneq_api::inference::Inference> {
+        let per_tenant = self
+            .max_generations_per_tenant
+            .unwrap_or(self.max_generations);
         let counts = [
             self.max_generations,
+            per_tenant,
             self.resident_models,
             self.max_batch,
             self.max_answer_tokens,
         ];
         if counts.contains(&0) {
             anyhow::bail!(super::super::BadInput(
-                "--max-generations, --resident-models, --max-batch and --max-answer-tokens must be at least 1".into()
+                "--max-generations, --max-generations-per-tenant, --resident-models, --max-batch and --max-answer-tokens must be at least 1".into()
             ));
         }
         let engine = tuneq_serve::EngineConfig {
             max_concurrent: self.max_generations,
+            max_per_tenant: per_tenant,
             resident_models: self.resident_models,
             max_batch: self.max_batch,
             max_answer_tokens: self.max_answer_tokens,
