@@ -181,12 +181,7 @@ mod x86 {
 mod tests {
     use super::*;
     use crate::simd::tests::{avx2_here, on_baseline, on_wide};
-
-    fn values(n: usize, seed: usize) -> Vec<f32> {
-        (0..n)
-            .map(|i| ((i * 7919 + seed * 104_729) % 2000) as f32 / 1000.0 - 1.0)
-            .collect()
-    }
+    use crate::testing::{assert_same_on_any_thread_count, bits, random};
 
     #[test]
     fn the_product_matches_f64_for_every_row_count() {
@@ -197,7 +192,7 @@ mod tests {
             (5, 7, 100),
             (8, 576, 40),
         ] {
-            let (x, w) = (values(rows * k, 1), values(out * k, 2));
+            let (x, w) = (random(rows * k, 1, 1.0), random(out * k, 2, 1.0));
             let y = few_rows_times_weight(&x, rows, &w, out);
             for i in 0..rows {
                 for o in 0..out {
@@ -220,17 +215,18 @@ mod tests {
             eprintln!("skipped: this CPU lacks AVX2 or FMA, so there is no AVX2 build to compare");
             return;
         }
-        let (x, w) = (values(6 * 100, 3), values(50 * 100, 4));
-        let bits = || {
-            few_rows_times_weight(&x, 6, &w, 50)
-                .iter()
-                .map(|v| v.to_bits())
-                .collect::<Vec<_>>()
-        };
+        let (x, w) = (random(6 * 100, 3, 1.0), random(50 * 100, 4, 1.0));
+        let run = || bits(&few_rows_times_weight(&x, 6, &w, 50));
         assert!(
-            on_wide(bits) == on_baseline(bits),
+            on_wide(run) == on_baseline(run),
             "the AVX2 build changed the bits"
         );
+    }
+
+    #[test]
+    fn the_bits_do_not_depend_on_the_thread_count() {
+        let (x, w) = (random(8 * 96, 5, 1.0), random(200 * 96, 6, 1.0));
+        assert_same_on_any_thread_count(|| bits(&few_rows_times_weight(&x, 8, &w, 200)));
     }
 
     #[test]

@@ -21,6 +21,20 @@ pub struct Heads {
     pub head_dim: usize,
 }
 
+impl Heads {
+    /// The shape of a fused attention call over `batch` rows of `seq` tokens with these
+    /// heads.
+    pub fn shape(self, batch: usize, seq: usize) -> super::AttentionShape {
+        super::AttentionShape {
+            batch,
+            seq,
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
+        }
+    }
+}
+
 /// One query row and the cache it attends over.
 #[derive(Debug)]
 pub struct CachedQuery<'a> {
@@ -128,14 +142,9 @@ wide_twin! {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attention::{AttentionShape, attention_forward};
+    use crate::attention::attention_forward;
     use crate::simd::tests::{avx2_here, on_baseline, on_wide};
-
-    fn values(n: usize, seed: usize) -> Vec<f32> {
-        (0..n)
-            .map(|i| ((i * 7919 + seed * 104_729) % 2000) as f32 / 500.0 - 2.0)
-            .collect()
-    }
+    use crate::testing::random;
 
     /// Every row of a causal sequence, attended over a cache of the positions up to
     /// it, against the fused forward over the whole sequence; `out` per row.
@@ -145,14 +154,8 @@ mod tests {
             kv_heads: nkv,
             head_dim: hd,
         } = heads;
-        let shape = AttentionShape {
-            batch: 1,
-            seq,
-            heads: nh,
-            kv_heads: nkv,
-            head_dim: hd,
-        };
-        let qkv = values(seq * shape.qkv_width(), 3);
+        let shape = heads.shape(1, seq);
+        let qkv = random(seq * shape.qkv_width(), 3, 2.0);
         let (mut fused, mut lse) = (vec![0f32; seq * nh * hd], vec![0f32; shape.lse_len()]);
         attention_forward(&shape, &qkv, &vec![0; seq], &mut fused, &mut lse);
         let width = shape.qkv_width();

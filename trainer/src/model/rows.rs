@@ -18,9 +18,7 @@ use super::{KvCache, Layer, Llama};
 use crate::error::{Error, Result};
 use crate::lora::LoraLinear;
 use candle_core::{DType, Storage, Tensor};
-use tuneq_kernels::attention::{
-    AttentionShape, CachedQuery, Heads, attention_forward, attention_over_cache,
-};
+use tuneq_kernels::attention::{CachedQuery, Heads, attention_forward, attention_over_cache};
 use tuneq_kernels::few_rows::{MAX_ROWS, few_rows_times_weight};
 use tuneq_kernels::norm::rms_norm_forward;
 use tuneq_kernels::rope::rope_in_place;
@@ -79,22 +77,15 @@ impl Span {
 fn attend_fresh(
     fresh: &[Span],
     (q, k, v): (&[f32], &[f32], &[f32]),
-    Heads {
-        heads: nh,
-        kv_heads: nkv,
-        head_dim: hd,
-    }: Heads,
+    heads: Heads,
     attended: &mut [f32],
 ) {
-    let (q_len, kv_len) = (nh * hd, nkv * hd);
+    let (q_len, kv_len) = (
+        heads.heads * heads.head_dim,
+        heads.kv_heads * heads.head_dim,
+    );
     let seq: usize = fresh.iter().map(|s| s.len).sum();
-    let shape = AttentionShape {
-        batch: 1,
-        seq,
-        heads: nh,
-        kv_heads: nkv,
-        head_dim: hd,
-    };
+    let shape = heads.shape(1, seq);
     let mut qkv = Vec::with_capacity(seq * shape.qkv_width());
     let mut starts = Vec::with_capacity(seq);
     for span in fresh {
@@ -471,17 +462,10 @@ mod tests {
             r: 4,
             alpha: 8.0,
             dropout: 0.0,
-            targets: [
-                "q_proj",
-                "k_proj",
-                "v_proj",
-                "o_proj",
-                "gate_proj",
-                "up_proj",
-                "down_proj",
-            ]
-            .map(String::from)
-            .to_vec(),
+            targets: crate::model::PROJECTIONS
+                .iter()
+                .map(|(_, name)| name.to_string())
+                .collect(),
             rslora: false,
         };
         let mut rng = <rand_chacha::ChaCha20Rng as rand::SeedableRng>::seed_from_u64(9);

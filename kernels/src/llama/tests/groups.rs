@@ -93,13 +93,33 @@ fn a_grouped_step_adds_what_its_groups_add_one_after_the_other() {
             let mut parts = m.zero_grads();
             let parts_loss =
                 step(&first, cut(0..3), &mut parts) + step(&second, cut(3..5), &mut parts);
-            assert!(
-                crate::gemm::tests::same_bits(&whole.concat(), &parts.concat()),
-                "masks {with_masks}, checkpointing {checkpoint_layers}: the gradients differ"
-            );
+            let (whole_all, parts_all) = (whole.concat(), parts.concat());
+            if cfg!(feature = "blas") {
+                // The head's products stay batch-wide (640 rows against 384 and 256),
+                // and a BLAS rounds a row by the shape of the block it falls in (see
+                // `gemm`'s `Plan`): OpenBLAS on AMD Zen 3 does, so there the sums
+                // agree to rounding, not to the bit.
+                let largest = whole_all.iter().fold(0f32, |m, g| m.max(g.abs()));
+                let worst = whole_all
+                    .iter()
+                    .zip(&parts_all)
+                    .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+                assert!(
+                    worst <= 1e-5 * largest,
+                    "masks {with_masks}, checkpointing {checkpoint_layers}: the gradients \
+                     differ by {worst} (largest {largest})"
+                );
+            } else {
+                assert!(
+                    crate::gemm::tests::same_bits(&whole_all, &parts_all),
+                    "masks {with_masks}, checkpointing {checkpoint_layers}: the gradients differ"
+                );
+            }
             assert!(whole.iter().flatten().any(|&g| g != 0.0));
+            // The head's logits round by block under a BLAS, as above.
+            let tolerance = if cfg!(feature = "blas") { 1e-7 } else { 1e-12 };
             assert!(
-                (loss - parts_loss).abs() <= 1e-12 * loss.abs(),
+                (loss - parts_loss).abs() <= tolerance * loss.abs(),
                 "{loss} vs {parts_loss}"
             );
         }
