@@ -2,7 +2,9 @@
 //!
 //! A model is a base model's folder with, for a fine-tuned model, its PEFT adapter's
 //! folder; loading one reads its weights, tokenizer and chat template. The engine keeps
-//! the `resident_models` used most recently (an LRU) and loads others on demand. Each
+//! the `resident_models` used most recently (an LRU) and loads others on demand; the
+//! fine-tuned models of one base share its weights (loading another only reads its
+//! adapter), so each resident model past the first of a base costs its adapter. Each
 //! resident model ([`ServedModel`]) has one decode loop that generates its answers
 //! together (`batch`), the callers waiting on their own (blocking) threads, each
 //! holding a [`Slot`]; past `max_concurrent` slots a request is refused at once
@@ -171,8 +173,9 @@ impl Engine {
             adapter = ?key.adapter.as_ref().map(|a| a.display().to_string()))
         .entered();
         let started = std::time::Instant::now();
+        let sibling = self.resident_of_base(key);
         let loaded = Arc::new(ServedModel::new(
-            LoadedModel::load(key)?,
+            LoadedModel::load_sharing(key, sibling.as_deref().map(std::ops::Deref::deref))?,
             self.config.max_batch,
         ));
         tracing::info!(
@@ -194,6 +197,16 @@ impl Engine {
             resident.drain(..evicted);
         }
         Ok(loaded)
+    }
+
+    /// A resident model of `key`'s base model (with another adapter or none), whose
+    /// weights a new model of that base shares.
+    fn resident_of_base(&self, key: &ModelKey) -> Option<Arc<ServedModel>> {
+        let resident = self.resident.lock().unwrap_or_else(|p| p.into_inner());
+        resident
+            .iter()
+            .find(|(k, _)| k.base == key.base)
+            .map(|(_, model)| model.clone())
     }
 
     /// The resident model `key` names, marked most recently used.
@@ -280,5 +293,96 @@ mod tests {
         let engine = Engine::new(EngineConfig::default());
         drop(engine.try_slot("once").expect("slot"));
         assert!(engine.slots.lock().expect("lock").by_tenant.is_empty());
+    }
+
+    /// A demo base model and two PEFT adapters over it, with B drawn (PEFT starts it at
+    /// zero, which would make every adapter the base).
+    fn base_and_adapters(dir: &std::path::Path) -> (ModelKey, ModelKey, ModelKey) {
+        use tuneq_trainer::lora::LoraSettings;
+        let base = dir.join("base");
+        tuneq_trainer::init::write_model(&tuneq_trainer::init::InitOptions::demo(), &base)
+            .expect("model");
+        let settings = LoraSettings {
+            r: 4,
+            alpha: 8.0,
+            dropout: 0.0,
+            targets: vec!["q_proj".into(), "v_proj".into(), "down_proj".into()],
+            rslora: false,
+        };
+        let adapter = |seed: u64| {
+            let mut rng = <rand_chacha::ChaCha20Rng as rand::SeedableRng>::seed_from_u64(seed);
+            let cpu = candle_core::Device::Cpu;
+            let model = tuneq_trainer::model::Llama::load(
+                &base,
+                candle_core::DType::F32,
+                &cpu,
+                Some((&settings, &mut rng)),
+            )
+            .expect("model with LoRA");
+            for factors in model
+                .layers
+                .iter()
+                .flat_map(|l| &l.projections)
+                .flat_map(|p| &p.lora)
+            {
+                let b = candle_core::Tensor::randn(0f32, 0.5, factors.b.shape(), &cpu).expect("B");
+                factors.b.set(&b).expect("set B");
+            }
+            let out = dir.join(format!("adapter-{seed}"));
+            tuneq_trainer::peft::save_adapter(&model, &settings, "demo", &out).expect("save");
+            ModelKey {
+                base: base.clone(),
+                adapter: Some(out),
+            }
+        };
+        let bare = ModelKey {
+            base: base.clone(),
+            adapter: None,
+        };
+        (bare, adapter(1), adapter(2))
+    }
+
+    fn greedy(model: &LoadedModel) -> Vec<String> {
+        let message = tuneq_dataset::Message::new(tuneq_dataset::Role::User, "Hello there");
+        let request = crate::GenerationRequest {
+            prompt: model.chat_prompt(&[message], &[], "").expect("prompt"),
+            max_new_tokens: 12,
+            sampling: crate::Sampling::greedy(),
+            seed: 0,
+            stop: Vec::new(),
+            markers: Vec::new(),
+            logprobs: Some(1),
+            json: None,
+        };
+        let generated = model
+            .generate_alone(&request, &mut |_| true)
+            .expect("generate");
+        generated.logprobs.into_iter().map(|l| l.token).collect()
+    }
+
+    #[test]
+    fn fine_tuned_models_of_one_base_share_its_weights_and_answer_as_if_loaded_alone() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (bare, first, second) = base_and_adapters(dir.path());
+        let engine = Engine::new(EngineConfig::default());
+        let models = [&first, &bare, &second].map(|key| engine.model(key).expect("load"));
+        let weight = |m: &LoadedModel| m.model.layers[0].projections[0].weight.id();
+        assert!(
+            models.iter().all(|m| weight(m) == weight(&models[0])),
+            "one copy of the base"
+        );
+        for (key, model) in [&first, &bare, &second].iter().zip(&models) {
+            let alone = LoadedModel::load(key).expect("alone");
+            assert_ne!(
+                weight(model),
+                alone.model.layers[0].projections[0].weight.id()
+            );
+            assert_eq!(greedy(model), greedy(&alone), "{key:?}");
+        }
+        assert_ne!(
+            greedy(&models[0]),
+            greedy(&models[2]),
+            "the adapters differ"
+        );
     }
 }

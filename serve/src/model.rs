@@ -43,8 +43,25 @@ fn load(e: impl std::fmt::Display) -> ServeError {
 impl LoadedModel {
     /// Loads the model `key` names on the CPU, weights in f32.
     pub fn load(key: &ModelKey) -> Result<Self> {
+        Self::load_sharing(key, None)
+    }
+
+    /// Loads the model `key` names; with `sibling`, a loaded model of the same base
+    /// (with any adapter or none), its frozen weights are shared rather than read again,
+    /// and only `key`'s adapter is installed: a base model's weights are in memory once
+    /// however many of its fine-tuned models are resident.
+    pub(crate) fn load_sharing(key: &ModelKey, sibling: Option<&LoadedModel>) -> Result<Self> {
         let device = Device::Cpu;
-        let mut model = Llama::load(&key.base, DType::F32, &device, None).map_err(load)?;
+        let mut model = match sibling {
+            Some(sibling) => {
+                let mut model = sibling.model.clone();
+                for projection in model.layers.iter_mut().flat_map(|l| &mut l.projections) {
+                    projection.lora = None;
+                }
+                model
+            }
+            None => Llama::load(&key.base, DType::F32, &device, None).map_err(load)?,
+        };
         if let Some(dir) = &key.adapter {
             let (settings, tensors) =
                 tuneq_trainer::peft::load_adapter(dir, &device).map_err(load)?;

@@ -28,6 +28,7 @@ pub const PROJECTIONS: [(&str, &str); 7] = [
 ];
 
 /// One decoder layer.
+#[derive(Clone)]
 pub struct Layer {
     input_layernorm: Tensor,
     post_attention_layernorm: Tensor,
@@ -35,7 +36,10 @@ pub struct Layer {
     pub projections: Vec<LoraLinear>,
 }
 
-/// A Llama causal LM with optional LoRA on chosen projections.
+/// A Llama causal LM with optional LoRA on chosen projections. A clone shares the
+/// frozen tensors (candle's tensors are reference-counted), so a server can install
+/// several adapters over one copy of a base model's weights.
+#[derive(Clone)]
 pub struct Llama {
     /// Architecture.
     pub cfg: LlamaConfig,
