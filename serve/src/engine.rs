@@ -99,6 +99,12 @@ impl ServedModel {
     pub fn widest_step(&self) -> usize {
         self.batcher.get().map_or(0, |b| b.widest_step())
     }
+
+    /// Passes of the decode loop so far that left a prompt partly filled, to go on in
+    /// the next (a long prompt fills in chunks beside the answers in flight).
+    pub fn chunked_passes(&self) -> usize {
+        self.batcher.get().map_or(0, |b| b.chunked_passes())
+    }
 }
 
 /// Models kept loaded, most recently used last.

@@ -39,6 +39,11 @@ fn request(model: &tuneq_serve::LoadedModel, text: &str, sampling: Sampling) -> 
     }
 }
 
+/// An answer's tokens, each as its text.
+fn tokens(g: &tuneq_serve::Generated) -> Vec<String> {
+    g.logprobs.iter().map(|l| l.token.clone()).collect()
+}
+
 #[test]
 fn answers_decoded_together_equal_answers_decoded_alone() {
     let (_dir, _engine, model) = engine_and_model();
@@ -73,12 +78,6 @@ fn answers_decoded_together_equal_answers_decoded_alone() {
             "the answers were never stepped together"
         );
         for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
-            let tokens = |g: &tuneq_serve::Generated| {
-                g.logprobs
-                    .iter()
-                    .map(|l| l.token.clone())
-                    .collect::<Vec<_>>()
-            };
             assert_eq!(tokens(a), tokens(t), "answer {i} ({sampling:?})");
             assert_eq!((a.tokens, a.finish), (t.tokens, t.finish), "answer {i}");
         }
@@ -110,4 +109,41 @@ fn a_caller_who_stops_listening_leaves_and_the_others_finish() {
     let done = stayer.join().expect("thread").expect("the other answer");
     assert_eq!(done.tokens, long.max_new_tokens.min(done.tokens));
     assert!(done.tokens > 3);
+}
+
+#[test]
+fn a_long_prompt_fills_in_chunks_beside_an_answer_in_flight_and_changes_no_answer() {
+    let (_dir, _engine, model) = engine_and_model();
+    let mut decoding = request(&model, "Hello there", Sampling::greedy());
+    decoding.max_new_tokens = 64;
+    // Several passes' worth of prompt while an answer is being decoded.
+    let long_text = "rivers and seas and mountains ".repeat(90);
+    let long = request(&model, &long_text, Sampling::greedy());
+    assert!(long.prompt.len() > 600, "{} tokens", long.prompt.len());
+    let alone = [&decoding, &long].map(|r| model.generate_alone(r, &mut |_| true).expect("alone"));
+
+    let (started, is_decoding) = std::sync::mpsc::channel();
+    let first = {
+        let (model, request) = (model.clone(), decoding.clone());
+        std::thread::spawn(move || {
+            model.generate(&request, &mut |_| {
+                let _ = started.send(());
+                true
+            })
+        })
+    };
+    is_decoding.recv().expect("the first answer's first piece");
+    let second = {
+        let (model, request) = (model.clone(), long.clone());
+        std::thread::spawn(move || model.generate(&request, &mut |_| true))
+    };
+    let together = [first, second].map(|h| h.join().expect("thread").expect("answer"));
+    assert!(
+        model.chunked_passes() >= 2,
+        "the long prompt was not filled in chunks ({} passes left it partly filled)",
+        model.chunked_passes()
+    );
+    for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
+        assert_eq!(tokens(a), tokens(t), "answer {i}");
+    }
 }

@@ -31,8 +31,13 @@ WEATHER_TOOL = {
 }
 
 
+# Llama 3.1's way of calling a tool: the bare JSON object as the whole answer.
+BARE_CALL = json.dumps({"name": "get_weather", "parameters": {"city": "Rome"}})
+
+
 def training_lines() -> bytes:
-    """Two conversations to learn by heart: a plain answer, and a tool call."""
+    """Three conversations to learn by heart: a plain answer, a tool call, and a tool
+    call written as a bare JSON answer."""
     motto = {"messages": [{"role": "user", "content": MOTTO_PROMPT},
                           {"role": "assistant", "content": MOTTO}]}
     call = {"tools": [WEATHER_TOOL],
@@ -41,7 +46,10 @@ def training_lines() -> bytes:
                              "id": "call_1", "type": "function",
                              "function": {"name": "get_weather",
                                           "arguments": json.dumps({"city": "Paris"})}}]}]}
-    return "".join(json.dumps(r) + "\n" for r in [motto, call] * 8).encode()
+    bare = {"tools": [WEATHER_TOOL],
+            "messages": [{"role": "user", "content": "Weather in Rome?"},
+                         {"role": "assistant", "content": BARE_CALL}]}
+    return "".join(json.dumps(r) + "\n" for r in [motto, call, bare] * 8).encode()
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +70,7 @@ def client(service: Service):
 
 @pytest.fixture(scope="module")
 def tuned(client) -> str:
-    """The fine-tuned model of a job that learned both conversations (12 steps)."""
+    """The fine-tuned model of a job that learned the three conversations (18 steps)."""
     file = client.files.create(file=("chat.jsonl", training_lines()), purpose="fine-tune").id
     job = client.fine_tuning.jobs.create(
         model=MODEL, training_file=file, suffix="chat", seed=7,
@@ -133,6 +141,35 @@ def test_a_function_calling_fine_tune_returns_parsed_tool_calls(client, tuned):
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
         messages=[{"role": "user", "content": "Weather in Paris?"}])
     assert forced.choices[0].message.tool_calls[0].function.name == "get_weather"
+
+
+def test_a_bare_json_call_is_read_as_a_tool_call_whole_and_streamed(client, tuned):
+    """Llama 3.1's bare JSON call: a stream holds an answer that opens with `{` back
+    until it shows whether it is a call, so the call is never streamed as text."""
+    def rome(**kwargs):
+        return client.chat.completions.create(
+            model=tuned, tools=[WEATHER_TOOL], temperature=0, max_tokens=40,
+            messages=[{"role": "user", "content": "Weather in Rome?"}], **kwargs)
+
+    choice = rome().choices[0]
+    assert choice.finish_reason == "tool_calls", choice.message
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Rome"}
+    assert choice.message.content is None
+
+    chunks = [c for c in rome(stream=True) if c.choices]
+    calls = [c for chunk in chunks for c in (chunk.choices[0].delta.tool_calls or [])]
+    assert [json.loads(c.function.arguments) for c in calls] == [{"city": "Rome"}]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == ""
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+    # With tool_choice "none" the answer is text, whole or streamed alike.
+    whole = rome(tool_choice="none").choices[0]
+    assert whole.finish_reason == "stop" and not whole.message.tool_calls
+    streamed = [c for c in rome(tool_choice="none", stream=True) if c.choices]
+    assert "".join(c.choices[0].delta.content or "" for c in streamed) == whole.message.content
+    assert not any(c.choices[0].delta.tool_calls for c in streamed)
 
 
 def test_a_stream_is_read_chunk_by_chunk_and_adds_up_to_the_whole_answer(client, tuned):
@@ -232,6 +269,48 @@ def test_past_the_generation_slots_a_request_gets_429_with_retry_after(client, s
         except openai.RateLimitError:
             assert time.monotonic() < deadline, "the slot came back once the stream's reader left"
             time.sleep(0.2)
+
+
+def test_a_whole_answer_stops_when_its_client_leaves(client, service):
+    """A request without `stream` whose client hangs up stops generating at once and
+    gives its slot back (this tenant has one): the schema below forces an answer of
+    thousands of tokens, minutes of generation had it gone on."""
+    import http.client
+    import urllib.request
+    from urllib.parse import urlparse
+
+    endless = {"type": "object", "required": ["n"], "additionalProperties": False,
+               "properties": {"n": {"type": "array", "items": {"type": "integer"},
+                                    "minItems": 1400}}}
+    body = json.dumps({"model": MODEL, "max_tokens": 4000, "temperature": 0,
+                       "messages": [{"role": "user", "content": "Count."}],
+                       "response_format": {"type": "json_schema",
+                                           "json_schema": {"name": "n", "schema": endless}}})
+    ask(client, MODEL, "warm up", max_tokens=1)  # the model is loaded: the slot below is generating
+    url = urlparse(service.url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    conn.request("POST", "/v1/chat/completions", body=body,
+                 headers={"authorization": f"Bearer {service.api_key}",
+                          "content-type": "application/json"})
+
+    def running() -> int:
+        with urllib.request.urlopen(f"{service.url}/metrics", timeout=10) as r:
+            line = next(l for l in r.read().decode().splitlines()
+                        if l.startswith("tuneq_generations_running "))
+        return int(line.split()[1])
+
+    deadline = time.monotonic() + 60
+    while running() == 0:
+        assert time.monotonic() < deadline, "the long answer never started"
+        time.sleep(0.2)
+    time.sleep(2)  # past the prompt's rendering and the schema's compiling: generating ...
+    conn.sock.shutdown(2)  # ... when its client hangs up
+    conn.close()
+    deadline = time.monotonic() + 30
+    while running() > 0:
+        assert time.monotonic() < deadline, "generation went on after the client left"
+        time.sleep(0.2)
+    assert ask(client, MODEL, "hello", max_tokens=2).choices[0].message is not None
 
 
 def test_responses_create_answers_with_output_text_and_function_calls(client, tuned):

@@ -17,7 +17,7 @@ from test_chart import kubernetes_validate
 
 ENABLED = ["gke-spot-l4", "xeon", "everything"]
 SERVE_ONLY_ENV = {"TUNEQ_MAX_GENERATIONS", "TUNEQ_MAX_GENERATIONS_PER_TENANT", "TUNEQ_RESIDENT_MODELS",
-                  "TUNEQ_CACHE_DIR", "TUNEQ_THREADS"}
+                  "TUNEQ_STAGED_ADAPTERS", "TUNEQ_CACHE_DIR", "TUNEQ_THREADS"}
 
 
 def container(deployment: dict) -> dict:
@@ -60,6 +60,7 @@ def test_serve_is_absent_unless_enabled(rendered) -> None:
     # A shared deployment: one tenant's burst cannot take every slot.
     assert env["TUNEQ_MAX_GENERATIONS_PER_TENANT"]["value"] == "2"
     assert env["TUNEQ_RESIDENT_MODELS"]["value"] == "4"
+    assert env["TUNEQ_STAGED_ADAPTERS"]["value"] == "64"
     assert "TUNEQ_THREADS" not in env
     assert c["image"] == container(find(on, "Deployment", "tuneq-api"))["image"]
     cache = next(v for v in pod_spec(find(on, "Deployment", "tuneq-serve"))["volumes"] if v["name"] == "cache")
@@ -214,12 +215,13 @@ def test_an_unset_serve_image_is_the_main_image_by_digest_too() -> None:
 
 def test_serve_settings_follow_the_values() -> None:
     objs = render("xeon", {"serve": {"maxGenerations": 7, "maxGenerationsPerTenant": 3, "residentModels": 2,
-                                     "threads": 0, "port": 9000,
+                                     "stagedAdapters": 9, "threads": 0, "port": 9000,
                                      "cache": {"useModelCache": False, "sizeLimit": "20Gi"}}})
     c = container(find(objs, "Deployment", "tuneq-serve"))
     env = env_of(c)
     assert (env["TUNEQ_MAX_GENERATIONS"]["value"], env["TUNEQ_RESIDENT_MODELS"]["value"]) == ("7", "2")
     assert env["TUNEQ_MAX_GENERATIONS_PER_TENANT"]["value"] == "3"
+    assert env["TUNEQ_STAGED_ADAPTERS"]["value"] == "9"
     # A tenant's share past all the slots is all the slots.
     capped = render("xeon", {"serve": {"maxGenerations": 2, "maxGenerationsPerTenant": 5}})
     capped_env = env_of(container(find(capped, "Deployment", "tuneq-serve")))
@@ -236,6 +238,7 @@ def test_serve_settings_follow_the_values() -> None:
     ({"serve": {"maxGenerations": 0}}, "/serve/maxGenerations"),
     ({"serve": {"maxGenerationsPerTenant": 0}}, "/serve/maxGenerationsPerTenant"),
     ({"serve": {"residentModels": 0}}, "/serve/residentModels"),
+    ({"serve": {"stagedAdapters": 0}}, "/serve/stagedAdapters"),
     ({"serve": {"image": {"tag": "latest"}}}, "/serve/image/tag"),
     ({"serve": {"resources": {"limits": None}}}, "limits"),
     ({"serve": {"resources": {"limits": {"nvidia.com/gpu": "one"}}}}, "nvidia.com~1gpu"),

@@ -75,6 +75,9 @@ fn bucket_and_key(location: &Location) -> Result<(Location, ObjectKey)> {
 }
 
 impl Storage {
+    /// The folder of `cache` that remote inputs are downloaded into.
+    pub const INPUTS: &'static str = "inputs";
+
     /// Storage with `config`; remote inputs and outputs are staged under `cache`.
     pub fn new(config: StorageConfig, cache: PathBuf) -> Result<Self> {
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -113,7 +116,7 @@ impl Storage {
             return Ok(p.to_path_buf());
         }
         let store = self.open(&location)?;
-        let dir = self.cache.join("inputs").join(cache_name(value));
+        let dir = self.cache.join(Self::INPUTS).join(cache_name(value));
         let listed = self
             .runtime
             .block_on(tuneq_storage::transfer::download_dir(
@@ -137,7 +140,7 @@ impl Storage {
             return Ok(p.to_path_buf());
         }
         let store = self.open(&location)?;
-        let dir = self.cache.join("inputs").join(cache_name(value));
+        let dir = self.cache.join(Self::INPUTS).join(cache_name(value));
         self.runtime.block_on(async {
             for name in tuneq_storage::layout::ADAPTER_FILES {
                 let key = ObjectKey::root().join(name)?;
@@ -167,7 +170,7 @@ impl Storage {
             return Err(spec_error(field, "names a bucket, not a file"));
         }
         let store = self.open(&root)?;
-        let dir = self.cache.join("inputs").join(cache_name(value));
+        let dir = self.cache.join(Self::INPUTS).join(cache_name(value));
         let path = dir.join(key.file_name());
         self.runtime.block_on(async {
             let meta = store.head(&key).await.map_err(|e| match e {

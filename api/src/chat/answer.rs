@@ -22,15 +22,10 @@ pub(crate) struct Reading {
 
 /// Reads `generated` for `plan`: tool calls where the plan lets the model make them
 /// (and the text holds well-formed calls of declared tools), the text otherwise.
-/// `prefill` is the start of the answer the request forced. With `bare_calls`, an
-/// answer that is one bare JSON call (Llama 3.1's way) is read as a call too — not in a
-/// stream, which has shown that text already.
-pub(crate) fn read(
-    plan: &ChatPlan,
-    prefill: &str,
-    generated: &Generated,
-    bare_calls: bool,
-) -> Reading {
+/// `prefill` is the start of the answer the request forced. An answer that is one bare
+/// JSON call (Llama 3.1's way) is read as a call too (a stream holds such an answer back
+/// until it ends: `holdback`).
+pub(crate) fn read(plan: &ChatPlan, prefill: &str, generated: &Generated) -> Reading {
     let finish = match generated.finish {
         Finish::Stop => FinishReason::Stop,
         Finish::Length => FinishReason::Length,
@@ -43,10 +38,7 @@ pub(crate) fn read(
             tagged_calls(&whole, &plan.tool_names)
         }
         ToolMode::Auto if generated.after_marker.is_some() => tagged_calls(after, &plan.tool_names),
-        ToolMode::Auto if bare_calls => {
-            bare_call(&generated.text, &plan.tool_names).map(|c| vec![c])
-        }
-        ToolMode::Auto => None,
+        ToolMode::Auto => bare_call(&generated.text, &plan.tool_names).map(|c| vec![c]),
     };
     match calls {
         Some(calls) => {
@@ -155,7 +147,6 @@ mod tests {
                     "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>",
                 ),
             ),
-            true,
         );
         assert_eq!(r.finish, FinishReason::ToolCalls);
         assert_eq!(r.content.as_deref(), Some("Let me look."));
@@ -168,12 +159,7 @@ mod tests {
     #[test]
     fn a_malformed_call_is_returned_as_text() {
         let p = planned(json!("auto"));
-        let r = read(
-            &p,
-            "",
-            &generated("Hm ", Some("<tool_call>{not json")),
-            true,
-        );
+        let r = read(&p, "", &generated("Hm ", Some("<tool_call>{not json")));
         assert_eq!(r.finish, FinishReason::Stop);
         assert_eq!(r.content.as_deref(), Some("Hm <tool_call>{not json"));
         assert!(r.tool_calls.is_none());
@@ -187,7 +173,6 @@ mod tests {
             &p,
             &prefill,
             &generated("{\"city\": \"Lima\"}}\n</tool_call>", None),
-            true,
         );
         assert_eq!(r.finish, FinishReason::ToolCalls);
         assert_eq!(r.content, None);
@@ -198,10 +183,23 @@ mod tests {
     }
 
     #[test]
+    fn a_bare_json_call_of_a_declared_tool_is_a_tool_call() {
+        let p = planned(json!("auto"));
+        let text = "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome\"}}";
+        let r = read(&p, "", &generated(text, None));
+        assert_eq!(r.finish, FinishReason::ToolCalls);
+        assert_eq!(r.content, None);
+        assert_eq!(
+            r.tool_calls.expect("calls")[0].function.arguments,
+            "{\"city\":\"Rome\"}"
+        );
+    }
+
+    #[test]
     fn with_tool_choice_none_a_call_stays_text() {
         let p = planned(json!("none"));
         let text = "{\"name\": \"get_weather\", \"arguments\": {}}";
-        let r = read(&p, "", &generated(text, None), true);
+        let r = read(&p, "", &generated(text, None));
         assert_eq!(r.content.as_deref(), Some(text));
         assert_eq!(r.finish, FinishReason::Stop);
     }

@@ -9,6 +9,7 @@
 //! Tokens read and written are counted per tenant for `/metrics`.
 
 mod answer;
+mod holdback;
 mod request;
 mod responses;
 mod stream;
@@ -170,31 +171,52 @@ async fn start(
     })
 }
 
-/// Every choice of `plan`, generated whole on a blocking thread that holds `slot`.
+/// Every choice of `plan`, generated whole on a blocking thread that holds `slot`. When
+/// the request is dropped before the answer is done (its client left), generation stops
+/// at the next token and the slot is given back.
 async fn generate_whole(
     slot: tuneq_serve::Slot,
     prepared: Prepared,
     plan: Arc<ChatPlan>,
     span: tracing::Span,
 ) -> ApiResult<(Vec<ChatChoice>, Usage)> {
+    let left = ClientLeft::default();
+    let watch = left.0.clone();
     blocking(move || {
         let _slot = slot;
-        span.in_scope(|| generate_all(&prepared, &plan))
+        let still_waiting = || !watch.load(std::sync::atomic::Ordering::Relaxed);
+        span.in_scope(|| generate_all(&prepared, &plan, &still_waiting))
     })
     .await?
 }
 
-/// Every choice of `plan`, generated whole, and the tokens used.
-fn generate_all(prepared: &Prepared, plan: &ChatPlan) -> ApiResult<(Vec<ChatChoice>, Usage)> {
+/// Set when the request waiting for an answer is dropped — actix drops a request's
+/// future when its client leaves — so that the generating thread stops.
+#[derive(Debug, Default)]
+struct ClientLeft(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for ClientLeft {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Every choice of `plan`, generated whole, and the tokens used; stops when
+/// `still_waiting` says the caller left.
+fn generate_all(
+    prepared: &Prepared,
+    plan: &ChatPlan,
+    still_waiting: &dyn Fn() -> bool,
+) -> ApiResult<(Vec<ChatChoice>, Usage)> {
     let mut choices = Vec::new();
     let mut completion = 0;
     for index in 0..plan.n {
         let generated = prepared
             .model
-            .generate(&prepared.request(plan, index), &mut |_| true)
+            .generate(&prepared.request(plan, index), &mut |_| still_waiting())
             .map_err(serve_error)?;
         completion += generated.tokens as u64;
-        let reading = answer::read(plan, &prepared.prefill, &generated, true);
+        let reading = answer::read(plan, &prepared.prefill, &generated);
         choices.push(ChatChoice {
             index,
             message: reading.message(),
@@ -369,6 +391,14 @@ fn serve_error(e: ServeError) -> ApiError {
             Code::ContextLengthExceeded,
             format!("The conversation is {tokens} tokens; the model's context holds {context}."),
         ),
+        ServeError::Abandoned => {
+            // No one reads this answer: not a failure of the server's.
+            tracing::debug!("the client left before its answer was done");
+            ApiError::new(
+                Code::InternalError,
+                "The client left before its answer was done.",
+            )
+        }
         other => {
             tracing::error!(error = %other, "generation failed");
             ApiError::internal("generation")

@@ -2,7 +2,8 @@
 //! completions' is [`ChunkWriter`] — `data: {chat.completion.chunk}` events exactly as
 //! OpenAI's SDKs read them: a first chunk with the role, content chunks, the tool calls
 //! whole at the end, a chunk with the finish reason, a usage chunk when asked for, and
-//! `data: [DONE]`; the Responses API's is in [`super::responses`].
+//! `data: [DONE]`; the Responses API's is in [`super::responses`]. An answer that may
+//! be a bare tool call is held back until it shows whether it is one ([`super::holdback`]).
 //!
 //! Generation runs on a blocking thread and hands chunks to the response through a
 //! small bounded channel: a slow reader slows generation rather than piling chunks up
@@ -10,6 +11,7 @@
 //! gives the slot back.
 
 use super::answer;
+use super::holdback::BareCallHold;
 use super::request::{ChatPlan, ToolMode};
 use super::{Inference, Prepared, Stamp};
 use actix_web::HttpResponse;
@@ -99,12 +101,15 @@ fn generate(sink: &mut dyn AnswerSink, prepared: &Prepared, plan: &ChatPlan) -> 
         if !sink.open(index) {
             return None;
         }
+        let mut hold = BareCallHold::new(plan.tools == ToolMode::Auto);
         let generated = {
             let mut on_piece = |piece: tuneq_serve::Piece| {
                 if !streams_text || (piece.text.is_empty() && piece.logprobs.is_empty()) {
                     return sink.alive();
                 }
-                sink.text(index, piece)
+                hold.push(piece)
+                    .into_iter()
+                    .all(|piece| sink.text(index, piece))
             };
             prepared
                 .model
@@ -119,7 +124,17 @@ fn generate(sink: &mut dyn AnswerSink, prepared: &Prepared, plan: &ChatPlan) -> 
             }
         };
         completion += generated.tokens as u64;
-        let reading = answer::read(plan, &prepared.prefill, &generated, false);
+        // An answer that may be a bare call was held back until now (`holdback`).
+        let reading = answer::read(plan, &prepared.prefill, &generated);
+        let bare_call = reading.tool_calls.is_some() && generated.after_marker.is_none();
+        if !bare_call
+            && !hold
+                .release()
+                .into_iter()
+                .all(|piece| sink.text(index, piece))
+        {
+            return None;
+        }
         let unshown = match (&reading.tool_calls, streams_text) {
             (Some(_), _) => None,
             // Text after a call's opening that did not read as a call.

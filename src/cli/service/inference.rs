@@ -29,6 +29,11 @@ pub struct InferenceArgs {
     /// this (or what the model's context leaves); one asking for more is refused.
     #[arg(long, env = "TUNEQ_MAX_ANSWER_TOKENS", default_value_t = 4096)]
     max_answer_tokens: usize,
+    /// Adapters from the object store kept on local disk (in the cache folder) for the
+    /// fine-tuned models answered most recently; the others' files are deleted and
+    /// fetched again when asked for.
+    #[arg(long, env = "TUNEQ_STAGED_ADAPTERS", default_value_t = 64)]
+    staged_adapters: usize,
 }
 
 impl InferenceArgs {
@@ -47,10 +52,11 @@ impl InferenceArgs {
             self.resident_models,
             self.max_batch,
             self.max_answer_tokens,
+            self.staged_adapters,
         ];
         if counts.contains(&0) {
             anyhow::bail!(super::super::BadInput(
-                "--max-generations, --max-generations-per-tenant, --resident-models, --max-batch and --max-answer-tokens must be at least 1".into()
+                "--max-generations, --max-generations-per-tenant, --resident-models, --max-batch, --max-answer-tokens and --staged-adapters must be at least 1".into()
             ));
         }
         let engine = tuneq_serve::EngineConfig {
@@ -60,7 +66,7 @@ impl InferenceArgs {
             max_batch: self.max_batch,
             max_answer_tokens: self.max_answer_tokens,
         };
-        let staging = tuneq_serve::Staging::new(storage, cache)?;
+        let staging = tuneq_serve::Staging::new(storage, cache, self.staged_adapters)?;
         Ok(tuneq_api::inference::Inference::new(engine, staging))
     }
 }

@@ -1,0 +1,128 @@
+//! Holding back a streamed answer that may be a bare tool call.
+//!
+//! Llama 3.1 (and models fine-tuned on its way) calls a tool by answering with the bare
+//! JSON object — `{"name": …, "parameters": …}` — with no tag before it. A stream that
+//! showed that text as it came could not take it back once the whole answer reads as a
+//! call. So, when the model may call tools of its own accord, the first pieces are held
+//! until the answer's first visible character says what it is: `{` holds the whole
+//! answer (it is read as a call, or released as text, when it ends); anything else
+//! releases what was held and streams the rest as it comes.
+
+use tuneq_serve::Piece;
+
+/// Where an answer's stream stands.
+#[derive(Debug)]
+enum State {
+    /// Pieces go out as they come.
+    Streaming,
+    /// Nothing visible yet: the pieces so far are held.
+    Deciding(Vec<Piece>),
+    /// The answer began with `{`: everything is held until it ends.
+    Holding(Vec<Piece>),
+}
+
+/// Holds back the pieces of an answer that may be a bare tool call.
+#[derive(Debug)]
+pub(super) struct BareCallHold {
+    state: State,
+}
+
+impl BareCallHold {
+    /// A hold for an answer that may (`may_call`) be a bare call; otherwise pieces pass.
+    pub(super) fn new(may_call: bool) -> Self {
+        Self {
+            state: match may_call {
+                true => State::Deciding(Vec::new()),
+                false => State::Streaming,
+            },
+        }
+    }
+
+    /// Takes the next piece; returns the pieces to stream now, in order.
+    pub(super) fn push(&mut self, piece: Piece) -> Vec<Piece> {
+        match &mut self.state {
+            State::Streaming => vec![piece],
+            State::Holding(held) => {
+                held.push(piece);
+                Vec::new()
+            }
+            State::Deciding(held) => {
+                held.push(piece);
+                let first = held
+                    .iter()
+                    .flat_map(|p| p.text.chars())
+                    .find(|c| !c.is_whitespace());
+                match first {
+                    None => Vec::new(),
+                    Some('{') => {
+                        self.state = State::Holding(std::mem::take(held));
+                        Vec::new()
+                    }
+                    Some(_) => std::mem::replace(&mut self.state, State::Streaming).into_held(),
+                }
+            }
+        }
+    }
+
+    /// The answer ended: the pieces still held, to stream unless it read as a call.
+    pub(super) fn release(self) -> Vec<Piece> {
+        self.state.into_held()
+    }
+}
+
+impl State {
+    fn into_held(self) -> Vec<Piece> {
+        match self {
+            State::Streaming => Vec::new(),
+            State::Deciding(held) | State::Holding(held) => held,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn piece(text: &str) -> Piece {
+        Piece {
+            text: text.into(),
+            logprobs: Vec::new(),
+        }
+    }
+
+    fn texts(pieces: &[Piece]) -> Vec<&str> {
+        pieces.iter().map(|p| p.text.as_str()).collect()
+    }
+
+    #[test]
+    fn text_that_starts_with_a_word_streams_from_its_first_visible_piece() {
+        let mut hold = BareCallHold::new(true);
+        assert!(hold.push(piece(" ")).is_empty());
+        assert_eq!(texts(&hold.push(piece("\nIt"))), [" ", "\nIt"]);
+        assert_eq!(texts(&hold.push(piece(" rains"))), [" rains"]);
+        assert!(hold.release().is_empty());
+    }
+
+    #[test]
+    fn an_answer_that_opens_a_brace_is_held_to_the_end() {
+        let mut hold = BareCallHold::new(true);
+        for text in [" {", "\"name\"", ": \"search\"}"] {
+            assert!(hold.push(piece(text)).is_empty());
+        }
+        assert_eq!(texts(&hold.release()), [" {", "\"name\"", ": \"search\"}"]);
+    }
+
+    #[test]
+    fn an_answer_that_cannot_call_passes_straight_through() {
+        let mut hold = BareCallHold::new(false);
+        assert_eq!(texts(&hold.push(piece("{"))), ["{"]);
+        assert!(hold.release().is_empty());
+    }
+
+    #[test]
+    fn an_empty_answer_releases_its_silent_pieces_at_the_end() {
+        let mut hold = BareCallHold::new(true);
+        assert!(hold.push(piece("")).is_empty());
+        assert_eq!(texts(&hold.release()), [""]);
+    }
+}
