@@ -1,4 +1,5 @@
-"""Converts a Llama-family GGUF file into a Hugging Face model folder tuneq trains on.
+"""Converts a GGUF file of a family tuneq trains (Llama, Qwen2) into a Hugging Face model
+folder.
 
     python scripts/gguf_to_hf.py MODEL.gguf OUT_DIR
 
@@ -20,9 +21,11 @@ import sys
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 PROBE = [{"role": "user", "content": "What is the capital of France?"}]
+# The model types tuneq trains (tuneq_pools::Architecture).
+TRAINED = ("llama", "qwen2")
 
 
 def convert(gguf: Path, out: Path) -> None:
@@ -33,8 +36,9 @@ def convert(gguf: Path, out: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
                                                  dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    if model.config.model_type != "llama":
-        sys.exit(f"gguf_to_hf: {gguf.name} holds a {model.config.model_type!r} model; tuneq trains Llama-family models")
+    if model.config.model_type not in TRAINED:
+        sys.exit(f"gguf_to_hf: {gguf.name} holds a {model.config.model_type!r} model; "
+                 f"tuneq trains {', '.join(TRAINED)} models")
     # The dequantized weights are plain float32 tensors: the folder is an ordinary model,
     # not a quantized one, and transformers saves it only without the GGUF marker.
     del model.config.quantization_config
@@ -46,7 +50,10 @@ def convert(gguf: Path, out: Path) -> None:
 
     ids = tokenizer.apply_chat_template(PROBE, add_generation_prompt=True, return_tensors="pt",
                                         return_dict=True)["input_ids"]
-    reread = LlamaForCausalLM.from_pretrained(str(partial), dtype=torch.float32).eval()
+    reread = AutoModelForCausalLM.from_pretrained(str(partial), dtype=torch.float32).eval()
+    if type(reread) is not type(model):
+        sys.exit(f"gguf_to_hf: the saved folder loads as {type(reread).__name__}, "
+                 f"the GGUF as {type(model).__name__}")
     with torch.no_grad():
         want = model(input_ids=ids).logits
         got = reread(input_ids=ids).logits

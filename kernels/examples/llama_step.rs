@@ -99,6 +99,7 @@ fn preset_dims(preset: &str) -> Dims {
             kv_heads: 12,
             head_dim: 64,
             rms_eps: 1e-5,
+            qk_norm: false,
         },
         _ => Dims {
             vocab: 4096,
@@ -109,6 +110,7 @@ fn preset_dims(preset: &str) -> Dims {
             kv_heads: 4,
             head_dim: 32,
             rms_eps: 1e-5,
+            qk_norm: false,
         },
     }
 }
@@ -192,9 +194,11 @@ impl Tensors {
     fn model(&self, dims: Dims, compute: Compute) -> Model<'_> {
         let layers = (0..dims.layers)
             .map(|l| Layer {
+                qk_norm: None,
                 input_norm: &self.ones,
                 post_norm: &self.ones,
                 proj: std::array::from_fn(|p| Projection {
+                    bias: None,
                     weight: self.weights[l][p].view(),
                     lora: Some(Lora {
                         a: &self.factors[l][p].0,

@@ -65,6 +65,7 @@ fn step_bytes_is_what_a_step_allocates() {
         kv_heads: 2,
         head_dim: 16,
         rms_eps: 1e-5,
+        qk_norm: false,
     };
     let (rows, len, r) = (4, 128, 4);
     let n = rows * len;
@@ -108,9 +109,11 @@ fn step_bytes_is_what_a_step_allocates() {
     let layers = |frozen_bf16: bool| -> Vec<Layer<'_>> {
         (0..dims.layers)
             .map(|l| Layer {
+                qk_norm: None,
                 input_norm: &ones,
                 post_norm: &ones,
                 proj: std::array::from_fn(|p| Projection {
+                    bias: None,
                     weight: if frozen_bf16 {
                         Frozen::Bf16(&weights16[l][p])
                     } else {

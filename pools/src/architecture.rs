@@ -1,7 +1,10 @@
 //! Which model architectures tuneq trains, decided from a model's `config.json`.
 //!
-//! tuneq implements the Llama decoder (Llama 2/3.x, SmolLM2, TinyLlama). Other families
-//! look alike on paper — the same field names for the same shapes — but differ in the
+//! tuneq implements the Llama decoder (Llama 2/3.x, SmolLM2, TinyLlama), Qwen2 (Qwen2,
+//! Qwen2.5: Llama's decoder with a bias on the q, k and v projections), Qwen3 (Llama's
+//! decoder with an RMSNorm on each query and key head) and Mistral (Llama's decoder,
+//! whose sliding window is accepted only where it never binds). Other families look
+//! alike on paper — the same field names for the same shapes — but differ in the
 //! maths (biases on q/k/v, per-head norms, GeGLU, soft-capping, sliding windows, fused
 //! projections), and a loader that ignores what it does not know trains them wrongly and
 //! silently. So a config is accepted only when its `model_type` is on the allow-list
@@ -20,16 +23,33 @@ use serde_json::Value;
 pub enum Architecture {
     /// `model_type: "llama"` (`LlamaForCausalLM`).
     Llama,
+    /// `model_type: "qwen2"` (`Qwen2ForCausalLM`: Qwen2, Qwen2.5): Llama's decoder with a
+    /// bias on the q, k and v projections.
+    Qwen2,
+    /// `model_type: "qwen3"` (`Qwen3ForCausalLM`): Llama's decoder with an RMSNorm on
+    /// each head of the queries and keys, before RoPE.
+    Qwen3,
+    /// `model_type: "mistral"` (`MistralForCausalLM`): Llama's decoder; its sliding
+    /// window must be absent or at least the context (see [`architecture_of`]).
+    Mistral,
 }
 
 impl Architecture {
     /// Every architecture tuneq trains.
-    pub const ALL: [Architecture; 1] = [Architecture::Llama];
+    pub const ALL: [Architecture; 4] = [
+        Architecture::Llama,
+        Architecture::Qwen2,
+        Architecture::Qwen3,
+        Architecture::Mistral,
+    ];
 
     /// Its `model_type` in `config.json`.
     pub fn model_type(self) -> &'static str {
         match self {
             Architecture::Llama => "llama",
+            Architecture::Qwen2 => "qwen2",
+            Architecture::Qwen3 => "qwen3",
+            Architecture::Mistral => "mistral",
         }
     }
 
@@ -37,10 +57,38 @@ impl Architecture {
     pub fn causal_lm_class(self) -> &'static str {
         match self {
             Architecture::Llama => "LlamaForCausalLM",
+            Architecture::Qwen2 => "Qwen2ForCausalLM",
+            Architecture::Qwen3 => "Qwen3ForCausalLM",
+            Architecture::Mistral => "MistralForCausalLM",
         }
     }
 
-    fn from_model_type(model_type: &str) -> Option<Self> {
+    /// Whether the q, k and v projections carry a bias (Qwen2's always do, whatever
+    /// the config says: transformers' Qwen2 reads no field for it).
+    pub fn qkv_bias(self) -> bool {
+        matches!(self, Architecture::Qwen2)
+    }
+
+    /// Whether each query and key head is RMS-normalised before RoPE (Qwen3's `q_norm`
+    /// and `k_norm`, `head_dim` weights each).
+    pub fn qk_norm(self) -> bool {
+        matches!(self, Architecture::Qwen3)
+    }
+
+    /// The rules of its config's fields: what transformers' class reads that changes
+    /// the maths, then the fields of other families.
+    fn rules(self) -> impl Iterator<Item = &'static Rule> {
+        let own: &'static [Rule] = match self {
+            Architecture::Llama => LLAMA_RULES,
+            Architecture::Qwen2 => QWEN2_RULES,
+            Architecture::Qwen3 => QWEN3_RULES,
+            Architecture::Mistral => MISTRAL_RULES,
+        };
+        own.iter().chain(FOREIGN_RULES)
+    }
+
+    /// The architecture a `model_type` names, if tuneq trains it.
+    pub fn from_model_type(model_type: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|a| a.model_type() == model_type)
     }
 }
@@ -104,7 +152,8 @@ impl Unsupported {
     }
 }
 
-fn supported() -> String {
+/// The `model_type`s tuneq trains, quoted, for messages.
+pub fn supported() -> String {
     Architecture::ALL
         .iter()
         .map(|a| format!("{:?}", a.model_type()))
@@ -135,52 +184,61 @@ fn is_absent_or(value: &Value, ok: impl Fn(&Value) -> bool) -> bool {
     value.is_null() || ok(value)
 }
 
+/// The MLP's SiLU, which every family here has.
+const SILU: Rule = Rule {
+    field: "hidden_act",
+    implemented: |v| is_absent_or(v, |v| v == "silu"),
+    why: "the MLP's activation is SiLU",
+};
+
+const NO_ATTENTION_BIAS: Rule = Rule {
+    field: "attention_bias",
+    implemented: |v| is_absent_or(v, |v| v == &Value::Bool(false)),
+    why: "the attention projections have no bias",
+};
+
+const NO_ATTENTION_DROPOUT: Rule = Rule {
+    field: "attention_dropout",
+    implemented: |v| is_absent_or(v, |v| v.as_f64() == Some(0.0)),
+    why: "dropout on the attention weights is not implemented (LoRA dropout is)",
+};
+
+const ROPE_SCALING: Rule = Rule {
+    field: "rope_scaling",
+    implemented: |v| is_absent_or(v, rope_kind_is_implemented),
+    why: "RoPE scaling of kind \"llama3\" (or none) is implemented",
+};
+
+const ROPE_PARAMETERS: Rule = Rule {
+    field: "rope_parameters",
+    implemented: |v| is_absent_or(v, rope_kind_is_implemented),
+    why: "RoPE scaling of kind \"llama3\" (or \"default\") is implemented",
+};
+
+/// The Qwens' window switch (their `sliding_window` and `max_window_layers` are read
+/// only with it).
+const QWEN_NO_WINDOW: Rule = Rule {
+    field: "use_sliding_window",
+    implemented: |v| is_absent_or(v, |v| v == &Value::Bool(false)),
+    why: "sliding-window attention is not implemented for the Qwens (every layer attends to all earlier positions, as their published configs ask)",
+};
+
 /// The fields transformers' Llama reads that change its maths, with the values tuneq
-/// implements. (Shapes, `rms_norm_eps`, `rope_theta`, `tie_word_embeddings` and the token
-/// ids are implemented for every value and are checked for consistency by the loader.)
+/// implements, and a window, which Llama's maths has not (the Qwens name one, read only
+/// with their switch; Mistral's is checked against its context, `mistral_window`).
+/// (Shapes, `rms_norm_eps`, `rope_theta`, `tie_word_embeddings` and the token ids are
+/// implemented for every value and are checked for consistency by the loader.)
 const LLAMA_RULES: &[Rule] = &[
-    Rule {
-        field: "hidden_act",
-        implemented: |v| is_absent_or(v, |v| v == "silu"),
-        why: "the MLP's activation is SiLU",
-    },
-    Rule {
-        field: "attention_bias",
-        implemented: |v| is_absent_or(v, |v| v == &Value::Bool(false)),
-        why: "the attention projections have no bias",
-    },
+    SILU,
+    NO_ATTENTION_BIAS,
     Rule {
         field: "mlp_bias",
         implemented: |v| is_absent_or(v, |v| v == &Value::Bool(false)),
         why: "the MLP projections have no bias",
     },
-    Rule {
-        field: "attention_dropout",
-        implemented: |v| is_absent_or(v, |v| v.as_f64() == Some(0.0)),
-        why: "dropout on the attention weights is not implemented (LoRA dropout is)",
-    },
-    Rule {
-        field: "rope_scaling",
-        implemented: |v| is_absent_or(v, rope_kind_is_implemented),
-        why: "RoPE scaling of kind \"llama3\" (or none) is implemented",
-    },
-    Rule {
-        field: "rope_parameters",
-        implemented: |v| is_absent_or(v, rope_kind_is_implemented),
-        why: "RoPE scaling of kind \"llama3\" (or \"default\") is implemented",
-    },
-];
-
-/// Fields of other families that change their maths. Transformers' Llama would ignore
-/// them, but a Llama config that sets one was almost surely written for another model
-/// (or edited by hand), and training it as Llama would be silently wrong: refused unless
-/// they hold their neutral value.
-const FOREIGN_RULES: &[Rule] = &[
-    Rule {
-        field: "hidden_activation",
-        implemented: Value::is_null,
-        why: "a Gemma-style activation; Llama's is hidden_act = silu",
-    },
+    NO_ATTENTION_DROPOUT,
+    ROPE_SCALING,
+    ROPE_PARAMETERS,
     Rule {
         field: "sliding_window",
         implemented: Value::is_null,
@@ -190,6 +248,81 @@ const FOREIGN_RULES: &[Rule] = &[
         field: "use_sliding_window",
         implemented: |v| is_absent_or(v, |v| v == &Value::Bool(false)),
         why: "sliding-window attention is not implemented",
+    },
+];
+
+/// Qwen2's (its q/k/v biases are not a field: always there).
+const QWEN2_RULES: &[Rule] = &[
+    SILU,
+    NO_ATTENTION_DROPOUT,
+    QWEN_NO_WINDOW,
+    ROPE_SCALING,
+    ROPE_PARAMETERS,
+];
+
+/// Qwen3's (its q/k norms are not a field: always there).
+const QWEN3_RULES: &[Rule] = &[
+    SILU,
+    NO_ATTENTION_BIAS,
+    NO_ATTENTION_DROPOUT,
+    QWEN_NO_WINDOW,
+    Rule {
+        field: "layer_types",
+        implemented: |v| {
+            is_absent_or(v, |v| {
+                v.as_array()
+                    .is_some_and(|all| all.iter().all(|t| t == "full_attention"))
+            })
+        },
+        why: "every layer attends to all earlier positions (full_attention)",
+    },
+    ROPE_SCALING,
+    ROPE_PARAMETERS,
+];
+
+/// Mistral's, besides its window (`mistral_window`).
+const MISTRAL_RULES: &[Rule] = &[SILU, NO_ATTENTION_DROPOUT, ROPE_SCALING, ROPE_PARAMETERS];
+
+/// transformers' `MistralConfig` window when a config names none (`null` is no window).
+const MISTRAL_DEFAULT_WINDOW: u64 = 4096;
+
+/// A Mistral's sliding window is implemented only where it never binds: absent from
+/// the maths (`null`, Mistral 7B v0.2/v0.3, Nemo) or at least `max_position_embeddings`
+/// long, so no position can see past it. A shorter one (Mistral 7B v0.1's 4096 of
+/// 32768) is refused, naming the field.
+fn mistral_window(object: &serde_json::Map<String, Value>) -> Result<(), Unsupported> {
+    let window = match object.get("sliding_window") {
+        None => Some(MISTRAL_DEFAULT_WINDOW),
+        Some(Value::Null) => None,
+        Some(other) => Some(other.as_u64().ok_or_else(|| Unsupported::Field {
+            field: "sliding_window",
+            value: shown_value(other),
+            why: "a window is a whole number of positions",
+        })?),
+    };
+    let context = object
+        .get("max_position_embeddings")
+        .and_then(Value::as_u64);
+    match (window, context) {
+        (None, _) => Ok(()),
+        (Some(w), Some(context)) if w >= context => Ok(()),
+        (Some(w), _) => Err(Unsupported::Field {
+            field: "sliding_window",
+            value: w.to_string(),
+            why: "sliding-window attention is not implemented: a Mistral's window must be null or at least max_position_embeddings (where it never binds)",
+        }),
+    }
+}
+
+/// Fields of other families that change their maths. Transformers' class would ignore
+/// them, but a config that sets one was almost surely written for another model (or
+/// edited by hand), and training it as this family would be silently wrong: refused
+/// unless they hold their neutral value.
+const FOREIGN_RULES: &[Rule] = &[
+    Rule {
+        field: "hidden_activation",
+        implemented: Value::is_null,
+        why: "a Gemma-style activation; Llama's is hidden_act = silu",
     },
     Rule {
         field: "attn_logit_softcapping",
@@ -276,10 +409,7 @@ pub fn architecture_of(config: &Value) -> Result<Architecture, Unsupported> {
             });
         }
     }
-    let rules = match architecture {
-        Architecture::Llama => LLAMA_RULES.iter().chain(FOREIGN_RULES),
-    };
-    for rule in rules {
+    for rule in architecture.rules() {
         let value = object.get(rule.field).unwrap_or(&Value::Null);
         if !(rule.implemented)(value) {
             return Err(Unsupported::Field {
@@ -288,6 +418,9 @@ pub fn architecture_of(config: &Value) -> Result<Architecture, Unsupported> {
                 why: rule.why,
             });
         }
+    }
+    if architecture == Architecture::Mistral {
+        mistral_window(object)?;
     }
     Ok(architecture)
 }
@@ -340,9 +473,131 @@ mod tests {
         assert_eq!(architecture_of(&v5), Ok(Architecture::Llama));
     }
 
+    /// Qwen2.5-0.5B-Instruct's `config.json` as published.
+    fn qwen25() -> Value {
+        json!({
+            "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0,
+            "bos_token_id": 151643, "eos_token_id": 151645, "hidden_act": "silu",
+            "hidden_size": 896, "initializer_range": 0.02, "intermediate_size": 4864,
+            "max_position_embeddings": 32768, "max_window_layers": 21, "model_type": "qwen2",
+            "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2,
+            "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768,
+            "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+            "transformers_version": "4.43.1", "use_cache": true, "use_sliding_window": false,
+            "vocab_size": 151936
+        })
+    }
+
+    #[test]
+    fn published_qwen2_configs_are_accepted_with_their_biases() {
+        assert_eq!(architecture_of(&qwen25()), Ok(Architecture::Qwen2));
+        assert!(Architecture::Qwen2.qkv_bias() && !Architecture::Llama.qkv_bias());
+        let windowed = with(qwen25(), "use_sliding_window", json!(true));
+        assert_eq!(
+            architecture_of(&windowed).unwrap_err().field(),
+            "use_sliding_window"
+        );
+        for (field, value) in [
+            ("hidden_act", json!("gelu")),
+            ("rope_scaling", json!({"type": "yarn", "factor": 4.0})),
+            ("use_qk_norm", json!(true)),
+        ] {
+            let refusal = architecture_of(&with(qwen25(), field, value)).unwrap_err();
+            assert_eq!(refusal.field(), field);
+        }
+        let misnamed = with(qwen25(), "architectures", json!(["LlamaForCausalLM"]));
+        assert_eq!(
+            architecture_of(&misnamed).unwrap_err().field(),
+            "architectures"
+        );
+    }
+
+    /// Qwen3-0.6B's `config.json` as published.
+    fn qwen3() -> Value {
+        json!({
+            "architectures": ["Qwen3ForCausalLM"], "attention_bias": false,
+            "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151645,
+            "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024,
+            "initializer_range": 0.02, "intermediate_size": 3072,
+            "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+            "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+            "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000,
+            "sliding_window": null, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+            "transformers_version": "4.51.0", "use_cache": true, "use_sliding_window": false,
+            "vocab_size": 151936
+        })
+    }
+
+    #[test]
+    fn published_qwen3_configs_are_accepted_with_their_qk_norms() {
+        assert_eq!(architecture_of(&qwen3()), Ok(Architecture::Qwen3));
+        assert!(Architecture::Qwen3.qk_norm() && !Architecture::Qwen3.qkv_bias());
+        assert!(!Architecture::Qwen2.qk_norm() && !Architecture::Llama.qk_norm());
+        let layered = with(
+            qwen3(),
+            "layer_types",
+            json!(["full_attention", "full_attention"]),
+        );
+        assert_eq!(architecture_of(&layered), Ok(Architecture::Qwen3));
+        for (field, value) in [
+            ("attention_bias", json!(true)),
+            ("use_sliding_window", json!(true)),
+            (
+                "layer_types",
+                json!(["full_attention", "sliding_attention"]),
+            ),
+        ] {
+            let refusal = architecture_of(&with(qwen3(), field, value)).unwrap_err();
+            assert_eq!(refusal.field(), field);
+        }
+    }
+
+    /// Mistral-7B-Instruct-v0.3's `config.json` as published.
+    fn mistral_v03() -> Value {
+        json!({
+            "architectures": ["MistralForCausalLM"], "attention_dropout": 0.0,
+            "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096,
+            "initializer_range": 0.02, "intermediate_size": 14336,
+            "max_position_embeddings": 32768, "model_type": "mistral",
+            "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+            "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "sliding_window": null,
+            "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+            "transformers_version": "4.42.0.dev0", "use_cache": true, "vocab_size": 32768
+        })
+    }
+
+    #[test]
+    fn mistral_is_accepted_where_its_window_never_binds() {
+        assert_eq!(architecture_of(&mistral_v03()), Ok(Architecture::Mistral));
+        let long_window = with(mistral_v03(), "sliding_window", json!(32768));
+        assert_eq!(architecture_of(&long_window), Ok(Architecture::Mistral));
+        // v0.1's window of 4096 over a 32768 context, written or left to transformers'
+        // default, binds: refused naming the field.
+        let v01 = with(mistral_v03(), "sliding_window", json!(4096));
+        let mut unnamed = mistral_v03();
+        unnamed.as_object_mut().unwrap().remove("sliding_window");
+        for config in [v01, unnamed] {
+            let refusal = architecture_of(&config).unwrap_err();
+            assert_eq!(refusal.field(), "sliding_window");
+            assert!(refusal.to_string().contains("4096"), "{refusal}");
+        }
+        let short = with(mistral_v03(), "max_position_embeddings", json!(4096));
+        let unnamed_short = short.as_object().map(|o| {
+            let mut o = o.clone();
+            o.remove("sliding_window");
+            Value::Object(o)
+        });
+        assert_eq!(
+            architecture_of(&unnamed_short.unwrap()),
+            Ok(Architecture::Mistral)
+        );
+        let gelu = with(mistral_v03(), "hidden_act", json!("gelu"));
+        assert_eq!(architecture_of(&gelu).unwrap_err().field(), "hidden_act");
+    }
+
     #[test]
     fn other_families_are_refused_by_name() {
-        for family in ["qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "phi3"] {
+        for family in ["gemma2", "gemma3_text", "phi3"] {
             let config = with(llama32(), "model_type", json!(family));
             let refusal = architecture_of(&config).unwrap_err();
             assert_eq!(

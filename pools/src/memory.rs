@@ -7,8 +7,9 @@ use serde::{Deserialize, Serialize};
 use tuneq_kernels::llama::{Compute, Dims, PROJECTIONS, step_bytes_on_any_cpu};
 use tuneq_openapi::{ActivationCheckpointing, ComputeKind, DtypeKind, LoraSpec};
 
-/// The shape of a Llama-family model, from its `config.json`: the fields placement's
-/// estimate reads, and the trainer's config carries them too (flattened into its own).
+/// The shape of a model of a family tuneq trains, from its `config.json`: the fields
+/// placement's estimate reads, and the trainer's config carries them too (flattened into
+/// its own).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelShape {
     /// Width of the residual stream.
@@ -36,6 +37,10 @@ pub struct ModelShape {
     #[serde(default)]
     /// The dtype its files hold (`float32`, `bfloat16`, `float16`).
     pub torch_dtype: Option<String>,
+    #[serde(default)]
+    /// Its family (`llama`, `qwen2`, `qwen3`, `mistral`; see [`crate::Architecture`]),
+    /// which [`ModelShape::read`] and the trainer's loader check before reading the rest.
+    pub model_type: Option<String>,
     /// How many tokens its `tokenizer.json` adds beside the model's own vocabulary (each
     /// costs about three times a vocabulary entry, see `tokenizer_bytes`). Read by
     /// [`ModelShape::read`]; None where no tokenizer was read, counted as all added.
@@ -156,10 +161,19 @@ impl ModelShape {
             * self.num_hidden_layers
     }
 
+    /// Its family (Llama's when the config names none, as a config built in code may).
+    pub fn architecture(&self) -> crate::Architecture {
+        self.model_type
+            .as_deref()
+            .and_then(crate::Architecture::from_model_type)
+            .unwrap_or(crate::Architecture::Llama)
+    }
+
     /// The architecture as the CPU kernels take it.
     pub fn dims(&self) -> Dims {
         let heads = self.num_attention_heads as usize;
         Dims {
+            qk_norm: self.architecture().qk_norm(),
             vocab: self.vocab_size as usize,
             hidden: self.hidden_size as usize,
             intermediate: self.intermediate_size as usize,
@@ -570,18 +584,18 @@ mod tests {
 
     #[test]
     fn a_folder_of_another_architecture_is_refused_not_read_as_llama() {
-        let (dir, _) = model_folder("qwen", 256);
-        let qwen = serde_json::json!({
-            "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 64,
+        let (dir, _) = model_folder("gemma", 256);
+        let gemma = serde_json::json!({
+            "model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"], "hidden_size": 64,
             "intermediate_size": 172, "num_hidden_layers": 2, "num_attention_heads": 4,
             "vocab_size": 256
         });
-        std::fs::write(dir.join("config.json"), qwen.to_string()).unwrap();
+        std::fs::write(dir.join("config.json"), gemma.to_string()).unwrap();
         let read = ModelShape::read(&dir);
         std::fs::remove_dir_all(&dir).unwrap();
         let refusal = read.expect("a readable config").unwrap_err();
         assert_eq!(refusal.field(), "model_type");
-        assert!(refusal.to_string().contains("qwen2"), "{refusal}");
+        assert!(refusal.to_string().contains("gemma2"), "{refusal}");
     }
 
     #[test]

@@ -66,6 +66,10 @@ pub struct TrainBench {
     /// Model size.
     #[arg(long, default_value = "tiny")]
     preset: Preset,
+    /// The family: llama, qwen2 (q/k/v biases), qwen3 (q/k head norms) or mistral, the
+    /// preset's shape either way.
+    #[arg(long, default_value = "llama", value_parser = super::model::parse_architecture)]
+    arch: tuneq_pools::Architecture,
     /// Sequences per step.
     #[arg(long, short = 'B', default_value_t = 4)]
     batch: usize,
@@ -95,6 +99,7 @@ impl TrainBench {
     fn options(self) -> BenchOptions {
         BenchOptions {
             preset: self.preset,
+            architecture: self.arch,
             batch: self.batch,
             seq: self.seq,
             steps: self.steps,

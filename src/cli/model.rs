@@ -29,6 +29,10 @@ pub enum ModelCommand {
         /// Add a Llama 3 rope_scaling block to the config.
         #[arg(long)]
         llama3_rope: bool,
+        /// The family (its `model_type`): llama, qwen2 (the same shapes with q/k/v
+        /// biases), qwen3 (with q/k head norms) or mistral (Llama's maths, no window).
+        #[arg(long, default_value = "llama", value_parser = parse_architecture)]
+        arch: tuneq_pools::Architecture,
     },
     /// The memory a fine-tune of a local model needs, by part (the estimate placement
     /// compares with a pool's memory), on the CPU and on a GPU.
@@ -79,6 +83,7 @@ pub fn run(cmd: ModelCommand) -> Result<ExitCode> {
             shards,
             tie_embeddings,
             llama3_rope,
+            arch,
         } => {
             let opts = InitOptions {
                 preset,
@@ -86,11 +91,24 @@ pub fn run(cmd: ModelCommand) -> Result<ExitCode> {
                 shards,
                 tie_embeddings,
                 llama3_rope,
+                architecture: arch,
             };
             init(&opts, &out)
         }
         ModelCommand::Estimate(args) => estimate(args),
     }
+}
+
+/// A family by its `model_type`.
+pub(crate) fn parse_architecture(
+    name: &str,
+) -> std::result::Result<tuneq_pools::Architecture, String> {
+    tuneq_pools::Architecture::from_model_type(name).ok_or_else(|| {
+        format!(
+            "unknown architecture {name:?}; use one of {}",
+            tuneq_pools::architecture::supported()
+        )
+    })
 }
 
 /// `tuneq model init`: writes the model and prints its shape as JSON.

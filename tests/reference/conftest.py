@@ -149,6 +149,13 @@ def real_model() -> Path:
 
 
 @pytest.fixture(scope="session")
+def real_qwen2() -> Path:
+    """Qwen2.5-Coder-0.5B-Instruct (Qwen2 family, Qwen2.5's chat template with tools),
+    dequantized from its Q4_K_M GGUF by `scripts/fetch-real-model qwen2`."""
+    return harness.find_real_model("qwen2")
+
+
+@pytest.fixture(scope="session")
 def real_adapter(tuneq, real_model, chat_dataset, tmp_path_factory) -> Path:
     """An adapter on all seven projections of the real model, trained 5 steps (lr 1e-3,
     which moves every lora_B off zero without wrecking a pretrained model)."""

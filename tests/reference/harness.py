@@ -82,16 +82,25 @@ def find_tuneq() -> Path:
     return path
 
 
-def find_real_model() -> Path:
-    """TUNEQ_REAL_MODEL, default target/models/smollm2-135m-instruct-q4_1 (what
-    scripts/fetch-real-model writes); a loud failure naming that script when it is missing."""
-    raw = os.environ.get("TUNEQ_REAL_MODEL", "target/models/smollm2-135m-instruct-q4_1")
+# The real models scripts/fetch-real-model writes: name -> (environment variable, folder).
+REAL_MODELS = {
+    "smollm2": ("TUNEQ_REAL_MODEL", "smollm2-135m-instruct-q4_1"),
+    "qwen2": ("TUNEQ_REAL_QWEN2", "qwen2.5-coder-0.5b-instruct-q4_k_m"),
+}
+
+
+def find_real_model(name: str = "smollm2") -> Path:
+    """The real model `name` (REAL_MODELS): its environment variable, default
+    target/models/<folder> (what `scripts/fetch-real-model NAME` writes); a loud failure
+    naming that script when it is missing."""
+    variable, folder = REAL_MODELS[name]
+    raw = os.environ.get(variable, f"target/models/{folder}")
     path = Path(raw)
     if not path.is_absolute():
         path = REPO_ROOT / path
-    if not (path / "model.safetensors").is_file():
-        pytest.fail(f"the real model is missing at {path} (TUNEQ_REAL_MODEL={raw!r}).\n"
-                    f"Fetch and convert it with `scripts/fetch-real-model` (scripts/test does).",
+    if not (path / "config.json").is_file():
+        pytest.fail(f"the real model {name} is missing at {path} ({variable}={raw!r}).\n"
+                    f"Fetch and convert it with `scripts/fetch-real-model {name}` (scripts/test does).",
                     pytrace=False)
     return path
 
@@ -156,11 +165,13 @@ def tuneq_logits(tuneq: Tuneq, model_dir: Path, ids_file: Path, out_file: Path,
 # ----------------------------------------------------------------------------------- HF / PEFT
 
 def load_hf(model_dir: Path):
-    """LlamaForCausalLM in fp32, eval mode; fails on any missing/unexpected/mismatched key."""
-    from transformers import LlamaForCausalLM
+    """The folder's causal LM class (LlamaForCausalLM, Qwen2ForCausalLM, …, as its
+    config.json names it) in fp32, eval mode; fails on any missing/unexpected/mismatched
+    key."""
+    from transformers import AutoModelForCausalLM
 
-    model, info = LlamaForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32,
-                                                   output_loading_info=True)
+    model, info = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32,
+                                                       output_loading_info=True)
     problems = {k: v for k, v in info.items() if k != "error_msgs" and v}
     if info.get("error_msgs"):
         problems["error_msgs"] = info["error_msgs"]

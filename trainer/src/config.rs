@@ -93,9 +93,6 @@ pub struct LlamaConfig {
     /// Activation; only `silu` is supported.
     #[serde(default)]
     pub hidden_act: Option<String>,
-    /// Model type; only `llama` is accepted (see `tuneq_pools::architecture_of`).
-    #[serde(default)]
-    pub model_type: Option<String>,
 }
 
 impl LlamaConfig {
@@ -183,6 +180,12 @@ impl LlamaConfig {
         // The fields that change the maths (activation, biases, RoPE scaling kind) were
         // checked against the architecture's rules before parsing.
         Ok(())
+    }
+
+    /// The architecture (checked by the loader; a config built in code without a
+    /// `model_type` is Llama's).
+    pub fn architecture(&self) -> tuneq_pools::Architecture {
+        self.shape.architecture()
     }
 
     /// Vocabulary size (rows of the embedding and of `lm_head`).

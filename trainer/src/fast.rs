@@ -149,7 +149,10 @@ struct LoraIdx {
 /// Where one layer's tensors are in [`Held`].
 struct LayerIdx {
     norms: [HeldAt; 2],
-    proj: Vec<(HeldAt, Option<LoraIdx>)>,
+    /// Qwen3's q and k head norms.
+    qk_norm: Option<[HeldAt; 2]>,
+    /// Each projection's weight, bias and LoRA.
+    proj: Vec<(HeldAt, Option<HeldAt>, Option<LoraIdx>)>,
 }
 
 /// Runs `f` with the kernels' view of `model`.
@@ -170,11 +173,16 @@ fn with_model<T>(model: &Llama, f: impl FnOnce(&llama::Model<'_>) -> Result<T>) 
         })
         .collect::<Result<_>>()?;
     let mut layers = Vec::with_capacity(model.layers.len());
-    for (layer, norms) in model.layers.iter().zip(&layer_norms) {
+    for (l, (layer, norms)) in model.layers.iter().zip(&layer_norms).enumerate() {
         let norms = [held.hold_f32(norms[0])?, held.hold_f32(norms[1])?];
+        let qk_norm = match model.qk_norm(l) {
+            Some((q, k)) => Some([held.hold_f32(q)?, held.hold_f32(k)?]),
+            None => None,
+        };
         let mut proj = Vec::with_capacity(7);
         for lin in &layer.projections {
             let w = held.hold(&lin.weight)?;
+            let bias = lin.bias.as_ref().map(|b| held.hold_f32(b)).transpose()?;
             let lora = match &lin.lora {
                 Some(l) => Some(LoraIdx {
                     a: held.hold(l.a.as_tensor())?,
@@ -184,9 +192,13 @@ fn with_model<T>(model: &Llama, f: impl FnOnce(&llama::Model<'_>) -> Result<T>) 
                 }),
                 None => None,
             };
-            proj.push((w, lora));
+            proj.push((w, bias, lora));
         }
-        layers.push(LayerIdx { norms, proj });
+        layers.push(LayerIdx {
+            norms,
+            qk_norm,
+            proj,
+        });
     }
     let layers = layers
         .iter()
@@ -194,8 +206,9 @@ fn with_model<T>(model: &Llama, f: impl FnOnce(&llama::Model<'_>) -> Result<T>) 
             let proj: Vec<llama::Projection<'_>> = l
                 .proj
                 .iter()
-                .map(|&(w, lora)| llama::Projection {
+                .map(|&(w, bias, lora)| llama::Projection {
                     weight: held.frozen(w),
+                    bias: bias.map(|b| held.slice(b)),
                     lora: lora.map(|l| llama::Lora {
                         a: held.slice(l.a),
                         b: held.slice(l.b),
@@ -210,6 +223,10 @@ fn with_model<T>(model: &Llama, f: impl FnOnce(&llama::Model<'_>) -> Result<T>) 
             Ok(llama::Layer {
                 input_norm: held.slice(l.norms[0]),
                 post_norm: held.slice(l.norms[1]),
+                qk_norm: l.qk_norm.map(|[q, k]| llama::QkNorm {
+                    q: held.slice(q),
+                    k: held.slice(k),
+                }),
                 proj,
             })
         })
@@ -224,6 +241,7 @@ fn with_model<T>(model: &Llama, f: impl FnOnce(&llama::Model<'_>) -> Result<T>) 
             kv_heads: cfg.num_kv_heads(),
             head_dim: cfg.head_dim(),
             rms_eps: cfg.rms_norm_eps as f32,
+            qk_norm: cfg.architecture().qk_norm(),
         },
         embed: held.frozen(top[0]),
         layers,
@@ -387,12 +405,21 @@ mod tests {
     /// A tiny-preset model with LoRA on `targets` and every B drawn non-zero, so every
     /// gradient depends on the whole adapter.
     fn model(targets: &[&str], tie: bool, llama3_rope: bool, kv_heads: usize) -> Llama {
-        build(targets, tie, llama3_rope, kv_heads, None)
+        build(LLAMA, targets, tie, llama3_rope, kv_heads, None)
     }
 
-    /// [`model`], or with `bf16_held_as`, the same model with every frozen tensor
-    /// rounded to bf16 and held in that dtype (bf16 itself, or its exact f32 widening).
+    const LLAMA: tuneq_pools::Architecture = tuneq_pools::Architecture::Llama;
+
+    /// [`model`] of another family.
+    fn model_of(architecture: tuneq_pools::Architecture, targets: &[&str]) -> Llama {
+        build(architecture, targets, false, false, 4, None)
+    }
+
+    /// [`model`] of `architecture`, or with `bf16_held_as`, the same model with every
+    /// frozen tensor rounded to bf16 and held in that dtype (bf16 itself, or its exact
+    /// f32 widening).
     fn build(
+        architecture: tuneq_pools::Architecture,
         targets: &[&str],
         tie: bool,
         llama3_rope: bool,
@@ -405,6 +432,7 @@ mod tests {
             shards: 1,
             tie_embeddings: tie,
             llama3_rope,
+            architecture,
         };
         let mut cfg = preset_config(&opts);
         cfg.shape.num_key_value_heads = Some(kv_heads as u64);
@@ -525,13 +553,7 @@ mod tests {
             .iter()
             .zip(fast.grads.iter().zip(&graph.grads))
         {
-            let scale = g
-                .abs()
-                .and_then(|t| t.max_all()?.to_scalar::<f32>())
-                .expect("max") as f64;
-            let err = (f - g)
-                .and_then(|d| d.abs()?.max_all()?.to_scalar::<f32>())
-                .expect("err") as f64;
+            let (err, scale) = max_error_and_scale(f, g);
             assert!(
                 scale > 0.0,
                 "{name}: {} has a zero gradient; the check would be vacuous",
@@ -548,6 +570,15 @@ mod tests {
         eprintln!("{name}: loss rel {loss_err:.1e}, worst gradient rel {worst:.1e}");
     }
 
+    /// `max |got − want|` and `max |want|`.
+    fn max_error_and_scale(got: &Tensor, want: &Tensor) -> (f64, f64) {
+        let max_abs = |t: candle_core::Result<Tensor>| {
+            t.and_then(|t| t.abs()?.max_all()?.to_scalar::<f32>())
+                .expect("max") as f64
+        };
+        (max_abs(got - want), max_abs(Ok(want.clone())))
+    }
+
     #[test]
     fn fast_path_matches_the_graph() {
         let all = tuneq_openapi::train_spec::ALL_TARGET_MODULES;
@@ -562,6 +593,18 @@ mod tests {
             &model(&["q_proj", "v_proj"], true, true, 8),
             0.0,
             SHORT,
+        );
+        compare(
+            "Qwen2 (q/k/v biases), all seven",
+            &model_of(tuneq_pools::Architecture::Qwen2, &all),
+            0.0,
+            SHORT,
+        );
+        compare(
+            "Qwen3 (q/k head norms), all seven, row groups",
+            &model_of(tuneq_pools::Architecture::Qwen3, &all),
+            0.0,
+            GROUPED,
         );
         let dropping = model(&all, false, false, 2);
         compare("all seven, dropout 0.1", &dropping, 0.1, SHORT);
@@ -600,20 +643,16 @@ mod tests {
             packed.rows * packed.len < padded.rows * padded.len,
             "packing saved nothing"
         );
-        let a = accumulate(
-            &m,
-            std::slice::from_ref(&padded),
-            None,
-            Objective::CrossEntropy,
-        )
-        .expect("padded");
-        let b = accumulate(
-            &m,
-            std::slice::from_ref(&packed),
-            None,
-            Objective::CrossEntropy,
-        )
-        .expect("packed");
+        let step = |batch: &Batch| {
+            accumulate(
+                &m,
+                std::slice::from_ref(batch),
+                None,
+                Objective::CrossEntropy,
+            )
+            .expect("a step")
+        };
+        let (a, b) = (step(&padded), step(&packed));
         assert!(
             (a.loss - b.loss).abs() <= 1e-6 * a.loss.abs(),
             "{} vs {}",
@@ -621,13 +660,7 @@ mod tests {
             b.loss
         );
         for (v, (x, y)) in m.lora_vars().iter().zip(a.grads.iter().zip(&b.grads)) {
-            let scale = x
-                .abs()
-                .and_then(|t| t.max_all()?.to_scalar::<f32>())
-                .expect("max");
-            let err = (x - y)
-                .and_then(|d| d.abs()?.max_all()?.to_scalar::<f32>())
-                .expect("err");
+            let (err, scale) = max_error_and_scale(y, x);
             assert!(
                 err <= 1e-5 * scale,
                 "{}: packed differs by {err} (max {scale})",
@@ -718,8 +751,8 @@ mod tests {
     fn bf16_weights_train_bit_for_bit_as_their_f32_widening() {
         let all = tuneq_openapi::train_spec::ALL_TARGET_MODULES;
         for tie in [false, true] {
-            let wide = build(&all, tie, false, 4, Some(DType::F32));
-            let narrow = build(&all, tie, false, 4, Some(DType::BF16));
+            let wide = build(LLAMA, &all, tie, false, 4, Some(DType::F32));
+            let narrow = build(LLAMA, &all, tie, false, 4, Some(DType::BF16));
             assert_eq!(ComputePath::for_model(&narrow), ComputePath::CpuFused);
             let data = batches(wide.cfg.vocab_size() as u32, SHORT);
             let (a, b) = (
@@ -787,13 +820,7 @@ mod tests {
             .iter()
             .zip(kept.grads.iter().zip(&recomputed.grads))
         {
-            let scale = a
-                .abs()
-                .and_then(|t| t.max_all()?.to_scalar::<f32>())
-                .expect("max");
-            let err = (a - b)
-                .and_then(|d| d.abs()?.max_all()?.to_scalar::<f32>())
-                .expect("err");
+            let (err, scale) = max_error_and_scale(b, a);
             assert!(scale > 0.0, "{}: a zero gradient", v.name);
             assert!(
                 err <= 1e-6 * scale,

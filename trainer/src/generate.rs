@@ -130,6 +130,7 @@ mod tests {
             shards: 1,
             tie_embeddings: false,
             llama3_rope: true,
+            architecture: tuneq_pools::Architecture::Llama,
         };
         let mut cfg = preset_config(&opts);
         cfg.shape.num_key_value_heads = Some(kv_heads as u64);

@@ -1,6 +1,6 @@
-//! `tuneq model init`: tiny and small Llama models with random weights and a real
-//! tokenizer, in the Hugging Face layout, for tests, demos and benchmarks — nothing is
-//! downloaded.
+//! `tuneq model init`: tiny and small Llama (or Qwen2, Qwen3) models with random weights
+//! and a real tokenizer, in the Hugging Face layout, for tests, demos and benchmarks —
+//! nothing is downloaded.
 
 use crate::config::{LlamaConfig, RopeScaling, TokenIds};
 use crate::error::{Error, Result};
@@ -51,6 +51,9 @@ pub struct InitOptions {
     pub tie_embeddings: bool,
     /// Write a Llama 3 `rope_scaling` block (factor 8) into the config.
     pub llama3_rope: bool,
+    /// The family: Llama, Qwen2 (the same shapes, with q/k/v biases), Qwen3 (with q/k
+    /// head norms) or Mistral (Llama's maths, no sliding window).
+    pub architecture: tuneq_pools::Architecture,
 }
 
 impl InitOptions {
@@ -63,6 +66,7 @@ impl InitOptions {
             shards: 1,
             tie_embeddings: false,
             llama3_rope: false,
+            architecture: tuneq_pools::Architecture::Llama,
         }
     }
 }
@@ -87,6 +91,7 @@ pub fn preset_config(opts: &InitOptions) -> LlamaConfig {
             max_position_embeddings: Some(max_pos),
             tie_word_embeddings: opts.tie_embeddings || smollm2,
             torch_dtype: Some("float32".into()),
+            model_type: Some(opts.architecture.model_type().into()),
             added_tokens: None,
         },
         rms_norm_eps: 1e-5,
@@ -103,7 +108,6 @@ pub fn preset_config(opts: &InitOptions) -> LlamaConfig {
         attention_bias: false,
         mlp_bias: false,
         hidden_act: Some("silu".into()),
-        model_type: Some("llama".into()),
     }
 }
 
@@ -144,13 +148,15 @@ pub fn write_model(opts: &InitOptions, out: &Path) -> Result<LlamaConfig> {
     Ok(cfg)
 }
 
-/// `config.json` as `transformers` writes it for a `LlamaForCausalLM`.
+/// `config.json` as `transformers` writes it for the family's causal LM
+/// (`LlamaForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `MistralForCausalLM`).
 pub fn hf_config_json(cfg: &LlamaConfig) -> serde_json::Value {
     let mut v = serde_json::to_value(cfg).unwrap_or_default();
     if let Some(o) = v.as_object_mut() {
+        let architecture = cfg.architecture();
         o.insert(
             "architectures".into(),
-            serde_json::json!(["LlamaForCausalLM"]),
+            serde_json::json!([architecture.causal_lm_class()]),
         );
         o.insert("initializer_range".into(), serde_json::json!(0.02));
         o.insert("pad_token_id".into(), serde_json::json!(5));
@@ -158,6 +164,27 @@ pub fn hf_config_json(cfg: &LlamaConfig) -> serde_json::Value {
         o.insert("attention_dropout".into(), serde_json::json!(0.0));
         o.insert("pretraining_tp".into(), serde_json::json!(1));
         o.retain(|_, v| !v.is_null());
+        // The family's own fields (biases and norms are not fields), without the Llama
+        // bias flags it does not read.
+        use tuneq_pools::Architecture::{Llama, Mistral, Qwen2, Qwen3};
+        match architecture {
+            Llama => {}
+            Qwen2 | Qwen3 => {
+                o.insert("use_sliding_window".into(), serde_json::json!(false));
+                let layers = cfg.shape.num_hidden_layers;
+                o.insert("max_window_layers".into(), layers.into());
+                o.remove("mlp_bias");
+                if architecture == Qwen2 {
+                    o.remove("attention_bias");
+                }
+            }
+            Mistral => {
+                o.remove("attention_bias");
+                o.remove("mlp_bias");
+                // No window: absent, transformers' MistralConfig would make it 4096.
+                o.insert("sliding_window".into(), serde_json::Value::Null);
+            }
+        }
     }
     v
 }
@@ -287,6 +314,35 @@ fn random_weights_in(
         "model.norm.weight".into(),
         Tensor::from_vec(data, h, &dev)?.to_dtype(dtype)?,
     ));
+    // Qwen3's q/k head norms and Qwen2's q/k/v biases, drawn last (a Llama's weights are
+    // the same either way), far enough from one and zero that one that is skipped shows.
+    if cfg.architecture().qk_norm() {
+        let hd = cfg.head_dim();
+        for l in 0..cfg.num_hidden_layers() {
+            for norm in ["q_norm", "k_norm"] {
+                let data: Vec<f32> = normal(&mut rng, hd, 0.1)
+                    .into_iter()
+                    .map(|x| 1.0 + x)
+                    .collect();
+                tensors.push((
+                    format!("model.layers.{l}.self_attn.{norm}.weight"),
+                    Tensor::from_vec(data, hd, &dev)?.to_dtype(dtype)?,
+                ));
+            }
+        }
+    }
+    if cfg.architecture().qkv_bias() {
+        for l in 0..cfg.num_hidden_layers() {
+            for proj in ["q_proj", "k_proj", "v_proj"] {
+                let out_dim = cfg.projection_shape(proj).map_or(h, |(_, out)| out);
+                tensors.push((
+                    format!("model.layers.{l}.self_attn.{proj}.bias"),
+                    Tensor::from_vec(normal(&mut rng, out_dim, 0.1), out_dim, &dev)?
+                        .to_dtype(dtype)?,
+                ));
+            }
+        }
+    }
 
     Ok(tensors)
 }
@@ -307,6 +363,7 @@ mod tests {
             shards: 1,
             tie_embeddings: false,
             llama3_rope: false,
+            architecture: tuneq_pools::Architecture::Llama,
         };
         let model = |dtype| random_model_in(preset_config(&opts), 5, None, dtype).expect("model");
         let (f32_model, bf16_model) = (model(DType::F32), model(DType::BF16));
@@ -324,5 +381,52 @@ mod tests {
                 assert_eq!(same, 1.0, "a bf16 weight is not the f32 one rounded");
             }
         }
+    }
+
+    #[test]
+    fn a_qwen2_model_is_written_with_its_biases_and_loads_as_qwen2() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let opts = InitOptions {
+            architecture: tuneq_pools::Architecture::Qwen2,
+            ..InitOptions::demo()
+        };
+        write_model(&opts, dir.path()).expect("written");
+        let config: serde_json::Value =
+            crate::error::read_json(&dir.path().join("config.json")).expect("config");
+        assert_eq!(config["model_type"], "qwen2");
+        assert_eq!(config["architectures"][0], "Qwen2ForCausalLM");
+        assert_eq!(tuneq_pools::architecture_of(&config), Ok(opts.architecture));
+        let model =
+            crate::model::Llama::load(dir.path(), DType::F32, &Device::Cpu, None).expect("loaded");
+        assert_eq!(model.cfg.architecture(), tuneq_pools::Architecture::Qwen2);
+        let biased: Vec<bool> = model.layers[0]
+            .projections
+            .iter()
+            .map(|p| p.bias.is_some())
+            .collect();
+        assert_eq!(biased, [true, true, true, false, false, false, false]);
+        // The Llama of the same seed has the same weights, without the biases.
+        let llama = random_weights(&preset_config(&InitOptions::demo()), 0).expect("llama");
+        let qwen = random_weights(&preset_config(&opts), 0).expect("qwen");
+        assert_eq!(qwen.len(), llama.len() + 3 * model.layers.len());
+    }
+
+    #[test]
+    fn a_qwen3_model_is_written_with_its_head_norms_and_loads_as_qwen3() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let opts = InitOptions {
+            architecture: tuneq_pools::Architecture::Qwen3,
+            ..InitOptions::demo()
+        };
+        write_model(&opts, dir.path()).expect("written");
+        let config: serde_json::Value =
+            crate::error::read_json(&dir.path().join("config.json")).expect("config");
+        assert_eq!(config["architectures"][0], "Qwen3ForCausalLM");
+        assert_eq!(config["attention_bias"], false);
+        assert_eq!(tuneq_pools::architecture_of(&config), Ok(opts.architecture));
+        let model =
+            crate::model::Llama::load(dir.path(), DType::F32, &Device::Cpu, None).expect("loaded");
+        assert!((0..model.layers.len()).all(|l| model.qk_norm(l).is_some()));
+        assert!(model.layers[0].projections.iter().all(|p| p.bias.is_none()));
     }
 }

@@ -98,6 +98,8 @@ pub fn draw_mask(rng: &mut ChaCha20Rng, p: f64, n: usize) -> Vec<f32> {
 pub struct LoraLinear {
     /// Frozen weight, (out, in), in the compute dtype.
     pub weight: Tensor,
+    /// Frozen bias, (out), in the compute dtype (Qwen2's q, k and v have one).
+    pub bias: Option<Tensor>,
     /// Trainable factors when this projection is a target.
     pub lora: Option<LoraFactors>,
     /// Scale applied to the LoRA branch.
@@ -107,7 +109,10 @@ pub struct LoraLinear {
 impl LoraLinear {
     /// Applies the layer to `x` (…, in). `dropout` is `None` at evaluation time.
     pub fn forward(&self, x: &Tensor, dropout: Option<&mut DropoutCtx<'_>>) -> Result<Tensor> {
-        let y = frozen_linear(x, &self.weight)?;
+        let mut y = frozen_linear(x, &self.weight)?;
+        if let Some(bias) = &self.bias {
+            y = y.broadcast_add(bias)?;
+        }
         let Some(lora) = &self.lora else { return Ok(y) };
         let dtype = x.dtype();
         let in_dim = self.weight.dim(1)?;

@@ -3,7 +3,9 @@
 //! candle-transformers' Llama is inference-only (last-token logits, private fields, fused
 //! kernels without backward), so the trainer carries its own: RMSNorm, rotate-half RoPE
 //! (with Llama 3 scaling), grouped-query attention with a causal mask, SwiGLU, and the
-//! Hugging Face tensor names, so the same folder loads here and in `transformers`.
+//! Hugging Face tensor names, so the same folder loads here and in `transformers`. Qwen2
+//! is the same decoder with a bias on q, k and v (`tuneq_pools::Architecture::qkv_bias`),
+//! Qwen3 with an RMSNorm on each query and key head before RoPE (`qk_norm`).
 
 use crate::config::LlamaConfig;
 use crate::error::{Error, Result};
@@ -32,6 +34,8 @@ pub const PROJECTIONS: [(&str, &str); 7] = [
 pub struct Layer {
     input_layernorm: Tensor,
     post_attention_layernorm: Tensor,
+    /// Qwen3's per-head norm weights of q and k (`head_dim` each).
+    qk_norm: Option<(Tensor, Tensor)>,
     /// q, k, v, o, gate, up, down, in [`PROJECTIONS`] order.
     pub projections: Vec<LoraLinear>,
 }
@@ -124,6 +128,8 @@ impl Llama {
         mut lora: Option<(&LoraSettings, &mut ChaCha20Rng)>,
     ) -> Result<Self> {
         let (h, v) = (cfg.hidden_size(), cfg.vocab_size());
+        let qkv_bias = cfg.architecture().qkv_bias();
+        let with_qk_norm = cfg.architecture().qk_norm();
         let embed_tokens = w.take("model.embed_tokens.weight", &[v, h])?;
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers());
         for i in 0..cfg.num_hidden_layers() {
@@ -131,11 +137,27 @@ impl Llama {
             let input_layernorm = w.take(&format!("{p}.input_layernorm.weight"), &[h])?;
             let post_attention_layernorm =
                 w.take(&format!("{p}.post_attention_layernorm.weight"), &[h])?;
+            let qk_norm = match with_qk_norm {
+                true => {
+                    let hd = cfg.head_dim();
+                    Some((
+                        w.take(&format!("{p}.self_attn.q_norm.weight"), &[hd])?,
+                        w.take(&format!("{p}.self_attn.k_norm.weight"), &[hd])?,
+                    ))
+                }
+                false => None,
+            };
             let mut projections = Vec::with_capacity(7);
             for (module, proj) in PROJECTIONS {
                 // Every name in PROJECTIONS has a shape; see `LlamaConfig::projection_shape`.
                 let (in_dim, out_dim) = cfg.projection_shape(proj).unwrap_or((h, h));
                 let weight = w.take(&format!("{p}.{module}.{proj}.weight"), &[out_dim, in_dim])?;
+                let bias = match (qkv_bias, proj) {
+                    (true, "q_proj" | "k_proj" | "v_proj") => {
+                        Some(w.take(&format!("{p}.{module}.{proj}.bias"), &[out_dim])?)
+                    }
+                    _ => None,
+                };
                 let (factors, scale) = match lora.as_mut() {
                     Some((settings, rng)) if settings.targets(proj) => (
                         Some(LoraFactors::init(settings.r, in_dim, out_dim, rng, device)?),
@@ -145,6 +167,7 @@ impl Llama {
                 };
                 projections.push(LoraLinear {
                     weight,
+                    bias,
                     lora: factors,
                     scale,
                 });
@@ -152,6 +175,7 @@ impl Llama {
             layers.push(Layer {
                 input_layernorm,
                 post_attention_layernorm,
+                qk_norm,
                 projections,
             });
         }
@@ -259,6 +283,11 @@ impl Llama {
 
     /// The frozen tensors in the order the CPU fast path reads them in place: embeddings,
     /// final norm, lm_head, the f32 RoPE cos and sin tables, then per layer its two norms.
+    /// Layer `l`'s q and k head norm weights (Qwen3), when it has them.
+    pub(crate) fn qk_norm(&self, l: usize) -> Option<(&Tensor, &Tensor)> {
+        self.layers[l].qk_norm.as_ref().map(|(q, k)| (q, k))
+    }
+
     pub(crate) fn frozen_parts(&self) -> (Vec<&Tensor>, Vec<[&Tensor; 2]>) {
         let top = vec![
             &self.embed_tokens,
@@ -351,8 +380,15 @@ impl Llama {
                     .transpose(1, 2)?
                     .contiguous()?)
             };
-        let q = rope(&heads(q_p, nh, &mut dropout)?, cos, sin)?;
-        let k = rope(&heads(k_p, nkv, &mut dropout)?, cos, sin)?;
+        let (mut q, mut k) = (
+            heads(q_p, nh, &mut dropout)?,
+            heads(k_p, nkv, &mut dropout)?,
+        );
+        if let Some((q_norm, k_norm)) = &layer.qk_norm {
+            q = rms_norm(&q, q_norm, eps)?;
+            k = rms_norm(&k, k_norm, eps)?;
+        }
+        let (q, k) = (rope(&q, cos, sin)?, rope(&k, cos, sin)?);
         let v = heads(v_p, nkv, &mut dropout)?;
         let (k, v) = match cache {
             Some(slot) => {

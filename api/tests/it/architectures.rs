@@ -31,9 +31,21 @@ async fn a_job_on_a_model_of_another_family_is_refused_naming_it() {
     let s = start(|_| {}).await;
     let cases = [
         (
-            "qwen",
-            json!({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}),
-            "\"qwen2\"",
+            "phi3",
+            json!({"model_type": "phi3", "architectures": ["Phi3ForCausalLM"]}),
+            "\"phi3\"",
+        ),
+        (
+            "mistral-windowed",
+            json!({"model_type": "mistral", "architectures": ["MistralForCausalLM"],
+                   "sliding_window": 128}),
+            "sliding_window",
+        ),
+        (
+            "qwen2-windowed",
+            json!({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"],
+                   "use_sliding_window": true, "sliding_window": 128}),
+            "use_sliding_window",
         ),
         (
             "gemma",
@@ -78,4 +90,26 @@ async fn a_job_on_a_model_of_another_family_is_refused_naming_it() {
     support::register_model(&s.state, s.dir.path(), "llama", 1e-4, shape()).await;
     let (status, body) = create(&s, &file, json!({"model": "llama"})).await;
     assert_eq!(status, StatusCode::OK, "{body}");
+    // And so are the Qwen2, Qwen3 and Mistral families, which tuneq trains.
+    for (id, qwen) in [
+        (
+            "qwen2",
+            json!({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"],
+                   "sliding_window": 32768, "use_sliding_window": false}),
+        ),
+        (
+            "qwen3",
+            json!({"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"],
+                   "attention_bias": false, "head_dim": 32, "use_sliding_window": false}),
+        ),
+        (
+            "mistral",
+            json!({"model_type": "mistral", "architectures": ["MistralForCausalLM"],
+                   "sliding_window": null}),
+        ),
+    ] {
+        support::register_model(&s.state, s.dir.path(), id, 1e-4, with(shape(), qwen)).await;
+        let (status, body) = create(&s, &file, json!({"model": id})).await;
+        assert_eq!(status, StatusCode::OK, "{id}: {body}");
+    }
 }

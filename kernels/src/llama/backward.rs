@@ -3,7 +3,7 @@
 
 use super::forward::{Saved, attention_shape};
 use super::frozen::FrozenWork;
-use super::{Batch, DOWN, Dims, GATE, K, Model, O, Projection, Q, UP, V};
+use super::{Batch, DOWN, Dims, GATE, K, Model, O, Projection, Q, UP, V, qk_norm};
 use crate::attention::attention_backward;
 use crate::gemm::{Mat, MatMut, gemm};
 use crate::norm::{rms_norm_backward, rms_norm_forward};
@@ -266,7 +266,8 @@ fn attention_backward_block(
     let d = &model.dims;
     let n = batch.rows * batch.len;
     let (h, eps) = (d.hidden, d.rms_eps);
-    // Attention: o, attention, inverse RoPE, q/k/v, then the input norm into dx.
+    // Attention: o, attention, inverse RoPE, the q/k norms (Qwen3), q/k/v, then the
+    // input norm into dx.
     projection_backward(
         d,
         O,
@@ -302,6 +303,9 @@ fn attention_backward_block(
         model.sin,
         true,
     );
+    if let Some(norm) = layer.qk_norm {
+        qk_norm::backward(d, norm, n, &mut work.d_qkv, &saved.qk_pre, &saved.qk_inv);
+    }
     rms_norm_forward(
         &saved.x_in,
         layer.input_norm,

@@ -1,7 +1,7 @@
 //! A decoder layer's forward on one group of rows, and what it saves for the backward.
 
 use super::frozen::FrozenWork;
-use super::{Batch, DOWN, Dims, GATE, K, Model, O, Projection, Q, UP, V};
+use super::{Batch, DOWN, Dims, GATE, K, Model, O, Projection, Q, UP, V, qk_norm};
 use crate::attention::{AttentionShape, attention_forward};
 use crate::gemm::{Mat, MatMut, gemm};
 use crate::norm::rms_norm_forward;
@@ -33,12 +33,19 @@ pub(super) struct Saved {
     pub(super) u: [Vec<f32>; 7],
     /// Per projection, the dropout mask (N × in) when one was drawn.
     pub(super) masks: [Option<Vec<f32>>; 7],
+    /// q and k before their per-head norm, N × (heads + kv_heads)·head_dim (empty
+    /// without [`Dims::qk_norm`]).
+    pub(super) qk_pre: Vec<f32>,
+    /// Each of those heads' 1/rms, N × (heads + kv_heads) (empty without).
+    pub(super) qk_inv: Vec<f32>,
 }
 
-/// The lengths of [`Saved`]'s fixed buffers, in field order (`x_in` … `gu`). Shared by
-/// [`Saved::new`] and [`super::step_bytes`], so that the count is the allocation.
-pub(super) fn saved_lengths(d: &Dims, n: usize) -> [usize; 8] {
+/// The lengths of [`Saved`]'s fixed buffers, in field order (`x_in` … `gu`, then
+/// `qk_pre` and `qk_inv`). Shared by [`Saved::new`] and [`super::step_bytes`], so that
+/// the count is the allocation.
+pub(super) fn saved_lengths(d: &Dims, n: usize) -> [usize; 10] {
     let h = d.hidden;
+    let qk = if d.qk_norm { n } else { 0 };
     [
         n * h,
         n,
@@ -48,13 +55,15 @@ pub(super) fn saved_lengths(d: &Dims, n: usize) -> [usize; 8] {
         n * h,
         n,
         n * 2 * d.intermediate,
+        qk * qk_norm::qk_width(d),
+        qk * (d.heads + d.kv_heads),
     ]
 }
 
 impl Saved {
     /// Buffers for `n` tokens and, per projection, LoRA rank `ranks[p]` (0: none).
     pub(super) fn new(d: &Dims, n: usize, ranks: &[usize; 7]) -> Self {
-        let [x_in, inv1, qkv, attn, lse, x_mid, inv2, gu] =
+        let [x_in, inv1, qkv, attn, lse, x_mid, inv2, gu, qk_pre, qk_inv] =
             saved_lengths(d, n).map(|len| vec![0.0; len]);
         Self {
             x_in,
@@ -67,6 +76,8 @@ impl Saved {
             gu,
             u: std::array::from_fn(|p| vec![0.0; n * ranks[p]]),
             masks: Default::default(),
+            qk_pre,
+            qk_inv,
         }
     }
 }
@@ -94,9 +105,9 @@ pub(super) fn attention_shape(d: &Dims, batch: &Batch<'_>) -> AttentionShape {
     }
 }
 
-/// `out = β·out + input·Wᵀ`, plus `scale·(input∘mask)·Aᵀ·Bᵀ` with LoRA, saving
-/// `u = (input∘mask)·Aᵀ`. `out` starts at the output's first element, rows `stride` apart.
-/// The frozen product runs in `frozen`'s compute mode.
+/// `out = β·out + input·Wᵀ (+ bias)`, plus `scale·(input∘mask)·Aᵀ·Bᵀ` with LoRA,
+/// saving `u = (input∘mask)·Aᵀ`. `out` starts at the output's first element, rows
+/// `stride` apart. The frozen product runs in `frozen`'s compute mode.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn projection_forward(
     d: &Dims,
@@ -122,6 +133,13 @@ pub(super) fn projection_forward(
         beta,
         MatMut::strided(out, n, o, stride),
     );
+    if let Some(bias) = proj.bias {
+        for row in out.chunks_mut(stride).take(n) {
+            for (y, b) in row[..o].iter_mut().zip(bias) {
+                *y += b;
+            }
+        }
+    }
     let Some(lora) = &proj.lora else { return };
     let u = &mut u[..n * lora.r];
     let x = match mask {
@@ -197,6 +215,16 @@ fn attention_block(
             &mut saved.u[p],
             &mut work.xd,
             &mut work.frozen,
+        );
+    }
+    if let Some(norm) = layer.qk_norm {
+        qk_norm::forward(
+            d,
+            norm,
+            n,
+            &mut saved.qkv,
+            &mut saved.qk_pre,
+            &mut saved.qk_inv,
         );
     }
     // q and k are adjacent: one call rotates both.

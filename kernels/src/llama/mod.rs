@@ -1,4 +1,5 @@
-//! A whole Llama decoder with LoRA, forward and backward, on plain `f32` slices.
+//! A whole Llama decoder with LoRA (and the Qwen2 and Qwen3 variants of it), forward
+//! and backward, on plain `f32` slices.
 //!
 //! This is the trainer's fused step (`trainer-speed.md` §7) built from the crate's
 //! kernels: the semantics are those of `trainer::model::Llama::hidden_states` followed by
@@ -8,7 +9,10 @@
 //! **Forward, per layer.** `hn = rms_norm(x)` (saving `1/rms`); q, k and v are written by
 //! their GEMMs straight into column blocks of one `[q heads | k heads | v heads]` buffer,
 //! and each LoRA branch adds `scale·u·Bᵀ` into the same block (β = 1) after saving
-//! `u = x_d·Aᵀ` (N × r). RoPE rotates q and k in place, attention saves its output and
+//! `u = x_d·Aᵀ` (N × r). Qwen2's frozen q/k/v biases are added to their blocks after the
+//! frozen product; Qwen3's per-head norms of q and k ([`QkNorm`]) normalise them in place,
+//! saving the heads before the norm and their `1/rms`, and run their backward right
+//! after RoPE's. RoPE rotates q and k in place, attention saves its output and
 //! log-sum-exp, the o projection adds into a copy of the residual (β = 1), and the MLP
 //! writes gate and up into column blocks of one `[gate | up]` buffer, then SwiGLU, then
 //! the down projection adds into the residual. The final norm feeds
@@ -108,6 +112,7 @@ mod groups;
 mod mask;
 mod memory;
 mod model;
+mod qk_norm;
 mod step;
 #[cfg(test)]
 mod tests;
@@ -116,6 +121,7 @@ mod validate;
 pub use frozen::{Compute, Frozen};
 pub use memory::{step_bytes, step_bytes_on_any_cpu};
 pub use model::{Batch, Dims, Layer, Lora, MaskSource, Model, OwnedBatch, Projection};
+pub use qk_norm::QkNorm;
 pub use step::{
     StepLoss, StepOptions, Weigh, forward_backward, forward_backward_weighted,
     forward_backward_with, loss, loss_and_correct, token_losses,

@@ -26,6 +26,9 @@ pub struct Dims {
     pub head_dim: usize,
     /// RMSNorm's ε.
     pub rms_eps: f32,
+    /// Whether every query and key head is RMS-normalised before RoPE (Qwen3): each
+    /// layer then has [`Layer::qk_norm`], and the step keeps the heads before the norm.
+    pub qk_norm: bool,
 }
 
 impl Dims {
@@ -90,6 +93,8 @@ pub struct Lora<'a> {
 pub struct Projection<'a> {
     /// `out × in`, row-major, frozen (f32 or bf16).
     pub weight: Frozen<'a>,
+    /// `out`, frozen, added to every row of the product (Qwen2's q, k and v).
+    pub bias: Option<&'a [f32]>,
     /// The trainable update, when this projection is a target.
     pub lora: Option<Lora<'a>>,
 }
@@ -103,6 +108,8 @@ pub struct Layer<'a> {
     pub post_norm: &'a [f32],
     /// q, k, v, o, gate, up, down ([`PROJECTIONS`](super::PROJECTIONS) order).
     pub proj: [Projection<'a>; 7],
+    /// The q and k heads' norm weights, exactly when [`Dims::qk_norm`].
+    pub qk_norm: Option<super::QkNorm<'a>>,
 }
 
 /// A Llama causal LM with LoRA, as views of its tensors.

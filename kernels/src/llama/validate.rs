@@ -136,6 +136,20 @@ fn check_layers(model: &Model<'_>) -> Result<(), StepError> {
             h,
         )?;
         expect_len(|| format!("layer {l} post_norm"), layer.post_norm.len(), h)?;
+        match (layer.qk_norm, d.qk_norm) {
+            (Some(norm), true) => {
+                expect_len(|| format!("layer {l} q_norm"), norm.q.len(), d.head_dim)?;
+                expect_len(|| format!("layer {l} k_norm"), norm.k.len(), d.head_dim)?;
+            }
+            (None, false) => {}
+            (has, _) => {
+                return Err(StepError::Dims(format!(
+                    "layer {l} {} q/k norms but the dimensions say {}",
+                    if has.is_some() { "has" } else { "lacks" },
+                    d.qk_norm
+                )));
+            }
+        }
         for (p, proj) in layer.proj.iter().enumerate() {
             let (i, o) = d.projection_shape(p);
             let name = PROJECTIONS[p];

@@ -163,11 +163,24 @@ fn times_weight(xs: &[f32], rows: usize, w: &[f32], (out, inp): (usize, usize)) 
 }
 
 /// A projection of a pass's `rows` rows (`xs`: rows × in): the frozen product by
-/// [`times_weight`] plus the LoRA update `scale·(x·Aᵀ)·Bᵀ` added into it by the GEMM.
-/// A weight that is not f32 on the CPU takes the layer's own forward.
+/// [`times_weight`] (plus the bias, where there is one) plus the LoRA update
+/// `scale·(x·Aᵀ)·Bᵀ` added into it by the GEMM. A weight or bias that is not f32 on the
+/// CPU takes the layer's own forward.
 fn project(p: &LoraLinear, xs: &[f32], rows: usize) -> Result<Vec<f32>> {
     let (out, inp) = p.weight.dims2()?;
-    let Some(mut y) = with_f32(&p.weight, |w| times_weight(xs, rows, w, (out, inp))) else {
+    let frozen = with_f32(&p.weight, |w| times_weight(xs, rows, w, (out, inp))).and_then(|y| {
+        let Some(bias) = &p.bias else {
+            return Some(y);
+        };
+        with_f32(bias, |b| {
+            let mut y = y;
+            for row in y.chunks_exact_mut(out) {
+                add(row, b);
+            }
+            y
+        })
+    });
+    let Some(mut y) = frozen else {
         let x = Tensor::from_slice(xs, (rows, inp), p.weight.device())?;
         return Ok(p.forward(&x, None)?.flatten_all()?.to_vec1::<f32>()?);
     };
@@ -369,6 +382,10 @@ impl Llama {
             project(k_p, &hn, rows)?,
             project(v_p, &hn, rows)?,
         );
+        if let Some((q_norm, k_norm)) = &layer.qk_norm {
+            q = normed(&q, q_norm, cfg.rms_norm_eps)?;
+            k = normed(&k, k_norm, cfg.rms_norm_eps)?;
+        }
         rotation.apply(&mut q, nh, hd);
         rotation.apply(&mut k, nkv, hd);
         let attended = self.attend(l, (&q, &k, &v), rows, (spans, caches));
@@ -447,12 +464,17 @@ mod tests {
     use candle_core::Tensor;
 
     fn tiny() -> Llama {
+        tiny_of(tuneq_pools::Architecture::Llama)
+    }
+
+    fn tiny_of(architecture: tuneq_pools::Architecture) -> Llama {
         let opts = InitOptions {
             preset: Preset::Tiny,
             seed: 9,
             shards: 1,
             tie_embeddings: false,
             llama3_rope: true,
+            architecture,
         };
         let mut cfg = preset_config(&opts);
         cfg.shape.num_key_value_heads = Some(2);
@@ -511,7 +533,12 @@ mod tests {
 
     #[test]
     fn prompts_and_steps_together_give_each_sequence_its_own_logits() {
-        let m = tiny();
+        for architecture in tuneq_pools::Architecture::ALL {
+            prompts_and_steps_together(&tiny_of(architecture));
+        }
+    }
+
+    fn prompts_and_steps_together(m: &Llama) {
         // Three prompts of different lengths filled together (one of a single token,
         // which takes the per-row attention), then stepped together.
         let prompts: Vec<Vec<u32>> = vec![
@@ -521,10 +548,10 @@ mod tests {
         ];
         let mut alone: Vec<_> = prompts.iter().map(|_| m.new_cache()).collect();
         let mut together: Vec<_> = prompts.iter().map(|_| m.new_cache()).collect();
-        check_together(&m, &prompts, &mut together, &mut alone, "prompts");
+        check_together(m, &prompts, &mut together, &mut alone, "prompts");
         for step in 0..4u32 {
             let ids: Vec<Vec<u32>> = (0..3).map(|i| vec![100 + step * 7 + i]).collect();
-            check_together(&m, &ids, &mut together, &mut alone, &format!("step {step}"));
+            check_together(m, &ids, &mut together, &mut alone, &format!("step {step}"));
         }
         // A prompt joining answers in flight, and a sequence continued by several
         // tokens at once (attended row by row over its cache).
@@ -536,7 +563,7 @@ mod tests {
             vec![11],
             (0..9).map(|i| i * 5).collect(),
         ];
-        check_together(&m, &spans, &mut together, &mut alone, "joined");
+        check_together(m, &spans, &mut together, &mut alone, "joined");
         assert_eq!(together[3].len(), 9);
     }
 

@@ -24,6 +24,57 @@ fn gradients_match_finite_differences_with_lora_on_q_and_v() {
     eprintln!("q and v: loss {loss_err:e}, gradients {grad_err:e} of their max");
 }
 
+/// Qwen2's decoder: biases on q, k and v move the activations every gradient flows
+/// through (and take none themselves: they are frozen).
+#[test]
+fn gradients_match_finite_differences_with_biases_on_q_k_and_v() {
+    let m = Owned::random(tiny_dims(), &[ALL], 2, 11).with_qkv_bias(12);
+    let b = tiny_batch(m.dims.vocab, 13);
+    let (loss_err, grad_err) = check_gradients(&m, &b, &[]);
+    eprintln!("q/k/v biases: loss {loss_err:e}, gradients {grad_err:e} of their max");
+    let unbiased = Owned::random(tiny_dims(), &[ALL], 2, 11);
+    let scale = 1.0 / b.labelled() as f32;
+    let (with, without) = (
+        loss(&m.view(), &b.view(), scale).expect("loss"),
+        loss(&unbiased.view(), &b.view(), scale).expect("loss"),
+    );
+    assert!(
+        (with - without).abs() > 1e-3,
+        "the biases change nothing: {with} vs {without}"
+    );
+}
+
+/// Qwen3's decoder: each q and k head RMS-normalised (and scaled) before RoPE, so the q
+/// and k gradients flow back through the norms.
+#[test]
+fn gradients_match_finite_differences_with_qk_norms() {
+    let m = Owned::random(tiny_dims(), &[ALL], 2, 14).with_qk_norm(15);
+    let b = tiny_batch(m.dims.vocab, 16);
+    let (loss_err, grad_err) = check_gradients(&m, &b, &[]);
+    eprintln!("q/k norms: loss {loss_err:e}, gradients {grad_err:e} of their max");
+}
+
+/// A layer's q/k norms must agree with the dimensions: a model that has them where the
+/// dimensions say none (or the other way round) is refused, not half-applied.
+#[test]
+fn q_k_norms_that_disagree_with_the_dimensions_are_refused() {
+    let normed = Owned::random(tiny_dims(), &[ALL], 2, 14).with_qk_norm(15);
+    let b = tiny_batch(normed.dims.vocab, 16);
+    let mut view = normed.view();
+    view.dims.qk_norm = false;
+    assert!(matches!(
+        loss(&view, &b.view(), 1.0),
+        Err(StepError::Dims(_))
+    ));
+    let plain = Owned::random(tiny_dims(), &[ALL], 2, 14);
+    let mut view = plain.view();
+    view.dims.qk_norm = true;
+    assert!(matches!(
+        loss(&view, &b.view(), 1.0),
+        Err(StepError::Dims(_))
+    ));
+}
+
 /// LoRA only above layer 0 (the layers below get no backward at all), and a rank
 /// of 3 on a third layer.
 #[test]
@@ -257,6 +308,7 @@ fn larger_case() -> (Owned, OwnedBatch) {
         kv_heads: 2,
         head_dim: 8,
         rms_eps: 1e-6,
+        qk_norm: false,
     };
     let m = Owned::random(dims, &[ALL], 4, 14);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(15);

@@ -25,6 +25,10 @@ pub(super) struct Owned {
     pub(super) lm_head: Vec<f32>,
     pub(super) cos: Vec<f32>,
     pub(super) sin: Vec<f32>,
+    /// Per layer, the biases of q, k and v (Qwen2's), when the model has them.
+    pub(super) qkv_bias: Option<Vec<[Vec<f32>; 3]>>,
+    /// Per layer, the q and k heads' norm weights (Qwen3's), when the model has them.
+    pub(super) qk_norm: Option<Vec<[Vec<f32>; 2]>>,
 }
 
 pub(super) fn tiny_dims() -> Dims {
@@ -37,6 +41,7 @@ pub(super) fn tiny_dims() -> Dims {
         kv_heads: 2,
         head_dim: 4,
         rms_eps: 1e-5,
+        qk_norm: false,
     }
 }
 
@@ -51,6 +56,7 @@ pub(super) fn llama7b() -> Dims {
         kv_heads: 32,
         head_dim: 128,
         rms_eps: 1e-5,
+        qk_norm: false,
     }
 }
 
@@ -130,16 +136,55 @@ impl Owned {
             lm_head,
             cos,
             sin,
+            qkv_bias: None,
+            qk_norm: None,
         }
+    }
+
+    /// The same model with per-head norms on q and k (Qwen3's decoder), their weights
+    /// drawn near one.
+    pub(super) fn with_qk_norm(mut self, seed: u64) -> Self {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let hd = self.dims.head_dim;
+        self.dims.qk_norm = true;
+        self.qk_norm = Some(
+            (0..self.dims.layers)
+                .map(|_| std::array::from_fn(|_| random(hd, &mut rng, 0.5, 1.5)))
+                .collect(),
+        );
+        self
+    }
+
+    /// The same model with random biases on q, k and v (Qwen2's decoder).
+    pub(super) fn with_qkv_bias(mut self, seed: u64) -> Self {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let dims = self.dims;
+        self.qkv_bias = Some(
+            (0..dims.layers)
+                .map(|_| {
+                    std::array::from_fn(|p| random(dims.projection_shape(p).1, &mut rng, -0.5, 0.5))
+                })
+                .collect(),
+        );
+        self
     }
 
     pub(super) fn view(&self) -> Model<'_> {
         let mut next = 0;
         let layers = (0..self.dims.layers)
             .map(|l| Layer {
+                qk_norm: self.qk_norm.as_ref().map(|n| QkNorm {
+                    q: &n[l][0],
+                    k: &n[l][1],
+                }),
                 input_norm: &self.norms[l][0],
                 post_norm: &self.norms[l][1],
                 proj: std::array::from_fn(|p| Projection {
+                    bias: self
+                        .qkv_bias
+                        .as_ref()
+                        .and_then(|b| b[l].get(p))
+                        .map(Vec::as_slice),
                     weight: Frozen::F32(&self.weights[l][p]),
                     lora: self.targets[l][p].then(|| {
                         next += 2;
@@ -244,9 +289,13 @@ pub(super) fn reference_loss(
         let (i, o) = d.projection_shape(p);
         let w = &m.weights[l][p];
         let mut y = vec![0.0; n * o];
+        let bias = m.qkv_bias.as_ref().and_then(|b| b[l].get(p));
         for t in 0..n {
             for c in 0..o {
-                y[t * o + c] = (0..i).map(|k| x[t * i + k] * w[c * i + k] as f64).sum();
+                y[t * o + c] = (0..i)
+                    .map(|k| x[t * i + k] * w[c * i + k] as f64)
+                    .sum::<f64>()
+                    + bias.map_or(0.0, |b| b[c] as f64);
             }
         }
         if m.targets[l][p] {
@@ -302,6 +351,18 @@ pub(super) fn reference_loss(
         let mut q = linear(&hn, l, Q);
         let mut k = linear(&hn, l, K);
         let v = linear(&hn, l, V);
+        if let Some(norms) = &m.qk_norm {
+            // Qwen3: each head RMS-normalised over head_dim, then scaled.
+            for (x, w) in [(&mut q, &norms[l][0]), (&mut k, &norms[l][1])] {
+                for head in x.chunks_mut(hd) {
+                    let ms = head.iter().map(|v| v * v).sum::<f64>() / hd as f64;
+                    let r = 1.0 / (ms + eps).sqrt();
+                    for (v, &w) in head.iter_mut().zip(w) {
+                        *v *= r * w as f64;
+                    }
+                }
+            }
+        }
         rope(&mut q, nh);
         rope(&mut k, nkv);
         let mut attn = vec![0.0; n * nh * hd];
