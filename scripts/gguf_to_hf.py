@@ -1,7 +1,9 @@
-"""Converts a GGUF file of a family tuneq trains (Llama, Qwen2) into a Hugging Face model
-folder.
+"""Converts a GGUF file of a family tuneq trains (Llama, Qwen2, Gemma 3 text) into a Hugging
+Face model folder.
 
-    python scripts/gguf_to_hf.py MODEL.gguf OUT_DIR
+    python scripts/gguf_to_hf.py [--chat-template FILE] MODEL.gguf OUT_DIR
+
+A GGUF without a chat template (a pretrained model's) takes the one in FILE, when given.
 
 transformers reads the GGUF (its tensors dequantized to float32, its tokenizer and chat
 template rebuilt) and writes config.json, model.safetensors (float32), tokenizer.json,
@@ -25,10 +27,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 PROBE = [{"role": "user", "content": "What is the capital of France?"}]
 # The model types tuneq trains (tuneq_pools::Architecture).
-TRAINED = ("llama", "qwen2")
+TRAINED = ("llama", "qwen2", "gemma3_text")
 
 
-def convert(gguf: Path, out: Path) -> None:
+def convert(gguf: Path, out: Path, chat_template: Path | None = None) -> None:
     if not gguf.is_file():
         sys.exit(f"gguf_to_hf: {gguf} is not a file")
     partial = out.with_name(out.name + ".partial")
@@ -39,6 +41,8 @@ def convert(gguf: Path, out: Path) -> None:
     if model.config.model_type not in TRAINED:
         sys.exit(f"gguf_to_hf: {gguf.name} holds a {model.config.model_type!r} model; "
                  f"tuneq trains {', '.join(TRAINED)} models")
+    if chat_template is not None and not tokenizer.chat_template:
+        tokenizer.chat_template = chat_template.read_text()
     # The dequantized weights are plain float32 tensors: the folder is an ordinary model,
     # not a quantized one, and transformers saves it only without the GGUF marker.
     del model.config.quantization_config
@@ -72,6 +76,10 @@ def convert(gguf: Path, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        sys.exit(__doc__.strip().splitlines()[2].strip())
-    convert(Path(sys.argv[1]).resolve(), Path(sys.argv[2]).resolve())
+    args = sys.argv[1:]
+    template = None
+    if args[:1] == ["--chat-template"] and len(args) >= 2:
+        template, args = Path(args[1]).resolve(), args[2:]
+    if len(args) != 2:
+        sys.exit("usage: python scripts/gguf_to_hf.py [--chat-template FILE] MODEL.gguf OUT_DIR")
+    convert(Path(args[0]).resolve(), Path(args[1]).resolve(), template)

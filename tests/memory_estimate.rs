@@ -11,7 +11,7 @@ use common::{BIN, real_model, tuneq};
 use std::path::Path;
 use std::process::Command;
 use tuneq_openapi::{ActivationCheckpointing, DtypeKind, LoraSpec};
-use tuneq_pools::{Ask, ModelShape, cpu_memory, graph_memory_bytes};
+use tuneq_pools::{Ask, ModelShape, cpu_memory, cpu_memory_needed, graph_memory_bytes};
 
 const BATCH: u64 = 4;
 const SEQ: u64 = 256;
@@ -163,12 +163,20 @@ fn test_model(dir: &Path, name: &str) -> (std::path::PathBuf, ModelShape) {
 
 /// A random model of `preset` in `dir`, with its shape.
 fn init_model(dir: &Path, preset: &str) -> (std::path::PathBuf, ModelShape) {
-    let model = dir.join(preset);
+    init_family(dir, preset, "llama")
+}
+
+/// A random model of `preset` as the family `arch` (`tuneq model init --arch`) in `dir`,
+/// with its shape.
+fn init_family(dir: &Path, preset: &str, arch: &str) -> (std::path::PathBuf, ModelShape) {
+    let model = dir.join(format!("{preset}-{arch}"));
     let init = tuneq(&[
         "model",
         "init",
         "--preset",
         preset,
+        "--arch",
+        arch,
         "--out",
         model.to_str().expect("utf8"),
     ]);
@@ -320,6 +328,29 @@ fn the_graph_memory_estimate_is_within_a_tenth_of_the_measured_peak() {
             let estimate = graph_memory_bytes(&shape, &ask(DtypeKind::F32, checkpointing), false);
             let label = format!("{preset:>13} graph checkpointing {setting:>3}");
             comparison.add_for(preset, label, peak, estimate, TINY_GRAPH_ALLOWANCE);
+        }
+    }
+    comparison.check();
+}
+
+/// Each family beside Llama, on the small preset's shape, on the path it trains on (the
+/// fused step, or candle's graph for the Gemmas): what placement compares with a pool
+/// (`cpu_memory_needed`) against the measured peak.
+#[test]
+fn each_family_s_estimate_is_within_a_tenth_of_its_measured_peak() {
+    let (dir, train) = dir_with_long_examples();
+    let mut comparison = Comparison::default();
+    for arch in ["qwen2", "qwen3", "mistral", "gemma2", "gemma3_text"] {
+        let (model, shape) = init_family(dir.path(), "small", arch);
+        for (setting, checkpointing) in SETTINGS {
+            let out = dir.path().join(format!("{arch}-{setting}"));
+            let peak = measured_peak(&model, &train, &out, "f32", setting, false);
+            let estimate = cpu_memory_needed(&shape, &ask(DtypeKind::F32, checkpointing));
+            comparison.add(
+                format!("small {arch:>11} checkpointing {setting:>3}"),
+                peak,
+                estimate,
+            );
         }
     }
     comparison.check();

@@ -546,6 +546,48 @@ fn bf16_compute_trains_and_is_refused_where_it_cannot_run() {
     );
 }
 
+/// A family the fused CPU kernels do not implement trains on candle's graph, and the run
+/// says so in its events (the job's events carry them), so a slower job is explained.
+#[test]
+fn a_gemma_trains_on_the_graph_and_its_events_say_so() {
+    let (dir, train) = dir_with_task(8);
+    let model = dir.path().join("gemma2");
+    let init = tuneq(&[
+        "model",
+        "init",
+        "--preset",
+        "tiny",
+        "--arch",
+        "gemma2",
+        "--out",
+        model.to_str().expect("utf8"),
+    ]);
+    assert!(init.status.success(), "{init:?}");
+    let output = dir.path().join("out");
+    let args = resume_args_for(
+        model.to_str().expect("utf8"),
+        train.to_str().expect("utf8"),
+        output.to_str().expect("utf8"),
+    );
+    let out = run_to_end(&args);
+    let events: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let said = events.iter().any(|e| {
+        e["event"] == "warning"
+            && e["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("gemma2") && m.contains("graph"))
+    });
+    assert!(said, "no event names the graph: {events:?}");
+    let states = files_named(&output, "trainer_state.json");
+    assert!(!states.is_empty(), "no checkpoint under {output:?}");
+    let state = std::fs::read_to_string(&states[0]).expect("state");
+    assert!(state.contains("candle-graph-cpu"), "{state}");
+    assert!(output.join("adapter_model.safetensors").exists());
+}
+
 /// Every file called `name` under `dir`, at any depth.
 fn files_named(dir: &Path, name: &str) -> Vec<std::path::PathBuf> {
     let mut found = Vec::new();

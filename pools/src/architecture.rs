@@ -2,8 +2,11 @@
 //!
 //! tuneq implements the Llama decoder (Llama 2/3.x, SmolLM2, TinyLlama), Qwen2 (Qwen2,
 //! Qwen2.5: Llama's decoder with a bias on the q, k and v projections), Qwen3 (Llama's
-//! decoder with an RMSNorm on each query and key head) and Mistral (Llama's decoder,
-//! whose sliding window is accepted only where it never binds). Other families look
+//! decoder with an RMSNorm on each query and key head), Mistral (Llama's decoder,
+//! whose sliding window is accepted only where it never binds) and Gemma 2 and Gemma 3
+//! text (a GeGLU MLP, `(1 + w)` norms around both halves of each layer, embeddings
+//! scaled by √hidden, sliding-window layers beside global ones, soft-capped scores and
+//! logits on Gemma 2, per-head norms and a local RoPE base on Gemma 3). Other families look
 //! alike on paper — the same field names for the same shapes — but differ in the
 //! maths (biases on q/k/v, per-head norms, GeGLU, soft-capping, sliding windows, fused
 //! projections), and a loader that ignores what it does not know trains them wrongly and
@@ -32,15 +35,28 @@ pub enum Architecture {
     /// `model_type: "mistral"` (`MistralForCausalLM`): Llama's decoder; its sliding
     /// window must be absent or at least the context (see [`architecture_of`]).
     Mistral,
+    /// `model_type: "gemma2"` (`Gemma2ForCausalLM`): a GeGLU MLP (tanh-approximated
+    /// GELU), `(1 + w)` RMSNorms before and after attention and the MLP, embeddings
+    /// scaled by √hidden, attention scaled by `query_pre_attn_scalar`, soft-capped
+    /// attention scores and final logits, sliding-window layers alternating with global
+    /// ones.
+    Gemma2,
+    /// `model_type: "gemma3_text"` (`Gemma3ForCausalLM`): Gemma 2's decoder without the
+    /// soft-capping (unless the config asks for it), with Qwen3-style norms on each query
+    /// and key head, and a RoPE base of its own (`rope_local_base_freq`) on the
+    /// sliding-window layers, five of every six by default.
+    Gemma3,
 }
 
 impl Architecture {
     /// Every architecture tuneq trains.
-    pub const ALL: [Architecture; 4] = [
+    pub const ALL: [Architecture; 6] = [
         Architecture::Llama,
         Architecture::Qwen2,
         Architecture::Qwen3,
         Architecture::Mistral,
+        Architecture::Gemma2,
+        Architecture::Gemma3,
     ];
 
     /// Its `model_type` in `config.json`.
@@ -50,6 +66,8 @@ impl Architecture {
             Architecture::Qwen2 => "qwen2",
             Architecture::Qwen3 => "qwen3",
             Architecture::Mistral => "mistral",
+            Architecture::Gemma2 => "gemma2",
+            Architecture::Gemma3 => "gemma3_text",
         }
     }
 
@@ -60,6 +78,8 @@ impl Architecture {
             Architecture::Qwen2 => "Qwen2ForCausalLM",
             Architecture::Qwen3 => "Qwen3ForCausalLM",
             Architecture::Mistral => "MistralForCausalLM",
+            Architecture::Gemma2 => "Gemma2ForCausalLM",
+            Architecture::Gemma3 => "Gemma3ForCausalLM",
         }
     }
 
@@ -72,7 +92,71 @@ impl Architecture {
     /// Whether each query and key head is RMS-normalised before RoPE (Qwen3's `q_norm`
     /// and `k_norm`, `head_dim` weights each).
     pub fn qk_norm(self) -> bool {
-        matches!(self, Architecture::Qwen3)
+        matches!(self, Architecture::Qwen3 | Architecture::Gemma3)
+    }
+
+    /// Whether it is a Gemma: every RMSNorm multiplies by `1 + w`, each half of a layer
+    /// is normed before and after (`pre_feedforward_layernorm`,
+    /// `post_feedforward_layernorm`), the MLP is GeGLU with tanh-approximated GELU, the
+    /// embeddings are scaled by √hidden, attention by `query_pre_attn_scalar`, and
+    /// layers may attend through a sliding window (see `layer_types`).
+    pub fn gemma(self) -> bool {
+        matches!(self, Architecture::Gemma2 | Architecture::Gemma3)
+    }
+
+    /// Whether the fused CPU step (`tuneq-kernels`) implements its maths; the others
+    /// train on candle's graph, which implements every family.
+    pub fn fused(self) -> bool {
+        !self.gemma()
+    }
+
+    /// What transformers' config class sets for a field that a `config.json` leaves
+    /// out, where that value changes the maths and differs from Llama's (for Gemma 2, a
+    /// config without `final_logit_softcapping` soft-caps at 30). The loader fills these
+    /// in before reading the config, so an absent field means what it means to
+    /// transformers.
+    pub fn defaults(self) -> Vec<(&'static str, Value)> {
+        use serde_json::json;
+        let gemma = [
+            ("hidden_activation", json!("gelu_pytorch_tanh")),
+            ("query_pre_attn_scalar", json!(256)),
+            ("sliding_window", json!(4096)),
+            ("tie_word_embeddings", json!(true)),
+            ("rms_norm_eps", json!(1e-6)),
+        ];
+        match self {
+            Architecture::Gemma2 => gemma
+                .into_iter()
+                .chain([
+                    ("attn_logit_softcapping", json!(50.0)),
+                    ("final_logit_softcapping", json!(30.0)),
+                    ("rope_theta", json!(10000.0)),
+                ])
+                .collect(),
+            Architecture::Gemma3 => gemma
+                .into_iter()
+                .chain([
+                    ("rope_theta", json!(1_000_000.0)),
+                    ("rope_local_base_freq", json!(10000.0)),
+                ])
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Whether layer `layer` of `layers` attends through the sliding window when the
+    /// config names no `layer_types`: Gemma 2's even layers, Gemma 3's all but every
+    /// `pattern`-th (its `sliding_window_pattern`, 6 by default); no layer of the
+    /// other families.
+    pub fn default_sliding(self, layer: usize, pattern: Option<u64>) -> bool {
+        match self {
+            Architecture::Gemma2 => layer.is_multiple_of(2),
+            Architecture::Gemma3 => {
+                let pattern = pattern.unwrap_or(6).max(1) as usize;
+                !(layer + 1).is_multiple_of(pattern)
+            }
+            _ => false,
+        }
     }
 
     /// The rules of its config's fields: what transformers' class reads that changes
@@ -83,8 +167,11 @@ impl Architecture {
             Architecture::Qwen2 => QWEN2_RULES,
             Architecture::Qwen3 => QWEN3_RULES,
             Architecture::Mistral => MISTRAL_RULES,
+            Architecture::Gemma2 => GEMMA2_RULES,
+            Architecture::Gemma3 => GEMMA3_RULES,
         };
-        own.iter().chain(FOREIGN_RULES)
+        let gemma_fields: &'static [Rule] = if self.gemma() { &[] } else { GEMMA_FIELDS };
+        own.iter().chain(gemma_fields).chain(FOREIGN_RULES)
     }
 
     /// The architecture a `model_type` names, if tuneq trains it.
@@ -283,6 +370,132 @@ const QWEN3_RULES: &[Rule] = &[
 /// Mistral's, besides its window (`mistral_window`).
 const MISTRAL_RULES: &[Rule] = &[SILU, NO_ATTENTION_DROPOUT, ROPE_SCALING, ROPE_PARAMETERS];
 
+/// Gemma's GeGLU: tanh-approximated GELU (`hidden_activation`; transformers' Gemmas
+/// read no other field for it, and `hidden_act` is only ever written beside it).
+const GELU_TANH: Rule = Rule {
+    field: "hidden_activation",
+    implemented: |v| is_absent_or(v, |v| v == "gelu_pytorch_tanh"),
+    why: "the MLP's activation is tanh-approximated GELU (gelu_pytorch_tanh)",
+};
+
+const GELU_TANH_ACT: Rule = Rule {
+    field: "hidden_act",
+    implemented: |v| is_absent_or(v, |v| v == "gelu_pytorch_tanh"),
+    why: "the MLP's activation is tanh-approximated GELU (gelu_pytorch_tanh)",
+};
+
+fn is_positive_number(v: &Value) -> bool {
+    v.as_f64().is_some_and(|x| x.is_finite() && x > 0.0)
+}
+
+fn is_positive_integer(v: &Value) -> bool {
+    v.as_u64().is_some_and(|x| x > 0)
+}
+
+/// A soft-cap is a positive number, or none.
+const ATTENTION_SOFTCAP: Rule = Rule {
+    field: "attn_logit_softcapping",
+    implemented: |v| is_absent_or(v, is_positive_number),
+    why: "a soft-cap is a positive number (or null for none)",
+};
+
+const FINAL_SOFTCAP: Rule = Rule {
+    field: "final_logit_softcapping",
+    implemented: |v| is_absent_or(v, is_positive_number),
+    why: "a soft-cap is a positive number (or null for none)",
+};
+
+const QUERY_PRE_ATTN_SCALAR: Rule = Rule {
+    field: "query_pre_attn_scalar",
+    implemented: |v| is_absent_or(v, is_positive_number),
+    why: "attention is scaled by query_pre_attn_scalar^-1/2, a positive number",
+};
+
+const GEMMA_WINDOW: Rule = Rule {
+    field: "sliding_window",
+    implemented: |v| is_absent_or(v, is_positive_integer),
+    why: "a window is a positive whole number of positions",
+};
+
+const LAYER_TYPES: Rule = Rule {
+    field: "layer_types",
+    implemented: |v| {
+        is_absent_or(v, |v| {
+            v.as_array().is_some_and(|all| {
+                all.iter()
+                    .all(|t| t == "full_attention" || t == "sliding_attention")
+            })
+        })
+    },
+    why: "each layer is full_attention or sliding_attention",
+};
+
+const CAUSAL: Rule = Rule {
+    field: "use_bidirectional_attention",
+    implemented: |v| is_absent_or(v, |v| v == &Value::Bool(false)),
+    why: "attention is causal (a bidirectional encoder such as EmbeddingGemma is not a causal LM)",
+};
+
+/// Gemma 2's (its sandwich norms, GeGLU and embedding scale are not fields).
+const GEMMA2_RULES: &[Rule] = &[
+    CAUSAL,
+    GELU_TANH,
+    GELU_TANH_ACT,
+    NO_ATTENTION_BIAS,
+    NO_ATTENTION_DROPOUT,
+    ATTENTION_SOFTCAP,
+    FINAL_SOFTCAP,
+    QUERY_PRE_ATTN_SCALAR,
+    GEMMA_WINDOW,
+    LAYER_TYPES,
+    ROPE_SCALING,
+    ROPE_PARAMETERS,
+];
+
+/// Gemma 3 text's; its RoPE may be linearly scaled on the global layers (Gemma 3 4B and
+/// larger), and transformers ≥ 5 writes one `rope_parameters` object per layer type.
+const GEMMA3_RULES: &[Rule] = &[
+    GELU_TANH,
+    GELU_TANH_ACT,
+    NO_ATTENTION_BIAS,
+    NO_ATTENTION_DROPOUT,
+    ATTENTION_SOFTCAP,
+    FINAL_SOFTCAP,
+    QUERY_PRE_ATTN_SCALAR,
+    GEMMA_WINDOW,
+    LAYER_TYPES,
+    CAUSAL,
+    Rule {
+        field: "sliding_window_pattern",
+        implemented: |v| is_absent_or(v, is_positive_integer),
+        why: "the pattern is a positive whole number of layers",
+    },
+    Rule {
+        field: "rope_scaling",
+        implemented: |v| is_absent_or(v, |v| rope_kind_is(v, &["default", "llama3", "linear"])),
+        why: "RoPE scaling of kind \"linear\" or \"llama3\" (or none) is implemented",
+    },
+    Rule {
+        field: "rope_parameters",
+        implemented: |v| is_absent_or(v, gemma3_rope_is_implemented),
+        why: "one RoPE per layer type (full_attention: default, linear or llama3; sliding_attention: default) is implemented",
+    },
+];
+
+/// Whether Gemma 3's `rope_parameters` (transformers ≥ 5: an object per layer type)
+/// ask for RoPE tuneq implements: the global layers' default, linear or llama3, the
+/// sliding layers' unscaled.
+fn gemma3_rope_is_implemented(value: &Value) -> bool {
+    let Some(object) = value.as_object() else {
+        return false;
+    };
+    object.iter().all(|(kind, params)| match kind.as_str() {
+        "full_attention" => rope_kind_is(params, &["default", "llama3", "linear"]),
+        "sliding_attention" => rope_kind_is(params, &["default"]),
+        _ => false,
+    })
+}
+
 /// transformers' `MistralConfig` window when a config names none (`null` is no window).
 const MISTRAL_DEFAULT_WINDOW: u64 = 4096;
 
@@ -314,11 +527,9 @@ fn mistral_window(object: &serde_json::Map<String, Value>) -> Result<(), Unsuppo
     }
 }
 
-/// Fields of other families that change their maths. Transformers' class would ignore
-/// them, but a config that sets one was almost surely written for another model (or
-/// edited by hand), and training it as this family would be silently wrong: refused
-/// unless they hold their neutral value.
-const FOREIGN_RULES: &[Rule] = &[
+/// Gemma's fields, which the other families' classes would ignore (see
+/// [`FOREIGN_RULES`]).
+const GEMMA_FIELDS: &[Rule] = &[
     Rule {
         field: "hidden_activation",
         implemented: Value::is_null,
@@ -327,18 +538,25 @@ const FOREIGN_RULES: &[Rule] = &[
     Rule {
         field: "attn_logit_softcapping",
         implemented: Value::is_null,
-        why: "attention logit soft-capping is not implemented",
+        why: "attention logit soft-capping is implemented for Gemma only",
     },
     Rule {
         field: "final_logit_softcapping",
         implemented: Value::is_null,
-        why: "final logit soft-capping is not implemented",
+        why: "final logit soft-capping is implemented for Gemma only",
     },
     Rule {
         field: "query_pre_attn_scalar",
         implemented: Value::is_null,
         why: "attention is scaled by 1/sqrt(head_dim)",
     },
+];
+
+/// Fields of other families that change their maths. Transformers' class would ignore
+/// them, but a config that sets one was almost surely written for another model (or
+/// edited by hand), and training it as this family would be silently wrong: refused
+/// unless they hold their neutral value.
+const FOREIGN_RULES: &[Rule] = &[
     Rule {
         field: "use_qk_norm",
         implemented: |v| is_absent_or(v, |v| v == &Value::Bool(false)),
@@ -368,6 +586,12 @@ const FOREIGN_RULES: &[Rule] = &[
 
 /// Whether a `rope_scaling` / `rope_parameters` object asks for a kind tuneq implements.
 fn rope_kind_is_implemented(value: &Value) -> bool {
+    rope_kind_is(value, &["default", "llama3"])
+}
+
+/// Whether a RoPE object's kind (`rope_type`, or the older `type`; `default` when it
+/// names none) is one of `kinds`.
+fn rope_kind_is(value: &Value, kinds: &[&str]) -> bool {
     let Some(object) = value.as_object() else {
         return false;
     };
@@ -376,7 +600,7 @@ fn rope_kind_is_implemented(value: &Value) -> bool {
         .or_else(|| object.get("type"))
         .and_then(Value::as_str)
         .unwrap_or("default");
-    matches!(kind, "default" | "llama3")
+    kinds.contains(&kind)
 }
 
 /// The architecture of the model whose parsed `config.json` is `config`, or why tuneq
@@ -595,9 +819,144 @@ mod tests {
         assert_eq!(architecture_of(&gelu).unwrap_err().field(), "hidden_act");
     }
 
+    /// Gemma 2 2B's `config.json` as published.
+    fn gemma2() -> Value {
+        json!({
+            "architectures": ["Gemma2ForCausalLM"], "attention_bias": false,
+            "attention_dropout": 0.0, "attn_logit_softcapping": 50.0, "bos_token_id": 2,
+            "cache_implementation": "hybrid", "eos_token_id": [1, 107],
+            "final_logit_softcapping": 30.0, "head_dim": 256,
+            "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
+            "hidden_size": 2304, "initializer_range": 0.02, "intermediate_size": 9216,
+            "max_position_embeddings": 8192, "model_type": "gemma2",
+            "num_attention_heads": 8, "num_hidden_layers": 26, "num_key_value_heads": 4,
+            "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
+            "rope_theta": 10000.0, "sliding_window": 4096, "torch_dtype": "float32",
+            "transformers_version": "4.42.4", "use_cache": true, "vocab_size": 256000
+        })
+    }
+
+    /// Gemma 3 1B's `config.json` as published, and the 270M's as transformers 5 writes
+    /// it (one RoPE per layer type).
+    fn gemma3() -> [Value; 2] {
+        let one_b = json!({
+            "architectures": ["Gemma3ForCausalLM"], "attention_bias": false,
+            "attention_dropout": 0.0, "attn_logit_softcapping": null, "bos_token_id": 2,
+            "cache_implementation": "hybrid", "eos_token_id": [1, 106],
+            "final_logit_softcapping": null, "head_dim": 256,
+            "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152,
+            "initializer_range": 0.02, "intermediate_size": 6912,
+            "max_position_embeddings": 32768, "model_type": "gemma3_text",
+            "num_attention_heads": 4, "num_hidden_layers": 26, "num_key_value_heads": 1,
+            "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
+            "rope_local_base_freq": 10000, "rope_scaling": null, "rope_theta": 1000000,
+            "sliding_window": 512, "sliding_window_pattern": 6, "torch_dtype": "bfloat16",
+            "transformers_version": "4.50.0.dev0", "use_cache": true, "vocab_size": 262144
+        });
+        let mut v5 = one_b.clone();
+        let object = v5.as_object_mut().unwrap();
+        for old in [
+            "rope_local_base_freq",
+            "rope_scaling",
+            "rope_theta",
+            "sliding_window_pattern",
+        ] {
+            object.remove(old);
+        }
+        object.insert(
+            "rope_parameters".into(),
+            json!({"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                   "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}),
+        );
+        [one_b, v5]
+    }
+
+    #[test]
+    fn published_gemma_configs_are_accepted() {
+        assert_eq!(architecture_of(&gemma2()), Ok(Architecture::Gemma2));
+        for config in gemma3() {
+            assert_eq!(architecture_of(&config), Ok(Architecture::Gemma3));
+        }
+        assert!(Architecture::Gemma2.gemma() && !Architecture::Gemma2.fused());
+        assert!(Architecture::Gemma3.qk_norm() && !Architecture::Gemma2.qk_norm());
+        // Gemma 3 4B's global layers interpolate positions (linear, factor 8).
+        let [one_b, v5] = gemma3();
+        let scaled = with(
+            one_b,
+            "rope_scaling",
+            json!({"rope_type": "linear", "factor": 8.0}),
+        );
+        assert_eq!(architecture_of(&scaled), Ok(Architecture::Gemma3));
+        let cases = [
+            (gemma2(), "hidden_activation", json!("silu")),
+            (gemma2(), "hidden_act", json!("silu")),
+            (gemma2(), "attn_logit_softcapping", json!(-1.0)),
+            (gemma2(), "query_pre_attn_scalar", json!(0)),
+            (gemma2(), "sliding_window", json!(1.5)),
+            (gemma2(), "layer_types", json!(["chunked_attention"])),
+            (gemma2(), "use_bidirectional_attention", json!(true)),
+            (
+                gemma2(),
+                "rope_scaling",
+                json!({"rope_type": "linear", "factor": 8.0}),
+            ),
+            (
+                scaled.clone(),
+                "rope_scaling",
+                json!({"rope_type": "yarn", "factor": 8.0}),
+            ),
+            (
+                v5.clone(),
+                "rope_parameters",
+                json!({"sliding_attention": {"rope_type": "linear", "factor": 2.0}}),
+            ),
+            (
+                v5,
+                "rope_parameters",
+                json!({"rope_type": "default", "rope_theta": 1e6}),
+            ),
+            (scaled, "use_bidirectional_attention", json!(true)),
+        ];
+        for (config, field, value) in cases {
+            let refusal = architecture_of(&with(config, field, value.clone())).unwrap_err();
+            assert_eq!(refusal.field(), field, "{value}");
+        }
+        // Gemma's fields stay refused on the other families.
+        let capped = with(llama32(), "final_logit_softcapping", json!(30.0));
+        assert_eq!(
+            architecture_of(&capped).unwrap_err().field(),
+            "final_logit_softcapping"
+        );
+    }
+
+    #[test]
+    fn a_gemma_without_layer_types_follows_its_class_s_pattern() {
+        let sliding = |a: Architecture, pattern| -> Vec<bool> {
+            (0..7).map(|l| a.default_sliding(l, pattern)).collect()
+        };
+        let (o, x) = (true, false);
+        assert_eq!(sliding(Architecture::Gemma2, None), [o, x, o, x, o, x, o]);
+        assert_eq!(sliding(Architecture::Gemma3, None), [o, o, o, o, o, x, o]);
+        assert_eq!(
+            sliding(Architecture::Gemma3, Some(2)),
+            [o, x, o, x, o, x, o]
+        );
+        assert_eq!(sliding(Architecture::Llama, None), [x; 7]);
+        let defaults: std::collections::HashMap<_, _> =
+            Architecture::Gemma2.defaults().into_iter().collect();
+        assert_eq!(defaults["final_logit_softcapping"], json!(30.0));
+        assert!(
+            !Architecture::Gemma3
+                .defaults()
+                .iter()
+                .any(|(field, _)| *field == "final_logit_softcapping")
+        );
+        assert!(Architecture::Llama.defaults().is_empty());
+    }
+
     #[test]
     fn other_families_are_refused_by_name() {
-        for family in ["gemma2", "gemma3_text", "phi3"] {
+        for family in ["gemma", "phi3", "olmo2"] {
             let config = with(llama32(), "model_type", json!(family));
             let refusal = architecture_of(&config).unwrap_err();
             assert_eq!(

@@ -383,8 +383,19 @@ fn weight_bytes(ask: &Ask<'_>, gpu: bool) -> u64 {
 
 /// The least memory an attempt on the CPU needs: with layers recomputed when the job
 /// allows it (`on`, or `auto`, which turns it on when a pool's memory asks for it).
-/// What placement compares with a CPU pool's memory.
+/// What placement compares with a CPU pool's memory. A family the fused kernels do not
+/// implement trains on candle's CPU graph, and is estimated as such.
 pub fn cpu_memory_needed(shape: &ModelShape, ask: &Ask<'_>) -> u64 {
+    if !shape.architecture().fused() {
+        let least = Ask {
+            checkpointing: match ask.checkpointing {
+                ActivationCheckpointing::Off => ActivationCheckpointing::Off,
+                _ => ActivationCheckpointing::On,
+            },
+            ..ask.clone()
+        };
+        return graph_memory_bytes(shape, &least, false);
+    }
     cpu_memory(shape, ask, Some(0)).total()
 }
 
@@ -393,8 +404,24 @@ pub fn cpu_memory_needed(shape: &ModelShape, ask: &Ask<'_>) -> u64 {
 /// 60.3 K and 40.4 K floats), fitted as `42·hidden + 8·intermediate + 3·heads·seq`
 /// (norms in f32, q/k/v and their transposed copies, repeated keys and values, scores
 /// and probabilities, the MLP's products, LoRA's intermediates).
+/// A Gemma's layers keep more: two more norms (their f32 copies and outputs) and GELU's
+/// input beside its output, fitted as `6·hidden + intermediate/2` on the small preset's
+/// shape as Gemma 3 (its measured peak 4428 MiB, 422 under the Llama terms plus a first
+/// guess); Gemma 2's soft-capped scores beside the raw ones and their tanh, `3·heads·seq`
+/// (its peak 452 MiB over Gemma 3's).
 fn graph_floats_per_token_layer(shape: &ModelShape, seq: u64) -> u64 {
-    42 * shape.hidden_size + 8 * shape.intermediate_size + 3 * shape.num_attention_heads * seq
+    let llama =
+        42 * shape.hidden_size + 8 * shape.intermediate_size + 3 * shape.num_attention_heads * seq;
+    let architecture = shape.architecture();
+    let gemma = match architecture.gemma() {
+        true => 6 * shape.hidden_size + shape.intermediate_size / 2,
+        false => 0,
+    };
+    let softcapped_scores = match architecture == crate::Architecture::Gemma2 {
+        true => 3 * shape.num_attention_heads * seq,
+        false => 0,
+    };
+    llama + gemma + softcapped_scores
 }
 
 /// Copies of the logits the graph's loss keeps (logits, log-softmax, their gradients).
@@ -421,7 +448,12 @@ pub fn graph_memory_bytes(shape: &ModelShape, ask: &Ask<'_>, on_gpu: bool) -> u6
     } else {
         shape.num_hidden_layers * per_layer
     };
-    let logits = GRAPH_LOGIT_COPIES * tokens * shape.vocab_size * 4;
+    // Gemma 2's soft-capped logits keep their tanh and the capped copy besides.
+    let logit_copies = match shape.architecture() == crate::Architecture::Gemma2 {
+        true => GRAPH_LOGIT_COPIES + 2,
+        false => GRAPH_LOGIT_COPIES,
+    };
+    let logits = logit_copies * tokens * shape.vocab_size * 4;
     let fixed = if on_gpu {
         GPU_RUNTIME_BYTES
     } else {
@@ -584,18 +616,60 @@ mod tests {
 
     #[test]
     fn a_folder_of_another_architecture_is_refused_not_read_as_llama() {
-        let (dir, _) = model_folder("gemma", 256);
-        let gemma = serde_json::json!({
-            "model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"], "hidden_size": 64,
+        let (dir, _) = model_folder("phi", 256);
+        let phi = serde_json::json!({
+            "model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "hidden_size": 64,
             "intermediate_size": 172, "num_hidden_layers": 2, "num_attention_heads": 4,
             "vocab_size": 256
         });
-        std::fs::write(dir.join("config.json"), gemma.to_string()).unwrap();
+        std::fs::write(dir.join("config.json"), phi.to_string()).unwrap();
         let read = ModelShape::read(&dir);
         std::fs::remove_dir_all(&dir).unwrap();
         let refusal = read.expect("a readable config").unwrap_err();
         assert_eq!(refusal.field(), "model_type");
-        assert!(refusal.to_string().contains("gemma2"), "{refusal}");
+        assert!(refusal.to_string().contains("phi3"), "{refusal}");
+    }
+
+    #[test]
+    fn a_gemma_on_the_cpu_is_estimated_as_candle_s_graph() {
+        let llama = ModelShape {
+            hidden_size: 640,
+            intermediate_size: 2048,
+            num_hidden_layers: 18,
+            num_attention_heads: 4,
+            num_key_value_heads: Some(1),
+            head_dim: Some(256),
+            vocab_size: 262_144,
+            max_position_embeddings: Some(32768),
+            tie_word_embeddings: true,
+            torch_dtype: Some("float32".into()),
+            model_type: Some("llama".into()),
+            added_tokens: Some(0),
+        };
+        let gemma = ModelShape {
+            model_type: Some("gemma3_text".into()),
+            ..llama.clone()
+        };
+        let lora = LoraSpec::default();
+        let ask = Ask {
+            lora: &lora,
+            max_seq_len: 512,
+            batch_size: 4,
+            dtype: DtypeKind::F32,
+            compute: ComputeKind::F32,
+            checkpointing: ActivationCheckpointing::Off,
+            dataset_tokens: 0,
+        };
+        assert_eq!(
+            cpu_memory_needed(&llama, &ask),
+            cpu_memory(&llama, &ask, Some(0)).total()
+        );
+        assert_eq!(
+            cpu_memory_needed(&gemma, &ask),
+            graph_memory_bytes(&gemma, &ask, false)
+        );
+        // Gemma's layers keep more than a Llama's of the same shape on the graph.
+        assert!(graph_memory_bytes(&gemma, &ask, false) > graph_memory_bytes(&llama, &ask, false));
     }
 
     #[test]

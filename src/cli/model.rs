@@ -30,7 +30,8 @@ pub enum ModelCommand {
         #[arg(long)]
         llama3_rope: bool,
         /// The family (its `model_type`): llama, qwen2 (the same shapes with q/k/v
-        /// biases), qwen3 (with q/k head norms) or mistral (Llama's maths, no window).
+        /// biases), qwen3 (with q/k head norms), mistral (Llama's maths, no window),
+        /// gemma2 or gemma3_text.
         #[arg(long, default_value = "llama", value_parser = parse_architecture)]
         arch: tuneq_pools::Architecture,
     },
@@ -191,21 +192,36 @@ fn estimate(args: EstimateArgs) -> Result<ExitCode> {
     cpu.scratch += thread_scratch;
     let gpu = tuneq_pools::graph_memory(&shape, &ask, true, accelerator_limit);
     let mib = |b: u64| b >> 20;
+    let cpu = match shape.architecture().fused() {
+        true => serde_json::json!({
+            "path": "cpu-fused",
+            "total_mib": mib(cpu.total()),
+            "checkpointing": cpu.checkpointing,
+            "runtime_mib": mib(cpu.runtime),
+            "weights_mib": mib(cpu.weights),
+            "loading_mib": mib(cpu.loading),
+            "lora_state_mib": mib(cpu.lora_state),
+            "step_mib": mib(cpu.step),
+            "scratch_mib": mib(cpu.scratch),
+            "threads": threads,
+            "fits": limit.map(|l| cpu.total() <= l),
+        }),
+        // The family trains on candle's graph on the CPU too.
+        false => {
+            let graph = tuneq_pools::graph_memory(&shape, &ask, false, limit);
+            serde_json::json!({
+                "path": "candle-graph",
+                "total_mib": mib(graph.bytes),
+                "checkpointing": graph.checkpointing,
+                "threads": threads,
+                "fits": limit.map(|l| graph.bytes <= l),
+            })
+        }
+    };
     println!(
         "{}",
         serde_json::to_string_pretty(&serde_json::json!({
-            "cpu": {
-                "total_mib": mib(cpu.total()),
-                "checkpointing": cpu.checkpointing,
-                "runtime_mib": mib(cpu.runtime),
-                "weights_mib": mib(cpu.weights),
-                "loading_mib": mib(cpu.loading),
-                "lora_state_mib": mib(cpu.lora_state),
-                "step_mib": mib(cpu.step),
-                "scratch_mib": mib(cpu.scratch),
-                "threads": threads,
-                "fits": limit.map(|l| cpu.total() <= l),
-            },
+            "cpu": cpu,
             "gpu": {
                 "total_mib": mib(gpu.bytes),
                 "checkpointing": gpu.checkpointing,

@@ -156,6 +156,13 @@ def real_qwen2() -> Path:
 
 
 @pytest.fixture(scope="session")
+def real_gemma3() -> Path:
+    """Gemma 3 270M (Gemma 3 text family, pretrained, with Gemma 3's chat template),
+    dequantized from its Q4_K_M GGUF by `scripts/fetch-real-model gemma3`."""
+    return harness.find_real_model("gemma3")
+
+
+@pytest.fixture(scope="session")
 def real_adapter(tuneq, real_model, chat_dataset, tmp_path_factory) -> Path:
     """An adapter on all seven projections of the real model, trained 5 steps (lr 1e-3,
     which moves every lora_B off zero without wrecking a pretrained model)."""

@@ -86,6 +86,7 @@ def find_tuneq() -> Path:
 REAL_MODELS = {
     "smollm2": ("TUNEQ_REAL_MODEL", "smollm2-135m-instruct-q4_1"),
     "qwen2": ("TUNEQ_REAL_QWEN2", "qwen2.5-coder-0.5b-instruct-q4_k_m"),
+    "gemma3": ("TUNEQ_REAL_GEMMA3", "gemma-3-270m-q4_k_m"),
 }
 
 

@@ -25,10 +25,11 @@ TEMPLATES = ["model", "chatml", "llama2", "alpaca"]
 MAX_LEN = 4096
 
 
-# The tiny preset's tokenizer, the real Qwen2's (Qwen2.5's 151k-token BPE and template), and
-# the real model's (a 49152-token byte-level BPE with its
-# own chat template).
-MODELS = ["tiny_model", "real_model", "real_qwen2"]
+# The tiny preset's tokenizer, the real Qwen2's (Qwen2.5's 151k-token BPE and template), the
+# real Gemma 3's (a 262k-token SentencePiece-style BPE with byte fallback, Gemma 3's template:
+# system folded into the first user turn, `model` turns) and the real model's (a 49152-token
+# byte-level BPE with its own chat template).
+MODELS = ["tiny_model", "real_model", "real_qwen2", "real_gemma3"]
 _TOKENIZERS: dict = {}
 
 

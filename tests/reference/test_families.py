@@ -36,7 +36,7 @@ from conftest import train_adapter
 from harness import ALL_TARGETS, GRAD_RTOL, LOGITS_ATOL, MERGED_WEIGHT_ATOL
 from test_architectures import FAMILIES, SHRUNK
 
-TRAINED = ["qwen2", "qwen3", "mistral"]
+TRAINED = ["qwen2", "qwen3", "mistral", "gemma2", "gemma3_text"]
 PATHS = ["fused", "graph"]
 
 

@@ -4,7 +4,11 @@ family: 30 layers, grouped-query attention with 9 query and 3 key/value heads, t
 embeddings, RoPE θ = 1e5, a 49152-token byte-level BPE vocabulary and its own chat
 template) and Qwen2.5-Coder-0.5B-Instruct (Qwen2 family: 24 layers, 14 query and 2
 key/value heads, biases on q/k/v, RoPE θ = 1e6, a 151936-token vocabulary, Qwen2.5's chat
-template).
+template) and Gemma 3 270M (Gemma 3 text family, pretrained: 18 layers, 4 query heads and 1
+key/value head of width 256, a 512-position sliding window on five layers of six with a
+local RoPE base of 1e4 and 1e6 on the others, GeGLU, (1 + w) norms around each half of a
+layer, q/k head norms, a 262144-token vocabulary and Gemma 3's chat template; it trains on
+candle's graph, so its "fused" runs take the graph too).
 
 Random tiny models exercise every code path, but not what a trained model has: activations
 and logits of real magnitude, attention that is sharp rather than uniform, and a tokenizer
@@ -41,7 +45,7 @@ from test_grads import peft_loss_and_grads
 from test_steps import compare, peft_steps, run_tuneq
 
 
-@pytest.fixture(scope="module", params=["smollm2", "qwen2"])
+@pytest.fixture(scope="module", params=["smollm2", "qwen2", "gemma3"])
 def real_model(request) -> Path:
     """Each real model in turn (harness.REAL_MODELS)."""
     return harness.find_real_model(request.param)
@@ -94,7 +98,7 @@ def real_text_ids(tok, rows: int, length: int) -> torch.Tensor:
     for user, assistant in CHATS[:rows]:
         text = tok.apply_chat_template([{"role": "user", "content": user},
                                         {"role": "assistant", "content": assistant}], tokenize=False)
-        ids = tok(text * 4, add_special_tokens=False)["input_ids"]
+        ids = tok(text * 8, add_special_tokens=False)["input_ids"]
         out.append(ids[:length])
     return torch.tensor(out)
 

@@ -102,7 +102,8 @@ class Up:
             self.proc.kill()
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "mistral"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "mistral", "gemma2",
+                                                "gemma3_text"])
 def served(request, tuneq, tiny_model, tmp_path_factory):
     """A family's tiny random model (`tuneq model init --arch`, which transformers loads
     as the family's own class) and a `tuneq up` serving it."""

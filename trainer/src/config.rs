@@ -42,6 +42,16 @@ fn eps_default() -> f64 {
 /// The context length of a config that names none (Llama 2's).
 const DEFAULT_MAX_POSITIONS: u64 = 2048;
 
+/// How a layer attends (`layer_types` in `config.json`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LayerType {
+    /// To every earlier position.
+    FullAttention,
+    /// To the last `sliding_window` positions, itself included.
+    SlidingAttention,
+}
+
 /// A token id field that may be a single id or a list.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
@@ -93,6 +103,29 @@ pub struct LlamaConfig {
     /// Activation; only `silu` is supported.
     #[serde(default)]
     pub hidden_act: Option<String>,
+    /// Gemma's activation (`gelu_pytorch_tanh`, the only one its rules accept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hidden_activation: Option<String>,
+    /// Gemma's attention scale: scores are multiplied by `query_pre_attn_scalar^-1/2`
+    /// instead of `head_dim^-1/2`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub query_pre_attn_scalar: Option<f64>,
+    /// Gemma's soft-cap of the attention scores: `cap·tanh(score/cap)`.
+    #[serde(default)]
+    pub attn_logit_softcapping: Option<f64>,
+    /// Gemma's soft-cap of the final logits.
+    #[serde(default)]
+    pub final_logit_softcapping: Option<f64>,
+    /// How many positions a sliding-window layer sees, itself included.
+    #[serde(default)]
+    pub sliding_window: Option<u64>,
+    /// Which layers attend through the sliding window; Gemma's default pattern where a
+    /// config names none (filled in by the loader).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layer_types: Option<Vec<LayerType>>,
+    /// Gemma 3's RoPE base on its sliding-window layers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_local_base_freq: Option<f64>,
 }
 
 impl LlamaConfig {
@@ -128,10 +161,40 @@ impl LlamaConfig {
     /// transformers ≥ 5 writes `rope_parameters` (`rope_theta`, `rope_type` and the scaling
     /// fields together) instead of top-level `rope_theta` + `rope_scaling`; fold it into the
     /// older layout so a missing `rope_theta` never silently falls back to 10000.
+    ///
+    /// It also fills in what the family's config class sets for fields the file leaves
+    /// out ([`tuneq_pools::Architecture::defaults`]), Gemma's layer pattern where it
+    /// names no `layer_types`, and reads Gemma 3's per-layer `rope_parameters`.
     fn normalise(mut raw: serde_json::Value) -> serde_json::Value {
+        let architecture = tuneq_pools::architecture_of(&raw).ok();
         let Some(obj) = raw.as_object_mut() else {
             return raw;
         };
+        if let Some(architecture) = architecture {
+            for (field, value) in architecture.defaults() {
+                obj.entry(field).or_insert(value);
+            }
+            if architecture.gemma() && obj.get("layer_types").is_none_or(|v| v.is_null()) {
+                let layers = obj
+                    .get("num_hidden_layers")
+                    .and_then(serde_json::Value::as_u64)
+                    .unwrap_or(0);
+                let pattern = obj
+                    .get("sliding_window_pattern")
+                    .and_then(serde_json::Value::as_u64);
+                let types: Vec<&str> = (0..layers as usize)
+                    .map(|l| match architecture.default_sliding(l, pattern) {
+                        true => "sliding_attention",
+                        false => "full_attention",
+                    })
+                    .collect();
+                obj.insert("layer_types".into(), serde_json::json!(types));
+            }
+            if architecture == tuneq_pools::Architecture::Gemma3 {
+                Self::fold_layer_rope(obj);
+                return raw;
+            }
+        }
         let Some(params) = obj
             .get("rope_parameters")
             .and_then(|p| p.as_object())
@@ -156,6 +219,37 @@ impl LlamaConfig {
         raw
     }
 
+    /// Gemma 3's `rope_parameters` (transformers ≥ 5) name one RoPE per layer type:
+    /// the global layers' becomes `rope_theta` and `rope_scaling`, the sliding ones'
+    /// `rope_local_base_freq` (its rules refuse a scaled local RoPE).
+    fn fold_layer_rope(obj: &mut serde_json::Map<String, serde_json::Value>) {
+        let Some(params) = obj
+            .get("rope_parameters")
+            .and_then(|p| p.as_object())
+            .cloned()
+        else {
+            return;
+        };
+        let theta = |kind: &str| params.get(kind).and_then(|p| p.get("rope_theta")).cloned();
+        if let Some(local) = theta("sliding_attention") {
+            obj.insert("rope_local_base_freq".into(), local);
+        }
+        if let Some(global) = theta("full_attention") {
+            obj.insert("rope_theta".into(), global);
+        }
+        if let Some(full) = params.get("full_attention").and_then(|p| p.as_object()) {
+            let kind = full
+                .get("rope_type")
+                .and_then(|t| t.as_str())
+                .unwrap_or("default");
+            if kind != "default" && obj.get("rope_scaling").is_none_or(|v| v.is_null()) {
+                let mut scaling = full.clone();
+                scaling.remove("rope_theta");
+                obj.insert("rope_scaling".into(), serde_json::Value::Object(scaling));
+            }
+        }
+    }
+
     fn check(&self) -> std::result::Result<(), String> {
         let shape = &self.shape;
         if shape.num_attention_heads == 0 || shape.num_hidden_layers == 0 || shape.hidden_size == 0
@@ -177,9 +271,60 @@ impl LlamaConfig {
         if !self.head_dim().is_multiple_of(2) {
             return Err("head_dim must be even for rotary embeddings".into());
         }
+        if let Some(types) = &self.layer_types
+            && types.len() != self.num_hidden_layers()
+        {
+            return Err(format!(
+                "layer_types names {} layers, the model has {}",
+                types.len(),
+                self.num_hidden_layers()
+            ));
+        }
         // The fields that change the maths (activation, biases, RoPE scaling kind) were
         // checked against the architecture's rules before parsing.
         Ok(())
+    }
+
+    /// The factor attention scores are multiplied by: `query_pre_attn_scalar^-1/2`
+    /// (Gemma) or `head_dim^-1/2`.
+    pub fn attention_scale(&self) -> f64 {
+        match self.query_pre_attn_scalar {
+            Some(scalar) => scalar.powf(-0.5),
+            None => 1.0 / (self.head_dim() as f64).sqrt(),
+        }
+    }
+
+    /// The positions layer `layer` sees, itself included, when it attends through a
+    /// sliding window; None for a layer that sees every earlier position. (Only Gemma's
+    /// configs name windowed layers; a Mistral's window is accepted only where it never
+    /// binds.)
+    pub fn layer_window(&self, layer: usize) -> Option<usize> {
+        let types = self.layer_types.as_ref()?;
+        match types.get(layer)? {
+            LayerType::SlidingAttention => self.sliding_window.map(|w| w as usize),
+            LayerType::FullAttention => None,
+        }
+    }
+
+    /// Whether layer `layer` rotates with the local RoPE base (Gemma 3's sliding
+    /// layers).
+    pub fn local_rope(&self, layer: usize) -> bool {
+        self.rope_local_base_freq.is_some() && self.layer_window(layer).is_some()
+    }
+
+    /// The factor embeddings are multiplied by (Gemma's √hidden, rounded to f32 as
+    /// transformers' buffer is), if any.
+    pub fn embedding_scale(&self) -> Option<f32> {
+        self.architecture()
+            .gemma()
+            .then(|| (self.hidden_size() as f64).sqrt() as f32)
+    }
+
+    /// Inverse frequencies of the sliding layers' RoPE (Gemma 3's local base, never
+    /// scaled), if the model has one.
+    pub fn local_inv_freq(&self) -> Option<Vec<f32>> {
+        let base = self.rope_local_base_freq?;
+        Some(inv_freq_of(base, self.head_dim()))
     }
 
     /// The architecture (checked by the loader; a config built in code without a
@@ -249,20 +394,20 @@ impl LlamaConfig {
     /// difference every position's rotation then carries. This form gives PyTorch's bits
     /// but where its float32 `pow` is itself an ulp off (1 of 64 for θ = 10⁶, d = 128).
     pub fn inv_freq(&self) -> Vec<f32> {
-        let d = self.head_dim();
-        let base: Vec<f32> = (0..d / 2)
-            .map(|i| {
-                let exponent = (2 * i) as f32 / d as f32;
-                1.0 / self.rope_theta.powf(f64::from(exponent)) as f32
-            })
-            .collect();
-        let Some(rs) = self
-            .rope_scaling
-            .as_ref()
-            .filter(|r| r.rope_type == "llama3")
-        else {
+        let base = inv_freq_of(self.rope_theta, self.head_dim());
+        let Some(rs) = self.rope_scaling.as_ref() else {
             return base;
         };
+        if rs.rope_type == "linear" {
+            // Positions interpolated: every frequency divided by the factor.
+            return base
+                .into_iter()
+                .map(|f| (f64::from(f) / rs.factor) as f32)
+                .collect();
+        }
+        if rs.rope_type != "llama3" {
+            return base;
+        }
         let old = rs.original_max_position_embeddings as f64;
         let low_wavelen = old / rs.low_freq_factor;
         let high_wavelen = old / rs.high_freq_factor;
@@ -283,4 +428,15 @@ impl LlamaConfig {
             })
             .collect()
     }
+}
+
+/// RoPE's inverse frequencies for `base` and heads of width `d`, rounded as transformers
+/// rounds them (see [`LlamaConfig::inv_freq`]).
+fn inv_freq_of(base: f64, d: usize) -> Vec<f32> {
+    (0..d / 2)
+        .map(|i| {
+            let exponent = (2 * i) as f32 / d as f32;
+            1.0 / base.powf(f64::from(exponent)) as f32
+        })
+        .collect()
 }

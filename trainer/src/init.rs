@@ -2,14 +2,14 @@
 //! and a real tokenizer, in the Hugging Face layout, for tests, demos and benchmarks —
 //! nothing is downloaded.
 
-use crate::config::{LlamaConfig, RopeScaling, TokenIds};
+use crate::config::{LayerType, LlamaConfig, RopeScaling, TokenIds};
 use crate::error::{Error, Result};
 use candle_core::{Device, Tensor};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use std::collections::BTreeMap;
 use std::path::Path;
-use tuneq_pools::ModelShape;
+use tuneq_pools::{Architecture, ModelShape};
 
 /// Model sizes `tuneq model init` can write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,7 +52,9 @@ pub struct InitOptions {
     /// Write a Llama 3 `rope_scaling` block (factor 8) into the config.
     pub llama3_rope: bool,
     /// The family: Llama, Qwen2 (the same shapes, with q/k/v biases), Qwen3 (with q/k
-    /// head norms) or Mistral (Llama's maths, no sliding window).
+    /// head norms), Mistral (Llama's maths, no sliding window), Gemma 2 or Gemma 3 (with
+    /// a sliding window of 1/32 of the context on alternate layers, so that windows bind
+    /// in tests of a few dozen tokens).
     pub architecture: tuneq_pools::Architecture,
 }
 
@@ -79,6 +81,17 @@ pub fn preset_config(opts: &InitOptions) -> LlamaConfig {
         Preset::Smollm2 => (49152, 576, 1536, 30, 9, 3, 8192),
     };
     let smollm2 = opts.preset == Preset::Smollm2;
+    let architecture = opts.architecture;
+    let head_dim = hidden / heads;
+    let gemma = architecture.gemma();
+    let alternating = |layers: u64| -> Vec<LayerType> {
+        (0..layers)
+            .map(|l| match l % 2 {
+                0 => LayerType::SlidingAttention,
+                _ => LayerType::FullAttention,
+            })
+            .collect()
+    };
     LlamaConfig {
         shape: ModelShape {
             vocab_size: vocab,
@@ -107,7 +120,15 @@ pub fn preset_config(opts: &InitOptions) -> LlamaConfig {
         eos_token_id: Some(TokenIds::One(2)),
         attention_bias: false,
         mlp_bias: false,
-        hidden_act: Some("silu".into()),
+        hidden_act: (!gemma).then(|| "silu".into()),
+        hidden_activation: gemma.then(|| "gelu_pytorch_tanh".into()),
+        // Unlike head_dim, so that a scale taken from the wrong one shows.
+        query_pre_attn_scalar: gemma.then_some((head_dim + head_dim / 2) as f64),
+        attn_logit_softcapping: (architecture == Architecture::Gemma2).then_some(50.0),
+        final_logit_softcapping: (architecture == Architecture::Gemma2).then_some(30.0),
+        sliding_window: gemma.then_some(max_pos / 32),
+        layer_types: gemma.then(|| alternating(layers)),
+        rope_local_base_freq: (architecture == Architecture::Gemma3).then_some(10000.0),
     }
 }
 
@@ -166,8 +187,20 @@ pub fn hf_config_json(cfg: &LlamaConfig) -> serde_json::Value {
         o.retain(|_, v| !v.is_null());
         // The family's own fields (biases and norms are not fields), without the Llama
         // bias flags it does not read.
-        use tuneq_pools::Architecture::{Llama, Mistral, Qwen2, Qwen3};
+        use tuneq_pools::Architecture::{Gemma2, Gemma3, Llama, Mistral, Qwen2, Qwen3};
         match architecture {
+            Gemma2 | Gemma3 => {
+                o.remove("mlp_bias");
+                // Absent, a soft-cap would be the config class's default (Gemma 2's 50
+                // and 30): none is written as null.
+                for field in ["attn_logit_softcapping", "final_logit_softcapping"] {
+                    o.entry(field).or_insert(serde_json::Value::Null);
+                }
+                // transformers' config class takes this scalar as an int only.
+                if let Some(scalar) = cfg.query_pre_attn_scalar.filter(|s| s.fract() == 0.0) {
+                    o.insert("query_pre_attn_scalar".into(), (scalar as u64).into());
+                }
+            }
             Llama => {}
             Qwen2 | Qwen3 => {
                 o.insert("use_sliding_window".into(), serde_json::json!(false));
@@ -327,6 +360,18 @@ fn random_weights_in(
                 tensors.push((
                     format!("model.layers.{l}.self_attn.{norm}.weight"),
                     Tensor::from_vec(data, hd, &dev)?.to_dtype(dtype)?,
+                ));
+            }
+        }
+    }
+    // Gemma's norms after attention's and the MLP's outputs.
+    if cfg.architecture().gemma() {
+        for l in 0..cfg.num_hidden_layers() {
+            for n in ["pre_feedforward_layernorm", "post_feedforward_layernorm"] {
+                let data = normal(&mut rng, h, 0.1);
+                tensors.push((
+                    format!("model.layers.{l}.{n}.weight"),
+                    Tensor::from_vec(data, h, &dev)?.to_dtype(dtype)?,
                 ));
             }
         }

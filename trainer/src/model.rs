@@ -5,12 +5,16 @@
 //! (with Llama 3 scaling), grouped-query attention with a causal mask, SwiGLU, and the
 //! Hugging Face tensor names, so the same folder loads here and in `transformers`. Qwen2
 //! is the same decoder with a bias on q, k and v (`tuneq_pools::Architecture::qkv_bias`),
-//! Qwen3 with an RMSNorm on each query and key head before RoPE (`qk_norm`).
+//! Qwen3 with an RMSNorm on each query and key head before RoPE (`qk_norm`). Gemma 2
+//! and 3 add what [`tuneq_pools::Architecture::gemma`] lists: their `(1 + w)` norms are
+//! held as `1 + w` (the same arithmetic in f32), the norms after attention and after the
+//! MLP are the layer's [`Sandwich`], and the rest (GeGLU, scaled embeddings and
+//! attention, soft-caps, sliding windows, a local RoPE) follows the config.
 
 use crate::config::LlamaConfig;
 use crate::error::{Error, Result};
 use crate::lora::{DropoutCtx, LoraFactors, LoraLinear, LoraSettings};
-use crate::ops::{causal_softmax, frozen_linear, rms_norm, rope};
+use crate::ops::{causal_softmax, frozen_linear, gelu_tanh, rms_norm, rope, softcap};
 use crate::weights::WeightMap;
 use candle_core::{DType, Device, Tensor, Var};
 use rand_chacha::ChaCha20Rng;
@@ -32,12 +36,30 @@ pub const PROJECTIONS: [(&str, &str); 7] = [
 /// One decoder layer.
 #[derive(Clone)]
 pub struct Layer {
-    input_layernorm: Tensor,
-    post_attention_layernorm: Tensor,
-    /// Qwen3's per-head norm weights of q and k (`head_dim` each).
+    /// The norm before attention (`input_layernorm`).
+    input_norm: Tensor,
+    /// The norm before the MLP: Llama's `post_attention_layernorm`, Gemma's
+    /// `pre_feedforward_layernorm`.
+    mlp_norm: Tensor,
+    /// Gemma's norms of the attention's and the MLP's outputs, before each residual add.
+    sandwich: Option<Sandwich>,
+    /// Qwen3's and Gemma 3's per-head norm weights of q and k (`head_dim` each).
     qk_norm: Option<(Tensor, Tensor)>,
+    /// How many positions it sees when it attends through a sliding window.
+    window: Option<usize>,
+    /// Whether it rotates with the local RoPE tables (Gemma 3's sliding layers).
+    local_rope: bool,
     /// q, k, v, o, gate, up, down, in [`PROJECTIONS`] order.
     pub projections: Vec<LoraLinear>,
+}
+
+/// Gemma's norms around each half of a layer, after it and before the residual add.
+#[derive(Clone)]
+struct Sandwich {
+    /// `post_attention_layernorm`.
+    after_attention: Tensor,
+    /// `post_feedforward_layernorm`.
+    after_mlp: Tensor,
 }
 
 /// A Llama causal LM with optional LoRA on chosen projections. A clone shares the
@@ -57,6 +79,10 @@ pub struct Llama {
     /// The RoPE tables in f32 for the CPU fast path, which computes in f32 whatever
     /// the weights' dtype (the same tensors as `cos`/`sin` on an f32 model).
     rope_f32: (Tensor, Tensor),
+    /// The sliding-window layers' own RoPE tables (Gemma 3's local base), in the
+    /// compute dtype (the fused CPU path, the only reader of `rope_f32`, does not
+    /// take Gemma).
+    local_rope: Option<(Tensor, Tensor)>,
     dtype: DType,
     device: Device,
     /// Recompute each layer's activations in backward instead of keeping them (the
@@ -128,21 +154,39 @@ impl Llama {
         mut lora: Option<(&LoraSettings, &mut ChaCha20Rng)>,
     ) -> Result<Self> {
         let (h, v) = (cfg.hidden_size(), cfg.vocab_size());
-        let qkv_bias = cfg.architecture().qkv_bias();
-        let with_qk_norm = cfg.architecture().qk_norm();
+        let architecture = cfg.architecture();
+        let qkv_bias = architecture.qkv_bias();
+        let with_qk_norm = architecture.qk_norm();
+        // Gemma's norms multiply by 1 + w: held as such, they are Llama's norms.
+        let norm = |w: &mut WeightMap, name: &str, len: usize| -> Result<Tensor> {
+            let weight = w.take(name, &[len])?;
+            match architecture.gemma() {
+                true => Ok(weight.affine(1.0, 1.0)?),
+                false => Ok(weight),
+            }
+        };
         let embed_tokens = w.take("model.embed_tokens.weight", &[v, h])?;
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers());
         for i in 0..cfg.num_hidden_layers() {
             let p = format!("model.layers.{i}");
-            let input_layernorm = w.take(&format!("{p}.input_layernorm.weight"), &[h])?;
-            let post_attention_layernorm =
-                w.take(&format!("{p}.post_attention_layernorm.weight"), &[h])?;
+            let input_norm = norm(w, &format!("{p}.input_layernorm.weight"), h)?;
+            let after_attention = norm(w, &format!("{p}.post_attention_layernorm.weight"), h)?;
+            let (mlp_norm, sandwich) = match architecture.gemma() {
+                true => (
+                    norm(w, &format!("{p}.pre_feedforward_layernorm.weight"), h)?,
+                    Some(Sandwich {
+                        after_attention,
+                        after_mlp: norm(w, &format!("{p}.post_feedforward_layernorm.weight"), h)?,
+                    }),
+                ),
+                false => (after_attention, None),
+            };
             let qk_norm = match with_qk_norm {
                 true => {
                     let hd = cfg.head_dim();
                     Some((
-                        w.take(&format!("{p}.self_attn.q_norm.weight"), &[hd])?,
-                        w.take(&format!("{p}.self_attn.k_norm.weight"), &[hd])?,
+                        norm(w, &format!("{p}.self_attn.q_norm.weight"), hd)?,
+                        norm(w, &format!("{p}.self_attn.k_norm.weight"), hd)?,
                     ))
                 }
                 false => None,
@@ -173,24 +217,32 @@ impl Llama {
                 });
             }
             layers.push(Layer {
-                input_layernorm,
-                post_attention_layernorm,
+                input_norm,
+                mlp_norm,
+                sandwich,
                 qk_norm,
+                window: cfg.layer_window(i),
+                local_rope: cfg.local_rope(i),
                 projections,
             });
         }
-        let norm = w.take("model.norm.weight", &[h])?;
+        let norm = norm(w, "model.norm.weight", h)?;
         let lm_head = if cfg.tie_word_embeddings() && !w.contains("lm_head.weight") {
             embed_tokens.clone()
         } else {
             w.take("lm_head.weight", &[v, h])?
         };
-        let rope_f32 = rope_tables(&cfg, device, DType::F32)?;
-        let (cos, sin) = if dtype == DType::F32 {
-            rope_f32.clone()
-        } else {
-            rope_tables(&cfg, device, dtype)?
+        let positions = cfg.max_position_embeddings();
+        let inv = cfg.inv_freq();
+        let rope_f32 = rope_tables(&inv, positions, device, DType::F32)?;
+        let (cos, sin) = match dtype {
+            DType::F32 => rope_f32.clone(),
+            _ => rope_tables(&inv, positions, device, dtype)?,
         };
+        let local_rope = cfg
+            .local_inv_freq()
+            .map(|inv| rope_tables(&inv, positions, device, dtype))
+            .transpose()?;
         Ok(Self {
             cfg,
             embed_tokens,
@@ -200,6 +252,7 @@ impl Llama {
             cos,
             sin,
             rope_f32,
+            local_rope,
             dtype,
             device: device.clone(),
             checkpoint_layers: false,
@@ -299,7 +352,7 @@ impl Llama {
         let layers = self
             .layers
             .iter()
-            .map(|l| [&l.input_layernorm, &l.post_attention_layernorm])
+            .map(|l| [&l.input_norm, &l.mlp_norm])
             .collect();
         (top, layers)
     }
@@ -311,21 +364,26 @@ impl Llama {
         mut dropout: Option<&mut DropoutCtx<'_>>,
     ) -> Result<Tensor> {
         let (_, t) = ids.dims2()?;
-        let (cos, sin) = self.rope_prefix(t)?;
+        let rope = self.rope_prefix(t)?;
         let mut x = self.embed(ids)?;
         for layer in &self.layers {
-            x = self.layer_forward(layer, &x, (&cos, &sin), dropout.as_deref_mut(), None)?;
+            x = self.layer_forward(layer, &x, &rope, dropout.as_deref_mut(), None)?;
         }
         self.final_norm(&x)
     }
 
-    /// The frozen embeddings of `ids` (batch, seq) → (batch, seq, hidden).
+    /// The frozen embeddings of `ids` (batch, seq) → (batch, seq, hidden), scaled
+    /// where the family scales them (Gemma).
     pub(crate) fn embed(&self, ids: &Tensor) -> Result<Tensor> {
         let (b, t) = ids.dims2()?;
-        Ok(self
+        let x = self
             .embed_tokens
             .index_select(&ids.flatten_all()?, 0)?
-            .reshape((b, t, self.cfg.hidden_size()))?)
+            .reshape((b, t, self.cfg.hidden_size()))?;
+        match self.cfg.embedding_scale() {
+            Some(scale) => Ok(x.affine(f64::from(scale), 0.0)?),
+            None => Ok(x),
+        }
     }
 
     /// The final RMSNorm.
@@ -334,7 +392,7 @@ impl Llama {
     }
 
     /// RoPE tables for the first `t` positions; an error past the model's positions.
-    pub(crate) fn rope_prefix(&self, t: usize) -> Result<(Tensor, Tensor)> {
+    pub(crate) fn rope_prefix(&self, t: usize) -> Result<RopeSlice> {
         if t > self.cos.dim(0)? {
             return Err(Error::Model {
                 path: "model".into(),
@@ -344,7 +402,24 @@ impl Llama {
                 ),
             });
         }
-        Ok((self.cos.narrow(0, 0, t)?, self.sin.narrow(0, 0, t)?))
+        self.rope_range(0, t)
+    }
+
+    /// RoPE tables for positions `start..start + t` (within the model's positions).
+    fn rope_range(&self, start: usize, t: usize) -> Result<RopeSlice> {
+        let narrow = |(cos, sin): (&Tensor, &Tensor)| -> Result<(Tensor, Tensor)> {
+            Ok((
+                cos.narrow(0, start, t)?.contiguous()?,
+                sin.narrow(0, start, t)?.contiguous()?,
+            ))
+        };
+        Ok(RopeSlice {
+            global: narrow((&self.cos, &self.sin))?,
+            local: match &self.local_rope {
+                Some((cos, sin)) => Some(narrow((cos, sin))?),
+                None => None,
+            },
+        })
     }
 
     /// One decoder layer on `x` (batch, seq, hidden), residuals included. With `cache`
@@ -354,10 +429,11 @@ impl Llama {
         &self,
         layer: &Layer,
         x: &Tensor,
-        (cos, sin): (&Tensor, &Tensor),
+        rope_tables: &RopeSlice,
         mut dropout: Option<&mut DropoutCtx<'_>>,
         cache: Option<&mut LayerCache>,
     ) -> Result<Tensor> {
+        let (cos, sin) = rope_tables.of(layer);
         let (b, t, _) = x.dims3()?;
         let cfg = &self.cfg;
         let (nh, nkv, hd) = (
@@ -372,7 +448,7 @@ impl Llama {
                 message: "layer without seven projections".into(),
             });
         };
-        let hn = rms_norm(x, &layer.input_layernorm, eps)?;
+        let hn = rms_norm(x, &layer.input_norm, eps)?;
         let heads =
             |p: &LoraLinear, n: usize, d: &mut Option<&mut DropoutCtx<'_>>| -> Result<Tensor> {
                 Ok(p.forward(&hn, d.as_deref_mut())?
@@ -408,18 +484,33 @@ impl Llama {
             None => (k, v),
         };
         let (k, v) = (repeat_kv(&k, nh / nkv)?, repeat_kv(&v, nh / nkv)?);
-        let scores = q.matmul(&k.t()?)?.affine(1.0 / (hd as f64).sqrt(), 0.0)?;
+        let mut scores = q.matmul(&k.t()?)?.affine(cfg.attention_scale(), 0.0)?;
+        if let Some(cap) = cfg.attn_logit_softcapping {
+            scores = softcap(&scores, cap)?;
+        }
         // Rectangular with a cache: the queries are the last rows of the causal mask.
-        let probs = causal_softmax(&scores)?;
+        let probs = causal_softmax(&scores, layer.window)?;
         let attn = probs
             .matmul(&v)?
             .transpose(1, 2)?
             .reshape((b, t, nh * hd))?;
-        let x = (x + o_p.forward(&attn, dropout.as_deref_mut())?)?;
-        let hn = rms_norm(&x, &layer.post_attention_layernorm, eps)?;
-        let gate = gate_p.forward(&hn, dropout.as_deref_mut())?.silu()?;
+        let mut attended = o_p.forward(&attn, dropout.as_deref_mut())?;
+        if let Some(sandwich) = &layer.sandwich {
+            attended = rms_norm(&attended, &sandwich.after_attention, eps)?;
+        }
+        let x = (x + attended)?;
+        let hn = rms_norm(&x, &layer.mlp_norm, eps)?;
+        let gate = gate_p.forward(&hn, dropout.as_deref_mut())?;
+        let gate = match self.cfg.architecture().gemma() {
+            true => gelu_tanh(&gate)?,
+            false => gate.silu()?,
+        };
         let up = up_p.forward(&hn, dropout.as_deref_mut())?;
-        Ok((&x + down_p.forward(&(gate * up)?, dropout)?)?)
+        let mut out = down_p.forward(&(gate * up)?, dropout)?;
+        if let Some(sandwich) = &layer.sandwich {
+            out = rms_norm(&out, &sandwich.after_mlp, eps)?;
+        }
+        Ok((&x + out)?)
     }
 
     /// An empty key/value cache for [`Self::forward_cached`].
@@ -451,16 +542,12 @@ impl Llama {
             });
         }
         let cfg = &self.cfg;
-        let input = Tensor::from_vec(ids.to_vec(), t, &self.device)?;
-        let mut x =
-            self.embed_tokens
-                .index_select(&input, 0)?
-                .reshape((1, t, cfg.hidden_size()))?;
-        let cos = self.cos.narrow(0, start, t)?.contiguous()?;
-        let sin = self.sin.narrow(0, start, t)?.contiguous()?;
+        let input = Tensor::from_vec(ids.to_vec(), (1, t), &self.device)?;
+        let mut x = self.embed(&input)?;
+        let rope = self.rope_range(start, t)?;
         for (layer, slot) in self.layers.iter().zip(cache.layers.iter_mut()) {
             x = self
-                .layer_forward(layer, &x, (&cos, &sin), None, Some(slot))?
+                .layer_forward(layer, &x, &rope, None, Some(slot))?
                 .detach();
         }
         cache.len += t;
@@ -468,11 +555,16 @@ impl Llama {
         Ok(self.logits(&last)?.flatten_all()?.to_dtype(DType::F32)?)
     }
 
-    /// Logits (rows, vocab) for hidden states (…, hidden).
+    /// Logits (rows, vocab) for hidden states (…, hidden), soft-capped where the
+    /// family caps them (Gemma 2).
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
         let h = self.cfg.hidden_size();
         let rows = hidden.elem_count() / h;
-        Ok(frozen_linear(&hidden.reshape((rows, h))?, &self.lm_head)?)
+        let logits = frozen_linear(&hidden.reshape((rows, h))?, &self.lm_head)?;
+        match self.cfg.final_logit_softcapping {
+            Some(cap) => Ok(softcap(&logits, cap)?),
+            None => Ok(logits),
+        }
     }
 
     /// Logits (batch, seq, vocab) in f32, without dropout.
@@ -483,6 +575,23 @@ impl Llama {
             .logits(&hidden)?
             .to_dtype(DType::F32)?
             .reshape((b, t, self.cfg.vocab_size()))?)
+    }
+}
+
+/// The RoPE tables (positions, head_dim / 2) of a run of positions: the model's own,
+/// and the sliding-window layers' where they have a base of their own (Gemma 3).
+pub(crate) struct RopeSlice {
+    global: (Tensor, Tensor),
+    local: Option<(Tensor, Tensor)>,
+}
+
+impl RopeSlice {
+    /// The cosines and sines `layer` rotates with.
+    fn of(&self, layer: &Layer) -> (&Tensor, &Tensor) {
+        match (&self.local, layer.local_rope) {
+            (Some((cos, sin)), true) => (cos, sin),
+            _ => (&self.global.0, &self.global.1),
+        }
     }
 }
 
@@ -525,14 +634,13 @@ fn repeat_kv(x: &Tensor, n_rep: usize) -> candle_core::Result<Tensor> {
         .reshape((b, kv * n_rep, t, d))
 }
 
-/// cos/sin tables (max_positions, head_dim/2) for rotate-half RoPE, computed in f32 like HF.
-fn rope_tables(cfg: &LlamaConfig, device: &Device, dtype: DType) -> Result<(Tensor, Tensor)> {
-    let inv = cfg.inv_freq();
-    let n = cfg.max_position_embeddings();
+/// cos/sin tables (`n` positions, head_dim/2) for rotate-half RoPE with the inverse
+/// frequencies `inv`, computed in f32 like HF.
+fn rope_tables(inv: &[f32], n: usize, device: &Device, dtype: DType) -> Result<(Tensor, Tensor)> {
     let half = inv.len();
     let mut angles = Vec::with_capacity(n * half);
     for pos in 0..n {
-        for f in &inv {
+        for f in inv {
             angles.push(pos as f32 * f);
         }
     }

@@ -186,10 +186,11 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
 }
 
 /// Softmax over the last dimension of attention scores (batch, heads, q, k) with a causal
-/// mask: position q attends to keys 0..=q.
-pub fn causal_softmax(scores: &Tensor) -> Result<Tensor> {
+/// mask: position q attends to keys 0..=q, or with a sliding `window` to the last
+/// `window` of them (q itself included).
+pub fn causal_softmax(scores: &Tensor, window: Option<usize>) -> Result<Tensor> {
     let (q_len, k_len) = (scores.dim(D::Minus2)?, scores.dim(D::Minus1)?);
-    let mask = causal_mask(q_len, k_len, scores.device())?.to_dtype(scores.dtype())?;
+    let mask = causal_mask(q_len, k_len, window, scores.device())?.to_dtype(scores.dtype())?;
     let masked = scores.detach().broadcast_add(&mask)?;
     let y = candle_nn::ops::softmax_last_dim(&masked)?;
     attach(scores, y, "causal_softmax", |_arg, y, g| {
@@ -199,13 +200,23 @@ pub fn causal_softmax(scores: &Tensor) -> Result<Tensor> {
     })
 }
 
-/// Additive causal mask (q_len, k_len): 0 where allowed, −∞ above the diagonal.
-pub fn causal_mask(q_len: usize, k_len: usize, device: &candle_core::Device) -> Result<Tensor> {
+/// Additive causal mask (q_len, k_len): 0 where allowed, −∞ above the diagonal and,
+/// with a sliding `window`, as far below it as the window does not reach (key j is
+/// seen by query position p when `p − window < j ≤ p`, as transformers' sliding-window
+/// mask has it). The queries are the last `q_len` of `k_len` positions.
+pub fn causal_mask(
+    q_len: usize,
+    k_len: usize,
+    window: Option<usize>,
+    device: &candle_core::Device,
+) -> Result<Tensor> {
     let offset = k_len.saturating_sub(q_len);
     let data: Vec<f32> = (0..q_len)
         .flat_map(|i| {
+            let position = i + offset;
             (0..k_len).map(move |j| {
-                if j <= i + offset {
+                let too_far = window.is_some_and(|w| j + w <= position);
+                if j <= position && !too_far {
                     0.0
                 } else {
                     f32::NEG_INFINITY
@@ -214,6 +225,43 @@ pub fn causal_mask(q_len: usize, k_len: usize, device: &candle_core::Device) -> 
         })
         .collect();
     Tensor::from_vec(data, (q_len, k_len), device)
+}
+
+/// Gemma's soft-cap `cap·tanh(x/cap)`, computed as transformers does (divide, tanh,
+/// multiply); the backward is `g·(1 − tanh²)`.
+pub fn softcap(x: &Tensor, cap: f64) -> Result<Tensor> {
+    let squashed = (x.detach() / cap)?.tanh()?;
+    let y = (&squashed * cap)?;
+    attach(x, y, "softcap", move |_arg, _res, g| {
+        let slope = squashed.sqr()?.affine(-1.0, 1.0)?;
+        g * slope
+    })
+}
+
+/// √(2/π), the tanh approximation's constant.
+const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
+/// The cubic term's coefficient in the tanh approximation.
+const GELU_CUBIC: f64 = 0.044_715;
+
+/// GELU in its tanh approximation (PyTorch's `gelu(approximate="tanh")`, Gemma's
+/// `gelu_pytorch_tanh`): `x/2·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`. The backward is
+/// the exact derivative, computed in f32 from the input.
+pub fn gelu_tanh(x: &Tensor) -> Result<Tensor> {
+    let y = x.detach().gelu()?;
+    attach(x, y, "gelu_tanh", |arg, _res, g| {
+        let dtype = arg.dtype();
+        let x = arg.to_dtype(DType::F32)?;
+        let x2 = x.sqr()?;
+        let inner = ((&x2 * GELU_CUBIC)? + 1.0)?
+            .mul(&x)?
+            .affine(SQRT_2_OVER_PI, 0.0)?;
+        let t = inner.tanh()?;
+        // d/dx = ½(1 + t) + ½x(1 − t²)·√(2/π)(1 + 3·0.044715·x²)
+        let d_inner = ((&x2 * (3.0 * GELU_CUBIC))? + 1.0)?.affine(SQRT_2_OVER_PI, 0.0)?;
+        let sech2 = t.sqr()?.affine(-1.0, 1.0)?;
+        let slope = ((t + 1.0)?.affine(0.5, 0.0)? + (x * 0.5)?.mul(&sech2)?.mul(&d_inner)?)?;
+        g.to_dtype(DType::F32)?.mul(&slope)?.to_dtype(dtype)
+    })
 }
 
 /// Sum of token cross-entropies where `targets[i] >= 0`, divided by `denominator`.
@@ -418,19 +466,84 @@ mod tests {
     fn causal_softmax_matches_masked_softmax() {
         let s = rand(&[1, 2, 5, 5], 11);
         let probe = rand(&[1, 2, 5, 5], 12);
-        let composed = |s: &Tensor| {
-            let m = causal_mask(5, 5, &Device::Cpu)?;
-            candle_nn::ops::softmax(&s.broadcast_add(&m)?, D::Minus1)
+        for window in [None, Some(2), Some(5)] {
+            let composed = |s: &Tensor| {
+                let m = causal_mask(5, 5, window, &Device::Cpu)?;
+                candle_nn::ops::softmax(&s.broadcast_add(&m)?, D::Minus1)
+            };
+            assert!(
+                max_diff(
+                    &causal_softmax(&s, window).expect("fwd"),
+                    &composed(&s).expect("fwd")
+                ) < 1e-6
+            );
+            let g1 = grad_of(|s| causal_softmax(s, window), &s, &probe);
+            let g2 = grad_of(composed, &s, &probe);
+            assert!(max_diff(&g1, &g2) < 1e-5);
+        }
+    }
+
+    #[test]
+    fn a_sliding_window_sees_the_last_positions_itself_included() {
+        let allowed = |q: usize, k: usize, window| -> Vec<Vec<bool>> {
+            causal_mask(q, k, window, &Device::Cpu)
+                .expect("mask")
+                .to_vec2::<f32>()
+                .expect("rows")
+                .into_iter()
+                .map(|row| row.into_iter().map(|m| m == 0.0).collect())
+                .collect()
         };
-        assert!(
-            max_diff(
-                &causal_softmax(&s).expect("fwd"),
-                &composed(&s).expect("fwd")
-            ) < 1e-6
+        let (o, x) = (true, false);
+        assert_eq!(
+            allowed(4, 4, Some(2)),
+            [[o, x, x, x], [o, o, x, x], [x, o, o, x], [x, x, o, o]]
         );
-        let g1 = grad_of(causal_softmax, &s, &probe);
-        let g2 = grad_of(composed, &s, &probe);
-        assert!(max_diff(&g1, &g2) < 1e-5);
+        // Two queries continuing a cache of three: positions 3 and 4.
+        assert_eq!(allowed(2, 5, Some(3)), [[x, o, o, o, x], [x, x, o, o, o]]);
+        assert_eq!(allowed(2, 5, None), [[o, o, o, o, x], [o, o, o, o, o]]);
+    }
+
+    #[test]
+    fn softcap_and_tanh_gelu_match_their_formulas_and_finite_differences() {
+        let x = rand(&[3, 7], 21).affine(6.0, 0.0).expect("wide");
+        let probe = rand(&[3, 7], 22);
+        let values = x.flatten_all().expect("flat").to_vec1::<f32>().expect("v");
+        let gelu =
+            |v: f64| 0.5 * v * (1.0 + (SQRT_2_OVER_PI * (v + GELU_CUBIC * v * v * v)).tanh());
+        let capped = |v: f64| 5.0 * (v / 5.0).tanh();
+        type Op = fn(&Tensor) -> Result<Tensor>;
+        let cases: [(Op, &dyn Fn(f64) -> f64); 2] =
+            [(|x| softcap(x, 5.0), &capped), (gelu_tanh, &gelu)];
+        for (op, formula) in cases {
+            let got = op(&x)
+                .expect("fwd")
+                .flatten_all()
+                .expect("f")
+                .to_vec1::<f32>()
+                .expect("v");
+            for (g, v) in got.iter().zip(&values) {
+                assert!(
+                    (f64::from(*g) - formula(f64::from(*v))).abs() < 1e-5,
+                    "{v}: {g}"
+                );
+            }
+            let grads = grad_of(op, &x, &probe)
+                .flatten_all()
+                .expect("f")
+                .to_vec1::<f32>()
+                .expect("g");
+            let probes = probe.flatten_all().expect("f").to_vec1::<f32>().expect("p");
+            for ((g, v), p) in grads.iter().zip(&values).zip(&probes) {
+                let v = f64::from(*v);
+                let slope = (formula(v + 1e-4) - formula(v - 1e-4)) / 2e-4;
+                assert!(
+                    (f64::from(*g) - slope * f64::from(*p)).abs() < 1e-4,
+                    "{v}: {g} vs {}",
+                    slope * f64::from(*p)
+                );
+            }
+        }
     }
 
     #[test]

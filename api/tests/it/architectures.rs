@@ -48,10 +48,10 @@ async fn a_job_on_a_model_of_another_family_is_refused_naming_it() {
             "use_sliding_window",
         ),
         (
-            "gemma",
+            "gemma-silu",
             json!({"model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"],
-                   "hidden_activation": "gelu_pytorch_tanh"}),
-            "\"gemma2\"",
+                   "hidden_activation": "silu"}),
+            "hidden_activation",
         ),
         (
             "llama-with-bias",
@@ -90,7 +90,7 @@ async fn a_job_on_a_model_of_another_family_is_refused_naming_it() {
     support::register_model(&s.state, s.dir.path(), "llama", 1e-4, shape()).await;
     let (status, body) = create(&s, &file, json!({"model": "llama"})).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    // And so are the Qwen2, Qwen3 and Mistral families, which tuneq trains.
+    // And so are the Qwen2, Qwen3, Mistral and Gemma families, which tuneq trains.
     for (id, qwen) in [
         (
             "qwen2",
@@ -106,6 +106,19 @@ async fn a_job_on_a_model_of_another_family_is_refused_naming_it() {
             "mistral",
             json!({"model_type": "mistral", "architectures": ["MistralForCausalLM"],
                    "sliding_window": null}),
+        ),
+        (
+            "gemma2",
+            json!({"model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"],
+                   "hidden_activation": "gelu_pytorch_tanh", "sliding_window": 4096,
+                   "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+                   "query_pre_attn_scalar": 256}),
+        ),
+        (
+            "gemma3",
+            json!({"model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"],
+                   "sliding_window": 512, "rope_local_base_freq": 10000.0,
+                   "rope_scaling": {"rope_type": "linear", "factor": 8.0}}),
         ),
     ] {
         support::register_model(&s.state, s.dir.path(), id, 1e-4, with(shape(), qwen)).await;

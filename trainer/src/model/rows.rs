@@ -13,6 +13,8 @@
 //! that start empty caches attend together through the kernels' fused causal
 //! attention, packed end to end as segments of one row. The logits of a span are what
 //! [`Llama::forward_cached`] gives for that sequence alone (within float rounding).
+//! Gemma's attention (its own scale, soft-capped scores, sliding windows) is not the
+//! kernels': its rows attend over their caches through [`attend_each`].
 
 use super::{KvCache, Layer, Llama};
 use crate::error::{Error, Result};
@@ -220,11 +222,18 @@ fn project(p: &LoraLinear, xs: &[f32], rows: usize) -> Result<Vec<f32>> {
     }
 }
 
-/// Logits (rows, vocab) of the final hidden states `last` (rows × hidden).
+/// Logits (rows, vocab) of the final hidden states `last` (rows × hidden), soft-capped
+/// where the family caps them.
 fn head_logits(model: &Llama, last: Vec<f32>, rows: usize) -> Result<Tensor> {
     let shape @ (vocab, hidden) = model.lm_head.dims2()?;
     match with_f32(&model.lm_head, |w| times_weight(&last, rows, w, shape)) {
-        Some(logits) => Ok(Tensor::from_vec(logits, (rows, vocab), &model.device)?),
+        Some(mut logits) => {
+            if let Some(cap) = model.cfg.final_logit_softcapping {
+                let cap = cap as f32;
+                logits.iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
+            }
+            Ok(Tensor::from_vec(logits, (rows, vocab), &model.device)?)
+        }
         None => {
             let last = Tensor::from_vec(last, (rows, hidden), &model.device)?;
             Ok(model.logits(&last)?.to_dtype(DType::F32)?)
@@ -241,6 +250,16 @@ struct Rotation {
 }
 
 impl Rotation {
+    /// The angles of `positions` (one per row) from the tables `(cos, sin)`.
+    fn of(positions: &Tensor, (cos, sin): (&Tensor, &Tensor)) -> Result<Self> {
+        let rows = positions.dim(0)?;
+        Ok(Self {
+            cos: cos.index_select(positions, 0)?.flatten_all()?.to_vec1()?,
+            sin: sin.index_select(positions, 0)?.flatten_all()?.to_vec1()?,
+            rows: (0..rows as u32).collect(),
+        })
+    }
+
     /// Rotates, in place, the `heads` heads of width `head_dim` of every row of `x`.
     fn apply(&self, x: &mut [f32], heads: usize, head_dim: usize) {
         let width = heads * head_dim;
@@ -254,6 +273,73 @@ impl Rotation {
 fn add(x: &mut [f32], y: &[f32]) {
     for (x, y) in x.iter_mut().zip(y) {
         *x += y;
+    }
+}
+
+/// `gate ← gelu_tanh(gate)·up`, element by element (Gemma's GeGLU).
+fn geglu_in_place(gate: &mut [f32], up: &[f32]) {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    for (g, u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        let inner = SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x);
+        *g = 0.5 * x * (1.0 + inner.tanh()) * u;
+    }
+}
+
+/// What shapes a layer's attention scores besides `q·k`: the scale, the soft-cap and
+/// the sliding window.
+#[derive(Debug, Clone, Copy)]
+struct ScoreMath {
+    scale: f32,
+    softcap: Option<f32>,
+    window: Option<usize>,
+}
+
+/// Attention of each row of the `spans` over its own cache (`layers[i]` for span i,
+/// holding the pass's keys and values already), each up to its own position, with the
+/// scores shaped by `math`, into `attended` (rows × heads·head_dim): the plain loops
+/// for the attention the kernels do not implement (Gemma's).
+fn attend_each(
+    heads: Heads,
+    math: ScoreMath,
+    q: &[f32],
+    (spans, layers): (&[Span], &[&RowLayer]),
+    attended: &mut [f32],
+) {
+    let hd = heads.head_dim;
+    let (q_len, kv_len) = (heads.heads * hd, heads.kv_heads * hd);
+    let group = heads.heads / heads.kv_heads.max(1);
+    let mut scores = Vec::new();
+    for (span, layer) in spans.iter().zip(layers) {
+        for j in 0..span.len {
+            let (row, position) = (span.first + j, span.start + j);
+            let first = math.window.map_or(0, |w| (position + 1).saturating_sub(w));
+            for h in 0..heads.heads {
+                let query = &q[row * q_len + h * hd..][..hd];
+                let at = (h / group) * hd;
+                scores.clear();
+                scores.extend((first..=position).map(|t| {
+                    let key = &layer.k[t * kv_len + at..][..hd];
+                    let dot: f32 = query.iter().zip(key).map(|(a, b)| a * b).sum();
+                    let s = dot * math.scale;
+                    math.softcap.map_or(s, |cap| cap * (s / cap).tanh())
+                }));
+                let top = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let mut total = 0f32;
+                for s in scores.iter_mut() {
+                    *s = (*s - top).exp();
+                    total += *s;
+                }
+                let out = &mut attended[row * q_len + h * hd..][..hd];
+                out.fill(0.0);
+                for (t, p) in (first..=position).zip(&scores) {
+                    let value = &layer.v[t * kv_len + at..][..hd];
+                    for (o, v) in out.iter_mut().zip(value) {
+                        *o += p / total * v;
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -317,6 +403,9 @@ impl Llama {
             .index_select(&input, 0)?
             .flatten_all()?
             .to_vec1::<f32>()?;
+        if let Some(scale) = self.cfg.embedding_scale() {
+            x.iter_mut().for_each(|v| *v *= scale);
+        }
         for cache in caches.iter_mut().filter(|c| c.rows.is_empty()) {
             cache.rows = cache
                 .layers
@@ -325,21 +414,17 @@ impl Llama {
                 .collect::<Result<_>>()?;
         }
         let positions = Tensor::from_vec(positions, rows, &self.device)?;
-        let rotation = Rotation {
-            cos: self
-                .cos
-                .index_select(&positions, 0)?
-                .flatten_all()?
-                .to_vec1()?,
-            sin: self
-                .sin
-                .index_select(&positions, 0)?
-                .flatten_all()?
-                .to_vec1()?,
-            rows: (0..rows as u32).collect(),
+        let global = Rotation::of(&positions, (&self.cos, &self.sin))?;
+        let local = match &self.local_rope {
+            Some((cos, sin)) => Some(Rotation::of(&positions, (cos, sin))?),
+            None => None,
         };
         for (l, layer) in self.layers.iter().enumerate() {
-            self.layer_rows(layer, l, &mut x, &rotation, (&layout, caches))?;
+            let rotation = match (&local, layer.local_rope) {
+                (Some(local), true) => local,
+                _ => &global,
+            };
+            self.layer_rows(layer, l, &mut x, rotation, (&layout, caches))?;
         }
         for (cache, span) in caches.iter_mut().zip(&layout) {
             cache.len += span.len;
@@ -376,7 +461,8 @@ impl Llama {
                 message: "layer without seven projections".into(),
             });
         };
-        let hn = normed(x, &layer.input_layernorm, cfg.rms_norm_eps)?;
+        let eps = cfg.rms_norm_eps;
+        let hn = normed(x, &layer.input_norm, eps)?;
         let (mut q, mut k, v) = (
             project(q_p, &hn, rows)?,
             project(k_p, &hn, rows)?,
@@ -388,19 +474,36 @@ impl Llama {
         }
         rotation.apply(&mut q, nh, hd);
         rotation.apply(&mut k, nkv, hd);
-        let attended = self.attend(l, (&q, &k, &v), rows, (spans, caches));
-        add(x, &project(o_p, &attended, rows)?);
-        let hn = normed(x, &layer.post_attention_layernorm, cfg.rms_norm_eps)?;
-        let (gate, up) = (project(gate_p, &hn, rows)?, project(up_p, &hn, rows)?);
-        let inter = gate.len() / rows;
-        let mut gate_up = Vec::with_capacity(2 * gate.len());
-        for (g, u) in gate.chunks_exact(inter).zip(up.chunks_exact(inter)) {
-            gate_up.extend_from_slice(g);
-            gate_up.extend_from_slice(u);
+        let attended = self.attend((l, layer), (&q, &k, &v), rows, (spans, caches));
+        let mut out = project(o_p, &attended, rows)?;
+        if let Some(sandwich) = &layer.sandwich {
+            out = normed(&out, &sandwich.after_attention, eps)?;
         }
-        let mut act = gate;
-        swiglu_forward(&gate_up, inter, &mut act);
-        add(x, &project(down_p, &act, rows)?);
+        add(x, &out);
+        let hn = normed(x, &layer.mlp_norm, eps)?;
+        let (mut gate, up) = (project(gate_p, &hn, rows)?, project(up_p, &hn, rows)?);
+        let act = match cfg.architecture().gemma() {
+            true => {
+                geglu_in_place(&mut gate, &up);
+                gate
+            }
+            false => {
+                let inter = gate.len() / rows;
+                let mut gate_up = Vec::with_capacity(2 * gate.len());
+                for (g, u) in gate.chunks_exact(inter).zip(up.chunks_exact(inter)) {
+                    gate_up.extend_from_slice(g);
+                    gate_up.extend_from_slice(u);
+                }
+                let mut act = gate;
+                swiglu_forward(&gate_up, inter, &mut act);
+                act
+            }
+        };
+        let mut out = project(down_p, &act, rows)?;
+        if let Some(sandwich) = &layer.sandwich {
+            out = normed(&out, &sandwich.after_mlp, eps)?;
+        }
+        add(x, &out);
         Ok(())
     }
 
@@ -410,7 +513,7 @@ impl Llama {
     /// together through the fused causal attention.
     fn attend(
         &self,
-        l: usize,
+        (l, layer): (usize, &Layer),
         (q, k, v): (&[f32], &[f32], &[f32]),
         rows: usize,
         (spans, caches): (&[Span], &mut [&mut KvCache]),
@@ -431,6 +534,16 @@ impl Llama {
             row.v.extend_from_slice(&v[new]);
         }
         let mut attended = vec![0f32; rows * q_len];
+        if self.cfg.architecture().gemma() {
+            let math = ScoreMath {
+                scale: self.cfg.attention_scale() as f32,
+                softcap: self.cfg.attn_logit_softcapping.map(|c| c as f32),
+                window: layer.window,
+            };
+            let layers: Vec<&RowLayer> = caches.iter().map(|c| &c.rows[l]).collect();
+            attend_each(heads, math, q, (spans, &layers), &mut attended);
+            return attended;
+        }
         let mut outs = attended.chunks_exact_mut(q_len);
         let mut queries = Vec::with_capacity(rows);
         for (span, cache) in spans.iter().zip(caches.iter()) {
@@ -571,12 +684,16 @@ mod tests {
     fn prompts_filled_on_the_fast_path_match_the_cached_forward() {
         // A prompt alone (the fused attention, and each orientation of the GEMM: under
         // and over PACKED_WEIGHT_ROWS rows) against the graph, then a step of one row.
-        let m = tiny();
-        for len in [40u32, 70] {
-            let prompt: Vec<u32> = (0..len).map(|i| (i * 13 + 5) % 200).collect();
-            let (mut fast, mut graph) = (vec![m.new_cache()], vec![m.new_cache()]);
-            check_together(&m, &[prompt], &mut fast, &mut graph, "alone");
-            check_together(&m, &[vec![3]], &mut fast, &mut graph, "next");
+        // The Gemmas' windows (32 positions on the tiny preset) bind at these lengths.
+        use tuneq_pools::Architecture::{Gemma2, Gemma3, Llama};
+        for architecture in [Llama, Gemma2, Gemma3] {
+            let m = tiny_of(architecture);
+            for len in [40u32, 70] {
+                let prompt: Vec<u32> = (0..len).map(|i| (i * 13 + 5) % 200).collect();
+                let (mut fast, mut graph) = (vec![m.new_cache()], vec![m.new_cache()]);
+                check_together(&m, &[prompt], &mut fast, &mut graph, "alone");
+                check_together(&m, &[vec![3]], &mut fast, &mut graph, "next");
+            }
         }
     }
 

@@ -151,7 +151,7 @@ fn checkpointed_on_graph(
     vars: &[crate::model::NamedVar],
     grads: &mut [Option<Tensor>],
 ) -> Result<(f32, u64)> {
-    let (cos, sin) = model.rope_prefix(b.len)?;
+    let rope = model.rope_prefix(b.len)?;
     let lowest = model
         .layers
         .iter()
@@ -168,7 +168,7 @@ fn checkpointed_on_graph(
             record: Some(&mut drawn),
             replay: None,
         });
-        let y = model.layer_forward(layer, &x, (&cos, &sin), ctx.as_mut(), None)?;
+        let y = model.layer_forward(layer, &x, &rope, ctx.as_mut(), None)?;
         if let Some(record) = dropout.as_mut().and_then(|d| d.record.as_deref_mut()) {
             record.extend(drawn.iter().cloned());
         }
@@ -197,7 +197,7 @@ fn checkpointed_on_graph(
             record: None,
             replay: Some(&mut replay),
         });
-        let y = model.layer_forward(layer, input.as_tensor(), (&cos, &sin), ctx.as_mut(), None)?;
+        let y = model.layer_forward(layer, input.as_tensor(), &rope, ctx.as_mut(), None)?;
         let surrogate = (y * g.detach())?.sum_all()?;
         let mut store = surrogate.backward()?;
         add_grads(grads, vars, &mut store)?;
