@@ -112,9 +112,9 @@ impl Architecture {
 
     /// What transformers' config class sets for a field that a `config.json` leaves
     /// out, where that value changes the maths and differs from Llama's (for Gemma 2, a
-    /// config without `final_logit_softcapping` soft-caps at 30). The loader fills these
-    /// in before reading the config, so an absent field means what it means to
-    /// transformers.
+    /// config without `final_logit_softcapping` soft-caps at 30; for Mistral, one without
+    /// `sliding_window` has a window of 4096). [`with_class_defaults`] fills these in, so
+    /// an absent field means what it means to transformers.
     pub fn defaults(self) -> Vec<(&'static str, Value)> {
         use serde_json::json;
         let gemma = [
@@ -140,6 +140,7 @@ impl Architecture {
                     ("rope_local_base_freq", json!(10000.0)),
                 ])
                 .collect(),
+            Architecture::Mistral => vec![("sliding_window", json!(MISTRAL_DEFAULT_WINDOW))],
             _ => Vec::new(),
         }
     }
@@ -312,7 +313,7 @@ const QWEN_NO_WINDOW: Rule = Rule {
 
 /// The fields transformers' Llama reads that change its maths, with the values tuneq
 /// implements, and a window, which Llama's maths has not (the Qwens name one, read only
-/// with their switch; Mistral's is checked against its context, `mistral_window`).
+/// with their switch; Mistral's and Gemma's are theirs).
 /// (Shapes, `rms_norm_eps`, `rope_theta`, `tie_word_embeddings` and the token ids are
 /// implemented for every value and are checked for consistency by the loader.)
 const LLAMA_RULES: &[Rule] = &[
@@ -367,8 +368,15 @@ const QWEN3_RULES: &[Rule] = &[
     ROPE_PARAMETERS,
 ];
 
-/// Mistral's, besides its window (`mistral_window`).
-const MISTRAL_RULES: &[Rule] = &[SILU, NO_ATTENTION_DROPOUT, ROPE_SCALING, ROPE_PARAMETERS];
+/// Mistral's: its window (every layer's) may be anything; one shorter than the context
+/// trains on candle's graph ([`crate::ModelShape::trains_fused`]).
+const MISTRAL_RULES: &[Rule] = &[
+    SILU,
+    NO_ATTENTION_DROPOUT,
+    GEMMA_WINDOW,
+    ROPE_SCALING,
+    ROPE_PARAMETERS,
+];
 
 /// Gemma's GeGLU: tanh-approximated GELU (`hidden_activation`; transformers' Gemmas
 /// read no other field for it, and `hidden_act` is only ever written beside it).
@@ -411,6 +419,7 @@ const QUERY_PRE_ATTN_SCALAR: Rule = Rule {
     why: "attention is scaled by query_pre_attn_scalar^-1/2, a positive number",
 };
 
+/// A window (Gemma's and Mistral's).
 const GEMMA_WINDOW: Rule = Rule {
     field: "sliding_window",
     implemented: |v| is_absent_or(v, is_positive_integer),
@@ -499,34 +508,6 @@ fn gemma3_rope_is_implemented(value: &Value) -> bool {
 /// transformers' `MistralConfig` window when a config names none (`null` is no window).
 const MISTRAL_DEFAULT_WINDOW: u64 = 4096;
 
-/// A Mistral's sliding window is implemented only where it never binds: absent from
-/// the maths (`null`, Mistral 7B v0.2/v0.3, Nemo) or at least `max_position_embeddings`
-/// long, so no position can see past it. A shorter one (Mistral 7B v0.1's 4096 of
-/// 32768) is refused, naming the field.
-fn mistral_window(object: &serde_json::Map<String, Value>) -> Result<(), Unsupported> {
-    let window = match object.get("sliding_window") {
-        None => Some(MISTRAL_DEFAULT_WINDOW),
-        Some(Value::Null) => None,
-        Some(other) => Some(other.as_u64().ok_or_else(|| Unsupported::Field {
-            field: "sliding_window",
-            value: shown_value(other),
-            why: "a window is a whole number of positions",
-        })?),
-    };
-    let context = object
-        .get("max_position_embeddings")
-        .and_then(Value::as_u64);
-    match (window, context) {
-        (None, _) => Ok(()),
-        (Some(w), Some(context)) if w >= context => Ok(()),
-        (Some(w), _) => Err(Unsupported::Field {
-            field: "sliding_window",
-            value: w.to_string(),
-            why: "sliding-window attention is not implemented: a Mistral's window must be null or at least max_position_embeddings (where it never binds)",
-        }),
-    }
-}
-
 /// Gemma's fields, which the other families' classes would ignore (see
 /// [`FOREIGN_RULES`]).
 const GEMMA_FIELDS: &[Rule] = &[
@@ -603,6 +584,37 @@ fn rope_kind_is(value: &Value, kinds: &[&str]) -> bool {
     kinds.contains(&kind)
 }
 
+/// `config` with what its family's config class sets for the fields it leaves out
+/// ([`Architecture::defaults`]), and, for a Gemma naming no `layer_types`, the class's
+/// pattern of sliding and global layers. A config tuneq does not train is returned as is.
+/// Placement and the trainer both read a config through this, so they see the same model.
+pub fn with_class_defaults(mut config: Value) -> Value {
+    let Ok(architecture) = architecture_of(&config) else {
+        return config;
+    };
+    let Some(object) = config.as_object_mut() else {
+        return config;
+    };
+    for (field, value) in architecture.defaults() {
+        object.entry(field).or_insert(value);
+    }
+    if architecture.gemma() && object.get("layer_types").is_none_or(Value::is_null) {
+        let layers = object
+            .get("num_hidden_layers")
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+        let pattern = object.get("sliding_window_pattern").and_then(Value::as_u64);
+        let types: Vec<&str> = (0..layers as usize)
+            .map(|l| match architecture.default_sliding(l, pattern) {
+                true => "sliding_attention",
+                false => "full_attention",
+            })
+            .collect();
+        object.insert("layer_types".into(), serde_json::json!(types));
+    }
+    config
+}
+
 /// The architecture of the model whose parsed `config.json` is `config`, or why tuneq
 /// cannot train it.
 pub fn architecture_of(config: &Value) -> Result<Architecture, Unsupported> {
@@ -642,9 +654,6 @@ pub fn architecture_of(config: &Value) -> Result<Architecture, Unsupported> {
                 why: rule.why,
             });
         }
-    }
-    if architecture == Architecture::Mistral {
-        mistral_window(object)?;
     }
     Ok(architecture)
 }
@@ -791,32 +800,30 @@ mod tests {
     }
 
     #[test]
-    fn mistral_is_accepted_where_its_window_never_binds() {
+    fn mistral_is_accepted_with_its_window() {
         assert_eq!(architecture_of(&mistral_v03()), Ok(Architecture::Mistral));
-        let long_window = with(mistral_v03(), "sliding_window", json!(32768));
-        assert_eq!(architecture_of(&long_window), Ok(Architecture::Mistral));
         // v0.1's window of 4096 over a 32768 context, written or left to transformers'
-        // default, binds: refused naming the field.
+        // default (which the class fills in), binds: accepted, and trained on the graph.
         let v01 = with(mistral_v03(), "sliding_window", json!(4096));
         let mut unnamed = mistral_v03();
         unnamed.as_object_mut().unwrap().remove("sliding_window");
-        for config in [v01, unnamed] {
-            let refusal = architecture_of(&config).unwrap_err();
-            assert_eq!(refusal.field(), "sliding_window");
-            assert!(refusal.to_string().contains("4096"), "{refusal}");
+        for config in [v01, unnamed.clone()] {
+            assert_eq!(architecture_of(&config), Ok(Architecture::Mistral));
         }
-        let short = with(mistral_v03(), "max_position_embeddings", json!(4096));
-        let unnamed_short = short.as_object().map(|o| {
-            let mut o = o.clone();
-            o.remove("sliding_window");
-            Value::Object(o)
-        });
+        assert_eq!(with_class_defaults(unnamed)["sliding_window"], json!(4096));
         assert_eq!(
-            architecture_of(&unnamed_short.unwrap()),
-            Ok(Architecture::Mistral)
+            with_class_defaults(mistral_v03())["sliding_window"],
+            Value::Null,
+            "null is no window"
         );
-        let gelu = with(mistral_v03(), "hidden_act", json!("gelu"));
-        assert_eq!(architecture_of(&gelu).unwrap_err().field(), "hidden_act");
+        for (field, value) in [
+            ("sliding_window", json!(0)),
+            ("sliding_window", json!("4096")),
+            ("hidden_act", json!("gelu")),
+        ] {
+            let refusal = architecture_of(&with(mistral_v03(), field, value)).unwrap_err();
+            assert_eq!(refusal.field(), field);
+        }
     }
 
     /// Gemma 2 2B's `config.json` as published.

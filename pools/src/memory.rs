@@ -38,7 +38,12 @@ pub struct ModelShape {
     /// The dtype its files hold (`float32`, `bfloat16`, `float16`).
     pub torch_dtype: Option<String>,
     #[serde(default)]
-    /// Its family (`llama`, `qwen2`, `qwen3`, `mistral`; see [`crate::Architecture`]),
+    /// How many positions its sliding-window layers see (Mistral's every layer, Gemma's
+    /// `sliding_attention` ones), after [`crate::architecture::with_class_defaults`].
+    pub sliding_window: Option<u64>,
+    #[serde(default)]
+    /// Its family (`llama`, `qwen2`, `qwen3`, `mistral`, `gemma2`, `gemma3_text`; see
+    /// [`crate::Architecture`]),
     /// which [`ModelShape::read`] and the trainer's loader check before reading the rest.
     pub model_type: Option<String>,
     /// How many tokens its `tokenizer.json` adds beside the model's own vocabulary (each
@@ -94,6 +99,7 @@ impl ModelShape {
         if let Err(refusal) = architecture_of(&config) {
             return Some(Err(refusal));
         }
+        let config = crate::architecture::with_class_defaults(config);
         let mut shape: Self = serde_json::from_value(config).ok()?;
         shape.added_tokens = read_added_tokens(&dir.join("tokenizer.json"));
         Some(Ok(shape))
@@ -167,6 +173,26 @@ impl ModelShape {
             .as_deref()
             .and_then(crate::Architecture::from_model_type)
             .unwrap_or(crate::Architecture::Llama)
+    }
+
+    /// Whether it trains on the fused CPU kernels (on a CPU): its family is one they
+    /// implement, and no window binds (a Mistral whose window is shorter than its
+    /// context trains on candle's graph, which masks it).
+    pub fn trains_fused(&self) -> bool {
+        self.architecture().fused() && self.binding_window().is_none()
+    }
+
+    /// Its sliding window where one can bind: Mistral's (every layer's) and Gemma's (its
+    /// `sliding_attention` layers'), when shorter than the context. (The Qwens' window
+    /// is read only with their switch, which their rules hold off.)
+    pub fn binding_window(&self) -> Option<u64> {
+        use crate::Architecture::{Gemma2, Gemma3, Mistral};
+        let read = matches!(self.architecture(), Mistral | Gemma2 | Gemma3);
+        let window = self.sliding_window.filter(|_| read)?;
+        match self.max_position_embeddings {
+            Some(context) if window >= context => None,
+            _ => Some(window),
+        }
     }
 
     /// The architecture as the CPU kernels take it.
@@ -383,10 +409,11 @@ fn weight_bytes(ask: &Ask<'_>, gpu: bool) -> u64 {
 
 /// The least memory an attempt on the CPU needs: with layers recomputed when the job
 /// allows it (`on`, or `auto`, which turns it on when a pool's memory asks for it).
-/// What placement compares with a CPU pool's memory. A family the fused kernels do not
-/// implement trains on candle's CPU graph, and is estimated as such.
+/// What placement compares with a CPU pool's memory. A model the fused kernels do not
+/// take ([`ModelShape::trains_fused`]) trains on candle's CPU graph, and is estimated as
+/// such.
 pub fn cpu_memory_needed(shape: &ModelShape, ask: &Ask<'_>) -> u64 {
-    if !shape.architecture().fused() {
+    if !shape.trains_fused() {
         let least = Ask {
             checkpointing: match ask.checkpointing {
                 ActivationCheckpointing::Off => ActivationCheckpointing::Off,
@@ -643,10 +670,12 @@ mod tests {
             max_position_embeddings: Some(32768),
             tie_word_embeddings: true,
             torch_dtype: Some("float32".into()),
+            sliding_window: None,
             model_type: Some("llama".into()),
             added_tokens: Some(0),
         };
         let gemma = ModelShape {
+            sliding_window: Some(512),
             model_type: Some("gemma3_text".into()),
             ..llama.clone()
         };

@@ -192,7 +192,7 @@ fn estimate(args: EstimateArgs) -> Result<ExitCode> {
     cpu.scratch += thread_scratch;
     let gpu = tuneq_pools::graph_memory(&shape, &ask, true, accelerator_limit);
     let mib = |b: u64| b >> 20;
-    let cpu = match shape.architecture().fused() {
+    let cpu = match shape.trains_fused() {
         true => serde_json::json!({
             "path": "cpu-fused",
             "total_mib": mib(cpu.total()),
@@ -206,7 +206,7 @@ fn estimate(args: EstimateArgs) -> Result<ExitCode> {
             "threads": threads,
             "fits": limit.map(|l| cpu.total() <= l),
         }),
-        // The family trains on candle's graph on the CPU too.
+        // The model trains on candle's graph on the CPU too (its family, or a window).
         false => {
             let graph = tuneq_pools::graph_memory(&shape, &ask, false, limit);
             serde_json::json!({

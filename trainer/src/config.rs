@@ -116,9 +116,6 @@ pub struct LlamaConfig {
     /// Gemma's soft-cap of the final logits.
     #[serde(default)]
     pub final_logit_softcapping: Option<f64>,
-    /// How many positions a sliding-window layer sees, itself included.
-    #[serde(default)]
-    pub sliding_window: Option<u64>,
     /// Which layers attend through the sliding window; Gemma's default pattern where a
     /// config names none (filled in by the loader).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -163,37 +160,18 @@ impl LlamaConfig {
     /// older layout so a missing `rope_theta` never silently falls back to 10000.
     ///
     /// It also fills in what the family's config class sets for fields the file leaves
-    /// out ([`tuneq_pools::Architecture::defaults`]), Gemma's layer pattern where it
-    /// names no `layer_types`, and reads Gemma 3's per-layer `rope_parameters`.
-    fn normalise(mut raw: serde_json::Value) -> serde_json::Value {
-        let architecture = tuneq_pools::architecture_of(&raw).ok();
+    /// out ([`tuneq_pools::architecture::with_class_defaults`], as placement reads it),
+    /// and reads Gemma 3's per-layer `rope_parameters`.
+    fn normalise(raw: serde_json::Value) -> serde_json::Value {
+        let gemma3 =
+            tuneq_pools::architecture_of(&raw).ok() == Some(tuneq_pools::Architecture::Gemma3);
+        let mut raw = tuneq_pools::architecture::with_class_defaults(raw);
         let Some(obj) = raw.as_object_mut() else {
             return raw;
         };
-        if let Some(architecture) = architecture {
-            for (field, value) in architecture.defaults() {
-                obj.entry(field).or_insert(value);
-            }
-            if architecture.gemma() && obj.get("layer_types").is_none_or(|v| v.is_null()) {
-                let layers = obj
-                    .get("num_hidden_layers")
-                    .and_then(serde_json::Value::as_u64)
-                    .unwrap_or(0);
-                let pattern = obj
-                    .get("sliding_window_pattern")
-                    .and_then(serde_json::Value::as_u64);
-                let types: Vec<&str> = (0..layers as usize)
-                    .map(|l| match architecture.default_sliding(l, pattern) {
-                        true => "sliding_attention",
-                        false => "full_attention",
-                    })
-                    .collect();
-                obj.insert("layer_types".into(), serde_json::json!(types));
-            }
-            if architecture == tuneq_pools::Architecture::Gemma3 {
-                Self::fold_layer_rope(obj);
-                return raw;
-            }
+        if gemma3 {
+            Self::fold_layer_rope(obj);
+            return raw;
         }
         let Some(params) = obj
             .get("rope_parameters")
@@ -295,14 +273,18 @@ impl LlamaConfig {
     }
 
     /// The positions layer `layer` sees, itself included, when it attends through a
-    /// sliding window; None for a layer that sees every earlier position. (Only Gemma's
-    /// configs name windowed layers; a Mistral's window is accepted only where it never
-    /// binds.)
+    /// sliding window that can bind; None for a layer that sees every earlier position.
+    /// Gemma's `sliding_attention` layers have the window, a Mistral's every layer (see
+    /// `sliding_window` in [`ModelShape`]).
     pub fn layer_window(&self, layer: usize) -> Option<usize> {
-        let types = self.layer_types.as_ref()?;
-        match types.get(layer)? {
-            LayerType::SlidingAttention => self.sliding_window.map(|w| w as usize),
-            LayerType::FullAttention => None,
+        let window = Some(self.shape.binding_window()? as usize);
+        match (&self.layer_types, self.architecture()) {
+            (Some(types), _) => match types.get(layer)? {
+                LayerType::SlidingAttention => window,
+                LayerType::FullAttention => None,
+            },
+            (None, tuneq_pools::Architecture::Mistral) => window,
+            (None, _) => None,
         }
     }
 

@@ -29,30 +29,38 @@ pub enum ComputePath {
 
 impl ComputePath {
     /// The path for `model`: fused on a CPU model (f32, or bf16 weights with f32
-    /// compute) of a family the kernels implement
-    /// ([`tuneq_pools::Architecture::fused`]), unless `TUNEQ_CPU_PATH=graph` asks for
-    /// the graph (which then computes in the model's dtype).
+    /// compute) the kernels take ([`tuneq_pools::ModelShape::trains_fused`]: a family
+    /// they implement, without a window that binds), unless `TUNEQ_CPU_PATH=graph` asks
+    /// for the graph (which then computes in the model's dtype).
     pub fn for_model(model: &Llama) -> Self {
         let forced_graph = std::env::var("TUNEQ_CPU_PATH").is_ok_and(|v| v == "graph");
         let fused_dtype = matches!(model.dtype(), DType::F32 | DType::BF16);
-        let fused_family = model.cfg.architecture().fused();
-        if model.device().is_cpu() && fused_dtype && fused_family && !forced_graph {
+        let fused_model = model.cfg.shape.trains_fused();
+        if model.device().is_cpu() && fused_dtype && fused_model && !forced_graph {
             Self::CpuFused
         } else {
             Self::Graph
         }
     }
 
-    /// What a run on the CPU says when `model`'s family is one the fused kernels do not
-    /// implement, so the job's events tell why it is slower; None otherwise.
+    /// What a run on the CPU says when the fused kernels do not take `model` (its family,
+    /// or a sliding window that binds), so the job's events tell why it is slower; None
+    /// otherwise.
     pub fn graph_fallback(model: &Llama) -> Option<String> {
-        let architecture = model.cfg.architecture();
-        (model.device().is_cpu() && !architecture.fused()).then(|| {
-            format!(
-                "{} models train on candle's graph on the CPU: the fused CPU kernels do not implement this family yet, so steps take several times longer than a Llama of the same size",
-                architecture.model_type()
-            )
-        })
+        let (shape, architecture) = (&model.cfg.shape, model.cfg.architecture());
+        if !model.device().is_cpu() || shape.trains_fused() {
+            return None;
+        }
+        let why = match (architecture.fused(), shape.binding_window()) {
+            (true, Some(window)) => format!(
+                "the fused CPU kernels do not implement sliding windows, and its window of {window} positions is shorter than its context"
+            ),
+            _ => "the fused CPU kernels do not implement this family yet".to_string(),
+        };
+        Some(format!(
+            "this {} model trains on candle's graph on the CPU ({why}), so steps take several times longer than on the fused kernels",
+            architecture.model_type()
+        ))
     }
 
     /// Its name in checkpoints and benchmark reports.

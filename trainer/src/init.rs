@@ -104,6 +104,7 @@ pub fn preset_config(opts: &InitOptions) -> LlamaConfig {
             max_position_embeddings: Some(max_pos),
             tie_word_embeddings: opts.tie_embeddings || smollm2,
             torch_dtype: Some("float32".into()),
+            sliding_window: gemma.then_some(max_pos / 32),
             model_type: Some(opts.architecture.model_type().into()),
             added_tokens: None,
         },
@@ -126,7 +127,6 @@ pub fn preset_config(opts: &InitOptions) -> LlamaConfig {
         query_pre_attn_scalar: gemma.then_some((head_dim + head_dim / 2) as f64),
         attn_logit_softcapping: (architecture == Architecture::Gemma2).then_some(50.0),
         final_logit_softcapping: (architecture == Architecture::Gemma2).then_some(30.0),
-        sliding_window: gemma.then_some(max_pos / 32),
         layer_types: gemma.then(|| alternating(layers)),
         rope_local_base_freq: (architecture == Architecture::Gemma3).then_some(10000.0),
     }

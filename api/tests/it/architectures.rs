@@ -36,9 +36,9 @@ async fn a_job_on_a_model_of_another_family_is_refused_naming_it() {
             "\"phi3\"",
         ),
         (
-            "mistral-windowed",
+            "mistral-fractional-window",
             json!({"model_type": "mistral", "architectures": ["MistralForCausalLM"],
-                   "sliding_window": 128}),
+                   "sliding_window": 128.5}),
             "sliding_window",
         ),
         (
@@ -106,6 +106,11 @@ async fn a_job_on_a_model_of_another_family_is_refused_naming_it() {
             "mistral",
             json!({"model_type": "mistral", "architectures": ["MistralForCausalLM"],
                    "sliding_window": null}),
+        ),
+        (
+            "mistral-windowed",
+            json!({"model_type": "mistral", "architectures": ["MistralForCausalLM"],
+                   "sliding_window": 128}),
         ),
         (
             "gemma2",

@@ -13,8 +13,9 @@
 //! that start empty caches attend together through the kernels' fused causal
 //! attention, packed end to end as segments of one row. The logits of a span are what
 //! [`Llama::forward_cached`] gives for that sequence alone (within float rounding).
-//! Gemma's attention (its own scale, soft-capped scores, sliding windows) is not the
-//! kernels': its rows attend over their caches through [`attend_each`].
+//! Gemma's attention (its own scale, soft-capped scores, sliding windows) and Mistral's
+//! windows are not the kernels': their rows attend over their caches through
+//! [`attend_each`].
 
 use super::{KvCache, Layer, Llama};
 use crate::error::{Error, Result};
@@ -534,7 +535,7 @@ impl Llama {
             row.v.extend_from_slice(&v[new]);
         }
         let mut attended = vec![0f32; rows * q_len];
-        if self.cfg.architecture().gemma() {
+        if self.cfg.architecture().gemma() || layer.window.is_some() {
             let math = ScoreMath {
                 scale: self.cfg.attention_scale() as f32,
                 softcap: self.cfg.attn_logit_softcapping.map(|c| c as f32),
@@ -581,6 +582,14 @@ mod tests {
     }
 
     fn tiny_of(architecture: tuneq_pools::Architecture) -> Llama {
+        tiny_with(architecture, |_| {})
+    }
+
+    /// The tiny preset as `architecture`, its config changed by `edit`.
+    fn tiny_with(
+        architecture: tuneq_pools::Architecture,
+        edit: impl FnOnce(&mut crate::config::LlamaConfig),
+    ) -> Llama {
         let opts = InitOptions {
             preset: Preset::Tiny,
             seed: 9,
@@ -591,6 +600,7 @@ mod tests {
         };
         let mut cfg = preset_config(&opts);
         cfg.shape.num_key_value_heads = Some(2);
+        edit(&mut cfg);
         // LoRA on every projection, with B drawn too (PEFT starts it at zero, which
         // would leave the update untested).
         let lora = crate::lora::LoraSettings {
@@ -685,9 +695,16 @@ mod tests {
         // A prompt alone (the fused attention, and each orientation of the GEMM: under
         // and over PACKED_WEIGHT_ROWS rows) against the graph, then a step of one row.
         // The Gemmas' windows (32 positions on the tiny preset) bind at these lengths.
-        use tuneq_pools::Architecture::{Gemma2, Gemma3, Llama};
-        for architecture in [Llama, Gemma2, Gemma3] {
-            let m = tiny_of(architecture);
+        // So does a Mistral's window of 24 positions (Mistral 7B v0.1's kind).
+        use tuneq_pools::Architecture::{Gemma2, Gemma3, Llama, Mistral};
+        let windowed = |cfg: &mut crate::config::LlamaConfig| cfg.shape.sliding_window = Some(24);
+        let models = [
+            tiny_of(Llama),
+            tiny_of(Gemma2),
+            tiny_of(Gemma3),
+            tiny_with(Mistral, windowed),
+        ];
+        for m in models {
             for len in [40u32, 70] {
                 let prompt: Vec<u32> = (0..len).map(|i| (i * 13 + 5) % 200).collect();
                 let (mut fast, mut graph) = (vec![m.new_cache()], vec![m.new_cache()]);
