@@ -120,6 +120,8 @@ codes! {
     KeyInUse = (BAD_REQUEST, "key_in_use"),
     /// A tenant with this id exists, with other settings than asked.
     TenantExists = (CONFLICT, "tenant_exists"),
+    /// A base model with this id is registered at another location.
+    ModelExists = (CONFLICT, "model_exists"),
     /// A key chosen by a person that is too easy to guess.
     KeyTooWeak = (BAD_REQUEST, "key_too_weak"),
     /// The API key was revoked; a revoked key is never registered again.

@@ -310,7 +310,7 @@ mod tests {
         // A folder that became another architecture's is refused, not kept as it was.
         std::fs::write(
             dir.path().join("config.json"),
-            config(12).replace("\"llama\"", "\"gemma2\""),
+            config(12).replace("\"llama\"", "\"phi3\""),
         )
         .unwrap();
         let refusal = shape_of(dir.path()).unwrap().unwrap_err();

@@ -60,6 +60,7 @@ mod quote;
 pub mod records;
 pub mod redact;
 mod refusals;
+pub mod registry;
 mod routes;
 pub mod sealed;
 pub mod spec;

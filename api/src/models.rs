@@ -13,7 +13,7 @@ use actix_web::{HttpResponse, web};
 use tuneq_openapi::{Deleted, Model, ModelList};
 
 /// A registered base model as the API shows it.
-fn base(model: records::model::BaseModel) -> Model {
+pub(crate) fn base(model: records::model::BaseModel) -> Model {
     Model {
         id: model.id,
         object: "model".into(),

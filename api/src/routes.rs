@@ -11,7 +11,7 @@
 //! method a route does not serve answers 405 with an `Allow` header and the error body.
 
 use crate::error::{ApiError, Code};
-use crate::{admin, chat, files, finetunes, health, internal, metrics, models, webhooks};
+use crate::{admin, chat, files, finetunes, health, internal, metrics, models, registry, webhooks};
 use actix_web::http::Method;
 use actix_web::{Resource, web};
 use utoipa::openapi::path::HttpMethod;
@@ -103,6 +103,7 @@ declare! {
     models::list, models::retrieve, models::delete, chat::completions, chat::create_response,
     webhooks::secret, webhooks::rotate_secret,
     admin::create_tenant, admin::create_key, admin::list_keys, admin::revoke_key,
+    registry::register, registry::delete,
     admin::set_limits,
     health::healthz, health::readyz, metrics::metrics,
 }

@@ -27,7 +27,7 @@ under /v1/files and /v1/fine_tuning/jobs is also served under /files and /finetu
         (name = "fine-tuning", description = "Fine-tuning jobs, their events, checkpoints and adapter"),
         (name = "models", description = "Base models and fine-tuned adapters"),
         (name = "webhooks", description = "Signed events when a job finishes (Standard Webhooks)"),
-        (name = "admin", description = "Tenants and API keys (admin key)"),
+        (name = "admin", description = "Tenants, API keys and base models (admin key)"),
         (name = "health", description = "Liveness and readiness"),
     )
 )]

@@ -9,6 +9,7 @@ mod dispatcher;
 mod generate;
 mod merge;
 mod model;
+mod models;
 mod queue;
 mod service;
 mod settings;
@@ -52,6 +53,11 @@ enum Command {
     Model {
         #[command(subcommand)]
         command: model::ModelCommand,
+    },
+    /// The model registry of a running service: `add` a base model, `remove` one.
+    Models {
+        #[command(subcommand)]
+        command: models::ModelsCommand,
     },
     /// Generate a completion greedily with a model and optional adapter.
     Generate(generate::GenerateArgs),
@@ -172,6 +178,7 @@ pub fn main() -> ExitCode {
         Command::Dispatcher(args) => dispatcher::run(args),
         Command::Train(args) => train::run(*args),
         Command::Model { command } => model::run(command),
+        Command::Models { command } => models::run(command),
         Command::Generate(args) => generate::run(args),
         Command::Merge(args) => merge::run(args),
         Command::Queue { command } => queue::run(command),

@@ -39,6 +39,15 @@ pub async fn register(catalog: &dyn Catalog, model: &BaseModel) -> ApiResult<()>
     Ok(())
 }
 
+/// Removes the base model `id` from the registry; whether it was there.
+pub async fn remove(catalog: &dyn Catalog, id: &str) -> ApiResult<bool> {
+    if check_identifier("model", id).is_err() {
+        return Ok(false);
+    }
+    let removed = catalog.delete_entry(BASE.0, BASE.1, id).await?;
+    Ok(removed)
+}
+
 /// The base model `id`, if registered.
 pub async fn get(catalog: &dyn Catalog, id: &str) -> ApiResult<Option<BaseModel>> {
     if check_identifier("model", id).is_err() {

@@ -14,6 +14,7 @@ mod input;
 mod limits;
 mod openapi;
 mod placement;
+mod registry;
 mod streams;
 mod support;
 mod validation;

@@ -82,8 +82,8 @@ async fn the_router_serves_what_the_document_declares() {
     }
     assert_eq!(
         operations.len(),
-        48,
-        "30 operations, 18 of them under two prefixes"
+        50,
+        "32 operations, 18 of them under two prefixes"
     );
     for (method, path) in [
         (Method::POST, "/internal/attempts/{job}/report"),

@@ -1,0 +1,314 @@
+//! The model registry: `POST /admin/models` registers a base model every tenant may
+//! fine-tune once its folder is checked (architecture, tokenizer, weights of the shape
+//! the config says), and `DELETE /admin/models/{id}` removes one no unfinished job and no
+//! alias uses. Every refusal names the field and changes nothing.
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use crate::support;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use support::{ADMIN_KEY, Server, create, examples, start, upload};
+
+/// A small Llama's `config.json` fields.
+fn config() -> Value {
+    json!({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 512
+    })
+}
+
+/// A safetensors file whose header lists `tensors` (name, shape) with no data: all the
+/// registry reads.
+fn write_header(path: &Path, tensors: &[(&str, [u64; 2])]) {
+    let header: serde_json::Map<String, Value> = tensors
+        .iter()
+        .map(|(name, shape)| {
+            (
+                name.to_string(),
+                json!({"dtype": "F32", "shape": shape, "data_offsets": [0, 0]}),
+            )
+        })
+        .collect();
+    let header = Value::Object(header).to_string();
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// A model folder `name` under the server's temp dir: `config`, a tokenizer file, and
+/// weights holding `layers` layers and an embedding of `embedding`'s shape.
+fn folder(s: &Server, name: &str, config: &Value, layers: u64, embedding: [u64; 2]) -> PathBuf {
+    let dir = s.dir.path().join("registry").join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    std::fs::write(dir.join("tokenizer.json"), "{}").unwrap();
+    let names: Vec<String> = (0..layers)
+        .map(|l| format!("model.layers.{l}.self_attn.q_proj.weight"))
+        .collect();
+    let mut tensors: Vec<(&str, [u64; 2])> = names.iter().map(|n| (n.as_str(), [64, 64])).collect();
+    tensors.push(("model.embed_tokens.weight", embedding));
+    write_header(&dir.join("model.safetensors"), &tensors);
+    dir
+}
+
+/// A folder of the small Llama with weights that match it.
+fn good_folder(s: &Server, name: &str) -> PathBuf {
+    folder(s, name, &config(), 2, [256, 64])
+}
+
+async fn post(s: &Server, key: &str, body: Value) -> (StatusCode, Value) {
+    let response = s.post_json(key, "/admin/models", &body).await;
+    (response.status(), response.json().await.unwrap())
+}
+
+#[tokio::test]
+async fn a_registered_model_is_listed_and_fine_tuned() {
+    let s = start(|_| {}).await;
+    let dir = good_folder(&s, "small");
+    let body = json!({"id": "small-llama", "location": dir.display().to_string()});
+    let (status, model) = post(&s, ADMIN_KEY, body.clone()).await;
+    assert_eq!(status, StatusCode::CREATED, "{model}");
+    assert_eq!(model["id"], "small-llama", "{model}");
+    assert_eq!(model["object"], "model", "{model}");
+    // Registering it again as it is changes nothing.
+    let (status, again) = post(&s, ADMIN_KEY, body).await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(again["created"], model["created"], "{again}");
+    // Every tenant sees it, and fine-tunes it.
+    for key in [&s.acme, &s.other] {
+        let listed = s.json_as(key, "/v1/models").await;
+        let ids: Vec<&str> = listed["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|m| m["id"].as_str())
+            .collect();
+        assert!(ids.contains(&"small-llama"), "{listed}");
+    }
+    let file = upload(&s, &s.acme, &examples(8)).await;
+    let (status, job) = create(&s, &file, json!({"model": "small-llama"})).await;
+    assert_eq!(status, StatusCode::OK, "{job}");
+    // Another location under the same id is refused.
+    let other = good_folder(&s, "other");
+    let (status, refusal) = post(
+        &s,
+        ADMIN_KEY,
+        json!({"id": "small-llama", "location": other.display().to_string()}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{refusal}");
+    assert_eq!(refusal["error"]["code"], "model_exists", "{refusal}");
+    assert_eq!(refusal["error"]["param"], "id", "{refusal}");
+}
+
+#[tokio::test]
+async fn folders_that_are_not_models_tuneq_trains_are_refused_naming_why() {
+    let s = start(|_| {}).await;
+    let phi = folder(
+        &s,
+        "phi",
+        &json!({"architectures": ["Phi3ForCausalLM"], "model_type": "phi3",
+                "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                "num_attention_heads": 4, "vocab_size": 256}),
+        2,
+        [256, 64],
+    );
+    let wrong_vocab = folder(&s, "vocab", &config(), 2, [300, 64]);
+    let missing_layer = folder(&s, "layers", &config(), 1, [256, 64]);
+    let no_tokenizer = good_folder(&s, "no-tokenizer");
+    std::fs::remove_file(no_tokenizer.join("tokenizer.json")).unwrap();
+    let no_weights = good_folder(&s, "no-weights");
+    std::fs::remove_file(no_weights.join("model.safetensors")).unwrap();
+    let not_a_header = good_folder(&s, "not-a-header");
+    std::fs::write(
+        not_a_header.join("model.safetensors"),
+        b"\xff\xff\xff\xff\xff\xff\xff\xff{",
+    )
+    .unwrap();
+    let at = |p: &Path| p.display().to_string();
+    let cases = [
+        (
+            json!({"id": "m", "location": at(&phi)}),
+            "location",
+            "unsupported_model_architecture",
+            "phi3",
+        ),
+        (
+            json!({"id": "m", "location": at(&wrong_vocab)}),
+            "location",
+            "invalid_value",
+            "embed_tokens",
+        ),
+        (
+            json!({"id": "m", "location": at(&missing_layer)}),
+            "location",
+            "invalid_value",
+            "num_hidden_layers",
+        ),
+        (
+            json!({"id": "m", "location": at(&no_tokenizer)}),
+            "location",
+            "invalid_value",
+            "tokenizer.json",
+        ),
+        (
+            json!({"id": "m", "location": at(&no_weights)}),
+            "location",
+            "invalid_value",
+            "safetensors",
+        ),
+        (
+            json!({"id": "m", "location": at(&not_a_header)}),
+            "location",
+            "invalid_value",
+            "header",
+        ),
+        (
+            json!({"id": "m", "location": "relative/folder"}),
+            "location",
+            "invalid_value",
+            "absolute",
+        ),
+        (
+            json!({"id": "m", "location": "s3://"}),
+            "location",
+            "invalid_value",
+            "",
+        ),
+        (
+            json!({"id": "m/../x", "location": at(&phi)}),
+            "id",
+            "invalid_value",
+            "",
+        ),
+        (
+            json!({"id": "m", "location": at(&wrong_vocab), "base_learning_rate": 5.0}),
+            "base_learning_rate",
+            "invalid_value",
+            "1e-9",
+        ),
+    ];
+    for (body, param, code, named) in cases {
+        let (status, refusal) = post(&s, ADMIN_KEY, body.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {refusal}");
+        assert_eq!(refusal["error"]["param"], param, "{body}: {refusal}");
+        assert_eq!(refusal["error"]["code"], code, "{body}: {refusal}");
+        let message = refusal["error"]["message"].as_str().unwrap();
+        assert!(message.contains(named), "{body}: {message}");
+    }
+    let (status, _) = post(
+        &s,
+        ADMIN_KEY,
+        json!({"id": "m", "location": "/x", "extra": 1}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    // A tenant's key is not the admin key.
+    let (status, _) = post(&s, &s.acme, json!({"id": "m", "location": at(&phi)})).await;
+    assert!(
+        status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN,
+        "{status}"
+    );
+    // Nothing was registered.
+    let response = s.get_as(&s.acme, "/v1/models/m").await;
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    // A store location is taken as given (the trainer checks it when it loads it).
+    let (status, model) = post(
+        &s,
+        ADMIN_KEY,
+        json!({"id": "remote", "location": "s3://models/llama"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{model}");
+}
+
+#[tokio::test]
+async fn a_model_is_removed_only_once_no_unfinished_job_or_alias_uses_it() {
+    let s = start(|config| {
+        config
+            .model_aliases
+            .insert("aliased".into(), "kept-by-alias".into());
+    })
+    .await;
+    for id in ["small-llama", "kept-by-alias"] {
+        let dir = good_folder(&s, id);
+        let (status, body) = post(
+            &s,
+            ADMIN_KEY,
+            json!({"id": id, "location": dir.display().to_string()}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+    }
+    let file = upload(&s, &s.acme, &examples(8)).await;
+    let (status, job) = create(&s, &file, json!({"model": "small-llama"})).await;
+    assert_eq!(status, StatusCode::OK, "{job}");
+    let delete = |id: &str| {
+        s.request(
+            reqwest::Method::DELETE,
+            ADMIN_KEY,
+            &format!("/admin/models/{id}"),
+        )
+        .send()
+    };
+    let refused = delete("small-llama").await.unwrap();
+    assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
+    let refused: Value = refused.json().await.unwrap();
+    assert_eq!(refused["error"]["code"], "model_in_use", "{refused}");
+    let job_id = job["id"].as_str().unwrap();
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(job_id),
+        "{refused}"
+    );
+    let aliased: Value = delete("kept-by-alias").await.unwrap().json().await.unwrap();
+    assert_eq!(aliased["error"]["code"], "model_in_use", "{aliased}");
+    assert!(
+        aliased["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("aliased")
+    );
+    // Once the job is cancelled, the model goes; its folder stays.
+    let cancelled = s
+        .post_as(&s.acme, &format!("/v1/fine_tuning/jobs/{job_id}/cancel"))
+        .await;
+    assert_eq!(cancelled.status(), StatusCode::OK);
+    let removed = delete("small-llama").await.unwrap();
+    assert_eq!(removed.status(), StatusCode::OK);
+    let removed: Value = removed.json().await.unwrap();
+    assert_eq!(
+        removed,
+        json!({"id": "small-llama", "object": "model", "deleted": true})
+    );
+    assert!(
+        s.dir
+            .path()
+            .join("registry/small-llama/config.json")
+            .is_file()
+    );
+    let gone = s.get_as(&s.acme, "/v1/models/small-llama").await;
+    assert_eq!(gone.status(), StatusCode::NOT_FOUND);
+    let (status, refusal) = create(&s, &file, json!({"model": "small-llama"})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{refusal}");
+    // Unknown ids, and tenants' keys, are refused.
+    assert_eq!(
+        delete("small-llama").await.unwrap().status(),
+        StatusCode::NOT_FOUND
+    );
+    let tenant = s
+        .request(
+            reqwest::Method::DELETE,
+            &s.acme,
+            "/admin/models/kept-by-alias",
+        )
+        .send()
+        .await
+        .unwrap();
+    assert!(tenant.status().is_client_error() && tenant.status() != StatusCode::NOT_FOUND);
+}

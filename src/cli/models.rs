@@ -1,0 +1,99 @@
+//! `tuneq models add|remove`: the model registry of a running service
+//! (`POST /admin/models`, `DELETE /admin/models/{id}`), with the admin key.
+
+use super::BadInput;
+use anyhow::{Context, Result};
+use std::process::ExitCode;
+
+/// The registry commands.
+#[derive(clap::Subcommand)]
+pub enum ModelsCommand {
+    /// Register a base model every tenant may fine-tune: a Hugging Face folder on the
+    /// service's machines (checked first: architecture, tokenizer, weights) or an
+    /// `s3://` / `gs://` URI. Prints the model as JSON.
+    Add {
+        /// The name jobs fine-tune it by.
+        id: String,
+        /// Its folder (an absolute path on the service's machines) or store URI.
+        location: String,
+        /// Peak learning rate at `learning_rate_multiplier` 1 (the service's default
+        /// when not given).
+        #[arg(long)]
+        base_learning_rate: Option<f64>,
+        #[command(flatten)]
+        service: Service,
+    },
+    /// Remove a base model from the registry (refused while an unfinished job trains on
+    /// it); its files are not touched.
+    Remove {
+        /// The model's id.
+        id: String,
+        #[command(flatten)]
+        service: Service,
+    },
+}
+
+/// Which service, and the key its admin routes take.
+#[derive(clap::Args)]
+pub struct Service {
+    /// The service's URL.
+    #[arg(long, env = "TUNEQ_URL", default_value = "http://127.0.0.1:8080")]
+    url: String,
+    /// The service's admin key (`--admin-key` of `tuneq up` / `tuneq api`).
+    #[arg(long, env = "TUNEQ_ADMIN_KEY", hide_env_values = true)]
+    admin_key: String,
+}
+
+/// Runs a registry command: the answer on stdout; a refusal (4xx) exits 2 with its
+/// message on stderr.
+pub fn run(command: ModelsCommand) -> Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let http = reqwest::Client::new();
+        let request = match command {
+            ModelsCommand::Add {
+                id,
+                location,
+                base_learning_rate,
+                service,
+            } => {
+                let mut body = serde_json::json!({"id": id, "location": location});
+                if let Some(rate) = base_learning_rate {
+                    body["base_learning_rate"] = rate.into();
+                }
+                http.post(endpoint(&service, "/admin/models")?)
+                    .bearer_auth(&service.admin_key)
+                    .json(&body)
+            }
+            ModelsCommand::Remove { id, service } => {
+                let mut url = endpoint(&service, "/admin/models")?;
+                url.path_segments_mut()
+                    .map_err(|()| BadInput(format!("--url {} is not a base URL", service.url)))?
+                    .push(&id);
+                http.delete(url).bearer_auth(&service.admin_key)
+            }
+        };
+        let response = request.send().await.context("the service did not answer")?;
+        let status = response.status();
+        let body: serde_json::Value = response
+            .json()
+            .await
+            .with_context(|| format!("the service answered {status} without a JSON body"))?;
+        if status.is_client_error() {
+            let message = body["error"]["message"].as_str().unwrap_or("refused");
+            return Err(BadInput(format!("{status}: {message}")).into());
+        }
+        anyhow::ensure!(status.is_success(), "the service answered {status}: {body}");
+        println!("{}", serde_json::to_string_pretty(&body)?);
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// `path` on the service.
+fn endpoint(service: &Service, path: &str) -> Result<reqwest::Url> {
+    let base = reqwest::Url::parse(&service.url)
+        .map_err(|e| BadInput(format!("--url {}: {e}", service.url)))?;
+    Ok(base.join(path)?)
+}
