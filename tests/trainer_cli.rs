@@ -588,23 +588,6 @@ fn a_gemma_trains_on_the_graph_and_its_events_say_so() {
     assert!(output.join("adapter_model.safetensors").exists());
 }
 
-/// Every file called `name` under `dir`, at any depth.
-fn files_named(dir: &Path, name: &str) -> Vec<std::path::PathBuf> {
-    let mut found = Vec::new();
-    let mut pending = vec![dir.to_path_buf()];
-    while let Some(d) = pending.pop() {
-        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                pending.push(path);
-            } else if path.file_name().is_some_and(|n| n == name) {
-                found.push(path);
-            }
-        }
-    }
-    found
-}
-
 #[test]
 fn an_unavailable_device_exits_as_bad_input() {
     // A CUDA build refuses only when no device answers; with one, `--device cuda` trains,

@@ -243,3 +243,20 @@ pub type KillPoint = Box<dyn Fn(&serde_json::Value) -> bool>;
 pub fn adapter_bytes(output: &Path) -> Vec<u8> {
     std::fs::read(output.join("adapter_model.safetensors")).expect("adapter written")
 }
+
+/// Every file called `name` under `dir`, at any depth.
+pub fn files_named(dir: &Path, name: &str) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(d) = pending.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if path.file_name().is_some_and(|n| n == name) {
+                found.push(path);
+            }
+        }
+    }
+    found
+}

@@ -36,12 +36,16 @@ from conftest import train_adapter
 from harness import ALL_TARGETS, GRAD_RTOL, LOGITS_ATOL, MERGED_WEIGHT_ATOL
 from test_architectures import FAMILIES, SHRUNK
 
-TRAINED = ["qwen2", "qwen3", "mistral", "mistral-windowed", "gemma2", "gemma3_text"]
+TRAINED = ["qwen2", "qwen3", "mistral", "mistral-windowed", "gemma2", "gemma3_text",
+           "gemma3-wide-window"]
 PATHS = ["fused", "graph"]
 
 # Variants of a family: a Mistral whose window (16 positions) binds on the tests' 64
 # tokens, as Mistral 7B v0.1's 4096 binds on longer sequences (it trains on the graph).
-VARIANTS = {"mistral-windowed": ("mistral", dict(sliding_window=16))}
+# A Gemma 3 whose window is the whole context still rotates its sliding layers with the
+# local RoPE base.
+VARIANTS = {"mistral-windowed": ("mistral", dict(sliding_window=16)),
+            "gemma3-wide-window": ("gemma3_text", dict(sliding_window=256))}
 
 
 def family_spec(family: str) -> tuple[str, str, dict]:

@@ -288,10 +288,15 @@ impl LlamaConfig {
         }
     }
 
-    /// Whether layer `layer` rotates with the local RoPE base (Gemma 3's sliding
-    /// layers).
+    /// Whether layer `layer` rotates with the local RoPE base (Gemma 3's
+    /// `sliding_attention` layers, whether or not their window binds).
     pub fn local_rope(&self, layer: usize) -> bool {
-        self.rope_local_base_freq.is_some() && self.layer_window(layer).is_some()
+        let sliding = self
+            .layer_types
+            .as_ref()
+            .and_then(|types| types.get(layer))
+            .is_some_and(|t| *t == LayerType::SlidingAttention);
+        self.rope_local_base_freq.is_some() && sliding
     }
 
     /// The factor embeddings are multiplied by (Gemma's √hidden, rounded to f32 as

@@ -109,7 +109,12 @@ pub fn preset_config(opts: &InitOptions) -> LlamaConfig {
             added_tokens: None,
         },
         rms_norm_eps: 1e-5,
-        rope_theta: if smollm2 { 100000.0 } else { 10000.0 },
+        // Gemma 3's global layers rotate with their own base, unlike its local ones.
+        rope_theta: match (smollm2, architecture) {
+            (true, _) => 100000.0,
+            (false, Architecture::Gemma3) => 1_000_000.0,
+            (false, _) => 10000.0,
+        },
         rope_scaling: opts.llama3_rope.then(|| RopeScaling {
             rope_type: "llama3".into(),
             factor: 8.0,

@@ -62,6 +62,92 @@ struct Sandwich {
     after_mlp: Tensor,
 }
 
+impl Layer {
+    /// Layer `i` from the weights `w`; with `lora`, the targeted projections get fresh
+    /// factors drawn from its generator (in [`PROJECTIONS`] order).
+    fn from_weights(
+        cfg: &LlamaConfig,
+        w: &mut WeightMap,
+        i: usize,
+        lora: &mut Option<(&LoraSettings, &mut ChaCha20Rng)>,
+        device: &Device,
+    ) -> Result<Self> {
+        let h = cfg.hidden_size();
+        let architecture = cfg.architecture();
+        let p = format!("model.layers.{i}");
+        let mut norm =
+            |name: &str, len: usize| take_norm(w, &format!("{p}.{name}.weight"), len, architecture);
+        let input_norm = norm("input_layernorm", h)?;
+        let after_attention = norm("post_attention_layernorm", h)?;
+        let (mlp_norm, sandwich) = match architecture.gemma() {
+            true => (
+                norm("pre_feedforward_layernorm", h)?,
+                Some(Sandwich {
+                    after_attention,
+                    after_mlp: norm("post_feedforward_layernorm", h)?,
+                }),
+            ),
+            false => (after_attention, None),
+        };
+        let qk_norm = match architecture.qk_norm() {
+            true => Some((
+                norm("self_attn.q_norm", cfg.head_dim())?,
+                norm("self_attn.k_norm", cfg.head_dim())?,
+            )),
+            false => None,
+        };
+        let mut projections = Vec::with_capacity(PROJECTIONS.len());
+        for (module, proj) in PROJECTIONS {
+            // Every name in PROJECTIONS has a shape; see `LlamaConfig::projection_shape`.
+            let (in_dim, out_dim) = cfg.projection_shape(proj).unwrap_or((h, h));
+            let weight = w.take(&format!("{p}.{module}.{proj}.weight"), &[out_dim, in_dim])?;
+            let bias = match (architecture.qkv_bias(), proj) {
+                (true, "q_proj" | "k_proj" | "v_proj") => {
+                    Some(w.take(&format!("{p}.{module}.{proj}.bias"), &[out_dim])?)
+                }
+                _ => None,
+            };
+            let (factors, scale) = match lora.as_mut() {
+                Some((settings, rng)) if settings.targets(proj) => (
+                    Some(LoraFactors::init(settings.r, in_dim, out_dim, rng, device)?),
+                    settings.scale(),
+                ),
+                _ => (None, 0.0),
+            };
+            projections.push(LoraLinear {
+                weight,
+                bias,
+                lora: factors,
+                scale,
+            });
+        }
+        Ok(Self {
+            input_norm,
+            mlp_norm,
+            sandwich,
+            qk_norm,
+            window: cfg.layer_window(i),
+            local_rope: cfg.local_rope(i),
+            projections,
+        })
+    }
+}
+
+/// The norm weight `name` (`len` wide); a Gemma's multiplies by `1 + w`, held as such,
+/// so that it is a Llama norm.
+fn take_norm(
+    w: &mut WeightMap,
+    name: &str,
+    len: usize,
+    architecture: tuneq_pools::Architecture,
+) -> Result<Tensor> {
+    let weight = w.take(name, &[len])?;
+    match architecture.gemma() {
+        true => Ok(weight.affine(1.0, 1.0)?),
+        false => Ok(weight),
+    }
+}
+
 /// A Llama causal LM with optional LoRA on chosen projections. A clone shares the
 /// frozen tensors (candle's tensors are reference-counted), so a server can install
 /// several adapters over one copy of a base model's weights.
@@ -154,79 +240,11 @@ impl Llama {
         mut lora: Option<(&LoraSettings, &mut ChaCha20Rng)>,
     ) -> Result<Self> {
         let (h, v) = (cfg.hidden_size(), cfg.vocab_size());
-        let architecture = cfg.architecture();
-        let qkv_bias = architecture.qkv_bias();
-        let with_qk_norm = architecture.qk_norm();
-        // Gemma's norms multiply by 1 + w: held as such, they are Llama's norms.
-        let norm = |w: &mut WeightMap, name: &str, len: usize| -> Result<Tensor> {
-            let weight = w.take(name, &[len])?;
-            match architecture.gemma() {
-                true => Ok(weight.affine(1.0, 1.0)?),
-                false => Ok(weight),
-            }
-        };
         let embed_tokens = w.take("model.embed_tokens.weight", &[v, h])?;
-        let mut layers = Vec::with_capacity(cfg.num_hidden_layers());
-        for i in 0..cfg.num_hidden_layers() {
-            let p = format!("model.layers.{i}");
-            let input_norm = norm(w, &format!("{p}.input_layernorm.weight"), h)?;
-            let after_attention = norm(w, &format!("{p}.post_attention_layernorm.weight"), h)?;
-            let (mlp_norm, sandwich) = match architecture.gemma() {
-                true => (
-                    norm(w, &format!("{p}.pre_feedforward_layernorm.weight"), h)?,
-                    Some(Sandwich {
-                        after_attention,
-                        after_mlp: norm(w, &format!("{p}.post_feedforward_layernorm.weight"), h)?,
-                    }),
-                ),
-                false => (after_attention, None),
-            };
-            let qk_norm = match with_qk_norm {
-                true => {
-                    let hd = cfg.head_dim();
-                    Some((
-                        norm(w, &format!("{p}.self_attn.q_norm.weight"), hd)?,
-                        norm(w, &format!("{p}.self_attn.k_norm.weight"), hd)?,
-                    ))
-                }
-                false => None,
-            };
-            let mut projections = Vec::with_capacity(7);
-            for (module, proj) in PROJECTIONS {
-                // Every name in PROJECTIONS has a shape; see `LlamaConfig::projection_shape`.
-                let (in_dim, out_dim) = cfg.projection_shape(proj).unwrap_or((h, h));
-                let weight = w.take(&format!("{p}.{module}.{proj}.weight"), &[out_dim, in_dim])?;
-                let bias = match (qkv_bias, proj) {
-                    (true, "q_proj" | "k_proj" | "v_proj") => {
-                        Some(w.take(&format!("{p}.{module}.{proj}.bias"), &[out_dim])?)
-                    }
-                    _ => None,
-                };
-                let (factors, scale) = match lora.as_mut() {
-                    Some((settings, rng)) if settings.targets(proj) => (
-                        Some(LoraFactors::init(settings.r, in_dim, out_dim, rng, device)?),
-                        settings.scale(),
-                    ),
-                    _ => (None, 0.0),
-                };
-                projections.push(LoraLinear {
-                    weight,
-                    bias,
-                    lora: factors,
-                    scale,
-                });
-            }
-            layers.push(Layer {
-                input_norm,
-                mlp_norm,
-                sandwich,
-                qk_norm,
-                window: cfg.layer_window(i),
-                local_rope: cfg.local_rope(i),
-                projections,
-            });
-        }
-        let norm = norm(w, "model.norm.weight", h)?;
+        let layers = (0..cfg.num_hidden_layers())
+            .map(|i| Layer::from_weights(&cfg, w, i, &mut lora, device))
+            .collect::<Result<Vec<_>>>()?;
+        let norm = take_norm(w, "model.norm.weight", h, cfg.architecture())?;
         let lm_head = if cfg.tie_word_embeddings() && !w.contains("lm_head.weight") {
             embed_tokens.clone()
         } else {
