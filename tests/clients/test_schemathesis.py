@@ -106,6 +106,11 @@ def seed(service: Service) -> dict[str, list[str]]:
         assert kept["status"] in ("queued", "running"), f"the keeper job is {kept['status']}"
         assert time.monotonic() < deadline, "the keeper job did not pause"
         time.sleep(0.5)
+    # Base models only `DELETE /admin/models/{id}` draws (the demo model stays: the
+    # paused keeper job trains on it, so removing it is refused anyway).
+    spare_bases = [f"spare-base-{i}" for i in range(3)]
+    for base in spare_bases:
+        service.admin("POST", "/admin/models", {"id": base, "location": f"s3://spare/{base}"})
     tenant = "fuzzed-tenant"
     service.admin("POST", "/admin/tenants", {"id": tenant})
     for _ in range(3):
@@ -114,7 +119,7 @@ def seed(service: Service) -> dict[str, list[str]]:
             "jobs": [trained, cancelled], "trained": [trained], "tenants": [tenant],
             # Not the trained job's model: schemathesis also draws `DELETE`'s model from
             # here, and deleting it would answer the adapter routes 410.
-            "models": [DEMO_MODEL], "spare_models": models[1:]}
+            "models": [DEMO_MODEL], "spare_models": models[1:], "spare_bases": spare_bases}
 
 
 def config(service: Service, ids: dict[str, list[str]]) -> str:
@@ -172,6 +177,8 @@ def config(service: Service, ids: dict[str, list[str]]) -> str:
     operation(r"^/admin/tenants/\{id\}/limits$", None, {"id": "tenants"}, admin=True,
               off=("negative_data_rejection",))
     operation(r"^/admin/tenants$", None, {}, admin=True)
+    operation(r"^/admin/models$", None, {}, admin=True)
+    operation(r"^/admin/models/\{id\}$", "DELETE", {"id": "spare_bases"}, admin=True, always=True)
     return "\n".join(lines)
 
 

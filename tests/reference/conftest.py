@@ -156,6 +156,13 @@ def real_qwen2() -> Path:
 
 
 @pytest.fixture(scope="session")
+def qwen3_tokenizer() -> Path:
+    """Qwen3's tokenizer and chat template (tools, <think> blocks) beside a Qwen3 config,
+    no weights: `scripts/fetch-tokenizer qwen3`."""
+    return harness.find_real_model("qwen3-tokenizer")
+
+
+@pytest.fixture(scope="session")
 def real_gemma3() -> Path:
     """Gemma 3 270M (Gemma 3 text family, pretrained, with Gemma 3's chat template),
     dequantized from its Q4_K_M GGUF by `scripts/fetch-real-model gemma3`."""

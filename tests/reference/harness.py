@@ -87,7 +87,16 @@ REAL_MODELS = {
     "smollm2": ("TUNEQ_REAL_MODEL", "smollm2-135m-instruct-q4_1"),
     "qwen2": ("TUNEQ_REAL_QWEN2", "qwen2.5-coder-0.5b-instruct-q4_k_m"),
     "gemma3": ("TUNEQ_REAL_GEMMA3", "gemma-3-270m-q4_k_m"),
+    # A tokenizer and chat template without weights (`scripts/fetch-tokenizer qwen3`).
+    "qwen3-tokenizer": ("TUNEQ_QWEN3_TOKENIZER", "qwen3-tokenizer"),
 }
+
+
+def fetcher(name: str) -> str:
+    """The command that writes the folder of REAL_MODELS[name]."""
+    if name.endswith("-tokenizer"):
+        return f"scripts/fetch-tokenizer {name.removesuffix('-tokenizer')}"
+    return f"scripts/fetch-real-model {name}"
 
 
 def find_real_model(name: str = "smollm2") -> Path:
@@ -101,7 +110,7 @@ def find_real_model(name: str = "smollm2") -> Path:
         path = REPO_ROOT / path
     if not (path / "config.json").is_file():
         pytest.fail(f"the real model {name} is missing at {path} ({variable}={raw!r}).\n"
-                    f"Fetch and convert it with `scripts/fetch-real-model {name}` (scripts/test does).",
+                    f"Fetch it with `{fetcher(name)}` (scripts/test does).",
                     pytrace=False)
     return path
 

@@ -28,8 +28,8 @@ MAX_LEN = 4096
 # The tiny preset's tokenizer, the real Qwen2's (Qwen2.5's 151k-token BPE and template), the
 # real Gemma 3's (a 262k-token SentencePiece-style BPE with byte fallback, Gemma 3's template:
 # system folded into the first user turn, `model` turns) and the real model's (a 49152-token
-# byte-level BPE with its own chat template).
-MODELS = ["tiny_model", "real_model", "real_qwen2", "real_gemma3"]
+# byte-level BPE with its own chat template), and Qwen3's (no weights: its template).
+MODELS = ["tiny_model", "real_model", "real_qwen2", "real_gemma3", "qwen3_tokenizer"]
 _TOKENIZERS: dict = {}
 
 
@@ -63,9 +63,18 @@ def expected_labels(tok, source: str, messages: list, text: str, tools: list | N
             for token, (start, end) in zip(encoding["input_ids"], encoding["offset_mapping"])]
 
 
-@pytest.mark.parametrize("template", TEMPLATES)
-@pytest.mark.parametrize("dataset", DATASETS)
-@pytest.mark.parametrize("model", MODELS)
+# Combinations that are not compared: Qwen3's tokenizer has no BOS, which Llama 2's
+# template requires (transformers raises); and Qwen3's own template drops the <think> block
+# of an assistant turn once a later user turn follows, so it is not prefix-stable on the
+# multi-turn task files, which tuneq refuses with a clear error (see README: a built-in
+# template, or data with one answer per example, trains Qwen3 today).
+NOT_COMPARED = {("qwen3_tokenizer", "llama2"), ("qwen3_tokenizer", "model", "tiny-task-train.jsonl"),
+                ("qwen3_tokenizer", "model", "tiny-task-val.jsonl")}
+CASES = [(m, d, t) for m in MODELS for d in DATASETS for t in TEMPLATES
+         if (m, t) not in NOT_COMPARED and (m, t, d) not in NOT_COMPARED]
+
+
+@pytest.mark.parametrize("model,dataset,template", CASES)
 def test_tuneq_renders_and_labels_like_transformers(request, tuneq, model, dataset, template):
     model_dir = request.getfixturevalue(model)
     hf_tokenizer = hf_tokenizer_of(model_dir)
@@ -78,7 +87,9 @@ def test_tuneq_renders_and_labels_like_transformers(request, tuneq, model, datas
     source = head["template"]
     if template == "model":
         assert source == hf_tokenizer.chat_template, "the model's own template is the tokenizer's"
-    assert (head["bos_token"], head["eos_token"]) == (hf_tokenizer.bos_token, hf_tokenizer.eos_token)
+    # A tokenizer without one (Qwen3 has no BOS) renders it as nothing on both sides.
+    assert (head["bos_token"] or None, head["eos_token"]) == (hf_tokenizer.bos_token,
+                                                             hf_tokenizer.eos_token)
     labelled_total = 0
     for n, record in enumerate(records, start=1):
         messages = record["messages"]
