@@ -239,9 +239,9 @@ pub fn softcap(x: &Tensor, cap: f64) -> Result<Tensor> {
 }
 
 /// √(2/π), the tanh approximation's constant.
-const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
+pub(crate) const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
 /// The cubic term's coefficient in the tanh approximation.
-const GELU_CUBIC: f64 = 0.044_715;
+pub(crate) const GELU_CUBIC: f64 = 0.044_715;
 
 /// GELU in its tanh approximation (PyTorch's `gelu(approximate="tanh")`, Gemma's
 /// `gelu_pytorch_tanh`): `x/2·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`. The backward is

@@ -231,7 +231,7 @@ fn head_logits(model: &Llama, last: Vec<f32>, rows: usize) -> Result<Tensor> {
         Some(mut logits) => {
             if let Some(cap) = model.cfg.final_logit_softcapping {
                 let cap = cap as f32;
-                logits.iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
+                logits.iter_mut().for_each(|v| *v = softcapped(*v, cap));
             }
             Ok(Tensor::from_vec(logits, (rows, vocab), &model.device)?)
         }
@@ -277,14 +277,23 @@ fn add(x: &mut [f32], y: &[f32]) {
     }
 }
 
-/// `gate ← gelu_tanh(gate)·up`, element by element (Gemma's GeGLU).
+/// `gate ← gelu_tanh(gate)·up`, element by element (Gemma's GeGLU), with the constants
+/// of the trainer's [`crate::ops::gelu_tanh`].
 fn geglu_in_place(gate: &mut [f32], up: &[f32]) {
-    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    let (scale, cubic) = (
+        crate::ops::SQRT_2_OVER_PI as f32,
+        crate::ops::GELU_CUBIC as f32,
+    );
     for (g, u) in gate.iter_mut().zip(up) {
         let x = *g;
-        let inner = SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x);
+        let inner = scale * (x + cubic * x * x * x);
         *g = 0.5 * x * (1.0 + inner.tanh()) * u;
     }
+}
+
+/// Gemma's soft-cap `cap·tanh(x/cap)` of one value (as [`crate::ops::softcap`]).
+fn softcapped(x: f32, cap: f32) -> f32 {
+    cap * (x / cap).tanh()
 }
 
 /// What shapes a layer's attention scores besides `q·k`: the scale, the soft-cap and
@@ -323,7 +332,7 @@ fn attend_each(
                     let key = &layer.k[t * kv_len + at..][..hd];
                     let dot: f32 = query.iter().zip(key).map(|(a, b)| a * b).sum();
                     let s = dot * math.scale;
-                    math.softcap.map_or(s, |cap| cap * (s / cap).tanh())
+                    math.softcap.map_or(s, |cap| softcapped(s, cap))
                 }));
                 let top = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 let mut total = 0f32;
