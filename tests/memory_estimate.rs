@@ -334,13 +334,13 @@ fn the_graph_memory_estimate_is_within_a_tenth_of_the_measured_peak() {
 }
 
 /// Each family beside Llama, on the small preset's shape, on the path it trains on (the
-/// fused step, or candle's graph for the Gemmas): what placement compares with a pool
+/// fused step, or candle's graph for the Gemmas and Phi-3): what placement compares with a pool
 /// (`cpu_memory_needed`) against the measured peak.
 #[test]
 fn each_family_s_estimate_is_within_a_tenth_of_its_measured_peak() {
     let (dir, train) = dir_with_long_examples();
     let mut comparison = Comparison::default();
-    for arch in ["qwen2", "qwen3", "mistral", "gemma2", "gemma3_text"] {
+    for arch in ["qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "phi3"] {
         let (model, shape) = init_family(dir.path(), "small", arch);
         for (setting, checkpointing) in SETTINGS {
             let out = dir.path().join(format!("{arch}-{setting}"));

@@ -9,6 +9,23 @@ use crate::state::AppState;
 use tuneq_openapi::{FileObject, JobEstimate, TrainSpec};
 use tuneq_pools::{Ask, ModelShape};
 
+/// The projections `lora`'s targets wrap on a model of `shape`'s family
+/// ([`tuneq_pools::Architecture::lora_targets`]); a projection the model does not have
+/// (a Llama's `q_proj` on Phi-3, whose q, k and v are one `qkv_proj`) is refused naming
+/// the field.
+pub fn lora_targets(shape: &ModelShape, lora: &tuneq_openapi::LoraSpec) -> ApiResult<Vec<String>> {
+    shape
+        .architecture()
+        .lora_targets(&lora.target_modules)
+        .map_err(|wrong| {
+            ApiError::invalid(
+                "lora.target_modules",
+                Code::InvalidValue,
+                format!("lora.target_modules: {wrong}."),
+            )
+        })
+}
+
 /// Refuses what `shape` cannot give `ask`, naming the field and the model's limit.
 pub fn check(shape: &ModelShape, model: &str, ask: &Ask<'_>) -> ApiResult<()> {
     if let Some(positions) = shape.max_position_embeddings
@@ -310,7 +327,7 @@ mod tests {
         // A folder that became another architecture's is refused, not kept as it was.
         std::fs::write(
             dir.path().join("config.json"),
-            config(12).replace("\"llama\"", "\"phi3\""),
+            config(12).replace("\"llama\"", "\"phi\""),
         )
         .unwrap();
         let refusal = shape_of(dir.path()).unwrap().unwrap_err();

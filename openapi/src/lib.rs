@@ -12,7 +12,8 @@
 //! - [`integrations`]: the experiment tracking a job asks for and shows (MLflow).
 //! - [`launch`]: how a dispatcher starts a trainer and reads its exit (the launch contract).
 //! - [`responses`]: `/v1/responses` requests, response objects.
-//! - [`projections`]: the seven projections LoRA can wrap ([`PROJECTIONS`]).
+//! - [`projections`]: the projections LoRA can wrap ([`PROJECTIONS`], Phi-3's fused
+//!   [`FUSED_PROJECTIONS`]).
 //! - [`progress`]: events a trainer reports ([`TrainEvent`], [`StepMetrics`]).
 //! - [`log`]: what those reports leave in a job's event log ([`LogEntry`]), written and
 //!   read by the API.
@@ -56,7 +57,7 @@ pub use integrations::{IntegrationRequest, JobIntegration, MlflowRun, MlflowRunR
 pub use job_event::{EventKind, StopCause};
 pub use log::LogEntry;
 pub use progress::{PreferenceMetrics, StepMetrics, TrainEvent};
-pub use projections::PROJECTIONS;
+pub use projections::{FUSED_PROJECTIONS, PROJECTIONS};
 pub use stored::{MalformedRecord, StoredJson};
 pub use train_spec::{
     ActivationCheckpointing, ChatTemplateChoice, CheckpointPolicy, ComputeKind, DatasetFormat,

@@ -302,7 +302,10 @@ pub struct LoraSpec {
     pub alpha: f64,
     /// Dropout on the LoRA branch input during training.
     pub dropout: f64,
-    /// Projections to adapt (`q_proj`, `k_proj`, `v_proj`, `o_proj`, `gate_proj`, `up_proj`, `down_proj`).
+    /// Projections to adapt (`q_proj`, `k_proj`, `v_proj`, `o_proj`, `gate_proj`, `up_proj`,
+    /// `down_proj`; Phi-3 fuses them into `qkv_proj`, `o_proj`, `gate_up_proj`,
+    /// `down_proj`). All seven (the default) means every projection of the model,
+    /// whichever its family.
     pub target_modules: Vec<String>,
     /// Rank-stabilised scaling alpha / √r.
     pub rslora: bool,
@@ -571,12 +574,13 @@ impl TrainSpec {
                     format!("{m:?} is listed more than once"),
                 );
             }
-            if !ALL_TARGET_MODULES.contains(&m.as_str()) {
+            if !crate::projections::is_projection(m) {
                 bad(
                     "lora.target_modules",
                     format!(
-                        "unknown module {m:?}; expected some of {}",
-                        ALL_TARGET_MODULES.join(", ")
+                        "unknown module {m:?}; expected some of {} (or, on Phi-3, of {})",
+                        ALL_TARGET_MODULES.join(", "),
+                        crate::projections::FUSED_PROJECTIONS.join(", ")
                     ),
                 );
             }

@@ -19,7 +19,7 @@ pub mod memory;
 pub mod placement;
 pub mod quantity;
 
-pub use architecture::{Architecture, Unsupported, architecture_of};
+pub use architecture::{Architecture, Unsupported, WrongTargets, architecture_of};
 pub use file::{Hardware, KubernetesPool, Pool, PoolsError, PoolsFile, RuntimeKind};
 pub use memory::{
     Ask, CpuMemory, GraphMemory, ModelShape, cpu_memory, cpu_memory_needed, gpu_memory_bytes,

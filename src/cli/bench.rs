@@ -66,8 +66,9 @@ pub struct TrainBench {
     /// Model size.
     #[arg(long, default_value = "tiny")]
     preset: Preset,
-    /// The family: llama, qwen2 (q/k/v biases), qwen3 (q/k head norms), mistral, gemma2
-    /// or gemma3_text (both on candle's graph), the preset's shape either way.
+    /// The family: llama, qwen2 (q/k/v biases), qwen3 (q/k head norms), mistral, gemma2,
+    /// gemma3_text or phi3 (the last three on candle's graph), the preset's shape either
+    /// way.
     #[arg(long, default_value = "llama", value_parser = super::model::parse_architecture)]
     arch: tuneq_pools::Architecture,
     /// Sequences per step.

@@ -31,7 +31,8 @@ pub enum ModelCommand {
         llama3_rope: bool,
         /// The family (its `model_type`): llama, qwen2 (the same shapes with q/k/v
         /// biases), qwen3 (with q/k head norms), mistral (Llama's maths, no window),
-        /// gemma2 or gemma3_text.
+        /// gemma2, gemma3_text or phi3 (fused projections, Phi-4-mini's partial RoPE
+        /// and LongRoPE).
         #[arg(long, default_value = "llama", value_parser = parse_architecture)]
         arch: tuneq_pools::Architecture,
     },

@@ -43,7 +43,11 @@ FAMILIES = {
                     dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=16,
                          rope_local_base_freq=10000.0,
                          layer_types=["sliding_attention", "full_attention"])),
-    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(rope_theta=10000.0)),
+    # Phi-3-mini-4k's window (2047, not binding at 256 positions); test_families.py's
+    # phi4-mini variant adds Phi-4-mini's partial RoPE and LongRoPE.
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(rope_theta=10000.0, sliding_window=2047)),
+    # Phi-2: LayerNorm with biases, a parallel attention and MLP, partial RoPE.
+    "phi": ("PhiConfig", "PhiForCausalLM", dict(partial_rotary_factor=0.4)),
 }
 
 
@@ -62,7 +66,7 @@ def build(family: str, out: Path, tokenizer_from: Path) -> Path:
 
 
 # The families tuneq trains (proven in test_families.py).
-TRAINED = {"qwen2", "qwen3", "mistral", "gemma2", "gemma3_text"}
+TRAINED = {"qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "phi3"}
 
 
 @pytest.mark.parametrize("family", sorted(set(FAMILIES) - TRAINED))
@@ -77,13 +81,13 @@ def test_another_family_is_refused_by_the_trainer_naming_it(family, tuneq, tiny_
 
 
 def test_another_family_is_refused_at_registration(tuneq, tiny_model, tmp_path):
-    model = build("phi3", tmp_path / "phi3", tiny_model)
+    model = build("phi", tmp_path / "phi", tiny_model)
     proc = subprocess.run(
         [str(tuneq.binary), "up", "--port", "0", "--data-dir", str(tmp_path / "data"),
          "--model", f"my-phi={model}"],
         capture_output=True, text=True, timeout=120, env=tuneq.env)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert '"phi3" architecture is not supported' in proc.stderr, proc.stderr
+    assert '"phi" architecture is not supported' in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("field,value", [

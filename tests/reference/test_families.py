@@ -37,15 +37,25 @@ from harness import ALL_TARGETS, GRAD_RTOL, LOGITS_ATOL, MERGED_WEIGHT_ATOL
 from test_architectures import FAMILIES, SHRUNK
 
 TRAINED = ["qwen2", "qwen3", "mistral", "mistral-windowed", "gemma2", "gemma3_text",
-           "gemma3-wide-window"]
+           "gemma3-wide-window", "phi3", "phi4-mini"]
 PATHS = ["fused", "graph"]
 
 # Variants of a family: a Mistral whose window (16 positions) binds on the tests' 64
 # tokens, as Mistral 7B v0.1's 4096 binds on longer sequences (it trains on the graph).
 # A Gemma 3 whose window is the whole context still rotates its sliding layers with the
 # local RoPE base.
+# Phi-4-mini (a Phi-3 to transformers): three quarters of each head rotate, LongRoPE
+# with its two factor lists (made-up values, distinct per frequency) from a pretraining
+# context of 32 positions, which the tests' 64 tokens pass (so the long factors and the
+# attention factor √(1 + ln 8 / ln 32) are the ones at work), and tied embeddings.
 VARIANTS = {"mistral-windowed": ("mistral", dict(sliding_window=16)),
-            "gemma3-wide-window": ("gemma3_text", dict(sliding_window=256))}
+            "gemma3-wide-window": ("gemma3_text", dict(sliding_window=256)),
+            "phi4-mini": ("phi3", dict(
+                partial_rotary_factor=0.75, original_max_position_embeddings=32,
+                tie_word_embeddings=True, sliding_window=None,
+                rope_scaling=dict(rope_type="longrope",
+                                  short_factor=[1.0, 1.05, 1.1, 1.3, 1.7, 2.4],
+                                  long_factor=[1.0, 1.5, 2.5, 4.0, 7.0, 12.0])))}
 
 
 def family_spec(family: str) -> tuple[str, str, dict]:

@@ -1,7 +1,8 @@
 """What `/v1/chat/completions` serves against transformers + PEFT: a real `tuneq up`
 fine-tunes a tiny random model of each family tuneq trains (Llama, Qwen2 with its q/k/v
-biases, Qwen3 with its q/k head norms, Mistral) in a job like any client's, then answers chat requests
-greedily with the base model and with the job's adapter, and each answer must be the one
+biases, Qwen3 with its q/k head norms, Mistral, the Gemmas, Phi-3 with `tuneq model init`'s
+Phi-4-mini-like partial RoPE and LongRoPE, whose answers cross its pretraining context of
+32 positions) in a job like any client's, then answers chat requests greedily with the base model and with the job's adapter, and each answer must be the one
 transformers' `generate` gives — PEFT's `PeftModel` over the same adapter file for the
 fine-tuned model — token for token (each token compared through its text, which the
 answer's `logprobs` carry one by one).
@@ -103,7 +104,7 @@ class Up:
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "mistral", "gemma2",
-                                                "gemma3_text"])
+                                        "gemma3_text", "phi3"])
 def served(request, tuneq, tiny_model, tmp_path_factory):
     """A family's tiny random model (`tuneq model init --arch`, which transformers loads
     as the family's own class) and a `tuneq up` serving it."""

@@ -124,7 +124,10 @@ pub fn run(opts: &BenchOptions, mut progress: impl FnMut(&str)) -> Result<BenchR
         r: 8,
         alpha: 16.0,
         dropout: 0.0,
-        targets: tuneq_openapi::train_spec::ALL_TARGET_MODULES
+        // Every projection of the family (Phi-3's four fused ones).
+        targets: opts
+            .architecture
+            .projections()
             .iter()
             .map(|s| s.to_string())
             .collect(),

@@ -5,14 +5,17 @@ use serde::{Deserialize, Serialize};
 use std::path::Path;
 use tuneq_pools::ModelShape;
 
-/// `rope_scaling` of Llama 3 style checkpoints.
+/// `rope_scaling`: Llama 3's, linear (Gemma 3's) or LongRoPE (Phi-3's); the kinds a
+/// family may name are its rules' (`tuneq_pools::architecture`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RopeScaling {
-    /// Must be `llama3` (other kinds are refused at load).
+    /// `llama3`, `linear` or `longrope`.
     #[serde(alias = "type")]
     pub rope_type: String,
-    /// Context extension factor.
-    pub factor: f64,
+    /// Context extension factor (LongRoPE's is `max_position_embeddings` over
+    /// `original_max_position_embeddings` where it names none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub factor: Option<f64>,
     /// Wavelength boundary (low frequencies).
     #[serde(default = "one")]
     pub low_freq_factor: f64,
@@ -22,6 +25,23 @@ pub struct RopeScaling {
     /// Context length the base model was trained with.
     #[serde(default = "eight_k")]
     pub original_max_position_embeddings: usize,
+    /// LongRoPE's divisors of each frequency up to `original_max_position_embeddings`
+    /// positions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub short_factor: Option<Vec<f64>>,
+    /// LongRoPE's divisors of each frequency past them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub long_factor: Option<Vec<f64>>,
+    /// LongRoPE's scale of the cosines and sines, where the config names it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention_factor: Option<f64>,
+}
+
+impl RopeScaling {
+    /// Whether it is LongRoPE (`su` is its older name).
+    fn longrope(&self) -> bool {
+        matches!(self.rope_type.as_str(), "longrope" | "su")
+    }
 }
 
 fn one() -> f64 {
@@ -123,6 +143,10 @@ pub struct LlamaConfig {
     /// Gemma 3's RoPE base on its sliding-window layers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rope_local_base_freq: Option<f64>,
+    /// The fraction of each head RoPE rotates (Phi-4-mini's 0.75); the whole head where
+    /// absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partial_rotary_factor: Option<f64>,
 }
 
 impl LlamaConfig {
@@ -173,17 +197,27 @@ impl LlamaConfig {
             Self::fold_layer_rope(obj);
             return raw;
         }
+        Self::fold_rope_parameters(obj);
+        Self::place_original_context(obj);
+        raw
+    }
+
+    /// transformers ≥ 5's single `rope_parameters` as `rope_theta`, `rope_scaling` and
+    /// `partial_rotary_factor`.
+    fn fold_rope_parameters(obj: &mut serde_json::Map<String, serde_json::Value>) {
         let Some(params) = obj
             .get("rope_parameters")
             .and_then(|p| p.as_object())
             .cloned()
         else {
-            return raw;
+            return;
         };
-        if let Some(theta) = params.get("rope_theta")
-            && !obj.contains_key("rope_theta")
-        {
-            obj.insert("rope_theta".into(), theta.clone());
+        for field in ["rope_theta", "partial_rotary_factor"] {
+            if let Some(value) = params.get(field)
+                && !obj.contains_key(field)
+            {
+                obj.insert(field.into(), value.clone());
+            }
         }
         let kind = params
             .get("rope_type")
@@ -194,7 +228,19 @@ impl LlamaConfig {
             scaling.remove("rope_theta");
             obj.insert("rope_scaling".into(), serde_json::Value::Object(scaling));
         }
-        raw
+    }
+
+    /// LongRoPE's pretraining context: Phi-3's configs name it beside `rope_scaling`,
+    /// not in it (transformers moves it in, as here).
+    fn place_original_context(obj: &mut serde_json::Map<String, serde_json::Value>) {
+        let Some(original) = obj.get("original_max_position_embeddings").cloned() else {
+            return;
+        };
+        if let Some(scaling) = obj.get_mut("rope_scaling").and_then(|s| s.as_object_mut()) {
+            scaling
+                .entry("original_max_position_embeddings")
+                .or_insert(original);
+        }
     }
 
     /// Gemma 3's `rope_parameters` (transformers ≥ 5) name one RoPE per layer type:
@@ -249,6 +295,33 @@ impl LlamaConfig {
         if !self.head_dim().is_multiple_of(2) {
             return Err("head_dim must be even for rotary embeddings".into());
         }
+        let rotary = self.rotary_dim();
+        if rotary == 0 || !rotary.is_multiple_of(2) {
+            return Err(format!(
+                "partial_rotary_factor rotates {rotary} of each head's {} dimensions; RoPE needs an even, positive number",
+                self.head_dim()
+            ));
+        }
+        if let Some(rs) = &self.rope_scaling {
+            let half = rotary / 2;
+            for (name, factors) in [
+                ("short_factor", &rs.short_factor),
+                ("long_factor", &rs.long_factor),
+            ] {
+                if rs.longrope() && factors.as_ref().map(Vec::len) != Some(half) {
+                    return Err(format!(
+                        "rope_scaling.{name} must list {half} factors, one per rotated frequency"
+                    ));
+                }
+            }
+            let scales = matches!(rs.rope_type.as_str(), "linear" | "llama3");
+            if scales && rs.factor.is_none_or(|f| !(f.is_finite() && f > 0.0)) {
+                return Err(format!(
+                    "rope_scaling.factor must be a positive number for {} scaling",
+                    rs.rope_type
+                ));
+            }
+        }
         if let Some(types) = &self.layer_types
             && types.len() != self.num_hidden_layers()
         {
@@ -283,7 +356,7 @@ impl LlamaConfig {
                 LayerType::SlidingAttention => window,
                 LayerType::FullAttention => None,
             },
-            (None, tuneq_pools::Architecture::Mistral) => window,
+            (None, tuneq_pools::Architecture::Mistral | tuneq_pools::Architecture::Phi3) => window,
             (None, _) => None,
         }
     }
@@ -380,17 +453,23 @@ impl LlamaConfig {
     /// form differs by one ulp in a third of the frequencies (11 of SmolLM2's 32), a
     /// difference every position's rotation then carries. This form gives PyTorch's bits
     /// but where its float32 `pow` is itself an ulp off (1 of 64 for θ = 10⁶, d = 128).
+    ///
+    /// LongRoPE's are its short factors' (see [`Self::long_inv_freq`]).
     pub fn inv_freq(&self) -> Vec<f32> {
-        let base = inv_freq_of(self.rope_theta, self.head_dim());
+        let base = inv_freq_of(self.rope_theta, self.rotary_dim());
         let Some(rs) = self.rope_scaling.as_ref() else {
             return base;
         };
+        let factor = rs.factor.unwrap_or(1.0);
         if rs.rope_type == "linear" {
             // Positions interpolated: every frequency divided by the factor.
             return base
                 .into_iter()
-                .map(|f| (f64::from(f) / rs.factor) as f32)
+                .map(|f| (f64::from(f) / factor) as f32)
                 .collect();
+        }
+        if rs.longrope() {
+            return self.longrope_inv_freq(rs.short_factor.as_deref().unwrap_or_default());
         }
         if rs.rope_type != "llama3" {
             return base;
@@ -403,15 +482,73 @@ impl LlamaConfig {
             .map(|f| {
                 let wavelen = 2.0 * std::f64::consts::PI / f;
                 let scaled = if wavelen > low_wavelen {
-                    f / rs.factor
+                    f / factor
                 } else if wavelen < high_wavelen {
                     f
                 } else {
                     let smooth = (old / wavelen - rs.low_freq_factor)
                         / (rs.high_freq_factor - rs.low_freq_factor);
-                    (1.0 - smooth) * f / rs.factor + smooth * f
+                    (1.0 - smooth) * f / factor + smooth * f
                 };
                 scaled as f32
+            })
+            .collect()
+    }
+
+    /// How many leading dimensions of each head RoPE rotates: `head_dim` times
+    /// `partial_rotary_factor`, truncated as transformers truncates it.
+    pub fn rotary_dim(&self) -> usize {
+        match self.partial_rotary_factor {
+            Some(fraction) => (self.head_dim() as f64 * fraction) as usize,
+            None => self.head_dim(),
+        }
+    }
+
+    /// LongRoPE's inverse frequencies past `original_max_position_embeddings` positions
+    /// (its long factors'), if it is scaled so.
+    pub fn long_inv_freq(&self) -> Option<Vec<f32>> {
+        let rs = self.rope_scaling.as_ref().filter(|rs| rs.longrope())?;
+        Some(self.longrope_inv_freq(rs.long_factor.as_deref().unwrap_or_default()))
+    }
+
+    /// The positions up to which LongRoPE rotates with its short factors: a forward pass
+    /// over positions past them rotates all of its positions with the long ones, as
+    /// transformers' decides per call from the last position.
+    pub fn longrope_context(&self) -> Option<usize> {
+        let rs = self.rope_scaling.as_ref().filter(|rs| rs.longrope())?;
+        Some(rs.original_max_position_embeddings)
+    }
+
+    /// The scale of RoPE's cosines and sines: LongRoPE's `attention_factor`, by default
+    /// `√(1 + ln s / ln original)` for a context extended `s` times; 1 otherwise.
+    pub fn rope_attention_factor(&self) -> f64 {
+        let Some(rs) = self.rope_scaling.as_ref().filter(|rs| rs.longrope()) else {
+            return 1.0;
+        };
+        if let Some(factor) = rs.attention_factor {
+            return factor;
+        }
+        let original = rs.original_max_position_embeddings as f64;
+        let scale = rs
+            .factor
+            .unwrap_or(self.max_position_embeddings() as f64 / original);
+        match scale <= 1.0 {
+            true => 1.0,
+            false => (1.0 + scale.ln() / original.ln()).sqrt(),
+        }
+    }
+
+    /// LongRoPE's frequencies, each divided by its factor, rounded as transformers
+    /// computes them (the exponent and the power in float32, the product and its
+    /// reciprocal in float32).
+    fn longrope_inv_freq(&self, factors: &[f64]) -> Vec<f32> {
+        let d = self.rotary_dim();
+        (0..d / 2)
+            .map(|i| {
+                let exponent = (2 * i) as f32 / d as f32;
+                let power = self.rope_theta.powf(f64::from(exponent)) as f32;
+                let factor = factors.get(i).copied().unwrap_or(1.0) as f32;
+                1.0 / (factor * power)
             })
             .collect()
     }

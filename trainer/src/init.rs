@@ -115,13 +115,21 @@ pub fn preset_config(opts: &InitOptions) -> LlamaConfig {
             (false, Architecture::Gemma3) => 1_000_000.0,
             (false, _) => 10000.0,
         },
-        rope_scaling: opts.llama3_rope.then(|| RopeScaling {
-            rope_type: "llama3".into(),
-            factor: 8.0,
-            low_freq_factor: 1.0,
-            high_freq_factor: 4.0,
-            original_max_position_embeddings: 256,
-        }),
+        rope_scaling: match architecture {
+            // A pretraining context short enough that a test's prompt and answer cross
+            // it (from the short factors to the long ones).
+            Architecture::Phi3 => Some(longrope(head_dim * 3 / 4, max_pos / 32)),
+            _ => opts.llama3_rope.then(|| RopeScaling {
+                rope_type: "llama3".into(),
+                factor: Some(8.0),
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: 256,
+                short_factor: None,
+                long_factor: None,
+                attention_factor: None,
+            }),
+        },
         bos_token_id: Some(TokenIds::One(1)),
         eos_token_id: Some(TokenIds::One(2)),
         attention_bias: false,
@@ -134,6 +142,27 @@ pub fn preset_config(opts: &InitOptions) -> LlamaConfig {
         final_logit_softcapping: (architecture == Architecture::Gemma2).then_some(30.0),
         layer_types: gemma.then(|| alternating(layers)),
         rope_local_base_freq: (architecture == Architecture::Gemma3).then_some(10000.0),
+        // Phi-4-mini's: three quarters of each head rotate.
+        partial_rotary_factor: (architecture == Architecture::Phi3).then_some(0.75),
+    }
+}
+
+/// LongRoPE as Phi-4-mini scales it, over `rotated` dims of each head, for a context
+/// extended from `original` positions: short factors near one, long ones growing with
+/// the wavelength (made-up values of the published shape, distinct so that a factor
+/// applied to the wrong frequency shows).
+fn longrope(rotated: u64, original: u64) -> RopeScaling {
+    let half = rotated / 2;
+    let factors = |step: f64| (0..half).map(|i| 1.0 + step * i as f64).collect::<Vec<_>>();
+    RopeScaling {
+        rope_type: "longrope".into(),
+        factor: None,
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_max_position_embeddings: original as usize,
+        short_factor: Some(factors(0.02)),
+        long_factor: Some(factors(0.5)),
+        attention_factor: None,
     }
 }
 
@@ -192,7 +221,7 @@ pub fn hf_config_json(cfg: &LlamaConfig) -> serde_json::Value {
         o.retain(|_, v| !v.is_null());
         // The family's own fields (biases and norms are not fields), without the Llama
         // bias flags it does not read.
-        use tuneq_pools::Architecture::{Gemma2, Gemma3, Llama, Mistral, Qwen2, Qwen3};
+        use tuneq_pools::Architecture::{Gemma2, Gemma3, Llama, Mistral, Phi3, Qwen2, Qwen3};
         match architecture {
             Gemma2 | Gemma3 => {
                 o.remove("mlp_bias");
@@ -221,6 +250,29 @@ pub fn hf_config_json(cfg: &LlamaConfig) -> serde_json::Value {
                 o.remove("mlp_bias");
                 // No window: absent, transformers' MistralConfig would make it 4096.
                 o.insert("sliding_window".into(), serde_json::Value::Null);
+            }
+            Phi3 => {
+                o.remove("attention_bias");
+                o.remove("mlp_bias");
+                o.remove("pretraining_tp");
+                o.insert("resid_pdrop".into(), serde_json::json!(0.0));
+                o.insert("embd_pdrop".into(), serde_json::json!(0.0));
+                // As Phi-3's published configs: the pretraining context beside
+                // `rope_scaling`, which holds the kind and the two factor lists.
+                if let Some(rs) = &cfg.rope_scaling {
+                    o.insert(
+                        "original_max_position_embeddings".into(),
+                        rs.original_max_position_embeddings.into(),
+                    );
+                    o.insert(
+                        "rope_scaling".into(),
+                        serde_json::json!({
+                            "type": rs.rope_type,
+                            "short_factor": rs.short_factor,
+                            "long_factor": rs.long_factor,
+                        }),
+                    );
+                }
             }
         }
     }
@@ -319,7 +371,7 @@ fn random_weights_in(
     };
     rand_t("model.embed_tokens.weight".into(), (v, h), &mut rng)?;
     for l in 0..cfg.num_hidden_layers() {
-        for (module, proj) in crate::model::PROJECTIONS {
+        for (module, proj) in crate::model::layer_projections(cfg.architecture()) {
             let (in_dim, out_dim) = cfg.projection_shape(proj).unwrap_or((h, h));
             rand_t(
                 format!("model.layers.{l}.{module}.{proj}.weight"),

@@ -2,7 +2,7 @@
 //! that do not take adapters. Shard layout, tensor names and dtypes stay as in the base.
 
 use crate::error::{Error, Result};
-use crate::model::{PROJECTIONS, peft_key};
+use crate::model::{layer_projections, peft_key};
 use candle_core::{DType, Device, Tensor};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -24,7 +24,7 @@ pub fn merge(model_dir: &Path, adapter_dir: &Path, out: &Path) -> Result<usize> 
     let scale = settings.scale();
     let mut pending: BTreeMap<String, (Tensor, Tensor)> = BTreeMap::new();
     for l in 0..cfg.num_hidden_layers() {
-        for (module, proj) in PROJECTIONS {
+        for (module, proj) in layer_projections(cfg.architecture()) {
             if !settings.targets(proj) {
                 continue;
             }

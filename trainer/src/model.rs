@@ -9,14 +9,18 @@
 //! and 3 add what [`tuneq_pools::Architecture::gemma`] lists: their `(1 + w)` norms are
 //! held as `1 + w` (the same arithmetic in f32), the norms after attention and after the
 //! MLP are the layer's [`Sandwich`], and the rest (GeGLU, scaled embeddings and
-//! attention, soft-caps, sliding windows, a local RoPE) follows the config.
+//! attention, soft-caps, sliding windows, a local RoPE) follows the config. Phi-3 is
+//! Llama's decoder with q, k and v in one `qkv_proj` and gate and up in one
+//! `gate_up_proj` (each one [`LoraLinear`], split after it, as PEFT wraps them), RoPE on
+//! the first `partial_rotary_factor` of each head, and LongRoPE's two sets of
+//! frequencies.
 
 use crate::config::LlamaConfig;
 use crate::error::{Error, Result};
 use crate::lora::{DropoutCtx, LoraFactors, LoraLinear, LoraSettings};
 use crate::ops::{causal_softmax, frozen_linear, gelu_tanh, rms_norm, rope, softcap};
 use crate::weights::WeightMap;
-use candle_core::{DType, Device, Tensor, Var};
+use candle_core::{D, DType, Device, Tensor, Var};
 use rand_chacha::ChaCha20Rng;
 use std::path::Path;
 
@@ -32,6 +36,20 @@ pub const PROJECTIONS: [(&str, &str); 7] = [
     ("mlp", "up_proj"),
     ("mlp", "down_proj"),
 ];
+
+/// A layer's projections on `architecture`, each with the submodule PEFT names it under,
+/// in the layer's order (the seven of [`PROJECTIONS`], or Phi-3's four fused ones).
+pub fn layer_projections(
+    architecture: tuneq_pools::Architecture,
+) -> impl Iterator<Item = (&'static str, &'static str)> {
+    architecture.projections().iter().map(|&proj| {
+        let module = match proj {
+            "gate_proj" | "up_proj" | "down_proj" | "gate_up_proj" => "mlp",
+            _ => "self_attn",
+        };
+        (module, proj)
+    })
+}
 
 /// One decoder layer.
 #[derive(Clone)]
@@ -49,8 +67,15 @@ pub struct Layer {
     window: Option<usize>,
     /// Whether it rotates with the local RoPE tables (Gemma 3's sliding layers).
     local_rope: bool,
-    /// q, k, v, o, gate, up, down, in [`PROJECTIONS`] order.
+    /// q, k, v, o, gate, up, down, in [`PROJECTIONS`] order; on Phi-3 qkv, o, gate_up,
+    /// down (see [`layer_projections`]).
     pub projections: Vec<LoraLinear>,
+}
+
+/// A layer's projections by role: seven separate ones, or Phi-3's fused four.
+enum Roles<'a> {
+    Separate([&'a LoraLinear; 7]),
+    Fused([&'a LoraLinear; 4]),
 }
 
 /// Gemma's norms around each half of a layer, after it and before the residual add.
@@ -97,7 +122,7 @@ impl Layer {
             false => None,
         };
         let mut projections = Vec::with_capacity(PROJECTIONS.len());
-        for (module, proj) in PROJECTIONS {
+        for (module, proj) in layer_projections(architecture) {
             // Every name in PROJECTIONS has a shape; see `LlamaConfig::projection_shape`.
             let (in_dim, out_dim) = cfg.projection_shape(proj).unwrap_or((h, h));
             let weight = w.take(&format!("{p}.{module}.{proj}.weight"), &[out_dim, in_dim])?;
@@ -129,6 +154,76 @@ impl Layer {
             window: cfg.layer_window(i),
             local_rope: cfg.local_rope(i),
             projections,
+        })
+    }
+
+    /// Its projections by role.
+    fn roles(&self) -> Result<Roles<'_>> {
+        let p = &self.projections;
+        match p.len() {
+            7 => Ok(Roles::Separate([
+                &p[0], &p[1], &p[2], &p[3], &p[4], &p[5], &p[6],
+            ])),
+            4 => Ok(Roles::Fused([&p[0], &p[1], &p[2], &p[3]])),
+            n => Err(Error::Model {
+                path: "model".into(),
+                message: format!("a layer of {n} projections (seven, or Phi-3's four)"),
+            }),
+        }
+    }
+
+    /// The queries, keys and values of `hn` (…, hidden), each (…, heads·head_dim) of its
+    /// own heads (`widths`: query and key/value widths): three projections, or one split.
+    fn qkv(
+        &self,
+        hn: &Tensor,
+        (q_width, kv_width): (usize, usize),
+        dropout: &mut Option<&mut DropoutCtx<'_>>,
+    ) -> Result<[Tensor; 3]> {
+        Ok(match self.roles()? {
+            Roles::Separate([q, k, v, ..]) => [
+                q.forward(hn, dropout.as_deref_mut())?,
+                k.forward(hn, dropout.as_deref_mut())?,
+                v.forward(hn, dropout.as_deref_mut())?,
+            ],
+            Roles::Fused([qkv, ..]) => {
+                let all = qkv.forward(hn, dropout.as_deref_mut())?;
+                [
+                    all.narrow(D::Minus1, 0, q_width)?,
+                    all.narrow(D::Minus1, q_width, kv_width)?,
+                    all.narrow(D::Minus1, q_width + kv_width, kv_width)?,
+                ]
+            }
+        })
+    }
+
+    /// The MLP's gate and up products of `hn`: two projections, or one split in halves.
+    fn gate_up(
+        &self,
+        hn: &Tensor,
+        dropout: &mut Option<&mut DropoutCtx<'_>>,
+    ) -> Result<(Tensor, Tensor)> {
+        Ok(match self.roles()? {
+            Roles::Separate([_, _, _, _, gate, up, _]) => (
+                gate.forward(hn, dropout.as_deref_mut())?,
+                up.forward(hn, dropout.as_deref_mut())?,
+            ),
+            Roles::Fused([_, _, gate_up, _]) => {
+                let both = gate_up.forward(hn, dropout.as_deref_mut())?;
+                let half = both.dim(D::Minus1)? / 2;
+                (
+                    both.narrow(D::Minus1, 0, half)?,
+                    both.narrow(D::Minus1, half, half)?,
+                )
+            }
+        })
+    }
+
+    /// The attention's output projection and the MLP's down projection.
+    fn outputs(&self) -> Result<(&LoraLinear, &LoraLinear)> {
+        Ok(match self.roles()? {
+            Roles::Separate([_, _, _, o, _, _, down]) => (o, down),
+            Roles::Fused([_, o, _, down]) => (o, down),
         })
     }
 }
@@ -169,6 +264,9 @@ pub struct Llama {
     /// compute dtype (the fused CPU path, the only reader of `rope_f32`, does not
     /// take Gemma).
     local_rope: Option<(Tensor, Tensor)>,
+    /// LongRoPE's tables past its pretraining context (Phi-3), which a pass over any
+    /// position past it rotates every position with.
+    long_rope: Option<(Tensor, Tensor)>,
     dtype: DType,
     device: Device,
     /// Recompute each layer's activations in backward instead of keeping them (the
@@ -252,14 +350,20 @@ impl Llama {
         };
         let positions = cfg.max_position_embeddings();
         let inv = cfg.inv_freq();
-        let rope_f32 = rope_tables(&inv, positions, device, DType::F32)?;
+        let scale = cfg.rope_attention_factor() as f32;
+        let tables = |inv: &[f32], dtype| rope_tables(inv, positions, scale, device, dtype);
+        let rope_f32 = tables(&inv, DType::F32)?;
         let (cos, sin) = match dtype {
             DType::F32 => rope_f32.clone(),
-            _ => rope_tables(&inv, positions, device, dtype)?,
+            _ => tables(&inv, dtype)?,
         };
         let local_rope = cfg
             .local_inv_freq()
-            .map(|inv| rope_tables(&inv, positions, device, dtype))
+            .map(|inv| rope_tables(&inv, positions, 1.0, device, dtype))
+            .transpose()?;
+        let long_rope = cfg
+            .long_inv_freq()
+            .map(|inv| tables(&inv, dtype))
             .transpose()?;
         Ok(Self {
             cfg,
@@ -271,6 +375,7 @@ impl Llama {
             sin,
             rope_f32,
             local_rope,
+            long_rope,
             dtype,
             device: device.clone(),
             checkpoint_layers: false,
@@ -292,7 +397,8 @@ impl Llama {
     pub fn lora_vars(&self) -> Vec<NamedVar> {
         let mut out = Vec::new();
         for (i, layer) in self.layers.iter().enumerate() {
-            for ((module, proj), lin) in PROJECTIONS.iter().zip(&layer.projections) {
+            let names = layer_projections(self.cfg.architecture());
+            for ((module, proj), lin) in names.zip(&layer.projections) {
                 if let Some(l) = &lin.lora {
                     out.push(NamedVar {
                         name: peft_key(i, module, proj, "A"),
@@ -317,8 +423,10 @@ impl Llama {
         source: &str,
     ) -> Result<()> {
         let scale = settings.scale();
+        let architecture = self.cfg.architecture();
         for (i, layer) in self.layers.iter_mut().enumerate() {
-            for ((module, proj), lin) in PROJECTIONS.iter().zip(layer.projections.iter_mut()) {
+            let names = layer_projections(architecture);
+            for ((module, proj), lin) in names.zip(layer.projections.iter_mut()) {
                 if !settings.targets(proj) {
                     lin.lora = None;
                     continue;
@@ -432,12 +540,21 @@ impl Llama {
             ))
         };
         Ok(RopeSlice {
-            global: narrow((&self.cos, &self.sin))?,
+            global: narrow(self.rope_for(start + t))?,
             local: match &self.local_rope {
                 Some((cos, sin)) => Some(narrow((cos, sin))?),
                 None => None,
             },
         })
+    }
+
+    /// The model's RoPE tables for a pass whose last position is `end - 1`: LongRoPE's
+    /// long ones past its pretraining context, the usual ones otherwise.
+    pub(crate) fn rope_for(&self, end: usize) -> (&Tensor, &Tensor) {
+        match (&self.long_rope, self.cfg.longrope_context()) {
+            (Some((cos, sin)), Some(context)) if end > context => (cos, sin),
+            _ => (&self.cos, &self.sin),
+        }
     }
 
     /// One decoder layer on `x` (batch, seq, hidden), residuals included. With `cache`
@@ -460,30 +577,22 @@ impl Llama {
             cfg.head_dim(),
         );
         let eps = cfg.rms_norm_eps;
-        let [q_p, k_p, v_p, o_p, gate_p, up_p, down_p] = layer.projections.as_slice() else {
-            return Err(Error::Model {
-                path: "model".into(),
-                message: "layer without seven projections".into(),
-            });
-        };
+        let (o_p, down_p) = layer.outputs()?;
         let hn = rms_norm(x, &layer.input_norm, eps)?;
-        let heads =
-            |p: &LoraLinear, n: usize, d: &mut Option<&mut DropoutCtx<'_>>| -> Result<Tensor> {
-                Ok(p.forward(&hn, d.as_deref_mut())?
-                    .reshape((b, t, n, hd))?
-                    .transpose(1, 2)?
-                    .contiguous()?)
-            };
-        let (mut q, mut k) = (
-            heads(q_p, nh, &mut dropout)?,
-            heads(k_p, nkv, &mut dropout)?,
-        );
+        let heads = |flat: Tensor, n: usize| -> Result<Tensor> {
+            Ok(flat
+                .contiguous()?
+                .reshape((b, t, n, hd))?
+                .transpose(1, 2)?
+                .contiguous()?)
+        };
+        let [q, k, v] = layer.qkv(&hn, (nh * hd, nkv * hd), &mut dropout)?;
+        let (mut q, mut k, v) = (heads(q, nh)?, heads(k, nkv)?, heads(v, nkv)?);
         if let Some((q_norm, k_norm)) = &layer.qk_norm {
             q = rms_norm(&q, q_norm, eps)?;
             k = rms_norm(&k, k_norm, eps)?;
         }
         let (q, k) = (rope(&q, cos, sin)?, rope(&k, cos, sin)?);
-        let v = heads(v_p, nkv, &mut dropout)?;
         let (k, v) = match cache {
             Some(slot) => {
                 let (k, v) = match slot.take() {
@@ -518,12 +627,11 @@ impl Llama {
         }
         let x = (x + attended)?;
         let hn = rms_norm(&x, &layer.mlp_norm, eps)?;
-        let gate = gate_p.forward(&hn, dropout.as_deref_mut())?;
+        let (gate, up) = layer.gate_up(&hn, &mut dropout)?;
         let gate = match self.cfg.architecture().gemma() {
             true => gelu_tanh(&gate)?,
             false => gate.silu()?,
         };
-        let up = up_p.forward(&hn, dropout.as_deref_mut())?;
         let mut out = down_p.forward(&(gate * up)?, dropout)?;
         if let Some(sandwich) = &layer.sandwich {
             out = rms_norm(&out, &sandwich.after_mlp, eps)?;
@@ -537,7 +645,32 @@ impl Llama {
             layers: vec![None; self.layers.len()],
             rows: Vec::new(),
             len: 0,
+            tokens: Vec::new(),
         }
+    }
+
+    /// The tokens to feed for `ids` after what `cache` holds: `ids` themselves, or,
+    /// where `ids` take a cache filled within LongRoPE's pretraining context past it,
+    /// every token so far and `ids`, after emptying the cache. Keys rotated with the
+    /// short factors do not mix with queries rotated with the long ones: transformers'
+    /// Phi-3 drops its cache at that step and recomputes it all with the long ones, and
+    /// so does this.
+    pub(crate) fn longrope_refill<'a>(
+        &self,
+        ids: &'a [u32],
+        cache: &mut KvCache,
+    ) -> std::borrow::Cow<'a, [u32]> {
+        let crosses = self.long_rope.is_some()
+            && self.cfg.longrope_context().is_some_and(|context| {
+                cache.len > 0 && cache.len <= context && cache.len + ids.len() > context
+            });
+        if !crosses {
+            return std::borrow::Cow::Borrowed(ids);
+        }
+        let mut all = std::mem::take(&mut cache.tokens);
+        all.extend_from_slice(ids);
+        *cache = self.new_cache();
+        std::borrow::Cow::Owned(all)
     }
 
     /// Logits (vocab) of the last of `ids`, which continue the tokens `cache` already
@@ -545,8 +678,23 @@ impl Llama {
     /// token at a time gives the logits of [`Self::forward`] on the whole sequence,
     /// without recomputing the prefix for every new token. No dropout, no gradients.
     pub fn forward_cached(&self, ids: &[u32], cache: &mut KvCache) -> Result<Tensor> {
-        let (start, t) = (cache.len, ids.len());
         let limit = self.cos.dim(0)?;
+        if ids.is_empty()
+            || cache.len + ids.len() > limit
+            || cache.layers.len() != self.layers.len()
+            || !cache.rows.is_empty()
+        {
+            return Err(Error::Model {
+                path: "model".into(),
+                message: format!(
+                    "cannot append {} tokens to a cache of {} (max_position_embeddings {limit})",
+                    ids.len(),
+                    cache.len
+                ),
+            });
+        }
+        let ids = &*self.longrope_refill(ids, cache);
+        let (start, t) = (cache.len, ids.len());
         if t == 0
             || start + t > limit
             || cache.layers.len() != self.layers.len()
@@ -569,6 +717,7 @@ impl Llama {
                 .detach();
         }
         cache.len += t;
+        cache.tokens.extend_from_slice(ids);
         let last = rms_norm(&x, &self.norm, cfg.rms_norm_eps)?.narrow(1, t - 1, 1)?;
         Ok(self.logits(&last)?.flatten_all()?.to_dtype(DType::F32)?)
     }
@@ -627,6 +776,9 @@ pub struct KvCache {
     /// The row form, one per layer; empty until the first pass over spans.
     rows: Vec<rows::RowLayer>,
     len: usize,
+    /// The tokens held, for LongRoPE's one refill past its pretraining context (see
+    /// [`Llama::longrope_refill`]).
+    tokens: Vec<u32>,
 }
 
 impl KvCache {
@@ -652,9 +804,16 @@ fn repeat_kv(x: &Tensor, n_rep: usize) -> candle_core::Result<Tensor> {
         .reshape((b, kv * n_rep, t, d))
 }
 
-/// cos/sin tables (`n` positions, head_dim/2) for rotate-half RoPE with the inverse
-/// frequencies `inv`, computed in f32 like HF.
-fn rope_tables(inv: &[f32], n: usize, device: &Device, dtype: DType) -> Result<(Tensor, Tensor)> {
+/// cos/sin tables (`n` positions, rotated dims / 2) for rotate-half RoPE with the inverse
+/// frequencies `inv`, each multiplied by `scale` (LongRoPE's attention factor, else 1),
+/// computed in f32 like HF.
+fn rope_tables(
+    inv: &[f32],
+    n: usize,
+    scale: f32,
+    device: &Device,
+    dtype: DType,
+) -> Result<(Tensor, Tensor)> {
     let half = inv.len();
     let mut angles = Vec::with_capacity(n * half);
     for pos in 0..n {
@@ -663,8 +822,12 @@ fn rope_tables(inv: &[f32], n: usize, device: &Device, dtype: DType) -> Result<(
         }
     }
     let angles = Tensor::from_vec(angles, (n, half), device)?;
-    Ok((
-        angles.cos()?.to_dtype(dtype)?,
-        angles.sin()?.to_dtype(dtype)?,
-    ))
+    let scaled = |t: Tensor| -> Result<Tensor> {
+        let t = match scale == 1.0 {
+            true => t,
+            false => t.affine(f64::from(scale), 0.0)?,
+        };
+        Ok(t.to_dtype(dtype)?)
+    };
+    Ok((scaled(angles.cos()?)?, scaled(angles.sin()?)?))
 }

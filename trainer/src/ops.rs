@@ -175,8 +175,16 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
 }
 
 /// Rotary position embedding in Hugging Face's rotate-half layout.
-/// `x`: (batch, heads, seq, head_dim); `cos`, `sin`: (seq, head_dim / 2).
+/// `x`: (batch, heads, seq, head_dim); `cos`, `sin`: (seq, rotated / 2), where tables
+/// narrower than the head rotate its first `rotated` dims and pass the rest.
 pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let (width, rotated) = (x.dim(D::Minus1)?, 2 * cos.dim(D::Minus1)?);
+    if rotated < width {
+        // A partial rotation (Phi-4-mini's): the first dims turn, the rest pass.
+        let turned = rope(&x.narrow(D::Minus1, 0, rotated)?.contiguous()?, cos, sin)?;
+        let passed = x.narrow(D::Minus1, rotated, width - rotated)?;
+        return Tensor::cat(&[&turned, &passed], D::Minus1);
+    }
     let y = candle_nn::rotary_emb::rope(&x.detach().contiguous()?, cos, sin)?;
     let (cos, neg_sin) = (cos.clone(), sin.neg()?);
     attach(x, y, "rope", move |_arg, _res, g| {

@@ -249,10 +249,20 @@ pub(super) async fn plan(
         training: &training,
         validation: validation.as_ref(),
     };
+    let shape = crate::fit::local_shape(&base).await?;
+    if let Some(shape) = &shape {
+        // The targets as this model's projections (all seven of a Llama's mean Phi-3's
+        // four fused ones), so that the job, its spec and its adapter name the same.
+        choice.lora.target_modules = crate::fit::lora_targets(shape, &choice.lora)?;
+    }
     let mut spec = job_spec(state, tenant, id, body, &base, files, &choice)?;
     spec.init_adapter = parent.as_ref().map(|(_, adapter)| adapter.clone());
-    let (pools, estimate) =
-        place_job(state, body, &base, &spec, &training, &options, &choice).await?;
+    let placing = Placing {
+        base: &base,
+        shape: shape.as_ref(),
+        training: &training,
+    };
+    let (pools, estimate) = place_job(state, body, placing, &spec, &options, &choice).await?;
     let record = FineTuneRecord {
         id: id.to_string(),
         tenant: tenant.0.clone(),
@@ -352,6 +362,13 @@ fn continued_lora(
     let shape = |l: &tuneq_openapi::LoraSpec| {
         let mut targets = l.target_modules.clone();
         targets.sort();
+        // Every projection, whichever names say it (a Llama's seven are Phi-3's four).
+        let fused = tuneq_openapi::FUSED_PROJECTIONS;
+        if tuneq_openapi::projections::names_every_projection(&targets)
+            || fused.iter().all(|p| targets.iter().any(|t| t == p))
+        {
+            targets = vec!["*".into()];
+        }
         (l.r, l.alpha, l.rslora, targets)
     };
     if shape(asked) != shape(&parent.lora) {
@@ -657,19 +674,29 @@ fn job_spec(
     Ok(spec)
 }
 
+/// What a job is placed with: its base model, that model's shape where its files are
+/// local, and its training file.
+struct Placing<'a> {
+    base: &'a BaseModel,
+    shape: Option<&'a tuneq_pools::ModelShape>,
+    training: &'a FileObject,
+}
+
 /// The pools the job may run on and its estimate; a job too large as asked is refused
 /// naming the first of its own settings that would make it fit.
 async fn place_job(
     state: &AppState,
     body: &FineTuneCreate,
-    base: &BaseModel,
+    Placing {
+        base,
+        shape,
+        training,
+    }: Placing<'_>,
     spec: &TrainSpec,
-    training: &FileObject,
     options: &Options,
     choice: &Choice,
 ) -> ApiResult<(Vec<String>, Option<JobEstimate>)> {
-    let shape = crate::fit::local_shape(base).await?;
-    let memory = crate::fit::check_job(base, shape.as_ref(), spec, training)?;
+    let memory = crate::fit::check_job(base, shape, spec, training)?;
     let tokens =
         crate::fit::tokens_to_process(training, &base.id, spec.hyperparameters.max_seq_len)
             .saturating_mul(choice.n_epochs);
@@ -685,7 +712,7 @@ async fn place_job(
         // Too large as asked: say which of the job's own settings would make it fit.
         Err(refused) if refused.code() == Code::DoesNotFit => {
             for (param, advice, lighter) in crate::fit::lighter(spec) {
-                let memory = crate::fit::check_job(base, shape.as_ref(), &lighter, training)?;
+                let memory = crate::fit::check_job(base, shape, &lighter, training)?;
                 if crate::fit::place(state, &needs(memory)).is_ok() {
                     return Err(ApiError::invalid(
                         param,

@@ -31,9 +31,9 @@ async fn a_job_on_a_model_of_another_family_is_refused_naming_it() {
     let s = start(|_| {}).await;
     let cases = [
         (
-            "phi3",
-            json!({"model_type": "phi3", "architectures": ["Phi3ForCausalLM"]}),
-            "\"phi3\"",
+            "phi",
+            json!({"model_type": "phi", "architectures": ["PhiForCausalLM"]}),
+            "\"phi\"",
         ),
         (
             "mistral-fractional-window",
@@ -129,5 +129,52 @@ async fn a_job_on_a_model_of_another_family_is_refused_naming_it() {
         support::register_model(&s.state, s.dir.path(), id, 1e-4, with(shape(), qwen)).await;
         let (status, body) = create(&s, &file, json!({"model": id})).await;
         assert_eq!(status, StatusCode::OK, "{id}: {body}");
+    }
+}
+
+#[tokio::test]
+async fn a_phi3_job_adapts_its_fused_projections_and_refuses_a_llama_s() {
+    let s = start(|_| {}).await;
+    let phi3 = json!({"model_type": "phi3", "architectures": ["Phi3ForCausalLM"],
+                      "partial_rotary_factor": 0.75, "original_max_position_embeddings": 128,
+                      "rope_scaling": {"type": "longrope",
+                                       "short_factor": [1.0, 1.0, 1.0, 1.0, 1.0, 1.0],
+                                       "long_factor": [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]}});
+    support::register_model(&s.state, s.dir.path(), "phi3", 1e-4, with(shape(), phi3)).await;
+    let file = upload(&s, &s.acme, &examples(8)).await;
+    // Left out, the targets are every projection: Phi-3's four fused ones, which the
+    // job then names (its adapter will, as PEFT's does).
+    let (status, body) = create(&s, &file, json!({"model": "phi3"})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let id = body["id"].as_str().unwrap();
+    let job = support::get_json(&s, &format!("/finetunes/{id}")).await;
+    assert_eq!(
+        job["lora"]["target_modules"],
+        json!(["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]),
+        "{job}"
+    );
+    let (status, _) = create(
+        &s,
+        &file,
+        json!({"model": "phi3", "lora": {"target_modules": ["qkv_proj"]}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    // A Llama's q_proj is not a Phi-3 projection, nor Phi-3's qkv_proj a Llama's.
+    support::register_model(&s.state, s.dir.path(), "llama", 1e-4, shape()).await;
+    for (model, targets, named) in [
+        ("phi3", json!(["q_proj", "v_proj"]), "\"q_proj\""),
+        ("llama", json!(["qkv_proj"]), "\"qkv_proj\""),
+    ] {
+        let (status, body) = create(
+            &s,
+            &file,
+            json!({"model": model, "lora": {"target_modules": targets}}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{model}: {body}");
+        assert_eq!(body["error"]["param"], "lora.target_modules", "{body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(named), "{model}: {message}");
     }
 }

@@ -110,7 +110,7 @@ async fn folders_that_are_not_models_tuneq_trains_are_refused_naming_why() {
     let phi = folder(
         &s,
         "phi",
-        &json!({"architectures": ["Phi3ForCausalLM"], "model_type": "phi3",
+        &json!({"architectures": ["PhiForCausalLM"], "model_type": "phi",
                 "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
                 "num_attention_heads": 4, "vocab_size": 256}),
         2,
@@ -134,7 +134,7 @@ async fn folders_that_are_not_models_tuneq_trains_are_refused_naming_why() {
             json!({"id": "m", "location": at(&phi)}),
             "location",
             "unsupported_model_architecture",
-            "phi3",
+            "\"phi\"",
         ),
         (
             json!({"id": "m", "location": at(&wrong_vocab)}),

@@ -46,17 +46,24 @@ pub enum Architecture {
     /// and key head, and a RoPE base of its own (`rope_local_base_freq`) on the
     /// sliding-window layers, five of every six by default.
     Gemma3,
+    /// `model_type: "phi3"` (`Phi3ForCausalLM`: Phi-3, Phi-3.5-mini, Phi-4-mini): Llama's
+    /// decoder with q, k and v fused into one `qkv_proj` and the MLP's gate and up into
+    /// one `gate_up_proj`, RoPE on the first `partial_rotary_factor` of each head
+    /// (Phi-4-mini's 0.75), LongRoPE scaling, and a sliding window when the config names
+    /// one.
+    Phi3,
 }
 
 impl Architecture {
     /// Every architecture tuneq trains.
-    pub const ALL: [Architecture; 6] = [
+    pub const ALL: [Architecture; 7] = [
         Architecture::Llama,
         Architecture::Qwen2,
         Architecture::Qwen3,
         Architecture::Mistral,
         Architecture::Gemma2,
         Architecture::Gemma3,
+        Architecture::Phi3,
     ];
 
     /// Its `model_type` in `config.json`.
@@ -68,6 +75,7 @@ impl Architecture {
             Architecture::Mistral => "mistral",
             Architecture::Gemma2 => "gemma2",
             Architecture::Gemma3 => "gemma3_text",
+            Architecture::Phi3 => "phi3",
         }
     }
 
@@ -80,6 +88,7 @@ impl Architecture {
             Architecture::Mistral => "MistralForCausalLM",
             Architecture::Gemma2 => "Gemma2ForCausalLM",
             Architecture::Gemma3 => "Gemma3ForCausalLM",
+            Architecture::Phi3 => "Phi3ForCausalLM",
         }
     }
 
@@ -107,7 +116,40 @@ impl Architecture {
     /// Whether the fused CPU step (`tuneq-kernels`) implements its maths; the others
     /// train on candle's graph, which implements every family.
     pub fn fused(self) -> bool {
-        !self.gemma()
+        !self.gemma() && !self.fuses_projections()
+    }
+
+    /// Whether a layer holds q, k and v as one `qkv_proj` and the MLP's gate and up as
+    /// one `gate_up_proj` (Phi-3), which LoRA wraps whole.
+    pub fn fuses_projections(self) -> bool {
+        matches!(self, Architecture::Phi3)
+    }
+
+    /// A layer's projections, in PEFT's names and the layer's order.
+    pub fn projections(self) -> &'static [&'static str] {
+        match self.fuses_projections() {
+            true => &tuneq_openapi::FUSED_PROJECTIONS,
+            false => &tuneq_openapi::PROJECTIONS,
+        }
+    }
+
+    /// The projections a job's `target_modules` (already checked to name known
+    /// projections) wraps on a model of this family: the names themselves, each of
+    /// which the model must have, except that naming all seven of a Llama's (the
+    /// default) means every projection, which on Phi-3 is its four fused ones.
+    pub fn lora_targets(self, requested: &[String]) -> Result<Vec<String>, WrongTargets> {
+        let own = self.projections();
+        if self.fuses_projections() && tuneq_openapi::projections::names_every_projection(requested)
+        {
+            return Ok(own.iter().map(|p| p.to_string()).collect());
+        }
+        match requested.iter().find(|m| !own.contains(&m.as_str())) {
+            Some(missing) => Err(WrongTargets {
+                module: shown(missing),
+                architecture: self,
+            }),
+            None => Ok(requested.to_vec()),
+        }
     }
 
     /// What transformers' config class sets for a field that a `config.json` leaves
@@ -141,6 +183,11 @@ impl Architecture {
                 ])
                 .collect(),
             Architecture::Mistral => vec![("sliding_window", json!(MISTRAL_DEFAULT_WINDOW))],
+            Architecture::Phi3 => vec![
+                ("rms_norm_eps", json!(1e-5)),
+                ("max_position_embeddings", json!(4096)),
+                ("original_max_position_embeddings", json!(4096)),
+            ],
             _ => Vec::new(),
         }
     }
@@ -171,8 +218,13 @@ impl Architecture {
             Architecture::Mistral => (MISTRAL_RULES, GEMMA_FIELDS),
             Architecture::Gemma2 => (GEMMA2_RULES, GEMMA_RULES),
             Architecture::Gemma3 => (GEMMA3_RULES, GEMMA_RULES),
+            Architecture::Phi3 => (PHI3_RULES, GEMMA_FIELDS),
         };
-        own.iter().chain(gemma).chain(FOREIGN_RULES)
+        // A family's own rule of a field replaces the common one (Phi-3's partial RoPE).
+        let foreign = FOREIGN_RULES
+            .iter()
+            .filter(move |f| !own.iter().any(|o| o.field == f.field));
+        own.iter().chain(gemma).chain(foreign)
     }
 
     /// The architecture a `model_type` names, if tuneq trains it.
@@ -259,6 +311,21 @@ fn shown(text: &str) -> String {
 
 fn shown_value(value: &Value) -> String {
     shown(&value.to_string())
+}
+
+/// A job's `target_modules` names a projection its model does not have (a Llama's
+/// `q_proj` on Phi-3, whose q, k and v are one `qkv_proj`, or the reverse).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error(
+    "{module:?} is not a projection of a {} model, whose projections are {}",
+    architecture.model_type(),
+    architecture.projections().join(", ")
+)]
+pub struct WrongTargets {
+    /// The module named (shortened).
+    pub module: String,
+    /// The model's architecture.
+    pub architecture: Architecture,
 }
 
 /// A rule on one field: the values of it that tuneq implements, and what to say otherwise.
@@ -494,6 +561,68 @@ fn gemma3_rope_is_implemented(value: &Value) -> bool {
         "sliding_attention" => rope_kind_is(params, &["default"]),
         _ => false,
     })
+}
+
+/// Phi-3's: fused projections (not a field), RoPE on part of each head, LongRoPE, a
+/// window (where one binds it trains on candle's graph, as it does anyway), and no
+/// dropout on the residual stream or the embeddings.
+const PHI3_RULES: &[Rule] = &[
+    SILU,
+    NO_ATTENTION_BIAS,
+    NO_ATTENTION_DROPOUT,
+    Rule {
+        field: "resid_pdrop",
+        implemented: |v| is_absent_or(v, |v| v.as_f64() == Some(0.0)),
+        why: "dropout on the residual stream is not implemented (LoRA dropout is)",
+    },
+    Rule {
+        field: "embd_pdrop",
+        implemented: |v| is_absent_or(v, |v| v.as_f64() == Some(0.0)),
+        why: "dropout on the embeddings is not implemented (LoRA dropout is)",
+    },
+    GEMMA_WINDOW,
+    Rule {
+        field: "partial_rotary_factor",
+        implemented: |v| is_absent_or(v, is_rotary_fraction),
+        why: "RoPE rotates a fraction in (0, 1] of each head",
+    },
+    Rule {
+        field: "rope_scaling",
+        implemented: |v| is_absent_or(v, phi3_rope_is_implemented),
+        why: "RoPE scaling of kind \"longrope\" (or \"su\", or none) with short_factor and long_factor lists is implemented",
+    },
+    Rule {
+        field: "rope_parameters",
+        implemented: |v| is_absent_or(v, phi3_rope_is_implemented),
+        why: "RoPE of kind \"default\" or \"longrope\" (with short_factor and long_factor lists) is implemented",
+    },
+];
+
+fn is_rotary_fraction(v: &Value) -> bool {
+    v.as_f64().is_some_and(|x| x > 0.0 && x <= 1.0)
+}
+
+/// Whether a Phi-3 RoPE object asks for what tuneq implements: no scaling, or LongRoPE
+/// (`su` is its older name) with its two lists of per-frequency factors, and a partial
+/// rotation in (0, 1] where it names one (transformers ≥ 5 writes it here).
+fn phi3_rope_is_implemented(value: &Value) -> bool {
+    let Some(object) = value.as_object() else {
+        return false;
+    };
+    let factors = |name: &str| {
+        object
+            .get(name)
+            .and_then(Value::as_array)
+            .is_some_and(|all| !all.is_empty() && all.iter().all(is_positive_number))
+    };
+    let partial = object
+        .get("partial_rotary_factor")
+        .is_none_or(|v| is_absent_or(v, is_rotary_fraction));
+    let kind_ok = rope_kind_is(value, &["default"])
+        || (rope_kind_is(value, &["longrope", "su"])
+            && factors("short_factor")
+            && factors("long_factor"));
+    kind_ok && partial
 }
 
 /// transformers' `MistralConfig` window when a config names none (`null` is no window).

@@ -298,9 +298,100 @@ fn a_gemma_without_layer_types_follows_its_class_s_pattern() {
     assert!(Architecture::Llama.defaults().is_empty());
 }
 
+/// Phi-3-mini-4k-instruct's `config.json` as published (its window of 2047 binds within
+/// its 4096 positions; Phi-3 trains on the graph either way).
+fn phi3_mini() -> Value {
+    json!({
+        "architectures": ["Phi3ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
+        "embd_pdrop": 0.0, "eos_token_id": 32000, "hidden_act": "silu", "hidden_size": 3072,
+        "initializer_range": 0.02, "intermediate_size": 8192,
+        "max_position_embeddings": 4096, "model_type": "phi3", "num_attention_heads": 32,
+        "num_hidden_layers": 32, "num_key_value_heads": 32,
+        "original_max_position_embeddings": 4096, "pad_token_id": 32000,
+        "resid_pdrop": 0.0, "rms_norm_eps": 1e-05, "rope_scaling": null,
+        "rope_theta": 10000.0, "sliding_window": 2047, "tie_word_embeddings": false,
+        "torch_dtype": "bfloat16", "transformers_version": "4.40.2", "use_cache": true,
+        "vocab_size": 32064
+    })
+}
+
+/// Phi-4-mini-instruct's `config.json` as published, its 48 LongRoPE factors per list
+/// shortened to values of the same kind.
+fn phi4_mini() -> Value {
+    let factors = |base: f64| (0..48).map(|i| base + i as f64 * 0.5).collect::<Vec<_>>();
+    json!({
+        "architectures": ["Phi3ForCausalLM"], "attention_bias": false,
+        "attention_dropout": 0.0, "bos_token_id": 199999, "embd_pdrop": 0.0,
+        "eos_token_id": 199999, "full_attn_mod": 1, "hidden_act": "silu",
+        "hidden_size": 3072, "initializer_range": 0.02, "intermediate_size": 8192,
+        "interpolate_factor": 1, "lm_head_bias": false, "max_position_embeddings": 131072,
+        "mlp_bias": false, "model_type": "phi3", "num_attention_heads": 24,
+        "num_hidden_layers": 32, "num_key_value_heads": 8,
+        "original_max_position_embeddings": 4096, "pad_token_id": 199999,
+        "partial_rotary_factor": 0.75, "resid_pdrop": 0.0, "rms_norm_eps": 1e-05,
+        "rope_scaling": {"long_factor": factors(1.0), "short_factor": factors(1.0),
+                         "type": "longrope"},
+        "rope_theta": 10000.0, "sliding_window": 262144, "tie_word_embeddings": true,
+        "torch_dtype": "bfloat16", "transformers_version": "4.45.0", "use_cache": true,
+        "vocab_size": 200064
+    })
+}
+
+#[test]
+fn published_phi3_configs_are_accepted_with_their_rope() {
+    assert_eq!(architecture_of(&phi3_mini()), Ok(Architecture::Phi3));
+    assert_eq!(architecture_of(&phi4_mini()), Ok(Architecture::Phi3));
+    let mut su = phi4_mini();
+    su["rope_scaling"]["type"] = json!("su");
+    assert_eq!(architecture_of(&su), Ok(Architecture::Phi3));
+    assert!(
+        !Architecture::Phi3.fused(),
+        "Phi-3 trains on candle's graph"
+    );
+    for (field, value) in [
+        ("partial_rotary_factor", json!(0.0)),
+        ("partial_rotary_factor", json!(1.5)),
+        ("resid_pdrop", json!(0.1)),
+        ("embd_pdrop", json!(0.1)),
+        ("rope_scaling", json!({"type": "yarn", "factor": 4.0})),
+        (
+            "rope_scaling",
+            json!({"type": "longrope", "short_factor": [1.0]}),
+        ),
+        ("sliding_window", json!(0)),
+    ] {
+        let refusal = architecture_of(&with(phi4_mini(), field, value)).unwrap_err();
+        assert_eq!(refusal.field(), field);
+    }
+    // Another family's partial rotation is still refused: Phi-3's rule is its own.
+    let refusal = architecture_of(&with(llama32(), "partial_rotary_factor", json!(0.75)));
+    assert_eq!(refusal.unwrap_err().field(), "partial_rotary_factor");
+}
+
+#[test]
+fn lora_targets_are_the_family_s_projections() {
+    let names = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let every = names(&tuneq_openapi::PROJECTIONS);
+    let fused = names(&tuneq_openapi::FUSED_PROJECTIONS);
+    // All seven of a Llama's (the default) mean every projection of the model.
+    assert_eq!(Architecture::Phi3.lora_targets(&every), Ok(fused.clone()));
+    assert_eq!(Architecture::Llama.lora_targets(&every), Ok(every.clone()));
+    let qkv = names(&["qkv_proj", "o_proj"]);
+    assert_eq!(Architecture::Phi3.lora_targets(&qkv), Ok(qkv.clone()));
+    // A projection the family has not, either way round, is refused naming it.
+    let wrong = Architecture::Phi3
+        .lora_targets(&names(&["q_proj", "v_proj"]))
+        .unwrap_err();
+    assert_eq!(wrong.module, "q_proj");
+    assert!(wrong.to_string().contains("qkv_proj"), "{wrong}");
+    let wrong = Architecture::Qwen2.lora_targets(&qkv).unwrap_err();
+    assert_eq!(wrong.module, "qkv_proj");
+    assert!(wrong.to_string().contains("qwen2 model"), "{wrong}");
+}
+
 #[test]
 fn other_families_are_refused_by_name() {
-    for family in ["gemma", "phi3", "olmo2"] {
+    for family in ["gemma", "phi", "olmo2"] {
         let config = with(llama32(), "model_type", json!(family));
         let refusal = architecture_of(&config).unwrap_err();
         assert_eq!(

@@ -128,13 +128,17 @@ impl ModelShape {
             "o_proj" => (q, h),
             "gate_proj" | "up_proj" => (h, i),
             "down_proj" => (i, h),
+            "qkv_proj" => (h, q + 2 * kv),
+            "gate_up_proj" => (h, 2 * i),
             _ => return None,
         })
     }
 
     /// Parameters of the whole model.
     pub fn parameters(&self) -> u64 {
-        let per_layer: u64 = PROJECTIONS
+        let per_layer: u64 = self
+            .architecture()
+            .projections()
             .iter()
             .filter_map(|p| self.projection(p))
             .map(|(i, o)| i * o)
@@ -157,9 +161,14 @@ impl ModelShape {
         (self.vocab_size * self.hidden_size).max(mlp)
     }
 
-    /// Trainable parameters of `lora` on this model.
+    /// Trainable parameters of `lora` on this model (on the projections its targets
+    /// mean on this family, see [`crate::Architecture::lora_targets`]).
     pub fn lora_parameters(&self, lora: &LoraSpec) -> u64 {
-        lora.target_modules
+        let targets = self
+            .architecture()
+            .lora_targets(&lora.target_modules)
+            .unwrap_or_else(|_| lora.target_modules.clone());
+        targets
             .iter()
             .filter_map(|m| self.projection(m))
             .map(|(i, o)| u64::from(lora.r) * (i + o))
@@ -186,8 +195,8 @@ impl ModelShape {
     /// `sliding_attention` layers'), when shorter than the context. (The Qwens' window
     /// is read only with their switch, which their rules hold off.)
     pub fn binding_window(&self) -> Option<u64> {
-        use crate::Architecture::{Gemma2, Gemma3, Mistral};
-        let read = matches!(self.architecture(), Mistral | Gemma2 | Gemma3);
+        use crate::Architecture::{Gemma2, Gemma3, Mistral, Phi3};
+        let read = matches!(self.architecture(), Mistral | Gemma2 | Gemma3 | Phi3);
         let window = self.sliding_window.filter(|_| read)?;
         match self.max_position_embeddings {
             Some(context) if window >= context => None,
@@ -435,7 +444,9 @@ pub fn cpu_memory_needed(shape: &ModelShape, ask: &Ask<'_>) -> u64 {
 /// input beside its output, fitted as `6·hidden + intermediate/2` on the small preset's
 /// shape as Gemma 3 (its measured peak 4428 MiB, 422 under the Llama terms plus a first
 /// guess); Gemma 2's soft-capped scores beside the raw ones and their tanh, `3·heads·seq`
-/// (its peak 452 MiB over Gemma 3's).
+/// (its peak 452 MiB over Gemma 3's). Phi-3's fused q/k/v and gate/up products stay
+/// alive beside the parts split from them, fitted as `hidden + intermediate` on the
+/// small preset's shape as Phi-3 (its peak 4372 MiB, 225 over the Llama terms).
 fn graph_floats_per_token_layer(shape: &ModelShape, seq: u64) -> u64 {
     let llama =
         42 * shape.hidden_size + 8 * shape.intermediate_size + 3 * shape.num_attention_heads * seq;
@@ -448,7 +459,11 @@ fn graph_floats_per_token_layer(shape: &ModelShape, seq: u64) -> u64 {
         true => 3 * shape.num_attention_heads * seq,
         false => 0,
     };
-    llama + gemma + softcapped_scores
+    let fused_products = match architecture.fuses_projections() {
+        true => shape.hidden_size + shape.intermediate_size,
+        false => 0,
+    };
+    llama + gemma + softcapped_scores + fused_products
 }
 
 /// Copies of the logits the graph's loss keeps (logits, log-softmax, their gradients).

@@ -15,9 +15,11 @@
 //! [`Llama::forward_cached`] gives for that sequence alone (within float rounding).
 //! Gemma's attention (its own scale, soft-capped scores, sliding windows) and Mistral's
 //! windows are not the kernels': their rows attend over their caches through
-//! [`attend_each`].
+//! [`attend_each`]. Phi-3's fused projections run as one product each and are split by
+//! row; its partial RoPE turns each head's leading dims, and a span past LongRoPE's
+//! pretraining context turns with the long tables, as [`Llama::forward_cached`] does.
 
-use super::{KvCache, Layer, Llama};
+use super::{KvCache, Layer, Llama, Roles};
 use crate::error::{Error, Result};
 use crate::lora::LoraLinear;
 use candle_core::{DType, Storage, Tensor};
@@ -242,7 +244,7 @@ fn head_logits(model: &Llama, last: Vec<f32>, rows: usize) -> Result<Tensor> {
     }
 }
 
-/// The RoPE angles of each row's position: row r's `head_dim / 2` cosines and sines.
+/// The RoPE angles of each row's position: row r's `rotated / 2` cosines and sines.
 struct Rotation {
     cos: Vec<f32>,
     sin: Vec<f32>,
@@ -261,13 +263,72 @@ impl Rotation {
         })
     }
 
-    /// Rotates, in place, the `heads` heads of width `head_dim` of every row of `x`.
+    /// The model's angles of each span's positions, from the tables
+    /// [`Llama::rope_for`] picks for the span (LongRoPE's long ones for a span past its
+    /// pretraining context).
+    fn of_spans(model: &Llama, spans: &[Span], positions: &Tensor) -> Result<Self> {
+        if model.long_rope.is_none() {
+            return Self::of(positions, (&model.cos, &model.sin));
+        }
+        let mut all = Self {
+            cos: Vec::new(),
+            sin: Vec::new(),
+            rows: (0..positions.dim(0)? as u32).collect(),
+        };
+        for span in spans {
+            let mine = positions.narrow(0, span.first, span.len)?;
+            let part = Self::of(&mine, model.rope_for(span.start + span.len))?;
+            all.cos.extend(part.cos);
+            all.sin.extend(part.sin);
+        }
+        Ok(all)
+    }
+
+    /// Rotates, in place, the `heads` heads of width `head_dim` of every row of `x`:
+    /// each head whole, or its leading dims where the tables are narrower (a partial
+    /// rotation).
     fn apply(&self, x: &mut [f32], heads: usize, head_dim: usize) {
         let width = heads * head_dim;
-        rope_in_place(
-            x, width, 0, heads, head_dim, &self.rows, &self.cos, &self.sin, false,
-        );
+        let rotated = match self.rows.len() {
+            0 => head_dim,
+            rows => 2 * self.cos.len() / rows,
+        };
+        if rotated == head_dim {
+            rope_in_place(
+                x, width, 0, heads, head_dim, &self.rows, &self.cos, &self.sin, false,
+            );
+            return;
+        }
+        for head in 0..heads {
+            rope_in_place(
+                x,
+                width,
+                head * head_dim,
+                1,
+                rotated,
+                &self.rows,
+                &self.cos,
+                &self.sin,
+                false,
+            );
+        }
     }
+}
+
+/// Each row's `widths` leading columns of `xs` (rows of their sum), as one vector per
+/// width: a fused projection's output split into its parts.
+fn split_rows<const N: usize>(xs: &[f32], widths: [usize; N]) -> [Vec<f32>; N] {
+    let row: usize = widths.iter().sum();
+    let rows = xs.len() / row.max(1);
+    let mut parts: [Vec<f32>; N] = std::array::from_fn(|i| Vec::with_capacity(rows * widths[i]));
+    for x in xs.chunks_exact(row.max(1)) {
+        let mut from = 0;
+        for (part, width) in parts.iter_mut().zip(widths) {
+            part.extend_from_slice(&x[from..from + width]);
+            from += width;
+        }
+    }
+    parts
 }
 
 /// `x += y`, element by element.
@@ -393,6 +454,12 @@ impl Llama {
                 message: "decoding several sequences at once needs f32 weights".into(),
             });
         }
+        let refilled: Vec<_> = spans
+            .iter()
+            .zip(caches.iter_mut())
+            .map(|(span, cache)| self.longrope_refill(span, cache))
+            .collect();
+        let spans: Vec<&[u32]> = refilled.iter().map(|span| &**span).collect();
         let mut layout = Vec::with_capacity(spans.len());
         let mut ids = Vec::new();
         let mut positions = Vec::new();
@@ -424,7 +491,7 @@ impl Llama {
                 .collect::<Result<_>>()?;
         }
         let positions = Tensor::from_vec(positions, rows, &self.device)?;
-        let global = Rotation::of(&positions, (&self.cos, &self.sin))?;
+        let global = Rotation::of_spans(self, &layout, &positions)?;
         let local = match &self.local_rope {
             Some((cos, sin)) => Some(Rotation::of(&positions, (cos, sin))?),
             None => None,
@@ -436,8 +503,9 @@ impl Llama {
             };
             self.layer_rows(layer, l, &mut x, rotation, (&layout, caches))?;
         }
-        for (cache, span) in caches.iter_mut().zip(&layout) {
+        for ((cache, span), ids) in caches.iter_mut().zip(&layout).zip(&spans) {
             cache.len += span.len;
+            cache.tokens.extend_from_slice(ids);
         }
         let mut last = Vec::with_capacity(layout.len() * hidden);
         for span in &layout {
@@ -465,19 +533,22 @@ impl Llama {
             cfg.num_kv_heads(),
             cfg.head_dim(),
         );
-        let [q_p, k_p, v_p, o_p, gate_p, up_p, down_p] = layer.projections.as_slice() else {
-            return Err(Error::Model {
-                path: "model".into(),
-                message: "layer without seven projections".into(),
-            });
-        };
+        let roles = layer.roles()?;
         let eps = cfg.rms_norm_eps;
         let hn = normed(x, &layer.input_norm, eps)?;
-        let (mut q, mut k, v) = (
-            project(q_p, &hn, rows)?,
-            project(k_p, &hn, rows)?,
-            project(v_p, &hn, rows)?,
-        );
+        let (mut q, mut k, v) = match roles {
+            Roles::Separate([q, k, v, ..]) => (
+                project(q, &hn, rows)?,
+                project(k, &hn, rows)?,
+                project(v, &hn, rows)?,
+            ),
+            Roles::Fused([qkv, ..]) => {
+                let [q, k, v] =
+                    split_rows(&project(qkv, &hn, rows)?, [nh * hd, nkv * hd, nkv * hd]);
+                (q, k, v)
+            }
+        };
+        let (o_p, down_p) = layer.outputs()?;
         if let Some((q_norm, k_norm)) = &layer.qk_norm {
             q = normed(&q, q_norm, cfg.rms_norm_eps)?;
             k = normed(&k, k_norm, cfg.rms_norm_eps)?;
@@ -491,22 +562,33 @@ impl Llama {
         }
         add(x, &out);
         let hn = normed(x, &layer.mlp_norm, eps)?;
-        let (mut gate, up) = (project(gate_p, &hn, rows)?, project(up_p, &hn, rows)?);
-        let act = match cfg.architecture().gemma() {
-            true => {
-                geglu_in_place(&mut gate, &up);
-                gate
-            }
-            false => {
-                let inter = gate.len() / rows;
-                let mut gate_up = Vec::with_capacity(2 * gate.len());
-                for (g, u) in gate.chunks_exact(inter).zip(up.chunks_exact(inter)) {
-                    gate_up.extend_from_slice(g);
-                    gate_up.extend_from_slice(u);
-                }
-                let mut act = gate;
-                swiglu_forward(&gate_up, inter, &mut act);
+        let act = match roles {
+            Roles::Fused([_, _, gate_up, _]) => {
+                // Each row is [gate | up], the layout the SwiGLU kernel reads.
+                let gate_up = project(gate_up, &hn, rows)?;
+                let mut act = vec![0f32; gate_up.len() / 2];
+                swiglu_forward(&gate_up, cfg.intermediate_size(), &mut act);
                 act
+            }
+            Roles::Separate([_, _, _, _, gate, up, _]) => {
+                let (mut gate, up) = (project(gate, &hn, rows)?, project(up, &hn, rows)?);
+                match cfg.architecture().gemma() {
+                    true => {
+                        geglu_in_place(&mut gate, &up);
+                        gate
+                    }
+                    false => {
+                        let inter = gate.len() / rows;
+                        let mut gate_up = Vec::with_capacity(2 * gate.len());
+                        for (g, u) in gate.chunks_exact(inter).zip(up.chunks_exact(inter)) {
+                            gate_up.extend_from_slice(g);
+                            gate_up.extend_from_slice(u);
+                        }
+                        let mut act = gate;
+                        swiglu_forward(&gate_up, inter, &mut act);
+                        act
+                    }
+                }
             }
         };
         let mut out = project(down_p, &act, rows)?;
@@ -616,8 +698,7 @@ mod tests {
             r: 4,
             alpha: 8.0,
             dropout: 0.0,
-            targets: crate::model::PROJECTIONS
-                .iter()
+            targets: crate::model::layer_projections(architecture)
                 .map(|(_, name)| name.to_string())
                 .collect(),
             rslora: false,
@@ -697,6 +778,52 @@ mod tests {
         ];
         check_together(m, &spans, &mut together, &mut alone, "joined");
         assert_eq!(together[3].len(), 9);
+    }
+
+    #[test]
+    fn a_longrope_answer_past_its_pretraining_context_is_the_full_forward_s() {
+        // The tiny Phi-3's LongRoPE context is 32 positions: a prompt of 20 and steps
+        // one token at a time cross it, once alone and once beside a second sequence.
+        // Each step's logits must be the full forward's over the whole sequence (the
+        // short tables up to 32 positions, the long ones for all of it past them), as
+        // transformers' generate, which recomputes its cache at the crossing.
+        let m = tiny_of(tuneq_pools::Architecture::Phi3);
+        assert_eq!(m.cfg.longrope_context(), Some(32));
+        let mut tokens: Vec<u32> = (0..20).map(|i| (i * 29 + 7) % 300).collect();
+        let (mut alone, mut together, mut other) = (m.new_cache(), m.new_cache(), m.new_cache());
+        let mut span = tokens.clone();
+        for step in 0..20u32 {
+            let full = m
+                .forward(
+                    &Tensor::new(tokens.as_slice(), m.device())
+                        .and_then(|t| t.unsqueeze(0))
+                        .expect("ids"),
+                )
+                .and_then(|l| Ok(l.get(0)?.get(tokens.len() - 1)?))
+                .expect("full forward");
+            let one = m.forward_cached(&span, &mut alone).expect("alone");
+            let side = [3 + step];
+            let mut caches = [&mut together, &mut other];
+            let both = m
+                .forward_cached_spans(&[&span, &side], &mut caches)
+                .expect("together");
+            let what = format!("at {} tokens", tokens.len());
+            assert!(
+                max_diff(&one, &full) < 1e-4,
+                "alone {what}: {}",
+                max_diff(&one, &full)
+            );
+            let row = both.get(0).expect("row");
+            assert!(
+                max_diff(&row, &full) < 1e-4,
+                "together {what}: {}",
+                max_diff(&row, &full)
+            );
+            assert_eq!((alone.len(), together.len()), (tokens.len(), tokens.len()));
+            let next = 40 + step * 3;
+            tokens.push(next);
+            span = vec![next];
+        }
     }
 
     #[test]

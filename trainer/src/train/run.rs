@@ -138,8 +138,8 @@ impl<'a> Run<'a> {
             .transpose()?;
         let device = select_device(spec.device)?;
         let dtype = select_dtype(spec, &device);
-        let settings = lora_settings(spec);
         let (cfg, encoder) = checked_model(spec, &model_dir)?;
+        let settings = lora_settings(spec, cfg.architecture())?;
         let (train, val) = encode_data(spec, &encoder, &train_files, val_file.as_ref(), sink)?;
         let pad_id = encoder.eos_token_id().unwrap_or(0);
         let model_sha = model_sha256(&model_dir)?;

@@ -1,17 +1,31 @@
 //! What a spec implies before anything is read: its LoRA settings and its step count.
 
+use crate::error::{Error, Result};
 use crate::lora::LoraSettings;
 use tuneq_openapi::TrainSpec;
 
-/// LoRA settings of a spec.
-pub fn lora_settings(spec: &TrainSpec) -> LoraSettings {
-    LoraSettings {
+/// LoRA settings of a spec on a model of `architecture`: its targets as that family's
+/// projections ([`tuneq_pools::Architecture::lora_targets`]), refused naming the field
+/// where the model has no such projection.
+pub fn lora_settings(
+    spec: &TrainSpec,
+    architecture: tuneq_pools::Architecture,
+) -> Result<LoraSettings> {
+    let targets = architecture
+        .lora_targets(&spec.lora.target_modules)
+        .map_err(|wrong| {
+            Error::Spec(vec![tuneq_openapi::SpecError {
+                field: "lora.target_modules".into(),
+                message: wrong.to_string(),
+            }])
+        })?;
+    Ok(LoraSettings {
         r: spec.lora.r as usize,
         alpha: spec.lora.alpha,
         dropout: spec.lora.dropout,
-        targets: spec.lora.target_modules.clone(),
+        targets,
         rslora: spec.lora.rslora,
-    }
+    })
 }
 
 /// Optimiser steps per epoch and in total for `n` examples.
