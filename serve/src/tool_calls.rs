@@ -1,11 +1,17 @@
 //! Reading a model's tool calls out of its text.
 //!
-//! A model fine-tuned by tuneq on conversations with tools (and Qwen's and Hermes'
-//! templates) writes each call as `<tool_call>{"name": …, "arguments": …}</tool_call>`
-//! (see `tuneq_dataset::TOOLS_PREAMBLE`); Llama 3.1's answers with the bare object,
-//! `parameters` in place of `arguments`. Both are read here. A call that is not valid
-//! JSON, or names a tool the request did not declare, is not a call: the text is then
-//! returned as the answer's content, as it was written.
+//! Each family writes its calls its own way, and each way is read here:
+//!
+//! - a model fine-tuned by tuneq on conversations with tools (and Qwen's and Hermes'
+//!   templates): `<tool_call>{"name": …, "arguments": …}</tool_call>` per call (see
+//!   `tuneq_dataset::TOOLS_PREAMBLE`);
+//! - Llama 3.1: the answer is the bare object, `parameters` in place of `arguments`;
+//! - Mistral (v0.3, Nemo): `[TOOL_CALLS] [{"name": …, "arguments": …}, …]`, a list after
+//!   a special token that decoding drops, so the answer reads as the bare list;
+//! - Phi-4-mini: `functools[{"name": …, "arguments": …}, …]`.
+//!
+//! A call that is not valid JSON, or names a tool the request did not declare, is not a
+//! call: the text is then returned as the answer's content, as it was written.
 
 use serde_json::Value;
 
@@ -41,17 +47,65 @@ pub fn tagged_calls(text: &str, declared: &[String]) -> Option<Vec<ParsedCall>> 
     (!calls.is_empty()).then_some(calls)
 }
 
-/// The call `text` is as a whole, if it is a bare JSON call of a declared tool
-/// (Llama 3.1's `{"name": …, "parameters": …}`).
-pub fn bare_call(text: &str, declared: &[String]) -> Option<ParsedCall> {
+/// Mistral's opening of its calls, where its tokenizer does not make it a special token
+/// (decoding drops it where it does).
+pub const MISTRAL_CALLS: &str = "[TOOL_CALLS]";
+/// Phi-4-mini's opening of its list of calls.
+pub const PHI4_CALLS: &str = "functools";
+
+/// The calls `text` is as a whole, if it is calls of declared tools with no tag
+/// around them: Llama 3.1's one bare object (`{"name": …, "parameters": …}`),
+/// Mistral's list (`[{…}, …]`, after its `[TOOL_CALLS]`) or Phi-4-mini's
+/// (`functools[{…}, …]`).
+pub fn bare_calls(text: &str, declared: &[String]) -> Option<Vec<ParsedCall>> {
     let text = text.trim();
-    text.starts_with('{').then(|| call(text, declared))?
+    if text.starts_with('{') {
+        return Some(vec![call(text, declared)?]);
+    }
+    let list = [MISTRAL_CALLS, PHI4_CALLS]
+        .iter()
+        .find_map(|opening| text.strip_prefix(opening))
+        .unwrap_or(text)
+        .trim_start();
+    if !list.starts_with('[') {
+        return None;
+    }
+    let Value::Array(items) = serde_json::from_str::<Value>(list).ok()? else {
+        return None;
+    };
+    let calls = items
+        .into_iter()
+        .map(|item| call_of(item, declared))
+        .collect::<Option<Vec<_>>>()?;
+    (!calls.is_empty()).then_some(calls)
+}
+
+/// Whether an answer that begins with `start` (its visible text so far) may turn out to
+/// be bare calls ([`bare_calls`]): it opens an object or a list, or its first word is,
+/// or may yet become, Phi-4-mini's or Mistral's opening.
+pub fn may_open_bare_calls(start: &str) -> Option<bool> {
+    let start = start.trim_start();
+    if start.is_empty() {
+        return None;
+    }
+    if start.starts_with(['{', '[']) || start.starts_with(PHI4_CALLS) {
+        return Some(true);
+    }
+    if PHI4_CALLS.starts_with(start) {
+        return None;
+    }
+    Some(false)
 }
 
 /// One call's JSON: `name` and `arguments` (or `parameters`), the arguments an object
 /// (or a string holding one).
 fn call(json: &str, declared: &[String]) -> Option<ParsedCall> {
-    let Value::Object(mut obj) = serde_json::from_str::<Value>(json).ok()? else {
+    call_of(serde_json::from_str::<Value>(json).ok()?, declared)
+}
+
+/// One call's parsed JSON, as [`call`] reads it.
+fn call_of(value: Value, declared: &[String]) -> Option<ParsedCall> {
+    let Value::Object(mut obj) = value else {
         return None;
     };
     let name = obj.get("name")?.as_str()?.to_string();
@@ -114,13 +168,56 @@ mod tests {
 
     #[test]
     fn a_bare_call_with_parameters_is_read() {
-        let call = bare_call(
+        let calls = bare_calls(
             " {\"name\": \"search\", \"parameters\": {\"q\": \"tuneq\"}} ",
             &declared(),
         )
         .expect("call");
-        assert_eq!(call.arguments, json!({"q": "tuneq"}));
-        assert_eq!(bare_call("The answer is {1}", &declared()), None);
+        assert_eq!(calls[0].arguments, json!({"q": "tuneq"}));
+        assert_eq!(bare_calls("The answer is {1}", &declared()), None);
+    }
+
+    #[test]
+    fn mistral_s_and_phi4_mini_s_lists_of_calls_are_read() {
+        let list = "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}, \"id\": \"a1b2c3d4e\"}, {\"name\": \"search\", \"arguments\": {\"q\": \"x\"}}]";
+        for text in [
+            format!(" {list}"),
+            format!("[TOOL_CALLS] {list}"),
+            format!("[TOOL_CALLS]{list}"),
+            format!("functools{list}"),
+        ] {
+            let calls = bare_calls(&text, &declared()).unwrap_or_else(|| panic!("{text}"));
+            assert_eq!(calls.len(), 2, "{text}");
+            assert_eq!(calls[0].name, "get_weather");
+            assert_eq!(calls[0].arguments, json!({"city": "Oslo"}));
+            assert_eq!(calls[1].arguments, json!({"q": "x"}));
+        }
+        // A list that is not all calls of declared tools is text.
+        for text in [
+            "[1, 2, 3]",
+            "[]",
+            "[{\"name\": \"delete_all\", \"arguments\": {}}]",
+            "functools[{\"name\": \"search\", \"arguments\": {}}] and more",
+            "[TOOL_CALLS] [{\"name\": \"search\", \"arguments\": ",
+        ] {
+            assert_eq!(bare_calls(text, &declared()), None, "{text}");
+        }
+    }
+
+    #[test]
+    fn an_answer_may_open_bare_calls_until_its_first_word_says_otherwise() {
+        for (start, may) in [
+            ("", None),
+            ("  ", None),
+            (" {", Some(true)),
+            ("[", Some(true)),
+            ("func", None),
+            ("functools[", Some(true)),
+            ("fun fact", Some(false)),
+            ("The", Some(false)),
+        ] {
+            assert_eq!(may_open_bare_calls(start), may, "{start:?}");
+        }
     }
 
     #[test]

@@ -6,7 +6,7 @@ use tuneq_openapi::{
     AssistantMessage, ChoiceLogprobs, FinishReason, FunctionCallOut, TokenLogprobOut, ToolCallOut,
     TopLogprob,
 };
-use tuneq_serve::tool_calls::{ParsedCall, bare_call, tagged_calls};
+use tuneq_serve::tool_calls::{ParsedCall, bare_calls, tagged_calls};
 use tuneq_serve::{Finish, Generated, TokenLogprob};
 
 /// A generated answer, read.
@@ -22,8 +22,9 @@ pub(crate) struct Reading {
 
 /// Reads `generated` for `plan`: tool calls where the plan lets the model make them
 /// (and the text holds well-formed calls of declared tools), the text otherwise.
-/// `prefill` is the start of the answer the request forced. An answer that is one bare
-/// JSON call (Llama 3.1's way) is read as a call too (a stream holds such an answer back
+/// `prefill` is the start of the answer the request forced. An answer that is bare calls
+/// (Llama 3.1's one JSON object, Mistral's or Phi-4-mini's list; see
+/// [`tuneq_serve::tool_calls`]) is read as calls too (a stream holds such an answer back
 /// until it ends: `holdback`).
 pub(crate) fn read(plan: &ChatPlan, prefill: &str, generated: &Generated) -> Reading {
     let finish = match generated.finish {
@@ -38,7 +39,7 @@ pub(crate) fn read(plan: &ChatPlan, prefill: &str, generated: &Generated) -> Rea
             tagged_calls(&whole, &plan.tool_names)
         }
         ToolMode::Auto if generated.after_marker.is_some() => tagged_calls(after, &plan.tool_names),
-        ToolMode::Auto => bare_call(&generated.text, &plan.tool_names).map(|c| vec![c]),
+        ToolMode::Auto => bare_calls(&generated.text, &plan.tool_names),
     };
     match calls {
         Some(calls) => {

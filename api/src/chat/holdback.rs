@@ -1,14 +1,17 @@
-//! Holding back a streamed answer that may be a bare tool call.
+//! Holding back a streamed answer that may be bare tool calls.
 //!
 //! Llama 3.1 (and models fine-tuned on its way) calls a tool by answering with the bare
-//! JSON object — `{"name": …, "parameters": …}` — with no tag before it. A stream that
-//! showed that text as it came could not take it back once the whole answer reads as a
-//! call. So, when the model may call tools of its own accord, the first pieces are held
-//! until the answer's first visible character says what it is: `{` holds the whole
-//! answer (it is read as a call, or released as text, when it ends); anything else
+//! JSON object — `{"name": …, "parameters": …}` — with no tag before it; Mistral's list
+//! of calls reads the same once decoding drops its special `[TOOL_CALLS]`, and
+//! Phi-4-mini's opens with the plain word `functools[`. A stream that showed that text as
+//! it came could not take it back once the whole answer reads as calls. So, when the
+//! model may call tools of its own accord, the first pieces are held until the answer's
+//! start says what it is ([`may_open_bare_calls`]): `{`, `[` or `functools` holds the
+//! whole answer (it is read as calls, or released as text, when it ends); anything else
 //! releases what was held and streams the rest as it comes.
 
 use tuneq_serve::Piece;
+use tuneq_serve::tool_calls::may_open_bare_calls;
 
 /// Where an answer's stream stands.
 #[derive(Debug)]
@@ -17,7 +20,7 @@ enum State {
     Streaming,
     /// Nothing visible yet: the pieces so far are held.
     Deciding(Vec<Piece>),
-    /// The answer began with `{`: everything is held until it ends.
+    /// The answer began as bare calls may: everything is held until it ends.
     Holding(Vec<Piece>),
 }
 
@@ -48,17 +51,14 @@ impl BareCallHold {
             }
             State::Deciding(held) => {
                 held.push(piece);
-                let first = held
-                    .iter()
-                    .flat_map(|p| p.text.chars())
-                    .find(|c| !c.is_whitespace());
-                match first {
+                let start: String = held.iter().map(|p| p.text.as_str()).collect();
+                match may_open_bare_calls(&start) {
                     None => Vec::new(),
-                    Some('{') => {
+                    Some(true) => {
                         self.state = State::Holding(std::mem::take(held));
                         Vec::new()
                     }
-                    Some(_) => std::mem::replace(&mut self.state, State::Streaming).into_held(),
+                    Some(false) => std::mem::replace(&mut self.state, State::Streaming).into_held(),
                 }
             }
         }
@@ -110,6 +110,21 @@ mod tests {
             assert!(hold.push(piece(text)).is_empty());
         }
         assert_eq!(texts(&hold.release()), [" {", "\"name\"", ": \"search\"}"]);
+    }
+
+    #[test]
+    fn lists_of_calls_are_held_and_a_word_like_their_opening_is_released() {
+        let mut hold = BareCallHold::new(true);
+        for text in ["func", "tools", "[{\"name\""] {
+            assert!(hold.push(piece(text)).is_empty());
+        }
+        assert_eq!(texts(&hold.release()), ["func", "tools", "[{\"name\""]);
+        let mut hold = BareCallHold::new(true);
+        assert!(hold.push(piece(" [")).is_empty());
+        assert_eq!(texts(&hold.release()), [" ["]);
+        let mut hold = BareCallHold::new(true);
+        assert!(hold.push(piece("fun")).is_empty());
+        assert_eq!(texts(&hold.push(piece(" fact"))), ["fun", " fact"]);
     }
 
     #[test]
