@@ -205,11 +205,7 @@ impl LlamaConfig {
     /// transformers ≥ 5's single `rope_parameters` as `rope_theta`, `rope_scaling` and
     /// `partial_rotary_factor`.
     fn fold_rope_parameters(obj: &mut serde_json::Map<String, serde_json::Value>) {
-        let Some(params) = obj
-            .get("rope_parameters")
-            .and_then(|p| p.as_object())
-            .cloned()
-        else {
+        let Some(params) = rope_parameters(obj) else {
             return;
         };
         for field in ["rope_theta", "partial_rotary_factor"] {
@@ -219,6 +215,15 @@ impl LlamaConfig {
                 obj.insert(field.into(), value.clone());
             }
         }
+        Self::scaling_from(obj, &params);
+    }
+
+    /// A transformers ≥ 5 RoPE object `params` as `rope_scaling` (without its
+    /// `rope_theta`), unless it scales nothing or the config names a `rope_scaling`.
+    fn scaling_from(
+        obj: &mut serde_json::Map<String, serde_json::Value>,
+        params: &serde_json::Map<String, serde_json::Value>,
+    ) {
         let kind = params
             .get("rope_type")
             .and_then(|t| t.as_str())
@@ -247,11 +252,7 @@ impl LlamaConfig {
     /// the global layers' becomes `rope_theta` and `rope_scaling`, the sliding ones'
     /// `rope_local_base_freq` (its rules refuse a scaled local RoPE).
     fn fold_layer_rope(obj: &mut serde_json::Map<String, serde_json::Value>) {
-        let Some(params) = obj
-            .get("rope_parameters")
-            .and_then(|p| p.as_object())
-            .cloned()
-        else {
+        let Some(params) = rope_parameters(obj) else {
             return;
         };
         let theta = |kind: &str| params.get(kind).and_then(|p| p.get("rope_theta")).cloned();
@@ -262,15 +263,7 @@ impl LlamaConfig {
             obj.insert("rope_theta".into(), global);
         }
         if let Some(full) = params.get("full_attention").and_then(|p| p.as_object()) {
-            let kind = full
-                .get("rope_type")
-                .and_then(|t| t.as_str())
-                .unwrap_or("default");
-            if kind != "default" && obj.get("rope_scaling").is_none_or(|v| v.is_null()) {
-                let mut scaling = full.clone();
-                scaling.remove("rope_theta");
-                obj.insert("rope_scaling".into(), serde_json::Value::Object(scaling));
-            }
+            Self::scaling_from(obj, full);
         }
     }
 
@@ -552,6 +545,13 @@ impl LlamaConfig {
             })
             .collect()
     }
+}
+
+/// transformers ≥ 5's `rope_parameters` object, if the config has one.
+fn rope_parameters(
+    obj: &serde_json::Map<String, serde_json::Value>,
+) -> Option<serde_json::Map<String, serde_json::Value>> {
+    obj.get("rope_parameters")?.as_object().cloned()
 }
 
 /// RoPE's inverse frequencies for `base` and heads of width `d`, rounded as transformers

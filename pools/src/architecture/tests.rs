@@ -24,6 +24,14 @@ fn with(mut config: Value, field: &str, value: Value) -> Value {
     config
 }
 
+/// `config` with each of `changes` in turn is refused, naming the field changed.
+fn refused_naming_each_field(config: &Value, changes: Vec<(&str, Value)>) {
+    for (field, value) in changes {
+        let refusal = architecture_of(&with(config.clone(), field, value.clone())).unwrap_err();
+        assert_eq!(refusal.field(), field, "{field} = {value}");
+    }
+}
+
 #[test]
 fn published_llama_configs_are_accepted() {
     assert_eq!(architecture_of(&llama32()), Ok(Architecture::Llama));
@@ -67,14 +75,14 @@ fn published_qwen2_configs_are_accepted_with_their_biases() {
         architecture_of(&windowed).unwrap_err().field(),
         "use_sliding_window"
     );
-    for (field, value) in [
-        ("hidden_act", json!("gelu")),
-        ("rope_scaling", json!({"type": "yarn", "factor": 4.0})),
-        ("use_qk_norm", json!(true)),
-    ] {
-        let refusal = architecture_of(&with(qwen25(), field, value)).unwrap_err();
-        assert_eq!(refusal.field(), field);
-    }
+    refused_naming_each_field(
+        &qwen25(),
+        vec![
+            ("hidden_act", json!("gelu")),
+            ("rope_scaling", json!({"type": "yarn", "factor": 4.0})),
+            ("use_qk_norm", json!(true)),
+        ],
+    );
     let misnamed = with(qwen25(), "architectures", json!(["LlamaForCausalLM"]));
     assert_eq!(
         architecture_of(&misnamed).unwrap_err().field(),
@@ -109,17 +117,17 @@ fn published_qwen3_configs_are_accepted_with_their_qk_norms() {
         json!(["full_attention", "full_attention"]),
     );
     assert_eq!(architecture_of(&layered), Ok(Architecture::Qwen3));
-    for (field, value) in [
-        ("attention_bias", json!(true)),
-        ("use_sliding_window", json!(true)),
-        (
-            "layer_types",
-            json!(["full_attention", "sliding_attention"]),
-        ),
-    ] {
-        let refusal = architecture_of(&with(qwen3(), field, value)).unwrap_err();
-        assert_eq!(refusal.field(), field);
-    }
+    refused_naming_each_field(
+        &qwen3(),
+        vec![
+            ("attention_bias", json!(true)),
+            ("use_sliding_window", json!(true)),
+            (
+                "layer_types",
+                json!(["full_attention", "sliding_attention"]),
+            ),
+        ],
+    );
 }
 
 /// Mistral-7B-Instruct-v0.3's `config.json` as published.
@@ -153,14 +161,14 @@ fn mistral_is_accepted_with_its_window() {
         Value::Null,
         "null is no window"
     );
-    for (field, value) in [
-        ("sliding_window", json!(0)),
-        ("sliding_window", json!("4096")),
-        ("hidden_act", json!("gelu")),
-    ] {
-        let refusal = architecture_of(&with(mistral_v03(), field, value)).unwrap_err();
-        assert_eq!(refusal.field(), field);
-    }
+    refused_naming_each_field(
+        &mistral_v03(),
+        vec![
+            ("sliding_window", json!(0)),
+            ("sliding_window", json!("4096")),
+            ("hidden_act", json!("gelu")),
+        ],
+    );
 }
 
 /// Gemma 2 2B's `config.json` as published.
@@ -348,21 +356,21 @@ fn published_phi3_configs_are_accepted_with_their_rope() {
         !Architecture::Phi3.fused(),
         "Phi-3 trains on candle's graph"
     );
-    for (field, value) in [
-        ("partial_rotary_factor", json!(0.0)),
-        ("partial_rotary_factor", json!(1.5)),
-        ("resid_pdrop", json!(0.1)),
-        ("embd_pdrop", json!(0.1)),
-        ("rope_scaling", json!({"type": "yarn", "factor": 4.0})),
-        (
-            "rope_scaling",
-            json!({"type": "longrope", "short_factor": [1.0]}),
-        ),
-        ("sliding_window", json!(0)),
-    ] {
-        let refusal = architecture_of(&with(phi4_mini(), field, value)).unwrap_err();
-        assert_eq!(refusal.field(), field);
-    }
+    refused_naming_each_field(
+        &phi4_mini(),
+        vec![
+            ("partial_rotary_factor", json!(0.0)),
+            ("partial_rotary_factor", json!(1.5)),
+            ("resid_pdrop", json!(0.1)),
+            ("embd_pdrop", json!(0.1)),
+            ("rope_scaling", json!({"type": "yarn", "factor": 4.0})),
+            (
+                "rope_scaling",
+                json!({"type": "longrope", "short_factor": [1.0]}),
+            ),
+            ("sliding_window", json!(0)),
+        ],
+    );
     // Another family's partial rotation is still refused: Phi-3's rule is its own.
     let refusal = architecture_of(&with(llama32(), "partial_rotary_factor", json!(0.75)));
     assert_eq!(refusal.unwrap_err().field(), "partial_rotary_factor");
