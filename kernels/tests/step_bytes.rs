@@ -64,6 +64,7 @@ fn step_bytes_is_what_a_step_allocates() {
         heads: 4,
         kv_heads: 2,
         head_dim: 16,
+        rotary_dim: 16,
         rms_eps: 1e-5,
         qk_norm: false,
     };

@@ -18,6 +18,8 @@ use candle_core::{DType, Device, Storage, StorageRef, Tensor};
 use std::borrow::Cow;
 use tuneq_kernels::llama;
 
+mod split;
+
 /// How a step is computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ComputePath {
@@ -100,6 +102,23 @@ impl<'t> Held<'t> {
         Ok(HeldAt::Guard(self.guards.len() - 1))
     }
 
+    /// Holds rows `rows` of `t` (a contiguous matrix, or a vector: rows of one) in place,
+    /// or all of it.
+    fn hold_rows(&mut self, t: &'t Tensor, rows: Option<std::ops::Range<usize>>) -> Result<HeldAt> {
+        let at = self.hold(t)?;
+        let (Some(rows), HeldAt::Guard(i)) = (rows, at) else {
+            return Ok(at);
+        };
+        let width = t.elem_count() / t.dim(0)?.max(1);
+        let (_, start, end) = &mut self.guards[i];
+        let (from, to) = (*start + rows.start * width, *start + rows.end * width);
+        if to > *end || from > to {
+            return Err(not_fused("a fused projection's part is outside its matrix"));
+        }
+        (*start, *end) = (from, to);
+        Ok(at)
+    }
+
     /// Holds `t` as f32: in place when it is f32, else as an exact f32 copy (for the
     /// small tensors the kernels only take in f32).
     fn hold_f32(&mut self, t: &'t Tensor) -> Result<HeldAt> {
@@ -178,7 +197,7 @@ struct LayerIdx {
 }
 
 /// Runs `f` with the kernels' view of `model`.
-fn with_model<T>(model: &Llama, f: impl FnOnce(&llama::Model<'_>) -> Result<T>) -> Result<T> {
+fn with_model<T>(model: &Llama, f: impl FnOnce(&Kernels<'_>) -> Result<T>) -> Result<T> {
     let cfg = &model.cfg;
     let mut held = Held {
         guards: Vec::new(),
@@ -201,27 +220,21 @@ fn with_model<T>(model: &Llama, f: impl FnOnce(&llama::Model<'_>) -> Result<T>) 
             Some((q, k)) => Some([held.hold_f32(q)?, held.hold_f32(k)?]),
             None => None,
         };
-        let mut proj = Vec::with_capacity(7);
-        for lin in &layer.projections {
-            let w = held.hold(&lin.weight)?;
-            let bias = lin.bias.as_ref().map(|b| held.hold_f32(b)).transpose()?;
-            let lora = match &lin.lora {
-                Some(l) => Some(LoraIdx {
-                    a: held.hold(l.a.as_tensor())?,
-                    b: held.hold(l.b.as_tensor())?,
-                    r: l.a.dim(0)?,
-                    scale: lin.scale as f32,
-                }),
-                None => None,
-            };
-            proj.push((w, bias, lora));
-        }
+        let widths = (
+            cfg.num_attention_heads() * cfg.head_dim(),
+            cfg.num_kv_heads() * cfg.head_dim(),
+        );
+        let proj = split::kernel_projections(&mut held, layer, widths)?;
         layers.push(LayerIdx {
             norms,
             qk_norm,
             proj,
         });
     }
+    let long = match (model.cfg.longrope_context(), model.rope_f32_for(usize::MAX)) {
+        (Some(context), (cos, sin)) => Some((held.hold_f32(cos)?, held.hold_f32(sin)?, context)),
+        (None, _) => None,
+    };
     let layers = layers
         .iter()
         .map(|l| {
@@ -262,6 +275,7 @@ fn with_model<T>(model: &Llama, f: impl FnOnce(&llama::Model<'_>) -> Result<T>) 
             heads: cfg.num_attention_heads(),
             kv_heads: cfg.num_kv_heads(),
             head_dim: cfg.head_dim(),
+            rotary_dim: cfg.rotary_dim(),
             rms_eps: cfg.rms_norm_eps as f32,
             qk_norm: cfg.architecture().qk_norm(),
         },
@@ -273,7 +287,34 @@ fn with_model<T>(model: &Llama, f: impl FnOnce(&llama::Model<'_>) -> Result<T>) 
         sin: held.slice(top[4]),
         compute: model.cpu_compute,
     };
-    f(&kernels)
+    let long = long.map(|(cos, sin, context)| (held.slice(cos), held.slice(sin), context));
+    f(&Kernels {
+        model: kernels,
+        long,
+    })
+}
+
+/// The kernels' view of a model, with LongRoPE's tables past its pretraining context.
+struct Kernels<'m> {
+    model: llama::Model<'m>,
+    /// LongRoPE's long cosines and sines, and the positions the usual ones cover.
+    long: Option<(&'m [f32], &'m [f32], usize)>,
+}
+
+impl<'m> Kernels<'m> {
+    /// The model a batch at `positions` runs on: with LongRoPE's long tables where its
+    /// last position is past the pretraining context (as [`Llama::rope_for`] decides).
+    fn at(&self, positions: &[u32]) -> Cow<'_, llama::Model<'m>> {
+        let end = positions.iter().max().map_or(0, |&p| p as usize + 1);
+        match self.long {
+            Some((cos, sin, context)) if end > context => Cow::Owned(llama::Model {
+                cos,
+                sin,
+                ..self.model.clone()
+            }),
+            _ => Cow::Borrowed(&self.model),
+        }
+    }
 }
 
 /// The kernels' view of a micro-batch: a packed batch's own layout, or positions from 0
@@ -329,17 +370,40 @@ pub fn accumulate(
         checkpoint_layers: model.checkpoint_layers,
     };
     let mut dpo = objective.dpo();
-    with_model(model, |kernels| {
+    // A fused projection's parts are the kernels' own projections: their gradients are
+    // kept apart and folded into the model's after the micro-batches (`split`).
+    let fused = model.cfg.architecture().fuses_projections();
+    let repeated = &split::repeated_masks(&model.layers)?;
+    let mut kernel_grads: Vec<Vec<f32>> = Vec::new();
+    with_model(model, |whole| {
+        if fused {
+            kernel_grads = whole
+                .model
+                .lora_lengths()
+                .into_iter()
+                .map(|n| vec![0.0; n])
+                .collect();
+        }
         for (m, b) in batches.iter().enumerate() {
             let view = BatchView::new(b);
+            let kernels = whole.at(&view.positions);
+            let kernels = kernels.as_ref();
+            let mut asked = 0;
+            let mut last: Vec<f32> = Vec::new();
             let mut draw = dropout.as_mut().filter(|d| d.p > 0.0).map(|d| {
                 move |rows: usize, width: usize| -> Vec<f32> {
+                    let again = repeated.get(asked).copied().unwrap_or(false);
+                    asked += 1;
+                    if again && last.len() == rows * width {
+                        return last.clone();
+                    }
                     let mask = crate::lora::draw_mask(d.rng, d.p, rows * width);
                     if let Some(record) = d.record.as_deref_mut()
                         && let Ok(t) = Tensor::from_vec(mask.clone(), (rows, width), &Device::Cpu)
                     {
                         record.push(t);
                     }
+                    last.clone_from(&mask);
                     mask
                 }
             });
@@ -347,16 +411,18 @@ pub fn accumulate(
                 .as_mut()
                 .map(|f| f as &mut dyn FnMut(usize, usize) -> Vec<f32>);
             let batch = view.of(b);
+            let into = match fused {
+                true => &mut kernel_grads,
+                false => &mut grads,
+            };
             let l = match dpo.as_mut() {
                 Some((step, reference)) => {
                     let mut weigh = |losses: &[f64]| step.weigh(losses, b.len, &reference[m]);
                     llama::forward_backward_weighted(
-                        kernels, &batch, &mut weigh, masks, &mut grads, options,
+                        kernels, &batch, &mut weigh, masks, into, options,
                     )
                 }
-                None => {
-                    llama::forward_backward_with(kernels, &batch, scale, masks, &mut grads, options)
-                }
+                None => llama::forward_backward_with(kernels, &batch, scale, masks, into, options),
             }
             .map_err(kernel_error)?;
             // Summed as the graph path sums its per-micro-batch f32 losses.
@@ -367,6 +433,13 @@ pub fn accumulate(
         }
         Ok(())
     })?;
+    if fused {
+        let targets = split::gradient_targets(&model.layers)?;
+        for (part, (var, offset)) in kernel_grads.iter().zip(targets) {
+            let into = &mut grads[var][offset..offset + part.len()];
+            into.iter_mut().zip(part).for_each(|(g, p)| *g += p);
+        }
+    }
     let grads = grads
         .into_iter()
         .zip(&vars)
@@ -380,7 +453,7 @@ pub fn accumulate(
 pub fn token_losses(model: &Llama, batch: &Batch) -> Result<Vec<f64>> {
     let view = BatchView::new(batch);
     with_model(model, |kernels| {
-        llama::token_losses(kernels, &view.of(batch)).map_err(kernel_error)
+        llama::token_losses(&kernels.at(&view.positions), &view.of(batch)).map_err(kernel_error)
     })
 }
 
@@ -392,7 +465,8 @@ pub fn step_bytes(
     dropout: bool,
     checkpoint_layers: bool,
 ) -> Result<u64> {
-    with_model(model, |kernels| {
+    with_model(model, |whole| {
+        let kernels = &whole.model;
         Ok(llama::step_bytes(
             &kernels.dims,
             tokens,
@@ -412,7 +486,8 @@ pub fn loss(model: &Llama, batch: &Batch, denominator: f64) -> Result<(f64, u64)
     with_model(model, |kernels| {
         let scale = (1.0 / denominator) as f32;
         let measured =
-            llama::loss_and_correct(kernels, &view.of(batch), scale).map_err(kernel_error)?;
+            llama::loss_and_correct(&kernels.at(&view.positions), &view.of(batch), scale)
+                .map_err(kernel_error)?;
         Ok((measured.loss, measured.correct))
     })
 }
@@ -626,6 +701,22 @@ mod tests {
             "Qwen3 (q/k head norms), all seven, row groups",
             &model_of(tuneq_pools::Architecture::Qwen3, &all),
             0.0,
+            GROUPED,
+        );
+        // Phi-3: fused qkv and gate_up as the kernels' parts, three quarters of each
+        // head rotated, LongRoPE's short tables for one micro-batch (31 positions) and
+        // its long ones for the other (40, past its context of 32).
+        let phi3 = tuneq_pools::Architecture::Phi3;
+        compare(
+            "Phi-3 (fused projections, partial RoPE, LongRoPE), all four",
+            &model_of(phi3, &tuneq_openapi::FUSED_PROJECTIONS),
+            0.0,
+            SHORT,
+        );
+        compare(
+            "Phi-3 qkv and down, dropout 0.1 (one mask per fused projection), row groups",
+            &model_of(phi3, &["qkv_proj", "down_proj"]),
+            0.1,
             GROUPED,
         );
         let dropping = model(&all, false, false, 2);

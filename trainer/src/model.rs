@@ -73,7 +73,7 @@ pub struct Layer {
 }
 
 /// A layer's projections by role: seven separate ones, or Phi-3's fused four.
-enum Roles<'a> {
+pub(crate) enum Roles<'a> {
     Separate([&'a LoraLinear; 7]),
     Fused([&'a LoraLinear; 4]),
 }
@@ -158,7 +158,7 @@ impl Layer {
     }
 
     /// Its projections by role.
-    fn roles(&self) -> Result<Roles<'_>> {
+    pub(crate) fn roles(&self) -> Result<Roles<'_>> {
         let p = &self.projections;
         match p.len() {
             7 => Ok(Roles::Separate([
@@ -267,6 +267,8 @@ pub struct Llama {
     /// LongRoPE's tables past its pretraining context (Phi-3), which a pass over any
     /// position past it rotates every position with.
     long_rope: Option<(Tensor, Tensor)>,
+    /// The same in f32, for the CPU fast path.
+    long_rope_f32: Option<(Tensor, Tensor)>,
     dtype: DType,
     device: Device,
     /// Recompute each layer's activations in backward instead of keeping them (the
@@ -361,10 +363,17 @@ impl Llama {
             .local_inv_freq()
             .map(|inv| rope_tables(&inv, positions, 1.0, device, dtype))
             .transpose()?;
-        let long_rope = cfg
+        let long_rope_f32 = cfg
             .long_inv_freq()
-            .map(|inv| tables(&inv, dtype))
+            .map(|inv| tables(&inv, DType::F32))
             .transpose()?;
+        let long_rope = match dtype {
+            DType::F32 => long_rope_f32.clone(),
+            _ => cfg
+                .long_inv_freq()
+                .map(|inv| tables(&inv, dtype))
+                .transpose()?,
+        };
         Ok(Self {
             cfg,
             embed_tokens,
@@ -376,6 +385,7 @@ impl Llama {
             rope_f32,
             local_rope,
             long_rope,
+            long_rope_f32,
             dtype,
             device: device.clone(),
             checkpoint_layers: false,
@@ -554,6 +564,15 @@ impl Llama {
         match (&self.long_rope, self.cfg.longrope_context()) {
             (Some((cos, sin)), Some(context)) if end > context => (cos, sin),
             _ => (&self.cos, &self.sin),
+        }
+    }
+
+    /// The f32 RoPE tables the fused CPU path rotates a pass whose last position is
+    /// `end - 1` with: [`Self::rope_for`]'s choice, in f32.
+    pub(crate) fn rope_f32_for(&self, end: usize) -> (&Tensor, &Tensor) {
+        match (&self.long_rope_f32, self.cfg.longrope_context()) {
+            (Some((cos, sin)), Some(context)) if end > context => (cos, sin),
+            _ => (&self.rope_f32.0, &self.rope_f32.1),
         }
     }
 

@@ -7,7 +7,6 @@ use super::{Batch, DOWN, Dims, GATE, K, Model, O, Projection, Q, UP, V, qk_norm}
 use crate::attention::attention_backward;
 use crate::gemm::{Mat, MatMut, gemm};
 use crate::norm::{rms_norm_backward, rms_norm_forward};
-use crate::rope::rope_in_place;
 use crate::swiglu::{swiglu_backward, swiglu_forward};
 
 /// Scratch of the LoRA backward, sized for the largest rank and projection.
@@ -292,15 +291,10 @@ fn attention_backward_block(
         &work.d_attn,
         &mut work.d_qkv,
     );
-    rope_in_place(
+    d.rotate_qk(
         &mut work.d_qkv,
-        d.qkv_width(),
-        0,
-        d.heads + d.kv_heads,
-        d.head_dim,
         batch.positions,
-        model.cos,
-        model.sin,
+        (model.cos, model.sin),
         true,
     );
     if let Some(norm) = layer.qk_norm {

@@ -5,7 +5,6 @@ use super::{Batch, DOWN, Dims, GATE, K, Model, O, Projection, Q, UP, V, qk_norm}
 use crate::attention::{AttentionShape, attention_forward};
 use crate::gemm::{Mat, MatMut, gemm};
 use crate::norm::rms_norm_forward;
-use crate::rope::rope_in_place;
 use crate::swiglu::swiglu_forward;
 
 /// What a layer's forward keeps for its backward (see the module notes). Without
@@ -227,16 +226,10 @@ fn attention_block(
             &mut saved.qk_inv,
         );
     }
-    // q and k are adjacent: one call rotates both.
-    rope_in_place(
+    d.rotate_qk(
         &mut saved.qkv,
-        d.qkv_width(),
-        0,
-        d.heads + d.kv_heads,
-        d.head_dim,
         batch.positions,
-        model.cos,
-        model.sin,
+        (model.cos, model.sin),
         false,
     );
     let shape = attention_shape(d, batch);

@@ -24,6 +24,9 @@ pub struct Dims {
     pub kv_heads: usize,
     /// Width of one head (even).
     pub head_dim: usize,
+    /// How many leading dims of each query and key head RoPE rotates (even, at most
+    /// `head_dim`): all of them, or Phi-4-mini's partial share.
+    pub rotary_dim: usize,
     /// RMSNorm's ε.
     pub rms_eps: f32,
     /// Whether every query and key head is RMS-normalised before RoPE (Qwen3): each
@@ -46,6 +49,47 @@ impl Dims {
             O => (q, h),
             GATE | UP => (h, i),
             _ => (i, h),
+        }
+    }
+
+    /// Rotates, in place, the query and key heads of every row of the qkv buffer `qkv`
+    /// (their leading [`Self::rotary_dim`] dims) by each row's position, or back with
+    /// `inverse`.
+    pub(super) fn rotate_qk(
+        &self,
+        qkv: &mut [f32],
+        positions: &[u32],
+        (cos, sin): (&[f32], &[f32]),
+        inverse: bool,
+    ) {
+        let (width, heads) = (self.qkv_width(), self.heads + self.kv_heads);
+        if self.rotary_dim == self.head_dim {
+            // q and k are adjacent: one call rotates both.
+            crate::rope::rope_in_place(
+                qkv,
+                width,
+                0,
+                heads,
+                self.head_dim,
+                positions,
+                cos,
+                sin,
+                inverse,
+            );
+            return;
+        }
+        for head in 0..heads {
+            crate::rope::rope_in_place(
+                qkv,
+                width,
+                head * self.head_dim,
+                1,
+                self.rotary_dim,
+                positions,
+                cos,
+                sin,
+                inverse,
+            );
         }
     }
 
@@ -126,7 +170,7 @@ pub struct Model<'a> {
     /// Language-model head, `vocab × hidden` (frozen; f32 or bf16; may be the
     /// embedding itself).
     pub lm_head: Frozen<'a>,
-    /// RoPE cosines, `(max_pos, head_dim/2)`.
+    /// RoPE cosines, `(max_pos, rotary_dim/2)`.
     pub cos: &'a [f32],
     /// RoPE sines, like `cos`.
     pub sin: &'a [f32],

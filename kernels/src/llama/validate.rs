@@ -122,6 +122,12 @@ fn check_dims(d: &Dims) -> Result<(), StepError> {
     if d.head_dim == 0 || !d.head_dim.is_multiple_of(2) {
         return bad(format!("head_dim {} must be even and positive", d.head_dim));
     }
+    if d.rotary_dim == 0 || !d.rotary_dim.is_multiple_of(2) || d.rotary_dim > d.head_dim {
+        return bad(format!(
+            "rotary_dim {} must be even, positive and at most head_dim {}",
+            d.rotary_dim, d.head_dim
+        ));
+    }
     Ok(())
 }
 
@@ -179,11 +185,11 @@ fn check_layers(model: &Model<'_>) -> Result<(), StepError> {
 fn rope_positions(model: &Model<'_>) -> Result<usize, StepError> {
     let d = &model.dims;
     let bad = |m: String| Err(StepError::Dims(m));
-    let half = d.head_dim / 2;
+    let half = d.rotary_dim / 2;
     expect_len(|| "sin".into(), model.sin.len(), model.cos.len())?;
     if !model.cos.len().is_multiple_of(half) {
         return bad(format!(
-            "RoPE tables of {} are not rows of head_dim/2 = {half}",
+            "RoPE tables of {} are not rows of rotary_dim/2 = {half}",
             model.cos.len()
         ));
     }

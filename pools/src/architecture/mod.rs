@@ -116,7 +116,7 @@ impl Architecture {
     /// Whether the fused CPU step (`tuneq-kernels`) implements its maths; the others
     /// train on candle's graph, which implements every family.
     pub fn fused(self) -> bool {
-        !self.gemma() && !self.fuses_projections()
+        !self.gemma()
     }
 
     /// Whether a layer holds q, k and v as one `qkv_proj` and the MLP's gate and up as

@@ -307,7 +307,7 @@ fn a_gemma_without_layer_types_follows_its_class_s_pattern() {
 }
 
 /// Phi-3-mini-4k-instruct's `config.json` as published (its window of 2047 binds within
-/// its 4096 positions; Phi-3 trains on the graph either way).
+/// its 4096 positions, so that model trains on candle's graph).
 fn phi3_mini() -> Value {
     json!({
         "architectures": ["Phi3ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
@@ -353,8 +353,8 @@ fn published_phi3_configs_are_accepted_with_their_rope() {
     su["rope_scaling"]["type"] = json!("su");
     assert_eq!(architecture_of(&su), Ok(Architecture::Phi3));
     assert!(
-        !Architecture::Phi3.fused(),
-        "Phi-3 trains on candle's graph"
+        Architecture::Phi3.fused(),
+        "Phi-3 trains on the fused CPU kernels"
     );
     refused_naming_each_field(
         &phi4_mini(),

@@ -216,6 +216,8 @@ impl ModelShape {
             heads,
             kv_heads: self.num_key_value_heads.map_or(heads, |k| k as usize),
             head_dim: self.head_dim() as usize,
+            // The rotation changes no buffer's size.
+            rotary_dim: self.head_dim() as usize,
             rms_eps: 1e-5,
         }
     }
@@ -366,7 +368,7 @@ pub fn cpu_memory(shape: &ModelShape, ask: &Ask<'_>, limit: Option<u64>) -> CpuM
     let largest_tensor = shape.largest_matrix();
     let ranks = vec![
         std::array::from_fn(|p| {
-            if ask.lora.target_modules.iter().any(|m| m == PROJECTIONS[p]) {
+            if adapts(&ask.lora.target_modules, PROJECTIONS[p]) {
                 ask.lora.r as usize
             } else {
                 0
@@ -406,6 +408,17 @@ pub fn cpu_memory(shape: &ModelShape, ask: &Ask<'_>, limit: Option<u64>) -> CpuM
         memory.checkpointing = true;
     }
     memory
+}
+
+/// Whether `targets` adapt the kernels' projection `name`: by its own name, or by the
+/// fused projection it is a part of (Phi-3's `qkv_proj`, `gate_up_proj`).
+fn adapts(targets: &[String], name: &str) -> bool {
+    let fused = match name {
+        "q_proj" | "k_proj" | "v_proj" => "qkv_proj",
+        "gate_proj" | "up_proj" => "gate_up_proj",
+        _ => name,
+    };
+    targets.iter().any(|t| t == name || t == fused)
 }
 
 /// Bytes per frozen weight of `dtype` on a GPU or on the CPU.

@@ -307,6 +307,7 @@ fn larger_case() -> (Owned, OwnedBatch) {
         heads: 4,
         kv_heads: 2,
         head_dim: 8,
+        rotary_dim: 8,
         rms_eps: 1e-6,
         qk_norm: false,
     };

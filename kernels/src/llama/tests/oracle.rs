@@ -40,6 +40,7 @@ pub(super) fn tiny_dims() -> Dims {
         heads: 4,
         kv_heads: 2,
         head_dim: 4,
+        rotary_dim: 4,
         rms_eps: 1e-5,
         qk_norm: false,
     }
@@ -55,6 +56,7 @@ pub(super) fn llama7b() -> Dims {
         heads: 32,
         kv_heads: 32,
         head_dim: 128,
+        rotary_dim: 128,
         rms_eps: 1e-5,
         qk_norm: false,
     }
