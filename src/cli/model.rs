@@ -207,7 +207,7 @@ fn estimate(args: EstimateArgs) -> Result<ExitCode> {
             "threads": threads,
             "fits": limit.map(|l| cpu.total() <= l),
         }),
-        // The model trains on candle's graph on the CPU too (its family, or a window).
+        // The model trains on candle's graph on the CPU too (its family).
         false => {
             let graph = tuneq_pools::graph_memory(&shape, &ask, false, limit);
             serde_json::json!({

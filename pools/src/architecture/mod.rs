@@ -2,8 +2,9 @@
 //!
 //! tuneq implements the Llama decoder (Llama 2/3.x, SmolLM2, TinyLlama), Qwen2 (Qwen2,
 //! Qwen2.5: Llama's decoder with a bias on the q, k and v projections), Qwen3 (Llama's
-//! decoder with an RMSNorm on each query and key head), Mistral (Llama's decoder,
-//! whose sliding window is accepted only where it never binds) and Gemma 2 and Gemma 3
+//! decoder with an RMSNorm on each query and key head), Mistral (Llama's decoder
+//! with a sliding window on every layer), Phi-3 (q/k/v and gate/up fused, partial RoPE,
+//! LongRoPE) and Gemma 2 and Gemma 3
 //! text (a GeGLU MLP, `(1 + w)` norms around both halves of each layer, embeddings
 //! scaled by √hidden, sliding-window layers beside global ones, soft-capped scores and
 //! logits on Gemma 2, per-head norms and a local RoPE base on Gemma 3). Other families look
@@ -435,8 +436,8 @@ const QWEN3_RULES: &[Rule] = &[
     ROPE_PARAMETERS,
 ];
 
-/// Mistral's: its window (every layer's) may be anything; one shorter than the context
-/// trains on candle's graph ([`crate::ModelShape::trains_fused`]).
+/// Mistral's: its window (every layer's) may be any positive length; one shorter than
+/// the context binds (see [`crate::ModelShape::binding_window`]).
 const MISTRAL_RULES: &[Rule] = &[
     SILU,
     NO_ATTENTION_DROPOUT,
@@ -564,8 +565,8 @@ fn gemma3_rope_is_implemented(value: &Value) -> bool {
 }
 
 /// Phi-3's: fused projections (not a field), RoPE on part of each head, LongRoPE, a
-/// window (where one binds it trains on candle's graph, as it does anyway), and no
-/// dropout on the residual stream or the embeddings.
+/// window on every layer (as Mistral's), and no dropout on the residual stream or the
+/// embeddings.
 const PHI3_RULES: &[Rule] = &[
     SILU,
     NO_ATTENTION_BIAS,

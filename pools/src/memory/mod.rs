@@ -185,10 +185,10 @@ impl ModelShape {
     }
 
     /// Whether it trains on the fused CPU kernels (on a CPU): its family is one they
-    /// implement, and no window binds (a Mistral whose window is shorter than its
-    /// context trains on candle's graph, which masks it).
+    /// implement. (A window every layer shares, Mistral's or Phi-3's, is the kernels'
+    /// too: each token's first visible key moves up to the window's edge.)
     pub fn trains_fused(&self) -> bool {
-        self.architecture().fused() && self.binding_window().is_none()
+        self.architecture().fused()
     }
 
     /// Its sliding window where one can bind: Mistral's (every layer's) and Gemma's (its
