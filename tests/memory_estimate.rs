@@ -3,7 +3,8 @@
 //! `scripts/fetch-real-model` converts from its GGUF), with and without activation
 //! checkpointing, within 10 %: `tuneq_pools::cpu_memory` (the fused CPU step, f32 and
 //! bf16 weights) and `tuneq_pools::graph_memory_bytes` (candle's graph, the CUDA path,
-//! measured through the CPU graph).
+//! measured through the CPU graph). Beside them, each family's tiny and small presets on
+//! the path they train on, and the real Qwen2.5-Coder-0.5B and Gemma 3 270M.
 
 mod common;
 
@@ -333,21 +334,69 @@ fn the_graph_memory_estimate_is_within_a_tenth_of_the_measured_peak() {
     comparison.check();
 }
 
-/// Each family beside Llama, on the small preset's shape, on the path it trains on (the
-/// fused step, or candle's graph for the Gemmas and Phi-3): what placement compares with a pool
-/// (`cpu_memory_needed`) against the measured peak.
+/// Each family beside Llama, on the tiny and small presets' shapes, on the path it
+/// trains on (the fused step, or candle's graph for the Gemmas): what placement compares
+/// with a pool (`cpu_memory_needed`) against the measured peak.
 #[test]
 fn each_family_s_estimate_is_within_a_tenth_of_its_measured_peak() {
     let (dir, train) = dir_with_long_examples();
     let mut comparison = Comparison::default();
-    for arch in ["qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "phi3"] {
-        let (model, shape) = init_family(dir.path(), "small", arch);
+    for preset in ["tiny", "small"] {
+        for arch in ["qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "phi3"] {
+            let (model, shape) = init_family(dir.path(), preset, arch);
+            // The tiny model's peak moves from run to run: the median of five, with the
+            // allowance of its path (see TINY_ALLOWANCE, TINY_GRAPH_ALLOWANCE).
+            let allowance = match shape.trains_fused() {
+                true => TINY_ALLOWANCE,
+                false => TINY_GRAPH_ALLOWANCE,
+            };
+            for (setting, checkpointing) in SETTINGS {
+                let peak = typical_peak(preset, |run| {
+                    let out = dir.path().join(format!("{preset}-{arch}-{setting}-{run}"));
+                    measured_peak(&model, &train, &out, "f32", setting, false)
+                });
+                let estimate = cpu_memory_needed(&shape, &ask(DtypeKind::F32, checkpointing));
+                let label = format!("{preset:>5} {arch:>11} checkpointing {setting:>3}");
+                comparison.add_for(preset, label, peak, estimate, allowance);
+            }
+        }
+    }
+    comparison.check();
+}
+
+/// The real Qwen2.5-Coder-0.5B (Qwen2, on the fused step) and Gemma 3 270M (on candle's
+/// graph, with its 262144-token vocabulary) that `scripts/fetch-real-model` converts,
+/// against what placement compares with a pool.
+#[test]
+fn the_real_qwen2_and_gemma3_estimates_are_within_a_tenth_of_their_peaks() {
+    let (dir, train) = dir_with_long_examples();
+    let mut comparison = Comparison::default();
+    let models = [
+        (
+            "Qwen2.5-Coder-0.5B",
+            common::real_model_of(
+                "TUNEQ_REAL_QWEN2",
+                "qwen2.5-coder-0.5b-instruct-q4_k_m",
+                "qwen2",
+            ),
+        ),
+        (
+            "Gemma 3 270M",
+            common::real_model_of("TUNEQ_REAL_GEMMA3", "gemma-3-270m-q4_k_m", "gemma3"),
+        ),
+    ];
+    for (name, model) in models {
+        let shape = ModelShape::read(&model)
+            .expect("the real model's config.json")
+            .expect("a model tuneq trains");
         for (setting, checkpointing) in SETTINGS {
-            let out = dir.path().join(format!("{arch}-{setting}"));
+            let out = dir
+                .path()
+                .join(format!("{}-{setting}", shape.architecture().model_type()));
             let peak = measured_peak(&model, &train, &out, "f32", setting, false);
             let estimate = cpu_memory_needed(&shape, &ask(DtypeKind::F32, checkpointing));
             comparison.add(
-                format!("small {arch:>11} checkpointing {setting:>3}"),
+                format!("{name:>18} checkpointing {setting:>3}"),
                 peak,
                 estimate,
             );

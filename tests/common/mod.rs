@@ -45,13 +45,19 @@ pub fn tiny_model() -> &'static Path {
 /// `scripts/fetch-real-model` (which `scripts/test` runs), at `TUNEQ_REAL_MODEL` or
 /// `target/models/smollm2-135m-instruct-q4_1`. Missing, the test fails with that command.
 pub fn real_model() -> PathBuf {
-    let path = std::env::var_os("TUNEQ_REAL_MODEL")
+    real_model_of("TUNEQ_REAL_MODEL", "smollm2-135m-instruct-q4_1", "smollm2")
+}
+
+/// A real model `scripts/fetch-real-model NAME` converts (`name`), at the environment
+/// variable `var` or `target/models/<folder>`. Missing, the test fails with that command.
+pub fn real_model_of(var: &str, folder: &str, name: &str) -> PathBuf {
+    let path = std::env::var_os(var)
         .map(PathBuf::from)
-        .unwrap_or_else(|| repo().join("target/models/smollm2-135m-instruct-q4_1"));
+        .unwrap_or_else(|| repo().join("target/models").join(folder));
     assert!(
         path.join("model.safetensors").is_file(),
-        "the real model is missing at {}: fetch and convert it with `scripts/fetch-real-model` \
-         (scripts/test does), or point TUNEQ_REAL_MODEL at it",
+        "the real model is missing at {}: fetch and convert it with `scripts/fetch-real-model \
+         {name}` (scripts/test does), or point {var} at it",
         path.display()
     );
     path
