@@ -96,6 +96,12 @@ pub struct Packing {
     pub starts: Vec<u32>,
 }
 
+/// The denominator of a step's mean loss over `batches` (its micro-batches): their
+/// labelled tokens, at least one.
+pub fn labelled_denominator(batches: &[Batch]) -> f64 {
+    batches.iter().map(|b| b.labelled).sum::<usize>().max(1) as f64
+}
+
 /// Pads `examples` to the longest and shifts labels by one (position i predicts i+1).
 /// Right padding keeps real tokens at the same positions, so the causal mask alone
 /// keeps padding out of every real token's attention.

@@ -365,9 +365,8 @@ pub fn accumulate(
     mut dropout: Option<StepDropout<'_>>,
     objective: Objective<'_>,
 ) -> Result<StepResult> {
+    let scale = (1.0 / crate::batch::labelled_denominator(batches)) as f32;
     let vars = model.lora_vars();
-    let denom = batches.iter().map(|b| b.labelled).sum::<usize>().max(1) as f64;
-    let scale = (1.0 / denom) as f32;
     let mut grads: Vec<Vec<f32>> = vars.iter().map(|v| vec![0.0; v.var.elem_count()]).collect();
     let mut tally = Tally::default();
     let options = llama::StepOptions {

@@ -54,7 +54,7 @@ fn accumulate_on_graph_for(
     objective: Objective<'_>,
 ) -> Result<StepResult> {
     let vars = model.lora_vars();
-    let denom = batches.iter().map(|b| b.labelled).sum::<usize>().max(1) as f64;
+    let denom = crate::batch::labelled_denominator(batches);
     let mut grads: Vec<Option<Tensor>> = vec![None; vars.len()];
     let mut tally = Tally::default();
     let mut dpo = objective.dpo();
