@@ -106,6 +106,18 @@ impl LoadedModel {
         &self.encoder
     }
 
+    /// How the model writes tool calls in a conversation with `tools`: as its chat
+    /// template teaches it, or in tuneq's tags where the template renders no tools (and
+    /// training wrote them so).
+    pub fn call_syntax(&self, tools: &[serde_json::Value]) -> crate::tool_calls::CallSyntax {
+        let template = self.encoder.template();
+        if !template.handles_tools(tools) {
+            return crate::tool_calls::CallSyntax::Tagged;
+        }
+        let source = template.tool_use_source().unwrap_or(template.source());
+        crate::tool_calls::CallSyntax::of_template(source)
+    }
+
     /// The ids of the prompt for `messages` (with `tools`), rendered by the model's chat
     /// template up to where the answer begins, then `prefill` (the start of the answer
     /// the request forces).

@@ -125,13 +125,63 @@ fn call_of(value: Value, declared: &[String]) -> Option<ParsedCall> {
         .then_some(ParsedCall { name, arguments })
 }
 
-/// The text that makes the model call `name`: the beginning of a tagged call, for a
-/// request whose `tool_choice` names the tool (the rest, its arguments, is generated).
-pub fn forced_call_prefix(name: &str) -> String {
-    format!(
-        "{CALL_OPEN}\n{{\"name\": {}, \"arguments\": ",
-        Value::from(name)
-    )
+/// How a model writes its calls: what its chat template teaches it (a template that
+/// renders no tool calls of its own takes tuneq's tags, see
+/// `tuneq_dataset::TOOLS_PREAMBLE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallSyntax {
+    /// `<tool_call>{"name": …, "arguments": …}</tool_call>`.
+    Tagged,
+    /// Llama 3.1's bare `{"name": …, "parameters": …}`.
+    Llama31,
+    /// Mistral's `[TOOL_CALLS] [{"name": …, "arguments": …}]`.
+    Mistral,
+    /// Phi-4-mini's `functools[{"name": …, "arguments": …}]`.
+    Phi4,
+}
+
+impl CallSyntax {
+    /// The syntax a chat template's source (a template that renders tool calls) writes
+    /// calls in, by the marks each family's template carries.
+    pub fn of_template(source: &str) -> Self {
+        if source.contains(MISTRAL_CALLS) {
+            CallSyntax::Mistral
+        } else if source.contains(PHI4_CALLS) {
+            CallSyntax::Phi4
+        } else if source.contains("<|python_tag|>") {
+            CallSyntax::Llama31
+        } else {
+            CallSyntax::Tagged
+        }
+    }
+
+    /// The text that makes the model call a tool, for a request whose `tool_choice`
+    /// requires one: the opening of a call in this syntax, with `name`'s when it names
+    /// the tool (the rest, its arguments, is generated).
+    pub fn forced_prefix(self, name: Option<&str>) -> String {
+        let named = |key: &str| match name {
+            Some(name) => format!("{{\"name\": {}, \"{key}\": ", Value::from(name)),
+            None => String::new(),
+        };
+        match self {
+            CallSyntax::Tagged => format!("{CALL_OPEN}\n{}", named("arguments")),
+            CallSyntax::Llama31 => match name {
+                Some(_) => named("parameters"),
+                None => "{\"name\": \"".to_string(),
+            },
+            CallSyntax::Mistral => format!("{MISTRAL_CALLS} [{}", named("arguments")),
+            CallSyntax::Phi4 => format!("{PHI4_CALLS}[{}", named("arguments")),
+        }
+    }
+}
+
+/// The calls of an answer that a forced prefix began (its text, prefix included), in
+/// whichever of the syntaxes it is written.
+pub fn forced_calls(text: &str, declared: &[String]) -> Option<Vec<ParsedCall>> {
+    match text.trim_start().starts_with(CALL_OPEN) {
+        true => tagged_calls(text, declared),
+        false => bare_calls(text, declared),
+    }
 }
 
 #[cfg(test)]
@@ -221,8 +271,63 @@ mod tests {
     }
 
     #[test]
+    fn each_syntax_s_forced_prefix_begins_a_call_read_back_whole() {
+        // What the model generates after each prefix: a named tool's arguments and the
+        // call's close, or (any tool) the whole call from where the prefix stops.
+        let cases = [
+            (
+                CallSyntax::Tagged,
+                "}\n</tool_call>",
+                "{\"name\": \"search\", \"arguments\": {}}\n</tool_call>",
+            ),
+            (CallSyntax::Llama31, "}", "search\", \"parameters\": {}}"),
+            (
+                CallSyntax::Mistral,
+                "}]",
+                "{\"name\": \"search\", \"arguments\": {}}]",
+            ),
+            (
+                CallSyntax::Phi4,
+                "}]",
+                "{\"name\": \"search\", \"arguments\": {}}]",
+            ),
+        ];
+        for (syntax, close, any) in cases {
+            let named = syntax.forced_prefix(Some("get_weather"));
+            let text = format!("{named}{{\"city\": \"Lima\"}}{close}");
+            let calls = forced_calls(&text, &declared()).unwrap_or_else(|| panic!("{text}"));
+            assert_eq!(calls[0].name, "get_weather", "{syntax:?}");
+            assert_eq!(calls[0].arguments, json!({"city": "Lima"}), "{syntax:?}");
+            let text = format!("{}{any}", syntax.forced_prefix(None));
+            let calls = forced_calls(&text, &declared()).unwrap_or_else(|| panic!("{text}"));
+            assert_eq!(calls[0].name, "search", "{syntax:?}");
+        }
+    }
+
+    #[test]
+    fn a_template_s_marks_name_its_syntax() {
+        for (source, syntax) in [
+            (
+                "{%- if message.tool_calls %}[TOOL_CALLS] [{{ calls }}]",
+                CallSyntax::Mistral,
+            ),
+            (
+                "<|tool|>{{ tools }}<|/tool|> functools[...]",
+                CallSyntax::Phi4,
+            ),
+            ("{{- '<|python_tag|>' }}{\"name\": ", CallSyntax::Llama31),
+            (
+                "<tool_call>\n{{ tool_call | tojson }}\n</tool_call>",
+                CallSyntax::Tagged,
+            ),
+        ] {
+            assert_eq!(CallSyntax::of_template(source), syntax, "{source}");
+        }
+    }
+
+    #[test]
     fn the_forced_prefix_is_the_start_of_a_tagged_call() {
-        let mut text = forced_call_prefix("get_weather");
+        let mut text = CallSyntax::Tagged.forced_prefix(Some("get_weather"));
         text.push_str("{\"city\": \"Lima\"}}\n</tool_call>");
         let calls = tagged_calls(&text, &declared()).expect("calls");
         assert_eq!(calls[0].arguments, json!({"city": "Lima"}));

@@ -6,7 +6,7 @@ use tuneq_openapi::{
     AssistantMessage, ChoiceLogprobs, FinishReason, FunctionCallOut, TokenLogprobOut, ToolCallOut,
     TopLogprob,
 };
-use tuneq_serve::tool_calls::{ParsedCall, bare_calls, tagged_calls};
+use tuneq_serve::tool_calls::{ParsedCall, bare_calls, forced_calls, tagged_calls};
 use tuneq_serve::{Finish, Generated, TokenLogprob};
 
 /// A generated answer, read.
@@ -36,7 +36,7 @@ pub(crate) fn read(plan: &ChatPlan, prefill: &str, generated: &Generated) -> Rea
         ToolMode::Off => None,
         ToolMode::Required | ToolMode::Named(_) => {
             let whole = format!("{prefill}{}{after}", generated.text);
-            tagged_calls(&whole, &plan.tool_names)
+            forced_calls(&whole, &plan.tool_names)
         }
         ToolMode::Auto if generated.after_marker.is_some() => tagged_calls(after, &plan.tool_names),
         ToolMode::Auto => bare_calls(&generated.text, &plan.tool_names),
@@ -169,7 +169,7 @@ mod tests {
     #[test]
     fn a_named_tool_choice_reads_the_forced_prefix_and_the_generated_arguments() {
         let p = planned(json!({"type": "function", "function": {"name": "get_weather"}}));
-        let prefill = p.prefill();
+        let prefill = p.prefill(tuneq_serve::tool_calls::CallSyntax::Tagged);
         let r = read(
             &p,
             &prefill,

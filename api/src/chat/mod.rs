@@ -298,7 +298,7 @@ fn prepare(inference: &Inference, files: Staged, plan: &ChatPlan) -> ApiResult<P
             .map_err(serve_error)?,
     };
     let model = inference.engine().model(&key).map_err(serve_error)?;
-    let prefill = plan.prefill();
+    let prefill = plan.prefill(model.call_syntax(&plan.conversation.tools));
     let prompt = model
         .chat_prompt(
             &plan.conversation.messages,

@@ -10,7 +10,7 @@ use tuneq_openapi::ChatCompletionRequest;
 use tuneq_openapi::chat::{
     MAX_CHOICES, MAX_LOGIT_BIAS, MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_TOP_LOGPROBS,
 };
-use tuneq_serve::tool_calls::{CALL_OPEN, forced_call_prefix};
+use tuneq_serve::tool_calls::{CALL_OPEN, CallSyntax};
 use tuneq_serve::{JsonFormat, Sampling};
 
 /// How the request lets the model use its tools.
@@ -58,11 +58,12 @@ pub(crate) struct ChatPlan {
 }
 
 impl ChatPlan {
-    /// The text the answer is forced to start with (a call the request requires).
-    pub(crate) fn prefill(&self) -> String {
+    /// The text the answer is forced to start with (a call the request requires), in
+    /// the model's own syntax.
+    pub(crate) fn prefill(&self, syntax: CallSyntax) -> String {
         match &self.tools {
-            ToolMode::Named(name) => forced_call_prefix(name),
-            ToolMode::Required => format!("{CALL_OPEN}\n"),
+            ToolMode::Named(name) => syntax.forced_prefix(Some(name)),
+            ToolMode::Required => syntax.forced_prefix(None),
             ToolMode::Off | ToolMode::Auto => String::new(),
         }
     }
