@@ -95,5 +95,27 @@ impl Inference {
         );
         let _ = writeln!(out, "# TYPE tuneq_generation_slots gauge");
         let _ = writeln!(out, "tuneq_generation_slots {max}");
+        let totals = self.engine.decode_totals();
+        for (name, help, value) in [
+            (
+                "tuneq_decode_passes_total",
+                "Passes of the decode loops: each steps the answers in flight together.",
+                totals.passes(),
+            ),
+            (
+                "tuneq_decode_rows_total",
+                "Answers stepped, summed over the passes (over the passes: the mean batch).",
+                totals.rows(),
+            ),
+            (
+                "tuneq_decode_chunked_passes_total",
+                "Passes that left a long prompt partly filled, to go on beside the answers in flight.",
+                totals.chunked(),
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} counter");
+            let _ = writeln!(out, "{name} {value}");
+        }
     }
 }

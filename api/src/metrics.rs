@@ -8,9 +8,10 @@
 //! - `tuneq_pool_capacity{pool}` and `tuneq_pool_used{pool}` for the configured pools;
 //! - `tuneq_pool_tokens_per_second{pool}` and `tuneq_lost_steps_total{pool}`, learned from
 //!   the trainers' reports ([`crate::pool_stats`]);
-//! - `tuneq_chat_tokens_total{tenant,kind}`, `tuneq_generations_running` and
-//!   `tuneq_generation_slots`, on a server that answers chat requests
-//!   ([`crate::chat`]);
+//! - `tuneq_chat_tokens_total{tenant,kind}`, `tuneq_generations_running`,
+//!   `tuneq_generation_slots` and the decode loops' `tuneq_decode_passes_total`,
+//!   `tuneq_decode_rows_total` and `tuneq_decode_chunked_passes_total`, on a server that
+//!   answers chat requests ([`crate::chat`]);
 //! - `tuneq_build_info{version}`.
 //!
 //! The registry is process-wide, like Prometheus clients' default registry.

@@ -20,7 +20,7 @@ use crate::generation::{Decoding, Generated, GenerationRequest, Next, Piece};
 use crate::model::LoadedModel;
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use tuneq_trainer::model::KvCache;
 
@@ -88,6 +88,40 @@ struct LoopStats {
     chunked: AtomicUsize,
 }
 
+/// What every decode loop of an engine has done together, for `/metrics`: passes, the
+/// answers they stepped, and the passes that left a prompt partly filled.
+#[derive(Debug, Default)]
+pub struct DecodeTotals {
+    passes: AtomicU64,
+    rows: AtomicU64,
+    chunked: AtomicU64,
+}
+
+impl DecodeTotals {
+    /// Passes run.
+    pub fn passes(&self) -> u64 {
+        self.passes.load(Ordering::Relaxed)
+    }
+
+    /// Answers stepped, summed over the passes (over `passes`: the mean batch).
+    pub fn rows(&self) -> u64 {
+        self.rows.load(Ordering::Relaxed)
+    }
+
+    /// Passes that left a prompt partly filled.
+    pub fn chunked(&self) -> u64 {
+        self.chunked.load(Ordering::Relaxed)
+    }
+
+    fn record(&self, rows: usize, chunked: bool) {
+        self.passes.fetch_add(1, Ordering::Relaxed);
+        self.rows.fetch_add(rows as u64, Ordering::Relaxed);
+        if chunked {
+            self.chunked.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
 /// One model's decode loop.
 #[derive(Debug)]
 pub(crate) struct Batcher {
@@ -96,14 +130,15 @@ pub(crate) struct Batcher {
 }
 
 impl Batcher {
-    /// Starts the loop, stepping at most `max_rows` answers at once (more wait their turn).
-    pub(crate) fn start(max_rows: usize) -> Result<Self> {
+    /// Starts the loop, stepping at most `max_rows` answers at once (more wait their turn),
+    /// counting its passes into `totals` too.
+    pub(crate) fn start(max_rows: usize, totals: Arc<DecodeTotals>) -> Result<Self> {
         let (jobs, queue) = mpsc::channel();
         let stats = Arc::new(LoopStats::default());
         let seen = stats.clone();
         std::thread::Builder::new()
             .name("tuneq-decode".into())
-            .spawn(move || run(&queue, max_rows.max(1), &seen))
+            .spawn(move || run(&queue, max_rows.max(1), (&seen, &totals)))
             .map_err(|e| ServeError::Load(format!("cannot start the decode loop: {e}")))?;
         Ok(Self { jobs, stats })
     }
@@ -155,7 +190,7 @@ impl Batcher {
 }
 
 /// The loop: let waiting answers join, pass over them all, until the model is gone.
-fn run(queue: &mpsc::Receiver<Job>, max_rows: usize, stats: &LoopStats) {
+fn run(queue: &mpsc::Receiver<Job>, max_rows: usize, (stats, totals): (&LoopStats, &DecodeTotals)) {
     let mut active: Vec<Active> = Vec::new();
     let mut waiting: VecDeque<Job> = VecDeque::new();
     loop {
@@ -172,10 +207,13 @@ fn run(queue: &mpsc::Receiver<Job>, max_rows: usize, stats: &LoopStats) {
         // tell) leave before the pass.
         active.retain(|a| !a.job.left.load(Ordering::Relaxed));
         if !active.is_empty() {
-            stats.widest.fetch_max(active.len(), Ordering::Relaxed);
-            if pass(&mut active) {
+            let rows = active.len();
+            stats.widest.fetch_max(rows, Ordering::Relaxed);
+            let chunked = pass(&mut active);
+            if chunked {
                 stats.chunked.fetch_add(1, Ordering::Relaxed);
             }
+            totals.record(rows, chunked);
         }
     }
 }

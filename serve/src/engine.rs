@@ -13,7 +13,7 @@
 //! ([`ServeError::TenantBusy`]), so one tenant's burst cannot take every slot from the
 //! others.
 
-use crate::batch::Batcher;
+use crate::batch::{Batcher, DecodeTotals};
 use crate::error::{Result, ServeError};
 use crate::generation::{Generated, GenerationRequest, Piece};
 use crate::model::{LoadedModel, ModelKey};
@@ -57,6 +57,8 @@ pub struct ServedModel {
     batcher: OnceLock<Batcher>,
     /// Answers the loop steps at once at most.
     max_batch: usize,
+    /// The engine's totals its loop counts into.
+    totals: Arc<DecodeTotals>,
 }
 
 impl std::ops::Deref for ServedModel {
@@ -67,12 +69,14 @@ impl std::ops::Deref for ServedModel {
 }
 
 impl ServedModel {
-    /// `model`, decoding up to `max_batch` concurrent answers in one step.
-    pub fn new(model: LoadedModel, max_batch: usize) -> Self {
+    /// `model`, decoding up to `max_batch` concurrent answers in one step, its passes
+    /// counted into `totals`.
+    pub fn new(model: LoadedModel, max_batch: usize, totals: Arc<DecodeTotals>) -> Self {
         Self {
             model: Arc::new(model),
             batcher: OnceLock::new(),
             max_batch: max_batch.max(1),
+            totals,
         }
     }
 
@@ -88,7 +92,7 @@ impl ServedModel {
         let batcher = match self.batcher.get() {
             Some(batcher) => batcher,
             None => {
-                let started = Batcher::start(self.max_batch)?;
+                let started = Batcher::start(self.max_batch, self.totals.clone())?;
                 self.batcher.get_or_init(|| started)
             }
         };
@@ -116,6 +120,8 @@ pub struct Engine {
     config: EngineConfig,
     resident: Mutex<Resident>,
     slots: Arc<Mutex<Taken>>,
+    /// Every decode loop's passes, for `/metrics`.
+    totals: Arc<DecodeTotals>,
 }
 
 /// The generation slots taken, in all and by tenant (a tenant without one has no entry,
@@ -133,7 +139,13 @@ impl Engine {
             config,
             resident: Mutex::new(Vec::new()),
             slots: Arc::new(Mutex::new(Taken::default())),
+            totals: Arc::default(),
         }
+    }
+
+    /// What the decode loops of every model loaded so far have done together.
+    pub fn decode_totals(&self) -> &DecodeTotals {
+        &self.totals
     }
 
     /// The engine's settings.
@@ -183,6 +195,7 @@ impl Engine {
         let loaded = Arc::new(ServedModel::new(
             LoadedModel::load_sharing(key, sibling.as_deref().map(std::ops::Deref::deref))?,
             self.config.max_batch,
+            self.totals.clone(),
         ));
         tracing::info!(
             took_ms = started.elapsed().as_millis() as u64,

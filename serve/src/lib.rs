@@ -30,6 +30,7 @@ pub mod staging;
 pub mod text;
 pub mod tool_calls;
 
+pub use batch::DecodeTotals;
 pub use engine::{Engine, EngineConfig, ServedModel, Slot};
 pub use error::{Result, ServeError};
 pub use generation::{Finish, Generated, GenerationRequest, Piece, TokenLogprob};

@@ -113,7 +113,7 @@ fn a_caller_who_stops_listening_leaves_and_the_others_finish() {
 
 #[test]
 fn a_long_prompt_fills_in_chunks_beside_an_answer_in_flight_and_changes_no_answer() {
-    let (_dir, _engine, model) = engine_and_model();
+    let (_dir, engine, model) = engine_and_model();
     let mut decoding = request(&model, "Hello there", Sampling::greedy());
     decoding.max_new_tokens = 64;
     // Several passes' worth of prompt while an answer is being decoded.
@@ -146,4 +146,15 @@ fn a_long_prompt_fills_in_chunks_beside_an_answer_in_flight_and_changes_no_answe
     for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
         assert_eq!(tokens(a), tokens(t), "answer {i}");
     }
+    // The engine's totals (`/metrics`) count the same passes: every one that left the
+    // prompt partly filled, and two answers in some of them.
+    let totals = engine.decode_totals();
+    assert_eq!(totals.chunked(), model.chunked_passes() as u64);
+    assert!(
+        totals.rows() > totals.passes() && totals.passes() > totals.chunked(),
+        "passes {}, rows {}, chunked {}",
+        totals.passes(),
+        totals.rows(),
+        totals.chunked()
+    );
 }

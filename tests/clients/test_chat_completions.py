@@ -420,3 +420,22 @@ def test_a_kept_checkpoint_answers_by_its_name(client, tuned):
     assert answer.model == name and answer.usage.completion_tokens >= 1
     with pytest.raises(openai.NotFoundError):
         ask(client, f"{tuned}:ckpt-step-999999", MOTTO_PROMPT, max_tokens=4)
+
+
+def test_the_decode_loops_passes_are_counted_in_metrics(client, service):
+    import urllib.request
+
+    def counters() -> dict[str, int]:
+        with urllib.request.urlopen(f"{service.url}/metrics", timeout=10) as r:
+            lines = r.read().decode().splitlines()
+        return {l.split()[0]: int(l.split()[1]) for l in lines
+                if l.startswith("tuneq_decode_") and not l.startswith("#")}
+
+    before = counters()
+    ask(client, MODEL, "Say something.", max_tokens=5)
+    after = counters()
+    assert set(after) == {"tuneq_decode_passes_total", "tuneq_decode_rows_total",
+                          "tuneq_decode_chunked_passes_total"}, after
+    # A prompt's pass and at least one step per further token, one answer each.
+    assert after["tuneq_decode_passes_total"] - before["tuneq_decode_passes_total"] >= 2
+    assert after["tuneq_decode_rows_total"] >= after["tuneq_decode_passes_total"]
