@@ -13,9 +13,10 @@
 //! that start empty caches attend together through the kernels' fused causal
 //! attention, packed end to end as segments of one row. The logits of a span are what
 //! [`Llama::forward_cached`] gives for that sequence alone (within float rounding).
-//! Gemma's attention (its own scale, soft-capped scores, sliding windows) and Mistral's
-//! windows are not the kernels': their rows attend over their caches through
-//! [`attend_each`]. Phi-3's fused projections run as one product each and are split by
+//! A window every layer shares (Mistral's, Phi-3's) is the kernels' too: each query
+//! sees its cache, or its segment, from the window's edge. Gemma's attention (its own
+//! scale, soft-capped scores, windows on some layers) is not: its rows attend over their
+//! caches through [`attend_each`]. Phi-3's fused projections run as one product each and are split by
 //! row; its partial RoPE turns each head's leading dims, and a span past LongRoPE's
 //! pretraining context turns with the long tables, as [`Llama::forward_cached`] does.
 
@@ -78,11 +79,12 @@ impl Span {
 
 /// Writes into `attended` (rows × heads·head_dim) the causal attention of the rows of
 /// the `fresh` spans, packed end to end as segments of one sequence for the kernels'
-/// fused attention; `q`, `k`, `v` hold every row of the pass.
+/// fused attention; `q`, `k`, `v` hold every row of the pass. With a sliding `window`,
+/// each row's first visible key is moved up to the window's edge.
 fn attend_fresh(
     fresh: &[Span],
     (q, k, v): (&[f32], &[f32], &[f32]),
-    heads: Heads,
+    (heads, window): (Heads, Option<usize>),
     attended: &mut [f32],
 ) {
     let (q_len, kv_len) = (
@@ -94,12 +96,13 @@ fn attend_fresh(
     let mut qkv = Vec::with_capacity(seq * shape.qkv_width());
     let mut starts = Vec::with_capacity(seq);
     for span in fresh {
-        let segment = starts.len() as u32;
+        let segment = starts.len();
         for row in span.first..span.first + span.len {
             qkv.extend_from_slice(&q[row * q_len..(row + 1) * q_len]);
             qkv.extend_from_slice(&k[row * kv_len..(row + 1) * kv_len]);
             qkv.extend_from_slice(&v[row * kv_len..(row + 1) * kv_len]);
-            starts.push(segment);
+            let edge = window.map_or(0, |w| (starts.len() + 1).saturating_sub(w));
+            starts.push(segment.max(edge) as u32);
         }
     }
     let mut out = vec![0f32; seq * q_len];
@@ -626,7 +629,9 @@ impl Llama {
             row.v.extend_from_slice(&v[new]);
         }
         let mut attended = vec![0f32; rows * q_len];
-        if self.cfg.architecture().gemma() || layer.window.is_some() {
+        // Gemma's scale and soft-cap are not the kernels'; a window every layer shares
+        // (Mistral's, Phi-3's) is, as where each query's first visible key is.
+        if self.cfg.architecture().gemma() {
             let math = ScoreMath {
                 scale: self.cfg.attention_scale() as f32,
                 softcap: self.cfg.attn_logit_softcapping.map(|c| c as f32),
@@ -644,11 +649,13 @@ impl Llama {
                 if span.fresh() {
                     continue;
                 }
-                let (r, visible) = (span.first + j, (span.start + j + 1) * kv_len);
+                let (r, position) = (span.first + j, span.start + j);
+                let first = layer.window.map_or(0, |w| (position + 1).saturating_sub(w));
+                let seen = first * kv_len..(position + 1) * kv_len;
                 queries.push(CachedQuery {
                     q: &q[r * q_len..(r + 1) * q_len],
-                    k: &row.k[..visible],
-                    v: &row.v[..visible],
+                    k: &row.k[seen.clone()],
+                    v: &row.v[seen],
                     out,
                 });
             }
@@ -656,7 +663,7 @@ impl Llama {
         attention_over_cache(heads, queries);
         let fresh: Vec<Span> = spans.iter().copied().filter(Span::fresh).collect();
         if !fresh.is_empty() {
-            attend_fresh(&fresh, (q, k, v), heads, &mut attended);
+            attend_fresh(&fresh, (q, k, v), (heads, layer.window), &mut attended);
         }
         attended
     }
