@@ -512,6 +512,12 @@ impl LlamaConfig {
         Some(rs.original_max_position_embeddings)
     }
 
+    /// Whether a pass whose last position is `end - 1` rotates with LongRoPE's long
+    /// factors: it reaches past the pretraining context (never without LongRoPE).
+    pub fn long_rope_at(&self, end: usize) -> bool {
+        self.longrope_context().is_some_and(|context| end > context)
+    }
+
     /// The scale of RoPE's cosines and sines: LongRoPE's `attention_factor`, by default
     /// `√(1 + ln s / ln original)` for a context extended `s` times; 1 otherwise.
     pub fn rope_attention_factor(&self) -> f64 {

@@ -223,9 +223,9 @@ fn with_model<T>(model: &Llama, f: impl FnOnce(&Kernels<'_>) -> Result<T>) -> Re
             proj,
         });
     }
-    let long = match (model.cfg.longrope_context(), model.rope_f32_for(usize::MAX)) {
-        (Some(context), (cos, sin)) => Some((held.hold_f32(cos)?, held.hold_f32(sin)?, context)),
-        (None, _) => None,
+    let long = match model.long_rope_f32() {
+        Some((cos, sin)) => Some((held.hold_f32(cos)?, held.hold_f32(sin)?)),
+        None => None,
     };
     let layers = layers
         .iter()
@@ -279,18 +279,21 @@ fn with_model<T>(model: &Llama, f: impl FnOnce(&Kernels<'_>) -> Result<T>) -> Re
         sin: held.slice(top[4]),
         compute: model.cpu_compute,
     };
-    let long = long.map(|(cos, sin, context)| (held.slice(cos), held.slice(sin), context));
+    let long = long.map(|(cos, sin)| (held.slice(cos), held.slice(sin)));
     f(&Kernels {
         model: kernels,
         long,
+        cfg,
     })
 }
 
 /// The kernels' view of a model, with LongRoPE's tables past its pretraining context.
 struct Kernels<'m> {
     model: llama::Model<'m>,
-    /// LongRoPE's long cosines and sines, and the positions the usual ones cover.
-    long: Option<(&'m [f32], &'m [f32], usize)>,
+    /// LongRoPE's long cosines and sines.
+    long: Option<(&'m [f32], &'m [f32])>,
+    /// The model's config, which says when a batch takes them.
+    cfg: &'m crate::config::LlamaConfig,
 }
 
 impl<'m> Kernels<'m> {
@@ -299,7 +302,7 @@ impl<'m> Kernels<'m> {
     fn at(&self, positions: &[u32]) -> Cow<'_, llama::Model<'m>> {
         let end = positions.iter().max().map_or(0, |&p| p as usize + 1);
         match self.long {
-            Some((cos, sin, context)) if end > context => Cow::Owned(llama::Model {
+            Some((cos, sin)) if self.cfg.long_rope_at(end) => Cow::Owned(llama::Model {
                 cos,
                 sin,
                 ..self.model.clone()

@@ -561,19 +561,16 @@ impl Llama {
     /// The model's RoPE tables for a pass whose last position is `end - 1`: LongRoPE's
     /// long ones past its pretraining context, the usual ones otherwise.
     pub(crate) fn rope_for(&self, end: usize) -> (&Tensor, &Tensor) {
-        match (&self.long_rope, self.cfg.longrope_context()) {
-            (Some((cos, sin)), Some(context)) if end > context => (cos, sin),
+        match &self.long_rope {
+            Some((cos, sin)) if self.cfg.long_rope_at(end) => (cos, sin),
             _ => (&self.cos, &self.sin),
         }
     }
 
-    /// The f32 RoPE tables the fused CPU path rotates a pass whose last position is
-    /// `end - 1` with: [`Self::rope_for`]'s choice, in f32.
-    pub(crate) fn rope_f32_for(&self, end: usize) -> (&Tensor, &Tensor) {
-        match (&self.long_rope_f32, self.cfg.longrope_context()) {
-            (Some((cos, sin)), Some(context)) if end > context => (cos, sin),
-            _ => (&self.rope_f32.0, &self.rope_f32.1),
-        }
+    /// LongRoPE's long tables in f32, for the fused CPU path (which picks them as
+    /// [`Self::rope_for`] does).
+    pub(crate) fn long_rope_f32(&self) -> Option<&(Tensor, Tensor)> {
+        self.long_rope_f32.as_ref()
     }
 
     /// One decoder layer on `x` (batch, seq, hidden), residuals included. With `cache`
@@ -680,9 +677,9 @@ impl Llama {
         cache: &mut KvCache,
     ) -> std::borrow::Cow<'a, [u32]> {
         let crosses = self.long_rope.is_some()
-            && self.cfg.longrope_context().is_some_and(|context| {
-                cache.len > 0 && cache.len <= context && cache.len + ids.len() > context
-            });
+            && cache.len > 0
+            && !self.cfg.long_rope_at(cache.len)
+            && self.cfg.long_rope_at(cache.len + ids.len());
         if !crosses {
             return std::borrow::Cow::Borrowed(ids);
         }
