@@ -36,6 +36,8 @@ fn main() {
             heads,
             kv_heads,
             head_dim,
+            scale: AttentionShape::head_scale(head_dim),
+            softcap: None,
         };
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
         let mut random =

@@ -101,6 +101,7 @@ fn preset_dims(preset: &str) -> Dims {
             rotary_dim: 64,
             rms_eps: 1e-5,
             qk_norm: false,
+            gemma: None,
         },
         _ => Dims {
             vocab: 4096,
@@ -113,6 +114,7 @@ fn preset_dims(preset: &str) -> Dims {
             rotary_dim: 32,
             rms_eps: 1e-5,
             qk_norm: false,
+            gemma: None,
         },
     }
 }
@@ -197,6 +199,7 @@ impl Tensors {
         let layers = (0..dims.layers)
             .map(|l| Layer {
                 qk_norm: None,
+                gemma: None,
                 input_norm: &self.ones,
                 post_norm: &self.ones,
                 proj: std::array::from_fn(|p| Projection {
@@ -219,6 +222,7 @@ impl Tensors {
             lm_head: self.lm_head.view(),
             cos: &self.cos,
             sin: &self.sin,
+            local_rope: None,
             compute,
         }
     }

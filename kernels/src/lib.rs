@@ -25,7 +25,9 @@
 //!   adding to it so the residual gradient is folded in.
 //! - [`rope`]: rotate-half RoPE in place on head vectors inside token rows (the qkv
 //!   buffer), forward and inverse (for dq, dk).
-//! - [`swiglu`]: `silu(g)·u` over `[gate | up]` rows, and the backward into `[dg | du]`.
+//! - [`tanh`]: a branch-free `f32` tanh (≤ 3 ulp), for Gemma's soft-caps and GELU.
+//! - [`glu`]: `act(g)·u` over `[gate | up]` rows (SwiGLU, or GeGLU with tanh GELU), and
+//!   the backward into `[dg | du]`.
 //! - [`loss`]: the lm_head fused with masked cross-entropy over labelled rows, about
 //!   16 MiB of logits at a time, writing the hidden-state gradient in the same pass; its
 //!   chunk buffers' size is public ([`loss::scratch_bytes`]) for sizing a step.
@@ -57,13 +59,14 @@ mod blas;
 pub mod exp;
 pub mod few_rows;
 pub mod gemm;
+pub mod glu;
 pub mod llama;
 pub mod loss;
 pub mod norm;
 mod reduce;
 pub mod rope;
 mod simd;
-pub mod swiglu;
+pub mod tanh;
 #[cfg(test)]
 mod testing;
 

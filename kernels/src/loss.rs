@@ -120,7 +120,24 @@ pub fn linear_cross_entropy(
         correct: None,
     };
     let weights = RowWeights::Uniform(scale);
-    linear_cross_entropy_with(hidden, hidden_dim, head, vocab, targets, weights, outputs)
+    let logits = Logits {
+        head,
+        vocab,
+        softcap: None,
+    };
+    linear_cross_entropy_with(hidden, hidden_dim, logits, targets, weights, outputs)
+}
+
+/// The logits a loss reads: `H·Wᵀ` through `head` (`vocab` rows), soft-capped to
+/// `c·tanh(l/c)` where the model caps them (Gemma 2's `final_logit_softcapping`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Logits<'a> {
+    /// The head and how its products take their operands.
+    pub head: Head<'a>,
+    /// Its rows.
+    pub vocab: usize,
+    /// The soft-cap `c`, if any.
+    pub softcap: Option<f32>,
 }
 
 /// How [`linear_cross_entropy_with`] weighs each labelled row's loss and its gradient.
@@ -256,18 +273,24 @@ impl Head<'_> {
     }
 }
 
-/// [`linear_cross_entropy`] with the head's products as `head` takes them.
+/// [`linear_cross_entropy`] with the head's products as `logits.head` takes them, on
+/// logits soft-capped where `logits.softcap` says (the gradient then carries the cap's
+/// `1 − tanh²`; each rayon job holds one row of those slopes, `4·vocab` bytes).
 pub(crate) fn linear_cross_entropy_with(
     hidden: &[f32],
     hidden_dim: usize,
-    head: Head<'_>,
-    vocab: usize,
+    logits: Logits<'_>,
     targets: &[i64],
     weights: RowWeights<'_>,
     outputs: LossOutputs<'_>,
 ) -> Result<f64, LossError> {
     let h = hidden_dim;
     let n = targets.len();
+    let Logits {
+        head,
+        vocab,
+        softcap,
+    } = logits;
     let LossOutputs {
         d_hidden,
         mut row_losses,
@@ -319,6 +342,7 @@ pub(crate) fn linear_cross_entropy_with(
         h,
         head,
         vocab,
+        softcap,
         targets,
     };
     let total = rows.over_chunks(&labelled, weights, (d_hidden, row_losses, correct));
@@ -334,6 +358,7 @@ struct Rows<'a> {
     h: usize,
     head: Head<'a>,
     vocab: usize,
+    softcap: Option<f32>,
     targets: &'a [i64],
 }
 
@@ -359,6 +384,7 @@ impl Rows<'_> {
             h,
             head,
             vocab,
+            softcap,
             targets,
         } = *self;
         let (mut d_hidden, mut row_losses, mut correct) = written;
@@ -383,19 +409,24 @@ impl Rows<'_> {
                 true,
                 MatMut::new(logits, m, vocab),
             );
+            let slopes_len = if grad && softcap.is_some() { vocab } else { 0 };
             logits
                 .par_chunks_mut(vocab)
                 .zip(chunk.par_iter())
                 .zip(row_loss[..m].par_iter_mut())
                 .zip(row_hit[..m].par_iter_mut())
-                .for_each(|(((l, &r), loss), hit)| {
-                    // The check above makes every labelled target a valid index.
-                    let t = targets[r] as usize;
-                    (*loss, *hit) = softmax_row(l, t, grad.then(|| weights.of(r)));
-                    if grad {
-                        head.prepare_gradient(l);
-                    }
-                });
+                .for_each_init(
+                    || vec![0f32; slopes_len],
+                    |slopes, (((l, &r), loss), hit)| {
+                        // The check above makes every labelled target a valid index.
+                        let t = targets[r] as usize;
+                        let cap = softcap.map(|c| (c, &mut slopes[..]));
+                        (*loss, *hit) = softmax_row(l, t, grad.then(|| weights.of(r)), cap);
+                        if grad {
+                            head.prepare_gradient(l);
+                        }
+                    },
+                );
             total += weights.sum(chunk, &row_loss[..m]);
             if let Some(out) = row_losses.as_deref_mut() {
                 for (&r, &loss) in chunk.iter().zip(&row_loss[..m]) {
@@ -427,7 +458,31 @@ crate::simd::wide_twin!(
     /// One row of logits `l` with target `t`: returns `logsumexp(l) − l[t]` in `f64` and
     /// whether `l[t]` is the row's largest logit, and leaves in `l` the logit gradient
     /// `(softmax(l) − onehot(t))·scale` when a scale is given (`exp(l − max)` otherwise).
-    fn softmax_row(l: &mut [f32], t: usize, scale: Option<f32>) -> (f64, bool) {
+    /// With `cap = Some((c, slopes))` the logits are first soft-capped to `c·tanh(l/c)`,
+    /// and the gradient is taken back through the cap with the slopes `1 − tanh²` it
+    /// keeps in `slopes` (a row as long as `l` when a scale is given).
+    fn softmax_row(
+        l: &mut [f32],
+        t: usize,
+        scale: Option<f32>,
+        cap: Option<(f32, &mut [f32])>,
+    ) -> (f64, bool) {
+        let mut slopes = None;
+        if let Some((c, keep)) = cap {
+            match scale {
+                Some(_) => {
+                    for (x, d) in l.iter_mut().zip(keep.iter_mut()) {
+                        let th = crate::tanh::tanh(*x / c);
+                        *x = th * c;
+                        *d = 1.0 - th * th;
+                    }
+                    slopes = Some(&*keep);
+                }
+                None => l
+                    .iter_mut()
+                    .for_each(|x| *x = crate::tanh::tanh(*x / c) * c),
+            }
+        }
         let target = l[t];
         let m = max(l);
         for x in l.iter_mut() {
@@ -441,6 +496,9 @@ crate::simd::wide_twin!(
                 *x *= k;
             }
             l[t] -= scale;
+            if let Some(slopes) = slopes {
+                l.iter_mut().zip(slopes).for_each(|(x, &d)| *x *= d);
+            }
         }
         (loss, target >= m)
     }

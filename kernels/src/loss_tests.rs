@@ -24,6 +24,20 @@ fn reference(
     targets: &[i64],
     scale_of: impl Fn(usize) -> f32,
 ) -> Reference {
+    reference_capped(hidden, h, w, vocab, targets, scale_of, None)
+}
+
+/// [`reference`] on logits soft-capped to `c·tanh(l/c)` with `cap = Some(c)`: the
+/// gradient of each logit then carries `1 − tanh²(l/c)`.
+fn reference_capped(
+    hidden: &[f32],
+    h: usize,
+    w: &[f32],
+    vocab: usize,
+    targets: &[i64],
+    scale_of: impl Fn(usize) -> f32,
+    cap: Option<f64>,
+) -> Reference {
     let mut out = Reference {
         hits: 0,
         loss: 0.0,
@@ -45,6 +59,17 @@ fn reference(
                     .sum::<f64>()
             })
             .collect();
+        let slopes: Vec<f64> = match cap {
+            Some(c) => logits
+                .iter()
+                .map(|l| 1.0 - (l / c).tanh().powi(2))
+                .collect(),
+            None => vec![1.0; vocab],
+        };
+        let logits: Vec<f64> = match cap {
+            Some(c) => logits.iter().map(|l| c * (l / c).tanh()).collect(),
+            None => logits,
+        };
         let m = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let lse = m + logits.iter().map(|l| (l - m).exp()).sum::<f64>().ln();
         out.hits += u64::from(logits[t] >= m);
@@ -52,7 +77,7 @@ fn reference(
         out.loss -= scale * log_softmax[t];
         out.loss_size += (scale * (lse.abs() + logits[t].abs())).abs();
         for (v, lsm) in log_softmax.iter().enumerate() {
-            let g = (lsm.exp() - if v == t { 1.0 } else { 0.0 }) * scale;
+            let g = (lsm.exp() - if v == t { 1.0 } else { 0.0 }) * scale * slopes[v];
             for j in 0..h {
                 out.dh[r * h + j] += g * w[v * h + j] as f64;
                 out.dh_size[r * h + j] += (g * w[v * h + j] as f64).abs();
@@ -144,8 +169,11 @@ fn rows_weighted_apart_give_each_row_its_own_scale() {
     let got = linear_cross_entropy_with(
         &hidden,
         h,
-        head,
-        vocab,
+        Logits {
+            head,
+            vocab,
+            softcap: None,
+        },
         &t,
         RowWeights::PerRow(&weights),
         outputs,
@@ -182,8 +210,11 @@ fn rows_weighted_apart_give_each_row_its_own_scale() {
     let refused = linear_cross_entropy_with(
         &hidden,
         h,
-        head,
-        vocab,
+        Logits {
+            head,
+            vocab,
+            softcap: None,
+        },
         &t,
         RowWeights::PerRow(&short),
         LossOutputs::default(),
@@ -248,6 +279,13 @@ fn the_bf16_head_rounds_the_hidden_rows_and_the_logit_gradients() {
     assert_ne!(hidden, rounded);
     let t = targets(n, vocab, 4);
     let scale = 1.0 / 113.0;
+    fn uncapped(head: Head<'_>, vocab: usize) -> Logits<'_> {
+        Logits {
+            head,
+            vocab,
+            softcap: None,
+        }
+    }
     let run = |head: Head<'_>, hidden: &[f32]| {
         let mut dh = vec![f32::NAN; n * h];
         let weights = RowWeights::Uniform(scale);
@@ -256,11 +294,13 @@ fn the_bf16_head_rounds_the_hidden_rows_and_the_logit_gradients() {
             row_losses: None,
             correct: None,
         };
-        let loss = linear_cross_entropy_with(hidden, h, head, vocab, &t, weights, outputs)
-            .expect("valid inputs");
+        let loss =
+            linear_cross_entropy_with(hidden, h, uncapped(head, vocab), &t, weights, outputs)
+                .expect("valid inputs");
         let outputs = LossOutputs::default();
-        let eval = linear_cross_entropy_with(hidden, h, head, vocab, &t, weights, outputs)
-            .expect("valid inputs");
+        let eval =
+            linear_cross_entropy_with(hidden, h, uncapped(head, vocab), &t, weights, outputs)
+                .expect("valid inputs");
         assert_eq!(loss.to_bits(), eval.to_bits(), "evaluation loss");
         (
             loss.to_bits(),
@@ -438,4 +478,50 @@ fn bad_inputs_are_refused_before_anything_is_written() {
         ),
         "{err:?}"
     );
+}
+
+/// Gemma 2's soft-capped logits: the loss of `c·tanh(l/c)` and the gradient back
+/// through the cap, against f64, with and without the gradient's pass.
+#[test]
+fn soft_capped_logits_match_the_f64_reference() {
+    let (n, h, vocab) = (150, 24, 300);
+    let hidden = random(n * h, 11, 3.0);
+    let w = random(vocab * h, 12, 0.5);
+    let t = targets(n, vocab, 7);
+    let scale = 1.0 / 91.0;
+    for cap in [2.0f32, 30.0] {
+        let want = reference_capped(&hidden, h, &w, vocab, &t, |_| scale, Some(cap as f64));
+        let logits = Logits {
+            head: Head::F32(&w),
+            vocab,
+            softcap: Some(cap),
+        };
+        let mut dh = vec![f32::NAN; n * h];
+        let mut hits = 0;
+        let outputs = LossOutputs {
+            d_hidden: Some(&mut dh),
+            row_losses: None,
+            correct: Some(&mut hits),
+        };
+        let weights = RowWeights::Uniform(scale);
+        let got = linear_cross_entropy_with(&hidden, h, logits, &t, weights, outputs)
+            .expect("valid inputs");
+        assert!(
+            (got - want.loss).abs() <= 1e-6 * want.loss_size,
+            "cap {cap}: loss {got} vs {}",
+            want.loss
+        );
+        let expected = want.dh.iter().zip(&want.dh_size);
+        for (i, (&got, (&want, &size))) in dh.iter().zip(expected).enumerate() {
+            assert!(
+                (got as f64 - want).abs() <= 1e-5 * size + 1e-12,
+                "cap {cap}: dH[{i}] {got} vs {want}"
+            );
+        }
+        assert_eq!(hits, want.hits, "cap {cap}: tokens ranked right");
+        let eval =
+            linear_cross_entropy_with(&hidden, h, logits, &t, weights, LossOutputs::default())
+                .expect("valid inputs");
+        assert_eq!(eval.to_bits(), got.to_bits(), "cap {cap}: evaluation loss");
+    }
 }

@@ -122,11 +122,11 @@ pub(crate) mod tests {
         }
     }
 
-    /// RMSNorm and SwiGLU, forward and backward: the AVX2 build gives the baseline bits.
+    /// RMSNorm, SwiGLU and GeGLU, forward and backward: the AVX2 build gives the baseline bits.
     #[test]
     fn the_avx2_build_of_the_row_kernels_gives_the_baseline_bits() {
+        use crate::glu::{Gate, glu_backward, glu_forward};
         use crate::norm::{rms_norm_backward, rms_norm_forward};
-        use crate::swiglu::{swiglu_backward, swiglu_forward};
         let (rows, h, inter) = (70, 48, 100);
         let value = |i: usize| ((i * 7919 % 1000) as f32 / 250.0 - 2.0) * 1.37;
         let x: Vec<f32> = (0..rows * h).map(value).collect();
@@ -140,14 +140,18 @@ pub(crate) mod tests {
             rms_norm_forward(&x, &w, 1e-5, &mut out, &mut inv);
             rms_norm_backward(&x, &w, &inv, &dy, &mut dx, true);
             let (mut act, mut d_gu) = (vec![0.0; rows * inter], vec![0.0; gu.len()]);
-            swiglu_forward(&gu, inter, &mut act);
-            swiglu_backward(&gu, inter, &dh, &mut d_gu);
-            [out, inv, dx, act, d_gu].map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
+            glu_forward(&gu, inter, Gate::Silu, &mut act);
+            glu_backward(&gu, inter, Gate::Silu, &dh, &mut d_gu);
+            let (mut gelu, mut d_gelu) = (vec![0.0; rows * inter], vec![0.0; gu.len()]);
+            glu_forward(&gu, inter, Gate::GeluTanh, &mut gelu);
+            glu_backward(&gu, inter, Gate::GeluTanh, &dh, &mut d_gelu);
+            [out, inv, dx, act, d_gu, gelu, d_gelu]
+                .map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
         };
         if !avx2_here() {
             eprintln!(
                 "skipped: this CPU lacks AVX2 or FMA, so only the baseline build runs here and \
-                 there is no AVX2 build to compare (the norm and swiglu tests check the baseline)"
+                 there is no AVX2 build to compare (the norm and glu tests check the baseline)"
             );
             return;
         }

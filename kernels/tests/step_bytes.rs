@@ -67,6 +67,7 @@ fn step_bytes_is_what_a_step_allocates() {
         rotary_dim: 16,
         rms_eps: 1e-5,
         qk_norm: false,
+        gemma: None,
     };
     let (rows, len, r) = (4, 128, 4);
     let n = rows * len;
@@ -111,6 +112,7 @@ fn step_bytes_is_what_a_step_allocates() {
         (0..dims.layers)
             .map(|l| Layer {
                 qk_norm: None,
+                gemma: None,
                 input_norm: &ones,
                 post_norm: &ones,
                 proj: std::array::from_fn(|p| Projection {
@@ -146,6 +148,7 @@ fn step_bytes_is_what_a_step_allocates() {
         },
         cos: &cos,
         sin: &sin,
+        local_rope: None,
         compute,
     };
     let (f32_model, bf16_model) = (model(false, Compute::F32), model(true, Compute::F32));

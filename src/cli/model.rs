@@ -193,32 +193,19 @@ fn estimate(args: EstimateArgs) -> Result<ExitCode> {
     cpu.scratch += thread_scratch;
     let gpu = tuneq_pools::graph_memory(&shape, &ask, true, accelerator_limit);
     let mib = |b: u64| b >> 20;
-    let cpu = match shape.trains_fused() {
-        true => serde_json::json!({
-            "path": "cpu-fused",
-            "total_mib": mib(cpu.total()),
-            "checkpointing": cpu.checkpointing,
-            "runtime_mib": mib(cpu.runtime),
-            "weights_mib": mib(cpu.weights),
-            "loading_mib": mib(cpu.loading),
-            "lora_state_mib": mib(cpu.lora_state),
-            "step_mib": mib(cpu.step),
-            "scratch_mib": mib(cpu.scratch),
-            "threads": threads,
-            "fits": limit.map(|l| cpu.total() <= l),
-        }),
-        // The model trains on candle's graph on the CPU too (its family).
-        false => {
-            let graph = tuneq_pools::graph_memory(&shape, &ask, false, limit);
-            serde_json::json!({
-                "path": "candle-graph",
-                "total_mib": mib(graph.bytes),
-                "checkpointing": graph.checkpointing,
-                "threads": threads,
-                "fits": limit.map(|l| graph.bytes <= l),
-            })
-        }
-    };
+    let cpu = serde_json::json!({
+        "path": "cpu-fused",
+        "total_mib": mib(cpu.total()),
+        "checkpointing": cpu.checkpointing,
+        "runtime_mib": mib(cpu.runtime),
+        "weights_mib": mib(cpu.weights),
+        "loading_mib": mib(cpu.loading),
+        "lora_state_mib": mib(cpu.lora_state),
+        "step_mib": mib(cpu.step),
+        "scratch_mib": mib(cpu.scratch),
+        "threads": threads,
+        "fits": limit.map(|l| cpu.total() <= l),
+    });
     println!(
         "{}",
         serde_json::to_string_pretty(&serde_json::json!({

@@ -203,16 +203,20 @@ def test_merge_matches_peft_and_loads_in_transformers(families, tuneq, input_ids
     assert diff <= LOGITS_ATOL, f"merged logits differ by {diff:.3e}"
 
 
-def test_a_mistral_whose_window_binds_trains_on_the_fused_kernels(tuneq, tiny_model,
-                                                                   chat_dataset, tmp_path):
-    """Its logits and gradients (on both paths) are checked with the others above; here,
-    a run takes the fused path (the kernels hide the keys past each token's window) and
-    says nothing of candle's graph."""
-    model = build_family("mistral-windowed", tmp_path / "mistral", tiny_model)
+@pytest.mark.parametrize("family", ["mistral-windowed", "gemma2", "gemma3_text"])
+def test_a_training_run_takes_the_fused_kernels(tuneq, tiny_model, chat_dataset, tmp_path,
+                                                family):
+    """Their logits and gradients (on both paths) are checked with the others above; here,
+    a plain `tuneq train` of a Mistral whose window binds and of each Gemma takes the fused
+    path (the checkpoint records it) and warns of nothing."""
+    model = build_family(family, tmp_path / family, tiny_model)
     proc = tuneq.run("train", "--model", model, "--train-file", chat_dataset,
                      "--output", tmp_path / "out", "--max-steps", 1, "--max-seq-len", 64,
                      "--progress", "json", timeout=300)
-    warnings = [json.loads(line)["message"] for line in proc.stdout.splitlines()
-                if line.startswith("{") and json.loads(line).get("event") == "warning"]
-    assert not any("graph" in w for w in warnings), warnings
+    events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    warnings = [e for e in events if e.get("event") == "warning"]
+    assert not warnings, warnings
+    state = json.loads((tmp_path / "out" / "checkpoints" / "step-00000001"
+                        / "trainer_state.json").read_text())
+    assert state["compute"]["path"] == "cpu-fused", state["compute"]
     assert (tmp_path / "out" / "adapter_model.safetensors").exists()

@@ -31,30 +31,16 @@ pub enum ComputePath {
 
 impl ComputePath {
     /// The path for `model`: fused on a CPU model (f32, or bf16 weights with f32
-    /// compute) the kernels take ([`tuneq_pools::ModelShape::trains_fused`]: a family
-    /// they implement), unless `TUNEQ_CPU_PATH=graph` asks for the graph (which then
-    /// computes in the model's dtype).
+    /// compute; every family the trainer takes), unless `TUNEQ_CPU_PATH=graph` asks for
+    /// the graph (which then computes in the model's dtype).
     pub fn for_model(model: &Llama) -> Self {
         let forced_graph = std::env::var("TUNEQ_CPU_PATH").is_ok_and(|v| v == "graph");
         let fused_dtype = matches!(model.dtype(), DType::F32 | DType::BF16);
-        let fused_model = model.cfg.shape.trains_fused();
-        if model.device().is_cpu() && fused_dtype && fused_model && !forced_graph {
+        if model.device().is_cpu() && fused_dtype && !forced_graph {
             Self::CpuFused
         } else {
             Self::Graph
         }
-    }
-
-    /// What a run on the CPU says when the fused kernels do not take `model` (its
-    /// family), so the job's events tell why it is slower; None otherwise.
-    pub fn graph_fallback(model: &Llama) -> Option<String> {
-        if !model.device().is_cpu() || model.cfg.shape.trains_fused() {
-            return None;
-        }
-        Some(format!(
-            "this {} model trains on candle's graph on the CPU (the fused CPU kernels do not implement this family yet), so steps take several times longer than on the fused kernels",
-            model.cfg.architecture().model_type()
-        ))
     }
 
     /// Its name in checkpoints and benchmark reports.
@@ -122,6 +108,14 @@ impl<'t> Held<'t> {
         Ok(HeldAt::Widened(self.widened.len() - 1))
     }
 
+    /// Holds RoPE tables (cosines, sines) as f32, when there are some.
+    fn hold_tables(&mut self, tables: Option<&'t (Tensor, Tensor)>) -> Result<Option<[HeldAt; 2]>> {
+        match tables {
+            Some((cos, sin)) => Ok(Some([self.hold_f32(cos)?, self.hold_f32(sin)?])),
+            None => Ok(None),
+        }
+    }
+
     /// An f32 tensor held by [`Self::hold_f32`] (or [`Self::hold`] of an f32 tensor).
     fn slice(&self, at: HeldAt) -> &[f32] {
         match at {
@@ -182,8 +176,10 @@ struct LoraIdx {
 /// Where one layer's tensors are in [`Held`].
 struct LayerIdx {
     norms: [HeldAt; 2],
-    /// Qwen3's q and k head norms.
+    /// Qwen3's and Gemma 3's q and k head norms.
     qk_norm: Option<[HeldAt; 2]>,
+    /// A Gemma's norms of its attention's and MLP's outputs, and whether it slides.
+    gemma: Option<([HeldAt; 2], bool)>,
     /// Each projection's weight, bias and LoRA.
     proj: Vec<(HeldAt, Option<HeldAt>, Option<LoraIdx>)>,
 }
@@ -217,16 +213,22 @@ fn with_model<T>(model: &Llama, f: impl FnOnce(&Kernels<'_>) -> Result<T>) -> Re
             cfg.num_kv_heads() * cfg.head_dim(),
         );
         let proj = split::kernel_projections(&mut held, layer, widths)?;
+        let gemma = match model.gemma_layer(l) {
+            Some((after_attention, after_mlp, sliding)) => Some((
+                [held.hold_f32(after_attention)?, held.hold_f32(after_mlp)?],
+                sliding,
+            )),
+            None => None,
+        };
         layers.push(LayerIdx {
             norms,
             qk_norm,
+            gemma,
             proj,
         });
     }
-    let long = match model.long_rope_f32() {
-        Some((cos, sin)) => Some((held.hold_f32(cos)?, held.hold_f32(sin)?)),
-        None => None,
-    };
+    let long = held.hold_tables(model.long_rope_f32())?;
+    let local = held.hold_tables(model.local_rope_f32())?;
     let layers = layers
         .iter()
         .map(|l| {
@@ -254,6 +256,13 @@ fn with_model<T>(model: &Llama, f: impl FnOnce(&Kernels<'_>) -> Result<T>) -> Re
                     q: held.slice(q),
                     k: held.slice(k),
                 }),
+                gemma: l.gemma.map(
+                    |([after_attention, after_mlp], sliding)| llama::GemmaLayer {
+                        after_attention: held.slice(after_attention),
+                        after_mlp: held.slice(after_mlp),
+                        sliding,
+                    },
+                ),
                 proj,
             })
         })
@@ -270,6 +279,7 @@ fn with_model<T>(model: &Llama, f: impl FnOnce(&Kernels<'_>) -> Result<T>) -> Re
             rotary_dim: cfg.rotary_dim(),
             rms_eps: cfg.rms_norm_eps as f32,
             qk_norm: cfg.architecture().qk_norm(),
+            gemma: gemma_of(cfg),
         },
         embed: held.frozen(top[0]),
         layers,
@@ -277,13 +287,25 @@ fn with_model<T>(model: &Llama, f: impl FnOnce(&Kernels<'_>) -> Result<T>) -> Re
         lm_head: held.frozen(top[2]),
         cos: held.slice(top[3]),
         sin: held.slice(top[4]),
+        local_rope: local.map(|[cos, sin]| (held.slice(cos), held.slice(sin))),
         compute: model.cpu_compute,
     };
-    let long = long.map(|(cos, sin)| (held.slice(cos), held.slice(sin)));
+    let long = long.map(|[cos, sin]| (held.slice(cos), held.slice(sin)));
     f(&Kernels {
         model: kernels,
         long,
         cfg,
+    })
+}
+
+/// What a Gemma computes beyond a Llama, as the kernels take it; None for the other
+/// families.
+fn gemma_of(cfg: &crate::config::LlamaConfig) -> Option<llama::Gemma> {
+    Some(llama::Gemma {
+        embed_scale: cfg.embedding_scale()?,
+        attention_scale: cfg.attention_scale() as f32,
+        attention_softcap: cfg.attn_logit_softcapping.map(|c| c as f32),
+        logit_softcap: cfg.final_logit_softcapping.map(|c| c as f32),
     })
 }
 
@@ -316,13 +338,15 @@ impl<'m> Kernels<'m> {
 /// in every row with every token seeing its row from the start (ordinary causal
 /// attention).
 ///
-/// A sliding window that every layer shares (Mistral's, Phi-3's) is each token's first
-/// visible key moved up to the window's edge: the kernels hide every key before a
-/// token's start, so a token at column `c` sees columns `c + 1 − window ..= c` of its
-/// segment, as transformers' sliding-window mask.
+/// A sliding window is each token's first visible key moved up to the window's edge:
+/// the kernels hide every key before a token's start, so a token at column `c` sees
+/// columns `c + 1 − window ..= c` of its segment, as transformers' sliding-window mask.
+/// A window every layer shares (Mistral's, Phi-3's) replaces the starts; a Gemma's,
+/// which only its sliding layers have, is kept beside them.
 struct BatchView<'b> {
     positions: Cow<'b, [u32]>,
     starts: Cow<'b, [u32]>,
+    window_starts: Option<Vec<u32>>,
 }
 
 impl<'b> BatchView<'b> {
@@ -331,17 +355,25 @@ impl<'b> BatchView<'b> {
             Some(p) => Self {
                 positions: Cow::Borrowed(&p.positions),
                 starts: Cow::Borrowed(&p.starts),
+                window_starts: None,
             },
             None => Self {
                 positions: (0..b.rows * b.len).map(|k| (k % b.len) as u32).collect(),
                 starts: vec![0; b.rows * b.len].into(),
+                window_starts: None,
             },
         };
-        if let Some(window) = model.cfg.layer_window(0) {
-            for (k, start) in view.starts.to_mut().iter_mut().enumerate() {
-                let edge = ((k % b.len) + 1).saturating_sub(window) as u32;
-                *start = (*start).max(edge);
-            }
+        let cfg = &model.cfg;
+        let Some(window) = (0..cfg.num_hidden_layers()).find_map(|l| cfg.layer_window(l)) else {
+            return view;
+        };
+        let windowed = view.starts.iter().enumerate().map(|(k, &start)| {
+            let edge = ((k % b.len) + 1).saturating_sub(window) as u32;
+            start.max(edge)
+        });
+        match cfg.architecture().gemma() {
+            true => view.window_starts = Some(windowed.collect()),
+            false => view.starts = Cow::Owned(windowed.collect()),
         }
         view
     }
@@ -354,6 +386,7 @@ impl<'b> BatchView<'b> {
             targets: &b.targets,
             positions: &self.positions,
             starts: &self.starts,
+            window_starts: self.window_starts.as_deref(),
         }
     }
 }

@@ -107,6 +107,7 @@ pub fn preset_config(opts: &InitOptions) -> LlamaConfig {
             sliding_window: gemma.then_some(max_pos / 32),
             model_type: Some(opts.architecture.model_type().into()),
             added_tokens: None,
+            merges: None,
         },
         rms_norm_eps: 1e-5,
         // Gemma 3's global layers rotate with their own base, unlike its local ones.

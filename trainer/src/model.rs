@@ -261,9 +261,10 @@ pub struct Llama {
     /// the weights' dtype (the same tensors as `cos`/`sin` on an f32 model).
     rope_f32: (Tensor, Tensor),
     /// The sliding-window layers' own RoPE tables (Gemma 3's local base), in the
-    /// compute dtype (the fused CPU path, the only reader of `rope_f32`, does not
-    /// take Gemma).
-    local_rope: Option<(Tensor, Tensor)>,
+    /// compute dtype.
+    local_rope: Option<RopeTables>,
+    /// The same in f32, for the CPU fast path.
+    local_rope_f32: Option<RopeTables>,
     /// LongRoPE's tables past its pretraining context (Phi-3), which a pass over any
     /// position past it rotates every position with.
     long_rope: Option<(Tensor, Tensor)>,
@@ -353,26 +354,24 @@ impl Llama {
         let positions = cfg.max_position_embeddings();
         let inv = cfg.inv_freq();
         let scale = cfg.rope_attention_factor() as f32;
-        let tables = |inv: &[f32], dtype| rope_tables(inv, positions, scale, device, dtype);
-        let rope_f32 = tables(&inv, DType::F32)?;
-        let (cos, sin) = match dtype {
-            DType::F32 => rope_f32.clone(),
-            _ => tables(&inv, dtype)?,
+        // Each table in f32 (the fast path's) and in the compute dtype (the same
+        // tensors on an f32 model).
+        let tables = |inv: &[f32], scale: f32| -> Result<(RopeTables, RopeTables)> {
+            let f32 = rope_tables(inv, positions, scale, device, DType::F32)?;
+            let own = match dtype {
+                DType::F32 => f32.clone(),
+                _ => rope_tables(inv, positions, scale, device, dtype)?,
+            };
+            Ok((f32, own))
         };
-        let local_rope = cfg
-            .local_inv_freq()
-            .map(|inv| rope_tables(&inv, positions, 1.0, device, dtype))
-            .transpose()?;
-        let long_rope_f32 = cfg
-            .long_inv_freq()
-            .map(|inv| tables(&inv, DType::F32))
-            .transpose()?;
-        let long_rope = match dtype {
-            DType::F32 => long_rope_f32.clone(),
-            _ => cfg
-                .long_inv_freq()
-                .map(|inv| tables(&inv, dtype))
-                .transpose()?,
+        let (rope_f32, (cos, sin)) = tables(&inv, scale)?;
+        let (local_rope_f32, local_rope) = match cfg.local_inv_freq() {
+            Some(inv) => tables(&inv, 1.0).map(|(f, own)| (Some(f), Some(own)))?,
+            None => (None, None),
+        };
+        let (long_rope_f32, long_rope) = match cfg.long_inv_freq() {
+            Some(inv) => tables(&inv, scale).map(|(f, own)| (Some(f), Some(own)))?,
+            None => (None, None),
         };
         Ok(Self {
             cfg,
@@ -384,6 +383,7 @@ impl Llama {
             sin,
             rope_f32,
             local_rope,
+            local_rope_f32,
             long_rope,
             long_rope_f32,
             dtype,
@@ -565,6 +565,21 @@ impl Llama {
             Some((cos, sin)) if self.cfg.long_rope_at(end) => (cos, sin),
             _ => (&self.cos, &self.sin),
         }
+    }
+
+    /// The sliding layers' own tables in f32 (Gemma 3), for the fused CPU path.
+    pub(crate) fn local_rope_f32(&self) -> Option<&RopeTables> {
+        self.local_rope_f32.as_ref()
+    }
+
+    /// A Gemma layer's norms of its attention's and its MLP's outputs, and whether it
+    /// is a sliding layer (attends through the window, or rotates with the local
+    /// tables), for the fused CPU path.
+    pub(crate) fn gemma_layer(&self, l: usize) -> Option<(&Tensor, &Tensor, bool)> {
+        let layer = &self.layers[l];
+        let sliding = layer.window.is_some() || layer.local_rope;
+        let s = layer.sandwich.as_ref()?;
+        Some((&s.after_attention, &s.after_mlp, sliding))
     }
 
     /// LongRoPE's long tables in f32, for the fused CPU path (which picks them as
@@ -777,6 +792,9 @@ impl RopeSlice {
         }
     }
 }
+
+/// RoPE cosines and sines, (positions, rotary dims / 2) each.
+pub(crate) type RopeTables = (Tensor, Tensor);
 
 /// One layer's cached keys and values (batch, kv heads, positions, head_dim), once it
 /// has seen a token.

@@ -3,7 +3,7 @@
 
 use crate::gemm::{Mat, MatMut, gemm};
 
-use super::{AttentionShape, QUERY_BLOCK, Scratch, exp, key_range, transposed};
+use super::{AttentionShape, QUERY_BLOCK, Scratch, exp, key_range, soft_cap, transposed};
 
 /// `Σ aᵢbᵢ` in 16 interleaved partial sums, so that it vectorises; the order is fixed.
 #[inline(always)]
@@ -56,7 +56,7 @@ crate::simd::wide_twin!(
             shape.qkv_width(),
             shape.out_width(),
         );
-        let (group, scale) = (shape.group(), shape.scale());
+        let (group, scale) = (shape.group(), shape.scale);
         let starts = &inputs.starts[b * seq..(b + 1) * seq];
         let qkv = &inputs.qkv[b * seq * width..(b + 1) * seq * width];
         let d_out = &inputs.d_out[b * seq * ow..(b + 1) * seq * ow];
@@ -70,6 +70,7 @@ crate::simd::wide_twin!(
             block: dq,
             dk,
             dv,
+            slopes,
         } = scratch;
         // Kᵀ and Vᵀ are the right-hand operands of S and dP for every block: transposed once
         // so the library packs them by runs (see `transposed`).
@@ -94,8 +95,14 @@ crate::simd::wide_twin!(
                 let p = &mut p[..m * n];
                 let ds = &mut ds[..m * n];
 
-                // P = exp(S − lse) on the visible keys, 0 elsewhere.
+                // P = exp(S − lse) on the visible keys, 0 elsewhere (S soft-capped
+                // where the model caps it, keeping the cap's slopes for dS).
                 gemm(scale, q, kt, 0.0, MatMut::new(p, m, n));
+                let slopes = shape.softcap.map(|cap| {
+                    let slopes = &mut slopes[..m * n];
+                    soft_cap(p, cap, Some(&mut *slopes));
+                    &*slopes
+                });
                 probabilities(p, n, first, lo, starts, lse);
                 // dV += Pᵀ·dO
                 gemm(
@@ -113,6 +120,9 @@ crate::simd::wide_twin!(
                 // its maximum against float64, PyTorch float32 3.3e-5).
                 gemm(1.0, d_o, vt, 0.0, MatMut::new(ds, m, n));
                 score_gradients(ds, p, n);
+                if let Some(slopes) = slopes {
+                    ds.iter_mut().zip(slopes).for_each(|(x, &s)| *x *= s);
+                }
                 // dQ = dS·K/√d, complete for this block: copy it out.
                 gemm(
                     scale,

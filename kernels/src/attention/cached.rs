@@ -31,6 +31,8 @@ impl Heads {
             heads: self.heads,
             kv_heads: self.kv_heads,
             head_dim: self.head_dim,
+            scale: super::AttentionShape::head_scale(self.head_dim),
+            softcap: None,
         }
     }
 }

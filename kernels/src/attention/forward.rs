@@ -2,7 +2,7 @@
 
 use crate::gemm::{Mat, MatMut, gemm};
 
-use super::{AttentionShape, QUERY_BLOCK, Scratch, exp, key_range, transposed};
+use super::{AttentionShape, QUERY_BLOCK, Scratch, exp, key_range, soft_cap, transposed};
 
 /// Whether key position `key` may be hidden from some query of the block starting at
 /// `first`, whose latest segment start is `last_start`: it lies after the block's first
@@ -55,7 +55,10 @@ crate::simd::wide_twin!(
                 let st = &mut scores[..n * m];
                 let q = Mat::strided(&qkv[first * width + q_col..], m, d, width, 1);
                 let k = Mat::strided(&kt[lo..], n, d, 1, seq);
-                gemm(shape.scale(), k, q.t(), 0.0, MatMut::new(st, n, m));
+                gemm(shape.scale, k, q.t(), 0.0, MatMut::new(st, n, m));
+                if let Some(cap) = shape.softcap {
+                    soft_cap(st, cap, None);
+                }
                 // Softmax down each query's column over its visible keys, unnormalised;
                 // 1/Σ goes on O. Hidden keys become −∞, so exp makes them 0.
                 let (max, sum) = (&mut max[..m], &mut sum[..m]);

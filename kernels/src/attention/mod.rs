@@ -61,8 +61,8 @@ use forward::forward_task;
 /// 4096, inside L2 either way.
 pub const QUERY_BLOCK: usize = 64;
 
-/// The shape of one attention call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The shape of one attention call, and what shapes its scores besides `q·k`.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AttentionShape {
     /// Sequence rows in the micro-batch.
     pub batch: usize,
@@ -74,6 +74,12 @@ pub struct AttentionShape {
     pub kv_heads: usize,
     /// Width of one head.
     pub head_dim: usize,
+    /// The scores' scale: `1/√head_dim` ([`Self::head_scale`]), or a family's own
+    /// (Gemma's `query_pre_attn_scalar^(−1/2)`).
+    pub scale: f32,
+    /// Gemma 2's soft-cap of the scaled scores, `c·tanh(s/c)`, before the mask and the
+    /// softmax; `None` leaves them as they are.
+    pub softcap: Option<f32>,
 }
 
 impl AttentionShape {
@@ -102,9 +108,9 @@ impl AttentionShape {
         self.heads / self.kv_heads
     }
 
-    /// The softmax scale, `1/√head_dim`.
-    fn scale(&self) -> f32 {
-        1.0 / (self.head_dim as f32).sqrt()
+    /// The usual scale of the scores for heads of `head_dim`, `1/√head_dim`.
+    pub fn head_scale(head_dim: usize) -> f32 {
+        1.0 / (head_dim as f32).sqrt()
     }
 
     fn check(&self, qkv: &[f32], starts: &[u32]) {
@@ -142,6 +148,23 @@ impl AttentionShape {
 /// hide masked keys).
 fn exp(x: f32) -> f32 {
     crate::exp::exp(x)
+}
+
+/// Gemma 2's soft-cap in place, `s ← c·tanh(s/c)` (divide, tanh, multiply, as
+/// transformers computes it); with `slopes`, also each score's derivative `1 − tanh²`
+/// there (the backward's factor).
+#[inline(always)]
+fn soft_cap(scores: &mut [f32], cap: f32, slopes: Option<&mut [f32]>) {
+    match slopes {
+        None => scores
+            .iter_mut()
+            .for_each(|s| *s = crate::tanh::tanh(*s / cap) * cap),
+        Some(slopes) => scores.iter_mut().zip(slopes).for_each(|(s, d)| {
+            let t = crate::tanh::tanh(*s / cap);
+            *s = t * cap;
+            *d = 1.0 - t * t;
+        }),
+    }
 }
 
 /// The first key a query block may see: the earliest segment start among its rows
@@ -246,6 +269,9 @@ struct Scratch {
     dk: Vec<f32>,
     /// dV of the kv head (backward), `seq × head_dim`.
     dv: Vec<f32>,
+    /// The soft-cap's slopes of one query block (backward, with a soft-cap),
+    /// `QUERY_BLOCK × seq`.
+    slopes: Vec<f32>,
 }
 
 impl Scratch {
@@ -253,6 +279,11 @@ impl Scratch {
         let (seq, d) = (shape.seq, shape.head_dim);
         let block = QUERY_BLOCK.min(seq);
         let only_backward = |n: usize| vec![0f32; if backward { n } else { 0 }];
+        let capped = if shape.softcap.is_some() {
+            block * seq
+        } else {
+            0
+        };
         Self {
             kt: vec![0f32; d * seq],
             vt: only_backward(d * seq),
@@ -261,6 +292,7 @@ impl Scratch {
             block: vec![0f32; block * d],
             dk: only_backward(seq * d),
             dv: only_backward(seq * d),
+            slopes: only_backward(capped),
         }
     }
 }
@@ -268,7 +300,8 @@ impl Scratch {
 /// Backward: the gradients of q, k and v given `d_out`, written over `d_qkv` (same layout
 /// as `qkv`). `lse` is what [`attention_forward`] returned for these inputs.
 ///
-/// Per query block, with `P = exp(S − lse)` recomputed: `dV += Pᵀ·dO`, `dP = dO·Vᵀ`,
+/// Per query block, with `P = exp(S − lse)` recomputed (and, with a soft-cap, its slope
+/// `1 − tanh²` multiplied into dS): `dV += Pᵀ·dO`, `dP = dO·Vᵀ`,
 /// `dS = P∘(dP − rowsum(P∘dP))`, `dQ = dS·K/√d`, `dK += dSᵀ·Q/√d`.
 ///
 /// # Panics

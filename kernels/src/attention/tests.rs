@@ -13,6 +13,8 @@ fn shape(batch: usize, seq: usize, heads: usize, kv_heads: usize, d: usize) -> A
         heads,
         kv_heads,
         head_dim: d,
+        scale: AttentionShape::head_scale(d),
+        softcap: None,
     }
 }
 
@@ -37,15 +39,18 @@ struct Reference {
 }
 
 /// Attention in f64 with explicit loops, and its gradients given `d_out`, derived by
-/// hand: with `s_j = q·k_j/√d`, `p = softmax(s)` over the visible keys and
+/// hand: with `s_j = σ·q·k_j` (σ the shape's scale, `1/√d` usually), soft-capped to
+/// `c·tanh(s_j/c)` where the shape caps, `p = softmax(s)` over the visible keys and
 /// `o = Σ_j p_j v_j`,
 /// - `dv_j += p_j dO`, `dp_j = dO·v_j`;
-/// - `ds_j = p_j (dp_j − Σ_l p_l dp_l)` (the softmax Jacobian);
-/// - `dq = Σ_j ds_j k_j/√d`, `dk_j += ds_j q/√d`.
+/// - `ds_j = p_j (dp_j − Σ_l p_l dp_l)` (the softmax Jacobian), times the cap's
+///   `1 − tanh²(s_j/c)`;
+/// - `dq = Σ_j ds_j k_j·σ`, `dk_j += ds_j q·σ`.
 fn reference(shape: &AttentionShape, qkv: &[f64], starts: &[u32], d_out: &[f64]) -> Reference {
     let (seq, nh, kv, d) = (shape.seq, shape.heads, shape.kv_heads, shape.head_dim);
     let (w, ow) = (shape.qkv_width(), shape.out_width());
-    let scale = 1.0 / (d as f64).sqrt();
+    let scale = shape.scale as f64;
+    let cap = shape.softcap.map(f64::from);
     let q = |t: usize, h: usize, c: usize| qkv[t * w + h * d + c];
     let k = |t: usize, g: usize, c: usize| qkv[t * w + (nh + g) * d + c];
     let v = |t: usize, g: usize, c: usize| qkv[t * w + (nh + kv + g) * d + c];
@@ -58,10 +63,15 @@ fn reference(shape: &AttentionShape, qkv: &[f64], starts: &[u32], d_out: &[f64])
             for i in 0..seq {
                 let t = b * seq + i;
                 let keys: Vec<usize> = (starts[t] as usize..=i).map(|j| b * seq + j).collect();
-                let s: Vec<f64> = keys
+                let raw: Vec<f64> = keys
                     .iter()
                     .map(|&u| (0..d).map(|c| q(t, h, c) * k(u, g, c)).sum::<f64>() * scale)
                     .collect();
+                let s: Vec<f64> = match cap {
+                    Some(c) => raw.iter().map(|x| c * (x / c).tanh()).collect(),
+                    None => raw.clone(),
+                };
+                let slope = |j: usize| cap.map_or(1.0, |c| 1.0 - (raw[j] / c).tanh().powi(2));
                 let max = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let sum: f64 = s.iter().map(|x| (x - max).exp()).sum();
                 let p: Vec<f64> = s.iter().map(|x| (x - max).exp() / sum).collect();
@@ -77,7 +87,7 @@ fn reference(shape: &AttentionShape, qkv: &[f64], starts: &[u32], d_out: &[f64])
                     .collect();
                 let delta: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
                 for (j, &u) in keys.iter().enumerate() {
-                    let ds = p[j] * (dp[j] - delta);
+                    let ds = p[j] * (dp[j] - delta) * slope(j);
                     for c in 0..d {
                         d_qkv[t * w + h * d + c] += ds * k(u, g, c) * scale;
                         d_qkv[u * w + (nh + g) * d + c] += ds * q(t, h, c) * scale;
@@ -213,6 +223,22 @@ fn forward_and_backward_match_the_naive_reference() {
     .enumerate()
     {
         check_against_reference(s, &vec![0; s.rows()], n as u64 * 10);
+    }
+}
+
+/// Gemma's scores: a scale of its own (`query_pre_attn_scalar^(−1/2)`) and Gemma 2's
+/// soft-cap, tight enough here that most scores bend.
+#[test]
+fn a_scale_of_its_own_and_a_soft_cap_match_the_naive_reference() {
+    for (n, cap) in [None, Some(1.5), Some(50.0)].into_iter().enumerate() {
+        let s = AttentionShape {
+            scale: 0.2,
+            softcap: cap,
+            ..shape(2, 100, 4, 2, 16)
+        };
+        check_against_reference(s, &vec![0; s.rows()], 40 + n as u64);
+        let packed = packed_starts(&[&[50, 30, 20], &[1, 98, 1]]);
+        check_against_reference(s, &packed, 50 + n as u64);
     }
 }
 

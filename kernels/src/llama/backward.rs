@@ -6,8 +6,8 @@ use super::frozen::FrozenWork;
 use super::{Batch, DOWN, Dims, GATE, K, Model, O, Projection, Q, UP, V, qk_norm};
 use crate::attention::attention_backward;
 use crate::gemm::{Mat, MatMut, gemm};
+use crate::glu::{glu_backward, glu_forward};
 use crate::norm::{rms_norm_backward, rms_norm_forward};
-use crate::swiglu::{swiglu_backward, swiglu_forward};
 
 /// Scratch of the LoRA backward, sized for the largest rank and projection.
 pub(super) struct LoraWork {
@@ -27,13 +27,14 @@ pub(super) struct BackwardWork {
     pub(super) hn: Vec<f32>,
     /// Its 1/rms, recomputed (equal to the saved one), N.
     pub(super) inv: Vec<f32>,
-    /// SwiGLU output, recomputed, N × I.
+    /// The gated activation's output, recomputed, N × I.
     pub(super) act: Vec<f32>,
     /// Its gradient, N × I.
     pub(super) d_act: Vec<f32>,
     /// `[dg | du]`, N × 2I.
     pub(super) d_gu: Vec<f32>,
-    /// The gradient of a normed input, N × h.
+    /// The gradient of a normed input (or, for a Gemma, first of a half's output
+    /// before its norm), N × h.
     pub(super) d_hn: Vec<f32>,
     /// The gradient of the attention output, N × heads·head_dim.
     pub(super) d_attn: Vec<f32>,
@@ -175,8 +176,8 @@ pub(super) fn layer_backward(
     attention_backward_block(model, l, batch, saved, dx, work, grads, bottom, slots);
 }
 
-/// The MLP half of layer `l` backward: down, SwiGLU, gate and up, then the
-/// post-attention norm's backward into `dx`.
+/// The MLP half of layer `l` backward: a Gemma's norm of its output, down, the gated
+/// activation, gate and up, then the post-attention norm's backward into `dx`.
 #[inline]
 #[allow(clippy::too_many_arguments)]
 fn mlp_backward(
@@ -194,14 +195,23 @@ fn mlp_backward(
     let n = batch.rows * batch.len;
     let (h, inter) = (d.hidden, d.intermediate);
     let eps = d.rms_eps;
-    // MLP: down, SwiGLU, gate and up, then the post-attention norm into dx.
-    swiglu_forward(&saved.gu, inter, &mut work.act);
+    // MLP: (a Gemma's output norm,) down, the activation, gate and up, then the
+    // post-attention norm into dx.
+    glu_forward(&saved.gu, inter, d.gate(), &mut work.act);
+    let d_down = match layer.gemma {
+        Some(g) => {
+            let (x, inv) = (&saved.down_out, &saved.inv_down);
+            rms_norm_backward(x, g.after_mlp, inv, dx, &mut work.d_hn, false);
+            &work.d_hn
+        }
+        None => &*dx,
+    };
     projection_backward(
         d,
         DOWN,
         &layer.proj[DOWN],
         n,
-        Mat::new(dx, n, h),
+        Mat::new(d_down, n, h),
         &work.act,
         saved.masks[DOWN].as_deref(),
         &saved.u[DOWN],
@@ -211,7 +221,7 @@ fn mlp_backward(
         &mut work.lora,
         &mut work.frozen,
     );
-    swiglu_backward(&saved.gu, inter, &work.d_act, &mut work.d_gu);
+    glu_backward(&saved.gu, inter, d.gate(), &work.d_act, &mut work.d_gu);
     rms_norm_forward(
         &saved.x_mid,
         layer.post_norm,
@@ -246,8 +256,9 @@ fn mlp_backward(
     );
 }
 
-/// The attention half of layer `l` backward: o, attention, inverse RoPE, q/k/v, then
-/// the input norm's backward into `dx` (both skipped for the input when `bottom`).
+/// The attention half of layer `l` backward: a Gemma's norm of its output, o,
+/// attention, inverse RoPE, q/k/v, then the input norm's backward into `dx` (both
+/// skipped for the input when `bottom`).
 #[inline]
 #[allow(clippy::too_many_arguments)]
 fn attention_backward_block(
@@ -265,14 +276,22 @@ fn attention_backward_block(
     let d = &model.dims;
     let n = batch.rows * batch.len;
     let (h, eps) = (d.hidden, d.rms_eps);
-    // Attention: o, attention, inverse RoPE, the q/k norms (Qwen3), q/k/v, then the
-    // input norm into dx.
+    // Attention: (a Gemma's output norm,) o, attention, inverse RoPE, the q/k norms
+    // (Qwen3, Gemma 3), q/k/v, then the input norm into dx.
+    let d_o = match layer.gemma {
+        Some(g) => {
+            let (x, inv) = (&saved.o_out, &saved.inv_o);
+            rms_norm_backward(x, g.after_attention, inv, dx, &mut work.d_hn, false);
+            &work.d_hn
+        }
+        None => &*dx,
+    };
     projection_backward(
         d,
         O,
         &layer.proj[O],
         n,
-        Mat::new(dx, n, h),
+        Mat::new(d_o, n, h),
         &saved.attn,
         saved.masks[O].as_deref(),
         &saved.u[O],
@@ -286,17 +305,12 @@ fn attention_backward_block(
     attention_backward(
         &shape,
         &saved.qkv,
-        batch.starts,
+        batch.starts_of(layer),
         &saved.lse,
         &work.d_attn,
         &mut work.d_qkv,
     );
-    d.rotate_qk(
-        &mut work.d_qkv,
-        batch.positions,
-        (model.cos, model.sin),
-        true,
-    );
+    d.rotate_qk(&mut work.d_qkv, batch.positions, model.rope_of(l), true);
     if let Some(norm) = layer.qk_norm {
         qk_norm::backward(d, norm, n, &mut work.d_qkv, &saved.qk_pre, &saved.qk_inv);
     }

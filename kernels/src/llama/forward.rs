@@ -4,8 +4,8 @@ use super::frozen::FrozenWork;
 use super::{Batch, DOWN, Dims, GATE, K, Model, O, Projection, Q, UP, V, qk_norm};
 use crate::attention::{AttentionShape, attention_forward};
 use crate::gemm::{Mat, MatMut, gemm};
+use crate::glu::glu_forward;
 use crate::norm::rms_norm_forward;
-use crate::swiglu::swiglu_forward;
 
 /// What a layer's forward keeps for its backward (see the module notes). Without
 /// checkpointing there is one per layer; with it, one for the whole step, refilled by
@@ -37,14 +37,25 @@ pub(super) struct Saved {
     pub(super) qk_pre: Vec<f32>,
     /// Each of those heads' 1/rms, N × (heads + kv_heads) (empty without).
     pub(super) qk_inv: Vec<f32>,
+    /// A Gemma's attention output before its norm (the o projection's), N × h (empty
+    /// for other families).
+    pub(super) o_out: Vec<f32>,
+    /// Its 1/rms, N (empty for other families).
+    pub(super) inv_o: Vec<f32>,
+    /// A Gemma's MLP output before its norm (the down projection's), N × h (empty for
+    /// other families).
+    pub(super) down_out: Vec<f32>,
+    /// Its 1/rms, N (empty for other families).
+    pub(super) inv_down: Vec<f32>,
 }
 
 /// The lengths of [`Saved`]'s fixed buffers, in field order (`x_in` … `gu`, then
-/// `qk_pre` and `qk_inv`). Shared by [`Saved::new`] and [`super::step_bytes`], so that
-/// the count is the allocation.
-pub(super) fn saved_lengths(d: &Dims, n: usize) -> [usize; 10] {
+/// `qk_pre`, `qk_inv`, `o_out`, `inv_o`, `down_out` and `inv_down`). Shared by
+/// [`Saved::new`] and [`super::step_bytes`], so that the count is the allocation.
+pub(super) fn saved_lengths(d: &Dims, n: usize) -> [usize; 14] {
     let h = d.hidden;
     let qk = if d.qk_norm { n } else { 0 };
+    let gemma = if d.gemma.is_some() { n } else { 0 };
     [
         n * h,
         n,
@@ -56,14 +67,32 @@ pub(super) fn saved_lengths(d: &Dims, n: usize) -> [usize; 10] {
         n * 2 * d.intermediate,
         qk * qk_norm::qk_width(d),
         qk * (d.heads + d.kv_heads),
+        gemma * h,
+        gemma,
+        gemma * h,
+        gemma,
     ]
 }
 
 impl Saved {
     /// Buffers for `n` tokens and, per projection, LoRA rank `ranks[p]` (0: none).
     pub(super) fn new(d: &Dims, n: usize, ranks: &[usize; 7]) -> Self {
-        let [x_in, inv1, qkv, attn, lse, x_mid, inv2, gu, qk_pre, qk_inv] =
-            saved_lengths(d, n).map(|len| vec![0.0; len]);
+        let [
+            x_in,
+            inv1,
+            qkv,
+            attn,
+            lse,
+            x_mid,
+            inv2,
+            gu,
+            qk_pre,
+            qk_inv,
+            o_out,
+            inv_o,
+            down_out,
+            inv_down,
+        ] = saved_lengths(d, n).map(|len| vec![0.0; len]);
         Self {
             x_in,
             inv1,
@@ -77,6 +106,10 @@ impl Saved {
             masks: Default::default(),
             qk_pre,
             qk_inv,
+            o_out,
+            inv_o,
+            down_out,
+            inv_down,
         }
     }
 }
@@ -85,7 +118,7 @@ impl Saved {
 pub(super) struct ForwardWork {
     /// A normed input, N × h.
     pub(super) hn: Vec<f32>,
-    /// SwiGLU output, N × I.
+    /// The gated activation's output, N × I.
     pub(super) act: Vec<f32>,
     /// A masked LoRA input, N × max in.
     pub(super) xd: Vec<f32>,
@@ -101,6 +134,8 @@ pub(super) fn attention_shape(d: &Dims, batch: &Batch<'_>) -> AttentionShape {
         heads: d.heads,
         kv_heads: d.kv_heads,
         head_dim: d.head_dim,
+        scale: d.attention_scale(),
+        softcap: d.gemma.and_then(|g| g.attention_softcap),
     }
 }
 
@@ -184,7 +219,8 @@ pub(super) fn layer_forward(
 }
 
 /// The attention half of layer `l`: the input norm, q/k/v, RoPE, attention and the o
-/// projection, whose output is added into a copy of the residual (`saved.x_mid`).
+/// projection, whose output is added into a copy of the residual (`saved.x_mid`); a
+/// Gemma's is normalised first (the o projection's output kept in `saved.o_out`).
 #[inline]
 fn attention_block(
     model: &Model<'_>,
@@ -226,38 +262,50 @@ fn attention_block(
             &mut saved.qk_inv,
         );
     }
-    d.rotate_qk(
-        &mut saved.qkv,
-        batch.positions,
-        (model.cos, model.sin),
-        false,
-    );
+    d.rotate_qk(&mut saved.qkv, batch.positions, model.rope_of(l), false);
     let shape = attention_shape(d, batch);
     attention_forward(
         &shape,
         &saved.qkv,
-        batch.starts,
+        batch.starts_of(layer),
         &mut saved.attn,
         &mut saved.lse,
     );
     saved.x_mid.copy_from_slice(x);
+    let (out, beta) = match layer.gemma {
+        Some(_) => (&mut saved.o_out, 0.0),
+        None => (&mut saved.x_mid, 1.0),
+    };
     projection_forward(
         d,
         O,
         &layer.proj[O],
         n,
         &saved.attn,
-        1.0,
-        &mut saved.x_mid,
+        beta,
+        out,
         saved.masks[O].as_deref(),
         &mut saved.u[O],
         &mut work.xd,
         &mut work.frozen,
     );
+    if let Some(g) = layer.gemma {
+        let normed = &mut work.hn;
+        rms_norm_forward(
+            &saved.o_out,
+            g.after_attention,
+            eps,
+            normed,
+            &mut saved.inv_o,
+        );
+        super::backward::add(&mut saved.x_mid, normed);
+    }
 }
 
-/// The MLP half of layer `l`: the post-attention norm, gate and up, SwiGLU and the down
-/// projection, whose output is added into the residual, written to `x`.
+/// The MLP half of layer `l`: the post-attention norm, gate and up, the gated
+/// activation and the down projection, whose output is added into the residual, written
+/// to `x`; a Gemma's is normalised first (the down projection's output kept in
+/// `saved.down_out`).
 #[inline]
 fn mlp_block(
     model: &Model<'_>,
@@ -294,29 +342,48 @@ fn mlp_block(
             &mut work.frozen,
         );
     }
-    swiglu_forward(&saved.gu, d.intermediate, &mut work.act);
+    glu_forward(&saved.gu, d.intermediate, d.gate(), &mut work.act);
     x.copy_from_slice(&saved.x_mid);
+    let (out, beta) = match layer.gemma {
+        Some(_) => (&mut saved.down_out[..], 0.0),
+        None => (&mut *x, 1.0),
+    };
     projection_forward(
         d,
         DOWN,
         &layer.proj[DOWN],
         n,
         &work.act,
-        1.0,
-        x,
+        beta,
+        out,
         saved.masks[DOWN].as_deref(),
         &mut saved.u[DOWN],
         &mut work.xd,
         &mut work.frozen,
     );
+    if let Some(g) = layer.gemma {
+        let normed = &mut work.hn;
+        rms_norm_forward(
+            &saved.down_out,
+            g.after_mlp,
+            eps,
+            normed,
+            &mut saved.inv_down,
+        );
+        super::backward::add(x, normed);
+    }
 }
 
-/// The embedding rows of `ids`, N × h (widened row by row when the embedding is bf16).
+/// The embedding rows of `ids`, N × h (widened row by row when the embedding is bf16),
+/// scaled by a Gemma's `√hidden`.
 pub(super) fn embed(model: &Model<'_>, ids: &[u32]) -> Vec<f32> {
     let h = model.dims.hidden;
     let mut x = vec![0f32; ids.len() * h];
     for (row, &id) in x.chunks_mut(h).zip(ids) {
         model.embed.copy_to(id as usize * h, row);
+    }
+    if let Some(g) = model.dims.gemma {
+        x.iter_mut().for_each(|v| *v *= g.embed_scale);
     }
     x
 }

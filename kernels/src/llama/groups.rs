@@ -78,7 +78,8 @@ pub(super) fn sub_batch<'a>(batch: &Batch<'a>, rows: &Range<usize>) -> Batch<'a>
         len: batch.len,
         targets: &batch.targets[tokens.clone()],
         positions: &batch.positions[tokens.clone()],
-        starts: &batch.starts[tokens],
+        starts: &batch.starts[tokens.clone()],
+        window_starts: batch.window_starts.map(|w| &w[tokens]),
     }
 }
 

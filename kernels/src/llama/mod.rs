@@ -19,6 +19,17 @@
 //! [`linear_cross_entropy`](crate::loss::linear_cross_entropy), which writes the
 //! hidden-state gradient in the same pass.
 //!
+//! **Gemma 2 and 3** ([`Dims::gemma`], [`GemmaLayer`]): the embeddings are scaled by
+//! √hidden; each half's output (the o and the down projection's) goes to a buffer of its
+//! own, is RMS-normalised, and only then added into the residual, its input and `1/rms`
+//! kept for the backward, which runs that norm's backward first into the normed-input
+//! gradient's scratch and hands the result to the projection; the MLP's gate is GELU's
+//! tanh form ([`Gate::GeluTanh`](crate::glu::Gate)); the attention scores take the
+//! family's own scale and Gemma 2's soft-cap (in the attention kernel), and the loss
+//! Gemma 2's soft-capped logits. A sliding layer attends with the batch's second set of
+//! first keys ([`Batch::window_starts`]) and rotates with the model's local RoPE tables
+//! ([`Model::local_rope`], Gemma 3's). Gemma 3's q/k norms are Qwen3's.
+//!
 //! **Saved per layer:** the layer's input, `x_mid` (after attention), both norms' `1/rms`,
 //! qkv after RoPE, attention output and log-sum-exp, `[gate | up]`, each LoRA branch's
 //! `u`, and the dropout masks when there are any. The normed inputs and the SwiGLU output
@@ -120,7 +131,9 @@ mod validate;
 
 pub use frozen::{Compute, Frozen};
 pub use memory::{step_bytes, step_bytes_on_any_cpu};
-pub use model::{Batch, Dims, Layer, Lora, MaskSource, Model, OwnedBatch, Projection};
+pub use model::{
+    Batch, Dims, Gemma, GemmaLayer, Layer, Lora, MaskSource, Model, OwnedBatch, Projection,
+};
 pub use qk_norm::QkNorm;
 pub use step::{
     StepLoss, StepOptions, Weigh, forward_backward, forward_backward_weighted,

@@ -6,6 +6,7 @@ use super::frozen::{self, Compute, Frozen, FrozenWork};
 use super::groups;
 use super::memory::{forward_work_lengths, widening_len, widest_side};
 use super::{GATE, K, O, Q, UP, V};
+use crate::glu::Gate;
 
 /// The architecture.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -29,12 +30,48 @@ pub struct Dims {
     pub rotary_dim: usize,
     /// RMSNorm's ε.
     pub rms_eps: f32,
-    /// Whether every query and key head is RMS-normalised before RoPE (Qwen3): each
-    /// layer then has [`Layer::qk_norm`], and the step keeps the heads before the norm.
+    /// Whether every query and key head is RMS-normalised before RoPE (Qwen3, Gemma 3):
+    /// each layer then has [`Layer::qk_norm`], and the step keeps the heads before the
+    /// norm.
     pub qk_norm: bool,
+    /// What Gemma 2 and 3 compute differently, exactly when the model is one: each
+    /// layer then has [`Layer::gemma`].
+    pub gemma: Option<Gemma>,
+}
+
+/// What a Gemma computes beyond a Llama, model-wide. Per layer it also normalises each
+/// half's output before its residual add ([`GemmaLayer`]); its MLP gate is GELU's tanh
+/// form ([`Gate::GeluTanh`]); its norms multiply by `1 + w`, which the caller passes as
+/// the weights themselves.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Gemma {
+    /// The embeddings' factor, `√hidden` rounded to f32 (transformers' `normalizer`).
+    pub embed_scale: f32,
+    /// The attention scores' scale, `query_pre_attn_scalar^(−1/2)`.
+    pub attention_scale: f32,
+    /// Gemma 2's soft-cap of the attention scores (`attn_logit_softcapping`).
+    pub attention_softcap: Option<f32>,
+    /// Gemma 2's soft-cap of the final logits (`final_logit_softcapping`).
+    pub logit_softcap: Option<f32>,
 }
 
 impl Dims {
+    /// The MLP gate's activation: GeGLU's for a Gemma, SwiGLU's otherwise.
+    pub(super) fn gate(&self) -> Gate {
+        match self.gemma {
+            Some(_) => Gate::GeluTanh,
+            None => Gate::Silu,
+        }
+    }
+
+    /// The attention scores' scale: a Gemma's own, `1/√head_dim` otherwise.
+    pub(super) fn attention_scale(&self) -> f32 {
+        self.gemma.map_or_else(
+            || crate::attention::AttentionShape::head_scale(self.head_dim),
+            |g| g.attention_scale,
+        )
+    }
+
     /// `(in, out)` of projection `p` ([`PROJECTIONS`](super::PROJECTIONS) order).
     pub fn projection_shape(&self, p: usize) -> (usize, usize) {
         let (h, q, kv, i) = (
@@ -154,6 +191,24 @@ pub struct Layer<'a> {
     pub proj: [Projection<'a>; 7],
     /// The q and k heads' norm weights, exactly when [`Dims::qk_norm`].
     pub qk_norm: Option<super::QkNorm<'a>>,
+    /// A Gemma's own per-layer parts, exactly when [`Dims::gemma`].
+    pub gemma: Option<GemmaLayer<'a>>,
+}
+
+/// What a Gemma layer has beyond a Llama layer.
+#[derive(Debug, Clone, Copy)]
+pub struct GemmaLayer<'a> {
+    /// RMSNorm weight of the attention's output before its residual add
+    /// (`post_attention_layernorm`), `hidden`. (Its norm before the MLP,
+    /// `pre_feedforward_layernorm`, is [`Layer::post_norm`].)
+    pub after_attention: &'a [f32],
+    /// RMSNorm weight of the MLP's output before its residual add
+    /// (`post_feedforward_layernorm`), `hidden`.
+    pub after_mlp: &'a [f32],
+    /// A `sliding_attention` layer: it attends within [`Batch::window_starts`] when
+    /// the batch has them (a window that binds on it), and rotates with
+    /// [`Model::local_rope`] when the model has them (Gemma 3's local base).
+    pub sliding: bool,
 }
 
 /// A Llama causal LM with LoRA, as views of its tensors.
@@ -174,11 +229,32 @@ pub struct Model<'a> {
     pub cos: &'a [f32],
     /// RoPE sines, like `cos`.
     pub sin: &'a [f32],
+    /// The sliding layers' own cosines and sines, shaped like `cos` and `sin` (Gemma 3's
+    /// `rope_local_base_freq`); `None`: every layer rotates with `cos` and `sin`.
+    pub local_rope: Option<(&'a [f32], &'a [f32])>,
     /// How the projections' frozen products are computed (f32 by default).
     pub compute: Compute,
 }
 
-impl Model<'_> {
+impl<'a> Model<'a> {
+    /// The logits the loss reads through `head`: soft-capped where a Gemma 2 caps them.
+    pub(super) fn logits<'h>(&self, head: crate::loss::Head<'h>) -> crate::loss::Logits<'h> {
+        crate::loss::Logits {
+            head,
+            vocab: self.dims.vocab,
+            softcap: self.dims.gemma.and_then(|g| g.logit_softcap),
+        }
+    }
+
+    /// The RoPE cosines and sines layer `l` rotates with.
+    pub(super) fn rope_of(&self, l: usize) -> (&[f32], &[f32]) {
+        let sliding = self.layers[l].gemma.is_some_and(|g| g.sliding);
+        match self.local_rope {
+            Some(local) if sliding => local,
+            _ => (self.cos, self.sin),
+        }
+    }
+
     /// The LoRA tensors' lengths, in gradient order: layer, projection, A then B.
     pub fn lora_lengths(&self) -> Vec<usize> {
         let mut out = Vec::new();
@@ -293,6 +369,20 @@ pub struct Batch<'a> {
     /// [`attention_forward`](crate::attention::attention_forward)): all zeros is plain
     /// causal attention.
     pub starts: &'a [u32],
+    /// Per token, the first key a Gemma's sliding layers let it see (its segment start
+    /// or the window's edge, the later), when the window binds on the batch; `None`:
+    /// those layers attend as `starts` says.
+    pub window_starts: Option<&'a [u32]>,
+}
+
+impl<'a> Batch<'a> {
+    /// The segment starts layer `layer` attends with.
+    pub(super) fn starts_of(&self, layer: &Layer<'_>) -> &'a [u32] {
+        match (self.window_starts, layer.gemma) {
+            (Some(window), Some(g)) if g.sliding => window,
+            _ => self.starts,
+        }
+    }
 }
 
 /// A [`Batch`] that owns its vectors: what benchmarks and tests build.
@@ -334,6 +424,7 @@ impl OwnedBatch {
             targets: &self.targets,
             positions: &self.positions,
             starts: &self.starts,
+            window_starts: None,
         }
     }
 

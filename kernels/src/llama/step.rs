@@ -149,11 +149,11 @@ fn step(
     let mut state = forward_layers(model, &plan, &ranks, dropout, &mut x)?;
     let (hn, inv) = final_norm(model, &x, &mut state.works);
     let mut d_hidden = vec![0f32; n * h];
-    let head = frozen::loss_head(
+    let head = model.logits(frozen::loss_head(
         model.lm_head,
         model.compute,
         &mut state.works[0].frozen.widened,
-    );
+    ));
     let chosen: Vec<f32>;
     let weights = match objective {
         Objective::Mean(scale) => RowWeights::Uniform(scale),
@@ -165,7 +165,7 @@ fn step(
                 correct: None,
             };
             let unit = RowWeights::Uniform(1.0);
-            linear_cross_entropy_with(&hn, h, head, d.vocab, batch.targets, unit, outputs)?;
+            linear_cross_entropy_with(&hn, h, head, batch.targets, unit, outputs)?;
             chosen = weigh(&losses);
             RowWeights::PerRow(&chosen)
         }
@@ -176,7 +176,7 @@ fn step(
         row_losses: None,
         correct: Some(&mut correct),
     };
-    let loss = linear_cross_entropy_with(&hn, h, head, d.vocab, batch.targets, weights, outputs)?;
+    let loss = linear_cross_entropy_with(&hn, h, head, batch.targets, weights, outputs)?;
     let measured = StepLoss { loss, correct };
     let Some(lowest) = lowest else {
         return Ok(measured);
@@ -525,8 +525,11 @@ fn evaluate(
     let loss = linear_cross_entropy_with(
         &hn,
         h,
-        frozen::loss_head(model.lm_head, model.compute, &mut works[0].frozen.widened),
-        d.vocab,
+        model.logits(frozen::loss_head(
+            model.lm_head,
+            model.compute,
+            &mut works[0].frozen.widened,
+        )),
         batch.targets,
         RowWeights::Uniform(scale),
         LossOutputs {

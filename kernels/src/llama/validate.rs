@@ -156,6 +156,32 @@ fn check_layers(model: &Model<'_>) -> Result<(), StepError> {
                 )));
             }
         }
+        match (layer.gemma, d.gemma) {
+            (Some(g), Some(_)) => {
+                expect_len(
+                    || format!("layer {l} post_attention_layernorm"),
+                    g.after_attention.len(),
+                    h,
+                )?;
+                expect_len(
+                    || format!("layer {l} post_feedforward_layernorm"),
+                    g.after_mlp.len(),
+                    h,
+                )?;
+            }
+            (None, None) => {}
+            (has, _) => {
+                return Err(StepError::Dims(format!(
+                    "layer {l} {} a Gemma's output norms but the dimensions {}",
+                    if has.is_some() { "has" } else { "lacks" },
+                    if has.is_some() {
+                        "are not a Gemma's"
+                    } else {
+                        "are a Gemma's"
+                    }
+                )));
+            }
+        }
         for (p, proj) in layer.proj.iter().enumerate() {
             let (i, o) = d.projection_shape(p);
             let name = PROJECTIONS[p];
@@ -187,6 +213,10 @@ fn rope_positions(model: &Model<'_>) -> Result<usize, StepError> {
     let bad = |m: String| Err(StepError::Dims(m));
     let half = d.rotary_dim / 2;
     expect_len(|| "sin".into(), model.sin.len(), model.cos.len())?;
+    if let Some((cos, sin)) = model.local_rope {
+        expect_len(|| "local RoPE cos".into(), cos.len(), model.cos.len())?;
+        expect_len(|| "local RoPE sin".into(), sin.len(), model.cos.len())?;
+    }
     if !model.cos.len().is_multiple_of(half) {
         return bad(format!(
             "RoPE tables of {} are not rows of rotary_dim/2 = {half}",
@@ -240,15 +270,20 @@ fn check_batch(batch: &Batch<'_>, v: usize, max_pos: usize) -> Result<(), StepEr
             max_pos,
         });
     }
+    let window = batch.window_starts.unwrap_or_default();
+    if let Some(w) = batch.window_starts {
+        expect_len(|| "window_starts".into(), w.len(), n)?;
+    }
     if let Some((index, &start)) = batch
         .starts
         .iter()
+        .chain(window)
         .enumerate()
-        .find(|&(i, &s)| s as usize > i % batch.len)
+        .find(|&(i, &s)| s as usize > (i % n.max(1)) % batch.len)
     {
         return Err(StepError::SegmentStart {
-            index,
-            column: index % batch.len,
+            index: index % n.max(1),
+            column: (index % n.max(1)) % batch.len,
             start,
         });
     }

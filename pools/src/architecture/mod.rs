@@ -114,12 +114,6 @@ impl Architecture {
         matches!(self, Architecture::Gemma2 | Architecture::Gemma3)
     }
 
-    /// Whether the fused CPU step (`tuneq-kernels`) implements its maths; the others
-    /// train on candle's graph, which implements every family.
-    pub fn fused(self) -> bool {
-        !self.gemma()
-    }
-
     /// Whether a layer holds q, k and v as one `qkv_proj` and the MLP's gate and up as
     /// one `gate_up_proj` (Phi-3), which LoRA wraps whole.
     pub fn fuses_projections(self) -> bool {

@@ -4,7 +4,7 @@
 
 use crate::architecture::{Unsupported, architecture_of};
 use serde::{Deserialize, Serialize};
-use tuneq_kernels::llama::{Compute, Dims, PROJECTIONS, step_bytes_on_any_cpu};
+use tuneq_kernels::llama::{Compute, Dims, Gemma, PROJECTIONS, step_bytes_on_any_cpu};
 use tuneq_openapi::{ActivationCheckpointing, ComputeKind, DtypeKind, LoraSpec};
 
 /// The shape of a model of a family tuneq trains, from its `config.json`: the fields
@@ -51,6 +51,11 @@ pub struct ModelShape {
     /// [`ModelShape::read`]; None where no tokenizer was read, counted as all added.
     #[serde(skip)]
     pub added_tokens: Option<u64>,
+    /// How many merges its `tokenizer.json`'s BPE model holds (Gemma's hold two per
+    /// vocabulary entry, most others one). Read with [`Self::added_tokens`]; None where
+    /// no tokenizer was read.
+    #[serde(skip)]
+    pub merges: Option<u64>,
 }
 
 /// The largest `tokenizer.json` read for its added tokens (real ones are 2–20 MB); a larger
@@ -74,19 +79,29 @@ fn read_at_most(path: &std::path::Path, limit: u64) -> Option<Vec<u8>> {
     (bytes.len() as u64 <= limit).then_some(bytes)
 }
 
-/// How many tokens the tokenizer file at `path` adds; None when it is missing, larger than
-/// [`TOKENIZER_FILE_LIMIT`] or not a tokenizer file.
-fn read_added_tokens(path: &std::path::Path) -> Option<u64> {
+/// How many tokens the tokenizer file at `path` adds and how many merges its model holds;
+/// None when it is missing, larger than [`TOKENIZER_FILE_LIMIT`] or not a tokenizer file.
+fn read_tokenizer_counts(path: &std::path::Path) -> Option<(u64, u64)> {
     let bytes = read_at_most(path, TOKENIZER_FILE_LIMIT)?;
     let file: TokenizerFile = serde_json::from_slice(&bytes).ok()?;
-    Some(file.added_tokens.len() as u64)
+    let merges = file.model.map_or(0, |m| m.merges.len());
+    Some((file.added_tokens.len() as u64, merges as u64))
 }
 
-/// The one field of a `tokenizer.json` the estimate needs; the rest is skipped unread.
+/// The fields of a `tokenizer.json` the estimate needs; the rest is skipped unread.
 #[derive(Deserialize)]
 struct TokenizerFile {
     #[serde(default)]
     added_tokens: Vec<serde::de::IgnoredAny>,
+    #[serde(default)]
+    model: Option<TokenizerModel>,
+}
+
+/// The part of a tokenizer's model the estimate counts.
+#[derive(Deserialize)]
+struct TokenizerModel {
+    #[serde(default)]
+    merges: Vec<serde::de::IgnoredAny>,
 }
 
 impl ModelShape {
@@ -101,7 +116,9 @@ impl ModelShape {
         }
         let config = crate::architecture::with_class_defaults(config);
         let mut shape: Self = serde_json::from_value(config).ok()?;
-        shape.added_tokens = read_added_tokens(&dir.join("tokenizer.json"));
+        if let Some((added, merges)) = read_tokenizer_counts(&dir.join("tokenizer.json")) {
+            (shape.added_tokens, shape.merges) = (Some(added), Some(merges));
+        }
         Some(Ok(shape))
     }
 
@@ -184,13 +201,6 @@ impl ModelShape {
             .unwrap_or(crate::Architecture::Llama)
     }
 
-    /// Whether it trains on the fused CPU kernels (on a CPU): its family is one they
-    /// implement. (A window every layer shares, Mistral's or Phi-3's, is the kernels'
-    /// too: each token's first visible key moves up to the window's edge.)
-    pub fn trains_fused(&self) -> bool {
-        self.architecture().fused()
-    }
-
     /// Its sliding window where one can bind: Mistral's (every layer's) and Gemma's (its
     /// `sliding_attention` layers'), when shorter than the context. (The Qwens' window
     /// is read only with their switch, which their rules hold off.)
@@ -219,6 +229,14 @@ impl ModelShape {
             // The rotation changes no buffer's size.
             rotary_dim: self.head_dim() as usize,
             rms_eps: 1e-5,
+            // A Gemma keeps two more normed outputs per layer; their sizes do not
+            // depend on its scales or caps.
+            gemma: self.architecture().gemma().then_some(Gemma {
+                embed_scale: 1.0,
+                attention_scale: 1.0,
+                attention_softcap: None,
+                logit_softcap: None,
+            }),
         }
     }
 }
@@ -292,18 +310,25 @@ pub const PROCESS_BYTES: u64 = 24 << 20;
 
 /// A tokenizer's resident bytes during training: a fixed part, and a part per entry that
 /// depends on where the entry lives. An added token (matched before the model splits the
-/// text) costs about 1.6 KiB, an entry of the model's own vocabulary with its merge about
-/// 0.6 KiB. Fitted on training peaks: `tuneq model init`'s byte-level BPE tokenizers, whose
-/// entries are mostly added tokens (small: 29106 of 32000, SmolLM2's shape: 46258 of
-/// 49152), and the real SmolLM2-135M's (49152 entries, 17 added), which peaked 47 MiB
-/// lower than the random tokenizer of the same size on the same weights. Without a
-/// tokenizer file every entry counts as added: the larger figure.
+/// text) costs about 1.6 KiB, an entry of the model's own vocabulary 0.37 KiB and each
+/// merge 0.72 KiB (what parsing its file leaves resident included). Fitted on the
+/// trainer's resident memory once the tokenizer is loaded and before the weights are
+/// read: `tuneq model init`'s byte-level BPE tokenizers, whose entries are mostly added
+/// tokens (small: 29106 of 32000: 54 MiB), the real SmolLM2-135M's (49152 entries and
+/// 48900 merges: 67 MiB), Qwen2.5's (151936 and 151387: 166 MiB) and Gemma 3's (262144
+/// entries, 6384 of them added, and 514906 merges: 470 MiB). Without a tokenizer file
+/// every entry counts as added: the larger figure for all but Gemma's kind.
 fn tokenizer_bytes(shape: &ModelShape) -> u64 {
     let added = shape
         .added_tokens
         .unwrap_or(shape.vocab_size)
         .min(shape.vocab_size);
-    (4 << 20) + 1614 * added + 612 * (shape.vocab_size - added)
+    let own = shape.vocab_size - added;
+    let merges = match shape.added_tokens {
+        Some(_) => shape.merges.unwrap_or(own),
+        None => 0,
+    };
+    (4 << 20) + 1614 * added + 382 * own + 740 * merges
 }
 
 /// What the step holds besides [`step_bytes_on_any_cpu`], for a step whose own buffers
@@ -431,20 +456,9 @@ fn weight_bytes(ask: &Ask<'_>, gpu: bool) -> u64 {
 
 /// The least memory an attempt on the CPU needs: with layers recomputed when the job
 /// allows it (`on`, or `auto`, which turns it on when a pool's memory asks for it).
-/// What placement compares with a CPU pool's memory. A model the fused kernels do not
-/// take ([`ModelShape::trains_fused`]) trains on candle's CPU graph, and is estimated as
-/// such.
+/// What placement compares with a CPU pool's memory: every family trains on the fused
+/// CPU step there.
 pub fn cpu_memory_needed(shape: &ModelShape, ask: &Ask<'_>) -> u64 {
-    if !shape.trains_fused() {
-        let least = Ask {
-            checkpointing: match ask.checkpointing {
-                ActivationCheckpointing::Off => ActivationCheckpointing::Off,
-                _ => ActivationCheckpointing::On,
-            },
-            ..ask.clone()
-        };
-        return graph_memory_bytes(shape, &least, false);
-    }
     cpu_memory(shape, ask, Some(0)).total()
 }
 

@@ -68,8 +68,18 @@ fn a_tokenizer_of_added_tokens_is_counted_heavier_than_one_of_merges() {
         tokenizer_bytes(&unknown),
     );
     assert!(few < many && many < all, "{few} {many} {all}");
-    // 32000 entries of a real BPE: about 4 + 19 MiB.
-    assert_eq!(few >> 20, 22);
+    // 32000 entries of a BPE without merges: about 4 + 12 MiB; with one merge each
+    // (most real BPEs), 23 MiB more; with two (Gemma's), 45 more.
+    assert_eq!(few >> 20, 15);
+    assert_eq!(merges.merges, Some(0));
+    let with_merges = |count| {
+        let shape = ModelShape {
+            merges: Some(count),
+            ..merges.clone()
+        };
+        tokenizer_bytes(&shape) >> 20
+    };
+    assert_eq!((with_merges(32_000), with_merges(64_000)), (38, 60));
 }
 
 #[test]
@@ -89,7 +99,7 @@ fn a_folder_of_another_architecture_is_refused_not_read_as_llama() {
 }
 
 #[test]
-fn a_gemma_on_the_cpu_is_estimated_as_candle_s_graph() {
+fn a_gemma_on_the_cpu_is_estimated_on_the_fused_step_with_its_output_norms() {
     let llama = ModelShape {
         hidden_size: 640,
         intermediate_size: 2048,
@@ -104,10 +114,11 @@ fn a_gemma_on_the_cpu_is_estimated_as_candle_s_graph() {
         sliding_window: None,
         model_type: Some("llama".into()),
         added_tokens: Some(0),
+        merges: Some(0),
     };
     let gemma = ModelShape {
         sliding_window: Some(512),
-        model_type: Some("gemma3_text".into()),
+        model_type: Some("gemma2".into()),
         ..llama.clone()
     };
     let lora = LoraSpec::default();
@@ -126,10 +137,15 @@ fn a_gemma_on_the_cpu_is_estimated_as_candle_s_graph() {
     );
     assert_eq!(
         cpu_memory_needed(&gemma, &ask),
-        graph_memory_bytes(&gemma, &ask, false)
+        cpu_memory(&gemma, &ask, Some(0)).total()
     );
-    // Gemma's layers keep more than a Llama's of the same shape on the graph.
-    assert!(graph_memory_bytes(&gemma, &ask, false) > graph_memory_bytes(&llama, &ask, false));
+    // A Gemma 2's fused step keeps each half's output before its norm, and its 1/rms:
+    // 2·(hidden + 1) floats per token and layer more than a Llama's of the same shape.
+    let step = |shape: &ModelShape| cpu_memory(shape, &ask, Some(0)).step;
+    let tokens = 4 * 512;
+    assert_eq!(step(&gemma) - step(&llama), 4 * 2 * (640 + 1) * tokens * 18);
+    // On a GPU (candle's graph) its layers keep more too.
+    assert!(graph_memory_bytes(&gemma, &ask, true) > graph_memory_bytes(&llama, &ask, true));
 }
 
 #[test]

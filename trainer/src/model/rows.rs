@@ -21,14 +21,15 @@
 //! pretraining context turns with the long tables, as [`Llama::forward_cached`] does.
 
 use super::{KvCache, Layer, Llama, Roles};
+use crate::config::LlamaConfig;
 use crate::error::{Error, Result};
 use crate::lora::LoraLinear;
 use candle_core::{DType, Storage, Tensor};
 use tuneq_kernels::attention::{CachedQuery, Heads, attention_forward, attention_over_cache};
 use tuneq_kernels::few_rows::{MAX_ROWS, few_rows_times_weight};
+use tuneq_kernels::glu::{Gate, glu_forward};
 use tuneq_kernels::norm::rms_norm_forward;
 use tuneq_kernels::rope::rope_in_place;
-use tuneq_kernels::swiglu::swiglu_forward;
 use tuneq_kernels::{Mat, MatMut, gemm, to_row_major};
 
 /// One layer's keys and values in row form: position by position, kv head by kv head,
@@ -341,17 +342,11 @@ fn add(x: &mut [f32], y: &[f32]) {
     }
 }
 
-/// `gate ← gelu_tanh(gate)·up`, element by element (Gemma's GeGLU), with the constants
-/// of the trainer's [`crate::ops::gelu_tanh`].
-fn geglu_in_place(gate: &mut [f32], up: &[f32]) {
-    let (scale, cubic) = (
-        crate::ops::SQRT_2_OVER_PI as f32,
-        crate::ops::GELU_CUBIC as f32,
-    );
-    for (g, u) in gate.iter_mut().zip(up) {
-        let x = *g;
-        let inner = scale * (x + cubic * x * x * x);
-        *g = 0.5 * x * (1.0 + inner.tanh()) * u;
+/// The MLP gate's activation of `cfg`'s family: Gemma's tanh GELU, SiLU elsewhere.
+fn gate_of(cfg: &LlamaConfig) -> Gate {
+    match cfg.architecture().gemma() {
+        true => Gate::GeluTanh,
+        false => Gate::Silu,
     }
 }
 
@@ -570,28 +565,20 @@ impl Llama {
                 // Each row is [gate | up], the layout the SwiGLU kernel reads.
                 let gate_up = project(gate_up, &hn, rows)?;
                 let mut act = vec![0f32; gate_up.len() / 2];
-                swiglu_forward(&gate_up, cfg.intermediate_size(), &mut act);
+                glu_forward(&gate_up, cfg.intermediate_size(), gate_of(cfg), &mut act);
                 act
             }
             Roles::Separate([_, _, _, _, gate, up, _]) => {
-                let (mut gate, up) = (project(gate, &hn, rows)?, project(up, &hn, rows)?);
-                match cfg.architecture().gemma() {
-                    true => {
-                        geglu_in_place(&mut gate, &up);
-                        gate
-                    }
-                    false => {
-                        let inter = gate.len() / rows;
-                        let mut gate_up = Vec::with_capacity(2 * gate.len());
-                        for (g, u) in gate.chunks_exact(inter).zip(up.chunks_exact(inter)) {
-                            gate_up.extend_from_slice(g);
-                            gate_up.extend_from_slice(u);
-                        }
-                        let mut act = gate;
-                        swiglu_forward(&gate_up, inter, &mut act);
-                        act
-                    }
+                let (gate, up) = (project(gate, &hn, rows)?, project(up, &hn, rows)?);
+                let inter = gate.len() / rows;
+                let mut gate_up = Vec::with_capacity(2 * gate.len());
+                for (g, u) in gate.chunks_exact(inter).zip(up.chunks_exact(inter)) {
+                    gate_up.extend_from_slice(g);
+                    gate_up.extend_from_slice(u);
                 }
+                let mut act = gate;
+                glu_forward(&gate_up, inter, gate_of(cfg), &mut act);
+                act
             }
         };
         let mut out = project(down_p, &act, rows)?;

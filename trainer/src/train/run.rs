@@ -281,9 +281,6 @@ impl<'a> Run<'a> {
                 .and_then(|v| v.as_str().map(str::to_string))
                 .unwrap_or_default(),
         });
-        if let Some(message) = crate::fast::ComputePath::graph_fallback(&self.model) {
-            sink.event(&TrainEvent::Warning { message });
-        }
         Ok(metrics)
     }
 

@@ -310,6 +310,7 @@ fn larger_case() -> (Owned, OwnedBatch) {
         rotary_dim: 8,
         rms_eps: 1e-6,
         qk_norm: false,
+        gemma: None,
     };
     let m = Owned::random(dims, &[ALL], 4, 14);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(15);

@@ -43,6 +43,7 @@ pub(super) fn tiny_dims() -> Dims {
         rotary_dim: 4,
         rms_eps: 1e-5,
         qk_norm: false,
+        gemma: None,
     }
 }
 
@@ -59,6 +60,7 @@ pub(super) fn llama7b() -> Dims {
         rotary_dim: 128,
         rms_eps: 1e-5,
         qk_norm: false,
+        gemma: None,
     }
 }
 
@@ -181,6 +183,7 @@ impl Owned {
                 }),
                 input_norm: &self.norms[l][0],
                 post_norm: &self.norms[l][1],
+                gemma: None,
                 proj: std::array::from_fn(|p| Projection {
                     bias: self
                         .qkv_bias
@@ -208,6 +211,7 @@ impl Owned {
             lm_head: Frozen::F32(&self.lm_head),
             cos: &self.cos,
             sin: &self.sin,
+            local_rope: None,
             compute: Compute::F32,
         }
     }
