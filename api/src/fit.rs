@@ -188,6 +188,34 @@ pub(crate) fn check_job(
     }))
 }
 
+/// The pools that can hold a fine-tune of `shape` at the default settings (LoRA,
+/// sequence length, batch, dtype and checkpointing as a job that names none): those
+/// placement would offer such a job, fastest first; none when none can.
+pub(crate) fn pools_that_fit(state: &AppState, shape: &ModelShape) -> Vec<String> {
+    let lora = tuneq_openapi::LoraSpec::default();
+    let h = tuneq_openapi::train_spec::Hyperparameters::default();
+    let ask = Ask {
+        lora: &lora,
+        max_seq_len: u64::from(h.max_seq_len),
+        batch_size: u64::from(h.batch_size),
+        dtype: Default::default(),
+        compute: Default::default(),
+        checkpointing: Default::default(),
+        dataset_tokens: 0,
+    };
+    let needs = tuneq_pools::Needs {
+        class: "any",
+        memory_bytes: Some(tuneq_pools::cpu_memory_needed(shape, &ask)),
+        accelerator_memory_bytes: Some(tuneq_pools::gpu_memory_needed(shape, &ask)),
+        tokens: None,
+        max_cost: None,
+    };
+    let speed = |pool: &str| state.pool_stats.speed(pool);
+    tuneq_pools::plan(&state.config.pools, &needs, &speed)
+        .map(|candidates| candidates.iter().map(|c| c.pool.name.clone()).collect())
+        .unwrap_or_default()
+}
+
 /// The tokens one epoch over `training` puts through the model, for estimates: the
 /// upload's count with this model's tokenizer when it was made at a length no shorter
 /// than the job's (an upper bound then), else about four characters a token, at most

@@ -22,23 +22,28 @@ pub(crate) fn base(model: records::model::BaseModel) -> Model {
         kind: "base".into(),
         base_model: None,
         fine_tuning_job_id: None,
+        display_name: model.display_name,
+        details: model.details,
     }
 }
 
-/// The alias `alias` of base model `base` as the API shows it.
-fn alias(alias: &str, base: &str, created: u64) -> Model {
+/// The alias `alias` of the base model `base` (as shown) as the API shows it: with the
+/// base's registration time and details.
+fn alias(alias: &str, base: &Model) -> Model {
     Model {
         id: alias.to_string(),
         object: "model".into(),
-        created,
+        created: base.created,
         owned_by: "tuneq".into(),
         kind: "alias".into(),
-        base_model: Some(base.to_string()),
+        base_model: Some(base.id.clone()),
         fine_tuning_job_id: None,
+        display_name: None,
+        details: base.details.clone(),
     }
 }
 
-/// The aliases of `bases`, each with its base model's registration time.
+/// The aliases of `bases`.
 fn aliases_of(state: &AppState, bases: &[Model]) -> Vec<Model> {
     state
         .config
@@ -46,9 +51,35 @@ fn aliases_of(state: &AppState, bases: &[Model]) -> Vec<Model> {
         .iter()
         .filter_map(|(name, target)| {
             let base = bases.iter().find(|b| &b.id == target)?;
-            Some(alias(name, target, base.created))
+            Some(alias(name, base))
         })
         .collect()
+}
+
+/// `model` (a base model as [`base`] shows it) with the pools that can hold a fine-tune
+/// of it, from its folder's shape (read on the blocking pool, cached) and this
+/// service's pools file; as it was when it has no details.
+async fn with_fitting_pools(
+    state: &AppState,
+    record: &records::model::BaseModel,
+    mut model: Model,
+) -> Model {
+    if let Some(details) = model.details.as_mut()
+        && let Ok(Some(shape)) = crate::fit::local_shape(record).await
+    {
+        details.fits_pools = crate::fit::pools_that_fit(state, &shape);
+    }
+    model
+}
+
+/// Every registered base model as the API shows it, with the pools that fit each.
+async fn bases(state: &AppState) -> ApiResult<Vec<Model>> {
+    let mut out = Vec::new();
+    for record in records::model::all(&state.queue).await? {
+        let shown = base(record.clone());
+        out.push(with_fitting_pools(state, &record, shown).await);
+    }
+    Ok(out)
 }
 
 /// Every base model and alias, then the tenant's fine-tuned models.
@@ -58,11 +89,7 @@ fn aliases_of(state: &AppState, bases: &[Model]) -> Vec<Model> {
         Unauthenticated,
     ))]
 pub(crate) async fn list(state: web::Data<AppState>, tenant: Tenant) -> ApiResult<HttpResponse> {
-    let mut data: Vec<Model> = records::model::all(&state.queue)
-        .await?
-        .into_iter()
-        .map(base)
-        .collect();
+    let mut data = bases(&state).await?;
     data.extend(aliases_of(&state, &data));
     data.extend(finetunes::fine_tuned_models(&state, &tenant.0).await?);
     Ok(HttpResponse::Ok().json(ModelList {
@@ -89,9 +116,10 @@ pub(crate) async fn retrieve(
     if let Some(model) =
         records::model::resolve(&state.queue, &state.config.model_aliases, &id).await?
     {
-        let shown = match model.id == id {
-            true => base(model),
-            false => alias(&id, &model.id, model.created),
+        let base_model = with_fitting_pools(&state, &model, base(model.clone())).await;
+        let shown = match base_model.id == id {
+            true => base_model,
+            false => alias(&id, &base_model),
         };
         return Ok(HttpResponse::Ok().json(shown));
     }

@@ -2,11 +2,13 @@
 //! base model every tenant may fine-tune (as `--model ID=LOCATION` does at start), and
 //! `DELETE /admin/models/{id}` removes one no unfinished job uses.
 //!
-//! A local folder is checked before it is registered: a `config.json` of an architecture
-//! tuneq trains ([`tuneq_pools::architecture_of`], the rule the trainer and job creation
-//! use), a `tokenizer.json`, and safetensors weights whose embedding and layers are the
-//! shape the config says. A folder in an object store (`s3://`, `gs://`) is checked by
-//! the trainer when it loads it, as for `--model`.
+//! A local folder is checked before it is registered ([`inspect`]: a `config.json` of an
+//! architecture tuneq trains, a tokenizer and chat template that load, every tensor the
+//! config implies with its shape; every problem at once), and what that finds is
+//! recorded for `GET /v1/models`. A folder in an object store (`s3://`, `gs://`) is
+//! checked by the trainer when it loads it, as for `--model`.
+
+mod inspect;
 
 use crate::auth::Admin;
 use crate::error::{ApiError, ApiResult, Code};
@@ -23,9 +25,6 @@ use tuneq_queue::JobQueue;
 /// usual 2e-4, as `--model`); a job's `learning_rate_multiplier` scales it.
 const DEFAULT_BASE_LEARNING_RATE: f64 = 2e-4;
 
-/// The largest safetensors header read (real ones are well under 1 MiB).
-const HEADER_LIMIT: u64 = 16 << 20;
-
 /// `POST /admin/models` body.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -40,17 +39,21 @@ pub(crate) struct NewModel {
     /// to 1.
     #[serde(default)]
     base_learning_rate: Option<f64>,
+    /// A name to show beside the id: 1 to 128 characters, no control characters.
+    #[serde(default)]
+    display_name: Option<String>,
 }
 
 /// Registers a base model (admin key only): 201 with the model, 200 when it is
-/// registered at that location already, 409 `model_exists` when the id names another
-/// location; a local folder that is not a model tuneq trains is refused naming why.
+/// registered at that location already (its details read again, its display name
+/// changed when one is given), 409 `model_exists` when the id names another location; a
+/// local folder that is not a model tuneq trains is refused naming every problem.
 #[utoipa::path(post, path = "/admin/models", tag = "admin", operation_id = "register_model",
     request_body = NewModel,
     security(("admin_key" = [])),
     responses(
         (status = 201, description = "Registered", body = Model),
-        (status = 200, description = "Registered at this location already: nothing changed", body = Model),
+        (status = 200, description = "Registered at this location already: its details read again, its display name changed when one is given", body = Model),
         (status = 400, description = "The id or location is invalid, or the folder is not a model tuneq trains (`unsupported_model_architecture`, `invalid_value`; `param` names the field)", body = tuneq_openapi::ErrorBody),
         (status = 409, description = "The id names a model at another location (`model_exists`); nothing changed", body = tuneq_openapi::ErrorBody),
         NotAdmin,
@@ -73,10 +76,23 @@ pub(crate) async fn register(
             "base_learning_rate is from 1e-9 to 1.",
         ));
     }
-    let location = checked_location(&body.location).await?;
+    if let Some(name) = &body.display_name {
+        check_display_name(name)?;
+    }
+    let (location, details) = checked_location(&body.location).await?;
     if let Some(existing) = records::model::get(&state.queue, &body.id).await? {
         if existing.location == location {
-            return Ok(HttpResponse::Ok().json(crate::models::base(existing)));
+            // The same folder again: its details as found now, a new display name if one
+            // is given; the id, learning rate and registration time stay.
+            let model = BaseModel {
+                display_name: body.display_name.or(existing.display_name.clone()),
+                details: details.or(existing.details.clone()),
+                ..existing.clone()
+            };
+            if model != existing {
+                records::model::register(&state.queue, &model).await?;
+            }
+            return Ok(HttpResponse::Ok().json(crate::models::base(model)));
         }
         return Err(ApiError::invalid(
             "id",
@@ -92,6 +108,8 @@ pub(crate) async fn register(
         location,
         base_learning_rate: rate,
         created: records::now_seconds(),
+        display_name: body.display_name,
+        details,
     };
     records::model::register(&state.queue, &model).await?;
     Ok(HttpResponse::Created().json(crate::models::base(model)))
@@ -170,9 +188,38 @@ async fn unfinished(state: &AppState, job: &records::finetune::FineTuneRecord) -
         .is_some_and(|queued| !queued.state.is_terminal()))
 }
 
-/// The location as it is registered: a local folder checked to hold a model tuneq
-/// trains (made canonical), a store URI as given.
-async fn checked_location(text: &str) -> ApiResult<String> {
+/// What registration records of the model at `location` (see [`inspect`]): the
+/// details of a local folder tuneq can train, None for a store location, or why the
+/// folder cannot be registered. For models named at start (`--model`), which are
+/// registered either way.
+pub async fn local_details(location: &str) -> ApiResult<Option<tuneq_openapi::ModelDetails>> {
+    let Ok(tuneq_storage::Location::Local(path)) = tuneq_storage::Location::parse(location) else {
+        return Ok(None);
+    };
+    let path = path.to_path_buf();
+    let checked = tokio::task::spawn_blocking(move || inspect::inspect(&path))
+        .await
+        .map_err(|_| ApiError::internal("the model folder check stopped"))??;
+    Ok(Some(checked.details))
+}
+
+/// A display name: 1 to 128 characters, none of them a control character.
+fn check_display_name(name: &str) -> ApiResult<()> {
+    let length = name.chars().count();
+    if (1..=128).contains(&length) && !name.chars().any(char::is_control) {
+        return Ok(());
+    }
+    Err(ApiError::invalid(
+        "display_name",
+        Code::InvalidValue,
+        "display_name is 1 to 128 characters, none of them a control character.",
+    ))
+}
+
+/// The location as it is registered, and what its folder showed: a local folder checked
+/// to hold a model tuneq trains (made canonical), a store URI as given (its files are the
+/// trainer's to check).
+async fn checked_location(text: &str) -> ApiResult<(String, Option<tuneq_openapi::ModelDetails>)> {
     let refused = |message: String| ApiError::invalid("location", Code::InvalidValue, message);
     if !text.contains("://") && !Path::new(text).is_absolute() {
         return Err(refused(
@@ -182,118 +229,12 @@ async fn checked_location(text: &str) -> ApiResult<String> {
     match tuneq_storage::Location::parse(text) {
         Ok(tuneq_storage::Location::Local(path)) => {
             let path = path.to_path_buf();
-            let checked = tokio::task::spawn_blocking(move || check_folder(&path))
+            let checked = tokio::task::spawn_blocking(move || inspect::inspect(&path))
                 .await
                 .map_err(|_| ApiError::internal("the model folder check stopped"))??;
-            Ok(checked)
+            Ok((checked.location, Some(checked.details)))
         }
-        Ok(_) => Ok(text.to_string()),
+        Ok(_) => Ok((text.to_string(), None)),
         Err(e) => Err(refused(e.to_string())),
     }
-}
-
-/// Checks that the local folder `path` holds a model tuneq trains, whose weights have
-/// the shape its config says; its canonical path.
-fn check_folder(path: &Path) -> ApiResult<String> {
-    let refused = |message: String| ApiError::invalid("location", Code::InvalidValue, message);
-    let shape = match tuneq_pools::ModelShape::read(path) {
-        Some(Ok(shape)) => shape,
-        Some(Err(refusal)) => {
-            return Err(ApiError::invalid(
-                "location",
-                Code::UnsupportedModelArchitecture,
-                format!("The model at this location cannot be trained: {refusal}."),
-            ));
-        }
-        None => {
-            return Err(refused(
-                "The folder holds no readable config.json of at most 1 MiB (a Hugging Face model folder is expected).".into(),
-            ));
-        }
-    };
-    if !path.join("tokenizer.json").is_file() {
-        return Err(refused(
-            "The folder holds no tokenizer.json (a Hugging Face tokenizer file).".into(),
-        ));
-    }
-    check_weights(path, &shape).map_err(refused)?;
-    std::fs::canonicalize(path)
-        .map(|p| p.display().to_string())
-        .map_err(|_| refused("The folder cannot be read.".into()))
-}
-
-/// Checks the folder's safetensors headers against `shape`: the embedding is vocabulary
-/// × hidden, and the layers are numbered 0 to `num_hidden_layers − 1`. Only headers are
-/// read, each bounded by [`HEADER_LIMIT`].
-fn check_weights(path: &Path, shape: &tuneq_pools::ModelShape) -> Result<(), String> {
-    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(path)
-        .map_err(|_| "The folder cannot be read.".to_string())?
-        .filter_map(|entry| entry.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
-        .collect();
-    files.sort();
-    if files.is_empty() {
-        return Err("The folder holds no .safetensors weights.".into());
-    }
-    let mut embedding = None;
-    let mut layers = 0u64;
-    for file in &files {
-        let name = file
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let header = safetensors_header(file).map_err(|why| format!("{name}: {why}"))?;
-        for (tensor, info) in header {
-            if tensor == "model.embed_tokens.weight" {
-                embedding = info.get("shape").cloned();
-            }
-            if let Some(layer) = tensor
-                .strip_prefix("model.layers.")
-                .and_then(|rest| rest.split('.').next())
-                .and_then(|n| n.parse::<u64>().ok())
-            {
-                layers = layers.max(layer + 1);
-            }
-        }
-    }
-    let expected = serde_json::json!([shape.vocab_size, shape.hidden_size]);
-    match embedding {
-        None => return Err("No weight file holds model.embed_tokens.weight.".into()),
-        Some(found) if found != expected => {
-            return Err(format!(
-                "model.embed_tokens.weight is {found}, but config.json says vocab_size × hidden_size = {expected}."
-            ));
-        }
-        Some(_) => {}
-    }
-    if layers != shape.num_hidden_layers {
-        return Err(format!(
-            "The weights hold {layers} layers, but config.json says num_hidden_layers = {}.",
-            shape.num_hidden_layers
-        ));
-    }
-    Ok(())
-}
-
-/// The tensors a safetensors file's header lists (name → dtype, shape, offsets).
-fn safetensors_header(
-    file: &Path,
-) -> Result<serde_json::Map<String, serde_json::Value>, &'static str> {
-    use std::io::Read;
-    let mut f = std::fs::File::open(file).map_err(|_| "cannot be opened")?;
-    let mut len = [0u8; 8];
-    f.read_exact(&mut len)
-        .map_err(|_| "is too short to be a safetensors file")?;
-    let len = u64::from_le_bytes(len);
-    if len > HEADER_LIMIT {
-        return Err("has a header larger than 16 MiB");
-    }
-    let mut header = Vec::with_capacity(len as usize);
-    f.take(len)
-        .read_to_end(&mut header)
-        .map_err(|_| "cannot be read")?;
-    let mut map: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_slice(&header).map_err(|_| "has a header that is not JSON")?;
-    map.remove("__metadata__");
-    Ok(map)
 }

@@ -312,6 +312,12 @@ impl ChatTemplate {
         }
     }
 
+    /// Whether this is the model's own template (not a built-in, nor the ChatML a model
+    /// without one falls back to).
+    pub fn is_models_own(&self) -> bool {
+        matches!(self.kind, TemplateKind::Model)
+    }
+
     /// The model's `tool_use` template, when it has one.
     pub fn tool_use_source(&self) -> Option<&str> {
         self.tool_use_source.as_deref()

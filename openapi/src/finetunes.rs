@@ -661,6 +661,47 @@ pub struct Model {
     pub base_model: Option<String>,
     /// A fine-tuned model's job (tuneq).
     pub fine_tuning_job_id: Option<String>,
+    /// The name the operator gave a base model to show beside its id (tuneq).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub display_name: Option<String>,
+    /// What a user needs to choose a base model (and an alias's or a fine-tuned model's
+    /// base), as its registration found the folder (tuneq); absent for a model in an
+    /// object store, whose files the trainer checks when it loads them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub details: Option<ModelDetails>,
+}
+
+/// A base model's facts, read from its folder once when it was registered.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ModelDetails {
+    /// Its family: `config.json`'s `model_type` (`llama`, `qwen2`, `qwen3`, `mistral`,
+    /// `gemma2`, `gemma3_text`, `phi3`).
+    pub architecture: String,
+    /// Parameters of its embedding, head and projections.
+    pub parameters: u64,
+    /// The longest sequence it was trained for (`max_position_embeddings`).
+    pub context_length: u64,
+    /// How its weights are stored: `float32`, `bfloat16` or `float16` (the embedding's).
+    pub dtype: String,
+    /// Whose chat template renders its conversations.
+    pub chat_template: ChatTemplateSource,
+    /// Whether that template renders tools and tool calls itself (otherwise tuneq
+    /// describes tools in a system message).
+    pub renders_tools: bool,
+    /// The pools that can hold a fine-tune of it at the default settings, by the
+    /// memory estimate and the pools file (empty: none can).
+    #[serde(default)]
+    pub fits_pools: Vec<String>,
+}
+
+/// Whose chat template a model's conversations are rendered with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ChatTemplateSource {
+    /// The model's own (`tokenizer_config.json`'s `chat_template` or `chat_template.jinja`).
+    Own,
+    /// tuneq's built-in ChatML: the model ships none.
+    BuiltIn,
 }
 
 /// All models the caller can use.

@@ -46,11 +46,12 @@ pub use files::{
 };
 pub use finetunes::{
     AdapterFileUrl, AdapterInfo, AdapterUrls, AttemptReport, AttemptReportAnswer, Auto, AutoOrInt,
-    AutoOrNumber, CheckpointMetrics, DeliveryStatus, DpoHyperparameters, DpoMethod, DpoSettings,
-    FineTuneCheckpoint, FineTuneCheckpointList, FineTuneCreate, FineTuneEvent, FineTuneEventList,
-    FineTuneJob, FineTuneList, Hyperparameters as JobHyperparameters, HyperparametersRequest,
-    JobError, JobEstimate, JobPayload, JobStatus, Method, MethodRequest, Model, ModelList,
-    Progress, QueueStanding, SupervisedMethod, SupervisedSettings, WebhookEvent, WebhookEventData,
+    AutoOrNumber, ChatTemplateSource, CheckpointMetrics, DeliveryStatus, DpoHyperparameters,
+    DpoMethod, DpoSettings, FineTuneCheckpoint, FineTuneCheckpointList, FineTuneCreate,
+    FineTuneEvent, FineTuneEventList, FineTuneJob, FineTuneList,
+    Hyperparameters as JobHyperparameters, HyperparametersRequest, JobError, JobEstimate,
+    JobPayload, JobStatus, Method, MethodRequest, Model, ModelDetails, ModelList, Progress,
+    QueueStanding, SupervisedMethod, SupervisedSettings, WebhookEvent, WebhookEventData,
     WebhookSecret, WebhookStatus,
 };
 pub use integrations::{IntegrationRequest, JobIntegration, MlflowRun, MlflowRunRequest};

@@ -9,6 +9,7 @@
 //!   values, paths and image references a pools file hands to it.
 //! - [`quantity`]: CPU and memory written as Kubernetes writes them.
 //! - [`memory`]: the memory an attempt needs, from the model's shape and the job.
+//! - [`tensors`]: the tensors a model's weights hold, with the shapes its config implies.
 //! - [`placement`]: which pools a job may use, in which order, at what cost; when an
 //!   attempt moves on to the next pool.
 
@@ -18,6 +19,7 @@ pub mod kube_syntax;
 pub mod memory;
 pub mod placement;
 pub mod quantity;
+pub mod tensors;
 
 pub use architecture::{Architecture, Unsupported, WrongTargets, architecture_of};
 pub use file::{Hardware, KubernetesPool, Pool, PoolsError, PoolsFile, RuntimeKind};
@@ -27,3 +29,4 @@ pub use memory::{
     thread_scratch_bytes,
 };
 pub use placement::{Candidate, Estimate, Needs, Refusal, Setback, choose, plan, usable};
+pub use tensors::ExpectedTensor;

@@ -286,6 +286,8 @@ async fn seed_tenant(state: &tuneq_api::AppState) -> Result<String> {
             location: "/models/base".into(),
             base_learning_rate: 2e-4,
             created: 0,
+            display_name: None,
+            details: None,
         },
     )
     .await

@@ -9,8 +9,9 @@ use std::process::ExitCode;
 #[derive(clap::Subcommand)]
 pub enum ModelsCommand {
     /// Register a base model every tenant may fine-tune: a Hugging Face folder on the
-    /// service's machines (checked first: architecture, tokenizer, weights) or an
-    /// `s3://` / `gs://` URI. Prints the model as JSON.
+    /// service's machines (checked first: architecture, tokenizer, every weight's
+    /// shape; every problem named) or an `s3://` / `gs://` URI. Prints the model as
+    /// JSON, with what the check found (`details`).
     Add {
         /// The name jobs fine-tune it by.
         id: String,
@@ -20,6 +21,9 @@ pub enum ModelsCommand {
         /// when not given).
         #[arg(long)]
         base_learning_rate: Option<f64>,
+        /// A name to show beside the id in the model list.
+        #[arg(long)]
+        display_name: Option<String>,
         #[command(flatten)]
         service: Service,
     },
@@ -57,11 +61,15 @@ pub fn run(command: ModelsCommand) -> Result<ExitCode> {
                 id,
                 location,
                 base_learning_rate,
+                display_name,
                 service,
             } => {
                 let mut body = serde_json::json!({"id": id, "location": location});
                 if let Some(rate) = base_learning_rate {
                     body["base_learning_rate"] = rate.into();
+                }
+                if let Some(name) = display_name {
+                    body["display_name"] = name.into();
                 }
                 http.post(endpoint(&service, "/admin/models")?)
                     .bearer_auth(&service.admin_key)

@@ -486,6 +486,38 @@ mod tests {
         }
     }
 
+    /// What registration checks a folder's weights against
+    /// (`ModelShape::expected_tensors`) is what the loader takes: the tensors a random
+    /// model of every family is written with (and loads from), name for name and shape
+    /// for shape, tied and untied.
+    #[test]
+    fn registration_expects_the_tensors_the_loader_takes_for_every_family() {
+        for architecture in tuneq_pools::Architecture::ALL {
+            for tie_embeddings in [false, true] {
+                let opts = InitOptions {
+                    architecture,
+                    tie_embeddings,
+                    ..InitOptions::demo()
+                };
+                let cfg = preset_config(&opts);
+                let mut written: Vec<(String, Vec<u64>)> = random_weights(&cfg, 0)
+                    .expect("weights")
+                    .into_iter()
+                    .map(|(name, t)| (name, t.dims().iter().map(|&d| d as u64).collect()))
+                    .collect();
+                let mut expected: Vec<(String, Vec<u64>)> = cfg
+                    .shape
+                    .expected_tensors()
+                    .into_iter()
+                    .map(|t| (t.name, t.shape))
+                    .collect();
+                written.sort();
+                expected.sort();
+                assert_eq!(written, expected, "{architecture:?}, tied {tie_embeddings}");
+            }
+        }
+    }
+
     #[test]
     fn a_qwen2_model_is_written_with_its_biases_and_loads_as_qwen2() {
         let dir = tempfile::tempdir().expect("tempdir");

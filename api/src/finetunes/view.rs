@@ -241,6 +241,8 @@ pub(crate) async fn fine_tuned_models(state: &AppState, tenant: &str) -> ApiResu
                 kind: "fine-tuned".into(),
                 base_model: Some(record.base_model_id().to_string()),
                 fine_tuning_job_id: Some(record.id.clone()),
+                display_name: None,
+                details: None,
             });
         }
     }

@@ -20,6 +20,13 @@ pub struct BaseModel {
     pub base_learning_rate: f64,
     /// When it was registered, Unix seconds.
     pub created: u64,
+    /// A name to show beside the id, if the operator gave one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub display_name: Option<String>,
+    /// What registration found in a local folder (none for a store location, nor for
+    /// models registered before this was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub details: Option<tuneq_openapi::ModelDetails>,
 }
 
 /// Registers (or re-points) a base model.

@@ -1,7 +1,9 @@
 //! The model registry: `POST /admin/models` registers a base model every tenant may
-//! fine-tune once its folder is checked (architecture, tokenizer, weights of the shape
-//! the config says), and `DELETE /admin/models/{id}` removes one no unfinished job and no
-//! alias uses. Every refusal names the field and changes nothing.
+//! fine-tune once its folder is checked (architecture, a tokenizer that loads, every
+//! tensor of the shape the config says, every shard present; every problem at once),
+//! records what it found for `GET /v1/models`, and `DELETE /admin/models/{id}` removes
+//! one no unfinished job and no alias uses. Every refusal names the field and changes
+//! nothing.
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use crate::support;
@@ -22,7 +24,7 @@ fn config() -> Value {
 
 /// A safetensors file whose header lists `tensors` (name, shape) with no data: all the
 /// registry reads.
-fn write_header(path: &Path, tensors: &[(&str, [u64; 2])]) {
+fn write_header(path: &Path, tensors: &[(String, Vec<u64>)]) {
     let header: serde_json::Map<String, Value> = tensors
         .iter()
         .map(|(name, shape)| {
@@ -38,18 +40,28 @@ fn write_header(path: &Path, tensors: &[(&str, [u64; 2])]) {
     std::fs::write(path, bytes).unwrap();
 }
 
-/// A model folder `name` under the server's temp dir: `config`, a tokenizer file, and
-/// weights holding `layers` layers and an embedding of `embedding`'s shape.
+/// A model folder `name` under the server's temp dir: `config`, a tokenizer that loads,
+/// and weights holding every tensor of the config's first `layers` layers, the
+/// embedding of `embedding`'s shape.
 fn folder(s: &Server, name: &str, config: &Value, layers: u64, embedding: [u64; 2]) -> PathBuf {
     let dir = s.dir.path().join("registry").join(name);
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
-    std::fs::write(dir.join("tokenizer.json"), "{}").unwrap();
-    let names: Vec<String> = (0..layers)
-        .map(|l| format!("model.layers.{l}.self_attn.q_proj.weight"))
+    tuneq_dataset::write_tokenizer_files(&dir, 512, 512).unwrap();
+    let shape: tuneq_pools::ModelShape = serde_json::from_value(config.clone()).unwrap();
+    let tensors: Vec<(String, Vec<u64>)> = shape
+        .expected_tensors()
+        .into_iter()
+        .filter(|t| {
+            let layer = t.name.strip_prefix("model.layers.");
+            let index = layer.and_then(|rest| rest.split('.').next()?.parse::<u64>().ok());
+            index.is_none_or(|l| l < layers)
+        })
+        .map(|t| match t.name.as_str() {
+            "model.embed_tokens.weight" => (t.name, embedding.to_vec()),
+            _ => (t.name, t.shape),
+        })
         .collect();
-    let mut tensors: Vec<(&str, [u64; 2])> = names.iter().map(|n| (n.as_str(), [64, 64])).collect();
-    tensors.push(("model.embed_tokens.weight", embedding));
     write_header(&dir.join("model.safetensors"), &tensors);
     dir
 }
@@ -73,10 +85,39 @@ async fn a_registered_model_is_listed_and_fine_tuned() {
     assert_eq!(status, StatusCode::CREATED, "{model}");
     assert_eq!(model["id"], "small-llama", "{model}");
     assert_eq!(model["object"], "model", "{model}");
-    // Registering it again as it is changes nothing.
-    let (status, again) = post(&s, ADMIN_KEY, body).await;
+    // What a user needs to choose it, as its folder showed at registration.
+    let details = &model["details"];
+    assert_eq!(details["architecture"], "llama", "{model}");
+    // Embedding, head and 2 × (q, k, v, o, gate, up, down).
+    let per_layer = 64 * 64 * 2 + 64 * 32 * 2 + 64 * 128 * 3;
+    assert_eq!(
+        details["parameters"],
+        2 * 256 * 64 + 2 * per_layer,
+        "{model}"
+    );
+    assert_eq!(details["context_length"], 512, "{model}");
+    assert_eq!(details["dtype"], "float32", "{model}");
+    assert_eq!(details["chat_template"], "own", "{model}");
+    assert_eq!(details["renders_tools"], false, "{model}");
+    assert!(model.get("display_name").is_none(), "{model}");
+    // Registering it again as it is changes nothing; with a display name, only that.
+    let (status, again) = post(&s, ADMIN_KEY, body.clone()).await;
     assert_eq!(status, StatusCode::OK, "{again}");
     assert_eq!(again["created"], model["created"], "{again}");
+    let mut named = body;
+    named["display_name"] = json!("Small Llama (test)");
+    let (status, again) = post(&s, ADMIN_KEY, named).await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(again["display_name"], "Small Llama (test)", "{again}");
+    assert_eq!(again["created"], model["created"], "{again}");
+    // Retrieved, it also names the pools that can hold a fine-tune of it.
+    let retrieved = s.json_as(&s.acme, "/v1/models/small-llama").await;
+    assert_eq!(
+        retrieved["display_name"], "Small Llama (test)",
+        "{retrieved}"
+    );
+    let fits = retrieved["details"]["fits_pools"].as_array().unwrap();
+    assert!(!fits.is_empty(), "{retrieved}");
     // Every tenant sees it, and fine-tunes it.
     for key in [&s.acme, &s.other] {
         let listed = s.json_as(key, "/v1/models").await;
@@ -118,6 +159,25 @@ async fn folders_that_are_not_models_tuneq_trains_are_refused_naming_why() {
     );
     let wrong_vocab = folder(&s, "vocab", &config(), 2, [300, 64]);
     let missing_layer = folder(&s, "layers", &config(), 1, [256, 64]);
+    let extra_layer = good_folder(&s, "extra");
+    let third = [(
+        "model.layers.2.input_layernorm.weight".to_string(),
+        vec![64],
+    )];
+    write_header(&extra_layer.join("model-extra.safetensors"), &third);
+    let missing_shard = good_folder(&s, "shard");
+    let index = json!({"weight_map": {
+        "model.embed_tokens.weight": "model.safetensors",
+        "lm_head.weight": "model-00002-of-00002.safetensors"
+    }});
+    std::fs::write(
+        missing_shard.join("model.safetensors.index.json"),
+        index.to_string(),
+    )
+    .unwrap();
+    // Two problems at once: both are named.
+    let two_problems = folder(&s, "two", &config(), 2, [300, 64]);
+    std::fs::write(two_problems.join("tokenizer.json"), "{}").unwrap();
     let no_tokenizer = good_folder(&s, "no-tokenizer");
     std::fs::remove_file(no_tokenizer.join("tokenizer.json")).unwrap();
     let no_weights = good_folder(&s, "no-weights");
@@ -146,7 +206,31 @@ async fn folders_that_are_not_models_tuneq_trains_are_refused_naming_why() {
             json!({"id": "m", "location": at(&missing_layer)}),
             "location",
             "invalid_value",
-            "num_hidden_layers",
+            "model.layers.1.input_layernorm.weight",
+        ),
+        (
+            json!({"id": "m", "location": at(&extra_layer)}),
+            "location",
+            "invalid_value",
+            "num_hidden_layers = 2",
+        ),
+        (
+            json!({"id": "m", "location": at(&missing_shard)}),
+            "location",
+            "invalid_value",
+            "model-00002-of-00002.safetensors, which the folder lacks",
+        ),
+        (
+            json!({"id": "m", "location": at(&two_problems)}),
+            "location",
+            "invalid_value",
+            "(2 problems)",
+        ),
+        (
+            json!({"id": "m", "location": at(&phi), "display_name": "a\nb"}),
+            "display_name",
+            "invalid_value",
+            "control",
         ),
         (
             json!({"id": "m", "location": at(&no_tokenizer)}),

@@ -223,6 +223,8 @@ pub async fn register_model(
             location: model.display().to_string(),
             base_learning_rate,
             created: 0,
+            display_name: None,
+            details: None,
         },
     )
     .await

@@ -90,6 +90,15 @@ pub async fn register_model(
     model: ModelArg,
     base_learning_rate: f64,
 ) -> Result<()> {
+    // What `POST /admin/models` records of a local folder; a folder it would refuse is
+    // registered all the same (its jobs then fail as the trainer finds it), and said.
+    let details = match tuneq_api::registry::local_details(&model.location).await {
+        Ok(details) => details,
+        Err(e) => {
+            tracing::warn!(model = %model.id, problem = %e.detail.message, "--model: the folder would not pass registration's checks");
+            None
+        }
+    };
     tuneq_api::records::model::register(
         &state.queue,
         &tuneq_api::records::model::BaseModel {
@@ -100,6 +109,8 @@ pub async fn register_model(
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())
                 .unwrap_or_default(),
+            display_name: None,
+            details,
         },
     )
     .await
