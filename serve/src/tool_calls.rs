@@ -8,6 +8,9 @@
 //! - Llama 3.1: the answer is the bare object, `parameters` in place of `arguments`;
 //! - Mistral (v0.3, Nemo): `[TOOL_CALLS] [{"name": …, "arguments": …}, …]`, a list after
 //!   a special token that decoding drops, so the answer reads as the bare list;
+//! - Mistral's newer tokenizers (v11 on: Mistral Small 3.1 and later, Magistral,
+//!   Devstral): `[TOOL_CALLS]name[ARGS]{…}` per call, both marks special tokens that
+//!   decoding drops, so the answer reads `name{…}`, calls one after another;
 //! - Phi-4-mini: `functools[{"name": …, "arguments": …}, …]`.
 //!
 //! A call that is not valid JSON, or names a tool the request did not declare, is not a
@@ -52,15 +55,27 @@ pub fn tagged_calls(text: &str, declared: &[String]) -> Option<Vec<ParsedCall>> 
 pub const MISTRAL_CALLS: &str = "[TOOL_CALLS]";
 /// Phi-4-mini's opening of its list of calls.
 pub const PHI4_CALLS: &str = "functools";
+/// Mistral's mark between a call's name and its arguments in its newer tokenizers,
+/// where decoding does not drop it.
+pub const MISTRAL_ARGS: &str = "[ARGS]";
+
+/// Whether `c` may be part of a tool's name as Mistral writes it before its arguments.
+fn in_name(c: char) -> bool {
+    c.is_alphanumeric() || matches!(c, '_' | '-' | '.')
+}
 
 /// The calls `text` is as a whole, if it is calls of declared tools with no tag
 /// around them: Llama 3.1's one bare object (`{"name": …, "parameters": …}`),
 /// Mistral's list (`[{…}, …]`, after its `[TOOL_CALLS]`) or Phi-4-mini's
-/// (`functools[{…}, …]`).
+/// (`functools[{…}, …]`), or Mistral's newer calls one after another
+/// (`name{…}`, each maybe after `[TOOL_CALLS]`, its arguments maybe after `[ARGS]`).
 pub fn bare_calls(text: &str, declared: &[String]) -> Option<Vec<ParsedCall>> {
     let text = text.trim();
     if text.starts_with('{') {
         return Some(vec![call(text, declared)?]);
+    }
+    if let Some(calls) = named_calls(text, declared) {
+        return Some(calls);
     }
     let list = [MISTRAL_CALLS, PHI4_CALLS]
         .iter()
@@ -80,10 +95,45 @@ pub fn bare_calls(text: &str, declared: &[String]) -> Option<Vec<ParsedCall>> {
     (!calls.is_empty()).then_some(calls)
 }
 
+/// Mistral's newer calls, `name{…}` one after another, each maybe after `[TOOL_CALLS]`
+/// and its arguments (an object) maybe after `[ARGS]`; None unless the whole text is
+/// such calls of tools in `declared`.
+fn named_calls(text: &str, declared: &[String]) -> Option<Vec<ParsedCall>> {
+    let mut calls = Vec::new();
+    let mut rest = text.trim();
+    while !rest.is_empty() {
+        rest = rest
+            .strip_prefix(MISTRAL_CALLS)
+            .unwrap_or(rest)
+            .trim_start();
+        let (name, after) = rest.split_at(rest.find(|c| !in_name(c))?);
+        if !declared.iter().any(|d| d == name) {
+            return None;
+        }
+        let after = after.trim_start();
+        let after = after
+            .strip_prefix(MISTRAL_ARGS)
+            .unwrap_or(after)
+            .trim_start();
+        let mut values = serde_json::Deserializer::from_str(after).into_iter::<Value>();
+        let Some(Ok(arguments @ Value::Object(_))) = values.next() else {
+            return None;
+        };
+        rest = after[values.byte_offset()..].trim_start();
+        calls.push(ParsedCall {
+            name: name.to_string(),
+            arguments,
+        });
+    }
+    (!calls.is_empty()).then_some(calls)
+}
+
 /// Whether an answer that begins with `start` (its visible text so far) may turn out to
-/// be bare calls ([`bare_calls`]): it opens an object or a list, or its first word is,
-/// or may yet become, Phi-4-mini's or Mistral's opening.
-pub fn may_open_bare_calls(start: &str) -> Option<bool> {
+/// be bare calls ([`bare_calls`]) of tools in `declared`: it opens an object or a list,
+/// its first word is (or may yet become) Phi-4-mini's opening, or it is a declared
+/// tool's name followed by `{` or `[ARGS]` (or may yet become one: Mistral's newer
+/// calls). None while that is undecided.
+pub fn may_open_bare_calls(start: &str, declared: &[String]) -> Option<bool> {
     let start = start.trim_start();
     if start.is_empty() {
         return None;
@@ -94,7 +144,17 @@ pub fn may_open_bare_calls(start: &str) -> Option<bool> {
     if PHI4_CALLS.starts_with(start) {
         return None;
     }
-    Some(false)
+    match start.find(|c| !in_name(c)) {
+        None if declared.iter().any(|d| d.starts_with(start)) => None,
+        Some(end) if declared.iter().any(|d| d == &start[..end]) => {
+            let after = &start[end..];
+            match after.starts_with(['{', '[']) {
+                true => Some(true),
+                false => Some(false),
+            }
+        }
+        _ => Some(false),
+    }
 }
 
 /// One call's JSON: `name` and `arguments` (or `parameters`), the arguments an object
@@ -265,8 +325,51 @@ mod tests {
             ("functools[", Some(true)),
             ("fun fact", Some(false)),
             ("The", Some(false)),
+            // Mistral's newer calls: a declared name, then its arguments.
+            ("get", None),
+            ("get_weather", None),
+            ("get_weather{", Some(true)),
+            ("get_weather[ARGS]", Some(true)),
+            ("get_weather is a tool", Some(false)),
+            ("getaway", Some(false)),
         ] {
-            assert_eq!(may_open_bare_calls(start), may, "{start:?}");
+            assert_eq!(may_open_bare_calls(start, &declared()), may, "{start:?}");
+        }
+    }
+
+    #[test]
+    fn mistral_s_newer_named_calls_are_read() {
+        let paris = ParsedCall {
+            name: "get_weather".into(),
+            arguments: json!({"city": "Paris"}),
+        };
+        let search = ParsedCall {
+            name: "search".into(),
+            arguments: json!({"q": "rain {soon}"}),
+        };
+        let both = [paris.clone(), search.clone()];
+        for text in [
+            r#"[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]search[ARGS]{"q": "rain {soon}"}"#,
+            r#"get_weather{"city": "Paris"}search{"q": "rain {soon}"}"#,
+            r#" get_weather [ARGS] {"city": "Paris"} search{"q": "rain {soon}"} "#,
+        ] {
+            assert_eq!(
+                bare_calls(text, &declared()).as_deref(),
+                Some(&both[..]),
+                "{text}"
+            );
+        }
+        let one = bare_calls(r#"get_weather{"city": "Paris"}"#, &declared());
+        assert_eq!(one, Some(vec![paris]));
+        // Not calls: an undeclared tool, arguments that are not an object, a name
+        // without arguments, text after the calls.
+        for text in [
+            r#"delete_all{"now": true}"#,
+            r#"get_weather["Paris"]"#,
+            "get_weather",
+            r#"get_weather{"city": "Paris"} and then some"#,
+        ] {
+            assert_eq!(bare_calls(text, &declared()), None, "{text}");
         }
     }
 

@@ -184,6 +184,62 @@ struct LayerIdx {
     proj: Vec<(HeldAt, Option<HeldAt>, Option<LoraIdx>)>,
 }
 
+impl LayerIdx {
+    /// The layer as the kernels take it, lent from `held`.
+    fn view<'h>(&self, held: &'h Held<'_>) -> Result<llama::Layer<'h>> {
+        let proj: Vec<llama::Projection<'_>> = self
+            .proj
+            .iter()
+            .map(|&(w, bias, lora)| llama::Projection {
+                weight: held.frozen(w),
+                bias: bias.map(|b| held.slice(b)),
+                lora: lora.map(|l| llama::Lora {
+                    a: held.slice(l.a),
+                    b: held.slice(l.b),
+                    r: l.r,
+                    scale: l.scale,
+                }),
+            })
+            .collect();
+        let proj: [llama::Projection<'_>; 7] = proj
+            .try_into()
+            .map_err(|_| not_fused("a layer without seven projections"))?;
+        Ok(llama::Layer {
+            input_norm: held.slice(self.norms[0]),
+            post_norm: held.slice(self.norms[1]),
+            qk_norm: self.qk_norm.map(|[q, k]| llama::QkNorm {
+                q: held.slice(q),
+                k: held.slice(k),
+            }),
+            gemma: self.gemma.map(
+                |([after_attention, after_mlp], sliding)| llama::GemmaLayer {
+                    after_attention: held.slice(after_attention),
+                    after_mlp: held.slice(after_mlp),
+                    sliding,
+                },
+            ),
+            proj,
+        })
+    }
+}
+
+/// The architecture as the kernels take it.
+fn dims_of(cfg: &crate::config::LlamaConfig) -> llama::Dims {
+    llama::Dims {
+        vocab: cfg.vocab_size(),
+        hidden: cfg.hidden_size(),
+        intermediate: cfg.intermediate_size(),
+        layers: cfg.num_hidden_layers(),
+        heads: cfg.num_attention_heads(),
+        kv_heads: cfg.num_kv_heads(),
+        head_dim: cfg.head_dim(),
+        rotary_dim: cfg.rotary_dim(),
+        rms_eps: cfg.rms_norm_eps as f32,
+        qk_norm: cfg.architecture().qk_norm(),
+        gemma: gemma_of(cfg),
+    }
+}
+
 /// Runs `f` with the kernels' view of `model`.
 fn with_model<T>(model: &Llama, f: impl FnOnce(&Kernels<'_>) -> Result<T>) -> Result<T> {
     let cfg = &model.cfg;
@@ -231,56 +287,10 @@ fn with_model<T>(model: &Llama, f: impl FnOnce(&Kernels<'_>) -> Result<T>) -> Re
     let local = held.hold_tables(model.local_rope_f32())?;
     let layers = layers
         .iter()
-        .map(|l| {
-            let proj: Vec<llama::Projection<'_>> = l
-                .proj
-                .iter()
-                .map(|&(w, bias, lora)| llama::Projection {
-                    weight: held.frozen(w),
-                    bias: bias.map(|b| held.slice(b)),
-                    lora: lora.map(|l| llama::Lora {
-                        a: held.slice(l.a),
-                        b: held.slice(l.b),
-                        r: l.r,
-                        scale: l.scale,
-                    }),
-                })
-                .collect();
-            let proj: [llama::Projection<'_>; 7] = proj
-                .try_into()
-                .map_err(|_| not_fused("a layer without seven projections"))?;
-            Ok(llama::Layer {
-                input_norm: held.slice(l.norms[0]),
-                post_norm: held.slice(l.norms[1]),
-                qk_norm: l.qk_norm.map(|[q, k]| llama::QkNorm {
-                    q: held.slice(q),
-                    k: held.slice(k),
-                }),
-                gemma: l.gemma.map(
-                    |([after_attention, after_mlp], sliding)| llama::GemmaLayer {
-                        after_attention: held.slice(after_attention),
-                        after_mlp: held.slice(after_mlp),
-                        sliding,
-                    },
-                ),
-                proj,
-            })
-        })
+        .map(|l| l.view(&held))
         .collect::<Result<Vec<_>>>()?;
     let kernels = llama::Model {
-        dims: llama::Dims {
-            vocab: cfg.vocab_size(),
-            hidden: cfg.hidden_size(),
-            intermediate: cfg.intermediate_size(),
-            layers: cfg.num_hidden_layers(),
-            heads: cfg.num_attention_heads(),
-            kv_heads: cfg.num_kv_heads(),
-            head_dim: cfg.head_dim(),
-            rotary_dim: cfg.rotary_dim(),
-            rms_eps: cfg.rms_norm_eps as f32,
-            qk_norm: cfg.architecture().qk_norm(),
-            gemma: gemma_of(cfg),
-        },
+        dims: dims_of(cfg),
         embed: held.frozen(top[0]),
         layers,
         norm: held.slice(top[1]),

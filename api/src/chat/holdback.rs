@@ -6,9 +6,10 @@
 //! Phi-4-mini's opens with the plain word `functools[`. A stream that showed that text as
 //! it came could not take it back once the whole answer reads as calls. So, when the
 //! model may call tools of its own accord, the first pieces are held until the answer's
-//! start says what it is ([`may_open_bare_calls`]): `{`, `[` or `functools` holds the
-//! whole answer (it is read as calls, or released as text, when it ends); anything else
-//! releases what was held and streams the rest as it comes.
+//! start says what it is ([`may_open_bare_calls`]): `{`, `[`, `functools` or a declared
+//! tool's name followed by its arguments (Mistral's newer calls read `name{…}`) holds
+//! the whole answer (it is read as calls, or released as text, when it ends); anything
+//! else releases what was held and streams the rest as it comes.
 
 use tuneq_serve::Piece;
 use tuneq_serve::tool_calls::may_open_bare_calls;
@@ -28,16 +29,20 @@ enum State {
 #[derive(Debug)]
 pub(super) struct BareCallHold {
     state: State,
+    /// The tools the request declared.
+    declared: Vec<String>,
 }
 
 impl BareCallHold {
-    /// A hold for an answer that may (`may_call`) be a bare call; otherwise pieces pass.
-    pub(super) fn new(may_call: bool) -> Self {
+    /// A hold for an answer that may be a bare call of one of `declared` (None: it may
+    /// not, and pieces pass).
+    pub(super) fn new(declared: Option<Vec<String>>) -> Self {
         Self {
-            state: match may_call {
-                true => State::Deciding(Vec::new()),
-                false => State::Streaming,
+            state: match declared {
+                Some(_) => State::Deciding(Vec::new()),
+                None => State::Streaming,
             },
+            declared: declared.unwrap_or_default(),
         }
     }
 
@@ -52,7 +57,7 @@ impl BareCallHold {
             State::Deciding(held) => {
                 held.push(piece);
                 let start: String = held.iter().map(|p| p.text.as_str()).collect();
-                match may_open_bare_calls(&start) {
+                match may_open_bare_calls(&start, &self.declared) {
                     None => Vec::new(),
                     Some(true) => {
                         self.state = State::Holding(std::mem::take(held));
@@ -96,7 +101,7 @@ mod tests {
 
     #[test]
     fn text_that_starts_with_a_word_streams_from_its_first_visible_piece() {
-        let mut hold = BareCallHold::new(true);
+        let mut hold = BareCallHold::new(Some(vec!["search".into()]));
         assert!(hold.push(piece(" ")).is_empty());
         assert_eq!(texts(&hold.push(piece("\nIt"))), [" ", "\nIt"]);
         assert_eq!(texts(&hold.push(piece(" rains"))), [" rains"]);
@@ -105,7 +110,7 @@ mod tests {
 
     #[test]
     fn an_answer_that_opens_a_brace_is_held_to_the_end() {
-        let mut hold = BareCallHold::new(true);
+        let mut hold = BareCallHold::new(Some(vec!["search".into()]));
         for text in [" {", "\"name\"", ": \"search\"}"] {
             assert!(hold.push(piece(text)).is_empty());
         }
@@ -114,29 +119,29 @@ mod tests {
 
     #[test]
     fn lists_of_calls_are_held_and_a_word_like_their_opening_is_released() {
-        let mut hold = BareCallHold::new(true);
+        let mut hold = BareCallHold::new(Some(vec!["search".into()]));
         for text in ["func", "tools", "[{\"name\""] {
             assert!(hold.push(piece(text)).is_empty());
         }
         assert_eq!(texts(&hold.release()), ["func", "tools", "[{\"name\""]);
-        let mut hold = BareCallHold::new(true);
+        let mut hold = BareCallHold::new(Some(vec!["search".into()]));
         assert!(hold.push(piece(" [")).is_empty());
         assert_eq!(texts(&hold.release()), [" ["]);
-        let mut hold = BareCallHold::new(true);
+        let mut hold = BareCallHold::new(Some(vec!["search".into()]));
         assert!(hold.push(piece("fun")).is_empty());
         assert_eq!(texts(&hold.push(piece(" fact"))), ["fun", " fact"]);
     }
 
     #[test]
     fn an_answer_that_cannot_call_passes_straight_through() {
-        let mut hold = BareCallHold::new(false);
+        let mut hold = BareCallHold::new(None);
         assert_eq!(texts(&hold.push(piece("{"))), ["{"]);
         assert!(hold.release().is_empty());
     }
 
     #[test]
     fn an_empty_answer_releases_its_silent_pieces_at_the_end() {
-        let mut hold = BareCallHold::new(true);
+        let mut hold = BareCallHold::new(Some(vec!["search".into()]));
         assert!(hold.push(piece("")).is_empty());
         assert_eq!(texts(&hold.release()), [""]);
     }

@@ -101,7 +101,8 @@ fn generate(sink: &mut dyn AnswerSink, prepared: &Prepared, plan: &ChatPlan) -> 
         if !sink.open(index) {
             return None;
         }
-        let mut hold = BareCallHold::new(plan.tools == ToolMode::Auto);
+        let auto = plan.tools == ToolMode::Auto;
+        let mut hold = BareCallHold::new(auto.then(|| plan.tool_names.clone()));
         let generated = {
             let mut on_piece = |piece: tuneq_serve::Piece| {
                 if !streams_text || (piece.text.is_empty() && piece.logprobs.is_empty()) {

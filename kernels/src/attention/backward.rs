@@ -119,10 +119,7 @@ crate::simd::wide_twin!(
                 // digits (on the tiny preset a q_proj gradient went from 9.8e-5 to 4.0e-5 of
                 // its maximum against float64, PyTorch float32 3.3e-5).
                 gemm(1.0, d_o, vt, 0.0, MatMut::new(ds, m, n));
-                score_gradients(ds, p, n);
-                if let Some(slopes) = slopes {
-                    ds.iter_mut().zip(slopes).for_each(|(x, &s)| *x *= s);
-                }
+                score_gradients(ds, p, n, slopes);
                 // dQ = dS·K/√d, complete for this block: copy it out.
                 gemm(
                     scale,
@@ -163,14 +160,18 @@ fn probabilities(p: &mut [f32], n: usize, first: usize, lo: usize, starts: &[u32
     }
 }
 
-/// `dS = P∘(dP − rowsum(P∘dP))` in place on `ds` (holding dP), rows of `n`.
+/// `dS = P∘(dP − rowsum(P∘dP))` in place on `ds` (holding dP), rows of `n`; times a
+/// soft-cap's `slopes` (laid out as `ds`) when the scores were capped.
 #[inline(always)]
-fn score_gradients(ds: &mut [f32], p: &[f32], n: usize) {
+fn score_gradients(ds: &mut [f32], p: &[f32], n: usize, slopes: Option<&[f32]>) {
     for (ds_row, p_row) in ds.chunks_exact_mut(n).zip(p.chunks_exact(n)) {
         let delta = dot(p_row, ds_row);
         for (x, &pv) in ds_row.iter_mut().zip(p_row) {
             *x = pv * (*x - delta);
         }
+    }
+    if let Some(slopes) = slopes {
+        ds.iter_mut().zip(slopes).for_each(|(x, &s)| *x *= s);
     }
 }
 

@@ -156,6 +156,21 @@ pub(super) fn projection_backward(
     }
 }
 
+/// The gradient of a half's output projection given `dx`, the residual's: `dx` itself,
+/// or with a Gemma's `norm` of that output (its weight, the product it normalised, its
+/// 1/rms) the norm's backward, written into `scratch`.
+fn through_output_norm<'a>(
+    norm: Option<(&[f32], &[f32], &[f32])>,
+    dx: &'a [f32],
+    scratch: &'a mut [f32],
+) -> &'a [f32] {
+    let Some((weight, x, inv)) = norm else {
+        return dx;
+    };
+    rms_norm_backward(x, weight, inv, dx, scratch, false);
+    scratch
+}
+
 /// One decoder layer backward: `dx` goes in as the gradient of the layer's output and
 /// comes out as that of its input, unless `bottom` (no layer below needs it: q, k and v
 /// then skip their input gradient and the input norm its backward). LoRA gradients are
@@ -198,14 +213,10 @@ fn mlp_backward(
     // MLP: (a Gemma's output norm,) down, the activation, gate and up, then the
     // post-attention norm into dx.
     glu_forward(&saved.gu, inter, d.gate(), &mut work.act);
-    let d_down = match layer.gemma {
-        Some(g) => {
-            let (x, inv) = (&saved.down_out, &saved.inv_down);
-            rms_norm_backward(x, g.after_mlp, inv, dx, &mut work.d_hn, false);
-            &work.d_hn
-        }
-        None => &*dx,
-    };
+    let norm = layer
+        .gemma
+        .map(|g| (g.after_mlp, &saved.down_out[..], &saved.inv_down[..]));
+    let d_down = through_output_norm(norm, dx, &mut work.d_hn);
     projection_backward(
         d,
         DOWN,
@@ -278,14 +289,10 @@ fn attention_backward_block(
     let (h, eps) = (d.hidden, d.rms_eps);
     // Attention: (a Gemma's output norm,) o, attention, inverse RoPE, the q/k norms
     // (Qwen3, Gemma 3), q/k/v, then the input norm into dx.
-    let d_o = match layer.gemma {
-        Some(g) => {
-            let (x, inv) = (&saved.o_out, &saved.inv_o);
-            rms_norm_backward(x, g.after_attention, inv, dx, &mut work.d_hn, false);
-            &work.d_hn
-        }
-        None => &*dx,
-    };
+    let norm = layer
+        .gemma
+        .map(|g| (g.after_attention, &saved.o_out[..], &saved.inv_o[..]));
+    let d_o = through_output_norm(norm, dx, &mut work.d_hn);
     projection_backward(
         d,
         O,

@@ -202,6 +202,29 @@ pub(super) fn projection_forward(
     );
 }
 
+/// A half's output projection `p` (o or down) of `input`, added into `residual`; with a
+/// Gemma's `norm` (its weight, where the product is kept, where its 1/rms goes), the
+/// product is kept, normalised into the scratch `hn` and then added.
+#[allow(clippy::too_many_arguments)]
+fn half_output(
+    d: &Dims,
+    (p, proj): (usize, &Projection<'_>),
+    n: usize,
+    input: &[f32],
+    residual: &mut [f32],
+    norm: Option<(&[f32], &mut [f32], &mut [f32])>,
+    (mask, u): (Option<&[f32]>, &mut [f32]),
+    (hn, xd, frozen): (&mut Vec<f32>, &mut Vec<f32>, &mut FrozenWork),
+) {
+    let Some((weight, kept, inv)) = norm else {
+        projection_forward(d, p, proj, n, input, 1.0, residual, mask, u, xd, frozen);
+        return;
+    };
+    projection_forward(d, p, proj, n, input, 0.0, kept, mask, u, xd, frozen);
+    rms_norm_forward(kept, weight, d.rms_eps, hn, inv);
+    super::backward::add(residual, hn);
+}
+
 /// One decoder layer forward: `x` (N × h) goes in as the layer's input and comes out as
 /// its output; `saved` receives what backward needs. The dropout masks are the ones
 /// already in `saved.masks` (see [`super::groups`]: drawn for the whole batch, or kept
@@ -272,34 +295,24 @@ fn attention_block(
         &mut saved.lse,
     );
     saved.x_mid.copy_from_slice(x);
-    let (out, beta) = match layer.gemma {
-        Some(_) => (&mut saved.o_out, 0.0),
-        None => (&mut saved.x_mid, 1.0),
-    };
-    projection_forward(
+    let norm = layer.gemma.map(|g| {
+        (
+            g.after_attention,
+            &mut saved.o_out[..],
+            &mut saved.inv_o[..],
+        )
+    });
+    let ForwardWork { hn, xd, frozen, .. } = work;
+    half_output(
         d,
-        O,
-        &layer.proj[O],
+        (O, &layer.proj[O]),
         n,
         &saved.attn,
-        beta,
-        out,
-        saved.masks[O].as_deref(),
-        &mut saved.u[O],
-        &mut work.xd,
-        &mut work.frozen,
+        &mut saved.x_mid,
+        norm,
+        (saved.masks[O].as_deref(), &mut saved.u[O]),
+        (hn, xd, frozen),
     );
-    if let Some(g) = layer.gemma {
-        let normed = &mut work.hn;
-        rms_norm_forward(
-            &saved.o_out,
-            g.after_attention,
-            eps,
-            normed,
-            &mut saved.inv_o,
-        );
-        super::backward::add(&mut saved.x_mid, normed);
-    }
 }
 
 /// The MLP half of layer `l`: the post-attention norm, gate and up, the gated
@@ -344,34 +357,29 @@ fn mlp_block(
     }
     glu_forward(&saved.gu, d.intermediate, d.gate(), &mut work.act);
     x.copy_from_slice(&saved.x_mid);
-    let (out, beta) = match layer.gemma {
-        Some(_) => (&mut saved.down_out[..], 0.0),
-        None => (&mut *x, 1.0),
-    };
-    projection_forward(
-        d,
-        DOWN,
-        &layer.proj[DOWN],
-        n,
-        &work.act,
-        beta,
-        out,
-        saved.masks[DOWN].as_deref(),
-        &mut saved.u[DOWN],
-        &mut work.xd,
-        &mut work.frozen,
-    );
-    if let Some(g) = layer.gemma {
-        let normed = &mut work.hn;
-        rms_norm_forward(
-            &saved.down_out,
+    let norm = layer.gemma.map(|g| {
+        (
             g.after_mlp,
-            eps,
-            normed,
-            &mut saved.inv_down,
-        );
-        super::backward::add(x, normed);
-    }
+            &mut saved.down_out[..],
+            &mut saved.inv_down[..],
+        )
+    });
+    let ForwardWork {
+        hn,
+        act,
+        xd,
+        frozen,
+    } = work;
+    half_output(
+        d,
+        (DOWN, &layer.proj[DOWN]),
+        n,
+        act,
+        x,
+        norm,
+        (saved.masks[DOWN].as_deref(), &mut saved.u[DOWN]),
+        (hn, xd, frozen),
+    );
 }
 
 /// The embedding rows of `ids`, N × h (widened row by row when the embedding is bf16),
