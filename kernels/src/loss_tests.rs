@@ -16,20 +16,19 @@ struct Reference {
     dh_size: Vec<f64>,
 }
 
-fn reference(
-    hidden: &[f32],
-    h: usize,
-    w: &[f32],
-    vocab: usize,
-    targets: &[i64],
-    scale_of: impl Fn(usize) -> f32,
-) -> Reference {
-    reference_capped(hidden, h, w, vocab, targets, scale_of, None)
+/// The logits of `head` (`vocab` rows), not soft-capped.
+fn uncapped(head: Head<'_>, vocab: usize) -> Logits<'_> {
+    Logits {
+        head,
+        vocab,
+        softcap: None,
+    }
 }
 
-/// [`reference`] on logits soft-capped to `c·tanh(l/c)` with `cap = Some(c)`: the
-/// gradient of each logit then carries `1 − tanh²(l/c)`.
-fn reference_capped(
+/// The [`Reference`] of `hidden` against the head `w`, row `r` weighted by
+/// `scale_of(r)`; with `cap = Some(c)`, on logits soft-capped to `c·tanh(l/c)` (the
+/// gradient of each logit then carries `1 − tanh²(l/c)`).
+fn reference(
     hidden: &[f32],
     h: usize,
     w: &[f32],
@@ -106,7 +105,7 @@ fn check(n: usize, h: usize, vocab: usize, gap: usize, spread: f32) {
     let w = random(vocab * h, 2, 0.5);
     let t = targets(n, vocab, gap);
     let scale = 1.0 / 37.0;
-    let want = reference(&hidden, h, &w, vocab, &t, |_| scale);
+    let want = reference(&hidden, h, &w, vocab, &t, |_| scale, None);
     let mut dh = vec![f32::NAN; n * h];
     let got = linear_cross_entropy(&hidden, h, &w, vocab, &t, scale, Some(&mut dh))
         .expect("valid inputs");
@@ -156,7 +155,7 @@ fn rows_weighted_apart_give_each_row_its_own_scale() {
     let w = random(vocab * h, 4, 0.5);
     let t = targets(n, vocab, 5);
     let weights: Vec<f32> = (0..n).map(|r| (r as f32 - 150.0) / 900.0).collect();
-    let want = reference(&hidden, h, &w, vocab, &t, |r| weights[r]);
+    let want = reference(&hidden, h, &w, vocab, &t, |r| weights[r], None);
     let mut dh = vec![f32::NAN; n * h];
     let mut losses = vec![f64::NAN; n];
     let mut hits = u64::MAX;
@@ -169,11 +168,7 @@ fn rows_weighted_apart_give_each_row_its_own_scale() {
     let got = linear_cross_entropy_with(
         &hidden,
         h,
-        Logits {
-            head,
-            vocab,
-            softcap: None,
-        },
+        uncapped(head, vocab),
         &t,
         RowWeights::PerRow(&weights),
         outputs,
@@ -193,7 +188,7 @@ fn rows_weighted_apart_give_each_row_its_own_scale() {
     }
     assert_eq!(hits, want.hits, "tokens ranked right");
     assert!(hits > 0 && hits < t.iter().filter(|&&t| t >= 0).count() as u64);
-    let unit = reference(&hidden, h, &w, vocab, &t, |_| 1.0);
+    let unit = reference(&hidden, h, &w, vocab, &t, |_| 1.0, None);
     let mut sum = 0.0;
     for (r, (&loss, &target)) in losses.iter().zip(&t).enumerate() {
         if target < 0 {
@@ -210,11 +205,7 @@ fn rows_weighted_apart_give_each_row_its_own_scale() {
     let refused = linear_cross_entropy_with(
         &hidden,
         h,
-        Logits {
-            head,
-            vocab,
-            softcap: None,
-        },
+        uncapped(head, vocab),
         &t,
         RowWeights::PerRow(&short),
         LossOutputs::default(),
@@ -279,13 +270,6 @@ fn the_bf16_head_rounds_the_hidden_rows_and_the_logit_gradients() {
     assert_ne!(hidden, rounded);
     let t = targets(n, vocab, 4);
     let scale = 1.0 / 113.0;
-    fn uncapped(head: Head<'_>, vocab: usize) -> Logits<'_> {
-        Logits {
-            head,
-            vocab,
-            softcap: None,
-        }
-    }
     let run = |head: Head<'_>, hidden: &[f32]| {
         let mut dh = vec![f32::NAN; n * h];
         let weights = RowWeights::Uniform(scale);
@@ -490,7 +474,7 @@ fn soft_capped_logits_match_the_f64_reference() {
     let t = targets(n, vocab, 7);
     let scale = 1.0 / 91.0;
     for cap in [2.0f32, 30.0] {
-        let want = reference_capped(&hidden, h, &w, vocab, &t, |_| scale, Some(cap as f64));
+        let want = reference(&hidden, h, &w, vocab, &t, |_| scale, Some(cap as f64));
         let logits = Logits {
             head: Head::F32(&w),
             vocab,
