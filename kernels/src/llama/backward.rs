@@ -3,7 +3,7 @@
 
 use super::forward::{Saved, attention_shape};
 use super::frozen::FrozenWork;
-use super::{Batch, DOWN, Dims, GATE, K, Model, O, Projection, Q, UP, V, qk_norm};
+use super::{Batch, DOWN, Dims, GATE, K, Model, O, Projection, Q, UP, V, add, qk_norm};
 use crate::attention::attention_backward;
 use crate::gemm::{Mat, MatMut, gemm};
 use crate::glu::{glu_backward, glu_forward};
@@ -44,11 +44,6 @@ pub(super) struct BackwardWork {
     pub(super) lora: LoraWork,
     /// The forward's frozen-product scratch, handed on.
     pub(super) frozen: FrozenWork,
-}
-
-/// `dst += src`, elementwise.
-pub(super) fn add(dst: &mut [f32], src: &[f32]) {
-    dst.iter_mut().zip(src).for_each(|(d, &s)| *d += s);
 }
 
 /// `dst += srcᵀ`, for `src` `rows × cols` and `dst` `cols × rows`, both row-major.

@@ -222,7 +222,7 @@ fn half_output(
     };
     projection_forward(d, p, proj, n, input, 0.0, kept, mask, u, xd, frozen);
     rms_norm_forward(kept, weight, d.rms_eps, hn, inv);
-    super::backward::add(residual, hn);
+    super::add(residual, hn);
 }
 
 /// One decoder layer forward: `x` (N × h) goes in as the layer's input and comes out as

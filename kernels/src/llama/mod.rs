@@ -150,6 +150,11 @@ pub const STEP_ARITHMETIC: &str = "2 (row groups)";
 /// The seven projections of a layer, in [`Layer::proj`] order (PEFT's module names).
 pub use tuneq_openapi::PROJECTIONS;
 
+/// `dst += src`, elementwise: a residual branch, or a gradient into its sum.
+fn add(dst: &mut [f32], src: &[f32]) {
+    dst.iter_mut().zip(src).for_each(|(d, &s)| *d += s);
+}
+
 /// Indices into [`PROJECTIONS`].
 const Q: usize = 0;
 const K: usize = 1;

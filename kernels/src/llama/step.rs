@@ -1,7 +1,7 @@
 //! The step's driver: the forward over every layer (row groups, checkpointing), the
 //! loss, and the backward in reverse, as the crate notes describe.
 
-use super::backward::{self, BackwardWork, LoraWork, layer_backward};
+use super::backward::{BackwardWork, LoraWork, layer_backward};
 use super::forward::{ForwardWork, Saved, embed, layer_forward};
 use super::frozen;
 use super::groups;
@@ -409,7 +409,7 @@ fn backward_layers(
         });
         for later in &mut later_grads {
             for s in layer_gradients.clone() {
-                backward::add(&mut grads[s], &std::mem::take(&mut later[s]));
+                super::add(&mut grads[s], &std::mem::take(&mut later[s]));
             }
         }
     }
