@@ -196,11 +196,14 @@ pub async fn local_details(location: &str) -> ApiResult<Option<tuneq_openapi::Mo
     let Ok(tuneq_storage::Location::Local(path)) = tuneq_storage::Location::parse(location) else {
         return Ok(None);
     };
-    let path = path.to_path_buf();
-    let checked = tokio::task::spawn_blocking(move || inspect::inspect(&path))
+    Ok(Some(inspected(path).await?.details))
+}
+
+/// [`inspect::inspect`] of the local folder `path`, on the blocking pool.
+async fn inspected(path: std::path::PathBuf) -> ApiResult<inspect::Inspected> {
+    tokio::task::spawn_blocking(move || inspect::inspect(&path))
         .await
-        .map_err(|_| ApiError::internal("the model folder check stopped"))??;
-    Ok(Some(checked.details))
+        .map_err(|_| ApiError::internal("the model folder check stopped"))?
 }
 
 /// A display name: 1 to 128 characters, none of them a control character.
@@ -228,10 +231,7 @@ async fn checked_location(text: &str) -> ApiResult<(String, Option<tuneq_openapi
     }
     match tuneq_storage::Location::parse(text) {
         Ok(tuneq_storage::Location::Local(path)) => {
-            let path = path.to_path_buf();
-            let checked = tokio::task::spawn_blocking(move || inspect::inspect(&path))
-                .await
-                .map_err(|_| ApiError::internal("the model folder check stopped"))??;
+            let checked = inspected(path).await?;
             Ok((checked.location, Some(checked.details)))
         }
         Ok(_) => Ok((text.to_string(), None)),

@@ -469,19 +469,9 @@ crate::simd::wide_twin!(
     ) -> (f64, bool) {
         let mut slopes = None;
         if let Some((c, keep)) = cap {
-            match scale {
-                Some(_) => {
-                    for (x, d) in l.iter_mut().zip(keep.iter_mut()) {
-                        let th = crate::tanh::tanh(*x / c);
-                        *x = th * c;
-                        *d = 1.0 - th * th;
-                    }
-                    slopes = Some(&*keep);
-                }
-                None => l
-                    .iter_mut()
-                    .for_each(|x| *x = crate::tanh::tanh(*x / c) * c),
-            }
+            // The slopes only matter to the gradient.
+            crate::tanh::soft_cap(l, c, scale.map(|_| &mut *keep));
+            slopes = scale.map(|_| &*keep);
         }
         let target = l[t];
         let m = max(l);

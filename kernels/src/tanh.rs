@@ -44,6 +44,22 @@ pub fn tanh(x: f32) -> f32 {
     if a < SMALL { small } else { large }
 }
 
+/// Gemma 2's soft-cap in place, `x ← c·tanh(x/c)` (divide, tanh, multiply, as
+/// transformers computes it), of attention scores or final logits; with `slopes` (as
+/// long as `values`), also each value's derivative `1 − tanh²` there, the backward's
+/// factor.
+#[inline(always)]
+pub(crate) fn soft_cap(values: &mut [f32], cap: f32, slopes: Option<&mut [f32]>) {
+    match slopes {
+        None => values.iter_mut().for_each(|x| *x = tanh(*x / cap) * cap),
+        Some(slopes) => values.iter_mut().zip(slopes).for_each(|(x, d)| {
+            let t = tanh(*x / cap);
+            *x = t * cap;
+            *d = 1.0 - t * t;
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,7 +3,8 @@
 
 use crate::gemm::{Mat, MatMut, gemm};
 
-use super::{AttentionShape, QUERY_BLOCK, Scratch, exp, key_range, soft_cap, transposed};
+use super::{AttentionShape, QUERY_BLOCK, Scratch, exp, key_range, transposed};
+use crate::tanh::soft_cap;
 
 /// `Σ aᵢbᵢ` in 16 interleaved partial sums, so that it vectorises; the order is fixed.
 #[inline(always)]

@@ -2,7 +2,8 @@
 
 use crate::gemm::{Mat, MatMut, gemm};
 
-use super::{AttentionShape, QUERY_BLOCK, Scratch, exp, key_range, soft_cap, transposed};
+use super::{AttentionShape, QUERY_BLOCK, Scratch, exp, key_range, transposed};
+use crate::tanh::soft_cap;
 
 /// Whether key position `key` may be hidden from some query of the block starting at
 /// `first`, whose latest segment start is `last_start`: it lies after the block's first

@@ -150,23 +150,6 @@ fn exp(x: f32) -> f32 {
     crate::exp::exp(x)
 }
 
-/// Gemma 2's soft-cap in place, `s ← c·tanh(s/c)` (divide, tanh, multiply, as
-/// transformers computes it); with `slopes`, also each score's derivative `1 − tanh²`
-/// there (the backward's factor).
-#[inline(always)]
-fn soft_cap(scores: &mut [f32], cap: f32, slopes: Option<&mut [f32]>) {
-    match slopes {
-        None => scores
-            .iter_mut()
-            .for_each(|s| *s = crate::tanh::tanh(*s / cap) * cap),
-        Some(slopes) => scores.iter_mut().zip(slopes).for_each(|(s, d)| {
-            let t = crate::tanh::tanh(*s / cap);
-            *s = t * cap;
-            *d = 1.0 - t * t;
-        }),
-    }
-}
-
 /// The first key a query block may see: the earliest segment start among its rows
 /// `first..end`.
 fn key_range(starts: &[u32], first: usize, end: usize) -> usize {
