@@ -886,3 +886,63 @@ fn a_run_starts_from_the_adapter_it_is_given_and_refuses_one_of_another_shape() 
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("init_adapter"));
 }
+
+/// The hash a run's fingerprint and manifest carry for its base model: the one the
+/// spec's `model_identity` brings (registration computed it) while the folder's stamp
+/// matches it, the folder's own, read again and warned about, once a file changed.
+#[test]
+fn a_registered_models_hash_is_taken_while_its_files_are_unchanged() {
+    let (dir, train) = dir_with_task(8);
+    let model = dir.path().join("model");
+    copy_dir(tiny_model(), &model);
+    let real = tuneq_pools::folder::identity(&model).expect("identity");
+    let run = |name: &str, identity: &tuneq_openapi::ModelIdentity| {
+        let output = dir.path().join(name);
+        let spec = dir.path().join(format!("{name}.json"));
+        let body = serde_json::json!({
+            "model": model, "training_files": [train], "output": output,
+            "hyperparameters": {"epochs": 1, "batch_size": 4, "max_seq_len": 48},
+            "model_identity": identity,
+        });
+        std::fs::write(&spec, body.to_string()).expect("spec");
+        let args = [
+            "train",
+            "--progress",
+            "json",
+            "--spec",
+            spec.to_str().expect("utf8"),
+        ];
+        let out = run_to_end(&args.map(String::from));
+        let manifest: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(output.join("manifest.json")).expect("manifest"),
+        )
+        .expect("json");
+        let warned = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .any(|e| e["event"] == "warning");
+        (manifest["base_model"]["sha256"].clone(), warned)
+    };
+    // A hash no file has: it can only have come from the spec.
+    let registered = tuneq_openapi::ModelIdentity {
+        sha256: "ab".repeat(32),
+        stamp: real.stamp.clone(),
+    };
+    assert_eq!(
+        run("taken", &registered),
+        (serde_json::json!("ab".repeat(32)), false)
+    );
+    // The config rewritten since: the folder is hashed again, and the run says so.
+    let config = std::fs::read(model.join("config.json")).expect("config");
+    std::fs::write(model.join("config.json"), config).expect("rewrite");
+    let file = std::fs::File::options()
+        .write(true)
+        .open(model.join("config.json"))
+        .expect("open");
+    file.set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000))
+        .expect("touch");
+    assert_eq!(
+        run("hashed", &registered),
+        (serde_json::json!(real.sha256), true)
+    );
+}

@@ -5,10 +5,16 @@
 //! A local folder is checked before it is registered ([`inspect`]: a `config.json` of an
 //! architecture tuneq trains, a tokenizer and chat template that load, every tensor the
 //! config implies with its shape; every problem at once), and what that finds is
-//! recorded for `GET /v1/models`. A folder in an object store (`s3://`, `gs://`) is
+//! recorded for `GET /v1/models`, with the folder's identity: its weights are hashed
+//! here, once, and every job's trainer takes that hash for the run's fingerprint rather
+//! than reading the weights again (see [`tuneq_pools::folder`]). A folder in an object store (`s3://`, `gs://`) is
 //! checked by the trainer when it loads it, as for `--model`.
 
 mod inspect;
+mod roots;
+
+pub use inspect::Inspected;
+pub use roots::{BadRoot, ModelRoots};
 
 use crate::auth::Admin;
 use crate::error::{ApiError, ApiResult, Code};
@@ -79,14 +85,20 @@ pub(crate) async fn register(
     if let Some(name) = &body.display_name {
         check_display_name(name)?;
     }
-    let (location, details) = checked_location(&body.location).await?;
-    if let Some(existing) = records::model::get(&state.queue, &body.id).await? {
+    let existing = records::model::get(&state.queue, &body.id).await?;
+    let known = existing.as_ref().and_then(|m| m.identity.as_ref());
+    let (location, found) =
+        checked_location(&body.location, &state.config.model_roots, known).await?;
+    let (details, identity) = found.map_or((None, None), |f| (Some(f.details), Some(f.identity)));
+    if let Some(existing) = existing {
         if existing.location == location {
-            // The same folder again: its details as found now, a new display name if one
-            // is given; the id, learning rate and registration time stay.
+            // The same folder again: its details as found now (its weights hashed again
+            // only where a file changed), a new display name if one is given; the id,
+            // learning rate and registration time stay.
             let model = BaseModel {
                 display_name: body.display_name.or(existing.display_name.clone()),
                 details: details.or(existing.details.clone()),
+                identity: identity.or(existing.identity.clone()),
                 ..existing.clone()
             };
             if model != existing {
@@ -110,6 +122,7 @@ pub(crate) async fn register(
         created: records::now_seconds(),
         display_name: body.display_name,
         details,
+        identity,
     };
     records::model::register(&state.queue, &model).await?;
     Ok(HttpResponse::Created().json(crate::models::base(model)))
@@ -188,20 +201,27 @@ async fn unfinished(state: &AppState, job: &records::finetune::FineTuneRecord) -
         .is_some_and(|queued| !queued.state.is_terminal()))
 }
 
-/// What registration records of the model at `location` (see [`inspect`]): the
-/// details of a local folder tuneq can train, None for a store location, or why the
-/// folder cannot be registered. For models named at start (`--model`), which are
-/// registered either way.
-pub async fn local_details(location: &str) -> ApiResult<Option<tuneq_openapi::ModelDetails>> {
+/// What registration records of the model at `location` (see [`inspect`]): for a
+/// local folder tuneq can train, its details and identity (its weights hashed unless
+/// `known`, what an earlier registration found, holds for the folder's stamp); None for
+/// a store location; or why the folder cannot be registered. For models named at start
+/// (`--model`), which are registered either way.
+pub async fn local_inspection(
+    location: &str,
+    known: Option<&tuneq_openapi::ModelIdentity>,
+) -> ApiResult<Option<inspect::Inspected>> {
     let Ok(tuneq_storage::Location::Local(path)) = tuneq_storage::Location::parse(location) else {
         return Ok(None);
     };
-    Ok(Some(inspected(path).await?.details))
+    Ok(Some(inspected(path, known.cloned()).await?))
 }
 
 /// [`inspect::inspect`] of the local folder `path`, on the blocking pool.
-async fn inspected(path: std::path::PathBuf) -> ApiResult<inspect::Inspected> {
-    tokio::task::spawn_blocking(move || inspect::inspect(&path))
+async fn inspected(
+    path: std::path::PathBuf,
+    known: Option<tuneq_openapi::ModelIdentity>,
+) -> ApiResult<inspect::Inspected> {
+    tokio::task::spawn_blocking(move || inspect::inspect(&path, known.as_ref()))
         .await
         .map_err(|_| ApiError::internal("the model folder check stopped"))?
 }
@@ -222,18 +242,37 @@ fn check_display_name(name: &str) -> ApiResult<()> {
 /// The location as it is registered, and what its folder showed: a local folder checked
 /// to hold a model tuneq trains (made canonical), a store URI as given (its files are the
 /// trainer's to check).
-async fn checked_location(text: &str) -> ApiResult<(String, Option<tuneq_openapi::ModelDetails>)> {
+async fn checked_location(
+    text: &str,
+    roots: &ModelRoots,
+    known: Option<&tuneq_openapi::ModelIdentity>,
+) -> ApiResult<(String, Option<inspect::Inspected>)> {
     let refused = |message: String| ApiError::invalid("location", Code::InvalidValue, message);
     if !text.contains("://") && !Path::new(text).is_absolute() {
         return Err(refused(
             "A local location is an absolute path (the folder on the machines that run the trainers).".into(),
         ));
     }
+    let outside = || {
+        refused(format!(
+            "The location is outside the places models may be registered from (--model-root): {}.",
+            roots.describe()
+        ))
+    };
     match tuneq_storage::Location::parse(text) {
         Ok(tuneq_storage::Location::Local(path)) => {
-            let checked = inspected(path).await?;
-            Ok((checked.location, Some(checked.details)))
+            // Nothing outside the roots is read: checked as written, then resolved.
+            if !roots.allows_folder(&path, None) {
+                return Err(outside());
+            }
+            let resolved = std::fs::canonicalize(&path).ok();
+            if !roots.allows_folder(&path, resolved.as_deref()) {
+                return Err(outside());
+            }
+            let checked = inspected(path, known.cloned()).await?;
+            Ok((checked.location.clone(), Some(checked)))
         }
+        Ok(store) if !roots.allows_store(&store) => Err(outside()),
         Ok(_) => Ok((text.to_string(), None)),
         Err(e) => Err(refused(e.to_string())),
     }

@@ -45,6 +45,9 @@ pub struct ApiConfig {
     /// name (`gpt-4o-mini-2024-07-18`) mapped to the open model that stands in for it,
     /// so that clients' code runs unchanged. Listed in `/v1/models`.
     pub model_aliases: std::collections::BTreeMap<String, String>,
+    /// Where `POST /admin/models` may take models from (`--model-root`); empty:
+    /// anywhere.
+    pub model_roots: crate::registry::ModelRoots,
     /// The MLflow tracking server jobs' runs go to (`integrations`); None: jobs that ask
     /// for tracking are refused.
     pub mlflow: Option<crate::tracking::MlflowServer>,
@@ -69,6 +72,7 @@ impl Default for ApiConfig {
             default_limits: Default::default(),
             holds: crate::holds::HoldLimits::default(),
             model_aliases: Default::default(),
+            model_roots: Default::default(),
             mlflow: None,
         }
     }

@@ -31,6 +31,7 @@ mod problems;
 mod pyjson;
 mod record;
 mod stats;
+mod strftime;
 mod template;
 mod tokenizer_build;
 mod tools;

@@ -3,8 +3,8 @@
 //! A model's own template is the Jinja `chat_template` from its `tokenizer_config.json` (or a
 //! `chat_template.jinja` file next to it), rendered with minijinja configured the way Hugging
 //! Face renders it (`trim_blocks`, `lstrip_blocks`, a `raise_exception` function and Python
-//! string methods such as `.strip()`, and a `tojson` that writes JSON as Python's
-//! `json.dumps` does). The built-ins below are written for tuneq; none of them renders
+//! string methods such as `.strip()`, a `tojson` that writes JSON as Python's
+//! `json.dumps` does, and `strftime_now` for the templates that write today's date, UTC). The built-ins below are written for tuneq; none of them renders
 //! tools, so records with tools reach them through [`crate::tools::without_tools`].
 
 use std::path::Path;
@@ -214,6 +214,19 @@ impl ChatTemplate {
             "raise_exception",
             |message: String| -> Result<Value, minijinja::Error> {
                 Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
+            },
+        );
+        env.add_function(
+            "strftime_now",
+            |format: String| -> Result<Value, minijinja::Error> {
+                crate::strftime::format_now(&format)
+                    .map(Value::from)
+                    .map_err(|why| {
+                        minijinja::Error::new(
+                            ErrorKind::InvalidOperation,
+                            format!("strftime_now: {why}"),
+                        )
+                    })
             },
         );
         env.add_filter("tojson", tojson);

@@ -403,6 +403,24 @@ fn hf_style_template_with_python_methods_and_raise_exception() {
 }
 
 #[test]
+fn templates_write_todays_date_as_transformers_does() {
+    // Llama 3.1 and 3.2 fall back to a fixed date where `strftime_now` is missing.
+    let src = "{% if strftime_now is defined %}{{ strftime_now('%Y-%m-%d') }}{% else %}26 Jul 2024{% endif %}";
+    let t = ChatTemplate::from_jinja(src, "", "").expect("compile");
+    let before = crate::strftime::format_now("%Y-%m-%d").expect("date");
+    let rendered = t
+        .render(&[Message::new(Role::User, "hi")], false)
+        .expect("render");
+    let after = crate::strftime::format_now("%Y-%m-%d").expect("date");
+    assert!(rendered == before || rendered == after, "{rendered}");
+    let unknown = ChatTemplate::from_jinja("{{ strftime_now('%Q') }}", "", "").expect("compile");
+    let err = unknown
+        .render(&[Message::new(Role::User, "hi")], false)
+        .expect_err("raises");
+    assert!(err.to_string().contains("%Q"), "{err}");
+}
+
+#[test]
 fn load_reads_tokenizer_config() {
     let dir = tempfile::tempdir().expect("tempdir");
     // No tokenizer_config.json: ChatML, empty special tokens.

@@ -63,6 +63,6 @@ pub use stored::{MalformedRecord, StoredJson};
 pub use train_spec::{
     ActivationCheckpointing, ChatTemplateChoice, CheckpointPolicy, ComputeKind, DatasetFormat,
     DeviceKind, DtypeKind, EarlyStopping, Hyperparameters, LoraSpec, MAX_LEARNING_RATE,
-    MAX_LORA_ALPHA, MAX_LORA_RANK, MAX_SEQ_LEN, MIN_LEARNING_RATE, SamplingSpec, Scheduler,
-    SpecError, TrainSpec, TrainingMethod,
+    MAX_LORA_ALPHA, MAX_LORA_RANK, MAX_SEQ_LEN, MIN_LEARNING_RATE, ModelIdentity, SamplingSpec,
+    Scheduler, SpecError, TrainSpec, TrainingMethod,
 };

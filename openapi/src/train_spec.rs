@@ -69,6 +69,40 @@ pub struct TrainSpec {
     /// or DPO on preference pairs. Part of the run's fingerprint.
     #[serde(default, skip_serializing_if = "TrainingMethod::is_supervised")]
     pub method: TrainingMethod,
+    /// The base model's identity as its registration computed it: the trainer takes
+    /// its hash instead of reading every weight again where the folder it sees has the
+    /// same stamp (and hashes the folder itself where not, or where this is absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_identity: Option<ModelIdentity>,
+}
+
+/// A model folder's identity: the hash that fingerprints every run trained on it, and
+/// a cheap stamp of the files it was computed from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ModelIdentity {
+    /// SHA-256 (hex) over the SHA-256s of `config.json` and of each weight file, in
+    /// load order.
+    pub sha256: String,
+    /// SHA-256 (hex) over each of those files' name, length and modification time:
+    /// equal while none was replaced or rewritten.
+    pub stamp: String,
+}
+
+impl ModelIdentity {
+    /// Both fields are 64 lowercase hex digits.
+    fn check(&self, bad: Report<'_>) {
+        let hex =
+            |s: &str| s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        for (field, value) in [("sha256", &self.sha256), ("stamp", &self.stamp)] {
+            if !hex(value) {
+                bad(
+                    &format!("model_identity.{field}"),
+                    "is 64 lowercase hexadecimal digits (a SHA-256)".into(),
+                );
+            }
+        }
+    }
 }
 
 /// What a run optimises.
@@ -455,6 +489,9 @@ impl TrainSpec {
         check_checkpoint(&self.checkpoint, &mut bad);
         self.check_method(&mut bad);
         self.check_early_stopping(&mut bad);
+        if let Some(identity) = &self.model_identity {
+            identity.check(&mut bad);
+        }
         if errs.is_empty() { Ok(()) } else { Err(errs) }
     }
 

@@ -3,6 +3,8 @@
 //! Layout:
 //! - [`architecture`]: which model architectures tuneq trains, from a `config.json`
 //!   (registration, job creation and the trainer's loader all ask it).
+//! - [`folder`]: a model folder's weight files, their safetensors headers, and its
+//!   identity (the hash that fingerprints runs, computed once at registration).
 //! - [`file`](mod@file): the pools file (TOML) that `tuneq api`, `tuneq dispatcher` and
 //!   `tuneq up` read, checked field by field.
 //! - [`kube_syntax`]: what the Kubernetes API server accepts in the names, keys, label
@@ -15,6 +17,7 @@
 
 pub mod architecture;
 pub mod file;
+pub mod folder;
 pub mod kube_syntax;
 pub mod memory;
 pub mod placement;

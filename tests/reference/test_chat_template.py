@@ -1,8 +1,8 @@
 """The chat templates, rendered by tuneq (minijinja) and by transformers (jinja2), agree on
 every record of the shipped chat and alpaca datasets: the same text, the same token ids,
-and loss on the same tokens. Both with the tiny preset's tokenizer and with the real
-model's (SmolLM2-135M-Instruct: byte-level BPE, its own ChatML template with a default
-system prompt).
+and loss on the same tokens. With the tiny preset's tokenizer, the real models' (SmolLM2,
+Qwen2.5, Gemma 3) and the weightless tokenizers of scripts/fetch-tokenizer (Qwen3, Mistral
+NeMo, Llama 3.2, Gemma 2): MODELS, less the combinations of NOT_COMPARED.
 
 `tuneq debug encode` prints each record as training sees it: the conversation, the
 rendered text, the token ids and the labels. transformers renders the same conversation
@@ -28,8 +28,12 @@ MAX_LEN = 4096
 # The tiny preset's tokenizer, the real Qwen2's (Qwen2.5's 151k-token BPE and template), the
 # real Gemma 3's (a 262k-token SentencePiece-style BPE with byte fallback, Gemma 3's template:
 # system folded into the first user turn, `model` turns) and the real model's (a 49152-token
-# byte-level BPE with its own chat template), and Qwen3's (no weights: its template).
-MODELS = ["tiny_model", "real_model", "real_qwen2", "real_gemma3", "qwen3_tokenizer"]
+# byte-level BPE with its own chat template); and, without weights (scripts/fetch-tokenizer),
+# Qwen3's, Mistral NeMo's (Tekken, a 131k-token BPE; [INST] turns, no spaces), Llama 3.2's
+# (128k-token BPE; header turns under a dated system header) and Gemma 2's (a 256k-token
+# SentencePiece-style BPE; no template of its own: the built-in ones only).
+MODELS = ["tiny_model", "real_model", "real_qwen2", "real_gemma3", "qwen3_tokenizer",
+          "mistral_nemo_tokenizer", "llama3_2_tokenizer", "gemma2_tokenizer"]
 _TOKENIZERS: dict = {}
 
 
@@ -68,8 +72,17 @@ def expected_labels(tok, source: str, messages: list, text: str, tools: list | N
 # of an assistant turn once a later user turn follows, so it is not prefix-stable on the
 # multi-turn task files, which tuneq refuses with a clear error (see README: a built-in
 # template, or data with one answer per example, trains Qwen3 today).
+# Mistral NeMo's own template writes the system message into the last user turn, so a
+# conversation that ends with an answer renders without it, and the text before that answer
+# is not a prefix of the whole: not prefix-stable on the task files' records with a system
+# message, which tuneq refuses with the same clear error (alpaca.jsonl has none: compared).
+# Gemma 2's package ships no chat template: transformers has none to render with, and tuneq's
+# `model` falls back to ChatML, which the `chatml` cases compare.
 NOT_COMPARED = {("qwen3_tokenizer", "llama2"), ("qwen3_tokenizer", "model", "tiny-task-train.jsonl"),
-                ("qwen3_tokenizer", "model", "tiny-task-val.jsonl")}
+                ("qwen3_tokenizer", "model", "tiny-task-val.jsonl"),
+                ("mistral_nemo_tokenizer", "model", "tiny-task-train.jsonl"),
+                ("mistral_nemo_tokenizer", "model", "tiny-task-val.jsonl"),
+                ("gemma2_tokenizer", "model")}
 CASES = [(m, d, t) for m in MODELS for d in DATASETS for t in TEMPLATES
          if (m, t) not in NOT_COMPARED and (m, t, d) not in NOT_COMPARED]
 

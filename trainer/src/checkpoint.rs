@@ -13,7 +13,6 @@ use crate::model::Llama;
 use crate::optim::AdamW;
 use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -110,18 +109,13 @@ pub struct LoadedCheckpoint {
 
 /// Hex SHA-256 of a file, streamed.
 pub fn sha256_file(path: &Path) -> Result<String> {
-    use std::io::Read;
-    let mut f = std::fs::File::open(path).map_err(Error::io(path))?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf).map_err(Error::io(path))?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(hex::encode(h.finalize()))
+    tuneq_pools::folder::sha256_file(path).map_err(|e| match e {
+        tuneq_pools::folder::FolderError::Io { source, .. } => Error::io(path)(source),
+        other => Error::Model {
+            path: path.display().to_string(),
+            message: other.to_string(),
+        },
+    })
 }
 
 fn step_dir_name(step: u64) -> String {

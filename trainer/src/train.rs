@@ -33,7 +33,7 @@ pub use crate::step::{StepDropout, StepResult};
 pub use accumulate::{accumulate, accumulate_for, accumulate_on_graph};
 pub use device::{cuda_available, select_device, select_dtype};
 pub use evaluation::evaluate;
-pub use inputs::{EncodedData, encode_files, model_sha256};
+pub use inputs::{EncodedData, encode_files};
 pub use manifest::{FinalMetrics, Lineage, RunManifest, RunStatus};
 pub use metrics::RESULTS_CSV;
 pub use optimiser::{Stepped, Update, optimiser_step};

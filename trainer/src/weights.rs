@@ -5,50 +5,12 @@ use candle_core::{DType, Device, Tensor};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-/// The safetensors files of a model folder, in load order.
+/// The safetensors files of a model folder, in load order (see
+/// [`tuneq_pools::folder::weight_files`]).
 pub fn weight_files(model_dir: &Path) -> Result<Vec<PathBuf>> {
-    let index = model_dir.join("model.safetensors.index.json");
-    if index.is_file() {
-        let v: serde_json::Value = crate::error::read_json(&index)?;
-        let map = v
-            .get("weight_map")
-            .and_then(|m| m.as_object())
-            .ok_or_else(|| Error::Model {
-                path: index.display().to_string(),
-                message: "missing \"weight_map\" object".into(),
-            })?;
-        let mut files: Vec<String> = map
-            .values()
-            .filter_map(|f| f.as_str().map(str::to_string))
-            .collect();
-        files.sort();
-        files.dedup();
-        let mut paths = Vec::new();
-        for f in files {
-            if f.contains('/') || f.contains("..") {
-                return Err(Error::Model {
-                    path: index.display().to_string(),
-                    message: format!("unsafe shard name {f:?}"),
-                });
-            }
-            let p = model_dir.join(&f);
-            if !p.is_file() {
-                return Err(Error::Model {
-                    path: model_dir.display().to_string(),
-                    message: format!("shard {f} listed in the index is missing"),
-                });
-            }
-            paths.push(p);
-        }
-        return Ok(paths);
-    }
-    let single = model_dir.join("model.safetensors");
-    if single.is_file() {
-        return Ok(vec![single]);
-    }
-    Err(Error::Model {
+    tuneq_pools::folder::weight_files(model_dir).map_err(|e| Error::Model {
         path: model_dir.display().to_string(),
-        message: "no model.safetensors or model.safetensors.index.json".into(),
+        message: e.to_string(),
     })
 }
 
@@ -132,24 +94,11 @@ pub fn read_shard(path: &Path, each: &mut dyn FnMut(String, Tensor) -> Result<()
     let io = |e: std::io::Error| bad(e.to_string());
     let mut file = std::fs::File::open(path).map_err(io)?;
     let file_len = file.metadata().map_err(io)?.len();
-    let mut len = [0u8; 8];
-    file.read_exact(&mut len).map_err(io)?;
-    let header_len = u64::from_le_bytes(len);
-    if header_len > MAX_HEADER_BYTES || 8 + header_len > file_len {
-        return Err(bad(format!(
-            "header of {header_len} bytes in a file of {file_len}"
-        )));
-    }
-    let mut header = vec![0u8; header_len as usize];
-    file.read_exact(&mut header).map_err(io)?;
-    let entries: HashMap<String, serde_json::Value> =
-        serde_json::from_slice(&header).map_err(|e| bad(format!("header: {e}")))?;
-    let data_start = 8 + header_len;
+    let header = tuneq_pools::folder::read_header(&mut file, MAX_HEADER_BYTES.min(file_len))
+        .map_err(|e| bad(format!("{e}")))?;
+    let (entries, data_start) = (header.tensors, header.data_start);
     let mut infos = Vec::with_capacity(entries.len());
     for (name, value) in entries {
-        if name == "__metadata__" {
-            continue;
-        }
         let info: safetensors::tensor::TensorInfo =
             serde_json::from_value(value).map_err(|e| bad(format!("{name}: {e}")))?;
         let (start, end) = info.data_offsets;

@@ -634,6 +634,7 @@ fn job_spec(
         compute: body.compute.unwrap_or_default(),
         init_adapter: None,
         method: choice.method,
+        model_identity: base.identity.clone(),
     };
     let h = &choice.requested;
     let hp = &mut spec.hyperparameters;

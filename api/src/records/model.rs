@@ -27,6 +27,11 @@ pub struct BaseModel {
     /// models registered before this was recorded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub details: Option<tuneq_openapi::ModelDetails>,
+    /// The hash that fingerprints every run on a local folder, computed once at
+    /// registration and handed to its trainers (none for a store location, nor for
+    /// models registered before this was recorded: their trainers hash the folder).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<tuneq_openapi::ModelIdentity>,
 }
 
 /// Registers (or re-points) a base model.

@@ -7,24 +7,25 @@
 //! each bounded by [`HEADER_LIMIT`].
 
 use crate::error::{ApiError, Code};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::Path;
-use tuneq_openapi::{ChatTemplateSource, ModelDetails};
+use tuneq_openapi::{ChatTemplateSource, ModelDetails, ModelIdentity};
 use tuneq_pools::ModelShape;
+use tuneq_pools::folder;
 
 /// The largest safetensors header read (real ones are well under 1 MiB).
 const HEADER_LIMIT: u64 = 16 << 20;
-
-/// The largest `model.safetensors.index.json` read (real ones are tens of KiB).
-const INDEX_LIMIT: u64 = 16 << 20;
 
 /// How many tensors of one kind of problem a refusal names before it counts the rest.
 const NAMED: usize = 5;
 
 /// A checked folder: its canonical path and what registration records of it.
-pub(crate) struct Inspected {
+pub struct Inspected {
     pub(crate) location: String,
-    pub(crate) details: ModelDetails,
+    /// What `GET /v1/models` shows of it.
+    pub details: ModelDetails,
+    /// The hash every run on it is fingerprinted with, and the stamp it holds for.
+    pub identity: ModelIdentity,
 }
 
 /// A tensor as a weight file's header lists it.
@@ -34,8 +35,10 @@ struct Listed {
     shape: serde_json::Value,
 }
 
-/// Checks the local folder `path` (blocking: it reads files, and loads the tokenizer).
-pub(crate) fn inspect(path: &Path) -> Result<Inspected, ApiError> {
+/// Checks the local folder `path` (blocking: it reads files, and loads the tokenizer),
+/// and hashes its weights unless `known` (what an earlier registration of it found)
+/// holds for the folder's stamp.
+pub(crate) fn inspect(path: &Path, known: Option<&ModelIdentity>) -> Result<Inspected, ApiError> {
     let shape = match ModelShape::read(path) {
         Some(Ok(shape)) => shape,
         Some(Err(refusal)) => {
@@ -85,8 +88,10 @@ pub(crate) fn inspect(path: &Path) -> Result<Inspected, ApiError> {
     let location = std::fs::canonicalize(path)
         .map(|p| p.display().to_string())
         .map_err(|_| refused(vec!["the folder cannot be read".into()]))?;
+    let identity = identity(path, known).map_err(|e| refused(vec![e.to_string()]))?;
     Ok(Inspected {
         location,
+        identity,
         details: ModelDetails {
             architecture: shape.architecture().model_type().into(),
             parameters: shape.parameters(),
@@ -97,6 +102,23 @@ pub(crate) fn inspect(path: &Path) -> Result<Inspected, ApiError> {
             fits_pools: Vec::new(),
         },
     })
+}
+
+/// The folder's identity: `known` where the folder's stamp is still the one it was
+/// computed for, else every weight read and hashed (about a minute for 14 GB).
+fn identity(
+    path: &Path,
+    known: Option<&ModelIdentity>,
+) -> Result<ModelIdentity, folder::FolderError> {
+    if let Some(known) = known
+        && folder::stamp(path)? == known.stamp
+    {
+        return Ok(known.clone());
+    }
+    let started = std::time::Instant::now();
+    let identity = folder::identity(path)?;
+    tracing::info!(folder = %path.display(), seconds = started.elapsed().as_secs_f64(), "model weights hashed");
+    Ok(identity)
 }
 
 /// The 400 for `problems`, every one of them named.
@@ -119,16 +141,7 @@ fn refused(problems: Vec<String>) -> ApiError {
 /// Checks the folder's weights against `shape`; the embedding's dtype as transformers
 /// names it (`float32`, `bfloat16`, `float16`), or every problem found.
 fn weights(path: &Path, shape: &ModelShape) -> Result<String, Vec<String>> {
-    let mut problems = missing_shards(path);
-    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(path)
-        .map_err(|_| vec!["the folder cannot be read".to_string()])?
-        .filter_map(|entry| entry.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
-        .collect();
-    files.sort();
-    if files.is_empty() && problems.is_empty() {
-        return Err(vec!["the folder holds no .safetensors weights".into()]);
-    }
+    let (files, mut problems) = weight_files(path);
     let mut listed: BTreeMap<String, Listed> = BTreeMap::new();
     for file in &files {
         let name = file
@@ -137,7 +150,7 @@ fn weights(path: &Path, shape: &ModelShape) -> Result<String, Vec<String>> {
             .unwrap_or_default();
         match safetensors_header(file) {
             Ok(header) => {
-                for (tensor, info) in header {
+                for (tensor, info) in header.tensors {
                     let dtype = info["dtype"].as_str().unwrap_or_default().to_string();
                     let shape = info["shape"].clone();
                     let file = name.clone();
@@ -216,57 +229,35 @@ fn named(items: &[String]) -> String {
     }
 }
 
-/// The shards `model.safetensors.index.json` names that the folder lacks (or why the
-/// index cannot be read); none without an index.
-fn missing_shards(path: &Path) -> Vec<String> {
-    const INDEX: &str = "model.safetensors.index.json";
-    let Ok(meta) = std::fs::metadata(path.join(INDEX)) else {
-        return Vec::new();
+/// The weight files of the folder (see [`folder::weight_files`]) that are there, and
+/// every problem with the listing: each shard the index names that the folder lacks,
+/// an index that cannot be read, neither an index nor `model.safetensors`.
+fn weight_files(path: &Path) -> (Vec<std::path::PathBuf>, Vec<String>) {
+    let shards = match folder::shard_names(path) {
+        Ok(shards) => shards,
+        Err(e) => return (Vec::new(), vec![e.to_string()]),
     };
-    if meta.len() > INDEX_LIMIT {
-        return vec![format!("{INDEX} is larger than 16 MiB")];
+    if shards.is_empty() {
+        return match folder::weight_files(path) {
+            Ok(files) => (files, Vec::new()),
+            Err(e) => (Vec::new(), vec![e.to_string()]),
+        };
     }
-    let index: serde_json::Value = match std::fs::read(path.join(INDEX))
-        .ok()
-        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
-    {
-        Some(index) => index,
-        None => return vec![format!("{INDEX} cannot be read as JSON")],
-    };
-    let Some(map) = index["weight_map"].as_object() else {
-        return vec![format!("{INDEX} has no weight_map")];
-    };
-    let shards: BTreeSet<&str> = map.values().filter_map(|v| v.as_str()).collect();
-    shards
-        .into_iter()
-        .filter(|shard| {
-            // A shard is a file name in this folder, never a path out of it.
-            let plain = !shard.contains('/') && !shard.contains('\\') && *shard != "..";
-            !plain || !path.join(shard).is_file()
-        })
-        .map(|shard| format!("{INDEX} names the shard {shard}, which the folder lacks"))
-        .collect()
+    let missing = folder::missing_shards(path, &shards);
+    let problems = missing
+        .iter()
+        .map(|shard| folder::FolderError::MissingShard(shard.clone()).to_string())
+        .collect();
+    let present = shards
+        .iter()
+        .filter(|shard| !missing.contains(shard))
+        .map(|shard| path.join(shard))
+        .collect();
+    (present, problems)
 }
 
-/// The tensors a safetensors file's header lists (name → dtype, shape, offsets).
-fn safetensors_header(
-    file: &Path,
-) -> Result<serde_json::Map<String, serde_json::Value>, &'static str> {
-    use std::io::Read;
-    let mut f = std::fs::File::open(file).map_err(|_| "cannot be opened")?;
-    let mut len = [0u8; 8];
-    f.read_exact(&mut len)
-        .map_err(|_| "is too short to be a safetensors file")?;
-    let len = u64::from_le_bytes(len);
-    if len > HEADER_LIMIT {
-        return Err("has a header larger than 16 MiB");
-    }
-    let mut header = Vec::with_capacity(len as usize);
-    f.take(len)
-        .read_to_end(&mut header)
-        .map_err(|_| "cannot be read")?;
-    let mut map: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_slice(&header).map_err(|_| "has a header that is not JSON")?;
-    map.remove("__metadata__");
-    Ok(map)
+/// The header of the safetensors file `file`, at most [`HEADER_LIMIT`] of it.
+fn safetensors_header(file: &Path) -> Result<folder::Header, String> {
+    let mut f = std::fs::File::open(file).map_err(|_| "cannot be opened".to_string())?;
+    folder::read_header(&mut f, HEADER_LIMIT).map_err(|e| e.to_string())
 }

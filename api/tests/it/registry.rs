@@ -41,15 +41,24 @@ fn write_header(path: &Path, tensors: &[(String, Vec<u64>)]) {
 }
 
 /// A model folder `name` under the server's temp dir: `config`, a tokenizer that loads,
-/// and weights holding every tensor of the config's first `layers` layers, the
-/// embedding of `embedding`'s shape.
+/// and weights holding [`tensors`].
 fn folder(s: &Server, name: &str, config: &Value, layers: u64, embedding: [u64; 2]) -> PathBuf {
     let dir = s.dir.path().join("registry").join(name);
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
     tuneq_dataset::write_tokenizer_files(&dir, 512, 512).unwrap();
+    write_header(
+        &dir.join("model.safetensors"),
+        &tensors(config, layers, embedding),
+    );
+    dir
+}
+
+/// Every tensor of `config`'s first `layers` layers, the embedding of `embedding`'s
+/// shape.
+fn tensors(config: &Value, layers: u64, embedding: [u64; 2]) -> Vec<(String, Vec<u64>)> {
     let shape: tuneq_pools::ModelShape = serde_json::from_value(config.clone()).unwrap();
-    let tensors: Vec<(String, Vec<u64>)> = shape
+    shape
         .expected_tensors()
         .into_iter()
         .filter(|t| {
@@ -61,9 +70,7 @@ fn folder(s: &Server, name: &str, config: &Value, layers: u64, embedding: [u64; 
             "model.embed_tokens.weight" => (t.name, embedding.to_vec()),
             _ => (t.name, t.shape),
         })
-        .collect();
-    write_header(&dir.join("model.safetensors"), &tensors);
-    dir
+        .collect()
 }
 
 /// A folder of the small Llama with weights that match it.
@@ -132,6 +139,13 @@ async fn a_registered_model_is_listed_and_fine_tuned() {
     let file = upload(&s, &s.acme, &examples(8)).await;
     let (status, job) = create(&s, &file, json!({"model": "small-llama"})).await;
     assert_eq!(status, StatusCode::OK, "{job}");
+    // The job hands its trainer the weights' hash registration computed, with the
+    // folder's stamp: the trainer does not read the weights again to fingerprint the run.
+    let (lease, _) = support::claim(&s).await;
+    use tuneq_openapi::StoredJson as _;
+    let payload = tuneq_openapi::JobPayload::decode(&lease.id, &lease.payload).unwrap();
+    let identity = tuneq_pools::folder::identity(&dir).unwrap();
+    assert_eq!(payload.spec.model_identity.as_ref(), Some(&identity));
     // Another location under the same id is refused.
     let other = good_folder(&s, "other");
     let (status, refusal) = post(
@@ -160,11 +174,12 @@ async fn folders_that_are_not_models_tuneq_trains_are_refused_naming_why() {
     let wrong_vocab = folder(&s, "vocab", &config(), 2, [300, 64]);
     let missing_layer = folder(&s, "layers", &config(), 1, [256, 64]);
     let extra_layer = good_folder(&s, "extra");
-    let third = [(
+    let mut three_layers = tensors(&config(), 2, [256, 64]);
+    three_layers.push((
         "model.layers.2.input_layernorm.weight".to_string(),
         vec![64],
-    )];
-    write_header(&extra_layer.join("model-extra.safetensors"), &third);
+    ));
+    write_header(&extra_layer.join("model.safetensors"), &three_layers);
     let missing_shard = good_folder(&s, "shard");
     let index = json!({"weight_map": {
         "model.embed_tokens.weight": "model.safetensors",
@@ -395,4 +410,48 @@ async fn a_model_is_removed_only_once_no_unfinished_job_or_alias_uses_it() {
         .await
         .unwrap();
     assert!(tenant.status().is_client_error() && tenant.status() != StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn with_model_roots_a_model_is_taken_only_from_under_one() {
+    let s = start(|_| {}).await;
+    // The roots are the operator's: a folder of this server's and one bucket prefix.
+    let base = std::fs::canonicalize(s.dir.path()).unwrap();
+    let root = base.join("registry");
+    let inside = good_folder(&s, "inside");
+    let outside = base.join("elsewhere");
+    std::fs::create_dir_all(&outside).unwrap();
+    let roots = [
+        root.display().to_string(),
+        "s3://models/approved".to_string(),
+    ];
+    let s = start(move |config| {
+        config.model_roots = tuneq_api::registry::ModelRoots::parse(&roots).unwrap();
+    })
+    .await;
+    let link = inside.join("../link");
+    std::os::unix::fs::symlink(&outside, &link).unwrap();
+    let refused = [
+        outside.display().to_string(),
+        format!("{}/../elsewhere", inside.display()),
+        link.display().to_string(),
+        "s3://models/approved-not".to_string(),
+        "gs://models/approved".to_string(),
+    ];
+    for location in refused {
+        let (status, refusal) = post(&s, ADMIN_KEY, json!({"id": "m", "location": location})).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{location}: {refusal}");
+        assert_eq!(refusal["error"]["param"], "location", "{refusal}");
+        let message = refusal["error"]["message"].as_str().unwrap();
+        assert!(message.contains("--model-root"), "{message}");
+    }
+    let response = s.get_as(&s.acme, "/v1/models/m").await;
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    for (id, location) in [
+        ("local", inside.display().to_string()),
+        ("remote", "s3://models/approved/llama".to_string()),
+    ] {
+        let (status, model) = post(&s, ADMIN_KEY, json!({"id": id, "location": location})).await;
+        assert_eq!(status, StatusCode::CREATED, "{model}");
+    }
 }

@@ -225,6 +225,7 @@ pub async fn register_model(
             created: 0,
             display_name: None,
             details: None,
+            identity: None,
         },
     )
     .await

@@ -90,13 +90,21 @@ pub async fn register_model(
     model: ModelArg,
     base_learning_rate: f64,
 ) -> Result<()> {
-    // What `POST /admin/models` records of a local folder; a folder it would refuse is
-    // registered all the same (its jobs then fail as the trainer finds it), and said.
-    let details = match tuneq_api::registry::local_details(&model.location).await {
-        Ok(details) => details,
+    // What `POST /admin/models` records of a local folder (its weights hashed only
+    // where a file changed since the last start); a folder it would refuse is registered
+    // all the same (its jobs then fail as the trainer finds it), and said.
+    let earlier = tuneq_api::records::model::get(&state.queue, &model.id)
+        .await
+        .map_err(|e| anyhow::anyhow!("{}", e.detail.message))?
+        .filter(|earlier| earlier.location == model.location);
+    let known = earlier.as_ref().and_then(|m| m.identity.as_ref());
+    let (details, identity) = match tuneq_api::registry::local_inspection(&model.location, known)
+        .await
+    {
+        Ok(found) => found.map_or((None, None), |f| (Some(f.details), Some(f.identity))),
         Err(e) => {
             tracing::warn!(model = %model.id, problem = %e.detail.message, "--model: the folder would not pass registration's checks");
-            None
+            (None, None)
         }
     };
     tuneq_api::records::model::register(
@@ -111,6 +119,7 @@ pub async fn register_model(
                 .unwrap_or_default(),
             display_name: None,
             details,
+            identity,
         },
     )
     .await

@@ -1,5 +1,6 @@
 //! What the API accepts (`--admin-key`, upload size, webhook targets, tenant defaults,
-//! streams and downloads, model aliases, the MLflow tracking server), set the same way
+//! streams and downloads, model aliases, where models may be registered from, the MLflow
+//! tracking server), set the same way
 //! for `tuneq up` and `tuneq api`.
 
 use crate::cli::BadInput;
@@ -62,6 +63,18 @@ pub struct ApiPolicyArgs {
         value_delimiter = ','
     )]
     model_alias: Vec<String>,
+    /// A place `POST /admin/models` may register models from (repeat, or
+    /// comma-separated): an absolute folder (a model is taken only in it, its links
+    /// resolved) or a store prefix (`s3://bucket/models`, `gs://bucket`). Unset: any
+    /// location the admin key names. Models given with `--model` are the operator's own
+    /// and are not held to it.
+    #[arg(
+        long,
+        env = "TUNEQ_MODEL_ROOTS",
+        value_name = "FOLDER|URI",
+        value_delimiter = ','
+    )]
+    model_root: Vec<String>,
     /// The MLflow tracking server jobs may ask to be tracked in
     /// (`integrations: [{"type": "mlflow"}]`): its base URL, e.g. `http://mlflow:5000`.
     /// Each job gets a run in its tenant's experiment (`<tenant>/<name>`) with its
@@ -134,6 +147,8 @@ impl ApiPolicyArgs {
             holds: self.holds()?,
             admin_key_hash: self.admin_key_hash()?,
             model_aliases: self.model_aliases()?,
+            model_roots: tuneq_api::registry::ModelRoots::parse(&self.model_root)
+                .map_err(|e| BadInput(e.to_string()))?,
             mlflow: self.mlflow()?,
             ..tuneq_api::ApiConfig::default()
         })

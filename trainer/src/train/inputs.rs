@@ -159,15 +159,28 @@ pub fn adapter_sha256(dir: &Path) -> Result<String> {
     Ok(hex::encode(h.finalize()))
 }
 
-/// SHA-256 over the model's config and weight files (the base model's identity).
-pub fn model_sha256(model_dir: &Path) -> Result<String> {
-    let mut h = Sha256::new();
-    let mut files = vec![model_dir.join("config.json")];
-    files.extend(crate::weights::weight_files(model_dir)?);
-    for f in files {
-        h.update(checkpoint::sha256_file(&f)?.as_bytes());
+/// The base model's identity hash (SHA-256 over its config and weight files): the one
+/// its registration computed (the spec's `model_identity`) while the folder's stamp
+/// still matches it, else every file read again — a 7B model's 14 GB on each start.
+pub(super) fn model_sha256(
+    spec: &TrainSpec,
+    model_dir: &Path,
+    sink: &mut dyn ProgressSink,
+) -> Result<String> {
+    use tuneq_pools::folder;
+    let unreadable = |e: folder::FolderError| Error::Model {
+        path: model_dir.display().to_string(),
+        message: e.to_string(),
+    };
+    if let Some(registered) = &spec.model_identity {
+        if folder::stamp(model_dir).map_err(unreadable)? == registered.stamp {
+            return Ok(registered.sha256.clone());
+        }
+        sink.event(&TrainEvent::Warning {
+            message: "the base model's files changed since it was registered (a weight file or config.json was replaced or rewritten): they are hashed again for this run's fingerprint; register the folder again (POST /admin/models) so that later jobs start without it".into(),
+        });
     }
-    Ok(hex::encode(h.finalize()))
+    Ok(folder::identity(model_dir).map_err(unreadable)?.sha256)
 }
 
 /// The training and validation data, tokenised at `max_seq_len`; refused when no

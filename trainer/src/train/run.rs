@@ -142,7 +142,7 @@ impl<'a> Run<'a> {
         let settings = lora_settings(spec, cfg.architecture())?;
         let (train, val) = encode_data(spec, &encoder, &train_files, val_file.as_ref(), sink)?;
         let pad_id = encoder.eos_token_id().unwrap_or(0);
-        let model_sha = model_sha256(&model_dir)?;
+        let model_sha = model_sha256(spec, &model_dir, sink)?;
         let init_sha = init_adapter.as_deref().map(adapter_sha256).transpose()?;
         let fingerprint = fingerprint(spec, &train, &model_sha, init_sha.as_deref())?;
         // A replacement machine starts from what earlier attempts committed remotely.
