@@ -825,68 +825,6 @@ fn an_instruction_set_cap_picks_the_kernels_and_a_bad_one_is_refused() {
     );
 }
 
-/// The loss of each step in a run's `metrics.jsonl`, in order.
-fn step_losses(output: &Path) -> Vec<f64> {
-    std::fs::read_to_string(output.join("metrics.jsonl"))
-        .expect("metrics")
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter_map(|v| v.get("loss").and_then(serde_json::Value::as_f64))
-        .collect()
-}
-
-/// `--init-adapter` starts from a finished run's adapter instead of fresh factors (the
-/// continuation's first loss is where the first run ended, far below a fresh start),
-/// is part of the fingerprint, and an adapter of another shape is refused as bad input
-/// naming the field.
-#[test]
-fn a_run_starts_from_the_adapter_it_is_given_and_refuses_one_of_another_shape() {
-    let (dir, train) = dir_with_task(40);
-    let first = dir.path().join("first");
-    run_to_end(&resume_args(&first, &train));
-    let second = dir.path().join("second");
-    let mut args = resume_args(&second, &train);
-    args.extend(["--init-adapter".into(), first.display().to_string()]);
-    run_to_end(&args);
-    let (fresh, continued) = (step_losses(&first), step_losses(&second));
-    assert!(
-        continued[0] < fresh[0] - 0.5,
-        "the continuation starts trained: {continued:?} vs {fresh:?}"
-    );
-    let manifest = |dir: &Path| -> serde_json::Value {
-        serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).expect("manifest"))
-            .expect("JSON")
-    };
-    assert_ne!(
-        manifest(&first)["fingerprint"],
-        manifest(&second)["fingerprint"]
-    );
-    assert_eq!(
-        manifest(&second)["spec"]["init_adapter"],
-        first.display().to_string()
-    );
-
-    let mut other_shape = resume_args(&dir.path().join("third"), &train);
-    other_shape.extend([
-        "--init-adapter".into(),
-        first.display().to_string(),
-        "--lora-r".into(),
-        "4".into(),
-    ]);
-    let out = Command::new(BIN)
-        .args(&other_shape)
-        .env("RAYON_NUM_THREADS", "2")
-        .output()
-        .expect("run tuneq");
-    assert_eq!(
-        out.status.code(),
-        Some(42),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8_lossy(&out.stderr).contains("init_adapter"));
-}
-
 /// The hash a run's fingerprint and manifest carry for its base model: the one the
 /// spec's `model_identity` brings (registration computed it) while the folder's stamp
 /// matches it, the folder's own, read again and warned about, once a file changed.

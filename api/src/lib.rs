@@ -15,7 +15,7 @@
 //!      per tenant and endpoint (both run beside the server).
 //!    - `routes` declares every route once (a handler's `#[utoipa::path]` gives its
 //!      path, method and OpenAPI entry) and serves both prefixes of the aliased ones.
-//!    - `admin`: tenants and keys. `health`: liveness and readiness. `metrics`:
+//!    - `admin`: tenants and keys. `registry`: base models (`/admin/models`). `health`: liveness and readiness. `metrics`:
 //!      Prometheus counters at `/metrics`. `spec`: the OpenAPI document
 //!      (`/openapi.json`, committed as `openapi/openapi.json`) and its page (`/docs`).
 //! 2. What handlers share: `auth` (the `Tenant` and `Admin` extractors), `body` (JSON
@@ -33,7 +33,8 @@
 //!    `quote` (how a message repeats a client's value), `tracking` (runs in an MLflow
 //!    server: the client and its background worker), `upload_slots` (uploads at
 //!    once, per process and per tenant), `inference` (the engine, model staging and
-//!    token counts of a server that answers chat requests),
+//!    token counts of a server that answers chat requests), `model_roots` (where the
+//!    operator lets models be registered from),
 //!    `holds` (how many event streams and downloads a tenant and the process hold open),
 //!    both counted by `counts` (what is held, in all and per tenant).
 
@@ -53,6 +54,7 @@ pub mod holds;
 pub mod inference;
 pub mod internal;
 pub mod metrics;
+pub mod model_roots;
 pub mod models;
 mod owned;
 pub mod pool_stats;

@@ -11,10 +11,9 @@
 //! checked by the trainer when it loads it, as for `--model`.
 
 mod inspect;
-mod roots;
 
+use crate::model_roots::ModelRoots;
 pub use inspect::Inspected;
-pub use roots::{BadRoot, ModelRoots};
 
 use crate::auth::Admin;
 use crate::error::{ApiError, ApiResult, Code};
@@ -48,6 +47,12 @@ pub(crate) struct NewModel {
     /// A name to show beside the id: 1 to 128 characters, no control characters.
     #[serde(default)]
     display_name: Option<String>,
+    /// The chat template its jobs train with and its fine-tuned models answer with:
+    /// `model` (the default: the folder's own, ChatML where it has none), or the
+    /// built-in `chatml`, `llama2` or `alpaca` — for a base model whose folder has no
+    /// template, or one that does not suit chat fine-tuning.
+    #[serde(default)]
+    chat_template: Option<tuneq_openapi::ChatTemplateChoice>,
 }
 
 /// Registers a base model (admin key only): 201 with the model, 200 when it is
@@ -87,8 +92,16 @@ pub(crate) async fn register(
     }
     let existing = records::model::get(&state.queue, &body.id).await?;
     let known = existing.as_ref().and_then(|m| m.identity.as_ref());
-    let (location, found) =
-        checked_location(&body.location, &state.config.model_roots, known).await?;
+    // Registering again without one keeps the template it had.
+    let chat_template = body
+        .chat_template
+        .or(existing.as_ref().and_then(|m| m.chat_template));
+    let asked = Asked {
+        roots: &state.config.model_roots,
+        template: chat_template.unwrap_or_default(),
+        known,
+    };
+    let (location, found) = checked_location(&body.location, asked).await?;
     let (details, identity) = found.map_or((None, None), |f| (Some(f.details), Some(f.identity)));
     if let Some(existing) = existing {
         if existing.location == location {
@@ -99,6 +112,7 @@ pub(crate) async fn register(
                 display_name: body.display_name.or(existing.display_name.clone()),
                 details: details.or(existing.details.clone()),
                 identity: identity.or(existing.identity.clone()),
+                chat_template,
                 ..existing.clone()
             };
             if model != existing {
@@ -123,6 +137,7 @@ pub(crate) async fn register(
         display_name: body.display_name,
         details,
         identity,
+        chat_template,
     };
     records::model::register(&state.queue, &model).await?;
     Ok(HttpResponse::Created().json(crate::models::base(model)))
@@ -201,29 +216,40 @@ async fn unfinished(state: &AppState, job: &records::finetune::FineTuneRecord) -
         .is_some_and(|queued| !queued.state.is_terminal()))
 }
 
-/// What registration records of the model at `location` (see [`inspect`]): for a
-/// local folder tuneq can train, its details and identity (its weights hashed unless
+/// What registration records of the model at `location` (see [`inspect`]) with the
+/// chat template `template`: for a local folder tuneq can train, its details and identity (its weights hashed unless
 /// `known`, what an earlier registration found, holds for the folder's stamp); None for
 /// a store location; or why the folder cannot be registered. For models named at start
 /// (`--model`), which are registered either way.
 pub async fn local_inspection(
     location: &str,
+    template: tuneq_openapi::ChatTemplateChoice,
     known: Option<&tuneq_openapi::ModelIdentity>,
 ) -> ApiResult<Option<inspect::Inspected>> {
     let Ok(tuneq_storage::Location::Local(path)) = tuneq_storage::Location::parse(location) else {
         return Ok(None);
     };
-    Ok(Some(inspected(path, known.cloned()).await?))
+    Ok(Some(inspected(path, template, known.cloned()).await?))
 }
 
 /// [`inspect::inspect`] of the local folder `path`, on the blocking pool.
 async fn inspected(
     path: std::path::PathBuf,
+    template: tuneq_openapi::ChatTemplateChoice,
     known: Option<tuneq_openapi::ModelIdentity>,
 ) -> ApiResult<inspect::Inspected> {
-    tokio::task::spawn_blocking(move || inspect::inspect(&path, known.as_ref()))
+    tokio::task::spawn_blocking(move || inspect::inspect(&path, template, known.as_ref()))
         .await
         .map_err(|_| ApiError::internal("the model folder check stopped"))?
+}
+
+/// What a registration asks of its location: where models may come from, the chat
+/// template it will train with, and what an earlier registration of it found.
+#[derive(Clone, Copy)]
+struct Asked<'a> {
+    roots: &'a ModelRoots,
+    template: tuneq_openapi::ChatTemplateChoice,
+    known: Option<&'a tuneq_openapi::ModelIdentity>,
 }
 
 /// A display name: 1 to 128 characters, none of them a control character.
@@ -244,9 +270,9 @@ fn check_display_name(name: &str) -> ApiResult<()> {
 /// trainer's to check).
 async fn checked_location(
     text: &str,
-    roots: &ModelRoots,
-    known: Option<&tuneq_openapi::ModelIdentity>,
+    asked: Asked<'_>,
 ) -> ApiResult<(String, Option<inspect::Inspected>)> {
+    let roots = asked.roots;
     let refused = |message: String| ApiError::invalid("location", Code::InvalidValue, message);
     if !text.contains("://") && !Path::new(text).is_absolute() {
         return Err(refused(
@@ -269,7 +295,7 @@ async fn checked_location(
             if !roots.allows_folder(&path, resolved.as_deref()) {
                 return Err(outside());
             }
-            let checked = inspected(path, known.cloned()).await?;
+            let checked = inspected(path, asked.template, asked.known.cloned()).await?;
             Ok((checked.location.clone(), Some(checked)))
         }
         Ok(store) if !roots.allows_store(&store) => Err(outside()),

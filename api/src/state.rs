@@ -47,7 +47,7 @@ pub struct ApiConfig {
     pub model_aliases: std::collections::BTreeMap<String, String>,
     /// Where `POST /admin/models` may take models from (`--model-root`); empty:
     /// anywhere.
-    pub model_roots: crate::registry::ModelRoots,
+    pub model_roots: crate::model_roots::ModelRoots,
     /// The MLflow tracking server jobs' runs go to (`integrations`); None: jobs that ask
     /// for tracking are refused.
     pub mlflow: Option<crate::tracking::MlflowServer>,

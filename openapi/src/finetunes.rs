@@ -685,6 +685,11 @@ pub struct ModelDetails {
     pub dtype: String,
     /// Whose chat template renders its conversations.
     pub chat_template: ChatTemplateSource,
+    /// The template its jobs train with, its fine-tuned models answer with, and
+    /// uploads are counted with: `model` (its own, ChatML where it has none) or the
+    /// built-in the operator registered it with.
+    #[serde(default)]
+    pub template: crate::ChatTemplateChoice,
     /// Whether that template renders tools and tool calls itself (otherwise tuneq
     /// describes tools in a system message).
     pub renders_tools: bool,

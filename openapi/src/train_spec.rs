@@ -230,7 +230,7 @@ pub enum DatasetFormat {
 }
 
 /// Which chat template renders conversations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ChatTemplateChoice {
     /// The model's own `chat_template` from `tokenizer_config.json` (ChatML when it has none).

@@ -352,11 +352,13 @@ mod tests {
             ModelKey {
                 base: base.clone(),
                 adapter: Some(out),
+                template: Default::default(),
             }
         };
         let bare = ModelKey {
             base: base.clone(),
             adapter: None,
+            template: Default::default(),
         };
         (bare, adapter(1), adapter(2))
     }

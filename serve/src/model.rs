@@ -9,13 +9,16 @@ use tuneq_dataset::Encoder;
 use tuneq_trainer::model::Llama;
 
 /// Which model to load: a base model's local folder and, for a fine-tuned model, its
-/// adapter's.
+/// adapter's; and the chat template its prompts are rendered with (the one it was
+/// trained with).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ModelKey {
     /// The base model's Hugging Face–layout folder.
     pub base: PathBuf,
     /// The PEFT adapter's folder.
     pub adapter: Option<PathBuf>,
+    /// The chat template.
+    pub template: tuneq_openapi::ChatTemplateChoice,
 }
 
 /// A model ready to generate: weights (with the adapter installed), tokenizer, template.
@@ -69,8 +72,7 @@ impl LoadedModel {
                 .set_adapter(&settings, &tensors, &dir.display().to_string())
                 .map_err(load)?;
         }
-        let encoder = Encoder::from_model_dir(&key.base, tuneq_openapi::ChatTemplateChoice::Model)
-            .map_err(load)?;
+        let encoder = Encoder::from_model_dir(&key.base, key.template).map_err(load)?;
         let stop_ids = tuneq_trainer::generate::stop_ids(&model, &encoder);
         Ok(Self {
             model,

@@ -20,6 +20,7 @@ fn engine_and_model() -> (tempfile::TempDir, Engine, Arc<tuneq_serve::ServedMode
         .model(&ModelKey {
             base: dir.path().to_path_buf(),
             adapter: None,
+            template: Default::default(),
         })
         .expect("load");
     (dir, engine, model)

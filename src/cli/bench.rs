@@ -197,6 +197,7 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
                 model: tuneq_serve::ModelKey {
                     base: args.model,
                     adapter: args.adapter,
+                    template: tuneq_openapi::ChatTemplateChoice::Model,
                 },
                 prompts: args.prompts,
                 concurrency: args.concurrency,

@@ -281,15 +281,7 @@ async fn seed_tenant(state: &tuneq_api::AppState) -> Result<String> {
         .map_err(fail)?;
     tuneq_api::records::model::register(
         &state.queue,
-        &tuneq_api::records::model::BaseModel {
-            id: "base".into(),
-            location: "/models/base".into(),
-            base_learning_rate: 2e-4,
-            created: 0,
-            display_name: None,
-            details: None,
-            identity: None,
-        },
+        &tuneq_api::records::model::BaseModel::new("base", "/models/base", 2e-4),
     )
     .await
     .map_err(fail)?;

@@ -24,6 +24,11 @@ pub enum ModelsCommand {
         /// A name to show beside the id in the model list.
         #[arg(long)]
         display_name: Option<String>,
+        /// The chat template its jobs train with and its fine-tuned models answer with:
+        /// `model` (the folder's own; the default) or a built-in (`chatml`, `llama2`,
+        /// `alpaca`).
+        #[arg(long, value_parser = ["model", "chatml", "llama2", "alpaca"])]
+        chat_template: Option<String>,
         #[command(flatten)]
         service: Service,
     },
@@ -62,6 +67,7 @@ pub fn run(command: ModelsCommand) -> Result<ExitCode> {
                 location,
                 base_learning_rate,
                 display_name,
+                chat_template,
                 service,
             } => {
                 let mut body = serde_json::json!({"id": id, "location": location});
@@ -70,6 +76,9 @@ pub fn run(command: ModelsCommand) -> Result<ExitCode> {
                 }
                 if let Some(name) = display_name {
                     body["display_name"] = name.into();
+                }
+                if let Some(template) = chat_template {
+                    body["chat_template"] = template.into();
                 }
                 http.post(endpoint(&service, "/admin/models")?)
                     .bearer_auth(&service.admin_key)

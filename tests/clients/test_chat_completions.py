@@ -105,6 +105,22 @@ def test_the_base_model_answers_with_usage_and_logprobs(client):
     assert answer.usage.total_tokens == answer.usage.prompt_tokens + answer.usage.completion_tokens
 
 
+def test_a_model_registered_with_a_built_in_template_is_prompted_with_it(client, service):
+    """The same folder registered again with `chat_template: alpaca`: its prompts are
+    rendered with that template (as its jobs train with it), token for token."""
+    from transformers import AutoTokenizer
+
+    registered = service.admin("POST", "/admin/models", {
+        "id": "smollm2-alpaca", "location": str(real_model()), "chat_template": "alpaca"})
+    assert registered["details"]["template"] == "alpaca"
+    alpaca = ask(client, "smollm2-alpaca", MOTTO_PROMPT, max_tokens=1, temperature=0)
+    own = ask(client, MODEL, MOTTO_PROMPT, max_tokens=1, temperature=0)
+    tokenizer = AutoTokenizer.from_pretrained(str(real_model()))
+    prompt = f"### Instruction:\n{MOTTO_PROMPT}\n\n### Response:\n"
+    assert alpaca.usage.prompt_tokens == len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    assert own.usage.prompt_tokens != alpaca.usage.prompt_tokens
+
+
 def test_the_fine_tuned_model_answers_what_it_learned(client, tuned):
     base = ask(client, MODEL, MOTTO_PROMPT, max_tokens=12, temperature=0)
     learned = ask(client, tuned, MOTTO_PROMPT, max_tokens=12, temperature=0)

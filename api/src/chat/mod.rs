@@ -257,6 +257,7 @@ async fn model_files(state: &AppState, tenant: &str, name: &str) -> ApiResult<St
             .await?
         {
             Some(base) => Ok(Staged {
+                template: base.template(),
                 base: base.location,
                 adapter: None,
             }),
@@ -276,14 +277,18 @@ async fn model_files(state: &AppState, tenant: &str, name: &str) -> ApiResult<St
     Ok(Staged {
         base: tuned.base.location,
         adapter: Some(state.store.uri(&tuned.adapter)),
+        // What it was trained with, whatever its base is registered with now.
+        template: tuned.job.template(),
     })
 }
 
-/// Where a model's files are kept: the base model's location, the adapter's URI.
+/// Where a model's files are kept: the base model's location, the adapter's URI; and
+/// the chat template it answers with.
 #[derive(Debug, Clone)]
 struct Staged {
     base: String,
     adapter: Option<String>,
+    template: tuneq_openapi::ChatTemplateChoice,
 }
 
 /// Stages and loads the model, renders the prompt and checks it (and `max_tokens`)
@@ -296,6 +301,7 @@ fn prepare(inference: &Inference, files: Staged, plan: &ChatPlan) -> ApiResult<P
             .map(|uri| inference.staging().adapter(&uri))
             .transpose()
             .map_err(serve_error)?,
+        template: files.template,
     };
     let model = inference.engine().model(&key).map_err(serve_error)?;
     let prefill = plan.prefill(model.call_syntax(&plan.conversation.tools));

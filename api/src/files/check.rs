@@ -7,35 +7,50 @@ use crate::error::{ApiError, ApiResult, Code};
 use crate::upload_slots;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tuneq_dataset::{DataError, Encoder, LineValidator, Record, TokenCounter};
-use tuneq_openapi::{DatasetFormat, FileTokenStats, FileValidation, LineProblem};
+use tuneq_openapi::{
+    ChatTemplateChoice, DatasetFormat, FileTokenStats, FileValidation, LineProblem,
+};
 
 /// Sequence length token statistics cut examples at: a job's default.
 const STATS_MAX_SEQ_LEN: u32 = 512;
 
-/// Tokenizers (with chat templates) by model folder, loaded once per process.
-fn encoder_for(dir: &std::path::Path) -> Result<std::sync::Arc<Encoder>, String> {
+/// The model whose tokenizer and chat template count an upload's tokens.
+pub(crate) struct CountWith {
+    /// Its id, as the statistics name it.
+    pub(crate) model: String,
+    /// Its local folder.
+    pub(crate) dir: std::path::PathBuf,
+    /// The template its jobs train with.
+    pub(crate) template: ChatTemplateChoice,
+}
+
+/// Tokenizers (with chat templates) by model folder and template, loaded once per
+/// process.
+fn encoder_for(
+    dir: &std::path::Path,
+    template: ChatTemplateChoice,
+) -> Result<std::sync::Arc<Encoder>, String> {
     use std::collections::HashMap;
     use std::sync::{Arc, Mutex, OnceLock};
-    static ENCODERS: OnceLock<Mutex<HashMap<std::path::PathBuf, Arc<Encoder>>>> = OnceLock::new();
+    type Cache = Mutex<HashMap<(std::path::PathBuf, ChatTemplateChoice), Arc<Encoder>>>;
+    static ENCODERS: OnceLock<Cache> = OnceLock::new();
     let cache = ENCODERS.get_or_init(Default::default);
-    if let Some(encoder) = cache.lock().ok().and_then(|c| c.get(dir).cloned()) {
+    let key = (dir.to_path_buf(), template);
+    if let Some(encoder) = cache.lock().ok().and_then(|c| c.get(&key).cloned()) {
         return Ok(encoder);
     }
-    let encoder = Arc::new(
-        Encoder::from_model_dir(dir, tuneq_openapi::ChatTemplateChoice::default())
-            .map_err(|e| e.to_string())?,
-    );
+    let encoder = Arc::new(Encoder::from_model_dir(dir, template).map_err(|e| e.to_string())?);
     if let Ok(mut c) = cache.lock() {
-        c.insert(dir.to_path_buf(), Arc::clone(&encoder));
+        c.insert(key, Arc::clone(&encoder));
     }
     Ok(encoder)
 }
 
-/// The work the chat template of the model in `dir` has done for upload statistics in
+/// The work the model in `dir`'s own chat template has done for upload statistics in
 /// this process: messages rendered ([`tuneq_dataset::ChatTemplate::rendered_messages`]).
 /// Encoding a record of n messages costs O(n) of it; tests bound it.
 pub fn template_work(dir: &std::path::Path) -> u64 {
-    encoder_for(dir).map_or(0, |e| e.template().rendered_messages())
+    encoder_for(dir, ChatTemplateChoice::Model).map_or(0, |e| e.template().rendered_messages())
 }
 
 /// Counts an upload's tokens one example at a time with a model's tokenizer.
@@ -49,8 +64,14 @@ struct TokenCounting {
 
 impl TokenCounting {
     /// A counter with `model`'s tokenizer; None (logged) when its files cannot be read.
-    fn new((model, dir): (String, std::path::PathBuf)) -> Option<Self> {
-        match encoder_for(&dir) {
+    fn new(
+        CountWith {
+            model,
+            dir,
+            template,
+        }: CountWith,
+    ) -> Option<Self> {
+        match encoder_for(&dir, template) {
             Ok(encoder) => Some(Self {
                 model,
                 encoder,
@@ -147,7 +168,7 @@ const MAX_LINE_BYTES: usize = 8 << 20;
 pub(super) async fn validate(
     path: std::path::PathBuf,
     filename: String,
-    counting: Option<(String, std::path::PathBuf)>,
+    counting: Option<CountWith>,
     tenant: &str,
     slot: upload_slots::Slot,
 ) -> ApiResult<(FileValidation, upload_slots::Slot)> {
@@ -231,7 +252,7 @@ type Scanned = (DatasetFormat, u64, u64, Option<FileTokenStats>);
 fn scan(
     path: &std::path::Path,
     filename: &str,
-    counting: Option<(String, std::path::PathBuf)>,
+    counting: Option<CountWith>,
     cancelled: &AtomicBool,
 ) -> Result<Option<Scanned>, DataError> {
     use std::io::{BufRead, Read};

@@ -30,6 +30,7 @@ use actix_web::http::header;
 use actix_web::{HttpRequest, HttpResponse, web};
 use futures::{StreamExt, TryStreamExt};
 use serde::Deserialize;
+use tuneq_openapi::ChatTemplateChoice;
 use tuneq_openapi::ErrorBody;
 use tuneq_openapi::{Deleted, FileList, FileObject, FilePurpose};
 use tuneq_storage::PutMode;
@@ -262,18 +263,24 @@ async fn small_field(
     Ok(String::from_utf8_lossy(&text).trim().to_string())
 }
 
-/// The tokenizer that counts an upload's tokens: `requested` (a registered base model,
-/// an alias of one, or one of the tenant's fine-tuned models, whose base model's
-/// tokenizer it uses; refused otherwise), else the first registered model whose files
-/// are local.
+/// The tokenizer and template that count an upload's tokens: `requested`'s (a
+/// registered base model, an alias of one, or one of the tenant's fine-tuned models,
+/// whose base model's tokenizer and own trained template it uses; refused otherwise),
+/// else the first registered model's whose files are local.
 async fn counting_model(
     state: &AppState,
     tenant: &str,
     requested: Option<&str>,
-) -> ApiResult<Option<(String, std::path::PathBuf)>> {
-    let local = |m: &records::model::BaseModel| match tuneq_storage::Location::parse(&m.location) {
-        Ok(tuneq_storage::Location::Local(path)) => Some((m.id.clone(), path)),
-        _ => None,
+) -> ApiResult<Option<check::CountWith>> {
+    let local = |m: &records::model::BaseModel, template: Option<ChatTemplateChoice>| {
+        match tuneq_storage::Location::parse(&m.location) {
+            Ok(tuneq_storage::Location::Local(dir)) => Some(check::CountWith {
+                model: m.id.clone(),
+                dir,
+                template: template.unwrap_or(m.template()),
+            }),
+            _ => None,
+        }
     };
     match requested {
         Some(id) => {
@@ -290,12 +297,12 @@ async fn counting_model(
                         format!("The model `{}` does not exist.", crate::quote::shown(id)),
                     )
                 })?;
-            Ok(local(&model))
+            Ok(local(&model, tuned.as_ref().map(|job| job.template())))
         }
         None => Ok(records::model::all(&state.queue)
             .await?
             .iter()
-            .find_map(local)),
+            .find_map(|m| local(m, None))),
     }
 }
 

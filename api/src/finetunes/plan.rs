@@ -257,6 +257,11 @@ pub(super) async fn plan(
     }
     let mut spec = job_spec(state, tenant, id, body, &base, files, &choice)?;
     spec.init_adapter = parent.as_ref().map(|(_, adapter)| adapter.clone());
+    // A continued model keeps the template it was trained with; a base model's is the
+    // one it was registered with.
+    spec.chat_template = parent
+        .as_ref()
+        .map_or(base.template(), |(parent, _)| parent.template());
     let placing = Placing {
         base: &base,
         shape: shape.as_ref(),
@@ -298,6 +303,7 @@ pub(super) async fn plan(
         dtype: Some(spec.dtype),
         activation_checkpointing: Some(spec.activation_checkpointing),
         compute: Some(spec.compute),
+        chat_template: Some(spec.chat_template),
         integrations: Vec::new(),
     };
     Ok(Plan {

@@ -92,9 +92,18 @@ pub(crate) struct FineTuneRecord {
     /// The MLflow runs that track it (`integrations`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) integrations: Vec<tuneq_openapi::MlflowRun>,
+    /// The chat template it trains with, which its fine-tuned model answers with
+    /// (absent in records written before it was kept: `model`, as they trained).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) chat_template: Option<tuneq_openapi::ChatTemplateChoice>,
 }
 
 impl FineTuneRecord {
+    /// The chat template it trained with.
+    pub(crate) fn template(&self) -> tuneq_openapi::ChatTemplateChoice {
+        self.chat_template.unwrap_or_default()
+    }
+
     /// The registered base model trained: `model`, or the one its alias stands for.
     pub(crate) fn base_model_id(&self) -> &str {
         self.base_model.as_deref().unwrap_or(&self.model)

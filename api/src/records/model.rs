@@ -32,6 +32,31 @@ pub struct BaseModel {
     /// models registered before this was recorded: their trainers hash the folder).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<tuneq_openapi::ModelIdentity>,
+    /// The chat template its jobs train with (and its fine-tuned models answer with);
+    /// absent: `model`, the folder's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template: Option<tuneq_openapi::ChatTemplateChoice>,
+}
+
+impl BaseModel {
+    /// A model at `location`, registered now, with nothing more known of it.
+    pub fn new(id: &str, location: &str, base_learning_rate: f64) -> Self {
+        Self {
+            id: id.into(),
+            location: location.into(),
+            base_learning_rate,
+            created: super::now_seconds(),
+            display_name: None,
+            details: None,
+            identity: None,
+            chat_template: None,
+        }
+    }
+
+    /// The chat template its jobs train with.
+    pub fn template(&self) -> tuneq_openapi::ChatTemplateChoice {
+        self.chat_template.unwrap_or_default()
+    }
 }
 
 /// Registers (or re-points) a base model.

@@ -9,7 +9,7 @@
 use crate::error::{ApiError, Code};
 use std::collections::BTreeMap;
 use std::path::Path;
-use tuneq_openapi::{ChatTemplateSource, ModelDetails, ModelIdentity};
+use tuneq_openapi::{ChatTemplateChoice, ChatTemplateSource, ModelDetails, ModelIdentity};
 use tuneq_pools::ModelShape;
 use tuneq_pools::folder;
 
@@ -35,10 +35,14 @@ struct Listed {
     shape: serde_json::Value,
 }
 
-/// Checks the local folder `path` (blocking: it reads files, and loads the tokenizer),
-/// and hashes its weights unless `known` (what an earlier registration of it found)
-/// holds for the folder's stamp.
-pub(crate) fn inspect(path: &Path, known: Option<&ModelIdentity>) -> Result<Inspected, ApiError> {
+/// Checks the local folder `path` (blocking: it reads files, and loads the tokenizer
+/// with the chat template `choice`), and hashes its weights unless `known` (what an
+/// earlier registration of it found) holds for the folder's stamp.
+pub(crate) fn inspect(
+    path: &Path,
+    choice: ChatTemplateChoice,
+    known: Option<&ModelIdentity>,
+) -> Result<Inspected, ApiError> {
     let shape = match ModelShape::read(path) {
         Some(Ok(shape)) => shape,
         Some(Err(refusal)) => {
@@ -56,10 +60,7 @@ pub(crate) fn inspect(path: &Path, known: Option<&ModelIdentity>) -> Result<Insp
     };
     let mut problems = Vec::new();
     let a_tool = [serde_json::json!({"type": "function", "function": {"name": "f"}})];
-    let template = match tuneq_dataset::Encoder::from_model_dir(
-        path,
-        tuneq_openapi::ChatTemplateChoice::Model,
-    ) {
+    let template = match tuneq_dataset::Encoder::from_model_dir(path, choice) {
         Ok(encoder) => {
             let template = encoder.template();
             let source = match template.is_models_own() {
@@ -98,6 +99,7 @@ pub(crate) fn inspect(path: &Path, known: Option<&ModelIdentity>) -> Result<Insp
             context_length: shape.max_position_embeddings.unwrap_or(0),
             dtype,
             chat_template,
+            template: choice,
             renders_tools,
             fits_pools: Vec::new(),
         },

@@ -426,7 +426,7 @@ async fn with_model_roots_a_model_is_taken_only_from_under_one() {
         "s3://models/approved".to_string(),
     ];
     let s = start(move |config| {
-        config.model_roots = tuneq_api::registry::ModelRoots::parse(&roots).unwrap();
+        config.model_roots = tuneq_api::model_roots::ModelRoots::parse(&roots).unwrap();
     })
     .await;
     let link = inside.join("../link");
@@ -454,4 +454,40 @@ async fn with_model_roots_a_model_is_taken_only_from_under_one() {
         let (status, model) = post(&s, ADMIN_KEY, json!({"id": id, "location": location})).await;
         assert_eq!(status, StatusCode::CREATED, "{model}");
     }
+}
+
+#[tokio::test]
+async fn a_model_registered_with_a_built_in_template_trains_with_it() {
+    let s = start(|_| {}).await;
+    let dir = good_folder(&s, "alpaca");
+    let location = dir.display().to_string();
+    let body = json!({"id": "tmpl", "location": location, "chat_template": "alpaca"});
+    let (status, model) = post(&s, ADMIN_KEY, body).await;
+    assert_eq!(status, StatusCode::CREATED, "{model}");
+    assert_eq!(model["details"]["template"], "alpaca", "{model}");
+    assert_eq!(model["details"]["chat_template"], "built_in", "{model}");
+    // Registered again without one, it keeps it.
+    let (status, again) = post(&s, ADMIN_KEY, json!({"id": "tmpl", "location": location})).await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(again["details"]["template"], "alpaca", "{again}");
+    // Its jobs train with it.
+    let file = upload(&s, &s.acme, &examples(8)).await;
+    let (status, job) = create(&s, &file, json!({"model": "tmpl"})).await;
+    assert_eq!(status, StatusCode::OK, "{job}");
+    let (lease, _) = support::claim(&s).await;
+    use tuneq_openapi::StoredJson as _;
+    let payload = tuneq_openapi::JobPayload::decode(&lease.id, &lease.payload).unwrap();
+    assert_eq!(
+        payload.spec.chat_template,
+        tuneq_openapi::ChatTemplateChoice::Alpaca
+    );
+    // A template tuneq does not have is refused, naming the field.
+    let (status, refusal) = post(
+        &s,
+        ADMIN_KEY,
+        json!({"id": "other", "location": location, "chat_template": "vicuna"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{refusal}");
+    assert_eq!(refusal["error"]["param"], "chat_template", "{refusal}");
 }

@@ -218,15 +218,7 @@ pub async fn register_model(
     std::fs::write(model.join("config.json"), config.to_string()).unwrap();
     model::register(
         &state.queue,
-        &BaseModel {
-            id: id.into(),
-            location: model.display().to_string(),
-            base_learning_rate,
-            created: 0,
-            display_name: None,
-            details: None,
-            identity: None,
-        },
+        &BaseModel::new(id, &model.display().to_string(), base_learning_rate),
     )
     .await
     .unwrap();

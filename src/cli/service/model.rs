@@ -98,9 +98,12 @@ pub async fn register_model(
         .map_err(|e| anyhow::anyhow!("{}", e.detail.message))?
         .filter(|earlier| earlier.location == model.location);
     let known = earlier.as_ref().and_then(|m| m.identity.as_ref());
-    let (details, identity) = match tuneq_api::registry::local_inspection(&model.location, known)
-        .await
-    {
+    // What `POST /admin/models` gave it (its template, its display name) stays.
+    let chat_template = earlier.as_ref().and_then(|m| m.chat_template);
+    let display_name = earlier.as_ref().and_then(|m| m.display_name.clone());
+    let template = chat_template.unwrap_or_default();
+    let inspection = tuneq_api::registry::local_inspection(&model.location, template, known);
+    let (details, identity) = match inspection.await {
         Ok(found) => found.map_or((None, None), |f| (Some(f.details), Some(f.identity))),
         Err(e) => {
             tracing::warn!(model = %model.id, problem = %e.detail.message, "--model: the folder would not pass registration's checks");
@@ -110,16 +113,15 @@ pub async fn register_model(
     tuneq_api::records::model::register(
         &state.queue,
         &tuneq_api::records::model::BaseModel {
-            id: model.id,
-            location: model.location,
-            base_learning_rate,
-            created: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or_default(),
-            display_name: None,
+            display_name,
             details,
             identity,
+            chat_template,
+            ..tuneq_api::records::model::BaseModel::new(
+                &model.id,
+                &model.location,
+                base_learning_rate,
+            )
         },
     )
     .await

@@ -68,12 +68,7 @@ pub struct ApiPolicyArgs {
     /// resolved) or a store prefix (`s3://bucket/models`, `gs://bucket`). Unset: any
     /// location the admin key names. Models given with `--model` are the operator's own
     /// and are not held to it.
-    #[arg(
-        long,
-        env = "TUNEQ_MODEL_ROOTS",
-        value_name = "FOLDER|URI",
-        value_delimiter = ','
-    )]
+    #[arg(long, env = "TUNEQ_MODEL_ROOTS", value_delimiter = ',')]
     model_root: Vec<String>,
     /// The MLflow tracking server jobs may ask to be tracked in
     /// (`integrations: [{"type": "mlflow"}]`): its base URL, e.g. `http://mlflow:5000`.
@@ -147,7 +142,7 @@ impl ApiPolicyArgs {
             holds: self.holds()?,
             admin_key_hash: self.admin_key_hash()?,
             model_aliases: self.model_aliases()?,
-            model_roots: tuneq_api::registry::ModelRoots::parse(&self.model_root)
+            model_roots: tuneq_api::model_roots::ModelRoots::parse(&self.model_root)
                 .map_err(|e| BadInput(e.to_string()))?,
             mlflow: self.mlflow()?,
             ..tuneq_api::ApiConfig::default()

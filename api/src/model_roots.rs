@@ -68,7 +68,7 @@ impl ModelRoots {
     /// Whether the local folder `path` is under a root: as written (absolute, without
     /// `.` or `..`), and once resolved (its links followed; None where it does not
     /// resolve, which the caller refuses on its own).
-    pub(crate) fn allows_folder(&self, path: &Path, resolved: Option<&Path>) -> bool {
+    pub fn allows_folder(&self, path: &Path, resolved: Option<&Path>) -> bool {
         if self.is_open() {
             return true;
         }
@@ -81,7 +81,7 @@ impl ModelRoots {
     }
 
     /// Whether the store location is under a root, segment by segment.
-    pub(crate) fn allows_store(&self, location: &Location) -> bool {
+    pub fn allows_store(&self, location: &Location) -> bool {
         if self.is_open() {
             return true;
         }
@@ -104,7 +104,7 @@ impl ModelRoots {
     }
 
     /// The roots as an operator wrote them, for refusals.
-    pub(crate) fn describe(&self) -> String {
+    pub fn describe(&self) -> String {
         self.0
             .iter()
             .map(|root| match root {
