@@ -7,10 +7,12 @@
 //! config implies with its shape; every problem at once), and what that finds is
 //! recorded for `GET /v1/models`, with the folder's identity: its weights are hashed
 //! here, once, and every job's trainer takes that hash for the run's fingerprint rather
-//! than reading the weights again (see [`tuneq_pools::folder`]). A folder in an object store (`s3://`, `gs://`) is
-//! checked by the trainer when it loads it, as for `--model`.
+//! than reading the weights again (see [`tuneq_pools::folder`]). A folder in an object
+//! store (`s3://`, `gs://`) is checked the same way through a local copy of its small
+//! files and weight headers ([`remote`]); its trainers hash it once they have it.
 
 mod inspect;
+mod remote;
 
 use crate::model_roots::ModelRoots;
 pub use inspect::Inspected;
@@ -58,7 +60,8 @@ pub(crate) struct NewModel {
 /// Registers a base model (admin key only): 201 with the model, 200 when it is
 /// registered at that location already (its details read again, its display name
 /// changed when one is given), 409 `model_exists` when the id names another location; a
-/// local folder that is not a model tuneq trains is refused naming every problem.
+/// folder (local or in a store) that is not a model tuneq trains is refused naming every
+/// problem, one outside the `--model-root`s naming them.
 #[utoipa::path(post, path = "/admin/models", tag = "admin", operation_id = "register_model",
     request_body = NewModel,
     security(("admin_key" = [])),
@@ -67,6 +70,7 @@ pub(crate) struct NewModel {
         (status = 200, description = "Registered at this location already: its details read again, its display name changed when one is given", body = Model),
         (status = 400, description = "The id or location is invalid, or the folder is not a model tuneq trains (`unsupported_model_architecture`, `invalid_value`; `param` names the field)", body = tuneq_openapi::ErrorBody),
         (status = 409, description = "The id names a model at another location (`model_exists`); nothing changed", body = tuneq_openapi::ErrorBody),
+        (status = 503, description = "The object store holding the folder did not answer; nothing changed, try again", body = tuneq_openapi::ErrorBody),
         NotAdmin,
     ))]
 pub(crate) async fn register(
@@ -91,18 +95,18 @@ pub(crate) async fn register(
         check_display_name(name)?;
     }
     let existing = records::model::get(&state.queue, &body.id).await?;
-    let known = existing.as_ref().and_then(|m| m.identity.as_ref());
     // Registering again without one keeps the template it had.
     let chat_template = body
         .chat_template
         .or(existing.as_ref().and_then(|m| m.chat_template));
     let asked = Asked {
         roots: &state.config.model_roots,
+        storage: &state.config.model_storage,
         template: chat_template.unwrap_or_default(),
-        known,
+        earlier: existing.as_ref(),
     };
-    let (location, found) = checked_location(&body.location, asked).await?;
-    let (details, identity) = found.map_or((None, None), |f| (Some(f.details), Some(f.identity)));
+    let found = checked_location(&body.location, asked).await?;
+    let (location, details, identity) = (found.location, Some(found.details), found.identity);
     if let Some(existing) = existing {
         if existing.location == location {
             // The same folder again: its details as found now (its weights hashed again
@@ -217,39 +221,34 @@ async fn unfinished(state: &AppState, job: &records::finetune::FineTuneRecord) -
 }
 
 /// What registration records of the model at `location` (see [`inspect`]) with the
-/// chat template `template`: for a local folder tuneq can train, its details and identity (its weights hashed unless
-/// `known`, what an earlier registration found, holds for the folder's stamp); None for
-/// a store location; or why the folder cannot be registered. For models named at start
-/// (`--model`), which are registered either way.
-pub async fn local_inspection(
+/// chat template `template`, read through `storage` where it is in a store: its
+/// details, and a local folder's identity (its weights hashed unless `earlier`, an
+/// earlier registration of it, holds for the folder's stamp); or why it cannot be
+/// registered. For models named at start (`--model`), which are registered either way.
+pub async fn inspection(
     location: &str,
     template: tuneq_openapi::ChatTemplateChoice,
-    known: Option<&tuneq_openapi::ModelIdentity>,
-) -> ApiResult<Option<inspect::Inspected>> {
-    let Ok(tuneq_storage::Location::Local(path)) = tuneq_storage::Location::parse(location) else {
-        return Ok(None);
+    earlier: Option<&BaseModel>,
+    storage: &tuneq_storage::StorageConfig,
+) -> ApiResult<Inspected> {
+    let asked = Asked {
+        roots: &ModelRoots::default(),
+        storage,
+        template,
+        earlier,
     };
-    Ok(Some(inspected(path, template, known.cloned()).await?))
+    checked_location(location, asked).await
 }
 
-/// [`inspect::inspect`] of the local folder `path`, on the blocking pool.
-async fn inspected(
-    path: std::path::PathBuf,
-    template: tuneq_openapi::ChatTemplateChoice,
-    known: Option<tuneq_openapi::ModelIdentity>,
-) -> ApiResult<inspect::Inspected> {
-    tokio::task::spawn_blocking(move || inspect::inspect(&path, template, known.as_ref()))
-        .await
-        .map_err(|_| ApiError::internal("the model folder check stopped"))?
-}
-
-/// What a registration asks of its location: where models may come from, the chat
-/// template it will train with, and what an earlier registration of it found.
+/// What a registration asks of its location: where models may come from, how stores
+/// are reached, the chat template it will train with, and what an earlier registration
+/// of the id found.
 #[derive(Clone, Copy)]
 struct Asked<'a> {
     roots: &'a ModelRoots,
+    storage: &'a tuneq_storage::StorageConfig,
     template: tuneq_openapi::ChatTemplateChoice,
-    known: Option<&'a tuneq_openapi::ModelIdentity>,
+    earlier: Option<&'a BaseModel>,
 }
 
 /// A display name: 1 to 128 characters, none of them a control character.
@@ -265,13 +264,10 @@ fn check_display_name(name: &str) -> ApiResult<()> {
     ))
 }
 
-/// The location as it is registered, and what its folder showed: a local folder checked
-/// to hold a model tuneq trains (made canonical), a store URI as given (its files are the
-/// trainer's to check).
-async fn checked_location(
-    text: &str,
-    asked: Asked<'_>,
-) -> ApiResult<(String, Option<inspect::Inspected>)> {
+/// The location as it is registered (a local folder made canonical, a store URI as
+/// given) and what its folder showed, checked as [`inspect`] says: a store folder
+/// through a local copy of its small files and weight headers ([`remote`]).
+async fn checked_location(text: &str, asked: Asked<'_>) -> ApiResult<Inspected> {
     let roots = asked.roots;
     let refused = |message: String| ApiError::invalid("location", Code::InvalidValue, message);
     if !text.contains("://") && !Path::new(text).is_absolute() {
@@ -285,6 +281,7 @@ async fn checked_location(
             roots.describe()
         ))
     };
+    let template = asked.template;
     match tuneq_storage::Location::parse(text) {
         Ok(tuneq_storage::Location::Local(path)) => {
             // Nothing outside the roots is read: checked as written, then resolved.
@@ -295,11 +292,35 @@ async fn checked_location(
             if !roots.allows_folder(&path, resolved.as_deref()) {
                 return Err(outside());
             }
-            let checked = inspected(path, asked.template, asked.known.cloned()).await?;
-            Ok((checked.location.clone(), Some(checked)))
+            // An earlier hash holds only for the same folder.
+            let canonical = resolved.map(|p| p.display().to_string());
+            let known = asked
+                .earlier
+                .filter(|m| Some(&m.location) == canonical.as_ref())
+                .and_then(|m| m.identity.clone());
+            blocking(move || {
+                let mut checked = inspect::inspect(&path, template)?;
+                checked.identity = Some(inspect::identity(&path, known.as_ref())?);
+                Ok(checked)
+            })
+            .await
         }
         Ok(store) if !roots.allows_store(&store) => Err(outside()),
-        Ok(_) => Ok((text.to_string(), None)),
+        Ok(store) => {
+            let copy = remote::skeleton(&store, asked.storage).await?;
+            let mut checked = blocking(move || inspect::inspect(copy.path(), template)).await?;
+            checked.location = text.to_string();
+            Ok(checked)
+        }
         Err(e) => Err(refused(e.to_string())),
     }
+}
+
+/// `work` (which reads files) on the blocking pool.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> ApiResult<T> + Send + 'static,
+) -> ApiResult<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|_| ApiError::internal("the model folder check stopped"))?
 }

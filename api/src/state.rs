@@ -48,6 +48,9 @@ pub struct ApiConfig {
     /// Where `POST /admin/models` may take models from (`--model-root`); empty:
     /// anywhere.
     pub model_roots: crate::model_roots::ModelRoots,
+    /// How registration reads a model folder in an object store (the settings the
+    /// trainers use: `--storage-config`, the environment).
+    pub model_storage: tuneq_storage::StorageConfig,
     /// The MLflow tracking server jobs' runs go to (`integrations`); None: jobs that ask
     /// for tracking are refused.
     pub mlflow: Option<crate::tracking::MlflowServer>,
@@ -73,6 +76,7 @@ impl Default for ApiConfig {
             holds: crate::holds::HoldLimits::default(),
             model_aliases: Default::default(),
             model_roots: Default::default(),
+            model_storage: Default::default(),
             mlflow: None,
         }
     }

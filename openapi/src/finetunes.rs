@@ -665,8 +665,9 @@ pub struct Model {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub display_name: Option<String>,
     /// What a user needs to choose a base model (and an alias's or a fine-tuned model's
-    /// base), as its registration found the folder (tuneq); absent for a model in an
-    /// object store, whose files the trainer checks when it loads them.
+    /// base), as its registration found the folder (tuneq); absent for a model named at
+    /// start (`--model`) whose folder did not pass the check, and for one registered
+    /// before these were recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub details: Option<ModelDetails>,
 }

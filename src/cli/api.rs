@@ -152,6 +152,7 @@ async fn serve(
             attempt_signer: service::attempt_signer(Some(attempt_secret.expose()))?,
             // Every replica shares the attempt secret, so each derives the same key.
             sealing_key: tuneq_api::sealed::SealingKey::derive(attempt_secret.expose().as_bytes()),
+            model_storage: storage_config.clone(),
             ..args.policy.api_config()?
         },
     );

@@ -1,5 +1,6 @@
-//! `tuneq models add|remove`: the model registry of a running service
-//! (`POST /admin/models`, `DELETE /admin/models/{id}`), with the admin key.
+//! `tuneq models add|remove|list`: the model registry of a running service
+//! (`POST /admin/models`, `DELETE /admin/models/{id}`, with the admin key), and the
+//! models a tenant can use (`GET /v1/models`, with its API key).
 
 use super::BadInput;
 use anyhow::{Context, Result};
@@ -31,6 +32,22 @@ pub enum ModelsCommand {
         chat_template: Option<String>,
         #[command(flatten)]
         service: Service,
+    },
+    /// List the models a tenant can use — base models with what registration found
+    /// (architecture, parameters, context, dtype, template, the pools that fit a
+    /// fine-tune), aliases and the tenant's fine-tuned models — as a table, or as the
+    /// service's JSON.
+    List {
+        /// The service's URL.
+        #[arg(long, env = "TUNEQ_URL", default_value = "http://127.0.0.1:8080")]
+        url: String,
+        /// The tenant's API key (`tuneq up` prints it, and keeps it in
+        /// `<data-dir>/api-key`).
+        #[arg(long, env = "TUNEQ_API_KEY", hide_env_values = true)]
+        api_key: String,
+        /// Print the service's answer as JSON instead of a table.
+        #[arg(long)]
+        json: bool,
     },
     /// Remove a base model from the registry (refused while an unfinished job trains on
     /// it); its files are not touched.
@@ -91,21 +108,108 @@ pub fn run(command: ModelsCommand) -> Result<ExitCode> {
                     .push(&id);
                 http.delete(url).bearer_auth(&service.admin_key)
             }
+            ModelsCommand::List { url, api_key, json } => {
+                let base =
+                    reqwest::Url::parse(&url).map_err(|e| BadInput(format!("--url {url}: {e}")))?;
+                let listed =
+                    answer(http.get(base.join("/v1/models")?).bearer_auth(api_key)).await?;
+                match json {
+                    true => println!("{}", serde_json::to_string_pretty(&listed)?),
+                    false => print!("{}", table(&serde_json::from_value(listed)?)),
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
         };
-        let response = request.send().await.context("the service did not answer")?;
-        let status = response.status();
-        let body: serde_json::Value = response
-            .json()
-            .await
-            .with_context(|| format!("the service answered {status} without a JSON body"))?;
-        if status.is_client_error() {
-            let message = body["error"]["message"].as_str().unwrap_or("refused");
-            return Err(BadInput(format!("{status}: {message}")).into());
-        }
-        anyhow::ensure!(status.is_success(), "the service answered {status}: {body}");
+        let body = answer(request).await?;
         println!("{}", serde_json::to_string_pretty(&body)?);
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// The service's JSON answer to `request`; a refusal (4xx) as bad input with its
+/// message.
+async fn answer(request: reqwest::RequestBuilder) -> Result<serde_json::Value> {
+    let response = request.send().await.context("the service did not answer")?;
+    let status = response.status();
+    let body: serde_json::Value = response
+        .json()
+        .await
+        .with_context(|| format!("the service answered {status} without a JSON body"))?;
+    if status.is_client_error() {
+        let message = body["error"]["message"].as_str().unwrap_or("refused");
+        return Err(BadInput(format!("{status}: {message}")).into());
+    }
+    anyhow::ensure!(status.is_success(), "the service answered {status}: {body}");
+    Ok(body)
+}
+
+/// The model list as a table, a model a line: its id, what it is, and for a base
+/// model what registration found.
+fn table(list: &tuneq_openapi::ModelList) -> String {
+    let mut rows = vec![
+        [
+            "ID",
+            "KIND",
+            "ARCHITECTURE",
+            "PARAMETERS",
+            "CONTEXT",
+            "DTYPE",
+            "TEMPLATE",
+            "FITS POOLS",
+        ]
+        .map(String::from),
+    ];
+    for model in &list.data {
+        let kind = match &model.base_model {
+            Some(base) => format!("{} of {base}", model.kind),
+            None => model.kind.clone(),
+        };
+        let mut row = [
+            model.id.clone(),
+            kind,
+            String::new(),
+            String::new(),
+            String::new(),
+            String::new(),
+            String::new(),
+            String::new(),
+        ];
+        if let Some(d) = &model.details {
+            let source = match d.chat_template {
+                tuneq_openapi::ChatTemplateSource::Own => "own",
+                tuneq_openapi::ChatTemplateSource::BuiltIn => "built-in",
+            };
+            let template = serde_json::to_value(d.template).ok();
+            let template = template
+                .as_ref()
+                .and_then(|t| t.as_str())
+                .unwrap_or("model");
+            row[2] = d.architecture.clone();
+            row[3] = format!("{:.1}M", d.parameters as f64 / 1e6);
+            row[4] = d.context_length.to_string();
+            row[5] = d.dtype.clone();
+            row[6] = format!("{template} ({source})");
+            row[7] = match d.fits_pools.is_empty() {
+                true => "none".into(),
+                false => d.fits_pools.join(","),
+            };
+        }
+        rows.push(row);
+    }
+    let widths: Vec<usize> = (0..8)
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for row in rows {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(cell, width)| format!("{cell:width$}"))
+            .collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
 }
 
 /// `path` on the service.

@@ -1,18 +1,22 @@
 """Deleting a fine-tuned model through the official `openai` SDK (`models.delete`)
 against a real `tuneq up`: the model leaves the list, its adapter and checkpoints leave
 the store, the job stays and says when; base models are the operator's (403), another
-tenant's model is not found, and a second delete is a 404."""
+tenant's model is not found, and a second delete is a 404. And the operator's side of
+the list: `tuneq models add|list|remove` against the same service."""
 
 from __future__ import annotations
 
+import json
+import os
 import secrets
+import subprocess
 import urllib.error
 import urllib.request
 
 import openai
 import pytest
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, tuneq_bin
 from test_openai_fine_tuning import refusal, terminal, wait_for
 
 DEMO_MODEL = "tuneq-tiny-demo"
@@ -134,3 +138,35 @@ def test_a_fine_tuned_model_is_trained_further_from_its_adapter(client, service)
     third = wait_for(client, third.id, terminal)
     assert third.status == "succeeded", third.error
     assert first_step_loss(client, third.id) < fresh - 1.0
+
+
+def test_the_cli_adds_lists_and_removes_a_base_model(service):
+    """The demo model's folder registered again under another id, with a display name
+    and a built-in template; shown in `tuneq models list`'s table and JSON; a bad
+    location refused as bad input naming it; then removed."""
+    env = {**os.environ, "TUNEQ_URL": service.url, "TUNEQ_ADMIN_KEY": service.admin_key,
+           "TUNEQ_API_KEY": service.api_key}
+
+    def models(*args):
+        return subprocess.run([str(tuneq_bin()), "models", *args], env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    folder = service.data_dir / "models" / DEMO_MODEL
+    added = models("add", "demo-alpaca", str(folder), "--display-name", "Demo (Alpaca)",
+                   "--chat-template", "alpaca")
+    assert added.returncode == 0, added.stderr
+    assert json.loads(added.stdout)["details"]["template"] == "alpaca"
+    table = models("list")
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0].split()[:3] == ["ID", "KIND", "ARCHITECTURE"]
+    row = next(line for line in lines if line.split()[0] == "demo-alpaca")
+    assert "llama" in row.split() and "alpaca (built-in)" in row, row
+    listed = json.loads(models("list", "--json").stdout)
+    assert any(m["id"] == "demo-alpaca" and m["display_name"] == "Demo (Alpaca)"
+               for m in listed["data"])
+    refused = models("add", "demo-other", "relative/folder")
+    assert refused.returncode == 2 and "absolute" in refused.stderr, refused.stderr
+    removed = models("remove", "demo-alpaca")
+    assert removed.returncode == 0 and json.loads(removed.stdout)["deleted"] is True
+    assert "demo-alpaca" not in models("list").stdout

@@ -163,14 +163,16 @@ impl LlamaConfig {
         // Another family's config parses as Llama's (the same names for the same shapes)
         // and would train wrongly and silently: refused here, by the rule registration
         // and job creation use too.
-        tuneq_pools::architecture_of(&raw).map_err(|refusal| Error::Model {
+        let architecture = tuneq_pools::architecture_of(&raw).map_err(|refusal| Error::Model {
             path: path.display().to_string(),
             message: refusal.to_string(),
         })?;
         let cfg: Self =
-            serde_json::from_value(Self::normalise(raw)).map_err(|source| Error::Json {
-                path: path.display().to_string(),
-                source,
+            serde_json::from_value(Self::normalise(raw, architecture)).map_err(|source| {
+                Error::Json {
+                    path: path.display().to_string(),
+                    source,
+                }
             })?;
         cfg.check().map_err(|message| Error::Model {
             path: path.display().to_string(),
@@ -186,14 +188,15 @@ impl LlamaConfig {
     /// It also fills in what the family's config class sets for fields the file leaves
     /// out ([`tuneq_pools::architecture::with_class_defaults`], as placement reads it),
     /// and reads Gemma 3's per-layer `rope_parameters`.
-    fn normalise(raw: serde_json::Value) -> serde_json::Value {
-        let gemma3 =
-            tuneq_pools::architecture_of(&raw).ok() == Some(tuneq_pools::Architecture::Gemma3);
-        let mut raw = tuneq_pools::architecture::with_class_defaults(raw);
+    fn normalise(
+        raw: serde_json::Value,
+        architecture: tuneq_pools::Architecture,
+    ) -> serde_json::Value {
+        let mut raw = tuneq_pools::architecture::with_defaults_of(raw, architecture);
         let Some(obj) = raw.as_object_mut() else {
             return raw;
         };
-        if gemma3 {
+        if architecture == tuneq_pools::Architecture::Gemma3 {
             Self::fold_layer_rope(obj);
             return raw;
         }

@@ -1,5 +1,6 @@
-//! What registering a local model folder checks, and what it learns once for
-//! `GET /v1/models`: a `config.json` of an architecture tuneq trains, a tokenizer and
+//! What registering a model folder checks (a local one, or the local copy of a store
+//! folder's small files and weight headers that [`super::remote`] makes), and what it
+//! learns once for `GET /v1/models`: a `config.json` of an architecture tuneq trains, a tokenizer and
 //! chat template that load, and safetensors weights holding every tensor the config
 //! implies ([`tuneq_pools::ModelShape::expected_tensors`]) with its shape, every shard a
 //! `model.safetensors.index.json` names present. Every problem found is reported at
@@ -24,8 +25,10 @@ pub struct Inspected {
     pub(crate) location: String,
     /// What `GET /v1/models` shows of it.
     pub details: ModelDetails,
-    /// The hash every run on it is fingerprinted with, and the stamp it holds for.
-    pub identity: ModelIdentity,
+    /// The hash every run on a local folder is fingerprinted with, and the stamp it
+    /// holds for (see [`identity`]); none for a folder in a store, which its trainers
+    /// hash once they have it.
+    pub identity: Option<ModelIdentity>,
 }
 
 /// A tensor as a weight file's header lists it.
@@ -36,13 +39,8 @@ struct Listed {
 }
 
 /// Checks the local folder `path` (blocking: it reads files, and loads the tokenizer
-/// with the chat template `choice`), and hashes its weights unless `known` (what an
-/// earlier registration of it found) holds for the folder's stamp.
-pub(crate) fn inspect(
-    path: &Path,
-    choice: ChatTemplateChoice,
-    known: Option<&ModelIdentity>,
-) -> Result<Inspected, ApiError> {
+/// with the chat template `choice`).
+pub(crate) fn inspect(path: &Path, choice: ChatTemplateChoice) -> Result<Inspected, ApiError> {
     let shape = match ModelShape::read(path) {
         Some(Ok(shape)) => shape,
         Some(Err(refusal)) => {
@@ -89,10 +87,9 @@ pub(crate) fn inspect(
     let location = std::fs::canonicalize(path)
         .map(|p| p.display().to_string())
         .map_err(|_| refused(vec!["the folder cannot be read".into()]))?;
-    let identity = identity(path, known).map_err(|e| refused(vec![e.to_string()]))?;
     Ok(Inspected {
         location,
-        identity,
+        identity: None,
         details: ModelDetails {
             architecture: shape.architecture().model_type().into(),
             parameters: shape.parameters(),
@@ -106,19 +103,21 @@ pub(crate) fn inspect(
     })
 }
 
-/// The folder's identity: `known` where the folder's stamp is still the one it was
-/// computed for, else every weight read and hashed (about a minute for 14 GB).
-fn identity(
+/// The local folder's identity (blocking): `known` where the folder's stamp is still
+/// the one it was computed for, else every weight read and hashed (about a minute for
+/// 14 GB).
+pub(crate) fn identity(
     path: &Path,
     known: Option<&ModelIdentity>,
-) -> Result<ModelIdentity, folder::FolderError> {
+) -> Result<ModelIdentity, ApiError> {
+    let found = |e: folder::FolderError| refused(vec![e.to_string()]);
     if let Some(known) = known
-        && folder::stamp(path)? == known.stamp
+        && folder::stamp(path).map_err(found)? == known.stamp
     {
         return Ok(known.clone());
     }
     let started = std::time::Instant::now();
-    let identity = folder::identity(path)?;
+    let identity = folder::identity(path).map_err(found)?;
     tracing::info!(folder = %path.display(), seconds = started.elapsed().as_secs_f64(), "model weights hashed");
     Ok(identity)
 }

@@ -12,6 +12,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use support::{ADMIN_KEY, Server, create, examples, start, upload};
+use tuneq_storage::testing::{self, TEST_BUCKET};
 
 /// A small Llama's `config.json` fields.
 fn config() -> Value {
@@ -314,14 +315,6 @@ async fn folders_that_are_not_models_tuneq_trains_are_refused_naming_why() {
     // Nothing was registered.
     let response = s.get_as(&s.acme, "/v1/models/m").await;
     assert_eq!(response.status(), StatusCode::NOT_FOUND);
-    // A store location is taken as given (the trainer checks it when it loads it).
-    let (status, model) = post(
-        &s,
-        ADMIN_KEY,
-        json!({"id": "remote", "location": "s3://models/llama"}),
-    )
-    .await;
-    assert_eq!(status, StatusCode::CREATED, "{model}");
 }
 
 #[tokio::test]
@@ -421,12 +414,12 @@ async fn with_model_roots_a_model_is_taken_only_from_under_one() {
     let inside = good_folder(&s, "inside");
     let outside = base.join("elsewhere");
     std::fs::create_dir_all(&outside).unwrap();
-    let roots = [
-        root.display().to_string(),
-        "s3://models/approved".to_string(),
-    ];
+    let approved = format!("s3://{TEST_BUCKET}/{}", testing::unique_prefix("approved"));
+    let in_store = uploaded(&inside, &format!("{approved}/llama")).await;
+    let roots = [root.display().to_string(), approved.clone()];
     let s = start(move |config| {
         config.model_roots = tuneq_api::model_roots::ModelRoots::parse(&roots).unwrap();
+        config.model_storage.s3 = testing::s3_config(testing::moto());
     })
     .await;
     let link = inside.join("../link");
@@ -435,8 +428,8 @@ async fn with_model_roots_a_model_is_taken_only_from_under_one() {
         outside.display().to_string(),
         format!("{}/../elsewhere", inside.display()),
         link.display().to_string(),
-        "s3://models/approved-not".to_string(),
-        "gs://models/approved".to_string(),
+        format!("{approved}-not"),
+        approved.replacen("s3://", "gs://", 1),
     ];
     for location in refused {
         let (status, refusal) = post(&s, ADMIN_KEY, json!({"id": "m", "location": location})).await;
@@ -449,7 +442,7 @@ async fn with_model_roots_a_model_is_taken_only_from_under_one() {
     assert_eq!(response.status(), StatusCode::NOT_FOUND);
     for (id, location) in [
         ("local", inside.display().to_string()),
-        ("remote", "s3://models/approved/llama".to_string()),
+        ("remote", in_store),
     ] {
         let (status, model) = post(&s, ADMIN_KEY, json!({"id": id, "location": location})).await;
         assert_eq!(status, StatusCode::CREATED, "{model}");
@@ -490,4 +483,65 @@ async fn a_model_registered_with_a_built_in_template_trains_with_it() {
     .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{refusal}");
     assert_eq!(refusal["error"]["param"], "chat_template", "{refusal}");
+}
+
+/// Copies the files of the local folder `dir` to the moto bucket folder `uri`
+/// (`s3://bucket/prefix`); returns `uri`.
+async fn uploaded(dir: &Path, uri: &str) -> String {
+    let location = tuneq_storage::Location::parse(uri).unwrap();
+    let config = tuneq_storage::StorageConfig {
+        s3: testing::s3_config(testing::moto()),
+        ..Default::default()
+    };
+    let store = tuneq_storage::open(&location, &config).await.unwrap();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_string();
+        let key = tuneq_storage::ObjectKey::parse(&name).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        store
+            .put(&key, bytes.into(), tuneq_storage::PutMode::Overwrite)
+            .await
+            .unwrap();
+    }
+    uri.to_string()
+}
+
+#[tokio::test]
+async fn a_folder_in_a_store_is_checked_through_its_headers() {
+    let s = start(|config| config.model_storage.s3 = testing::s3_config(testing::moto())).await;
+    let bucket = format!("s3://{TEST_BUCKET}/{}", testing::unique_prefix("registry"));
+    let good = uploaded(&good_folder(&s, "good"), &format!("{bucket}/good")).await;
+    let (status, model) = post(&s, ADMIN_KEY, json!({"id": "in-store", "location": good})).await;
+    assert_eq!(status, StatusCode::CREATED, "{model}");
+    // What a local folder shows, read through the store.
+    let details = &model["details"];
+    assert_eq!(details["architecture"], "llama", "{model}");
+    assert_eq!(details["dtype"], "float32", "{model}");
+    assert_eq!(details["context_length"], 512, "{model}");
+    assert_eq!(details["chat_template"], "own", "{model}");
+    // Its jobs' trainers hash it once they have it: no identity is handed to them.
+    let file = upload(&s, &s.acme, &examples(8)).await;
+    let (status, job) = create(&s, &file, json!({"model": "in-store"})).await;
+    assert_eq!(status, StatusCode::OK, "{job}");
+    let (lease, _) = support::claim(&s).await;
+    use tuneq_openapi::StoredJson as _;
+    let payload = tuneq_openapi::JobPayload::decode(&lease.id, &lease.payload).unwrap();
+    assert_eq!(payload.spec.model, good);
+    assert!(payload.spec.model_identity.is_none());
+    // A folder whose weights disagree with its config, and one with nothing in it:
+    // refused naming the problem, as for a local folder.
+    let wrong = uploaded(
+        &folder(&s, "wrong", &config(), 2, [300, 64]),
+        &format!("{bucket}/wrong"),
+    )
+    .await;
+    let empty = format!("{bucket}/nothing-here");
+    for (location, named) in [(wrong, "embed_tokens"), (empty, "config.json")] {
+        let (status, refusal) = post(&s, ADMIN_KEY, json!({"id": "m", "location": location})).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{refusal}");
+        assert_eq!(refusal["error"]["param"], "location", "{refusal}");
+        let message = refusal["error"]["message"].as_str().unwrap();
+        assert!(message.contains(named), "{message}");
+    }
 }

@@ -703,10 +703,15 @@ fn rope_kind_is(value: &Value, kinds: &[&str]) -> bool {
 /// ([`Architecture::defaults`]), and, for a Gemma naming no `layer_types`, the class's
 /// pattern of sliding and global layers. A config tuneq does not train is returned as is.
 /// Placement and the trainer both read a config through this, so they see the same model.
-pub fn with_class_defaults(mut config: Value) -> Value {
-    let Ok(architecture) = architecture_of(&config) else {
-        return config;
-    };
+pub fn with_class_defaults(config: Value) -> Value {
+    match architecture_of(&config) {
+        Ok(architecture) => with_defaults_of(config, architecture),
+        Err(_) => config,
+    }
+}
+
+/// [`with_class_defaults`] for a config already known to be of `architecture`.
+pub fn with_defaults_of(mut config: Value, architecture: Architecture) -> Value {
     let Some(object) = config.as_object_mut() else {
         return config;
     };

@@ -97,14 +97,15 @@ pub async fn register_model(
         .await
         .map_err(|e| anyhow::anyhow!("{}", e.detail.message))?
         .filter(|earlier| earlier.location == model.location);
-    let known = earlier.as_ref().and_then(|m| m.identity.as_ref());
     // What `POST /admin/models` gave it (its template, its display name) stays.
     let chat_template = earlier.as_ref().and_then(|m| m.chat_template);
     let display_name = earlier.as_ref().and_then(|m| m.display_name.clone());
     let template = chat_template.unwrap_or_default();
-    let inspection = tuneq_api::registry::local_inspection(&model.location, template, known);
+    let storage = &state.config.model_storage;
+    let inspection =
+        tuneq_api::registry::inspection(&model.location, template, earlier.as_ref(), storage);
     let (details, identity) = match inspection.await {
-        Ok(found) => found.map_or((None, None), |f| (Some(f.details), Some(f.identity))),
+        Ok(found) => (Some(found.details), found.identity),
         Err(e) => {
             tracing::warn!(model = %model.id, problem = %e.detail.message, "--model: the folder would not pass registration's checks");
             (None, None)
