@@ -431,7 +431,7 @@ fn load_reads_tokenizer_config() {
     // A list of named templates with AddedToken-style special tokens.
     let config = serde_json::json!({
         "bos_token": {"content": "<|begin|>", "special": true},
-        "eos_token": "<|end|>",
+        "eos_token": "<|im_end|>",
         "chat_template": [
             {"name": "tool_use", "template": "TOOLS"},
             {"name": "default", "template": "{{ bos_token }}{% for m in messages %}{{ m.content }}{{ eos_token }}{% endfor %}"},
@@ -439,11 +439,11 @@ fn load_reads_tokenizer_config() {
     });
     std::fs::write(dir.path().join("tokenizer_config.json"), config.to_string()).expect("write");
     let t = ChatTemplate::load(dir.path(), ChatTemplateChoice::Model).expect("load");
-    assert_eq!((t.bos_token(), t.eos_token()), ("<|begin|>", "<|end|>"));
+    assert_eq!((t.bos_token(), t.eos_token()), ("<|begin|>", "<|im_end|>"));
     assert_eq!(
         t.render(&[Message::new(Role::User, "x")], false)
             .expect("render"),
-        "<|begin|>x<|end|>"
+        "<|begin|>x<|im_end|>"
     );
 
     // A built-in choice ignores the model's template but keeps its tokens.
@@ -526,6 +526,40 @@ fn multi_turn_chat_labels_every_assistant_turn() {
         labelled_text(&enc, &enc.encode(&record, 512).expect("encode")),
         "Velm</s>|Hesk</s>"
     );
+}
+
+/// Phi-3's template closes a conversation with `eos_token` once no generation prompt
+/// follows: each earlier turn's rendering ends with it where the whole one goes on. The
+/// answers are still located (the closing is the conversation's, trained with the last
+/// one); a template that rewrites an earlier turn (Qwen3's drops its reasoning) is not.
+#[test]
+fn a_template_that_closes_the_conversation_labels_every_turn() {
+    // Phi-3's, with the tiny tokenizer's own end-of-turn token for `<|end|>`.
+    let phi3 = "{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n' + message['content'] + '<|im_end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + '<|im_end|>\n'}}{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + '<|im_end|>\n'}}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}";
+    let record = Record::Chat {
+        messages: sample_conversation(),
+        tools: vec![],
+    };
+    let template = ChatTemplate::from_jinja(phi3, "<s>", "</s>").expect("compile");
+    let enc = Encoder::new(tiny_tokenizer().clone(), template);
+    let ex = enc.encode(&record, 512).expect("encode");
+    let text = enc
+        .tokenizer()
+        .decode(&ex.input_ids, false)
+        .expect("decode");
+    assert!(text.ends_with("Hesk<|im_end|>\n</s>"), "{text}");
+    assert_eq!(
+        labelled_text(&enc, &ex),
+        "Velm<|im_end|>|Hesk<|im_end|>\n</s>"
+    );
+    // An earlier turn rendered otherwise once later ones follow: refused.
+    let rewrites = "{% for message in messages %}{% if message['role'] == 'assistant' and not loop.last %}{{ '[' + message['role'] + ']' }}{% else %}{{ message['role'] + ': ' + message['content'] + '\n' }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}";
+    let template = ChatTemplate::from_jinja(rewrites, "<s>", "</s>").expect("compile");
+    let enc = Encoder::new(tiny_tokenizer().clone(), template);
+    assert!(matches!(
+        enc.encode(&record, 512),
+        Err(DataError::Template(_))
+    ));
 }
 
 #[test]

@@ -67,6 +67,24 @@ def tiny_model(tuneq, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def phi3_template_model(tiny_model, tmp_path_factory) -> Path:
+    """The tiny model with Phi-3's chat template as its own
+    (`examples/templates/phi3.jinja`, Phi-3-mini-4k-instruct's: it closes a conversation
+    with `eos_token` once no generation prompt follows). No registry ships Phi-3's
+    tokenizer, so its template renders with the tiny one."""
+    import json
+    import shutil
+
+    out = tmp_path_factory.mktemp("models") / "tiny-phi3-template"
+    shutil.copytree(tiny_model, out)
+    config_path = out / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = (harness.REPO_ROOT / "examples/templates/phi3.jinja").read_text()
+    config_path.write_text(json.dumps(config))
+    return out
+
+
+@pytest.fixture(scope="session")
 def sharded_model(tuneq, tmp_path_factory) -> Path:
     """Tiny preset in three shards plus model.safetensors.index.json."""
     return _init_model(tuneq, tmp_path_factory.mktemp("models") / "tiny-sharded", 1, "--shards", 3)

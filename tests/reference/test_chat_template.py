@@ -1,8 +1,9 @@
 """The chat templates, rendered by tuneq (minijinja) and by transformers (jinja2), agree on
 every record of the shipped chat and alpaca datasets: the same text, the same token ids,
 and loss on the same tokens. With the tiny preset's tokenizer, the real models' (SmolLM2,
-Qwen2.5, Gemma 3) and the weightless tokenizers of scripts/fetch-tokenizer (Qwen3, Mistral
-NeMo, Llama 3.2, Gemma 2): MODELS, less the combinations of NOT_COMPARED.
+Qwen2.5, Gemma 3), the weightless tokenizers of scripts/fetch-tokenizer (Qwen3, Mistral
+NeMo, Llama 3.2, Gemma 2), and Phi-3's template (which closes every conversation with
+`eos_token`) on the tiny tokenizer: MODELS, less the combinations of NOT_COMPARED.
 
 `tuneq debug encode` prints each record as training sees it: the conversation, the
 rendered text, the token ids and the labels. transformers renders the same conversation
@@ -33,7 +34,8 @@ MAX_LEN = 4096
 # (128k-token BPE; header turns under a dated system header) and Gemma 2's (a 256k-token
 # SentencePiece-style BPE; no template of its own: the built-in ones only).
 MODELS = ["tiny_model", "real_model", "real_qwen2", "real_gemma3", "qwen3_tokenizer",
-          "mistral_nemo_tokenizer", "llama3_2_tokenizer", "gemma2_tokenizer"]
+          "mistral_nemo_tokenizer", "llama3_2_tokenizer", "gemma2_tokenizer",
+          "phi3_template_model"]
 _TOKENIZERS: dict = {}
 
 
@@ -45,18 +47,42 @@ def hf_tokenizer_of(model_dir):
     return _TOKENIZERS[model_dir]
 
 
+def closing_of(tok, source: str | None, tools: list | None) -> str:
+    """What the template writes for a conversation of no messages: the closing a
+    template like Phi-3's writes at the end of every conversation (`eos_token`).
+    transformers refuses to render no messages, so its own Jinja compiler renders it."""
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    template = source or tok.chat_template
+    if not isinstance(template, str):
+        return ""
+    try:
+        return _compile_jinja_template(template).render(
+            messages=[], tools=tools or None, add_generation_prompt=False,
+            **tok.special_tokens_map)
+    except Exception:
+        return ""
+
+
 def expected_labels(tok, source: str, messages: list, text: str, tools: list | None = None) -> list[int]:
-    """Loss on the assistant turns not weighted 0, from transformers' renderings alone."""
+    """Loss on the assistant turns not weighted 0, from transformers' renderings alone.
+    A turn's answer is what the conversation rendered through it adds to the one
+    rendered up to it with the generation prompt; a rendering through an earlier turn
+    that ends with the template's closing (see `closing_of`) is compared without it."""
     def render(upto, **kw):
         return tok.apply_chat_template(messages[:upto], tools=tools or None, chat_template=source,
                                        tokenize=False, **kw)
 
+    closing = closing_of(tok, source, tools)
     spans = []
     for i, message in enumerate(messages):
         if message["role"] != "assistant" or message.get("weight") == 0 or i == 0:
             continue
         before = render(i, add_generation_prompt=True)
         through = render(i + 1)
+        if not text.startswith(through) and closing and through.endswith(closing) \
+                and text.endswith(closing):
+            through = through[:-len(closing)]
         assert text.startswith(through) and through.startswith(before), \
             f"template is not prefix-stable at message {i}"
         end = max(len(through.rstrip()), len(before))
