@@ -15,7 +15,7 @@ use minijinja::{Environment, ErrorKind, Value, context};
 use serde_json::Value as Json;
 use tuneq_openapi::ChatTemplateChoice;
 
-use super::chat::{Message, Role};
+use super::chat::{Message, Role, ToolCall};
 use super::{DataError, Result};
 
 /// ChatML: `<|im_start|>{role}\n{content}<|im_end|>\n` per message. `tuneq model init` writes
@@ -50,6 +50,9 @@ pub struct ChatTemplate {
     /// Messages rendered so far (a render of n messages counts n): the work encoding a
     /// chat costs, which tests bound (O(messages) per record, never O(messages²)).
     rendered_messages: AtomicU64,
+    /// Whether the template takes only tool-call ids of 9 letters or digits (Mistral's
+    /// raise on any other): learned once, by rendering a call with each kind of id.
+    short_call_ids: std::sync::OnceLock<bool>,
     /// Whether the template renders tools and tool calls itself (it reads `tool_calls`),
     /// as the Llama 3.1+, Qwen2.5, Mistral and Hermes templates do.
     handles_tools: bool,
@@ -241,6 +244,7 @@ impl ChatTemplate {
             eos_token: eos.to_string(),
             kind,
             rendered_messages: AtomicU64::new(0),
+            short_call_ids: std::sync::OnceLock::new(),
         })
     }
 
@@ -271,6 +275,24 @@ impl ChatTemplate {
     ) -> Result<String> {
         self.rendered_messages
             .fetch_add(messages.len() as u64 + 1, Ordering::Relaxed);
+        let shortened;
+        let messages = match self.wants_short_call_ids() && has_long_call_ids(messages) {
+            true => {
+                shortened = messages.iter().map(with_short_call_ids).collect::<Vec<_>>();
+                &shortened[..]
+            }
+            false => messages,
+        };
+        self.render_as_given(messages, tools, add_generation_prompt)
+    }
+
+    /// [`ChatTemplate::render_with_tools`] with the messages exactly as given.
+    fn render_as_given(
+        &self,
+        messages: &[Message],
+        tools: &[Json],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let messages: Vec<Value> = messages.iter().map(|m| Value::from(Serde(m))).collect();
         let tools = (!tools.is_empty()).then(|| Value::from(Serde(tools)));
         let template = self
@@ -289,6 +311,43 @@ impl ChatTemplate {
                 eos_token => self.eos_token.as_str(),
             })
             .map_err(|e| DataError::Template(describe(&e)))
+    }
+
+    /// Whether the template refuses a tool call whose id is not 9 letters or digits and
+    /// takes one that is (Mistral's: their tokenizer writes ids so). OpenAI's ids
+    /// (`call_` and 24 more) then reach it shortened ([`short_call_id`]), in training
+    /// data and in the conversations sent to a fine-tuned model alike.
+    pub fn wants_short_call_ids(&self) -> bool {
+        *self.short_call_ids.get_or_init(|| {
+            if !self.handles_tools {
+                return false;
+            }
+            let probe = |id: &str| {
+                let call = ToolCall {
+                    id: id.into(),
+                    kind: "function".into(),
+                    function: super::chat::FunctionCall {
+                        name: "f".into(),
+                        arguments: serde_json::json!({}),
+                    },
+                };
+                let messages = [
+                    Message::new(Role::User, "?"),
+                    Message {
+                        content: None,
+                        tool_calls: vec![call],
+                        ..Message::new(Role::Assistant, "")
+                    },
+                    Message {
+                        tool_call_id: Some(id.into()),
+                        ..Message::new(Role::Tool, "{}")
+                    },
+                ];
+                let tools = [serde_json::json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}})];
+                self.render_as_given(&messages, &tools, true).is_ok()
+            };
+            !probe("call_0123456789abcdef01234567") && probe("a1b2c3d4e")
+        })
     }
 
     /// The beginning-of-sequence token text the template uses (may be empty).
@@ -419,4 +478,35 @@ fn model_template(v: Option<&Json>) -> Result<Option<(String, Option<String>)>> 
             super::problems::kind(other)
         ))),
     }
+}
+
+/// Whether any call id of `messages` is not 9 letters or digits.
+fn has_long_call_ids(messages: &[Message]) -> bool {
+    messages.iter().any(|m| {
+        let calls = m.tool_calls.iter().map(|c| c.id.as_str());
+        calls
+            .chain(m.tool_call_id.as_deref())
+            .any(|id| short_call_id(id) != id)
+    })
+}
+
+/// `message` with its call ids shortened ([`short_call_id`]).
+fn with_short_call_ids(message: &Message) -> Message {
+    let mut message = message.clone();
+    for call in &mut message.tool_calls {
+        call.id = short_call_id(&call.id);
+    }
+    if let Some(id) = &mut message.tool_call_id {
+        *id = short_call_id(id);
+    }
+    message
+}
+
+/// A call id as 9 letters or digits: its last 9 letters and digits (as vLLM shortens
+/// OpenAI's ids for Mistral's templates), zero-padded in front where it has fewer. A call
+/// and the tool message answering it shorten alike.
+fn short_call_id(id: &str) -> String {
+    let kept: Vec<char> = id.chars().filter(char::is_ascii_alphanumeric).collect();
+    let last: String = kept[kept.len().saturating_sub(9)..].iter().collect();
+    format!("{last:0>9}")
 }

@@ -562,6 +562,49 @@ fn a_template_that_closes_the_conversation_labels_every_turn() {
     ));
 }
 
+/// A template that takes only 9-character call ids (as Mistral's) gets OpenAI's ids
+/// shortened, a call and its result alike; one that takes any id gets them as given.
+#[test]
+fn call_ids_are_shortened_only_for_a_template_that_wants_them_so() {
+    let nine = "{% for m in messages %}{% if m.tool_calls %}{% for c in m.tool_calls %}{% if c.id|length != 9 %}{{ raise_exception('ids are 9 characters') }}{% endif %}[CALL {{ c.id }}]{% endfor %}{% elif m.role == 'tool' %}{% if m.tool_call_id|length != 9 %}{{ raise_exception('ids are 9 characters') }}{% endif %}[RESULT {{ m.tool_call_id }}]{% else %}{{ m.content }}{% endif %}{% endfor %}";
+    let any = nine
+        .replace("{% if c.id|length != 9 %}{{ raise_exception('ids are 9 characters') }}{% endif %}", "")
+        .replace("{% if m.tool_call_id|length != 9 %}{{ raise_exception('ids are 9 characters') }}{% endif %}", "");
+    let call = |id: &str| crate::chat::ToolCall {
+        id: id.into(),
+        kind: "function".into(),
+        function: crate::chat::FunctionCall {
+            name: "f".into(),
+            arguments: serde_json::json!({}),
+        },
+    };
+    let messages = [
+        Message::new(Role::User, "?"),
+        Message {
+            content: None,
+            tool_calls: vec![call("call_Xy7_0123456789abcdefghij"), call("call_0")],
+            ..Message::new(Role::Assistant, "")
+        },
+        Message {
+            tool_call_id: Some("call_Xy7_0123456789abcdefghij".into()),
+            ..Message::new(Role::Tool, "{}")
+        },
+    ];
+    let t = ChatTemplate::from_jinja(nine, "", "").expect("compile");
+    assert!(t.wants_short_call_ids());
+    assert_eq!(
+        t.render(&messages, false).expect("render"),
+        "?[CALL bcdefghij][CALL 0000call0][RESULT bcdefghij]"
+    );
+    let t = ChatTemplate::from_jinja(&any, "", "").expect("compile");
+    assert!(!t.wants_short_call_ids());
+    assert!(
+        t.render(&messages, false)
+            .expect("render")
+            .contains("[CALL call_0]")
+    );
+}
+
 #[test]
 fn alpaca_records_become_a_chat() {
     let record = Record::Alpaca {
