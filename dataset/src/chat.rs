@@ -108,6 +108,20 @@ pub struct ToolCall {
     pub function: FunctionCall,
 }
 
+impl ToolCall {
+    /// A call `id` of the function `name` with `arguments`.
+    pub fn function(id: &str, name: &str, arguments: Value) -> Self {
+        Self {
+            id: id.into(),
+            kind: "function".into(),
+            function: FunctionCall {
+                name: name.into(),
+                arguments,
+            },
+        }
+    }
+}
+
 /// The function a tool call names, with its arguments.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FunctionCall {

@@ -323,14 +323,7 @@ impl ChatTemplate {
                 return false;
             }
             let probe = |id: &str| {
-                let call = ToolCall {
-                    id: id.into(),
-                    kind: "function".into(),
-                    function: super::chat::FunctionCall {
-                        name: "f".into(),
-                        arguments: serde_json::json!({}),
-                    },
-                };
+                let call = ToolCall::function(id, "f", serde_json::json!({}));
                 let messages = [
                     Message::new(Role::User, "?"),
                     Message {

@@ -570,14 +570,7 @@ fn call_ids_are_shortened_only_for_a_template_that_wants_them_so() {
     let any = nine
         .replace("{% if c.id|length != 9 %}{{ raise_exception('ids are 9 characters') }}{% endif %}", "")
         .replace("{% if m.tool_call_id|length != 9 %}{{ raise_exception('ids are 9 characters') }}{% endif %}", "");
-    let call = |id: &str| crate::chat::ToolCall {
-        id: id.into(),
-        kind: "function".into(),
-        function: crate::chat::FunctionCall {
-            name: "f".into(),
-            arguments: serde_json::json!({}),
-        },
-    };
+    let call = |id: &str| crate::chat::ToolCall::function(id, "f", serde_json::json!({}));
     let messages = [
         Message::new(Role::User, "?"),
         Message {

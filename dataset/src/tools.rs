@@ -97,18 +97,11 @@ fn plain_message(m: &Message) -> Message {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::chat::{FunctionCall, ToolCall};
+    use crate::chat::ToolCall;
     use serde_json::json;
 
     fn call(id: &str, name: &str, arguments: Value) -> ToolCall {
-        ToolCall {
-            id: id.into(),
-            kind: "function".into(),
-            function: FunctionCall {
-                name: name.into(),
-                arguments,
-            },
-        }
+        ToolCall::function(id, name, arguments)
     }
 
     #[test]

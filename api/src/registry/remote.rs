@@ -22,6 +22,12 @@ const WHOLE: [(&str, u64); 5] = [
 /// The largest safetensors header read, as for a local folder.
 const HEADER_LIMIT: u64 = 16 << 20;
 
+/// The most weight files a folder's index may name (real ones: a few hundred at most).
+const MAX_SHARDS: usize = 1024;
+
+/// The most header bytes read from one folder's weight files in all.
+const HEADERS_LIMIT: u64 = 256 << 20;
+
 /// The folder at `location` as a temporary local one: what registration reads of it.
 pub(super) async fn skeleton(
     location: &Location,
@@ -41,12 +47,31 @@ pub(super) async fn skeleton(
         Ok(shards) if !shards.is_empty() => shards,
         _ => vec![folder::SINGLE.to_string()],
     };
+    if names.len() > MAX_SHARDS {
+        return Err(ApiError::invalid(
+            "location",
+            Code::InvalidValue,
+            format!(
+                "{} names {} weight files, more than the {MAX_SHARDS} read of a folder.",
+                folder::INDEX,
+                names.len()
+            ),
+        ));
+    }
+    let mut budget = HEADERS_LIMIT;
     for name in names {
         // A shard named by a path is never read; the check names it.
         if name.contains('/') || name.contains('\\') || name == ".." {
             continue;
         }
         if let Some(header) = read_header(store.as_ref(), &name).await? {
+            budget = budget.checked_sub(header.len() as u64).ok_or_else(|| {
+                ApiError::invalid(
+                    "location",
+                    Code::InvalidValue,
+                    format!("The weight files' headers add up to more than the {HEADERS_LIMIT} bytes read of a folder."),
+                )
+            })?;
             write(dir.path(), &name, &header)?;
         }
     }
