@@ -84,8 +84,8 @@ pub struct ModelIdentity {
     /// SHA-256 (hex) over the SHA-256s of `config.json` and of each weight file, in
     /// load order.
     pub sha256: String,
-    /// SHA-256 (hex) over each of those files' name, length and modification time:
-    /// equal while none was replaced or rewritten.
+    /// SHA-256 (hex) over each of those files' name, length and modification time
+    /// (whole seconds): equal while none was replaced or rewritten.
     pub stamp: String,
 }
 

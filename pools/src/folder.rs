@@ -166,8 +166,10 @@ fn identity_files(dir: &Path) -> Result<Vec<PathBuf>, FolderError> {
     Ok(files)
 }
 
-/// A hash of each covered file's name, length and modification time: equal while no
-/// file was replaced or rewritten, read from the file system's metadata alone.
+/// A hash of each covered file's name, length and modification time (whole seconds:
+/// the API's machine and a trainer's may see the folder through mounts that keep times
+/// more or less finely): equal while no file was replaced or rewritten, read from the
+/// file system's metadata alone.
 pub fn stamp(dir: &Path) -> Result<String, FolderError> {
     let mut h = Sha256::new();
     for file in identity_files(dir)? {
@@ -176,7 +178,7 @@ pub fn stamp(dir: &Path) -> Result<String, FolderError> {
             .modified()
             .ok()
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-            .map_or(0, |d| d.as_nanos());
+            .map_or(0, |d| d.as_secs());
         let name = file.file_name().map(|n| n.to_string_lossy().into_owned());
         h.update(format!("{}\0{}\0{modified}\n", name.unwrap_or_default(), meta.len()).as_bytes());
     }

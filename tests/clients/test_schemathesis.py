@@ -118,10 +118,12 @@ def seed(service: Service) -> dict[str, list[str]]:
         assert time.monotonic() < deadline, "the keeper job did not pause"
         time.sleep(0.5)
     # Base models only `DELETE /admin/models/{id}` draws (the demo model stays: the
-    # paused keeper job trains on it, so removing it is refused anyway).
+    # paused keeper job trains on it, so removing it is refused anyway): the demo model's
+    # folder under other ids (registration checks a folder; removing one leaves it).
     spare_bases = [f"spare-base-{i}" for i in range(3)]
+    demo_folder = str(service.data_dir / "models" / DEMO_MODEL)
     for base in spare_bases:
-        service.admin("POST", "/admin/models", {"id": base, "location": f"s3://spare/{base}"})
+        service.admin("POST", "/admin/models", {"id": base, "location": demo_folder})
     tenant = "fuzzed-tenant"
     service.admin("POST", "/admin/tenants", {"id": tenant})
     for _ in range(3):
