@@ -107,15 +107,16 @@ pub(crate) async fn register(
     };
     let found = checked_location(&body.location, asked).await?;
     let (location, details, identity) = (found.location, Some(found.details), found.identity);
+    // What it is registered as: the folder as found now (its weights hashed again only
+    // where a file changed).
     if let Some(existing) = existing {
         if existing.location == location {
-            // The same folder again: its details as found now (its weights hashed again
-            // only where a file changed), a new display name if one is given; the id,
+            // The same folder again: a new display name if one is given; the id,
             // learning rate and registration time stay.
             let model = BaseModel {
                 display_name: body.display_name.or(existing.display_name.clone()),
-                details: details.or(existing.details.clone()),
-                identity: identity.or(existing.identity.clone()),
+                details,
+                identity,
                 chat_template,
                 ..existing.clone()
             };
@@ -134,14 +135,11 @@ pub(crate) async fn register(
         ));
     }
     let model = BaseModel {
-        id: body.id,
-        location,
-        base_learning_rate: rate,
-        created: records::now_seconds(),
         display_name: body.display_name,
         details,
         identity,
         chat_template,
+        ..BaseModel::new(&body.id, &location, rate)
     };
     records::model::register(&state.queue, &model).await?;
     Ok(HttpResponse::Created().json(crate::models::base(model)))
