@@ -19,6 +19,7 @@ use std::path::Path;
 use tokenizers::Tokenizer;
 use tuneq_openapi::ChatTemplateChoice;
 
+use super::answer::{TurnRenderings, answer_span};
 use super::chat::{Message, Role};
 use super::record::Record;
 use super::template::{ChatTemplate, Growth, TemplateKind};
@@ -500,7 +501,13 @@ impl Encoder {
             let through = self
                 .template
                 .render_with_tools(&messages[..=i], tools, false)?;
-            if let Some(span) = answer_span(full, &before, &through, &closing, i)? {
+            let turn = TurnRenderings {
+                full,
+                before: &before,
+                through: &through,
+                closing: &closing,
+            };
+            if let Some(span) = answer_span(&turn, i)? {
                 spans.push(span);
             }
         }
@@ -531,7 +538,13 @@ impl Encoder {
             if message.is_trained() {
                 let before = template.render(&messages[..i], true).ok()?;
                 let through = template.render(&messages[..=i], false).ok()?;
-                if let Some(span) = answer_span(&text, &before, &through, "", i).ok()? {
+                let turn = TurnRenderings {
+                    full: &text,
+                    before: &before,
+                    through: &through,
+                    closing: "",
+                };
+                if let Some(span) = answer_span(&turn, i).ok()? {
                     spans.push(span);
                 }
             }
@@ -559,40 +572,6 @@ impl Encoder {
         let full = template.render(messages, false).ok()?;
         (full == text).then_some((text, spans))
     }
-}
-
-/// The answer of assistant turn `i` within `full`, from the conversation rendered up to
-/// it with the generation prompt (`before`) and through it (`through`); None when the
-/// turn is empty after trimming trailing whitespace.
-///
-/// A template may close a conversation with text only its end keeps (Phi-3's write
-/// `eos_token` once no generation prompt follows): `closing`, what it writes for a
-/// conversation of no messages. Where `through` is not a prefix of `full` but ends with
-/// that closing, and is one without it, the answer is what it adds to `before` up to the
-/// closing (the last turn, whose `through` is `full`, keeps it). Any other difference (a
-/// template that rewrites earlier turns, as Qwen3's drops their reasoning) is refused.
-fn answer_span(
-    full: &str,
-    before: &str,
-    through: &str,
-    closing: &str,
-    i: usize,
-) -> Result<Option<Range<usize>>> {
-    let unclosed = match full.starts_with(through) {
-        true => Some(through),
-        false => through.strip_suffix(closing).filter(|open| {
-            !closing.is_empty() && full.starts_with(open) && full.ends_with(closing)
-        }),
-    };
-    let Some(through) = unclosed.filter(|t| t.starts_with(before)) else {
-        return Err(DataError::Template(format!(
-            "rendering is not prefix-stable at message {i}: the text before an \
-             assistant turn changes when later messages are added, so the \
-             answer cannot be located; choose a built-in template"
-        )));
-    };
-    let end = through.trim_end().len().max(before.len());
-    Ok((end > before.len()).then_some(before.len()..end))
 }
 
 /// The example of the first `keep` tokens of a text, labelled where `loss` says.

@@ -23,6 +23,7 @@
 //! Everything here is synchronous and pure apart from reading files; an [`Encoder`] is
 //! `Send + Sync`, so callers may encode from several threads.
 
+mod answer;
 mod chat;
 mod encoder;
 mod jsonl;
@@ -36,6 +37,7 @@ mod template;
 mod tokenizer_build;
 mod tools;
 
+pub use answer::common_prefix;
 pub use chat::{
     FunctionCall, MAX_MESSAGES, MAX_TOOLS, Message, Role, ToolCall, request_conversation,
 };

@@ -50,9 +50,9 @@ pub struct ChatTemplate {
     /// Messages rendered so far (a render of n messages counts n): the work encoding a
     /// chat costs, which tests bound (O(messages) per record, never O(messages²)).
     rendered_messages: AtomicU64,
-    /// Whether the template takes only tool-call ids of 9 letters or digits (Mistral's
-    /// raise on any other): learned once, by rendering a call with each kind of id.
-    short_call_ids: std::sync::OnceLock<bool>,
+    /// What the template needs tool calls to be given as (Mistral's take only 9-character
+    /// ids, Qwen3's first templates only string content): learned once, by probing.
+    call_shape: std::sync::OnceLock<CallShape>,
     /// Whether the template renders tools and tool calls itself (it reads `tool_calls`),
     /// as the Llama 3.1+, Qwen2.5, Mistral and Hermes templates do.
     handles_tools: bool,
@@ -244,7 +244,7 @@ impl ChatTemplate {
             eos_token: eos.to_string(),
             kind,
             rendered_messages: AtomicU64::new(0),
-            short_call_ids: std::sync::OnceLock::new(),
+            call_shape: std::sync::OnceLock::new(),
         })
     }
 
@@ -275,11 +275,12 @@ impl ChatTemplate {
     ) -> Result<String> {
         self.rendered_messages
             .fetch_add(messages.len() as u64 + 1, Ordering::Relaxed);
-        let shortened;
-        let messages = match self.wants_short_call_ids() && has_long_call_ids(messages) {
+        let adapted;
+        let shape = self.call_shape();
+        let messages = match shape.adapts(messages) {
             true => {
-                shortened = messages.iter().map(with_short_call_ids).collect::<Vec<_>>();
-                &shortened[..]
+                adapted = messages.iter().map(|m| shape.adapt(m)).collect::<Vec<_>>();
+                &adapted[..]
             }
             false => messages,
         };
@@ -318,16 +319,27 @@ impl ChatTemplate {
     /// (`call_` and 24 more) then reach it shortened ([`short_call_id`]), in training
     /// data and in the conversations sent to a fine-tuned model alike.
     pub fn wants_short_call_ids(&self) -> bool {
-        *self.short_call_ids.get_or_init(|| {
+        self.call_shape().short_ids
+    }
+
+    /// How tool calls must be given to the template: as OpenAI writes them where it takes
+    /// them so, else the first of the other shapes it takes (found by rendering a call in
+    /// each, once; a template that takes none gets them as given, and says why).
+    fn call_shape(&self) -> CallShape {
+        *self.call_shape.get_or_init(|| {
             if !self.handles_tools {
-                return false;
+                return CallShape::AS_GIVEN;
             }
-            let probe = |id: &str| {
+            let takes = |shape: &CallShape| {
+                let id = match shape.short_ids {
+                    true => "a1b2c3d4e",
+                    false => "call_0123456789abcdef01234567",
+                };
                 let call = ToolCall::function(id, "f", serde_json::json!({}));
                 let messages = [
                     Message::new(Role::User, "?"),
                     Message {
-                        content: None,
+                        content: shape.empty_content.then(String::new),
                         tool_calls: vec![call],
                         ..Message::new(Role::Assistant, "")
                     },
@@ -339,7 +351,10 @@ impl ChatTemplate {
                 let tools = [serde_json::json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}})];
                 self.render_as_given(&messages, &tools, true).is_ok()
             };
-            !probe("call_0123456789abcdef01234567") && probe("a1b2c3d4e")
+            CallShape::ALL
+                .into_iter()
+                .find(takes)
+                .unwrap_or(CallShape::AS_GIVEN)
         })
     }
 
@@ -483,16 +498,61 @@ fn has_long_call_ids(messages: &[Message]) -> bool {
     })
 }
 
-/// `message` with its call ids shortened ([`short_call_id`]).
-fn with_short_call_ids(message: &Message) -> Message {
-    let mut message = message.clone();
-    for call in &mut message.tool_calls {
-        call.id = short_call_id(&call.id);
+/// How a template needs tool calls given ([`ChatTemplate::call_shape`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct CallShape {
+    /// Ids as 9 letters or digits ([`short_call_id`]), as Mistral's templates take them.
+    short_ids: bool,
+    /// `""` for the content of a turn that only calls tools, where OpenAI writes null:
+    /// Qwen3's first templates test `'</think>' in message.content`, which null fails.
+    empty_content: bool,
+}
+
+impl CallShape {
+    const AS_GIVEN: Self = Self {
+        short_ids: false,
+        empty_content: false,
+    };
+
+    /// The shapes to try, OpenAI's own first.
+    const ALL: [Self; 4] = [
+        Self::AS_GIVEN,
+        Self {
+            short_ids: true,
+            empty_content: false,
+        },
+        Self {
+            short_ids: false,
+            empty_content: true,
+        },
+        Self {
+            short_ids: true,
+            empty_content: true,
+        },
+    ];
+
+    /// Whether any of `messages` is given otherwise in this shape.
+    fn adapts(&self, messages: &[Message]) -> bool {
+        (self.short_ids && has_long_call_ids(messages))
+            || (self.empty_content && messages.iter().any(|m| m.content.is_none()))
     }
-    if let Some(id) = &mut message.tool_call_id {
-        *id = short_call_id(id);
+
+    /// `message` in this shape.
+    fn adapt(&self, message: &Message) -> Message {
+        let mut message = message.clone();
+        if self.short_ids {
+            for call in &mut message.tool_calls {
+                call.id = short_call_id(&call.id);
+            }
+            if let Some(id) = &mut message.tool_call_id {
+                *id = short_call_id(id);
+            }
+        }
+        if self.empty_content && message.content.is_none() {
+            message.content = Some(String::new());
+        }
+        message
     }
-    message
 }
 
 /// A call id as 9 letters or digits: its last 9 letters and digits (as vLLM shortens

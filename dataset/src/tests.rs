@@ -531,7 +531,7 @@ fn multi_turn_chat_labels_every_assistant_turn() {
 /// Phi-3's template closes a conversation with `eos_token` once no generation prompt
 /// follows: each earlier turn's rendering ends with it where the whole one goes on. The
 /// answers are still located (the closing is the conversation's, trained with the last
-/// one); a template that rewrites an earlier turn (Qwen3's drops its reasoning) is not.
+/// one); a template that rewrites an earlier answer's own text is not.
 #[test]
 fn a_template_that_closes_the_conversation_labels_every_turn() {
     // Phi-3's, with the tiny tokenizer's own end-of-turn token for `<|end|>`.
@@ -886,4 +886,29 @@ fn encoder_can_be_shared_between_threads() {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<Encoder>();
     assert_send_sync::<ChatTemplate>();
+}
+
+/// A template that fails on the null content of a turn that only calls tools (Qwen3's
+/// first: `'</think>' in message.content`) is handed `""` there; one that takes null gets
+/// null.
+#[test]
+fn null_call_content_is_given_as_empty_only_to_a_template_that_needs_it() {
+    let strict = "{% for m in messages %}{% if m.role == 'assistant' %}{% if '</think>' in m.content %}R{% endif %}[{{ m.content }}]{% for c in m.tool_calls %}<{{ c.function.name }}>{% endfor %}{% else %}{{ m.content }}{% endif %}{% endfor %}";
+    let lenient = "{% for m in messages %}{% if m.role == 'assistant' %}[{{ m.content is none }}]{% for c in m.tool_calls %}<{{ c.function.name }}>{% endfor %}{% else %}{{ m.content }}{% endif %}{% endfor %}";
+    let messages = [
+        Message::new(Role::User, "?"),
+        Message {
+            content: None,
+            tool_calls: vec![crate::chat::ToolCall::function(
+                "call_0",
+                "f",
+                serde_json::json!({}),
+            )],
+            ..Message::new(Role::Assistant, "")
+        },
+    ];
+    let t = ChatTemplate::from_jinja(strict, "", "").expect("compile");
+    assert_eq!(t.render(&messages, false).expect("render"), "?[]<f>");
+    let t = ChatTemplate::from_jinja(lenient, "", "").expect("compile");
+    assert_eq!(t.render(&messages, false).expect("render"), "?[True]<f>");
 }

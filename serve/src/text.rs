@@ -10,7 +10,7 @@
 //! one is held back until it is known not to be, so a stream never shows a client what
 //! the whole answer leaves out.
 
-use tuneq_dataset::Encoder;
+use tuneq_dataset::{Encoder, common_prefix};
 
 /// Decodes ids incrementally.
 #[derive(Debug, Default)]
@@ -44,14 +44,6 @@ impl Detokenizer {
         self.read = self.ids.len();
         Ok(piece)
     }
-}
-
-/// The length of the longest common prefix of `a` and `b`, at a character boundary.
-fn common_prefix(a: &str, b: &str) -> usize {
-    a.char_indices()
-        .zip(b.chars())
-        .find(|((_, ca), cb)| ca != cb)
-        .map_or(a.len().min(b.len()), |((i, _), _)| i)
 }
 
 /// Why the text ended, when it did.
@@ -260,11 +252,5 @@ mod tests {
         let mut w = StopText::new(vec!["é!".into()], vec![]);
         assert_eq!(w.push("café"), "caf");
         assert_eq!(w.push("?"), "é?");
-    }
-
-    #[test]
-    fn common_prefix_stops_at_a_character_boundary() {
-        assert_eq!(common_prefix("abé", "abè"), 2);
-        assert_eq!(common_prefix("ab", "abc"), 2);
     }
 }

@@ -10,7 +10,9 @@ rendered text, the token ids and the labels. transformers renders the same conve
 with `apply_chat_template` and the same template source, and the labels are rebuilt
 independently from transformers' renderings: a token takes loss where it overlaps an
 assistant turn, i.e. the text between the conversation rendered up to that turn with the
-generation prompt and the conversation rendered through it (trailing whitespace trimmed).
+generation prompt and the conversation rendered through it (trailing whitespace trimmed),
+found in the whole conversation's text by the rules of `answer_in` where a template renders
+an earlier answer otherwise once later turns follow (Phi-3, Qwen3, Mistral).
 """
 
 from __future__ import annotations
@@ -64,11 +66,77 @@ def closing_of(tok, source: str | None, tools: list | None) -> str:
         return ""
 
 
+# What opens and closes the reasoning block that Qwen3's and DeepSeek-R1's templates drop
+# from an earlier answer once a later user turn follows.
+REASONING_BLOCK = ("<think>", "</think>")
+
+
+def answer_forms(answer: str) -> list[str]:
+    """The answer as rendered last, then without a reasoning block it opens with (and each
+    amount of the whitespace after it, longest first)."""
+    forms = [answer]
+    opening, closing = REASONING_BLOCK
+    opened = answer.lstrip()
+    if opened.startswith(opening) and closing in opened[len(opening):]:
+        after = opened[len(opening):].split(closing, 1)[1]
+        spaces = len(after) - len(after.lstrip())
+        forms += [after[k:] for k in range(spaces + 1)]
+    return forms
+
+
+def common_prefix(a: str, b: str) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def answer_in_through(before: str, through: str, i: int) -> tuple[int, str]:
+    """Where turn i's answer starts in `through`, and its text: what `through` adds to
+    `before`, or, where the template moves text out of the rendering up to the turn once
+    the turn follows (Mistral's system message), what follows the longest end of `before`
+    that `through` holds right where the two part."""
+    if through.startswith(before):
+        return len(before), through[len(before):]
+    parted = common_prefix(before, through)
+    rest = before[parted:]
+    kept = [k for k in range(len(rest), 0, -1) if through[parted:parted + k] == rest[len(rest) - k:]]
+    assert kept, f"message {i}: the rendering through it holds no end of the one before it"
+    return parted + kept[0], through[parted + kept[0]:]
+
+
+def answer_in(text: str, before: str, through: str, closing: str, i: int) -> tuple[int, str]:
+    """Where turn i's answer starts in the whole conversation's text, and the text it has
+    there: where `through` has it (`answer_in_through`) if `through` opens `text`; up to
+    the template's closing where only `text` goes on without it (Phi-3); else at the first
+    place after where `before` and `text` part at which `text` holds an end of `before` (a
+    system message moved to the last user turn, Mistral) and then the answer, or the answer
+    without its reasoning block (Qwen3)."""
+    at, answer = answer_in_through(before, through, i)
+    if text.startswith(through):
+        return at, answer
+    if closing and answer.endswith(closing) and text.endswith(closing) \
+            and text.startswith(through[:-len(closing)]):
+        return at, answer[:-len(closing)]
+    parted = common_prefix(before, text)
+    rest = before[parted:]
+    found = []
+    for form in answer_forms(answer):
+        if not form.strip():
+            continue
+        starts = [parted + k for k in range(len(rest) + 1)
+                  if rest.endswith(text[parted:parted + k]) and text.startswith(form, parted + k)]
+        if starts:
+            found.append((starts[0], form))
+    assert found, f"message {i}: the answer is not in the whole conversation's rendering"
+    return min(found, key=lambda f: f[0])
+
+
 def expected_labels(tok, source: str, messages: list, text: str, tools: list | None = None) -> list[int]:
     """Loss on the assistant turns not weighted 0, from transformers' renderings alone.
     A turn's answer is what the conversation rendered through it adds to the one
-    rendered up to it with the generation prompt; a rendering through an earlier turn
-    that ends with the template's closing (see `closing_of`) is compared without it."""
+    rendered up to it with the generation prompt, found in the whole conversation's
+    text by `answer_in`'s rules; trailing whitespace takes no loss."""
     def render(upto, **kw):
         return tok.apply_chat_template(messages[:upto], tools=tools or None, chat_template=source,
                                        tokenize=False, **kw)
@@ -78,37 +146,23 @@ def expected_labels(tok, source: str, messages: list, text: str, tools: list | N
     for i, message in enumerate(messages):
         if message["role"] != "assistant" or message.get("weight") == 0 or i == 0:
             continue
-        before = render(i, add_generation_prompt=True)
-        through = render(i + 1)
-        if not text.startswith(through) and closing and through.endswith(closing) \
-                and text.endswith(closing):
-            through = through[:-len(closing)]
-        assert text.startswith(through) and through.startswith(before), \
-            f"template is not prefix-stable at message {i}"
-        end = max(len(through.rstrip()), len(before))
-        if end > len(before):
-            spans.append((len(before), end))
+        start, answer = answer_in(text, render(i, add_generation_prompt=True), render(i + 1),
+                                  closing, i)
+        end = start + len(answer.rstrip())
+        if end > start:
+            spans.append((start, end))
     encoding = tok(text, add_special_tokens=False, return_offsets_mapping=True)
     return [token if any(start < e and end > s for s, e in spans) else -100
             for token, (start, end) in zip(encoding["input_ids"], encoding["offset_mapping"])]
 
 
 # Combinations that are not compared: Qwen3's tokenizer has no BOS, which Llama 2's
-# template requires (transformers raises); and Qwen3's own template drops the <think> block
-# of an assistant turn once a later user turn follows, so it is not prefix-stable on the
-# multi-turn task files, which tuneq refuses with a clear error (see README: a built-in
-# template, or data with one answer per example, trains Qwen3 today).
-# Mistral NeMo's own template writes the system message into the last user turn, so a
-# conversation that ends with an answer renders without it, and the text before that answer
-# is not a prefix of the whole: not prefix-stable on the task files' records with a system
-# message, which tuneq refuses with the same clear error (alpaca.jsonl has none: compared).
-# Gemma 2's package ships no chat template: transformers has none to render with, and tuneq's
-# `model` falls back to ChatML, which the `chatml` cases compare.
-NOT_COMPARED = {("qwen3_tokenizer", "llama2"), ("qwen3_tokenizer", "model", "tiny-task-train.jsonl"),
-                ("qwen3_tokenizer", "model", "tiny-task-val.jsonl"),
-                ("mistral_nemo_tokenizer", "model", "tiny-task-train.jsonl"),
-                ("mistral_nemo_tokenizer", "model", "tiny-task-val.jsonl"),
-                ("gemma2_tokenizer", "model")}
+# template requires (transformers raises). Gemma 2's package ships no chat template:
+# transformers has none to render with, and tuneq's `model` falls back to ChatML, which the
+# `chatml` cases compare. (Qwen3's own template, which drops an earlier answer's <think>
+# block, and Mistral NeMo's, which moves the system message to the last user turn, are
+# compared on every file: `answer_in` finds their earlier answers.)
+NOT_COMPARED = {("qwen3_tokenizer", "llama2"), ("gemma2_tokenizer", "model")}
 CASES = [(m, d, t) for m in MODELS for d in DATASETS for t in TEMPLATES
          if (m, t) not in NOT_COMPARED and (m, t, d) not in NOT_COMPARED]
 
