@@ -678,7 +678,8 @@ pub struct ModelDetails {
     /// Its family: `config.json`'s `model_type` (`llama`, `qwen2`, `qwen3`, `mistral`,
     /// `gemma2`, `gemma3_text`, `phi3`).
     pub architecture: String,
-    /// Parameters of its embedding, head and projections.
+    /// Its parameters, every tensor of its weights counted once (a tied head is the
+    /// embedding), as transformers' `num_parameters()` counts them.
     pub parameters: u64,
     /// The longest sequence it was trained for (`max_position_embeddings`).
     pub context_length: u64,

@@ -209,6 +209,7 @@ fn estimate(args: EstimateArgs) -> Result<ExitCode> {
     println!(
         "{}",
         serde_json::to_string_pretty(&serde_json::json!({
+            "parameters": shape.parameters(),
             "cpu": cpu,
             "gpu": {
                 "total_mib": mib(gpu.bytes),

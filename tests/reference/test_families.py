@@ -220,3 +220,20 @@ def test_a_training_run_takes_the_fused_kernels(tuneq, tiny_model, chat_dataset,
                         / "trainer_state.json").read_text())
     assert state["compute"]["path"] == "cpu-fused", state["compute"]
     assert (tmp_path / "out" / "adapter_model.safetensors").exists()
+
+
+@pytest.mark.parametrize("family", ["llama"] + TRAINED + ["real_model", "real_qwen2", "real_gemma3"])
+def test_parameters_are_counted_as_transformers_counts_them(request, tuneq, tiny_model, tmp_path,
+                                                             family):
+    """`tuneq model estimate` (and a registered model's `details.parameters`, the same
+    count) against `num_parameters()` of the model transformers loads: biases, norms and
+    a tied head (counted once) included; on each tiny family and the real models."""
+    if family.startswith("real_"):
+        model_dir = request.getfixturevalue(family)
+    elif family == "llama":
+        model_dir = tiny_model
+    else:
+        model_dir = build_family(family, tmp_path / family, tiny_model)
+    counted = json.loads(tuneq.run("model", "estimate", "--model", model_dir).stdout)
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir))
+    assert counted["parameters"] == model.num_parameters(), family

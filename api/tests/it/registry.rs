@@ -96,11 +96,11 @@ async fn a_registered_model_is_listed_and_fine_tuned() {
     // What a user needs to choose it, as its folder showed at registration.
     let details = &model["details"];
     assert_eq!(details["architecture"], "llama", "{model}");
-    // Embedding, head and 2 × (q, k, v, o, gate, up, down).
-    let per_layer = 64 * 64 * 2 + 64 * 32 * 2 + 64 * 128 * 3;
+    // Embedding, head, the final norm and 2 × (q, k, v, o, gate, up, down, two norms).
+    let per_layer = 64 * 64 * 2 + 64 * 32 * 2 + 64 * 128 * 3 + 2 * 64;
     assert_eq!(
         details["parameters"],
-        2 * 256 * 64 + 2 * per_layer,
+        2 * 256 * 64 + 64 + 2 * per_layer,
         "{model}"
     );
     assert_eq!(details["context_length"], 512, "{model}");

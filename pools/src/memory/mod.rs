@@ -151,17 +151,14 @@ impl ModelShape {
         })
     }
 
-    /// Parameters of the whole model.
+    /// Parameters of the whole model: every tensor its weight files hold
+    /// ([`ModelShape::expected_tensors`]: embedding, projections and their biases, norms,
+    /// head unless tied), as transformers' `num_parameters()` counts them.
     pub fn parameters(&self) -> u64 {
-        let per_layer: u64 = self
-            .architecture()
-            .projections()
+        self.expected_tensors()
             .iter()
-            .filter_map(|p| self.projection(p))
-            .map(|(i, o)| i * o)
-            .sum();
-        let matrices = if self.tie_word_embeddings { 1 } else { 2 };
-        per_layer * self.num_hidden_layers + matrices * self.vocab_size * self.hidden_size
+            .map(|t| t.shape.iter().product::<u64>())
+            .sum()
     }
 
     /// Bytes per weight in its files (4 unless `torch_dtype` says a 16-bit type).
