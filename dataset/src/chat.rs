@@ -7,6 +7,7 @@
 //! turned into tools (`function_call` → one tool call with a generated id, a `function`
 //! message → a `tool` message answering it).
 
+use crate::echoed::{echoed_fields, echoed_keys, is_echoed};
 use crate::problems::{FieldProblem, kind};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -65,6 +66,10 @@ pub struct Message {
     /// OpenAI's `weight` on an assistant turn: 0 takes no loss on it, 1 (or none) does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight: Option<u8>,
+    /// The reasoning an assistant turn opened with (see [`crate::echoed`]), passed to the
+    /// template, which writes it where it writes reasoning (Qwen3's `<think>` block).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 impl Message {
@@ -77,6 +82,7 @@ impl Message {
             tool_calls: Vec::new(),
             tool_call_id: None,
             weight: None,
+            reasoning_content: None,
         }
     }
 
@@ -489,13 +495,12 @@ fn message(
     problems: &mut Vec<FieldProblem>,
 ) -> Option<Message> {
     let before = problems.len();
-    for key in m.keys().filter(|k| !MESSAGE_KEYS.contains(&k.as_str())) {
+    let known = |k: &str| MESSAGE_KEYS.contains(&k) || is_echoed(k);
+    for key in m.keys().filter(|k| !known(k)) {
+        let keys: Vec<&str> = MESSAGE_KEYS.into_iter().chain(echoed_keys()).collect();
         problems.push((
             format!("{at}.{key}"),
-            format!(
-                "unknown key; a message has only {}",
-                MESSAGE_KEYS.join(", ")
-            ),
+            format!("unknown key; a message has only {}", keys.join(", ")),
         ));
     }
     let (role, legacy_function) = role(m, at, problems)?;
@@ -519,6 +524,7 @@ fn message(
     );
     let calls_tools = tool_calls.as_ref().is_some_and(|c| !c.is_empty());
     let content = content(m, role, calls_tools, at, problems);
+    let reasoning_content = echoed_fields(m, role, at, problems);
     if problems.len() != before {
         return None;
     }
@@ -529,6 +535,7 @@ fn message(
         tool_calls: tool_calls.unwrap_or_default(),
         tool_call_id,
         weight,
+        reasoning_content,
     })
 }
 

@@ -350,7 +350,7 @@ impl Encoder {
                 ..
             } => {
                 let mut chosen = messages.clone();
-                chosen.push(preferred.clone());
+                chosen.push(Message::clone(preferred));
                 return self.with_tools(chosen, tools);
             }
             Record::Alpaca {

@@ -25,6 +25,7 @@
 
 mod answer;
 mod chat;
+mod echoed;
 mod encoder;
 mod jsonl;
 mod preference;

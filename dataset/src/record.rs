@@ -47,10 +47,11 @@ pub enum Record {
         messages: Vec<Message>,
         /// The tools the answers may call, as for [`Record::Chat`].
         tools: Vec<Value>,
-        /// The answer to prefer (an assistant message).
-        preferred: Message,
+        /// The answer to prefer (an assistant message; boxed, as the variant is the
+        /// largest).
+        preferred: Box<Message>,
         /// The answer to prefer less.
-        rejected: Message,
+        rejected: Box<Message>,
     },
 }
 
@@ -116,8 +117,8 @@ pub(crate) fn from_object(
              }| Record::Preference {
                 messages,
                 tools,
-                preferred,
-                rejected,
+                preferred: Box::new(preferred),
+                rejected: Box::new(rejected),
             },
         ),
         DatasetFormat::PromptCompletion => {

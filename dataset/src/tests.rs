@@ -562,42 +562,6 @@ fn a_template_that_closes_the_conversation_labels_every_turn() {
     ));
 }
 
-/// A template that takes only 9-character call ids (as Mistral's) gets OpenAI's ids
-/// shortened, a call and its result alike; one that takes any id gets them as given.
-#[test]
-fn call_ids_are_shortened_only_for_a_template_that_wants_them_so() {
-    let nine = "{% for m in messages %}{% if m.tool_calls %}{% for c in m.tool_calls %}{% if c.id|length != 9 %}{{ raise_exception('ids are 9 characters') }}{% endif %}[CALL {{ c.id }}]{% endfor %}{% elif m.role == 'tool' %}{% if m.tool_call_id|length != 9 %}{{ raise_exception('ids are 9 characters') }}{% endif %}[RESULT {{ m.tool_call_id }}]{% else %}{{ m.content }}{% endif %}{% endfor %}";
-    let any = nine
-        .replace("{% if c.id|length != 9 %}{{ raise_exception('ids are 9 characters') }}{% endif %}", "")
-        .replace("{% if m.tool_call_id|length != 9 %}{{ raise_exception('ids are 9 characters') }}{% endif %}", "");
-    let call = |id: &str| crate::chat::ToolCall::function(id, "f", serde_json::json!({}));
-    let messages = [
-        Message::new(Role::User, "?"),
-        Message {
-            content: None,
-            tool_calls: vec![call("call_Xy7_0123456789abcdefghij"), call("call_0")],
-            ..Message::new(Role::Assistant, "")
-        },
-        Message {
-            tool_call_id: Some("call_Xy7_0123456789abcdefghij".into()),
-            ..Message::new(Role::Tool, "{}")
-        },
-    ];
-    let t = ChatTemplate::from_jinja(nine, "", "").expect("compile");
-    assert!(t.wants_short_call_ids());
-    assert_eq!(
-        t.render(&messages, false).expect("render"),
-        "?[CALL bcdefghij][CALL 0000call0][RESULT bcdefghij]"
-    );
-    let t = ChatTemplate::from_jinja(&any, "", "").expect("compile");
-    assert!(!t.wants_short_call_ids());
-    assert!(
-        t.render(&messages, false)
-            .expect("render")
-            .contains("[CALL call_0]")
-    );
-}
-
 #[test]
 fn alpaca_records_become_a_chat() {
     let record = Record::Alpaca {
@@ -886,29 +850,4 @@ fn encoder_can_be_shared_between_threads() {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<Encoder>();
     assert_send_sync::<ChatTemplate>();
-}
-
-/// A template that fails on the null content of a turn that only calls tools (Qwen3's
-/// first: `'</think>' in message.content`) is handed `""` there; one that takes null gets
-/// null.
-#[test]
-fn null_call_content_is_given_as_empty_only_to_a_template_that_needs_it() {
-    let strict = "{% for m in messages %}{% if m.role == 'assistant' %}{% if '</think>' in m.content %}R{% endif %}[{{ m.content }}]{% for c in m.tool_calls %}<{{ c.function.name }}>{% endfor %}{% else %}{{ m.content }}{% endif %}{% endfor %}";
-    let lenient = "{% for m in messages %}{% if m.role == 'assistant' %}[{{ m.content is none }}]{% for c in m.tool_calls %}<{{ c.function.name }}>{% endfor %}{% else %}{{ m.content }}{% endif %}{% endfor %}";
-    let messages = [
-        Message::new(Role::User, "?"),
-        Message {
-            content: None,
-            tool_calls: vec![crate::chat::ToolCall::function(
-                "call_0",
-                "f",
-                serde_json::json!({}),
-            )],
-            ..Message::new(Role::Assistant, "")
-        },
-    ];
-    let t = ChatTemplate::from_jinja(strict, "", "").expect("compile");
-    assert_eq!(t.render(&messages, false).expect("render"), "?[]<f>");
-    let t = ChatTemplate::from_jinja(lenient, "", "").expect("compile");
-    assert_eq!(t.render(&messages, false).expect("render"), "?[True]<f>");
 }

@@ -141,7 +141,7 @@ fn characters(record: &Record) -> usize {
             ..
         } => messages
             .iter()
-            .chain([preferred, rejected])
+            .chain([&**preferred, &**rejected])
             .map(|m| m.text().chars().count())
             .sum(),
     }

@@ -322,3 +322,104 @@ fn malformed_preference_pairs_are_refused_naming_the_field() {
         );
     }
 }
+
+/// A template that takes only 9-character call ids (as Mistral's) gets OpenAI's ids
+/// shortened, a call and its result alike; one that takes any id gets them as given.
+#[test]
+fn call_ids_are_shortened_only_for_a_template_that_wants_them_so() {
+    let nine = "{% for m in messages %}{% if m.tool_calls %}{% for c in m.tool_calls %}{% if c.id|length != 9 %}{{ raise_exception('ids are 9 characters') }}{% endif %}[CALL {{ c.id }}]{% endfor %}{% elif m.role == 'tool' %}{% if m.tool_call_id|length != 9 %}{{ raise_exception('ids are 9 characters') }}{% endif %}[RESULT {{ m.tool_call_id }}]{% else %}{{ m.content }}{% endif %}{% endfor %}";
+    let any = nine
+        .replace("{% if c.id|length != 9 %}{{ raise_exception('ids are 9 characters') }}{% endif %}", "")
+        .replace("{% if m.tool_call_id|length != 9 %}{{ raise_exception('ids are 9 characters') }}{% endif %}", "");
+    let call = |id: &str| crate::chat::ToolCall::function(id, "f", serde_json::json!({}));
+    let messages = [
+        Message::new(Role::User, "?"),
+        Message {
+            content: None,
+            tool_calls: vec![call("call_Xy7_0123456789abcdefghij"), call("call_0")],
+            ..Message::new(Role::Assistant, "")
+        },
+        Message {
+            tool_call_id: Some("call_Xy7_0123456789abcdefghij".into()),
+            ..Message::new(Role::Tool, "{}")
+        },
+    ];
+    let t = ChatTemplate::from_jinja(nine, "", "").expect("compile");
+    assert!(t.wants_short_call_ids());
+    assert_eq!(
+        t.render(&messages, false).expect("render"),
+        "?[CALL bcdefghij][CALL 0000call0][RESULT bcdefghij]"
+    );
+    let t = ChatTemplate::from_jinja(&any, "", "").expect("compile");
+    assert!(!t.wants_short_call_ids());
+    assert!(
+        t.render(&messages, false)
+            .expect("render")
+            .contains("[CALL call_0]")
+    );
+}
+
+/// A template that fails on the null content of a turn that only calls tools (Qwen3's
+/// first: `'</think>' in message.content`) is handed `""` there; one that takes null gets
+/// null.
+#[test]
+fn null_call_content_is_given_as_empty_only_to_a_template_that_needs_it() {
+    let strict = "{% for m in messages %}{% if m.role == 'assistant' %}{% if '</think>' in m.content %}R{% endif %}[{{ m.content }}]{% for c in m.tool_calls %}<{{ c.function.name }}>{% endfor %}{% else %}{{ m.content }}{% endif %}{% endfor %}";
+    let lenient = "{% for m in messages %}{% if m.role == 'assistant' %}[{{ m.content is none }}]{% for c in m.tool_calls %}<{{ c.function.name }}>{% endfor %}{% else %}{{ m.content }}{% endif %}{% endfor %}";
+    let messages = [
+        Message::new(Role::User, "?"),
+        Message {
+            content: None,
+            tool_calls: vec![crate::chat::ToolCall::function(
+                "call_0",
+                "f",
+                serde_json::json!({}),
+            )],
+            ..Message::new(Role::Assistant, "")
+        },
+    ];
+    let t = ChatTemplate::from_jinja(strict, "", "").expect("compile");
+    assert_eq!(t.render(&messages, false).expect("render"), "?[]<f>");
+    let t = ChatTemplate::from_jinja(lenient, "", "").expect("compile");
+    assert_eq!(t.render(&messages, false).expect("render"), "?[True]<f>");
+}
+
+/// What OpenAI's answers carry besides content and calls, which its SDK sends back with
+/// an appended answer, is accepted on an assistant message (its reasoning kept for the
+/// template) and refused elsewhere or of another type, the field named.
+#[test]
+fn an_echoed_answer_is_taken_back_and_misplaced_fields_are_named() {
+    let request = |messages: serde_json::Value| {
+        let obj = json!({ "messages": messages });
+        crate::request_conversation(obj.as_object().expect("object"))
+    };
+    let echoed = json!({"role": "assistant", "content": "Two.", "refusal": null,
+                        "annotations": [], "audio": null, "reasoning_content": "1 + 1"});
+    let conversation = request(json!([{"role": "user", "content": "1 + 1?"}, echoed]))
+        .expect("an echoed answer is taken");
+    assert_eq!(
+        conversation.messages[1].reasoning_content.as_deref(),
+        Some("1 + 1")
+    );
+    let problems = request(json!([
+        {"role": "user", "content": "?", "refusal": null},
+        {"role": "assistant", "content": "!", "refusal": 3, "annotations": {}},
+    ]))
+    .expect_err("refused");
+    let fields: Vec<&str> = problems.iter().map(|(field, _)| field.as_str()).collect();
+    assert_eq!(
+        fields,
+        [
+            "messages[0].refusal",
+            "messages[1].refusal",
+            "messages[1].annotations"
+        ]
+    );
+    // A template that reads the reasoning gets it.
+    let reads = "{% for m in messages %}{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}{{ m.content }}{% endfor %}";
+    let t = ChatTemplate::from_jinja(reads, "", "").expect("compile");
+    assert_eq!(
+        t.render(&conversation.messages, false).expect("render"),
+        "1 + 1?<think>1 + 1</think>Two."
+    );
+}
