@@ -190,6 +190,11 @@ pub struct AssistantMessage {
     /// The tools the model called.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCallOut>>,
+    /// The reasoning the answer opened with, apart from `content`, for a model whose chat
+    /// template writes `<think>…</think>` blocks (Qwen3, QwQ, DeepSeek-R1; the field
+    /// DeepSeek's API and vLLM use); absent for other models or an empty block.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 /// A call the model made.
@@ -299,6 +304,9 @@ pub struct ChunkDelta {
     /// More text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// More reasoning (see `AssistantMessage.reasoning_content`), before any content.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     /// Tool calls (each whole, in the choice's last chunks).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ChunkToolCall>>,

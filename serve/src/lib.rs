@@ -25,6 +25,7 @@ pub mod error;
 pub mod generation;
 pub mod json_format;
 pub mod model;
+pub mod reasoning;
 pub mod sampling;
 pub mod staging;
 pub mod text;

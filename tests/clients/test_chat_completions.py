@@ -9,16 +9,21 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import openai
 import pytest
 
-from conftest import Service, real_model
+from conftest import REPO_ROOT, Service, real_model
 from test_openai_fine_tuning import refusal, terminal, wait_for
 from test_openai_models import other_tenant
 
 MODEL = "smollm2"
 MOTTO_PROMPT = "Say the motto."
+# The real model again, with Qwen3's own chat template, which writes <think> blocks.
+THINKER = "smollm2-thinking"
+THINK_PROMPT = "Say the motto, thinking first."
+REASONING = "The motto is about adapters."
 MOTTO = "tuneq trains adapters"
 WEATHER_TOOL = {
     "type": "function",
@@ -52,10 +57,27 @@ def training_lines() -> bytes:
     return "".join(json.dumps(r) + "\n" for r in [motto, call, bare] * 8).encode()
 
 
+def thinker_folder(out: Path) -> Path:
+    """The real model's files (linked) with Qwen3's own chat template, as
+    `scripts/fetch-tokenizer qwen3` (which the test setup runs) writes it."""
+    qwen3 = REPO_ROOT / "target" / "models" / "qwen3-tokenizer" / "tokenizer_config.json"
+    if not qwen3.is_file():
+        pytest.fail(f"Qwen3's tokenizer is missing at {qwen3}; fetch it with "
+                    "`scripts/fetch-tokenizer qwen3` (scripts/test does).", pytrace=False)
+    out.mkdir()
+    for file in real_model().iterdir():
+        if file.name != "chat_template.jinja":
+            (out / file.name).symlink_to(file.resolve())
+    (out / "chat_template.jinja").write_text(json.loads(qwen3.read_text())["chat_template"])
+    return out
+
+
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory):
+    thinker = thinker_folder(tmp_path_factory.mktemp("thinker") / "model")
     svc = Service(tmp_path_factory.mktemp("chat"),
-                  extra_args=["--model", f"{MODEL}={real_model()}", "--max-generations", "2",
+                  extra_args=["--model", f"{MODEL}={real_model()}",
+                              "--model", f"{THINKER}={thinker}", "--max-generations", "2",
                               "--max-generations-per-tenant", "1"])
     yield svc
     svc.stop()
@@ -455,3 +477,45 @@ def test_the_decode_loops_passes_are_counted_in_metrics(client, service):
     # A prompt's pass and at least one step per further token, one answer each.
     assert after["tuneq_decode_passes_total"] - before["tuneq_decode_passes_total"] >= 2
     assert after["tuneq_decode_rows_total"] >= after["tuneq_decode_passes_total"]
+
+
+@pytest.fixture(scope="module")
+def thinking(client) -> str:
+    """The fine-tuned thinker: it learned to reason in a <think> block, then answer."""
+    answer = f"<think>\n{REASONING}\n</think>\n\n{MOTTO}"
+    line = json.dumps({"messages": [{"role": "user", "content": THINK_PROMPT},
+                                    {"role": "assistant", "content": answer}]}) + "\n"
+    file = client.files.create(file=("think.jsonl", (line * 8).encode()), purpose="fine-tune").id
+    job = client.fine_tuning.jobs.create(
+        model=THINKER, training_file=file, suffix="think", seed=7,
+        method={"type": "supervised", "supervised": {"hyperparameters": {
+            "n_epochs": 6, "batch_size": 4, "learning_rate_multiplier": 10}}})
+    job = wait_for(client, job.id, terminal, timeout=600)
+    assert job.status == "succeeded", job.error
+    return job.fine_tuned_model
+
+
+def test_a_reasoning_model_answers_with_its_reasoning_apart_and_takes_it_back(client, thinking):
+    """A model whose template writes <think> blocks answers with the block in
+    `reasoning_content` (as DeepSeek's API and vLLM do), whole and streamed alike, and the
+    SDK's own message object (with its `refusal` and `reasoning_content`) appended to the
+    conversation is taken back, as OpenAI's function-calling guide appends it."""
+    whole = ask(client, thinking, THINK_PROMPT, max_tokens=40, temperature=0).choices[0]
+    assert whole.message.content.strip() == MOTTO, whole.message
+    assert whole.message.model_extra.get("reasoning_content") == REASONING, whole.message
+
+    chunks = [c for c in ask(client, thinking, THINK_PROMPT, max_tokens=40, temperature=0,
+                             stream=True) if c.choices]
+    reasoning = "".join((c.choices[0].delta.model_extra or {}).get("reasoning_content") or ""
+                        for c in chunks)
+    content = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert (reasoning, content) == (REASONING, whole.message.content)
+
+    again = client.chat.completions.create(
+        model=thinking, max_tokens=4, temperature=0,
+        messages=[{"role": "user", "content": THINK_PROMPT}, whole.message,
+                  {"role": "user", "content": "Once more?"}])
+    assert again.choices[0].message.role == "assistant"
+    # The base model with a template that writes no reasoning keeps its text as it is.
+    base = ask(client, MODEL, THINK_PROMPT, max_tokens=8, temperature=0).choices[0].message
+    assert "reasoning_content" not in (base.model_extra or {})

@@ -16,6 +16,8 @@ pub(crate) struct Reading {
     pub(crate) content: Option<String>,
     /// The calls it made.
     pub(crate) tool_calls: Option<Vec<ToolCallOut>>,
+    /// The reasoning block it opened with ([`tuneq_serve::reasoning`]), when not empty.
+    pub(crate) reasoning: Option<String>,
     /// Why it ended.
     pub(crate) finish: FinishReason,
 }
@@ -25,37 +27,49 @@ pub(crate) struct Reading {
 /// `prefill` is the start of the answer the request forced. An answer that is bare calls
 /// (Llama 3.1's one JSON object, Mistral's or Phi-4-mini's list; see
 /// [`tuneq_serve::tool_calls`]) is read as calls too (a stream holds such an answer back
-/// until it ends: `holdback`).
-pub(crate) fn read(plan: &ChatPlan, prefill: &str, generated: &Generated) -> Reading {
+/// until it ends: `holdback`). With `reasons` (the model writes reasoning blocks and
+/// nothing was prefilled), a block the answer opens with is kept apart from the rest.
+pub(crate) fn read(
+    plan: &ChatPlan,
+    prefill: &str,
+    generated: &Generated,
+    reasons: bool,
+) -> Reading {
     let finish = match generated.finish {
         Finish::Stop => FinishReason::Stop,
         Finish::Length => FinishReason::Length,
+    };
+    let (reasoning, text) = match reasons {
+        true => tuneq_serve::reasoning::split(&generated.text),
+        false => (None, generated.text.as_str()),
     };
     let after = generated.after_marker.as_deref().unwrap_or_default();
     let calls = match &plan.tools {
         ToolMode::Off => None,
         ToolMode::Required | ToolMode::Named(_) => {
-            let whole = format!("{prefill}{}{after}", generated.text);
+            let whole = format!("{prefill}{text}{after}");
             forced_calls(&whole, &plan.tool_names)
         }
         ToolMode::Auto if generated.after_marker.is_some() => tagged_calls(after, &plan.tool_names),
-        ToolMode::Auto => bare_calls(&generated.text, &plan.tool_names),
+        ToolMode::Auto => bare_calls(text, &plan.tool_names),
     };
     match calls {
         Some(calls) => {
             let text = match &plan.tools {
-                ToolMode::Auto if generated.after_marker.is_some() => generated.text.trim(),
+                ToolMode::Auto if generated.after_marker.is_some() => text.trim(),
                 _ => "",
             };
             Reading {
                 content: (!text.is_empty()).then(|| text.to_string()),
                 tool_calls: Some(calls.into_iter().map(call_out).collect()),
+                reasoning,
                 finish: FinishReason::ToolCalls,
             }
         }
         None => Reading {
-            content: Some(format!("{prefill}{}{after}", generated.text)),
+            content: Some(format!("{prefill}{text}{after}")),
             tool_calls: None,
+            reasoning,
             finish,
         },
     }
@@ -69,6 +83,7 @@ impl Reading {
             content: self.content.clone(),
             refusal: None,
             tool_calls: self.tool_calls.clone(),
+            reasoning_content: self.reasoning.clone(),
         }
     }
 }
@@ -148,6 +163,7 @@ mod tests {
                     "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>",
                 ),
             ),
+            false,
         );
         assert_eq!(r.finish, FinishReason::ToolCalls);
         assert_eq!(r.content.as_deref(), Some("Let me look."));
@@ -160,7 +176,12 @@ mod tests {
     #[test]
     fn a_malformed_call_is_returned_as_text() {
         let p = planned(json!("auto"));
-        let r = read(&p, "", &generated("Hm ", Some("<tool_call>{not json")));
+        let r = read(
+            &p,
+            "",
+            &generated("Hm ", Some("<tool_call>{not json")),
+            false,
+        );
         assert_eq!(r.finish, FinishReason::Stop);
         assert_eq!(r.content.as_deref(), Some("Hm <tool_call>{not json"));
         assert!(r.tool_calls.is_none());
@@ -174,6 +195,7 @@ mod tests {
             &p,
             &prefill,
             &generated("{\"city\": \"Lima\"}}\n</tool_call>", None),
+            false,
         );
         assert_eq!(r.finish, FinishReason::ToolCalls);
         assert_eq!(r.content, None);
@@ -187,7 +209,7 @@ mod tests {
     fn a_bare_json_call_of_a_declared_tool_is_a_tool_call() {
         let p = planned(json!("auto"));
         let text = "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome\"}}";
-        let r = read(&p, "", &generated(text, None));
+        let r = read(&p, "", &generated(text, None), false);
         assert_eq!(r.finish, FinishReason::ToolCalls);
         assert_eq!(r.content, None);
         assert_eq!(
@@ -200,8 +222,34 @@ mod tests {
     fn with_tool_choice_none_a_call_stays_text() {
         let p = planned(json!("none"));
         let text = "{\"name\": \"get_weather\", \"arguments\": {}}";
-        let r = read(&p, "", &generated(text, None));
+        let r = read(&p, "", &generated(text, None), false);
         assert_eq!(r.content.as_deref(), Some(text));
         assert_eq!(r.finish, FinishReason::Stop);
+    }
+
+    #[test]
+    fn a_reasoning_block_is_kept_apart_from_the_content_and_the_calls() {
+        let p = planned(json!("auto"));
+        let call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+        let r = read(
+            &p,
+            "",
+            &generated("<think>\nOslo.\n</think>\n\n", Some(call)),
+            true,
+        );
+        assert_eq!(r.finish, FinishReason::ToolCalls);
+        assert_eq!((r.content, r.reasoning.as_deref()), (None, Some("Oslo.")));
+        assert_eq!(r.tool_calls.expect("calls")[0].function.name, "get_weather");
+        let r = read(
+            &p,
+            "",
+            &generated("<think>\n\n</think>\n\nSunny.", None),
+            true,
+        );
+        assert_eq!((r.content.as_deref(), r.reasoning), (Some("Sunny."), None));
+        // A model whose template writes no reasoning keeps the text as it is.
+        let text = "<think>x</think> Sunny.";
+        let r = read(&p, "", &generated(text, None), false);
+        assert_eq!((r.content.as_deref(), r.reasoning), (Some(text), None));
     }
 }

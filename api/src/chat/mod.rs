@@ -38,6 +38,9 @@ struct Prepared {
     prompt: Vec<u32>,
     max_new_tokens: usize,
     prefill: String,
+    /// Whether an answer's opening reasoning block is kept apart from its content (the
+    /// model's template writes them, and nothing was prefilled).
+    reasons: bool,
 }
 
 impl Prepared {
@@ -216,7 +219,7 @@ fn generate_all(
             .generate(&prepared.request(plan, index), &mut |_| still_waiting())
             .map_err(serve_error)?;
         completion += generated.tokens as u64;
-        let reading = answer::read(plan, &prepared.prefill, &generated);
+        let reading = answer::read(plan, &prepared.prefill, &generated, prepared.reasons);
         choices.push(ChatChoice {
             index,
             message: reading.message(),
@@ -368,6 +371,7 @@ fn prepare(inference: &Inference, files: Staged, plan: &ChatPlan) -> ApiResult<P
         None => room.min(cap),
     };
     Ok(Prepared {
+        reasons: model.writes_reasoning() && prefill.is_empty(),
         model,
         prompt,
         max_new_tokens,

@@ -65,6 +65,7 @@ pub(crate) async fn create_response(
     let reading = Reading {
         content: choice.message.content,
         tool_calls: choice.message.tool_calls,
+        reasoning: choice.message.reasoning_content,
         finish: choice.finish_reason,
     };
     Ok(HttpResponse::Ok().json(finished(&shell, &reading, usage)))
@@ -461,6 +462,11 @@ impl AnswerSink for ResponseEvents {
 
     fn text(&mut self, _index: u32, piece: tuneq_serve::Piece) -> bool {
         self.delta(piece.text)
+    }
+
+    /// A response shows the answer's text only (its reasoning is not an output item).
+    fn reasoning(&mut self, _index: u32, _piece: tuneq_serve::Piece) -> bool {
+        self.events.alive()
     }
 
     fn close(&mut self, _index: u32, unshown: Option<String>, reading: &Reading) -> bool {

@@ -20,6 +20,7 @@ use tokio::sync::mpsc;
 use tuneq_openapi::{
     ChatCompletionChunk, ChunkChoice, ChunkDelta, ChunkToolCall, ErrorBody, Usage,
 };
+use tuneq_serve::reasoning::{Part, ReasoningStream};
 use tuneq_serve::{ServeError, Slot};
 
 /// Chunks waiting for the reader at most.
@@ -34,6 +35,8 @@ pub(super) trait AnswerSink {
     fn open(&mut self, index: u32) -> bool;
     /// Text of choice `index` is released (with its tokens' log-probabilities).
     fn text(&mut self, index: u32, piece: tuneq_serve::Piece) -> bool;
+    /// Reasoning of choice `index` is released ([`tuneq_serve::reasoning`]).
+    fn reasoning(&mut self, index: u32, piece: tuneq_serve::Piece) -> bool;
     /// Choice `index` ends: the text the stream has not shown of it yet, its reading.
     fn close(&mut self, index: u32, unshown: Option<String>, reading: &answer::Reading) -> bool;
     /// Every choice is done.
@@ -103,14 +106,13 @@ fn generate(sink: &mut dyn AnswerSink, prepared: &Prepared, plan: &ChatPlan) -> 
         }
         let auto = plan.tools == ToolMode::Auto;
         let mut hold = BareCallHold::new(auto.then(|| plan.tool_names.clone()));
+        let mut thinking = ReasoningStream::new(prepared.reasons);
         let generated = {
             let mut on_piece = |piece: tuneq_serve::Piece| {
                 if !streams_text || (piece.text.is_empty() && piece.logprobs.is_empty()) {
                     return sink.alive();
                 }
-                hold.push(piece)
-                    .into_iter()
-                    .all(|piece| sink.text(index, piece))
+                deliver(sink, &mut hold, index, thinking.push(piece))
             };
             prepared
                 .model
@@ -125,8 +127,11 @@ fn generate(sink: &mut dyn AnswerSink, prepared: &Prepared, plan: &ChatPlan) -> 
             }
         };
         completion += generated.tokens as u64;
+        if streams_text && !deliver(sink, &mut hold, index, thinking.finish()) {
+            return None;
+        }
         // An answer that may be a bare call was held back until now (`holdback`).
-        let reading = answer::read(plan, &prepared.prefill, &generated);
+        let reading = answer::read(plan, &prepared.prefill, &generated, prepared.reasons);
         let bare_call = reading.tool_calls.is_some() && generated.after_marker.is_none();
         if !bare_call
             && !hold
@@ -148,6 +153,23 @@ fn generate(sink: &mut dyn AnswerSink, prepared: &Prepared, plan: &ChatPlan) -> 
     }
     let usage = super::usage(prepared, completion);
     sink.done(usage).then_some(usage)
+}
+
+/// Sends `parts` of choice `index` on: reasoning to the sink, content through the
+/// bare-call hold; false when the reader has left.
+fn deliver(
+    sink: &mut dyn AnswerSink,
+    hold: &mut BareCallHold,
+    index: u32,
+    parts: Vec<Part>,
+) -> bool {
+    parts.into_iter().all(|part| match part {
+        Part::Reasoning(piece) => sink.reasoning(index, piece),
+        Part::Content(piece) => hold
+            .push(piece)
+            .into_iter()
+            .all(|piece| sink.text(index, piece)),
+    })
 }
 
 /// Chat completion chunks.
@@ -217,7 +239,7 @@ impl AnswerSink for ChunkWriter {
         let opening = ChunkDelta {
             role: Some("assistant".into()),
             content: Some(String::new()),
-            tool_calls: None,
+            ..ChunkDelta::default()
         };
         self.delta(index, opening, None, None)
     }
@@ -225,6 +247,15 @@ impl AnswerSink for ChunkWriter {
     fn text(&mut self, index: u32, piece: tuneq_serve::Piece) -> bool {
         let delta = ChunkDelta {
             content: Some(piece.text),
+            ..ChunkDelta::default()
+        };
+        let logprobs = self.logprobs.then(|| answer::logprobs(&piece.logprobs));
+        self.delta(index, delta, logprobs, None)
+    }
+
+    fn reasoning(&mut self, index: u32, piece: tuneq_serve::Piece) -> bool {
+        let delta = ChunkDelta {
+            reasoning_content: Some(piece.text),
             ..ChunkDelta::default()
         };
         let logprobs = self.logprobs.then(|| answer::logprobs(&piece.logprobs));
