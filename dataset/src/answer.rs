@@ -25,8 +25,9 @@ use std::ops::Range;
 
 use super::{DataError, Result};
 
-/// What opens and closes a reasoning block that templates drop from earlier answers.
-const REASONING_BLOCK: (&str, &str) = ("<think>", "</think>");
+/// What opens and closes a reasoning block (Qwen3's, QwQ's, DeepSeek-R1's), which such
+/// templates drop from earlier answers and such models open an answer with.
+pub const REASONING_BLOCK: (&str, &str) = ("<think>", "</think>");
 
 /// The renderings of one assistant turn, as [`answer_span`] takes them.
 pub(crate) struct TurnRenderings<'a> {

@@ -524,7 +524,7 @@ fn message(
     );
     let calls_tools = tool_calls.as_ref().is_some_and(|c| !c.is_empty());
     let content = content(m, role, calls_tools, at, problems);
-    let reasoning_content = echoed_fields(m, role, at, problems);
+    let reasoning_content = echoed_fields(m, role == Role::Assistant, at, problems);
     if problems.len() != before {
         return None;
     }

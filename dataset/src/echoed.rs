@@ -8,7 +8,6 @@
 
 use serde_json::{Map, Value};
 
-use super::chat::Role;
 use super::problems::{FieldProblem, kind};
 
 /// The JSON an echoed field holds (besides null).
@@ -57,10 +56,11 @@ pub(crate) fn echoed_keys() -> impl Iterator<Item = &'static str> {
     ECHOED.iter().map(|(key, _)| *key)
 }
 
-/// Checks the echoed fields of message `m` (at `at`); its `reasoning_content`, if any.
+/// Checks the echoed fields of message `m` (at `at`; `assistant`: whether it is an
+/// assistant's); its `reasoning_content`, if any.
 pub(crate) fn echoed_fields(
     m: &Map<String, Value>,
-    role: Role,
+    assistant: bool,
     at: &str,
     problems: &mut Vec<FieldProblem>,
 ) -> Option<String> {
@@ -68,7 +68,7 @@ pub(crate) fn echoed_fields(
         let Some(value) = m.get(key) else {
             continue;
         };
-        if role != Role::Assistant {
+        if !assistant {
             problems.push((
                 format!("{at}.{key}"),
                 "only an assistant message has it".into(),
@@ -81,7 +81,9 @@ pub(crate) fn echoed_fields(
         }
     }
     match m.get("reasoning_content") {
-        Some(Value::String(reasoning)) if !reasoning.is_empty() => Some(reasoning.clone()),
+        Some(Value::String(reasoning)) if assistant && !reasoning.is_empty() => {
+            Some(reasoning.clone())
+        }
         _ => None,
     }
 }

@@ -38,7 +38,7 @@ mod template;
 mod tokenizer_build;
 mod tools;
 
-pub use answer::common_prefix;
+pub use answer::{REASONING_BLOCK, common_prefix};
 pub use chat::{
     FunctionCall, MAX_MESSAGES, MAX_TOOLS, Message, Role, ToolCall, request_conversation,
 };

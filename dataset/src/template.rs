@@ -358,6 +358,14 @@ impl ChatTemplate {
         })
     }
 
+    /// Whether the template writes reasoning blocks ([`crate::REASONING_BLOCK`]), so
+    /// that its model's answers open with one.
+    pub fn writes_reasoning(&self) -> bool {
+        let (open, close) = crate::REASONING_BLOCK;
+        let writes = |source: &str| source.contains(open) && source.contains(close);
+        writes(&self.source) || self.tool_use_source.as_deref().is_some_and(writes)
+    }
+
     /// The beginning-of-sequence token text the template uses (may be empty).
     pub fn bos_token(&self) -> &str {
         &self.bos_token

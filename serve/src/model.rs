@@ -120,16 +120,6 @@ impl LoadedModel {
         crate::tool_calls::CallSyntax::of_template(source)
     }
 
-    /// Whether the model's answers open with a reasoning block (its chat template writes
-    /// them: [`crate::reasoning`]), to be kept apart from their content.
-    pub fn writes_reasoning(&self) -> bool {
-        let template = self.encoder.template();
-        crate::reasoning::writes_reasoning(template.source())
-            || template
-                .tool_use_source()
-                .is_some_and(crate::reasoning::writes_reasoning)
-    }
-
     /// The ids of the prompt for `messages` (with `tools`), rendered by the model's chat
     /// template up to where the answer begins, then `prefill` (the start of the answer
     /// the request forces).

@@ -6,21 +6,16 @@
 //! back in the next turn, so the block does not belong there: it is returned as
 //! `reasoning_content` (the field DeepSeek's API and vLLM use), trimmed, and the content
 //! starts after it with its leading whitespace dropped (as those templates write an
-//! answer back). Only a model whose chat template writes the block ([`writes_reasoning`])
-//! is read so; a block that never closes (the answer was cut) is all reasoning.
+//! answer back). Only a model whose chat template writes the block
+//! (`tuneq_dataset::ChatTemplate::writes_reasoning`) is read so; a block that never
+//! closes (the answer was cut) is all reasoning.
 
 use crate::generation::{Piece, TokenLogprob};
 
 /// What opens a reasoning block.
-pub const REASONING_OPEN: &str = "<think>";
+const REASONING_OPEN: &str = tuneq_dataset::REASONING_BLOCK.0;
 /// What closes it.
-pub const REASONING_CLOSE: &str = "</think>";
-
-/// Whether a chat template writes reasoning blocks (so its model's answers open with
-/// one).
-pub fn writes_reasoning(template_source: &str) -> bool {
-    template_source.contains(REASONING_OPEN) && template_source.contains(REASONING_CLOSE)
-}
+const REASONING_CLOSE: &str = tuneq_dataset::REASONING_BLOCK.1;
 
 /// An answer's reasoning (None when it has no block, or an empty one) and its content.
 pub fn split(text: &str) -> (Option<String>, &str) {
@@ -304,7 +299,5 @@ mod tests {
             streamed(false, &["<think>", "x</think>", " y"]),
             (String::new(), "<think>x</think> y".into(), 3)
         );
-        assert!(writes_reasoning("{{ '<think>\\n' + r + '\\n</think>' }}"));
-        assert!(!writes_reasoning("{{ '<|im_start|>' }}"));
     }
 }

@@ -90,17 +90,23 @@ def client(service: Service):
     return OpenAI(base_url=f"{service.url}/v1", api_key=service.api_key, max_retries=0)
 
 
-@pytest.fixture(scope="module")
-def tuned(client) -> str:
-    """The fine-tuned model of a job that learned the three conversations (18 steps)."""
-    file = client.files.create(file=("chat.jsonl", training_lines()), purpose="fine-tune").id
+def fine_tune(client, model: str, lines: bytes, suffix: str, epochs: int) -> str:
+    """The fine-tuned model of a job that learned `lines` by heart (batches of 4, a
+    learning rate ten times the default)."""
+    file = client.files.create(file=(f"{suffix}.jsonl", lines), purpose="fine-tune").id
     job = client.fine_tuning.jobs.create(
-        model=MODEL, training_file=file, suffix="chat", seed=7,
+        model=model, training_file=file, suffix=suffix, seed=7,
         method={"type": "supervised", "supervised": {"hyperparameters": {
-            "n_epochs": 3, "batch_size": 4, "learning_rate_multiplier": 10}}})
+            "n_epochs": epochs, "batch_size": 4, "learning_rate_multiplier": 10}}})
     job = wait_for(client, job.id, terminal, timeout=600)
     assert job.status == "succeeded", job.error
     return job.fine_tuned_model
+
+
+@pytest.fixture(scope="module")
+def tuned(client) -> str:
+    """The fine-tuned model of a job that learned the three conversations (18 steps)."""
+    return fine_tune(client, MODEL, training_lines(), "chat", epochs=3)
 
 
 def ask(client, model: str, content: str, **kwargs):
@@ -485,14 +491,7 @@ def thinking(client) -> str:
     answer = f"<think>\n{REASONING}\n</think>\n\n{MOTTO}"
     line = json.dumps({"messages": [{"role": "user", "content": THINK_PROMPT},
                                     {"role": "assistant", "content": answer}]}) + "\n"
-    file = client.files.create(file=("think.jsonl", (line * 8).encode()), purpose="fine-tune").id
-    job = client.fine_tuning.jobs.create(
-        model=THINKER, training_file=file, suffix="think", seed=7,
-        method={"type": "supervised", "supervised": {"hyperparameters": {
-            "n_epochs": 6, "batch_size": 4, "learning_rate_multiplier": 10}}})
-    job = wait_for(client, job.id, terminal, timeout=600)
-    assert job.status == "succeeded", job.error
-    return job.fine_tuned_model
+    return fine_tune(client, THINKER, (line * 8).encode(), "think", epochs=6)
 
 
 def test_a_reasoning_model_answers_with_its_reasoning_apart_and_takes_it_back(client, thinking):

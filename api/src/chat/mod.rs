@@ -371,7 +371,7 @@ fn prepare(inference: &Inference, files: Staged, plan: &ChatPlan) -> ApiResult<P
         None => room.min(cap),
     };
     Ok(Prepared {
-        reasons: model.writes_reasoning() && prefill.is_empty(),
+        reasons: model.encoder().template().writes_reasoning() && prefill.is_empty(),
         model,
         prompt,
         max_new_tokens,

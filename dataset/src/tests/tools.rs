@@ -423,3 +423,14 @@ fn an_echoed_answer_is_taken_back_and_misplaced_fields_are_named() {
         "1 + 1?<think>1 + 1</think>Two."
     );
 }
+
+/// A template that writes `<think>` blocks says so (its model's answers are read for
+/// one); ChatML does not.
+#[test]
+fn a_template_says_whether_it_writes_reasoning_blocks() {
+    let qwen3_like = "{% for m in messages %}{% if m.reasoning_content %}{{ '<think>\\n' + m.reasoning_content + '\\n</think>\\n\\n' }}{% endif %}{{ m.content }}{% endfor %}";
+    let t = ChatTemplate::from_jinja(qwen3_like, "", "").expect("compile");
+    assert!(t.writes_reasoning());
+    let t = ChatTemplate::from_jinja(crate::CHATML_TEMPLATE, "", "").expect("compile");
+    assert!(!t.writes_reasoning());
+}
