@@ -6,11 +6,13 @@
 //! architecture tuneq trains, a tokenizer and chat template that load, every tensor the
 //! config implies with its shape; every problem at once), and what that finds is
 //! recorded for `GET /v1/models`, with the folder's identity: its weights are hashed
-//! here, once, and every job's trainer takes that hash for the run's fingerprint rather
-//! than reading the weights again (see [`tuneq_pools::folder`]). A folder in an object
-//! store (`s3://`, `gs://`) is checked the same way through a local copy of its small
-//! files and weight headers ([`remote`]); its trainers hash it once they have it.
+//! once, in the background after the registration answers ([`hashing`]), and every job's
+//! trainer takes that hash for the run's fingerprint rather than reading the weights
+//! again (see [`tuneq_pools::folder`]). A folder in an object store (`s3://`, `gs://`) is
+//! checked the same way through a local copy of its small files and weight headers
+//! ([`remote`]); its trainers hash it once they have it.
 
+mod hashing;
 mod inspect;
 mod remote;
 
@@ -104,6 +106,7 @@ pub(crate) async fn register(
         storage: &state.config.model_storage,
         template: chat_template.unwrap_or_default(),
         earlier: existing.as_ref(),
+        hash_now: false,
     };
     let found = checked_location(&body.location, asked).await?;
     let (location, details, identity) = (found.location, Some(found.details), found.identity);
@@ -122,6 +125,7 @@ pub(crate) async fn register(
             };
             if model != existing {
                 records::model::register(&state.queue, &model).await?;
+                hash_unless_known(&state, &model);
             }
             return Ok(HttpResponse::Ok().json(crate::models::base(model)));
         }
@@ -142,7 +146,23 @@ pub(crate) async fn register(
         ..BaseModel::new(&body.id, &location, rate)
     };
     records::model::register(&state.queue, &model).await?;
+    hash_unless_known(&state, &model);
     Ok(HttpResponse::Created().json(crate::models::base(model)))
+}
+
+/// Starts hashing a registered local folder whose identity is not known yet.
+fn hash_unless_known(state: &AppState, model: &BaseModel) {
+    let local = matches!(
+        tuneq_storage::Location::parse(&model.location),
+        Ok(tuneq_storage::Location::Local(_))
+    );
+    if local && model.identity.is_none() {
+        hashing::hash_in_background(
+            state.queue.clone(),
+            model.id.clone(),
+            model.location.clone(),
+        );
+    }
 }
 
 /// Removes a base model (admin key only) that no unfinished job of any tenant trains
@@ -234,19 +254,22 @@ pub async fn inspection(
         storage,
         template,
         earlier,
+        hash_now: true,
     };
     checked_location(location, asked).await
 }
 
 /// What a registration asks of its location: where models may come from, how stores
-/// are reached, the chat template it will train with, and what an earlier registration
-/// of the id found.
+/// are reached, the chat template it will train with, what an earlier registration of
+/// the id found, and whether a local folder's weights are hashed before it answers
+/// (else only an earlier hash the folder still matches is kept; see [`hashing`]).
 #[derive(Clone, Copy)]
 struct Asked<'a> {
     roots: &'a ModelRoots,
     storage: &'a tuneq_storage::StorageConfig,
     template: tuneq_openapi::ChatTemplateChoice,
     earlier: Option<&'a BaseModel>,
+    hash_now: bool,
 }
 
 /// A display name: 1 to 128 characters, none of them a control character.
@@ -296,9 +319,13 @@ async fn checked_location(text: &str, asked: Asked<'_>) -> ApiResult<Inspected> 
                 .earlier
                 .filter(|m| Some(&m.location) == canonical.as_ref())
                 .and_then(|m| m.identity.clone());
+            let hash_now = asked.hash_now;
             blocking(move || {
                 let mut checked = inspect::inspect(&path, template)?;
-                checked.identity = Some(inspect::identity(&path, known.as_ref())?);
+                checked.identity = match hash_now {
+                    true => Some(inspect::identity(&path, known.as_ref())?),
+                    false => inspect::still_known(&path, known.as_ref())?,
+                };
                 Ok(checked)
             })
             .await

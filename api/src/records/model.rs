@@ -76,6 +76,39 @@ pub async fn register(catalog: &dyn Catalog, model: &BaseModel) -> ApiResult<()>
     Ok(())
 }
 
+/// Records `identity` as the weights' hash of the base model `id` while it is still
+/// registered at `location` without it (compare-and-set: a registration or removal
+/// made meanwhile wins); whether it was recorded.
+pub async fn record_identity(
+    catalog: &dyn Catalog,
+    id: &str,
+    location: &str,
+    identity: &tuneq_openapi::ModelIdentity,
+) -> ApiResult<bool> {
+    loop {
+        let Some(entry) = catalog.get_entry(BASE.0, BASE.1, id).await? else {
+            return Ok(false);
+        };
+        let current: BaseModel = super::parse(&entry.body, "model")?;
+        if current.location != location || current.identity.as_ref() == Some(identity) {
+            return Ok(false);
+        }
+        let model = BaseModel {
+            identity: Some(identity.clone()),
+            ..current
+        };
+        let body = super::body(&model)?;
+        match catalog
+            .swap_entry(BASE.0, BASE.1, id, &entry.body, &body)
+            .await?
+        {
+            tuneq_queue::catalog::Swap::Swapped => return Ok(true),
+            tuneq_queue::catalog::Swap::Missing => return Ok(false),
+            tuneq_queue::catalog::Swap::Changed => continue,
+        }
+    }
+}
+
 /// Removes the base model `id` from the registry; whether it was there.
 pub async fn remove(catalog: &dyn Catalog, id: &str) -> ApiResult<bool> {
     if check_identifier("model", id).is_err() {

@@ -103,6 +103,19 @@ pub(crate) fn inspect(path: &Path, choice: ChatTemplateChoice) -> Result<Inspect
     })
 }
 
+/// `known`, where the local folder's stamp is still the one it was computed for
+/// (blocking, reading only the files' sizes and times).
+pub(crate) fn still_known(
+    path: &Path,
+    known: Option<&ModelIdentity>,
+) -> Result<Option<ModelIdentity>, ApiError> {
+    let Some(known) = known else {
+        return Ok(None);
+    };
+    let stamp = folder::stamp(path).map_err(|e| refused(vec![e.to_string()]))?;
+    Ok((stamp == known.stamp).then(|| known.clone()))
+}
+
 /// The local folder's identity (blocking): `known` where the folder's stamp is still
 /// the one it was computed for, else every weight read and hashed (about a minute for
 /// 14 GB).

@@ -84,6 +84,22 @@ async fn post(s: &Server, key: &str, body: Value) -> (StatusCode, Value) {
     (response.status(), response.json().await.unwrap())
 }
 
+/// The identity registration recorded for `id` once its background hash is done.
+async fn hashed_identity(s: &Server, id: &str) -> tuneq_openapi::ModelIdentity {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let model = tuneq_api::records::model::get(&s.queue, id).await.unwrap();
+        if let Some(identity) = model.and_then(|m| m.identity) {
+            return identity;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{id}: no hash recorded in a minute"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test]
 async fn a_registered_model_is_listed_and_fine_tuned() {
     let s = start(|_| {}).await;
@@ -137,15 +153,17 @@ async fn a_registered_model_is_listed_and_fine_tuned() {
             .collect();
         assert!(ids.contains(&"small-llama"), "{listed}");
     }
+    // Registration answered before the weights were hashed; the hash is recorded once
+    // done, and a job then hands it to its trainer, with the folder's stamp: the trainer
+    // does not read the weights again to fingerprint the run.
+    let identity = tuneq_pools::folder::identity(&dir).unwrap();
+    assert_eq!(hashed_identity(&s, "small-llama").await, identity);
     let file = upload(&s, &s.acme, &examples(8)).await;
     let (status, job) = create(&s, &file, json!({"model": "small-llama"})).await;
     assert_eq!(status, StatusCode::OK, "{job}");
-    // The job hands its trainer the weights' hash registration computed, with the
-    // folder's stamp: the trainer does not read the weights again to fingerprint the run.
     let (lease, _) = support::claim(&s).await;
     use tuneq_openapi::StoredJson as _;
     let payload = tuneq_openapi::JobPayload::decode(&lease.id, &lease.payload).unwrap();
-    let identity = tuneq_pools::folder::identity(&dir).unwrap();
     assert_eq!(payload.spec.model_identity.as_ref(), Some(&identity));
     // Another location under the same id is refused.
     let other = good_folder(&s, "other");
@@ -544,4 +562,63 @@ async fn a_folder_in_a_store_is_checked_through_its_headers() {
         let message = refusal["error"]["message"].as_str().unwrap();
         assert!(message.contains(named), "{message}");
     }
+}
+
+/// A background hash is recorded only for the folder the model is still registered at
+/// (compare-and-set), never over a registration made meanwhile; and registered again at
+/// another folder after removal, the model gets that folder's hash.
+#[tokio::test]
+async fn a_background_hash_is_recorded_only_for_the_folder_still_registered() {
+    use tuneq_api::records::model;
+    let s = start(|_| {}).await;
+    let first = good_folder(&s, "first");
+    let mut changed = config();
+    changed["max_position_embeddings"] = json!(256);
+    let second = folder(&s, "second", &changed, 2, [256, 64]);
+    let register = |dir: &Path| json!({"id": "m", "location": dir.display().to_string()});
+    let (status, body) = post(&s, ADMIN_KEY, register(&first)).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let first_identity = hashed_identity(&s, "m").await;
+    assert_eq!(
+        first_identity,
+        tuneq_pools::folder::identity(&first).unwrap()
+    );
+    let location = |m: Option<model::BaseModel>| m.unwrap().location;
+    let registered_at = location(model::get(&s.queue, "m").await.unwrap());
+    // Another folder's hash, or one already recorded, changes nothing.
+    let other = tuneq_pools::folder::identity(&second).unwrap();
+    assert!(
+        !model::record_identity(&s.queue, "m", "/elsewhere", &other)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !model::record_identity(&s.queue, "m", &registered_at, &first_identity)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !model::record_identity(&s.queue, "gone", &registered_at, &other)
+            .await
+            .unwrap()
+    );
+    let deleted = s
+        .request(reqwest::Method::DELETE, ADMIN_KEY, "/admin/models/m")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), StatusCode::OK);
+    let (status, body) = post(&s, ADMIN_KEY, register(&second)).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(hashed_identity(&s, "m").await, other);
+    // A hash of the first folder, finished late, is not recorded over the second's.
+    assert!(
+        !model::record_identity(&s.queue, "m", &registered_at, &first_identity)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        model::get(&s.queue, "m").await.unwrap().unwrap().identity,
+        Some(other)
+    );
 }
