@@ -29,6 +29,10 @@ use super::{DataError, Result};
 /// templates drop from earlier answers and such models open an answer with.
 pub const REASONING_BLOCK: (&str, &str) = ("<think>", "</think>");
 
+/// Whitespace after a reasoning block whose every amount is tried as dropped (templates
+/// write one or two newlines there); past it, only all of it.
+const DROPPED_SPACES: usize = 16;
+
 /// The renderings of one assistant turn, as [`answer_span`] takes them.
 pub(crate) struct TurnRenderings<'a> {
     /// The whole conversation, without the generation prompt.
@@ -85,40 +89,122 @@ fn answer_in_through<'a>(before: &str, through: &'a str) -> Option<(usize, &'a s
         return Some((before.len(), answer));
     }
     let parted = common_prefix(before, through);
-    let rest_of_before = &before[parted..];
     let after = &through[parted..];
-    (1..=rest_of_before.len())
-        .rev()
-        .find(|&k| {
-            let kept = after.get(..k);
-            kept.is_some() && kept == rest_of_before.get(rest_of_before.len() - k..)
-        })
-        .map(|k| (parted + k, &after[k..]))
+    let kept = overlaps(after, &before[parted..]).pop()?;
+    Some((parted + kept, &after[kept..]))
 }
 
 /// The answer's start in `full` and the text it has there, for a template that drops a
 /// reasoning block from earlier answers or moves text before them (module docs): the
-/// first place after where `before` and `full` part at which `full` holds the rest of
+/// first place after where `before` and `full` part at which `full` holds an end of
 /// `before` and then the answer (or the answer without its reasoning block). None where
-/// there is no such place.
+/// there is no such place. Linear in the texts' lengths for each form of the answer.
 fn relocated<'a>(full: &str, before: &str, answer: &'a str) -> Option<(usize, &'a str)> {
     let parted = common_prefix(before, full);
     let rest_of_before = &before[parted..];
+    let after = &full[parted..];
+    // How much of `before`'s end `full` may hold where they part: none, or an overlap.
+    let mut kept = vec![0];
+    kept.extend(overlaps(after, rest_of_before));
     answer_forms(answer)
         .into_iter()
         .filter(|form| !form.trim().is_empty())
         .filter_map(|form| {
-            occurrences(&full[parted..], form)
-                .take_while(|&k| k <= rest_of_before.len())
-                .find(|&k| rest_of_before.ends_with(&full[parted..parted + k]))
-                .map(|k| (parted + k, form))
+            let window = &after.as_bytes()[..after.len().min(rest_of_before.len() + form.len())];
+            let starts = occurrences(window, form.as_bytes());
+            first_in_both(&kept, &starts).map(|k| (parted + k, form))
         })
         .min_by_key(|&(start, _)| start)
 }
 
+/// The smallest value both ascending lists hold.
+fn first_in_both(a: &[usize], b: &[usize]) -> Option<usize> {
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() && j < b.len() {
+        match a[i].cmp(&b[j]) {
+            std::cmp::Ordering::Less => i += 1,
+            std::cmp::Ordering::Greater => j += 1,
+            std::cmp::Ordering::Equal => return Some(a[i]),
+        }
+    }
+    None
+}
+
+/// The lengths `k > 0`, shortest first, at which `a`'s first `k` bytes are `b`'s last
+/// `k` (ending at a character boundary of `a`): Knuth–Morris–Pratt's failure function
+/// of `a` run over the end of `b`, linear in their lengths.
+fn overlaps(a: &str, b: &str) -> Vec<usize> {
+    let m = a.len().min(b.len());
+    if m == 0 {
+        return Vec::new();
+    }
+    let pattern = &a.as_bytes()[..m];
+    let failure = failure_function(pattern);
+    let mut k = 0;
+    for &byte in &b.as_bytes()[b.len() - m..] {
+        k = step(pattern, &failure, k, byte);
+    }
+    let mut lengths = Vec::new();
+    while k > 0 {
+        if a.is_char_boundary(k) {
+            lengths.push(k);
+        }
+        k = failure[k - 1];
+    }
+    lengths.reverse();
+    lengths
+}
+
+/// Where `pattern` starts in `text`, overlapping occurrences included, in order:
+/// Knuth–Morris–Pratt, linear in their lengths.
+fn occurrences(text: &[u8], pattern: &[u8]) -> Vec<usize> {
+    if pattern.is_empty() {
+        return Vec::new();
+    }
+    let failure = failure_function(pattern);
+    let mut k = 0;
+    let mut starts = Vec::new();
+    for (i, &byte) in text.iter().enumerate() {
+        k = step(pattern, &failure, k, byte);
+        if k == pattern.len() {
+            starts.push(i + 1 - k);
+        }
+    }
+    starts
+}
+
+/// The matcher's next state: the longest prefix of `pattern` that ends the text read so
+/// far (`k` of it before `byte`).
+fn step(pattern: &[u8], failure: &[usize], mut k: usize, byte: u8) -> usize {
+    if k == pattern.len() {
+        k = failure[k - 1];
+    }
+    while k > 0 && pattern[k] != byte {
+        k = failure[k - 1];
+    }
+    if pattern[k] == byte { k + 1 } else { k }
+}
+
+/// For each prefix of `pattern`, the length of its longest proper prefix that is also
+/// its suffix.
+fn failure_function(pattern: &[u8]) -> Vec<usize> {
+    let mut failure = vec![0; pattern.len()];
+    let mut k = 0;
+    for i in 1..pattern.len() {
+        while k > 0 && pattern[i] != pattern[k] {
+            k = failure[k - 1];
+        }
+        if pattern[i] == pattern[k] {
+            k += 1;
+        }
+        failure[i] = k;
+    }
+    failure
+}
+
 /// The answer as rendered last, and without a reasoning block it opens with (and the
-/// whitespace after it, each amount of it, longest first): the forms an earlier answer
-/// may take in the whole conversation.
+/// whitespace after it: each amount of its first [`DROPPED_SPACES`] characters, then
+/// all of it): the forms an earlier answer may take in the whole conversation.
 fn answer_forms(answer: &str) -> Vec<&str> {
     let (open, close) = REASONING_BLOCK;
     let mut forms = vec![answer];
@@ -132,21 +218,12 @@ fn answer_forms(answer: &str) -> Vec<&str> {
             after
                 .char_indices()
                 .take_while(|(_, c)| c.is_whitespace())
+                .take(DROPPED_SPACES)
                 .map(|(k, _)| &after[k..])
                 .chain([&after[whitespace..]]),
         );
     }
     forms
-}
-
-/// Where `needle` starts in `hay`, overlapping occurrences included.
-fn occurrences<'h>(hay: &'h str, needle: &'h str) -> impl Iterator<Item = usize> + 'h {
-    let mut from = 0;
-    std::iter::from_fn(move || {
-        let at = from + hay.get(from..)?.find(needle)?;
-        from = at + hay[at..].chars().next().map_or(1, char::len_utf8);
-        Some(at)
-    })
 }
 
 /// The length of the longest common prefix of `a` and `b`, at a character boundary.
@@ -259,6 +336,54 @@ mod tests {
         // `through` must hold an end of `before`.
         let e = refused("U: hi\nA: yo\n", "U: hi\nA: ", "U: hi\nB> yo\n");
         assert!(e.contains("message 3"), "{e}");
+    }
+
+    /// The linear matchers agree with the definitions, on every pair of short strings
+    /// over a small alphabet (where borders and overlapping matches abound).
+    #[test]
+    fn the_matchers_agree_with_their_definitions() {
+        let words: Vec<String> = (0..4u32)
+            .flat_map(|n| {
+                (0..3u32.pow(n)).map(move |mut i| {
+                    (0..n)
+                        .map(|_| {
+                            let c = ['a', 'b', 'é'][(i % 3) as usize];
+                            i /= 3;
+                            c
+                        })
+                        .collect()
+                })
+            })
+            .collect();
+        for a in &words {
+            for b in &words {
+                let naive: Vec<usize> = (1..=a.len().min(b.len()))
+                    .filter(|&k| a.is_char_boundary(k) && b.ends_with(&a[..k]))
+                    .collect();
+                assert_eq!(overlaps(a, b), naive, "{a:?} {b:?}");
+                let starts: Vec<usize> = (0..b.len())
+                    .filter(|&i| !a.is_empty() && b.as_bytes()[i..].starts_with(a.as_bytes()))
+                    .collect();
+                assert_eq!(
+                    occurrences(b.as_bytes(), a.as_bytes()),
+                    starts,
+                    "{a:?} {b:?}"
+                );
+            }
+        }
+    }
+
+    /// A long system message moved to the last user turn: the answer after it is found
+    /// (by linear matching: the window searched is as long as the moved text).
+    #[test]
+    fn an_answer_after_a_long_moved_text_is_found() {
+        let system = "a".repeat(400_000);
+        let full = "<s>[INST]hi[/INST]a</s>[INST]x[/INST]z</s>";
+        let before = format!("<s>[INST]{system}hi[/INST]");
+        let through = format!("<s>[INST]{system}hi[/INST]a</s>");
+        assert_eq!(span(full, &before, &through, "").as_deref(), Some("a</s>"));
+        let through = "<s>[INST]hi[/INST]a</s>";
+        assert_eq!(span(full, &before, through, "").as_deref(), Some("a</s>"));
     }
 
     #[test]

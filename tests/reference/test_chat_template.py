@@ -71,16 +71,22 @@ def closing_of(tok, source: str | None, tools: list | None) -> str:
 REASONING_BLOCK = ("<think>", "</think>")
 
 
+# Whitespace after a reasoning block whose every amount is tried as dropped; past it,
+# only all of it (as tuneq's DROPPED_SPACES).
+DROPPED_SPACES = 16
+
+
 def answer_forms(answer: str) -> list[str]:
     """The answer as rendered last, then without a reasoning block it opens with (and each
-    amount of the whitespace after it, longest first)."""
+    amount of the first DROPPED_SPACES characters of the whitespace after it, then all of
+    it)."""
     forms = [answer]
     opening, closing = REASONING_BLOCK
     opened = answer.lstrip()
     if opened.startswith(opening) and closing in opened[len(opening):]:
         after = opened[len(opening):].split(closing, 1)[1]
         spaces = len(after) - len(after.lstrip())
-        forms += [after[k:] for k in range(spaces + 1)]
+        forms += [after[k:] for k in range(min(spaces, DROPPED_SPACES))] + [after[spaces:]]
     return forms
 
 
