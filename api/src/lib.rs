@@ -40,6 +40,7 @@
 
 pub mod admin;
 pub mod auth;
+mod blocking;
 mod body;
 mod cache;
 pub mod chat;

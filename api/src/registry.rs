@@ -320,7 +320,7 @@ async fn checked_location(text: &str, asked: Asked<'_>) -> ApiResult<Inspected> 
                 .filter(|m| Some(&m.location) == canonical.as_ref())
                 .and_then(|m| m.identity.clone());
             let hash_now = asked.hash_now;
-            blocking(move || {
+            crate::blocking::run("the model folder check", move || {
                 let mut checked = inspect::inspect(&path, template)?;
                 checked.identity = match hash_now {
                     true => Some(inspect::identity(&path, known.as_ref())?),
@@ -328,24 +328,16 @@ async fn checked_location(text: &str, asked: Asked<'_>) -> ApiResult<Inspected> 
                 };
                 Ok(checked)
             })
-            .await
+            .await?
         }
         Ok(store) if !roots.allows_store(&store) => Err(outside()),
         Ok(store) => {
             let copy = remote::skeleton(&store, asked.storage).await?;
-            let mut checked = blocking(move || inspect::inspect(copy.path(), template)).await?;
+            let check = move || inspect::inspect(copy.path(), template);
+            let mut checked = crate::blocking::run("the model folder check", check).await??;
             checked.location = text.to_string();
             Ok(checked)
         }
         Err(e) => Err(refused(e.to_string())),
     }
-}
-
-/// `work` (which reads files) on the blocking pool.
-async fn blocking<T: Send + 'static>(
-    work: impl FnOnce() -> ApiResult<T> + Send + 'static,
-) -> ApiResult<T> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|_| ApiError::internal("the model folder check stopped"))?
 }

@@ -164,7 +164,8 @@ async fn start(
         model = %plan.model, stream = plan.stream, n = plan.n);
     let prepared = {
         let (inference, plan, span) = (inference.clone(), plan.clone(), span.clone());
-        blocking(move || span.in_scope(|| prepare(&inference, files, &plan))).await??
+        let work = move || span.in_scope(|| prepare(&inference, files, &plan));
+        crate::blocking::run("model preparation", work).await??
     };
     Ok(Started {
         inference,
@@ -185,7 +186,7 @@ async fn generate_whole(
 ) -> ApiResult<(Vec<ChatChoice>, Usage)> {
     let left = ClientLeft::default();
     let watch = left.0.clone();
-    blocking(move || {
+    crate::blocking::run("generation", move || {
         let _slot = slot;
         let still_waiting = || !watch.load(std::sync::atomic::Ordering::Relaxed);
         span.in_scope(|| generate_all(&prepared, &plan, &still_waiting))
@@ -238,13 +239,6 @@ fn usage(prepared: &Prepared, completion_tokens: u64) -> Usage {
         completion_tokens,
         total_tokens: prompt_tokens + completion_tokens,
     }
-}
-
-/// Runs `work` on a blocking thread.
-async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> ApiResult<T> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|e| ApiError::internal(format!("generation thread: {e}")))
 }
 
 /// The local folders of the model `name` stands for, staged from where they are kept.

@@ -30,14 +30,11 @@ pub(super) fn hash_in_background(queue: Queue, id: String, location: String) {
             _ => return,
         }
         let path = PathBuf::from(&location);
-        let hashed = tokio::task::spawn_blocking(move || super::inspect::identity(&path, None))
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|hashed| hashed.map_err(|e| e.detail.message.clone()));
-        let identity = match hashed {
-            Ok(identity) => identity,
-            Err(why) => {
-                tracing::warn!(model = %id, folder = %location, %why, "the model's weights could not be hashed; its trainers hash them");
+        let hash = move || super::inspect::identity(&path, None);
+        let identity = match crate::blocking::run("the model weights' hash", hash).await {
+            Ok(Ok(identity)) => identity,
+            Ok(Err(e)) | Err(e) => {
+                tracing::warn!(model = %id, folder = %location, why = %e.detail.message, "the model's weights could not be hashed; its trainers hash them");
                 return;
             }
         };
