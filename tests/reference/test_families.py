@@ -178,10 +178,12 @@ def test_loss_and_lora_grads_match_peft(families, on_path, input_ids_file, tmp_p
           f"(PyTorch fp32 {floor:.2e})")
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("family", TRAINED)
-def test_adamw_steps_over_padded_micro_batches_match_peft(families, on_path, tmp_path, family):
-    """Three AdamW steps of `tuneq debug steps` on the fused path (every family's CPU
-    training path; the graph's gradients are held to PEFT's above) against PEFT +
+def test_adamw_steps_over_padded_micro_batches_match_peft(families, on_path, tmp_path, family,
+                                                          path):
+    """Three AdamW steps of `tuneq debug steps` on each CPU path (the fused step every
+    family trains on, and candle's graph, the CUDA path's arithmetic) against PEFT +
     torch.optim.AdamW: right-padded rows of unequal labelled counts accumulated over two
     micro-batches, clipping and weight decay, rows up to 20 tokens, past the windowed
     families' 16 (no row pads more than 12, so no padded position sees only padding, which
@@ -189,14 +191,14 @@ def test_adamw_steps_over_padded_micro_batches_match_peft(families, on_path, tmp
     GRAD_RTOL (test_steps.compare)."""
     from test_steps import compare, make_batches, peft_steps, run_tuneq
 
-    made, tuneq = families(family), on_path("fused")
+    made, tuneq = families(family), on_path(path)
     data = make_batches(6, 2, 20, seed=21, ragged=True)
     opts = dict(micro=2, lr=1e-3, max_grad_norm=1.0, weight_decay=0.01)
     ref = peft_steps(made.model, made.adapter, data, **opts)
     fp32 = peft_steps(made.model, made.adapter, data, dtype=torch.float32, **opts)
     steps, _, _ = run_tuneq(tuneq, tmp_path, made.model, made.adapter, data, micro_batches=2,
                             lr=1e-3, max_grad_norm=1.0, weight_decay=0.01)
-    compare(family, steps, ref, fp32)
+    compare(f"{family}/{path}", steps, ref, fp32)
 
 
 @pytest.mark.parametrize("family", TRAINED)
