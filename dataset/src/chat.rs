@@ -7,7 +7,7 @@
 //! turned into tools (`function_call` → one tool call with a generated id, a `function`
 //! message → a `tool` message answering it).
 
-use crate::echoed::{echoed_fields, echoed_keys, is_echoed};
+use crate::echoed::{echoed_fields, echoed_keys};
 use crate::problems::{FieldProblem, kind};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -495,7 +495,7 @@ fn message(
     problems: &mut Vec<FieldProblem>,
 ) -> Option<Message> {
     let before = problems.len();
-    let known = |k: &str| MESSAGE_KEYS.contains(&k) || is_echoed(k);
+    let known = |k: &str| MESSAGE_KEYS.contains(&k) || echoed_keys().any(|e| e == k);
     for key in m.keys().filter(|k| !known(k)) {
         let keys: Vec<&str> = MESSAGE_KEYS.into_iter().chain(echoed_keys()).collect();
         problems.push((

@@ -46,11 +46,6 @@ const ECHOED: [(&str, Holds); 4] = [
     ("reasoning_content", Holds::String),
 ];
 
-/// The keys of the echoed fields.
-pub(crate) fn is_echoed(key: &str) -> bool {
-    ECHOED.iter().any(|(echoed, _)| *echoed == key)
-}
-
 /// The keys of the echoed fields, for messages.
 pub(crate) fn echoed_keys() -> impl Iterator<Item = &'static str> {
     ECHOED.iter().map(|(key, _)| *key)

@@ -97,19 +97,12 @@ impl ReasoningStream {
     pub fn finish(mut self) -> Vec<Part> {
         let mut out = Vec::new();
         match std::mem::replace(&mut self.stage, Stage::Content) {
-            Stage::Opening(text) => self.emit_content(text, &mut out),
+            Stage::Opening(text) if !text.is_empty() => self.emit_content(text, &mut out),
             Stage::Thinking(held) => self.emit_reasoning(held.trim_end(), &mut out),
-            Stage::Closed | Stage::Content => {}
+            _ => {}
         }
-        let out = out.into_iter().filter(|part| match part {
-            Part::Reasoning(p) | Part::Content(p) => !p.text.is_empty() || !p.logprobs.is_empty(),
-        });
-        let mut out: Vec<Part> = out.collect();
         if !self.logprobs.is_empty() {
-            out.push(Part::Content(Piece {
-                text: String::new(),
-                logprobs: std::mem::take(&mut self.logprobs),
-            }));
+            self.emit_content(String::new(), &mut out);
         }
         out
     }

@@ -228,6 +228,18 @@ impl ChunkWriter {
         };
         self.chunk(vec![choice], None)
     }
+
+    /// Sends the delta a released piece makes, with its tokens' log-probabilities when
+    /// the request asked for them.
+    fn released(
+        &self,
+        index: u32,
+        delta: ChunkDelta,
+        tokens: &[tuneq_serve::TokenLogprob],
+    ) -> bool {
+        let logprobs = self.logprobs.then(|| answer::logprobs(tokens));
+        self.delta(index, delta, logprobs, None)
+    }
 }
 
 impl AnswerSink for ChunkWriter {
@@ -249,8 +261,7 @@ impl AnswerSink for ChunkWriter {
             content: Some(piece.text),
             ..ChunkDelta::default()
         };
-        let logprobs = self.logprobs.then(|| answer::logprobs(&piece.logprobs));
-        self.delta(index, delta, logprobs, None)
+        self.released(index, delta, &piece.logprobs)
     }
 
     fn reasoning(&mut self, index: u32, piece: tuneq_serve::Piece) -> bool {
@@ -258,8 +269,7 @@ impl AnswerSink for ChunkWriter {
             reasoning_content: Some(piece.text),
             ..ChunkDelta::default()
         };
-        let logprobs = self.logprobs.then(|| answer::logprobs(&piece.logprobs));
-        self.delta(index, delta, logprobs, None)
+        self.released(index, delta, &piece.logprobs)
     }
 
     fn close(&mut self, index: u32, unshown: Option<String>, reading: &answer::Reading) -> bool {

@@ -90,7 +90,7 @@ pub async fn record_identity(
             return Ok(false);
         };
         let current: BaseModel = super::parse(&entry.body, "model")?;
-        if current.location != location || current.identity.as_ref() == Some(identity) {
+        if current.location != location || current.identity.is_some() {
             return Ok(false);
         }
         let model = BaseModel {

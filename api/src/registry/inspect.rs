@@ -123,14 +123,11 @@ pub(crate) fn identity(
     path: &Path,
     known: Option<&ModelIdentity>,
 ) -> Result<ModelIdentity, ApiError> {
-    let found = |e: folder::FolderError| refused(vec![e.to_string()]);
-    if let Some(known) = known
-        && folder::stamp(path).map_err(found)? == known.stamp
-    {
-        return Ok(known.clone());
+    if let Some(known) = still_known(path, known)? {
+        return Ok(known);
     }
     let started = std::time::Instant::now();
-    let identity = folder::identity(path).map_err(found)?;
+    let identity = folder::identity(path).map_err(|e| refused(vec![e.to_string()]))?;
     tracing::info!(folder = %path.display(), seconds = started.elapsed().as_secs_f64(), "model weights hashed");
     Ok(identity)
 }
