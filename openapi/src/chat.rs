@@ -4,7 +4,7 @@
 //! (the shapes a chat record accepts for training are the shapes a request accepts), so
 //! an error names the field (`messages[1].content`). Every other field is typed; fields
 //! OpenAI defines that do not change an answer here (`user`, `metadata`, `store`,
-//! `service_tier`, `parallel_tool_calls`) are accepted and ignored; any other is refused.
+//! `service_tier`) are accepted and ignored; any other is refused.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -75,7 +75,10 @@ pub struct ChatCompletionRequest {
     /// -2 to 2: lowers a token's logit by this per time it was generated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub frequency_penalty: Option<f32>,
-    /// Functions the model may call (`{"type": "function", "function": {...}}`).
+    /// Functions the model may call (`{"type": "function", "function": {...}}`). Where the
+    /// answer is held to calls (`tool_choice` `required` or a named function, or tools
+    /// beside a JSON `response_format`), a call names a declared function and, for a
+    /// function with `strict: true`, its arguments follow its `parameters` schema.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Vec<Object>>)]
     pub tools: Option<Vec<serde_json::Value>>,
@@ -83,7 +86,8 @@ pub struct ChatCompletionRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub tool_choice: Option<serde_json::Value>,
-    /// Accepted; calls are parsed as the model writes them.
+    /// `false`: at most one call per answer, where the answer is held to calls (a
+    /// required or named tool, or tools beside a JSON `response_format`); default `true`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parallel_tool_calls: Option<bool>,
     /// `{"type": "text"}`, `{"type": "json_object"}` or `{"type": "json_schema",

@@ -76,7 +76,7 @@ pub fn run(opts: &ServeBenchOptions) -> Result<ServeBenchResult> {
                 stop: Vec::new(),
                 markers: Vec::new(),
                 logprobs: None,
-                json: None,
+                format: None,
             })
         })
         .collect::<Result<Vec<_>>>()?;

@@ -373,7 +373,7 @@ mod tests {
             stop: Vec::new(),
             markers: Vec::new(),
             logprobs: Some(1),
-            json: None,
+            format: None,
         };
         let generated = model
             .generate_alone(&request, &mut |_| true)

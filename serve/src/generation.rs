@@ -28,8 +28,8 @@ pub struct GenerationRequest {
     pub markers: Vec<String>,
     /// Log-probabilities to report per token: None, or the number of alternatives.
     pub logprobs: Option<usize>,
-    /// JSON the answer must be, enforced token by token.
-    pub json: Option<crate::json_format::JsonFormat>,
+    /// What the answer must be (JSON, tool calls), enforced token by token.
+    pub format: Option<crate::json_format::AnswerFormat>,
 }
 
 /// Why generation ended.
@@ -100,7 +100,7 @@ pub(crate) struct Decoding {
 
 impl Decoding {
     /// Starts decoding `request` with `model` (checks the prompt against the context
-    /// and compiles its JSON format, if any).
+    /// and compiles its answer's format, if any).
     pub(crate) fn start(model: &LoadedModel, request: GenerationRequest) -> Result<Self> {
         let context = model.context_length();
         if request.prompt.is_empty() || request.prompt.len() >= context {
@@ -109,7 +109,7 @@ impl Decoding {
                 context,
             });
         }
-        let constraint = match &request.json {
+        let constraint = match &request.format {
             Some(format) => Some(model.json_grammars()?.constrain(format)?),
             None => None,
         };

@@ -9,7 +9,8 @@
 //!   and the bound on generations at once;
 //! - [`generation`]: the decoding of one answer, piece by piece; `batch`: the decode
 //!   loop that steps a model's concurrent answers together;
-//! - [`json_format`]: `response_format` JSON by constrained decoding (llguidance);
+//! - [`json_format`]: `response_format` JSON and tool calls by constrained decoding
+//!   (llguidance);
 //! - [`sampling`]: temperature, `top_p`, `logit_bias`, penalties, seeded draws,
 //!   log-probabilities;
 //! - [`staging`]: base models and adapters from object storage into local folders;
@@ -35,7 +36,7 @@ pub use batch::DecodeTotals;
 pub use engine::{Engine, EngineConfig, ServedModel, Slot};
 pub use error::{Result, ServeError};
 pub use generation::{Finish, Generated, GenerationRequest, Piece, TokenLogprob};
-pub use json_format::JsonFormat;
+pub use json_format::{AnswerFormat, CallFormat, CallableTool, JsonFormat};
 pub use model::{LoadedModel, ModelKey};
 pub use sampling::Sampling;
 pub use staging::Staging;

@@ -36,7 +36,7 @@ fn request(model: &tuneq_serve::LoadedModel, text: &str, sampling: Sampling) -> 
         stop: Vec::new(),
         markers: Vec::new(),
         logprobs: Some(1),
-        json: None,
+        format: None,
     }
 }
 

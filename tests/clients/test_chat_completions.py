@@ -450,9 +450,100 @@ def test_a_schema_the_engine_cannot_enforce_is_refused_before_generating(client)
         "response_format.json_schema.schema"
     assert schema_refusal({"type": "object"}, name="has space")[1] == \
         "response_format.json_schema.name"
-    assert refusal(lambda: ask(client, MODEL, "hi", tools=[WEATHER_TOOL],
-                               response_format={"type": "json_object"})) == \
-        ("conflicting_values", "response_format")
+    bad_tool = {"type": "function", "function": {
+        "name": "f", "strict": True, "parameters": {"type": "strin"}}}
+    assert refusal(lambda: ask(client, MODEL, "hi", tools=[WEATHER_TOOL, bad_tool],
+                               tool_choice="required")) == \
+        ("invalid_value", "tools[1].function.parameters")
+
+
+STRICT_WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather", "strict": True,
+        "parameters": {"type": "object",
+                       "properties": {"city": {"type": "string", "maxLength": 30},
+                                      "unit": {"type": "string", "enum": ["C", "F"]}},
+                       "required": ["city", "unit"], "additionalProperties": False},
+    },
+}
+
+
+def test_a_required_call_is_a_call_of_a_declared_tool_with_arguments_its_schema_allows(client):
+    """The base model never learned to call tools: sampled at temperature 0.8, its calls
+    still name a declared tool, and a strict tool's arguments follow its schema, because
+    the answer is held to a grammar of calls (constrained decoding), not asked nicely."""
+    import jsonschema
+
+    search = {"type": "function", "function": {"name": "search", "strict": True, "parameters": {
+        "type": "object", "properties": {"q": {"type": "string", "maxLength": 40}},
+        "required": ["q"], "additionalProperties": False}}}
+    for seed in (1, 2, 3):
+        choice = ask(client, MODEL, "What is the weather like in Oslo?", seed=seed,
+                     temperature=0.8, max_tokens=120, tools=[STRICT_WEATHER, search],
+                     tool_choice="required", parallel_tool_calls=False).choices[0]
+        assert choice.finish_reason == "tool_calls", choice.message
+        (call,) = choice.message.tool_calls
+        assert call.function.name in ("get_weather", "search")
+        arguments = json.loads(call.function.arguments)
+        if call.function.name == "get_weather":
+            jsonschema.validate(arguments, STRICT_WEATHER["function"]["parameters"])
+        else:
+            jsonschema.validate(arguments, search["function"]["parameters"])
+
+    named = ask(client, MODEL, "Find tuneq.", seed=4, temperature=0.8, max_tokens=120,
+                tools=[search, STRICT_WEATHER],
+                tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    calls = named.choices[0].message.tool_calls
+    assert calls and all(c.function.name == "get_weather" for c in calls), named.choices[0]
+    for c in calls:
+        jsonschema.validate(json.loads(c.function.arguments),
+                            STRICT_WEATHER["function"]["parameters"])
+
+
+def test_tools_beside_a_json_response_format_answer_in_that_json_or_call(client, tuned):
+    """What an agent framework sends for a structured final answer (the Agents SDK's
+    `output_type` with tools): the model calls a tool, or answers in the JSON asked for,
+    and nothing else — whole, streamed, and through the Responses API."""
+    import jsonschema
+
+    place = {"type": "json_schema", "json_schema": {"name": "place", "strict": True,
+                                                    "schema": PLACE}}
+    # The fine-tune learned to call get_weather for Paris: it still does.
+    called = client.chat.completions.create(
+        model=tuned, tools=[WEATHER_TOOL], temperature=0, max_tokens=60,
+        response_format=place, messages=[{"role": "user", "content": "Weather in Paris?"}])
+    choice = called.choices[0]
+    assert choice.finish_reason == "tool_calls", choice.message
+    assert json.loads(choice.message.tool_calls[0].function.arguments) == {"city": "Paris"}
+
+    # Sampled answers of the base model: each is a call, or JSON the schema validates.
+    for seed in (1, 2, 3):
+        choice = ask(client, MODEL, "Name a city, its country and population.", seed=seed,
+                     temperature=0.8, max_tokens=120, tools=[STRICT_WEATHER],
+                     response_format=place).choices[0]
+        if choice.finish_reason == "tool_calls":
+            for c in choice.message.tool_calls:
+                jsonschema.validate(json.loads(c.function.arguments),
+                                    STRICT_WEATHER["function"]["parameters"])
+        else:
+            assert choice.finish_reason == "stop", choice
+            jsonschema.validate(json.loads(choice.message.content), PLACE)
+
+    streamed = [c for c in ask(client, MODEL, "Name a city, its country and population.",
+                               temperature=0, max_tokens=120, tools=[STRICT_WEATHER],
+                               response_format=place, stream=True) if c.choices]
+    text = "".join(c.choices[0].delta.content or "" for c in streamed)
+    calls = [c for chunk in streamed for c in (chunk.choices[0].delta.tool_calls or [])]
+    assert calls or jsonschema.validate(json.loads(text), PLACE) is None
+
+    response = client.responses.create(
+        model=tuned, input="Weather in Paris?", temperature=0, max_output_tokens=60,
+        tools=[{"type": "function", "name": "get_weather",
+                "parameters": WEATHER_TOOL["function"]["parameters"]}],
+        text={"format": {"type": "json_schema", "name": "place", "schema": PLACE}})
+    (call,) = [item for item in response.output if item.type == "function_call"]
+    assert json.loads(call.arguments) == {"city": "Paris"}
 
 
 def test_a_kept_checkpoint_answers_by_its_name(client, tuned):

@@ -37,6 +37,10 @@ struct Prepared {
     model: Arc<ServedModel>,
     prompt: Vec<u32>,
     max_new_tokens: usize,
+    /// What the answer must be (JSON, tool calls), enforced while generating.
+    format: Option<tuneq_serve::AnswerFormat>,
+    /// The start of the answer the request forces, where no grammar can (a model whose
+    /// vocabulary the grammar engine does not read, asked for a call).
     prefill: String,
     /// Whether an answer's opening reasoning block is kept apart from its content (the
     /// model's template writes them, and nothing was prefilled).
@@ -54,7 +58,7 @@ impl Prepared {
             stop: plan.stop.clone(),
             markers: plan.markers(),
             logprobs: plan.logprobs,
-            json: plan.json.clone(),
+            format: self.format.clone(),
         }
     }
 }
@@ -301,7 +305,29 @@ fn prepare(inference: &Inference, files: Staged, plan: &ChatPlan) -> ApiResult<P
         template: files.template,
     };
     let model = inference.engine().model(&key).map_err(serve_error)?;
-    let prefill = plan.prefill(model.call_syntax(&plan.conversation.tools));
+    let syntax = model.call_syntax(&plan.conversation.tools);
+    let (format, prefill) = match plan.answer_format(syntax) {
+        None => (None, String::new()),
+        Some(format) => match model.json_grammars() {
+            Ok(grammars) => {
+                // Refused now, before a slot's worth of generation: a schema the grammar
+                // engine rejects.
+                if let Err(e) = grammars.constrain(&format) {
+                    return Err(format_refused(grammars, plan, e));
+                }
+                (Some(format), String::new())
+            }
+            Err(e) if plan.json.is_some() => {
+                return Err(ApiError::invalid(
+                    "response_format",
+                    Code::InvalidValue,
+                    e.to_string(),
+                ));
+            }
+            // Calls without a grammar: the answer is made to open one.
+            Err(_) => (None, plan.prefill(syntax)),
+        },
+    };
     let prompt = model
         .chat_prompt(
             &plan.conversation.messages,
@@ -316,20 +342,6 @@ fn prepare(inference: &Inference, files: Staged, plan: &ChatPlan) -> ApiResult<P
             ),
             other => serve_error(other),
         })?;
-    if let Some(format) = &plan.json {
-        // Refused now, before a slot's worth of generation: a schema the grammar engine
-        // rejects, or a model whose vocabulary it cannot read.
-        let grammars = model
-            .json_grammars()
-            .map_err(|e| ApiError::invalid("response_format", Code::InvalidValue, e.to_string()))?;
-        grammars.constrain(format).map_err(|e| {
-            ApiError::invalid(
-                "response_format.json_schema.schema",
-                Code::InvalidValue,
-                format!("The schema cannot be enforced: {e}"),
-            )
-        })?;
-    }
     let context = model.context_length();
     let room = context.saturating_sub(prompt.len());
     if room == 0 {
@@ -369,8 +381,45 @@ fn prepare(inference: &Inference, files: Staged, plan: &ChatPlan) -> ApiResult<P
         model,
         prompt,
         max_new_tokens,
+        format,
         prefill,
     })
+}
+
+/// A format the grammar engine refused (`error`), as the client sees it: naming the
+/// schema at fault — the `response_format`'s, or a strict tool's parameters.
+fn format_refused(
+    grammars: &tuneq_serve::json_format::JsonGrammars,
+    plan: &ChatPlan,
+    error: ServeError,
+) -> ApiError {
+    use tuneq_serve::{AnswerFormat, CallableTool};
+    let refuses = |format: AnswerFormat| grammars.constrain(&format).err();
+    let (param, error) = match plan
+        .json
+        .clone()
+        .and_then(|json| refuses(AnswerFormat::Json(json)))
+    {
+        Some(e) => ("response_format.json_schema.schema".to_string(), e),
+        None => plan
+            .conversation
+            .tools
+            .iter()
+            .enumerate()
+            .find_map(|(i, tool)| {
+                let arguments = CallableTool::of_declared(tool)?.arguments;
+                let e = refuses(AnswerFormat::Json(tuneq_serve::JsonFormat::Schema(
+                    arguments,
+                )))?;
+                Some((format!("tools[{i}].function.parameters"), e))
+            })
+            .unwrap_or(("tools".to_string(), error)),
+    };
+    ApiError::invalid(
+        &param,
+        Code::InvalidValue,
+        format!("The schema cannot be enforced: {error}"),
+    )
 }
 
 /// An engine error as the client sees it (the details of the server's own failures

@@ -11,7 +11,7 @@ use tuneq_openapi::chat::{
     MAX_CHOICES, MAX_LOGIT_BIAS, MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_TOP_LOGPROBS,
 };
 use tuneq_serve::tool_calls::{CALL_OPEN, CallSyntax};
-use tuneq_serve::{JsonFormat, Sampling};
+use tuneq_serve::{AnswerFormat, CallFormat, CallableTool, JsonFormat, Sampling};
 
 /// How the request lets the model use its tools.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,6 +37,8 @@ pub(crate) struct ChatPlan {
     pub(crate) tool_names: Vec<String>,
     /// How tools may be used.
     pub(crate) tools: ToolMode,
+    /// Several calls in one answer (`parallel_tool_calls`, on unless turned off).
+    pub(crate) parallel_calls: bool,
     /// Tokens to generate at most, when the request says.
     pub(crate) max_new_tokens: Option<usize>,
     /// How tokens are picked.
@@ -65,6 +67,35 @@ impl ChatPlan {
             ToolMode::Named(name) => syntax.forced_prefix(Some(name)),
             ToolMode::Required => syntax.forced_prefix(None),
             ToolMode::Off | ToolMode::Auto => String::new(),
+        }
+    }
+
+    /// What the answer must be, in the model's call `syntax`: JSON (`response_format`),
+    /// calls (a required or named tool), either (a JSON `response_format` beside tools
+    /// the model may call); None when it is free text (which may hold calls).
+    pub(crate) fn answer_format(&self, syntax: CallSyntax) -> Option<AnswerFormat> {
+        let callable = |only: Option<&str>| -> Vec<CallableTool> {
+            self.conversation
+                .tools
+                .iter()
+                .filter_map(CallableTool::of_declared)
+                .filter(|tool| only.is_none_or(|name| tool.name == name))
+                .collect()
+        };
+        let calls = |tools, or_json| {
+            Some(AnswerFormat::Calls(CallFormat {
+                syntax,
+                tools,
+                parallel: self.parallel_calls,
+                or_json,
+            }))
+        };
+        match (&self.tools, &self.json) {
+            (ToolMode::Off, json) => json.clone().map(AnswerFormat::Json),
+            (ToolMode::Auto, None) => None,
+            (ToolMode::Auto, Some(json)) => calls(callable(None), Some(json.clone())),
+            (ToolMode::Required, _) => calls(callable(None), None),
+            (ToolMode::Named(name), _) => calls(callable(Some(name)), None),
         }
     }
 
@@ -97,13 +128,6 @@ pub(crate) fn plan(body: ChatCompletionRequest) -> ApiResult<ChatPlan> {
         .map(response_format)
         .transpose()?
         .flatten();
-    if json.is_some() && tools != ToolMode::Off {
-        return Err(ApiError::invalid(
-            "response_format",
-            Code::ConflictingValues,
-            "A JSON response_format and tools the model may call cannot be combined: the answer would have to be both. Set tool_choice to \"none\" or drop response_format.",
-        ));
-    }
     let max_new_tokens = match (body.max_tokens, body.max_completion_tokens) {
         (Some(_), Some(_)) => {
             return Err(ApiError::invalid(
@@ -153,6 +177,7 @@ pub(crate) fn plan(body: ChatCompletionRequest) -> ApiResult<ChatPlan> {
         conversation,
         tool_names,
         tools,
+        parallel_calls: body.parallel_tool_calls.unwrap_or(true),
         max_new_tokens,
         sampling: sampling(&body)?,
         n,

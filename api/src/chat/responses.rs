@@ -127,6 +127,7 @@ fn as_chat(body: &ResponseRequest) -> ApiResult<ChatCompletionRequest> {
         stream: body.stream,
         tools,
         tool_choice: body.tool_choice.as_ref().map(tool_choice),
+        parallel_tool_calls: body.parallel_tool_calls,
         response_format: body
             .text
             .as_ref()
@@ -214,7 +215,8 @@ fn text_part(part: &Value, at: &str) -> ApiResult<Value> {
     }
 }
 
-/// A flat function tool (`{"type": "function", "name", "parameters"}`) as chat's.
+/// A flat function tool (`{"type": "function", "name", "parameters"}`) as chat's. A
+/// function tool of the Responses API is strict unless it says otherwise.
 fn function_tool(tool: &Value, i: usize) -> ApiResult<Value> {
     if tool.get("type").and_then(Value::as_str) != Some("function") {
         return Err(invalid(
@@ -225,7 +227,7 @@ fn function_tool(tool: &Value, i: usize) -> ApiResult<Value> {
     let mut function = tool.clone();
     if let Some(obj) = function.as_object_mut() {
         obj.remove("type");
-        obj.remove("strict");
+        obj.entry("strict").or_insert(Value::Bool(true));
     }
     Ok(json!({"type": "function", "function": function}))
 }
@@ -310,7 +312,7 @@ fn shell(body: &ResponseRequest, plan: &ChatPlan) -> ResponseObject {
             .unwrap_or_else(|| json!({"format": {"type": "text"}})),
         tools: body.tools.clone().unwrap_or_default(),
         tool_choice: body.tool_choice.clone().unwrap_or_else(|| json!("auto")),
-        parallel_tool_calls: true,
+        parallel_tool_calls: plan.parallel_calls,
         previous_response_id: None,
         store: false,
         metadata: body.metadata.clone().unwrap_or_else(|| json!({})),

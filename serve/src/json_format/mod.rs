@@ -8,8 +8,10 @@
 //! by itself: after its last brace nothing more may come, and the answer stops there.
 //! Whitespace between tokens is capped, so a small model cannot loop on newlines.
 //! Properties come in the schema's order. An invalid or unsupported schema is refused
-//! when the grammar is compiled, before anything is generated.
+//! when the grammar is compiled, before anything is generated. Tool calls are held to a
+//! grammar the same way ([`calls`]).
 
+mod calls;
 mod vocabulary;
 
 use crate::error::{Result, ServeError};
@@ -17,6 +19,7 @@ use llguidance::api::TopLevelGrammar;
 use llguidance::{JsonCompileOptions, Matcher, ParserFactory};
 use serde_json::Value;
 
+pub use calls::{CallFormat, CallableTool};
 pub use vocabulary::VocabularyError;
 
 /// Whitespace allowed between JSON tokens: up to 8 spaces, tabs or newlines.
@@ -31,9 +34,30 @@ pub enum JsonFormat {
     Schema(Value),
 }
 
+impl JsonFormat {
+    /// The schema the answer follows.
+    pub fn schema(&self) -> Value {
+        match self {
+            JsonFormat::Object => serde_json::json!({"type": "object"}),
+            JsonFormat::Schema(schema) => schema.clone(),
+        }
+    }
+}
+
+/// What an answer must be, enforced token by token.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AnswerFormat {
+    /// JSON (`response_format`).
+    Json(JsonFormat),
+    /// Tool calls (or, where the format says, JSON instead).
+    Calls(CallFormat),
+}
+
 /// Compiles JSON formats for one model; the vocabulary's masks are prepared once.
 pub struct JsonGrammars {
     factory: ParserFactory,
+    /// Mistral's `[TOOL_CALLS]` token, where the vocabulary has it.
+    mistral_calls: Option<u32>,
 }
 
 impl std::fmt::Debug for JsonGrammars {
@@ -54,40 +78,50 @@ impl JsonGrammars {
         let mut factory = ParserFactory::new_simple(&env)
             .map_err(|e| VocabularyError::Tokenizer(e.to_string()))?;
         factory.quiet();
-        Ok(Self { factory })
+        let mistral_calls = tokenizer.token_to_id(crate::tool_calls::MISTRAL_CALLS);
+        Ok(Self {
+            factory,
+            mistral_calls,
+        })
     }
 
     /// A fresh constraint for one answer in `format`; an invalid or unsupported schema
     /// is [`ServeError::InvalidSchema`].
-    pub fn constrain(&self, format: &JsonFormat) -> Result<JsonConstraint> {
-        let mut schema = match format {
-            JsonFormat::Object => serde_json::json!({"type": "object"}),
-            JsonFormat::Schema(schema) => schema.clone(),
+    pub fn constrain(&self, format: &AnswerFormat) -> Result<JsonConstraint> {
+        let grammar = match format {
+            AnswerFormat::Json(json) => TopLevelGrammar::from_json_schema(prepared(json.schema())?),
+            AnswerFormat::Calls(calls) => {
+                TopLevelGrammar::from_lark(calls::lark(calls, self.mistral_calls, &prepared)?)
+            }
         };
-        match &mut schema {
-            Value::Object(obj) => {
-                // The grammar engine's own options are the server's to set, not a client's.
-                obj.remove("x-guidance");
-                let options = JsonCompileOptions {
-                    whitespace_pattern: Some(WHITESPACE.into()),
-                    ..Default::default()
-                };
-                options.apply_to(&mut schema);
-            }
-            Value::Bool(_) => {}
-            _ => {
-                return Err(ServeError::InvalidSchema(
-                    "a schema is a JSON object (or true / false)".into(),
-                ));
-            }
-        }
         let parser = self
             .factory
-            .create_parser(TopLevelGrammar::from_json_schema(schema))
+            .create_parser(grammar)
             .map_err(|e| ServeError::InvalidSchema(first_line(&e.to_string())))?;
         Ok(JsonConstraint {
             matcher: Matcher::new(Ok(parser)),
         })
+    }
+}
+
+/// `schema` with the server's options for the grammar engine (the whitespace allowed
+/// between tokens): a client's own options (`x-guidance`) are dropped, not the client's
+/// to set.
+fn prepared(mut schema: Value) -> Result<Value> {
+    match &mut schema {
+        Value::Object(obj) => {
+            obj.remove("x-guidance");
+            let options = JsonCompileOptions {
+                whitespace_pattern: Some(WHITESPACE.into()),
+                ..Default::default()
+            };
+            options.apply_to(&mut schema);
+            Ok(schema)
+        }
+        Value::Bool(_) => Ok(schema),
+        _ => Err(ServeError::InvalidSchema(
+            "a schema is a JSON object (or true / false)".into(),
+        )),
     }
 }
 
