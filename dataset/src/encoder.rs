@@ -401,14 +401,16 @@ impl Encoder {
     /// answer begins: what a request for an answer is generated from. Tools are
     /// rendered as training rendered them (by the template, or written into the
     /// messages for a template without tools), so a fine-tuned model sees the shape it
-    /// learned.
+    /// learned. `variables` are handed to the template beside them.
     pub fn generation_prompt(
         &self,
         messages: &[Message],
         tools: &[serde_json::Value],
+        variables: &crate::TemplateVariables,
     ) -> Result<String> {
         let Conversation { messages, tools } = self.with_tools(messages.to_vec(), tools);
-        self.template.render_with_tools(&messages, &tools, true)
+        self.template
+            .render_with_variables(&messages, &tools, true, variables)
     }
 
     /// How the template's text grows for this conversation, when it is known: a built-in

@@ -49,7 +49,10 @@ pub use jsonl::{
 pub use preference::EncodedPair;
 pub use record::Record;
 pub use stats::{TokenCounter, TokenStats, token_stats};
-pub use template::{ALPACA_TEMPLATE, CHATML_TEMPLATE, ChatTemplate, LLAMA2_TEMPLATE};
+pub use template::{
+    ALPACA_TEMPLATE, CHATML_TEMPLATE, ChatTemplate, LLAMA2_TEMPLATE, RENDERING_NAMES,
+    TemplateVariables,
+};
 pub use tokenizer_build::{
     MIN_FREQUENCY, SPECIAL_TOKENS, build_tokenizer, tokenizer_config_json, write_tokenizer_files,
 };

@@ -35,6 +35,22 @@ pub const ALPACA_TEMPLATE: &str = "{% for message in messages %}{% if message['r
 
 const TEMPLATE_NAME: &str = "chat";
 
+/// Variables a request hands the chat template beside its messages (vLLM's
+/// `chat_template_kwargs`: Qwen3's `enable_thinking`, …).
+pub type TemplateVariables = serde_json::Map<String, Json>;
+
+/// The names a template is rendered with, which a request's [`TemplateVariables`] may
+/// not take.
+pub const RENDERING_NAMES: [&str; 7] = [
+    "messages",
+    "tools",
+    "add_generation_prompt",
+    "bos_token",
+    "eos_token",
+    "raise_exception",
+    "strftime_now",
+];
+
 /// The name of the template a model may give for conversations with tools (the
 /// `tool_use` entry of a `chat_template` list), which transformers takes when tools are
 /// passed.
@@ -273,6 +289,24 @@ impl ChatTemplate {
         tools: &[Json],
         add_generation_prompt: bool,
     ) -> Result<String> {
+        self.render_with_variables(
+            messages,
+            tools,
+            add_generation_prompt,
+            &TemplateVariables::new(),
+        )
+    }
+
+    /// [`ChatTemplate::render_with_tools`] with `variables` beside the messages, as
+    /// transformers' `apply_chat_template(…, **kwargs)` hands them on (the rendering's
+    /// own names, [`RENDERING_NAMES`], keep their values).
+    pub fn render_with_variables(
+        &self,
+        messages: &[Message],
+        tools: &[Json],
+        add_generation_prompt: bool,
+        variables: &TemplateVariables,
+    ) -> Result<String> {
         self.rendered_messages
             .fetch_add(messages.len() as u64 + 1, Ordering::Relaxed);
         let adapted;
@@ -284,15 +318,16 @@ impl ChatTemplate {
             }
             false => messages,
         };
-        self.render_as_given(messages, tools, add_generation_prompt)
+        self.render_as_given(messages, tools, add_generation_prompt, variables)
     }
 
-    /// [`ChatTemplate::render_with_tools`] with the messages exactly as given.
+    /// [`ChatTemplate::render_with_variables`] with the messages exactly as given.
     fn render_as_given(
         &self,
         messages: &[Message],
         tools: &[Json],
         add_generation_prompt: bool,
+        variables: &TemplateVariables,
     ) -> Result<String> {
         let messages: Vec<Value> = messages.iter().map(|m| Value::from(Serde(m))).collect();
         let tools = (!tools.is_empty()).then(|| Value::from(Serde(tools)));
@@ -310,6 +345,7 @@ impl ChatTemplate {
                 add_generation_prompt => add_generation_prompt,
                 bos_token => self.bos_token.as_str(),
                 eos_token => self.eos_token.as_str(),
+                ..Value::from(Serde(variables))
             })
             .map_err(|e| DataError::Template(describe(&e)))
     }
@@ -349,7 +385,8 @@ impl ChatTemplate {
                     },
                 ];
                 let tools = [serde_json::json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}})];
-                self.render_as_given(&messages, &tools, true).is_ok()
+                self.render_as_given(&messages, &tools, true, &TemplateVariables::new())
+                    .is_ok()
             };
             CallShape::ALL
                 .into_iter()

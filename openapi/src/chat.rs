@@ -86,6 +86,13 @@ pub struct ChatCompletionRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub tool_choice: Option<serde_json::Value>,
+    /// vLLM's extension (the `openai` SDK sends it in `extra_body`): variables handed to
+    /// the model's chat template beside the messages, such as Qwen3's `enable_thinking:
+    /// false`. At most 16; names of letters, digits and `_`, none of the names the
+    /// template is rendered with (`messages`, `tools`, `add_generation_prompt`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
     /// `false`: at most one call per answer, where the answer is held to calls (a
     /// required or named tool, or tools beside a JSON `response_format`); default `true`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

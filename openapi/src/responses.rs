@@ -169,6 +169,29 @@ pub enum OutputItem {
         /// Always `completed`.
         status: String,
     },
+    /// A reasoning model's reasoning (the block its answer opened with), before its
+    /// message.
+    Reasoning {
+        /// `rs_…`.
+        id: String,
+        /// Always empty: the reasoning is given whole, not summarised.
+        #[schema(value_type = Vec<Object>)]
+        summary: Vec<serde_json::Value>,
+        /// The reasoning's text, one `reasoning_text` part.
+        content: Vec<ReasoningText>,
+        /// `in_progress` or `completed`.
+        status: String,
+    },
+}
+
+/// The text of a reasoning item.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ReasoningText {
+    /// Always `reasoning_text`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The text.
+    pub text: String,
 }
 
 /// A text part of a message.
@@ -193,7 +216,8 @@ pub struct ResponseUsage {
     pub input_tokens_details: CachedTokens,
     /// Tokens generated.
     pub output_tokens: u64,
-    /// Always zero reasoning.
+    /// Always zero reasoning: a reasoning model's reasoning tokens are counted in
+    /// `output_tokens`, not apart.
     pub output_tokens_details: ReasoningTokens,
     /// The sum.
     pub total_tokens: u64,

@@ -69,7 +69,7 @@ pub fn run(opts: &ServeBenchOptions) -> Result<ServeBenchResult> {
             let prompt = &opts.prompts[i % opts.prompts.len().max(1)];
             let message = tuneq_dataset::Message::new(tuneq_dataset::Role::User, prompt.clone());
             Ok(GenerationRequest {
-                prompt: model.chat_prompt(&[message], &[], "")?,
+                prompt: model.chat_prompt(&[message], &[], &Default::default(), "")?,
                 max_new_tokens: opts.max_new_tokens,
                 sampling: no_end.clone(),
                 seed: 0,

@@ -366,7 +366,9 @@ mod tests {
     fn greedy(model: &LoadedModel) -> Vec<String> {
         let message = tuneq_dataset::Message::new(tuneq_dataset::Role::User, "Hello there");
         let request = crate::GenerationRequest {
-            prompt: model.chat_prompt(&[message], &[], "").expect("prompt"),
+            prompt: model
+                .chat_prompt(&[message], &[], &Default::default(), "")
+                .expect("prompt"),
             max_new_tokens: 12,
             sampling: crate::Sampling::greedy(),
             seed: 0,

@@ -121,15 +121,16 @@ impl LoadedModel {
     }
 
     /// The ids of the prompt for `messages` (with `tools`), rendered by the model's chat
-    /// template up to where the answer begins, then `prefill` (the start of the answer
-    /// the request forces).
+    /// template (with `variables` beside them) up to where the answer begins, then
+    /// `prefill` (the start of the answer the request forces).
     pub fn chat_prompt(
         &self,
         messages: &[tuneq_dataset::Message],
         tools: &[serde_json::Value],
+        variables: &tuneq_dataset::TemplateVariables,
         prefill: &str,
     ) -> Result<Vec<u32>> {
-        let mut text = self.encoder.generation_prompt(messages, tools)?;
+        let mut text = self.encoder.generation_prompt(messages, tools, variables)?;
         text.push_str(prefill);
         self.tokenize(&text)
     }

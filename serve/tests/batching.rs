@@ -29,7 +29,9 @@ fn engine_and_model() -> (tempfile::TempDir, Engine, Arc<tuneq_serve::ServedMode
 fn request(model: &tuneq_serve::LoadedModel, text: &str, sampling: Sampling) -> GenerationRequest {
     let message = tuneq_dataset::Message::new(tuneq_dataset::Role::User, text);
     GenerationRequest {
-        prompt: model.chat_prompt(&[message], &[], "").expect("prompt"),
+        prompt: model
+            .chat_prompt(&[message], &[], &Default::default(), "")
+            .expect("prompt"),
         max_new_tokens: 24,
         sampling,
         seed: 5,

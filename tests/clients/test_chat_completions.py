@@ -609,3 +609,60 @@ def test_a_reasoning_model_answers_with_its_reasoning_apart_and_takes_it_back(cl
     # The base model with a template that writes no reasoning keeps its text as it is.
     base = ask(client, MODEL, THINK_PROMPT, max_tokens=8, temperature=0).choices[0].message
     assert "reasoning_content" not in (base.model_extra or {})
+
+
+def test_responses_show_the_reasoning_as_a_reasoning_item_and_take_it_back(client, thinking):
+    """Through the Responses API, a reasoning model's block is a `reasoning` output item
+    (its text as `reasoning_text` content, as open-model servers give it), before the
+    message; streamed as `response.reasoning_text.delta` events; and the output appended
+    to the next input, as OpenAI's guide to managing context does, is taken back."""
+    response = client.responses.create(model=thinking, input=THINK_PROMPT, temperature=0,
+                                       max_output_tokens=40)
+    assert [item.type for item in response.output] == ["reasoning", "message"], response
+    reasoning = response.output[0]
+    assert [part.text for part in reasoning.content] == [REASONING] and reasoning.summary == []
+    assert reasoning.id.startswith("rs_") and reasoning.status == "completed"
+    assert response.output_text.strip() == MOTTO
+
+    events = list(client.responses.create(model=thinking, input=THINK_PROMPT, temperature=0,
+                                          max_output_tokens=40, stream=True))
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") \
+        == REASONING
+    assert [e.text for e in events if e.type == "response.reasoning_text.done"] == [REASONING]
+    assert {e.output_index for e in events if e.type == "response.output_text.delta"} == {1}
+    added = [e.item.type for e in events if e.type == "response.output_item.added"]
+    assert added == ["reasoning", "message"], added
+    completed = events[-1]
+    assert completed.type == "response.completed"
+    assert [item.type for item in completed.response.output] == ["reasoning", "message"]
+    assert completed.response.output_text == response.output_text
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+
+    conversation = [{"role": "user", "content": THINK_PROMPT}]
+    conversation += response.output
+    conversation.append({"role": "user", "content": "Once more?"})
+    again = client.responses.create(model=thinking, input=conversation, max_output_tokens=4,
+                                    temperature=0)
+    assert again.status in ("completed", "incomplete"), again
+    assert refusal(lambda: client.responses.create(
+        model=thinking, max_output_tokens=4,
+        input=[{"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text"}]},
+               {"role": "user", "content": "hi"}])) == \
+        ("invalid_value", "input[0].content[0].text")
+
+
+def test_chat_template_kwargs_reach_the_template_as_vllm_hands_them_on(client, thinking):
+    """vLLM's `chat_template_kwargs`, sent through the SDK's `extra_body`: Qwen3's
+    `enable_thinking: false` makes its template write an empty block into the prompt
+    (so the prompt is longer); the rendering's own names and malformed ones are refused."""
+    def asked(kwargs=None):
+        extra = {} if kwargs is None else {"extra_body": {"chat_template_kwargs": kwargs}}
+        return ask(client, thinking, THINK_PROMPT, max_tokens=4, temperature=0, **extra)
+
+    plain = asked().usage.prompt_tokens
+    assert asked({"enable_thinking": False}).usage.prompt_tokens > plain
+    assert asked({"enable_thinking": True}).usage.prompt_tokens == plain
+    assert refusal(lambda: asked({"messages": []})) == \
+        ("invalid_value", "chat_template_kwargs.messages")
+    assert refusal(lambda: asked({f"v{i}": 1 for i in range(17)}))[1] == "chat_template_kwargs"
+    assert refusal(lambda: asked({"not a name": 1}))[1] == "chat_template_kwargs"

@@ -332,6 +332,7 @@ fn prepare(inference: &Inference, files: Staged, plan: &ChatPlan) -> ApiResult<P
         .chat_prompt(
             &plan.conversation.messages,
             &plan.conversation.tools,
+            &plan.template_variables,
             &prefill,
         )
         .map_err(|e| match e {

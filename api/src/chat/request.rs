@@ -39,6 +39,8 @@ pub(crate) struct ChatPlan {
     pub(crate) tools: ToolMode,
     /// Several calls in one answer (`parallel_tool_calls`, on unless turned off).
     pub(crate) parallel_calls: bool,
+    /// Variables for the chat template (`chat_template_kwargs`).
+    pub(crate) template_variables: tuneq_dataset::TemplateVariables,
     /// Tokens to generate at most, when the request says.
     pub(crate) max_new_tokens: Option<usize>,
     /// How tokens are picked.
@@ -109,6 +111,9 @@ impl ChatPlan {
     }
 }
 
+/// Variables a request may hand its model's chat template at most.
+const MAX_TEMPLATE_VARIABLES: usize = 16;
+
 fn invalid(param: &str, message: impl Into<String>) -> ApiError {
     ApiError::invalid(param, Code::InvalidValue, message)
 }
@@ -178,6 +183,7 @@ pub(crate) fn plan(body: ChatCompletionRequest) -> ApiResult<ChatPlan> {
         tool_names,
         tools,
         parallel_calls: body.parallel_tool_calls.unwrap_or(true),
+        template_variables: template_variables(body.chat_template_kwargs.clone())?,
         max_new_tokens,
         sampling: sampling(&body)?,
         n,
@@ -218,6 +224,41 @@ fn conversation(body: &ChatCompletionRequest) -> ApiResult<Conversation> {
         });
         invalid(&field, format!("{field}: {message}"))
     })
+}
+
+/// `chat_template_kwargs`, checked: at most [`MAX_TEMPLATE_VARIABLES`], each named as a
+/// template variable may be and none of the names the template is rendered with.
+fn template_variables(
+    kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+) -> ApiResult<tuneq_dataset::TemplateVariables> {
+    let kwargs = kwargs.unwrap_or_default();
+    if kwargs.len() > MAX_TEMPLATE_VARIABLES {
+        return Err(invalid(
+            "chat_template_kwargs",
+            format!("chat_template_kwargs holds at most {MAX_TEMPLATE_VARIABLES} variables."),
+        ));
+    }
+    for name in kwargs.keys() {
+        let well_formed = (1..=64).contains(&name.len())
+            && name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !well_formed {
+            return Err(invalid(
+                "chat_template_kwargs",
+                format!(
+                    "`{}` is not a template variable's name: letters, digits and _, 64 at most, not starting with a digit.",
+                    crate::quote::shown(name)
+                ),
+            ));
+        }
+        if tuneq_dataset::RENDERING_NAMES.contains(&name.as_str()) {
+            return Err(invalid(
+                &format!("chat_template_kwargs.{name}"),
+                format!("`{name}` is set by the rendering itself; choose another variable."),
+            ));
+        }
+    }
+    Ok(kwargs)
 }
 
 /// `tool_choice` against the declared tools.

@@ -19,8 +19,8 @@ use actix_web::{HttpResponse, web};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use tuneq_openapi::responses::{
-    IncompleteDetails, OutputItem, OutputText, ResponseObject, ResponseRequest, ResponseStatus,
-    ResponseUsage,
+    IncompleteDetails, OutputItem, OutputText, ReasoningText, ResponseObject, ResponseRequest,
+    ResponseStatus, ResponseUsage,
 };
 use tuneq_openapi::{ChatCompletionRequest, FinishReason, ToolCallOut, Usage};
 
@@ -41,8 +41,8 @@ pub(crate) async fn create_response(
     body: crate::body::JsonBody<ResponseRequest>,
 ) -> ApiResult<HttpResponse> {
     let body = body.0;
-    let shift = usize::from(body.instructions.is_some());
-    let plan = request::plan(as_chat(&body)?).map_err(|e| in_responses_terms(e, shift))?;
+    let (chat, origins) = as_chat(&body)?;
+    let plan = request::plan(chat).map_err(|e| in_responses_terms(e, &origins))?;
     let shell = Arc::new(shell(&body, &plan));
     let Started {
         inference,
@@ -68,15 +68,25 @@ pub(crate) async fn create_response(
         reasoning: choice.message.reasoning_content,
         finish: choice.finish_reason,
     };
-    Ok(HttpResponse::Ok().json(finished(&shell, &reading, usage)))
+    let response = finished(&shell, &reading, &mut ItemIds::new(), usage);
+    Ok(HttpResponse::Ok().json(response))
 }
 
 fn invalid(param: &str, message: impl Into<String>) -> ApiError {
     ApiError::invalid(param, Code::InvalidValue, message)
 }
 
-/// The chat request `body` stands for.
-fn as_chat(body: &ResponseRequest) -> ApiResult<ChatCompletionRequest> {
+/// Where a chat message came from: the `instructions`, or an item of `input`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    Instructions,
+    Input(usize),
+}
+
+/// The chat request `body` stands for, and where each of its messages came from. A
+/// `reasoning` item (an earlier response's, sent back) is no message of its own: its
+/// text is the `reasoning_content` of the assistant turn that follows it.
+fn as_chat(body: &ResponseRequest) -> ApiResult<(ChatCompletionRequest, Vec<Origin>)> {
     if body.previous_response_id.is_some() {
         return Err(invalid(
             "previous_response_id",
@@ -89,15 +99,33 @@ fn as_chat(body: &ResponseRequest) -> ApiResult<ChatCompletionRequest> {
             "Only truncation \"disabled\" is offered: an input past the model's context is refused.",
         ));
     }
-    let mut messages = Vec::new();
+    let (mut messages, mut origins) = (Vec::new(), Vec::new());
     if let Some(instructions) = &body.instructions {
         messages.push(json!({"role": "system", "content": instructions}));
+        origins.push(Origin::Instructions);
     }
     match &body.input {
-        Value::String(text) => messages.push(json!({"role": "user", "content": text})),
+        Value::String(text) => {
+            messages.push(json!({"role": "user", "content": text}));
+            origins.push(Origin::Input(0));
+        }
         Value::Array(items) => {
+            let mut reasoning: Option<String> = None;
             for (i, item) in items.iter().enumerate() {
-                messages.push(input_item(item, i)?);
+                if item.get("type").and_then(Value::as_str) == Some("reasoning") {
+                    reasoning
+                        .get_or_insert_default()
+                        .push_str(&reasoning_text(item, i)?);
+                    continue;
+                }
+                let mut message = input_item(item, i)?;
+                if let Some(text) = reasoning.take()
+                    && message.get("role").and_then(Value::as_str) == Some("assistant")
+                {
+                    message["reasoning_content"] = text.into();
+                }
+                messages.push(message);
+                origins.push(Origin::Input(i));
             }
         }
         _ => {
@@ -118,7 +146,7 @@ fn as_chat(body: &ResponseRequest) -> ApiResult<ChatCompletionRequest> {
                 .collect::<ApiResult<Vec<_>>>()
         })
         .transpose()?;
-    Ok(ChatCompletionRequest {
+    let chat = ChatCompletionRequest {
         model: body.model.clone(),
         messages,
         max_completion_tokens: body.max_output_tokens,
@@ -135,7 +163,40 @@ fn as_chat(body: &ResponseRequest) -> ApiResult<ChatCompletionRequest> {
             .transpose()?
             .flatten(),
         ..ChatCompletionRequest::default()
-    })
+    };
+    Ok((chat, origins))
+}
+
+/// The text of a `reasoning` input item: its `reasoning_text` parts (or, without any,
+/// its summary's texts), one after another.
+fn reasoning_text(item: &Value, i: usize) -> ApiResult<String> {
+    let parts = |key: &str| -> ApiResult<String> {
+        let Some(parts) = item.get(key).filter(|v| !v.is_null()) else {
+            return Ok(String::new());
+        };
+        let Some(parts) = parts.as_array() else {
+            return Err(invalid(
+                &format!("input[{i}].{key}"),
+                format!("input[{i}].{key} must be a list of text parts."),
+            ));
+        };
+        let mut text = String::new();
+        for (j, part) in parts.iter().enumerate() {
+            let Some(piece) = part.get("text").and_then(Value::as_str) else {
+                return Err(invalid(
+                    &format!("input[{i}].{key}[{j}].text"),
+                    format!("input[{i}].{key}[{j}].text must be a string."),
+                ));
+            };
+            text.push_str(piece);
+        }
+        Ok(text)
+    };
+    let content = parts("content")?;
+    match content.is_empty() {
+        true => parts("summary"),
+        false => Ok(content),
+    }
 }
 
 /// One input item as a chat message: a message (its text parts made chat's), a
@@ -193,7 +254,7 @@ fn input_item(item: &Value, i: usize) -> ApiResult<Value> {
         other => Err(invalid(
             &format!("{at}.type"),
             format!(
-                "input items of type `{}` are not offered; use message, function_call or function_call_output.",
+                "input items of type `{}` are not offered; use message, reasoning, function_call or function_call_output.",
                 crate::quote::shown(other)
             ),
         )),
@@ -265,18 +326,18 @@ fn response_format(text: &Value) -> ApiResult<Option<Value>> {
 }
 
 /// A refusal of the translated chat request, naming the Responses field: `messages[k]`
-/// is `input[k − shift]` (or `instructions`), `response_format` is `text.format`,
-/// `max_completion_tokens` is `max_output_tokens`.
-fn in_responses_terms(mut e: ApiError, shift: usize) -> ApiError {
+/// is the input item (or the `instructions`) it came from (`origins`),
+/// `response_format` is `text.format`, `max_completion_tokens` is `max_output_tokens`.
+fn in_responses_terms(mut e: ApiError, origins: &[Origin]) -> ApiError {
     let Some(param) = e.detail.param.take() else {
         return e;
     };
     let renamed = if let Some(rest) = param.strip_prefix("messages[") {
         let (index, tail) = rest.split_once(']').unwrap_or((rest, ""));
-        match index.parse::<usize>() {
-            Ok(k) if k < shift => "instructions".to_string(),
-            Ok(k) => format!("input[{}]{tail}", k - shift),
-            Err(_) => param,
+        match index.parse::<usize>().ok().and_then(|k| origins.get(k)) {
+            Some(Origin::Instructions) => "instructions".to_string(),
+            Some(Origin::Input(i)) => format!("input[{i}]{tail}"),
+            None => param,
         }
     } else if param == "messages" {
         "input".to_string()
@@ -322,18 +383,60 @@ fn shell(body: &ResponseRequest, plan: &ChatPlan) -> ResponseObject {
     }
 }
 
-/// The finished response: its output items, status and usage.
-fn finished(shell: &ResponseObject, reading: &Reading, usage: Usage) -> ResponseObject {
+/// The ids of a response's output items, made once, so that a stream's events and the
+/// response it ends with name the same items.
+#[derive(Debug, Clone)]
+struct ItemIds {
+    reasoning: String,
+    message: String,
+    /// One per call, made when the calls are known.
+    calls: Vec<String>,
+}
+
+impl ItemIds {
+    fn new() -> Self {
+        Self {
+            reasoning: format!("rs_{}", random_id(32)),
+            message: format!("msg_{}", random_id(32)),
+            calls: Vec::new(),
+        }
+    }
+
+    /// The id of call `i`, made the first time it is asked for.
+    fn call(&mut self, i: usize) -> String {
+        while self.calls.len() <= i {
+            self.calls.push(format!("fc_{}", random_id(32)));
+        }
+        self.calls[i].clone()
+    }
+}
+
+/// The finished response: its output items (the reasoning, the message, the calls, in
+/// that order), status and usage.
+fn finished(
+    shell: &ResponseObject,
+    reading: &Reading,
+    ids: &mut ItemIds,
+    usage: Usage,
+) -> ResponseObject {
     let mut output = Vec::new();
-    if let Some(text) = &reading.content {
-        output.push(message_item(
-            format!("msg_{}", random_id(32)),
-            text.clone(),
+    if let Some(reasoning) = &reading.reasoning {
+        output.push(reasoning_item(
+            ids.reasoning.clone(),
+            reasoning.clone(),
             "completed",
         ));
     }
-    for call in reading.tool_calls.iter().flatten() {
-        output.push(call_item(call, &call.function.arguments, "completed"));
+    if let Some(text) = &reading.content {
+        output.push(message_item(ids.message.clone(), text.clone(), "completed"));
+    }
+    for (i, call) in reading.tool_calls.iter().flatten().enumerate() {
+        output.push(call_item(
+            ids.call(i),
+            call,
+            &call.function.arguments,
+            "completed",
+        ));
     }
     let incomplete = reading.finish == FinishReason::Length;
     ResponseObject {
@@ -355,22 +458,40 @@ fn finished(shell: &ResponseObject, reading: &Reading, usage: Usage) -> Response
     }
 }
 
+fn reasoning_item(id: String, text: String, status: &str) -> OutputItem {
+    OutputItem::Reasoning {
+        id,
+        summary: Vec::new(),
+        content: match text.is_empty() {
+            true => Vec::new(),
+            false => vec![ReasoningText {
+                kind: "reasoning_text".into(),
+                text,
+            }],
+        },
+        status: status.into(),
+    }
+}
+
 fn message_item(id: String, text: String, status: &str) -> OutputItem {
     OutputItem::Message {
         id,
         status: status.into(),
         role: "assistant".into(),
-        content: vec![OutputText {
-            kind: "output_text".into(),
-            text,
-            annotations: Vec::new(),
-        }],
+        content: match text.is_empty() && status != "completed" {
+            true => Vec::new(),
+            false => vec![OutputText {
+                kind: "output_text".into(),
+                text,
+                annotations: Vec::new(),
+            }],
+        },
     }
 }
 
-fn call_item(call: &ToolCallOut, arguments: &str, status: &str) -> OutputItem {
+fn call_item(id: String, call: &ToolCallOut, arguments: &str, status: &str) -> OutputItem {
     OutputItem::FunctionCall {
-        id: format!("fc_{}", random_id(32)),
+        id,
         call_id: call.id.clone(),
         name: call.function.name.clone(),
         arguments: arguments.to_string(),
@@ -383,8 +504,12 @@ struct ResponseEvents {
     events: EventSender,
     shell: Arc<ResponseObject>,
     sequence: u64,
-    /// The message item being streamed: its id and its text so far.
-    message: Option<(String, String)>,
+    ids: ItemIds,
+    /// The reasoning item's text so far, once it opened; and whether it is done.
+    reasoning: Option<String>,
+    reasoning_done: bool,
+    /// The message item's text so far, once it opened.
+    message: Option<String>,
     /// The response once its one choice closed.
     reading: Option<Reading>,
 }
@@ -395,6 +520,9 @@ impl ResponseEvents {
             events,
             shell,
             sequence: 0,
+            ids: ItemIds::new(),
+            reasoning: None,
+            reasoning_done: false,
             message: None,
             reading: None,
         }
@@ -411,25 +539,79 @@ impl ResponseEvents {
             .send(format!("event: {kind}\ndata: {fields}\n\n"))
     }
 
+    /// The output index of the message item: after the reasoning, if any.
+    fn message_index(&self) -> usize {
+        usize::from(self.reasoning.is_some())
+    }
+
+    /// Sends `text` of the reasoning item, opening it the first time.
+    fn reasoning_delta(&mut self, text: String) -> bool {
+        if text.is_empty() || self.reasoning_done {
+            return self.events.alive();
+        }
+        let id = self.ids.reasoning.clone();
+        if self.reasoning.is_none() {
+            self.reasoning = Some(String::new());
+            let item = reasoning_item(id.clone(), String::new(), "in_progress");
+            let opened = self.event(
+                "response.output_item.added",
+                json!({"output_index": 0, "item": item}),
+            ) && self.event(
+                "response.content_part.added",
+                json!({"item_id": id, "output_index": 0, "content_index": 0,
+                       "part": {"type": "reasoning_text", "text": ""}}),
+            );
+            if !opened {
+                return false;
+            }
+        }
+        if let Some(so_far) = self.reasoning.as_mut() {
+            so_far.push_str(&text);
+        }
+        self.event(
+            "response.reasoning_text.delta",
+            json!({"item_id": id, "output_index": 0, "content_index": 0, "delta": text}),
+        )
+    }
+
+    /// Ends the reasoning item, once, when the message begins or the answer ends.
+    fn close_reasoning(&mut self) -> bool {
+        let Some(text) = self.reasoning.clone().filter(|_| !self.reasoning_done) else {
+            return true;
+        };
+        self.reasoning_done = true;
+        let id = self.ids.reasoning.clone();
+        let item = reasoning_item(id.clone(), text.clone(), "completed");
+        self.event(
+            "response.reasoning_text.done",
+            json!({"item_id": id, "output_index": 0, "content_index": 0, "text": text}),
+        ) && self.event(
+            "response.content_part.done",
+            json!({"item_id": id, "output_index": 0, "content_index": 0,
+                   "part": {"type": "reasoning_text", "text": text}}),
+        ) && self.event(
+            "response.output_item.done",
+            json!({"output_index": 0, "item": item}),
+        )
+    }
+
     /// Opens the message item, the first time text comes.
     fn open_message(&mut self) -> bool {
         if self.message.is_some() {
             return true;
         }
-        let id = format!("msg_{}", random_id(32));
-        self.message = Some((id.clone(), String::new()));
-        let item = OutputItem::Message {
-            id: id.clone(),
-            status: "in_progress".into(),
-            role: "assistant".into(),
-            content: Vec::new(),
-        };
+        if !self.close_reasoning() {
+            return false;
+        }
+        self.message = Some(String::new());
+        let (id, index) = (self.ids.message.clone(), self.message_index());
+        let item = message_item(id.clone(), String::new(), "in_progress");
         self.event(
             "response.output_item.added",
-            json!({"output_index": 0, "item": item}),
+            json!({"output_index": index, "item": item}),
         ) && self.event(
             "response.content_part.added",
-            json!({"item_id": id, "output_index": 0, "content_index": 0,
+            json!({"item_id": id, "output_index": index, "content_index": 0,
                        "part": {"type": "output_text", "text": "", "annotations": []}}),
         )
     }
@@ -439,71 +621,45 @@ impl ResponseEvents {
         if !self.open_message() {
             return false;
         }
-        let Some((id, so_far)) = self.message.as_mut() else {
-            return false;
-        };
-        so_far.push_str(&text);
-        let id = id.clone();
+        if let Some(so_far) = self.message.as_mut() {
+            so_far.push_str(&text);
+        }
+        let (id, index) = (self.ids.message.clone(), self.message_index());
         self.event(
             "response.output_text.delta",
-            json!({"item_id": id, "output_index": 0, "content_index": 0, "delta": text, "logprobs": []}),
+            json!({"item_id": id, "output_index": index, "content_index": 0, "delta": text, "logprobs": []}),
         )
     }
-}
 
-impl AnswerSink for ResponseEvents {
-    fn alive(&self) -> bool {
-        self.events.alive()
+    /// Ends the message item, when there is one; the output index after it.
+    fn close_message(&mut self) -> Option<usize> {
+        let index = self.message_index();
+        let Some(text) = self.message.clone() else {
+            return Some(index);
+        };
+        let id = self.ids.message.clone();
+        let part = json!({"type": "output_text", "text": text, "annotations": []});
+        let item = message_item(id.clone(), text.clone(), "completed");
+        let sent = self.event(
+            "response.output_text.done",
+            json!({"item_id": id, "output_index": index, "content_index": 0, "text": text, "logprobs": []}),
+        ) && self.event(
+            "response.content_part.done",
+            json!({"item_id": id, "output_index": index, "content_index": 0, "part": part}),
+        ) && self.event(
+            "response.output_item.done",
+            json!({"output_index": index, "item": item}),
+        );
+        sent.then_some(index + 1)
     }
 
-    fn open(&mut self, _index: u32) -> bool {
-        let shell = self.shell.clone();
-        self.event("response.created", json!({"response": *shell}))
-            && self.event("response.in_progress", json!({"response": *shell}))
-    }
-
-    fn text(&mut self, _index: u32, piece: tuneq_serve::Piece) -> bool {
-        self.delta(piece.text)
-    }
-
-    /// A response shows the answer's text only (its reasoning is not an output item).
-    fn reasoning(&mut self, _index: u32, _piece: tuneq_serve::Piece) -> bool {
-        self.events.alive()
-    }
-
-    fn close(&mut self, _index: u32, unshown: Option<String>, reading: &Reading) -> bool {
-        if let Some(text) = unshown
-            && !self.delta(text)
-        {
-            return false;
-        }
-        let mut index = 0;
-        if let Some((id, text)) = self.message.clone() {
-            let part = json!({"type": "output_text", "text": text, "annotations": []});
-            let item = message_item(id.clone(), text.clone(), "completed");
-            let sent = self.event(
-                "response.output_text.done",
-                json!({"item_id": id, "output_index": 0, "content_index": 0, "text": text, "logprobs": []}),
-            ) && self.event(
-                "response.content_part.done",
-                json!({"item_id": id, "output_index": 0, "content_index": 0, "part": part}),
-            ) && self.event("response.output_item.done", json!({"output_index": 0, "item": item}));
-            if !sent {
-                return false;
-            }
-            index = 1;
-        }
-        for call in reading.tool_calls.iter().flatten() {
-            let added = call_item(call, "", "in_progress");
-            let OutputItem::FunctionCall { id, .. } = &added else {
-                continue;
-            };
-            let id = id.clone();
+    /// Sends the calls, each whole, from output index `index` on.
+    fn calls(&mut self, mut index: usize, calls: &[ToolCallOut]) -> bool {
+        for (i, call) in calls.iter().enumerate() {
+            let id = self.ids.call(i);
             let arguments = &call.function.arguments;
-            let mut done = call_item(call, arguments, "completed");
-            if let OutputItem::FunctionCall { id: done_id, .. } = &mut done {
-                done_id.clone_from(&id);
-            }
+            let added = call_item(id.clone(), call, "", "in_progress");
+            let done = call_item(id.clone(), call, arguments, "completed");
             let sent = self.event(
                 "response.output_item.added",
                 json!({"output_index": index, "item": added}),
@@ -522,9 +678,48 @@ impl AnswerSink for ResponseEvents {
             }
             index += 1;
         }
+        true
+    }
+}
+
+impl AnswerSink for ResponseEvents {
+    fn alive(&self) -> bool {
+        self.events.alive()
+    }
+
+    fn open(&mut self, _index: u32) -> bool {
+        let shell = self.shell.clone();
+        self.event("response.created", json!({"response": *shell}))
+            && self.event("response.in_progress", json!({"response": *shell}))
+    }
+
+    fn text(&mut self, _index: u32, piece: tuneq_serve::Piece) -> bool {
+        self.delta(piece.text)
+    }
+
+    fn reasoning(&mut self, _index: u32, piece: tuneq_serve::Piece) -> bool {
+        self.reasoning_delta(piece.text)
+    }
+
+    fn close(&mut self, _index: u32, unshown: Option<String>, reading: &Reading) -> bool {
+        if let Some(text) = unshown
+            && !self.delta(text)
+        {
+            return false;
+        }
+        if !self.close_reasoning() {
+            return false;
+        }
+        let Some(next) = self.close_message() else {
+            return false;
+        };
+        if !self.calls(next, reading.tool_calls.as_deref().unwrap_or_default()) {
+            return false;
+        }
         let mut reading = reading.clone();
-        // The message's text as streamed (what a stream shows is what the response holds).
-        reading.content = self.message.as_ref().map(|(_, text)| text.clone());
+        // The items as streamed (what a stream shows is what the response holds).
+        reading.reasoning = self.reasoning.clone();
+        reading.content = self.message.clone();
         self.reading = Some(reading);
         true
     }
@@ -533,7 +728,7 @@ impl AnswerSink for ResponseEvents {
         let Some(reading) = self.reading.clone() else {
             return false;
         };
-        let response = finished(&self.shell, &reading, usage);
+        let response = finished(&self.shell, &reading, &mut self.ids, usage);
         let kind = match response.status {
             ResponseStatus::Incomplete => "response.incomplete",
             _ => "response.completed",
@@ -559,10 +754,12 @@ mod tests {
 
     #[test]
     fn input_instructions_tools_and_format_become_a_chat_request() {
-        let chat = as_chat(&body(json!({
+        let (chat, origins) = as_chat(&body(json!({
             "model": "m", "instructions": "Be brief.",
             "input": [
                 {"role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
+                {"type": "reasoning", "id": "rs_1", "summary": [],
+                 "content": [{"type": "reasoning_text", "text": "A call "}, {"type": "reasoning_text", "text": "it is."}]},
                 {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"},
                 {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
             ],
@@ -583,6 +780,18 @@ mod tests {
         assert_eq!(
             chat.messages[2]["tool_calls"][0]["function"]["name"],
             "get_weather"
+        );
+        // The reasoning item is the reasoning of the turn after it, not a message.
+        assert_eq!(chat.messages[2]["reasoning_content"], "A call it is.");
+        assert_eq!(chat.messages.len(), 4);
+        assert_eq!(
+            origins,
+            [
+                Origin::Instructions,
+                Origin::Input(0),
+                Origin::Input(2),
+                Origin::Input(3)
+            ]
         );
         assert_eq!(
             chat.messages[3],
@@ -605,18 +814,24 @@ mod tests {
 
     #[test]
     fn refusals_name_the_responses_field() {
-        let e = request::plan(
-            as_chat(&body(json!({
-                "model": "m", "instructions": "x",
-                "input": [{"role": "user", "content": "a"}, {"role": "robot", "content": "b"}],
-            })))
-            .expect("chat"),
-        )
-        .expect_err("a robot");
+        let (chat, origins) = as_chat(&body(json!({
+            "model": "m", "instructions": "x",
+            "input": [
+                {"type": "reasoning", "summary": [{"type": "summary_text", "text": "s"}]},
+                {"role": "user", "content": "a"}, {"role": "robot", "content": "b"},
+            ],
+        })))
+        .expect("chat");
+        let e = request::plan(chat).expect_err("a robot");
         assert_eq!(
-            in_responses_terms(e, 1).detail.param.as_deref(),
-            Some("input[1].role")
+            in_responses_terms(e, &origins).detail.param.as_deref(),
+            Some("input[2].role")
         );
+        let e = as_chat(&body(json!({"model": "m", "input": [
+            {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": 1}]},
+        ]})))
+        .expect_err("not text");
+        assert_eq!(e.detail.param.as_deref(), Some("input[0].content[0].text"));
         let e = as_chat(&body(
             json!({"model": "m", "input": [{"type": "web_search_call"}]}),
         ))

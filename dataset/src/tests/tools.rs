@@ -434,3 +434,28 @@ fn a_template_says_whether_it_writes_reasoning_blocks() {
     let t = ChatTemplate::from_jinja(crate::CHATML_TEMPLATE, "", "").expect("compile");
     assert!(!t.writes_reasoning());
 }
+
+#[test]
+fn a_request_s_variables_reach_the_template_but_never_the_rendering_s_own_names() {
+    let source = "{% for m in messages %}{{ m.content }}{% endfor %}{% if add_generation_prompt %}>{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}{% endif %}";
+    let t = ChatTemplate::from_jinja(source, "", "").expect("compile");
+    let messages = [Message::new(Role::User, "hi")];
+    let variables = |value: serde_json::Value| value.as_object().expect("object").clone();
+    let render = |v: &crate::TemplateVariables| {
+        t.render_with_variables(&messages, &[], true, v)
+            .expect("render")
+    };
+    assert_eq!(render(&Default::default()), "hi>");
+    assert_eq!(
+        render(&variables(json!({"enable_thinking": false}))),
+        "hi><think></think>"
+    );
+    assert_eq!(render(&variables(json!({"enable_thinking": true}))), "hi>");
+    // The rendering's own names keep their values.
+    assert_eq!(
+        render(&variables(
+            json!({"messages": [{"content": "x"}], "add_generation_prompt": false})
+        )),
+        "hi>"
+    );
+}
