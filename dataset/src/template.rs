@@ -39,6 +39,16 @@ const TEMPLATE_NAME: &str = "chat";
 /// `chat_template_kwargs`: Qwen3's `enable_thinking`, …).
 pub type TemplateVariables = serde_json::Map<String, Json>;
 
+/// What a template renders beside the messages.
+struct Beside<'a> {
+    /// The tools the conversation may call.
+    tools: &'a [Json],
+    /// End where the model's answer begins.
+    add_generation_prompt: bool,
+    /// A request's own variables.
+    variables: &'a TemplateVariables,
+}
+
 /// The names a template is rendered with, which a request's [`TemplateVariables`] may
 /// not take.
 pub const RENDERING_NAMES: [&str; 7] = [
@@ -318,19 +328,18 @@ impl ChatTemplate {
             }
             false => messages,
         };
-        self.render_as_given(messages, tools, add_generation_prompt, variables)
+        let beside = Beside {
+            tools,
+            add_generation_prompt,
+            variables,
+        };
+        self.render_as_given(messages, &beside)
     }
 
     /// [`ChatTemplate::render_with_variables`] with the messages exactly as given.
-    fn render_as_given(
-        &self,
-        messages: &[Message],
-        tools: &[Json],
-        add_generation_prompt: bool,
-        variables: &TemplateVariables,
-    ) -> Result<String> {
+    fn render_as_given(&self, messages: &[Message], beside: &Beside<'_>) -> Result<String> {
         let messages: Vec<Value> = messages.iter().map(|m| Value::from(Serde(m))).collect();
-        let tools = (!tools.is_empty()).then(|| Value::from(Serde(tools)));
+        let tools = (!beside.tools.is_empty()).then(|| Value::from(Serde(beside.tools)));
         let template = self
             .env
             .get_template(match (&self.tool_use_source, tools.is_some()) {
@@ -342,10 +351,10 @@ impl ChatTemplate {
             .render(context! {
                 messages => messages,
                 tools => tools,
-                add_generation_prompt => add_generation_prompt,
+                add_generation_prompt => beside.add_generation_prompt,
                 bos_token => self.bos_token.as_str(),
                 eos_token => self.eos_token.as_str(),
-                ..Value::from(Serde(variables))
+                ..Value::from(Serde(beside.variables))
             })
             .map_err(|e| DataError::Template(describe(&e)))
     }
@@ -385,8 +394,12 @@ impl ChatTemplate {
                     },
                 ];
                 let tools = [serde_json::json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}})];
-                self.render_as_given(&messages, &tools, true, &TemplateVariables::new())
-                    .is_ok()
+                let beside = Beside {
+                    tools: &tools,
+                    add_generation_prompt: true,
+                    variables: &TemplateVariables::new(),
+                };
+                self.render_as_given(&messages, &beside).is_ok()
             };
             CallShape::ALL
                 .into_iter()
