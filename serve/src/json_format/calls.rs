@@ -32,7 +32,7 @@ impl CallableTool {
         let strict = function.get("strict").and_then(Value::as_bool) == Some(true);
         let arguments = match function.get("parameters") {
             Some(parameters) if strict => parameters.clone(),
-            _ => json!({"type": "object"}),
+            _ => JsonFormat::Object.schema(),
         };
         Some(Self { name, arguments })
     }
@@ -92,14 +92,21 @@ pub(super) fn lark(
         true => format!(" ({between} call)*"),
         false => String::new(),
     };
-    // The bare object Llama 3.1 writes (one call per answer); what tuneq reads as a call
-    // in tagged answers too (see `tool_calls::bare_calls`).
-    let bare = call(&["parameters", "arguments"])?;
-    let calls = match format.syntax {
-        CallSyntax::Llama31 => "bare".to_string(),
-        CallSyntax::Tagged => format!("{open} call{more} {close} | bare"),
-        CallSyntax::Mistral | CallSyntax::Phi4 => format!("{open} call{more} {close}"),
+    // A list of calls in the syntax's marks, and the bare object Llama 3.1 writes (one
+    // call per answer), which tuneq reads as a call in tagged answers too (see
+    // `tool_calls::bare_calls`): each syntax's ways, and only their rules.
+    let (listed, bare) = match format.syntax {
+        CallSyntax::Tagged => (true, true),
+        CallSyntax::Llama31 => (false, true),
+        CallSyntax::Mistral | CallSyntax::Phi4 => (true, false),
     };
+    let ways: Vec<String> = [
+        listed.then(|| format!("{open} call{more} {close}")),
+        bare.then(|| "bare".to_string()),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
     let mut lark = String::new();
     match &format.or_json {
         Some(answer) => {
@@ -108,9 +115,14 @@ pub(super) fn lark(
         }
         None => lark.push_str("start: calls\n"),
     }
-    lark.push_str(&format!("calls: {calls}\n"));
-    lark.push_str(&format!("call: %json {}\n", call(&["arguments"])?));
-    lark.push_str(&format!("bare: %json {bare}\n"));
+    lark.push_str(&format!("calls: {}\n", ways.join(" | ")));
+    if listed {
+        lark.push_str(&format!("call: %json {}\n", call(&["arguments"])?));
+    }
+    if bare {
+        let schema = call(&["parameters", "arguments"])?;
+        lark.push_str(&format!("bare: %json {schema}\n"));
+    }
     Ok(lark)
 }
 
@@ -183,6 +195,9 @@ mod tests {
         assert!(llama.starts_with("start: answer | calls\n"), "{llama}");
         assert!(llama.contains("\"parameters\""), "{llama}");
         assert!(llama.contains("calls: bare\n"), "{llama}");
+        // Only the rules a syntax uses are compiled.
+        assert!(!llama.contains("\ncall: %json"), "{llama}");
+        assert!(!mistral.contains("\nbare: %json"), "{mistral}");
     }
 
     /// Tokens picked at random among those the grammar allows, until it ends: the
